@@ -1,0 +1,253 @@
+// ModelConfig parsing, presets, defaults and validation.
+#include "core/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/presets.h"
+#include "core/status.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace dlrm {
+namespace {
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) {
+      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ",
+                            message);
+    }
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+void DefaultOptimizer(OptimizerConfig* o) {
+  if (o->learning_rate() == 0) {
+    switch (o->type()) {
+      case OptimizerConfig::SGD:
+        o->set_learning_rate(0.1f);
+        break;
+      case OptimizerConfig::ADAGRAD:
+      case OptimizerConfig::ROWWISE_ADAGRAD:
+        o->set_learning_rate(0.01f);
+        break;
+      case OptimizerConfig::ADAM:
+        o->set_learning_rate(0.001f);
+        break;
+      default:
+        break;
+    }
+  }
+  if (o->eps() == 0) o->set_eps(1e-8f);
+  if (o->beta1() == 0) o->set_beta1(0.9f);
+  if (o->beta2() == 0) o->set_beta2(0.999f);
+}
+
+absl::Status ValidateOptimizer(const OptimizerConfig& o,
+                               const std::string& field) {
+  if (!OptimizerConfig::Type_IsValid(o.type())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".type is invalid"));
+  }
+  if (!(o.learning_rate() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".learning_rate must be > 0"));
+  }
+  if (!(o.beta1() >= 0 && o.beta1() < 1 && o.beta2() >= 0 && o.beta2() < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".beta1 and beta2 must be in [0, 1)"));
+  }
+  if (!(o.eps() > 0) || o.initial_accumulator() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".eps must be > 0, initial_accumulator >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelConfigText(const std::string& text) {
+  ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: ", errors.first()));
+  }
+  return config;
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const auto& p : internal::Presets()) names.emplace_back(p.name);
+  return names;
+}
+
+absl::StatusOr<std::string> PresetText(const std::string& name) {
+  for (const auto& p : internal::Presets()) {
+    if (p.name == name) return std::string(p.text);
+  }
+  return absl::NotFoundError(absl::StrCat("no preset config named '", name,
+                                          "'"));
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec) {
+  std::string text;
+  std::string where = spec;
+  auto preset = PresetText(spec);
+  if (preset.ok()) {
+    text = *preset;
+    where = absl::StrCat("preset ", spec);
+  } else {
+    std::ifstream in(spec);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat(
+          "model config '", spec, "' is neither a preset nor a readable file"));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  auto parsed = ParseModelConfigText(text);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", parsed.status().message()));
+  }
+  auto normalized = NormalizeModelConfig(*std::move(parsed));
+  if (!normalized.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", normalized.status().message()));
+  }
+  return normalized;
+}
+
+absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
+  if (c.num_dense_features() == 0) c.set_num_dense_features(13);
+  for (auto& t : *c.mutable_tables()) {
+    if (t.dim() == 0) t.set_dim(c.embedding_dim());
+    if (t.multi_hot_size() == 0) t.set_multi_hot_size(1);
+    if (c.max_rows_per_table() > 0 && t.rows() > c.max_rows_per_table()) {
+      t.set_rows(c.max_rows_per_table());
+    }
+  }
+  DefaultOptimizer(c.mutable_dense_optimizer());
+  DefaultOptimizer(c.mutable_sparse_optimizer());
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  return c;
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  if (c.num_dense_features() <= 0) {
+    return absl::InvalidArgumentError("num_dense_features must be > 0");
+  }
+  if (c.tables_size() == 0) {
+    return absl::InvalidArgumentError("tables: at least one table is needed");
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < c.tables_size(); ++i) {
+    const TableConfig& t = c.tables(i);
+    const std::string field = absl::StrCat("tables[", i, "]");
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".name is empty"));
+    }
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name '", t.name(), "' is not unique"));
+    }
+    if (t.rows() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".rows must be > 0"));
+    }
+    if (t.dim() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".dim must be > 0 (or set embedding_dim)"));
+    }
+    if (t.multi_hot_size() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".multi_hot_size must be > 0"));
+    }
+    if (!Pooling_IsValid(t.pooling())) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".pooling is invalid"));
+    }
+  }
+  if (c.bottom_mlp_size() == 0 || c.top_mlp_size() == 0) {
+    return absl::InvalidArgumentError(
+        "bottom_mlp and top_mlp need at least one layer each");
+  }
+  for (int i = 0; i < c.bottom_mlp_size(); ++i) {
+    if (c.bottom_mlp(i) <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bottom_mlp[", i, "] must be > 0"));
+    }
+  }
+  for (int i = 0; i < c.top_mlp_size(); ++i) {
+    if (c.top_mlp(i) <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top_mlp[", i, "] must be > 0"));
+    }
+  }
+  if (c.top_mlp(c.top_mlp_size() - 1) != 1) {
+    return absl::InvalidArgumentError("top_mlp must end with 1 (the logit)");
+  }
+  if (!Interaction_IsValid(c.interaction())) {
+    return absl::InvalidArgumentError("interaction is invalid");
+  }
+  if (c.interaction() == INTERACTION_DOT) {
+    const int d = c.bottom_mlp(c.bottom_mlp_size() - 1);
+    for (int i = 0; i < c.tables_size(); ++i) {
+      if (c.tables(i).dim() != d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tables[", i, "].dim (", c.tables(i).dim(),
+            ") must equal the last bottom_mlp width (", d,
+            ") for the dot interaction"));
+      }
+    }
+  }
+  if (c.max_rows_per_table() < 0) {
+    return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
+  }
+  RETURN_IF_ERROR(ValidateOptimizer(c.dense_optimizer(), "dense_optimizer"));
+  RETURN_IF_ERROR(ValidateOptimizer(c.sparse_optimizer(), "sparse_optimizer"));
+  return absl::OkStatus();
+}
+
+int InteractionOutputDim(const ModelConfig& c) {
+  const int d = c.bottom_mlp(c.bottom_mlp_size() - 1);
+  if (c.interaction() == INTERACTION_DOT) {
+    const int n = c.tables_size() + 1;
+    return d + n * (n - 1) / 2;
+  }
+  int total = d;
+  for (const auto& t : c.tables()) total += t.dim();
+  return total;
+}
+
+int64_t EmbeddingParameterCount(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const auto& t : c.tables()) n += t.rows() * t.dim();
+  return n;
+}
+
+int64_t DenseParameterCount(const ModelConfig& c) {
+  int64_t n = 0;
+  int in = c.num_dense_features();
+  for (int w : c.bottom_mlp()) {
+    n += static_cast<int64_t>(in) * w + w;
+    in = w;
+  }
+  in = InteractionOutputDim(c);
+  for (int w : c.top_mlp()) {
+    n += static_cast<int64_t>(in) * w + w;
+    in = w;
+  }
+  return n;
+}
+
+}  // namespace dlrm

@@ -1,0 +1,46 @@
+// Loading, defaulting and validating ModelConfig (proto/dlrm/config.proto).
+// This is the one place where a proto config becomes checked values.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm {
+
+// Parses protobuf text format. Errors are InvalidArgument with the line and
+// column of the first problem. The result is not yet normalised.
+absl::StatusOr<ModelConfig> ParseModelConfigText(const std::string& text);
+
+// Names of the configs compiled into the binary (configs/*.textproto).
+std::vector<std::string> PresetNames();
+
+// The text of a compiled-in preset; NotFound for an unknown name.
+absl::StatusOr<std::string> PresetText(const std::string& name);
+
+// Loads `spec`: a preset name ("kaggle", "kaggle-full", "tiny") or a path to
+// a text-format file. Returns the normalised, validated config; NotFound for
+// a missing file, InvalidArgument for a bad one.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
+
+// Fills defaults for zero fields (num_dense_features 13, table dims,
+// multi_hot_size 1, optimizer defaults), applies max_rows_per_table, then
+// validates. InvalidArgument names the offending field.
+absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
+
+// Checks a normalised config: positive sizes, unique table names, bottom MLP
+// ending at the embedding dim (dot), top MLP ending at 1.
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Width of the interaction output (the top MLP's input) for a normalised
+// config: d + n(n-1)/2 for dot with n = tables + 1, sum of dims for cat.
+int InteractionOutputDim(const ModelConfig& config);
+
+// Total parameters: embedding rows x dims, plus MLP weights and biases.
+int64_t EmbeddingParameterCount(const ModelConfig& config);
+int64_t DenseParameterCount(const ModelConfig& config);
+
+}  // namespace dlrm

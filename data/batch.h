@@ -1,0 +1,58 @@
+// The Batch layout every module shares: dense features row-major, one CSR
+// (offsets + ids) per sparse feature, labels. Columnar, so a batch maps
+// directly onto wire messages and all-to-all buffers.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dlrm::data {
+
+// Ids of one sparse feature (one table) for every sample of a batch.
+// Bag s holds ids[offsets[s] .. offsets[s+1]).
+struct SparseFeature {
+  // size() + 1 entries, offsets[0] == 0, non-decreasing.
+  std::vector<int64_t> offsets;
+  // offsets.back() ids.
+  std::vector<int64_t> ids;
+
+  int64_t num_bags() const {
+    return offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1;
+  }
+  int64_t bag_size(int64_t s) const { return offsets[s + 1] - offsets[s]; }
+};
+
+struct Batch {
+  // Number of samples.
+  int64_t size = 0;
+  // Dense features per sample.
+  int num_dense = 0;
+  // size x num_dense, row-major; already transformed (log(1+x) for Criteo).
+  std::vector<float> dense;
+  // size labels, each 0 or 1.
+  std::vector<float> labels;
+  // One per table, in ModelConfig.tables order.
+  std::vector<SparseFeature> sparse;
+
+  // Empties the batch and shapes it for `num_sparse` features; keeps
+  // capacity so a reused Batch does not reallocate.
+  void Reset(int num_dense_features, int num_sparse);
+
+  // Checks the layout against the model: feature counts, vector sizes,
+  // offsets (start at 0, non-decreasing, end at ids.size()), ids in
+  // [0, table_rows[t]), finite dense values, labels 0 or 1. Returns
+  // InvalidArgument naming the field and the sample index.
+  absl::Status Validate(int num_dense_features,
+                        std::span<const int64_t> table_rows) const;
+
+  // Writes samples [begin, end) of this batch into `out` (replacing it).
+  void Slice(int64_t begin, int64_t end, Batch* out) const;
+
+  // Appends all samples of `other` (same feature counts) to this batch.
+  void Append(const Batch& other);
+};
+
+}  // namespace dlrm::data

@@ -1,0 +1,94 @@
+// EmbeddingBag tables on the CPU: pooled lookups (sum or mean over a
+// multi-hot bag) and a backward pass fused with the sparse optimizer, which
+// deduplicates ids, accumulates each touched row's gradient and updates only
+// those rows. No dense gradient of a table ever exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "data/batch.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm::embedding {
+
+// Initial value of element `col` of row `row` of table `table`: uniform in
+// [-1/sqrt(rows), 1/sqrt(rows)) (the DLRM reference's range), a pure
+// function of its arguments so any tier or rank can regenerate it.
+float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
+                   int col);
+
+// One table with its optimizer state, in host memory. Forward is const and
+// may run concurrently with other Forwards; BackwardUpdate needs exclusive
+// access.
+class EmbeddingTable {
+ public:
+  // `optimizer` must be normalised (core/config.h); ADAGRAD means
+  // row-wise Adagrad here. Rows are initialised with InitialValue.
+  EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
+                 const OptimizerConfig& optimizer, uint64_t seed);
+
+  // Pools each bag of `ids` (ids must be in [0, rows)) into row s of `out`
+  // (at out + s * out_stride); an empty bag gives zeros.
+  void Forward(const data::SparseFeature& ids, float* out,
+               int64_t out_stride) const;
+
+  // grad row s (at grad + s * grad_stride) is the loss gradient wrt bag s's
+  // pooled output. Applies one optimizer step to every row that occurs in
+  // `ids`, with that row's summed gradient.
+  void BackwardUpdate(const data::SparseFeature& ids, const float* grad,
+                      int64_t grad_stride);
+
+  int table_index() const { return table_index_; }
+  int64_t rows() const { return rows_; }
+  int dim() const { return dim_; }
+  Pooling pooling() const { return pooling_; }
+  const OptimizerConfig& optimizer() const { return optimizer_; }
+  // rows x dim, row-major.
+  float* weights() { return weights_.data(); }
+  const float* weights() const { return weights_.data(); }
+  // Optimizer state: row-wise Adagrad has one float per row in state1;
+  // Adam has rows x dim in state1 (first moment) and state2 (second); SGD
+  // has none.
+  AlignedVector<float>& state1() { return state1_; }
+  AlignedVector<float>& state2() { return state2_; }
+  // Updates applied so far (Adam's bias correction uses it).
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
+
+ private:
+  int table_index_;
+  int64_t rows_;
+  int dim_;
+  Pooling pooling_;
+  OptimizerConfig optimizer_;
+  AlignedVector<float> weights_, state1_, state2_;
+  int64_t step_ = 0;
+  // Scratch for BackwardUpdate, kept to avoid reallocating every step.
+  std::vector<int64_t> order_;
+  AlignedVector<float> row_grad_;
+};
+
+// Plain loops: the references the optimized kernels are tested against.
+namespace reference {
+
+// Pooled lookup from a rows x dim weight array.
+void PoolForward(const float* weights, int dim, Pooling pooling,
+                 const data::SparseFeature& ids, float* out,
+                 int64_t out_stride);
+
+// Materialises the dense gradient of the whole table (rows x dim) and the
+// set of touched rows, then applies `optimizer` (normalised) to each touched
+// row in place. state1/state2 as EmbeddingTable; `step` is the step number
+// after this update (1 for the first).
+void DenseGradientUpdate(float* weights, float* state1, float* state2,
+                         int64_t rows, int dim, Pooling pooling,
+                         const OptimizerConfig& optimizer, int64_t step,
+                         const data::SparseFeature& ids, const float* grad,
+                         int64_t grad_stride);
+
+}  // namespace reference
+
+}  // namespace dlrm::embedding

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dlrm-server needs to build, test and run.
+# Idempotent and quiet when everything is present. CUDA is not installed
+# here: the build uses /usr/local/cuda when nvcc is found there.
+#
+# Usage: scripts/install-deps.sh [--peers]
+#   --peers  also install the benchmark peer (Debian's python3-torch).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev
+  librocksdb-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev libgloo-dev libcli11-dev libcpp-httplib-dev
+  python3 python3-grpcio python3-protobuf
+)
+if [[ "${1:-}" == "--peers" ]]; then
+  packages+=(python3-torch)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
