@@ -18,7 +18,8 @@ struct AlignedAllocator {
   AlignedAllocator(const AlignedAllocator<U>&) {}
 
   T* allocate(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    const std::size_t bytes =
+        (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
     void* p = std::aligned_alloc(kAlignment, bytes == 0 ? kAlignment : bytes);
     if (p == nullptr) throw std::bad_alloc();
     return static_cast<T*>(p);
@@ -26,7 +27,9 @@ struct AlignedAllocator {
   void deallocate(T* p, std::size_t) { std::free(p); }
 
   template <typename U>
-  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  bool operator==(const AlignedAllocator<U>&) const {
+    return true;
+  }
 };
 
 template <typename T>

@@ -95,8 +95,8 @@ absl::StatusOr<std::string> PresetText(const std::string& name) {
   for (const auto& p : internal::Presets()) {
     if (p.name == name) return std::string(p.text);
   }
-  return absl::NotFoundError(absl::StrCat("no preset config named '", name,
-                                          "'"));
+  return absl::NotFoundError(
+      absl::StrCat("no preset config named '", name, "'"));
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec) {
@@ -163,18 +163,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           absl::StrCat(field, ".name '", t.name(), "' is not unique"));
     }
     if (t.rows() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".rows must be > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".rows must be > 0"));
     }
     if (t.dim() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".dim must be > 0 (or set embedding_dim)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".dim must be > 0 (or set embedding_dim)"));
     }
     if (t.multi_hot_size() <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".multi_hot_size must be > 0"));
     }
     if (!Pooling_IsValid(t.pooling())) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".pooling is invalid"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".pooling is invalid"));
     }
   }
   if (c.bottom_mlp_size() == 0 || c.top_mlp_size() == 0) {
@@ -203,10 +205,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     const int d = c.bottom_mlp(c.bottom_mlp_size() - 1);
     for (int i = 0; i < c.tables_size(); ++i) {
       if (c.tables(i).dim() != d) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tables[", i, "].dim (", c.tables(i).dim(),
-            ") must equal the last bottom_mlp width (", d,
-            ") for the dot interaction"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tables[", i, "].dim (", c.tables(i).dim(),
+                         ") must equal the last bottom_mlp width (", d,
+                         ") for the dot interaction"));
       }
     }
   }

@@ -45,12 +45,15 @@ class Rng {
     return z ^ (z >> 31);
   }
   // Uniform in [0, 1).
-  double Uniform() { return static_cast<double>(NextU64() >> 11) * (1.0 / 9007199254740992.0); }
+  double Uniform() {
+    return static_cast<double>(NextU64() >> 11) * (1.0 / 9007199254740992.0);
+  }
   // Uniform in [lo, hi).
   double Uniform(double lo, double hi) { return lo + (hi - lo) * Uniform(); }
   // Uniform integer in [0, n); n > 0.
   uint64_t Below(uint64_t n) {
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(NextU64()) * n) >> 64);
+    return static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(NextU64()) * n) >> 64);
   }
   // Standard normal (Box-Muller; one value per call for simplicity).
   double Normal() {

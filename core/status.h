@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 
 // Returns from the enclosing function when `expr` (an absl::Status) fails.
-#define RETURN_IF_ERROR(expr)                      \
-  do {                                             \
-    ::absl::Status _dlrm_status = (expr);          \
-    if (!_dlrm_status.ok()) return _dlrm_status;   \
+#define RETURN_IF_ERROR(expr)                    \
+  do {                                           \
+    ::absl::Status _dlrm_status = (expr);        \
+    if (!_dlrm_status.ok()) return _dlrm_status; \
   } while (0)
 
 #define DLRM_STATUS_CONCAT_INNER(a, b) a##b
@@ -21,8 +21,9 @@
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on failure returns its status,
 // otherwise moves the value into `lhs` (which may be a declaration).
-#define ASSIGN_OR_RETURN(lhs, rexpr) \
-  DLRM_ASSIGN_OR_RETURN_IMPL(DLRM_STATUS_CONCAT(_dlrm_or_, __LINE__), lhs, rexpr)
+#define ASSIGN_OR_RETURN(lhs, rexpr)                                       \
+  DLRM_ASSIGN_OR_RETURN_IMPL(DLRM_STATUS_CONCAT(_dlrm_or_, __LINE__), lhs, \
+                             rexpr)
 
 #define DLRM_ASSIGN_OR_RETURN_IMPL(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                               \

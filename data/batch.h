@@ -48,10 +48,13 @@ struct Batch {
   absl::Status Validate(int num_dense_features,
                         std::span<const int64_t> table_rows) const;
 
-  // Writes samples [begin, end) of this batch into `out` (replacing it).
+  // Writes samples [begin, end) of this batch into `out` (replacing it;
+  // `out` may be this batch). The range is clamped to [0, size]; the batch's
+  // offsets must be well formed (as Validate checks).
   void Slice(int64_t begin, int64_t end, Batch* out) const;
 
-  // Appends all samples of `other` (same feature counts) to this batch.
+  // Appends all samples of `other` (same feature counts) to this batch. A
+  // default-constructed batch first takes the shape of `other`.
   void Append(const Batch& other);
 };
 

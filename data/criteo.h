@@ -35,8 +35,8 @@ struct CriteoOptions {
 // One parsed sample with raw (unreduced) categorical values.
 struct CriteoRecord {
   float label = 0;
-  std::vector<float> dense;     // num_dense, transformed
-  std::vector<uint32_t> cats;   // num_sparse raw 32-bit values
+  std::vector<float> dense;    // num_dense, transformed
+  std::vector<uint32_t> cats;  // num_sparse raw 32-bit values
 };
 
 // Parses one TSV line (a trailing '\r' is allowed). InvalidArgument with
@@ -48,14 +48,18 @@ absl::Status ParseCriteoLine(std::string_view line, int num_dense,
 // Row for a raw categorical value under `options`.
 int64_t CriteoRow(uint32_t value, int64_t rows, bool hash_ids);
 
-// Reads TSV files in order, one pass per epoch. Errors name file and line.
+// Reads TSV files in order, one pass per epoch; blank lines are skipped.
+// NotFound for a missing file (checked up front), InvalidArgument from Next
+// for a malformed line, naming file and line; a later Next goes on after it.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoTsv(
     std::vector<std::string> files, CriteoOptions options);
 
 // Binary format: a 32-byte header (magic "DLRMBIN1", version, num_dense,
 // num_sparse, record count) then fixed-width records of float label,
 // float dense[num_dense] (transformed), uint32 cats[num_sparse] (raw).
-// Converts TSV files to one binary file; returns the record count.
+// Converts TSV files to one binary file (written to a temporary file, then
+// renamed, so `out_path` never holds a partial file); returns the record
+// count. Errors as OpenCriteoTsv's, or naming `out_path` when writing fails.
 absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     int num_dense = 13, int num_sparse = 26);

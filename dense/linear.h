@@ -55,6 +55,7 @@ class Linear {
   int in_, out_;
   bool relu_;
   AlignedVector<float> w_, b_, dw_, db_;
+  AlignedVector<float> partial_;  // bias-gradient sums per block of rows
 };
 
 // A stack of Linear layers holding its own activations for backward.

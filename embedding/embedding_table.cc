@@ -1,1 +1,531 @@
-// placeholder: being written
+// CPU kernels of EmbeddingTable: hash-based initialisation, pooled lookups
+// with register accumulators and prefetch, and the fused sparse optimizers.
+#include "embedding/embedding_table.h"
+
+#include <omp.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "core/random.h"
+
+namespace dlrm::embedding {
+namespace {
+
+// Below about this many floats touched, starting a parallel region costs
+// more than it saves.
+constexpr int64_t kParallelWork = int64_t{1} << 17;
+
+// How many ids ahead Forward prefetches rows: random rows of big tables miss
+// cache, and a long multi-hot bag is a chain of dependent adds. (Measured:
+// neutral for one-id bags, which out-of-order execution already overlaps.
+// BackwardUpdate does not prefetch: there it measured slower.)
+constexpr int64_t kPrefetchDistance = 8;
+
+// Parallelise only big work, and never inside a region someone else opened
+// (the model calls tables from an `omp parallel for` over tables).
+bool UseParallel(int64_t work) {
+  return work >= kParallelWork && !omp_in_parallel() &&
+         omp_get_max_threads() > 1;
+}
+
+void PrefetchRow(const float* row, int dim) {
+  for (int c = 0; c < dim; c += 16) __builtin_prefetch(row + c, 0, 3);
+  // A row not aligned to a cache line may spill into one more line.
+  if (dim % 16 != 0) __builtin_prefetch(row + dim - 1, 0, 3);
+}
+
+// Eight floats in one AVX register (two SSE/NEON registers elsewhere); GCC
+// and Clang vector extensions keep the accumulators out of memory, which
+// autovectorisation of a `float acc[N]` does not guarantee.
+typedef float Vec8 __attribute__((vector_size(32)));
+
+inline Vec8 LoadU(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Pools bags [bag_begin, bag_end) into rows of `out` when dim == 8 * kVecs,
+// with the bag's sum held in registers. Ids are added in order from 0, as
+// reference::PoolForward does, so sums match it bitwise. Templating the whole
+// bag loop keeps the per-bag cost to a few instructions, which matters for
+// the common one-id bags.
+template <int kVecs>
+void PoolBagsFixedDim(const float* __restrict weights,
+                      const int64_t* __restrict offsets,
+                      const int64_t* __restrict ids, int64_t bag_begin,
+                      int64_t bag_end, int64_t total, bool mean,
+                      float* __restrict out, int64_t out_stride) {
+  constexpr int kDim = 8 * kVecs;
+  for (int64_t s = bag_begin; s < bag_end; ++s) {
+    const int64_t begin = offsets[s], end = offsets[s + 1];
+    Vec8 acc[kVecs];
+    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
+    for (int64_t p = begin; p < end; ++p) {
+      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
+        PrefetchRow(weights + ids[p + kPrefetchDistance] * kDim, kDim);
+      }
+      const float* row = weights + ids[p] * kDim;
+      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
+    }
+    float* o = out + s * out_stride;
+    if (mean && end > begin) {
+      const float scale = 1.0f / static_cast<float>(end - begin);
+      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v] * scale);
+    } else {
+      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v]);
+    }
+  }
+}
+
+// Any dim: accumulates straight into `out` (vectorised by the compiler; the
+// output row stays in L1 while the bag is summed).
+void PoolBagsAnyDim(const float* __restrict weights, int dim,
+                    const int64_t* __restrict offsets,
+                    const int64_t* __restrict ids, int64_t bag_begin,
+                    int64_t bag_end, int64_t total, bool mean,
+                    float* __restrict out, int64_t out_stride) {
+  for (int64_t s = bag_begin; s < bag_end; ++s) {
+    const int64_t begin = offsets[s], end = offsets[s + 1];
+    float* __restrict o = out + s * out_stride;
+    std::fill(o, o + dim, 0.0f);
+    for (int64_t p = begin; p < end; ++p) {
+      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
+        PrefetchRow(weights + ids[p + kPrefetchDistance] * dim, dim);
+      }
+      const float* row = weights + ids[p] * dim;
+      for (int c = 0; c < dim; ++c) o[c] += row[c];
+    }
+    if (mean && end > begin) {
+      const float scale = 1.0f / static_cast<float>(end - begin);
+      for (int c = 0; c < dim; ++c) o[c] *= scale;
+    }
+  }
+}
+
+// 1 - beta^t, Adam's bias correction for step t.
+float BiasCorrection(float beta, int64_t step) {
+  return static_cast<float>(
+      1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
+}
+
+// Adam's constants for one step.
+struct AdamStep {
+  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2;
+  // 1 - beta^t.
+  float bias1, bias2;
+};
+
+// One lazy Adam update of a row: m, v and w in place from gradient g.
+void AdamRow(float* __restrict w, float* __restrict m, float* __restrict v,
+             const float* __restrict g, int dim, const AdamStep& a) {
+  int c = 0;
+#if defined(__AVX__)
+  // GCC does not vectorise std::sqrt under its default -fmath-errno, and
+  // this is the costliest optimizer: eight columns at a time by hand, with
+  // the same operations in the same order as the scalar tail.
+  const __m256 lr = _mm256_set1_ps(a.lr), eps = _mm256_set1_ps(a.eps);
+  const __m256 beta1 = _mm256_set1_ps(a.beta1);
+  const __m256 beta2 = _mm256_set1_ps(a.beta2);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(a.one_minus_beta1);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(a.one_minus_beta2);
+  const __m256 bias1 = _mm256_set1_ps(a.bias1);
+  const __m256 bias2 = _mm256_set1_ps(a.bias2);
+  for (; c + 8 <= dim; c += 8) {
+    const __m256 gc = _mm256_loadu_ps(g + c);
+    const __m256 mc =
+        _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + c)),
+                      _mm256_mul_ps(one_minus_beta1, gc));
+    const __m256 vc =
+        _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + c)),
+                      _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, gc), gc));
+    _mm256_storeu_ps(m + c, mc);
+    _mm256_storeu_ps(v + c, vc);
+    const __m256 step = _mm256_div_ps(
+        _mm256_mul_ps(lr, _mm256_div_ps(mc, bias1)),
+        _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vc, bias2)), eps));
+    _mm256_storeu_ps(w + c, _mm256_sub_ps(_mm256_loadu_ps(w + c), step));
+  }
+#endif
+  for (; c < dim; ++c) {
+    m[c] = a.beta1 * m[c] + a.one_minus_beta1 * g[c];
+    v[c] = a.beta2 * v[c] + a.one_minus_beta2 * g[c] * g[c];
+    w[c] -= a.lr * (m[c] / a.bias1) / (std::sqrt(v[c] / a.bias2) + a.eps);
+  }
+}
+
+bool IsRowwiseAdagrad(OptimizerConfig::Type type) {
+  return type == OptimizerConfig::ADAGRAD ||
+         type == OptimizerConfig::ROWWISE_ADAGRAD;
+}
+
+// Per-table random stream, so a row's values do not depend on its column
+// count and each (row, col) hashes independently.
+inline uint64_t RowKey(uint64_t seed, int table, int64_t row) {
+  return HashKey(seed, static_cast<uint64_t>(static_cast<uint32_t>(table)),
+                 static_cast<uint64_t>(row));
+}
+
+inline float RowValue(uint64_t row_key, int col, float bound) {
+  // BitsToUnitFloat's value, converted through int32 (exact: 24 bits) because
+  // AVX2 has no vector uint64 -> float conversion and this loop should
+  // vectorise.
+  const float u = static_cast<float>(static_cast<int32_t>(
+                      Mix64(row_key + static_cast<uint64_t>(col)) >> 40)) *
+                  (1.0f / 16777216.0f);
+  // 2u - 1 is exact and lies in [-1, 1 - 2^-23], so the result stays below
+  // `bound` after rounding.
+  return (2.0f * u - 1.0f) * bound;
+}
+
+// A separate function with a restrict pointer lets GCC vectorise the hash
+// (it does not inside the OpenMP-outlined loop body).
+void InitRow(uint64_t row_key, int dim, float bound, float* __restrict row) {
+  for (int c = 0; c < dim; ++c) row[c] = RowValue(row_key, c, bound);
+}
+
+inline float InitBound(int64_t rows) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(rows)));
+}
+
+// Sizes `v` to n copies of `value`, asking Linux for transparent huge pages
+// before anything touches the memory: random rows of a multi-GB table
+// otherwise miss the TLB on nearly every lookup, and 4 KiB first-touch
+// faults dominate initialisation. (Only a hint; a no-op elsewhere.) Buffers
+// under one huge page could not use one anyway.
+void ResizeWithHugePages(AlignedVector<float>& v, size_t n, float value) {
+  v.reserve(n);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kMinBytes = size_t{2} << 20;
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t begin =
+      (reinterpret_cast<uintptr_t>(v.data()) + kPage - 1) & ~(kPage - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(v.data() + n)) & ~(kPage - 1);
+  if (n * sizeof(float) >= kMinBytes && end > begin) {
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#endif
+  v.assign(n, value);
+}
+
+}  // namespace
+
+float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
+                   int col) {
+  return RowValue(RowKey(seed, table, row), col, InitBound(rows));
+}
+
+EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
+                               Pooling pooling,
+                               const OptimizerConfig& optimizer, uint64_t seed)
+    : table_index_(table_index),
+      rows_(rows),
+      dim_(dim),
+      pooling_(pooling),
+      optimizer_(optimizer) {
+  ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
+  float* w = weights_.data();
+  const float bound = InitBound(rows);
+  // Full Kaggle vocabularies are 34M rows: initialise them in parallel.
+#pragma omp parallel for schedule(static) if (UseParallel(rows * dim))
+  for (int64_t r = 0; r < rows; ++r) {
+    InitRow(RowKey(seed, table_index, r), dim, bound, w + r * dim);
+  }
+  if (IsRowwiseAdagrad(optimizer.type())) {
+    ResizeWithHugePages(state1_, static_cast<size_t>(rows),
+                        optimizer.initial_accumulator());
+  } else if (optimizer.type() == OptimizerConfig::ADAM) {
+    ResizeWithHugePages(state1_, static_cast<size_t>(rows) * dim, 0.0f);
+    ResizeWithHugePages(state2_, static_cast<size_t>(rows) * dim, 0.0f);
+  }
+}
+
+void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,
+                             int64_t out_stride) const {
+  const int64_t bags = ids.num_bags();
+  if (bags == 0) return;
+  const int64_t* offsets = ids.offsets.data();
+  const int64_t* id = ids.ids.data();
+  const int64_t total = offsets[bags];
+  const float* w = weights_.data();
+  const int dim = dim_;
+  const bool mean = pooling_ == POOLING_MEAN;
+
+  auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
+    switch (dim) {
+#define DLRM_POOL_FIXED(k)                                                \
+  case 8 * k:                                                             \
+    return PoolBagsFixedDim<k>(w, offsets, id, bag_begin, bag_end, total, \
+                               mean, out, out_stride);
+      DLRM_POOL_FIXED(1)
+      DLRM_POOL_FIXED(2)
+      DLRM_POOL_FIXED(3)
+      DLRM_POOL_FIXED(4)
+      DLRM_POOL_FIXED(6)
+      DLRM_POOL_FIXED(8)
+#undef DLRM_POOL_FIXED
+      default:
+        return PoolBagsAnyDim(w, dim, offsets, id, bag_begin, bag_end, total,
+                              mean, out, out_stride);
+    }
+  };
+
+  if (UseParallel((total + bags) * dim)) {
+    // Chunks of bags, so each thread's prefetches run ahead within its own
+    // stretch of ids.
+    constexpr int64_t kChunk = 256;
+    const int64_t chunks = (bags + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < chunks; ++i) {
+      pool_bags(i * kChunk, std::min(bags, (i + 1) * kChunk));
+    }
+  } else {
+    pool_bags(0, bags);
+  }
+}
+
+int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
+  const int64_t bags = ids.num_bags();
+  const int64_t total = ids.offsets[bags];
+  const int64_t* id = ids.ids.data();
+  // Load factor <= 1/2 keeps probe sequences short even when every id is
+  // distinct; a power of two makes the slot a shift of a multiplicative hash.
+  const uint64_t capacity =
+      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
+  const int shift = 64 - std::countr_zero(capacity);
+  const uint64_t mask = capacity - 1;
+  hash_.assign(capacity, HashSlot{-1, 0});
+  // Sized for the worst case (every id distinct) so the loop below never
+  // checks capacity.
+  unique_ids_.resize(total);
+  unique_start_.assign(total + 1, 0);  // Counts until the prefix sum below.
+  unique_of_pos_.resize(total);
+  int64_t num_unique = 0;
+  for (int64_t p = 0; p < total; ++p) {
+    const int64_t key = id[p];
+    uint64_t slot =
+        (static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> shift;
+    while (hash_[slot].key != key && hash_[slot].key != -1) {
+      slot = (slot + 1) & mask;
+    }
+    HashSlot& entry = hash_[slot];
+    if (entry.key == -1) {
+      entry.key = key;
+      entry.unique = num_unique;
+      unique_ids_[num_unique++] = key;
+    }
+    unique_of_pos_[p] = entry.unique;
+    ++unique_start_[entry.unique];
+  }
+
+  // Counting sort of the occurrences by unique row. It is stable, so each
+  // row's bags stay in bag order: the accumulation order is fixed by the
+  // batch alone, whatever the thread count.
+  int64_t sum = 0;
+  for (int64_t k = 0; k <= num_unique; ++k) {
+    const int64_t count = unique_start_[k];
+    unique_start_[k] = sum;
+    sum += count;
+  }
+  order_.resize(total);
+  cursor_.assign(unique_start_.begin(), unique_start_.begin() + num_unique);
+  for (int64_t s = 0; s < bags; ++s) {
+    for (int64_t p = ids.offsets[s]; p < ids.offsets[s + 1]; ++p) {
+      order_[cursor_[unique_of_pos_[p]]++] = s;
+    }
+  }
+  return num_unique;
+}
+
+void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
+                                    const float* grad, int64_t grad_stride) {
+  ++step_;
+  const int64_t bags = ids.num_bags();
+  if (bags == 0 || ids.offsets[bags] == 0) return;
+  const int64_t total = ids.offsets[bags];
+  const int64_t num_unique = Deduplicate(ids);
+
+  const int dim = dim_;
+  const bool mean = pooling_ == POOLING_MEAN;
+  const OptimizerConfig::Type type = optimizer_.type();
+  const float lr = optimizer_.learning_rate();
+  const float eps = optimizer_.eps();
+  const float beta1 = optimizer_.beta1(), beta2 = optimizer_.beta2();
+  const AdamStep adam_step{lr,
+                           eps,
+                           beta1,
+                           beta2,
+                           1.0f - beta1,
+                           1.0f - beta2,
+                           BiasCorrection(beta1, step_),
+                           BiasCorrection(beta2, step_)};
+  const bool rowwise = IsRowwiseAdagrad(type);
+  const bool adam = type == OptimizerConfig::ADAM;
+
+  float* weights = weights_.data();
+  float* state1 = state1_.data();
+  float* state2 = state2_.data();
+  const int64_t* offsets = ids.offsets.data();
+  const int64_t* order = order_.data();
+  const int64_t* starts = unique_start_.data();
+  const int64_t* unique = unique_ids_.data();
+
+  // One accumulator per thread, padded to whole cache lines so threads do
+  // not share a line.
+  const int64_t padded_dim = (dim + 15) / 16 * 16;
+  const bool parallel = UseParallel((total + 2 * num_unique) * dim);
+  const int threads = parallel ? omp_get_max_threads() : 1;
+  row_grad_.resize(static_cast<size_t>(threads) * padded_dim);
+
+  auto update_row = [&](int64_t k, float* __restrict buffer) {
+    // The row's gradient, summed in bag order. A row seen once under sum
+    // pooling (most rows of one-hot features) uses its bag's gradient row in
+    // place. The sum starts as 0 + the first term, like the reference's
+    // zero-initialised dense gradient, without a separate zeroing pass.
+    const int64_t first = starts[k], last = starts[k + 1];
+    const float* __restrict g;
+    if (!mean && last - first == 1) {
+      g = grad + order[first] * grad_stride;
+    } else {
+      for (int64_t e = first; e < last; ++e) {
+        const int64_t s = order[e];
+        const float* __restrict gs = grad + s * grad_stride;
+        const float scale =
+            mean ? 1.0f / static_cast<float>(offsets[s + 1] - offsets[s])
+                 : 1.0f;
+        if (e == first) {
+          for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c] * scale;
+        } else {
+          for (int c = 0; c < dim; ++c) buffer[c] += gs[c] * scale;
+        }
+      }
+      g = buffer;
+    }
+
+    const int64_t row = unique[k];
+    float* __restrict w = weights + row * dim;
+    if (rowwise) {
+      // FBGEMM's row-wise Adagrad: one accumulator per row, fed the mean of
+      // the squared gradient over the columns.
+      float squares = 0.0f;
+      for (int c = 0; c < dim; ++c) squares += g[c] * g[c];
+      state1[row] += squares / static_cast<float>(dim);
+      const float denom = std::sqrt(state1[row]) + eps;
+      for (int c = 0; c < dim; ++c) w[c] -= lr * g[c] / denom;
+    } else if (adam) {
+      AdamRow(w, state1 + row * dim, state2 + row * dim, g, dim, adam_step);
+    } else {
+      for (int c = 0; c < dim; ++c) w[c] -= lr * g[c];
+    }
+  };
+
+  if (parallel) {
+#pragma omp parallel
+    {
+      float* buffer = row_grad_.data() + omp_get_thread_num() * padded_dim;
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < num_unique; ++k) update_row(k, buffer);
+    }
+  } else {
+    for (int64_t k = 0; k < num_unique; ++k) update_row(k, row_grad_.data());
+  }
+}
+
+namespace reference {
+
+void PoolForward(const float* weights, int dim, Pooling pooling,
+                 const data::SparseFeature& ids, float* out,
+                 int64_t out_stride) {
+  for (int64_t s = 0; s < ids.num_bags(); ++s) {
+    float* o = out + s * out_stride;
+    for (int c = 0; c < dim; ++c) o[c] = 0.0f;
+    for (int64_t p = ids.offsets[s]; p < ids.offsets[s + 1]; ++p) {
+      for (int c = 0; c < dim; ++c) o[c] += weights[ids.ids[p] * dim + c];
+    }
+    const int64_t n = ids.bag_size(s);
+    if (pooling == POOLING_MEAN && n > 0) {
+      const float scale = 1.0f / static_cast<float>(n);
+      for (int c = 0; c < dim; ++c) o[c] *= scale;
+    }
+  }
+}
+
+void DenseGradientUpdate(float* weights, float* state1, float* state2,
+                         int64_t rows, int dim, Pooling pooling,
+                         const OptimizerConfig& optimizer, int64_t step,
+                         const data::SparseFeature& ids, const float* grad,
+                         int64_t grad_stride) {
+  std::vector<float> dense(static_cast<size_t>(rows) * dim, 0.0f);
+  std::vector<bool> touched(rows, false);
+  for (int64_t s = 0; s < ids.num_bags(); ++s) {
+    const int64_t n = ids.bag_size(s);
+    for (int64_t p = ids.offsets[s]; p < ids.offsets[s + 1]; ++p) {
+      const int64_t r = ids.ids[p];
+      touched[r] = true;
+      for (int c = 0; c < dim; ++c) {
+        const float gs = grad[s * grad_stride + c];
+        if (pooling == POOLING_MEAN) {
+          dense[r * dim + c] += gs * (1.0f / static_cast<float>(n));
+        } else {
+          dense[r * dim + c] += gs;
+        }
+      }
+    }
+  }
+
+  const float lr = optimizer.learning_rate();
+  const float eps = optimizer.eps();
+  const float b1 = optimizer.beta1(), b2 = optimizer.beta2();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!touched[r]) continue;
+    float* w = weights + r * dim;
+    const float* g = dense.data() + r * dim;
+    switch (optimizer.type()) {
+      case OptimizerConfig::SGD:
+        for (int c = 0; c < dim; ++c) w[c] -= lr * g[c];
+        break;
+      case OptimizerConfig::ADAGRAD:
+      case OptimizerConfig::ROWWISE_ADAGRAD: {
+        float squares = 0.0f;
+        for (int c = 0; c < dim; ++c) squares += g[c] * g[c];
+        state1[r] += squares / static_cast<float>(dim);
+        for (int c = 0; c < dim; ++c) {
+          w[c] -= lr * g[c] / (std::sqrt(state1[r]) + eps);
+        }
+        break;
+      }
+      case OptimizerConfig::ADAM: {
+        const float bias1 =
+            static_cast<float>(1.0 - std::pow(double{b1}, step));
+        const float bias2 =
+            static_cast<float>(1.0 - std::pow(double{b2}, step));
+        for (int c = 0; c < dim; ++c) {
+          float& m = state1[r * dim + c];
+          float& v = state2[r * dim + c];
+          m = b1 * m + (1.0f - b1) * g[c];
+          v = b2 * v + (1.0f - b2) * g[c] * g[c];
+          w[c] -= lr * (m / bias1) / (std::sqrt(v / bias2) + eps);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace reference
+
+}  // namespace dlrm::embedding

@@ -67,8 +67,27 @@ class EmbeddingTable {
   AlignedVector<float> weights_, state1_, state2_;
   int64_t step_ = 0;
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
+  // order_: the bag of every id occurrence, grouped by unique row and in bag
+  // order within a row (the fixed accumulation order that makes updates
+  // deterministic); row_grad_: one dim-wide accumulator per thread.
   std::vector<int64_t> order_;
   AlignedVector<float> row_grad_;
+  // Open-addressing id -> unique index map used to deduplicate the batch;
+  // key -1 marks a free slot.
+  struct HashSlot {
+    int64_t key;
+    int64_t unique;
+  };
+  std::vector<HashSlot> hash_;
+  // unique_ids_[k]: the id of unique row k; its occurrences are
+  // order_[unique_start_[k] .. unique_start_[k + 1]).
+  std::vector<int64_t> unique_ids_, unique_start_;
+  // Unique index of every id occurrence, and the counting sort's cursors.
+  std::vector<int64_t> unique_of_pos_, cursor_;
+
+  // Fills unique_ids_, unique_start_ and order_ for `ids`; returns the
+  // number of unique rows.
+  int64_t Deduplicate(const data::SparseFeature& ids);
 };
 
 // Plain loops: the references the optimized kernels are tested against.

@@ -11,7 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
-  librocksdb-dev libspdlog-dev libfmt-dev
+  librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libgloo-dev libcli11-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf

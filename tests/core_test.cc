@@ -99,8 +99,8 @@ TEST(ConfigTest, ParameterCounts) {
   auto c = LoadModelConfig("kaggle");
   ASSERT_TRUE(c.ok());
   // bottom 13-512-256-64-16 and top 367-512-256-1, weights plus biases.
-  const int64_t bottom = 13 * 512 + 512 + 512 * 256 + 256 + 256 * 64 + 64 +
-                         64 * 16 + 16;
+  const int64_t bottom =
+      13 * 512 + 512 + 512 * 256 + 256 + 256 * 64 + 64 + 64 * 16 + 16;
   const int64_t top = 367 * 512 + 512 + 512 * 256 + 256 + 256 + 1;
   EXPECT_EQ(DenseParameterCount(*c), bottom + top);
 }

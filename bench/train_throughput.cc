@@ -1,0 +1,121 @@
+// dlrm_bench_train: training samples/s of the in-process DLRM step on
+// pre-generated synthetic batches (the same protocol as the PyTorch peer in
+// shared/peers: a few batches rotated, warm-up, then timed steps). Prints a
+// JSON line per repetition's median and per-stage times.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "core/config.h"
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "model/dlrm_model.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace dlrm {
+namespace {
+
+struct Flags {
+  std::string config = "kaggle";
+  int64_t rows = 0;
+  int64_t batch = 2048;
+  int warmup = 5;
+  int iters = 30;
+  int repeats = 5;
+  int threads = 0;
+  double alpha = 1.05;
+};
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  if (f.rows > 0) {
+    for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+  }
+  if (f.threads > 0) {
+    omp_set_num_threads(f.threads);
+    openblas_set_num_threads(f.threads);
+  }
+  ASSIGN_OR_RETURN(auto model, model::DlrmModel::Create(config));
+  data::SyntheticOptions so;
+  so.zipf_alpha = f.alpha;
+  ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
+  constexpr int kBatches = 4;
+  std::vector<data::Batch> batches(kBatches);
+  for (auto& b : batches) {
+    ASSIGN_OR_RETURN(bool more, source->Next(f.batch, &b));
+    if (!more) return absl::InternalError("synthetic source ended");
+  }
+  int64_t step = 0;
+  model::StageTimes stages;
+  auto run_step = [&](bool record) -> absl::Status {
+    ASSIGN_OR_RETURN(model::StepResult r,
+                     model->TrainStep(batches[step++ % kBatches]));
+    if (record) {
+      for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+        stages.seconds[s] += r.times.seconds[s];
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
+  std::vector<double> rates;
+  for (int rep = 0; rep < f.repeats; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < f.iters; ++i) RETURN_IF_ERROR(run_step(true));
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    rates.push_back(f.batch * f.iters / dt);
+  }
+  std::vector<double> sorted = rates;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  std::printf(
+      "{\"bench\": \"dlrm-server-cpu\", \"config\": \"%s\", "
+      "\"rows\": %lld, \"batch\": %lld, \"threads\": %d, "
+      "\"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.0f, "
+      "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
+      f.config.c_str(), static_cast<long long>(f.rows),
+      static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
+      f.repeats, median, sorted.front(), sorted.back());
+  const double steps = static_cast<double>(f.iters) * f.repeats;
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    std::printf("%s\"%s\": %.3f", s ? ", " : "", model::StageTimes::Name(s),
+                1e3 * stages.seconds[s] / steps);
+  }
+  std::printf("}}\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dlrm
+
+int main(int argc, char** argv) {
+  dlrm::Flags f;
+  CLI::App app{"Training throughput of the in-process DLRM step."};
+  app.add_option("--config", f.config, "Preset or config file")
+      ->capture_default_str();
+  app.add_option("--rows", f.rows,
+                 "Override every table's rows (the peer uses 100000)");
+  app.add_option("--batch", f.batch, "Samples per step")->capture_default_str();
+  app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
+  app.add_option("--iters", f.iters, "Timed steps per repetition")
+      ->capture_default_str();
+  app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "Threads (0 = all cores)");
+  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = dlrm::Run(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dlrm_bench_train: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

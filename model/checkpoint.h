@@ -1,0 +1,42 @@
+// Checkpoints of a DlrmModel: a directory with the config, the weights as
+// safetensors (loadable in PyTorch; names in docs/checkpoints.md), the
+// optimizer state, and a manifest. Written to a temporary directory, synced,
+// then renamed into place, so a crash never leaves a half-written one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/dlrm_model.h"
+
+namespace dlrm::model {
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  int64_t bytes = 0;
+};
+
+// Writes the model (config, weights, optimizer state, step) to `dir`,
+// replacing a previous checkpoint there. Internal on I/O errors.
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
+                                              const std::string& dir);
+
+// Loads weights, optimizer state and step from `dir` into `model`, whose
+// architecture (tables, dims, MLP widths, interaction) must match the
+// checkpoint's config: FailedPrecondition otherwise. NotFound if `dir`
+// holds no checkpoint. On error the model is unchanged.
+absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
+                                                 const std::string& dir);
+
+// Creates a model from a checkpoint's own config and restores it; with
+// `weights_only`, optimizer state is not read (inference-only serving) and
+// need not be present.
+absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
+    const std::string& dir, bool weights_only);
+
+// Writes only the weights as one safetensors file (the export for PyTorch).
+absl::Status ExportSafetensors(DlrmModel& model, const std::string& path);
+
+}  // namespace dlrm::model

@@ -1,0 +1,205 @@
+// dlrm_train: trains a DLRM in-process on Criteo TSV, the binary format or
+// synthetic data, evaluates it and prints loss, AUC and samples/s.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/status.h"
+#include "data/criteo.h"
+#include "data/synthetic.h"
+#include "model/dlrm_model.h"
+#include "model/trainer.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace dlrm {
+namespace {
+
+struct Flags {
+  std::string config = "kaggle";
+  std::vector<std::string> train_files, eval_files;
+  int64_t train_samples = 0;
+  int64_t eval_samples = 65536;
+  double zipf_alpha = 1.05;
+  uint64_t data_seed = 0;
+  bool hash_ids = false;
+  int64_t steps = 0;
+  int epochs = 1;
+  int64_t batch_size = 2048;
+  int64_t eval_interval = 0;
+  int64_t log_interval = 100;
+  int threads = 0;
+};
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+absl::StatusOr<std::unique_ptr<data::BatchSource>> OpenFiles(
+    const std::vector<std::string>& files, const ModelConfig& config,
+    bool hash_ids) {
+  data::CriteoOptions options;
+  options.num_dense = config.num_dense_features();
+  options.hash_ids = hash_ids;
+  for (const auto& t : config.tables()) options.table_rows.push_back(t.rows());
+  if (files.size() == 1 && EndsWith(files[0], ".bin")) {
+    return data::OpenCriteoBinary(files[0], options);
+  }
+  return data::OpenCriteoTsv(files, options);
+}
+
+void PrintEval(int64_t step, const model::EvalResult& r) {
+  std::printf(
+      "eval step %lld: samples %lld  auc %.4f  logloss %.4f  accuracy %.4f  "
+      "ctr %.3f",
+      static_cast<long long>(step), static_cast<long long>(r.model.samples),
+      r.model.auc, r.model.log_loss, r.model.accuracy, r.model.ctr);
+  if (r.has_reference) {
+    std::printf("  | teacher auc %.4f logloss %.4f (the ceiling)",
+                r.reference.auc, r.reference.log_loss);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  if (f.threads > 0) {
+    omp_set_num_threads(f.threads);
+    openblas_set_num_threads(f.threads);
+  }
+  const uint64_t data_seed = f.data_seed != 0 ? f.data_seed : config.seed();
+  std::printf(
+      "model: %s  tables %d  embedding params %lld  dense params %lld"
+      "  threads %d\n",
+      f.config.c_str(), config.tables_size(),
+      static_cast<long long>(EmbeddingParameterCount(config)),
+      static_cast<long long>(DenseParameterCount(config)),
+      omp_get_max_threads());
+
+  std::unique_ptr<data::BatchSource> train, eval;
+  model::ReferenceScorer reference;
+  std::shared_ptr<data::Teacher> teacher;
+  if (f.train_files.empty()) {
+    data::SyntheticOptions o;
+    o.zipf_alpha = f.zipf_alpha;
+    o.teacher_seed = data_seed;
+    o.sample_seed = data_seed + 1;
+    o.num_samples = f.train_samples;
+    ASSIGN_OR_RETURN(train, data::MakeSyntheticSource(config, o));
+    o.sample_seed = data_seed + 2;
+    o.num_samples = f.eval_samples;
+    ASSIGN_OR_RETURN(eval, data::MakeSyntheticSource(config, o));
+    teacher = std::make_shared<data::Teacher>(config, data_seed);
+    reference = [teacher](const data::Batch& b, float* out) {
+      teacher->Probabilities(b, out);
+    };
+    std::printf(
+        "data: synthetic, zipf alpha %.2f, %s train samples, %lld "
+        "eval samples\n",
+        f.zipf_alpha,
+        f.train_samples > 0 ? std::to_string(f.train_samples).c_str()
+                            : "endless",
+        static_cast<long long>(f.eval_samples));
+    if (f.train_samples == 0 && f.steps == 0) {
+      return absl::InvalidArgumentError(
+          "--steps is required with endless synthetic data "
+          "(or set --train-samples)");
+    }
+  } else {
+    ASSIGN_OR_RETURN(train, OpenFiles(f.train_files, config, f.hash_ids));
+    if (!f.eval_files.empty()) {
+      ASSIGN_OR_RETURN(eval, OpenFiles(f.eval_files, config, f.hash_ids));
+    }
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model,
+                   model::DlrmModel::Create(config));
+
+  model::TrainOptions to;
+  to.batch_size = f.batch_size;
+  to.epochs = f.epochs;
+  to.max_steps = f.steps;
+  to.eval_interval = f.eval_interval;
+  to.log_interval = f.log_interval;
+  model::EvalOptions eo;
+  model::TrainCallbacks cb;
+  cb.on_progress = [](const model::TrainProgress& p) {
+    std::printf(
+        "step %7lld  epoch %d  samples %10lld  loss %.5f  "
+        "samples/s %9.0f  elapsed %.1fs\n",
+        static_cast<long long>(p.step), p.epoch,
+        static_cast<long long>(p.samples), p.loss, p.samples_per_second,
+        p.elapsed_seconds);
+    std::fflush(stdout);
+  };
+  cb.on_eval = PrintEval;
+  ASSIGN_OR_RETURN(
+      model::TrainResult r,
+      model::Train(*model, *train, eval.get(), to, eo, cb, reference));
+  std::printf(
+      "train: %lld steps, %lld samples, %.1f s wall, %.0f samples/s "
+      "(training steps only), final loss %.5f\n",
+      static_cast<long long>(r.steps), static_cast<long long>(r.samples),
+      r.seconds, r.model_seconds > 0 ? r.samples / r.model_seconds : 0.0,
+      r.final_loss);
+  std::printf("stage time per step (ms):");
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    std::printf(" %s %.2f", model::StageTimes::Name(s),
+                r.steps > 0 ? 1e3 * r.stage_seconds.seconds[s] / r.steps : 0.0);
+  }
+  std::printf("\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dlrm
+
+int main(int argc, char** argv) {
+  dlrm::Flags f;
+  CLI::App app{"Train a DLRM in-process and evaluate it."};
+  app.add_option("--config", f.config,
+                 "Model config: a preset (tiny, kaggle, kaggle-full) or a "
+                 "text-format ModelConfig file")
+      ->capture_default_str();
+  app.add_option("--train", f.train_files,
+                 "Training data: Criteo TSV files, or one .bin file "
+                 "(default: synthetic)");
+  app.add_option("--eval", f.eval_files, "Evaluation data (same formats)");
+  app.add_option("--train-samples", f.train_samples,
+                 "Synthetic training samples per epoch (0 = endless)")
+      ->capture_default_str();
+  app.add_option("--eval-samples", f.eval_samples, "Synthetic eval samples")
+      ->capture_default_str();
+  app.add_option("--zipf-alpha", f.zipf_alpha, "Synthetic id skew")
+      ->capture_default_str();
+  app.add_option("--data-seed", f.data_seed,
+                 "Synthetic data seed (0 = the model seed)");
+  app.add_flag("--hash-ids", f.hash_ids,
+               "Hash Criteo categoricals before the modulo");
+  app.add_option("--steps", f.steps, "Stop after this many steps (0 = epochs)")
+      ->capture_default_str();
+  app.add_option("--epochs", f.epochs, "Passes over the training data")
+      ->capture_default_str();
+  app.add_option("--batch-size", f.batch_size, "Samples per step")
+      ->capture_default_str();
+  app.add_option("--eval-interval", f.eval_interval,
+                 "Evaluate every N steps (0 = at the end only)")
+      ->capture_default_str();
+  app.add_option("--log-interval", f.log_interval, "Report every N steps")
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "Worker threads (0 = all cores)");
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = dlrm::Run(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dlrm_train: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

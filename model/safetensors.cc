@@ -1,0 +1,202 @@
+// safetensors I/O with nlohmann::json for the header and mmap for reads.
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace dlrm::model {
+namespace {
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(
+    const std::string& path, const std::vector<TensorToWrite>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    if (header.contains(t.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate tensor name ", t.name));
+    }
+    const uint64_t bytes = Elements(t.shape) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  // Pad so the data section starts 8-byte aligned, as the format allows.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_size = text.size();
+
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  bool ok = std::fwrite(&header_size, sizeof(header_size), 1, f) == 1 &&
+            std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  for (const auto& t : tensors) {
+    const size_t n = static_cast<size_t>(Elements(t.shape));
+    if (!ok) break;
+    ok = n == 0 || std::fwrite(t.data, sizeof(float), n, f) == n;
+  }
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    return absl::InternalError(
+        absl::StrCat("writing ", path, " failed: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
+    const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path));
+  }
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->size_ = static_cast<size_t>(st.st_size);
+  if (file->size_ < 8) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": too short for a safetensors header"));
+  }
+  void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot mmap ", path));
+  }
+  file->map_ = static_cast<const char*>(map);
+  uint64_t header_size;
+  std::memcpy(&header_size, file->map_, sizeof(header_size));
+  if (header_size > file->size_ - 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_size,
+                     " exceeds the file size ", file->size_));
+  }
+  file->data_ = file->map_ + 8 + header_size;
+  const uint64_t data_size = file->size_ - 8 - header_size;
+  nlohmann::json header = nlohmann::json::parse(
+      file->map_ + 8, file->map_ + 8 + header_size, nullptr,
+      /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the header is not a JSON object"));
+  }
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const nlohmann::json& v = it.value();
+    if (it.key() == "__metadata__") {
+      if (!v.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": __metadata__ is not an object"));
+      }
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (m.value().is_string()) {
+          file->metadata_[m.key()] = m.value().get<std::string>();
+        }
+      }
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets") || !v["dtype"].is_string() ||
+        !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", it.key(), " has a malformed entry"));
+    }
+    if (v["dtype"].get<std::string>() != "F32") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", it.key(), " has dtype ",
+          v["dtype"].get<std::string>(), "; only F32 is supported"));
+    }
+    Entry e;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor ", it.key(), " has a bad shape"));
+      }
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", it.key(), " has bad offsets"));
+    }
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size ||
+        e.end - e.begin != Elements(e.shape) * sizeof(float) ||
+        e.begin % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", it.key(), " offsets do not fit its shape ",
+          ShapeString(e.shape), " or the file"));
+    }
+    file->tensors_[it.key()] = std::move(e);
+  }
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<char*>(map_), size_);
+}
+
+absl::StatusOr<std::span<const float>> SafetensorsFile::Get(
+    const std::string& name, const std::vector<int64_t>& shape) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
+  }
+  if (it->second.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
+        ", expected ", ShapeString(shape)));
+  }
+  // WriteSafetensors aligns the data section; files from other writers may
+  // not be, which x86 float loads tolerate.
+  return std::span<const float>(
+      reinterpret_cast<const float*>(data_ + it->second.begin),
+      Elements(shape));
+}
+
+std::vector<std::string> SafetensorsFile::Names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, e] : tensors_) names.push_back(name);
+  return names;
+}
+
+}  // namespace dlrm::model

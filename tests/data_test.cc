@@ -1,0 +1,901 @@
+// Tests for data/: Batch validation and slicing, the Criteo TSV and binary
+// readers, the TSV -> binary conversion and the synthetic generator.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/random.h"
+#include "data/batch.h"
+#include "data/criteo.h"
+#include "data/synthetic.h"
+
+namespace dlrm::data {
+namespace {
+
+// --- helpers ---------------------------------------------------------------
+
+// 4 samples, 3 dense features, table 0 (100 rows) multi-hot, table 1
+// (10 rows) one id per bag.
+Batch GoodBatch() {
+  Batch b;
+  b.Reset(3, 2);
+  b.size = 4;
+  b.dense = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  b.labels = {0, 1, 1, 0};
+  b.sparse[0].offsets = {0, 2, 3, 3, 5};
+  b.sparse[0].ids = {1, 99, 0, 5, 6};
+  b.sparse[1].offsets = {0, 1, 2, 3, 4};
+  b.sparse[1].ids = {9, 0, 3, 3};
+  return b;
+}
+const std::vector<int64_t> kGoodRows = {100, 10};
+
+absl::Status ValidateGood(const Batch& b) { return b.Validate(3, kGoodRows); }
+
+void ExpectMentions(const absl::Status& status, const std::string& text) {
+  EXPECT_NE(std::string(status.message()).find(text), std::string::npos)
+      << "message: " << status.message() << "\nexpected to contain: " << text;
+}
+
+void ExpectInvalid(const absl::Status& status, const std::string& text) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  ExpectMentions(status, text);
+}
+
+void ExpectBatchesEqual(const Batch& a, const Batch& b) {
+  ASSERT_EQ(a.size, b.size);
+  ASSERT_EQ(a.num_dense, b.num_dense);
+  EXPECT_EQ(a.dense, b.dense);
+  EXPECT_EQ(a.labels, b.labels);
+  ASSERT_EQ(a.sparse.size(), b.sparse.size());
+  for (size_t t = 0; t < a.sparse.size(); ++t) {
+    EXPECT_EQ(a.sparse[t].offsets, b.sparse[t].offsets) << "table " << t;
+    EXPECT_EQ(a.sparse[t].ids, b.sparse[t].ids) << "table " << t;
+  }
+}
+
+std::vector<Batch> ReadAll(BatchSource* source, int64_t batch_size) {
+  std::vector<Batch> batches;
+  while (true) {
+    Batch batch;
+    absl::StatusOr<bool> more = source->Next(batch_size, &batch);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) break;
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::path(testing::TempDir()) / name).string();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// A Criteo line with 13 dense and 26 categorical fields.
+std::string Line(const std::string& label, std::vector<std::string> dense,
+                 std::vector<std::string> cats) {
+  dense.resize(13);
+  cats.resize(26);
+  std::string line = label;
+  for (const std::string& d : dense) line += "\t" + d;
+  for (const std::string& c : cats) line += "\t" + c;
+  return line;
+}
+
+std::vector<int64_t> CriteoRows(int64_t rows) {
+  return std::vector<int64_t>(26, rows);
+}
+
+// Area under the ROC curve, ties counted half (rank-sum formula).
+double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {
+  std::vector<size_t> order(scores.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  double positive_rank_sum = 0;
+  double positives = 0;
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j < order.size() && scores[order[j]] == scores[order[i]]) ++j;
+    const double mid_rank = (i + 1 + j) / 2.0;  // 1-based average rank
+    for (size_t k = i; k < j; ++k) {
+      if (labels[order[k]] == 1.0f) {
+        positive_rank_sum += mid_rank;
+        positives += 1;
+      }
+    }
+    i = j;
+  }
+  const double negatives = static_cast<double>(scores.size()) - positives;
+  return (positive_rank_sum - positives * (positives + 1) / 2) /
+         (positives * negatives);
+}
+
+ModelConfig Preset(const std::string& name) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// --- Batch -----------------------------------------------------------------
+
+TEST(BatchTest, GoodBatchPasses) {
+  EXPECT_TRUE(ValidateGood(GoodBatch()).ok()) << ValidateGood(GoodBatch());
+}
+
+TEST(BatchTest, ResetShapesAnEmptyBatch) {
+  Batch b = GoodBatch();
+  b.Reset(5, 3);
+  EXPECT_EQ(b.size, 0);
+  EXPECT_EQ(b.num_dense, 5);
+  EXPECT_TRUE(b.dense.empty());
+  EXPECT_TRUE(b.labels.empty());
+  ASSERT_EQ(b.sparse.size(), 3u);
+  for (const SparseFeature& f : b.sparse) {
+    EXPECT_EQ(f.offsets, std::vector<int64_t>{0});
+    EXPECT_TRUE(f.ids.empty());
+    EXPECT_EQ(f.num_bags(), 0);
+  }
+}
+
+TEST(BatchTest, EmptyBatchIsAnError) {
+  Batch b;
+  b.Reset(3, 2);
+  ExpectInvalid(ValidateGood(b), "batch is empty");
+}
+
+TEST(BatchTest, RejectsWrongFeatureCounts) {
+  Batch b = GoodBatch();
+  b.num_dense = 4;
+  ExpectInvalid(ValidateGood(b), "num_dense = 4, the model has 3");
+
+  b = GoodBatch();
+  b.sparse.pop_back();
+  ExpectInvalid(ValidateGood(b),
+                "batch has 1 sparse features, the model has 2");
+
+  b = GoodBatch();
+  b.dense.pop_back();
+  ExpectInvalid(ValidateGood(b), "dense must have size x num_dense");
+
+  b = GoodBatch();
+  b.labels.push_back(0);
+  ExpectInvalid(ValidateGood(b), "labels must have size = 4 entries, has 5");
+
+  b = GoodBatch();
+  b.size = -1;
+  ExpectInvalid(ValidateGood(b), "negative");
+}
+
+TEST(BatchTest, RejectsBadOffsets) {
+  Batch b = GoodBatch();
+  b.sparse[1].offsets = {0, 1, 2};
+  ExpectInvalid(ValidateGood(b),
+                "sparse[1].offsets must have size+1 = 5 entries, has 3");
+
+  b = GoodBatch();
+  b.sparse[1].offsets.clear();
+  ExpectInvalid(ValidateGood(b),
+                "sparse[1].offsets must have size+1 = 5 entries, has 0");
+
+  b = GoodBatch();
+  b.sparse[0].offsets = {1, 2, 3, 3, 5};
+  ExpectInvalid(ValidateGood(b), "sparse[0].offsets[0] = 1 must be 0");
+
+  b = GoodBatch();
+  b.sparse[0].offsets = {0, 3, 2, 3, 5};
+  ExpectInvalid(ValidateGood(b),
+                "sparse[0].offsets[2] = 2 is less than "
+                "offsets[1] = 3 (sample 1)");
+
+  b = GoodBatch();
+  b.sparse[0].offsets = {0, 2, 3, 3, 4};
+  ExpectInvalid(ValidateGood(b),
+                "sparse[0].offsets[4] = 4 must equal ids.size() = 5");
+
+  b = GoodBatch();
+  b.sparse[0].offsets = {0, 2, 3, 3, 9};
+  ExpectInvalid(ValidateGood(b),
+                "sparse[0].offsets[4] = 9 must equal ids.size() = 5");
+}
+
+TEST(BatchTest, RejectsIdsOutOfRange) {
+  Batch b = GoodBatch();
+  b.sparse[0].ids[4] = 120;
+  ExpectInvalid(ValidateGood(b),
+                "sparse[0].ids[4] (sample 3) = 120 is out of range [0, 100)");
+
+  b = GoodBatch();
+  b.sparse[1].ids[2] = -1;
+  ExpectInvalid(ValidateGood(b),
+                "sparse[1].ids[2] (sample 2) = -1 is out of range [0, 10)");
+
+  b = GoodBatch();
+  b.sparse[1].ids[0] = 10;
+  ExpectInvalid(ValidateGood(b),
+                "sparse[1].ids[0] (sample 0) = 10 is out of range [0, 10)");
+}
+
+TEST(BatchTest, RejectsNonFiniteDense) {
+  Batch b = GoodBatch();
+  b.dense[2 * 3 + 1] = std::numeric_limits<float>::quiet_NaN();
+  ExpectInvalid(ValidateGood(b), "dense[sample 2, feature 1] is NaN");
+
+  b = GoodBatch();
+  b.dense[3 * 3 + 2] = -std::numeric_limits<float>::infinity();
+  ExpectInvalid(ValidateGood(b), "dense[sample 3, feature 2] is -inf");
+}
+
+TEST(BatchTest, RejectsLabelsOtherThanZeroOrOne) {
+  Batch b = GoodBatch();
+  b.labels[3] = 0.5f;
+  ExpectInvalid(ValidateGood(b), "labels[3] = 0.5 must be 0 or 1");
+
+  b = GoodBatch();
+  b.labels[1] = std::numeric_limits<float>::quiet_NaN();
+  ExpectInvalid(ValidateGood(b), "labels[1]");
+}
+
+// Random corruptions of a good batch must give OK or InvalidArgument, never
+// a crash (run under ASan to make this test bite).
+TEST(BatchTest, NeverCrashesOnMalformedBatches) {
+  const uint64_t seed = 20261122;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng.Below(hi - lo + 1));
+  };
+  for (int trial = 0; trial < 5000; ++trial) {
+    Batch b = GoodBatch();
+    for (int m = 0; m < 3; ++m) {
+      switch (rng.Below(9)) {
+        case 0:
+          b.size = pick(-3, 8);
+          break;
+        case 1:
+          b.dense.resize(pick(0, 20));
+          break;
+        case 2:
+          b.labels.resize(pick(0, 8));
+          break;
+        case 3:
+          b.sparse.resize(pick(0, 4));
+          break;
+        case 4:
+          if (!b.sparse.empty()) {
+            auto& f = b.sparse[rng.Below(b.sparse.size())];
+            f.offsets.resize(pick(0, 7));
+            for (auto& o : f.offsets) o = pick(-2, 9);
+          }
+          break;
+        case 5:
+          if (!b.sparse.empty()) {
+            b.sparse[rng.Below(b.sparse.size())].ids.resize(pick(0, 9));
+          }
+          break;
+        case 6:
+          if (!b.sparse.empty()) {
+            auto& f = b.sparse[rng.Below(b.sparse.size())];
+            for (auto& id : f.ids) id = pick(-5, 120);
+          }
+          break;
+        case 7:
+          b.num_dense = static_cast<int>(pick(-1, 5));
+          break;
+        default:
+          if (!b.dense.empty()) {
+            b.dense[rng.Below(b.dense.size())] =
+                std::numeric_limits<float>::infinity();
+          }
+      }
+    }
+    const absl::Status status = ValidateGood(b);
+    EXPECT_TRUE(status.ok() ||
+                status.code() == absl::StatusCode::kInvalidArgument)
+        << status;
+  }
+}
+
+TEST(BatchTest, SliceAndAppendRoundTrip) {
+  const Batch b = GoodBatch();
+  Batch joined;  // unshaped: takes the shape of the first append
+  for (auto [begin, end] :
+       {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {1, 3}, {3, 4}}) {
+    Batch part;
+    b.Slice(begin, end, &part);
+    EXPECT_EQ(part.size, end - begin);
+    if (part.size > 0) {
+      EXPECT_TRUE(ValidateGood(part).ok()) << ValidateGood(part);
+    }
+    joined.Append(part);
+  }
+  ExpectBatchesEqual(joined, b);
+  EXPECT_TRUE(ValidateGood(joined).ok());
+
+  Batch middle;
+  b.Slice(1, 3, &middle);
+  EXPECT_EQ(middle.sparse[0].offsets, (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(middle.sparse[0].ids, (std::vector<int64_t>{0}));
+  EXPECT_EQ(middle.labels, (std::vector<float>{1, 1}));
+  EXPECT_EQ(middle.dense, (std::vector<float>{3, 4, 5, 6, 7, 8}));
+
+  Batch self = GoodBatch();
+  self.Slice(2, 4, &self);
+  Batch expected;
+  b.Slice(2, 4, &expected);
+  ExpectBatchesEqual(self, expected);
+
+  Batch twice = GoodBatch();
+  twice.Append(twice);
+  EXPECT_EQ(twice.size, 8);
+  EXPECT_TRUE(twice.Validate(3, kGoodRows).ok());
+}
+
+// --- Criteo TSV --------------------------------------------------------------
+
+TEST(CriteoParseTest, ParsesAFullLine) {
+  CriteoRecord r;
+  const std::string line =
+      Line("1", {"0", "1", "5", "-3", "", "1000"},
+           {"68fd1e64", "80e26c9b", "", "FFFFFFFF", "0", "a"});
+  ASSERT_TRUE(ParseCriteoLine(line, 13, 26, "t:1", &r).ok());
+  EXPECT_EQ(r.label, 1.0f);
+  ASSERT_EQ(r.dense.size(), 13u);
+  EXPECT_EQ(r.dense[0], 0.0f);
+  EXPECT_FLOAT_EQ(r.dense[1], std::log(2.0f));
+  EXPECT_FLOAT_EQ(r.dense[2], std::log(6.0f));
+  EXPECT_EQ(r.dense[3], 0.0f);  // negative -> 0
+  EXPECT_EQ(r.dense[4], 0.0f);  // empty -> 0
+  EXPECT_FLOAT_EQ(r.dense[5], std::log(1001.0f));
+  ASSERT_EQ(r.cats.size(), 26u);
+  EXPECT_EQ(r.cats[0], 0x68fd1e64u);
+  EXPECT_EQ(r.cats[1], 0x80e26c9bu);
+  EXPECT_EQ(r.cats[2], 0u);
+  EXPECT_EQ(r.cats[3], 0xffffffffu);
+  EXPECT_EQ(r.cats[5], 0xau);
+  EXPECT_EQ(r.cats[25], 0u);
+}
+
+TEST(CriteoParseTest, AllFeaturesEmptyAndCrlf) {
+  CriteoRecord r;
+  ASSERT_TRUE(
+      ParseCriteoLine(Line("0", {}, {}) + "\r", 13, 26, "t:1", &r).ok());
+  EXPECT_EQ(r.label, 0.0f);
+  for (float d : r.dense) EXPECT_EQ(d, 0.0f);
+  for (uint32_t c : r.cats) EXPECT_EQ(c, 0u);
+
+  ASSERT_TRUE(
+      ParseCriteoLine(Line("1", {"7"}, {"", "", "", "", "", "", "", "",   "",
+                                        "", "", "", "", "", "", "", "",   "",
+                                        "", "", "", "", "", "", "", "abc"}) +
+                          "\r",
+                      13, 26, "t:1", &r)
+          .ok());
+  EXPECT_EQ(r.cats[25], 0xabcu);  // the '\r' is not part of the last field
+}
+
+TEST(CriteoParseTest, RejectsWrongColumnCounts) {
+  CriteoRecord r;
+  std::string line = Line("1", {}, {});
+  const std::string short_line = line.substr(0, line.rfind('\t'));
+  ExpectInvalid(ParseCriteoLine(short_line, 13, 26, "day_0:17", &r),
+                "day_0:17: line has 39 columns, expected 40");
+  ExpectInvalid(ParseCriteoLine(line + "\t\t", 13, 26, "day_0:18", &r),
+                "day_0:18: line has 42 columns, expected 40");
+  ExpectInvalid(ParseCriteoLine("", 13, 26, "day_0:19", &r), "day_0:19");
+  ExpectInvalid(ParseCriteoLine("1", 13, 26, "day_0:20", &r),
+                "day_0:20: line has 1 columns, expected 40");
+}
+
+TEST(CriteoParseTest, RejectsBadValuesNamingTheColumn) {
+  CriteoRecord r;
+  ExpectInvalid(ParseCriteoLine(Line("1", {"", "1.5"}, {}), 13, 26, "f:3", &r),
+                "f:3: column 2 (dense 1): bad integer '1.5'");
+  ExpectInvalid(ParseCriteoLine(Line("1", {"abc"}, {}), 13, 26, "f:3", &r),
+                "column 1 (dense 0): bad integer 'abc'");
+  ExpectInvalid(ParseCriteoLine(Line("1", {"99999999999999999999"}, {}), 13, 26,
+                                "f:3", &r),
+                "column 1 (dense 0): bad integer");
+  ExpectInvalid(ParseCriteoLine(Line("1", {}, {"zz"}), 13, 26, "f:4", &r),
+                "f:4: column 14 (categorical 0): bad categorical 'zz'");
+  ExpectInvalid(
+      ParseCriteoLine(Line("1", {}, {"", "123456789"}), 13, 26, "f:4", &r),
+      "column 15 (categorical 1): bad categorical '123456789'");
+  ExpectInvalid(ParseCriteoLine(Line("1", {}, {"-1"}), 13, 26, "f:4", &r),
+                "column 14");
+  ExpectInvalid(ParseCriteoLine(Line("1", {}, {"0x12"}), 13, 26, "f:4", &r),
+                "column 14");
+  ExpectInvalid(ParseCriteoLine(Line("1", {}, {"12 "}), 13, 26, "f:4", &r),
+                "column 14");
+  ExpectInvalid(ParseCriteoLine(Line("2", {}, {}), 13, 26, "f:5", &r),
+                "f:5: column 0 (label): label '2' must be 0 or 1");
+  ExpectInvalid(ParseCriteoLine(Line("", {}, {}), 13, 26, "f:5", &r),
+                "label '' must be 0 or 1");
+  ExpectInvalid(ParseCriteoLine(Line("0.5", {}, {}), 13, 26, "f:5", &r),
+                "label '0.5' must be 0 or 1");
+}
+
+TEST(CriteoTsvTest, ReadsBatchesAcrossFilesAndRewinds) {
+  const std::string a = TempPath("criteo_a.txt");
+  const std::string b = TempPath("criteo_b.txt");
+  WriteFile(a, Line("1", {"1"}, {"a"}) + "\n" + Line("0", {"2"}, {"b"}) +
+                   "\r\n" + Line("1", {"3"}, {"c"}) + "\n");
+  // No final newline, and a blank line in the middle.
+  WriteFile(b, Line("0", {"4"}, {"d"}) + "\n\n" + Line("0", {"5"}, {"e"}));
+  CriteoOptions options;
+  options.table_rows = CriteoRows(7);
+  absl::StatusOr<std::unique_ptr<BatchSource>> source =
+      OpenCriteoTsv({a, b}, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<Batch> batches = ReadAll(source->get(), 2);
+    ASSERT_EQ(batches.size(), 3u);
+    EXPECT_EQ(batches[0].size, 2);
+    EXPECT_EQ(batches[1].size, 2);
+    EXPECT_EQ(batches[2].size, 1);
+    Batch all;
+    for (const Batch& batch : batches) {
+      EXPECT_TRUE(batch.Validate(13, options.table_rows).ok());
+      all.Append(batch);
+    }
+    EXPECT_EQ(all.labels, (std::vector<float>{1, 0, 1, 0, 0}));
+    EXPECT_EQ(all.sparse[0].ids,
+              (std::vector<int64_t>{10 % 7, 11 % 7, 12 % 7, 13 % 7, 14 % 7}));
+    EXPECT_EQ(all.sparse[0].offsets, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+    EXPECT_EQ(all.sparse[1].ids, (std::vector<int64_t>(5, 0)));
+    EXPECT_FLOAT_EQ(all.dense[4 * 13], std::log(6.0f));
+    ASSERT_TRUE((*source)->Rewind().ok());
+  }
+}
+
+TEST(CriteoTsvTest, HashIdsUsesMix64) {
+  const std::string a = TempPath("criteo_hash.txt");
+  WriteFile(a, Line("1", {}, {"68fd1e64"}) + "\n");
+  CriteoOptions options;
+  options.table_rows = CriteoRows(1000);
+  options.hash_ids = true;
+  auto source = OpenCriteoTsv({a}, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<Batch> batches = ReadAll(source->get(), 10);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].sparse[0].ids[0],
+            static_cast<int64_t>(Mix64(0x68fd1e64u) % 1000));
+  EXPECT_EQ(CriteoRow(0x68fd1e64u, 1000, false), 0x68fd1e64 % 1000);
+}
+
+TEST(CriteoTsvTest, ErrorsNameFileAndLine) {
+  const std::string a = TempPath("criteo_ok.txt");
+  const std::string b = TempPath("criteo_bad.txt");
+  WriteFile(a, Line("1", {}, {}) + "\n");
+  WriteFile(b, Line("1", {}, {}) + "\n" + Line("0", {}, {}) + "\n" +
+                   Line("1", {}, {"xyz"}) + "\n");
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  auto source = OpenCriteoTsv({a, b}, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  absl::StatusOr<bool> more = (*source)->Next(100, &batch);
+  ExpectInvalid(more.status(), b + ":3: column 14 (categorical 0)");
+}
+
+TEST(CriteoTsvTest, MissingFileIsNotFound) {
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  const std::string missing = TempPath("no_such_day.txt");
+  auto source = OpenCriteoTsv({missing}, options);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kNotFound);
+  ExpectMentions(source.status(), missing);
+}
+
+TEST(CriteoTsvTest, OptionsValidate) {
+  CriteoOptions options;
+  ExpectInvalid(options.Validate(), "table_rows is empty");
+  options.table_rows = {10, 0};
+  ExpectInvalid(options.Validate(), "table_rows[1] = 0 must be positive");
+  options.table_rows = {10};
+  options.num_dense = -1;
+  ExpectInvalid(options.Validate(), "num_dense = -1");
+  options.num_dense = 13;
+  EXPECT_TRUE(options.Validate().ok());
+  ExpectInvalid(OpenCriteoTsv({"x"}, CriteoOptions{}).status(), "table_rows");
+}
+
+// --- Binary format -----------------------------------------------------------
+
+// Random Criteo lines (empty fields, negatives, mixed-case hex of any length).
+std::string RandomTsv(Rng* rng, int lines) {
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    std::vector<std::string> dense, cats;
+    for (int j = 0; j < 13; ++j) {
+      const uint64_t kind = rng->Below(10);
+      if (kind == 0) {
+        dense.push_back("");
+      } else if (kind == 1) {
+        dense.push_back(std::to_string(-static_cast<int64_t>(rng->Below(100))));
+      } else {
+        dense.push_back(
+            std::to_string(rng->Below(uint64_t{1} << rng->Below(40))));
+      }
+    }
+    for (int t = 0; t < 26; ++t) {
+      if (rng->Below(10) == 0) {
+        cats.push_back("");
+        continue;
+      }
+      const int digits = 1 + static_cast<int>(rng->Below(8));
+      std::string hex;
+      for (int d = 0; d < digits; ++d) {
+        hex.push_back((rng->Below(2) ? "0123456789abcdef"
+                                     : "0123456789ABCDEF")[rng->Below(16)]);
+      }
+      cats.push_back(hex);
+    }
+    text += Line(rng->Below(4) == 0 ? "1" : "0", dense, cats);
+    text += rng->Below(3) == 0 ? "\r\n" : "\n";
+  }
+  return text;
+}
+
+TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
+  const uint64_t seed = 424242;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::string a = TempPath("rt_a.txt");
+  const std::string b = TempPath("rt_b.txt");
+  WriteFile(a, RandomTsv(&rng, 700));
+  WriteFile(b, RandomTsv(&rng, 333));
+  const std::string bin = TempPath("rt.bin");
+  absl::StatusOr<int64_t> count = ConvertCriteoTsvToBinary({a, b}, bin);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 1033);
+  EXPECT_EQ(std::filesystem::file_size(bin), 32u + 1033u * 4 * (1 + 13 + 26));
+
+  // Row counts that exercise every reduction path, including 1 and >= 2^32.
+  std::vector<int64_t> rows = {1,
+                               2,
+                               3,
+                               7,
+                               100000,
+                               1460,
+                               24,
+                               10131227,
+                               (1LL << 31) + 1,
+                               (1LL << 32) - 1,
+                               1LL << 32,
+                               1LL << 40};
+  while (rows.size() < 26) rows.push_back(1 + rng.Below(1 << 20));
+  for (bool hash : {false, true}) {
+    CriteoOptions options;
+    options.table_rows = rows;
+    options.hash_ids = hash;
+    auto tsv = OpenCriteoTsv({a, b}, options);
+    auto binary = OpenCriteoBinary(bin, options);
+    ASSERT_TRUE(tsv.ok()) << tsv.status();
+    ASSERT_TRUE(binary.ok()) << binary.status();
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 128);
+      std::vector<Batch> from_binary = ReadAll(binary->get(), 128);
+      ASSERT_EQ(from_tsv.size(), 9u);
+      ASSERT_EQ(from_tsv.size(), from_binary.size());
+      for (size_t i = 0; i < from_tsv.size(); ++i) {
+        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
+        EXPECT_TRUE(from_binary[i].Validate(13, rows).ok());
+      }
+      ASSERT_TRUE((*tsv)->Rewind().ok());
+      ASSERT_TRUE((*binary)->Rewind().ok());
+    }
+  }
+}
+
+TEST(CriteoBinaryTest, RejectsTruncatedFileAndBadMagic) {
+  const std::string tsv = TempPath("small.txt");
+  WriteFile(tsv,
+            Line("1", {"1"}, {"a"}) + "\n" + Line("0", {"2"}, {"b"}) + "\n");
+  const std::string bin = TempPath("small.bin");
+  ASSERT_TRUE(ConvertCriteoTsvToBinary({tsv}, bin).ok());
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  ASSERT_TRUE(OpenCriteoBinary(bin, options).ok());
+
+  const std::string truncated = TempPath("truncated.bin");
+  std::filesystem::copy_file(bin, truncated,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(bin) - 3);
+  ExpectInvalid(OpenCriteoBinary(truncated, options).status(),
+                truncated + ": file has");
+  std::filesystem::resize_file(truncated, 10);
+  ExpectInvalid(OpenCriteoBinary(truncated, options).status(),
+                truncated + ": file has 10 bytes");
+
+  const std::string bad_magic = TempPath("bad_magic.bin");
+  std::filesystem::copy_file(bin, bad_magic,
+                             std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(bad_magic, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('X');
+  }
+  ExpectInvalid(OpenCriteoBinary(bad_magic, options).status(),
+                bad_magic + ": bad magic");
+
+  CriteoOptions other = options;
+  other.num_dense = 12;
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                bin + ": file has 13 dense and 26 sparse features");
+
+  const std::string missing = TempPath("missing.bin");
+  auto source = OpenCriteoBinary(missing, options);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kNotFound);
+  ExpectMentions(source.status(), missing);
+}
+
+TEST(CriteoBinaryTest, FailedConversionLeavesNoOutput) {
+  const std::string tsv = TempPath("bad_for_convert.txt");
+  WriteFile(tsv, Line("1", {}, {}) + "\n" + Line("3", {}, {}) + "\n");
+  const std::string bin = TempPath("never.bin");
+  std::filesystem::remove(bin);
+  absl::StatusOr<int64_t> count = ConvertCriteoTsvToBinary({tsv}, bin);
+  ExpectInvalid(count.status(), tsv + ":2: column 0 (label)");
+  EXPECT_FALSE(std::filesystem::exists(bin));
+  for (const auto& entry :
+       std::filesystem::directory_iterator(testing::TempDir())) {
+    EXPECT_EQ(entry.path().string().find("never.bin.tmp"), std::string::npos);
+  }
+}
+
+TEST(CriteoBinaryTest, EmptyInputGivesAnEmptyDataset) {
+  const std::string tsv = TempPath("empty.txt");
+  WriteFile(tsv, "");
+  const std::string bin = TempPath("empty.bin");
+  absl::StatusOr<int64_t> count = ConvertCriteoTsvToBinary({tsv}, bin);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 0);
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  auto source = OpenCriteoBinary(bin, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(ReadAll(source->get(), 10).empty());
+}
+
+// --- Synthetic
+// -----------------------------------------------------------------
+
+TEST(SyntheticTest, SameSeedSameBatchesAndRewindReplays) {
+  const ModelConfig config = Preset("tiny");
+  SyntheticOptions options;
+  options.sample_seed = 99;
+  std::printf("sample seed %llu\n",
+              static_cast<unsigned long long>(options.sample_seed));
+  auto s1 = MakeSyntheticSource(config, options);
+  auto s2 = MakeSyntheticSource(config, options);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  std::vector<Batch> first;
+  for (int i = 0; i < 3; ++i) {
+    Batch b1, b2;
+    ASSERT_TRUE(*(*s1)->Next(100, &b1));
+    ASSERT_TRUE(*(*s2)->Next(100, &b2));
+    ExpectBatchesEqual(b1, b2);
+    first.push_back(std::move(b1));
+  }
+  ASSERT_TRUE((*s1)->Rewind().ok());
+  for (int i = 0; i < 3; ++i) {
+    Batch b;
+    ASSERT_TRUE(*(*s1)->Next(100, &b));
+    ExpectBatchesEqual(b, first[i]);
+  }
+  // Batch boundaries do not change the samples.
+  ASSERT_TRUE((*s1)->Rewind().ok());
+  Batch big, expected;
+  ASSERT_TRUE(*(*s1)->Next(300, &big));
+  for (const Batch& b : first) expected.Append(b);
+  ExpectBatchesEqual(big, expected);
+
+  options.sample_seed = 100;
+  auto s3 = MakeSyntheticSource(config, options);
+  Batch other;
+  ASSERT_TRUE(*(*s3)->Next(100, &other));
+  EXPECT_NE(other.sparse[0].ids, first[0].sparse[0].ids);
+}
+
+// The generator computes draw i of a sample's stream as
+// Mix64(key + i * golden) and documents it as the i-th output of Rng(key).
+TEST(SyntheticTest, SampleDrawsAreTheSampleRngStream) {
+  const uint64_t key = HashKey(2, 0, 12345);
+  Rng rng(key);
+  for (uint64_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(rng.NextU64(), Mix64(key + i * 0x9e3779b97f4a7c15ULL)) << i;
+  }
+}
+
+TEST(SyntheticTest, IdsInRangeAndBagSizesWithinMultiHot) {
+  const ModelConfig config = Preset("tiny");
+  auto source = MakeSyntheticSource(config, SyntheticOptions{});
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<int64_t> rows;
+  for (const auto& t : config.tables()) rows.push_back(t.rows());
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(5000, &batch));
+  ASSERT_TRUE(batch.Validate(config.num_dense_features(), rows).ok())
+      << batch.Validate(config.num_dense_features(), rows);
+  for (int t = 0; t < config.tables_size(); ++t) {
+    const int k = std::max(config.tables(t).multi_hot_size(), 1);
+    std::vector<int64_t> sizes_seen(k + 1, 0);
+    for (int64_t s = 0; s < batch.size; ++s) {
+      const int64_t n = batch.sparse[t].bag_size(s);
+      ASSERT_GE(n, 1);
+      ASSERT_LE(n, k);
+      ++sizes_seen[n];
+    }
+    for (int n = 1; n <= k; ++n) {
+      EXPECT_GT(sizes_seen[n], batch.size / (2 * k)) << "table " << t;
+    }
+  }
+  for (float d : batch.dense) {
+    EXPECT_GE(d, 0.0f);
+    EXPECT_LT(d, 20.0f);
+  }
+}
+
+TEST(SyntheticTest, IdsAreZipfSkewed) {
+  const ModelConfig config = Preset("kaggle");
+  auto source = MakeSyntheticSource(config, SyntheticOptions{});
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(50000, &batch));
+  const int t = 2;  // C3: 100000 rows after the cap
+  ASSERT_EQ(config.tables(t).rows(), 100000);
+  std::vector<int64_t> count(100000, 0);
+  for (int64_t id : batch.sparse[t].ids) {
+    ASSERT_GE(id, 0);
+    ASSERT_LT(id, 100000);
+    ++count[id];
+  }
+  EXPECT_EQ(std::max_element(count.begin(), count.end()) - count.begin(), 0);
+  EXPECT_GT(count[0], count[1]);
+  EXPECT_GT(count[1], count[10]);
+  EXPECT_GT(count[0], 20 * count[100]);
+  // P(id 0) for Zipf(1.05) on 100000 rows is about 0.078.
+  EXPECT_NEAR(count[0] / 50000.0, 0.078, 0.01);
+  int64_t head = 0;
+  for (int i = 0; i < 1000; ++i) head += count[i];
+  EXPECT_GT(head, 50000 / 2);  // most lookups hit the hot ids
+}
+
+TEST(SyntheticTest, NumSamplesMakesAFiniteDataset) {
+  SyntheticOptions options;
+  options.num_samples = 1000;
+  auto source = MakeSyntheticSource(Preset("tiny"), options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<Batch> batches = ReadAll(source->get(), 300);
+    ASSERT_EQ(batches.size(), 4u);
+    EXPECT_EQ(batches[3].size, 100);
+    Batch after;
+    EXPECT_FALSE(*(*source)->Next(300, &after));
+    EXPECT_EQ(after.size, 0);
+    ASSERT_TRUE((*source)->Rewind().ok());
+  }
+}
+
+TEST(SyntheticTest, TeacherAucAndCtrOnKaggle) {
+  const ModelConfig config = Preset("kaggle");
+  SyntheticOptions options;
+  options.sample_seed = 7;
+  std::printf("sample seed %llu, teacher seed %llu\n",
+              static_cast<unsigned long long>(options.sample_seed),
+              static_cast<unsigned long long>(options.teacher_seed));
+  auto source = MakeSyntheticSource(config, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(20000, &batch));
+  const Teacher teacher(config, options.teacher_seed);
+  std::vector<float> p(batch.size);
+  teacher.Probabilities(batch, p.data());
+  const double auc = Auc(p, batch.labels);
+  const double ctr =
+      std::accumulate(batch.labels.begin(), batch.labels.end(), 0.0) /
+      batch.size;
+  const double mean_p = std::accumulate(p.begin(), p.end(), 0.0) / batch.size;
+  std::printf("teacher AUC %.4f, CTR %.4f, mean p %.4f\n", auc, ctr, mean_p);
+  EXPECT_GE(auc, 0.78);
+  EXPECT_LE(auc, 0.85);
+  EXPECT_GT(ctr, 0.22);
+  EXPECT_LT(ctr, 0.28);
+
+  // A different teacher is a different ground truth.
+  const Teacher other(config, options.teacher_seed + 1);
+  std::vector<float> q(batch.size);
+  other.Probabilities(batch, q.data());
+  EXPECT_NE(p, q);
+  EXPECT_LT(Auc(q, batch.labels), auc - 0.1);
+}
+
+TEST(SyntheticTest, TeacherAucOnTinyIsSensible) {
+  const ModelConfig config = Preset("tiny");
+  auto source = MakeSyntheticSource(config, SyntheticOptions{});
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(20000, &batch));
+  std::vector<float> p(batch.size);
+  Teacher(config, SyntheticOptions{}.teacher_seed)
+      .Probabilities(batch, p.data());
+  const double auc = Auc(p, batch.labels);
+  const double ctr =
+      std::accumulate(batch.labels.begin(), batch.labels.end(), 0.0) /
+      batch.size;
+  std::printf("tiny: teacher AUC %.4f, CTR %.4f\n", auc, ctr);
+  EXPECT_GT(auc, 0.7);
+  EXPECT_GT(ctr, 0.2);
+  EXPECT_LT(ctr, 0.3);
+}
+
+TEST(SyntheticTest, GenerationSpeed) {
+  const ModelConfig config = Preset("kaggle");
+  auto source = MakeSyntheticSource(config, SyntheticOptions{});
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(4096, &batch));  // warm up
+  const int64_t total = 400000;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t done = 0; done < total; done += 4096) {
+    ASSERT_TRUE(*(*source)->Next(4096, &batch));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::printf("synthetic kaggle: %.0f samples/s (single thread)\n",
+              total / seconds);
+}
+
+TEST(SyntheticTest, RejectsBadOptionsAndConfigs) {
+  SyntheticOptions options;
+  options.zipf_alpha = -1;
+  ExpectInvalid(options.Validate(), "zipf_alpha = -1");
+  options.zipf_alpha = std::nan("");
+  ExpectInvalid(options.Validate(), "zipf_alpha");
+  options = SyntheticOptions{};
+  options.num_samples = -5;
+  ExpectInvalid(options.Validate(), "num_samples = -5");
+
+  ModelConfig config = Preset("tiny");
+  config.mutable_tables(1)->set_rows(0);
+  ExpectInvalid(MakeSyntheticSource(config, SyntheticOptions{}).status(),
+                "tables[1] (t1).rows = 0");
+  ModelConfig no_tables = Preset("tiny");
+  no_tables.clear_tables();
+  ExpectInvalid(MakeSyntheticSource(no_tables, SyntheticOptions{}).status(),
+                "no tables");
+}
+
+TEST(SyntheticTest, UniformWhenAlphaIsZero) {
+  SyntheticOptions options;
+  options.zipf_alpha = 0;
+  auto source = MakeSyntheticSource(Preset("tiny"), options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(20000, &batch));
+  std::vector<int64_t> count(50, 0);  // table t0 has 50 rows
+  for (int64_t id : batch.sparse[0].ids) ++count[id];
+  for (int64_t c : count) EXPECT_NEAR(c, 400, 100);
+}
+
+}  // namespace
+}  // namespace dlrm::data

@@ -1,0 +1,649 @@
+// Tests for dense/: Linear and Mlp (naive loops and finite differences), the
+// dot interaction (against its reference), BCE loss and the optimizers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/random.h"
+#include "dense/interaction.h"
+#include "dense/linear.h"
+#include "dense/loss.h"
+#include "dense/optimizer.h"
+
+namespace dlrm::dense {
+namespace {
+
+// Prints the seed (so a failure can be replayed) and returns its generator.
+Rng SeededRng(uint64_t seed) {
+  std::printf("[   seed   ] %llu\n", static_cast<unsigned long long>(seed));
+  return Rng(seed);
+}
+
+std::vector<float> RandomVector(Rng* rng, size_t n, double scale = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng->Normal() * scale);
+  return v;
+}
+
+bool BitwiseEqual(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+// Central difference of `loss` wrt *x. The denominator is the step actually
+// taken after rounding to float, so float rounding of x does not bias it.
+double NumericalGradient(float* x, float h,
+                         const std::function<double()>& loss) {
+  const float saved = *x;
+  *x = saved + h;
+  const float hi = *x;
+  const double lp = loss();
+  *x = saved - h;
+  const float lo = *x;
+  const double lm = loss();
+  *x = saved;
+  return (lp - lm) / (static_cast<double>(hi) - static_cast<double>(lo));
+}
+
+double Dot(const float* a, const std::vector<float>& c) {
+  double s = 0;
+  for (size_t i = 0; i < c.size(); ++i) s += static_cast<double>(a[i]) * c[i];
+  return s;
+}
+
+// Gradient-check tolerance: finite differences of a float forward pass are
+// good to ~1e-3 relative at these step sizes.
+void ExpectGradNear(double analytic, double numeric, const std::string& what) {
+  EXPECT_NEAR(analytic, numeric, 2e-3 * (1.0 + std::fabs(numeric))) << what;
+}
+
+// Smallest |pre-activation| of any ReLU layer of `mlp` on x: finite
+// differences are only valid when no step crosses the ReLU kink.
+float ReluMargin(const Mlp& mlp, const std::vector<float>& x, int64_t batch) {
+  float margin = std::numeric_limits<float>::infinity();
+  std::vector<float> in = x;
+  for (const Linear& layer : mlp.layers()) {
+    Linear plain(layer.in(), layer.out(), /*relu=*/false);
+    std::copy(layer.weight(), layer.weight() + layer.in() * layer.out(),
+              plain.weight());
+    std::copy(layer.bias(), layer.bias() + layer.out(), plain.bias());
+    std::vector<float> pre(batch * layer.out());
+    plain.Forward(in.data(), batch, pre.data());
+    if (layer.relu()) {
+      for (float v : pre) margin = std::min(margin, std::fabs(v));
+      for (float& v : pre) v = std::max(v, 0.0f);
+    }
+    in = pre;
+  }
+  return margin;
+}
+
+// Naive y = act(x W^T + b) in double.
+std::vector<double> NaiveLinear(const Linear& l, const float* x,
+                                int64_t batch) {
+  std::vector<double> y(batch * l.out());
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int o = 0; o < l.out(); ++o) {
+      double s = l.bias()[o];
+      for (int i = 0; i < l.in(); ++i) {
+        s +=
+            static_cast<double>(x[r * l.in() + i]) * l.weight()[o * l.in() + i];
+      }
+      y[r * l.out() + o] = l.relu() ? std::max(s, 0.0) : s;
+    }
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------- Linear
+
+TEST(LinearTest, InitMatchesReferenceScale) {
+  Rng rng = SeededRng(11);
+  Linear l(300, 200, true);
+  l.Init(&rng);
+  double sw = 0, sb = 0;
+  for (int i = 0; i < 300 * 200; ++i) sw += l.weight()[i] * l.weight()[i];
+  for (int i = 0; i < 200; ++i) sb += l.bias()[i] * l.bias()[i];
+  EXPECT_NEAR(std::sqrt(sw / (300 * 200)), std::sqrt(2.0 / 500), 0.01);
+  EXPECT_NEAR(std::sqrt(sb / 200), std::sqrt(1.0 / 200), 0.015);
+
+  Rng again(11);
+  Linear l2(300, 200, true);
+  l2.Init(&again);
+  EXPECT_TRUE(BitwiseEqual(l.weight(), l2.weight(), 300 * 200));
+}
+
+TEST(LinearTest, ForwardMatchesNaiveLoops) {
+  Rng rng = SeededRng(12);
+  for (bool relu : {false, true}) {
+    // 300 x 300 also takes the OpenMP path of the bias pass.
+    for (auto [in, out, batch] :
+         {std::tuple{37, 19, 11}, std::tuple{13, 512, 300},
+          std::tuple{300, 1, 7}}) {
+      Linear l(in, out, relu);
+      l.Init(&rng);
+      std::vector<float> x = RandomVector(&rng, batch * in);
+      std::vector<float> y(batch * out);
+      l.Forward(x.data(), batch, y.data());
+      std::vector<double> want = NaiveLinear(l, x.data(), batch);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_NEAR(y[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << "relu " << relu << " in " << in << " out " << out << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(LinearTest, BackwardMatchesNaiveLoops) {
+  Rng rng = SeededRng(13);
+  const int in = 70, out = 300, batch = 301;  // batch x out > OpenMP cut-off
+  Linear l(in, out, true);
+  l.Init(&rng);
+  std::vector<float> x = RandomVector(&rng, batch * in);
+  std::vector<float> y(batch * out), dx(batch * in);
+  l.Forward(x.data(), batch, y.data());
+  std::vector<float> dy = RandomVector(&rng, batch * out);
+  std::vector<float> g = dy;
+  l.Backward(x.data(), y.data(), g.data(), batch, dx.data());
+  std::vector<double> gm(batch * out);
+  for (size_t i = 0; i < gm.size(); ++i) gm[i] = y[i] > 0 ? dy[i] : 0.0;
+  for (size_t i = 0; i < gm.size(); ++i) ASSERT_EQ(g[i], gm[i]) << i;
+  for (int o = 0; o < out; ++o) {
+    double db = 0;
+    for (int r = 0; r < batch; ++r) db += gm[r * out + o];
+    ASSERT_NEAR(l.bias_grad()[o], db, 1e-4 * (1 + std::fabs(db))) << o;
+    for (int i = 0; i < in; ++i) {
+      double dw = 0;
+      for (int r = 0; r < batch; ++r) dw += gm[r * out + o] * x[r * in + i];
+      ASSERT_NEAR(l.weight_grad()[o * in + i], dw, 1e-4 * (1 + std::fabs(dw)));
+    }
+  }
+  for (int r = 0; r < batch; ++r) {
+    for (int i = 0; i < in; ++i) {
+      double s = 0;
+      for (int o = 0; o < out; ++o)
+        s += gm[r * out + o] * l.weight()[o * in + i];
+      ASSERT_NEAR(dx[r * in + i], s, 1e-4 * (1 + std::fabs(s)));
+    }
+  }
+}
+
+// Finite-difference check of one layer (as a one-layer Mlp, whose margin
+// helper finds a point away from the ReLU kink).
+void CheckLinearGradients(bool relu, uint64_t seed) {
+  const int in = 5, out = 4, batch = 3;
+  const std::vector<int> widths = {out};
+  Mlp net(in, widths, relu);
+  std::vector<float> x;
+  Rng rng = SeededRng(seed);
+  // Redraw until every pre-activation is clear of the kink by far more than
+  // a step can move it (|dW| h |x| < 0.01).
+  for (int attempt = 0;; ++attempt) {
+    ASSERT_LT(attempt, 1000);
+    net.Init(&rng);
+    x = RandomVector(&rng, batch * in);
+    if (!relu || ReluMargin(net, x, batch) > 0.1f) break;
+  }
+  Linear& l = net.layers()[0];
+  std::vector<float> c = RandomVector(&rng, batch * out);
+  auto loss = [&] {
+    std::vector<float> y(batch * out);
+    l.Forward(x.data(), batch, y.data());
+    return Dot(y.data(), c);
+  };
+  std::vector<float> y(batch * out), dx(batch * in);
+  l.Forward(x.data(), batch, y.data());
+  std::vector<float> dy = c;
+  l.Backward(x.data(), y.data(), dy.data(), batch, dx.data());
+  const float h = 1e-3f;
+  for (int i = 0; i < in * out; ++i) {
+    ExpectGradNear(l.weight_grad()[i],
+                   NumericalGradient(&l.weight()[i], h, loss),
+                   "weight " + std::to_string(i));
+  }
+  for (int i = 0; i < out; ++i) {
+    ExpectGradNear(l.bias_grad()[i], NumericalGradient(&l.bias()[i], h, loss),
+                   "bias " + std::to_string(i));
+  }
+  for (int i = 0; i < batch * in; ++i) {
+    ExpectGradNear(dx[i], NumericalGradient(&x[i], h, loss),
+                   "x " + std::to_string(i));
+  }
+}
+
+TEST(LinearTest, GradientsMatchFiniteDifferencesIdentity) {
+  CheckLinearGradients(false, 21);
+}
+
+TEST(LinearTest, GradientsMatchFiniteDifferencesRelu) {
+  CheckLinearGradients(true, 22);
+}
+
+TEST(LinearTest, ZeroBatch) {
+  Linear l(4, 3, true);
+  Rng rng = SeededRng(23);
+  l.Init(&rng);
+  std::fill(l.weight_grad(), l.weight_grad() + 12, 1.0f);
+  l.Forward(nullptr, 0, nullptr);
+  l.Backward(nullptr, nullptr, nullptr, 0, nullptr);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(l.weight_grad()[i], 0.0f);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(l.bias_grad()[i], 0.0f);
+}
+
+// ---------------------------------------------------------------- Mlp
+
+void CheckMlpGradients(bool relu_last, uint64_t seed) {
+  const int in = 5, batch = 3;
+  const std::vector<int> widths = {6, 4, 3};
+  Mlp net(in, widths, relu_last);
+  Rng rng = SeededRng(seed);
+  std::vector<float> x;
+  for (int attempt = 0;; ++attempt) {
+    ASSERT_LT(attempt, 10000);
+    net.Init(&rng);
+    x = RandomVector(&rng, batch * in);
+    if (ReluMargin(net, x, batch) > 0.05f) break;
+  }
+  std::vector<float> c = RandomVector(&rng, batch * net.out());
+  auto loss = [&] { return Dot(net.Forward(x.data(), batch), c); };
+  net.Forward(x.data(), batch);
+  std::vector<float> dy = c, dx(batch * in);
+  net.Backward(x.data(), dy.data(), batch, dx.data());
+  const float h = 1e-3f;
+  for (const ParamRef& p : net.Parameters("mlp")) {
+    for (int64_t i = 0; i < p.size; ++i) {
+      ExpectGradNear(p.grad[i], NumericalGradient(&p.value[i], h, loss),
+                     p.name + "[" + std::to_string(i) + "]");
+    }
+  }
+  for (int i = 0; i < batch * in; ++i) {
+    ExpectGradNear(dx[i], NumericalGradient(&x[i], h, loss),
+                   "x " + std::to_string(i));
+  }
+}
+
+TEST(MlpTest, GradientsMatchFiniteDifferences) { CheckMlpGradients(false, 31); }
+
+TEST(MlpTest, GradientsMatchFiniteDifferencesReluLast) {
+  CheckMlpGradients(true, 32);
+}
+
+TEST(MlpTest, ParametersAreNamedAndSized) {
+  const std::vector<int> widths = {8, 1};
+  Mlp net(3, widths, false);
+  std::vector<ParamRef> p = net.Parameters("top");
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[0].name, "top.0.weight");
+  EXPECT_EQ(p[0].size, 24);
+  EXPECT_EQ(p[1].name, "top.0.bias");
+  EXPECT_EQ(p[1].size, 8);
+  EXPECT_EQ(p[2].name, "top.1.weight");
+  EXPECT_EQ(p[2].size, 8);
+  EXPECT_EQ(p[3].name, "top.1.bias");
+  EXPECT_EQ(p[3].size, 1);
+  EXPECT_EQ(p[2].value, net.layers()[1].weight());
+  EXPECT_EQ(p[2].grad, net.layers()[1].weight_grad());
+  EXPECT_EQ(net.out(), 1);
+  EXPECT_TRUE(net.layers()[0].relu());
+  EXPECT_FALSE(net.layers()[1].relu());
+}
+
+TEST(MlpTest, InferEqualsForwardAndLeavesTrainingStateAlone) {
+  Rng rng = SeededRng(33);
+  const std::vector<int> widths = {512, 256, 64, 16};
+  Mlp net(13, widths, true);
+  net.Init(&rng);
+  const int64_t batch = 200, small = 17;
+  std::vector<float> x = RandomVector(&rng, batch * 13);
+  std::vector<float> x2 = RandomVector(&rng, small * 13);
+  const float* y = net.Forward(x.data(), batch);
+  std::vector<float> fwd(y, y + batch * 16);
+
+  std::vector<float> out(batch * 16), out2(small * 16);
+  AlignedVector<float> scratch;
+  net.Infer(x.data(), batch, out.data(), &scratch);
+  EXPECT_TRUE(BitwiseEqual(out.data(), fwd.data(), fwd.size()));
+  // Inference on other inputs between Forward and Backward must not change
+  // the activations Backward uses.
+  net.Infer(x2.data(), small, out2.data(), &scratch);
+  EXPECT_TRUE(BitwiseEqual(y, fwd.data(), fwd.size()));
+
+  std::vector<float> dy = RandomVector(&rng, batch * 16), dy2 = dy;
+  net.Backward(x.data(), dy.data(), batch, nullptr);
+  std::vector<float> g(net.layers()[1].weight_grad(),
+                       net.layers()[1].weight_grad() + 512 * 256);
+  net.Forward(x.data(), batch);
+  net.Backward(x.data(), dy2.data(), batch, nullptr);
+  EXPECT_TRUE(BitwiseEqual(g.data(), net.layers()[1].weight_grad(), g.size()));
+}
+
+// Forward + backward of the default bottom and top MLPs twice from the same
+// seed: bitwise equal (batch large enough for the OpenMP paths).
+TEST(MlpTest, Deterministic) {
+  struct Result {
+    std::vector<float> out, dx, grads;
+  };
+  auto run = [](int in, std::vector<int> widths, bool relu_last) {
+    Rng rng = SeededRng(34);
+    Mlp net(in, widths, relu_last);
+    net.Init(&rng);
+    const int64_t batch = 1000;
+    std::vector<float> x = RandomVector(&rng, batch * in);
+    const float* y = net.Forward(x.data(), batch);
+    Result r;
+    r.out.assign(y, y + batch * net.out());
+    std::vector<float> dy = RandomVector(&rng, batch * net.out());
+    r.dx.resize(batch * in);
+    net.Backward(x.data(), dy.data(), batch, r.dx.data());
+    for (const ParamRef& p : net.Parameters("m")) {
+      r.grads.insert(r.grads.end(), p.grad, p.grad + p.size);
+    }
+    return r;
+  };
+  for (bool top : {false, true}) {
+    const int in = top ? 367 : 13;
+    const std::vector<int> widths = top ? std::vector<int>{512, 256, 1}
+                                        : std::vector<int>{512, 256, 64, 16};
+    Result a = run(in, widths, !top), b = run(in, widths, !top);
+    EXPECT_TRUE(BitwiseEqual(a.out.data(), b.out.data(), a.out.size()));
+    EXPECT_TRUE(BitwiseEqual(a.dx.data(), b.dx.data(), a.dx.size()));
+    EXPECT_TRUE(BitwiseEqual(a.grads.data(), b.grads.data(), a.grads.size()));
+  }
+}
+
+// ---------------------------------------------------------------- Interaction
+
+TEST(InteractionTest, DimAndLayout) {
+  EXPECT_EQ(DotInteractionDim(27, 16), 367);
+  EXPECT_EQ(DotInteractionDim(1, 4), 4);
+  // Two samples, n = 3, d = 2: z = [t0, <t1,t0>, <t2,t0>, <t2,t1>].
+  const std::vector<float> t = {1, 2, 3, 4, 5, 6, /*sample 2*/ 0,
+                                1, 1, 0, 2, 2};
+  std::vector<float> z(2 * 5);
+  DotInteractionForward(t.data(), 2, 3, 2, z.data());
+  EXPECT_EQ(z, (std::vector<float>{1, 2, 11, 17, 39, 0, 1, 0, 2, 2}));
+  std::vector<float> zr(2 * 5);
+  reference::DotInteractionForward(t.data(), 2, 3, 2, zr.data());
+  EXPECT_EQ(zr, z);
+}
+
+// Optimized vs reference. Tolerance: 1e-5 relative (|a - b| <= 1e-5 (1 +
+// |b|)); the two sum in different orders and may contract into FMAs
+// differently.
+TEST(InteractionTest, MatchesReference) {
+  Rng rng = SeededRng(41);
+  struct Shape {
+    int n, d;
+    int64_t batch;
+  };
+  for (Shape s :
+       {Shape{27, 16, 256}, Shape{27, 16, 1}, Shape{27, 16, 0}, Shape{1, 4, 3},
+        Shape{2, 3, 5}, Shape{5, 8, 40}, Shape{9, 32, 33}, Shape{4, 64, 7},
+        Shape{13, 7, 50}, Shape{17, 128, 3}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "n " << s.n << " d " << s.d << " batch " << s.batch);
+    const int dim = DotInteractionDim(s.n, s.d);
+    std::vector<float> t = RandomVector(&rng, s.batch * s.n * s.d);
+    std::vector<float> dz = RandomVector(&rng, s.batch * dim);
+    // Guard values after the outputs catch writes past the end.
+    std::vector<float> z(s.batch * dim + 1, 7.0f), zr(s.batch * dim, 0.0f);
+    DotInteractionForward(t.data(), s.batch, s.n, s.d, z.data());
+    reference::DotInteractionForward(t.data(), s.batch, s.n, s.d, zr.data());
+    EXPECT_EQ(z.back(), 7.0f);
+    for (size_t i = 0; i < zr.size(); ++i) {
+      ASSERT_NEAR(z[i], zr[i], 1e-5 * (1 + std::fabs(zr[i]))) << "z " << i;
+    }
+    std::vector<float> dt(s.batch * s.n * s.d + 1, 7.0f),
+        dtr(s.batch * s.n * s.d, 0.0f);
+    DotInteractionBackward(t.data(), dz.data(), s.batch, s.n, s.d, dt.data());
+    reference::DotInteractionBackward(t.data(), dz.data(), s.batch, s.n, s.d,
+                                      dtr.data());
+    EXPECT_EQ(dt.back(), 7.0f);
+    for (size_t i = 0; i < dtr.size(); ++i) {
+      ASSERT_NEAR(dt[i], dtr[i], 1e-5 * (1 + std::fabs(dtr[i]))) << "dt " << i;
+    }
+  }
+}
+
+TEST(InteractionTest, GradientMatchesFiniteDifferences) {
+  Rng rng = SeededRng(42);
+  for (auto [n, d] : {std::pair{4, 3}, std::pair{27, 16}}) {
+    const int64_t batch = 2;
+    const int dim = DotInteractionDim(n, d);
+    std::vector<float> t = RandomVector(&rng, batch * n * d);
+    std::vector<float> c = RandomVector(&rng, batch * dim);
+    std::vector<float> z(batch * dim), dt(batch * n * d);
+    auto loss = [&] {
+      DotInteractionForward(t.data(), batch, n, d, z.data());
+      return Dot(z.data(), c);
+    };
+    DotInteractionBackward(t.data(), c.data(), batch, n, d, dt.data());
+    for (size_t i = 0; i < t.size(); ++i) {
+      ExpectGradNear(dt[i], NumericalGradient(&t[i], 1e-2f, loss),
+                     "t " + std::to_string(i));
+    }
+    std::vector<float> dtr(dt.size());
+    reference::DotInteractionBackward(t.data(), c.data(), batch, n, d,
+                                      dtr.data());
+    for (size_t i = 0; i < t.size(); ++i) {
+      ExpectGradNear(dtr[i], NumericalGradient(&t[i], 1e-2f, loss),
+                     "reference t " + std::to_string(i));
+    }
+  }
+}
+
+TEST(InteractionTest, Deterministic) {
+  Rng rng = SeededRng(43);
+  const int n = 27, d = 16, dim = DotInteractionDim(n, d);
+  const int64_t batch = 2048;
+  std::vector<float> t = RandomVector(&rng, batch * n * d);
+  std::vector<float> dz = RandomVector(&rng, batch * dim);
+  std::vector<float> z1(batch * dim), z2(batch * dim);
+  std::vector<float> dt1(batch * n * d), dt2(batch * n * d);
+  DotInteractionForward(t.data(), batch, n, d, z1.data());
+  DotInteractionForward(t.data(), batch, n, d, z2.data());
+  DotInteractionBackward(t.data(), dz.data(), batch, n, d, dt1.data());
+  DotInteractionBackward(t.data(), dz.data(), batch, n, d, dt2.data());
+  EXPECT_TRUE(BitwiseEqual(z1.data(), z2.data(), z1.size()));
+  EXPECT_TRUE(BitwiseEqual(dt1.data(), dt2.data(), dt1.size()));
+}
+
+// ---------------------------------------------------------------- Loss
+
+TEST(LossTest, HandComputedValues) {
+  const float z[] = {0, 0, 2, -3};
+  const float y[] = {1, 0, 1, 1};
+  const double want[] = {std::log(2.0), std::log(2.0),
+                         std::log1p(std::exp(-2.0)),
+                         3.0 + std::log1p(std::exp(-3.0))};
+  for (int i = 0; i < 4; ++i) {
+    float g = 0;
+    EXPECT_NEAR(BceWithLogits(&z[i], &y[i], 1, 1.0f, &g), want[i], 1e-12) << i;
+    const double sig = 1.0 / (1.0 + std::exp(-static_cast<double>(z[i])));
+    EXPECT_NEAR(g, sig - y[i], 1e-7) << i;
+  }
+  std::vector<float> g(4);
+  const double mean = (want[0] + want[1] + want[2] + want[3]) / 4;
+  EXPECT_NEAR(BceWithLogits(z, y, 4, 0.25f, g.data()), mean, 1e-12);
+  EXPECT_NEAR(g[0], -0.125f, 1e-7);  // (0.5 - 1) / 4
+  EXPECT_NEAR(g[1], 0.125f, 1e-7);
+  EXPECT_NEAR(BceWithLogits(z, y, 4, 0.25f, nullptr), mean, 1e-12);
+  EXPECT_EQ(BceWithLogits(z, y, 0, 1.0f, nullptr), 0.0);
+}
+
+TEST(LossTest, ExtremeLogitsAreFinite) {
+  const float z[] = {100, -100, 100, -100, 80, -80};
+  const float y[] = {0, 1, 1, 0, 0, 1};
+  const double want[] = {100, 100, 0, 0, 80, 80};
+  for (int i = 0; i < 6; ++i) {
+    float g = 0;
+    const double l = BceWithLogits(&z[i], &y[i], 1, 1.0f, &g);
+    EXPECT_TRUE(std::isfinite(l));
+    EXPECT_NEAR(l, want[i], 1e-9) << i;
+    EXPECT_TRUE(std::isfinite(g));
+    EXPECT_NEAR(g, (z[i] > 0 ? 1.0f : 0.0f) - y[i], 1e-7) << i;
+  }
+  EXPECT_EQ(Sigmoid(100), 1.0f);
+  EXPECT_EQ(Sigmoid(-100), std::exp(-100.0f) / (1 + std::exp(-100.0f)));
+}
+
+TEST(LossTest, GradientMatchesFiniteDifferences) {
+  Rng rng = SeededRng(51);
+  const int64_t batch = 7;
+  std::vector<float> z = RandomVector(&rng, batch, 3.0), y(batch), g(batch);
+  for (float& v : y) v = rng.Uniform() < 0.5 ? 0.0f : 1.0f;
+  BceWithLogits(z.data(), y.data(), batch, 1.0f / batch, g.data());
+  auto loss = [&] {
+    return BceWithLogits(z.data(), y.data(), batch, 1.0f, nullptr);
+  };
+  for (int64_t i = 0; i < batch; ++i) {
+    EXPECT_NEAR(g[i], NumericalGradient(&z[i], 1e-3f, loss), 1e-5) << i;
+  }
+}
+
+// ---------------------------------------------------------------- Optimizers
+
+OptimizerConfig MakeConfig(OptimizerConfig::Type type, float lr) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_learning_rate(lr);
+  c.set_eps(1e-8f);
+  c.set_beta1(0.9f);
+  c.set_beta2(0.999f);
+  return c;
+}
+
+// One parameter of 3 elements; grads set per step.
+struct OneParam {
+  std::vector<float> value = {1.0f, -2.0f, 0.5f};
+  std::vector<float> grad = {0.0f, 0.0f, 0.0f};
+  std::vector<ParamRef> refs() { return {{"w", value.data(), grad.data(), 3}}; }
+};
+
+TEST(OptimizerTest, Sgd) {
+  OneParam p;
+  auto opt =
+      DenseOptimizer::Create(MakeConfig(OptimizerConfig::SGD, 0.1f), p.refs());
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  p.grad = {0.5f, -1.0f, 0.0f};
+  (*opt)->Step();
+  EXPECT_FLOAT_EQ(p.value[0], 0.95f);
+  EXPECT_FLOAT_EQ(p.value[1], -1.9f);
+  EXPECT_FLOAT_EQ(p.value[2], 0.5f);
+  (*opt)->Step();
+  EXPECT_FLOAT_EQ(p.value[0], 0.9f);
+  EXPECT_FLOAT_EQ(p.value[1], -1.8f);
+  EXPECT_EQ((*opt)->step(), 2);
+  EXPECT_TRUE((*opt)->State().empty());
+}
+
+void CheckAdagrad(OptimizerConfig::Type type) {
+  OneParam p;
+  OptimizerConfig c = MakeConfig(type, 0.1f);
+  c.set_initial_accumulator(0.1f);
+  auto opt = DenseOptimizer::Create(c, p.refs());
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  p.grad = {0.5f, 0.0f, 0.0f};
+  (*opt)->Step();
+  // s = 0.1 + 0.25; p = 1 - 0.1 * 0.5 / sqrt(0.35).
+  EXPECT_NEAR(p.value[0], 0.9154845759557197, 1e-6);
+  EXPECT_EQ(p.value[1], -2.0f);  // zero gradient: no change
+  (*opt)->Step();
+  // s = 0.6; p -= 0.05 / sqrt(0.6).
+  EXPECT_NEAR(p.value[0], 0.8509348543522628, 1e-6);
+  std::vector<ParamRef> state = (*opt)->State();
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_EQ(state[0].name, "w.sum");
+  EXPECT_EQ(state[0].size, 3);
+  EXPECT_NEAR(state[0].value[0], 0.6f, 1e-6);
+  EXPECT_NEAR(state[0].value[1], 0.1f, 1e-7);
+}
+
+TEST(OptimizerTest, Adagrad) { CheckAdagrad(OptimizerConfig::ADAGRAD); }
+
+TEST(OptimizerTest, RowwiseAdagradIsPlainAdagradForDense) {
+  CheckAdagrad(OptimizerConfig::ROWWISE_ADAGRAD);
+}
+
+TEST(OptimizerTest, AdamWithBiasCorrection) {
+  OneParam p;
+  auto opt =
+      DenseOptimizer::Create(MakeConfig(OptimizerConfig::ADAM, 0.1f), p.refs());
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  p.grad = {0.5f, 0.0f, -3.0f};
+  (*opt)->Step();
+  // Step 1: m_hat = g, v_hat = g^2, so p -= lr * sign(g) (up to eps).
+  EXPECT_NEAR(p.value[0], 0.9, 1e-6);
+  EXPECT_EQ(p.value[1], -2.0f);
+  EXPECT_NEAR(p.value[2], 0.6, 1e-6);
+  p.grad = {-0.25f, 0.0f, 0.0f};
+  (*opt)->Step();
+  // m = 0.02, v = 0.00031225, bc1 = 0.19, bc2 = 0.001999.
+  EXPECT_NEAR(p.value[0], 0.8733662987078463, 1e-6);
+  EXPECT_EQ((*opt)->step(), 2);
+  std::vector<ParamRef> state = (*opt)->State();
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].name, "w.exp_avg");
+  EXPECT_EQ(state[1].name, "w.exp_avg_sq");
+  EXPECT_NEAR(state[0].value[0], 0.02f, 1e-7);
+  // 1 - 0.999f is 0.0010000467: float betas move v by ~1e-5 relative.
+  EXPECT_NEAR(state[1].value[0], 0.00031225f, 1e-8);
+}
+
+TEST(OptimizerTest, CreateRejectsBadConfigs) {
+  OneParam p;
+  OptimizerConfig bad_type = MakeConfig(OptimizerConfig::SGD, 0.1f);
+  bad_type.set_type(static_cast<OptimizerConfig::Type>(42));
+  EXPECT_EQ(DenseOptimizer::Create(bad_type, p.refs()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (float lr : {0.0f, -0.1f, std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_EQ(
+        DenseOptimizer::Create(MakeConfig(OptimizerConfig::ADAM, lr), p.refs())
+            .status()
+            .code(),
+        absl::StatusCode::kInvalidArgument)
+        << lr;
+  }
+  OptimizerConfig no_eps = MakeConfig(OptimizerConfig::ADAGRAD, 0.1f);
+  no_eps.set_eps(0);
+  EXPECT_EQ(DenseOptimizer::Create(no_eps, p.refs()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const OptimizerConfig ok = MakeConfig(OptimizerConfig::SGD, 0.1f);
+  std::vector<ParamRef> null_value = {{"w", nullptr, p.grad.data(), 3}};
+  std::vector<ParamRef> null_grad = {{"w", p.value.data(), nullptr, 3}};
+  std::vector<ParamRef> negative = {{"w", p.value.data(), p.grad.data(), -1}};
+  for (const auto& refs : {null_value, null_grad, negative}) {
+    EXPECT_EQ(DenseOptimizer::Create(ok, refs).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(DenseOptimizer::Create(ok, {}).ok());
+}
+
+// Large parameters take the OpenMP path; two runs must agree bitwise.
+TEST(OptimizerTest, DeterministicOnLargeParameters) {
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    std::vector<float> results[2];
+    for (auto& result : results) {
+      Rng rng = SeededRng(61);
+      std::vector<float> w = RandomVector(&rng, 100000);
+      std::vector<float> g = RandomVector(&rng, 100000);
+      auto opt = DenseOptimizer::Create(MakeConfig(type, 0.01f),
+                                        {{"w", w.data(), g.data(), 100000}});
+      ASSERT_TRUE(opt.ok());
+      for (int s = 0; s < 3; ++s) (*opt)->Step();
+      result = w;
+    }
+    EXPECT_TRUE(BitwiseEqual(results[0].data(), results[1].data(), 100000));
+  }
+}
+
+}  // namespace
+}  // namespace dlrm::dense

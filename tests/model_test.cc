@@ -1,0 +1,432 @@
+// Tests for model/: metrics, the whole-model gradient, determinism,
+// rejected batches, and learning the synthetic teacher.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "model/checkpoint.h"
+#include "model/dlrm_model.h"
+#include "model/metrics.h"
+#include "model/safetensors.h"
+#include "model/trainer.h"
+
+namespace dlrm::model {
+namespace {
+
+ModelConfig Config(const std::string& text) {
+  auto parsed = ParseModelConfigText(text);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  auto c = NormalizeModelConfig(*parsed);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+ModelConfig Tiny() {
+  auto c = LoadModelConfig("tiny");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+data::Batch SyntheticBatch(const ModelConfig& c, int64_t n, uint64_t seed) {
+  data::SyntheticOptions o;
+  o.sample_seed = seed;
+  auto src = data::MakeSyntheticSource(c, o);
+  EXPECT_TRUE(src.ok()) << src.status();
+  data::Batch b;
+  auto more = (*src)->Next(n, &b);
+  EXPECT_TRUE(more.ok() && *more);
+  return b;
+}
+
+TEST(MetricsTest, AucByHand) {
+  // Positives at 0.8 and 0.4, negatives at 0.6 and 0.2: pairs (0.8>0.6),
+  // (0.8>0.2), (0.4<0.6), (0.4>0.2) -> 3/4.
+  std::vector<float> s = {0.8f, 0.6f, 0.4f, 0.2f};
+  std::vector<float> y = {1, 0, 1, 0};
+  EXPECT_DOUBLE_EQ(RocAuc(s, y), 0.75);
+  // A tie between a positive and a negative counts one half.
+  std::vector<float> s2 = {0.5f, 0.5f, 0.1f};
+  std::vector<float> y2 = {1, 0, 0};
+  EXPECT_DOUBLE_EQ(RocAuc(s2, y2), 0.75);
+  std::vector<float> y3 = {1, 1, 1};
+  EXPECT_TRUE(std::isnan(RocAuc(s2, y3)));
+}
+
+TEST(MetricsTest, LogLossAndAccuracyByHand) {
+  std::vector<float> p = {0.9f, 0.2f};
+  std::vector<float> y = {1, 1};
+  EXPECT_NEAR(LogLoss(p, y), -(std::log(0.9) + std::log(0.2)) / 2, 1e-6);
+  EXPECT_DOUBLE_EQ(Accuracy(p, y), 0.5);
+  // Clipping keeps a confident mistake finite.
+  std::vector<float> p0 = {0.0f};
+  std::vector<float> y1 = {1};
+  EXPECT_NEAR(LogLoss(p0, y1), -std::log(1e-7), 1e-3);
+  MetricsAccumulator acc;
+  acc.Add(p, y);
+  acc.Add(std::vector<float>{0.1f}, std::vector<float>{0});
+  EvalMetrics m = acc.Compute();
+  EXPECT_EQ(m.samples, 3);
+  EXPECT_NEAR(m.ctr, 2.0 / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(m.auc, 1.0);
+}
+
+// Mean BCE of the model's predictions, in double.
+double Loss(DlrmModel& m, const data::Batch& b) {
+  std::vector<float> p;
+  EXPECT_TRUE(m.Predict(b, &p).ok());
+  double sum = 0;
+  for (int64_t i = 0; i < b.size; ++i) {
+    sum -= b.labels[i] > 0.5f ? std::log(static_cast<double>(p[i]))
+                              : std::log(1.0 - p[i]);
+  }
+  return sum / b.size;
+}
+
+// With SGD at lr = 1 one step moves every parameter by exactly -gradient,
+// so the step's update is compared with central differences of the loss.
+void CheckWholeModelGradient(const std::string& config_text) {
+  ModelConfig c = Config(config_text);
+  const data::Batch b = SyntheticBatch(c, 16, 11);
+  auto before = DlrmModel::Create(c);
+  auto after = DlrmModel::Create(c);
+  ASSERT_TRUE(before.ok() && after.ok());
+  ASSERT_TRUE((*after)->TrainStep(b).ok());
+
+  struct Param {
+    const char* what;
+    float* before;
+    float* after;
+    int64_t size;
+  };
+  std::vector<Param> params;
+  for (size_t l = 0; l < (*before)->bottom().layers().size(); ++l) {
+    auto& lb = (*before)->bottom().layers()[l];
+    auto& la = (*after)->bottom().layers()[l];
+    params.push_back({"bottom.weight", lb.weight(), la.weight(),
+                      static_cast<int64_t>(lb.in()) * lb.out()});
+    params.push_back({"bottom.bias", lb.bias(), la.bias(), lb.out()});
+  }
+  for (size_t l = 0; l < (*before)->top().layers().size(); ++l) {
+    auto& lb = (*before)->top().layers()[l];
+    auto& la = (*after)->top().layers()[l];
+    params.push_back({"top.weight", lb.weight(), la.weight(),
+                      static_cast<int64_t>(lb.in()) * lb.out()});
+    params.push_back({"top.bias", lb.bias(), la.bias(), lb.out()});
+  }
+  for (size_t k = 0; k < (*before)->tables().size(); ++k) {
+    auto& tb = *(*before)->tables()[k];
+    params.push_back({"table", tb.weights(), (*after)->tables()[k]->weights(),
+                      tb.rows() * tb.dim()});
+  }
+  int checked = 0, kinks = 0;
+  for (const Param& p : params) {
+    // Every element of small tensors; a stride through large ones.
+    const int64_t stride = std::max<int64_t>(1, p.size / 24);
+    for (int64_t i = 0; i < p.size; i += stride) {
+      const float w = p.before[i];
+      const float eps = 1e-3f;
+      const double base = Loss(**before, b);
+      p.before[i] = w + eps;
+      const double up = Loss(**before, b);
+      p.before[i] = w - eps;
+      const double down = Loss(**before, b);
+      p.before[i] = w;
+      const double analytic = static_cast<double>(w) - p.after[i];
+      const double right = (up - base) / eps, left = (base - down) / eps;
+      auto tol = [](double v) { return 2e-3 + 2e-2 * std::abs(v); };
+      if (std::abs(right - left) > tol(right) + tol(left)) {
+        // A ReLU kink lies within eps of w: the loss has a left and a right
+        // derivative there, and the step took one of them.
+        ++kinks;
+        EXPECT_TRUE(std::abs(analytic - right) <= tol(right) ||
+                    std::abs(analytic - left) <= tol(left))
+            << p.what << "[" << i << "]: analytic " << analytic << ", left "
+            << left << ", right " << right;
+      } else {
+        const double numeric = (up - down) / (2 * eps);
+        EXPECT_NEAR(analytic, numeric, tol(numeric))
+            << p.what << "[" << i << "]";
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+  // Kinks are the exception: most points must be checked two-sided.
+  EXPECT_LT(kinks * 10, checked);
+}
+
+TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
+  CheckWholeModelGradient(R"(
+    num_dense_features: 4 embedding_dim: 3
+    tables { name: "a" rows: 6 } tables { name: "b" rows: 5 multi_hot_size: 3
+             pooling: POOLING_MEAN } tables { name: "c" rows: 4 multi_hot_size: 2 }
+    bottom_mlp: [5, 3] top_mlp: [4, 1] interaction: INTERACTION_DOT
+    dense_optimizer { learning_rate: 1 } sparse_optimizer { learning_rate: 1 }
+    seed: 3)");
+}
+
+TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesCat) {
+  CheckWholeModelGradient(R"(
+    num_dense_features: 3
+    tables { name: "a" rows: 6 dim: 2 } tables { name: "b" rows: 5 dim: 4
+             multi_hot_size: 2 }
+    bottom_mlp: [5, 3] top_mlp: [4, 1] interaction: INTERACTION_CAT
+    dense_optimizer { learning_rate: 1 } sparse_optimizer { learning_rate: 1 }
+    seed: 5)");
+}
+
+TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
+  ModelConfig c = Tiny();
+  std::vector<double> losses[2];
+  uint64_t checksums[2];
+  for (int run = 0; run < 2; ++run) {
+    auto m = DlrmModel::Create(c);
+    ASSERT_TRUE(m.ok());
+    data::SyntheticOptions o;
+    auto src = data::MakeSyntheticSource(c, o);
+    ASSERT_TRUE(src.ok());
+    data::Batch b;
+    for (int step = 0; step < 20; ++step) {
+      ASSERT_TRUE(*(*src)->Next(64, &b));
+      auto r = (*m)->TrainStep(b);
+      ASSERT_TRUE(r.ok()) << r.status();
+      losses[run].push_back(r->loss);
+    }
+    checksums[run] = (*m)->WeightChecksum();
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i;
+  }
+  EXPECT_EQ(checksums[0], checksums[1]);
+}
+
+TEST(ModelTest, RejectedBatchChangesNothing) {
+  ModelConfig c = Tiny();
+  auto m = DlrmModel::Create(c);
+  ASSERT_TRUE(m.ok());
+  const data::Batch good = SyntheticBatch(c, 32, 4);
+  ASSERT_TRUE((*m)->TrainStep(good).ok());
+  const uint64_t checksum = (*m)->WeightChecksum();
+  const int64_t steps = (*m)->steps();
+
+  data::Batch bad = good;
+  bad.sparse[1].ids[3] = c.tables(1).rows();  // one past the end
+  auto r = (*m)->TrainStep(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("sparse[1]"), std::string::npos)
+      << r.status();
+
+  bad = good;
+  bad.dense[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ((*m)->TrainStep(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.labels[2] = 0.5f;
+  EXPECT_EQ((*m)->TrainStep(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.sparse.pop_back();
+  EXPECT_EQ((*m)->TrainStep(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> probs;
+  EXPECT_EQ((*m)->Predict(bad, &probs).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ((*m)->WeightChecksum(), checksum);
+  EXPECT_EQ((*m)->steps(), steps);
+}
+
+TEST(ModelTest, PredictDoesNotChangeTheModel) {
+  ModelConfig c = Tiny();
+  auto m = DlrmModel::Create(c);
+  ASSERT_TRUE(m.ok());
+  const data::Batch b = SyntheticBatch(c, 50, 6);
+  const uint64_t checksum = (*m)->WeightChecksum();
+  std::vector<float> p1, p2;
+  ASSERT_TRUE((*m)->Predict(b, &p1).ok());
+  ASSERT_TRUE((*m)->Predict(b, &p2).ok());
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ((*m)->WeightChecksum(), checksum);
+  for (float p : p1) {
+    EXPECT_GT(p, 0.0f);
+    EXPECT_LT(p, 1.0f);
+  }
+}
+
+// The acceptance bar of the Foundation issue: within a bounded number of
+// steps the model reaches 90% of the teacher's AUC margin over 0.5.
+TEST(ModelTest, LearnsTheSyntheticTeacher) {
+  ModelConfig c = Config(R"(
+    num_dense_features: 13 embedding_dim: 8
+    tables { name: "c0" rows: 200 } tables { name: "c1" rows: 500 }
+    tables { name: "c2" rows: 1000 } tables { name: "c3" rows: 100 }
+    tables { name: "c4" rows: 2000 } tables { name: "c5" rows: 50 }
+    tables { name: "c6" rows: 300 multi_hot_size: 3 pooling: POOLING_MEAN }
+    tables { name: "c7" rows: 800 multi_hot_size: 2 }
+    bottom_mlp: [64, 32, 8] top_mlp: [64, 32, 1]
+    dense_optimizer { type: ADAGRAD learning_rate: 0.05 }
+    sparse_optimizer { type: ROWWISE_ADAGRAD learning_rate: 0.05 }
+    seed: 21)");
+  auto m = DlrmModel::Create(c);
+  ASSERT_TRUE(m.ok());
+  data::SyntheticOptions o;
+  o.teacher_seed = 99;
+  o.sample_seed = 100;
+  auto train = data::MakeSyntheticSource(c, o);
+  o.sample_seed = 101;
+  o.num_samples = 20000;
+  auto eval = data::MakeSyntheticSource(c, o);
+  ASSERT_TRUE(train.ok() && eval.ok());
+  data::Teacher teacher(c, 99);
+  TrainOptions to;
+  to.batch_size = 256;
+  to.max_steps = 3000;
+  to.log_interval = 0;
+  EvalResult last;
+  TrainCallbacks cb;
+  cb.on_eval = [&](int64_t, const EvalResult& r) { last = r; };
+  auto r = Train(
+      **m, **train, eval->get(), to, EvalOptions(), cb,
+      [&](const data::Batch& b, float* out) { teacher.Probabilities(b, out); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(last.has_reference);
+  const double margin = last.reference.auc - 0.5;
+  std::printf("model auc %.4f, teacher auc %.4f, fraction of margin %.3f\n",
+              last.model.auc, last.reference.auc,
+              (last.model.auc - 0.5) / margin);
+  EXPECT_GT(margin, 0.2);
+  EXPECT_GE(last.model.auc - 0.5, 0.9 * margin);
+}
+
+}  // namespace
+}  // namespace dlrm::model
+
+namespace dlrm::model {
+namespace {
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = LoadModelConfig("tiny");
+    ASSERT_TRUE(c.ok());
+    config_ = *c;
+    config_.mutable_dense_optimizer()->set_type(OptimizerConfig::ADAM);
+    config_.mutable_dense_optimizer()->set_learning_rate(0.01f);
+    config_.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAM);
+    config_.mutable_sparse_optimizer()->set_learning_rate(0.01f);
+    dir_ = ::testing::TempDir() + "/ckpt_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    data::SyntheticOptions o;
+    auto src = data::MakeSyntheticSource(config_, o);
+    ASSERT_TRUE(src.ok());
+    batches_.resize(6);
+    for (auto& b : batches_) ASSERT_TRUE(*(*src)->Next(40, &b));
+  }
+
+  ModelConfig config_;
+  std::string dir_;
+  std::vector<data::Batch> batches_;
+};
+
+TEST_F(CheckpointTest, SaveRestoreContinuesBitwiseIdentically) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(batches_[i]).ok());
+  auto saved = SaveCheckpoint(**a, dir_);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step, 3);
+  EXPECT_GT(saved->bytes, 0);
+
+  // A fresh model restored from the checkpoint predicts and trains exactly
+  // as the original does from here on.
+  auto b = DlrmModel::Create(config_);
+  ASSERT_TRUE(b.ok());
+  auto restored = RestoreCheckpoint(**b, dir_);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ((*b)->steps(), 3);
+  EXPECT_EQ((*b)->WeightChecksum(), (*a)->WeightChecksum());
+  std::vector<float> pa, pb;
+  ASSERT_TRUE((*a)->Predict(batches_[5], &pa).ok());
+  ASSERT_TRUE((*b)->Predict(batches_[5], &pb).ok());
+  EXPECT_EQ(pa, pb);
+  for (int i = 3; i < 6; ++i) {
+    auto ra = (*a)->TrainStep(batches_[i]);
+    auto rb = (*b)->TrainStep(batches_[i]);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
+  }
+  EXPECT_EQ((*b)->WeightChecksum(), (*a)->WeightChecksum());
+
+  // Saving again over the same directory replaces it.
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  auto c = LoadCheckpoint(dir_, /*weights_only=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->steps(), 6);
+  EXPECT_EQ((*c)->WeightChecksum(), (*a)->WeightChecksum());
+}
+
+TEST_F(CheckpointTest, MissingCheckpointIsNotFound) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(RestoreCheckpoint(**a, dir_ + "_absent").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, DifferentArchitectureIsRefusedAndChangesNothing) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  ModelConfig other = config_;
+  other.mutable_tables(1)->set_rows(21);
+  auto b = DlrmModel::Create(other);
+  ASSERT_TRUE(b.ok());
+  const uint64_t checksum = (*b)->WeightChecksum();
+  auto r = RestoreCheckpoint(**b, dir_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("tables[1]"), std::string::npos)
+      << r.status();
+  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+}
+
+TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  // Truncate the weights file: its header now points past the end.
+  const std::string weights = dir_ + "/model.safetensors";
+  std::filesystem::resize_file(weights,
+                               std::filesystem::file_size(weights) - 16);
+  auto b = DlrmModel::Create(config_);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*b)->TrainStep(batches_[0]).ok());
+  const uint64_t checksum = (*b)->WeightChecksum();
+  auto r = RestoreCheckpoint(**b, dir_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
+  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+}
+
+TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  const std::string path = dir_ + ".safetensors";
+  ASSERT_TRUE(ExportSafetensors(**a, path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto w = (*f)->Get("embedding_bags.t1.weight", {20, 4});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)[7], (*a)->tables()[1]->weights()[7]);
+  EXPECT_TRUE((*f)->Get("bottom_mlp.0.weight", {8, 4}).ok());
+  EXPECT_TRUE((*f)->Get("top_mlp.1.bias", {1}).ok());
+  EXPECT_EQ((*f)->Get("top_mlp.1.bias", {2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*f)->metadata().at("step"), "0");
+}
+
+}  // namespace
+}  // namespace dlrm::model
