@@ -15,8 +15,6 @@
 #include "data/synthetic.h"
 #include "model/dlrm_model.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace dlrm {
 namespace {
 
@@ -38,7 +36,6 @@ absl::Status Run(const Flags& f) {
   }
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
-    openblas_set_num_threads(f.threads);
   }
   ASSIGN_OR_RETURN(auto model, model::DlrmModel::Create(config));
   data::SyntheticOptions so;

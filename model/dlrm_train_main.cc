@@ -15,8 +15,6 @@
 #include "model/dlrm_model.h"
 #include "model/trainer.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace dlrm {
 namespace {
 
@@ -72,7 +70,6 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
-    openblas_set_num_threads(f.threads);
   }
   const uint64_t data_seed = f.data_seed != 0 ? f.data_seed : config.seed();
   std::printf(

@@ -13,7 +13,7 @@ packages=(
   libabsl-dev
   librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libgloo-dev libcli11-dev libcpp-httplib-dev
+  libdnnl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf
 )
 if [[ "${1:-}" == "--peers" ]]; then
