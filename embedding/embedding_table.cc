@@ -191,8 +191,10 @@ inline float RowValue(uint64_t row_key, int col, float bound) {
 
 // A separate function with a restrict pointer lets GCC vectorise the hash
 // (it does not inside the OpenMP-outlined loop body).
-void InitRow(uint64_t row_key, int dim, float bound, float* __restrict row) {
-  for (int c = 0; c < dim; ++c) row[c] = RowValue(row_key, c, bound);
+void InitRow(uint64_t row_key, int col_begin, int dim, float bound,
+             float* __restrict row) {
+  for (int c = 0; c < dim; ++c)
+    row[c] = RowValue(row_key, col_begin + c, bound);
 }
 
 inline float InitBound(int64_t rows) {
@@ -229,7 +231,8 @@ float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
 
 EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
                                Pooling pooling,
-                               const OptimizerConfig& optimizer, uint64_t seed)
+                               const OptimizerConfig& optimizer, uint64_t seed,
+                               const TableSlice& slice)
     : table_index_(table_index),
       rows_(rows),
       dim_(dim),
@@ -237,11 +240,14 @@ EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
       optimizer_(optimizer) {
   ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
   float* w = weights_.data();
-  const float bound = InitBound(rows);
+  const float bound = InitBound(slice.table_rows > 0 ? slice.table_rows : rows);
+  const int64_t row_begin = slice.row_begin;
+  const int col_begin = slice.col_begin;
   // Full Kaggle vocabularies are 34M rows: initialise them in parallel.
 #pragma omp parallel for schedule(static) if (UseParallel(rows * dim))
   for (int64_t r = 0; r < rows; ++r) {
-    InitRow(RowKey(seed, table_index, r), dim, bound, w + r * dim);
+    InitRow(RowKey(seed, table_index, row_begin + r), col_begin, dim, bound,
+            w + r * dim);
   }
   if (IsRowwiseAdagrad(optimizer.type())) {
     ResizeWithHugePages(state1_, static_cast<size_t>(rows),

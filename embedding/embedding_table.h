@@ -20,15 +20,30 @@ namespace dlrm::embedding {
 float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
                    int col);
 
-// One table with its optimizer state, in host memory. Forward is const and
+// Where an EmbeddingTable sits inside a bigger table when it holds a shard.
+struct TableSlice {
+  // Rows of the whole table (sets the initial values' range); 0 means the
+  // slice is the whole table. Default: 0.
+  int64_t table_rows = 0;
+  // First row and first column of the slice in the whole table. Default: 0.
+  int64_t row_begin = 0;
+  int col_begin = 0;
+};
+
+// One table (or one shard of a table) with its optimizer state, in host
+// memory. Forward is const and
 // may run concurrently with other Forwards; BackwardUpdate needs exclusive
 // access.
 class EmbeddingTable {
  public:
   // `optimizer` must be normalised (core/config.h); ADAGRAD means
-  // row-wise Adagrad here. Rows are initialised with InitialValue.
+  // row-wise Adagrad here. Holds `rows` x `dim` elements: the whole table,
+  // or the block of it that `slice` places, initialised with the whole
+  // table's InitialValue so a shard starts (and trains) exactly like the
+  // same rows and columns of an unsharded table.
   EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
-                 const OptimizerConfig& optimizer, uint64_t seed);
+                 const OptimizerConfig& optimizer, uint64_t seed,
+                 const TableSlice& slice = {});
 
   // Pools each bag of `ids` (ids must be in [0, rows)) into row s of `out`
   // (at out + s * out_stride); an empty bag gives zeros.

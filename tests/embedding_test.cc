@@ -10,8 +10,10 @@
 #include <set>
 #include <vector>
 
+#include "core/config.h"
 #include "core/random.h"
 #include "embedding/embedding_table.h"
+#include "embedding/sharding.h"
 
 namespace dlrm::embedding {
 namespace {
@@ -480,6 +482,166 @@ TEST(EmbeddingTableTest, StepCountsEveryCall) {
   const float grad[4] = {1, 2, 3, 4};
   t.BackwardUpdate(data::SparseFeature{{0, 1}, {2}}, grad, 4);
   EXPECT_EQ(t.step(), 42);
+}
+
+TEST(EmbeddingTableTest, SliceHoldsTheSameValuesAsTheWholeTable) {
+  const OptimizerConfig sgd = MakeOptimizer(OptimizerConfig::SGD);
+  EmbeddingTable whole(3, 40, 8, POOLING_SUM, sgd, kSeed);
+  EmbeddingTable slice(3, 10, 4, POOLING_SUM, sgd, kSeed,
+                       TableSlice{40, /*row_begin=*/25, /*col_begin=*/4});
+  for (int64_t r = 0; r < 10; ++r) {
+    for (int c = 0; c < 4; ++c) {
+      EXPECT_EQ(slice.weights()[r * 4 + c],
+                whole.weights()[(25 + r) * 8 + 4 + c])
+          << "row " << r << " col " << c;
+    }
+  }
+}
+
+ModelConfig ShardingConfig(const std::string& tables) {
+  auto parsed = ParseModelConfigText(
+      "num_dense_features: 2 embedding_dim: 8 bottom_mlp: [8] top_mlp: [1] " +
+      tables);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  auto c = NormalizeModelConfig(*parsed);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+int64_t BytesOn(const ShardingPlan& plan, const ModelConfig& c, int rank) {
+  int64_t bytes = 0;
+  for (const auto& t : plan.tables) {
+    for (const Shard& s : t.shards) {
+      if (s.rank == rank) bytes += ShardBytes(s, c.sparse_optimizer());
+    }
+  }
+  return bytes;
+}
+
+TEST(ShardingTest, OneRankHoldsEverythingTableWise) {
+  const ModelConfig c = ShardingConfig(
+      "tables { name: 'a' rows: 100 } tables { name: 'b' rows: 5 }");
+  auto plan = PlanSharding(c, PlannerOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->tables.size(), 2u);
+  for (const auto& t : plan->tables) {
+    EXPECT_EQ(t.kind, SHARDING_TABLE_WISE);
+    EXPECT_EQ(t.shards[0].rank, 0);
+  }
+  EXPECT_NE(plan->ToString(c).find("a (100 x 8): table-wise on rank 0"),
+            std::string::npos)
+      << plan->ToString(c);
+}
+
+TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
+  // Four big one-hot tables over two ranks: two each. A tiny one is
+  // replicated.
+  const ModelConfig c = ShardingConfig(
+      "tables { name: 'a' rows: 10000 } tables { name: 'b' rows: 10000 } "
+      "tables { name: 'c' rows: 10000 } tables { name: 'd' rows: 10000 } "
+      "tables { name: 'tiny' rows: 10 }");
+  PlannerOptions o;
+  o.world_size = 2;
+  auto plan = PlanSharding(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int per_rank[2] = {0, 0};
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_EQ(plan->tables[k].kind, SHARDING_TABLE_WISE);
+    ++per_rank[plan->tables[k].shards[0].rank];
+  }
+  EXPECT_EQ(per_rank[0], 2);
+  EXPECT_EQ(per_rank[1], 2);
+  EXPECT_EQ(plan->tables[4].kind, SHARDING_DATA_PARALLEL);
+  EXPECT_EQ(plan->tables[4].shards.size(), 2u);
+}
+
+TEST(ShardingTest, RespectsTheBudgetBySplittingColumnsThenRows) {
+  // 1000 x 8 floats = 32000 bytes per table; a 20000-byte budget forces a
+  // split. Two columns blocks of 4 (16000 bytes) fit on two ranks.
+  const ModelConfig c = ShardingConfig("tables { name: 'big' rows: 1000 }");
+  PlannerOptions o;
+  o.world_size = 2;
+  o.memory_budget_bytes = 20000;
+  o.data_parallel_max_bytes = 0;
+  auto plan = PlanSharding(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tables[0].kind, SHARDING_COLUMN_WISE);
+  for (int r = 0; r < 2; ++r) EXPECT_LE(BytesOn(*plan, c, r), 20000);
+
+  // A table of dim 4 cannot split its columns in two blocks of 4: rows.
+  const ModelConfig narrow = ShardingConfig(
+      "interaction: INTERACTION_CAT tables { name: 'n' rows: 2000 dim: 4 }");
+  auto rows = PlanSharding(narrow, o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->tables[0].kind, SHARDING_ROW_WISE);
+  EXPECT_EQ(rows->tables[0].shards[1].row_begin, 1000);
+  for (int r = 0; r < 2; ++r) EXPECT_LE(BytesOn(*rows, narrow, r), 20000);
+}
+
+TEST(ShardingTest, RefusesAnImpossiblePlanNamingTheTable) {
+  const ModelConfig c = ShardingConfig(
+      "tables { name: 'huge' rows: 100000 } tables { name: 'ok' rows: 10 }");
+  PlannerOptions o;
+  o.world_size = 2;
+  o.memory_budget_bytes = 100000;
+  auto plan = PlanSharding(c, o);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("huge"), std::string::npos)
+      << plan.status();
+  EXPECT_NE(plan.status().message().find("100000 bytes"), std::string::npos)
+      << plan.status();
+}
+
+TEST(ShardingTest, PinsAreHonouredAndBadPinsNamed) {
+  const ModelConfig c = ShardingConfig(
+      "tables { name: 'a' rows: 100 sharding: SHARDING_COLUMN_WISE "
+      "shard_ranks: [2, 0] } "
+      "tables { name: 'b' rows: 90 sharding: SHARDING_ROW_WISE } "
+      "tables { name: 'c' rows: 80 sharding: SHARDING_TABLE_WISE "
+      "shard_ranks: [1] }");
+  PlannerOptions o;
+  o.world_size = 3;
+  auto plan = PlanSharding(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto& a = plan->tables[0];
+  EXPECT_EQ(a.kind, SHARDING_COLUMN_WISE);
+  ASSERT_EQ(a.shards.size(), 2u);
+  EXPECT_EQ(a.shards[0].rank, 2);
+  EXPECT_EQ(a.shards[0].col_count, 4);
+  EXPECT_EQ(a.shards[1].rank, 0);
+  EXPECT_EQ(a.shards[1].col_begin, 4);
+  const auto& b = plan->tables[1];
+  EXPECT_EQ(b.kind, SHARDING_ROW_WISE);
+  ASSERT_EQ(b.shards.size(), 3u);
+  EXPECT_EQ(b.shards[2].row_begin + b.shards[2].row_count, 90);
+  EXPECT_EQ(plan->tables[2].shards[0].rank, 1);
+
+  const ModelConfig bad = ShardingConfig(
+      "tables { name: 'x' rows: 10 sharding: SHARDING_TABLE_WISE "
+      "shard_ranks: [5] }");
+  auto refused = PlanSharding(bad, o);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("tables[0] (x).shard_ranks"),
+            std::string::npos)
+      << refused.status();
+}
+
+TEST(ShardingTest, ValidateCatchesPlansThatDoNotTileTheTable) {
+  const ModelConfig c = ShardingConfig("tables { name: 'a' rows: 100 }");
+  ShardingPlan plan;
+  plan.world_size = 2;
+  TablePlacement p;
+  p.kind = SHARDING_ROW_WISE;
+  p.shards = {{0, 0, 50, 0, 8}, {1, 60, 40, 0, 8}};
+  plan.tables = {p};
+  absl::Status s = plan.Validate(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("table a"), std::string::npos) << s;
+  plan.tables[0].shards[1].row_begin = 50;
+  plan.tables[0].shards[1].row_count = 50;
+  EXPECT_TRUE(plan.Validate(c).ok());
+  plan.tables[0].shards[1].rank = 2;
+  EXPECT_EQ(plan.Validate(c).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,207 @@
+// dlrm_bench_hybrid: training samples/s of the hybrid-parallel step on N
+// rank processes of this machine (Gloo over loopback), with per-stage times
+// and the bytes each exchange moved, next to what docs/hybrid.md's formula
+// predicts. The binary re-executes itself as the ranks.
+#include <omp.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/coordinator.h"
+#include "comm/gloo_communicator.h"
+#include "core/config.h"
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "embedding/sharding.h"
+#include "model/hybrid_model.h"
+
+extern char** environ;
+
+namespace dlrm {
+namespace {
+
+struct Flags {
+  std::string config = "kaggle";
+  int64_t rows = 0;
+  int64_t batch = 2048;
+  int ranks = 2;
+  int threads_per_rank = 0;
+  int warmup = 3;
+  int iters = 20;
+  int repeats = 3;
+  double alpha = 1.05;
+  // Set on the rank processes only.
+  int rank = -1;
+  std::string coordinator;
+};
+
+absl::Status RunRank(const Flags& f) {
+  if (f.threads_per_rank > 0) omp_set_num_threads(f.threads_per_rank);
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  if (f.rows > 0) {
+    for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+  }
+  embedding::PlannerOptions po;
+  po.world_size = f.ranks;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
+                   embedding::PlanSharding(config, po));
+  if (f.rank == 0) std::fprintf(stderr, "%s", plan.ToString(config).c_str());
+  comm::GlooOptions go;
+  go.rank = f.rank;
+  go.world_size = f.ranks;
+  go.coordinator_address = f.coordinator;
+  go.job_id = "bench";
+  ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo(go));
+  ASSIGN_OR_RETURN(auto model,
+                   model::HybridModel::Create(config, plan, comm.get()));
+  data::SyntheticOptions so;
+  so.zipf_alpha = f.alpha;
+  ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
+  constexpr int kBatches = 4;
+  std::vector<data::Batch> local(kBatches);
+  std::vector<int64_t> sizes(f.ranks);
+  for (int r = 0; r < f.ranks; ++r) {
+    sizes[r] = f.batch * (r + 1) / f.ranks - f.batch * r / f.ranks;
+  }
+  for (auto& b : local) {
+    data::Batch global;
+    ASSIGN_OR_RETURN(bool more, source->Next(f.batch, &global));
+    if (!more) return absl::InternalError("synthetic source ended");
+    global.Slice(f.batch * f.rank / f.ranks, f.batch * (f.rank + 1) / f.ranks,
+                 &b);
+  }
+  int64_t step = 0;
+  model::HybridStageTimes total;
+  auto run_step = [&](bool record) -> absl::Status {
+    ASSIGN_OR_RETURN(model::HybridStepResult r,
+                     model->TrainStep(local[step++ % kBatches]));
+    if (record) {
+      for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
+        total.seconds[s] += r.times.seconds[s];
+      }
+      for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
+        total.bytes_sent[e] += r.times.bytes_sent[e];
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
+  std::vector<double> rates;
+  for (int rep = 0; rep < f.repeats; ++rep) {
+    RETURN_IF_ERROR(comm->Barrier());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < f.iters; ++i) RETURN_IF_ERROR(run_step(true));
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    rates.push_back(f.batch * f.iters / dt);
+  }
+  if (f.rank != 0) return absl::OkStatus();
+  std::sort(rates.begin(), rates.end());
+  const double steps = static_cast<double>(f.iters) * f.repeats;
+  std::printf(
+      "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
+      "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
+      "\"threads_per_rank\": %d, \"iters\": %d, \"repeats\": %d, "
+      "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
+      "\"stage_ms\": {",
+      f.config.c_str(), static_cast<long long>(f.rows),
+      static_cast<long long>(f.batch), f.ranks, omp_get_max_threads(), f.iters,
+      f.repeats, rates[rates.size() / 2], rates.front(), rates.back());
+  for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
+    std::printf("%s\"%s\": %.3f", s ? ", " : "",
+                model::HybridStageTimes::Name(s),
+                1e3 * total.seconds[s] / steps);
+  }
+  // Rank 0's bytes per step against the formula, averaged over the local
+  // batches the timed steps cycled through.
+  std::array<int64_t, model::HybridStageTimes::kNumExchanges> predicted{};
+  for (int64_t i = 0; i < f.iters * f.repeats; ++i) {
+    const auto p = model::PredictedExchangeBytes(
+        config, plan, local[(f.warmup + i) % kBatches], sizes, f.rank);
+    for (size_t e = 0; e < p.size(); ++e) predicted[e] += p[e];
+  }
+  std::printf("}, \"bytes_per_step\": {");
+  for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
+    std::printf("%s\"%s\": [%.0f, %.0f]", e ? ", " : "",
+                model::HybridStageTimes::ExchangeName(e),
+                total.bytes_sent[e] / steps, predicted[e] / steps);
+  }
+  std::printf("}}\n");
+  return absl::OkStatus();
+}
+
+// The parent: a coordinator and N rank processes of this same binary.
+absl::Status RunParent(const Flags& f, const std::vector<std::string>& args) {
+  ASSIGN_OR_RETURN(auto coordinator, comm::CoordinatorServer::Start(
+                                         comm::CoordinatorServerOptions{}));
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < f.ranks; ++r) {
+    std::vector<std::string> argv_s = args;
+    argv_s[0] = self;
+    argv_s.insert(argv_s.end(), {"--rank", std::to_string(r), "--coordinator",
+                                 coordinator->address()});
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) !=
+        0) {
+      return absl::InternalError("cannot start rank process");
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok ? absl::OkStatus() : absl::InternalError("a rank failed");
+}
+
+}  // namespace
+}  // namespace dlrm
+
+int main(int argc, char** argv) {
+  dlrm::Flags f;
+  CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
+  app.add_option("--config", f.config, "Preset or config file")
+      ->capture_default_str();
+  app.add_option("--rows", f.rows, "Override every table's rows");
+  app.add_option("--batch", f.batch, "Global samples per step")
+      ->capture_default_str();
+  app.add_option("--ranks", f.ranks, "Rank processes")->capture_default_str();
+  app.add_option("--threads-per-rank", f.threads_per_rank,
+                 "OpenMP threads per rank (0 = all cores / ranks)");
+  app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
+  app.add_option("--iters", f.iters, "Timed steps per repetition")
+      ->capture_default_str();
+  app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
+      ->capture_default_str();
+  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+      ->capture_default_str();
+  app.add_option("--rank", f.rank, "(internal) this process's rank");
+  app.add_option("--coordinator", f.coordinator, "(internal) coordinator");
+  CLI11_PARSE(app, argc, argv);
+  if (f.threads_per_rank == 0) {
+    f.threads_per_rank = std::max(1, omp_get_num_procs() / f.ranks);
+  }
+  const absl::Status s =
+      f.rank >= 0
+          ? dlrm::RunRank(f)
+          : dlrm::RunParent(f, std::vector<std::string>(argv, argv + argc));
+  if (!s.ok()) {
+    std::fprintf(stderr, "dlrm_bench_hybrid: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,81 @@
+// Argument checks shared by the Communicator implementations.
+#include "comm/collective_args.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlrm::comm::internal {
+
+absl::StatusOr<size_t> BytesOf(int64_t count, DataType type,
+                               absl::string_view what) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": element count ", count, " is negative"));
+  }
+  const int64_t element = static_cast<int64_t>(ElementSize(type));
+  if (count > std::numeric_limits<int64_t>::max() / element) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", count, " elements of ", element, " bytes overflow int64"));
+  }
+  return static_cast<size_t>(count * element);
+}
+
+absl::StatusOr<size_t> BytesOfCounts(std::span<const int64_t> counts,
+                                     int world_size, DataType type,
+                                     absl::string_view what) {
+  if (counts.size() != static_cast<size_t>(world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", counts.size(),
+                                                   " counts for a world of ",
+                                                   world_size, " ranks"));
+  }
+  size_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    auto bytes = BytesOf(counts[r], type, absl::StrCat(what, "[", r, "]"));
+    if (!bytes.ok()) return bytes.status();
+    if (*bytes >
+        static_cast<size_t>(std::numeric_limits<int64_t>::max()) - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the total byte count overflows int64"));
+    }
+    total += *bytes;
+  }
+  return total;
+}
+
+absl::Status CheckBuffer(const void* ptr, size_t bytes,
+                         absl::string_view what) {
+  if (ptr == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is null but ", bytes, " bytes were asked for"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSummable(DataType type) {
+  if (type != DataType::kFloat32 && type != DataType::kInt64) {
+    return absl::InvalidArgumentError(
+        "AllReduceSum: only kFloat32 and kInt64 can be summed");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRoot(int root, int world_size) {
+  if (root < 0 || root >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Broadcast: root ", root, " is not a rank of a world of ", world_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSelfCounts(std::span<const int64_t> send_counts,
+                             std::span<const int64_t> recv_counts, int rank) {
+  if (send_counts[rank] != recv_counts[rank]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllToAllV: rank ", rank, " sends itself ", send_counts[rank],
+        " elements but expects ", recv_counts[rank], " from itself"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dlrm::comm::internal

@@ -1,0 +1,41 @@
+// Argument checks shared by the Communicator implementations, so that every
+// backend refuses the same bad calls with the same InvalidArgument message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "comm/communicator.h"
+
+namespace dlrm::comm::internal {
+
+// Bytes of `count` elements of `type`. InvalidArgument (naming `what`) when
+// count < 0 or the byte count overflows int64.
+absl::StatusOr<size_t> BytesOf(int64_t count, DataType type,
+                               absl::string_view what);
+
+// Total bytes of the per-rank `counts`. InvalidArgument when counts does not
+// have world_size entries, an entry is negative, or the total overflows.
+absl::StatusOr<size_t> BytesOfCounts(std::span<const int64_t> counts,
+                                     int world_size, DataType type,
+                                     absl::string_view what);
+
+// InvalidArgument when `ptr` is null but `bytes` > 0.
+absl::Status CheckBuffer(const void* ptr, size_t bytes, absl::string_view what);
+
+// InvalidArgument unless elements of `type` can be summed (kFloat32, kInt64).
+absl::Status CheckSummable(DataType type);
+
+// InvalidArgument unless 0 <= root < world_size.
+absl::Status CheckRoot(int root, int world_size);
+
+// InvalidArgument unless this rank sends itself as many elements as it
+// receives from itself (the one pairing a rank can check alone).
+absl::Status CheckSelfCounts(std::span<const int64_t> send_counts,
+                             std::span<const int64_t> recv_counts, int rank);
+
+}  // namespace dlrm::comm::internal

@@ -1,0 +1,58 @@
+// The Gloo Communicator: collectives between rank processes over Gloo's TCP
+// transport, connected through the coordinator that rank 0 hosts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+
+namespace dlrm::comm {
+
+struct GlooOptions {
+  // This process's rank, in [0, world_size). Default: 0.
+  int rank = 0;
+  // Number of ranks (processes) of the job. Default: 1.
+  int world_size = 1;
+  // host:port of the coordinator (see comm/coordinator.h). Required.
+  // Default: "".
+  std::string coordinator_address;
+  // Names the job at the coordinator; jobs sharing a coordinator need
+  // different ids. Default: "dlrm".
+  std::string job_id = "dlrm";
+  // Grows with every (re)start of the job (e.g. the launch time), so that
+  // the coordinator refuses a stale rank of an earlier run. Default: 0.
+  int64_t generation = 0;
+  // Address or hostname this rank's TCP device binds to; peers dial it, so
+  // it must be reachable from every rank. Default: "127.0.0.1".
+  std::string bind_address = "127.0.0.1";
+  // How long ConnectGloo waits for the coordinator and for every rank to
+  // arrive and connect, in seconds. Default: 120.
+  double connect_timeout_seconds = 120;
+  // How long one collective waits for its peers before failing, in seconds.
+  // It also bounds how long a dead peer can go unnoticed (see ConnectGloo).
+  // Default: 120.
+  double op_timeout_seconds = 120;
+
+  absl::Status Validate() const;
+};
+
+// Registers with the coordinator and connects to every other rank; every
+// rank of the job calls it with its own rank. InvalidArgument for bad
+// options, DeadlineExceeded naming the ranks that did not arrive within
+// connect_timeout_seconds, FailedPrecondition for a stale generation.
+//
+// The communicator fails a collective with Unavailable when a peer's
+// connection breaks (usually at once) and with DeadlineExceeded after
+// op_timeout_seconds; a send already queued to a peer that died is only
+// noticed by that timeout (Gloo 0.5's TCP transport does not wake it).
+// Refused arguments (InvalidArgument) leave it usable, other errors do not.
+// Ignores SIGPIPE process-wide if it has its default action: Gloo's TCP
+// writes would otherwise kill this rank when a peer dies.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
+    const GlooOptions& options);
+
+}  // namespace dlrm::comm

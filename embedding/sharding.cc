@@ -1,0 +1,417 @@
+// The sharding plan's checks and printing, and the greedy planner.
+#include "embedding/sharding.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+
+namespace dlrm::embedding {
+namespace {
+
+const char* KindName(ShardingKind kind) {
+  switch (kind) {
+    case SHARDING_TABLE_WISE:
+      return "table-wise";
+    case SHARDING_COLUMN_WISE:
+      return "column-wise";
+    case SHARDING_ROW_WISE:
+      return "row-wise";
+    case SHARDING_DATA_PARALLEL:
+      return "data-parallel";
+    default:
+      return "auto";
+  }
+}
+
+// Column blocks of a table split `parts` ways: multiples of 4 columns when
+// dim allows (whole SIMD lanes and 16-byte rows), otherwise single columns,
+// the first blocks one unit wider when the split is uneven.
+std::vector<std::pair<int, int>> ColumnBlocks(int dim, int parts) {
+  const int unit = dim % 4 == 0 ? 4 : 1;
+  const int units = dim / unit;
+  std::vector<std::pair<int, int>> blocks;
+  int begin = 0;
+  for (int p = 0; p < parts; ++p) {
+    const int count = (units / parts + (p < units % parts ? 1 : 0)) * unit;
+    blocks.emplace_back(begin, count);
+    begin += count;
+  }
+  return blocks;
+}
+
+int MaxColumnParts(int dim) { return dim % 4 == 0 ? dim / 4 : dim; }
+
+std::vector<std::pair<int64_t, int64_t>> RowRanges(int64_t rows, int parts) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t begin = 0;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t count = rows / parts + (p < rows % parts ? 1 : 0);
+    ranges.emplace_back(begin, count);
+    begin += count;
+  }
+  return ranges;
+}
+
+// Running totals of the ranks while tables are placed.
+class RankLoads {
+ public:
+  RankLoads(int world_size, int64_t budget)
+      : budget_(budget), bytes_(world_size, 0), cost_(world_size, 0) {}
+
+  bool Fits(int rank, int64_t bytes) const {
+    return budget_ == 0 || bytes_[rank] + bytes <= budget_;
+  }
+  void Add(int rank, int64_t bytes, double cost) {
+    bytes_[rank] += bytes;
+    cost_[rank] += cost;
+  }
+  // Ranks ordered by lookup cost, then bytes held, then rank.
+  std::vector<int> ByLoad() const {
+    std::vector<int> ranks(bytes_.size());
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::stable_sort(ranks.begin(), ranks.end(), [this](int a, int b) {
+      if (cost_[a] != cost_[b]) return cost_[a] < cost_[b];
+      return bytes_[a] < bytes_[b];
+    });
+    return ranks;
+  }
+  int64_t bytes(int rank) const { return bytes_[rank]; }
+
+ private:
+  int64_t budget_;
+  std::vector<int64_t> bytes_;
+  std::vector<double> cost_;
+};
+
+TablePlacement MakePlacement(ShardingKind kind, const TableConfig& t,
+                             const std::vector<int>& ranks) {
+  TablePlacement p;
+  p.kind = kind;
+  const int n = static_cast<int>(ranks.size());
+  if (kind == SHARDING_COLUMN_WISE) {
+    const auto blocks = ColumnBlocks(t.dim(), n);
+    for (int i = 0; i < n; ++i) {
+      p.shards.push_back(
+          {ranks[i], 0, t.rows(), blocks[i].first, blocks[i].second});
+    }
+  } else if (kind == SHARDING_ROW_WISE) {
+    const auto ranges = RowRanges(t.rows(), n);
+    for (int i = 0; i < n; ++i) {
+      p.shards.push_back(
+          {ranks[i], ranges[i].first, ranges[i].second, 0, t.dim()});
+    }
+  } else {
+    for (int r : ranks) p.shards.push_back({r, 0, t.rows(), 0, t.dim()});
+  }
+  return p;
+}
+
+// Lookup cost of a table: floats pooled and moved per sample.
+double LookupCost(const TableConfig& t) {
+  return static_cast<double>(t.multi_hot_size()) * t.dim();
+}
+
+}  // namespace
+
+absl::Status PlannerOptions::Validate() const {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner: world_size must be >= 1, got ", world_size));
+  }
+  if (memory_budget_bytes < 0 || data_parallel_max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "planner: memory_budget_bytes and data_parallel_max_bytes must be >= "
+        "0");
+  }
+  return absl::OkStatus();
+}
+
+int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer) {
+  int64_t bytes = shard.row_count * shard.col_count * 4;
+  switch (optimizer.type()) {
+    case OptimizerConfig::ADAM:
+      bytes *= 3;
+      break;
+    case OptimizerConfig::ADAGRAD:
+    case OptimizerConfig::ROWWISE_ADAGRAD:
+      bytes += shard.row_count * 4;
+      break;
+    default:
+      break;
+  }
+  return bytes;
+}
+
+absl::Status ShardingPlan::Validate(const ModelConfig& config) const {
+  if (static_cast<int>(tables.size()) != config.tables_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding plan has ", tables.size(), " tables, the model ",
+                     config.tables_size()));
+  }
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const TableConfig& t = config.tables(k);
+    const TablePlacement& p = tables[k];
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding plan: table ", t.name(), " (",
+                       KindName(p.kind), "): ", why));
+    };
+    if (p.shards.empty()) return bad("no shards");
+    int64_t next_row = 0;
+    int next_col = 0;
+    for (size_t i = 0; i < p.shards.size(); ++i) {
+      const Shard& s = p.shards[i];
+      if (s.rank < 0 || s.rank >= world_size) {
+        return bad(absl::StrCat("shard ", i, " on rank ", s.rank,
+                                ", not in [0, ", world_size, ")"));
+      }
+      bool whole_rows = s.row_begin == 0 && s.row_count == t.rows();
+      bool whole_cols = s.col_begin == 0 && s.col_count == t.dim();
+      switch (p.kind) {
+        case SHARDING_TABLE_WISE:
+          if (p.shards.size() != 1 || !whole_rows || !whole_cols) {
+            return bad("must be one shard holding the whole table");
+          }
+          break;
+        case SHARDING_DATA_PARALLEL:
+          if (!whole_rows || !whole_cols || s.rank != static_cast<int>(i) ||
+              static_cast<int>(p.shards.size()) != world_size) {
+            return bad("must be one whole copy on every rank, in rank order");
+          }
+          break;
+        case SHARDING_COLUMN_WISE:
+          if (!whole_rows || s.col_begin != next_col || s.col_count <= 0) {
+            return bad(absl::StrCat("shard ", i,
+                                    " does not continue the column blocks"));
+          }
+          next_col += s.col_count;
+          break;
+        case SHARDING_ROW_WISE:
+          if (!whole_cols || s.row_begin != next_row || s.row_count < 0) {
+            return bad(
+                absl::StrCat("shard ", i, " does not continue the row ranges"));
+          }
+          next_row += s.row_count;
+          break;
+        default:
+          return bad("unknown sharding kind");
+      }
+    }
+    if (p.kind == SHARDING_COLUMN_WISE && next_col != t.dim()) {
+      return bad(absl::StrCat("column blocks cover ", next_col, " of ", t.dim(),
+                              " columns"));
+    }
+    if (p.kind == SHARDING_ROW_WISE && next_row != t.rows()) {
+      return bad(absl::StrCat("row ranges cover ", next_row, " of ", t.rows(),
+                              " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ShardingPlan::ToString(const ModelConfig& config) const {
+  std::string out = absl::StrCat("sharding plan over ", world_size,
+                                 world_size == 1 ? " rank\n" : " ranks\n");
+  std::vector<int64_t> bytes(world_size, 0);
+  std::vector<double> cost(world_size, 0);
+  for (size_t k = 0; k < tables.size(); ++k) {
+    const TableConfig& t = config.tables(k);
+    const TablePlacement& p = tables[k];
+    absl::StrAppend(&out, "  ", t.name(), " (", t.rows(), " x ", t.dim(),
+                    "): ", KindName(p.kind));
+    for (const Shard& s : p.shards) {
+      if (s.rank >= 0 && s.rank < world_size) {
+        bytes[s.rank] += ShardBytes(s, config.sparse_optimizer());
+        cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
+      }
+    }
+    switch (p.kind) {
+      case SHARDING_TABLE_WISE:
+        absl::StrAppend(&out, " on rank ", p.shards[0].rank);
+        break;
+      case SHARDING_DATA_PARALLEL:
+        absl::StrAppend(&out, " on all ranks");
+        break;
+      case SHARDING_COLUMN_WISE:
+        for (const Shard& s : p.shards) {
+          absl::StrAppend(&out, ", rank ", s.rank, " cols [", s.col_begin, ", ",
+                          s.col_begin + s.col_count, ")");
+        }
+        break;
+      case SHARDING_ROW_WISE:
+        for (const Shard& s : p.shards) {
+          absl::StrAppend(&out, ", rank ", s.rank, " rows [", s.row_begin, ", ",
+                          s.row_begin + s.row_count, ")");
+        }
+        break;
+      default:
+        break;
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  for (int r = 0; r < world_size; ++r) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("  rank %d: %.1f MiB, %.0f floats looked "
+                                    "up per sample\n",
+                                    r, bytes[r] / 1048576.0, cost[r]));
+  }
+  return out;
+}
+
+absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
+                                          const PlannerOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  const int world = options.world_size;
+  const OptimizerConfig& opt = config.sparse_optimizer();
+  ShardingPlan plan;
+  plan.world_size = world;
+  plan.tables.resize(config.tables_size());
+  RankLoads loads(world, options.memory_budget_bytes);
+
+  auto budget_error = [&](const TableConfig& t, const std::string& what) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "planner: table ", t.name(), " (", t.rows(), " x ", t.dim(), ", ",
+        ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt), " bytes) ", what,
+        " within the per-rank budget of ", options.memory_budget_bytes,
+        " bytes over ", world, " ranks"));
+  };
+  // Places `t` as `kind` on `ranks` if every shard fits; returns whether.
+  auto try_place = [&](int k, ShardingKind kind,
+                       const std::vector<int>& ranks) {
+    const TableConfig& t = config.tables(k);
+    TablePlacement p = MakePlacement(kind, t, ranks);
+    std::vector<int64_t> extra(world, 0);
+    for (const Shard& s : p.shards) extra[s.rank] += ShardBytes(s, opt);
+    for (int r = 0; r < world; ++r) {
+      if (extra[r] > 0 && !loads.Fits(r, extra[r])) return false;
+    }
+    for (const Shard& s : p.shards) {
+      loads.Add(s.rank, ShardBytes(s, opt),
+                static_cast<double>(t.multi_hot_size()) * s.col_count);
+    }
+    plan.tables[k] = std::move(p);
+    return true;
+  };
+  auto all_ranks = [world] {
+    std::vector<int> r(world);
+    std::iota(r.begin(), r.end(), 0);
+    return r;
+  };
+  // The `n` least-loaded ranks that can each take `bytes` more.
+  auto least_loaded = [&](int n, int64_t bytes) {
+    std::vector<int> picked;
+    for (int r : loads.ByLoad()) {
+      if (static_cast<int>(picked.size()) == n) break;
+      if (loads.Fits(r, bytes)) picked.push_back(r);
+    }
+    return picked;
+  };
+
+  // Pinned tables first, in config order; then the rest, costliest first.
+  std::vector<int> automatic;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const TableConfig& t = config.tables(k);
+    const ShardingKind kind = t.sharding();
+    if (kind == SHARDING_AUTO) {
+      if (t.shard_ranks_size() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tables[", k, "] (", t.name(),
+            ").shard_ranks needs a sharding kind other than AUTO"));
+      }
+      automatic.push_back(k);
+      continue;
+    }
+    std::vector<int> ranks(t.shard_ranks().begin(), t.shard_ranks().end());
+    for (int r : ranks) {
+      if (r < 0 || r >= world) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tables[", k, "] (", t.name(), ").shard_ranks: rank ",
+                         r, " is not in [0, ", world, ")"));
+      }
+    }
+    const int n = static_cast<int>(ranks.size());
+    switch (kind) {
+      case SHARDING_DATA_PARALLEL:
+        ranks = all_ranks();
+        break;
+      case SHARDING_TABLE_WISE:
+        if (n > 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tables[", k, "] (", t.name(), ").shard_ranks: table-wise takes ",
+              "one rank, got ", n));
+        }
+        if (n == 0)
+          ranks =
+              least_loaded(1, ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt));
+        break;
+      case SHARDING_COLUMN_WISE:
+        if (n == 0) {
+          const int parts = std::min(world, MaxColumnParts(t.dim()));
+          ranks = loads.ByLoad();
+          ranks.resize(parts);
+        } else if (n > MaxColumnParts(t.dim())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tables[", k, "] (", t.name(), ").shard_ranks: ", n,
+                           " column blocks for dim ", t.dim(), " (at most ",
+                           MaxColumnParts(t.dim()), ")"));
+        }
+        break;
+      case SHARDING_ROW_WISE:
+        if (n == 0) ranks = all_ranks();
+        if (static_cast<int64_t>(ranks.size()) > t.rows()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tables[", k, "] (", t.name(), ").shard_ranks: ", ranks.size(),
+              " row ranges for ", t.rows(), " rows"));
+        }
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("tables[", k, "] (", t.name(),
+                         ").sharding: unknown kind ", static_cast<int>(kind)));
+    }
+    if (ranks.empty() || !try_place(k, kind, ranks)) {
+      return budget_error(
+          t, absl::StrCat("does not fit as pinned (", KindName(kind), ")"));
+    }
+  }
+
+  std::stable_sort(automatic.begin(), automatic.end(), [&](int a, int b) {
+    const TableConfig &ta = config.tables(a), &tb = config.tables(b);
+    if (LookupCost(ta) != LookupCost(tb))
+      return LookupCost(ta) > LookupCost(tb);
+    return ta.rows() * ta.dim() > tb.rows() * tb.dim();
+  });
+  for (int k : automatic) {
+    const TableConfig& t = config.tables(k);
+    const Shard whole{0, 0, t.rows(), 0, t.dim()};
+    const int64_t bytes = ShardBytes(whole, opt);
+    if (world > 1 && bytes <= options.data_parallel_max_bytes &&
+        try_place(k, SHARDING_DATA_PARALLEL, all_ranks())) {
+      continue;
+    }
+    std::vector<int> one = least_loaded(1, bytes);
+    if (!one.empty() && try_place(k, SHARDING_TABLE_WISE, one)) continue;
+    bool placed = false;
+    for (int parts = 2;
+         parts <= std::min(world, MaxColumnParts(t.dim())) && !placed;
+         ++parts) {
+      // The widest block is the first; every picked rank must take it.
+      const int widest = ColumnBlocks(t.dim(), parts)[0].second;
+      const std::vector<int> ranks =
+          least_loaded(parts, ShardBytes({0, 0, t.rows(), 0, widest}, opt));
+      placed = static_cast<int>(ranks.size()) == parts &&
+               try_place(k, SHARDING_COLUMN_WISE, ranks);
+    }
+    if (!placed && world > 1 && t.rows() >= world) {
+      placed = try_place(k, SHARDING_ROW_WISE, all_ranks());
+    }
+    if (!placed) return budget_error(t, "fits nowhere");
+  }
+  RETURN_IF_ERROR(plan.Validate(config));
+  return plan;
+}
+
+}  // namespace dlrm::embedding

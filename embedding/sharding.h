@@ -1,0 +1,76 @@
+// Sharding plans: which rank holds which rows and columns of every embedding
+// table (DESIGN.md "Sharding"), and the greedy planner that makes one from
+// table sizes, lookups per sample and each rank's memory budget.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm::embedding {
+
+// A block of one table held by one rank: rows [row_begin, row_begin +
+// row_count) and columns [col_begin, col_begin + col_count).
+struct Shard {
+  int rank = 0;
+  int64_t row_begin = 0;
+  int64_t row_count = 0;
+  int col_begin = 0;
+  int col_count = 0;
+};
+
+struct TablePlacement {
+  ShardingKind kind = SHARDING_TABLE_WISE;
+  // Table-wise: one shard. Column-wise: column blocks in column order.
+  // Row-wise: row ranges in row order. Data-parallel: one full copy per
+  // rank, in rank order.
+  std::vector<Shard> shards;
+};
+
+struct ShardingPlan {
+  int world_size = 1;
+  // One per table, in ModelConfig.tables order.
+  std::vector<TablePlacement> tables;
+
+  // Checks the plan against a normalised config: one placement per table,
+  // shards that tile the table exactly (replicas for data-parallel), ranks
+  // in [0, world_size). InvalidArgument naming the table otherwise.
+  absl::Status Validate(const ModelConfig& config) const;
+
+  // One line per table ("C3 row-wise: rank 0 rows [0, 5000) ...") and the
+  // bytes held by each rank; printed at start and shown by Admin.
+  std::string ToString(const ModelConfig& config) const;
+};
+
+struct PlannerOptions {
+  // Ranks in the job. Default: 1.
+  int world_size = 1;
+  // Bytes of embedding weights and optimizer state one rank may hold; 0
+  // means unlimited. Default: 0.
+  int64_t memory_budget_bytes = 0;
+  // AUTO tables with at most this many bytes (weights + optimizer state) are
+  // replicated on every rank when world_size > 1. Default: 64 KiB.
+  int64_t data_parallel_max_bytes = 64 << 10;
+
+  absl::Status Validate() const;
+};
+
+// Bytes of weights and optimizer state (normalised `optimizer`: Adam two
+// moments per element, row-wise Adagrad one float per row) of `shard`.
+int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
+
+// Places every table of `config` (normalised). Tables pinned in the config
+// (TableConfig.sharding / shard_ranks) are placed as pinned; the rest go,
+// largest lookup cost first, to the rank with the least lookup cost that has
+// room: whole (table-wise) when it fits, else split by columns, else by
+// rows. InvalidArgument for a pin that names a bad rank or cannot be split
+// that way; ResourceExhausted, naming the table and the budget, when a table
+// fits nowhere.
+absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
+                                          const PlannerOptions& options);
+
+}  // namespace dlrm::embedding

@@ -1,0 +1,620 @@
+// The hybrid-parallel step: input dist (lengths, then ids), shard lookups
+// for the global batch, output dist, data-parallel dense forward/backward,
+// backward dist, fused sparse updates, dense all-reduce.
+//
+// Every exchange has one layout: what rank a sends rank b is, for each shard
+// b holds (owned_[b], table then shard order), a's local samples in order.
+#include "model/hybrid_model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "core/random.h"
+#include "core/status.h"
+#include "dense/interaction.h"
+#include "dense/loss.h"
+
+namespace dlrm::model {
+namespace {
+
+using comm::DataType;
+
+class StageClock {
+ public:
+  explicit StageClock(HybridStageTimes* times) : times_(times) { Restart(); }
+  void Restart() { start_ = std::chrono::steady_clock::now(); }
+  void Mark(int stage) {
+    const auto now = std::chrono::steady_clock::now();
+    times_->seconds[stage] +=
+        std::chrono::duration<double>(now - start_).count();
+    start_ = now;
+  }
+
+ private:
+  HybridStageTimes* times_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+template <typename Vec>
+auto* Sized(Vec& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+std::vector<int> Widths(const google::protobuf::RepeatedField<int32_t>& w) {
+  return {w.begin(), w.end()};
+}
+
+// Whether id `id` of a bag belongs to `shard` (rows only matter).
+inline bool InRows(const embedding::Shard& shard, int64_t id) {
+  return id >= shard.row_begin && id < shard.row_begin + shard.row_count;
+}
+
+// Bytes of `counts` elements of `size` bytes, leaving out this rank's own.
+int64_t BytesToOthers(const std::vector<int64_t>& counts, int self,
+                      size_t size) {
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (static_cast<int>(r) != self) total += counts[r];
+  }
+  return total * static_cast<int64_t>(size);
+}
+
+std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> starts(counts.size() + 1, 0);
+  for (size_t r = 0; r < counts.size(); ++r) {
+    starts[r + 1] = starts[r] + counts[r];
+  }
+  return starts;
+}
+
+}  // namespace
+
+const char* HybridStageTimes::Name(int stage) {
+  static const char* const kNames[] = {
+      "input_dist", "lookup",     "output_dist", "bottom_fwd",  "inter_fwd",
+      "top_fwd",    "loss",       "top_bwd",     "inter_bwd",   "bottom_bwd",
+      "bwd_dist",   "emb_update", "allreduce",   "dense_update"};
+  return kNames[stage];
+}
+
+const char* HybridStageTimes::ExchangeName(int exchange) {
+  static const char* const kNames[] = {"lengths", "ids", "pooled", "gradients",
+                                       "dense_allreduce"};
+  return kNames[exchange];
+}
+
+HybridModel::HybridModel(const ModelConfig& config,
+                         const embedding::ShardingPlan& plan,
+                         comm::Communicator* comm)
+    : config_(config),
+      plan_(plan),
+      comm_(comm),
+      rank_(comm->rank()),
+      world_(comm->world_size()),
+      num_vectors_(config.tables_size() + 1),
+      vector_dim_(config.bottom_mlp(config.bottom_mlp_size() - 1)),
+      interaction_dim_(InteractionOutputDim(config)),
+      t_width_(vector_dim_),
+      dot_(config.interaction() == INTERACTION_DOT),
+      bottom_(config.num_dense_features(), Widths(config.bottom_mlp()),
+              /*relu_last=*/true),
+      top_(InteractionOutputDim(config), Widths(config.top_mlp()),
+           /*relu_last=*/false) {
+  for (const auto& t : config.tables()) {
+    table_offset_.push_back(t_width_);
+    t_width_ += t.dim();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
+    const ModelConfig& config, const embedding::ShardingPlan& plan,
+    comm::Communicator* comm) {
+  RETURN_IF_ERROR(plan.Validate(config));
+  if (plan.world_size != comm->world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding plan is for ", plan.world_size,
+                     " ranks, the communicator has ", comm->world_size()));
+  }
+  std::unique_ptr<HybridModel> m(new HybridModel(config, plan, comm));
+  // The same draws as DlrmModel::Create: every rank's replica starts equal.
+  Rng rng(config.seed());
+  m->bottom_.Init(&rng);
+  m->top_.Init(&rng);
+
+  m->owned_.resize(m->world_);
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const auto& shards = plan.tables[k].shards;
+    for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
+      m->owned_[shards[i].rank].push_back({k, i});
+    }
+  }
+  m->replica_.assign(config.tables_size(), -1);
+  for (const ShardRef& ref : m->owned_[m->rank_]) {
+    const TableConfig& t = config.tables(ref.table);
+    const embedding::Shard& s = m->ShardOf(ref);
+    const ShardingKind kind = plan.tables[ref.table].kind;
+    // A row-wise shard pools sums; the sample's rank adds the shards' sums
+    // and applies the mean itself (it alone knows whole bag lengths).
+    const Pooling pooling =
+        kind == SHARDING_ROW_WISE ? POOLING_SUM : t.pooling();
+    if (kind == SHARDING_DATA_PARALLEL) {
+      m->replica_[ref.table] = static_cast<int>(m->local_.size());
+    }
+    m->local_.push_back(
+        {ref.table,
+         ref.shard,
+         std::make_unique<embedding::EmbeddingTable>(
+             ref.table, s.row_count, s.col_count, pooling,
+             config.sparse_optimizer(), config.seed(),
+             embedding::TableSlice{t.rows(), s.row_begin, s.col_begin}),
+         {}});
+  }
+  m->dense_params_ = m->bottom_.Parameters("bottom_mlp");
+  for (auto& p : m->top_.Parameters("top_mlp")) {
+    m->dense_params_.push_back(std::move(p));
+  }
+  ASSIGN_OR_RETURN(m->dense_optimizer_,
+                   dense::DenseOptimizer::Create(config.dense_optimizer(),
+                                                 m->dense_params_));
+  return m;
+}
+
+absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch) {
+  absl::Status status;
+  if (batch.size > 0) {
+    std::vector<int64_t> rows;
+    for (const auto& t : config_.tables()) rows.push_back(t.rows());
+    status = batch.Validate(config_.num_dense_features(), rows);
+  } else if (batch.size < 0 ||
+             static_cast<int>(batch.sparse.size()) != config_.tables_size()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "batch: size ", batch.size, " with ", batch.sparse.size(),
+        " sparse features (the model has ", config_.tables_size(), ")"));
+  }
+  // One exchange settles both the sizes and the verdict.
+  const int64_t mine[2] = {status.ok() ? batch.size : 0, status.ok() ? 0 : 1};
+  std::vector<int64_t> all(2 * world_);
+  RETURN_IF_ERROR(comm_->AllGather(mine, 2, all.data(), DataType::kInt64));
+  sizes_.assign(world_, 0);
+  int bad_rank = -1;
+  for (int r = 0; r < world_; ++r) {
+    sizes_[r] = all[2 * r];
+    if (all[2 * r + 1] != 0 && bad_rank < 0) bad_rank = r;
+  }
+  RETURN_IF_ERROR(status);
+  if (bad_rank >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch rejected: rank ", bad_rank, "'s local batch is invalid"));
+  }
+  starts_ = Prefix(sizes_);
+  global_size_ = starts_[world_];
+  if (global_size_ == 0) {
+    return absl::InvalidArgumentError("batch: the global batch is empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::EmbedForward(const data::Batch& batch,
+                                       HybridStageTimes* times) {
+  StageClock clock(times);
+  const int64_t n = batch.size;
+  const std::vector<ShardRef>& mine = owned_[rank_];
+
+  // Input dist, part 1: bag lengths (row-wise: the ids in the shard's rows).
+  std::vector<int64_t> len_send(world_), len_recv(world_);
+  for (int o = 0; o < world_; ++o) {
+    len_send[o] = static_cast<int64_t>(owned_[o].size()) * n;
+  }
+  for (int r = 0; r < world_; ++r) {
+    len_recv[r] = static_cast<int64_t>(mine.size()) * sizes_[r];
+  }
+  const std::vector<int64_t> len_send_at = Prefix(len_send);
+  int64_t* lengths = Sized(send_i64_, len_send_at[world_]);
+  std::vector<int64_t> id_send(world_, 0);
+  for (int o = 0; o < world_; ++o) {
+    int64_t* out = lengths + len_send_at[o];
+    for (const ShardRef& ref : owned_[o]) {
+      const data::SparseFeature& f = batch.sparse[ref.table];
+      const embedding::Shard& s = ShardOf(ref);
+      const bool row_wise = plan_.tables[ref.table].kind == SHARDING_ROW_WISE;
+      for (int64_t l = 0; l < n; ++l) {
+        int64_t len = f.bag_size(l);
+        if (row_wise) {
+          len = 0;
+          for (int64_t p = f.offsets[l]; p < f.offsets[l + 1]; ++p) {
+            len += InRows(s, f.ids[p]);
+          }
+        }
+        *out++ = len;
+        id_send[o] += len;
+      }
+    }
+  }
+  const std::vector<int64_t> len_recv_at = Prefix(len_recv);
+  int64_t* rlengths = Sized(recv_i64_, len_recv_at[world_]);
+  RETURN_IF_ERROR(comm_->AllToAllV(lengths, len_send, rlengths, len_recv,
+                                   DataType::kInt64));
+  times->bytes_sent[HybridStageTimes::kLengths] +=
+      BytesToOthers(len_send, rank_, 8);
+
+  // Input dist, part 2: the ids (row-wise: shard-local).
+  std::vector<int64_t> id_recv(world_, 0);
+  for (int r = 0; r < world_; ++r) {
+    for (int64_t i = 0; i < len_recv[r]; ++i) {
+      id_recv[r] += rlengths[len_recv_at[r] + i];
+    }
+  }
+  const std::vector<int64_t> id_send_at = Prefix(id_send);
+  const std::vector<int64_t> id_recv_at = Prefix(id_recv);
+  int64_t* ids = Sized(send_ids_, id_send_at[world_]);
+  for (int o = 0; o < world_; ++o) {
+    int64_t* out = ids + id_send_at[o];
+    for (const ShardRef& ref : owned_[o]) {
+      const data::SparseFeature& f = batch.sparse[ref.table];
+      const embedding::Shard& s = ShardOf(ref);
+      if (plan_.tables[ref.table].kind == SHARDING_ROW_WISE) {
+        for (int64_t p = 0; p < (n > 0 ? f.offsets[n] : 0); ++p) {
+          if (InRows(s, f.ids[p])) *out++ = f.ids[p] - s.row_begin;
+        }
+      } else if (n > 0) {
+        out = std::copy(f.ids.begin(), f.ids.begin() + f.offsets[n], out);
+      }
+    }
+  }
+  int64_t* rids = Sized(recv_ids_, id_recv_at[world_]);
+  RETURN_IF_ERROR(
+      comm_->AllToAllV(ids, id_send, rids, id_recv, DataType::kInt64));
+  times->bytes_sent[HybridStageTimes::kIds] += BytesToOthers(id_send, rank_, 8);
+
+  // Each local shard's bags for the whole global batch, in global order.
+  for (LocalShard& ls : local_) {
+    ls.global_ids.offsets.assign(1, 0);
+    ls.global_ids.ids.clear();
+  }
+  for (int r = 0; r < world_; ++r) {
+    const int64_t* rl = rlengths + len_recv_at[r];
+    const int64_t* ri = rids + id_recv_at[r];
+    for (LocalShard& ls : local_) {
+      data::SparseFeature& g = ls.global_ids;
+      int64_t count = 0;
+      for (int64_t l = 0; l < sizes_[r]; ++l) {
+        count += rl[l];
+        g.offsets.push_back(g.offsets.back() + rl[l]);
+      }
+      g.ids.insert(g.ids.end(), ri, ri + count);
+      rl += sizes_[r];
+      ri += count;
+    }
+  }
+  clock.Mark(HybridStageTimes::kInputDist);
+
+  // Lookup: each model-parallel shard pools the global batch, straight into
+  // the output-dist send buffer (rank by rank, shard by shard).
+  std::vector<int64_t> out_send(world_, 0), out_recv(world_, 0);
+  for (int r = 0; r < world_; ++r) {
+    for (const LocalShard& ls : local_) {
+      if (!IsDataParallel(ls.table)) {
+        out_send[r] += sizes_[r] * ls.storage->dim();
+      }
+    }
+  }
+  for (int o = 0; o < world_; ++o) {
+    for (const ShardRef& ref : owned_[o]) {
+      if (!IsDataParallel(ref.table)) {
+        out_recv[o] += n * ShardOf(ref).col_count;
+      }
+    }
+  }
+  const std::vector<int64_t> out_send_at = Prefix(out_send);
+  const std::vector<int64_t> out_recv_at = Prefix(out_recv);
+  float* send = Sized(send_f_, out_send_at[world_]);
+  const int num_local = static_cast<int>(local_.size());
+  std::vector<int64_t> col_at(num_local + 1, 0);
+  for (int j = 0; j < num_local; ++j) {
+    col_at[j + 1] =
+        col_at[j] +
+        (IsDataParallel(local_[j].table) ? 0 : local_[j].storage->dim());
+  }
+  // Each rank's block is [its samples x all model-parallel columns], so a
+  // shard's pooled rows land at stride col_at[num_local].
+  const int64_t stride = col_at[num_local];
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < num_local; ++j) {
+    if (IsDataParallel(local_[j].table)) continue;
+    // Pool rank by rank: a sub-feature per rank keeps the rows contiguous.
+    const data::SparseFeature& g = local_[j].global_ids;
+    data::SparseFeature part;
+    for (int r = 0; r < world_; ++r) {
+      if (sizes_[r] == 0) continue;
+      const int64_t first = g.offsets[starts_[r]];
+      part.offsets.resize(sizes_[r] + 1);
+      for (int64_t l = 0; l <= sizes_[r]; ++l) {
+        part.offsets[l] = g.offsets[starts_[r] + l] - first;
+      }
+      part.ids.assign(g.ids.begin() + first,
+                      g.ids.begin() + g.offsets[starts_[r + 1]]);
+      local_[j].storage->Forward(part, send + out_send_at[r] + col_at[j],
+                                 stride);
+    }
+  }
+  clock.Mark(HybridStageTimes::kLookup);
+
+  float* recv = Sized(recv_f_, out_recv_at[world_]);
+  RETURN_IF_ERROR(
+      comm_->AllToAllV(send, out_send, recv, out_recv, DataType::kFloat32));
+  times->bytes_sent[HybridStageTimes::kPooled] +=
+      BytesToOthers(out_send, rank_, 4);
+
+  // Assemble this rank's pooled vectors: column blocks side by side,
+  // row-wise partial sums added, data-parallel tables pooled locally.
+  float* t = Sized(t_, n * t_width_);
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    if (plan_.tables[k].kind != SHARDING_ROW_WISE) continue;
+    const int dim = config_.tables(k).dim();
+    for (int64_t l = 0; l < n; ++l) {
+      std::fill_n(t + l * t_width_ + table_offset_[k], dim, 0.0f);
+    }
+  }
+  for (int o = 0; o < world_; ++o) {
+    int64_t o_stride = 0;
+    for (const ShardRef& ref : owned_[o]) {
+      if (!IsDataParallel(ref.table)) o_stride += ShardOf(ref).col_count;
+    }
+    const float* block = recv + out_recv_at[o];
+    int64_t col = 0;
+    for (const ShardRef& ref : owned_[o]) {
+      if (IsDataParallel(ref.table)) continue;
+      const embedding::Shard& s = ShardOf(ref);
+      const bool row_wise = plan_.tables[ref.table].kind == SHARDING_ROW_WISE;
+      for (int64_t l = 0; l < n; ++l) {
+        const float* src = block + l * o_stride + col;
+        float* dst = t + l * t_width_ + table_offset_[ref.table] + s.col_begin;
+        if (row_wise) {
+          for (int c = 0; c < s.col_count; ++c) dst[c] += src[c];
+        } else {
+          std::memcpy(dst, src, sizeof(float) * s.col_count);
+        }
+      }
+      col += s.col_count;
+    }
+  }
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    if (plan_.tables[k].kind == SHARDING_ROW_WISE &&
+        config_.tables(k).pooling() == POOLING_MEAN) {
+      const int dim = config_.tables(k).dim();
+      for (int64_t l = 0; l < n; ++l) {
+        const int64_t len = batch.sparse[k].bag_size(l);
+        if (len == 0) continue;
+        const float scale = 1.0f / static_cast<float>(len);
+        float* v = t + l * t_width_ + table_offset_[k];
+        for (int c = 0; c < dim; ++c) v[c] *= scale;
+      }
+    } else if (replica_[k] >= 0 && n > 0) {
+      local_[replica_[k]].storage->Forward(batch.sparse[k],
+                                           t + table_offset_[k], t_width_);
+    }
+  }
+  clock.Mark(HybridStageTimes::kOutputDist);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
+    const data::Batch& batch) {
+  RETURN_IF_ERROR(AgreeOnBatch(batch));
+  HybridStepResult result;
+  result.global_samples = global_size_;
+  HybridStageTimes& times = result.times;
+  const int64_t n = batch.size;
+  const int d = vector_dim_;
+
+  RETURN_IF_ERROR(EmbedForward(batch, &times));
+  StageClock clock(&times);
+  const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
+  float* t = t_.data();
+  for (int64_t l = 0; l < n; ++l) {
+    std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
+  }
+  clock.Mark(HybridStageTimes::kBottomForward);
+  float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
+  if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
+  clock.Mark(HybridStageTimes::kInteractionForward);
+  const float* logits = top_.Forward(z, n);
+  clock.Mark(HybridStageTimes::kTopForward);
+  float* dlogits = Sized(dlogits_, n);
+  // Every rank scales by the global batch, so the all-reduced gradient is
+  // the global mean's.
+  const double local_mean =
+      dense::BceWithLogits(logits, batch.labels.data(), n,
+                           1.0f / static_cast<float>(global_size_), dlogits);
+  clock.Mark(HybridStageTimes::kLoss);
+  float* dz = Sized(dz_, n * interaction_dim_);
+  top_.Backward(z, dlogits, n, dz);
+  clock.Mark(HybridStageTimes::kTopBackward);
+  float* dt = dz;
+  if (dot_) {
+    dt = Sized(dt_, n * t_width_);
+    dense::DotInteractionBackward(t, dz, n, num_vectors_, d, dt);
+  }
+  clock.Mark(HybridStageTimes::kInteractionBackward);
+  float* dbottom = Sized(dbottom_, n * d);
+  for (int64_t l = 0; l < n; ++l) {
+    std::memcpy(dbottom + l * d, dt + l * t_width_, sizeof(float) * d);
+  }
+  bottom_.Backward(batch.dense.data(), dbottom, n, /*dx=*/nullptr);
+  clock.Mark(HybridStageTimes::kBottomBackward);
+
+  // Backward dist: every shard (replicas included) gets the gradients of
+  // its pooled vectors for this rank's samples; row-wise shards of a mean
+  // table get them already divided by the bag length.
+  std::vector<int64_t> g_send(world_, 0), g_recv(world_, 0);
+  for (int o = 0; o < world_; ++o) {
+    for (const ShardRef& ref : owned_[o]) {
+      g_send[o] += n * ShardOf(ref).col_count;
+    }
+  }
+  for (int r = 0; r < world_; ++r) {
+    for (const LocalShard& ls : local_) {
+      g_recv[r] += sizes_[r] * ls.storage->dim();
+    }
+  }
+  const std::vector<int64_t> g_send_at = Prefix(g_send);
+  const std::vector<int64_t> g_recv_at = Prefix(g_recv);
+  float* send = Sized(send_f_, g_send_at[world_]);
+  for (int o = 0; o < world_; ++o) {
+    float* out = send + g_send_at[o];
+    for (const ShardRef& ref : owned_[o]) {
+      const embedding::Shard& s = ShardOf(ref);
+      const bool scale = plan_.tables[ref.table].kind == SHARDING_ROW_WISE &&
+                         config_.tables(ref.table).pooling() == POOLING_MEAN;
+      for (int64_t l = 0; l < n; ++l) {
+        const float* g =
+            dt + l * t_width_ + table_offset_[ref.table] + s.col_begin;
+        if (scale) {
+          const int64_t len = batch.sparse[ref.table].bag_size(l);
+          // The same factor the single-rank backward multiplies by.
+          const float f = len > 0 ? 1.0f / static_cast<float>(len) : 0.0f;
+          for (int c = 0; c < s.col_count; ++c) out[c] = g[c] * f;
+        } else {
+          std::memcpy(out, g, sizeof(float) * s.col_count);
+        }
+        out += s.col_count;
+      }
+    }
+  }
+  float* recv = Sized(recv_f_, g_recv_at[world_]);
+  RETURN_IF_ERROR(
+      comm_->AllToAllV(send, g_send, recv, g_recv, DataType::kFloat32));
+  times.bytes_sent[HybridStageTimes::kGradients] +=
+      BytesToOthers(g_send, rank_, 4);
+  clock.Mark(HybridStageTimes::kBackwardDist);
+
+  // Each shard's gradients for the global batch, then its fused update.
+  const int num_local = static_cast<int>(local_.size());
+  std::vector<int64_t> grad_at(num_local + 1, 0);
+  for (int j = 0; j < num_local; ++j) {
+    grad_at[j + 1] = grad_at[j] + global_size_ * local_[j].storage->dim();
+  }
+  float* grads = Sized(pooled_, grad_at[num_local]);
+  for (int r = 0; r < world_; ++r) {
+    const float* in = recv + g_recv_at[r];
+    for (int j = 0; j < num_local; ++j) {
+      const int64_t count = sizes_[r] * local_[j].storage->dim();
+      std::memcpy(grads + grad_at[j] + starts_[r] * local_[j].storage->dim(),
+                  in, sizeof(float) * count);
+      in += count;
+    }
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < num_local; ++j) {
+    local_[j].storage->BackwardUpdate(local_[j].global_ids, grads + grad_at[j],
+                                      local_[j].storage->dim());
+  }
+  clock.Mark(HybridStageTimes::kEmbeddingUpdate);
+
+  // Dense gradients and the loss sum in one all-reduce.
+  int64_t total = 1;
+  for (const dense::ParamRef& p : dense_params_) total += p.size;
+  float* flat = Sized(grad_flat_, total);
+  int64_t at = 0;
+  for (const dense::ParamRef& p : dense_params_) {
+    std::memcpy(flat + at, p.grad, sizeof(float) * p.size);
+    at += p.size;
+  }
+  flat[at] = static_cast<float>(local_mean * static_cast<double>(n));
+  RETURN_IF_ERROR(comm_->AllReduceSum(flat, total, DataType::kFloat32));
+  times.bytes_sent[HybridStageTimes::kDense] += world_ > 1 ? total * 4 : 0;
+  at = 0;
+  for (const dense::ParamRef& p : dense_params_) {
+    std::memcpy(p.grad, flat + at, sizeof(float) * p.size);
+    at += p.size;
+  }
+  result.loss = static_cast<double>(flat[at]) / global_size_;
+  clock.Mark(HybridStageTimes::kAllReduce);
+  dense_optimizer_->Step();
+  clock.Mark(HybridStageTimes::kDenseUpdate);
+  ++steps_;
+  return result;
+}
+
+absl::Status HybridModel::Predict(const data::Batch& batch,
+                                  std::vector<float>* probs) {
+  RETURN_IF_ERROR(AgreeOnBatch(batch));
+  HybridStageTimes times;
+  RETURN_IF_ERROR(EmbedForward(batch, &times));
+  const int64_t n = batch.size;
+  const int d = vector_dim_;
+  const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
+  float* t = t_.data();
+  for (int64_t l = 0; l < n; ++l) {
+    std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
+  }
+  float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
+  if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
+  const float* logits = top_.Forward(z, n);
+  probs->resize(n);
+  for (int64_t l = 0; l < n; ++l) (*probs)[l] = dense::Sigmoid(logits[l]);
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::GatherTable(int k, std::vector<float>* table) {
+  const TableConfig& t = config_.tables(k);
+  const int dim = t.dim();
+  table->assign(static_cast<size_t>(t.rows()) * dim, 0.0f);
+  if (replica_[k] >= 0) {
+    const float* w = local_[replica_[k]].storage->weights();
+    std::copy(w, w + table->size(), table->begin());
+    return absl::OkStatus();
+  }
+  // Every other rank contributes zeros: the sum is exact.
+  for (const LocalShard& ls : local_) {
+    if (ls.table != k) continue;
+    const embedding::Shard& s = plan_.tables[k].shards[ls.shard];
+    const float* w = ls.storage->weights();
+    for (int64_t r = 0; r < s.row_count; ++r) {
+      std::memcpy(table->data() + (s.row_begin + r) * dim + s.col_begin,
+                  w + r * s.col_count, sizeof(float) * s.col_count);
+    }
+  }
+  return comm_->AllReduceSum(table->data(), static_cast<int64_t>(table->size()),
+                             DataType::kFloat32);
+}
+
+std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
+    const ModelConfig& c, const embedding::ShardingPlan& plan,
+    const data::Batch& local, const std::vector<int64_t>& sizes, int rank) {
+  std::array<int64_t, HybridStageTimes::kNumExchanges> b{};
+  const int world = plan.world_size;
+  const int64_t n = local.size;
+  for (int k = 0; k < c.tables_size(); ++k) {
+    const auto& p = plan.tables[k];
+    for (const embedding::Shard& s : p.shards) {
+      const bool mp = p.kind != SHARDING_DATA_PARALLEL;
+      if (s.rank != rank) {
+        b[HybridStageTimes::kLengths] += 8 * n;
+        for (int64_t id : local.sparse[k].ids) {
+          b[HybridStageTimes::kIds] +=
+              id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
+        }
+        b[HybridStageTimes::kGradients] += 4 * n * s.col_count;
+      } else if (mp) {
+        for (int o = 0; o < world; ++o) {
+          if (o != rank) {
+            b[HybridStageTimes::kPooled] += 4 * sizes[o] * s.col_count;
+          }
+        }
+      }
+    }
+  }
+  if (world > 1) {
+    b[HybridStageTimes::kDense] = 4 * (DenseParameterCount(c) + 1);
+  }
+  return b;
+}
+
+}  // namespace dlrm::model

@@ -1,0 +1,922 @@
+// Tests for comm/: the single-rank communicator, the coordinator service, and
+// the Gloo communicator with real rank processes on loopback. The binary
+// re-executes itself as a child rank (kChildFlag; see main at the bottom).
+#include <gloo/common/error.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
+#include "comm/coordinator.h"
+#include "comm/gloo_communicator.h"
+#include "core/random.h"
+#include "core/status.h"
+
+extern char** environ;
+
+namespace dlrm::comm {
+namespace {
+
+constexpr char kChildFlag[] = "--comm_test_child";
+constexpr uint64_t kDefaultSeed = 20261122;
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+uint64_t TestSeed() {
+  const char* env = std::getenv("DLRM_TEST_SEED");
+  return env != nullptr ? std::strtoull(env, nullptr, 10) : kDefaultSeed;
+}
+
+// ------------------------------------------------ deterministic test data
+
+enum class Op : uint64_t { kAllReduce = 1, kAllToAll, kAllGather, kBroadcast };
+
+constexpr DataType kAllTypes[] = {DataType::kUint8, DataType::kFloat32,
+                                  DataType::kInt64};
+
+const char* TypeName(DataType type) {
+  switch (type) {
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kInt64:
+      return "int64";
+  }
+  return "?";
+}
+
+uint64_t Stream(Op op, DataType type, int src, int dst = 0) {
+  return (static_cast<uint64_t>(op) << 48) ^
+         (static_cast<uint64_t>(type) << 40) ^
+         (static_cast<uint64_t>(src) << 20) ^ static_cast<uint64_t>(dst);
+}
+
+// `count` elements of `type` that a pure function of (seed, stream) makes,
+// so every rank can compute what every other rank sends. Floats lie in
+// [-1, 1) and int64s below 2^40 in magnitude, so sums are exact or close.
+std::vector<uint8_t> Pattern(DataType type, uint64_t seed, uint64_t stream,
+                             int64_t count) {
+  std::vector<uint8_t> out(count * ElementSize(type));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t bits = HashKey(seed, stream, i);
+    if (type == DataType::kUint8) {
+      out[i] = static_cast<uint8_t>(bits);
+    } else if (type == DataType::kFloat32) {
+      const float v = BitsToUnitFloat(bits) * 2.0f - 1.0f;
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      const int64_t v = static_cast<int64_t>(bits >> 24) - (int64_t{1} << 39);
+      std::memcpy(out.data() + 8 * i, &v, 8);
+    }
+  }
+  return out;
+}
+
+// Elements rank `src` sends rank `dst` in the AllToAllV check, from a base
+// count n: uneven (n/2, n, 3n/2) and, for some pairs, nothing.
+int64_t SplitCount(int src, int dst, int64_t n) {
+  if ((src + dst) % 3 == 1) return 0;
+  return n * (1 + (src + 2 * dst) % 3) / 2;
+}
+
+absl::Status CompareBytes(const std::vector<uint8_t>& got,
+                          const std::vector<uint8_t>& want,
+                          const std::string& what) {
+  if (got.size() != want.size()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", got.size(), " bytes, want ", want.size()));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      return absl::InternalError(
+          absl::StrCat(what, ": byte ", i, " is ", got[i], ", want ", want[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs every collective on `comm` with base element count n and checks the
+// results; every rank of the job calls it with the same n and seed.
+absl::Status CheckCollectives(Communicator& comm, int64_t n, uint64_t seed) {
+  const int rank = comm.rank();
+  const int world = comm.world_size();
+  const std::string where =
+      absl::StrCat("rank ", rank, " of ", world, ", n ", n);
+
+  for (DataType type : {DataType::kFloat32, DataType::kInt64}) {
+    std::vector<uint8_t> data =
+        Pattern(type, seed, Stream(Op::kAllReduce, type, rank), n);
+    RETURN_IF_ERROR(comm.AllReduceSum(data.data(), n, type));
+    std::vector<std::vector<uint8_t>> inputs;
+    for (int r = 0; r < world; ++r) {
+      inputs.push_back(Pattern(type, seed, Stream(Op::kAllReduce, type, r), n));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (type == DataType::kFloat32) {
+        double want = 0;
+        for (const auto& in : inputs) {
+          want += reinterpret_cast<const float*>(in.data())[i];
+        }
+        const float got = reinterpret_cast<const float*>(data.data())[i];
+        // The ring sums in another order than this loop: a few ulps of the
+        // partial sums, which stay below `world` in magnitude.
+        if (std::fabs(got - want) > 1e-5 * world) {
+          return absl::InternalError(
+              absl::StrCat(where, ": AllReduceSum float32 [", i, "] = ", got,
+                           ", want ", want));
+        }
+      } else {
+        int64_t want = 0;
+        for (const auto& in : inputs) {
+          want += reinterpret_cast<const int64_t*>(in.data())[i];
+        }
+        const int64_t got = reinterpret_cast<const int64_t*>(data.data())[i];
+        if (got != want) {
+          return absl::InternalError(
+              absl::StrCat(where, ": AllReduceSum int64 [", i, "] = ", got,
+                           ", want ", want));
+        }
+      }
+    }
+  }
+  // A refused argument leaves the communicator usable (checked by the
+  // collectives that follow).
+  uint8_t byte = 0;
+  if (comm.AllReduceSum(&byte, 1, DataType::kUint8).code() !=
+      absl::StatusCode::kInvalidArgument) {
+    return absl::InternalError(where + ": AllReduceSum accepted kUint8");
+  }
+
+  for (DataType type : kAllTypes) {
+    const std::string what = absl::StrCat(where, ", ", TypeName(type));
+    std::vector<int64_t> send_counts(world), recv_counts(world);
+    std::vector<uint8_t> send, want;
+    for (int r = 0; r < world; ++r) {
+      send_counts[r] = SplitCount(rank, r, n);
+      recv_counts[r] = SplitCount(r, rank, n);
+      const auto out = Pattern(type, seed, Stream(Op::kAllToAll, type, rank, r),
+                               send_counts[r]);
+      send.insert(send.end(), out.begin(), out.end());
+      const auto in = Pattern(type, seed, Stream(Op::kAllToAll, type, r, rank),
+                              recv_counts[r]);
+      want.insert(want.end(), in.begin(), in.end());
+    }
+    std::vector<uint8_t> recv(want.size(), 0xab);
+    RETURN_IF_ERROR(comm.AllToAllV(send.data(), send_counts, recv.data(),
+                                   recv_counts, type));
+    RETURN_IF_ERROR(CompareBytes(recv, want, what + ": AllToAllV"));
+
+    const auto mine =
+        Pattern(type, seed, Stream(Op::kAllGather, type, rank), n);
+    std::vector<uint8_t> gathered(mine.size() * world, 0xab), all;
+    for (int r = 0; r < world; ++r) {
+      const auto in = Pattern(type, seed, Stream(Op::kAllGather, type, r), n);
+      all.insert(all.end(), in.begin(), in.end());
+    }
+    RETURN_IF_ERROR(comm.AllGather(mine.data(), n, gathered.data(), type));
+    RETURN_IF_ERROR(CompareBytes(gathered, all, what + ": AllGather"));
+
+    for (int root = 0; root < world; ++root) {
+      const auto root_data =
+          Pattern(type, seed, Stream(Op::kBroadcast, type, root), n);
+      std::vector<uint8_t> data =
+          rank == root ? root_data
+                       : std::vector<uint8_t>(root_data.size(), 0xab);
+      RETURN_IF_ERROR(comm.Broadcast(data.data(), n, type, root));
+      RETURN_IF_ERROR(CompareBytes(
+          data, root_data, absl::StrCat(what, ": Broadcast from ", root)));
+    }
+  }
+  return comm.Barrier();
+}
+
+// ------------------------------------------------------------ child ranks
+
+std::string WriteFileAtomically(const std::string& path,
+                                const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+  }
+  std::filesystem::rename(tmp, path);
+  return path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A rank's result: its status code on the first line, the message after.
+void WriteResult(const std::string& path, const absl::Status& status) {
+  WriteFileAtomically(path, absl::StrCat(static_cast<int>(status.code()), "\n",
+                                         status.message()));
+}
+
+absl::Status ReadResult(const std::string& path) {
+  if (!std::filesystem::exists(path)) {
+    return absl::DataLossError(absl::StrCat("no result file ", path));
+  }
+  const std::string text = ReadFile(path);
+  const size_t newline = text.find('\n');
+  const int code = std::atoi(text.substr(0, newline).c_str());
+  return absl::Status(
+      static_cast<absl::StatusCode>(code),
+      newline == std::string::npos ? "" : text.substr(newline + 1));
+}
+
+// Polls for `path` to exist; false after `timeout_seconds`.
+bool WaitForFile(const std::string& path, double timeout_seconds) {
+  const Clock::time_point start = Clock::now();
+  while (!std::filesystem::exists(path)) {
+    if (SecondsSince(start) > timeout_seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// --key=value flags of a child rank.
+class ChildFlags {
+ public:
+  ChildFlags(int argc, char** argv) {
+    for (int i = 2; i < argc; ++i) {
+      std::string arg = argv[i];
+      const size_t eq = arg.find('=');
+      if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+        values_[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
+      }
+    }
+  }
+  std::string Str(const std::string& key) const {
+    auto it = values_.find(key);
+    return it == values_.end() ? "" : it->second;
+  }
+  int64_t Int(const std::string& key) const {
+    return std::strtoll(Str(key).c_str(), nullptr, 10);
+  }
+  double Double(const std::string& key) const {
+    return std::strtod(Str(key).c_str(), nullptr);
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Collectives in a loop until one fails (a peer was killed or stopped);
+// writes `ready_path` after the first good round.
+absl::Status LoopUntilError(Communicator& comm, const std::string& ready_path) {
+  const int world = comm.world_size();
+  std::vector<float> values(256, 1.0f);
+  std::vector<int64_t> counts(world, 8);
+  std::vector<int64_t> send(8 * world, comm.rank()), recv(8 * world);
+  const Clock::time_point start = Clock::now();
+  bool ready = false;
+  while (SecondsSince(start) < 60) {
+    RETURN_IF_ERROR(
+        comm.AllReduceSum(values.data(), values.size(), DataType::kFloat32));
+    std::fill(values.begin(), values.end(), 1.0f);
+    RETURN_IF_ERROR(comm.AllToAllV(send.data(), counts, recv.data(), counts,
+                                   DataType::kInt64));
+    if (!ready) {
+      WriteFileAtomically(ready_path, "ready");
+      ready = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return absl::InternalError("no collective failed within 60 s");
+}
+
+absl::Status RunChildScenario(const ChildFlags& flags) {
+  const std::string scenario = flags.Str("scenario");
+  GlooOptions options;
+  options.rank = static_cast<int>(flags.Int("rank"));
+  options.world_size = static_cast<int>(flags.Int("world"));
+  options.coordinator_address = flags.Str("coordinator");
+  options.job_id = flags.Str("job");
+  options.generation = flags.Int("generation");
+  options.connect_timeout_seconds = flags.Double("connect_timeout");
+  options.op_timeout_seconds = flags.Double("op_timeout");
+
+  // Rank 0 hosts the coordinator, as in a real job, and publishes the port
+  // it got through a file.
+  std::unique_ptr<CoordinatorServer> server;
+  if (scenario == "rank0_hosts") {
+    const std::string address_file = flags.Str("address_file");
+    if (options.rank == 0) {
+      ASSIGN_OR_RETURN(server, CoordinatorServer::Start({}));
+      WriteFileAtomically(address_file, server->address());
+    } else if (!WaitForFile(address_file, options.connect_timeout_seconds)) {
+      return absl::DeadlineExceededError("rank 0 never published its address");
+    }
+    options.coordinator_address = ReadFile(address_file);
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(options));
+  if (scenario == "loop") {
+    return LoopUntilError(*comm, flags.Str("ready"));
+  }
+  return CheckCollectives(*comm, flags.Int("count"), flags.Int("seed"));
+}
+
+int ChildMain(int argc, char** argv) {
+  const ChildFlags flags(argc, argv);
+  const absl::Status status = RunChildScenario(flags);
+  WriteResult(flags.Str("result"), status);
+  return 0;
+}
+
+// ------------------------------------------------------- parent helpers
+
+std::string SelfExe() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+// A port nothing listens on (bound, read back, closed again).
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::unique_ptr<CoordinatorServer> StartCoordinator() {
+  auto server = CoordinatorServer::Start({});
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(server).value() : nullptr;
+}
+
+// Spawns and reaps child rank processes; kills leftovers when destroyed.
+class RankProcesses {
+ public:
+  explicit RankProcesses(std::string dir) : dir_(std::move(dir)) {}
+  ~RankProcesses() {
+    for (auto& [rank, pid] : pids_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+
+  std::string ResultPath(int rank) const {
+    return absl::StrCat(dir_, "/rank", rank, ".result");
+  }
+  std::string ReadyPath(int rank) const {
+    return absl::StrCat(dir_, "/rank", rank, ".ready");
+  }
+
+  // Starts `rank` running `scenario`; `flags` are passed as --key=value.
+  void Start(int rank, const std::map<std::string, std::string>& flags) {
+    static const std::string exe = SelfExe();
+    std::vector<std::string> args = {exe, kChildFlag};
+    for (const auto& [key, value] : flags) {
+      args.push_back(absl::StrCat("--", key, "=", value));
+    }
+    args.push_back(absl::StrCat("--rank=", rank));
+    args.push_back(absl::StrCat("--result=", ResultPath(rank)));
+    args.push_back(absl::StrCat("--ready=", ReadyPath(rank)));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    ASSERT_EQ(
+        posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ),
+        0);
+    pids_[rank] = pid;
+  }
+
+  void Signal(int rank, int signal) { kill(pids_.at(rank), signal); }
+
+  // Waits for every started rank to exit; a rank still running after
+  // `timeout_seconds` is killed and reported. Returns an error naming the
+  // ranks that did not exit cleanly.
+  absl::Status WaitAll(double timeout_seconds) {
+    const Clock::time_point start = Clock::now();
+    std::vector<std::string> problems;
+    while (!pids_.empty()) {
+      for (auto it = pids_.begin(); it != pids_.end();) {
+        int wstatus = 0;
+        if (waitpid(it->second, &wstatus, WNOHANG) == it->second) {
+          if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+            problems.push_back(absl::StrCat(
+                "rank ", it->first, " exited with wait status ", wstatus));
+          }
+          it = pids_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!pids_.empty() && SecondsSince(start) > timeout_seconds) {
+        for (auto& [rank, pid] : pids_) {
+          kill(pid, SIGKILL);
+          waitpid(pid, nullptr, 0);
+          problems.push_back(absl::StrCat("rank ", rank, " hung; killed"));
+        }
+        pids_.clear();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (problems.empty()) return absl::OkStatus();
+    std::string text;
+    for (const auto& p : problems) absl::StrAppend(&text, p, "; ");
+    return absl::InternalError(text);
+  }
+
+ private:
+  std::string dir_;
+  std::map<int, pid_t> pids_;
+};
+
+class CommProcessTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = TestSeed();
+    std::printf("[   seed   ] %llu (DLRM_TEST_SEED overrides)\n",
+                static_cast<unsigned long long>(seed_));
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "comm_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Flags every child needs.
+  std::map<std::string, std::string> BaseFlags(const std::string& scenario,
+                                               int world,
+                                               const std::string& coordinator,
+                                               const std::string& job) const {
+    return {{"scenario", scenario},       {"world", std::to_string(world)},
+            {"coordinator", coordinator}, {"job", job},
+            {"generation", "1"},          {"seed", std::to_string(seed_)},
+            {"connect_timeout", "20"},    {"op_timeout", "20"}};
+  }
+
+  // Runs the collectives check on `world` rank processes against the
+  // coordinator at `coordinator`, expecting every rank to pass.
+  void RunCollectives(int world, int64_t count, const std::string& coordinator,
+                      const std::string& job) {
+    RankProcesses ranks(dir_);
+    auto flags = BaseFlags("collectives", world, coordinator, job);
+    flags["count"] = std::to_string(count);
+    for (int r = 0; r < world; ++r) ranks.Start(r, flags);
+    ASSERT_TRUE(ranks.WaitAll(40).ok());
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(ReadResult(ranks.ResultPath(r)).ok())
+          << "rank " << r << ": " << ReadResult(ranks.ResultPath(r));
+    }
+  }
+
+  uint64_t seed_ = 0;
+  std::string dir_;
+};
+
+// ------------------------------------------------------------- single rank
+
+TEST(CommSingleRankTest, CollectivesAreCopies) {
+  auto comm = MakeSingleRankCommunicator();
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->world_size(), 1);
+  for (int64_t n : {0, 1, 5, 1031}) {
+    EXPECT_TRUE(CheckCollectives(*comm, n, TestSeed()).ok())
+        << CheckCollectives(*comm, n, TestSeed());
+  }
+}
+
+TEST(CommSingleRankTest, RefusesBadArguments) {
+  auto comm = MakeSingleRankCommunicator();
+  float f[4] = {};
+  const int64_t one[] = {1};
+  const int64_t two[] = {1, 1};
+  const int64_t other[] = {2};
+  const int64_t negative[] = {-1};
+  EXPECT_EQ(comm->AllReduceSum(f, 4, DataType::kUint8).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->AllReduceSum(f, -1, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->AllReduceSum(nullptr, 4, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->AllToAllV(f, two, f, two, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->AllToAllV(f, one, f, other, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      comm->AllToAllV(f, negative, f, negative, DataType::kFloat32).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->AllGather(f, int64_t{1} << 62, f, DataType::kInt64).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->Broadcast(f, 4, DataType::kFloat32, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(comm->AllToAllV(f, one, f + 1, one, DataType::kFloat32).ok());
+  EXPECT_TRUE(comm->Barrier().ok());
+}
+
+// ------------------------------------------------------------- coordinator
+
+class CommCoordinatorTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StartCoordinator();
+    ASSERT_NE(server_, nullptr);
+    auto client = CoordinatorClient::Create(server_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(client).value();
+  }
+
+  uint64_t Register(const std::string& job, int64_t generation, int rank,
+                    int world) {
+    auto session = client_->RegisterRank(job, generation, rank, world, 5);
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.value_or(0);
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+TEST_F(CommCoordinatorTest, PicksAFreePort) {
+  EXPECT_GT(server_->port(), 0);
+  EXPECT_EQ(server_->address(), absl::StrCat("127.0.0.1:", server_->port()));
+  CoordinatorServerOptions options;
+  options.listen_address = "no-port";
+  auto bad = CoordinatorServer::Start(options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CommCoordinatorTest, SetGetAndWait) {
+  const uint64_t session = Register("job", 0, 0, 1);
+  ASSERT_NE(session, 0u);
+  ASSERT_TRUE(client_->StoreSet(session, "a", "alpha", 5).ok());
+  ASSERT_TRUE(client_->StoreSet(session, "b", std::string("\0b", 2), 5).ok());
+  EXPECT_EQ(client_->StoreGet(session, "a", 5).value_or(""), "alpha");
+  EXPECT_EQ(client_->StoreGet(session, "b", 5).value_or(""),
+            std::string("\0b", 2));
+  EXPECT_TRUE(client_->StoreWait(session, {"a", "b"}, 5).ok());
+  EXPECT_EQ(client_->StoreSet(session, "", "x", 5).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CommCoordinatorTest, GetWaitsUntilTheKeyIsSet) {
+  const uint64_t session = Register("job", 0, 0, 1);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(client_->StoreSet(session, "late", "value", 5).ok());
+  });
+  const Clock::time_point start = Clock::now();
+  auto value = client_->StoreGet(session, "late", 5);
+  const double waited = SecondsSince(start);
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "value");
+  EXPECT_GE(waited, 0.2);
+}
+
+TEST_F(CommCoordinatorTest, WaitTimesOutNamingTheMissingKeys) {
+  const uint64_t session = Register("job", 0, 0, 1);
+  ASSERT_TRUE(client_->StoreSet(session, "here", "x", 5).ok());
+  const Clock::time_point start = Clock::now();
+  absl::Status status = client_->StoreWait(session, {"here", "gone"}, 0.6);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("['gone']"), std::string::npos) << status;
+  EXPECT_LT(SecondsSince(start), 2.0);
+}
+
+TEST_F(CommCoordinatorTest, RegisterWaitsForTheRoundAndNamesMissingRanks) {
+  std::vector<absl::StatusOr<uint64_t>> results(2, absl::UnknownError(""));
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back(
+        [&, r] { results[r] = client_->RegisterRank("job", 0, r, 3, 1.0); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(SecondsSince(start), 2.5);
+  for (const auto& result : results) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(result.status().message().find("ranks [2] of 3"),
+              std::string::npos)
+        << result.status();
+  }
+  // Timed-out ranks left the round: a full round now succeeds.
+  std::vector<uint64_t> sessions(3);
+  threads.clear();
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { sessions[r] = Register("job", 0, r, 3); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(sessions[0], 0u);
+  EXPECT_EQ(sessions[0], sessions[1]);
+  EXPECT_EQ(sessions[0], sessions[2]);
+}
+
+TEST_F(CommCoordinatorTest, EveryRoundGetsAFreshSession) {
+  const uint64_t first = Register("job", 0, 0, 1);
+  const uint64_t second = Register("job", 0, 0, 1);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(client_->StoreSet(first, "k", "v", 5).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->StoreSet(second, "k", "v", 5).ok());
+  // Another job's rounds leave this one alone.
+  EXPECT_NE(Register("other", 0, 0, 1), 0u);
+  EXPECT_TRUE(client_->StoreSet(second, "k", "v", 5).ok());
+}
+
+TEST_F(CommCoordinatorTest, RefusesAStaleGeneration) {
+  Register("job", 5, 0, 1);
+  auto stale = client_->RegisterRank("job", 4, 0, 1, 5);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition)
+      << stale.status();
+  EXPECT_NE(Register("job", 6, 0, 1), 0u);
+}
+
+TEST_F(CommCoordinatorTest, NewerGenerationAbortsTheWaitingRound) {
+  absl::StatusOr<uint64_t> old_round = absl::UnknownError("");
+  std::thread waiting(
+      [&] { old_round = client_->RegisterRank("job", 1, 0, 2, 5); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_NE(Register("job", 2, 0, 1), 0u);
+  waiting.join();
+  EXPECT_EQ(old_round.status().code(), absl::StatusCode::kAborted)
+      << old_round.status();
+}
+
+TEST_F(CommCoordinatorTest, RefusesDisagreeingWorldSizesAndDuplicateRanks) {
+  absl::StatusOr<uint64_t> first = absl::UnknownError("");
+  std::thread waiting(
+      [&] { first = client_->RegisterRank("job", 0, 0, 2, 1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(client_->RegisterRank("job", 0, 1, 3, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->RegisterRank("job", 0, 0, 2, 1).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(client_->RegisterRank("job", 0, 2, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->RegisterRank("", 0, 0, 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  waiting.join();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CommCoordinatorTest, ShutdownAnswersWaitingCalls) {
+  const uint64_t session = Register("job", 0, 0, 1);
+  absl::StatusOr<std::string> value = absl::UnknownError("");
+  std::thread waiting([&] { value = client_->StoreGet(session, "never", 30); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const Clock::time_point start = Clock::now();
+  server_.reset();
+  waiting.join();
+  EXPECT_LT(SecondsSince(start), 5.0);
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable)
+      << value.status();
+}
+
+TEST(CommCoordinatorClientTest, UnreachableCoordinatorGivesDeadlineExceeded) {
+  auto client =
+      CoordinatorClient::Create(absl::StrCat("127.0.0.1:", UnusedPort()));
+  ASSERT_TRUE(client.ok());
+  const Clock::time_point start = Clock::now();
+  auto session = (*client)->RegisterRank("job", 0, 0, 1, 0.5);
+  EXPECT_LT(SecondsSince(start), 2.0);
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(session.status().message().find("could not reach"),
+            std::string::npos)
+      << session.status();
+}
+
+TEST_F(CommCoordinatorTest, GlooStoreThrowsAndKeepsTheStatus) {
+  const uint64_t session = Register("job", 0, 0, 1);
+  CoordinatorStore store(client_.get(), session, 0.5);
+  store.set("k", {'v'});
+  EXPECT_EQ(store.get("k"), std::vector<char>{'v'});
+  EXPECT_TRUE(store.last_error().ok());
+  EXPECT_THROW(store.wait({"missing"}), gloo::IoException);
+  EXPECT_EQ(store.last_error().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// ------------------------------------------------------------ gloo ranks
+
+TEST(CommGlooOptionsTest, Validate) {
+  GlooOptions o;
+  o.coordinator_address = "127.0.0.1:1";
+  EXPECT_TRUE(o.Validate().ok());
+  o.rank = 1;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  o.op_timeout_seconds = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o.op_timeout_seconds = 1;
+  o.coordinator_address = "";
+  EXPECT_EQ(ConnectGloo(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CommGlooConnectTest, MissingRankGivesDeadlineExceededNamingIt) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  std::vector<absl::Status> results(2);
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.rank = r;
+      o.world_size = 3;
+      o.coordinator_address = server->address();
+      o.job_id = "missing";
+      o.connect_timeout_seconds = 1.5;
+      results[r] = ConnectGloo(o).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(SecondsSince(start), 3.5);
+  for (const auto& status : results) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_NE(status.message().find("ranks [2] of 3"), std::string::npos)
+        << status;
+  }
+}
+
+TEST(CommGlooConnectTest, RankThatRegistersButNeverConnectsIsNamed) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  // Rank 1 registers (so the round completes) and then dies before it
+  // publishes its transport address.
+  std::thread registrar([&] {
+    auto client = CoordinatorClient::Create(server->address());
+    ASSERT_TRUE(client.ok());
+    EXPECT_TRUE((*client)->RegisterRank("silent", 0, 1, 2, 5).ok());
+  });
+  GlooOptions o;
+  o.world_size = 2;
+  o.coordinator_address = server->address();
+  o.job_id = "silent";
+  o.connect_timeout_seconds = 1.5;
+  const Clock::time_point start = Clock::now();
+  const absl::Status status = ConnectGloo(o).status();
+  registrar.join();
+  EXPECT_LT(SecondsSince(start), 3.0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("keys ['1']"), std::string::npos) << status;
+}
+
+TEST(CommGlooConnectTest, StaleGenerationIsRefused) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  GlooOptions o;
+  o.coordinator_address = server->address();
+  o.generation = 7;
+  o.connect_timeout_seconds = 5;
+  ASSERT_TRUE(ConnectGloo(o).ok());
+  o.generation = 6;
+  EXPECT_EQ(ConnectGloo(o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// World size x base element count; the AllToAllV check splits unevenly
+// around the base count and leaves some pairs empty.
+class CommGlooCollectivesTest
+    : public CommProcessTest,
+      public testing::WithParamInterface<std::tuple<int, int64_t>> {};
+
+TEST_P(CommGlooCollectivesTest, MatchReference) {
+  const auto [world, count] = GetParam();
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  RunCollectives(world, count, server->address(), "collectives");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndCounts, CommGlooCollectivesTest,
+    testing::Combine(testing::Values(1, 2, 3, 4),
+                     testing::Values<int64_t>(0, 1, 5, 1031, 300007)),
+    [](const testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+      return absl::StrCat("world", std::get<0>(info.param), "_count",
+                          std::get<1>(info.param));
+    });
+
+TEST_F(CommProcessTest, ReRunsAgainstALivingCoordinator) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  // Same job id twice (each run gets a fresh session), then another world
+  // size of the same job.
+  RunCollectives(3, 7, server->address(), "rerun");
+  RunCollectives(3, 7, server->address(), "rerun");
+  RunCollectives(2, 7, server->address(), "rerun");
+}
+
+TEST_F(CommProcessTest, RankZeroHostsTheCoordinator) {
+  RankProcesses ranks(dir_);
+  auto flags = BaseFlags("rank0_hosts", 3, "", "hosted");
+  flags["count"] = "33";
+  flags["address_file"] = dir_ + "/coordinator_address";
+  for (int r = 0; r < 3; ++r) ranks.Start(r, flags);
+  ASSERT_TRUE(ranks.WaitAll(40).ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(ReadResult(ranks.ResultPath(r)).ok())
+        << "rank " << r << ": " << ReadResult(ranks.ResultPath(r));
+  }
+}
+
+// Starts `world` ranks looping over collectives, waits until all of them
+// have completed a round, then sends `signal` to the last rank; the others
+// must fail with Unavailable or DeadlineExceeded within `bound_seconds`. A
+// stopped rank must make at least one survivor time out (the others may see
+// that survivor's connections close first).
+void ExpectPeerFailureDetected(const std::string& dir,
+                               std::map<std::string, std::string> flags,
+                               int world, int signal, double bound_seconds) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  flags["coordinator"] = server->address();
+  RankProcesses ranks(dir);
+  for (int r = 0; r < world; ++r) ranks.Start(r, flags);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(WaitForFile(ranks.ReadyPath(r), 20)) << "rank " << r;
+  }
+  const int victim = world - 1;
+  const Clock::time_point start = Clock::now();
+  ranks.Signal(victim, signal);
+  if (signal == SIGSTOP) {
+    // Wait for the survivors' results, then let the stopped rank die.
+    for (int r = 0; r < victim; ++r) {
+      EXPECT_TRUE(WaitForFile(ranks.ResultPath(r), bound_seconds + 5));
+    }
+    ranks.Signal(victim, SIGKILL);
+  }
+  absl::Status exits = ranks.WaitAll(bound_seconds + 5);
+  const double elapsed = SecondsSince(start);
+  EXPECT_LT(elapsed, bound_seconds) << "the survivors took too long to fail";
+  EXPECT_NE(exits.message().find("rank " + std::to_string(victim)),
+            std::string::npos)
+      << exits;
+  int timed_out = 0;
+  for (int r = 0; r < victim; ++r) {
+    const absl::Status result = ReadResult(ranks.ResultPath(r));
+    EXPECT_TRUE(result.code() == absl::StatusCode::kUnavailable ||
+                result.code() == absl::StatusCode::kDeadlineExceeded)
+        << "rank " << r << ": " << result;
+    std::printf("rank %d: %s\n", r, result.ToString().c_str());
+    if (result.code() == absl::StatusCode::kDeadlineExceeded) ++timed_out;
+  }
+  if (signal == SIGSTOP) {
+    EXPECT_GT(timed_out, 0);
+  }
+}
+
+TEST_F(CommProcessTest, KilledRankMakesTheOthersFail) {
+  // Most survivors see the broken connections at once; one whose send was
+  // already queued to a dead peer waits for the op timeout (a Gloo 0.5
+  // limitation), so the bound is the op timeout plus slack.
+  auto flags = BaseFlags("loop", 3, "", "killed");
+  flags["op_timeout"] = "3";
+  ExpectPeerFailureDetected(dir_, flags, 3, SIGKILL, 6);
+}
+
+TEST_F(CommProcessTest, StoppedRankMakesTheOthersTimeOut) {
+  auto flags = BaseFlags("loop", 3, "", "stopped");
+  flags["op_timeout"] = "1.5";
+  ExpectPeerFailureDetected(dir_, flags, 3, SIGSTOP, 5);
+}
+
+}  // namespace
+}  // namespace dlrm::comm
+
+// Our own main instead of gtest_main: the same binary is also a child rank
+// when started with kChildFlag (a fresh exec, because gRPC does not survive
+// fork in a process that already runs gRPC threads).
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], dlrm::comm::kChildFlag) == 0) {
+    return dlrm::comm::ChildMain(argc, argv);
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
