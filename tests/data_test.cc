@@ -19,6 +19,7 @@
 #include "data/batch.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
+#include "data/wire.h"
 
 namespace dlrm::data {
 namespace {
@@ -895,6 +896,88 @@ TEST(SyntheticTest, UniformWhenAlphaIsZero) {
   std::vector<int64_t> count(50, 0);  // table t0 has 50 rows
   for (int64_t id : batch.sparse[0].ids) ++count[id];
   for (int64_t c : count) EXPECT_NEAR(c, 400, 100);
+}
+
+TEST(WireTest, RoundTripKeepsTheBatch) {
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  SyntheticOptions o;
+  auto src = MakeSyntheticSource(*config, o);
+  ASSERT_TRUE(src.ok()) << src.status();
+  Batch b;
+  ASSERT_TRUE(*(*src)->Next(33, &b));
+  BatchShape shape;
+  shape.num_dense = 4;
+  shape.table_rows = {50, 20, 100};
+  dlrm::Batch wire;
+  BatchToProto(b, /*include_labels=*/true, &wire);
+  Batch back;
+  ASSERT_TRUE(
+      BatchFromProto(wire, shape, Labels::kRequired, 0, "batch", &back).ok());
+  EXPECT_EQ(back.size, b.size);
+  EXPECT_EQ(back.dense, b.dense);
+  EXPECT_EQ(back.labels, b.labels);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(back.sparse[t].offsets, b.sparse[t].offsets);
+    EXPECT_EQ(back.sparse[t].ids, b.sparse[t].ids);
+  }
+  // Predict-style conversion: no labels on the wire, zeros in the batch.
+  BatchToProto(b, /*include_labels=*/false, &wire);
+  EXPECT_EQ(wire.labels_size(), 0);
+  ASSERT_TRUE(
+      BatchFromProto(wire, shape, Labels::kIgnored, 0, "batch", &back).ok());
+  EXPECT_EQ(back.labels, std::vector<float>(33, 0.0f));
+}
+
+TEST(WireTest, RejectsInconsistentMessagesNamingFieldAndSample) {
+  BatchShape shape;
+  shape.num_dense = 1;
+  shape.table_rows = {10};
+  dlrm::Batch good;
+  good.set_size(2);
+  good.add_dense(0.5f);
+  good.add_dense(1.5f);
+  good.add_labels(1);
+  good.add_labels(0);
+  good.add_sparse()->add_lengths(1);
+  good.mutable_sparse(0)->add_lengths(2);
+  for (int64_t id : {3, 4, 9}) good.mutable_sparse(0)->add_ids(id);
+  Batch out;
+  ASSERT_TRUE(
+      BatchFromProto(good, shape, Labels::kRequired, 0, "batch", &out).ok());
+  auto expect = [&](const dlrm::Batch& m, int64_t max,
+                    const std::string& text) {
+    const absl::Status s =
+        BatchFromProto(m, shape, Labels::kRequired, max, "batch", &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find(text), std::string::npos)
+        << s.message() << "\nexpected: " << text;
+  };
+  dlrm::Batch m = good;
+  m.set_size(0);
+  expect(m, 0, "batch.size = 0");
+  expect(good, 1, "exceeds the limit of 1");
+  m = good;
+  m.add_dense(1);
+  expect(m, 0, "batch.dense has 3 values");
+  m = good;
+  m.set_dense(1, std::nanf(""));
+  expect(m, 0, "batch.dense[1] (sample 1, feature 0): value is NaN");
+  m = good;
+  m.mutable_sparse(0)->set_lengths(1, -1);
+  expect(m, 0, "batch.sparse[0].lengths[1] (sample 1)");
+  m = good;
+  m.mutable_sparse(0)->add_ids(3);
+  expect(m, 0, "batch.sparse[0].lengths sum to 3");
+  m = good;
+  m.mutable_sparse(0)->set_ids(2, 10);
+  expect(m, 0, "batch.sparse[0].ids[2] (sample 1): id 10 out of range [0, 10)");
+  m = good;
+  m.set_labels(1, 0.5f);
+  expect(m, 0, "batch.labels[1]");
+  m = good;
+  m.add_sparse();
+  expect(m, 0, "batch.sparse has 2 features");
 }
 
 }  // namespace

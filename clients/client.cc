@@ -1,0 +1,414 @@
+// The dlrm-server C++ client: unary calls map their grpc::Status to
+// absl::Status; Train runs a sender thread beside the reading caller.
+#include "clients/client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "clients/grpc_status.h"
+#include "core/status.h"
+#include "data/wire.h"
+
+namespace dlrm::clients {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+absl::Status ClientOptions::Validate() const {
+  if (max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes must be positive, got ", max_message_bytes));
+  }
+  if (!(connect_timeout_seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connect_timeout_seconds must be >= 0, got ", connect_timeout_seconds));
+  }
+  if (!(call_timeout_seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call_timeout_seconds must be >= 0, got ", call_timeout_seconds));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainOptions::Validate() const {
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be positive, got ", batch_size));
+  }
+  if (max_in_flight <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_in_flight must be positive, got ", max_in_flight));
+  }
+  if (epochs <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epochs must be positive, got ", epochs));
+  }
+  if (max_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_steps must be >= 0, got ", max_steps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WaitOptions::Validate() const {
+  if (!(poll_interval_seconds > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "poll_interval_seconds must be positive, got ", poll_interval_seconds));
+  }
+  if (!(timeout_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_seconds must be >= 0, got ", timeout_seconds));
+  }
+  return absl::OkStatus();
+}
+
+bool IsTerminal(JobStatus::State state) {
+  return state == JobStatus::SUCCEEDED || state == JobStatus::FAILED ||
+         state == JobStatus::CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& address, const ClientOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  if (address.empty()) {
+    return absl::InvalidArgumentError("server address is empty");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  if (options.connect_timeout_seconds > 0 &&
+      !channel->WaitForConnected(
+          DeadlineAfter(options.connect_timeout_seconds))) {
+    return absl::UnavailableError(
+        absl::StrCat("could not connect to dlrm-server at ", address,
+                     " within ", options.connect_timeout_seconds, " s"));
+  }
+  return std::unique_ptr<Client>(
+      new Client(address, options, std::move(channel)));
+}
+
+Client::Client(std::string address, ClientOptions options,
+               std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      options_(options),
+      channel_(std::move(channel)),
+      trainer_(Trainer::NewStub(channel_)),
+      predictor_(Predictor::NewStub(channel_)),
+      admin_(Admin::NewStub(channel_)) {}
+
+void Client::SetDeadline(grpc::ClientContext* context) const {
+  if (options_.call_timeout_seconds > 0) {
+    context->set_deadline(DeadlineAfter(options_.call_timeout_seconds));
+  }
+}
+
+absl::StatusOr<TrainSummary> Client::Train(data::BatchSource& source,
+                                           const TrainOptions& options,
+                                           const StepCallback& on_step) {
+  RETURN_IF_ERROR(options.Validate());
+  const Clock::time_point start = Clock::now();
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<TrainRequest, TrainResponse>>
+      stream = trainer_->Train(&context);
+
+  // Shared by the sender thread and this (reading) thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  bool reader_done = false;
+  std::deque<int64_t> unanswered;  // sizes of sent, unanswered batches
+  int64_t sent = 0;
+  absl::Status send_status;
+
+  // Sends batches while fewer than max_in_flight are unanswered; stops when
+  // the data ends, the step cap is reached or the reader has stopped.
+  auto send_all = [&]() -> absl::Status {
+    data::Batch batch;
+    TrainRequest request;
+    int64_t steps = 0;
+    for (int epoch = 0; epoch < options.epochs; ++epoch) {
+      if (epoch > 0) RETURN_IF_ERROR(source.Rewind());
+      while (options.max_steps == 0 || steps < options.max_steps) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] {
+            return in_flight < options.max_in_flight || reader_done;
+          });
+          if (reader_done) return absl::OkStatus();
+        }
+        ASSIGN_OR_RETURN(const bool more,
+                         source.Next(options.batch_size, &batch));
+        if (!more) break;
+        if (batch.size == 0) continue;
+        data::BatchToProto(batch, /*include_labels=*/true,
+                           request.mutable_batch());
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++in_flight;
+          ++sent;
+          unanswered.push_back(batch.size);
+        }
+        // A failed write means the stream is over; the reader gets the
+        // server's status from Finish.
+        if (!stream->Write(request)) return absl::OkStatus();
+        ++steps;
+      }
+    }
+    stream->WritesDone();
+    return absl::OkStatus();
+  };
+  std::thread sender([&] {
+    absl::Status status = send_all();
+    if (!status.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        send_status = std::move(status);
+      }
+      context.TryCancel();
+    }
+  });
+
+  TrainSummary summary;
+  double loss_sum = 0;
+  absl::Status protocol_status;
+  TrainResponse response;
+  while (stream->Read(&response)) {
+    int64_t samples = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (unanswered.empty()) {
+        protocol_status = absl::InternalError(
+            "server answered more Train results than batches were sent");
+        break;
+      }
+      samples = unanswered.front();
+      unanswered.pop_front();
+      --in_flight;
+    }
+    cv.notify_all();
+    const StepResult& result = response.result();
+    ++summary.steps;
+    summary.samples += samples;
+    summary.last_step = result.step();
+    summary.final_loss = result.loss();
+    loss_sum += result.loss() * static_cast<double>(samples);
+    if (on_step) on_step(result);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    reader_done = true;
+  }
+  cv.notify_all();
+  if (!protocol_status.ok()) context.TryCancel();
+  sender.join();
+  const grpc::Status grpc_status = stream->Finish();
+
+  RETURN_IF_ERROR(send_status);
+  RETURN_IF_ERROR(protocol_status);
+  RETURN_IF_ERROR(FromGrpcStatus(grpc_status));
+  if (summary.steps != sent) {
+    return absl::InternalError(absl::StrCat("Train stream ended with ",
+                                            summary.steps, " of ", sent,
+                                            " batches answered"));
+  }
+  summary.seconds = SecondsSince(start);
+  if (summary.samples > 0) {
+    summary.mean_loss = loss_sum / static_cast<double>(summary.samples);
+  }
+  if (summary.seconds > 0) {
+    summary.samples_per_second =
+        static_cast<double>(summary.samples) / summary.seconds;
+  }
+  return summary;
+}
+
+absl::StatusOr<JobStatus> Client::StartJob(const JobRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  JobStatus status;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(trainer_->StartJob(&context, request, &status)));
+  return status;
+}
+
+absl::StatusOr<JobStatus> Client::GetJob(const std::string& id) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  JobId request;
+  request.set_id(id);
+  JobStatus status;
+  RETURN_IF_ERROR(FromGrpcStatus(trainer_->GetJob(&context, request, &status)));
+  return status;
+}
+
+absl::StatusOr<JobStatus> Client::CancelJob(const std::string& id) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  JobId request;
+  request.set_id(id);
+  JobStatus status;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(trainer_->CancelJob(&context, request, &status)));
+  return status;
+}
+
+absl::StatusOr<std::vector<JobStatus>> Client::ListJobs() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  ListJobsResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      trainer_->ListJobs(&context, ListJobsRequest(), &response)));
+  return std::vector<JobStatus>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<JobStatus> Client::WaitJob(const std::string& id,
+                                          const WaitOptions& options,
+                                          const JobCallback& on_progress) {
+  RETURN_IF_ERROR(options.Validate());
+  const Clock::time_point start = Clock::now();
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.poll_interval_seconds));
+  Clock::time_point next_poll = start;
+  while (true) {
+    ASSIGN_OR_RETURN(JobStatus status, GetJob(id));
+    if (on_progress) on_progress(status);
+    if (IsTerminal(status.state())) return status;
+    if (options.timeout_seconds > 0 &&
+        SecondsSince(start) >= options.timeout_seconds) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job ", id, " still ", JobStatus::State_Name(status.state()),
+          " after ", options.timeout_seconds, " s"));
+    }
+    next_poll += interval;
+    std::this_thread::sleep_until(std::max(next_poll, Clock::now()));
+  }
+}
+
+absl::StatusOr<EvaluateResponse> Client::Evaluate(
+    const EvaluateRequest& request) {
+  grpc::ClientContext context;
+  EvaluateResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(trainer_->Evaluate(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<EvaluateResponse> Client::EvaluateSource(
+    data::BatchSource& source, int64_t batch_size, int64_t max_samples) {
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be positive, got ", batch_size));
+  }
+  if (max_samples < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_samples must be >= 0, got ", max_samples));
+  }
+  EvaluateRequest request;
+  data::Batch batch;
+  int64_t samples = 0;
+  size_t bytes = 0;
+  while (max_samples == 0 || samples < max_samples) {
+    const int64_t want = max_samples == 0
+                             ? batch_size
+                             : std::min(batch_size, max_samples - samples);
+    ASSIGN_OR_RETURN(const bool more, source.Next(want, &batch));
+    if (!more) break;
+    dlrm::Batch* wire = request.add_batches();
+    data::BatchToProto(batch, /*include_labels=*/true, wire);
+    // Field tag and length prefix: at most 11 bytes per batch.
+    bytes += wire->ByteSizeLong() + 11;
+    if (bytes > static_cast<size_t>(options_.max_message_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation data exceeds the ", options_.max_message_bytes,
+          "-byte message limit after ", samples + batch.size,
+          " samples; evaluate fewer samples or a dataset on the server"));
+    }
+    samples += batch.size;
+  }
+  if (samples == 0) {
+    return absl::InvalidArgumentError("no evaluation samples in the source");
+  }
+  return Evaluate(request);
+}
+
+absl::StatusOr<std::vector<float>> Client::Predict(const data::Batch& batch) {
+  PredictRequest request;
+  data::BatchToProto(batch, /*include_labels=*/false, request.mutable_batch());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  PredictResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(predictor_->Predict(&context, request, &response)));
+  if (response.probabilities_size() != batch.size) {
+    return absl::InternalError(
+        absl::StrCat("server returned ", response.probabilities_size(),
+                     " probabilities for ", batch.size, " samples"));
+  }
+  return std::vector<float>(response.probabilities().begin(),
+                            response.probabilities().end());
+}
+
+absl::StatusOr<CheckpointResponse> Client::SaveCheckpoint(
+    const std::string& path) {
+  grpc::ClientContext context;
+  CheckpointRequest request;
+  request.set_path(path);
+  CheckpointResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(admin_->SaveCheckpoint(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
+    const std::string& path) {
+  grpc::ClientContext context;
+  CheckpointRequest request;
+  request.set_path(path);
+  CheckpointResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(admin_->RestoreCheckpoint(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<ModelInfo> Client::GetModelInfo() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  ModelInfo info;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      admin_->GetModelInfo(&context, ModelInfoRequest(), &info)));
+  return info;
+}
+
+absl::StatusOr<std::string> Client::GetMetrics() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  MetricsResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      admin_->GetMetrics(&context, MetricsRequest(), &response)));
+  return std::move(*response.mutable_prometheus_text());
+}
+
+}  // namespace dlrm::clients

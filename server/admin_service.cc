@@ -1,0 +1,91 @@
+// dlrm.Admin handlers.
+#include "server/admin_service.h"
+
+#include <utility>
+
+#include "server/datasets.h"
+#include "server/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::server {
+
+AdminService::AdminService(ModelHost* host, ServerMetrics* metrics,
+                           WorkQueue* work, std::string checkpoint_dir)
+    : host_(host),
+      metrics_(metrics),
+      work_(work),
+      checkpoint_dir_(std::move(checkpoint_dir)) {}
+
+grpc::ServerUnaryReactor* AdminService::GetModelInfo(
+    grpc::CallbackServerContext* context, const ModelInfoRequest* request,
+    ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ModelSummary s = host_->Summary();
+  *response->mutable_config() = std::move(s.config);
+  response->set_embedding_parameters(s.embedding_parameters);
+  response->set_dense_parameters(s.dense_parameters);
+  response->set_steps(s.steps);
+  response->set_sharding_plan(std::move(s.sharding_plan));
+  for (const auto& [tier, bytes] : s.memory_bytes) {
+    (*response->mutable_memory_bytes())[tier] = bytes;
+  }
+  response->set_world_size(s.world_size);
+  response->set_inference_only(s.inference_only);
+  FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::SaveCheckpoint(
+    grpc::CallbackServerContext* context, const CheckpointRequest* request,
+    CheckpointResponse* response) {
+  return Checkpoint(context, request, response, /*save=*/true);
+}
+
+grpc::ServerUnaryReactor* AdminService::RestoreCheckpoint(
+    grpc::CallbackServerContext* context, const CheckpointRequest* request,
+    CheckpointResponse* response) {
+  return Checkpoint(context, request, response, /*save=*/false);
+}
+
+grpc::ServerUnaryReactor* AdminService::Checkpoint(
+    grpc::CallbackServerContext* context, const CheckpointRequest* request,
+    CheckpointResponse* response, bool save) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const char* method =
+      save ? "/dlrm.Admin/SaveCheckpoint" : "/dlrm.Admin/RestoreCheckpoint";
+  absl::StatusOr<std::string> dir =
+      ResolveUnder(checkpoint_dir_, request->path(), "path");
+  if (!dir.ok()) {
+    FinishUnary(reactor, metrics_, method, dir.status());
+    return reactor;
+  }
+  const bool queued = work_->Submit([this, reactor, response, save, method,
+                                     dir = *dir] {
+    absl::StatusOr<model::CheckpointInfo> info =
+        save ? host_->SaveCheckpoint(dir) : host_->RestoreCheckpoint(dir);
+    if (info.ok()) {
+      response->set_step(info->step);
+      response->set_bytes(info->bytes);
+      spdlog::info("{} {} at step {} ({} bytes)",
+                   save ? "saved checkpoint to" : "restored checkpoint from",
+                   dir, info->step, info->bytes);
+    }
+    FinishUnary(reactor, metrics_, method, info.status());
+  });
+  if (!queued) {
+    FinishUnary(reactor, metrics_, method,
+                absl::UnavailableError("the server is shutting down"));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetMetrics(
+    grpc::CallbackServerContext* context, const MetricsRequest* request,
+    MetricsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  response->set_prometheus_text(metrics_->Render(host_->steps()));
+  FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", absl::OkStatus());
+  return reactor;
+}
+
+}  // namespace dlrm::server

@@ -1,0 +1,48 @@
+// dlrm.Admin: model info, checkpoints, metrics.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "dlrm/service.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/model_host.h"
+#include "server/work_queue.h"
+
+namespace dlrm::server {
+
+// Checkpoint paths resolve under `checkpoint_dir` when it is set (a path
+// leaving it gets InvalidArgument); checkpoint I/O runs on `work`. Pointers
+// are borrowed and must outlive the service.
+class AdminService final : public Admin::CallbackService {
+ public:
+  AdminService(ModelHost* host, ServerMetrics* metrics, WorkQueue* work,
+               std::string checkpoint_dir);
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const ModelInfoRequest* request,
+                                         ModelInfo* response) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(
+      grpc::CallbackServerContext* context, const CheckpointRequest* request,
+      CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreCheckpoint(
+      grpc::CallbackServerContext* context, const CheckpointRequest* request,
+      CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
+                                       const MetricsRequest* request,
+                                       MetricsResponse* response) override;
+
+ private:
+  // Runs the save (or restore) of `request` on the work queue.
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const CheckpointRequest* request,
+                                       CheckpointResponse* response, bool save);
+
+  ModelHost* const host_;
+  ServerMetrics* const metrics_;
+  WorkQueue* const work_;
+  const std::string checkpoint_dir_;
+};
+
+}  // namespace dlrm::server

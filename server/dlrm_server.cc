@@ -1,0 +1,232 @@
+// DlrmServer: wiring, start-up and orderly shutdown.
+#include "server/dlrm_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::server {
+namespace {
+
+constexpr const char* kServices[] = {"dlrm.Trainer", "dlrm.Predictor",
+                                     "dlrm.Admin"};
+
+std::string JoinHostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+absl::Status SplitHostPort(const std::string& address, const std::string& flag,
+                           std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " = \"", address, "\" must be HOST:PORT (e.g. 127.0.0.1:0)"));
+  }
+  std::string h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') {
+    h = h.substr(1, h.size() - 2);
+  }
+  int p = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = \"", address, "\": port must be in [0, 65535]"));
+  }
+  *host = std::move(h);
+  *port = p;
+  return absl::OkStatus();
+}
+
+absl::Status ServerOptions::Validate() const {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(SplitHostPort(listen, "listen", &host, &port));
+  if (!metrics_listen.empty()) {
+    RETURN_IF_ERROR(
+        SplitHostPort(metrics_listen, "metrics_listen", &host, &port));
+  }
+  if (train_queue_depth < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_queue_depth = ", train_queue_depth, " must be >= 1"));
+  }
+  PredictBatcherOptions batcher;
+  batcher.max_batch_samples = predict_max_batch;
+  batcher.max_wait_us = predict_max_wait_us;
+  RETURN_IF_ERROR(batcher.Validate());
+  if (max_message_bytes < 1024 ||
+      max_message_bytes > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes = ", max_message_bytes,
+                     " must be in [1 KiB, 2 GiB)"));
+  }
+  if (max_batch_samples < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_batch_samples = ", max_batch_samples, " must be >= 1"));
+  }
+  if (work_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("work_threads = ", work_threads, " must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+DlrmServer::DlrmServer(ServerOptions options) : options_(std::move(options)) {}
+
+DlrmServer::~DlrmServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
+    std::unique_ptr<model::DlrmModel> model, ServerOptions options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<DlrmServer> s(new DlrmServer(std::move(options)));
+  const ServerOptions& o = s->options_;
+
+  ModelHostOptions host_options;
+  host_options.inference_only = o.inference_only;
+  ASSIGN_OR_RETURN(s->host_, ModelHost::Create(std::move(model), host_options));
+  s->work_ = std::make_unique<WorkQueue>(o.work_threads);
+  PredictBatcherOptions batcher;
+  batcher.max_batch_samples = o.predict_max_batch;
+  batcher.max_wait_us = o.predict_max_wait_us;
+  s->batcher_ =
+      std::make_unique<PredictBatcher>(s->host_.get(), &s->metrics_, batcher);
+  JobManagerOptions jobs;
+  jobs.data_dir = o.data_dir;
+  jobs.max_batch_samples = o.max_batch_samples;
+  RETURN_IF_ERROR(jobs.Validate());
+  s->jobs_ = std::make_unique<JobManager>(s->host_.get(), &s->metrics_, jobs);
+  TrainerServiceOptions trainer;
+  trainer.stream.queue_depth = o.train_queue_depth;
+  trainer.stream.max_batch_samples = o.max_batch_samples;
+  trainer.data_dir = o.data_dir;
+  trainer.max_batch_samples = o.max_batch_samples;
+  RETURN_IF_ERROR(trainer.Validate());
+  s->trainer_ = std::make_unique<TrainerService>(
+      s->host_.get(), s->jobs_.get(), &s->metrics_, s->work_.get(), trainer);
+  s->predictor_ = std::make_unique<PredictorService>(
+      s->host_.get(), s->batcher_.get(), &s->metrics_, o.max_batch_samples);
+  s->admin_ = std::make_unique<AdminService>(s->host_.get(), &s->metrics_,
+                                             s->work_.get(), o.checkpoint_dir);
+  s->metrics_.SetTrainQueueCapacity(o.train_queue_depth);
+
+  // Both are process-wide settings read when a builder is made.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(),
+                           &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  builder.RegisterService(s->trainer_.get());
+  builder.RegisterService(s->predictor_.get());
+  builder.RegisterService(s->admin_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o.listen,
+                     " (address in use, or not an address of this host)"));
+  }
+  std::string host;
+  int unused_port = 0;
+  RETURN_IF_ERROR(SplitHostPort(o.listen, "listen", &host, &unused_port));
+  s->address_ = JoinHostPort(host, s->port_);
+  grpc::HealthCheckServiceInterface* health =
+      s->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus(true);
+    for (const char* name : kServices) health->SetServingStatus(name, true);
+  }
+  RETURN_IF_ERROR(s->StartMetricsHttp());
+  spdlog::info("serving on {} (metrics {}), {}", s->address_,
+               s->metrics_address_.empty() ? "off" : s->metrics_address_,
+               o.inference_only ? "inference only" : "training and inference");
+  return s;
+}
+
+absl::Status DlrmServer::StartMetricsHttp() {
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(
+      SplitHostPort(options_.metrics_listen, "metrics_listen", &host, &port));
+  http_ = std::make_unique<httplib::Server>();
+  http_->Get("/metrics",
+             [this](const httplib::Request&, httplib::Response& response) {
+               response.set_content(MetricsText(),
+                                    "text/plain; version=0.0.4; charset=utf-8");
+             });
+  if (port == 0) {
+    port = http_->bind_to_any_port(host);
+  } else if (!http_->bind_to_port(host, port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    http_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
+                                               options_.metrics_listen));
+  }
+  metrics_address_ = JoinHostPort(host, port);
+  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  return absl::OkStatus();
+}
+
+std::string DlrmServer::MetricsText() {
+  return metrics_.Render(host_->steps());
+}
+
+void DlrmServer::Shutdown(double grace_seconds) {
+  {
+    std::unique_lock<std::mutex> lock(shutdown_mu_);
+    if (shut_down_) {
+      shutdown_cv_.wait(lock, [&] { return stopped_; });
+      return;
+    }
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) {
+    grpc::HealthCheckServiceInterface* health =
+        server_->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(false);
+  }
+  // A job stops at its next step boundary (CANCELLED); then a Train stream
+  // does (UNAVAILABLE), since no more steps are taken.
+  if (jobs_ != nullptr) jobs_->Shutdown();
+  if (host_ != nullptr) host_->StopTraining();
+  // Other RPCs in flight get the grace period, then are cancelled. The
+  // batcher and the work queue keep running meanwhile, since those RPCs
+  // finish through them.
+  if (server_ != nullptr) {
+    server_->Shutdown(
+        std::chrono::system_clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(grace_seconds * 1e6)));
+  }
+  if (batcher_ != nullptr) batcher_->Stop();
+  if (work_ != nullptr) work_->Stop();
+  if (http_ != nullptr) {
+    http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+  }
+  spdlog::info("server stopped");
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  stopped_ = true;
+  shutdown_cv_.notify_all();
+}
+
+void DlrmServer::Wait() {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  shutdown_cv_.wait(lock, [&] { return stopped_; });
+}
+
+}  // namespace dlrm::server

@@ -1,0 +1,128 @@
+// DlrmServer: the whole serving process minus main(): the ModelHost, the
+// Trainer/Predictor/Admin services, grpc.health.v1, server reflection, and
+// the Prometheus /metrics endpoint over HTTP.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "model/dlrm_model.h"
+#include "server/admin_service.h"
+#include "server/job_manager.h"
+#include "server/metrics.h"
+#include "server/model_host.h"
+#include "server/predict_batcher.h"
+#include "server/predictor_service.h"
+#include "server/trainer_service.h"
+#include "server/work_queue.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace dlrm::server {
+
+struct ServerOptions {
+  // gRPC address, HOST:PORT; port 0 picks a free port. Default:
+  // "127.0.0.1:50051".
+  std::string listen = "127.0.0.1:50051";
+  // Prometheus /metrics address, HOST:PORT (port 0 picks one); empty
+  // disables the endpoint. Default: "127.0.0.1:9464".
+  std::string metrics_listen = "127.0.0.1:9464";
+  // When set, checkpoint paths resolve under it and may not leave it.
+  // Default: empty (any path the server can write).
+  std::string checkpoint_dir;
+  // Relative dataset paths (jobs, Evaluate) resolve here. Default: empty
+  // (the working directory).
+  std::string data_dir;
+  // Serve predictions only (see ModelHostOptions). Default: false.
+  bool inference_only = false;
+  // Batches a Train stream holds waiting for the trainer. Default: 4.
+  int train_queue_depth = 4;
+  // Most samples per micro-batched model call. Default: 1024.
+  int64_t predict_max_batch = 1024;
+  // Longest a Predict waits for others to join it, in us. Default: 1000.
+  int64_t predict_max_wait_us = 1000;
+  // Largest gRPC message received or sent, in bytes; a larger one gets
+  // RESOURCE_EXHAUSTED from gRPC. Default: 64 MiB.
+  int64_t max_message_bytes = int64_t{64} << 20;
+  // Largest batch accepted (Train, Predict, Evaluate, a job's batch_size),
+  // in samples. Default: 65536.
+  int64_t max_batch_samples = 65536;
+  // Threads for blocking RPC work (evaluation, checkpoints, CancelJob).
+  // Default: 2.
+  int work_threads = 2;
+
+  absl::Status Validate() const;
+};
+
+// Thread-safe. Shutdown (or destruction) stops everything in order.
+class DlrmServer {
+ public:
+  // Serves `model` (non-null) with `options`: binds both ports, starts the
+  // services. InvalidArgument for bad options; Unavailable when a port
+  // cannot be bound.
+  static absl::StatusOr<std::unique_ptr<DlrmServer>> Start(
+      std::unique_ptr<model::DlrmModel> model, ServerOptions options);
+
+  // Shutdown().
+  ~DlrmServer();
+
+  // The gRPC address actually bound (HOST:PORT, the real port).
+  const std::string& address() const { return address_; }
+  // The /metrics address bound, or empty when disabled.
+  const std::string& metrics_address() const { return metrics_address_; }
+  int port() const { return port_; }
+
+  ModelHost* host() { return host_.get(); }
+  ServerMetrics* metrics() { return &metrics_; }
+  // The Prometheus text (as /metrics and Admin.GetMetrics serve it).
+  std::string MetricsText();
+
+  // Marks health NOT_SERVING, stops jobs and streams at a step boundary,
+  // waits up to `grace_seconds` for RPCs in flight (then cancels them),
+  // and stops the HTTP endpoint. Idempotent; a second caller waits for the
+  // first to finish.
+  void Shutdown(double grace_seconds = 5);
+
+  // Blocks until Shutdown() has been called and finished.
+  void Wait();
+
+ private:
+  explicit DlrmServer(ServerOptions options);
+  absl::Status StartMetricsHttp();
+
+  const ServerOptions options_;
+  ServerMetrics metrics_;
+  std::unique_ptr<ModelHost> host_;
+  std::unique_ptr<WorkQueue> work_;
+  std::unique_ptr<PredictBatcher> batcher_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<TrainerService> trainer_;
+  std::unique_ptr<PredictorService> predictor_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  std::string address_, metrics_address_;
+  int port_ = 0;
+
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // Shutdown() has begun
+  bool stopped_ = false;    // Shutdown() has finished
+  std::condition_variable shutdown_cv_;
+};
+
+// Splits "HOST:PORT" ("[::1]:80" for IPv6). InvalidArgument naming `flag`
+// when the port is missing or not in [0, 65535].
+absl::Status SplitHostPort(const std::string& address, const std::string& flag,
+                           std::string* host, int* port);
+
+}  // namespace dlrm::server

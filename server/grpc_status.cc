@@ -1,0 +1,35 @@
+// Status mapping and the RPC ending.
+#include "server/grpc_status.h"
+
+#include <string>
+
+#include "spdlog/spdlog.h"
+
+namespace dlrm::server {
+
+static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
+                  static_cast<int>(grpc::StatusCode::UNAUTHENTICATED),
+              "absl and gRPC status codes share numbers");
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                 absl::string_view method, const absl::Status& status) {
+  metrics->RecordRpc(method, status.code());
+  if (!status.ok()) {
+    // Client mistakes are routine for a server; its own failures are not.
+    const bool client_error =
+        status.code() == absl::StatusCode::kInvalidArgument ||
+        status.code() == absl::StatusCode::kNotFound ||
+        status.code() == absl::StatusCode::kFailedPrecondition;
+    spdlog::log(client_error ? spdlog::level::debug : spdlog::level::warn,
+                "{}: {}", std::string(method), status.ToString());
+  }
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+}  // namespace dlrm::server

@@ -1,0 +1,21 @@
+// The one place a Status becomes a grpc::Status, and the common ending of
+// every RPC: count it in the metrics, log failures, finish.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/metrics.h"
+
+namespace dlrm::server {
+
+// Same code and message (absl and gRPC share code numbers).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Records `status` for `method` (the full name, "/dlrm.Admin/GetMetrics"),
+// logs it when it is an error, and finishes `reactor` with it.
+void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                 absl::string_view method, const absl::Status& status);
+
+}  // namespace dlrm::server

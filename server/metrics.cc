@@ -1,0 +1,208 @@
+// Prometheus text rendering of the server's metrics.
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dlrm::server {
+namespace {
+
+std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return absl::StrFormat("%.15g", v);
+}
+
+void Header(std::string* out, absl::string_view name, absl::string_view type,
+            absl::string_view help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type,
+                  "\n");
+}
+
+void Sample(std::string* out, absl::string_view name, double value,
+            absl::string_view labels = "") {
+  absl::StrAppend(out, name, labels.empty() ? "" : "{", labels,
+                  labels.empty() ? "" : "}", " ", Number(value), "\n");
+}
+
+// Exponential bucket bounds: start, start*factor, ... (n bounds).
+std::vector<double> Exponential(double start, double factor, int n) {
+  std::vector<double> b;
+  for (int i = 0; i < n; ++i) b.push_back(start * std::pow(factor, i));
+  return b;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t i =
+      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  ++counts_[i];
+  ++count_;
+  sum_ += value;
+}
+
+void Histogram::Render(absl::string_view name, std::string* out) const {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    absl::StrAppend(out, name, "_bucket{le=\"", Number(bounds_[i]), "\"} ",
+                    cumulative, "\n");
+  }
+  absl::StrAppend(out, name, "_bucket{le=\"+Inf\"} ", count_, "\n");
+  absl::StrAppend(out, name, "_sum ", Number(sum_), "\n");
+  absl::StrAppend(out, name, "_count ", count_, "\n");
+}
+
+ServerMetrics::ServerMetrics()
+    // 50 us .. ~3.3 s by factors of 2.
+    : predict_latency_(Exponential(50e-6, 2.0, 17)),
+      // 1 .. 65536 samples by factors of 2.
+      predict_batch_samples_(Exponential(1, 2.0, 17)),
+      predict_batch_requests_({1, 2, 4, 8, 16, 32, 64, 128}) {}
+
+void ServerMetrics::RecordTrainStep(const TrainStepOutcome& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++train_steps_;
+  train_samples_ += step.samples;
+  train_seconds_ += step.seconds;
+  last_loss_ = step.loss;
+  last_samples_per_second_ =
+      step.seconds > 0 ? static_cast<double>(step.samples) / step.seconds : 0;
+  last_stage_seconds_ = step.times;
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    total_stage_seconds_.seconds[s] += step.times.seconds[s];
+  }
+}
+
+void ServerMetrics::SetTrainQueueDepth(int64_t depth) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_depth_ = depth;
+  queue_depth_max_ = std::max(queue_depth_max_, depth);
+}
+
+void ServerMetrics::SetTrainQueueCapacity(int64_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_capacity_ = capacity;
+}
+
+void ServerMetrics::RecordTrainReadStall() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++read_stalls_;
+}
+
+void ServerMetrics::RecordEval(const model::EvalMetrics& metrics) {
+  std::lock_guard<std::mutex> lock(mu_);
+  has_eval_ = true;
+  last_eval_ = metrics;
+  ++evals_;
+}
+
+void ServerMetrics::RecordPredictLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  predict_latency_.Observe(seconds);
+}
+
+void ServerMetrics::RecordPredictBatch(int64_t samples, int64_t requests) {
+  std::lock_guard<std::mutex> lock(mu_);
+  predict_batch_samples_.Observe(static_cast<double>(samples));
+  predict_batch_requests_.Observe(static_cast<double>(requests));
+}
+
+void ServerMetrics::RecordRpc(absl::string_view method, absl::StatusCode code) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++rpcs_[{std::string(method), absl::StatusCodeToString(code)}];
+}
+
+std::string ServerMetrics::Render(int64_t model_steps) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  Header(&out, "dlrm_model_steps", "gauge",
+         "Training steps the served model has taken (restored ones included).");
+  Sample(&out, "dlrm_model_steps", static_cast<double>(model_steps));
+
+  Header(&out, "dlrm_train_steps_total", "counter",
+         "Training steps run by this process.");
+  Sample(&out, "dlrm_train_steps_total", static_cast<double>(train_steps_));
+  Header(&out, "dlrm_train_samples_total", "counter",
+         "Samples trained on by this process.");
+  Sample(&out, "dlrm_train_samples_total", static_cast<double>(train_samples_));
+  Header(&out, "dlrm_train_step_seconds_total", "counter",
+         "Seconds spent inside training steps.");
+  Sample(&out, "dlrm_train_step_seconds_total", train_seconds_);
+  Header(&out, "dlrm_train_samples_per_second", "gauge",
+         "Samples/s of the last training step (model time only).");
+  Sample(&out, "dlrm_train_samples_per_second", last_samples_per_second_);
+  Header(&out, "dlrm_train_loss", "gauge",
+         "Mean BCE loss of the last training batch.");
+  Sample(&out, "dlrm_train_loss", last_loss_);
+  Header(&out, "dlrm_train_stage_seconds", "gauge",
+         "Seconds of each stage of the last training step.");
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    Sample(&out, "dlrm_train_stage_seconds", last_stage_seconds_.seconds[s],
+           absl::StrCat("stage=\"", model::StageTimes::Name(s), "\""));
+  }
+  Header(&out, "dlrm_train_stage_seconds_total", "counter",
+         "Seconds spent in each stage of all training steps.");
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    Sample(&out, "dlrm_train_stage_seconds_total",
+           total_stage_seconds_.seconds[s],
+           absl::StrCat("stage=\"", model::StageTimes::Name(s), "\""));
+  }
+
+  Header(&out, "dlrm_train_queue_depth", "gauge",
+         "Batches the Train stream has read and not yet trained on.");
+  Sample(&out, "dlrm_train_queue_depth", static_cast<double>(queue_depth_));
+  Header(&out, "dlrm_train_queue_depth_max", "gauge",
+         "Highest dlrm_train_queue_depth since the server started.");
+  Sample(&out, "dlrm_train_queue_depth_max",
+         static_cast<double>(queue_depth_max_));
+  Header(&out, "dlrm_train_queue_capacity", "gauge",
+         "Bound of the Train stream's queue (--train-queue).");
+  Sample(&out, "dlrm_train_queue_capacity",
+         static_cast<double>(queue_capacity_));
+  Header(&out, "dlrm_train_read_stalls_total", "counter",
+         "Times the Train stream waited for queue room before reading.");
+  Sample(&out, "dlrm_train_read_stalls_total",
+         static_cast<double>(read_stalls_));
+
+  Header(&out, "dlrm_eval_runs_total", "counter", "Evaluations run.");
+  Sample(&out, "dlrm_eval_runs_total", static_cast<double>(evals_));
+  if (has_eval_) {
+    Header(&out, "dlrm_eval_auc", "gauge", "ROC AUC of the last evaluation.");
+    Sample(&out, "dlrm_eval_auc", last_eval_.auc);
+    Header(&out, "dlrm_eval_log_loss", "gauge",
+           "Log loss of the last evaluation.");
+    Sample(&out, "dlrm_eval_log_loss", last_eval_.log_loss);
+    Header(&out, "dlrm_eval_accuracy", "gauge",
+           "Accuracy of the last evaluation.");
+    Sample(&out, "dlrm_eval_accuracy", last_eval_.accuracy);
+  }
+
+  Header(&out, "dlrm_predict_latency_seconds", "histogram",
+         "Predict requests from arrival to reply, queueing included.");
+  predict_latency_.Render("dlrm_predict_latency_seconds", &out);
+  Header(&out, "dlrm_predict_batch_samples", "histogram",
+         "Samples per model call of the prediction micro-batcher.");
+  predict_batch_samples_.Render("dlrm_predict_batch_samples", &out);
+  Header(&out, "dlrm_predict_batch_requests", "histogram",
+         "Predict requests joined into one model call.");
+  predict_batch_requests_.Render("dlrm_predict_batch_requests", &out);
+
+  Header(&out, "dlrm_grpc_requests_total", "counter",
+         "Finished RPCs by method and status code.");
+  for (const auto& [key, count] : rpcs_) {
+    Sample(
+        &out, "dlrm_grpc_requests_total", static_cast<double>(count),
+        absl::StrCat("method=\"", key.first, "\",code=\"", key.second, "\""));
+  }
+  return out;
+}
+
+}  // namespace dlrm::server

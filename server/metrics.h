@@ -1,0 +1,89 @@
+// The server's Prometheus metrics: training throughput and loss, the train
+// stream's queue, evaluation results, prediction latency and micro-batch
+// sizes, per-stage step times and requests by method and code. Rendered in
+// the Prometheus text exposition format (version 0.0.4) for /metrics and
+// Admin.GetMetrics. Series names are listed in docs/server.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "model/dlrm_model.h"
+#include "model/metrics.h"
+#include "server/model_host.h"
+
+namespace dlrm::server {
+
+// A Prometheus histogram with fixed bucket upper bounds (ascending; the
+// +Inf bucket is implicit). Not thread-safe (ServerMetrics locks).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+
+  void Observe(double value);
+  // Appends the _bucket, _sum and _count lines of series `name`.
+  void Render(absl::string_view name, std::string* out) const;
+
+  int64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket, not cumulative
+  int64_t count_ = 0;
+  double sum_ = 0;
+};
+
+// Thread-safe: every method may be called from any thread.
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  // One training step (from a stream or a job).
+  void RecordTrainStep(const TrainStepOutcome& step);
+  // The train stream's queue: batches read and waiting for the trainer.
+  void SetTrainQueueDepth(int64_t depth);
+  void SetTrainQueueCapacity(int64_t capacity);
+  // The stream reactor held back a read because the queue was full.
+  void RecordTrainReadStall();
+  // An evaluation finished (Evaluate RPC or a job's evaluation).
+  void RecordEval(const model::EvalMetrics& metrics);
+  // One Predict request, from arrival to reply.
+  void RecordPredictLatency(double seconds);
+  // One model call of the micro-batcher: samples and requests it joined.
+  void RecordPredictBatch(int64_t samples, int64_t requests);
+  // A finished RPC; `method` is the full name ("/dlrm.Predictor/Predict").
+  void RecordRpc(absl::string_view method, absl::StatusCode code);
+
+  // The text exposition; `model_steps` is the model's step count.
+  std::string Render(int64_t model_steps) const;
+
+ private:
+  mutable std::mutex mu_;
+  int64_t train_steps_ = 0;
+  int64_t train_samples_ = 0;
+  double train_seconds_ = 0;
+  double last_loss_ = 0;
+  double last_samples_per_second_ = 0;
+  model::StageTimes last_stage_seconds_;
+  model::StageTimes total_stage_seconds_;
+  int64_t queue_depth_ = 0;
+  int64_t queue_depth_max_ = 0;
+  int64_t queue_capacity_ = 0;
+  int64_t read_stalls_ = 0;
+  bool has_eval_ = false;
+  model::EvalMetrics last_eval_;
+  int64_t evals_ = 0;
+  Histogram predict_latency_;
+  Histogram predict_batch_samples_;
+  Histogram predict_batch_requests_;
+  std::map<std::pair<std::string, std::string>, int64_t> rpcs_;
+};
+
+}  // namespace dlrm::server

@@ -1,0 +1,301 @@
+// ModelHost: the model behind one lock, plus the training reservation.
+#include "server/model_host.h"
+
+#include <chrono>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "core/status.h"
+#include "model/metrics.h"
+
+namespace dlrm::server {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+data::BatchShape ShapeOf(const model::DlrmModel& model) {
+  data::BatchShape shape;
+  shape.num_dense = model.config().num_dense_features();
+  shape.table_rows = model.table_rows();
+  return shape;
+}
+
+// True when a model of `b` can take the place of one of `a`: same inputs,
+// tables and layers (optimizers and seeds may differ).
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
+  if (a.num_dense_features() != b.num_dense_features() ||
+      a.tables_size() != b.tables_size() ||
+      a.interaction() != b.interaction() ||
+      a.bottom_mlp_size() != b.bottom_mlp_size() ||
+      a.top_mlp_size() != b.top_mlp_size()) {
+    return false;
+  }
+  for (int t = 0; t < a.tables_size(); ++t) {
+    const TableConfig &x = a.tables(t), &y = b.tables(t);
+    if (x.rows() != y.rows() || x.dim() != y.dim() ||
+        x.pooling() != y.pooling()) {
+      return false;
+    }
+  }
+  for (int i = 0; i < a.bottom_mlp_size(); ++i) {
+    if (a.bottom_mlp(i) != b.bottom_mlp(i)) return false;
+  }
+  for (int i = 0; i < a.top_mlp_size(); ++i) {
+    if (a.top_mlp(i) != b.top_mlp(i)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status ModelHostOptions::Validate() const { return absl::OkStatus(); }
+
+ModelHost::TrainingLease::TrainingLease(TrainingLease&& other) noexcept
+    : host_(std::exchange(other.host_, nullptr)) {}
+
+ModelHost::TrainingLease& ModelHost::TrainingLease::operator=(
+    TrainingLease&& other) noexcept {
+  if (this != &other) {
+    if (host_ != nullptr) host_->ReleaseTraining();
+    host_ = std::exchange(other.host_, nullptr);
+  }
+  return *this;
+}
+
+ModelHost::TrainingLease::~TrainingLease() {
+  if (host_ != nullptr) host_->ReleaseTraining();
+}
+
+ModelHost::ModelHost(std::unique_ptr<model::DlrmModel> model,
+                     ModelHostOptions options)
+    : options_(std::move(options)),
+      config_(model->config()),
+      shape_(ShapeOf(*model)),
+      model_(std::move(model)),
+      steps_(model_->steps()) {}
+
+absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
+    std::unique_ptr<model::DlrmModel> model, ModelHostOptions options) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("ModelHost needs a model");
+  }
+  RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<ModelHost>(
+      new ModelHost(std::move(model), std::move(options)));
+}
+
+absl::StatusOr<ModelHost::TrainingLease> ModelHost::AcquireTraining(
+    const std::string& holder) {
+  if (options_.inference_only) {
+    return absl::FailedPreconditionError(
+        "the server is inference-only (started with --inference-only); it "
+        "does not train");
+  }
+  {
+    std::lock_guard<std::mutex> lock(model_mu_);
+    if (training_stopped_) {
+      return absl::UnavailableError("the server is shutting down");
+    }
+  }
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  if (!training_holder_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "training is busy: ", training_holder_,
+        " is running; one training job or stream runs at a time (cancel it "
+        "or wait for it to finish)"));
+  }
+  training_holder_ = holder.empty() ? "a trainer" : holder;
+  return TrainingLease(this);
+}
+
+void ModelHost::ReleaseTraining() {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  training_holder_.clear();
+}
+
+absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
+    const TrainingLease& lease, const data::Batch& batch) {
+  if (lease.host_ != this) {
+    return absl::FailedPreconditionError(
+        "TrainStep needs this host's training lease");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  if (training_stopped_) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  const double start = Now();
+  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
+  TrainStepOutcome outcome;
+  outcome.seconds = Now() - start;
+  outcome.step = model_->steps();
+  steps_.store(outcome.step);
+  outcome.loss = r.loss;
+  outcome.samples = r.samples;
+  outcome.times = r.times;
+  return outcome;
+}
+
+absl::Status ModelHost::Predict(const data::Batch& batch,
+                                std::vector<float>* probs) {
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return model_->Predict(batch, probs);
+}
+
+absl::StatusOr<model::EvalResult> ModelHost::Evaluate(
+    data::BatchSource& source, const model::EvalOptions& options,
+    const model::ReferenceScorer& reference, const std::atomic<bool>* cancel) {
+  RETURN_IF_ERROR(options.Validate());
+  RETURN_IF_ERROR(source.Rewind());
+  model::MetricsAccumulator acc, ref_acc;
+  data::Batch batch;
+  std::vector<float> probs, ref_probs;
+  int64_t seen = 0;
+  while (options.max_samples == 0 || seen < options.max_samples) {
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError("evaluation cancelled");
+    }
+    int64_t want = options.batch_size;
+    if (options.max_samples > 0) {
+      want = std::min(want, options.max_samples - seen);
+    }
+    ASSIGN_OR_RETURN(bool more, source.Next(want, &batch));
+    if (!more || batch.size == 0) break;
+    RETURN_IF_ERROR(Predict(batch, &probs));
+    acc.Add(probs, batch.labels);
+    if (reference) {
+      ref_probs.resize(batch.size);
+      reference(batch, ref_probs.data());
+      ref_acc.Add(ref_probs, batch.labels);
+    }
+    seen += batch.size;
+  }
+  if (seen == 0) {
+    return absl::FailedPreconditionError("evaluation data is empty");
+  }
+  model::EvalResult result;
+  result.model = acc.Compute();
+  if (reference) {
+    result.reference = ref_acc.Compute();
+    result.has_reference = true;
+  }
+  return result;
+}
+
+absl::StatusOr<model::EvalResult> ModelHost::EvaluateBatches(
+    std::span<const data::Batch> batches) {
+  model::MetricsAccumulator acc;
+  std::vector<float> probs;
+  for (const data::Batch& batch : batches) {
+    RETURN_IF_ERROR(Predict(batch, &probs));
+    acc.Add(probs, batch.labels);
+  }
+  if (acc.size() == 0) {
+    return absl::InvalidArgumentError("evaluation needs at least one sample");
+  }
+  model::EvalResult result;
+  result.model = acc.Compute();
+  return result;
+}
+
+absl::StatusOr<model::CheckpointInfo> ModelHost::SaveCheckpoint(
+    const std::string& dir) {
+  if (options_.inference_only) {
+    return absl::FailedPreconditionError(
+        "an inference-only server holds no optimizer state, so it cannot "
+        "write a checkpoint");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return model::SaveCheckpoint(*model_, dir);
+}
+
+absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
+    const std::string& dir) {
+  // Held throughout, so no training can start halfway through a restore.
+  std::lock_guard<std::mutex> lease_lock(lease_mu_);
+  if (!training_holder_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot restore while ", training_holder_,
+                     " is training; cancel it first"));
+  }
+  if (!options_.inference_only) {
+    std::lock_guard<std::mutex> lock(model_mu_);
+    absl::StatusOr<model::CheckpointInfo> info =
+        model::RestoreCheckpoint(*model_, dir);
+    steps_.store(model_->steps());
+    return info;
+  }
+  // Weights only: load a fresh model outside the model lock (predictions go
+  // on meanwhile), then swap it in.
+  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> loaded,
+                   model::LoadCheckpoint(dir, /*weights_only=*/true));
+  if (!SameArchitecture(config_, loaded->config())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint in ", dir,
+                     " has a different architecture from the served model"));
+  }
+  model::CheckpointInfo info;
+  info.step = loaded->steps();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec)) info.bytes += entry.file_size(ec);
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  model_ = std::move(loaded);
+  steps_.store(model_->steps());
+  return info;
+}
+
+void ModelHost::StopTraining() {
+  std::lock_guard<std::mutex> lock(model_mu_);
+  training_stopped_ = true;
+}
+
+ModelSummary ModelHost::Summary() {
+  ModelSummary s;
+  s.config = config_;
+  s.embedding_parameters = EmbeddingParameterCount(config_);
+  s.dense_parameters = DenseParameterCount(config_);
+  s.world_size = 1;
+  s.inference_only = options_.inference_only;
+  std::string tables;
+  int64_t host_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(model_mu_);
+    s.steps = model_->steps();
+    for (size_t k = 0; k < model_->tables().size(); ++k) {
+      const embedding::EmbeddingTable& t = *model_->tables()[k];
+      host_bytes +=
+          static_cast<int64_t>(sizeof(float)) *
+          (t.rows() * t.dim() +
+           static_cast<int64_t>(model_->tables()[k]->state1().size() +
+                                model_->tables()[k]->state2().size()));
+      absl::StrAppend(&tables, k == 0 ? "" : ", ", config_.tables(k).name(),
+                      " (", t.rows(), " x ", t.dim(), ")");
+    }
+    for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
+      host_bytes += static_cast<int64_t>(sizeof(float)) * p.size;
+    }
+  }
+  host_bytes += static_cast<int64_t>(sizeof(float)) * s.dense_parameters;
+  s.memory_bytes["host"] = host_bytes;
+  s.memory_bytes["device"] = 0;
+  s.memory_bytes["rocksdb"] = 0;
+  s.sharding_plan = absl::StrCat(
+      "world size 1; rank 0 holds every table whole (table-wise, host "
+      "memory): ",
+      tables, "; MLPs data-parallel on rank 0");
+  return s;
+}
+
+uint64_t ModelHost::WeightChecksum() {
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return model_->WeightChecksum();
+}
+
+}  // namespace dlrm::server

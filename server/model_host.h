@@ -1,0 +1,160 @@
+// ModelHost: the one place the server touches the model. It owns the
+// DlrmModel and serialises everything that reads or writes it (training
+// steps, inference, evaluation, checkpoints) behind one mutex, so inference
+// never sees a half-updated row and a prediction runs between two training
+// steps rather than during one. Services and jobs only talk to this class.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "data/source.h"
+#include "data/wire.h"
+#include "dlrm/config.pb.h"
+#include "model/checkpoint.h"
+#include "model/dlrm_model.h"
+#include "model/trainer.h"
+
+namespace dlrm::server {
+
+struct ModelHostOptions {
+  // Serve predictions only: training and checkpoint saves are refused
+  // (FailedPrecondition), restores read weights only. Default: false.
+  bool inference_only = false;
+
+  absl::Status Validate() const;
+};
+
+// One training step as the host ran it.
+struct TrainStepOutcome {
+  // Steps the model has taken, this one included.
+  int64_t step = 0;
+  // Mean BCE loss of the batch before the update.
+  double loss = 0;
+  int64_t samples = 0;
+  // Wall time inside the model (not waiting for the lock).
+  double seconds = 0;
+  model::StageTimes times;
+};
+
+// What Admin.GetModelInfo reports.
+struct ModelSummary {
+  ModelConfig config;
+  int64_t embedding_parameters = 0;
+  int64_t dense_parameters = 0;
+  int64_t steps = 0;
+  // Human-readable: which rank and tier holds each table.
+  std::string sharding_plan;
+  // Bytes of weights and optimizer state per storage tier.
+  std::map<std::string, int64_t> memory_bytes;
+  int world_size = 1;
+  bool inference_only = false;
+};
+
+// Thread-safe: every method may be called from any thread.
+class ModelHost {
+ public:
+  // The right to run training steps. At most one exists per host at a time
+  // (one training job or stream); destroying it gives the right back.
+  class TrainingLease {
+   public:
+    TrainingLease(TrainingLease&& other) noexcept;
+    TrainingLease& operator=(TrainingLease&& other) noexcept;
+    TrainingLease(const TrainingLease&) = delete;
+    TrainingLease& operator=(const TrainingLease&) = delete;
+    ~TrainingLease();
+
+   private:
+    friend class ModelHost;
+    explicit TrainingLease(ModelHost* host) : host_(host) {}
+    ModelHost* host_;
+  };
+
+  // Takes ownership of `model` (non-null; config normalised).
+  static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
+      std::unique_ptr<model::DlrmModel> model, ModelHostOptions options);
+
+  // What a batch must look like for this model. Fixed for the host's life
+  // (a restore must keep the architecture).
+  const data::BatchShape& shape() const { return shape_; }
+  // The model's normalised config (fixed for the host's life).
+  const ModelConfig& config() const { return config_; }
+  bool inference_only() const { return options_.inference_only; }
+
+  // Reserves training for `holder` (a description such as "job job-2",
+  // used in the error others get). FailedPrecondition when another holder
+  // has it or the host is inference-only; Unavailable after StopTraining().
+  absl::StatusOr<TrainingLease> AcquireTraining(const std::string& holder);
+
+  // One training step on `batch` under the model lock. InvalidArgument for a
+  // batch that does not fit (the model is then unchanged); Unavailable
+  // after StopTraining().
+  absl::StatusOr<TrainStepOutcome> TrainStep(const TrainingLease& lease,
+                                             const data::Batch& batch);
+
+  // Click probabilities of every sample of `batch` into `probs` (resized).
+  // InvalidArgument for a batch that does not fit.
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
+
+  // Scores up to options.max_samples samples of `source` (rewound first),
+  // taking the lock per batch so predictions interleave. `reference` may be
+  // null. Stops with Cancelled when `cancel` (may be null) becomes true;
+  // FailedPrecondition for an empty source; reading errors as the source's.
+  absl::StatusOr<model::EvalResult> Evaluate(
+      data::BatchSource& source, const model::EvalOptions& options,
+      const model::ReferenceScorer& reference,
+      const std::atomic<bool>* cancel = nullptr);
+
+  // Scores already converted batches (each must fit the model).
+  absl::StatusOr<model::EvalResult> EvaluateBatches(
+      std::span<const data::Batch> batches);
+
+  // Writes a checkpoint of the current weights to `dir` (taken between
+  // steps). FailedPrecondition on an inference-only host; Internal on I/O
+  // errors.
+  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(const std::string& dir);
+
+  // Replaces weights (and optimizer state unless inference-only) from the
+  // checkpoint in `dir`. FailedPrecondition while training is reserved or
+  // when the checkpoint's architecture differs; NotFound when `dir` holds
+  // no checkpoint. On error the model is unchanged.
+  absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
+      const std::string& dir);
+
+  // Refuses every later training step and reservation (server shutdown):
+  // a running trainer stops at its next step boundary. Irreversible.
+  void StopTraining();
+
+  ModelSummary Summary();
+  // Steps the model has taken; does not wait for a running step.
+  int64_t steps() const { return steps_.load(); }
+  // See DlrmModel::WeightChecksum.
+  uint64_t WeightChecksum();
+
+ private:
+  ModelHost(std::unique_ptr<model::DlrmModel> model, ModelHostOptions options);
+  void ReleaseTraining();
+
+  const ModelHostOptions options_;
+  const ModelConfig config_;
+  const data::BatchShape shape_;
+
+  std::mutex model_mu_;  // guards model_
+  std::unique_ptr<model::DlrmModel> model_;
+  bool training_stopped_ = false;  // guarded by model_mu_
+  // model_->steps(), readable without waiting for a step to end.
+  std::atomic<int64_t> steps_{0};
+
+  std::mutex lease_mu_;          // guards training_holder_
+  std::string training_holder_;  // empty = free
+};
+
+}  // namespace dlrm::server

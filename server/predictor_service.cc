@@ -1,0 +1,54 @@
+// dlrm.Predictor handler.
+#include "server/predictor_service.h"
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "data/wire.h"
+#include "server/grpc_status.h"
+
+namespace dlrm::server {
+namespace {
+
+constexpr char kMethod[] = "/dlrm.Predictor/Predict";
+
+}  // namespace
+
+PredictorService::PredictorService(ModelHost* host, PredictBatcher* batcher,
+                                   ServerMetrics* metrics,
+                                   int64_t max_batch_samples)
+    : host_(host),
+      batcher_(batcher),
+      metrics_(metrics),
+      max_batch_samples_(max_batch_samples) {}
+
+grpc::ServerUnaryReactor* PredictorService::Predict(
+    grpc::CallbackServerContext* context, const PredictRequest* request,
+    PredictResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auto start = std::chrono::steady_clock::now();
+  data::Batch batch;
+  const absl::Status status = data::BatchFromProto(
+      request->batch(), host_->shape(), data::Labels::kIgnored,
+      max_batch_samples_, "batch", &batch);
+  if (!status.ok()) {
+    FinishUnary(reactor, metrics_, kMethod, status);
+    return reactor;
+  }
+  ServerMetrics* metrics = metrics_;
+  batcher_->Submit(std::move(batch), [reactor, response, metrics, start](
+                                         absl::Status status,
+                                         std::vector<float> probs) {
+    if (status.ok()) {
+      response->mutable_probabilities()->Add(probs.begin(), probs.end());
+    }
+    metrics->RecordPredictLatency(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
+    FinishUnary(reactor, metrics, kMethod, status);
+  });
+  return reactor;
+}
+
+}  // namespace dlrm::server

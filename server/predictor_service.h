@@ -1,0 +1,35 @@
+// dlrm.Predictor: click probabilities, micro-batched across requests.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+
+#include "dlrm/service.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/model_host.h"
+#include "server/predict_batcher.h"
+
+namespace dlrm::server {
+
+// Validates each request against the model and hands it to the batcher,
+// which finishes the call. Pointers are borrowed and must outlive the
+// service.
+class PredictorService final : public Predictor::CallbackService {
+ public:
+  // `max_batch_samples`: the largest request accepted.
+  PredictorService(ModelHost* host, PredictBatcher* batcher,
+                   ServerMetrics* metrics, int64_t max_batch_samples);
+
+  grpc::ServerUnaryReactor* Predict(grpc::CallbackServerContext* context,
+                                    const PredictRequest* request,
+                                    PredictResponse* response) override;
+
+ private:
+  ModelHost* const host_;
+  PredictBatcher* const batcher_;
+  ServerMetrics* const metrics_;
+  const int64_t max_batch_samples_;
+};
+
+}  // namespace dlrm::server

@@ -1,0 +1,224 @@
+// The Train stream: read -> bounded queue -> training thread -> writes.
+// Start* calls are never made under mu_, since gRPC may run a reaction on
+// the calling thread.
+#include "server/train_stream.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "data/wire.h"
+#include "server/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::server {
+namespace {
+
+constexpr char kMethod[] = "/dlrm.Trainer/Train";
+
+}  // namespace
+
+absl::Status TrainStreamOptions::Validate() const {
+  if (queue_depth < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train queue depth must be >= 1, got ", queue_depth));
+  }
+  if (max_batch_samples < 1) {
+    return absl::InvalidArgumentError("max_batch_samples must be >= 1");
+  }
+  if (max_unsent_results < 1) {
+    return absl::InvalidArgumentError("max_unsent_results must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+TrainStream::TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
+                         ServerMetrics* metrics,
+                         const TrainStreamOptions& options)
+    : context_(context), host_(host), metrics_(metrics), options_(options) {
+  absl::StatusOr<ModelHost::TrainingLease> lease = host_->AcquireTraining(
+      absl::StrCat("a Train stream from ", context->peer()));
+  if (!lease.ok()) {
+    metrics_->RecordRpc(kMethod, lease.status().code());
+    spdlog::debug("{}: {}", kMethod, lease.status().ToString());
+    Finish(ToGrpcStatus(lease.status()));
+    return;
+  }
+  lease_.emplace(*std::move(lease));
+  metrics_->SetTrainQueueCapacity(options_.queue_depth);
+  spdlog::info("Train stream from {} started", context->peer());
+  worker_ = std::thread([this] { Work(); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++starting_reads_;
+  }
+  StartRead(&request_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --starting_reads_;
+    cv_.notify_all();
+  }
+}
+
+void TrainStream::OnReadDone(bool ok) {
+  if (!ok) {
+    // The client closed its side (or the call is going away).
+    std::lock_guard<std::mutex> lock(mu_);
+    input_done_ = true;
+    cv_.notify_all();
+    return;
+  }
+  Item item;
+  int64_t index;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    index = messages_read_++;
+  }
+  item.error = data::BatchFromProto(
+      request_.batch(), host_->shape(), data::Labels::kRequired,
+      options_.max_batch_samples, "batch", &item.batch);
+  if (!item.error.ok()) {
+    item.error = absl::InvalidArgumentError(
+        absl::StrCat(item.error.message(), " (in stream message ", index, ")"));
+  }
+  bool read_more = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!item.error.ok()) input_done_ = true;  // nothing after a bad batch
+    queue_.push_back(std::move(item));
+    metrics_->SetTrainQueueDepth(static_cast<int64_t>(queue_.size()));
+    if (!input_done_ && !cancelled_) {
+      if (static_cast<int>(queue_.size()) < options_.queue_depth) {
+        read_more = true;
+        ++starting_reads_;
+      } else {
+        read_paused_ = true;
+        metrics_->RecordTrainReadStall();
+      }
+    }
+    cv_.notify_all();
+  }
+  if (read_more) {
+    StartRead(&request_);
+    std::lock_guard<std::mutex> lock(mu_);
+    --starting_reads_;
+    cv_.notify_all();
+  }
+}
+
+const TrainResponse* TrainStream::NextWrite() {
+  if (writing_ || unsent_.empty()) return nullptr;
+  writing_ = true;
+  return &unsent_.front();
+}
+
+void TrainStream::OnWriteDone(bool ok) {
+  const TrainResponse* next = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    unsent_.pop_front();
+    if (!ok) {
+      // The client is gone: nothing more can be delivered.
+      unsent_.clear();
+      cancelled_ = true;
+    } else {
+      next = NextWrite();
+    }
+    cv_.notify_all();
+  }
+  if (next != nullptr) StartWrite(next);
+}
+
+void TrainStream::OnCancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  cv_.notify_all();
+}
+
+void TrainStream::Work() {
+  absl::Status status;
+  int64_t steps = 0;
+  while (true) {
+    Item item;
+    bool resume_read = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        if (cancelled_) return true;
+        if (queue_.empty()) return input_done_;
+        return static_cast<int>(unsent_.size()) < options_.max_unsent_results;
+      });
+      if (cancelled_ || queue_.empty()) break;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      metrics_->SetTrainQueueDepth(static_cast<int64_t>(queue_.size()));
+      if (read_paused_ && !input_done_) {
+        read_paused_ = false;
+        ++starting_reads_;
+        resume_read = true;
+      }
+    }
+    if (resume_read) {
+      StartRead(&request_);
+      std::lock_guard<std::mutex> lock(mu_);
+      --starting_reads_;
+      cv_.notify_all();
+    }
+    if (!item.error.ok()) {
+      status = item.error;
+      break;
+    }
+    absl::StatusOr<TrainStepOutcome> step =
+        host_->TrainStep(*lease_, item.batch);
+    if (!step.ok()) {
+      status = step.status();
+      break;
+    }
+    ++steps;
+    metrics_->RecordTrainStep(*step);
+    TrainResponse response;
+    StepResult* r = response.mutable_result();
+    r->set_step(step->step);
+    r->set_loss(step->loss);
+    r->set_samples(step->samples);
+    r->set_samples_per_second(
+        step->seconds > 0 ? static_cast<double>(step->samples) / step->seconds
+                          : 0);
+    const TrainResponse* write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      unsent_.push_back(std::move(response));
+      write = NextWrite();
+    }
+    if (write != nullptr) StartWrite(write);
+  }
+  // Give training back first, so a client that sees this stream end can
+  // start the next trainer at once.
+  lease_.reset();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Results before the end go out first (unless the client is gone), and
+    // no StartRead may follow Finish.
+    cv_.wait(lock, [&] { return !writing_ && starting_reads_ == 0; });
+    // A read that failed because the call broke (a message over the size
+    // limit, a client that went away) looks like the end of input; the
+    // context tells the two apart.
+    if ((cancelled_ || context_->IsCancelled()) && status.ok()) {
+      status = absl::CancelledError("the Train stream was cancelled");
+    }
+    queue_.clear();
+    input_done_ = true;
+    metrics_->SetTrainQueueDepth(0);
+  }
+  metrics_->RecordRpc(kMethod, status.code());
+  spdlog::info("Train stream ended after {} steps: {}", steps,
+               status.ToString());
+  Finish(ToGrpcStatus(status));
+}
+
+void TrainStream::OnDone() {
+  if (worker_.joinable()) worker_.join();
+  delete this;
+}
+
+}  // namespace dlrm::server

@@ -1,0 +1,68 @@
+// dlrm.Trainer: the Train stream, dataset jobs and evaluation.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <string>
+
+#include "dlrm/service.grpc.pb.h"
+#include "server/job_manager.h"
+#include "server/metrics.h"
+#include "server/model_host.h"
+#include "server/train_stream.h"
+#include "server/work_queue.h"
+
+namespace dlrm::server {
+
+struct TrainerServiceOptions {
+  // The Train stream's queue and limits. Default: TrainStreamOptions().
+  TrainStreamOptions stream;
+  // Relative dataset paths of Evaluate resolve here. Default: empty (the
+  // working directory).
+  std::string data_dir;
+  // Largest inline batch Evaluate accepts, in samples. Default: 65536.
+  int64_t max_batch_samples = 65536;
+  // Samples per model call when Evaluate reads a dataset. Default: 8192.
+  int64_t eval_batch_size = 8192;
+  // How long CancelJob waits for the job to stop, in seconds. Default: 30.
+  double cancel_wait_seconds = 30;
+
+  absl::Status Validate() const;
+};
+
+// Handlers parse, call the ModelHost / JobManager, map the status and
+// finish; blocking work (evaluation, waiting for a job) runs on `work`.
+// All pointers are borrowed and must outlive the service.
+class TrainerService final : public Trainer::CallbackService {
+ public:
+  TrainerService(ModelHost* host, JobManager* jobs, ServerMetrics* metrics,
+                 WorkQueue* work, TrainerServiceOptions options);
+
+  grpc::ServerBidiReactor<TrainRequest, TrainResponse>* Train(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
+                                     const JobRequest* request,
+                                     JobStatus* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const JobId* request,
+                                   JobStatus* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const JobId* request,
+                                      JobStatus* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const ListJobsRequest* request,
+                                     ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
+                                     const EvaluateRequest* request,
+                                     EvaluateResponse* response) override;
+
+ private:
+  ModelHost* const host_;
+  JobManager* const jobs_;
+  ServerMetrics* const metrics_;
+  WorkQueue* const work_;
+  const TrainerServiceOptions options_;
+};
+
+}  // namespace dlrm::server

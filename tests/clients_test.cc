@@ -1,0 +1,672 @@
+// Tests for clients/: the wire conversions, progress lines and TSV input on
+// their own, then the client library and the dlrm_client CLI end to end
+// against a real dlrm_server (tiny config, port 0) started per test suite.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clients/client.h"
+#include "clients/grpc_status.h"
+#include "clients/progress.h"
+#include "clients/tsv_input.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+
+extern char** environ;
+
+namespace dlrm::clients {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --- helpers ---------------------------------------------------------------
+
+void ExpectInvalid(const absl::Status& status, const std::string& text) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find(text), std::string::npos)
+      << "message: " << status.message() << "\nexpected: " << text;
+}
+
+// --- wire ------------------------------------------------------------------
+
+TEST(ClientWireTest, FromGrpcStatusKeepsCodeAndMessage) {
+  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
+  const absl::Status s = FromGrpcStatus(
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "sparse[2] bad"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "sparse[2] bad");
+  EXPECT_EQ(
+      FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "x")).code(),
+      absl::StatusCode::kUnavailable);
+  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "x"))
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// --- options, progress, TSV input -------------------------------------------
+
+TEST(ClientOptionsTest, Validate) {
+  EXPECT_TRUE(ClientOptions().Validate().ok());
+  EXPECT_TRUE(TrainOptions().Validate().ok());
+  EXPECT_TRUE(WaitOptions().Validate().ok());
+  EXPECT_TRUE(ProgressOptions().Validate().ok());
+  ClientOptions c;
+  c.max_message_bytes = 0;
+  ExpectInvalid(c.Validate(), "max_message_bytes");
+  TrainOptions t;
+  t.max_in_flight = 0;
+  ExpectInvalid(t.Validate(), "max_in_flight");
+  t = TrainOptions();
+  t.batch_size = -3;
+  ExpectInvalid(t.Validate(), "batch_size");
+  WaitOptions w;
+  w.poll_interval_seconds = 0;
+  ExpectInvalid(w.Validate(), "poll_interval_seconds");
+  ExpectInvalid(Client::Connect("").status(), "empty");
+}
+
+TEST(ClientProgressTest, FormatsCountsAndDurations) {
+  EXPECT_EQ(FormatCount(950), "950");
+  EXPECT_EQ(FormatCount(12345), "12.3k");
+  EXPECT_EQ(FormatCount(4.56e6), "4.56M");
+  EXPECT_EQ(FormatDuration(75), "1:15");
+  EXPECT_EQ(FormatDuration(3725), "1:02:05");
+  EXPECT_EQ(FormatDuration(-1), "?");
+}
+
+TEST(ClientProgressTest, RendersBarAndLogLines) {
+  ProgressOptions options;
+  options.interactive = true;
+  options.bar_width = 10;
+  ProgressReporter bar("train", 1000, options, stdout);
+  ProgressState state;
+  state.step = 5;
+  state.samples = 500;
+  state.loss = 0.5;
+  EXPECT_EQ(bar.Render(state, 2.0),
+            "train [#####.....]  50%  step 5  500/1.0k samples  250 "
+            "samples/s  loss 0.5000  0:02 ETA 0:02");
+  options.interactive = false;
+  ProgressReporter log("train", 0, options, stdout);
+  EXPECT_EQ(
+      log.Render(state, 2.0),
+      "train: step 5 samples 500 samples/s 250 loss 0.50000 elapsed 2.0s");
+  state = ProgressState();
+  state.samples = -1;
+  EXPECT_EQ(log.Render(state, 3.0), "train: elapsed 3.0s");
+}
+
+TEST(ClientTsvInputTest, ReadsLinesWithAndWithoutLabels) {
+  std::istringstream in(
+      "1\t1\t2\t\t3\t0a\tff\n"
+      "\n"
+      "5\t\t\t0\t10\t\r\n"
+      "0\t0\t0\t0\t1\t2\t3\n");
+  data::CriteoOptions options;
+  options.num_dense = 4;
+  options.table_rows = {100, 7};
+  // 1 + 4 + 2 columns with a label, 6 without: the second sample has none.
+  absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
+      OpenCriteoStream(&in, "mem", options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  data::Batch b;
+  // "5\t\t\t0\t10\t" has 6 columns: dense 5,_,_,0 and cats 0x10, empty.
+  absl::StatusOr<bool> more = (*source)->Next(10, &b);
+  ASSERT_TRUE(more.ok()) << more.status();
+  ASSERT_TRUE(*more);
+  ASSERT_EQ(b.size, 3);
+  EXPECT_EQ(b.labels, (std::vector<float>{1, 0, 0}));
+  EXPECT_FLOAT_EQ(b.dense[0], std::log1p(1.0f));
+  EXPECT_FLOAT_EQ(b.dense[4], std::log1p(5.0f));
+  EXPECT_EQ(b.sparse[0].ids, (std::vector<int64_t>{0x0a, 0x10, 2}));
+  EXPECT_EQ(b.sparse[1].ids, (std::vector<int64_t>{0xff % 7, 0, 3}));
+  EXPECT_TRUE(b.Validate(4, options.table_rows).ok());
+  more = (*source)->Next(10, &b);
+  ASSERT_TRUE(more.ok());
+  EXPECT_FALSE(*more);
+  ASSERT_TRUE((*source)->Rewind().ok());
+  more = (*source)->Next(1, &b);
+  ASSERT_TRUE(more.ok() && *more);
+  EXPECT_EQ(b.labels, (std::vector<float>{1}));
+
+  std::istringstream bad("1\t1\t2\t3\t4\tzz\t1\n");
+  source = OpenCriteoStream(&bad, "bad.tsv", options);
+  ASSERT_TRUE(source.ok());
+  ExpectInvalid((*source)->Next(10, &b).status(), "bad.tsv:1");
+}
+
+// --- end to end against dlrm_server -----------------------------------------
+
+// Directory of this test binary; the server and CLI are found next to it in
+// the build tree unless DLRM_SERVER / DLRM_CLIENT name them.
+fs::path BuildDir() {
+  return fs::read_symlink("/proc/self/exe").parent_path().parent_path();
+}
+
+std::string BinaryPath(const char* env, const fs::path& relative) {
+  const char* value = std::getenv(env);
+  if (value != nullptr && *value != '\0') return value;
+  return (BuildDir() / relative).string();
+}
+
+// Runs `args` with stdin from `stdin_path` (empty: /dev/null), returning the
+// exit status (-1 if it did not run) and its stdout and stderr.
+struct CommandResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CommandResult RunCommand(const std::vector<std::string>& args,
+                         const fs::path& dir,
+                         const std::string& stdin_path = "") {
+  const fs::path out = dir / "cmd.out";
+  const fs::path err = dir / "cmd.err";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(
+      &actions, 0, stdin_path.empty() ? "/dev/null" : stdin_path.c_str(),
+      O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  CommandResult result;
+  pid_t pid = 0;
+  const int rc =
+      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return result;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.out = ReadFile(out);
+  result.err = ReadFile(err);
+  return result;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// One dlrm_server child process per test suite.
+class ClientE2ETest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_path_ = BinaryPath("DLRM_SERVER", "server/dlrm_server");
+    client_path_ = BinaryPath("DLRM_CLIENT", "clients/dlrm_client");
+    if (access(server_path_.c_str(), X_OK) != 0) return;
+    dir_ = fs::path(testing::TempDir()) /
+           ("clients_test_" + std::to_string(getpid()));
+    fs::create_directories(dir_ / "ckpt");
+    start_error_ = StartServer();
+  }
+
+  static void TearDownTestSuite() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      bool exited = false;
+      for (int i = 0; i < 200 && !exited; ++i) {
+        exited = waitpid(pid_, &status, WNOHANG) == pid_;
+        if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!exited) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        ADD_FAILURE() << "dlrm_server ignored SIGTERM for 10 s";
+      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        ADD_FAILURE() << "dlrm_server exited with status " << status
+                      << " on SIGTERM";
+      }
+      pid_ = -1;
+    }
+    if (drain_.joinable()) drain_.join();
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+    std::error_code ignored;
+    if (!dir_.empty()) fs::remove_all(dir_, ignored);
+  }
+
+  // Starts the server and waits (up to 60 s) for its listening line.
+  // Returns an error description, empty on success.
+  static std::string StartServer() {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    const std::vector<std::string> args = {server_path_,
+                                           "--listen",
+                                           "127.0.0.1:0",
+                                           "--metrics-listen",
+                                           "127.0.0.1:0",
+                                           "--config",
+                                           "tiny",
+                                           "--checkpoint-dir",
+                                           (dir_ / "ckpt").string(),
+                                           "--data-dir",
+                                           dir_.string()};
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      // Killed with the test, even when the test is killed.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> argv;
+      for (const std::string& a : args) {
+        argv.push_back(const_cast<char*>(a.c_str()));
+      }
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_fd_ = fds[0];
+    if (pid_ < 0) return "fork failed";
+    const std::string prefix = "dlrm_server: listening on ";
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::string buffer;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = read(out_fd_, chunk, sizeof(chunk));
+      if (n <= 0) return "dlrm_server exited before listening:\n" + buffer;
+      buffer.append(chunk, n);
+      for (const std::string& line : Lines(buffer)) {
+        if (line.rfind(prefix, 0) != 0) continue;
+        std::istringstream fields(line.substr(prefix.size()));
+        std::string metrics_word, metrics;
+        fields >> address_ >> metrics_word >> metrics;
+        if (metrics_word != "metrics" || address_.empty()) {
+          return "unexpected listening line: " + line;
+        }
+        // Keep reading, so the server never blocks on a full pipe.
+        drain_ = std::thread([] {
+          char sink[4096];
+          while (read(out_fd_, sink, sizeof(sink)) > 0) {
+          }
+        });
+        return "";
+      }
+    }
+    return "no listening line within 60 s; output:\n" + buffer;
+  }
+
+  void SetUp() override {
+    if (pid_ <= 0) {
+      GTEST_SKIP() << "dlrm_server is not built (looked for " << server_path_
+                   << "; set DLRM_SERVER to override)";
+    }
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+    absl::StatusOr<ModelInfo> info = client_->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    absl::StatusOr<ModelConfig> config = NormalizeModelConfig(info->config());
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+  }
+
+  std::unique_ptr<data::BatchSource> Synthetic(int64_t samples,
+                                               uint64_t sample_seed) {
+    data::SyntheticOptions options;
+    options.teacher_seed = config_.seed();
+    options.sample_seed = sample_seed;
+    options.num_samples = samples;
+    absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
+        data::MakeSyntheticSource(config_, options);
+    EXPECT_TRUE(source.ok()) << source.status();
+    return source.ok() ? std::move(*source) : nullptr;
+  }
+
+  data::Batch SyntheticBatch(int64_t samples, uint64_t sample_seed) {
+    data::Batch batch;
+    std::unique_ptr<data::BatchSource> source = Synthetic(samples, sample_seed);
+    if (source != nullptr) {
+      EXPECT_TRUE(source->Next(samples, &batch).ok());
+    }
+    return batch;
+  }
+
+  std::vector<float> PredictOrDie(const data::Batch& batch) {
+    absl::StatusOr<std::vector<float>> p = client_->Predict(batch);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : std::vector<float>();
+  }
+
+  static inline std::string server_path_, client_path_, address_, start_error_;
+  static inline fs::path dir_;
+  static inline pid_t pid_ = -1;
+  static inline int out_fd_ = -1;
+  static inline std::thread drain_;
+
+  std::unique_ptr<Client> client_;
+  ModelConfig config_;
+};
+
+TEST_F(ClientE2ETest, InfoAndMetrics) {
+  EXPECT_EQ(config_.num_dense_features(), 4);
+  ASSERT_EQ(config_.tables_size(), 3);
+  EXPECT_EQ(config_.tables(1).rows(), 20);
+  absl::StatusOr<ModelInfo> info = client_->GetModelInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->embedding_parameters(), EmbeddingParameterCount(config_));
+  EXPECT_EQ(info->dense_parameters(), DenseParameterCount(config_));
+  EXPECT_GE(info->world_size(), 1);
+  absl::StatusOr<std::string> metrics = client_->GetMetrics();
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_NE(metrics->find("dlrm_"), std::string::npos) << *metrics;
+}
+
+TEST_F(ClientE2ETest, StreamingTrainReportsOrderedFiniteSteps) {
+  const int64_t before = client_->GetModelInfo()->steps();
+  std::unique_ptr<data::BatchSource> source = Synthetic(1000, 11);
+  TrainOptions options;
+  options.batch_size = 128;
+  options.max_in_flight = 2;
+  std::vector<StepResult> results;
+  absl::StatusOr<TrainSummary> summary = client_->Train(
+      *source, options, [&](const StepResult& r) { results.push_back(r); });
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, 8);  // 7 x 128 + 104
+  EXPECT_EQ(summary->samples, 1000);
+  ASSERT_EQ(results.size(), 8u);
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].step(), before + static_cast<int64_t>(i) + 1);
+    EXPECT_TRUE(std::isfinite(results[i].loss())) << i;
+    EXPECT_GT(results[i].loss(), 0);
+    EXPECT_EQ(results[i].samples(), i == 7 ? 104 : 128);
+  }
+  EXPECT_EQ(summary->last_step, before + 8);
+  EXPECT_DOUBLE_EQ(summary->final_loss, results.back().loss());
+  EXPECT_TRUE(std::isfinite(summary->mean_loss));
+  EXPECT_EQ(client_->GetModelInfo()->steps(), before + 8);
+
+  // Epochs rewind the source; max_steps caps the call.
+  options.batch_size = 100;
+  options.epochs = 3;
+  options.max_steps = 7;
+  std::unique_ptr<data::BatchSource> small = Synthetic(250, 12);
+  summary = client_->Train(*small, options, nullptr);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, 7);  // 3 per epoch: 100, 100, 50
+  EXPECT_EQ(summary->samples, 2 * 250 + 100);
+}
+
+// Trains on `tsv` (tiny-shaped lines, table t2 read as 1000 rows). The
+// server may take a moment to notice a stream the client has cancelled, and
+// until then answers FailedPrecondition (one training stream at a time), so
+// that answer is retried for up to 5 s.
+absl::Status TrainOnTsvWhenIdle(Client& client, const std::string& tsv,
+                                int64_t batch_size) {
+  data::CriteoOptions options;
+  options.num_dense = 4;
+  options.table_rows = {50, 20, 1000};
+  TrainOptions train;
+  train.batch_size = batch_size;
+  absl::Status status;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::istringstream in(tsv);
+    absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
+        OpenCriteoStream(&in, "tsv", options);
+    if (!source.ok()) return source.status();
+    status = client.Train(**source, train, nullptr).status();
+    if (status.code() != absl::StatusCode::kFailedPrecondition) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return status;
+}
+
+TEST_F(ClientE2ETest, TrainErrorsKeepTheirCodes) {
+  // Ids beyond the server's tables (999 in t2 of 100 rows): the server
+  // rejects the batch, naming it.
+  absl::Status status =
+      TrainOnTsvWhenIdle(*client_, "1\t1\t1\t1\t1\t0\t0\t3e7\n", 16);
+  ExpectInvalid(status, "sparse[2]");
+
+  // A malformed line in the source: the source's own error comes back (the
+  // second line, without a label, is fine).
+  status = TrainOnTsvWhenIdle(*client_,
+                              "1\t1\t1\t1\t1\t0\t0\t0\n"
+                              "1\t1\t1\t1\t0\t0\t0\n"
+                              "0\t1\t1\t1\t1\tqq\t0\t0\n",
+                              1);
+  ExpectInvalid(status, "tsv:3");
+
+  // The server still trains after rejected streams.
+  EXPECT_TRUE(
+      TrainOnTsvWhenIdle(*client_, "1\t1\t1\t1\t1\t0\t0\t0\n", 16).ok());
+}
+
+TEST_F(ClientE2ETest, JobOnSyntheticDataRunsToTheEnd) {
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic()->set_num_samples(2048);
+  SyntheticData* eval = request.mutable_eval()->mutable_synthetic();
+  eval->set_num_samples(512);
+  eval->set_sample_seed(99);
+  request.set_batch_size(256);
+  absl::StatusOr<JobStatus> started = client_->StartJob(request);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_FALSE(started->id().empty());
+  WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  wait.timeout_seconds = 30;
+  int polls = 0;
+  absl::StatusOr<JobStatus> done =
+      client_->WaitJob(started->id(), wait, [&](const JobStatus&) { ++polls; });
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+  EXPECT_EQ(done->steps(), 8);
+  EXPECT_EQ(done->samples(), 2048);
+  EXPECT_TRUE(std::isfinite(done->loss()));
+  EXPECT_EQ(done->eval().samples(), 512);
+  EXPECT_GE(polls, 1);
+  absl::StatusOr<std::vector<JobStatus>> jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_FALSE(jobs->empty());
+  EXPECT_EQ(jobs->back().id(), started->id());
+  EXPECT_EQ(jobs->back().state(), JobStatus::SUCCEEDED);
+
+  EXPECT_EQ(client_->GetJob("no-such-job").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientE2ETest, CancelledJobEndsCancelled) {
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic()->set_num_samples(0);
+  request.set_max_steps(1000000000);
+  request.set_batch_size(64);
+  absl::StatusOr<JobStatus> started = client_->StartJob(request);
+  ASSERT_TRUE(started.ok()) << started.status();
+  absl::StatusOr<JobStatus> cancelled = client_->CancelJob(started->id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  // CancelJob answers once the job has stopped.
+  EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+  WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  wait.timeout_seconds = 30;
+  absl::StatusOr<JobStatus> done = client_->WaitJob(started->id(), wait, {});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::CANCELLED);
+
+  // WaitJob's own timeout.
+  started = client_->StartJob(request);
+  ASSERT_TRUE(started.ok()) << started.status();
+  wait.timeout_seconds = 0.2;
+  EXPECT_EQ(client_->WaitJob(started->id(), wait, {}).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(client_->CancelJob(started->id()).ok());
+  wait.timeout_seconds = 30;
+  done = client_->WaitJob(started->id(), wait, {});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::CANCELLED);
+}
+
+TEST_F(ClientE2ETest, EvaluateInlineAndOnTheServer) {
+  std::unique_ptr<data::BatchSource> source = Synthetic(1000, 21);
+  absl::StatusOr<EvaluateResponse> inline_eval =
+      client_->EvaluateSource(*source, 256, 900);
+  ASSERT_TRUE(inline_eval.ok()) << inline_eval.status();
+  EXPECT_EQ(inline_eval->metrics().samples(), 900);
+  EXPECT_GE(inline_eval->metrics().auc(), 0);
+  EXPECT_LE(inline_eval->metrics().auc(), 1);
+  EXPECT_TRUE(std::isfinite(inline_eval->metrics().log_loss()));
+
+  EvaluateRequest request;
+  request.mutable_dataset()->mutable_synthetic()->set_num_samples(0);
+  request.set_max_samples(700);
+  absl::StatusOr<EvaluateResponse> server_eval = client_->Evaluate(request);
+  ASSERT_TRUE(server_eval.ok()) << server_eval.status();
+  EXPECT_EQ(server_eval->metrics().samples(), 700);
+  EXPECT_TRUE(server_eval->has_reference());
+  EXPECT_GT(server_eval->reference().auc(), 0.5);
+}
+
+TEST_F(ClientE2ETest, PredictReturnsOneProbabilityPerSample) {
+  const data::Batch batch = SyntheticBatch(37, 31);
+  const std::vector<float> p = PredictOrDie(batch);
+  ASSERT_EQ(p.size(), 37u);
+  for (const float x : p) {
+    EXPECT_GT(x, 0);
+    EXPECT_LT(x, 1);
+  }
+  // The same samples predict the same.
+  EXPECT_EQ(PredictOrDie(batch), p);
+
+  data::Batch bad = batch;
+  bad.sparse[0].ids[0] = 1 << 30;
+  EXPECT_EQ(client_->Predict(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientE2ETest, CheckpointSaveAndRestore) {
+  std::unique_ptr<data::BatchSource> source = Synthetic(512, 41);
+  ASSERT_TRUE(client_->Train(*source, TrainOptions(), nullptr).ok());
+  const data::Batch probe = SyntheticBatch(16, 42);
+  const std::vector<float> at_save = PredictOrDie(probe);
+  const std::string path = (dir_ / "ckpt" / "a").string();
+  absl::StatusOr<CheckpointResponse> saved = client_->SaveCheckpoint(path);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_GT(saved->bytes(), 0);
+  EXPECT_EQ(saved->step(), client_->GetModelInfo()->steps());
+
+  source = Synthetic(512, 43);
+  ASSERT_TRUE(client_->Train(*source, TrainOptions(), nullptr).ok());
+  EXPECT_NE(PredictOrDie(probe), at_save);
+
+  absl::StatusOr<CheckpointResponse> restored =
+      client_->RestoreCheckpoint(path);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step(), saved->step());
+  EXPECT_EQ(client_->GetModelInfo()->steps(), saved->step());
+  const std::vector<float> after = PredictOrDie(probe);
+  ASSERT_EQ(after.size(), at_save.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_NEAR(after[i], at_save[i], 1e-6) << i;
+  }
+
+  EXPECT_NE(client_->RestoreCheckpoint((dir_ / "ckpt" / "missing").string())
+                .status()
+                .code(),
+            absl::StatusCode::kOk);
+}
+
+TEST(ClientConnectTest, ConnectToAClosedPortIsUnavailable) {
+  ClientOptions options;
+  options.connect_timeout_seconds = 0.3;
+  // Port 1 is privileged and never a dlrm_server here.
+  EXPECT_EQ(Client::Connect("127.0.0.1:1", options).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ClientE2ETest, CliInfoTrainPredict) {
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  CommandResult r =
+      RunCommand({client_path_, "--server", address_, "info"}, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("dense features: 4  tables: 3"), std::string::npos)
+      << r.out;
+
+  r = RunCommand({client_path_, "--server", address_, "train", "--synthetic",
+                  "512", "--batch-size", "128"},
+                 dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("train: 4 steps"), std::string::npos) << r.out;
+
+  // Tiny-shaped TSV: label, 4 ints, 3 hex categoricals; the last line has
+  // no label (as in Kaggle's test.txt).
+  const fs::path tsv = dir_ / "samples.tsv";
+  {
+    std::ofstream out(tsv);
+    out << "1\t3\t0\t12\t\t0000002a\t00000003\t0badf00d\n"
+        << "0\t\t1\t1\t7\t\t00000011\t00000001\n"
+        << "0\t5\t5\t5\t5\t00000001\t00000002\t00000003\n"
+        << "2\t0\t0\t1\t00000009\t0000000a\t0000000b\n";
+  }
+  r = RunCommand({client_path_, "--server", address_, "predict", tsv.string()},
+                 dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  for (const std::string& line : lines) {
+    const double p = std::stod(line);
+    EXPECT_GT(p, 0) << line;
+    EXPECT_LT(p, 1) << line;
+  }
+  // The same samples from stdin, two per request.
+  r = RunCommand(
+      {client_path_, "--server", address_, "predict", "-", "--batch-size", "2"},
+      dir_, tsv.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), lines);
+
+  // Errors: the status message on stderr and a non-zero exit.
+  {
+    std::ofstream out(dir_ / "bad.tsv");
+    out << "1\t3\t0\t12\n";
+  }
+  r = RunCommand({client_path_, "--server", address_, "predict",
+                  (dir_ / "bad.tsv").string()},
+                 dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bad.tsv:1"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dlrm::clients

@@ -1,0 +1,1236 @@
+// Tests for server/: an in-process server on an ephemeral port with the
+// "tiny" model, driven by real gRPC clients (the generated stubs), plus the
+// dlrm_server binary as a child process.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <limits>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "data/wire.h"
+#include "dlrm/service.grpc.pb.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/text_format.h"
+#include "model/checkpoint.h"
+#include "model/dlrm_model.h"
+#include "model/metrics.h"
+#include "server/datasets.h"
+#include "server/dlrm_server.h"
+
+namespace dlrm::server {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+// ------------------------------------------------------------ helpers
+
+ModelConfig Tiny() {
+  absl::StatusOr<ModelConfig> c = LoadModelConfig("tiny");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// The tiny model with a wide top MLP: each step takes long enough that a
+// client outruns the trainer.
+ModelConfig SlowTiny() {
+  ModelConfig c = Tiny();
+  c.clear_top_mlp();
+  c.add_top_mlp(512);
+  c.add_top_mlp(512);
+  c.add_top_mlp(1);
+  absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return *n;
+}
+
+// Samples [seed-th stream, first n) of synthetic data for `config`.
+data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
+                           uint64_t seed) {
+  data::SyntheticOptions o;
+  o.teacher_seed = config.seed();
+  o.sample_seed = seed;
+  auto source = data::MakeSyntheticSource(config, o);
+  EXPECT_TRUE(source.ok()) << source.status();
+  data::Batch b;
+  auto more = (*source)->Next(n, &b);
+  EXPECT_TRUE(more.ok() && *more);
+  return b;
+}
+
+Batch ToWire(const data::Batch& b, bool labels = true) {
+  Batch out;
+  data::BatchToProto(b, labels, &out);
+  return out;
+}
+
+std::vector<float> LocalPredict(model::DlrmModel& model, const data::Batch& b) {
+  std::vector<float> probs;
+  EXPECT_TRUE(model.Predict(b, &probs).ok());
+  return probs;
+}
+
+// The value of the sample line `series` (name plus labels) in Prometheus
+// text, or NaN when absent.
+double MetricValue(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) {
+      return std::stod(line.substr(series.size() + 1));
+    }
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+fs::path MakeTempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  fs::path dir = fs::temp_directory_path() /
+                 ("dlrm_server_test_" + std::to_string(getpid()) + "_" + tag +
+                  "_" + std::to_string(counter++));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct StreamOutcome {
+  std::vector<StepResult> results;
+  grpc::Status status;
+};
+
+// Streams `batches` on one Train call (writes on a second thread, so the
+// client is never blocked by its own reading) and collects every result.
+StreamOutcome RunTrainStream(Trainer::Stub* stub,
+                             const std::vector<Batch>& batches) {
+  grpc::ClientContext context;
+  auto stream = stub->Train(&context);
+  std::thread writer([&] {
+    for (const Batch& b : batches) {
+      TrainRequest request;
+      *request.mutable_batch() = b;
+      if (!stream->Write(request)) break;
+    }
+    stream->WritesDone();
+  });
+  StreamOutcome out;
+  TrainResponse response;
+  while (stream->Read(&response)) out.results.push_back(response.result());
+  writer.join();
+  out.status = stream->Finish();
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// ------------------------------------------------------------ fixture
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("fixture");
+    fs::create_directories(dir_ / "checkpoints");
+    fs::create_directories(dir_ / "data");
+    Start(Tiny(), Options());
+  }
+
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  ServerOptions Options() const {
+    ServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.metrics_listen = "127.0.0.1:0";
+    o.checkpoint_dir = (dir_ / "checkpoints").string();
+    o.data_dir = (dir_ / "data").string();
+    o.train_queue_depth = 2;
+    o.predict_max_wait_us = 10000;
+    o.max_message_bytes = 1 << 20;
+    o.max_batch_samples = 4096;
+    return o;
+  }
+
+  void Start(const ModelConfig& config, ServerOptions options) {
+    server_.reset();
+    auto model = model::DlrmModel::Create(config);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto server = DlrmServer::Start(*std::move(model), std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = Connect(server_->address());
+    trainer_ = Trainer::NewStub(channel_);
+    predictor_ = Predictor::NewStub(channel_);
+    admin_ = Admin::NewStub(channel_);
+  }
+
+  uint64_t Checksum() { return server_->host()->WeightChecksum(); }
+  int64_t Steps() { return server_->host()->steps(); }
+
+  std::vector<Batch> TrainBatches(int count, int64_t size, uint64_t seed) {
+    std::vector<Batch> out;
+    data::SyntheticOptions o;
+    o.teacher_seed = Tiny().seed();
+    o.sample_seed = seed;
+    auto source = data::MakeSyntheticSource(Tiny(), o);
+    EXPECT_TRUE(source.ok());
+    data::Batch b;
+    for (int i = 0; i < count; ++i) {
+      EXPECT_TRUE(*(*source)->Next(size, &b));
+      out.push_back(ToWire(b));
+    }
+    return out;
+  }
+
+  grpc::Status Predict(const Batch& batch, PredictResponse* response) {
+    grpc::ClientContext context;
+    PredictRequest request;
+    *request.mutable_batch() = batch;
+    return predictor_->Predict(&context, request, response);
+  }
+
+  grpc::Status GetJob(const std::string& id, JobStatus* status) {
+    grpc::ClientContext context;
+    JobId request;
+    request.set_id(id);
+    return trainer_->GetJob(&context, request, status);
+  }
+
+  // Polls the job until `done` holds (or 20 s pass).
+  JobStatus WaitForJob(const std::string& id,
+                       const std::function<bool(const JobStatus&)>& done) {
+    JobStatus status;
+    const auto deadline =
+        std::chrono::steady_clock::now() + milliseconds(20000);
+    while (std::chrono::steady_clock::now() < deadline) {
+      EXPECT_TRUE(GetJob(id, &status).ok());
+      if (done(status)) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return status;
+  }
+
+  grpc::Status Checkpoint(const std::string& path, bool save,
+                          CheckpointResponse* response) {
+    grpc::ClientContext context;
+    CheckpointRequest request;
+    request.set_path(path);
+    return save ? admin_->SaveCheckpoint(&context, request, response)
+                : admin_->RestoreCheckpoint(&context, request, response);
+  }
+
+  std::string AdminMetrics() {
+    grpc::ClientContext context;
+    MetricsResponse response;
+    EXPECT_TRUE(admin_->GetMetrics(&context, MetricsRequest(), &response).ok());
+    return response.prometheus_text();
+  }
+
+  fs::path dir_;
+  std::unique_ptr<DlrmServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Trainer::Stub> trainer_;
+  std::unique_ptr<Predictor::Stub> predictor_;
+  std::unique_ptr<Admin::Stub> admin_;
+};
+
+// ------------------------------------------------------------ training
+
+TEST_F(ServerTest, TrainStreamReturnsOrderedStepsAndLossDrops) {
+  const std::vector<Batch> batches = TrainBatches(80, 256, /*seed=*/11);
+  StreamOutcome out = RunTrainStream(trainer_.get(), batches);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.results.size(), batches.size());
+  double first = 0, last = 0;
+  for (size_t i = 0; i < out.results.size(); ++i) {
+    EXPECT_EQ(out.results[i].step(), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(out.results[i].samples(), 256);
+    EXPECT_GT(out.results[i].samples_per_second(), 0);
+    if (i < 10) first += out.results[i].loss() / 10;
+    if (i >= out.results.size() - 10) last += out.results[i].loss() / 10;
+  }
+  EXPECT_LT(last, first - 0.02)
+      << "first 10 steps " << first << ", last 10 steps " << last;
+  EXPECT_EQ(Steps(), 80);
+}
+
+TEST_F(ServerTest, FlowControlBoundsTheQueue) {
+  ServerOptions o = Options();
+  o.train_queue_depth = 2;
+  o.max_message_bytes = 16 << 20;
+  Start(SlowTiny(), o);
+  std::vector<Batch> batches;
+  for (int i = 0; i < 16; ++i) {
+    batches.push_back(ToWire(SyntheticBatch(SlowTiny(), 512, 100 + i)));
+  }
+  // Sample the queue while the client pushes as fast as it can.
+  std::atomic<bool> streaming{true};
+  std::atomic<int64_t> sampled_max{0};
+  std::thread sampler([&] {
+    while (streaming.load()) {
+      const double depth =
+          MetricValue(server_->MetricsText(), "dlrm_train_queue_depth");
+      if (depth > sampled_max.load()) sampled_max = static_cast<int64_t>(depth);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  StreamOutcome out = RunTrainStream(trainer_.get(), batches);
+  streaming = false;
+  sampler.join();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.results.size(), batches.size());
+  const std::string text = server_->MetricsText();
+  // Never more than queue-depth batches read ahead of the trainer, and the
+  // bound was reached (the client really was held back).
+  EXPECT_EQ(MetricValue(text, "dlrm_train_queue_depth_max"), 2);
+  EXPECT_LE(sampled_max.load(), 2);
+  EXPECT_GT(MetricValue(text, "dlrm_train_read_stalls_total"), 0);
+  EXPECT_EQ(MetricValue(text, "dlrm_train_queue_depth"), 0);
+  EXPECT_EQ(MetricValue(text, "dlrm_train_queue_capacity"), 2);
+}
+
+TEST_F(ServerTest, BadBatchEndsTheStreamAfterEarlierResults) {
+  std::vector<Batch> batches = TrainBatches(3, 64, /*seed=*/5);
+  batches[2].mutable_sparse(0)->set_ids(0, 50);
+  StreamOutcome out = RunTrainStream(trainer_.get(), batches);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(out.status.error_message().find(
+                "batch.sparse[0].ids[0] (sample 0): id 50 out of range [0, "
+                "50) (in stream message 2)"),
+            std::string::npos)
+      << out.status.error_message();
+  ASSERT_EQ(out.results.size(), 2u);
+  EXPECT_EQ(Steps(), 2);
+}
+
+TEST_F(ServerTest, ShutdownStopsStreamsAndJobsAtAStepBoundary) {
+  // A client that would stream forever.
+  std::atomic<bool> writing{true};
+  grpc::ClientContext context;
+  auto stream = trainer_->Train(&context);
+  const std::vector<Batch> batches = TrainBatches(4, 64, 12);
+  std::thread writer([&] {
+    TrainRequest request;
+    for (int i = 0; writing.load(); ++i) {
+      *request.mutable_batch() = batches[i % batches.size()];
+      if (!stream->Write(request)) break;
+    }
+  });
+  std::thread reader([&] {
+    TrainResponse response;
+    while (stream->Read(&response)) {
+    }
+  });
+  while (Steps() < 20) std::this_thread::sleep_for(milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t before = Steps();
+  server_->Shutdown(/*grace_seconds=*/5);
+  // The stream stopped at a step boundary, not after the grace period.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  const int64_t steps = Steps();
+  EXPECT_LE(steps - before, 3);
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(Steps(), steps);
+  writing = false;
+  writer.join();
+  reader.join();
+  EXPECT_FALSE(stream->Finish().ok());
+
+  // The same for a dataset job.
+  Start(Tiny(), Options());
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic();
+  request.set_batch_size(64);
+  request.set_max_steps(1000000000);
+  JobStatus started;
+  {
+    grpc::ClientContext start_context;
+    ASSERT_TRUE(trainer_->StartJob(&start_context, request, &started).ok());
+  }
+  WaitForJob(started.id(), [](const JobStatus& s) { return s.steps() > 20; });
+  server_->Shutdown();
+  const int64_t job_steps = Steps();
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(Steps(), job_steps);
+}
+
+// ------------------------------------------------------------ jobs
+
+TEST_F(ServerTest, JobStartStatusCancel) {
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic();  // endless
+  request.mutable_eval()->mutable_synthetic()->set_num_samples(1024);
+  request.set_batch_size(128);
+  request.set_max_steps(1000000000);
+  request.set_eval_interval(200);
+  JobStatus started;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
+  }
+  EXPECT_EQ(started.id(), "job-1");
+  const JobStatus running = WaitForJob(started.id(), [](const JobStatus& s) {
+    return s.state() == JobStatus::RUNNING && s.steps() >= 210;
+  });
+  ASSERT_EQ(running.state(), JobStatus::RUNNING);
+  EXPECT_GT(running.samples(), 0);
+  EXPECT_GT(running.loss(), 0);
+  EXPECT_GT(running.samples_per_second(), 0);
+  EXPECT_GT(running.elapsed_seconds(), 0);
+  EXPECT_EQ(running.eval().samples(), 1024);
+  EXPECT_GT(running.eval_reference().auc(), 0.5);
+
+  // One trainer at a time: a second job and a Train stream are refused.
+  {
+    grpc::ClientContext context;
+    JobStatus second;
+    const grpc::Status s = trainer_->StartJob(&context, request, &second);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(s.error_message().find("job job-1 is running"), std::string::npos)
+        << s.error_message();
+  }
+  StreamOutcome stream = RunTrainStream(trainer_.get(), TrainBatches(1, 8, 3));
+  EXPECT_EQ(stream.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  JobStatus cancelled;
+  {
+    grpc::ClientContext context;
+    JobId id;
+    id.set_id(started.id());
+    ASSERT_TRUE(trainer_->CancelJob(&context, id, &cancelled).ok());
+  }
+  EXPECT_EQ(cancelled.state(), JobStatus::CANCELLED);
+  const int64_t steps = Steps();
+  EXPECT_EQ(cancelled.steps(), steps);
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(Steps(), steps);
+  JobStatus after;
+  ASSERT_TRUE(GetJob(started.id(), &after).ok());
+  EXPECT_EQ(after.state(), JobStatus::CANCELLED);
+
+  // Training is free again.
+  StreamOutcome again = RunTrainStream(trainer_.get(), TrainBatches(1, 8, 3));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+
+  JobStatus missing;
+  EXPECT_EQ(GetJob("job-99", &missing).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, JobRunsToCompletionWithEvaluation) {
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic()->set_num_samples(4096);
+  request.mutable_eval()->mutable_synthetic()->set_num_samples(2048);
+  request.set_batch_size(512);
+  request.set_epochs(2);
+  JobStatus started;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
+  }
+  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
+    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
+  });
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), 16);
+  EXPECT_EQ(done.samples(), 8192);
+  EXPECT_EQ(done.eval().samples(), 2048);
+  EXPECT_GT(done.eval().auc(), 0.5);
+  EXPECT_GT(done.eval_reference().auc(), done.eval().auc() - 0.01);
+  EXPECT_EQ(Steps(), 16);
+
+  grpc::ClientContext context;
+  ListJobsResponse list;
+  ASSERT_TRUE(trainer_->ListJobs(&context, ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), started.id());
+}
+
+TEST_F(ServerTest, JobReadsCriteoTsvUnderDataDir) {
+  // label, 4 integer features, 3 hex categoricals (the tiny model's shape).
+  std::ofstream tsv(dir_ / "data" / "day.tsv");
+  for (int i = 0; i < 300; ++i) {
+    tsv << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
+        << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
+        << std::dec << "\n";
+  }
+  tsv.close();
+  JobRequest request;
+  request.mutable_train()->mutable_criteo_tsv()->add_paths("day.tsv");
+  request.set_batch_size(100);
+  JobStatus started;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
+  }
+  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
+    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
+  });
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), 3);
+  EXPECT_EQ(done.samples(), 300);
+}
+
+TEST_F(ServerTest, BadJobRequestsAreRefused) {
+  struct Case {
+    std::function<void(JobRequest*)> set;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](JobRequest* r) {}, grpc::StatusCode::INVALID_ARGUMENT,
+       "train has no source"},
+      {[](JobRequest* r) { r->mutable_train()->mutable_synthetic(); },
+       grpc::StatusCode::INVALID_ARGUMENT, "set max_steps"},
+      {[](JobRequest* r) {
+         r->mutable_train()->mutable_criteo_tsv()->add_paths("missing.tsv");
+       },
+       grpc::StatusCode::NOT_FOUND, "missing.tsv"},
+      {[](JobRequest* r) {
+         r->mutable_train()->mutable_synthetic()->set_num_samples(10);
+         r->set_batch_size(5000);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "batch_size = 5000"},
+      {[](JobRequest* r) {
+         r->mutable_train()->mutable_synthetic()->set_num_samples(10);
+         r->set_eval_interval(5);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "eval_interval is set"},
+  };
+  for (const Case& c : cases) {
+    JobRequest request;
+    c.set(&request);
+    grpc::ClientContext context;
+    JobStatus status;
+    const grpc::Status s = trainer_->StartJob(&context, request, &status);
+    EXPECT_EQ(s.error_code(), c.code) << s.error_message();
+    EXPECT_NE(s.error_message().find(c.message), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_EQ(Steps(), 0);
+}
+
+// ------------------------------------------------------------ evaluation
+
+TEST_F(ServerTest, EvaluateInlineAndDataset) {
+  auto local = model::DlrmModel::Create(Tiny());
+  ASSERT_TRUE(local.ok());
+  EvaluateRequest inline_request;
+  model::MetricsAccumulator expected;
+  for (int i = 0; i < 2; ++i) {
+    const data::Batch b = SyntheticBatch(Tiny(), 512, 40 + i);
+    *inline_request.add_batches() = ToWire(b);
+    expected.Add(LocalPredict(**local, b), b.labels);
+  }
+  const model::EvalMetrics want = expected.Compute();
+  {
+    grpc::ClientContext context;
+    EvaluateResponse response;
+    ASSERT_TRUE(trainer_->Evaluate(&context, inline_request, &response).ok());
+    EXPECT_EQ(response.metrics().samples(), 1024);
+    EXPECT_NEAR(response.metrics().auc(), want.auc, 1e-6);
+    EXPECT_NEAR(response.metrics().log_loss(), want.log_loss, 1e-6);
+    EXPECT_NEAR(response.metrics().accuracy(), want.accuracy, 1e-9);
+    EXPECT_NEAR(response.metrics().ctr(), want.ctr, 1e-9);
+    EXPECT_FALSE(response.has_reference());
+  }
+  {
+    EvaluateRequest request;
+    request.mutable_dataset()->mutable_synthetic();  // endless
+    request.set_max_samples(3000);
+    grpc::ClientContext context;
+    EvaluateResponse response;
+    ASSERT_TRUE(trainer_->Evaluate(&context, request, &response).ok());
+    EXPECT_EQ(response.metrics().samples(), 3000);
+    EXPECT_EQ(response.reference().samples(), 3000);
+    EXPECT_GT(response.reference().auc(), 0.6);
+    EXPECT_GT(response.metrics().ctr(), 0.05);
+  }
+  const std::vector<std::pair<EvaluateRequest, std::string>> bad = [&] {
+    std::vector<std::pair<EvaluateRequest, std::string>> v;
+    v.push_back({EvaluateRequest(), "set exactly one"});
+    EvaluateRequest both = inline_request;
+    both.mutable_dataset()->mutable_synthetic()->set_num_samples(10);
+    v.push_back({both, "set exactly one"});
+    EvaluateRequest endless;
+    endless.mutable_dataset()->mutable_synthetic();
+    v.push_back({endless, "set max_samples"});
+    return v;
+  }();
+  for (const auto& [request, message] : bad) {
+    grpc::ClientContext context;
+    EvaluateResponse response;
+    const grpc::Status s = trainer_->Evaluate(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find(message), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_GT(MetricValue(AdminMetrics(), "dlrm_eval_runs_total"), 0);
+}
+
+// ------------------------------------------------------------ prediction
+
+TEST_F(ServerTest, PredictEqualsModelPredictions) {
+  auto local = model::DlrmModel::Create(Tiny());
+  ASSERT_TRUE(local.ok());
+  const data::Batch b = SyntheticBatch(Tiny(), 100, 9);
+  PredictResponse response;
+  ASSERT_TRUE(Predict(ToWire(b, /*labels=*/false), &response).ok());
+  const std::vector<float> want = LocalPredict(**local, b);
+  ASSERT_EQ(response.probabilities_size(), 100);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_NEAR(response.probabilities(i), want[i], 1e-6) << "sample " << i;
+  }
+}
+
+TEST_F(ServerTest, ConcurrentPredictsAreMicroBatched) {
+  auto local = model::DlrmModel::Create(Tiny());
+  ASSERT_TRUE(local.ok());
+  constexpr int kClients = 16;
+  std::vector<data::Batch> batches;
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < kClients; ++i) {
+    batches.push_back(SyntheticBatch(Tiny(), 4 + i % 3, 200 + i));
+    want.push_back(LocalPredict(**local, batches.back()));
+  }
+  // A few rounds at most: each releases all clients at once.
+  for (int round = 0; round < 5; ++round) {
+    std::latch go(kClients);
+    std::vector<std::thread> clients;
+    std::vector<PredictResponse> responses(kClients);
+    std::vector<grpc::Status> statuses(kClients);
+    for (int i = 0; i < kClients; ++i) {
+      clients.emplace_back([&, i] {
+        go.arrive_and_wait();
+        statuses[i] = Predict(ToWire(batches[i], false), &responses[i]);
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+      ASSERT_EQ(responses[i].probabilities_size(), batches[i].size);
+      for (int s = 0; s < batches[i].size; ++s) {
+        EXPECT_NEAR(responses[i].probabilities(s), want[i][s], 1e-5)
+            << "client " << i << " sample " << s;
+      }
+    }
+    const std::string text = AdminMetrics();
+    const double calls = MetricValue(text, "dlrm_predict_batch_requests_count");
+    const double requests =
+        MetricValue(text, "dlrm_predict_batch_requests_sum");
+    EXPECT_EQ(MetricValue(text, "dlrm_predict_latency_seconds_count"),
+              kClients * (round + 1));
+    if (requests > calls) return;  // some model call served > 1 request
+  }
+  FAIL() << "no model call joined more than one request";
+}
+
+// ------------------------------------------------------------ bad input
+
+TEST_F(ServerTest, EveryBadInputIsRejectedAndChangesNothing) {
+  const data::Batch base = SyntheticBatch(Tiny(), 8, 21);
+  // Where sample 5's ids start in table 2.
+  int64_t t2_sample5 = base.sparse[2].offsets[5];
+  struct Case {
+    std::string name;
+    std::function<void(Batch*)> mutate;
+    std::string message;  // as Predict / Train report it
+    bool labels_only;     // only Train and Evaluate read labels
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<Case> cases = {
+      {"empty", [](Batch* b) { b->set_size(0); },
+       "batch.size = 0: a batch needs at least 1 sample", false},
+      {"oversized", [](Batch* b) { b->set_size(5000); },
+       "batch.size = 5000 exceeds the limit of 4096 samples", false},
+      {"dense count", [](Batch* b) { b->mutable_dense()->RemoveLast(); },
+       "batch.dense has 31 values, expected size x num_dense_features = 8 x "
+       "4 = 32",
+       false},
+      {"NaN dense", [&](Batch* b) { b->set_dense(5, nan); },
+       "batch.dense[5] (sample 1, feature 1): value is NaN", false},
+      {"Inf dense", [&](Batch* b) { b->set_dense(30, inf); },
+       "batch.dense[30] (sample 7, feature 2): value is +Inf", false},
+      {"sparse count", [](Batch* b) { b->mutable_sparse()->RemoveLast(); },
+       "batch.sparse has 2 features, the model has 3 tables", false},
+      {"lengths count",
+       [](Batch* b) { b->mutable_sparse(1)->mutable_lengths()->RemoveLast(); },
+       "batch.sparse[1].lengths has 7 entries, expected one per sample (8)",
+       false},
+      {"negative length",
+       [](Batch* b) { b->mutable_sparse(1)->set_lengths(2, -1); },
+       "batch.sparse[1].lengths[2] (sample 2): length -1 is negative", false},
+      {"lengths sum", [](Batch* b) { b->mutable_sparse(0)->add_ids(0); },
+       "batch.sparse[0].lengths sum to 8 but batch.sparse[0].ids has 9 ids",
+       false},
+      {"id out of range",
+       [&](Batch* b) { b->mutable_sparse(2)->set_ids(t2_sample5, 100); },
+       "batch.sparse[2].ids[" + std::to_string(t2_sample5) +
+           "] (sample 5): id 100 out of range [0, 100)",
+       false},
+      {"negative id", [](Batch* b) { b->mutable_sparse(0)->set_ids(3, -1); },
+       "batch.sparse[0].ids[3] (sample 3): id -1 out of range [0, 50)", false},
+      {"label not 0/1", [](Batch* b) { b->set_labels(3, 0.5f); },
+       "batch.labels[3] (sample 3): label 0.5 must be 0 or 1", true},
+      {"NaN label", [&](Batch* b) { b->set_labels(2, nan); },
+       "batch.labels[2] (sample 2): label nan must be 0 or 1", true},
+      {"labels missing", [](Batch* b) { b->clear_labels(); },
+       "batch.labels has 0 values, expected one per sample (8)", true},
+  };
+  const uint64_t checksum = Checksum();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Batch bad = ToWire(base);
+    c.mutate(&bad);
+    if (!c.labels_only) {
+      PredictResponse response;
+      const grpc::Status s = Predict(bad, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_NE(s.error_message().find(c.message), std::string::npos)
+          << s.error_message();
+    }
+    StreamOutcome out = RunTrainStream(trainer_.get(), {bad});
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(out.status.error_message().find(c.message), std::string::npos)
+        << out.status.error_message();
+    EXPECT_TRUE(out.results.empty());
+
+    EvaluateRequest eval;
+    *eval.add_batches() = ToWire(base);
+    *eval.add_batches() = bad;
+    grpc::ClientContext context;
+    EvaluateResponse response;
+    const grpc::Status s = trainer_->Evaluate(&context, eval, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    std::string eval_message = c.message;
+    for (size_t at = eval_message.find("batch."); at != std::string::npos;
+         at = eval_message.find("batch.", at)) {
+      eval_message.replace(at, 6, "batches[1].");
+      at += 11;
+    }
+    EXPECT_NE(s.error_message().find(eval_message), std::string::npos)
+        << s.error_message();
+    EXPECT_EQ(Checksum(), checksum);
+    EXPECT_EQ(Steps(), 0);
+  }
+  EXPECT_GE(MetricValue(AdminMetrics(),
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Predictor/"
+                        "Predict\",code=\"INVALID_ARGUMENT\"}"),
+            11);
+}
+
+TEST_F(ServerTest, OversizedMessageIsRefusedAndServingGoesOn) {
+  // A 2.4 MB message against the fixture's 1 MiB limit.
+  Batch huge = ToWire(SyntheticBatch(Tiny(), 4, 1), false);
+  for (int i = 0; i < 600000; ++i) huge.add_dense(1.0f);
+  PredictResponse response;
+  const grpc::Status s = Predict(huge, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  StreamOutcome out = RunTrainStream(trainer_.get(), {huge});
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << out.status.error_message();
+  EXPECT_EQ(Steps(), 0);
+  // The server keeps serving, and training is free again.
+  ASSERT_TRUE(
+      Predict(ToWire(SyntheticBatch(Tiny(), 4, 1), false), &response).ok());
+  EXPECT_EQ(response.probabilities_size(), 4);
+  StreamOutcome again = RunTrainStream(trainer_.get(), TrainBatches(2, 16, 2));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(Steps(), 2);
+}
+
+// ------------------------------------------------------------ admin
+
+TEST_F(ServerTest, ModelInfo) {
+  grpc::ClientContext context;
+  ModelInfo info;
+  ASSERT_TRUE(admin_->GetModelInfo(&context, ModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.config().tables_size(), 3);
+  EXPECT_EQ(info.embedding_parameters(), EmbeddingParameterCount(Tiny()));
+  EXPECT_EQ(info.dense_parameters(), DenseParameterCount(Tiny()));
+  EXPECT_EQ(info.world_size(), 1);
+  EXPECT_EQ(info.steps(), 0);
+  EXPECT_FALSE(info.inference_only());
+  EXPECT_NE(info.sharding_plan().find("rank 0"), std::string::npos);
+  EXPECT_NE(info.sharding_plan().find("t2 (100 x 4)"), std::string::npos);
+  // Weights only (SGD keeps no optimizer state): 4 bytes per parameter.
+  EXPECT_EQ(info.memory_bytes().at("host"),
+            4 * (info.embedding_parameters() + info.dense_parameters()));
+}
+
+TEST_F(ServerTest, CheckpointRoundTrip) {
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(5, 64, 7)).status.ok());
+  const uint64_t saved = Checksum();
+  CheckpointResponse response;
+  ASSERT_TRUE(Checkpoint("run1", /*save=*/true, &response).ok());
+  EXPECT_EQ(response.step(), 5);
+  EXPECT_GT(response.bytes(), 0);
+  EXPECT_TRUE(fs::exists(dir_ / "checkpoints" / "run1"));
+
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(3, 64, 8)).status.ok());
+  EXPECT_NE(Checksum(), saved);
+  EXPECT_EQ(Steps(), 8);
+
+  // An absolute path inside --checkpoint-dir is fine too.
+  ASSERT_TRUE(Checkpoint((dir_ / "checkpoints" / "run1").string(),
+                         /*save=*/false, &response)
+                  .ok());
+  EXPECT_EQ(response.step(), 5);
+  EXPECT_EQ(Checksum(), saved);
+  EXPECT_EQ(Steps(), 5);
+
+  EXPECT_EQ(Checkpoint("nothing-here", false, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, CheckpointPathEscapeIsRefused) {
+  const std::vector<std::string> paths = {
+      "../outside", "a/../../outside", (dir_ / "outside").string(), "/tmp", ""};
+  for (const std::string& path : paths) {
+    for (bool save : {true, false}) {
+      CheckpointResponse response;
+      const grpc::Status s = Checkpoint(path, save, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << path << ": " << s.error_message();
+      EXPECT_NE(s.error_message().find("path"), std::string::npos);
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "outside"));
+  // `..` that stays inside is fine.
+  CheckpointResponse response;
+  EXPECT_TRUE(Checkpoint("a/../inside", true, &response).ok());
+  EXPECT_TRUE(fs::exists(dir_ / "checkpoints" / "inside"));
+}
+
+TEST_F(ServerTest, InferenceOnlyServerServesButDoesNotTrain) {
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(3, 64, 7)).status.ok());
+  CheckpointResponse response;
+  ASSERT_TRUE(Checkpoint("weights", true, &response).ok());
+  const data::Batch b = SyntheticBatch(Tiny(), 16, 77);
+  PredictResponse trained;
+  ASSERT_TRUE(Predict(ToWire(b, false), &trained).ok());
+
+  auto model = model::LoadCheckpoint(
+      (dir_ / "checkpoints" / "weights").string(), /*weights_only=*/true);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ServerOptions o = Options();
+  o.inference_only = true;
+  auto server = DlrmServer::Start(*std::move(model), o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = Connect((*server)->address());
+  auto trainer = Trainer::NewStub(channel);
+  auto predictor = Predictor::NewStub(channel);
+  auto admin = Admin::NewStub(channel);
+
+  PredictResponse served;
+  {
+    grpc::ClientContext context;
+    PredictRequest request;
+    *request.mutable_batch() = ToWire(b, false);
+    ASSERT_TRUE(predictor->Predict(&context, request, &served).ok());
+  }
+  ASSERT_EQ(served.probabilities_size(), 16);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_FLOAT_EQ(served.probabilities(i), trained.probabilities(i));
+  }
+  EXPECT_EQ(
+      RunTrainStream(trainer.get(), TrainBatches(1, 8, 1)).status.error_code(),
+      grpc::StatusCode::FAILED_PRECONDITION);
+  {
+    grpc::ClientContext context;
+    CheckpointRequest request;
+    request.set_path("again");
+    CheckpointResponse r;
+    EXPECT_EQ(admin->SaveCheckpoint(&context, request, &r).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext context;
+    CheckpointRequest request;
+    request.set_path("weights");
+    CheckpointResponse r;
+    EXPECT_TRUE(admin->RestoreCheckpoint(&context, request, &r).ok());
+    EXPECT_EQ(r.step(), 3);
+  }
+  grpc::ClientContext context;
+  ModelInfo info;
+  ASSERT_TRUE(admin->GetModelInfo(&context, ModelInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.inference_only());
+  EXPECT_EQ(info.steps(), 3);
+}
+
+// ------------------------------------------------------------ metrics
+
+TEST_F(ServerTest, MetricsOverHttpParseAndNameTheSeries) {
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(4, 64, 7)).status.ok());
+  PredictResponse response;
+  ASSERT_TRUE(
+      Predict(ToWire(SyntheticBatch(Tiny(), 8, 3), false), &response).ok());
+  {
+    EvaluateRequest request;
+    *request.add_batches() = ToWire(SyntheticBatch(Tiny(), 256, 4));
+    grpc::ClientContext context;
+    EvaluateResponse r;
+    ASSERT_TRUE(trainer_->Evaluate(&context, request, &r).ok());
+  }
+  const std::string address = server_->metrics_address();
+  const size_t colon = address.rfind(':');
+  httplib::Client http(address.substr(0, colon),
+                       std::stoi(address.substr(colon + 1)));
+  auto result = http.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_NE(result->get_header_value("Content-Type").find("text/plain"),
+            std::string::npos);
+  const std::string& text = result->body;
+
+  // Every line is a comment or `name{labels} value`.
+  const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? (NaN|[+-]Inf|[-+0-9.eE]+)$)");
+  std::set<std::string> names;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      EXPECT_TRUE(line.rfind("# HELP ", 0) == 0 ||
+                  line.rfind("# TYPE ", 0) == 0)
+          << line;
+      continue;
+    }
+    EXPECT_TRUE(std::regex_match(line, sample)) << line;
+    names.insert(line.substr(0, line.find_first_of("{ ")));
+  }
+  for (const char* name :
+       {"dlrm_model_steps", "dlrm_train_steps_total",
+        "dlrm_train_samples_total", "dlrm_train_samples_per_second",
+        "dlrm_train_loss", "dlrm_train_stage_seconds",
+        "dlrm_train_stage_seconds_total", "dlrm_train_queue_depth",
+        "dlrm_train_queue_capacity", "dlrm_eval_auc", "dlrm_eval_log_loss",
+        "dlrm_predict_latency_seconds_bucket",
+        "dlrm_predict_latency_seconds_sum",
+        "dlrm_predict_latency_seconds_count",
+        "dlrm_predict_batch_samples_bucket", "dlrm_predict_batch_requests_sum",
+        "dlrm_grpc_requests_total"}) {
+    EXPECT_TRUE(names.count(name)) << name;
+  }
+  EXPECT_EQ(MetricValue(text, "dlrm_model_steps"), 4);
+  EXPECT_EQ(MetricValue(text, "dlrm_train_samples_total"), 256);
+  EXPECT_GT(MetricValue(text, "dlrm_train_samples_per_second"), 0);
+  EXPECT_GT(MetricValue(text, "dlrm_train_loss"), 0);
+  EXPECT_GT(MetricValue(text, "dlrm_eval_auc"), 0);
+  EXPECT_GE(
+      MetricValue(text, "dlrm_train_stage_seconds_total{stage=\"emb_fwd\"}"),
+      0);
+  EXPECT_EQ(MetricValue(text, "dlrm_predict_batch_samples_sum"), 8);
+  EXPECT_EQ(MetricValue(text,
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Trainer/"
+                        "Train\",code=\"OK\"}"),
+            1);
+  // Admin.GetMetrics serves the same series.
+  const std::string admin = AdminMetrics();
+  EXPECT_EQ(MetricValue(admin, "dlrm_train_samples_total"), 256);
+  EXPECT_NE(admin.find("dlrm_predict_latency_seconds_bucket"),
+            std::string::npos);
+}
+
+// ------------------------------------------------------------ health and
+// reflection, through generic calls built from the protocols' descriptors
+// (neither ships C++ stubs in Debian's gRPC).
+
+constexpr char kProtocols[] = R"pb(
+  name: "server_test_protocols.proto"
+  syntax: "proto3"
+  message_type {
+    name: "HealthCheckRequest"
+    field { name: "service" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL }
+  }
+  message_type {
+    name: "HealthCheckResponse"
+    field { name: "status" number: 1 type: TYPE_INT32 label: LABEL_OPTIONAL }
+  }
+  message_type {
+    name: "ServerReflectionRequest"
+    field { name: "host" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL }
+    field {
+      name: "list_services"
+      number: 7
+      type: TYPE_STRING
+      label: LABEL_OPTIONAL
+    }
+  }
+  message_type {
+    name: "ServiceResponse"
+    field { name: "name" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL }
+  }
+  message_type {
+    name: "ListServiceResponse"
+    field {
+      name: "service"
+      number: 1
+      type: TYPE_MESSAGE
+      type_name: ".ServiceResponse"
+      label: LABEL_REPEATED
+    }
+  }
+  message_type {
+    name: "ServerReflectionResponse"
+    field {
+      name: "list_services_response"
+      number: 6
+      type: TYPE_MESSAGE
+      type_name: ".ListServiceResponse"
+      label: LABEL_OPTIONAL
+    }
+  }
+)pb";
+
+class Protocols {
+ public:
+  Protocols() {
+    google::protobuf::FileDescriptorProto file;
+    EXPECT_TRUE(
+        google::protobuf::TextFormat::ParseFromString(kProtocols, &file));
+    EXPECT_NE(pool_.BuildFile(file), nullptr);
+  }
+  std::unique_ptr<google::protobuf::Message> New(const std::string& name) {
+    return std::unique_ptr<google::protobuf::Message>(
+        factory_.GetPrototype(pool_.FindMessageTypeByName(name))->New());
+  }
+
+ private:
+  google::protobuf::DescriptorPool pool_;
+  google::protobuf::DynamicMessageFactory factory_;
+};
+
+grpc::ByteBuffer ToBuffer(const google::protobuf::Message& m) {
+  const std::string bytes = m.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+bool FromBuffer(const grpc::ByteBuffer& buffer, google::protobuf::Message* m) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return m->ParseFromString(bytes);
+}
+
+// Waits for the next completion-queue event; true when it succeeded.
+bool Await(grpc::CompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  return cq->Next(&tag, &ok) && ok;
+}
+
+TEST_F(ServerTest, HealthIsServing) {
+  Protocols protocols;
+  grpc::GenericStub stub(channel_);
+  for (const std::string service :
+       {"", "dlrm.Trainer", "dlrm.Predictor", "dlrm.Admin"}) {
+    auto request = protocols.New("HealthCheckRequest");
+    request->GetReflection()->SetString(
+        request.get(), request->GetDescriptor()->FindFieldByName("service"),
+        service);
+    grpc::CompletionQueue cq;
+    grpc::ClientContext context;
+    const grpc::ByteBuffer bytes = ToBuffer(*request);
+    auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
+                                      bytes, &cq);
+    call->StartCall();
+    grpc::ByteBuffer reply;
+    grpc::Status status;
+    call->Finish(&reply, &status, nullptr);
+    ASSERT_TRUE(Await(&cq));
+    ASSERT_TRUE(status.ok()) << service << ": " << status.error_message();
+    auto response = protocols.New("HealthCheckResponse");
+    ASSERT_TRUE(FromBuffer(reply, response.get()));
+    EXPECT_EQ(
+        response->GetReflection()->GetInt32(
+            *response, response->GetDescriptor()->FindFieldByName("status")),
+        1)  // SERVING
+        << service;
+  }
+}
+
+TEST_F(ServerTest, ReflectionListsTheServices) {
+  Protocols protocols;
+  grpc::GenericStub stub(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  auto call = stub.PrepareCall(
+      &context,
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  auto request = protocols.New("ServerReflectionRequest");
+  request->GetReflection()->SetString(
+      request.get(), request->GetDescriptor()->FindFieldByName("list_services"),
+      "*");
+  call->Write(ToBuffer(*request), nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::ByteBuffer reply;
+  call->Read(&reply, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  call->WritesDone(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+
+  auto response = protocols.New("ServerReflectionResponse");
+  ASSERT_TRUE(FromBuffer(reply, response.get()));
+  const auto* list_field =
+      response->GetDescriptor()->FindFieldByName("list_services_response");
+  const google::protobuf::Message& list =
+      response->GetReflection()->GetMessage(*response, list_field);
+  const auto* service_field = list.GetDescriptor()->FindFieldByName("service");
+  std::set<std::string> names;
+  for (int i = 0; i < list.GetReflection()->FieldSize(list, service_field);
+       ++i) {
+    const google::protobuf::Message& s =
+        list.GetReflection()->GetRepeatedMessage(list, service_field, i);
+    names.insert(s.GetReflection()->GetString(
+        s, s.GetDescriptor()->FindFieldByName("name")));
+  }
+  for (const char* name : {"dlrm.Trainer", "dlrm.Predictor", "dlrm.Admin",
+                           "grpc.health.v1.Health"}) {
+    EXPECT_TRUE(names.count(name)) << name;
+  }
+}
+
+// ------------------------------------------------------------ the binary
+
+std::string ServerBinary() {
+  if (const char* env = std::getenv("DLRM_SERVER")) return env;
+  // build/tests/server_test -> build/server/dlrm_server
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
+          "server" / "dlrm_server")
+      .string();
+}
+
+TEST(ServerBinaryTest, StartsOnPortZeroAndExitsCleanlyOnSigterm) {
+  const std::string binary = ServerBinary();
+  ASSERT_TRUE(fs::exists(binary))
+      << binary << " is missing: build the dlrm_server target";
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execl(binary.c_str(), binary.c_str(), "--config", "tiny", "--listen",
+          "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-level",
+          "warn", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  // Read the first line, with a deadline.
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(20000);
+  while (line.find('\n') == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buffer[256];
+    const ssize_t n = read(out[0], buffer, sizeof(buffer));
+    if (n <= 0) break;
+    line.append(buffer, n);
+  }
+  close(out[0]);
+  std::smatch match;
+  const bool parsed = std::regex_search(
+      line, match,
+      std::regex(R"(^dlrm_server: listening on (127\.0\.0\.1:(\d+)) metrics )"
+                 R"(127\.0\.0\.1:(\d+)\n)"));
+  EXPECT_TRUE(parsed) << "first line: " << line;
+  if (parsed) {
+    EXPECT_NE(match[2], "0");
+    auto admin = Admin::NewStub(Connect(match[1]));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + milliseconds(5000));
+    ModelInfo info;
+    const grpc::Status s =
+        admin->GetModelInfo(&context, ModelInfoRequest(), &info);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(info.config().tables_size(), 3);
+  }
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(milliseconds(50));
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "dlrm_server did not exit within 10 s of SIGTERM";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// ------------------------------------------------------------ units
+
+TEST(ResolveUnderTest, KeepsPathsInsideTheRoot) {
+  const fs::path root = MakeTempDir("resolve");
+  auto inside = ResolveUnder(root.string(), "a/b", "path");
+  ASSERT_TRUE(inside.ok());
+  EXPECT_EQ(*inside, (fs::weakly_canonical(root) / "a" / "b").string());
+  EXPECT_EQ(ResolveUnder(root.string(), "../x", "path").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A symbolic link that leads out is an escape too.
+  fs::create_directory_symlink("/tmp", root / "link");
+  EXPECT_EQ(ResolveUnder(root.string(), "link/x", "path").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // No root: any path as given.
+  EXPECT_EQ(*ResolveUnder("", "../x", "path"), "../x");
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace dlrm::server
