@@ -85,7 +85,23 @@ ModelConfig ScenarioConfig(const std::string& scenario, int world) {
   return c;
 }
 
-// The global batches every rank (and the reference) trains on.
+// Empties the bag of every fifth sample of `feature` (the synthetic source
+// never makes empty bags).
+void EmptySomeBags(data::SparseFeature& feature) {
+  data::SparseFeature out;
+  out.offsets.push_back(0);
+  for (int64_t s = 0; s < feature.num_bags(); ++s) {
+    if (s % 5 != 0) {
+      out.ids.insert(out.ids.end(), feature.ids.begin() + feature.offsets[s],
+                     feature.ids.begin() + feature.offsets[s + 1]);
+    }
+    out.offsets.push_back(static_cast<int64_t>(out.ids.size()));
+  }
+  feature = std::move(out);
+}
+
+// The global batches every rank (and the reference) trains on, with empty
+// bags in a mean-pooled and a sum-pooled multi-hot table.
 std::vector<data::Batch> GlobalBatches(const ModelConfig& c, int64_t size) {
   data::SyntheticOptions o;
   o.sample_seed = 99;
@@ -95,6 +111,8 @@ std::vector<data::Batch> GlobalBatches(const ModelConfig& c, int64_t size) {
   for (auto& b : batches) {
     auto more = (*src)->Next(size, &b);
     EXPECT_TRUE(more.ok() && *more);
+    EmptySomeBags(b.sparse[1]);
+    EmptySomeBags(b.sparse[2]);
   }
   return batches;
 }
@@ -376,6 +394,9 @@ std::vector<Case> Cases() {
     for (int world : {1, 2, 3, 4}) cases.push_back({s, world, 37});
   }
   cases.push_back({"one_owner", 3, 37});
+  // No pins: the planner's own choice (it replicates the 7-row table).
+  cases.push_back({"planner", 2, 37});
+  cases.push_back({"planner", 3, 37});
   // Fewer samples than ranks: rank 0 has none.
   cases.push_back({"mixed", 4, 3});
   return cases;
