@@ -30,6 +30,11 @@
 #include "comm/gloo_communicator.h"
 #include "core/random.h"
 #include "core/status.h"
+#if defined(DLRM_WITH_NCCL)
+#include <cuda_runtime_api.h>
+
+#include "comm/nccl_communicator.h"
+#endif
 
 extern char** environ;
 
@@ -906,6 +911,62 @@ TEST_F(CommProcessTest, StoppedRankMakesTheOthersTimeOut) {
   flags["op_timeout"] = "1.5";
   ExpectPeerFailureDetected(dir_, flags, 3, SIGSTOP, 5);
 }
+
+#if defined(DLRM_WITH_NCCL)
+// The NCCL communicator (built whenever CUDA is found). One GPU allows one
+// rank per communicator, so the collectives run at world size 1 here; the
+// multi-GPU runs come with the CUDA backend's tests.
+TEST(CommNcclTest, OptionsValidate) {
+  NcclOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.world_size = 2;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o.coordinator_address = "127.0.0.1:1";
+  EXPECT_TRUE(o.Validate().ok());
+  o.rank = 2;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CommNcclTest, SingleRankCollectivesOnDeviceBuffers) {
+  if (!CudaDeviceAvailable()) {
+    // Without a device ConnectNccl must refuse cleanly, never abort.
+    EXPECT_EQ(ConnectNccl(NcclOptions{}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << "no CUDA device in this process: NCCL collectives not run";
+  }
+  auto comm = ConnectNccl(NcclOptions{});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const std::vector<float> host = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+  const size_t bytes = host.size() * sizeof(float);
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, host.data(), bytes, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<float> back(host.size());
+  ASSERT_TRUE((*comm)->AllReduceSum(a, 5, DataType::kFloat32).ok());
+  ASSERT_EQ(cudaMemcpy(back.data(), a, bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(back, host);
+  const int64_t counts[1] = {5};
+  ASSERT_TRUE(
+      (*comm)->AllToAllV(a, counts, b, counts, DataType::kFloat32).ok());
+  ASSERT_EQ(cudaMemcpy(back.data(), b, bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(back, host);
+  ASSERT_TRUE((*comm)->AllGather(a, 5, b, DataType::kFloat32).ok());
+  ASSERT_TRUE((*comm)->Broadcast(b, 5, DataType::kFloat32, 0).ok());
+  ASSERT_EQ(cudaMemcpy(back.data(), b, bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(back, host);
+  EXPECT_TRUE((*comm)->Barrier().ok());
+  EXPECT_EQ((*comm)->Broadcast(b, 5, DataType::kFloat32, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  cudaFree(a);
+  cudaFree(b);
+}
+#endif  // DLRM_WITH_NCCL
 
 }  // namespace
 }  // namespace dlrm::comm
