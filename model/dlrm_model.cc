@@ -12,36 +12,14 @@
 #include "core/status.h"
 #include "dense/interaction.h"
 #include "dense/loss.h"
+#include "model/step_util.h"
 
 namespace dlrm::model {
 namespace {
 
-class StageClock {
- public:
-  explicit StageClock(StageTimes* times) : times_(times) { Restart(); }
-  void Restart() { start_ = std::chrono::steady_clock::now(); }
-  // Charges the time since the last mark to `stage`.
-  void Mark(int stage) {
-    const auto now = std::chrono::steady_clock::now();
-    times_->seconds[stage] +=
-        std::chrono::duration<double>(now - start_).count();
-    start_ = now;
-  }
-
- private:
-  StageTimes* times_;
-  std::chrono::steady_clock::time_point start_;
-};
-
-template <typename Vec>
-float* Sized(Vec& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  return v.data();
-}
-
-std::vector<int> Widths(const google::protobuf::RepeatedField<int32_t>& w) {
-  return {w.begin(), w.end()};
-}
+using internal::Sized;
+using internal::Widths;
+using StageClock = internal::StageClock<StageTimes>;
 
 }  // namespace
 

@@ -18,37 +18,16 @@
 #include "core/status.h"
 #include "dense/interaction.h"
 #include "dense/loss.h"
+#include "model/step_util.h"
 
 namespace dlrm::model {
 namespace {
 
 using comm::DataType;
 
-class StageClock {
- public:
-  explicit StageClock(HybridStageTimes* times) : times_(times) { Restart(); }
-  void Restart() { start_ = std::chrono::steady_clock::now(); }
-  void Mark(int stage) {
-    const auto now = std::chrono::steady_clock::now();
-    times_->seconds[stage] +=
-        std::chrono::duration<double>(now - start_).count();
-    start_ = now;
-  }
-
- private:
-  HybridStageTimes* times_;
-  std::chrono::steady_clock::time_point start_;
-};
-
-template <typename Vec>
-auto* Sized(Vec& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  return v.data();
-}
-
-std::vector<int> Widths(const google::protobuf::RepeatedField<int32_t>& w) {
-  return {w.begin(), w.end()};
-}
+using internal::Sized;
+using internal::Widths;
+using StageClock = internal::StageClock<HybridStageTimes>;
 
 // Whether id `id` of a bag belongs to `shard` (rows only matter).
 inline bool InRows(const embedding::Shard& shard, int64_t id) {
@@ -163,6 +142,15 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
                    dense::DenseOptimizer::Create(config.dense_optimizer(),
                                                  m->dense_params_));
   return m;
+}
+
+std::vector<HybridModel::ShardState> HybridModel::LocalShards() {
+  std::vector<ShardState> out;
+  out.reserve(local_.size());
+  for (LocalShard& s : local_) {
+    out.push_back({s.table, s.shard, s.storage.get()});
+  }
+  return out;
 }
 
 absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch) {
