@@ -323,6 +323,11 @@ struct Case {
   int64_t global_batch;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.scenario << " on " << c.world << " ranks, global batch "
+      << c.global_batch;
+}
+
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
   return info.param.scenario + "_r" + std::to_string(info.param.world) + "_b" +
          std::to_string(info.param.global_batch);
