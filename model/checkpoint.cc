@@ -125,30 +125,6 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
   return ss.str();
 }
 
-absl::Status WriteTextFile(const fs::path& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot write ", path.string()));
-  }
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) return absl::InternalError(absl::StrCat("writing ", path.string()));
-  return absl::OkStatus();
-}
-
-absl::Status SyncDirectory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0)
-    return absl::InternalError(absl::StrCat("cannot open ", dir.string()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0)
-    return absl::InternalError(absl::StrCat("cannot sync ", dir.string()));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir) {
   if (!fs::exists(dir / kManifest)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir.string(),
@@ -218,6 +194,56 @@ absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
 
 }  // namespace
 
+absl::Status WriteTextFile(const std::string& path_name,
+                           const std::string& text) {
+  const fs::path path(path_name);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  }
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) return absl::InternalError(absl::StrCat("writing ", path.string()));
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot open ", dir.string()));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("cannot sync ", dir.string()));
+  return absl::OkStatus();
+}
+
+absl::Status CommitDirectory(const std::string& tmp_name,
+                             const std::string& dir_name) {
+  const fs::path tmp(tmp_name);
+  const fs::path dir = fs::path(dir_name).lexically_normal();
+  std::error_code ec;
+  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
+  if (fs::exists(dir)) {
+    fs::rename(dir, old, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat(
+          "cannot move the old ", dir.string(), ": ", ec.message()));
+    }
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename into ", dir.string(), ": ", ec.message()));
+  }
+  RETURN_IF_ERROR(SyncDirectory(dir.parent_path().string()));
+  fs::remove_all(old, ec);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
                                               const std::string& dir_name) {
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
@@ -244,7 +270,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
                                    OptimizerTensors(model), meta));
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config(), &config_text);
-  RETURN_IF_ERROR(WriteTextFile(tmp / kConfig, config_text));
+  RETURN_IF_ERROR(WriteTextFile((tmp / kConfig).string(), config_text));
 
   nlohmann::json manifest = {{"format", "dlrm-server-checkpoint"},
                              {"version", 1},
@@ -257,24 +283,11 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
     info.bytes += bytes;
   }
   // The manifest is written last: its presence marks a complete checkpoint.
-  RETURN_IF_ERROR(WriteTextFile(tmp / kManifest, manifest.dump(2) + "\n"));
-  RETURN_IF_ERROR(SyncDirectory(tmp));
+  RETURN_IF_ERROR(
+      WriteTextFile((tmp / kManifest).string(), manifest.dump(2) + "\n"));
+  RETURN_IF_ERROR(SyncDirectory(tmp.string()));
 
-  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
-  if (fs::exists(dir)) {
-    fs::rename(dir, old, ec);
-    if (ec) {
-      return absl::InternalError(absl::StrCat(
-          "cannot move the old ", dir.string(), ": ", ec.message()));
-    }
-  }
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename into ", dir.string(), ": ", ec.message()));
-  }
-  RETURN_IF_ERROR(SyncDirectory(dir.parent_path()));
-  fs::remove_all(old, ec);
+  RETURN_IF_ERROR(CommitDirectory(tmp.string(), dir.string()));
   return info;
 }
 

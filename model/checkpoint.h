@@ -36,6 +36,17 @@ absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
 absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
     const std::string& dir, bool weights_only);
 
+// Helpers shared with the multi-rank checkpoints of server/rank_group.h.
+// Each returns Internal naming the path on an I/O error.
+//
+// Writes `text` to `path` (replacing it) and syncs it to disk.
+absl::Status WriteTextFile(const std::string& path, const std::string& text);
+// Syncs the directory `dir` (its entries) to disk.
+absl::Status SyncDirectory(const std::string& dir);
+// Moves the complete directory `tmp` to `dir`, replacing what `dir` held
+// only once `tmp` is in place; syncs the parent.
+absl::Status CommitDirectory(const std::string& tmp, const std::string& dir);
+
 // Writes only the weights as one safetensors file (the export for PyTorch).
 absl::Status ExportSafetensors(DlrmModel& model, const std::string& path);
 

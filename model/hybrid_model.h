@@ -93,6 +93,24 @@ class HybridModel {
   const ModelConfig& config() const { return config_; }
   const embedding::ShardingPlan& plan() const { return plan_; }
   int64_t steps() const { return steps_; }
+  // For checkpoints, which restore the step count with it.
+  void set_steps(int64_t steps) { steps_ = steps; }
+
+  // A shard this rank holds, for checkpoints: the plan's table and shard
+  // index and its storage (valid while the model lives).
+  struct ShardState {
+    int table;
+    int shard;
+    embedding::EmbeddingTable* storage;
+  };
+  // This rank's shards (data-parallel replicas included), in table then
+  // shard order.
+  std::vector<ShardState> LocalShards();
+  // The MLPs' parameters ("bottom_mlp.0.weight", ...) and their optimizer.
+  const std::vector<dense::ParamRef>& dense_params() const {
+    return dense_params_;
+  }
+  dense::DenseOptimizer& dense_optimizer() { return *dense_optimizer_; }
   dense::Mlp& bottom() { return bottom_; }
   dense::Mlp& top() { return top_; }
 

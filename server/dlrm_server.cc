@@ -90,12 +90,24 @@ DlrmServer::~DlrmServer() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
     std::unique_ptr<model::DlrmModel> model, ServerOptions options) {
   RETURN_IF_ERROR(options.Validate());
+  ModelHostOptions host_options;
+  host_options.inference_only = options.inference_only;
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelHost> host,
+                   ModelHost::Create(std::move(model), host_options));
+  return Start(std::move(host), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
+    std::unique_ptr<ModelHost> model_host, ServerOptions options) {
+  RETURN_IF_ERROR(options.Validate());
+  if (model_host == nullptr ||
+      model_host->inference_only() != options.inference_only) {
+    return absl::InvalidArgumentError(
+        "DlrmServer needs a host whose inference_only matches the options");
+  }
   std::unique_ptr<DlrmServer> s(new DlrmServer(std::move(options)));
   const ServerOptions& o = s->options_;
-
-  ModelHostOptions host_options;
-  host_options.inference_only = o.inference_only;
-  ASSIGN_OR_RETURN(s->host_, ModelHost::Create(std::move(model), host_options));
+  s->host_ = std::move(model_host);
   s->work_ = std::make_unique<WorkQueue>(o.work_threads);
   PredictBatcherOptions batcher;
   batcher.max_batch_samples = o.predict_max_batch;

@@ -72,6 +72,12 @@ class DlrmServer {
   static absl::StatusOr<std::unique_ptr<DlrmServer>> Start(
       std::unique_ptr<model::DlrmModel> model, ServerOptions options);
 
+  // Serves the model behind `host` (non-null), e.g. the leader of a
+  // multi-rank job; options.inference_only must equal the host's
+  // (InvalidArgument otherwise). Errors as above.
+  static absl::StatusOr<std::unique_ptr<DlrmServer>> Start(
+      std::unique_ptr<ModelHost> host, ServerOptions options);
+
   // Shutdown().
   ~DlrmServer();
 

@@ -6,16 +6,28 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "comm/coordinator.h"
+#include "comm/gloo_communicator.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
+#include "model/hybrid_model.h"
 #include "server/dlrm_server.h"
+#include "server/rank_group.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -30,7 +42,16 @@ struct Flags {
   int threads = 0;
   int64_t max_message_mb = 64;
   bool checkpoint_on_exit = false;
+  // Multi-rank jobs (docs/server.md "Multiple ranks").
+  int world_size = 1;
+  int rank = 0;
+  std::string coordinator;
+  int64_t memory_budget_mb = 0;
+  double comm_timeout_s = 120;
 };
+
+// How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
+constexpr int kFollowerGraceSeconds = 10;
 
 // Where --checkpoint-on-exit writes, under --checkpoint-dir.
 constexpr char kExitCheckpoint[] = "final";
@@ -51,9 +72,153 @@ absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(const Flags& f) {
   return model::DlrmModel::Create(config);
 }
 
+// Rank `f.rank` of a job of several: rank 0 hosts the coordinator at
+// --coordinator, every rank connects through it and builds its part of the
+// model from the same (deterministic) plan; rank 0 serves the public
+// services and leads, the others follow until rank 0 says Shutdown.
+// `signals` are blocked (Run below).
+absl::Status RunRank(Flags& f, const sigset_t& signals) {
+  if (f.rank < 0 || f.rank >= f.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank ", f.rank, " is not in [0, --world-size ", f.world_size, ")"));
+  }
+  if (f.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--world-size > 1 needs --coordinator HOST:PORT (rank 0 listens "
+        "there, the others dial it)");
+  }
+  if (f.server.inference_only) {
+    return absl::InvalidArgumentError(
+        "--inference-only serves on one rank only");
+  }
+  if (!(f.comm_timeout_s > 0) || f.memory_budget_mb < 0) {
+    return absl::InvalidArgumentError(
+        "--comm-timeout-s must be positive and --memory-budget-mb >= 0");
+  }
+  // Signals arrive on this thread. Until rank 0 serves (ConnectGloo may
+  // wait minutes for the other ranks) and on followers they end the process
+  // at once: there is nothing to save. Once rank 0 serves, they start the
+  // orderly shutdown below.
+  // Static: the detached thread may outlive this function.
+  static std::mutex signal_mu;
+  static std::condition_variable signal_cv;
+  static int signal = 0;  // guarded by signal_mu
+  static std::atomic<bool> serving{false};
+  static std::atomic<bool> following{false};
+  static sigset_t waited;
+  waited = signals;
+  std::thread([] {
+    int received = 0;
+    sigwait(&waited, &received);
+    if (following.load()) {
+      // A terminal's Ctrl-C reaches every rank at once: leave rank 0 the
+      // time to finish its step and end the job in order.
+      spdlog::info("signal {}: waiting up to {} s for rank 0 to end the job",
+                   received, kFollowerGraceSeconds);
+      std::this_thread::sleep_for(std::chrono::seconds(kFollowerGraceSeconds));
+    }
+    if (!serving.load()) {
+      spdlog::info("signal {}: exiting", received);
+      std::_Exit(128 + received);
+    }
+    std::lock_guard<std::mutex> lock(signal_mu);
+    signal = received;
+    signal_cv.notify_all();
+  }).detach();
+
+  std::unique_ptr<comm::CoordinatorServer> coordinator;
+  if (f.rank == 0) {
+    comm::CoordinatorServerOptions co;
+    co.listen_address = f.coordinator;
+    ASSIGN_OR_RETURN(coordinator, comm::CoordinatorServer::Start(co));
+    spdlog::info("coordinator listening on {}", coordinator->address());
+  }
+  // With --restore every rank takes the checkpoint's config, so that the
+  // plan is the checkpoint's; the restore itself checks that.
+  ASSIGN_OR_RETURN(
+      ModelConfig config,
+      LoadModelConfig(f.restore.empty() ? f.config
+                                        : (std::filesystem::path(f.restore) /
+                                           "config.textproto")
+                                              .string()));
+  embedding::PlannerOptions po;
+  po.world_size = f.world_size;
+  po.memory_budget_bytes = f.memory_budget_mb << 20;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
+                   embedding::PlanSharding(config, po));
+  comm::GlooOptions go;
+  go.rank = f.rank;
+  go.world_size = f.world_size;
+  go.coordinator_address = f.coordinator;
+  go.job_id = "dlrm-server";
+  go.op_timeout_seconds = f.comm_timeout_s;
+  spdlog::info("connecting rank {} of {} through {}", f.rank, f.world_size,
+               f.coordinator);
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
+                   comm::ConnectGloo(go));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::HybridModel> model,
+                   model::HybridModel::Create(config, plan, comm.get()));
+  RankGroupOptions ro;
+  ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
+  ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
+                   RankGroup::Create(std::move(comm), std::move(model), ro));
+
+  if (f.rank != 0) {
+    // A follower stops when rank 0 says so; a signal ends it at once.
+    spdlog::info("following rank 0");
+    following.store(true);
+    RETURN_IF_ERROR(group->Follow());
+    spdlog::info("rank 0 shut the job down");
+    return absl::OkStatus();
+  }
+  spdlog::info("sharding plan ({} ranks):\n{}", f.world_size,
+               plan.ToString(config));
+  ModelHostOptions ho;
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelHost> host,
+                   ModelHost::Create(std::move(group), ho));
+  if (!f.restore.empty()) {
+    spdlog::info("restoring every rank from {}", f.restore);
+    ASSIGN_OR_RETURN(model::CheckpointInfo info,
+                     host->RestoreCheckpoint(f.restore));
+    spdlog::info("restored step {}", info.step);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
+                   DlrmServer::Start(std::move(host), f.server));
+  std::printf(
+      "dlrm_server: listening on %s metrics %s\n", server->address().c_str(),
+      server->metrics_address().empty() ? "off"
+                                        : server->metrics_address().c_str());
+  std::fflush(stdout);
+
+  {
+    std::unique_lock<std::mutex> lock(signal_mu);
+    serving.store(true);
+    signal_cv.wait(lock, [] { return signal != 0; });
+  }
+  spdlog::info("{}: finishing the current step and shutting down",
+               signal == SIGINT ? "SIGINT" : "SIGTERM");
+  server->Shutdown();
+  if (f.checkpoint_on_exit) {
+    const std::string dir =
+        (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
+            .string();
+    ASSIGN_OR_RETURN(model::CheckpointInfo info,
+                     server->host()->SaveCheckpoint(dir));
+    spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
+                 info.bytes);
+  }
+  const absl::Status stopped = server->host()->ShutdownRanks();
+  if (!stopped.ok()) {
+    spdlog::warn("could not shut the other ranks down: {}",
+                 std::string(stopped.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(Flags& f) {
   auto logger = spdlog::stderr_color_mt("dlrm_server");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [rank 0] [%^%l%$] %v");
+  logger->set_pattern(
+      absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] [rank ", f.rank, "] [%^%l%$] %v"));
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
@@ -73,6 +238,7 @@ absl::Status Run(Flags& f) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (f.threads > 0) omp_set_num_threads(f.threads);
+  if (f.world_size != 1) return RunRank(f, signals);
   ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model, MakeModel(f));
   const ModelConfig& config = model->config();
   spdlog::info(
@@ -157,6 +323,30 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-samples", o.max_batch_samples,
                  "Largest batch accepted, in samples")
       ->capture_default_str();
+  app.add_option("--world-size", f.world_size,
+                 "Ranks (processes) of the job; each runs this binary")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rank", f.rank,
+                 "This process's rank; rank 0 serves, the others follow")
+      ->capture_default_str();
+  app.add_option("--coordinator", f.coordinator,
+                 "With --world-size > 1: HOST:PORT rank 0 hosts the "
+                 "rendezvous on and every rank dials");
+  app.add_option("--memory-budget-mb", f.memory_budget_mb,
+                 "Embedding bytes (weights + optimizer state) one rank may "
+                 "hold, for the sharding planner, in MiB (0 = unlimited)")
+      ->capture_default_str();
+  app.add_option("--comm-timeout-s", f.comm_timeout_s,
+                 "Longest a collective between ranks waits for a peer "
+                 "before the job is declared broken, in seconds")
+      ->capture_default_str();
+  // Any flag may also come from a TOML or INI file (key = the flag's long
+  // name); the command line wins over the file, an unknown key is an error.
+  app.set_config("--server-config", "",
+                 "Read flags from this TOML or INI file (e.g. "
+                 "listen = \"127.0.0.1:0\"); the command line overrides it");
+  app.allow_config_extras(CLI::config_extras_mode::error);
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::server::Run(f);
   if (!s.ok()) {

@@ -19,10 +19,12 @@ double Now() {
       .count();
 }
 
-data::BatchShape ShapeOf(const model::DlrmModel& model) {
+data::BatchShape ShapeOf(const ModelConfig& config) {
   data::BatchShape shape;
-  shape.num_dense = model.config().num_dense_features();
-  shape.table_rows = model.table_rows();
+  shape.num_dense = config.num_dense_features();
+  for (const TableConfig& t : config.tables()) {
+    shape.table_rows.push_back(t.rows());
+  }
   return shape;
 }
 
@@ -73,12 +75,13 @@ ModelHost::TrainingLease::~TrainingLease() {
 }
 
 ModelHost::ModelHost(std::unique_ptr<model::DlrmModel> model,
-                     ModelHostOptions options)
+                     std::unique_ptr<RankGroup> group, ModelHostOptions options)
     : options_(std::move(options)),
-      config_(model->config()),
-      shape_(ShapeOf(*model)),
+      config_(model != nullptr ? model->config() : group->config()),
+      shape_(ShapeOf(config_)),
       model_(std::move(model)),
-      steps_(model_->steps()) {}
+      group_(std::move(group)),
+      steps_(model_ != nullptr ? model_->steps() : group_->steps()) {}
 
 absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
     std::unique_ptr<model::DlrmModel> model, ModelHostOptions options) {
@@ -87,7 +90,22 @@ absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
   }
   RETURN_IF_ERROR(options.Validate());
   return std::unique_ptr<ModelHost>(
-      new ModelHost(std::move(model), std::move(options)));
+      new ModelHost(std::move(model), nullptr, std::move(options)));
+}
+
+absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
+    std::unique_ptr<RankGroup> group, ModelHostOptions options) {
+  if (group == nullptr || group->rank() != 0) {
+    return absl::InvalidArgumentError(
+        "ModelHost needs the rank group of rank 0 (the leader)");
+  }
+  RETURN_IF_ERROR(options.Validate());
+  if (options.inference_only) {
+    return absl::InvalidArgumentError(
+        "inference-only serving runs on one rank only");
+  }
+  return std::unique_ptr<ModelHost>(
+      new ModelHost(nullptr, std::move(group), std::move(options)));
 }
 
 absl::StatusOr<ModelHost::TrainingLease> ModelHost::AcquireTraining(
@@ -130,8 +148,17 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     return absl::UnavailableError("the server is shutting down");
   }
   const double start = Now();
-  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
   TrainStepOutcome outcome;
+  if (group_ != nullptr) {
+    ASSIGN_OR_RETURN(model::HybridStepResult r, group_->TrainStep(batch));
+    outcome.seconds = Now() - start;
+    outcome.step = group_->steps();
+    steps_.store(outcome.step);
+    outcome.loss = r.loss;
+    outcome.samples = r.global_samples;
+    return outcome;
+  }
+  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
   outcome.seconds = Now() - start;
   outcome.step = model_->steps();
   steps_.store(outcome.step);
@@ -144,6 +171,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
 absl::Status ModelHost::Predict(const data::Batch& batch,
                                 std::vector<float>* probs) {
   std::lock_guard<std::mutex> lock(model_mu_);
+  if (group_ != nullptr) return group_->Predict(batch, probs);
   return model_->Predict(batch, probs);
 }
 
@@ -211,6 +239,7 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::SaveCheckpoint(
         "write a checkpoint");
   }
   std::lock_guard<std::mutex> lock(model_mu_);
+  if (group_ != nullptr) return group_->SaveCheckpoint(dir);
   return model::SaveCheckpoint(*model_, dir);
 }
 
@@ -225,6 +254,12 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   }
   if (!options_.inference_only) {
     std::lock_guard<std::mutex> lock(model_mu_);
+    if (group_ != nullptr) {
+      absl::StatusOr<model::CheckpointInfo> info =
+          group_->RestoreCheckpoint(dir);
+      steps_.store(group_->steps());
+      return info;
+    }
     absl::StatusOr<model::CheckpointInfo> info =
         model::RestoreCheckpoint(*model_, dir);
     steps_.store(model_->steps());
@@ -256,6 +291,13 @@ void ModelHost::StopTraining() {
   training_stopped_ = true;
 }
 
+absl::Status ModelHost::ShutdownRanks() {
+  std::lock_guard<std::mutex> lock(model_mu_);
+  training_stopped_ = true;
+  if (group_ == nullptr) return absl::OkStatus();
+  return group_->Shutdown();
+}
+
 ModelSummary ModelHost::Summary() {
   ModelSummary s;
   s.config = config_;
@@ -263,6 +305,30 @@ ModelSummary ModelHost::Summary() {
   s.dense_parameters = DenseParameterCount(config_);
   s.world_size = 1;
   s.inference_only = options_.inference_only;
+  if (group_ != nullptr) {
+    const embedding::ShardingPlan& plan = group_->plan();
+    s.world_size = group_->world_size();
+    s.steps = group_->steps();
+    s.sharding_plan = plan.ToString(config_);
+    // Every rank's embedding shards (the plan's bytes) and one dense
+    // replica per rank with its optimizer state.
+    int64_t bytes = 0;
+    for (const embedding::TablePlacement& t : plan.tables) {
+      for (const embedding::Shard& shard : t.shards) {
+        bytes += embedding::ShardBytes(shard, config_.sparse_optimizer());
+      }
+    }
+    const OptimizerConfig::Type dense = config_.dense_optimizer().type();
+    const int64_t dense_floats = dense == OptimizerConfig::ADAM  ? 3
+                                 : dense == OptimizerConfig::SGD ? 1
+                                                                 : 2;
+    bytes += s.world_size * dense_floats * static_cast<int64_t>(sizeof(float)) *
+             s.dense_parameters;
+    s.memory_bytes["host"] = bytes;
+    s.memory_bytes["device"] = 0;
+    s.memory_bytes["rocksdb"] = 0;
+    return s;
+  }
   std::string tables;
   int64_t host_bytes = 0;
   {
@@ -295,6 +361,9 @@ ModelSummary ModelHost::Summary() {
 
 uint64_t ModelHost::WeightChecksum() {
   std::lock_guard<std::mutex> lock(model_mu_);
+  // Several ranks would need a gather of every table; tests of multi-rank
+  // jobs compare predictions instead.
+  if (group_ != nullptr) return 0;
   return model_->WeightChecksum();
 }
 

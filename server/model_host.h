@@ -1,8 +1,9 @@
 // ModelHost: the one place the server touches the model. It owns the
-// DlrmModel and serialises everything that reads or writes it (training
-// steps, inference, evaluation, checkpoints) behind one mutex, so inference
-// never sees a half-updated row and a prediction runs between two training
-// steps rather than during one. Services and jobs only talk to this class.
+// DlrmModel (one rank) or the leader's RankGroup (several) and serialises
+// everything that reads or writes it (training steps, inference, evaluation,
+// checkpoints) behind one mutex, so inference never sees a half-updated row and
+// a prediction runs between two training steps rather than during one. Services
+// and jobs only talk to this class.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
 #include "model/trainer.h"
+#include "server/rank_group.h"
 
 namespace dlrm::server {
 
@@ -82,6 +84,12 @@ class ModelHost {
   static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
       std::unique_ptr<model::DlrmModel> model, ModelHostOptions options);
 
+  // Serves the model of a multi-rank job through its leader: takes
+  // ownership of `group` (rank 0's). InvalidArgument for a follower's group
+  // or with options.inference_only (not supported on several ranks).
+  static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
+      std::unique_ptr<RankGroup> group, ModelHostOptions options);
+
   // What a batch must look like for this model. Fixed for the host's life
   // (a restore must keep the architecture).
   const data::BatchShape& shape() const { return shape_; }
@@ -133,14 +141,21 @@ class ModelHost {
   // a running trainer stops at its next step boundary. Irreversible.
   void StopTraining();
 
+  // Multi-rank: tells the other ranks to exit once the current operation
+  // is over; every later model call fails with Unavailable. Call after the
+  // services have stopped. The error of a job already broken; OK with one
+  // rank.
+  absl::Status ShutdownRanks();
+
   ModelSummary Summary();
   // Steps the model has taken; does not wait for a running step.
   int64_t steps() const { return steps_.load(); }
-  // See DlrmModel::WeightChecksum.
+  // See DlrmModel::WeightChecksum; 0 for a job of several ranks.
   uint64_t WeightChecksum();
 
  private:
-  ModelHost(std::unique_ptr<model::DlrmModel> model, ModelHostOptions options);
+  ModelHost(std::unique_ptr<model::DlrmModel> model,
+            std::unique_ptr<RankGroup> group, ModelHostOptions options);
   void ReleaseTraining();
 
   const ModelHostOptions options_;
@@ -148,7 +163,10 @@ class ModelHost {
   const data::BatchShape shape_;
 
   std::mutex model_mu_;  // guards model_
+  // Exactly one of the two is set: the single-process model, or the
+  // leader of several ranks (which takes its own lock per operation).
   std::unique_ptr<model::DlrmModel> model_;
+  std::unique_ptr<RankGroup> group_;
   bool training_stopped_ = false;  // guarded by model_mu_
   // model_->steps(), readable without waiting for a step to end.
   std::atomic<int64_t> steps_{0};

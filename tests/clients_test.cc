@@ -1,7 +1,16 @@
 // Tests for clients/: the wire conversions, progress lines and TSV input on
 // their own, then the client library and the dlrm_client CLI end to end
-// against a real dlrm_server (tiny config, port 0) started per test suite.
+// against a real dlrm_server (tiny config, port 0) started per test suite,
+// and server processes of their own: config file, restart from a checkpoint,
+// Predict under training.
 #include <fcntl.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
+#include <google/protobuf/text_format.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,14 +19,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "clients/client.h"
@@ -25,6 +39,7 @@
 #include "clients/progress.h"
 #include "clients/tsv_input.h"
 #include "core/config.h"
+#include "core/status.h"
 #include "data/synthetic.h"
 
 extern char** environ;
@@ -217,61 +232,28 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-// One dlrm_server child process per test suite.
-class ClientE2ETest : public testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    server_path_ = BinaryPath("DLRM_SERVER", "server/dlrm_server");
-    client_path_ = BinaryPath("DLRM_CLIENT", "clients/dlrm_client");
-    if (access(server_path_.c_str(), X_OK) != 0) return;
-    dir_ = fs::path(testing::TempDir()) /
-           ("clients_test_" + std::to_string(getpid()));
-    fs::create_directories(dir_ / "ckpt");
-    start_error_ = StartServer();
-  }
-
-  static void TearDownTestSuite() {
+// A dlrm_server child process. Start waits for its listening line; Stop
+// sends SIGTERM and waits for it to exit. The child is killed with SIGKILL
+// if the test dies, and by the destructor if still running. Not thread-safe.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess() {
     if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      bool exited = false;
-      for (int i = 0; i < 200 && !exited; ++i) {
-        exited = waitpid(pid_, &status, WNOHANG) == pid_;
-        if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!exited) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        ADD_FAILURE() << "dlrm_server ignored SIGTERM for 10 s";
-      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        ADD_FAILURE() << "dlrm_server exited with status " << status
-                      << " on SIGTERM";
-      }
-      pid_ = -1;
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
     }
-    if (drain_.joinable()) drain_.join();
-    if (out_fd_ >= 0) close(out_fd_);
-    out_fd_ = -1;
-    std::error_code ignored;
-    if (!dir_.empty()) fs::remove_all(dir_, ignored);
+    Close();
   }
 
-  // Starts the server and waits (up to 60 s) for its listening line.
-  // Returns an error description, empty on success.
-  static std::string StartServer() {
+  // Runs `args` (args[0] is the binary; stderr is the test's) and waits up
+  // to 60 s for "dlrm_server: listening on HOST:PORT metrics ...". Returns
+  // an error description, empty on success.
+  std::string Start(const std::vector<std::string>& args) {
     int fds[2];
-    if (pipe(fds) != 0) return "pipe failed";
-    const std::vector<std::string> args = {server_path_,
-                                           "--listen",
-                                           "127.0.0.1:0",
-                                           "--metrics-listen",
-                                           "127.0.0.1:0",
-                                           "--config",
-                                           "tiny",
-                                           "--checkpoint-dir",
-                                           (dir_ / "ckpt").string(),
-                                           "--data-dir",
-                                           dir_.string()};
+    if (pipe2(fds, O_CLOEXEC) != 0) return "pipe failed";
     const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ == 0) {
@@ -279,8 +261,6 @@ class ClientE2ETest : public testing::Test {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
       dup2(fds[1], 1);
-      close(fds[0]);
-      close(fds[1]);
       std::vector<char*> argv;
       for (const std::string& a : args) {
         argv.push_back(const_cast<char*>(a.c_str()));
@@ -312,9 +292,9 @@ class ClientE2ETest : public testing::Test {
           return "unexpected listening line: " + line;
         }
         // Keep reading, so the server never blocks on a full pipe.
-        drain_ = std::thread([] {
+        drain_ = std::thread([fd = out_fd_] {
           char sink[4096];
-          while (read(out_fd_, sink, sizeof(sink)) > 0) {
+          while (read(fd, sink, sizeof(sink)) > 0) {
           }
         });
         return "";
@@ -323,8 +303,139 @@ class ClientE2ETest : public testing::Test {
     return "no listening line within 60 s; output:\n" + buffer;
   }
 
+  // SIGTERM, then waits up to 10 s (SIGKILL after that). Returns an error
+  // description unless the server exited with status 0.
+  std::string Stop() {
+    std::string error;
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      bool exited = false;
+      for (int i = 0; i < 200 && !exited; ++i) {
+        exited = waitpid(pid_, &status, WNOHANG) == pid_;
+        if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!exited) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        error = "dlrm_server ignored SIGTERM for 10 s";
+      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        error = "dlrm_server exited with status " + std::to_string(status) +
+                " on SIGTERM";
+      }
+      pid_ = -1;
+    }
+    Close();
+    return error;
+  }
+
+  // The gRPC address from the listening line.
+  const std::string& address() const { return address_; }
+
+ private:
+  void Close() {
+    if (drain_.joinable()) drain_.join();
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::thread drain_;
+  std::string address_;
+};
+
+// Connects to `server` and reads its (normalised) model config.
+absl::Status ConnectAndReadConfig(const ServerProcess& server,
+                                  std::unique_ptr<Client>* client,
+                                  ModelConfig* config) {
+  ASSIGN_OR_RETURN(*client, Client::Connect(server.address()));
+  ASSIGN_OR_RETURN(ModelInfo info, (*client)->GetModelInfo());
+  ASSIGN_OR_RETURN(*config, NormalizeModelConfig(info.config()));
+  return absl::OkStatus();
+}
+
+// `count` synthetic batches of `size` samples for `config`, the stream of
+// `sample_seed` cut in order.
+std::vector<data::Batch> SyntheticBatches(const ModelConfig& config, int count,
+                                          int64_t size, uint64_t sample_seed) {
+  data::SyntheticOptions options;
+  options.teacher_seed = config.seed();
+  options.sample_seed = sample_seed;
+  std::vector<data::Batch> batches(count);
+  absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
+      data::MakeSyntheticSource(config, options);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return {};
+  for (data::Batch& b : batches) EXPECT_TRUE((*source)->Next(size, &b).ok());
+  return batches;
+}
+
+// Yields copies of the given batches in order, then ends; Rewind starts
+// over. A batch larger than the caller's max_samples is InvalidArgument.
+class BatchListSource final : public data::BatchSource {
+ public:
+  explicit BatchListSource(std::vector<data::Batch> batches)
+      : batches_(std::move(batches)) {}
+
+  absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
+    if (next_ == batches_.size()) {
+      *batch = data::Batch();
+      return false;
+    }
+    if (batches_[next_].size > max_samples) {
+      return absl::InvalidArgumentError("batch larger than max_samples");
+    }
+    *batch = batches_[next_++];
+    return true;
+  }
+  absl::Status Rewind() override {
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<data::Batch> batches_;
+  size_t next_ = 0;
+};
+
+// The bit patterns of `values`, for exact comparisons (NaN included).
+std::vector<uint32_t> Bits(const std::vector<float>& values) {
+  std::vector<uint32_t> bits;
+  for (const float v : values) bits.push_back(std::bit_cast<uint32_t>(v));
+  return bits;
+}
+
+// One dlrm_server child process per test suite.
+class ClientE2ETest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_path_ = BinaryPath("DLRM_SERVER", "server/dlrm_server");
+    client_path_ = BinaryPath("DLRM_CLIENT", "clients/dlrm_client");
+    if (access(server_path_.c_str(), X_OK) != 0) return;
+    dir_ = fs::path(testing::TempDir()) /
+           ("clients_test_" + std::to_string(getpid()));
+    fs::create_directories(dir_ / "ckpt");
+    server_ = std::make_unique<ServerProcess>();
+    start_error_ = server_->Start(
+        {server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+         "127.0.0.1:0", "--config", "tiny", "--checkpoint-dir",
+         (dir_ / "ckpt").string(), "--data-dir", dir_.string()});
+    address_ = server_->address();
+  }
+
+  static void TearDownTestSuite() {
+    if (server_ != nullptr) {
+      const std::string error = server_->Stop();
+      if (!error.empty()) ADD_FAILURE() << error;
+      server_.reset();
+    }
+    std::error_code ignored;
+    if (!dir_.empty()) fs::remove_all(dir_, ignored);
+  }
+
   void SetUp() override {
-    if (pid_ <= 0) {
+    if (server_ == nullptr) {
       GTEST_SKIP() << "dlrm_server is not built (looked for " << server_path_
                    << "; set DLRM_SERVER to override)";
     }
@@ -368,9 +479,7 @@ class ClientE2ETest : public testing::Test {
 
   static inline std::string server_path_, client_path_, address_, start_error_;
   static inline fs::path dir_;
-  static inline pid_t pid_ = -1;
-  static inline int out_fd_ = -1;
-  static inline std::thread drain_;
+  static inline std::unique_ptr<ServerProcess> server_;
 
   std::unique_ptr<Client> client_;
   ModelConfig config_;
@@ -666,6 +775,336 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("bad.tsv:1"), std::string::npos) << r.err;
+}
+
+// --- health, through a generic call ----------------------------------------
+
+// grpc.health.v1's two messages, built at run time: Debian's gRPC ships no
+// C++ stubs for them, so the check is a generic call on serialised bytes.
+constexpr char kHealthProto[] = R"pb(
+  name: "clients_test_health.proto"
+  package: "grpc.health.v1"
+  syntax: "proto3"
+  message_type {
+    name: "HealthCheckRequest"
+    field { name: "service" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL }
+  }
+  message_type {
+    name: "HealthCheckResponse"
+    field { name: "status" number: 1 type: TYPE_INT32 label: LABEL_OPTIONAL }
+  }
+)pb";
+
+// HealthCheckResponse.ServingStatus values.
+constexpr int kServing = 1;
+
+// Calls grpc.health.v1.Health/Check for `service` ("" = the whole server)
+// and returns the serving status, or the call's error.
+absl::StatusOr<int> CheckHealth(const std::string& address,
+                                const std::string& service) {
+  google::protobuf::FileDescriptorProto file;
+  if (!google::protobuf::TextFormat::ParseFromString(kHealthProto, &file)) {
+    return absl::InternalError("bad health proto text");
+  }
+  google::protobuf::DescriptorPool pool;
+  if (pool.BuildFile(file) == nullptr) {
+    return absl::InternalError("health proto does not build");
+  }
+  google::protobuf::DynamicMessageFactory factory;
+  std::unique_ptr<google::protobuf::Message> request(
+      factory
+          .GetPrototype(
+              pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest"))
+          ->New());
+  std::unique_ptr<google::protobuf::Message> response(
+      factory
+          .GetPrototype(
+              pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse"))
+          ->New());
+  request->GetReflection()->SetString(
+      request.get(), request->GetDescriptor()->FindFieldByName("service"),
+      service);
+
+  grpc::GenericStub stub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  const std::string bytes = request->SerializeAsString();
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request_buffer(&slice, 1);
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
+                            request_buffer, &cq);
+  call->StartCall();
+  grpc::ByteBuffer reply;
+  grpc::Status status;
+  call->Finish(&reply, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  if (!cq.Next(&tag, &ok) || !ok) {
+    return absl::InternalError("the health call did not complete");
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(status));
+  std::vector<grpc::Slice> slices;
+  if (!reply.Dump(&slices).ok()) {
+    return absl::InternalError("unreadable health reply");
+  }
+  std::string reply_bytes;
+  for (const grpc::Slice& s : slices) {
+    reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  if (!response->ParseFromString(reply_bytes)) {
+    return absl::InternalError("unparsable health reply");
+  }
+  return response->GetReflection()->GetInt32(
+      *response, response->GetDescriptor()->FindFieldByName("status"));
+}
+
+TEST_F(ClientE2ETest, HealthCheckAnswersServing) {
+  for (const std::string service :
+       {"", "dlrm.Trainer", "dlrm.Predictor", "dlrm.Admin"}) {
+    absl::StatusOr<int> health = CheckHealth(address_, service);
+    ASSERT_TRUE(health.ok()) << service << ": " << health.status();
+    EXPECT_EQ(*health, kServing) << service;
+  }
+  // A service the server does not have: NOT_FOUND (the health protocol).
+  EXPECT_EQ(CheckHealth(address_, "no.such.Service").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// --- server processes started, stopped and restarted -----------------------
+
+// Each test runs its own dlrm_server processes (tiny config, port 0).
+class ClientServerProcessTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    server_path_ = BinaryPath("DLRM_SERVER", "server/dlrm_server");
+    if (access(server_path_.c_str(), X_OK) != 0) {
+      GTEST_SKIP() << "dlrm_server is not built (looked for " << server_path_
+                   << "; set DLRM_SERVER to override)";
+    }
+    dir_ = fs::path(testing::TempDir()) /
+           ("clients_process_test_" + std::to_string(getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_ / "ckpt");
+  }
+
+  void TearDown() override {
+    std::error_code ignored;
+    if (!dir_.empty()) fs::remove_all(dir_, ignored);
+  }
+
+  // Writes `text` to dir_/name and returns the path.
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path.string();
+  }
+
+  std::string server_path_;
+  fs::path dir_;
+};
+
+TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
+  const std::string config =
+      WriteFile("bad.toml", "listen = \"127.0.0.1:0\"\nlisten-port = 7\n");
+  CommandResult r = RunCommand({server_path_, "--server-config", config}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("listen-port"), std::string::npos) << r.err;
+
+  r = RunCommand(
+      {server_path_, "--server-config", (dir_ / "missing.toml").string()},
+      dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("missing.toml"), std::string::npos) << r.err;
+}
+
+// Checkpoint, SIGTERM, a new process with --restore: the same samples get
+// bit-identical probabilities, and training goes on identically (the
+// optimizer state came back too). Both processes read their flags from a
+// config file (listen address, preset, checkpoint dir).
+TEST_F(ClientServerProcessTest, RestartFromCheckpointPredictsBitwiseIdentical) {
+  const std::string config_file =
+      WriteFile("server.toml",
+                "# dlrm_server flags for this test\n"
+                "listen = \"127.0.0.1:0\"\n"
+                "metrics-listen = \"\"\n"
+                "config = \"tiny\"\n"
+                "checkpoint-dir = \"" +
+                    (dir_ / "ckpt").string() +
+                    "\"\n"
+                    "log-level = \"warn\"\n");
+  std::vector<uint32_t> at_save, after_more;
+  int64_t saved_step = 0;
+  std::vector<data::Batch> probe, more;
+  {
+    ServerProcess server;
+    const std::string error =
+        server.Start({server_path_, "--server-config", config_file});
+    ASSERT_TRUE(error.empty()) << error;
+    // The listen address came from the file (not the default port 50051).
+    EXPECT_EQ(server.address().rfind("127.0.0.1:", 0), 0u) << server.address();
+    EXPECT_NE(server.address(), "127.0.0.1:50051");
+    std::unique_ptr<Client> client;
+    ModelConfig config;
+    const absl::Status connected =
+        ConnectAndReadConfig(server, &client, &config);
+    ASSERT_TRUE(connected.ok()) << connected;
+    // So did the preset: tiny, not the default kaggle.
+    EXPECT_EQ(config.num_dense_features(), 4);
+    EXPECT_EQ(config.tables_size(), 3);
+
+    BatchListSource train(SyntheticBatches(config, 4, 128, 51));
+    TrainOptions options;
+    options.batch_size = 128;
+    ASSERT_TRUE(client->Train(train, options, nullptr).ok());
+    probe = SyntheticBatches(config, 1, 64, 52);
+    more = SyntheticBatches(config, 2, 128, 53);
+    ASSERT_EQ(probe.size(), 1u);
+    absl::StatusOr<std::vector<float>> p = client->Predict(probe[0]);
+    ASSERT_TRUE(p.ok()) << p.status();
+    at_save = Bits(*p);
+    absl::StatusOr<CheckpointResponse> saved =
+        client->SaveCheckpoint("before-restart");
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    saved_step = saved->step();
+    EXPECT_EQ(saved_step, 4);
+
+    // Training after the save, to compare with the restored server's.
+    BatchListSource more_source(more);
+    ASSERT_TRUE(client->Train(more_source, options, nullptr).ok());
+    p = client->Predict(probe[0]);
+    ASSERT_TRUE(p.ok()) << p.status();
+    after_more = Bits(*p);
+    EXPECT_NE(after_more, at_save);
+    client.reset();
+    const std::string stop_error = server.Stop();
+    ASSERT_TRUE(stop_error.empty()) << stop_error;
+  }
+
+  ServerProcess restarted;
+  const std::string error = restarted.Start(
+      {server_path_, "--server-config", config_file, "--restore",
+       (dir_ / "ckpt" / "before-restart").string()});
+  ASSERT_TRUE(error.empty()) << error;
+  std::unique_ptr<Client> client;
+  ModelConfig config;
+  const absl::Status connected =
+      ConnectAndReadConfig(restarted, &client, &config);
+  ASSERT_TRUE(connected.ok()) << connected;
+  absl::StatusOr<ModelInfo> info = client->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->steps(), saved_step);
+  absl::StatusOr<std::vector<float>> p = client->Predict(probe[0]);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Bits(*p), at_save);
+
+  BatchListSource more_source(more);
+  TrainOptions options;
+  options.batch_size = 128;
+  ASSERT_TRUE(client->Train(more_source, options, nullptr).ok());
+  p = client->Predict(probe[0]);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Bits(*p), after_more);
+  client.reset();
+  const std::string stop_error = restarted.Stop();
+  EXPECT_TRUE(stop_error.empty()) << stop_error;
+}
+
+// Predict from several threads while a Train stream runs: every call
+// succeeds, and every answer is exactly the model's at some step boundary
+// (predictions never see a half-applied step), never going back in time for
+// one caller. The reference answers come from replaying the same batches one
+// step at a time from a checkpoint of the starting state.
+TEST_F(ClientServerProcessTest, PredictDuringTrainingSeesWholeSteps) {
+  ServerProcess server;
+  const std::string error = server.Start(
+      {server_path_, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+       "--config", "tiny", "--checkpoint-dir", (dir_ / "ckpt").string(),
+       "--log-level", "warn", "--predict-max-wait-us", "200"});
+  ASSERT_TRUE(error.empty()) << error;
+  std::unique_ptr<Client> client;
+  ModelConfig config;
+  const absl::Status connected = ConnectAndReadConfig(server, &client, &config);
+  ASSERT_TRUE(connected.ok()) << connected;
+  ASSERT_TRUE(client->SaveCheckpoint("start").ok());
+
+  constexpr int kSteps = 150;
+  constexpr int kThreads = 4;
+  constexpr int64_t kProbeSize = 24;
+  const std::vector<data::Batch> batches =
+      SyntheticBatches(config, kSteps, 256, 61);
+  const data::Batch probe = SyntheticBatches(config, 1, kProbeSize, 62)[0];
+
+  std::atomic<bool> training_done{false};
+  std::vector<std::vector<std::vector<float>>> answers(kThreads);
+  std::vector<absl::Status> errors(kThreads);
+  std::vector<std::thread> predictors;
+  for (int t = 0; t < kThreads; ++t) {
+    predictors.emplace_back([&, t] {
+      // At least 10 calls each, so some overlap even a fast training run.
+      while (!training_done.load() || answers[t].size() < 10) {
+        absl::StatusOr<std::vector<float>> p = client->Predict(probe);
+        if (!p.ok()) {
+          errors[t] = p.status();
+          return;
+        }
+        answers[t].push_back(std::move(*p));
+      }
+    });
+  }
+  BatchListSource source(batches);
+  TrainOptions options;
+  options.batch_size = 256;
+  absl::StatusOr<TrainSummary> summary =
+      client->Train(source, options, nullptr);
+  training_done = true;
+  for (std::thread& t : predictors) t.join();
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, kSteps);
+
+  // The model after each step k (k = 0: the start), one step at a time.
+  ASSERT_TRUE(client->RestoreCheckpoint("start").ok());
+  std::map<std::vector<uint32_t>, int> step_of;
+  for (int k = 0; k <= kSteps; ++k) {
+    absl::StatusOr<std::vector<float>> p = client->Predict(probe);
+    ASSERT_TRUE(p.ok()) << p.status();
+    step_of.emplace(Bits(*p), k);
+    if (k == kSteps) break;
+    BatchListSource one({batches[k]});
+    ASSERT_TRUE(client->Train(one, options, nullptr).ok());
+  }
+  ASSERT_GT(step_of.size(), kSteps / 2u) << "steps barely change the model";
+
+  std::set<int> steps_seen;
+  int64_t calls = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(errors[t].ok()) << "thread " << t << ": " << errors[t];
+    int last = 0;
+    for (const std::vector<float>& p : answers[t]) {
+      ++calls;
+      ASSERT_EQ(p.size(), static_cast<size_t>(kProbeSize));
+      for (const float x : p) {
+        ASSERT_GT(x, 0);
+        ASSERT_LT(x, 1);
+      }
+      const auto it = step_of.find(Bits(p));
+      ASSERT_NE(it, step_of.end())
+          << "thread " << t << " got a prediction of no step boundary";
+      EXPECT_GE(it->second, last) << "thread " << t << " went back in time";
+      last = it->second;
+      steps_seen.insert(it->second);
+    }
+  }
+  // Some predictions ran while training was under way.
+  EXPECT_GE(steps_seen.size(), 2u) << calls << " predictions";
+  std::printf("%lld predictions saw %zu of %d step boundaries\n",
+              static_cast<long long>(calls), steps_seen.size(), kSteps + 1);
+  client.reset();
+  const std::string stop_error = server.Stop();
+  EXPECT_TRUE(stop_error.empty()) << stop_error;
 }
 
 }  // namespace

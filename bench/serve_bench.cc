@@ -1,0 +1,532 @@
+// dlrm_bench_serve: a real dlrm_server child process measured through the
+// C++ client library: streaming-training samples/s over gRPC beside the
+// in-process step on the same batches, and Predict latency at several client
+// concurrencies. Prints one JSON line per measurement.
+#include <fcntl.h>
+#include <omp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "clients/client.h"
+#include "core/config.h"
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "model/dlrm_model.h"
+
+namespace dlrm {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  // dlrm_server binary; empty: ../server/dlrm_server next to this binary.
+  std::string server;
+  // Extra dlrm_server flags, e.g. --server-arg=--predict-max-wait-us=200.
+  std::vector<std::string> server_args;
+  std::string config = "kaggle";
+  // Compute threads of the server and of the in-process model; 0 = all.
+  int threads = 0;
+  // Training: batches of `batch` samples, `batches` of them pre-generated
+  // and rotated; `warmup` untimed steps, then `repeats` x `steps` timed.
+  int64_t batch = 2048;
+  int batches = 4;
+  int warmup = 5;
+  int steps = 30;
+  int repeats = 5;
+  int in_flight = 4;
+  double alpha = 1.05;
+  // Predict: each level runs that many client threads (one Client
+  // each) for `duration` seconds, requests of `request_size` samples.
+  std::vector<int> concurrency = {1, 8, 64};
+  int64_t request_size = 16;
+  double duration = 5;
+  bool no_train = false;
+  bool no_predict = false;
+};
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+// The value at quantile q of sorted `values` (nearest rank).
+double Quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t i = static_cast<size_t>(q * static_cast<double>(sorted.size()));
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+// `args` joined by spaces, as a JSON string literal.
+std::string JsonString(const std::vector<std::string>& args) {
+  std::string out = "\"";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i > 0) out += ' ';
+    for (const char c : args[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// A dlrm_server child process: Start waits for the line "dlrm_server:
+// listening on HOST:PORT ..." on its stdout; the child is killed if this
+// process dies, and by the destructor if it still runs.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    Close();
+  }
+
+  // Runs `args` (args[0] the binary; stderr is ours). Unavailable if it
+  // exits or prints no listening line within `timeout_seconds`.
+  absl::Status Start(const std::vector<std::string>& args,
+                     double timeout_seconds) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(fds[1], 1);
+      std::vector<char*> argv;
+      for (const std::string& a : args) {
+        argv.push_back(const_cast<char*>(a.c_str()));
+      }
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_fd_ = fds[0];
+    if (pid_ < 0) return absl::InternalError("fork failed");
+    const std::string prefix = "dlrm_server: listening on ";
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(timeout_seconds));
+    std::string buffer;
+    while (Clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = read(out_fd_, chunk, sizeof(chunk));
+      if (n <= 0) {
+        return absl::UnavailableError(absl::StrCat(
+            args[0], " exited before listening; stdout:\n", buffer));
+      }
+      buffer.append(chunk, n);
+      std::istringstream lines(buffer);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.rfind(prefix, 0) != 0) continue;
+        std::istringstream fields(line.substr(prefix.size()));
+        fields >> address_;
+        // Keep reading, so the server never blocks on a full pipe.
+        drain_ = std::thread([fd = out_fd_] {
+          char sink[4096];
+          while (read(fd, sink, sizeof(sink)) > 0) {
+          }
+        });
+        return absl::OkStatus();
+      }
+    }
+    return absl::UnavailableError(absl::StrCat(args[0],
+                                               " printed no listening line "
+                                               "within ",
+                                               timeout_seconds, " s"));
+  }
+
+  // SIGTERM and wait (SIGKILL after 30 s). Internal unless it exits 0.
+  absl::Status Stop() {
+    if (pid_ <= 0) return absl::OkStatus();
+    kill(pid_, SIGTERM);
+    int status = 0;
+    bool exited = false;
+    for (int i = 0; i < 600 && !exited; ++i) {
+      exited = waitpid(pid_, &status, WNOHANG) == pid_;
+      if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!exited) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+    pid_ = -1;
+    Close();
+    if (!exited) return absl::InternalError("dlrm_server ignored SIGTERM");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return absl::InternalError(
+          absl::StrCat("dlrm_server exited with status ", status));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const { return address_; }
+
+ private:
+  void Close() {
+    if (drain_.joinable()) drain_.join();
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::thread drain_;
+  std::string address_;
+};
+
+// `count` batches: the pre-generated ones in rotation.
+class RotatingSource final : public data::BatchSource {
+ public:
+  // `batches` is borrowed and must outlive the source.
+  RotatingSource(const std::vector<data::Batch>* batches, int64_t count)
+      : batches_(batches), count_(count) {}
+
+  absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
+    if (next_ == count_) {
+      *batch = data::Batch();
+      return false;
+    }
+    const data::Batch& b = (*batches_)[next_++ % batches_->size()];
+    if (b.size > max_samples) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pre-generated batch of ", b.size, " > max_samples ", max_samples));
+    }
+    *batch = b;
+    return true;
+  }
+  absl::Status Rewind() override {
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<data::Batch>* batches_;
+  const int64_t count_;
+  int64_t next_ = 0;
+};
+
+absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
+                                                     int count, int64_t size,
+                                                     double alpha,
+                                                     uint64_t sample_seed) {
+  data::SyntheticOptions options;
+  options.zipf_alpha = alpha;
+  options.teacher_seed = config.seed();
+  options.sample_seed = sample_seed;
+  ASSIGN_OR_RETURN(std::unique_ptr<data::BatchSource> source,
+                   data::MakeSyntheticSource(config, options));
+  std::vector<data::Batch> batches(count);
+  for (data::Batch& b : batches) {
+    ASSIGN_OR_RETURN(const bool more, source->Next(size, &b));
+    if (!more) return absl::InternalError("synthetic source ended");
+  }
+  return batches;
+}
+
+// Samples/s of each training repeat: over gRPC (client wall time of the
+// Train call), inside the server's model (median of the StepResults'), and
+// of the in-process model on the same batches.
+struct TrainRates {
+  std::vector<double> grpc;
+  std::vector<double> server_model;
+  std::vector<double> in_process;
+};
+
+// Warm-up, then `f.repeats` rounds of f.steps timed steps through one Train
+// stream each, then the same in process (model::DlrmModel, the protocol of
+// dlrm_bench_train). Rounds alternate so that a change in the shared
+// machine's load hits both alike; the two never run at the same time (the
+// server idles while the in-process model trains, and the other way round).
+absl::StatusOr<TrainRates> MeasureTraining(
+    clients::Client& client, const ModelConfig& config,
+    const std::vector<data::Batch>& batches, const Flags& f) {
+  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model,
+                   model::DlrmModel::Create(config));
+  int64_t local_step = 0;
+  auto train_locally = [&](int n) -> absl::Status {
+    for (int i = 0; i < n; ++i) {
+      RETURN_IF_ERROR(
+          model->TrainStep(batches[local_step++ % batches.size()]).status());
+    }
+    return absl::OkStatus();
+  };
+  clients::TrainOptions options;
+  options.batch_size = f.batch;
+  options.max_in_flight = f.in_flight;
+  if (f.warmup > 0) {
+    RotatingSource warmup(&batches, f.warmup);
+    RETURN_IF_ERROR(client.Train(warmup, options, nullptr).status());
+    RETURN_IF_ERROR(train_locally(f.warmup));
+  }
+  TrainRates rates;
+  for (int r = 0; r < f.repeats; ++r) {
+    RotatingSource source(&batches, f.steps);
+    std::vector<double> model_rates;
+    ASSIGN_OR_RETURN(clients::TrainSummary summary,
+                     client.Train(source, options, [&](const StepResult& s) {
+                       model_rates.push_back(s.samples_per_second());
+                     }));
+    rates.grpc.push_back(summary.samples_per_second);
+    rates.server_model.push_back(Median(model_rates));
+
+    const Clock::time_point t0 = Clock::now();
+    RETURN_IF_ERROR(train_locally(f.steps));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    rates.in_process.push_back(static_cast<double>(f.batch) * f.steps / dt);
+  }
+  return rates;
+}
+
+// Predict latency with `clients` threads, each with its own Client,
+// calling back to back for f.duration seconds after 3 untimed calls.
+absl::Status MeasurePredict(const std::string& address, int clients,
+                            const std::vector<data::Batch>& requests,
+                            const Flags& f) {
+  std::vector<std::unique_ptr<clients::Client>> connections;
+  for (int c = 0; c < clients; ++c) {
+    ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
+                     clients::Client::Connect(address));
+    connections.push_back(std::move(client));
+  }
+  std::vector<std::vector<double>> latencies(clients);
+  std::vector<absl::Status> errors(clients);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  Clock::time_point start, deadline;
+  std::vector<Clock::time_point> finish(clients);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      clients::Client& client = *connections[c];
+      size_t next = c;
+      for (int i = 0; i < 3 && errors[c].ok(); ++i) {
+        errors[c] = client.Predict(requests[next++ % requests.size()]).status();
+      }
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      while (errors[c].ok() && Clock::now() < deadline) {
+        const Clock::time_point t0 = Clock::now();
+        absl::StatusOr<std::vector<float>> p =
+            client.Predict(requests[next++ % requests.size()]);
+        if (!p.ok()) {
+          errors[c] = p.status();
+          break;
+        }
+        latencies[c].push_back(
+            std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      finish[c] = Clock::now();
+    });
+  }
+  while (ready.load() < clients) std::this_thread::yield();
+  start = Clock::now();
+  deadline = start + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(f.duration));
+  go = true;
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& e : errors) RETURN_IF_ERROR(e);
+
+  std::vector<double> all;
+  for (const std::vector<double>& l : latencies) {
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  std::sort(all.begin(), all.end());
+  const double elapsed =
+      std::chrono::duration<double>(
+          *std::max_element(finish.begin(), finish.end()) - start)
+          .count();
+  double sum = 0;
+  for (const double x : all) sum += x;
+  const double n = static_cast<double>(all.size());
+  std::printf(
+      "{\"bench\": \"serve_predict\", \"config\": %s, "
+      "\"server_args\": %s, \"threads\": %d, \"clients\": %d, "
+      "\"request_samples\": %lld, \"requests\": %zu, \"seconds\": %.2f, "
+      "\"requests_per_s\": %.0f, \"samples_per_s\": %.0f, "
+      "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"mean\": %.3f, "
+      "\"max\": %.3f}}\n",
+      JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
+      omp_get_max_threads(), clients, static_cast<long long>(f.request_size),
+      all.size(), elapsed, n / elapsed,
+      n * static_cast<double>(f.request_size) / elapsed,
+      1e3 * Quantile(all, 0.5), 1e3 * Quantile(all, 0.99),
+      all.empty() ? 0 : 1e3 * sum / n, all.empty() ? 0 : 1e3 * all.back());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const Flags& f) {
+  if (f.batch <= 0 || f.batches <= 0 || f.steps <= 0 || f.repeats <= 0 ||
+      f.warmup < 0 || f.in_flight <= 0 || f.request_size <= 0 ||
+      !(f.duration > 0) || f.threads < 0) {
+    return absl::InvalidArgumentError(
+        "--batch, --batches, --steps, --repeats, --in-flight, "
+        "--request-size and --duration must be positive, --warmup and "
+        "--threads >= 0");
+  }
+  for (const int c : f.concurrency) {
+    if (c <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--concurrency values must be positive, got ", c));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(Flags& f) {
+  RETURN_IF_ERROR(Validate(f));
+  if (f.server.empty()) {
+    f.server = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
+                "server" / "dlrm_server")
+                   .string();
+  }
+  if (access(f.server.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(f.server, " is not an executable (--server)"));
+  }
+  if (f.threads > 0) omp_set_num_threads(f.threads);
+  const int threads = omp_get_max_threads();
+
+  std::vector<std::string> args = {f.server,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--metrics-listen",
+                                   "",
+                                   "--config",
+                                   f.config,
+                                   "--log-level",
+                                   "warn",
+                                   "--threads",
+                                   std::to_string(threads)};
+  args.insert(args.end(), f.server_args.begin(), f.server_args.end());
+  ServerProcess server;
+  RETURN_IF_ERROR(server.Start(args, 120));
+  clients::ClientOptions client_options;
+  client_options.call_timeout_seconds = 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
+                   clients::Client::Connect(server.address(), client_options));
+  ASSIGN_OR_RETURN(ModelInfo info, client->GetModelInfo());
+  ASSIGN_OR_RETURN(const ModelConfig config,
+                   NormalizeModelConfig(info.config()));
+
+  if (!f.no_train) {
+    ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
+                     MakeBatches(config, f.batches, f.batch, f.alpha, 2));
+    ASSIGN_OR_RETURN(const TrainRates rates,
+                     MeasureTraining(*client, config, batches, f));
+    // The ratio of each round, then their median: both sides of a round
+    // ran under the same load.
+    std::vector<double> ratios;
+    for (int r = 0; r < f.repeats; ++r) {
+      ratios.push_back(rates.grpc[r] / rates.in_process[r]);
+    }
+    std::printf(
+        "{\"bench\": \"serve_train\", \"config\": %s, \"server_args\": %s, "
+        "\"batch\": %lld, \"threads\": %d, \"steps\": %d, \"repeats\": %d, "
+        "\"in_flight\": %d, \"grpc_samples_per_s\": %.0f, "
+        "\"grpc_min\": %.0f, \"grpc_max\": %.0f, "
+        "\"server_model_samples_per_s\": %.0f, "
+        "\"in_process_samples_per_s\": %.0f, \"in_process_min\": %.0f, "
+        "\"in_process_max\": %.0f, \"grpc_over_in_process\": %.3f}\n",
+        JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
+        static_cast<long long>(f.batch), threads, f.steps, f.repeats,
+        f.in_flight, Median(rates.grpc),
+        *std::min_element(rates.grpc.begin(), rates.grpc.end()),
+        *std::max_element(rates.grpc.begin(), rates.grpc.end()),
+        Median(rates.server_model), Median(rates.in_process),
+        *std::min_element(rates.in_process.begin(), rates.in_process.end()),
+        *std::max_element(rates.in_process.begin(), rates.in_process.end()),
+        Median(ratios));
+    std::fflush(stdout);
+  }
+  if (!f.no_predict) {
+    ASSIGN_OR_RETURN(const std::vector<data::Batch> requests,
+                     MakeBatches(config, 64, f.request_size, f.alpha, 3));
+    for (const int c : f.concurrency) {
+      RETURN_IF_ERROR(MeasurePredict(server.address(), c, requests, f));
+    }
+  }
+  client.reset();
+  return server.Stop();
+}
+
+}  // namespace
+}  // namespace dlrm
+
+int main(int argc, char** argv) {
+  dlrm::Flags f;
+  CLI::App app{
+      "Serving benchmark: starts dlrm_server and measures streaming training "
+      "(against the in-process step) and Predict latency through gRPC."};
+  app.add_option("--server", f.server,
+                 "dlrm_server binary (default: ../server/dlrm_server next to "
+                 "this binary)");
+  app.add_option("--server-arg", f.server_args,
+                 "Extra dlrm_server flag, repeatable "
+                 "(--server-arg=--predict-max-wait-us=200)");
+  app.add_option("--config", f.config, "Server preset or config file")
+      ->capture_default_str();
+  app.add_option("--threads", f.threads,
+                 "Compute threads of the server and the in-process model "
+                 "(0 = all cores)")
+      ->capture_default_str();
+  app.add_option("--batch", f.batch, "Training samples per step")
+      ->capture_default_str();
+  app.add_option("--batches", f.batches,
+                 "Pre-generated training batches, rotated")
+      ->capture_default_str();
+  app.add_option("--warmup", f.warmup, "Untimed training steps")
+      ->capture_default_str();
+  app.add_option("--steps", f.steps, "Timed training steps per repeat")
+      ->capture_default_str();
+  app.add_option("--repeats", f.repeats, "Training repeats (median reported)")
+      ->capture_default_str();
+  app.add_option("--in-flight", f.in_flight,
+                 "Train stream: batches sent and not yet answered")
+      ->capture_default_str();
+  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+      ->capture_default_str();
+  app.add_option("--concurrency", f.concurrency,
+                 "Predict client threads per level, e.g. 1,8,64")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--request-size", f.request_size, "Samples per Predict")
+      ->capture_default_str();
+  app.add_option("--duration", f.duration,
+                 "Seconds of Predict calls per concurrency level")
+      ->capture_default_str();
+  app.add_flag("--no-train", f.no_train, "Skip the training measurement");
+  app.add_flag("--no-predict", f.no_predict, "Skip the Predict measurement");
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = dlrm::Run(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dlrm_bench_serve: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

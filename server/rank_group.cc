@@ -1,0 +1,624 @@
+// RankGroup: commands, batch scatter / probability gather, heartbeats and
+// per-rank checkpoints over the Communicator.
+#include "server/rank_group.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "data/wire.h"
+#include "dlrm/service.pb.h"
+#include "google/protobuf/text_format.h"
+#include "model/safetensors.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A command is kHeader words (op, argument) and then one word per rank: the
+// bytes of the rank's batch slice (Train, Predict).
+enum Op : int64_t {
+  kHeartbeat = 1,
+  kTrain = 2,
+  kPredict = 3,
+  kSave = 4,
+  kRestore = 5,
+  kShutdown = 6,
+};
+constexpr int kHeader = 2;
+
+const char* OpName(int64_t op) {
+  switch (op) {
+    case kHeartbeat:
+      return "heartbeat";
+    case kTrain:
+      return "Train";
+    case kPredict:
+      return "Predict";
+    case kSave:
+      return "SaveCheckpoint";
+    case kRestore:
+      return "RestoreCheckpoint";
+    case kShutdown:
+      return "Shutdown";
+  }
+  return "unknown";
+}
+
+// Files of a multi-rank checkpoint directory.
+constexpr char kManifest[] = "MANIFEST.json";
+constexpr char kConfig[] = "config.textproto";
+constexpr char kPlan[] = "plan.txt";
+constexpr char kDense[] = "dense.safetensors";
+
+std::string RankFile(int rank) {
+  return absl::StrCat("rank-", rank, ".safetensors");
+}
+
+std::string ShardName(const ModelConfig& config, int table, int shard) {
+  return absl::StrCat("embedding_bags.", config.tables(table).name(), ".shard",
+                      shard);
+}
+
+absl::StatusOr<std::string> ReadText(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A restore that does not fit this job is a precondition failure, whatever
+// the safetensors reader called it.
+template <typename T>
+absl::StatusOr<T> Mismatch(absl::StatusOr<T> s) {
+  if (s.ok() || s.status().code() == absl::StatusCode::kNotFound) return s;
+  return absl::FailedPreconditionError(s.status().message());
+}
+
+}  // namespace
+
+absl::Status RankGroupOptions::Validate() const {
+  if (!(heartbeat_seconds > 0)) {
+    return absl::InvalidArgumentError("heartbeat_seconds must be positive");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> SplitSamples(int64_t total, int world) {
+  std::vector<int64_t> sizes(world, total / world);
+  for (int r = 0; r < total % world; ++r) ++sizes[r];
+  return sizes;
+}
+
+RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
+                     std::unique_ptr<model::HybridModel> model,
+                     RankGroupOptions options)
+    : options_(std::move(options)),
+      comm_(std::move(comm)),
+      model_(std::move(model)),
+      rank_(comm_->rank()),
+      world_(comm_->world_size()),
+      last_command_(std::chrono::steady_clock::now()),
+      steps_(model_->steps()) {
+  for (const TableConfig& t : model_->config().tables()) {
+    table_rows_.push_back(t.rows());
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
+    std::unique_ptr<comm::Communicator> comm,
+    std::unique_ptr<model::HybridModel> model, RankGroupOptions options) {
+  if (comm == nullptr || model == nullptr) {
+    return absl::InvalidArgumentError(
+        "RankGroup needs a communicator and a model");
+  }
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<RankGroup> g(
+      new RankGroup(std::move(comm), std::move(model), std::move(options)));
+  if (g->rank_ == 0 && g->world_ > 1) {
+    g->heartbeat_ = std::thread([p = g.get()] { p->HeartbeatLoop(); });
+  }
+  return g;
+}
+
+RankGroup::~RankGroup() {
+  if (rank_ == 0 && world_ > 1) {
+    // Followers must not wait for commands that will never come; a group
+    // already shut down or broken has nothing to say.
+    Shutdown().IgnoreError();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_heartbeat_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+int64_t RankGroup::steps() const { return steps_.load(); }
+
+absl::Status RankGroup::CheckUsable() const {
+  if (!broken_.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the job's ranks are out of service (", broken_.message(),
+                     "); restart every rank of the job"));
+  }
+  if (shut_down_) {
+    return absl::UnavailableError("the job's ranks have been shut down");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
+  if (broken_.ok()) {
+    broken_ = absl::UnavailableError(
+        absl::StrCat("communicator of rank ", rank_, " of ", world_,
+                     " failed during ", what, ": ", status.message()));
+    spdlog::error("{}", std::string(broken_.message()));
+  }
+  return broken_;
+}
+
+absl::Status RankGroup::SendCommand(int64_t op, int64_t arg,
+                                    const std::vector<int64_t>& per_rank) {
+  std::vector<int64_t> command(kHeader + world_, 0);
+  command[0] = op;
+  command[1] = arg;
+  for (size_t r = 0; r < per_rank.size() && r < size_t(world_); ++r) {
+    command[kHeader + r] = per_rank[r];
+  }
+  last_command_ = std::chrono::steady_clock::now();
+  const absl::Status s =
+      comm_->Broadcast(command.data(), static_cast<int64_t>(command.size()),
+                       comm::DataType::kInt64, 0);
+  if (!s.ok()) return Broke(s, OpName(op));
+  return absl::OkStatus();
+}
+
+void RankGroup::HeartbeatLoop() {
+  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(options_.heartbeat_seconds));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_heartbeat_) {
+    heartbeat_cv_.wait_for(lock, period / 2);
+    if (stop_heartbeat_ || !CheckUsable().ok()) continue;
+    if (std::chrono::steady_clock::now() - last_command_ >= period) {
+      // An error is recorded in broken_ and logged by Broke().
+      SendCommand(kHeartbeat, 0, {}).IgnoreError();
+    }
+  }
+}
+
+absl::Status RankGroup::ScatterBatch(const std::vector<std::string>& parts,
+                                     const std::vector<int64_t>& bytes,
+                                     bool labels, data::Batch* slice) {
+  std::vector<int64_t> send_counts(world_, 0), recv_counts(world_, 0);
+  std::string send, recv;
+  if (rank_ == 0) {
+    for (int r = 1; r < world_; ++r) {
+      send_counts[r] = bytes[r];
+      send += parts[r];
+    }
+  } else {
+    recv_counts[0] = bytes[rank_];
+    recv.resize(bytes[rank_]);
+  }
+  const absl::Status s = comm_->AllToAllV(send.data(), send_counts, recv.data(),
+                                          recv_counts, comm::DataType::kUint8);
+  if (!s.ok()) return Broke(s, "the batch scatter");
+  if (rank_ == 0) return absl::OkStatus();  // the leader sliced its own part
+  const int num_dense = model_->config().num_dense_features();
+  if (recv.empty()) {
+    slice->Reset(num_dense, static_cast<int>(table_rows_.size()));
+    return absl::OkStatus();
+  }
+  dlrm::Batch proto;
+  data::BatchShape shape{num_dense, table_rows_};
+  absl::Status decoded =
+      proto.ParseFromString(recv)
+          ? data::BatchFromProto(
+                proto, shape,
+                labels ? data::Labels::kRequired : data::Labels::kIgnored, 0,
+                "slice", slice)
+          : absl::InvalidArgumentError("unparsable batch slice");
+  if (!decoded.ok()) {
+    // The leader validated the batch, so this is a bug; a slice without
+    // sparse features makes every rank refuse the step together instead of
+    // leaving this one out of the collectives.
+    spdlog::error("rank {}: bad batch slice from the leader: {}", rank_,
+                  std::string(decoded.message()));
+    slice->Reset(num_dense, 0);
+    slice->size = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::GatherProbs(const std::vector<float>& local,
+                                    const std::vector<int64_t>& sizes,
+                                    std::vector<float>* all) {
+  std::vector<int64_t> send_counts(world_, 0), recv_counts(world_, 0);
+  send_counts[0] = static_cast<int64_t>(local.size());
+  if (rank_ == 0) {
+    recv_counts = sizes;
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    all->resize(total);
+  }
+  const absl::Status s = comm_->AllToAllV(
+      local.data(), send_counts, rank_ == 0 ? all->data() : nullptr,
+      recv_counts, comm::DataType::kFloat32);
+  if (!s.ok()) return Broke(s, "the prediction gather");
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::BroadcastString(std::string* text, int64_t size) {
+  text->resize(size);
+  const absl::Status s =
+      comm_->Broadcast(text->data(), size, comm::DataType::kUint8, 0);
+  if (!s.ok()) return Broke(s, "a command's argument");
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::RunStep(const data::Batch& local, bool train,
+                                const std::vector<int64_t>& sizes,
+                                std::vector<float>* probs,
+                                model::HybridStepResult* result) {
+  if (train) {
+    absl::StatusOr<model::HybridStepResult> r = model_->TrainStep(local);
+    if (!r.ok()) {
+      if (absl::IsInvalidArgument(r.status())) return r.status();
+      return Broke(r.status(), "Train");
+    }
+    steps_.store(model_->steps());
+    if (result != nullptr) *result = *std::move(r);
+    return absl::OkStatus();
+  }
+  std::vector<float> mine;
+  absl::Status s = model_->Predict(local, &mine);
+  if (!s.ok()) {
+    if (absl::IsInvalidArgument(s)) return s;
+    return Broke(s, "Predict");
+  }
+  return GatherProbs(mine, sizes, probs);
+}
+
+absl::Status RankGroup::Lead(const data::Batch& batch, bool train,
+                             std::vector<float>* probs,
+                             model::HybridStepResult* result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  // Checked here so that the error names the sample of the whole batch.
+  RETURN_IF_ERROR(
+      batch.Validate(model_->config().num_dense_features(), table_rows_));
+  const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
+  std::vector<std::string> parts(world_);
+  std::vector<int64_t> bytes(world_, 0);
+  data::Batch local, part;
+  dlrm::Batch proto;
+  batch.Slice(0, sizes[0], &local);
+  for (int64_t r = 1, start = sizes[0]; r < world_; start += sizes[r], ++r) {
+    if (sizes[r] == 0) continue;
+    batch.Slice(start, start + sizes[r], &part);
+    data::BatchToProto(part, /*include_labels=*/train, &proto);
+    proto.SerializeToString(&parts[r]);
+    bytes[r] = static_cast<int64_t>(parts[r].size());
+  }
+  RETURN_IF_ERROR(SendCommand(train ? kTrain : kPredict, 0, bytes));
+  RETURN_IF_ERROR(ScatterBatch(parts, bytes, train, &local));
+  return RunStep(local, train, sizes, probs, result);
+}
+
+absl::StatusOr<model::HybridStepResult> RankGroup::TrainStep(
+    const data::Batch& batch) {
+  model::HybridStepResult result;
+  RETURN_IF_ERROR(Lead(batch, /*train=*/true, nullptr, &result));
+  return result;
+}
+
+absl::Status RankGroup::Predict(const data::Batch& batch,
+                                std::vector<float>* probs) {
+  return Lead(batch, /*train=*/false, probs, nullptr);
+}
+
+absl::Status RankGroup::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckUsable());
+  shut_down_ = true;
+  if (world_ == 1) return absl::OkStatus();
+  return SendCommand(kShutdown, 0, {});
+}
+
+absl::Status RankGroup::Follow() {
+  if (rank_ == 0) {
+    return absl::FailedPreconditionError("rank 0 leads; it does not follow");
+  }
+  std::vector<int64_t> command(kHeader + world_);
+  data::Batch slice;
+  std::string path;
+  for (;;) {
+    absl::Status s =
+        comm_->Broadcast(command.data(), static_cast<int64_t>(command.size()),
+                         comm::DataType::kInt64, 0);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", rank_,
+                       " lost the leader (rank 0) while "
+                       "waiting for a command: ",
+                       s.message()));
+    }
+    const std::vector<int64_t> bytes(command.begin() + kHeader, command.end());
+    const int64_t op = command[0];
+    switch (op) {
+      case kHeartbeat:
+        break;
+      case kTrain:
+      case kPredict:
+        s = ScatterBatch({}, bytes, op == kTrain, &slice);
+        if (s.ok()) s = RunStep(slice, op == kTrain, {}, nullptr, nullptr);
+        break;
+      case kSave:
+        s = BroadcastString(&path, command[1]);
+        if (s.ok()) s = Agree(WriteShards(path));
+        break;
+      case kRestore:
+        s = BroadcastString(&path, command[1]);
+        if (s.ok()) s = ReadShards(path);
+        break;
+      case kShutdown:
+        return absl::OkStatus();
+      default:
+        return absl::InternalError(
+            absl::StrCat("rank ", rank_, ": unknown command ", op));
+    }
+    if (!broken_.ok()) return broken_;
+    if (!s.ok()) {
+      spdlog::warn("rank {}: {} refused: {}", rank_, OpName(op),
+                   std::string(s.message()));
+    }
+  }
+}
+
+absl::Status RankGroup::WriteShards(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  const ModelConfig& config = model_->config();
+  std::vector<model::TensorToWrite> tensors;
+  std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
+                                             {"rank", std::to_string(rank_)}};
+  for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+    embedding::EmbeddingTable& t = *s.storage;
+    const std::string base = ShardName(config, s.table, s.shard);
+    tensors.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
+    if (!t.state1().empty()) {
+      const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
+      tensors.push_back({base + ".momentum1",
+                         per_row ? std::vector<int64_t>{t.rows()}
+                                 : std::vector<int64_t>{t.rows(), t.dim()},
+                         t.state1().data()});
+    }
+    if (!t.state2().empty()) {
+      tensors.push_back(
+          {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+    }
+    meta["table_step." + base] = std::to_string(t.step());
+  }
+  RETURN_IF_ERROR(
+      model::WriteSafetensors((dir / RankFile(rank_)).string(), tensors, meta));
+  if (rank_ != 0) return absl::OkStatus();
+
+  // Dense replicas are identical on every rank: the leader writes them.
+  tensors.clear();
+  for (const dense::ParamRef& p : model_->dense_params()) {
+    tensors.push_back({p.name, {p.size}, p.value});
+  }
+  for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
+    tensors.push_back({p.name, {p.size}, p.value});
+  }
+  RETURN_IF_ERROR(model::WriteSafetensors(
+      (dir / kDense).string(), tensors,
+      {{"format", "dlrm-server"},
+       {"step", std::to_string(model_->steps())},
+       {"dense_optimizer_step",
+        std::to_string(model_->dense_optimizer().step())}}));
+  std::string config_text;
+  google::protobuf::TextFormat::PrintToString(config, &config_text);
+  RETURN_IF_ERROR(model::WriteTextFile((dir / kConfig).string(), config_text));
+  RETURN_IF_ERROR(model::WriteTextFile((dir / kPlan).string(),
+                                       model_->plan().ToString(config)));
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::ReadShards(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  const ModelConfig& config = model_->config();
+  struct Copy {
+    std::span<const float> from;
+    float* to;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::pair<embedding::EmbeddingTable*, int64_t>> table_steps;
+  int64_t step = 0, dense_step = 0;
+  std::unique_ptr<model::SafetensorsFile> rank_file, dense_file;
+  auto check = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::string plan_text, ReadText(dir / kPlan));
+    if (plan_text != model_->plan().ToString(config)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint in ", dir.string(),
+          " was written by a job with another sharding plan or world size; "
+          "its plan:\n",
+          plan_text));
+    }
+    ASSIGN_OR_RETURN(rank_file, model::SafetensorsFile::Open(
+                                    (dir / RankFile(rank_)).string()));
+    ASSIGN_OR_RETURN(dense_file,
+                     model::SafetensorsFile::Open((dir / kDense).string()));
+    auto add = [&](const model::SafetensorsFile& file, const std::string& name,
+                   std::vector<int64_t> shape, float* to) -> absl::Status {
+      ASSIGN_OR_RETURN(std::span<const float> from,
+                       Mismatch(file.Get(name, shape)));
+      copies.push_back({from, to});
+      return absl::OkStatus();
+    };
+    for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+      embedding::EmbeddingTable& t = *s.storage;
+      const std::string base = ShardName(config, s.table, s.shard);
+      RETURN_IF_ERROR(
+          add(*rank_file, base + ".weight", {t.rows(), t.dim()}, t.weights()));
+      if (!t.state1().empty()) {
+        const bool per_row =
+            static_cast<int64_t>(t.state1().size()) == t.rows();
+        RETURN_IF_ERROR(add(*rank_file, base + ".momentum1",
+                            per_row ? std::vector<int64_t>{t.rows()}
+                                    : std::vector<int64_t>{t.rows(), t.dim()},
+                            t.state1().data()));
+      }
+      if (!t.state2().empty()) {
+        RETURN_IF_ERROR(add(*rank_file, base + ".momentum2",
+                            {t.rows(), t.dim()}, t.state2().data()));
+      }
+      int64_t table_step = 0;
+      auto it = rank_file->metadata().find("table_step." + base);
+      if (it != rank_file->metadata().end()) {
+        absl::SimpleAtoi(it->second, &table_step);
+      }
+      table_steps.push_back({&t, table_step});
+    }
+    for (const dense::ParamRef& p : model_->dense_params()) {
+      RETURN_IF_ERROR(add(*dense_file, p.name, {p.size}, p.value));
+    }
+    for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
+      RETURN_IF_ERROR(add(*dense_file, p.name, {p.size}, p.value));
+    }
+    const auto& meta = dense_file->metadata();
+    if (auto it = meta.find("step"); it != meta.end()) {
+      absl::SimpleAtoi(it->second, &step);
+    }
+    if (auto it = meta.find("dense_optimizer_step"); it != meta.end()) {
+      absl::SimpleAtoi(it->second, &dense_step);
+    }
+    return absl::OkStatus();
+  };
+  absl::Status local = check();
+  if (!local.ok()) {
+    spdlog::warn("rank {}: cannot restore {}: {}", rank_, dir.string(),
+                 std::string(local.message()));
+  }
+  // Nothing changes unless every rank can read its part.
+  RETURN_IF_ERROR(Agree(local));
+  for (const Copy& c : copies) {
+    std::copy(c.from.begin(), c.from.end(), c.to);
+  }
+  for (auto [table, table_step] : table_steps) table->set_step(table_step);
+  model_->dense_optimizer().set_step(dense_step);
+  model_->set_steps(step);
+  steps_.store(step);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
+    const std::string& dir_name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  const fs::path dir = fs::absolute(dir_name).lexically_normal();
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+  }
+  std::string path = tmp.string();
+  RETURN_IF_ERROR(SendCommand(kSave, static_cast<int64_t>(path.size()), {}));
+  RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
+  const absl::Status written = Agree(WriteShards(path));
+  if (!broken_.ok()) return broken_;
+  if (!written.ok()) {
+    fs::remove_all(tmp, ec);
+    return absl::InternalError(absl::StrCat("checkpoint to ", dir.string(),
+                                            " failed: ", written.message()));
+  }
+  model::CheckpointInfo info;
+  info.step = model_->steps();
+  nlohmann::json manifest = {{"format", "dlrm-server-multirank-checkpoint"},
+                             {"version", 1},
+                             {"step", info.step},
+                             {"world_size", world_}};
+  for (const auto& entry : fs::directory_iterator(tmp, ec)) {
+    const auto bytes = entry.file_size(ec);
+    manifest["files"][entry.path().filename().string()] = {{"bytes", bytes}};
+    info.bytes += static_cast<int64_t>(bytes);
+  }
+  // The manifest is written last: its presence marks a complete checkpoint.
+  RETURN_IF_ERROR(model::WriteTextFile((tmp / kManifest).string(),
+                                       manifest.dump(2) + "\n"));
+  RETURN_IF_ERROR(model::SyncDirectory(tmp.string()));
+  RETURN_IF_ERROR(model::CommitDirectory(tmp.string(), dir.string()));
+  return info;
+}
+
+absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
+    const std::string& dir_name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  const fs::path dir = fs::absolute(dir_name).lexically_normal();
+  ASSIGN_OR_RETURN(std::string manifest_text, ReadText(dir / kManifest));
+  const nlohmann::json manifest =
+      nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() ||
+      manifest.value("format", "") != "dlrm-server-multirank-checkpoint") {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.string(),
+                     " holds no multi-rank checkpoint (a checkpoint of a "
+                     "single-rank server cannot be restored on several)"));
+  }
+  if (manifest.value("world_size", 0) != world_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint in ", dir.string(), " was written by ",
+        manifest.value("world_size", 0), " ranks, this job has ", world_));
+  }
+  std::string path = dir.string();
+  RETURN_IF_ERROR(SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
+  RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
+  const absl::Status read = ReadShards(path);
+  if (!broken_.ok()) return broken_;
+  RETURN_IF_ERROR(read);
+  model::CheckpointInfo info;
+  info.step = model_->steps();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    info.bytes += static_cast<int64_t>(entry.file_size(ec));
+  }
+  return info;
+}
+
+absl::Status RankGroup::Agree(const absl::Status& local) {
+  const int64_t mine = local.ok() ? 0 : 1;
+  std::vector<int64_t> all(world_);
+  const absl::Status s =
+      comm_->AllGather(&mine, 1, all.data(), comm::DataType::kInt64);
+  if (!s.ok()) return Broke(s, "a checkpoint's agreement");
+  if (!local.ok()) return local;
+  for (int r = 0; r < world_; ++r) {
+    if (all[r] != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " failed (see its log)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dlrm::server

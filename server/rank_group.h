@@ -1,0 +1,155 @@
+// The leader/follower protocol of a multi-rank server (DESIGN.md "Process
+// model"): rank 0, the leader, starts every collective operation by
+// broadcasting a small command; ranks > 0, the followers, run the same
+// HybridModel collectives on the slice of the batch the leader scatters.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "data/batch.h"
+#include "model/checkpoint.h"
+#include "model/hybrid_model.h"
+
+namespace dlrm::server {
+
+struct RankGroupOptions {
+  // While idle the leader sends a heartbeat this often, in seconds, so that
+  // followers waiting for a command do not hit the communicator's op
+  // timeout, and a dead rank is noticed between requests. Must be below
+  // that timeout. Default: 10.
+  double heartbeat_seconds = 10;
+
+  absl::Status Validate() const;
+};
+
+// One rank of a multi-rank job: its communicator and its HybridModel.
+// The leader's methods (TrainStep, Predict, checkpoints, Shutdown) are
+// thread-safe and run one at a time; Follow() is the followers' whole life.
+//
+// A communicator error breaks the group: the job cannot go on, and every
+// later leader call returns Unavailable naming the original error.
+class RankGroup {
+ public:
+  // Takes ownership of `comm` and `model` (built over `comm`). On rank 0 of
+  // a job with several ranks, starts the heartbeat thread.
+  static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
+      std::unique_ptr<comm::Communicator> comm,
+      std::unique_ptr<model::HybridModel> model, RankGroupOptions options);
+
+  // Leader: Shutdown() (if not done yet), then stops the heartbeat.
+  ~RankGroup();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const ModelConfig& config() const { return model_->config(); }
+  const embedding::ShardingPlan& plan() const { return model_->plan(); }
+  // Steps taken; does not wait for a running operation.
+  int64_t steps() const;
+
+  // Leader: one training step on the global `batch` (split by sample over
+  // the ranks). InvalidArgument for a batch that does not fit (no rank
+  // changes); Unavailable once the group is broken.
+  absl::StatusOr<model::HybridStepResult> TrainStep(const data::Batch& batch);
+
+  // Leader: click probabilities of every sample of `batch` (resized).
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
+
+  // Leader: every rank writes its shards under `dir` (see docs/server.md
+  // "Multiple ranks"); replaces a previous checkpoint there. Internal on an
+  // I/O error on any rank.
+  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(const std::string& dir);
+
+  // Leader: every rank reads its shards from `dir`. NotFound when `dir`
+  // holds no multi-rank checkpoint; FailedPrecondition when its config,
+  // world size or sharding plan differ from the job's. On error no rank
+  // changes.
+  absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
+      const std::string& dir);
+
+  // Leader: tells the followers to exit after the current operation. Later
+  // calls return Unavailable. Idempotent.
+  absl::Status Shutdown();
+
+  // Follower: obeys the leader's commands until it says Shutdown (OK) or the
+  // communicator fails (that error).
+  absl::Status Follow();
+
+ private:
+  RankGroup(std::unique_ptr<comm::Communicator> comm,
+            std::unique_ptr<model::HybridModel> model,
+            RankGroupOptions options);
+
+  // Leader, with mu_ held: OK, or Unavailable once broken or shut down.
+  absl::Status CheckUsable() const;
+  // Leader, with mu_ held: broadcasts a command: `op`, `arg` and one word
+  // per rank (the bytes of its batch slice).
+  absl::Status SendCommand(int64_t op, int64_t arg,
+                           const std::vector<int64_t>& per_rank);
+  // Records a communicator error, which breaks the group; returns it named.
+  absl::Status Broke(const absl::Status& status, const char* what);
+  void HeartbeatLoop();
+
+  // Leader: validates and splits `batch`, sends the command and the slices,
+  // and runs the step (train) or the prediction with every rank.
+  absl::Status Lead(const data::Batch& batch, bool train,
+                    std::vector<float>* probs, model::HybridStepResult* result);
+  // Every rank: the leader sends parts[r] (bytes[r] long) to rank r; a
+  // follower decodes its part into `slice`.
+  absl::Status ScatterBatch(const std::vector<std::string>& parts,
+                            const std::vector<int64_t>& bytes, bool labels,
+                            data::Batch* slice);
+  // Every rank: trains on, or predicts `local`; a prediction's
+  // probabilities are gathered into the leader's `probs` (`sizes`: every
+  // rank's sample count, leader only). Communicator errors break the group.
+  absl::Status RunStep(const data::Batch& local, bool train,
+                       const std::vector<int64_t>& sizes,
+                       std::vector<float>* probs,
+                       model::HybridStepResult* result);
+  absl::Status GatherProbs(const std::vector<float>& local,
+                           const std::vector<int64_t>& sizes,
+                           std::vector<float>* all);
+  // Every rank: writes its part of a checkpoint into the directory `dir`
+  // (the leader also the dense weights, config and plan).
+  absl::Status WriteShards(const std::string& dir);
+  // Every rank: checks its part of the checkpoint in `dir`, agrees with the
+  // others, and only then loads it.
+  absl::Status ReadShards(const std::string& dir);
+  // Every rank: all-gathers whether `local` is OK and returns `local`'s
+  // error, else FailedPrecondition naming the first rank that failed, else
+  // OK. Communicator errors break the group.
+  absl::Status Agree(const absl::Status& local);
+  // Every rank: broadcasts the leader's `text` of `size` bytes.
+  absl::Status BroadcastString(std::string* text, int64_t size);
+
+  const RankGroupOptions options_;
+  std::unique_ptr<comm::Communicator> comm_;
+  std::unique_ptr<model::HybridModel> model_;
+  const int rank_, world_;
+  std::vector<int64_t> table_rows_;
+
+  mutable std::mutex mu_;  // guards everything below and the collectives
+  absl::Status broken_;    // first communicator error
+  bool shut_down_ = false;
+  std::chrono::steady_clock::time_point last_command_;
+  std::condition_variable heartbeat_cv_;
+  bool stop_heartbeat_ = false;
+  std::thread heartbeat_;
+  std::atomic<int64_t> steps_{0};
+};
+
+// The sizes of `world` contiguous parts of `total` samples: the first
+// total % world parts get one sample more.
+std::vector<int64_t> SplitSamples(int64_t total, int world);
+
+}  // namespace dlrm::server

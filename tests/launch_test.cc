@@ -1,0 +1,437 @@
+// Multi-rank serving end to end: real dlrm_server rank processes on
+// loopback, driven through the C++ client library, checked against the
+// single-process DlrmModel fed the same batches (docs/hybrid.md tolerance),
+// plus checkpoints, deploy/launch_local.sh and a follower that dies.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clients/client.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "model/dlrm_model.h"
+
+extern char** environ;
+
+namespace dlrm {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every sharding kind at once (pinned), with optimizers that keep state.
+constexpr char kConfig[] = R"pb(
+  num_dense_features: 4
+  embedding_dim: 8
+  tables { name: "t0" rows: 50 sharding: SHARDING_TABLE_WISE }
+  tables {
+    name: "t1"
+    rows: 30
+    multi_hot_size: 3
+    pooling: POOLING_MEAN
+    sharding: SHARDING_ROW_WISE
+  }
+  tables {
+    name: "t2"
+    rows: 100
+    multi_hot_size: 2
+    sharding: SHARDING_COLUMN_WISE
+  }
+  tables { name: "t3" rows: 10 sharding: SHARDING_DATA_PARALLEL }
+  bottom_mlp: [ 8, 8 ]
+  top_mlp: [ 8, 1 ]
+  interaction: INTERACTION_DOT
+  dense_optimizer { type: ADAM learning_rate: 0.01 }
+  sparse_optimizer { type: ADAM learning_rate: 0.01 }
+  seed: 7
+)pb";
+
+// Global batches of 37 samples: not divisible by 2 or 3.
+constexpr int64_t kBatch = 37;
+constexpr int64_t kSteps = 4;
+
+fs::path BuildDir() {
+  return fs::read_symlink("/proc/self/exe").parent_path().parent_path();
+}
+
+std::string ServerPath() {
+  const char* env = std::getenv("DLRM_SERVER");
+  if (env != nullptr && *env != '\0') return env;
+  return (BuildDir() / "server" / "dlrm_server").string();
+}
+
+fs::path SourceDir() { return fs::path(__FILE__).parent_path().parent_path(); }
+
+// A port free now (the coordinator's must be known to every rank up front).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// One spawned process with stdout in a pipe and stderr in a file.
+struct Proc {
+  pid_t pid = -1;
+  int out_fd = -1;
+};
+
+Proc Spawn(const std::vector<std::string>& args, const fs::path& err) {
+  int fds[2];
+  Proc p;
+  if (pipe(fds) != 0) return p;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  if (posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ) !=
+      0) {
+    p.pid = -1;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  p.out_fd = fds[0];
+  return p;
+}
+
+// Reads `fd` until a "dlrm_server: listening on ADDR" line; "" on timeout.
+std::string WaitListening(int fd, double seconds) {
+  const std::string prefix = "dlrm_server: listening on ";
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::string buffer;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return "";
+    buffer.append(chunk, n);
+    const size_t at = buffer.find(prefix);
+    if (at == std::string::npos) continue;
+    const size_t end = buffer.find(' ', at + prefix.size());
+    if (end == std::string::npos) continue;
+    return buffer.substr(at + prefix.size(), end - at - prefix.size());
+  }
+  return "";
+}
+
+// Exit code of `pid` within `seconds`, or -2 (then it is killed).
+int WaitExit(pid_t pid, double seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -2;
+}
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class LaunchTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(ServerPath().c_str(), X_OK) != 0) {
+      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
+    }
+    dir_ = fs::temp_directory_path() /
+           ("launch_test-" + std::to_string(getpid()) + "-" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    config_path_ = dir_ / "model.textproto";
+    std::ofstream(config_path_) << kConfig;
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+  }
+
+  void TearDown() override {
+    for (Proc& p : ranks_) {
+      if (p.pid > 0) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+      }
+      if (p.out_fd >= 0) close(p.out_fd);
+    }
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Starts `world` ranks; returns rank 0's address ("" on failure).
+  std::string StartRanks(int world, std::vector<std::string> extra = {}) {
+    ranks_.clear();
+    const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> args = {ServerPath(),
+                                       "--config",
+                                       config_path_.string(),
+                                       "--listen",
+                                       "127.0.0.1:0",
+                                       "--metrics-listen",
+                                       "",
+                                       "--threads",
+                                       "1",
+                                       "--world-size",
+                                       std::to_string(world),
+                                       "--rank",
+                                       std::to_string(r),
+                                       "--coordinator",
+                                       coordinator,
+                                       "--predict-max-wait-us",
+                                       "0"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      ranks_.push_back(
+          Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log")));
+    }
+    const std::string address = WaitListening(ranks_[0].out_fd, 30);
+    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
+                                  << ReadText(dir_ / "rank-0.log");
+    return address;
+  }
+
+  // SIGTERM to rank 0; every rank must exit 0.
+  void StopRanks() {
+    kill(ranks_[0].pid, SIGTERM);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      EXPECT_EQ(WaitExit(ranks_[r].pid, 20), 0)
+          << "rank " << r << " log:\n"
+          << ReadText(dir_ / ("rank-" + std::to_string(r) + ".log"));
+      ranks_[r].pid = -1;
+    }
+  }
+
+  std::unique_ptr<data::BatchSource> Source(uint64_t seed, int64_t samples) {
+    data::SyntheticOptions o;
+    o.sample_seed = seed;
+    o.num_samples = samples;
+    auto source = data::MakeSyntheticSource(config_, o);
+    EXPECT_TRUE(source.ok()) << source.status();
+    return std::move(*source);
+  }
+
+  // Trains kSteps batches through the client; returns the losses.
+  std::vector<double> Train(clients::Client& client) {
+    auto source = Source(11, kBatch * kSteps);
+    clients::TrainOptions o;
+    o.batch_size = kBatch;
+    o.max_in_flight = 1;
+    std::vector<double> losses;
+    auto summary = client.Train(
+        *source, o, [&](const StepResult& r) { losses.push_back(r.loss()); });
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    return losses;
+  }
+
+  data::Batch EvalBatch() {
+    auto source = Source(23, 29);
+    data::Batch batch;
+    EXPECT_TRUE(source->Next(29, &batch).ok());
+    return batch;
+  }
+
+  void CheckAgainstOneProcess(int world) {
+    const std::string address = StartRanks(world);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<double> losses = Train(**client);
+    const data::Batch eval = EvalBatch();
+    auto probs = (*client)->Predict(eval);
+    ASSERT_TRUE(probs.ok()) << probs.status();
+    auto info = (*client)->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->world_size(), world);
+    EXPECT_NE(info->sharding_plan().find("row-wise"), std::string::npos)
+        << info->sharding_plan();
+    EXPECT_EQ(info->steps(), kSteps);
+
+    // The reference: one process, the same global batches.
+    auto model = model::DlrmModel::Create(config_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto source = Source(11, kBatch * kSteps);
+    data::Batch batch;
+    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+    for (int64_t s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(*source->Next(kBatch, &batch));
+      auto r = (*model)->TrainStep(batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
+    }
+    std::vector<float> ref;
+    ASSERT_TRUE((*model)->Predict(eval, &ref).ok());
+    ASSERT_EQ(probs->size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR((*probs)[i], ref[i], 1e-5) << "sample " << i;
+    }
+    StopRanks();
+  }
+
+  fs::path dir_, config_path_;
+  ModelConfig config_;
+  std::vector<Proc> ranks_;
+};
+
+TEST_F(LaunchTest, TwoRanksTrainAndPredictLikeOneProcess) {
+  CheckAgainstOneProcess(2);
+}
+
+TEST_F(LaunchTest, ThreeRanksTrainAndPredictLikeOneProcess) {
+  CheckAgainstOneProcess(3);
+}
+
+TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
+  const fs::path ckpt = dir_ / "ckpt";
+  std::vector<float> before;
+  int64_t steps = 0;
+  {
+    const std::string address = StartRanks(2);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Train(**client);
+    auto saved = (*client)->SaveCheckpoint(ckpt.string());
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_TRUE(fs::exists(ckpt / "rank-0.safetensors"));
+    EXPECT_TRUE(fs::exists(ckpt / "rank-1.safetensors"));
+    EXPECT_TRUE(fs::exists(ckpt / "MANIFEST.json"));
+    auto probs = (*client)->Predict(EvalBatch());
+    ASSERT_TRUE(probs.ok()) << probs.status();
+    before = *probs;
+    // Training on changes the model; the restore below must undo it.
+    Train(**client);
+    auto restored = (*client)->RestoreCheckpoint(ckpt.string());
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    auto again = (*client)->Predict(EvalBatch());
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, before);
+    steps = (*client)->GetModelInfo()->steps();
+    StopRanks();
+  }
+  const std::string address = StartRanks(2, {"--restore", ckpt.string()});
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto probs = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(probs.ok()) << probs.status();
+  EXPECT_EQ(*probs, before);
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), steps);
+  // Another world size has another plan: refused, nothing changes.
+  StopRanks();
+  const std::string three = StartRanks(3);
+  ASSERT_FALSE(three.empty());
+  auto other = clients::Client::Connect(three);
+  ASSERT_TRUE(other.ok());
+  auto refused = (*other)->RestoreCheckpoint(ckpt.string());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  StopRanks();
+}
+
+TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
+  const std::string address = StartRanks(2, {"--comm-timeout-s", "3"});
+  ASSERT_FALSE(address.empty());
+  clients::ClientOptions co;
+  co.call_timeout_seconds = 30;
+  auto client = clients::Client::Connect(address, co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  Train(**client);
+  kill(ranks_[1].pid, SIGKILL);
+  waitpid(ranks_[1].pid, nullptr, 0);
+  ranks_[1].pid = -1;
+
+  const auto start = std::chrono::steady_clock::now();
+  auto source = Source(11, kBatch);
+  clients::TrainOptions o;
+  o.batch_size = kBatch;
+  auto summary = (*client)->Train(*source, o, nullptr);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
+      << summary.status();
+  EXPECT_NE(summary.status().message().find("communicator"), std::string::npos)
+      << summary.status();
+  EXPECT_LT(seconds, 10);
+
+  // Rank 0 still answers: model info, and clear errors for model calls.
+  auto info = (*client)->GetModelInfo();
+  EXPECT_TRUE(info.ok()) << info.status();
+  auto probs = (*client)->Predict(EvalBatch());
+  EXPECT_EQ(probs.status().code(), absl::StatusCode::kUnavailable)
+      << probs.status();
+  kill(ranks_[0].pid, SIGTERM);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0);
+  ranks_[0].pid = -1;
+}
+
+TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
+  const std::string script =
+      (SourceDir() / "deploy" / "launch_local.sh").string();
+  ASSERT_EQ(access(script.c_str(), X_OK), 0) << script;
+  setenv("DLRM_SERVER", ServerPath().c_str(), 1);
+  setenv("DLRM_LOG_DIR", (dir_ / "logs").c_str(), 1);
+  ranks_.push_back(Spawn(
+      {"/bin/bash", script, "2", "--config", config_path_.string(), "--listen",
+       "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
+      dir_ / "launch.err"));
+  const std::string address = WaitListening(ranks_[0].out_fd, 30);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto probs = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(probs.ok()) << probs.status();
+  EXPECT_EQ(probs->size(), 29u);
+
+  kill(ranks_[0].pid, SIGINT);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadText(dir_ / "launch.err");
+  ranks_[0].pid = -1;
+  EXPECT_NE(
+      ReadText(dir_ / "logs" / "rank-1.log").find("rank 0 shut the job down"),
+      std::string::npos);
+  EXPECT_NE(ReadText(dir_ / "logs" / "rank-0.log").find("server stopped"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dlrm
