@@ -37,6 +37,9 @@ struct Flags {
   int iters = 20;
   int repeats = 3;
   double alpha = 1.05;
+  // All-reduce dense gradients on a second communicator, overlapped with
+  // the backward pass.
+  bool overlap = false;
   // Set on the rank processes only.
   int rank = -1;
   std::string coordinator;
@@ -59,8 +62,13 @@ absl::Status RunRank(const Flags& f) {
   go.coordinator_address = f.coordinator;
   go.job_id = "bench";
   ASSIGN_OR_RETURN(auto comm, comm::ConnectGloo(go));
-  ASSIGN_OR_RETURN(auto model,
-                   model::HybridModel::Create(config, plan, comm.get()));
+  std::unique_ptr<comm::Communicator> dense_comm;
+  if (f.overlap) {
+    go.job_id = "bench-dense";
+    ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
+  }
+  ASSIGN_OR_RETURN(auto model, model::HybridModel::Create(
+                                   config, plan, comm.get(), dense_comm.get()));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
@@ -109,12 +117,14 @@ absl::Status RunRank(const Flags& f) {
   std::printf(
       "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
       "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
-      "\"threads_per_rank\": %d, \"iters\": %d, \"repeats\": %d, "
+      "\"threads_per_rank\": %d, \"overlap\": %s, \"iters\": %d, "
+      "\"repeats\": %d, "
       "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
       "\"stage_ms\": {",
       f.config.c_str(), static_cast<long long>(f.rows),
-      static_cast<long long>(f.batch), f.ranks, omp_get_max_threads(), f.iters,
-      f.repeats, rates[rates.size() / 2], rates.front(), rates.back());
+      static_cast<long long>(f.batch), f.ranks, omp_get_max_threads(),
+      f.overlap ? "true" : "false", f.iters, f.repeats, rates[rates.size() / 2],
+      rates.front(), rates.back());
   for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
     std::printf("%s\"%s\": %.3f", s ? ", " : "",
                 model::HybridStageTimes::Name(s),
@@ -189,6 +199,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
       ->capture_default_str();
+  app.add_flag("--overlap", f.overlap,
+               "All-reduce dense gradients on a second communicator, "
+               "overlapped with the backward pass");
   app.add_option("--rank", f.rank, "(internal) this process's rank");
   app.add_option("--coordinator", f.coordinator, "(internal) coordinator");
   CLI11_PARSE(app, argc, argv);

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
@@ -51,6 +53,42 @@ std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
   }
   return starts;
 }
+
+// Runs up to two all-reduce buckets, one after the other, on a background
+// thread; Finish() waits for both and returns the first error. The
+// destructor waits too, so an early return never leaves the thread running
+// on buffers that are going away.
+class OverlappedReduce {
+ public:
+  OverlappedReduce() = default;
+  OverlappedReduce(const OverlappedReduce&) = delete;
+  OverlappedReduce& operator=(const OverlappedReduce&) = delete;
+  ~OverlappedReduce() { Finish().IgnoreError(); }
+
+  void Start(std::function<absl::Status()> first) {
+    worker_ = std::async(std::launch::async, [this, first = std::move(first)] {
+      absl::Status s = first();
+      std::function<absl::Status()> second = next_.get_future().get();
+      if (s.ok() && second) s = second();
+      return s;
+    });
+  }
+  // Queues the second bucket (call once after Start).
+  void Then(std::function<absl::Status()> second) {
+    next_.set_value(std::move(second));
+    queued_ = true;
+  }
+  absl::Status Finish() {
+    if (!worker_.valid()) return absl::OkStatus();
+    if (!queued_) Then(nullptr);
+    return worker_.get();
+  }
+
+ private:
+  std::future<absl::Status> worker_;
+  std::promise<std::function<absl::Status()>> next_;
+  bool queued_ = false;
+};
 
 }  // namespace
 
@@ -93,14 +131,21 @@ HybridModel::HybridModel(const ModelConfig& config,
 
 absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     const ModelConfig& config, const embedding::ShardingPlan& plan,
-    comm::Communicator* comm) {
+    comm::Communicator* comm, comm::Communicator* dense_comm) {
   RETURN_IF_ERROR(plan.Validate(config));
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,
                      " ranks, the communicator has ", comm->world_size()));
   }
+  if (dense_comm != nullptr &&
+      (dense_comm->world_size() != comm->world_size() ||
+       dense_comm->rank() != comm->rank())) {
+    return absl::InvalidArgumentError(
+        "the dense communicator must join the same ranks as the main one");
+  }
   std::unique_ptr<HybridModel> m(new HybridModel(config, plan, comm));
+  m->dense_comm_ = dense_comm;
   // The same draws as DlrmModel::Create: every rank's replica starts equal.
   Rng rng(config.seed());
   m->bottom_.Init(&rng);
@@ -424,6 +469,19 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   float* dz = Sized(dz_, n * interaction_dim_);
   top_.Backward(z, dlogits, n, dz);
   clock.Mark(HybridStageTimes::kTopBackward);
+  // With a dense communicator, the top MLP's gradients (and the loss) are
+  // all-reduced while the rest of the backward runs, then the bottom MLP's
+  // once they exist. Nothing below touches the top MLP's gradients.
+  double loss_sum = local_mean * static_cast<double>(n);
+  const bool overlapped = dense_comm_ != nullptr;
+  const size_t bottom_params = 2 * bottom_.layers().size();
+  OverlappedReduce overlap;
+  if (overlapped) {
+    overlap.Start([this, bottom_params, &loss_sum] {
+      return ReduceBucket(dense_comm_, bottom_params, dense_params_.size(),
+                          &loss_sum);
+    });
+  }
   float* dt = dz;
   if (dot_) {
     dt = Sized(dt_, n * t_width_);
@@ -436,6 +494,11 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   }
   bottom_.Backward(batch.dense.data(), dbottom, n, /*dx=*/nullptr);
   clock.Mark(HybridStageTimes::kBottomBackward);
+  if (overlapped) {
+    overlap.Then([this, bottom_params] {
+      return ReduceBucket(dense_comm_, 0, bottom_params, nullptr);
+    });
+  }
 
   // Backward dist: every shard (replicas included) gets the gradients of
   // its pooled vectors for this rank's samples; row-wise shards of a mean
@@ -505,29 +568,49 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   }
   clock.Mark(HybridStageTimes::kEmbeddingUpdate);
 
-  // Dense gradients and the loss sum in one all-reduce.
-  int64_t total = 1;
-  for (const dense::ParamRef& p : dense_params_) total += p.size;
-  float* flat = Sized(grad_flat_, total);
-  int64_t at = 0;
-  for (const dense::ParamRef& p : dense_params_) {
-    std::memcpy(flat + at, p.grad, sizeof(float) * p.size);
-    at += p.size;
+  // Dense gradients and the loss sum: the top bucket (and the loss) may
+  // already be in flight on the dense communicator.
+  RETURN_IF_ERROR(overlap.Finish());
+  if (!overlapped) {
+    RETURN_IF_ERROR(ReduceBucket(comm_, 0, dense_params_.size(), &loss_sum));
   }
-  flat[at] = static_cast<float>(local_mean * static_cast<double>(n));
-  RETURN_IF_ERROR(comm_->AllReduceSum(flat, total, DataType::kFloat32));
-  times.bytes_sent[HybridStageTimes::kDense] += world_ > 1 ? total * 4 : 0;
-  at = 0;
-  for (const dense::ParamRef& p : dense_params_) {
-    std::memcpy(p.grad, flat + at, sizeof(float) * p.size);
-    at += p.size;
-  }
-  result.loss = static_cast<double>(flat[at]) / global_size_;
+  times.bytes_sent[HybridStageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
+  result.loss = loss_sum / static_cast<double>(global_size_);
   clock.Mark(HybridStageTimes::kAllReduce);
   dense_optimizer_->Step();
   clock.Mark(HybridStageTimes::kDenseUpdate);
   ++steps_;
   return result;
+}
+
+absl::Status HybridModel::ReduceBucket(comm::Communicator* comm, size_t begin,
+                                       size_t end, double* loss_sum) {
+  AlignedVector<float>& flat_buffer = begin == 0 ? grad_flat_ : grad_flat_top_;
+  int64_t total = loss_sum != nullptr ? 1 : 0;
+  for (size_t i = begin; i < end; ++i) total += dense_params_[i].size;
+  float* flat = Sized(flat_buffer, total);
+  int64_t at = 0;
+  for (size_t i = begin; i < end; ++i) {
+    std::memcpy(flat + at, dense_params_[i].grad,
+                sizeof(float) * dense_params_[i].size);
+    at += dense_params_[i].size;
+  }
+  if (loss_sum != nullptr) flat[at] = static_cast<float>(*loss_sum);
+  RETURN_IF_ERROR(comm->AllReduceSum(flat, total, DataType::kFloat32));
+  at = 0;
+  for (size_t i = begin; i < end; ++i) {
+    std::memcpy(dense_params_[i].grad, flat + at,
+                sizeof(float) * dense_params_[i].size);
+    at += dense_params_[i].size;
+  }
+  if (loss_sum != nullptr) *loss_sum = flat[at];
+  return absl::OkStatus();
+}
+
+int64_t HybridModel::DenseBytes() const {
+  int64_t total = 1;
+  for (const dense::ParamRef& p : dense_params_) total += p.size;
+  return 4 * total;
 }
 
 absl::Status HybridModel::Predict(const data::Batch& batch,

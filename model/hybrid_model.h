@@ -70,10 +70,13 @@ class HybridModel {
  public:
   // `config` normalised; `plan` valid for it with plan.world_size ==
   // comm->world_size(). `comm` is borrowed and must outlive the model.
+  // With `dense_comm` (a second communicator over the same ranks, also
+  // borrowed), dense gradients are all-reduced in two buckets on a
+  // background thread, overlapped with the rest of the backward pass.
   // Initial weights equal DlrmModel::Create(config)'s.
   static absl::StatusOr<std::unique_ptr<HybridModel>> Create(
       const ModelConfig& config, const embedding::ShardingPlan& plan,
-      comm::Communicator* comm);
+      comm::Communicator* comm, comm::Communicator* dense_comm = nullptr);
 
   // One training step on the global batch made of every rank's local batch
   // (in rank order). InvalidArgument (naming field and sample) when any
@@ -140,6 +143,12 @@ class HybridModel {
   }
   // Validates the local batch and agrees with every rank on the verdict.
   absl::Status AgreeOnBatch(const data::Batch& batch);
+  // All-reduces the gradients of dense_params_[begin, end) (and *loss_sum
+  // when not null) over `comm`, in place.
+  absl::Status ReduceBucket(comm::Communicator* comm, size_t begin, size_t end,
+                            double* loss_sum);
+  // Bytes of the dense all-reduce: every gradient and the loss.
+  int64_t DenseBytes() const;
   // Input dist, lookup and output dist; fills t_ for the local batch and
   // leaves the shards' global_ids in place for the backward.
   absl::Status EmbedForward(const data::Batch& batch, HybridStageTimes* times);
@@ -147,6 +156,7 @@ class HybridModel {
   ModelConfig config_;
   embedding::ShardingPlan plan_;
   comm::Communicator* comm_;
+  comm::Communicator* dense_comm_ = nullptr;  // optional, for overlap
   int rank_;
   int world_;
 
@@ -174,7 +184,7 @@ class HybridModel {
   // Exchange and activation buffers, grown on demand.
   std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
   AlignedVector<float> send_f_, recv_f_, pooled_, t_, z_, dz_, dt_, dlogits_,
-      dbottom_, grad_flat_;
+      dbottom_, grad_flat_, grad_flat_top_;
 };
 
 // docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one

@@ -48,6 +48,7 @@ struct Flags {
   std::string coordinator;
   int64_t memory_budget_mb = 0;
   double comm_timeout_s = 120;
+  bool overlap_allreduce = false;
 };
 
 // How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
@@ -156,8 +157,16 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
                f.coordinator);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
-  ASSIGN_OR_RETURN(std::unique_ptr<model::HybridModel> model,
-                   model::HybridModel::Create(config, plan, comm.get()));
+  // Declared before the model and everything that owns it, so it outlives
+  // them: the model borrows it.
+  std::unique_ptr<comm::Communicator> dense_comm;
+  if (f.overlap_allreduce) {
+    go.job_id = "dlrm-server-dense";
+    ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<model::HybridModel> model,
+      model::HybridModel::Create(config, plan, comm.get(), dense_comm.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
@@ -337,6 +346,10 @@ int main(int argc, char** argv) {
                  "Embedding bytes (weights + optimizer state) one rank may "
                  "hold, for the sharding planner, in MiB (0 = unlimited)")
       ->capture_default_str();
+  app.add_flag("--overlap-allreduce", f.overlap_allreduce,
+               "With several ranks: all-reduce dense gradients on a second "
+               "communicator, overlapped with the backward pass (pays when "
+               "ranks have idle cores; see bench/RESULTS.md)");
   app.add_option("--comm-timeout-s", f.comm_timeout_s,
                  "Longest a collective between ranks waits for a peer "
                  "before the job is declared broken, in seconds")

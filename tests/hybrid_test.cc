@@ -56,8 +56,17 @@ ModelConfig TestConfig() {
   return *c;
 }
 
+// A scenario ending in "+overlap" runs the base scenario with the dense
+// all-reduce on a second communicator, overlapped with the backward pass.
+constexpr char kOverlap[] = "+overlap";
+
+bool Overlaps(const std::string& scenario) {
+  return scenario.ends_with(kOverlap);
+}
+
 // Pins every table for `scenario` on `world` ranks.
-ModelConfig ScenarioConfig(const std::string& scenario, int world) {
+ModelConfig ScenarioConfig(std::string scenario, int world) {
+  if (Overlaps(scenario)) scenario.resize(scenario.size() - strlen(kOverlap));
   ModelConfig c = TestConfig();
   for (int k = 0; k < c.tables_size(); ++k) {
     TableConfig* t = c.mutable_tables(k);
@@ -203,8 +212,13 @@ absl::Status RunWorker(const WorkerArgs& a) {
   go.op_timeout_seconds = 5;
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
+  std::unique_ptr<comm::Communicator> dense_comm;
+  if (Overlaps(a.scenario)) {
+    go.job_id = a.scenario + "-dense";
+    ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> m,
-                   HybridModel::Create(c, plan, comm.get()));
+                   HybridModel::Create(c, plan, comm.get(), dense_comm.get()));
   const std::vector<data::Batch> batches = GlobalBatches(c, a.global_batch);
   Report report;
   for (int step = 0; step < kSteps; ++step) {
@@ -329,7 +343,11 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
-  return info.param.scenario + "_r" + std::to_string(info.param.world) + "_b" +
+  std::string scenario = info.param.scenario;
+  if (Overlaps(scenario)) {
+    scenario.replace(scenario.size() - strlen(kOverlap), 1, "_");
+  }
+  return scenario + "_r" + std::to_string(info.param.world) + "_b" +
          std::to_string(info.param.global_batch);
 }
 
@@ -402,6 +420,8 @@ std::vector<Case> Cases() {
   // No pins: the planner's own choice (it replicates the 7-row table).
   cases.push_back({"planner", 2, 37});
   cases.push_back({"planner", 3, 37});
+  cases.push_back({"mixed+overlap", 2, 37});
+  cases.push_back({"mixed+overlap", 3, 37});
   // Fewer samples than ranks: rank 0 has none.
   cases.push_back({"mixed", 4, 3});
   return cases;
