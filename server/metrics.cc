@@ -75,9 +75,12 @@ void ServerMetrics::RecordTrainStep(const TrainStepOutcome& step) {
   last_loss_ = step.loss;
   last_samples_per_second_ =
       step.seconds > 0 ? static_cast<double>(step.samples) / step.seconds : 0;
-  last_stage_seconds_ = step.times;
-  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
-    total_stage_seconds_.seconds[s] += step.times.seconds[s];
+  last_stage_seconds_ = step.stage_seconds;
+  for (const auto& [stage, seconds] : step.stage_seconds) {
+    total_stage_seconds_[stage] += seconds;
+  }
+  for (const auto& [exchange, bytes] : step.exchange_bytes) {
+    exchange_bytes_total_[exchange] += bytes;
   }
 }
 
@@ -144,16 +147,24 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
   Sample(&out, "dlrm_train_loss", last_loss_);
   Header(&out, "dlrm_train_stage_seconds", "gauge",
          "Seconds of each stage of the last training step.");
-  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
-    Sample(&out, "dlrm_train_stage_seconds", last_stage_seconds_.seconds[s],
-           absl::StrCat("stage=\"", model::StageTimes::Name(s), "\""));
+  for (const auto& [stage, seconds] : last_stage_seconds_) {
+    Sample(&out, "dlrm_train_stage_seconds", seconds,
+           absl::StrCat("stage=\"", stage, "\""));
   }
   Header(&out, "dlrm_train_stage_seconds_total", "counter",
          "Seconds spent in each stage of all training steps.");
-  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
-    Sample(&out, "dlrm_train_stage_seconds_total",
-           total_stage_seconds_.seconds[s],
-           absl::StrCat("stage=\"", model::StageTimes::Name(s), "\""));
+  for (const auto& [stage, seconds] : total_stage_seconds_) {
+    Sample(&out, "dlrm_train_stage_seconds_total", seconds,
+           absl::StrCat("stage=\"", stage, "\""));
+  }
+  if (!exchange_bytes_total_.empty()) {
+    Header(&out, "dlrm_exchange_bytes_total", "counter",
+           "Bytes rank 0 sent to other ranks, by exchange of the "
+           "hybrid-parallel step (docs/hybrid.md).");
+    for (const auto& [exchange, bytes] : exchange_bytes_total_) {
+      Sample(&out, "dlrm_exchange_bytes_total", static_cast<double>(bytes),
+             absl::StrCat("exchange=\"", exchange, "\""));
+    }
   }
 
   Header(&out, "dlrm_train_queue_depth", "gauge",

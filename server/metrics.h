@@ -71,8 +71,11 @@ class ServerMetrics {
   double train_seconds_ = 0;
   double last_loss_ = 0;
   double last_samples_per_second_ = 0;
-  model::StageTimes last_stage_seconds_;
-  model::StageTimes total_stage_seconds_;
+  // By stage name, in the order the model reports them.
+  std::vector<std::pair<std::string, double>> last_stage_seconds_;
+  std::map<std::string, double> total_stage_seconds_;
+  // Bytes rank 0 sent to other ranks, by exchange (several ranks only).
+  std::map<std::string, int64_t> exchange_bytes_total_;
   int64_t queue_depth_ = 0;
   int64_t queue_depth_max_ = 0;
   int64_t queue_capacity_ = 0;

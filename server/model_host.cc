@@ -156,6 +156,14 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     steps_.store(outcome.step);
     outcome.loss = r.loss;
     outcome.samples = r.global_samples;
+    for (int st = 0; st < model::HybridStageTimes::kNumStages; ++st) {
+      outcome.stage_seconds.emplace_back(model::HybridStageTimes::Name(st),
+                                         r.times.seconds[st]);
+    }
+    for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
+      outcome.exchange_bytes.emplace_back(
+          model::HybridStageTimes::ExchangeName(e), r.times.bytes_sent[e]);
+    }
     return outcome;
   }
   ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
@@ -164,7 +172,10 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   steps_.store(outcome.step);
   outcome.loss = r.loss;
   outcome.samples = r.samples;
-  outcome.times = r.times;
+  for (int st = 0; st < model::StageTimes::kNumStages; ++st) {
+    outcome.stage_seconds.emplace_back(model::StageTimes::Name(st),
+                                       r.times.seconds[st]);
+  }
   return outcome;
 }
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,7 +45,12 @@ struct TrainStepOutcome {
   int64_t samples = 0;
   // Wall time inside the model (not waiting for the lock).
   double seconds = 0;
-  model::StageTimes times;
+  // Seconds of each stage of the step, by stage name: model::StageTimes'
+  // stages on one rank, model::HybridStageTimes' (exchanges included) on
+  // several.
+  std::vector<std::pair<std::string, double>> stage_seconds;
+  // Bytes rank 0 sent to the other ranks, by exchange (several ranks only).
+  std::vector<std::pair<std::string, int64_t>> exchange_bytes;
 };
 
 // What Admin.GetModelInfo reports.

@@ -284,6 +284,16 @@ class LaunchTest : public testing::Test {
     EXPECT_NE(info->sharding_plan().find("row-wise"), std::string::npos)
         << info->sharding_plan();
     EXPECT_EQ(info->steps(), kSteps);
+    // Per-stage times and exchange bytes of the hybrid step reach /metrics.
+    auto metrics = (*client)->GetMetrics();
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    for (const char* series :
+         {"dlrm_train_stage_seconds{stage=\"output_dist\"}",
+          "dlrm_train_stage_seconds_total{stage=\"bwd_dist\"}",
+          "dlrm_exchange_bytes_total{exchange=\"ids\"}",
+          "dlrm_exchange_bytes_total{exchange=\"dense_allreduce\"}"}) {
+      EXPECT_NE(metrics->find(series), std::string::npos) << series;
+    }
 
     // The reference: one process, the same global batches.
     auto model = model::DlrmModel::Create(config_);
