@@ -395,9 +395,14 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     std::vector<int> one = least_loaded(1, bytes);
     if (!one.empty() && try_place(k, SHARDING_TABLE_WISE, one)) continue;
     bool placed = false;
-    for (int parts = 2;
-         parts <= std::min(world, MaxColumnParts(t.dim())) && !placed;
-         ++parts) {
+    // Row-wise Adagrad keeps one accumulator per row over all its columns;
+    // column blocks would each keep their own and train differently from
+    // one process, so such tables are split by rows instead.
+    const bool rowwise_adagrad = opt.type() == OptimizerConfig::ADAGRAD ||
+                                 opt.type() == OptimizerConfig::ROWWISE_ADAGRAD;
+    const int max_parts =
+        rowwise_adagrad ? 1 : std::min(world, MaxColumnParts(t.dim()));
+    for (int parts = 2; parts <= max_parts && !placed; ++parts) {
       // The widest block is the first; every picked rank must take it.
       const int widest = ColumnBlocks(t.dim(), parts)[0].second;
       const std::vector<int> ranks =

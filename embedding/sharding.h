@@ -66,10 +66,11 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 // Places every table of `config` (normalised). Tables pinned in the config
 // (TableConfig.sharding / shard_ranks) are placed as pinned; the rest go,
 // largest lookup cost first, to the rank with the least lookup cost that has
-// room: whole (table-wise) when it fits, else split by columns, else by
-// rows. InvalidArgument for a pin that names a bad rank or cannot be split
-// that way; ResourceExhausted, naming the table and the budget, when a table
-// fits nowhere.
+// room: whole (table-wise) when it fits, else split by columns (never with
+// row-wise Adagrad, whose per-row state spans all columns), else by rows.
+// InvalidArgument for a pin that names a bad rank or cannot be split that way;
+// ResourceExhausted, naming the table and the budget, when a table fits
+// nowhere.
 absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
                                           const PlannerOptions& options);
 

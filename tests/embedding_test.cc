@@ -568,6 +568,15 @@ TEST(ShardingTest, RespectsTheBudgetBySplittingColumnsThenRows) {
   EXPECT_EQ(plan->tables[0].kind, SHARDING_COLUMN_WISE);
   for (int r = 0; r < 2; ++r) EXPECT_LE(BytesOn(*plan, c, r), 20000);
 
+  // Row-wise Adagrad's per-row state spans the columns: split rows instead.
+  ModelConfig adagrad = c;
+  adagrad.mutable_sparse_optimizer()->set_type(
+      OptimizerConfig::ROWWISE_ADAGRAD);
+  auto by_rows = PlanSharding(adagrad, o);
+  ASSERT_TRUE(by_rows.ok()) << by_rows.status();
+  EXPECT_EQ(by_rows->tables[0].kind, SHARDING_ROW_WISE);
+  for (int r = 0; r < 2; ++r) EXPECT_LE(BytesOn(*by_rows, adagrad, r), 20000);
+
   // A table of dim 4 cannot split its columns in two blocks of 4: rows.
   const ModelConfig narrow = ShardingConfig(
       "interaction: INTERACTION_CAT tables { name: 'n' rows: 2000 dim: 4 }");
