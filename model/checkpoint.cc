@@ -61,19 +61,10 @@ std::vector<TensorToWrite> OptimizerTensors(DlrmModel& m) {
   }
   const ModelConfig& c = m.config();
   for (size_t k = 0; k < m.tables().size(); ++k) {
-    embedding::EmbeddingTable& t = *m.tables()[k];
-    const std::string base =
-        absl::StrCat("embedding_bags.", c.tables(k).name());
-    if (!t.state1().empty()) {
-      const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
-      out.push_back({base + ".momentum1",
-                     per_row ? std::vector<int64_t>{t.rows()}
-                             : std::vector<int64_t>{t.rows(), t.dim()},
-                     t.state1().data()});
-    }
-    if (!t.state2().empty()) {
-      out.push_back(
-          {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+    for (const TableTensor& s :
+         TableTensors(absl::StrCat("embedding_bags.", c.tables(k).name()),
+                      *m.tables()[k], /*with_weight=*/false)) {
+      out.push_back({s.name, s.shape, s.data});
     }
   }
   return out;
@@ -242,6 +233,27 @@ absl::Status CommitDirectory(const std::string& tmp_name,
   RETURN_IF_ERROR(SyncDirectory(dir.parent_path().string()));
   fs::remove_all(old, ec);
   return absl::OkStatus();
+}
+
+std::vector<TableTensor> TableTensors(const std::string& base,
+                                      embedding::EmbeddingTable& t,
+                                      bool with_weight) {
+  std::vector<TableTensor> out;
+  if (with_weight) {
+    out.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
+  }
+  if (!t.state1().empty()) {
+    const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
+    out.push_back({base + ".momentum1",
+                   per_row ? std::vector<int64_t>{t.rows()}
+                           : std::vector<int64_t>{t.rows(), t.dim()},
+                   t.state1().data()});
+  }
+  if (!t.state2().empty()) {
+    out.push_back(
+        {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+  }
+  return out;
 }
 
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,

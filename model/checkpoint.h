@@ -7,11 +7,30 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "embedding/embedding_table.h"
 #include "model/dlrm_model.h"
 
 namespace dlrm::model {
+
+// One tensor of a table (or shard) in a checkpoint; `data` borrows the
+// table's buffer.
+struct TableTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data;
+};
+
+// The tensors a checkpoint holds for table (or shard) `t` under `base`:
+// "<base>.weight" [rows, dim] when `with_weight`, then the optimizer state
+// it keeps: "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for
+// Adam) and "<base>.momentum2" [rows, dim] (Adam). None of the state for
+// SGD.
+std::vector<TableTensor> TableTensors(const std::string& base,
+                                      embedding::EmbeddingTable& t,
+                                      bool with_weight);
 
 struct CheckpointInfo {
   int64_t step = 0;

@@ -401,17 +401,9 @@ absl::Status RankGroup::WriteShards(const std::string& dir_name) {
   for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
     embedding::EmbeddingTable& t = *s.storage;
     const std::string base = ShardName(config, s.table, s.shard);
-    tensors.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
-    if (!t.state1().empty()) {
-      const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
-      tensors.push_back({base + ".momentum1",
-                         per_row ? std::vector<int64_t>{t.rows()}
-                                 : std::vector<int64_t>{t.rows(), t.dim()},
-                         t.state1().data()});
-    }
-    if (!t.state2().empty()) {
-      tensors.push_back(
-          {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+    for (const model::TableTensor& s :
+         model::TableTensors(base, t, /*with_weight=*/true)) {
+      tensors.push_back({s.name, s.shape, s.data});
     }
     meta["table_step." + base] = std::to_string(t.step());
   }
@@ -475,19 +467,9 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
     for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
       embedding::EmbeddingTable& t = *s.storage;
       const std::string base = ShardName(config, s.table, s.shard);
-      RETURN_IF_ERROR(
-          add(*rank_file, base + ".weight", {t.rows(), t.dim()}, t.weights()));
-      if (!t.state1().empty()) {
-        const bool per_row =
-            static_cast<int64_t>(t.state1().size()) == t.rows();
-        RETURN_IF_ERROR(add(*rank_file, base + ".momentum1",
-                            per_row ? std::vector<int64_t>{t.rows()}
-                                    : std::vector<int64_t>{t.rows(), t.dim()},
-                            t.state1().data()));
-      }
-      if (!t.state2().empty()) {
-        RETURN_IF_ERROR(add(*rank_file, base + ".momentum2",
-                            {t.rows(), t.dim()}, t.state2().data()));
+      for (const model::TableTensor& s :
+           model::TableTensors(base, t, /*with_weight=*/true)) {
+        RETURN_IF_ERROR(add(*rank_file, s.name, s.shape, s.data));
       }
       int64_t table_step = 0;
       auto it = rank_file->metadata().find("table_step." + base);
