@@ -229,16 +229,34 @@ float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
   return RowValue(RowKey(seed, table, row), col, InitBound(rows));
 }
 
+void InitialRow(uint64_t seed, int table, int64_t rows, int64_t row,
+                int col_begin, int dim, float* out) {
+  InitRow(RowKey(seed, table, row), col_begin, dim, InitBound(rows), out);
+}
+
 EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
                                Pooling pooling,
-                               const OptimizerConfig& optimizer, uint64_t seed,
-                               const TableSlice& slice)
+                               const OptimizerConfig& optimizer, NoInit)
     : table_index_(table_index),
       rows_(rows),
       dim_(dim),
       pooling_(pooling),
       optimizer_(optimizer) {
   ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
+  if (IsRowwiseAdagrad(optimizer.type())) {
+    ResizeWithHugePages(state1_, static_cast<size_t>(rows),
+                        optimizer.initial_accumulator());
+  } else if (optimizer.type() == OptimizerConfig::ADAM) {
+    ResizeWithHugePages(state1_, static_cast<size_t>(rows) * dim, 0.0f);
+    ResizeWithHugePages(state2_, static_cast<size_t>(rows) * dim, 0.0f);
+  }
+}
+
+EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
+                               Pooling pooling,
+                               const OptimizerConfig& optimizer, uint64_t seed,
+                               const TableSlice& slice)
+    : EmbeddingTable(table_index, rows, dim, pooling, optimizer, NoInit{}) {
   float* w = weights_.data();
   const float bound = InitBound(slice.table_rows > 0 ? slice.table_rows : rows);
   const int64_t row_begin = slice.row_begin;
@@ -249,13 +267,14 @@ EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
     InitRow(RowKey(seed, table_index, row_begin + r), col_begin, dim, bound,
             w + r * dim);
   }
-  if (IsRowwiseAdagrad(optimizer.type())) {
-    ResizeWithHugePages(state1_, static_cast<size_t>(rows),
-                        optimizer.initial_accumulator());
-  } else if (optimizer.type() == OptimizerConfig::ADAM) {
-    ResizeWithHugePages(state1_, static_cast<size_t>(rows) * dim, 0.0f);
-    ResizeWithHugePages(state2_, static_cast<size_t>(rows) * dim, 0.0f);
-  }
+}
+
+std::unique_ptr<EmbeddingTable> EmbeddingTable::SlotArray(
+    int table_index, int64_t slots, int dim, Pooling pooling,
+    const OptimizerConfig& optimizer) {
+  // The constructor is private: std::make_unique cannot reach it.
+  return std::unique_ptr<EmbeddingTable>(new EmbeddingTable(
+      table_index, slots, dim, pooling, optimizer, NoInit{}));
 }
 
 void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,11 @@ namespace dlrm::embedding {
 // function of its arguments so any tier or rank can regenerate it.
 float InitialValue(uint64_t seed, int table, int64_t rows, int64_t row,
                    int col);
+
+// Writes InitialValue(seed, table, rows, row, col_begin + c) for c in
+// [0, dim) into out[0, dim): a row (or a shard's columns of it) at once.
+void InitialRow(uint64_t seed, int table, int64_t rows, int64_t row,
+                int col_begin, int dim, float* out);
 
 // Where an EmbeddingTable sits inside a bigger table when it holds a shard.
 struct TableSlice {
@@ -44,6 +50,13 @@ class EmbeddingTable {
   EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
                  const OptimizerConfig& optimizer, uint64_t seed,
                  const TableSlice& slice = {});
+
+  // A table of `slots` rows for a storage tier to fill (embedding_store.h):
+  // weights zero, optimizer state at its initial value, no InitialValue
+  // pass. Its kernels then take slot indices instead of row ids.
+  static std::unique_ptr<EmbeddingTable> SlotArray(
+      int table_index, int64_t slots, int dim, Pooling pooling,
+      const OptimizerConfig& optimizer);
 
   // Pools each bag of `ids` (ids must be in [0, rows)) into row s of `out`
   // (at out + s * out_stride); an empty bag gives zeros.
@@ -74,6 +87,11 @@ class EmbeddingTable {
   void set_step(int64_t step) { step_ = step; }
 
  private:
+  struct NoInit {};
+  // Allocates the arrays; initialises optimizer state but not weights.
+  EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
+                 const OptimizerConfig& optimizer, NoInit);
+
   int table_index_;
   int64_t rows_;
   int dim_;

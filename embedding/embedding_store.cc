@@ -1,0 +1,134 @@
+// The host-memory tier, options checks and the factory that picks a tier.
+#include "embedding/embedding_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "embedding/rocksdb_store.h"
+
+namespace dlrm::embedding {
+
+absl::Status TableSpec::Validate() const {
+  if (rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index, ": rows must be positive, got ", rows));
+  }
+  if (dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index, ": dim must be positive, got ", dim));
+  }
+  if (pooling != POOLING_SUM && pooling != POOLING_MEAN) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table_index, ": pooling must be sum or mean"));
+  }
+  if (slice.row_begin < 0 || slice.col_begin < 0 ||
+      (slice.table_rows > 0 && slice.row_begin + rows > slice.table_rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table_index, ": slice rows [", slice.row_begin,
+                     ", ", slice.row_begin + rows, ") outside the table's ",
+                     slice.table_rows, " rows"));
+  }
+  return absl::OkStatus();
+}
+
+int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim) {
+  switch (optimizer.type()) {
+    case OptimizerConfig::ADAGRAD:
+    case OptimizerConfig::ROWWISE_ADAGRAD:
+      return 1;
+    case OptimizerConfig::ADAM:
+      return 2 * dim;
+    default:
+      return 0;
+  }
+}
+
+HostStore::HostStore(const TableSpec& spec)
+    : spec_(spec),
+      table_(spec.table_index, spec.rows, spec.dim, spec.pooling,
+             spec.optimizer, spec.seed, spec.slice) {}
+
+absl::Status HostStore::Forward(const data::SparseFeature& prepared, float* out,
+                                int64_t out_stride) const {
+  table_.Forward(prepared, out, out_stride);
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::BackwardUpdate(const data::SparseFeature& prepared,
+                                       const float* grad, int64_t grad_stride) {
+  table_.BackwardUpdate(prepared, grad, grad_stride);
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::ReadRow(int64_t row, float* out) {
+  if (row < 0 || row >= spec_.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec_.table_index, ": row ", row,
+                     " outside [0, ", spec_.rows, ")"));
+  }
+  const int dim = spec_.dim;
+  const int state = StateFloatsPerRow(spec_.optimizer, dim);
+  std::memcpy(out, table_.weights() + row * dim, dim * sizeof(float));
+  if (state == 1) {
+    out[dim] = table_.state1()[row];
+  } else if (state > 0) {
+    std::memcpy(out + dim, table_.state1().data() + row * dim,
+                dim * sizeof(float));
+    std::memcpy(out + 2 * dim, table_.state2().data() + row * dim,
+                dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbStoreOptions::Validate() const {
+  if (path.empty()) {
+    return absl::InvalidArgumentError("RocksDbStoreOptions.path is empty");
+  }
+  if (cache_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RocksDbStoreOptions.cache_rows must be positive, got ", cache_rows));
+  }
+  if (eviction != EvictionPolicy::kLru && eviction != EvictionPolicy::kLfu) {
+    return absl::InvalidArgumentError(
+        "RocksDbStoreOptions.eviction is neither LRU nor LFU");
+  }
+  if (block_cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RocksDbStoreOptions.block_cache_bytes must be >= 0, got ",
+                     block_cache_bytes));
+  }
+  if (bloom_bits_per_key < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RocksDbStoreOptions.bloom_bits_per_key must be >= 0, got ",
+        bloom_bits_per_key));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreOptions::Validate() const {
+  switch (kind) {
+    case StoreKind::kHost:
+      return absl::OkStatus();
+    case StoreKind::kRocksDbCache:
+      return rocksdb.Validate();
+  }
+  return absl::InvalidArgumentError("StoreOptions.kind is unknown");
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
+    const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
+  RETURN_IF_ERROR(spec.Validate());
+  RETURN_IF_ERROR(options.Validate());
+  if (options.kind == StoreKind::kHost) {
+    return std::make_unique<HostStore>(spec);
+  }
+  if (db == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": the RocksDB tier needs a RowDatabase"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCachedStore> store,
+                   RocksDbCachedStore::Create(spec, options.rocksdb, db));
+  return std::unique_ptr<EmbeddingStore>(std::move(store));
+}
+
+}  // namespace dlrm::embedding

@@ -1,0 +1,211 @@
+// Storage tiers for embedding rows (DESIGN.md "Storage tiers"): where the
+// rows of one table or shard live, and the slot array the unchanged pooling
+// and fused-optimizer kernels of EmbeddingTable run on.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "data/batch.h"
+#include "dlrm/config.pb.h"
+#include "embedding/embedding_table.h"
+
+namespace dlrm::embedding {
+
+class RowDatabase;
+
+// What a table (or shard) is: EmbeddingTable's constructor arguments.
+struct TableSpec {
+  // Index of the table in the model (seeds its initial values). Default: 0.
+  int table_index = 0;
+  // Rows of this table or shard; ids are in [0, rows). Default: 0 (invalid).
+  int64_t rows = 0;
+  // Columns of this table or shard. Default: 0 (invalid).
+  int dim = 0;
+  // Sum or mean over a bag. Default: POOLING_SUM.
+  Pooling pooling = POOLING_SUM;
+  // Normalised optimizer (core/config.h); ADAGRAD means row-wise. Default:
+  // an empty config (SGD with learning rate 0).
+  OptimizerConfig optimizer;
+  // Seed of InitialValue. Default: 0.
+  uint64_t seed = 0;
+  // Where a shard sits in its table. Default: the whole table.
+  TableSlice slice;
+
+  // InvalidArgument when rows or dim is not positive, the pooling is not sum
+  // or mean, or the slice lies outside a positive table_rows.
+  absl::Status Validate() const;
+};
+
+// Floats of optimizer state one row carries: 0 (SGD), 1 (row-wise Adagrad)
+// or 2 * dim (Adam: first then second moment).
+int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim);
+
+// Usage counters of a store since it was created. Row counts are unique
+// rows of prepared batches.
+struct StoreMetrics {
+  // Rows of a prepared batch that were already resident.
+  int64_t hits = 0;
+  // Rows of a prepared batch that had to be loaded (read or initialised).
+  int64_t misses = 0;
+  // Misses served from the prefetch staging area instead of a read.
+  int64_t prefetch_hits = 0;
+  // Resident rows dropped to make room (clean or dirty).
+  int64_t evictions = 0;
+  // Rows found in RocksDB, and never-written rows initialised instead.
+  int64_t rows_read = 0;
+  int64_t rows_initialized = 0;
+  // Rows written back to RocksDB (dirty evictions and flushes).
+  int64_t rows_written = 0;
+  // Value bytes read from and written to RocksDB.
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+};
+
+// The rows of one table or shard with their optimizer state, and the
+// kernels over them. A batch is first Prepare()d, which makes its rows
+// resident and gives the ids the kernels take; Forward and BackwardUpdate
+// then run on that prepared batch. Implementations: HostStore (every row
+// resident, no remapping) and RocksDbCachedStore (rocksdb_store.h).
+// Not thread-safe: one caller at a time (a store may run its own
+// background prefetch, which it synchronises itself).
+class EmbeddingStore {
+ public:
+  virtual ~EmbeddingStore() = default;
+
+  virtual const TableSpec& spec() const = 0;
+
+  // Makes every row of `ids` resident and returns the batch the kernels
+  // take: `&ids` itself where rows are their own slots, otherwise a
+  // remapped copy owned by the store. The result stays valid, and its rows
+  // resident, until the next Prepare. ResourceExhausted when the batch has
+  // more unique ids than the store keeps resident; InvalidArgument for an id
+  // outside [0, rows) (checked only where remapping happens); RocksDB
+  // failures as the closest code (Unavailable, DataLoss, Internal). A failed
+  // Prepare leaves the stored rows unchanged.
+  virtual absl::StatusOr<const data::SparseFeature*> Prepare(
+      const data::SparseFeature& ids) = 0;
+
+  // EmbeddingTable::Forward on `prepared`, the result of the last Prepare.
+  // FailedPrecondition when `prepared` is not that result (where it can
+  // tell).
+  virtual absl::Status Forward(const data::SparseFeature& prepared, float* out,
+                               int64_t out_stride) const = 0;
+
+  // EmbeddingTable::BackwardUpdate on `prepared`, the result of the last
+  // Prepare; the touched rows become dirty. FailedPrecondition as Forward.
+  virtual absl::Status BackwardUpdate(const data::SparseFeature& prepared,
+                                      const float* grad,
+                                      int64_t grad_stride) = 0;
+
+  // Starts loading the rows of the next batch that are not resident, in the
+  // background, so the next Prepare finds them staged. Only the latest
+  // call's rows are staged. Optional: Prepare is correct without it.
+  virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
+
+  // Copies row `row`'s record into `out`: dim weights then
+  // StateFloatsPerRow state floats, wherever the row lives; does not make
+  // it resident. InvalidArgument for a row outside [0, rows).
+  virtual absl::Status ReadRow(int64_t row, float* out) = 0;
+
+  // Writes every dirty row (and the step counter) to the backing tier, so a
+  // checkpoint of that tier holds the table. No-op in host memory.
+  virtual absl::Status Flush() = 0;
+
+  // Updates applied so far (Adam's bias correction uses it): one counter
+  // per table, as in EmbeddingTable.
+  virtual int64_t step() const = 0;
+
+  virtual StoreMetrics metrics() const = 0;
+};
+
+// Every row in host memory: an EmbeddingTable, today's behaviour. Prepare
+// returns the ids unchanged (no remapping, no id check, no work).
+class HostStore final : public EmbeddingStore {
+ public:
+  explicit HostStore(const TableSpec& spec);
+
+  const TableSpec& spec() const override { return spec_; }
+  absl::StatusOr<const data::SparseFeature*> Prepare(
+      const data::SparseFeature& ids) override {
+    return &ids;
+  }
+  absl::Status Forward(const data::SparseFeature& prepared, float* out,
+                       int64_t out_stride) const override;
+  absl::Status BackwardUpdate(const data::SparseFeature& prepared,
+                              const float* grad, int64_t grad_stride) override;
+  absl::Status Prefetch(const data::SparseFeature& next_ids) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReadRow(int64_t row, float* out) override;
+  absl::Status Flush() override { return absl::OkStatus(); }
+  int64_t step() const override { return table_.step(); }
+  // All zero: nothing is ever missed, evicted or read.
+  StoreMetrics metrics() const override { return {}; }
+
+  EmbeddingTable& table() { return table_; }
+
+ private:
+  TableSpec spec_;
+  EmbeddingTable table_;
+};
+
+// Which tier a store uses.
+enum class StoreKind {
+  kHost,
+  kRocksDbCache,
+};
+
+// How replaced rows are chosen in a cache.
+enum class EvictionPolicy {
+  // Least recently used batch first.
+  kLru,
+  // Fewest batches that used the row since it became resident first; ties
+  // by LRU.
+  kLfu,
+};
+
+// Options of RocksDB-backed tiers: the database (RowDatabase) and the host
+// cache in front of each table (RocksDbCachedStore). Spill writes never go
+// through the write-ahead log: durability comes from checkpoints.
+struct RocksDbStoreOptions {
+  // Directory of the RocksDB database; created if missing. Default: "" (must
+  // be set).
+  std::string path;
+  // Rows of one table kept resident (its slots); also the most unique ids one
+  // batch may hold. Default: 1 << 20.
+  int64_t cache_rows = int64_t{1} << 20;
+  // Which resident row a miss replaces. Default: kLru.
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  // RocksDB block cache shared by all tables of the database; 0 uses
+  // RocksDB's own default (8 MiB). Default: 256 MiB.
+  int64_t block_cache_bytes = int64_t{256} << 20;
+  // Bloom filter bits per key (about 1% false positives at 10), so reads of
+  // never-written rows skip the disk; 0 disables it. Default: 10.
+  int bloom_bits_per_key = 10;
+
+  // InvalidArgument naming the field when one is out of range.
+  absl::Status Validate() const;
+};
+
+// Which tier, and its options.
+struct StoreOptions {
+  // Tier of the table's rows. Default: kHost.
+  StoreKind kind = StoreKind::kHost;
+  // Used when kind is kRocksDbCache. Default: see RocksDbStoreOptions.
+  RocksDbStoreOptions rocksdb;
+
+  // InvalidArgument when the chosen tier's options are invalid.
+  absl::Status Validate() const;
+};
+
+// Creates the store `options.kind` names for `spec`. `db` is used (and must
+// outlive the store) for kRocksDbCache, where it must not be null; the
+// table's rows go to its own column family there. InvalidArgument for bad
+// spec or options, else the tier's open errors.
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
+    const TableSpec& spec, const StoreOptions& options, RowDatabase* db);
+
+}  // namespace dlrm::embedding

@@ -1,0 +1,624 @@
+// Tests for the storage tiers of embedding/: a RocksDB-backed row cache
+// trains bitwise like an in-memory EmbeddingTable, evicts in LRU/LFU order
+// without losing dirty rows, prefetches safely, and checkpoints.
+#include "embedding/embedding_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/random.h"
+#include "embedding/embedding_table.h"
+#include "embedding/rocksdb_store.h"
+
+namespace dlrm::embedding {
+namespace {
+
+constexpr uint64_t kSeed = 20261123;
+
+OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
+  OptimizerConfig o;
+  o.set_type(type);
+  switch (type) {
+    case OptimizerConfig::SGD:
+      o.set_learning_rate(0.1f);
+      break;
+    case OptimizerConfig::ADAGRAD:
+    case OptimizerConfig::ROWWISE_ADAGRAD:
+      o.set_learning_rate(0.05f);
+      o.set_initial_accumulator(0.1f);
+      break;
+    default:
+      o.set_learning_rate(0.01f);
+      break;
+  }
+  o.set_eps(1e-8f);
+  o.set_beta1(0.9f);
+  o.set_beta2(0.999f);
+  return o;
+}
+
+TableSpec MakeSpec(int table_index, int64_t rows, int dim, Pooling pooling,
+                   OptimizerConfig::Type type) {
+  TableSpec spec;
+  spec.table_index = table_index;
+  spec.rows = rows;
+  spec.dim = dim;
+  spec.pooling = pooling;
+  spec.optimizer = MakeOptimizer(type);
+  spec.seed = kSeed;
+  return spec;
+}
+
+// `bags` bags of 0..max_hot ids: half from a hot set of 64 rows, half
+// uniform over the table, and one in four a repeat of the bag's previous id
+// (duplicates within a bag).
+data::SparseFeature RandomIds(Rng& rng, int64_t rows, int64_t bags,
+                              int max_hot) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t s = 0; s < bags; ++s) {
+    const int64_t n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(max_hot);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t id;
+      if (i > 0 && rng.Below(4) == 0) {
+        id = f.ids.back();
+      } else if (rng.Below(2) == 0) {
+        id = rng.Below(std::min<int64_t>(64, rows));
+      } else {
+        id = rng.Below(rows);
+      }
+      f.ids.push_back(id);
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  return f;
+}
+
+data::SparseFeature Bag(std::vector<int64_t> ids) {
+  data::SparseFeature f;
+  f.offsets = {0, static_cast<int64_t>(ids.size())};
+  f.ids = std::move(ids);
+  return f;
+}
+
+std::vector<float> RandomGrad(Rng& rng, int64_t bags, int dim) {
+  std::vector<float> g(std::max<int64_t>(1, bags * dim));
+  for (float& x : g) x = static_cast<float>(rng.Normal());
+  return g;
+}
+
+// Row `row` of an in-memory table as a store record: weights, then state.
+std::vector<float> RecordOf(EmbeddingTable& table, int64_t row) {
+  const int dim = table.dim();
+  const int state = StateFloatsPerRow(table.optimizer(), dim);
+  std::vector<float> r(table.weights() + row * dim,
+                       table.weights() + (row + 1) * dim);
+  if (state == 1) {
+    r.push_back(table.state1()[row]);
+  } else if (state > 0) {
+    r.insert(r.end(), table.state1().data() + row * dim,
+             table.state1().data() + (row + 1) * dim);
+    r.insert(r.end(), table.state2().data() + row * dim,
+             table.state2().data() + (row + 1) * dim);
+  }
+  return r;
+}
+
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A fresh RocksDB directory per test, removed afterwards.
+class StoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    std::string name =
+        std::string(info->test_suite_name()) + "_" + info->name();
+    for (char& c : name) {
+      if (c == '/') c = '_';
+    }
+    dir_ = testing::TempDir() + "/embedding_store_test_" +
+           std::to_string(getpid()) + "_" + name;
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  RocksDbStoreOptions Options(int64_t cache_rows,
+                              EvictionPolicy eviction = EvictionPolicy::kLru,
+                              const std::string& sub = "db") const {
+    RocksDbStoreOptions o;
+    o.path = dir_ + "/" + sub;
+    o.cache_rows = cache_rows;
+    o.eviction = eviction;
+    o.block_cache_bytes = 8 << 20;
+    return o;
+  }
+
+  std::string dir_;
+};
+
+// Runs `steps` forward + backward steps on an in-memory table and a cached
+// store of the same spec with the same batches, checking the pooled outputs
+// bitwise at every step and every row (weights and optimizer state) at the
+// end. `prefetch`: 0 none, 1 prefetch the next batch after Prepare, 2 before
+// it (so the prepare in between evicts and loads rows of the staged batch).
+void TrainAndCompare(const TableSpec& spec, RocksDbCachedStore& store,
+                     int steps, int64_t bags, int max_hot, int prefetch,
+                     uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  EmbeddingTable reference(spec.table_index, spec.rows, spec.dim, spec.pooling,
+                           spec.optimizer, spec.seed, spec.slice);
+  Rng rng(seed);
+  std::vector<data::SparseFeature> batches;
+  for (int i = 0; i <= steps; ++i) {
+    batches.push_back(RandomIds(rng, spec.rows, bags, max_hot));
+  }
+  const int dim = spec.dim;
+  std::vector<float> out_ref(bags * dim), out_store(bags * dim);
+  for (int i = 0; i < steps; ++i) {
+    const data::SparseFeature& ids = batches[i];
+    if (prefetch == 2) {
+      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    }
+    absl::StatusOr<const data::SparseFeature*> prepared = store.Prepare(ids);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    if (prefetch == 1) {
+      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    }
+    reference.Forward(ids, out_ref.data(), dim);
+    ASSERT_TRUE(store.Forward(**prepared, out_store.data(), dim).ok());
+    ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
+    const std::vector<float> grad = RandomGrad(rng, bags, dim);
+    reference.BackwardUpdate(ids, grad.data(), dim);
+    ASSERT_TRUE(store.BackwardUpdate(**prepared, grad.data(), dim).ok());
+  }
+  EXPECT_EQ(store.step(), reference.step());
+  const int record_floats = dim + StateFloatsPerRow(spec.optimizer, dim);
+  std::vector<float> record(record_floats);
+  for (int64_t r = 0; r < spec.rows; ++r) {
+    ASSERT_TRUE(store.ReadRow(r, record.data()).ok());
+    ASSERT_TRUE(BitwiseEqual(record, RecordOf(reference, r)))
+        << "row " << r << (store.IsResident(r) ? " (resident)" : " (stored)");
+  }
+}
+
+// The core equivalence: a table 10x its cache against the same table in
+// memory, over optimizers, poolings and eviction policies.
+class EquivalenceTest
+    : public StoreTest,
+      public testing::WithParamInterface<
+          std::tuple<OptimizerConfig::Type, Pooling, EvictionPolicy>> {};
+
+TEST_P(EquivalenceTest, TenTimesOverCapacityTrainsBitwiseLikeInMemory) {
+  const auto [type, pooling, eviction] = GetParam();
+  const TableSpec spec = MakeSpec(3, 2000, 16, pooling, type);
+  absl::StatusOr<std::unique_ptr<RowDatabase>> db =
+      RowDatabase::Open(Options(200, eviction));
+  ASSERT_TRUE(db.ok()) << db.status();
+  absl::StatusOr<std::unique_ptr<RocksDbCachedStore>> store =
+      RocksDbCachedStore::Create(spec, Options(200, eviction), db->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  TrainAndCompare(spec, **store, /*steps=*/30, /*bags=*/24, /*max_hot=*/5,
+                  /*prefetch=*/0, kSeed + static_cast<int>(type));
+  const StoreMetrics m = (*store)->metrics();
+  // The table really spilled: rows were evicted, written and read back.
+  EXPECT_GT(m.evictions, 0);
+  EXPECT_GT(m.rows_written, 0);
+  EXPECT_GT(m.rows_read, 0);
+  EXPECT_GT(m.hits, 0);
+  EXPECT_EQ(m.bytes_written, m.rows_written *
+                                 static_cast<int64_t>(sizeof(float)) *
+                                 (16 + StateFloatsPerRow(spec.optimizer, 16)));
+}
+
+std::string EquivalenceName(
+    const testing::TestParamInfo<EquivalenceTest::ParamType>& info) {
+  const OptimizerConfig::Type type = std::get<0>(info.param);
+  return std::string(type == OptimizerConfig::SGD       ? "Sgd"
+                     : type == OptimizerConfig::ADAGRAD ? "RowwiseAdagrad"
+                                                        : "Adam") +
+         (std::get<1>(info.param) == POOLING_SUM ? "Sum" : "Mean") +
+         (std::get<2>(info.param) == EvictionPolicy::kLru ? "Lru" : "Lfu");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, EquivalenceTest,
+    testing::Combine(
+        testing::Values(OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                        OptimizerConfig::ADAM),
+        testing::Values(POOLING_SUM, POOLING_MEAN),
+        testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu)),
+    EquivalenceName);
+
+// A shard (rows and columns of a bigger table) with an odd dim (the
+// any-dim kernel path) starts and trains like the same in-memory shard.
+TEST_F(StoreTest, ShardWithOddDimTrainsBitwiseLikeInMemory) {
+  TableSpec spec = MakeSpec(5, 900, 12, POOLING_MEAN, OptimizerConfig::ADAM);
+  spec.slice = TableSlice{5000, 1200, 4};
+  auto db = RowDatabase::Open(Options(90));
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto store = RocksDbCachedStore::Create(spec, Options(90), db->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  TrainAndCompare(spec, **store, 20, 16, 4, 0, kSeed + 11);
+  EXPECT_GT((*store)->metrics().evictions, 0);
+}
+
+// Opens a store of `capacity` slots over a 100-row SGD table.
+struct SmallStore {
+  std::unique_ptr<RowDatabase> db;
+  std::unique_ptr<RocksDbCachedStore> store;
+};
+
+SmallStore OpenSmall(const RocksDbStoreOptions& options, int64_t rows = 100,
+                     OptimizerConfig::Type type = OptimizerConfig::SGD) {
+  SmallStore s;
+  auto db = RowDatabase::Open(options);
+  EXPECT_TRUE(db.ok()) << db.status();
+  s.db = std::move(*db);
+  auto store = RocksDbCachedStore::Create(
+      MakeSpec(7, rows, 8, POOLING_SUM, type), options, s.db.get());
+  EXPECT_TRUE(store.ok()) << store.status();
+  s.store = std::move(*store);
+  return s;
+}
+
+void PrepareAll(RocksDbCachedStore& store,
+                const std::vector<std::vector<int64_t>>& batches) {
+  for (const auto& b : batches) {
+    ASSERT_TRUE(store.Prepare(Bag(b)).ok());
+  }
+}
+
+TEST_F(StoreTest, LruEvictsLeastRecentlyUsedRow) {
+  SmallStore s = OpenSmall(Options(3, EvictionPolicy::kLru));
+  PrepareAll(*s.store, {{0}, {1}, {2}, {0}, {3}});
+  // 1 was used least recently.
+  EXPECT_FALSE(s.store->IsResident(1));
+  EXPECT_TRUE(s.store->IsResident(0));
+  EXPECT_TRUE(s.store->IsResident(2));
+  EXPECT_TRUE(s.store->IsResident(3));
+  PrepareAll(*s.store, {{4}});
+  EXPECT_FALSE(s.store->IsResident(2));
+  PrepareAll(*s.store, {{5, 0}});  // Evicts 3; 0 stays (it is in the batch).
+  EXPECT_FALSE(s.store->IsResident(3));
+  EXPECT_TRUE(s.store->IsResident(0));
+  EXPECT_TRUE(s.store->IsResident(4));
+  EXPECT_TRUE(s.store->IsResident(5));
+  const StoreMetrics m = s.store->metrics();
+  EXPECT_EQ(m.evictions, 3);
+  EXPECT_EQ(m.hits, 2);
+  EXPECT_EQ(m.misses, 6);
+  // Nothing was updated: evictions write nothing, and nothing was ever
+  // written, so every miss was initialised.
+  EXPECT_EQ(m.rows_written, 0);
+  EXPECT_EQ(m.rows_initialized, 6);
+}
+
+TEST_F(StoreTest, LfuEvictsLeastFrequentlyUsedRowTiesByRecency) {
+  SmallStore s = OpenSmall(Options(3, EvictionPolicy::kLfu));
+  PrepareAll(*s.store, {{0}, {0}, {1}, {1}, {2}, {3}});
+  // Uses: 0 -> 2, 1 -> 2, 2 -> 1: 2 goes although 0 is older.
+  EXPECT_FALSE(s.store->IsResident(2));
+  EXPECT_TRUE(s.store->IsResident(0));
+  EXPECT_TRUE(s.store->IsResident(1));
+  PrepareAll(*s.store, {{4}});
+  EXPECT_FALSE(s.store->IsResident(3));  // 1 use, like nothing else.
+  PrepareAll(*s.store, {{1}, {5}});
+  // Uses: 0 -> 2, 1 -> 3, 4 -> 1: 4 goes.
+  EXPECT_FALSE(s.store->IsResident(4));
+  PrepareAll(*s.store, {{6}});
+  // 5 (1 use) goes before 0 (2 uses), though 0 is older.
+  EXPECT_FALSE(s.store->IsResident(5));
+  EXPECT_TRUE(s.store->IsResident(0));
+  EXPECT_TRUE(s.store->IsResident(1));
+  EXPECT_TRUE(s.store->IsResident(6));
+  // Equal uses: the least recent goes.
+  SmallStore t = OpenSmall(Options(3, EvictionPolicy::kLfu, "db2"));
+  PrepareAll(*t.store, {{10}, {11}, {12}, {13}});
+  EXPECT_FALSE(t.store->IsResident(10));
+}
+
+TEST_F(StoreTest, DirtyRowsSurviveEviction) {
+  SmallStore s = OpenSmall(Options(4));
+  const TableSpec spec = s.store->spec();
+  EmbeddingTable reference(spec.table_index, spec.rows, spec.dim, spec.pooling,
+                           spec.optimizer, spec.seed);
+  Rng rng(kSeed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  const data::SparseFeature ids = Bag({0, 1, 2, 3, 1});
+  auto prepared = s.store->Prepare(ids);
+  ASSERT_TRUE(prepared.ok());
+  const std::vector<float> grad = RandomGrad(rng, 1, 8);
+  ASSERT_TRUE(s.store->BackwardUpdate(**prepared, grad.data(), 8).ok());
+  reference.BackwardUpdate(ids, grad.data(), 8);
+  EXPECT_TRUE(s.store->IsDirty(1));
+
+  // Four other rows push all four dirty rows out.
+  ASSERT_TRUE(s.store->Prepare(Bag({4, 5, 6, 7})).ok());
+  for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(s.store->IsResident(r));
+  EXPECT_EQ(s.store->metrics().rows_written, 4);
+  EXPECT_EQ(s.store->metrics().bytes_written, 4 * 8 * 4);
+
+  // Read back from RocksDB, without and then with making them resident.
+  std::vector<float> record(8);
+  for (int64_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(s.store->ReadRow(r, record.data()).ok());
+    EXPECT_TRUE(BitwiseEqual(record, RecordOf(reference, r))) << "row " << r;
+  }
+  prepared = s.store->Prepare(ids);
+  ASSERT_TRUE(prepared.ok());
+  EXPECT_EQ(s.store->metrics().rows_read, 4 + 4);
+  std::vector<float> out_ref(8), out_store(8);
+  reference.Forward(ids, out_ref.data(), 8);
+  ASSERT_TRUE(s.store->Forward(**prepared, out_store.data(), 8).ok());
+  EXPECT_TRUE(BitwiseEqual(out_ref, out_store));
+  // Loaded rows are clean until updated again: evicting them writes nothing.
+  ASSERT_TRUE(s.store->Prepare(Bag({4, 5, 6, 7})).ok());
+  EXPECT_EQ(s.store->metrics().rows_written, 4);
+}
+
+TEST_F(StoreTest, BatchLargerThanCacheIsResourceExhausted) {
+  SmallStore s = OpenSmall(Options(4));
+  ASSERT_TRUE(s.store->Prepare(Bag({0, 1})).ok());
+  const absl::StatusOr<const data::SparseFeature*> r =
+      s.store->Prepare(Bag({10, 11, 12, 12, 13, 14}));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(r.status().message());
+  EXPECT_NE(message.find("table 7"), std::string::npos) << message;
+  EXPECT_NE(message.find("5 unique ids"), std::string::npos) << message;
+  EXPECT_NE(message.find("holds 4 rows"), std::string::npos) << message;
+  // Nothing changed, but nothing is prepared any more either.
+  EXPECT_TRUE(s.store->IsResident(0));
+  EXPECT_FALSE(s.store->IsResident(10));
+  EXPECT_EQ(s.store->metrics().misses, 2);
+  std::vector<float> out(8);
+  EXPECT_EQ(s.store->Forward(Bag({0}), out.data(), 8).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Exactly the capacity fits.
+  EXPECT_TRUE(s.store->Prepare(Bag({10, 11, 12, 13})).ok());
+}
+
+TEST_F(StoreTest, BadIdsAndUnpreparedBatchesAreRejected) {
+  SmallStore s = OpenSmall(Options(4));
+  EXPECT_EQ(s.store->Prepare(Bag({3, 100})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.store->Prepare(Bag({-1})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> record(8);
+  EXPECT_EQ(s.store->ReadRow(100, record.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Raw ids are not slot indices.
+  const data::SparseFeature raw = Bag({50});
+  ASSERT_TRUE(s.store->Prepare(raw).ok());
+  std::vector<float> grad(8, 1.0f);
+  EXPECT_EQ(s.store->BackwardUpdate(raw, grad.data(), 8).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // An empty batch prepares, and its update still counts as a step.
+  const data::SparseFeature empty = Bag({});
+  auto prepared = s.store->Prepare(empty);
+  ASSERT_TRUE(prepared.ok());
+  EXPECT_TRUE(s.store->BackwardUpdate(**prepared, grad.data(), 8).ok());
+  EXPECT_EQ(s.store->step(), 1);
+}
+
+TEST_F(StoreTest, OptionsAndFactory) {
+  RocksDbStoreOptions o = Options(10);
+  EXPECT_TRUE(o.Validate().ok());
+  o.cache_rows = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(10);
+  o.path.clear();
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(10);
+  o.bloom_bits_per_key = -1;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+
+  const TableSpec spec = MakeSpec(0, 50, 8, POOLING_SUM, OptimizerConfig::SGD);
+  TableSpec bad = spec;
+  bad.rows = 0;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+
+  StoreOptions options;
+  auto host = CreateEmbeddingStore(spec, options, nullptr);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const data::SparseFeature ids = Bag({1, 2});
+  auto prepared = (*host)->Prepare(ids);
+  ASSERT_TRUE(prepared.ok());
+  // The host tier does no remapping at all.
+  EXPECT_EQ(*prepared, &ids);
+
+  options.kind = StoreKind::kRocksDbCache;
+  options.rocksdb = Options(10);
+  EXPECT_EQ(CreateEmbeddingStore(spec, options, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto db = RowDatabase::Open(options.rocksdb);
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto cached = CreateEmbeddingStore(spec, options, db->get());
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  // Both tiers start every row at the same initial record.
+  std::vector<float> a(8), b(8);
+  for (int64_t r = 0; r < 50; ++r) {
+    ASSERT_TRUE((*host)->ReadRow(r, a.data()).ok());
+    ASSERT_TRUE((*cached)->ReadRow(r, b.data()).ok());
+    ASSERT_TRUE(BitwiseEqual(a, b)) << "row " << r;
+  }
+}
+
+TEST_F(StoreTest, TablesInOneDatabaseKeepSeparateRows) {
+  auto db = RowDatabase::Open(Options(8));
+  ASSERT_TRUE(db.ok()) << db.status();
+  const TableSpec spec0 = MakeSpec(0, 50, 8, POOLING_SUM, OptimizerConfig::SGD);
+  TableSpec spec1 = spec0;
+  spec1.table_index = 1;
+  auto s0 = RocksDbCachedStore::Create(spec0, Options(2), db->get());
+  auto s1 = RocksDbCachedStore::Create(spec1, Options(2), db->get());
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  const data::SparseFeature ids = Bag({3});
+  auto p = (*s0)->Prepare(ids);
+  ASSERT_TRUE(p.ok());
+  std::vector<float> grad(8, 1.0f);
+  ASSERT_TRUE((*s0)->BackwardUpdate(**p, grad.data(), 8).ok());
+  ASSERT_TRUE((*s0)->Flush().ok());
+  EmbeddingTable fresh1(1, 50, 8, POOLING_SUM, spec1.optimizer, kSeed);
+  std::vector<float> record(8);
+  ASSERT_TRUE((*s1)->ReadRow(3, record.data()).ok());
+  EXPECT_TRUE(BitwiseEqual(record, RecordOf(fresh1, 3)));
+  EXPECT_EQ(ColumnFamilyName(spec0), "table_0");
+  EXPECT_EQ(ColumnFamilyName(spec1), "table_1");
+}
+
+// Prefetch in both orders relative to Prepare gives the same result as no
+// prefetch, and does serve misses.
+TEST_F(StoreTest, PrefetchTrainsBitwiseLikeInMemory) {
+  for (int mode : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "prefetch mode " << mode);
+    const TableSpec spec =
+        MakeSpec(2, 1500, 16, POOLING_SUM, OptimizerConfig::ADAM);
+    const auto options =
+        Options(150, EvictionPolicy::kLru, "db" + std::to_string(mode));
+    auto db = RowDatabase::Open(options);
+    ASSERT_TRUE(db.ok()) << db.status();
+    auto store = RocksDbCachedStore::Create(spec, options, db->get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    TrainAndCompare(spec, **store, 30, 24, 5, mode, kSeed + 100 + mode);
+    EXPECT_GT((*store)->metrics().prefetch_hits, 0);
+    EXPECT_GT((*store)->metrics().evictions, 0);
+  }
+}
+
+// A row staged by a prefetch must not shadow a newer value: here row 0 is
+// resident and dirty when the next batch is prefetched (so not staged), is
+// evicted by a batch prepared in between, and the next batch reads it back.
+// Row 9 is staged, loaded by the in-between batch (consuming the staging),
+// updated and evicted; the next batch must see the update, not the staged
+// copy.
+TEST_F(StoreTest, PrefetchedRowsEvictedOrUpdatedInBetween) {
+  SmallStore s = OpenSmall(Options(3));
+  const TableSpec spec = s.store->spec();
+  EmbeddingTable reference(spec.table_index, spec.rows, spec.dim, spec.pooling,
+                           spec.optimizer, spec.seed);
+  std::vector<float> grad(8, 0.5f);
+  auto step = [&](const data::SparseFeature& ids) {
+    auto p = s.store->Prepare(ids);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(s.store->BackwardUpdate(**p, grad.data(), 8).ok());
+    reference.BackwardUpdate(ids, grad.data(), 8);
+  };
+  step(Bag({0}));
+  ASSERT_TRUE(s.store->Prefetch(Bag({0, 9})).ok());
+  step(Bag({9, 1, 2}));  // Takes 9 from staging; evicts 0 (dirty).
+  EXPECT_EQ(s.store->metrics().prefetch_hits, 1);
+  EXPECT_FALSE(s.store->IsResident(0));
+  step(Bag({3, 4, 5}));  // Evicts 9 (dirty), 1, 2.
+  EXPECT_FALSE(s.store->IsResident(9));
+  // The same row in two consecutive batches, prefetched in between.
+  step(Bag({0, 9}));
+  ASSERT_TRUE(s.store->Prefetch(Bag({0, 9, 6})).ok());
+  step(Bag({0, 9, 6}));
+  EXPECT_EQ(s.store->metrics().prefetch_hits, 2);
+  std::vector<float> record(8);
+  for (int64_t r = 0; r < 10; ++r) {
+    ASSERT_TRUE(s.store->ReadRow(r, record.data()).ok());
+    EXPECT_TRUE(BitwiseEqual(record, RecordOf(reference, r))) << "row " << r;
+  }
+}
+
+// Flush + Checkpoint, keep training, restore: the restored table has the
+// rows, optimizer state and step of the checkpoint, and trains on from
+// there like the original did.
+TEST_F(StoreTest, CheckpointRestoresRowsAndOptimizerState) {
+  const TableSpec spec =
+      MakeSpec(4, 600, 8, POOLING_MEAN, OptimizerConfig::ADAM);
+  const RocksDbStoreOptions options = Options(60);
+  const int record_floats = 8 + StateFloatsPerRow(spec.optimizer, 8);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed);
+  auto train = [&](EmbeddingStore& store, Rng& r, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const data::SparseFeature ids = RandomIds(r, spec.rows, 16, 3);
+      auto p = store.Prepare(ids);
+      ASSERT_TRUE(p.ok()) << p.status();
+      const std::vector<float> grad = RandomGrad(r, 16, 8);
+      ASSERT_TRUE(store.BackwardUpdate(**p, grad.data(), 8).ok());
+    }
+  };
+  auto snapshot = [&](EmbeddingStore& store) {
+    std::vector<float> all(spec.rows * record_floats);
+    for (int64_t r = 0; r < spec.rows; ++r) {
+      EXPECT_TRUE(store.ReadRow(r, all.data() + r * record_floats).ok());
+    }
+    return all;
+  };
+  const std::string checkpoint = dir_ + "/checkpoint";
+  std::vector<float> at_checkpoint, after_more;
+  {
+    auto db = RowDatabase::Open(options);
+    ASSERT_TRUE(db.ok()) << db.status();
+    auto store = RocksDbCachedStore::Create(spec, options, db->get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    train(**store, rng, 12);
+    ASSERT_TRUE((*store)->Flush().ok());
+    EXPECT_FALSE((*store)->IsDirty(0));
+    ASSERT_TRUE((*db)->Checkpoint(checkpoint).ok());
+    EXPECT_EQ((*db)->Checkpoint(checkpoint).code(),
+              absl::StatusCode::kAlreadyExists);
+    at_checkpoint = snapshot(**store);
+    Rng more(kSeed + 1);
+    train(**store, more, 5);
+    after_more = snapshot(**store);
+    EXPECT_EQ((*store)->step(), 17);
+  }
+  RocksDbStoreOptions restored_options = options;
+  restored_options.path = dir_ + "/restored";
+  EXPECT_EQ(RowDatabase::RestoreCheckpoint(dir_ + "/missing", restored_options)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(RowDatabase::RestoreCheckpoint(checkpoint, options).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  auto db = RowDatabase::RestoreCheckpoint(checkpoint, restored_options);
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto store = RocksDbCachedStore::Create(spec, restored_options, db->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->step(), 12);
+  EXPECT_TRUE(BitwiseEqual(snapshot(**store), at_checkpoint));
+  Rng more(kSeed + 1);
+  train(**store, more, 5);
+  EXPECT_TRUE(BitwiseEqual(snapshot(**store), after_more));
+}
+
+// Rows flushed before the database closes are there when it reopens (the
+// WAL is off: closing must persist the memtables).
+TEST_F(StoreTest, FlushedRowsSurviveReopen) {
+  const RocksDbStoreOptions options = Options(4);
+  std::vector<float> before(8);
+  {
+    SmallStore s = OpenSmall(options);
+    auto p = s.store->Prepare(Bag({42}));
+    ASSERT_TRUE(p.ok());
+    std::vector<float> grad(8, 2.0f);
+    ASSERT_TRUE(s.store->BackwardUpdate(**p, grad.data(), 8).ok());
+    ASSERT_TRUE(s.store->Flush().ok());
+    ASSERT_TRUE(s.store->ReadRow(42, before.data()).ok());
+  }
+  SmallStore s = OpenSmall(options);
+  std::vector<float> after(8);
+  ASSERT_TRUE(s.store->ReadRow(42, after.data()).ok());
+  EXPECT_TRUE(BitwiseEqual(before, after));
+  EXPECT_EQ(s.store->step(), 1);
+  EXPECT_EQ(s.store->metrics().rows_read, 1);
+}
+
+}  // namespace
+}  // namespace dlrm::embedding
