@@ -2,12 +2,18 @@
 // reflection) with Prometheus metrics over HTTP. Prints one line,
 // "dlrm_server: listening on HOST:PORT metrics HOST:PORT", when it is ready;
 // logs go to stderr. SIGINT/SIGTERM stop it after the current step.
+// Two more modes for deployments (docs/deployment.md): --dry-run checks the
+// flags, the model config and the sharding plan and prints them;
+// --health-check HOST:PORT is a container health probe.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <omp.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -49,6 +55,12 @@ struct Flags {
   int64_t memory_budget_mb = 0;
   double comm_timeout_s = 120;
   bool overlap_allreduce = false;
+  // Address or hostname this rank's Gloo transport binds to; every other
+  // rank dials it, so across containers or hosts it must be reachable.
+  std::string comm_bind_address = "127.0.0.1";
+  // Deployment modes (docs/deployment.md).
+  bool dry_run = false;
+  std::string health_check;
 };
 
 // How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
@@ -56,6 +68,169 @@ constexpr int kFollowerGraceSeconds = 10;
 
 // Where --checkpoint-on-exit writes, under --checkpoint-dir.
 constexpr char kExitCheckpoint[] = "final";
+
+// OK when `address` is HOST:PORT ([V6]:PORT too) with a port in [0, 65535],
+// or a gRPC "unix:" address; `flag` names it in the error.
+absl::Status CheckAddress(const std::string& flag, const std::string& address) {
+  if (address.starts_with("unix:")) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    const char* end = address.data() + address.size();
+    auto [p, ec] = std::from_chars(address.data() + colon + 1, end, port);
+    if (ec != std::errc() || p != end) port = -1;
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " \"", address, "\" is not HOST:PORT with a port in [0, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+// The checks of the flags together (CLI11 checked each alone): the ones a
+// run makes before it starts anything, shared with --dry-run so that a dry
+// run fails where a run would.
+absl::Status ValidateFlags(const Flags& f) {
+  if (f.checkpoint_on_exit &&
+      (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
+    return absl::InvalidArgumentError(
+        "--checkpoint-on-exit needs --checkpoint-dir and a training server");
+  }
+  if (f.rank < 0 || f.rank >= f.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank ", f.rank, " is not in [0, --world-size ", f.world_size, ")"));
+  }
+  if (f.rank == 0) {
+    RETURN_IF_ERROR(f.server.Validate());
+    RETURN_IF_ERROR(CheckAddress("--listen", f.server.listen));
+    if (!f.server.metrics_listen.empty()) {
+      RETURN_IF_ERROR(
+          CheckAddress("--metrics-listen", f.server.metrics_listen));
+    }
+  }
+  if (f.world_size == 1) return absl::OkStatus();
+  if (f.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--world-size > 1 needs --coordinator HOST:PORT (rank 0 listens "
+        "there, the others dial it)");
+  }
+  RETURN_IF_ERROR(CheckAddress("--coordinator", f.coordinator));
+  if (f.comm_bind_address.empty()) {
+    return absl::InvalidArgumentError("--comm-bind-address is empty");
+  }
+  if (f.server.inference_only) {
+    return absl::InvalidArgumentError(
+        "--inference-only serves on one rank only");
+  }
+  if (!(f.comm_timeout_s > 0) || f.memory_budget_mb < 0) {
+    return absl::InvalidArgumentError(
+        "--comm-timeout-s must be positive and --memory-budget-mb >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// The model config a run uses: with --restore the checkpoint's, so that
+// every rank plans from it (the restore itself checks the plan).
+absl::StatusOr<ModelConfig> RunConfig(const Flags& f) {
+  return LoadModelConfig(
+      f.restore.empty()
+          ? f.config
+          : (std::filesystem::path(f.restore) / "config.textproto").string());
+}
+
+// --dry-run: validates what a run would (flags, the model config, the
+// sharding plan for --world-size and --memory-budget-mb) and prints what it
+// would do; binds, dials and allocates nothing. Errors as a run's.
+absl::Status DryRun(const Flags& f) {
+  RETURN_IF_ERROR(ValidateFlags(f));
+  ASSIGN_OR_RETURN(ModelConfig config, RunConfig(f));
+  embedding::PlannerOptions po;
+  po.world_size = f.world_size;
+  po.memory_budget_bytes = f.memory_budget_mb << 20;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
+                   embedding::PlanSharding(config, po));
+  const auto or_none = [](const std::string& s) {
+    return s.empty() ? std::string("(none)") : s;
+  };
+  std::printf("dlrm_server --dry-run: the flags are valid; nothing started\n");
+  std::printf("rank %d of %d\n", f.rank, f.world_size);
+  if (f.world_size > 1) {
+    std::printf("coordinator %s (%s)\ncollectives bind %s (Gloo)\n",
+                f.coordinator.c_str(),
+                f.rank == 0 ? "rank 0 hosts it" : "dialled",
+                f.comm_bind_address.c_str());
+  }
+  if (f.rank == 0) {
+    std::printf("gRPC listen %s\nmetrics listen %s\n", f.server.listen.c_str(),
+                f.server.metrics_listen.empty()
+                    ? "off"
+                    : f.server.metrics_listen.c_str());
+  } else {
+    std::printf("serves nothing (follows rank 0)\n");
+  }
+  std::printf("model %s: %d tables, %lld embedding and %lld dense parameters\n",
+              f.restore.empty() ? f.config.c_str() : f.restore.c_str(),
+              config.tables_size(),
+              static_cast<long long>(EmbeddingParameterCount(config)),
+              static_cast<long long>(DenseParameterCount(config)));
+  std::printf("restore %s%s\ncheckpoint-dir %s%s\ndata-dir %s\n",
+              or_none(f.restore).c_str(),
+              f.server.inference_only ? " (inference only)" : "",
+              or_none(f.server.checkpoint_dir).c_str(),
+              f.checkpoint_on_exit ? " (saves final/ on exit)" : "",
+              or_none(f.server.data_dir).c_str());
+  std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
+              plan.ToString(config).c_str());
+  return absl::OkStatus();
+}
+
+// --health-check HOST:PORT: grpc.health.v1.Health/Check of the whole server
+// (service ""); 0 when SERVING, else 1 with the reason on stderr. Sent as
+// raw bytes through a generic stub: Debian's gRPC has no generated health
+// client and Debian ships no grpc_health_probe.
+int HealthCheck(const std::string& target, double timeout_s) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  grpc::Slice empty("");  // HealthCheckRequest{service: ""}
+  const grpc::ByteBuffer request(&empty, 1);
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
+                                    request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "dlrm_server: health of %s: %s\n", target.c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  // HealthCheckResponse is one enum field, status = 1 (key byte 0x08); its
+  // values fit one varint byte; absent means UNKNOWN (0). SERVING is 1.
+  const int serving = bytes.size() >= 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+  static constexpr const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
+                                           "SERVICE_UNKNOWN"};
+  std::printf("%s: %s\n", target.c_str(),
+              serving >= 0 && serving < 4 ? kNames[serving] : "UNKNOWN");
+  return serving == 1 ? 0 : 1;
+}
 
 absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(const Flags& f) {
   if (!f.restore.empty()) {
@@ -79,23 +254,6 @@ absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(const Flags& f) {
 // services and leads, the others follow until rank 0 says Shutdown.
 // `signals` are blocked (Run below).
 absl::Status RunRank(Flags& f, const sigset_t& signals) {
-  if (f.rank < 0 || f.rank >= f.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rank ", f.rank, " is not in [0, --world-size ", f.world_size, ")"));
-  }
-  if (f.coordinator.empty()) {
-    return absl::InvalidArgumentError(
-        "--world-size > 1 needs --coordinator HOST:PORT (rank 0 listens "
-        "there, the others dial it)");
-  }
-  if (f.server.inference_only) {
-    return absl::InvalidArgumentError(
-        "--inference-only serves on one rank only");
-  }
-  if (!(f.comm_timeout_s > 0) || f.memory_budget_mb < 0) {
-    return absl::InvalidArgumentError(
-        "--comm-timeout-s must be positive and --memory-budget-mb >= 0");
-  }
   // Signals arrive on this thread. Until rank 0 serves (ConnectGloo may
   // wait minutes for the other ranks) and on followers they end the process
   // at once: there is nothing to save. Once rank 0 serves, they start the
@@ -134,14 +292,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     ASSIGN_OR_RETURN(coordinator, comm::CoordinatorServer::Start(co));
     spdlog::info("coordinator listening on {}", coordinator->address());
   }
-  // With --restore every rank takes the checkpoint's config, so that the
-  // plan is the checkpoint's; the restore itself checks that.
-  ASSIGN_OR_RETURN(
-      ModelConfig config,
-      LoadModelConfig(f.restore.empty() ? f.config
-                                        : (std::filesystem::path(f.restore) /
-                                           "config.textproto")
-                                              .string()));
+  ASSIGN_OR_RETURN(ModelConfig config, RunConfig(f));
   embedding::PlannerOptions po;
   po.world_size = f.world_size;
   po.memory_budget_bytes = f.memory_budget_mb << 20;
@@ -151,6 +302,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   go.rank = f.rank;
   go.world_size = f.world_size;
   go.coordinator_address = f.coordinator;
+  go.bind_address = f.comm_bind_address;
   go.job_id = "dlrm-server";
   go.op_timeout_seconds = f.comm_timeout_s;
   spdlog::info("connecting rank {} of {} through {}", f.rank, f.world_size,
@@ -231,12 +383,7 @@ absl::Status Run(Flags& f) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
-  if (f.checkpoint_on_exit &&
-      (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
-    return absl::InvalidArgumentError(
-        "--checkpoint-on-exit needs --checkpoint-dir and a training server");
-  }
-  f.server.max_message_bytes = f.max_message_mb << 20;
+  RETURN_IF_ERROR(ValidateFlags(f));
 
   // Signals are taken by sigwait below; every thread started from here on
   // inherits the mask, so none of them is interrupted.
@@ -359,9 +506,27 @@ int main(int argc, char** argv) {
   app.set_config("--server-config", "",
                  "Read flags from this TOML or INI file (e.g. "
                  "listen = \"127.0.0.1:0\"); the command line overrides it");
+  app.add_option("--comm-bind-address", f.comm_bind_address,
+                 "With --world-size > 1: address or hostname this rank's "
+                 "collectives (Gloo) bind to; every other rank must reach it "
+                 "(a container's hostname, a host's IP)")
+      ->capture_default_str();
+  app.add_flag("--dry-run", f.dry_run,
+               "Check the flags, load the model config and plan the sharding "
+               "for --world-size, print what would run, and exit (0 if all "
+               "is valid) without binding, connecting or allocating");
+  app.add_option("--health-check", f.health_check,
+                 "Probe mode: ask the server at HOST:PORT for its gRPC health "
+                 "(grpc.health.v1) and exit 0 if SERVING, else 1; other "
+                 "flags are ignored");
   app.allow_config_extras(CLI::config_extras_mode::error);
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s = dlrm::server::Run(f);
+  if (!f.health_check.empty()) {
+    return dlrm::server::HealthCheck(f.health_check, /*timeout_s=*/5);
+  }
+  f.server.max_message_bytes = f.max_message_mb << 20;
+  const absl::Status s =
+      f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::Run(f);
   if (!s.ok()) {
     std::fprintf(stderr, "dlrm_server: %s\n", s.ToString().c_str());
     return 1;
