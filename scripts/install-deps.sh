@@ -14,7 +14,7 @@ packages=(
   librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
-  python3 python3-grpcio python3-protobuf python3-yaml docker-compose
+  python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml docker-compose
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(python3-torch)

@@ -1,0 +1,54 @@
+// A dlrm_server child process (one rank or a whole single-rank server) for
+// benchmarks and tools that drive a real server: start, learn its address
+// from the listening line, stop it with SIGTERM.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dlrm::clients {
+
+// Owns one child process. The child is killed (SIGKILL) if this process
+// dies, and by the destructor if it still runs. Not thread-safe.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess();
+
+  // Runs `args` (args[0] the binary; stderr is ours) and waits for the line
+  // "dlrm_server: listening on HOST:PORT ..." on its stdout (read and
+  // discarded afterwards). Unavailable if the child exits or prints no such
+  // line within `timeout_seconds`; Internal if fork or pipe fail.
+  absl::Status Start(const std::vector<std::string>& args,
+                     double timeout_seconds);
+
+  // Runs `args` with stdout on /dev/null and returns at once (a follower
+  // rank, which prints no listening line). Internal if fork fails.
+  absl::Status StartDetached(const std::vector<std::string>& args);
+
+  // SIGTERM, then waits up to `timeout_seconds` (SIGKILL after that).
+  // OK when the child exited 0 (or was not running); Internal otherwise,
+  // naming the exit status.
+  absl::Status Stop(double timeout_seconds = 30);
+
+  // The address from the listening line ("" after StartDetached).
+  const std::string& address() const { return address_; }
+  bool running() const { return pid_ > 0; }
+
+ private:
+  void CloseOutput();
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::thread drain_;
+  std::string address_;
+};
+
+}  // namespace dlrm::clients
