@@ -9,7 +9,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -33,6 +35,36 @@ std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
              std::chrono::duration<double>(seconds));
 }
 
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (!in || in.bad()) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  }
+  return contents.str();
+}
+
+// The channel credentials `options` ask for: insecure, or TLS from the
+// PEM files.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(
+    const ClientOptions& options) {
+  if (!options.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadPemFile(options.tls_ca_file, "TLS CA file"));
+  }
+  if (!options.tls_cert_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(options.tls_cert_file,
+                                                     "TLS certificate file"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadPemFile(options.tls_key_file, "TLS key file"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 }  // namespace
 
 absl::Status ClientOptions::Validate() const {
@@ -47,6 +79,23 @@ absl::Status ClientOptions::Validate() const {
   if (!(call_timeout_seconds >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "call_timeout_seconds must be >= 0, got ", call_timeout_seconds));
+  }
+  if (!tls && !(tls_ca_file.empty() && tls_cert_file.empty() &&
+                tls_key_file.empty() && tls_server_name.empty())) {
+    return absl::InvalidArgumentError(
+        "tls_ca_file, tls_cert_file, tls_key_file and tls_server_name need "
+        "tls = true");
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs its key: set both tls_cert_file and "
+        "tls_key_file, or neither");
+  }
+  for (const char c : auth_token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "auth_token may hold printable ASCII only, without spaces");
+    }
   }
   return absl::OkStatus();
 }
@@ -94,11 +143,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (address.empty()) {
     return absl::InvalidArgumentError("server address is empty");
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   MakeCredentials(options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, credentials, args);
   if (options.connect_timeout_seconds > 0 &&
       !channel->WaitForConnected(
           DeadlineAfter(options.connect_timeout_seconds))) {
@@ -125,12 +179,22 @@ void Client::SetDeadline(grpc::ClientContext* context) const {
   }
 }
 
+void Client::Authorize(grpc::ClientContext* context) const {
+  // Metadata rather than call credentials: gRPC refuses call credentials on
+  // a plaintext channel, and a token over loopback plaintext is allowed.
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization",
+                         absl::StrCat("Bearer ", options_.auth_token));
+  }
+}
+
 absl::StatusOr<TrainSummary> Client::Train(data::BatchSource& source,
                                            const TrainOptions& options,
                                            const StepCallback& on_step) {
   RETURN_IF_ERROR(options.Validate());
   const Clock::time_point start = Clock::now();
   grpc::ClientContext context;
+  Authorize(&context);
   std::unique_ptr<grpc::ClientReaderWriter<TrainRequest, TrainResponse>>
       stream = trainer_->Train(&context);
 
@@ -247,6 +311,7 @@ absl::StatusOr<TrainSummary> Client::Train(data::BatchSource& source,
 
 absl::StatusOr<JobStatus> Client::StartJob(const JobRequest& request) {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   JobStatus status;
   RETURN_IF_ERROR(
@@ -256,6 +321,7 @@ absl::StatusOr<JobStatus> Client::StartJob(const JobRequest& request) {
 
 absl::StatusOr<JobStatus> Client::GetJob(const std::string& id) {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   JobId request;
   request.set_id(id);
@@ -266,6 +332,7 @@ absl::StatusOr<JobStatus> Client::GetJob(const std::string& id) {
 
 absl::StatusOr<JobStatus> Client::CancelJob(const std::string& id) {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   JobId request;
   request.set_id(id);
@@ -277,6 +344,7 @@ absl::StatusOr<JobStatus> Client::CancelJob(const std::string& id) {
 
 absl::StatusOr<std::vector<JobStatus>> Client::ListJobs() {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   ListJobsResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(
@@ -310,6 +378,7 @@ absl::StatusOr<JobStatus> Client::WaitJob(const std::string& id,
 absl::StatusOr<EvaluateResponse> Client::Evaluate(
     const EvaluateRequest& request) {
   grpc::ClientContext context;
+  Authorize(&context);
   EvaluateResponse response;
   RETURN_IF_ERROR(
       FromGrpcStatus(trainer_->Evaluate(&context, request, &response)));
@@ -358,6 +427,7 @@ absl::StatusOr<std::vector<float>> Client::Predict(const data::Batch& batch) {
   PredictRequest request;
   data::BatchToProto(batch, /*include_labels=*/false, request.mutable_batch());
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   PredictResponse response;
   RETURN_IF_ERROR(
@@ -374,6 +444,7 @@ absl::StatusOr<std::vector<float>> Client::Predict(const data::Batch& batch) {
 absl::StatusOr<CheckpointResponse> Client::SaveCheckpoint(
     const std::string& path) {
   grpc::ClientContext context;
+  Authorize(&context);
   CheckpointRequest request;
   request.set_path(path);
   CheckpointResponse response;
@@ -385,6 +456,7 @@ absl::StatusOr<CheckpointResponse> Client::SaveCheckpoint(
 absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
     const std::string& path) {
   grpc::ClientContext context;
+  Authorize(&context);
   CheckpointRequest request;
   request.set_path(path);
   CheckpointResponse response;
@@ -395,6 +467,7 @@ absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
 
 absl::StatusOr<ModelInfo> Client::GetModelInfo() {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   ModelInfo info;
   RETURN_IF_ERROR(FromGrpcStatus(
@@ -404,6 +477,7 @@ absl::StatusOr<ModelInfo> Client::GetModelInfo() {
 
 absl::StatusOr<std::string> Client::GetMetrics() {
   grpc::ClientContext context;
+  Authorize(&context);
   SetDeadline(&context);
   MetricsResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(

@@ -31,6 +31,21 @@ struct ClientOptions {
   // checkpoint calls take as long as their data needs. 0 = none.
   // Default: 60.
   double call_timeout_seconds = 60;
+  // Connect over TLS (grpc::SslCredentials). Default: false.
+  bool tls = false;
+  // With tls: PEM CA certificates that sign the server's certificate; empty
+  // trusts gRPC's default roots. Default: empty.
+  std::string tls_ca_file;
+  // With tls: PEM client certificate chain and its key, for servers that
+  // require client certificates; set both or neither. Default: empty.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // With tls: the name the server's certificate must carry, when it is not
+  // the host part of the address. Default: empty.
+  std::string tls_server_name;
+  // Sent with every call as "authorization: Bearer <token>"; empty sends
+  // none. Default: empty.
+  std::string auth_token;
 
   absl::Status Validate() const;
 };
@@ -90,9 +105,10 @@ bool IsTerminal(JobStatus::State state);
 // call_timeout_seconds).
 class Client {
  public:
-  // Opens an insecure channel to `address` ("host:port"). InvalidArgument
-  // for bad options or an empty address; Unavailable when the server does
-  // not accept the connection within connect_timeout_seconds.
+  // Opens a channel to `address` ("host:port"), over TLS when options.tls.
+  // InvalidArgument for bad options or an empty address; NotFound when a
+  // TLS file cannot be read; Unavailable when the server does not accept
+  // the connection (TLS handshake included) within connect_timeout_seconds.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, const ClientOptions& options = {});
 
@@ -156,6 +172,8 @@ class Client {
 
   // Sets the unary-call deadline on `context` when one is configured.
   void SetDeadline(grpc::ClientContext* context) const;
+  // Adds the bearer token to `context` when one is configured.
+  void Authorize(grpc::ClientContext* context) const;
 
   std::string address_;
   ClientOptions options_;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +46,11 @@ struct DataFlags {
 struct Flags {
   std::string server = "127.0.0.1:50051";
   double connect_timeout = 10;
+
+  // security (docs/server.md "Security")
+  bool tls = false;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;
+  std::string auth_token_file;
 
   // train / predict / eval (local data)
   DataFlags data;
@@ -452,6 +459,43 @@ absl::Status Checkpoint(Client& client, const std::string& dir, bool save) {
   return absl::OkStatus();
 }
 
+// The bearer token in `path`, without trailing whitespace (a final newline).
+// NotFound when it cannot be read, InvalidArgument when it is empty.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read --auth-token-file ", path));
+  }
+  std::string token((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  while (!token.empty() &&
+         std::isspace(static_cast<unsigned char>(token.back())) != 0) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth-token-file ", path, " is empty"));
+  }
+  return token;
+}
+
+// The connection options the global flags ask for.
+absl::StatusOr<ClientOptions> ConnectOptions(const Flags& f) {
+  ClientOptions options;
+  options.connect_timeout_seconds = f.connect_timeout;
+  options.tls = f.tls || !f.tls_ca.empty() || !f.tls_cert.empty() ||
+                !f.tls_server_name.empty();
+  options.tls_ca_file = f.tls_ca;
+  options.tls_cert_file = f.tls_cert;
+  options.tls_key_file = f.tls_key;
+  options.tls_server_name = f.tls_server_name;
+  if (!f.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(f.auth_token_file));
+  }
+  return options;
+}
+
 // Flags shared by the subcommands that read local samples.
 void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
   app->add_option("--data", f.data.files,
@@ -481,6 +525,21 @@ int Main(int argc, char** argv) {
   app.add_option("--connect-timeout", f.connect_timeout,
                  "Seconds to wait for the server to accept the connection")
       ->capture_default_str();
+  app.add_flag("--tls", f.tls,
+               "Connect over TLS, trusting the system's root certificates "
+               "(implied by --tls-ca, --tls-cert and --tls-server-name)");
+  app.add_option("--tls-ca", f.tls_ca,
+                 "PEM CA certificates that sign the server's certificate");
+  app.add_option("--tls-cert", f.tls_cert,
+                 "PEM client certificate, for servers started with "
+                 "--tls-client-ca (with --tls-key)");
+  app.add_option("--tls-key", f.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-server-name", f.tls_server_name,
+                 "Name the server's certificate must carry, when it is not "
+                 "the host of --server");
+  app.add_option("--auth-token-file", f.auth_token_file,
+                 "File holding the server's bearer token (sent as "
+                 "\"authorization: Bearer <token>\")");
 
   CLI::App* info = app.add_subcommand("info", "Show the model and its plan");
   info->add_flag("--config-text", f.config_text,
@@ -592,10 +651,10 @@ int Main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
-  ClientOptions options;
-  options.connect_timeout_seconds = f.connect_timeout;
+  absl::StatusOr<ClientOptions> options = ConnectOptions(f);
   absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect(f.server, options);
+      options.ok() ? Client::Connect(f.server, *options)
+                   : absl::StatusOr<std::unique_ptr<Client>>(options.status());
   absl::Status status = client.status();
   if (status.ok()) {
     Client& c = **client;

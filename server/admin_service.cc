@@ -10,16 +10,23 @@
 namespace dlrm::server {
 
 AdminService::AdminService(ModelHost* host, ServerMetrics* metrics,
-                           WorkQueue* work, std::string checkpoint_dir)
+                           WorkQueue* work, const TokenAuth* auth,
+                           std::string checkpoint_dir)
     : host_(host),
       metrics_(metrics),
       work_(work),
+      auth_(auth),
       checkpoint_dir_(std::move(checkpoint_dir)) {}
 
 grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     grpc::CallbackServerContext* context, const ModelInfoRequest* request,
     ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", auth);
+    return reactor;
+  }
   ModelSummary s = host_->Summary();
   *response->mutable_config() = std::move(s.config);
   response->set_embedding_parameters(s.embedding_parameters);
@@ -53,6 +60,11 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const char* method =
       save ? "/dlrm.Admin/SaveCheckpoint" : "/dlrm.Admin/RestoreCheckpoint";
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, method, auth);
+    return reactor;
+  }
   absl::StatusOr<std::string> dir =
       ResolveUnder(checkpoint_dir_, request->path(), "path");
   if (!dir.ok()) {
@@ -83,6 +95,11 @@ grpc::ServerUnaryReactor* AdminService::GetMetrics(
     grpc::CallbackServerContext* context, const MetricsRequest* request,
     MetricsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", auth);
+    return reactor;
+  }
   response->set_prometheus_text(metrics_->Render(host_->steps()));
   FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", absl::OkStatus());
   return reactor;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dlrm/service.grpc.pb.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
 #include "server/work_queue.h"
@@ -13,12 +14,13 @@
 namespace dlrm::server {
 
 // Checkpoint paths resolve under `checkpoint_dir` when it is set (a path
-// leaving it gets InvalidArgument); checkpoint I/O runs on `work`. Pointers
-// are borrowed and must outlive the service.
+// leaving it gets InvalidArgument); checkpoint I/O runs on `work`. Every
+// call needs the auth token when `auth` has one (Unauthenticated otherwise).
+// Pointers are borrowed and must outlive the service.
 class AdminService final : public Admin::CallbackService {
  public:
   AdminService(ModelHost* host, ServerMetrics* metrics, WorkQueue* work,
-               std::string checkpoint_dir);
+               const TokenAuth* auth, std::string checkpoint_dir);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const ModelInfoRequest* request,
@@ -42,6 +44,7 @@ class AdminService final : public Admin::CallbackService {
   ModelHost* const host_;
   ServerMetrics* const metrics_;
   WorkQueue* const work_;
+  const TokenAuth* const auth_;
   const std::string checkpoint_dir_;
 };
 

@@ -80,6 +80,12 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("work_threads = ", work_threads, " must be >= 1"));
   }
+  if (max_concurrent_streams < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_concurrent_streams = ", max_concurrent_streams, " must be >= 0"));
+  }
+  RETURN_IF_ERROR(tls.Validate());
+  RETURN_IF_ERROR(auth.Validate());
   return absl::OkStatus();
 }
 
@@ -108,6 +114,9 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   std::unique_ptr<DlrmServer> s(new DlrmServer(std::move(options)));
   const ServerOptions& o = s->options_;
   s->host_ = std::move(model_host);
+  s->auth_ = std::make_unique<TokenAuth>(o.auth);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeServerCredentials(o.tls));
   s->work_ = std::make_unique<WorkQueue>(o.work_threads);
   PredictBatcherOptions batcher;
   batcher.max_batch_samples = o.predict_max_batch;
@@ -125,22 +134,28 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   trainer.data_dir = o.data_dir;
   trainer.max_batch_samples = o.max_batch_samples;
   RETURN_IF_ERROR(trainer.Validate());
-  s->trainer_ = std::make_unique<TrainerService>(
-      s->host_.get(), s->jobs_.get(), &s->metrics_, s->work_.get(), trainer);
+  s->trainer_ = std::make_unique<TrainerService>(s->host_.get(), s->jobs_.get(),
+                                                 &s->metrics_, s->work_.get(),
+                                                 s->auth_.get(), trainer);
   s->predictor_ = std::make_unique<PredictorService>(
-      s->host_.get(), s->batcher_.get(), &s->metrics_, o.max_batch_samples);
+      s->host_.get(), s->batcher_.get(), &s->metrics_, s->auth_.get(),
+      o.max_batch_samples);
   s->admin_ = std::make_unique<AdminService>(s->host_.get(), &s->metrics_,
-                                             s->work_.get(), o.checkpoint_dir);
+                                             s->work_.get(), s->auth_.get(),
+                                             o.checkpoint_dir);
   s->metrics_.SetTrainQueueCapacity(o.train_queue_depth);
 
   // Both are process-wide settings read when a builder is made.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(),
-                           &s->port_);
+  builder.AddListeningPort(o.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  if (o.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               o.max_concurrent_streams);
+  }
   builder.RegisterService(s->trainer_.get());
   builder.RegisterService(s->predictor_.get());
   builder.RegisterService(s->admin_.get());
@@ -164,6 +179,14 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   spdlog::info("serving on {} (metrics {}), {}", s->address_,
                s->metrics_address_.empty() ? "off" : s->metrics_address_,
                o.inference_only ? "inference only" : "training and inference");
+  spdlog::info("gRPC {}; {}",
+               !o.tls.enabled()               ? "plaintext"
+               : o.tls.client_ca_file.empty() ? "TLS"
+                                              : "TLS with client certificates",
+               !s->auth_->enabled() ? "no auth token"
+               : o.auth.predict_requires_token
+                   ? "every call needs the auth token"
+                   : "Trainer and Admin need the auth token");
   return s;
 }
 

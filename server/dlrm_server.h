@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "model/dlrm_model.h"
 #include "server/admin_service.h"
+#include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -59,6 +60,16 @@ struct ServerOptions {
   // Threads for blocking RPC work (evaluation, checkpoints, CancelJob).
   // Default: 2.
   int work_threads = 2;
+  // Most concurrent RPCs (HTTP/2 streams) one client connection may have
+  // open (GRPC_ARG_MAX_CONCURRENT_STREAMS); further calls wait for a free
+  // one. 0 keeps gRPC's default (no limit). Default: 0.
+  int max_concurrent_streams = 0;
+  // TLS of the gRPC port (the /metrics endpoint stays plain HTTP).
+  // Default: off.
+  TlsOptions tls;
+  // The bearer token Trainer and Admin (and optionally Predictor) calls
+  // need. Default: none (every call is open).
+  AuthOptions auth;
 
   absl::Status Validate() const;
 };
@@ -108,6 +119,7 @@ class DlrmServer {
   const ServerOptions options_;
   ServerMetrics metrics_;
   std::unique_ptr<ModelHost> host_;
+  std::unique_ptr<TokenAuth> auth_;
   std::unique_ptr<WorkQueue> work_;
   std::unique_ptr<PredictBatcher> batcher_;
   std::unique_ptr<JobManager> jobs_;

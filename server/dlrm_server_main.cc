@@ -32,6 +32,7 @@
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
 #include "model/hybrid_model.h"
+#include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "server/rank_group.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -61,6 +62,9 @@ struct Flags {
   // Deployment modes (docs/deployment.md).
   bool dry_run = false;
   std::string health_check;
+  // Security (docs/server.md "Security"): the token is read from this file
+  // into server.auth.token, so it never shows in a process listing.
+  std::string auth_token_file;
 };
 
 // How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
@@ -102,6 +106,8 @@ absl::Status ValidateFlags(const Flags& f) {
   }
   if (f.rank == 0) {
     RETURN_IF_ERROR(f.server.Validate());
+    // Reads the PEM files, so that a dry run catches a missing one.
+    RETURN_IF_ERROR(MakeServerCredentials(f.server.tls).status());
     RETURN_IF_ERROR(CheckAddress("--listen", f.server.listen));
     if (!f.server.metrics_listen.empty()) {
       RETURN_IF_ERROR(
@@ -173,6 +179,16 @@ absl::Status DryRun(const Flags& f) {
               config.tables_size(),
               static_cast<long long>(EmbeddingParameterCount(config)),
               static_cast<long long>(DenseParameterCount(config)));
+  std::printf("gRPC %s, auth token %s\n",
+              f.server.tls.enabled() ? (f.server.tls.client_ca_file.empty()
+                                            ? "TLS"
+                                            : "TLS with client certificates")
+                                     : "plaintext",
+              f.server.auth.token.empty()
+                  ? "off"
+                  : (f.server.auth.predict_requires_token
+                         ? "required by every service"
+                         : "required by Trainer and Admin"));
   std::printf("restore %s%s\ncheckpoint-dir %s%s\ndata-dir %s\n",
               or_none(f.restore).c_str(),
               f.server.inference_only ? " (inference only)" : "",
@@ -519,12 +535,38 @@ int main(int argc, char** argv) {
                  "Probe mode: ask the server at HOST:PORT for its gRPC health "
                  "(grpc.health.v1) and exit 0 if SERVING, else 1; other "
                  "flags are ignored");
+  app.add_option("--tls-cert", o.tls.cert_file,
+                 "PEM certificate chain: serve gRPC over TLS (with --tls-key)");
+  app.add_option("--tls-key", o.tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", o.tls.client_ca_file,
+                 "PEM CA certificates: require and verify a client "
+                 "certificate signed by one of them (mutual TLS)");
+  app.add_option("--auth-token-file", f.auth_token_file,
+                 "File holding a bearer token (>= 16 printable characters) "
+                 "that Trainer and Admin calls must send as "
+                 "\"authorization: Bearer <token>\"");
+  app.add_flag("--predict-requires-token", o.auth.predict_requires_token,
+               "With --auth-token-file: Predict needs the token too");
+  app.add_option("--max-concurrent-streams", o.max_concurrent_streams,
+                 "Most concurrent RPCs one client connection may have open "
+                 "(0 = gRPC's default, no limit)")
+      ->capture_default_str();
   app.allow_config_extras(CLI::config_extras_mode::error);
   CLI11_PARSE(app, argc, argv);
   if (!f.health_check.empty()) {
     return dlrm::server::HealthCheck(f.health_check, /*timeout_s=*/5);
   }
   f.server.max_message_bytes = f.max_message_mb << 20;
+  if (!f.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        dlrm::server::ReadSecretFile(f.auth_token_file, "--auth-token-file");
+    if (!token.ok()) {
+      std::fprintf(stderr, "dlrm_server: %s\n",
+                   token.status().ToString().c_str());
+      return 1;
+    }
+    f.server.auth.token = *std::move(token);
+  }
   const absl::Status s =
       f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::Run(f);
   if (!s.ok()) {

@@ -17,10 +17,12 @@ constexpr char kMethod[] = "/dlrm.Predictor/Predict";
 
 PredictorService::PredictorService(ModelHost* host, PredictBatcher* batcher,
                                    ServerMetrics* metrics,
+                                   const TokenAuth* auth,
                                    int64_t max_batch_samples)
     : host_(host),
       batcher_(batcher),
       metrics_(metrics),
+      auth_(auth),
       max_batch_samples_(max_batch_samples) {}
 
 grpc::ServerUnaryReactor* PredictorService::Predict(
@@ -28,6 +30,11 @@ grpc::ServerUnaryReactor* PredictorService::Predict(
     PredictResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kPredict);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kMethod, auth);
+    return reactor;
+  }
   data::Batch batch;
   const absl::Status status = data::BatchFromProto(
       request->batch(), host_->shape(), data::Labels::kIgnored,

@@ -10,12 +10,28 @@
 #include "data/wire.h"
 #include "server/datasets.h"
 #include "server/grpc_status.h"
+#include "spdlog/spdlog.h"
 
 namespace dlrm::server {
 namespace {
 
+constexpr char kTrain[] = "/dlrm.Trainer/Train";
+constexpr char kStartJob[] = "/dlrm.Trainer/StartJob";
+constexpr char kGetJob[] = "/dlrm.Trainer/GetJob";
 constexpr char kCancelJob[] = "/dlrm.Trainer/CancelJob";
+constexpr char kListJobs[] = "/dlrm.Trainer/ListJobs";
 constexpr char kEvaluate[] = "/dlrm.Trainer/Evaluate";
+
+// A Train call refused before it starts: finishes with `status` at once and
+// deletes itself when gRPC is done with it.
+class RejectedTrainStream final
+    : public grpc::ServerBidiReactor<TrainRequest, TrainResponse> {
+ public:
+  explicit RejectedTrainStream(const absl::Status& status) {
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
 
 // What an EvaluateRequest asks for, parsed and checked.
 struct EvalWork {
@@ -75,15 +91,23 @@ absl::Status TrainerServiceOptions::Validate() const {
 
 TrainerService::TrainerService(ModelHost* host, JobManager* jobs,
                                ServerMetrics* metrics, WorkQueue* work,
+                               const TokenAuth* auth,
                                TrainerServiceOptions options)
     : host_(host),
       jobs_(jobs),
       metrics_(metrics),
       work_(work),
+      auth_(auth),
       options_(std::move(options)) {}
 
 grpc::ServerBidiReactor<TrainRequest, TrainResponse>* TrainerService::Train(
     grpc::CallbackServerContext* context) {
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    metrics_->RecordRpc(kTrain, auth.code());
+    spdlog::warn("{}: {}", kTrain, auth.ToString());
+    return new RejectedTrainStream(auth);
+  }
   return new TrainStream(context, host_, metrics_, options_.stream);
 }
 
@@ -91,9 +115,14 @@ grpc::ServerUnaryReactor* TrainerService::StartJob(
     grpc::CallbackServerContext* context, const JobRequest* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kStartJob, auth);
+    return reactor;
+  }
   absl::StatusOr<JobStatus> status = jobs_->Start(*request);
   if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, "/dlrm.Trainer/StartJob", status.status());
+  FinishUnary(reactor, metrics_, kStartJob, status.status());
   return reactor;
 }
 
@@ -101,9 +130,14 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kGetJob, auth);
+    return reactor;
+  }
   absl::StatusOr<JobStatus> status = jobs_->Get(request->id());
   if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, "/dlrm.Trainer/GetJob", status.status());
+  FinishUnary(reactor, metrics_, kGetJob, status.status());
   return reactor;
 }
 
@@ -111,6 +145,11 @@ grpc::ServerUnaryReactor* TrainerService::CancelJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kCancelJob, auth);
+    return reactor;
+  }
   const std::string id = request->id();
   const bool queued = work_->Submit([this, reactor, response, id] {
     absl::StatusOr<JobStatus> status =
@@ -129,10 +168,15 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(
     grpc::CallbackServerContext* context, const ListJobsRequest* request,
     ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kListJobs, auth);
+    return reactor;
+  }
   for (JobStatus& job : jobs_->List()) {
     *response->add_jobs() = std::move(job);
   }
-  FinishUnary(reactor, metrics_, "/dlrm.Trainer/ListJobs", absl::OkStatus());
+  FinishUnary(reactor, metrics_, kListJobs, absl::OkStatus());
   return reactor;
 }
 
@@ -140,6 +184,11 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(
     grpc::CallbackServerContext* context, const EvaluateRequest* request,
     EvaluateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kEvaluate, auth);
+    return reactor;
+  }
   absl::StatusOr<std::unique_ptr<EvalWork>> parsed =
       ParseEvaluate(*request, *host_, options_);
   if (!parsed.ok()) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dlrm/service.grpc.pb.h"
+#include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -33,11 +34,13 @@ struct TrainerServiceOptions {
 
 // Handlers parse, call the ModelHost / JobManager, map the status and
 // finish; blocking work (evaluation, waiting for a job) runs on `work`.
-// All pointers are borrowed and must outlive the service.
+// Every call needs the auth token when `auth` has one (Unauthenticated
+// otherwise). All pointers are borrowed and must outlive the service.
 class TrainerService final : public Trainer::CallbackService {
  public:
   TrainerService(ModelHost* host, JobManager* jobs, ServerMetrics* metrics,
-                 WorkQueue* work, TrainerServiceOptions options);
+                 WorkQueue* work, const TokenAuth* auth,
+                 TrainerServiceOptions options);
 
   grpc::ServerBidiReactor<TrainRequest, TrainResponse>* Train(
       grpc::CallbackServerContext* context) override;
@@ -62,6 +65,7 @@ class TrainerService final : public Trainer::CallbackService {
   JobManager* const jobs_;
   ServerMetrics* const metrics_;
   WorkQueue* const work_;
+  const TokenAuth* const auth_;
   const TrainerServiceOptions options_;
 };
 

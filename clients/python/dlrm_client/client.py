@@ -120,21 +120,61 @@ def binary_dataset(path):
     return service_pb2.DatasetSpec(criteo_binary=path)
 
 
+def _read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor,
+                   grpc.StreamStreamClientInterceptor):
+    """Adds "authorization: Bearer <token>" to every call. Metadata rather
+    than call credentials: gRPC refuses those on a plaintext channel."""
+
+    def __init__(self, token):
+        self._metadata = ("authorization", "Bearer " + token)
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or []) + [self._metadata]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+
 class Client:
     """A connection to one dlrm-server. Thread-safe like a grpc.Channel."""
 
     def __init__(self, address="127.0.0.1:50051", connect_timeout=10.0,
-                 max_message_bytes=256 << 20, call_timeout=60.0):
-        """Opens an insecure channel; waits up to connect_timeout seconds for
-        the server (0 = do not wait) and raises DlrmError(UNAVAILABLE) if it
-        does not answer. call_timeout bounds the quick unary calls (None or
-        0 = no deadline)."""
+                 max_message_bytes=256 << 20, call_timeout=60.0, tls=False,
+                 tls_ca=None, tls_cert=None, tls_key=None, auth_token=None):
+        """Opens a channel, over TLS when tls is true or a tls_* file is
+        given; waits up to connect_timeout seconds for the server (0 = do
+        not wait) and raises DlrmError(UNAVAILABLE) if it does not answer.
+        call_timeout bounds the quick unary calls (None or 0 = no deadline).
+        tls_ca: PEM file of the CAs that sign the server's certificate
+        (None = the system's roots); tls_cert, tls_key: PEM client
+        certificate and key, for servers that require one. auth_token: the
+        server's bearer token (see docs/server.md "Security")."""
         self.address = address
         self._call_timeout = call_timeout or None
-        self._channel = grpc.insecure_channel(address, options=[
+        options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
-        ])
+        ]
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("give both tls_cert and tls_key, or neither")
+        if tls or tls_ca or tls_cert:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_file(tls_ca) if tls_ca else None,
+                private_key=_read_file(tls_key) if tls_key else None,
+                certificate_chain=_read_file(tls_cert) if tls_cert else None)
+            self._channel = grpc.secure_channel(address, credentials,
+                                                options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         if connect_timeout:
             try:
                 grpc.channel_ready_future(self._channel).result(
@@ -145,9 +185,13 @@ class Client:
                     grpc.StatusCode.UNAVAILABLE,
                     "could not connect to dlrm-server at %s within %g s" %
                     (address, connect_timeout)) from None
-        self._trainer = service_pb2_grpc.TrainerStub(self._channel)
-        self._predictor = service_pb2_grpc.PredictorStub(self._channel)
-        self._admin = service_pb2_grpc.AdminStub(self._channel)
+        stub_channel = self._channel
+        if auth_token:
+            stub_channel = grpc.intercept_channel(self._channel,
+                                                  _BearerToken(auth_token))
+        self._trainer = service_pb2_grpc.TrainerStub(stub_channel)
+        self._predictor = service_pb2_grpc.PredictorStub(stub_channel)
+        self._admin = service_pb2_grpc.AdminStub(stub_channel)
 
     def close(self):
         self._channel.close()
