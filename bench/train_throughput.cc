@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/config.h"
@@ -27,12 +28,28 @@ struct Flags {
   int repeats = 5;
   int threads = 0;
   double alpha = 1.05;
+  int batches = 4;
+  std::string rocksdb_dir;
+  std::vector<std::string> tables_on_rocksdb;
+  double cache_fraction = 0.1;
+  bool prefetch = true;
 };
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   if (f.rows > 0) {
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+  }
+  if (!f.tables_on_rocksdb.empty()) {
+    if (f.rocksdb_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--tables-on-rocksdb needs --rocksdb-dir");
+    }
+    RocksDbConfig r;
+    r.set_path(f.rocksdb_dir);
+    r.set_cache_fraction(f.cache_fraction);
+    ASSIGN_OR_RETURN(config, PlaceTablesOnRocksDb(std::move(config),
+                                                  f.tables_on_rocksdb, r));
   }
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -41,8 +58,8 @@ absl::Status Run(const Flags& f) {
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
-  constexpr int kBatches = 4;
-  std::vector<data::Batch> batches(kBatches);
+  const int num_batches = std::max(f.batches, 1);
+  std::vector<data::Batch> batches(num_batches);
   for (auto& b : batches) {
     ASSIGN_OR_RETURN(bool more, source->Next(f.batch, &b));
     if (!more) return absl::InternalError("synthetic source ended");
@@ -50,8 +67,11 @@ absl::Status Run(const Flags& f) {
   int64_t step = 0;
   model::StageTimes stages;
   auto run_step = [&](bool record) -> absl::Status {
-    ASSIGN_OR_RETURN(model::StepResult r,
-                     model->TrainStep(batches[step++ % kBatches]));
+    const data::Batch& batch = batches[step % num_batches];
+    const data::Batch* next =
+        f.prefetch ? &batches[(step + 1) % num_batches] : nullptr;
+    ++step;
+    ASSIGN_OR_RETURN(model::StepResult r, model->TrainStep(batch, next));
     if (record) {
       for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
         stages.seconds[s] += r.times.seconds[s];
@@ -60,6 +80,7 @@ absl::Status Run(const Flags& f) {
     return absl::OkStatus();
   };
   for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
+  const embedding::StoreMetrics warm = model->RocksDbMetrics();
   std::vector<double> rates;
   for (int rep = 0; rep < f.repeats; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -69,17 +90,33 @@ absl::Status Run(const Flags& f) {
             .count();
     rates.push_back(f.batch * f.iters / dt);
   }
+  // Cache counters of the timed steps only.
+  const embedding::StoreMetrics timed = model->RocksDbMetrics();
+  const int64_t hits = timed.hits - warm.hits;
+  const int64_t lookups = hits + timed.misses - warm.misses;
+  const double hit_rate =
+      lookups > 0 ? static_cast<double>(hits) / lookups : 1.0;
+  int rocksdb_tables = 0;
+  for (const auto& t : config.tables()) {
+    rocksdb_tables += t.storage() == STORAGE_ROCKSDB;
+  }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   std::printf(
       "{\"bench\": \"dlrm-server-cpu\", \"config\": \"%s\", "
       "\"rows\": %lld, \"batch\": %lld, \"threads\": %d, "
-      "\"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.0f, "
+      "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
+      "\"rocksdb_tables\": %d, \"cache_fraction\": %.3f, "
+      "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
+      "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
       f.config.c_str(), static_cast<long long>(f.rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
-      f.repeats, median, sorted.front(), sorted.back());
+      f.repeats, num_batches, rocksdb_tables,
+      rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,
+      static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
+      sorted.front(), sorted.back());
   const double steps = static_cast<double>(f.iters) * f.repeats;
   for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
     std::printf("%s\"%s\": %.3f", s ? ", " : "", model::StageTimes::Name(s),
@@ -107,6 +144,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
   app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+      ->capture_default_str();
+  app.add_option("--batches", f.batches,
+                 "Distinct pre-generated batches, used in rotation (more "
+                 "batches: more distinct ids, so a cache misses more)")
+      ->capture_default_str();
+  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
+                 "Tables in RocksDB behind a row cache: 'all' or names")
+      ->delimiter(',');
+  app.add_option("--rocksdb-dir", f.rocksdb_dir,
+                 "Scratch directory for the RocksDB tier");
+  app.add_option("--cache-fraction", f.cache_fraction,
+                 "Fraction of each RocksDB table's rows cached")
+      ->capture_default_str();
+  app.add_option("--prefetch", f.prefetch,
+                 "Prefetch the next batch's rows during a step (RocksDB)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);

@@ -1,6 +1,8 @@
 // ModelConfig parsing, presets, defaults and validation.
 #include "core/config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -67,6 +69,31 @@ absl::Status ValidateOptimizer(const OptimizerConfig& o,
   if (!(o.eps() > 0) || o.initial_accumulator() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".eps must be > 0, initial_accumulator >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+bool UsesRocksDb(const ModelConfig& c) {
+  for (const auto& t : c.tables()) {
+    if (t.storage() == STORAGE_ROCKSDB) return true;
+  }
+  return false;
+}
+
+absl::Status ValidateRocksDbConfig(const RocksDbConfig& r) {
+  if (r.cache_rows() < 0) {
+    return absl::InvalidArgumentError("rocksdb.cache_rows must be >= 0");
+  }
+  if (r.cache_rows() == 0 &&
+      !(r.cache_fraction() > 0 && r.cache_fraction() <= 1)) {
+    return absl::InvalidArgumentError(
+        "rocksdb.cache_fraction must be in (0, 1] when cache_rows is 0");
+  }
+  if (!RocksDbConfig::Eviction_IsValid(r.eviction())) {
+    return absl::InvalidArgumentError("rocksdb.eviction is invalid");
+  }
+  if (r.block_cache_bytes() < 0) {
+    return absl::InvalidArgumentError("rocksdb.block_cache_bytes must be >= 0");
   }
   return absl::OkStatus();
 }
@@ -140,6 +167,17 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
   }
   DefaultOptimizer(c.mutable_dense_optimizer());
   DefaultOptimizer(c.mutable_sparse_optimizer());
+  // RocksDB defaults only where a table uses the tier, so host-only
+  // configs print as before.
+  if (UsesRocksDb(c)) {
+    RocksDbConfig* rocksdb = c.mutable_rocksdb();
+    if (rocksdb->cache_rows() == 0 && rocksdb->cache_fraction() == 0) {
+      rocksdb->set_cache_fraction(0.1);
+    }
+    if (rocksdb->block_cache_bytes() == 0) {
+      rocksdb->set_block_cache_bytes(int64_t{256} << 20);
+    }
+  }
   RETURN_IF_ERROR(ValidateModelConfig(c));
   return c;
 }
@@ -178,7 +216,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".pooling is invalid"));
     }
+    if (!StorageTier_IsValid(t.storage())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".storage is invalid"));
+    }
+    if (t.storage() == STORAGE_ROCKSDB && c.rocksdb().path().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " (", t.name(),
+          ") has storage STORAGE_ROCKSDB but rocksdb.path is empty"));
+    }
   }
+  if (UsesRocksDb(c)) RETURN_IF_ERROR(ValidateRocksDbConfig(c.rocksdb()));
   if (c.bottom_mlp_size() == 0 || c.top_mlp_size() == 0) {
     return absl::InvalidArgumentError(
         "bottom_mlp and top_mlp need at least one layer each");
@@ -218,6 +266,33 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   RETURN_IF_ERROR(ValidateOptimizer(c.dense_optimizer(), "dense_optimizer"));
   RETURN_IF_ERROR(ValidateOptimizer(c.sparse_optimizer(), "sparse_optimizer"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
+    ModelConfig c, const std::vector<std::string>& tables,
+    const RocksDbConfig& rocksdb) {
+  const bool all = tables.size() == 1 && tables[0] == "all";
+  std::set<std::string> wanted(tables.begin(), tables.end());
+  for (auto& t : *c.mutable_tables()) {
+    if (all || wanted.erase(t.name()) > 0) t.set_storage(STORAGE_ROCKSDB);
+  }
+  if (!all && !wanted.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no table named '", *wanted.begin(), "' to put on RocksDB"));
+  }
+  *c.mutable_rocksdb() = rocksdb;
+  return NormalizeModelConfig(std::move(c));
+}
+
+int64_t CachedRowsOfTable(const ModelConfig& c, int table) {
+  const TableConfig& t = c.tables(table);
+  const RocksDbConfig& r = c.rocksdb();
+  int64_t rows = r.cache_rows();
+  if (rows == 0) {
+    rows = static_cast<int64_t>(
+        std::ceil(r.cache_fraction() * static_cast<double>(t.rows())));
+  }
+  return std::clamp<int64_t>(rows, 1, t.rows());
 }
 
 int InteractionOutputDim(const ModelConfig& c) {

@@ -2,6 +2,7 @@
 // This is the one place where a proto config becomes checked values.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,13 +28,28 @@ absl::StatusOr<std::string> PresetText(const std::string& name);
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
 
 // Fills defaults for zero fields (num_dense_features 13, table dims,
-// multi_hot_size 1, optimizer defaults), applies max_rows_per_table, then
+// multi_hot_size 1, optimizer defaults, RocksDB cache defaults where a table
+// uses STORAGE_ROCKSDB), applies max_rows_per_table, then
 // validates. InvalidArgument names the offending field.
 absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
-// ending at the embedding dim (dot), top MLP ending at 1.
+// ending at the embedding dim (dot), top MLP ending at 1, rocksdb.path and
+// cache sizes where a table uses STORAGE_ROCKSDB.
 absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Puts the tables named in `tables` (or every table, for the one name
+// "all") on STORAGE_ROCKSDB with `rocksdb` as the tier's options, then
+// normalises. InvalidArgument naming an unknown table, or as
+// NormalizeModelConfig.
+absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
+    ModelConfig config, const std::vector<std::string>& tables,
+    const RocksDbConfig& rocksdb);
+
+// Rows of table `table` (STORAGE_ROCKSDB) kept in its cache, for a
+// normalised config: rocksdb.cache_rows, or cache_fraction of the table's
+// rows rounded up, clamped to [1, rows].
+int64_t CachedRowsOfTable(const ModelConfig& config, int table);
 
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, sum of dims for cat.

@@ -116,6 +116,9 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Whether `row` is resident and updated since it was last written back.
   bool IsDirty(int64_t row) const;
   int64_t capacity() const { return slots_->rows(); }
+  // The slot array the kernels run on (rows() == capacity(); row i is slot
+  // i, not table row i). For memory accounting and inspection only.
+  EmbeddingTable& slot_array() { return *slots_; }
 
  private:
   struct Slot {

@@ -27,9 +27,31 @@ constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kConfig[] = "config.textproto";
 constexpr char kWeights[] = "model.safetensors";
 constexpr char kOptimizer[] = "optimizer.safetensors";
+// The RocksDB tier's checkpoint (rows and optimizer state of the
+// STORAGE_ROCKSDB tables), present only when a table uses it.
+constexpr char kRocksDb[] = "rocksdb";
 
-// Every weight tensor of the model with its documented name.
-std::vector<TensorToWrite> WeightTensors(DlrmModel& m) {
+// Weights [rows, dim] of table `k`, read row by row through its store.
+absl::Status ReadTableWeights(DlrmModel& m, int k, std::vector<float>* out) {
+  embedding::EmbeddingStore& store = m.store(k);
+  const embedding::TableSpec& spec = store.spec();
+  std::vector<float> record(
+      spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim));
+  out->resize(spec.rows * spec.dim);
+  for (int64_t row = 0; row < spec.rows; ++row) {
+    RETURN_IF_ERROR(store.ReadRow(row, record.data()));
+    std::memcpy(out->data() + row * spec.dim, record.data(),
+                sizeof(float) * spec.dim);
+  }
+  return absl::OkStatus();
+}
+
+// Every weight tensor of the model with its documented name. RocksDB-tier
+// tables are read into `buffers` (which must outlive the result); with
+// `buffers` null they are left out (restore takes them from the RocksDB
+// checkpoint instead).
+absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
+    DlrmModel& m, std::vector<std::vector<float>>* buffers) {
   std::vector<TensorToWrite> out;
   for (auto [mlp, prefix] :
        {std::pair{&m.bottom(), "bottom_mlp"}, std::pair{&m.top(), "top_mlp"}}) {
@@ -43,17 +65,23 @@ std::vector<TensorToWrite> WeightTensors(DlrmModel& m) {
     }
   }
   const ModelConfig& c = m.config();
+  if (buffers != nullptr) buffers->resize(m.tables().size());
   for (size_t k = 0; k < m.tables().size(); ++k) {
-    embedding::EmbeddingTable& t = *m.tables()[k];
-    out.push_back(
-        {absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight"),
-         {t.rows(), t.dim()},
-         t.weights()});
+    const std::string name =
+        absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight");
+    const TableConfig& tc = c.tables(k);
+    if (m.IsHostTable(k)) {
+      out.push_back({name, {tc.rows(), tc.dim()}, m.tables()[k]->weights()});
+    } else if (buffers != nullptr) {
+      RETURN_IF_ERROR(ReadTableWeights(m, k, &(*buffers)[k]));
+      out.push_back({name, {tc.rows(), tc.dim()}, (*buffers)[k].data()});
+    }
   }
   return out;
 }
 
-// Optimizer state tensors (dense and per table), possibly none for SGD.
+// Optimizer state tensors (dense and per host-memory table), possibly none
+// for SGD. RocksDB-tier tables keep theirs in the RocksDB checkpoint.
 std::vector<TensorToWrite> OptimizerTensors(DlrmModel& m) {
   std::vector<TensorToWrite> out;
   for (const dense::ParamRef& p : m.dense_optimizer().State()) {
@@ -61,6 +89,7 @@ std::vector<TensorToWrite> OptimizerTensors(DlrmModel& m) {
   }
   const ModelConfig& c = m.config();
   for (size_t k = 0; k < m.tables().size(); ++k) {
+    if (!m.IsHostTable(k)) continue;
     for (const TableTensor& s :
          TableTensors(absl::StrCat("embedding_bags.", c.tables(k).name()),
                       *m.tables()[k], /*with_weight=*/false)) {
@@ -86,6 +115,10 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
     if (x.name() != y.name() || x.rows() != y.rows() || x.dim() != y.dim() ||
         x.pooling() != y.pooling()) {
       return mismatch(absl::StrCat("tables[", i, "] (", y.name(), ")"));
+    }
+    // Rows move between tiers only through an export; not on restore.
+    if (x.storage() != y.storage()) {
+      return mismatch(absl::StrCat("tables[", i, "] (", y.name(), ").storage"));
     }
   }
   if (!std::equal(a.bottom_mlp().begin(), a.bottom_mlp().end(),
@@ -156,15 +189,25 @@ absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
   ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir));
   RETURN_IF_ERROR(CheckSameArchitecture(saved, model.config()));
   ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(dir / kWeights));
+  ASSIGN_OR_RETURN(std::vector<TensorToWrite> weight_tensors,
+                   WeightTensors(model, /*buffers=*/nullptr));
   std::unique_ptr<SafetensorsFile> optimizer;
+  // Check every file fully before anything changes.
+  for (const auto& t : weight_tensors) {
+    RETURN_IF_ERROR(weights->Get(t.name, t.shape).status());
+  }
   if (!weights_only) {
     ASSIGN_OR_RETURN(optimizer, SafetensorsFile::Open(dir / kOptimizer));
-    // Check the optimizer file fully before the weights change anything.
     for (const auto& t : OptimizerTensors(model)) {
       RETURN_IF_ERROR(optimizer->Get(t.name, t.shape).status());
     }
   }
-  RETURN_IF_ERROR(CopyAll(*weights, WeightTensors(model)));
+  // The RocksDB tier is swapped in whole (or not at all) before the
+  // checked copies, which cannot fail.
+  if (model.HasRocksDbTables()) {
+    RETURN_IF_ERROR(model.RestoreRows((dir / kRocksDb).string()));
+  }
+  RETURN_IF_ERROR(CopyAll(*weights, weight_tensors));
   CheckpointInfo info;
   info.step = ParseStep(weights->metadata(), "step");
   model.set_steps(info.step);
@@ -173,11 +216,13 @@ absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
     const auto& meta = optimizer->metadata();
     model.dense_optimizer().set_step(ParseStep(meta, "dense_optimizer_step"));
     for (size_t k = 0; k < model.tables().size(); ++k) {
+      // RocksDB-tier tables got their step from the RocksDB checkpoint.
+      if (!model.IsHostTable(k)) continue;
       model.tables()[k]->set_step(ParseStep(
           meta, absl::StrCat("table_step.", model.config().tables(k).name())));
     }
   }
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
     if (entry.is_regular_file()) info.bytes += entry.file_size();
   }
   return info;
@@ -268,15 +313,20 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
         absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   }
   const std::string step = std::to_string(model.steps());
-  RETURN_IF_ERROR(
-      WriteSafetensors((tmp / kWeights).string(), WeightTensors(model),
-                       {{"format", "dlrm-server"}, {"step", step}}));
+  {
+    std::vector<std::vector<float>> buffers;
+    ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                     WeightTensors(model, &buffers));
+    RETURN_IF_ERROR(
+        WriteSafetensors((tmp / kWeights).string(), tensors,
+                         {{"format", "dlrm-server"}, {"step", step}}));
+  }
   std::map<std::string, std::string> meta = {
       {"step", step},
       {"dense_optimizer_step", std::to_string(model.dense_optimizer().step())}};
   for (size_t k = 0; k < model.tables().size(); ++k) {
     meta[absl::StrCat("table_step.", model.config().tables(k).name())] =
-        std::to_string(model.tables()[k]->step());
+        std::to_string(model.store(k).step());
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizer).string(),
                                    OptimizerTensors(model), meta));
@@ -292,6 +342,15 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
   for (const char* name : {kWeights, kOptimizer, kConfig}) {
     const auto bytes = fs::file_size(tmp / name);
     manifest["files"][name] = {{"bytes", bytes}};
+    info.bytes += bytes;
+  }
+  if (model.HasRocksDbTables()) {
+    RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
+    int64_t bytes = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(tmp / kRocksDb)) {
+      if (entry.is_regular_file()) bytes += entry.file_size();
+    }
+    manifest["files"][kRocksDb] = {{"bytes", bytes}};
     info.bytes += bytes;
   }
   // The manifest is written last: its presence marks a complete checkpoint.
@@ -317,8 +376,11 @@ absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
 }
 
 absl::Status ExportSafetensors(DlrmModel& model, const std::string& path) {
+  std::vector<std::vector<float>> buffers;
+  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                   WeightTensors(model, &buffers));
   return WriteSafetensors(
-      path, WeightTensors(model),
+      path, tensors,
       {{"format", "dlrm-server"}, {"step", std::to_string(model.steps())}});
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "data/criteo.h"
@@ -32,6 +33,11 @@ struct Flags {
   int64_t eval_interval = 0;
   int64_t log_interval = 100;
   int threads = 0;
+  std::string rocksdb_dir;
+  std::vector<std::string> tables_on_rocksdb;
+  int64_t cache_rows = 0;
+  double cache_fraction = 0.1;
+  std::string eviction = "lru";
 };
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
@@ -66,8 +72,31 @@ void PrintEval(int64_t step, const model::EvalResult& r) {
   std::fflush(stdout);
 }
 
+// Applies the RocksDB flags to `config` (no change without
+// --tables-on-rocksdb).
+absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
+                                              const Flags& f) {
+  if (f.tables_on_rocksdb.empty()) return config;
+  if (f.rocksdb_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tables-on-rocksdb needs --rocksdb-dir");
+  }
+  RocksDbConfig r;
+  r.set_path(f.rocksdb_dir);
+  r.set_cache_rows(f.cache_rows);
+  r.set_cache_fraction(f.cache_fraction);
+  if (f.eviction == "lfu") {
+    r.set_eviction(RocksDbConfig::LFU);
+  } else if (f.eviction != "lru") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eviction must be lru or lfu, got '", f.eviction, "'"));
+  }
+  return PlaceTablesOnRocksDb(std::move(config), f.tables_on_rocksdb, r);
+}
+
 absl::Status Run(const Flags& f) {
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
+  ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
   }
@@ -79,6 +108,18 @@ absl::Status Run(const Flags& f) {
       static_cast<long long>(EmbeddingParameterCount(config)),
       static_cast<long long>(DenseParameterCount(config)),
       omp_get_max_threads());
+  int rocksdb_tables = 0;
+  for (const auto& t : config.tables()) {
+    rocksdb_tables += t.storage() == STORAGE_ROCKSDB;
+  }
+  if (rocksdb_tables > 0) {
+    const std::string cache =
+        config.rocksdb().cache_rows() > 0
+            ? absl::StrCat(config.rocksdb().cache_rows(), " rows")
+            : absl::StrCat(config.rocksdb().cache_fraction(), " of the rows");
+    std::printf("storage: %d tables on RocksDB under %s, cache %s per table\n",
+                rocksdb_tables, config.rocksdb().path().c_str(), cache.c_str());
+  }
 
   std::unique_ptr<data::BatchSource> train, eval;
   model::ReferenceScorer reference;
@@ -152,6 +193,21 @@ absl::Status Run(const Flags& f) {
                 r.steps > 0 ? 1e3 * r.stage_seconds.seconds[s] / r.steps : 0.0);
   }
   std::printf("\n");
+  if (model->HasRocksDbTables()) {
+    const embedding::StoreMetrics m = model->RocksDbMetrics();
+    const int64_t lookups = m.hits + m.misses;
+    std::printf(
+        "rocksdb cache: hit rate %.4f  hits %lld  misses %lld  prefetch hits "
+        "%lld  evictions %lld  rows read %lld  initialised %lld  written "
+        "%lld\n",
+        lookups > 0 ? static_cast<double>(m.hits) / lookups : 0.0,
+        static_cast<long long>(m.hits), static_cast<long long>(m.misses),
+        static_cast<long long>(m.prefetch_hits),
+        static_cast<long long>(m.evictions),
+        static_cast<long long>(m.rows_read),
+        static_cast<long long>(m.rows_initialized),
+        static_cast<long long>(m.rows_written));
+  }
   return absl::OkStatus();
 }
 
@@ -192,6 +248,21 @@ int main(int argc, char** argv) {
   app.add_option("--log-interval", f.log_interval, "Report every N steps")
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Worker threads (0 = all cores)");
+  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
+                 "Tables kept in RocksDB behind a row cache: 'all' or table "
+                 "names (C3,C4,...); the others stay in host memory")
+      ->delimiter(',');
+  app.add_option("--rocksdb-dir", f.rocksdb_dir,
+                 "Directory for the RocksDB tier (scratch; the model makes "
+                 "and removes a database in it)");
+  app.add_option("--cache-rows", f.cache_rows,
+                 "Cached rows per RocksDB table (0 = --cache-fraction)")
+      ->capture_default_str();
+  app.add_option("--cache-fraction", f.cache_fraction,
+                 "Fraction of each RocksDB table's rows cached")
+      ->capture_default_str();
+  app.add_option("--eviction", f.eviction, "Cache eviction: lru or lfu")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

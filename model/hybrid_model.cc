@@ -133,6 +133,16 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     const ModelConfig& config, const embedding::ShardingPlan& plan,
     comm::Communicator* comm, comm::Communicator* dense_comm) {
   RETURN_IF_ERROR(plan.Validate(config));
+  for (const TableConfig& t : config.tables()) {
+    // The RocksDB tier is wired into the single-process model only; better
+    // to refuse than to hold such a table in memory without saying so.
+    if (t.storage() != STORAGE_HOST) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", t.name(),
+          ": the RocksDB storage tier is not supported with several ranks "
+          "yet (docs/storage.md)"));
+    }
+  }
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,

@@ -1,0 +1,384 @@
+// Tests of DlrmModel over storage tiers: tables on RocksDB behind a cache of
+// 10% of their rows train bitwise like the all-in-memory model; over-capacity
+// batches are rejected without change; checkpoints and the safetensors export
+// of a RocksDB-backed model.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "embedding/embedding_store.h"
+#include "model/checkpoint.h"
+#include "model/dlrm_model.h"
+
+namespace dlrm::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Fixed seeds, printed by the tests that use them.
+constexpr uint64_t kModelSeed = 20261123;
+constexpr uint64_t kDataSeed = 77;
+
+// A small model with large-ish tables (the cache holds 10% of each) and
+// multi-hot bags of up to 4 ids.
+ModelConfig BaseConfig(OptimizerConfig::Type sparse) {
+  ModelConfig c;
+  c.set_num_dense_features(5);
+  c.set_embedding_dim(8);
+  const int64_t rows[] = {2000, 3000, 1500};
+  for (int k = 0; k < 3; ++k) {
+    TableConfig* t = c.add_tables();
+    t->set_name(absl::StrCat("C", k + 1));
+    t->set_rows(rows[k]);
+    t->set_multi_hot_size(4);
+    t->set_pooling(k == 1 ? POOLING_MEAN : POOLING_SUM);
+  }
+  c.add_bottom_mlp(16);
+  c.add_bottom_mlp(8);
+  c.add_top_mlp(16);
+  c.add_top_mlp(1);
+  c.mutable_dense_optimizer()->set_type(OptimizerConfig::SGD);
+  c.mutable_sparse_optimizer()->set_type(sparse);
+  // Large enough steps that every update visibly moves the rows.
+  c.mutable_sparse_optimizer()->set_learning_rate(
+      sparse == OptimizerConfig::ADAM ? 0.01f : 0.5f);
+  c.set_seed(kModelSeed);
+  auto n = NormalizeModelConfig(c);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return *n;
+}
+
+std::string ScratchDir(const std::string& name) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) /
+      ("model_store_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+// `base` with every table on RocksDB under `dir`: a cache of `cache_rows`
+// rows, or 10% of the rows when 0.
+ModelConfig OnRocksDb(const ModelConfig& base, const std::string& dir,
+                      int64_t cache_rows = 0,
+                      RocksDbConfig::Eviction eviction = RocksDbConfig::LRU) {
+  RocksDbConfig r;
+  r.set_path(dir);
+  r.set_cache_rows(cache_rows);
+  r.set_cache_fraction(0.1);
+  r.set_eviction(eviction);
+  auto c = PlaceTablesOnRocksDb(base, {"all"}, r);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
+                                 uint64_t seed) {
+  data::SyntheticOptions o;
+  o.zipf_alpha = 1.05;
+  o.teacher_seed = seed;
+  o.sample_seed = seed + 1;
+  auto src = data::MakeSyntheticSource(c, o);
+  EXPECT_TRUE(src.ok()) << src.status();
+  std::vector<data::Batch> out(count);
+  for (auto& b : out) {
+    auto more = (*src)->Next(n, &b);
+    EXPECT_TRUE(more.ok() && *more);
+  }
+  return out;
+}
+
+std::unique_ptr<DlrmModel> Make(const ModelConfig& c) {
+  auto m = DlrmModel::Create(c);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+// Every float of the model: dense weights, then every table's records
+// (weights and optimizer state, read through the stores) and step.
+std::vector<float> Everything(DlrmModel& m) {
+  std::vector<float> out;
+  for (dense::Mlp* mlp : {&m.bottom(), &m.top()}) {
+    for (const dense::Linear& l : mlp->layers()) {
+      out.insert(out.end(), l.weight(),
+                 l.weight() + static_cast<int64_t>(l.in()) * l.out());
+      out.insert(out.end(), l.bias(), l.bias() + l.out());
+    }
+  }
+  for (int k = 0; k < m.config().tables_size(); ++k) {
+    embedding::EmbeddingStore& s = m.store(k);
+    const int floats = s.spec().dim + embedding::StateFloatsPerRow(
+                                          s.spec().optimizer, s.spec().dim);
+    std::vector<float> record(floats);
+    for (int64_t row = 0; row < s.spec().rows; ++row) {
+      EXPECT_TRUE(s.ReadRow(row, record.data()).ok());
+      out.insert(out.end(), record.begin(), record.end());
+    }
+    out.push_back(static_cast<float>(s.step()));
+  }
+  return out;
+}
+
+void ExpectBitwiseEqual(const std::vector<float>& a,
+                        const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Case {
+  OptimizerConfig::Type sparse;
+  RocksDbConfig::Eviction eviction;
+  bool prefetch;
+};
+
+class TierEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
+  const Case& p = GetParam();
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+  const ModelConfig host_config = BaseConfig(p.sparse);
+  const std::string dir = ScratchDir("equiv");
+  const ModelConfig rocks_config =
+      OnRocksDb(host_config, dir, /*cache_rows=*/0, p.eviction);
+  EXPECT_EQ(CachedRowsOfTable(rocks_config, 0), 200);
+  EXPECT_EQ(CachedRowsOfTable(rocks_config, 1), 300);
+  EXPECT_EQ(CachedRowsOfTable(rocks_config, 2), 150);
+  auto host = Make(host_config);
+  auto rocks = Make(rocks_config);
+  ASSERT_TRUE(host && rocks);
+  EXPECT_FALSE(host->HasRocksDbTables());
+  EXPECT_TRUE(rocks->HasRocksDbTables());
+  ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
+
+  // 32 samples x up to 4 ids fits the smallest cache (150 rows); 40 steps
+  // touch several times more rows than any cache holds.
+  constexpr int kSteps = 40;
+  const auto batches = Batches(host_config, kSteps, 32, kDataSeed);
+  for (int i = 0; i < kSteps; ++i) {
+    const data::Batch* next =
+        p.prefetch && i + 1 < kSteps ? &batches[i + 1] : nullptr;
+    auto a = host->TrainStep(batches[i]);
+    auto b = rocks->TrainStep(batches[i], next);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->loss, b->loss) << "step " << i;
+  }
+  const embedding::StoreMetrics m = rocks->RocksDbMetrics();
+  EXPECT_GT(m.evictions, 0);
+  EXPECT_GT(m.rows_read, 0);
+  if (p.prefetch) {
+    EXPECT_GT(m.prefetch_hits, 0);
+  }
+  ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
+  EXPECT_EQ(host->WeightChecksum(), rocks->WeightChecksum());
+
+  std::vector<float> pa, pb;
+  ASSERT_TRUE(host->Predict(batches[0], &pa).ok());
+  ASSERT_TRUE(rocks->Predict(batches[0], &pb).ok());
+  ExpectBitwiseEqual(pa, pb);
+
+  rocks.reset();
+  // The model's database was scratch: its directory is gone.
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, TierEquivalenceTest,
+    ::testing::Values(Case{OptimizerConfig::SGD, RocksDbConfig::LRU, false},
+                      Case{OptimizerConfig::ADAM, RocksDbConfig::LRU, true},
+                      Case{OptimizerConfig::ROWWISE_ADAGRAD, RocksDbConfig::LFU,
+                           true},
+                      Case{OptimizerConfig::SGD, RocksDbConfig::LFU, true}));
+
+TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::ADAM);
+  const std::string dir = ScratchDir("mixed");
+  RocksDbConfig r;
+  r.set_path(dir);
+  auto mixed_config = PlaceTablesOnRocksDb(host_config, {"C2"}, r);
+  ASSERT_TRUE(mixed_config.ok()) << mixed_config.status();
+  EXPECT_EQ(mixed_config->tables(0).storage(), STORAGE_HOST);
+  EXPECT_EQ(mixed_config->tables(1).storage(), STORAGE_ROCKSDB);
+  auto host = Make(host_config);
+  auto mixed = Make(*mixed_config);
+  ASSERT_TRUE(host && mixed);
+  // Host tables keep their tables() view; the cached one shows its slots.
+  EXPECT_EQ(mixed->tables()[0]->rows(), 2000);
+  EXPECT_EQ(mixed->tables()[1]->rows(), 300);
+  const auto batches = Batches(host_config, 20, 32, kDataSeed);
+  for (const auto& b : batches) {
+    auto x = host->TrainStep(b);
+    auto y = mixed->TrainStep(b);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->loss, y->loss);
+  }
+  ExpectBitwiseEqual(Everything(*host), Everything(*mixed));
+  mixed.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ModelStoreTest, OverCapacityBatchIsRejectedAndChangesNothing) {
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::ADAM);
+  const std::string dir = ScratchDir("capacity");
+  // 16 cached rows per table: a 4-sample batch always fits, 64 samples of
+  // up to 4 ids never do.
+  const ModelConfig rocks_config = OnRocksDb(host_config, dir, 16);
+  auto host = Make(host_config);
+  auto rocks = Make(rocks_config);
+  ASSERT_TRUE(host && rocks);
+  const auto small = Batches(host_config, 6, 4, kDataSeed);
+  const auto big = Batches(host_config, 1, 64, kDataSeed + 10);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(host->TrainStep(small[i]).ok());
+    ASSERT_TRUE(rocks->TrainStep(small[i]).ok());
+  }
+  const uint64_t before = rocks->WeightChecksum();
+  const std::vector<float> everything = Everything(*rocks);
+  auto rejected = rocks->TrainStep(big[0]);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kResourceExhausted)
+      << rejected.status();
+  std::vector<float> probs;
+  EXPECT_EQ(rocks->Predict(big[0], &probs).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(rocks->WeightChecksum(), before);
+  ExpectBitwiseEqual(Everything(*rocks), everything);
+  EXPECT_EQ(rocks->steps(), 3);
+  // Training goes on as if the rejected batch had never come.
+  for (int i = 3; i < 6; ++i) {
+    auto x = host->TrainStep(small[i]);
+    auto y = rocks->TrainStep(small[i]);
+    ASSERT_TRUE(x.ok() && y.ok()) << y.status();
+    EXPECT_EQ(x->loss, y->loss);
+  }
+  ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
+  rocks.reset();
+  fs::remove_all(dir);
+}
+
+TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::ADAM);
+  const std::string dir = ScratchDir("ckpt_rows");
+  const std::string ckpt = ScratchDir("ckpt");
+  const ModelConfig rocks_config = OnRocksDb(host_config, dir);
+  auto rocks = Make(rocks_config);
+  ASSERT_TRUE(rocks);
+  const auto batches = Batches(host_config, 20, 32, kDataSeed);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(rocks->TrainStep(batches[i]).ok());
+  auto saved = SaveCheckpoint(*rocks, ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step, 10);
+  EXPECT_TRUE(fs::is_directory(fs::path(ckpt) / "rocksdb"));
+  const std::vector<float> at_save = Everything(*rocks);
+
+  std::vector<double> losses;
+  for (int i = 10; i < 20; ++i) {
+    auto r = rocks->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok());
+    losses.push_back(r->loss);
+  }
+  const std::vector<float> at_end = Everything(*rocks);
+
+  // Restored in place: the rows as saved, then the same continuation.
+  auto restored = RestoreCheckpoint(*rocks, ckpt);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(rocks->steps(), 10);
+  ExpectBitwiseEqual(Everything(*rocks), at_save);
+  for (int i = 10; i < 20; ++i) {
+    auto r = rocks->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->loss, losses[i - 10]);
+  }
+  ExpectBitwiseEqual(Everything(*rocks), at_end);
+
+  // Loaded into a new model (its own fresh database).
+  auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectBitwiseEqual(Everything(**loaded), at_save);
+  for (int i = 10; i < 20; ++i) {
+    auto r = (*loaded)->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->loss, losses[i - 10]);
+  }
+
+  // A checkpoint of another tier is refused, changing nothing.
+  auto host = Make(host_config);
+  const uint64_t host_sum = host->WeightChecksum();
+  EXPECT_EQ(RestoreCheckpoint(*host, ckpt).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(host->WeightChecksum(), host_sum);
+
+  rocks.reset();
+  loaded->reset();
+  fs::remove_all(dir);
+  fs::remove_all(ckpt);
+}
+
+TEST(ModelStoreTest, SafetensorsExportReadsRowsThroughTheStore) {
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::SGD);
+  const std::string dir = ScratchDir("export_rows");
+  const std::string out = ScratchDir("export");
+  fs::create_directories(out);
+  auto host = Make(host_config);
+  auto rocks = Make(OnRocksDb(host_config, dir));
+  ASSERT_TRUE(host && rocks);
+  for (const auto& b : Batches(host_config, 10, 32, kDataSeed)) {
+    ASSERT_TRUE(host->TrainStep(b).ok());
+    ASSERT_TRUE(rocks->TrainStep(b).ok());
+  }
+  const std::string a = (fs::path(out) / "host.safetensors").string();
+  const std::string b = (fs::path(out) / "rocks.safetensors").string();
+  ASSERT_TRUE(ExportSafetensors(*host, a).ok());
+  ASSERT_TRUE(ExportSafetensors(*rocks, b).ok());
+  EXPECT_EQ(FileBytes(a), FileBytes(b));
+  EXPECT_GT(FileBytes(a).size(), size_t{6500 * 8 * 4});
+  rocks.reset();
+  fs::remove_all(dir);
+  fs::remove_all(out);
+}
+
+TEST(ModelStoreTest, ConfigNeedsRocksDbPath) {
+  ModelConfig c = BaseConfig(OptimizerConfig::SGD);
+  c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
+  auto n = NormalizeModelConfig(c);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("rocksdb.path"), std::string::npos)
+      << n.status();
+  c.mutable_rocksdb()->set_path("/tmp/x");
+  c.mutable_rocksdb()->set_cache_fraction(1.5);
+  EXPECT_EQ(NormalizeModelConfig(c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RocksDbConfig r;
+  r.set_path("/tmp/x");
+  EXPECT_EQ(PlaceTablesOnRocksDb(BaseConfig(OptimizerConfig::SGD), {"C9"}, r)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlrm::model
