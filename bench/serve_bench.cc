@@ -2,12 +2,7 @@
 // C++ client library: streaming-training samples/s over gRPC beside the
 // in-process step on the same batches, and Predict latency at several client
 // concurrencies. Prints one JSON line per measurement.
-#include <fcntl.h>
 #include <omp.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,15 +12,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "clients/client.h"
+#include "clients/server_process.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "data/rotating_source.h"
 #include "data/synthetic.h"
 #include "model/dlrm_model.h"
 
@@ -86,150 +82,6 @@ std::string JsonString(const std::vector<std::string>& args) {
   return out + "\"";
 }
 
-// A dlrm_server child process: Start waits for the line "dlrm_server:
-// listening on HOST:PORT ..." on its stdout; the child is killed if this
-// process dies, and by the destructor if it still runs.
-class ServerProcess {
- public:
-  ServerProcess() = default;
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    Close();
-  }
-
-  // Runs `args` (args[0] the binary; stderr is ours). Unavailable if it
-  // exits or prints no listening line within `timeout_seconds`.
-  absl::Status Start(const std::vector<std::string>& args,
-                     double timeout_seconds) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(fds[1], 1);
-      std::vector<char*> argv;
-      for (const std::string& a : args) {
-        argv.push_back(const_cast<char*>(a.c_str()));
-      }
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_fd_ = fds[0];
-    if (pid_ < 0) return absl::InternalError("fork failed");
-    const std::string prefix = "dlrm_server: listening on ";
-    const Clock::time_point deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(timeout_seconds));
-    std::string buffer;
-    while (Clock::now() < deadline) {
-      pollfd p{out_fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = read(out_fd_, chunk, sizeof(chunk));
-      if (n <= 0) {
-        return absl::UnavailableError(absl::StrCat(
-            args[0], " exited before listening; stdout:\n", buffer));
-      }
-      buffer.append(chunk, n);
-      std::istringstream lines(buffer);
-      for (std::string line; std::getline(lines, line);) {
-        if (line.rfind(prefix, 0) != 0) continue;
-        std::istringstream fields(line.substr(prefix.size()));
-        fields >> address_;
-        // Keep reading, so the server never blocks on a full pipe.
-        drain_ = std::thread([fd = out_fd_] {
-          char sink[4096];
-          while (read(fd, sink, sizeof(sink)) > 0) {
-          }
-        });
-        return absl::OkStatus();
-      }
-    }
-    return absl::UnavailableError(absl::StrCat(args[0],
-                                               " printed no listening line "
-                                               "within ",
-                                               timeout_seconds, " s"));
-  }
-
-  // SIGTERM and wait (SIGKILL after 30 s). Internal unless it exits 0.
-  absl::Status Stop() {
-    if (pid_ <= 0) return absl::OkStatus();
-    kill(pid_, SIGTERM);
-    int status = 0;
-    bool exited = false;
-    for (int i = 0; i < 600 && !exited; ++i) {
-      exited = waitpid(pid_, &status, WNOHANG) == pid_;
-      if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (!exited) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-    }
-    pid_ = -1;
-    Close();
-    if (!exited) return absl::InternalError("dlrm_server ignored SIGTERM");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      return absl::InternalError(
-          absl::StrCat("dlrm_server exited with status ", status));
-    }
-    return absl::OkStatus();
-  }
-
-  const std::string& address() const { return address_; }
-
- private:
-  void Close() {
-    if (drain_.joinable()) drain_.join();
-    if (out_fd_ >= 0) close(out_fd_);
-    out_fd_ = -1;
-  }
-
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::thread drain_;
-  std::string address_;
-};
-
-// `count` batches: the pre-generated ones in rotation.
-class RotatingSource final : public data::BatchSource {
- public:
-  // `batches` is borrowed and must outlive the source.
-  RotatingSource(const std::vector<data::Batch>* batches, int64_t count)
-      : batches_(batches), count_(count) {}
-
-  absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
-    if (next_ == count_) {
-      *batch = data::Batch();
-      return false;
-    }
-    const data::Batch& b = (*batches_)[next_++ % batches_->size()];
-    if (b.size > max_samples) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pre-generated batch of ", b.size, " > max_samples ", max_samples));
-    }
-    *batch = b;
-    return true;
-  }
-  absl::Status Rewind() override {
-    next_ = 0;
-    return absl::OkStatus();
-  }
-
- private:
-  const std::vector<data::Batch>* batches_;
-  const int64_t count_;
-  int64_t next_ = 0;
-};
-
 absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
                                                      int count, int64_t size,
                                                      double alpha,
@@ -279,13 +131,13 @@ absl::StatusOr<TrainRates> MeasureTraining(
   options.batch_size = f.batch;
   options.max_in_flight = f.in_flight;
   if (f.warmup > 0) {
-    RotatingSource warmup(&batches, f.warmup);
+    data::RotatingSource warmup(&batches, f.warmup);
     RETURN_IF_ERROR(client.Train(warmup, options, nullptr).status());
     RETURN_IF_ERROR(train_locally(f.warmup));
   }
   TrainRates rates;
   for (int r = 0; r < f.repeats; ++r) {
-    RotatingSource source(&batches, f.steps);
+    data::RotatingSource source(&batches, f.steps);
     std::vector<double> model_rates;
     ASSIGN_OR_RETURN(clients::TrainSummary summary,
                      client.Train(source, options, [&](const StepResult& s) {
@@ -424,7 +276,7 @@ absl::Status Run(Flags& f) {
                                    "--threads",
                                    std::to_string(threads)};
   args.insert(args.end(), f.server_args.begin(), f.server_args.end());
-  ServerProcess server;
+  clients::ServerProcess server;
   RETURN_IF_ERROR(server.Start(args, 120));
   clients::ClientOptions client_options;
   client_options.call_timeout_seconds = 0;

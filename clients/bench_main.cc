@@ -29,6 +29,7 @@
 #include "clients/server_process.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "data/rotating_source.h"
 #include "data/synthetic.h"
 #include "model/dlrm_model.h"
 
@@ -309,37 +310,6 @@ absl::StatusOr<std::vector<double>> MeasureJobs(
   return rates;
 }
 
-// `count` batches: the pre-generated ones in rotation.
-class RotatingSource final : public data::BatchSource {
- public:
-  // `batches` is borrowed and must outlive the source.
-  RotatingSource(const std::vector<data::Batch>* batches, int64_t count)
-      : batches_(batches), count_(count) {}
-
-  absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
-    if (next_ == count_) {
-      *batch = data::Batch();
-      return false;
-    }
-    const data::Batch& b = (*batches_)[next_++ % batches_->size()];
-    if (b.size > max_samples) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pre-generated batch of ", b.size, " > max_samples ", max_samples));
-    }
-    *batch = b;
-    return true;
-  }
-  absl::Status Rewind() override {
-    next_ = 0;
-    return absl::OkStatus();
-  }
-
- private:
-  const std::vector<data::Batch>* batches_;
-  const int64_t count_;
-  int64_t next_ = 0;
-};
-
 absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
                                                      const Flags& f) {
   data::SyntheticOptions options;
@@ -364,12 +334,12 @@ absl::StatusOr<std::vector<double>> MeasureStream(
   clients::TrainOptions options;
   options.batch_size = f.batch;
   if (f.warmup > 0) {
-    RotatingSource warmup(&batches, f.warmup);
+    data::RotatingSource warmup(&batches, f.warmup);
     RETURN_IF_ERROR(client.Train(warmup, options, nullptr).status());
   }
   std::vector<double> rates;
   for (int r = 0; r < f.repeats; ++r) {
-    RotatingSource source(&batches, f.steps);
+    data::RotatingSource source(&batches, f.steps);
     ASSIGN_OR_RETURN(const clients::TrainSummary s,
                      client.Train(source, options, nullptr));
     rates.push_back(s.samples_per_second);

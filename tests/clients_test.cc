@@ -37,6 +37,7 @@
 #include "clients/client.h"
 #include "clients/grpc_status.h"
 #include "clients/progress.h"
+#include "clients/server_process.h"
 #include "clients/tsv_input.h"
 #include "core/config.h"
 #include "core/status.h"
@@ -232,119 +233,6 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-// A dlrm_server child process. Start waits for its listening line; Stop
-// sends SIGTERM and waits for it to exit. The child is killed with SIGKILL
-// if the test dies, and by the destructor if still running. Not thread-safe.
-class ServerProcess {
- public:
-  ServerProcess() = default;
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    Close();
-  }
-
-  // Runs `args` (args[0] is the binary; stderr is the test's) and waits up
-  // to 60 s for "dlrm_server: listening on HOST:PORT metrics ...". Returns
-  // an error description, empty on success.
-  std::string Start(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return "pipe failed";
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Killed with the test, even when the test is killed.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(fds[1], 1);
-      std::vector<char*> argv;
-      for (const std::string& a : args) {
-        argv.push_back(const_cast<char*>(a.c_str()));
-      }
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_fd_ = fds[0];
-    if (pid_ < 0) return "fork failed";
-    const std::string prefix = "dlrm_server: listening on ";
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    std::string buffer;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = read(out_fd_, chunk, sizeof(chunk));
-      if (n <= 0) return "dlrm_server exited before listening:\n" + buffer;
-      buffer.append(chunk, n);
-      for (const std::string& line : Lines(buffer)) {
-        if (line.rfind(prefix, 0) != 0) continue;
-        std::istringstream fields(line.substr(prefix.size()));
-        std::string metrics_word, metrics;
-        fields >> address_ >> metrics_word >> metrics;
-        if (metrics_word != "metrics" || address_.empty()) {
-          return "unexpected listening line: " + line;
-        }
-        // Keep reading, so the server never blocks on a full pipe.
-        drain_ = std::thread([fd = out_fd_] {
-          char sink[4096];
-          while (read(fd, sink, sizeof(sink)) > 0) {
-          }
-        });
-        return "";
-      }
-    }
-    return "no listening line within 60 s; output:\n" + buffer;
-  }
-
-  // SIGTERM, then waits up to 10 s (SIGKILL after that). Returns an error
-  // description unless the server exited with status 0.
-  std::string Stop() {
-    std::string error;
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      bool exited = false;
-      for (int i = 0; i < 200 && !exited; ++i) {
-        exited = waitpid(pid_, &status, WNOHANG) == pid_;
-        if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!exited) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        error = "dlrm_server ignored SIGTERM for 10 s";
-      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        error = "dlrm_server exited with status " + std::to_string(status) +
-                " on SIGTERM";
-      }
-      pid_ = -1;
-    }
-    Close();
-    return error;
-  }
-
-  // The gRPC address from the listening line.
-  const std::string& address() const { return address_; }
-
- private:
-  void Close() {
-    if (drain_.joinable()) drain_.join();
-    if (out_fd_ >= 0) close(out_fd_);
-    out_fd_ = -1;
-  }
-
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::thread drain_;
-  std::string address_;
-};
-
 // Connects to `server` and reads its (normalised) model config.
 absl::Status ConnectAndReadConfig(const ServerProcess& server,
                                   std::unique_ptr<Client>* client,
@@ -417,17 +305,18 @@ class ClientE2ETest : public testing::Test {
            ("clients_test_" + std::to_string(getpid()));
     fs::create_directories(dir_ / "ckpt");
     server_ = std::make_unique<ServerProcess>();
-    start_error_ = server_->Start(
+    start_status_ = server_->Start(
         {server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
          "127.0.0.1:0", "--config", "tiny", "--checkpoint-dir",
-         (dir_ / "ckpt").string(), "--data-dir", dir_.string()});
+         (dir_ / "ckpt").string(), "--data-dir", dir_.string()},
+        /*timeout_seconds=*/60);
     address_ = server_->address();
   }
 
   static void TearDownTestSuite() {
     if (server_ != nullptr) {
-      const std::string error = server_->Stop();
-      if (!error.empty()) ADD_FAILURE() << error;
+      const absl::Status stopped = server_->Stop(/*timeout_seconds=*/10);
+      if (!stopped.ok()) ADD_FAILURE() << stopped;
       server_.reset();
     }
     std::error_code ignored;
@@ -439,7 +328,7 @@ class ClientE2ETest : public testing::Test {
       GTEST_SKIP() << "dlrm_server is not built (looked for " << server_path_
                    << "; set DLRM_SERVER to override)";
     }
-    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    ASSERT_TRUE(start_status_.ok()) << start_status_;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
@@ -477,7 +366,8 @@ class ClientE2ETest : public testing::Test {
     return p.ok() ? *p : std::vector<float>();
   }
 
-  static inline std::string server_path_, client_path_, address_, start_error_;
+  static inline std::string server_path_, client_path_, address_;
+  static inline absl::Status start_status_;
   static inline fs::path dir_;
   static inline std::unique_ptr<ServerProcess> server_;
 
@@ -941,9 +831,9 @@ TEST_F(ClientServerProcessTest, RestartFromCheckpointPredictsBitwiseIdentical) {
   std::vector<data::Batch> probe, more;
   {
     ServerProcess server;
-    const std::string error =
-        server.Start({server_path_, "--server-config", config_file});
-    ASSERT_TRUE(error.empty()) << error;
+    const absl::Status error =
+        server.Start({server_path_, "--server-config", config_file}, 60);
+    ASSERT_TRUE(error.ok()) << error;
     // The listen address came from the file (not the default port 50051).
     EXPECT_EQ(server.address().rfind("127.0.0.1:", 0), 0u) << server.address();
     EXPECT_NE(server.address(), "127.0.0.1:50051");
@@ -980,15 +870,16 @@ TEST_F(ClientServerProcessTest, RestartFromCheckpointPredictsBitwiseIdentical) {
     after_more = Bits(*p);
     EXPECT_NE(after_more, at_save);
     client.reset();
-    const std::string stop_error = server.Stop();
-    ASSERT_TRUE(stop_error.empty()) << stop_error;
+    const absl::Status stop_error = server.Stop(/*timeout_seconds=*/10);
+    ASSERT_TRUE(stop_error.ok()) << stop_error;
   }
 
   ServerProcess restarted;
-  const std::string error = restarted.Start(
+  const absl::Status error = restarted.Start(
       {server_path_, "--server-config", config_file, "--restore",
-       (dir_ / "ckpt" / "before-restart").string()});
-  ASSERT_TRUE(error.empty()) << error;
+       (dir_ / "ckpt" / "before-restart").string()},
+      60);
+  ASSERT_TRUE(error.ok()) << error;
   std::unique_ptr<Client> client;
   ModelConfig config;
   const absl::Status connected =
@@ -1009,8 +900,8 @@ TEST_F(ClientServerProcessTest, RestartFromCheckpointPredictsBitwiseIdentical) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(Bits(*p), after_more);
   client.reset();
-  const std::string stop_error = restarted.Stop();
-  EXPECT_TRUE(stop_error.empty()) << stop_error;
+  const absl::Status stop_error = restarted.Stop(/*timeout_seconds=*/10);
+  EXPECT_TRUE(stop_error.ok()) << stop_error;
 }
 
 // Predict from several threads while a Train stream runs: every call
@@ -1020,11 +911,12 @@ TEST_F(ClientServerProcessTest, RestartFromCheckpointPredictsBitwiseIdentical) {
 // step at a time from a checkpoint of the starting state.
 TEST_F(ClientServerProcessTest, PredictDuringTrainingSeesWholeSteps) {
   ServerProcess server;
-  const std::string error = server.Start(
+  const absl::Status error = server.Start(
       {server_path_, "--listen", "127.0.0.1:0", "--metrics-listen", "",
        "--config", "tiny", "--checkpoint-dir", (dir_ / "ckpt").string(),
-       "--log-level", "warn", "--predict-max-wait-us", "200"});
-  ASSERT_TRUE(error.empty()) << error;
+       "--log-level", "warn", "--predict-max-wait-us", "200"},
+      60);
+  ASSERT_TRUE(error.ok()) << error;
   std::unique_ptr<Client> client;
   ModelConfig config;
   const absl::Status connected = ConnectAndReadConfig(server, &client, &config);
@@ -1103,8 +995,8 @@ TEST_F(ClientServerProcessTest, PredictDuringTrainingSeesWholeSteps) {
   std::printf("%lld predictions saw %zu of %d step boundaries\n",
               static_cast<long long>(calls), steps_seen.size(), kSteps + 1);
   client.reset();
-  const std::string stop_error = server.Stop();
-  EXPECT_TRUE(stop_error.empty()) << stop_error;
+  const absl::Status stop_error = server.Stop(/*timeout_seconds=*/10);
+  EXPECT_TRUE(stop_error.ok()) << stop_error;
 }
 
 }  // namespace
