@@ -458,8 +458,9 @@ int main(int argc, char** argv) {
                  "Prometheus /metrics address HOST:PORT (empty disables)")
       ->capture_default_str();
   app.add_option("--config", f.config,
-                 "Model config: a preset (tiny, kaggle, kaggle-full) or a "
-                 "text-format ModelConfig file (ignored with --restore)")
+                 "Model config: a preset (tiny, kaggle, kaggle-full, "
+                 "mlperf-dlrm-v1, xl-113b) or a text-format ModelConfig "
+                 "file (ignored with --restore)")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Checkpoint paths of Admin RPCs resolve under this "
