@@ -1,7 +1,9 @@
 // dlrm_bench_hybrid: training samples/s of the hybrid-parallel step on N
 // rank processes of this machine (Gloo over loopback), with per-stage times
 // and the bytes each exchange moved, next to what docs/hybrid.md's formula
-// predicts. The binary re-executes itself as the ranks.
+// predicts. The binary re-executes itself as the ranks. With
+// --tables-on-rocksdb, tables live on RocksDB behind per-shard caches (each
+// rank its own database under --rocksdb-dir/rank_<r>).
 #include <omp.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -40,6 +42,14 @@ struct Flags {
   // All-reduce dense gradients on a second communicator, overlapped with
   // the backward pass.
   bool overlap = false;
+  // Distinct pre-generated batches, rotated.
+  int batches = 4;
+  // Tables on RocksDB ('all' or names), their scratch directory, the cache,
+  // and whether TrainStep gets the next batch.
+  std::vector<std::string> tables_on_rocksdb;
+  std::string rocksdb_dir;
+  double cache_fraction = 0.1;
+  bool prefetch = true;
   // Set on the rank processes only.
   int rank = -1;
   std::string coordinator;
@@ -49,7 +59,21 @@ absl::Status RunRank(const Flags& f) {
   if (f.threads_per_rank > 0) omp_set_num_threads(f.threads_per_rank);
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   if (f.rows > 0) {
+    // Also lifts the preset's max_rows_per_table, which normalising the
+    // config again (PlaceTablesOnRocksDb) would otherwise reapply.
+    config.set_max_rows_per_table(0);
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+  }
+  if (!f.tables_on_rocksdb.empty()) {
+    if (f.rocksdb_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--tables-on-rocksdb needs --rocksdb-dir");
+    }
+    RocksDbConfig r;
+    r.set_path(f.rocksdb_dir);
+    r.set_cache_fraction(f.cache_fraction);
+    ASSIGN_OR_RETURN(config,
+                     PlaceTablesOnRocksDb(config, f.tables_on_rocksdb, r));
   }
   embedding::PlannerOptions po;
   po.world_size = f.ranks;
@@ -72,7 +96,8 @@ absl::Status RunRank(const Flags& f) {
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
-  constexpr int kBatches = 4;
+  const int kBatches = std::max(1, f.batches);
+  const bool prefetch = f.prefetch && !f.tables_on_rocksdb.empty();
   std::vector<data::Batch> local(kBatches);
   std::vector<int64_t> sizes(f.ranks);
   for (int r = 0; r < f.ranks; ++r) {
@@ -88,8 +113,11 @@ absl::Status RunRank(const Flags& f) {
   int64_t step = 0;
   model::HybridStageTimes total;
   auto run_step = [&](bool record) -> absl::Status {
-    ASSIGN_OR_RETURN(model::HybridStepResult r,
-                     model->TrainStep(local[step++ % kBatches]));
+    const data::Batch& batch = local[step % kBatches];
+    const data::Batch* next =
+        prefetch ? &local[(step + 1) % kBatches] : nullptr;
+    ++step;
+    ASSIGN_OR_RETURN(model::HybridStepResult r, model->TrainStep(batch, next));
     if (record) {
       for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
         total.seconds[s] += r.times.seconds[s];
@@ -101,6 +129,7 @@ absl::Status RunRank(const Flags& f) {
     return absl::OkStatus();
   };
   for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
+  const embedding::StoreMetrics warm = model->RocksDbMetrics();
   std::vector<double> rates;
   for (int rep = 0; rep < f.repeats; ++rep) {
     RETURN_IF_ERROR(comm->Barrier());
@@ -112,19 +141,30 @@ absl::Status RunRank(const Flags& f) {
     rates.push_back(f.batch * f.iters / dt);
   }
   if (f.rank != 0) return absl::OkStatus();
+  const embedding::StoreMetrics timed = model->RocksDbMetrics();
+  const int64_t lookups =
+      (timed.hits - warm.hits) + (timed.misses - warm.misses);
   std::sort(rates.begin(), rates.end());
   const double steps = static_cast<double>(f.iters) * f.repeats;
   std::printf(
       "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
       "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"overlap\": %s, \"iters\": %d, "
-      "\"repeats\": %d, "
+      "\"repeats\": %d, \"batches\": %d, \"rocksdb_tables\": %d, "
+      "\"cache_fraction\": %.3f, \"prefetch\": %s, "
+      "\"rank0_hit_rate\": %.4f, \"rank0_prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
       "\"stage_ms\": {",
       f.config.c_str(), static_cast<long long>(f.rows),
       static_cast<long long>(f.batch), f.ranks, omp_get_max_threads(),
-      f.overlap ? "true" : "false", f.iters, f.repeats, rates[rates.size() / 2],
-      rates.front(), rates.back());
+      f.overlap ? "true" : "false", f.iters, f.repeats, kBatches,
+      static_cast<int>(std::count_if(
+          config.tables().begin(), config.tables().end(),
+          [](const TableConfig& t) { return t.storage() == STORAGE_ROCKSDB; })),
+      f.cache_fraction, prefetch ? "true" : "false",
+      lookups > 0 ? static_cast<double>(timed.hits - warm.hits) / lookups : 0.0,
+      static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits),
+      rates[rates.size() / 2], rates.front(), rates.back());
   for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
     std::printf("%s\"%s\": %.3f", s ? ", " : "",
                 model::HybridStageTimes::Name(s),
@@ -135,7 +175,8 @@ absl::Status RunRank(const Flags& f) {
   std::array<int64_t, model::HybridStageTimes::kNumExchanges> predicted{};
   for (int64_t i = 0; i < f.iters * f.repeats; ++i) {
     const auto p = model::PredictedExchangeBytes(
-        config, plan, local[(f.warmup + i) % kBatches], sizes, f.rank);
+        config, plan, local[(f.warmup + i) % kBatches], sizes, f.rank,
+        prefetch ? &local[(f.warmup + i + 1) % kBatches] : nullptr);
     for (size_t e = 0; e < p.size(); ++e) predicted[e] += p[e];
   }
   std::printf("}, \"bytes_per_step\": {");
@@ -202,6 +243,22 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap", f.overlap,
                "All-reduce dense gradients on a second communicator, "
                "overlapped with the backward pass");
+  app.add_option("--batches", f.batches,
+                 "Distinct pre-generated batches, used in rotation (more "
+                 "batches: more distinct ids, so a cache misses more)")
+      ->capture_default_str();
+  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
+                 "Tables in RocksDB behind a row cache: 'all' or names")
+      ->delimiter(',');
+  app.add_option("--rocksdb-dir", f.rocksdb_dir,
+                 "Scratch directory for the RocksDB tier");
+  app.add_option("--cache-fraction", f.cache_fraction,
+                 "Fraction of each RocksDB shard's rows cached")
+      ->capture_default_str();
+  app.add_option("--prefetch", f.prefetch,
+                 "Send the next batch's ids to the RocksDB shards and "
+                 "prefetch their rows during a step")
+      ->capture_default_str();
   app.add_option("--rank", f.rank, "(internal) this process's rank");
   app.add_option("--coordinator", f.coordinator, "(internal) coordinator");
   CLI11_PARSE(app, argc, argv);

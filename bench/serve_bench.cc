@@ -1,7 +1,8 @@
 // dlrm_bench_serve: a real dlrm_server child process measured through the
 // C++ client library: streaming-training samples/s over gRPC beside the
 // in-process step on the same batches, and Predict latency at several client
-// concurrencies. Prints one JSON line per measurement.
+// concurrencies; or (--load) a load test of many Predict clients while a
+// Train stream runs. Prints one JSON line per measurement.
 #include <omp.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +57,13 @@ struct Flags {
   double duration = 5;
   bool no_train = false;
   bool no_predict = false;
+  // Load test instead of the measurements above: `load_clients` Predict
+  // clients back to back while one Train stream runs, for `duration`
+  // seconds; exits non-zero on any error, or when the server's peak RSS
+  // grows past `max_rss_growth_mb` over its RSS at the start (0 = no bound).
+  bool load = false;
+  int load_clients = 64;
+  double max_rss_growth_mb = 0;
 };
 
 double Median(std::vector<double> values) {
@@ -232,6 +241,167 @@ absl::Status MeasurePredict(const std::string& address, int clients,
   return absl::OkStatus();
 }
 
+// Resident set size of process `pid` in MiB (VmRSS), or -1 if unreadable.
+double RssMiB(pid_t pid) {
+  std::FILE* f =
+      std::fopen(absl::StrCat("/proc/", pid, "/status").c_str(), "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double mib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long kib = 0;
+    if (std::sscanf(line, "VmRSS: %lld kB", &kib) == 1) {
+      mib = static_cast<double>(kib) / 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return mib;
+}
+
+// A RotatingSource that ends once `stop` is set: the load test's Train
+// stream runs for exactly as long as its Predict clients.
+class UntilStopped final : public data::BatchSource {
+ public:
+  UntilStopped(const std::vector<data::Batch>* batches,
+               const std::atomic<bool>* stop)
+      : rotating_(batches, std::numeric_limits<int64_t>::max()), stop_(stop) {}
+  absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
+    if (stop_->load()) return false;
+    return rotating_.Next(max_samples, batch);
+  }
+  absl::Status Rewind() override { return rotating_.Rewind(); }
+
+ private:
+  data::RotatingSource rotating_;
+  const std::atomic<bool>* stop_;
+};
+
+// The load test: f.load_clients Predict clients (one connection each) call
+// back to back for f.duration seconds while one Train stream trains on
+// rotating batches; a sampler reads the server's RSS every 50 ms. Every
+// error is counted (calls go on after one), not returned early.
+absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
+                     const Flags& f) {
+  ASSIGN_OR_RETURN(const std::vector<data::Batch> requests,
+                   MakeBatches(config, 64, f.request_size, f.alpha, 3));
+  ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
+                   MakeBatches(config, f.batches, f.batch, f.alpha, 2));
+  const int n = f.load_clients;
+  std::vector<std::unique_ptr<clients::Client>> connections;
+  for (int c = 0; c < n; ++c) {
+    ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
+                     clients::Client::Connect(server.address()));
+    connections.push_back(std::move(client));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> trainer,
+                   clients::Client::Connect(server.address()));
+
+  const double rss_start = RssMiB(server.pid());
+  std::atomic<double> rss_peak{rss_start};
+  std::atomic<bool> stop{false};
+  std::thread sampler([&] {
+    while (!stop.load()) {
+      const double rss = RssMiB(server.pid());
+      double peak = rss_peak.load();
+      while (rss > peak && !rss_peak.compare_exchange_weak(peak, rss)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+
+  absl::StatusOr<clients::TrainSummary> train_summary;
+  std::thread train_thread([&] {
+    UntilStopped source(&batches, &stop);
+    clients::TrainOptions options;
+    options.batch_size = f.batch;
+    options.max_in_flight = f.in_flight;
+    train_summary = trainer->Train(source, options, nullptr);
+  });
+
+  std::vector<std::vector<double>> latencies(n);
+  std::vector<int64_t> errors(n, 0);
+  std::vector<absl::Status> first_error(n);
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline =
+      start + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(f.duration));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < n; ++c) {
+    threads.emplace_back([&, c] {
+      size_t next = c;
+      while (Clock::now() < deadline) {
+        const Clock::time_point t0 = Clock::now();
+        absl::StatusOr<std::vector<float>> p =
+            connections[c]->Predict(requests[next++ % requests.size()]);
+        if (!p.ok()) {
+          if (errors[c]++ == 0) first_error[c] = p.status();
+          continue;
+        }
+        latencies[c].push_back(
+            std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double elapsed =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  stop = true;
+  train_thread.join();
+  sampler.join();
+  // After the load: what the server keeps once every call has finished.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double rss_end = RssMiB(server.pid());
+
+  std::vector<double> all;
+  int64_t total_errors = 0;
+  absl::Status an_error;
+  for (int c = 0; c < n; ++c) {
+    all.insert(all.end(), latencies[c].begin(), latencies[c].end());
+    total_errors += errors[c];
+    if (an_error.ok()) an_error = first_error[c];
+  }
+  if (!train_summary.ok()) {
+    ++total_errors;
+    if (an_error.ok()) an_error = train_summary.status();
+  }
+  std::sort(all.begin(), all.end());
+  const double requests_done = static_cast<double>(all.size());
+  const int64_t train_steps = train_summary.ok() ? train_summary->steps : 0;
+  std::printf(
+      "{\"bench\": \"serve_load\", \"config\": %s, \"server_args\": %s, "
+      "\"threads\": %d, \"predict_clients\": %d, \"request_samples\": %lld, "
+      "\"train_batch\": %lld, \"seconds\": %.2f, \"predict_requests\": %zu, "
+      "\"predict_requests_per_s\": %.0f, \"train_steps\": %lld, "
+      "\"train_samples_per_s\": %.0f, \"errors\": %lld, "
+      "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
+      "\"server_rss_mb\": {\"start\": %.1f, \"peak\": %.1f, \"end\": %.1f}}\n",
+      JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
+      omp_get_max_threads(), n, static_cast<long long>(f.request_size),
+      static_cast<long long>(f.batch), elapsed, all.size(),
+      requests_done / elapsed, static_cast<long long>(train_steps),
+      static_cast<double>(train_steps * f.batch) / elapsed,
+      static_cast<long long>(total_errors), 1e3 * Quantile(all, 0.5),
+      1e3 * Quantile(all, 0.99), all.empty() ? 0 : 1e3 * all.back(), rss_start,
+      rss_peak.load(), rss_end);
+  std::fflush(stdout);
+  if (total_errors > 0) {
+    return absl::InternalError(absl::StrCat(
+        "load test: ", total_errors, " errors, e.g. ", an_error.ToString()));
+  }
+  if (train_steps == 0) {
+    return absl::InternalError("load test: the Train stream took no step");
+  }
+  if (f.max_rss_growth_mb > 0 &&
+      rss_peak.load() - rss_start > f.max_rss_growth_mb) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "load test: server RSS grew from ", rss_start, " MiB to a peak of ",
+        rss_peak.load(), " MiB, more than --max-rss-growth-mb ",
+        f.max_rss_growth_mb));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const Flags& f) {
   if (f.batch <= 0 || f.batches <= 0 || f.steps <= 0 || f.repeats <= 0 ||
       f.warmup < 0 || f.in_flight <= 0 || f.request_size <= 0 ||
@@ -240,6 +410,10 @@ absl::Status Validate(const Flags& f) {
         "--batch, --batches, --steps, --repeats, --in-flight, "
         "--request-size and --duration must be positive, --warmup and "
         "--threads >= 0");
+  }
+  if (f.load_clients <= 0 || f.max_rss_growth_mb < 0) {
+    return absl::InvalidArgumentError(
+        "--load-clients must be positive, --max-rss-growth-mb >= 0");
   }
   for (const int c : f.concurrency) {
     if (c <= 0) {
@@ -286,6 +460,11 @@ absl::Status Run(Flags& f) {
   ASSIGN_OR_RETURN(const ModelConfig config,
                    NormalizeModelConfig(info.config()));
 
+  if (f.load) {
+    RETURN_IF_ERROR(RunLoad(server, config, f));
+    client.reset();
+    return server.Stop();
+  }
   if (!f.no_train) {
     ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
                      MakeBatches(config, f.batches, f.batch, f.alpha, 2));
@@ -374,6 +553,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-train", f.no_train, "Skip the training measurement");
   app.add_flag("--no-predict", f.no_predict, "Skip the Predict measurement");
+  app.add_flag("--load", f.load,
+               "Load test: --load-clients Predict clients while a Train "
+               "stream runs, for --duration seconds; fails on any error");
+  app.add_option("--load-clients", f.load_clients,
+                 "Concurrent Predict clients of the load test")
+      ->capture_default_str();
+  app.add_option("--max-rss-growth-mb", f.max_rss_growth_mb,
+                 "Load test: fail when the server's peak RSS exceeds its "
+                 "start RSS by more than this (0 = no bound)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/status.h"
 #include "data/synthetic.h"
+#include "embedding/sharding.h"
 #include "model/dlrm_model.h"
 
 namespace dlrm {
@@ -33,12 +34,16 @@ struct Flags {
   std::vector<std::string> tables_on_rocksdb;
   double cache_fraction = 0.1;
   bool prefetch = true;
+  int64_t host_budget_mb = 0;
 };
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   if (f.rows > 0) {
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+    // Or the config's cap (kaggle: 100k) would shrink the tables again when
+    // PlaceTablesOnRocksDb normalises it, and the tiers would differ.
+    config.set_max_rows_per_table(0);
   }
   if (!f.tables_on_rocksdb.empty()) {
     if (f.rocksdb_dir.empty()) {
@@ -50,6 +55,13 @@ absl::Status Run(const Flags& f) {
     r.set_cache_fraction(f.cache_fraction);
     ASSIGN_OR_RETURN(config, PlaceTablesOnRocksDb(std::move(config),
                                                   f.tables_on_rocksdb, r));
+  }
+  if (f.host_budget_mb > 0) {
+    embedding::TierPlanOptions plan;
+    plan.host_budget_bytes = f.host_budget_mb << 20;
+    plan.rocksdb.set_path(f.rocksdb_dir);
+    plan.rocksdb.set_cache_fraction(f.cache_fraction);
+    ASSIGN_OR_RETURN(config, embedding::PlanStorageTiers(config, plan));
   }
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -97,8 +109,10 @@ absl::Status Run(const Flags& f) {
   const double hit_rate =
       lookups > 0 ? static_cast<double>(hits) / lookups : 1.0;
   int rocksdb_tables = 0;
-  for (const auto& t : config.tables()) {
+  int64_t max_rows = 0;
+  for (const auto& t : model->config().tables()) {
     rocksdb_tables += t.storage() == STORAGE_ROCKSDB;
+    max_rows = std::max(max_rows, t.rows());
   }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
@@ -111,7 +125,7 @@ absl::Status Run(const Flags& f) {
       "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
-      f.config.c_str(), static_cast<long long>(f.rows),
+      f.config.c_str(), static_cast<long long>(max_rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
       f.repeats, num_batches, rocksdb_tables,
       rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,
@@ -157,6 +171,9 @@ int main(int argc, char** argv) {
   app.add_option("--cache-fraction", f.cache_fraction,
                  "Fraction of each RocksDB table's rows cached")
       ->capture_default_str();
+  app.add_option("--host-budget-mb", f.host_budget_mb,
+                 "Host memory for embedding rows: the largest tables go to "
+                 "RocksDB (--rocksdb-dir) until the rest and the caches fit");
   app.add_option("--prefetch", f.prefetch,
                  "Prefetch the next batch's rows during a step (RocksDB)")
       ->capture_default_str();

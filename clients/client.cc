@@ -465,13 +465,15 @@ absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
   return response;
 }
 
-absl::StatusOr<ModelInfo> Client::GetModelInfo() {
+absl::StatusOr<ModelInfo> Client::GetModelInfo(bool include_weight_checksum) {
   grpc::ClientContext context;
   Authorize(&context);
   SetDeadline(&context);
+  ModelInfoRequest request;
+  request.set_include_weight_checksum(include_weight_checksum);
   ModelInfo info;
-  RETURN_IF_ERROR(FromGrpcStatus(
-      admin_->GetModelInfo(&context, ModelInfoRequest(), &info)));
+  RETURN_IF_ERROR(
+      FromGrpcStatus(admin_->GetModelInfo(&context, request, &info)));
   return info;
 }
 

@@ -162,7 +162,9 @@ class Client {
   absl::StatusOr<CheckpointResponse> SaveCheckpoint(const std::string& path);
   absl::StatusOr<CheckpointResponse> RestoreCheckpoint(const std::string& path);
 
-  absl::StatusOr<ModelInfo> GetModelInfo();
+  // With `include_weight_checksum`, info.weight_checksum is filled (a pass
+  // over every weight on the server).
+  absl::StatusOr<ModelInfo> GetModelInfo(bool include_weight_checksum = false);
   // The server's metrics in the Prometheus text format.
   absl::StatusOr<std::string> GetMetrics();
 

@@ -41,6 +41,9 @@ class ServerProcess {
   // The address from the listening line ("" after StartDetached).
   const std::string& address() const { return address_; }
   bool running() const { return pid_ > 0; }
+  // The child's process id (-1 when not running), e.g. to read its memory
+  // use from /proc.
+  pid_t pid() const { return pid_; }
 
  private:
   void CloseOutput();

@@ -73,6 +73,74 @@ absl::Status ValidateOptimizer(const OptimizerConfig& o,
   return absl::OkStatus();
 }
 
+// Sizes past these are no model this server can hold, and bounding them
+// keeps every derived size (parameter counts, the interaction width) far
+// from overflowing its integer type.
+constexpr int kMaxTables = 1024;
+constexpr int kMaxDim = 4096;
+constexpr int kMaxWidth = 1 << 16;  // MLP widths and num_dense_features
+constexpr int kMaxLayers = 64;
+constexpr int64_t kMaxRows = int64_t{1} << 40;
+
+// proto3 strings must be UTF-8: a config holding anything else would fail
+// to parse wherever the server sends or stores it (GetModelInfo,
+// checkpoints). Control characters are refused too, since names end up in
+// file names, logs and tensor names.
+bool IsCleanUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    int extra;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+      extra = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      extra = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + extra >= s.size()) return false;  // truncated sequence
+    for (int k = 1; k <= extra; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+absl::Status CheckMlp(const google::protobuf::RepeatedField<int32_t>& mlp,
+                      const char* name) {
+  if (mlp.size() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " has ", mlp.size(), " layers; at most ", kMaxLayers));
+  }
+  for (int i = 0; i < mlp.size(); ++i) {
+    if (mlp.Get(i) <= 0 || mlp.Get(i) > kMaxWidth) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "[", i, "] = ", mlp.Get(i), " must be in [1, ",
+                       kMaxWidth, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool UsesRocksDb(const ModelConfig& c) {
   for (const auto& t : c.tables()) {
     if (t.storage() == STORAGE_ROCKSDB) return true;
@@ -183,11 +251,17 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
 }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  if (c.num_dense_features() <= 0) {
-    return absl::InvalidArgumentError("num_dense_features must be > 0");
+  if (c.num_dense_features() <= 0 || c.num_dense_features() > kMaxWidth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_dense_features = ", c.num_dense_features(),
+                     " must be in [1, ", kMaxWidth, "]"));
   }
   if (c.tables_size() == 0) {
     return absl::InvalidArgumentError("tables: at least one table is needed");
+  }
+  if (c.tables_size() > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tables: ", c.tables_size(), " tables; at most ", kMaxTables));
   }
   std::set<std::string> names;
   for (int i = 0; i < c.tables_size(); ++i) {
@@ -196,17 +270,22 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if (t.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".name is empty"));
     }
+    if (!IsCleanUtf8(t.name())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".name is not UTF-8 text (or holds control characters)"));
+    }
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".name '", t.name(), "' is not unique"));
     }
-    if (t.rows() <= 0) {
+    if (t.rows() <= 0 || t.rows() > kMaxRows) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".rows must be > 0"));
+          absl::StrCat(field, ".rows = ", t.rows(), " must be in [1, 2^40]"));
     }
-    if (t.dim() <= 0) {
+    if (t.dim() <= 0 || t.dim() > kMaxDim) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".dim must be > 0 (or set embedding_dim)"));
+          absl::StrCat(field, ".dim = ", t.dim(), " must be in [1, ", kMaxDim,
+                       "] (or set embedding_dim)"));
     }
     if (t.multi_hot_size() <= 0) {
       return absl::InvalidArgumentError(
@@ -227,22 +306,16 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     }
   }
   if (UsesRocksDb(c)) RETURN_IF_ERROR(ValidateRocksDbConfig(c.rocksdb()));
+  if (!IsCleanUtf8(c.rocksdb().path())) {
+    return absl::InvalidArgumentError(
+        "rocksdb.path is not UTF-8 text (or holds control characters)");
+  }
   if (c.bottom_mlp_size() == 0 || c.top_mlp_size() == 0) {
     return absl::InvalidArgumentError(
         "bottom_mlp and top_mlp need at least one layer each");
   }
-  for (int i = 0; i < c.bottom_mlp_size(); ++i) {
-    if (c.bottom_mlp(i) <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bottom_mlp[", i, "] must be > 0"));
-    }
-  }
-  for (int i = 0; i < c.top_mlp_size(); ++i) {
-    if (c.top_mlp(i) <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("top_mlp[", i, "] must be > 0"));
-    }
-  }
+  RETURN_IF_ERROR(CheckMlp(c.bottom_mlp(), "bottom_mlp"));
+  RETURN_IF_ERROR(CheckMlp(c.top_mlp(), "top_mlp"));
   if (c.top_mlp(c.top_mlp_size() - 1) != 1) {
     return absl::InvalidArgumentError("top_mlp must end with 1 (the logit)");
   }

@@ -89,15 +89,21 @@ absl::Status Batch::Validate(int num_dense_features,
         "batch has ", sparse.size(), " sparse features, the model has ",
         num_tables, " tables"));
   }
+  // Labels first: their count bounds size by what memory holds, so the
+  // dense product below cannot overflow.
+  if (static_cast<int64_t>(labels.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels must have size = ", size, " entries, has ", labels.size()));
+  }
+  if (num_dense < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch has num_dense = ", num_dense, " (negative)"));
+  }
   const int64_t expected_dense = size * num_dense;
   if (static_cast<int64_t>(dense.size()) != expected_dense) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dense must have size x num_dense = ", size, " x ", num_dense, " = ",
         expected_dense, " values, has ", dense.size()));
-  }
-  if (static_cast<int64_t>(labels.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "labels must have size = ", size, " entries, has ", labels.size()));
   }
   for (int64_t i = 0; i < expected_dense; ++i) {
     if (!std::isfinite(dense[i])) {

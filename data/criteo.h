@@ -65,7 +65,9 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
     int num_dense = 13, int num_sparse = 26);
 
 // Memory-maps a binary file. InvalidArgument for a bad header, a size that
-// does not match the record count, or a column count unlike `options`.
+// does not match the record count, or a column count unlike `options`; from
+// Next, InvalidArgument naming the file and record for a label other than
+// 0 or 1 or a non-finite dense value (a later Next goes on after it).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
     const std::string& path, CriteoOptions options);
 

@@ -8,6 +8,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -67,9 +68,10 @@ class RowReducer {
 
 class CriteoBinarySource final : public BatchSource {
  public:
-  CriteoBinarySource(const char* base, size_t bytes, int64_t count,
-                     CriteoOptions options)
-      : base_(base),
+  CriteoBinarySource(std::string path, const char* base, size_t bytes,
+                     int64_t count, CriteoOptions options)
+      : path_(std::move(path)),
+        base_(base),
         bytes_(bytes),
         count_(count),
         options_(std::move(options)) {
@@ -110,8 +112,12 @@ class CriteoBinarySource final : public BatchSource {
     const bool hash = options_.hash_ids;
     for (int64_t s = 0; s < n; ++s, record += record_bytes) {
       std::memcpy(&labels[s], record, sizeof(float));
-      std::memcpy(dense + s * num_dense, record + sizeof(float),
-                  sizeof(float) * num_dense);
+      // With no dense features `dense` may be null, and memcpy from or to
+      // null is undefined even for 0 bytes.
+      if (num_dense > 0) {
+        std::memcpy(dense + s * num_dense, record + sizeof(float),
+                    sizeof(float) * num_dense);
+      }
       const char* cats = record + sizeof(float) * (1 + num_dense);
       for (int t = 0; t < num_sparse; ++t) {
         uint32_t value;
@@ -120,11 +126,35 @@ class CriteoBinarySource final : public BatchSource {
                           : reducers_[t](value);
       }
     }
+    // The converter writes labels 0/1 and finite log(1+x) values; anything
+    // else is a corrupt or foreign file, named here by record rather than
+    // left for the model to reject without a place.
+    for (int64_t s = 0; s < n; ++s) {
+      const float* x = dense + s * num_dense;
+      const bool label_ok = labels[s] == 0.0f || labels[s] == 1.0f;
+      bool dense_ok = true;
+      for (int i = 0; i < num_dense; ++i) dense_ok &= std::isfinite(x[i]);
+      if (label_ok && dense_ok) continue;
+      const int64_t record_index = next_ + s;
+      next_ = record_index + 1;  // a later Next goes on after it
+      batch->Reset(num_dense, num_sparse);
+      if (!label_ok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ": record ", record_index, ": label ",
+                         labels[s], " must be 0 or 1"));
+      }
+      int bad = 0;
+      while (std::isfinite(x[bad])) ++bad;
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": record ", record_index, ": dense ", bad,
+                       " is ", std::isnan(x[bad]) ? "NaN" : "infinite"));
+    }
     next_ += n;
     return true;
   }
 
  private:
+  const std::string path_;
   const char* const base_;
   const size_t bytes_;
   const int64_t count_;
@@ -232,8 +262,10 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
     char* record = buffer.data();
     for (int64_t s = 0; s < batch.size; ++s, record += record_bytes) {
       std::memcpy(record, &batch.labels[s], sizeof(float));
-      std::memcpy(record + sizeof(float), &batch.dense[s * num_dense],
-                  sizeof(float) * num_dense);
+      if (num_dense > 0) {
+        std::memcpy(record + sizeof(float), &batch.dense[s * num_dense],
+                    sizeof(float) * num_dense);
+      }
       char* cats = record + sizeof(float) * (1 + num_dense);
       for (int t = 0; t < num_sparse; ++t) {
         const uint32_t value = static_cast<uint32_t>(batch.sparse[t].ids[s]);
@@ -315,7 +347,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
   }
   madvise(map, bytes, MADV_SEQUENTIAL);
   return std::unique_ptr<BatchSource>(std::make_unique<CriteoBinarySource>(
-      base, bytes, static_cast<int64_t>(header.count), std::move(options)));
+      path, base, bytes, static_cast<int64_t>(header.count),
+      std::move(options)));
 }
 
 }  // namespace dlrm::data

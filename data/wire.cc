@@ -3,6 +3,7 @@
 #include "data/wire.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -74,6 +75,13 @@ absl::Status BatchFromProto(const dlrm::Batch& in, const BatchShape& shape,
   if (max_samples > 0 && size > max_samples) {
     return Invalid(field, ".size = ", size, " exceeds the limit of ",
                    max_samples, " samples per batch");
+  }
+  // No repeated field holds more entries than this, so a larger size cannot
+  // be described, and the products below stay far from overflowing.
+  if (size > std::numeric_limits<int>::max()) {
+    return Invalid(field, ".size = ", size,
+                   " exceeds the most samples a message can describe (",
+                   std::numeric_limits<int>::max(), ")");
   }
   const int64_t num_dense = shape.num_dense;
   if (in.dense_size() != size * num_dense) {

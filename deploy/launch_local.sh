@@ -4,16 +4,31 @@
 # coordinator on a free loopback port. Prints rank 0's listening line, and
 # stops every rank together: on SIGINT/SIGTERM, and when any rank exits.
 #
-#   deploy/launch_local.sh N [dlrm_server args...]
+#   deploy/launch_local.sh [--restart-on-failure K] N [dlrm_server args...]
+#
+# --restart-on-failure K: when a rank dies (exits non-zero or is killed),
+# stop the others and start the whole job again, up to K times; each start
+# resumes from the newest valid checkpoint in --checkpoint-dir (the
+# server's default), and rank 0 prints a new listening line. Default: 0.
 #
 # Environment: DLRM_SERVER (the binary; default: build/server/dlrm_server),
-# DLRM_LOG_DIR (per-rank logs rank-R.log; default: a new temporary dir),
-# DLRM_COORDINATOR_PORT (default: a free port).
+# DLRM_LOG_DIR (per-rank logs rank-R.log, appended to across restarts, and
+# rank-R.pid; default: a new temporary dir), DLRM_COORDINATOR_PORT (default:
+# a free port, a new one for each start).
 set -u
 
-if [[ $# -lt 1 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: $0 N [dlrm_server args...]" >&2
+usage() {
+  echo "usage: $0 [--restart-on-failure K] N [dlrm_server args...]" >&2
   exit 2
+}
+restarts_left=0
+if [[ ${1:-} == --restart-on-failure ]]; then
+  [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || usage
+  restarts_left=$2
+  shift 2
+fi
+if [[ $# -lt 1 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
+  usage
 fi
 world=$1
 shift
@@ -25,13 +40,9 @@ if [[ ! -x $server ]]; then
 fi
 log_dir=${DLRM_LOG_DIR:-$(mktemp -d -t dlrm-ranks.XXXXXX)}
 mkdir -p "$log_dir"
-port=${DLRM_COORDINATOR_PORT:-$(python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
-coordinator=127.0.0.1:$port
-echo "launch_local: $world ranks, coordinator $coordinator, logs in $log_dir" >&2
 
 pids=()
-stopping=0
+stopping=0   # a signal asked the whole launcher to stop
 # Waits up to $2 tenths of a second for pid $1 to exit.
 wait_gone() {
   for _ in $(seq "$2"); do
@@ -40,47 +51,88 @@ wait_gone() {
   done
   return 1
 }
-stop_all() {
-  [[ $stopping == 1 ]] && return
-  stopping=1
-  # Rank 0 first: it finishes its step and tells the others to exit; then
-  # whatever is left gets SIGTERM.
+# Rank 0 first: it finishes its step (and its checkpoint on exit) and tells
+# the others to exit; then whatever is left gets SIGTERM. With $1 = failed
+# (a rank died, the job is broken), ranks still there after a grace period
+# get SIGKILL: they may block on the dead peer up to --comm-timeout-s.
+stop_ranks() {
   kill -TERM "${pids[0]}" 2>/dev/null
   wait_gone "${pids[0]}" 150
   for pid in "${pids[@]}"; do
     wait_gone "$pid" 50 || kill -TERM "$pid" 2>/dev/null
   done
+  if [[ ${1:-} == failed ]]; then
+    for pid in "${pids[@]}"; do
+      wait_gone "$pid" 50 || kill -KILL "$pid" 2>/dev/null
+    done
+  fi
 }
-trap 'stop_all' INT TERM
+on_signal() {
+  [[ $stopping == 1 ]] && return
+  stopping=1
+  stop_ranks
+}
+trap 'on_signal' INT TERM
 
-for ((r = world - 1; r >= 0; r--)); do
-  if ((r == 0)); then
-    # Rank 0's stdout carries the listening line; it goes to ours too.
-    "$server" "$@" --world-size "$world" --rank 0 \
-      --coordinator "$coordinator" 2>"$log_dir/rank-0.log" \
-      > >(tee "$log_dir/rank-0.out") &
-  else
-    "$server" "$@" --world-size "$world" --rank "$r" \
-      --coordinator "$coordinator" \
-      >"$log_dir/rank-$r.out" 2>"$log_dir/rank-$r.log" &
-  fi
-  pids[r]=$!
-done
+start_ranks() {
+  local port coordinator
+  port=${DLRM_COORDINATOR_PORT:-$(python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+  coordinator=127.0.0.1:$port
+  echo "launch_local: $world ranks, coordinator $coordinator, logs in $log_dir" >&2
+  pids=()
+  for ((r = world - 1; r >= 0; r--)); do
+    echo "---- launch_local: start $attempt, $(date -u +%FT%TZ)" \
+      >>"$log_dir/rank-$r.log"
+    if ((r == 0)); then
+      # Rank 0's stdout carries the listening line; it goes to ours too.
+      "$server" "$@" --world-size "$world" --rank 0 \
+        --coordinator "$coordinator" 2>>"$log_dir/rank-0.log" \
+        > >(tee -a "$log_dir/rank-0.out") &
+    else
+      "$server" "$@" --world-size "$world" --rank "$r" \
+        --coordinator "$coordinator" \
+        >>"$log_dir/rank-$r.out" 2>>"$log_dir/rank-$r.log" &
+    fi
+    pids[r]=$!
+    echo "${pids[r]}" >"$log_dir/rank-$r.pid"
+  done
+}
 
-# Wait until any rank exits or a signal arrives, then stop the rest.
-wait -n "${pids[@]}"
-rc=$?
-if [[ $stopping == 0 ]]; then
-  echo "launch_local: a rank exited (status $rc); stopping the others" >&2
-  stop_all
-fi
-status=0
-for r in "${!pids[@]}"; do
-  wait "${pids[r]}" 2>/dev/null
+attempt=0
+while true; do
+  start_ranks "$@"
+  # Wait until any rank exits or a signal arrives, then stop the rest.
+  died=
+  wait -n -p died "${pids[@]}"
   rc=$?
-  if ((rc != 0)); then
-    echo "launch_local: rank $r exited with status $rc (log: $log_dir/rank-$r.log)" >&2
-    ((status == 0)) && status=$rc
+  failed=0
+  if [[ $stopping == 0 ]]; then
+    rank=?
+    for r in "${!pids[@]}"; do [[ ${pids[r]} == "${died:-}" ]] && rank=$r; done
+    echo "launch_local: rank $rank exited (status $rc); stopping the others" >&2
+    if ((rc != 0)); then
+      failed=1
+      stop_ranks failed
+    else
+      stop_ranks
+    fi
   fi
+  status=0
+  for r in "${!pids[@]}"; do
+    wait "${pids[r]}" 2>/dev/null
+    code=$?
+    [[ ${pids[r]} == "${died:-}" ]] && code=$rc
+    if ((code != 0)); then
+      echo "launch_local: rank $r exited with status $code (log: $log_dir/rank-$r.log)" >&2
+      ((status == 0)) && status=$code
+    fi
+  done
+  if [[ $stopping == 0 && $failed == 1 ]] && ((restarts_left > 0)); then
+    restarts_left=$((restarts_left - 1))
+    attempt=$((attempt + 1))
+    echo "launch_local: restarting every rank (restart $attempt, $restarts_left left); they resume from the newest checkpoint in --checkpoint-dir" >&2
+    continue
+  fi
+  exit "$status"
 done
-exit "$status"

@@ -102,6 +102,11 @@ absl::Status RocksDbStoreOptions::Validate() const {
         "RocksDbStoreOptions.bloom_bits_per_key must be >= 0, got ",
         bloom_bits_per_key));
   }
+  if (write_buffer_bytes < (int64_t{64} << 10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RocksDbStoreOptions.write_buffer_bytes must be >= 65536, got ",
+        write_buffer_bytes));
+  }
   return absl::OkStatus();
 }
 

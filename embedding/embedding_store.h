@@ -57,7 +57,8 @@ struct StoreMetrics {
   // Rows found in RocksDB, and never-written rows initialised instead.
   int64_t rows_read = 0;
   int64_t rows_initialized = 0;
-  // Rows written back to RocksDB (dirty evictions and flushes).
+  // Rows written back to RocksDB (dirty evictions, counted when queued for
+  // the background write, and flushes).
   int64_t rows_written = 0;
   // Value bytes read from and written to RocksDB.
   int64_t bytes_read = 0;
@@ -185,6 +186,10 @@ struct RocksDbStoreOptions {
   // Bloom filter bits per key (about 1% false positives at 10), so reads of
   // never-written rows skip the disk; 0 disables it. Default: 10.
   int bloom_bits_per_key = 10;
+  // Memtable bytes of one column family before RocksDB flushes it to a file
+  // (up to two per family in memory): bigger means fewer flushes and
+  // compactions, more memory. Default: 64 MiB.
+  int64_t write_buffer_bytes = int64_t{64} << 20;
 
   // InvalidArgument naming the field when one is out of range.
   absl::Status Validate() const;

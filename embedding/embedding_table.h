@@ -82,6 +82,8 @@ class EmbeddingTable {
   // has none.
   AlignedVector<float>& state1() { return state1_; }
   AlignedVector<float>& state2() { return state2_; }
+  const AlignedVector<float>& state1() const { return state1_; }
+  const AlignedVector<float>& state2() const { return state2_; }
   // Updates applied so far (Adam's bias correction uses it).
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }

@@ -78,6 +78,11 @@ absl::StatusOr<std::unique_ptr<RowDatabase>> RowDatabase::Open(
   db->family_options_ = std::make_unique<rocksdb::ColumnFamilyOptions>();
   db->family_options_->table_factory.reset(
       rocksdb::NewBlockBasedTableFactory(table_options));
+  // Rows are float bits, which do not compress: compression would only cost
+  // the flushes and compactions CPU.
+  db->family_options_->compression = rocksdb::kNoCompression;
+  db->family_options_->write_buffer_size =
+      static_cast<size_t>(options.write_buffer_bytes);
 
   // A new database has no list yet: it starts with the default family.
   std::vector<std::string> names;
@@ -98,7 +103,35 @@ absl::StatusOr<std::unique_ptr<RowDatabase>> RowDatabase::Open(
   for (size_t i = 0; i < handles.size(); ++i) {
     db->families_.emplace_back(names[i], handles[i]);
   }
+  try {
+    db->worker_ = std::thread([raw_db = db.get()] { raw_db->WorkerLoop(); });
+  } catch (const std::system_error& e) {
+    return absl::InternalError(absl::StrCat(
+        "cannot start the RocksDB worker of ", options.path, ": ", e.what()));
+  }
   return db;
+}
+
+void RowDatabase::Submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(std::move(job));
+  }
+  queue_cv_.notify_one();
+}
+
+void RowDatabase::WorkerLoop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<RowDatabase>> RowDatabase::RestoreCheckpoint(
@@ -128,6 +161,14 @@ absl::StatusOr<std::unique_ptr<RowDatabase>> RowDatabase::RestoreCheckpoint(
 }
 
 RowDatabase::~RowDatabase() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_one();
+    worker_.join();
+  }
   if (db_ == nullptr) return;
   for (auto& [name, handle] : families_) {
     db_->DestroyColumnFamilyHandle(handle);
@@ -243,7 +284,10 @@ RocksDbCachedStore::RocksDbCachedStore(const TableSpec& spec,
 }
 
 RocksDbCachedStore::~RocksDbCachedStore() {
-  if (prefetch_thread_.joinable()) prefetch_thread_.join();
+  // The jobs use this store; their errors have no one left to go to.
+  std::unique_lock<std::mutex> lock(jobs_mu_);
+  jobs_cv_.wait(lock,
+                [this] { return pending_reads_ == 0 && pending_writes_ == 0; });
 }
 
 bool RocksDbCachedStore::IsDirty(int64_t row) const {
@@ -251,10 +295,53 @@ bool RocksDbCachedStore::IsDirty(int64_t row) const {
   return it != slot_of_.end() && slot_info_[it->second].dirty;
 }
 
-RocksDbCachedStore::EvictionKey RocksDbCachedStore::KeyOf(int64_t slot) const {
-  const Slot& info = slot_info_[slot];
-  return {options_.eviction == EvictionPolicy::kLfu ? info.uses : 0,
-          info.last_use, slot};
+RocksDbCachedStore::SlotList& RocksDbCachedStore::ListOf(int64_t uses) {
+  return lists_[options_.eviction == EvictionPolicy::kLfu ? uses : 0];
+}
+
+void RocksDbCachedStore::Unlink(int64_t slot) {
+  Slot& info = slot_info_[slot];
+  const int64_t key = options_.eviction == EvictionPolicy::kLfu ? info.uses : 0;
+  const auto it = lists_.find(key);
+  SlotList& list = it->second;
+  if (info.prev >= 0) {
+    slot_info_[info.prev].next = info.next;
+  } else {
+    list.head = info.next;
+  }
+  if (info.next >= 0) {
+    slot_info_[info.next].prev = info.prev;
+  } else {
+    list.tail = info.prev;
+  }
+  info.prev = info.next = -1;
+  // Empty use-count lists go, so the victim walk never visits them.
+  if (list.head < 0 && key != 0) lists_.erase(it);
+}
+
+void RocksDbCachedStore::Append(int64_t slot) {
+  Slot& info = slot_info_[slot];
+  SlotList& list = ListOf(info.uses);
+  info.prev = list.tail;
+  info.next = -1;
+  if (list.tail >= 0) {
+    slot_info_[list.tail].next = slot;
+  } else {
+    list.head = slot;
+  }
+  list.tail = slot;
+}
+
+void RocksDbCachedStore::PickVictims(int64_t needed) {
+  victims_.clear();
+  for (const auto& [uses, list] : lists_) {
+    for (int64_t slot = list.head;
+         slot >= 0 && static_cast<int64_t>(victims_.size()) < needed;
+         slot = slot_info_[slot].next) {
+      if (slot_info_[slot].batch != prepares_) victims_.push_back(slot);
+    }
+    if (static_cast<int64_t>(victims_.size()) >= needed) return;
+  }
 }
 
 void RocksDbCachedStore::CopySlotToRecord(int64_t slot, float* record) const {
@@ -335,19 +422,20 @@ absl::Status RocksDbCachedStore::ReadRecords(const std::vector<int64_t>& rows,
   return absl::OkStatus();
 }
 
-absl::Status RocksDbCachedStore::WriteSlots(const std::vector<int64_t>& slots,
-                                            bool with_step) {
-  if (slots.empty() && !with_step) return absl::OkStatus();
+absl::Status RocksDbCachedStore::WriteRecords(const int64_t* rows,
+                                              const float* records,
+                                              size_t count,
+                                              bool with_step) const {
+  if (count == 0 && !with_step) return absl::OkStatus();
   rocksdb::WriteBatch batch;
-  std::vector<float> record(RecordFloats());
-  const size_t record_bytes = record.size() * sizeof(float);
+  const size_t record_bytes = RecordFloats() * sizeof(float);
   char key[8];
-  for (const int64_t slot : slots) {
-    CopySlotToRecord(slot, record.data());
-    EncodeRowKey(slot_info_[slot].row, key);
+  for (size_t i = 0; i < count; ++i) {
+    EncodeRowKey(rows[i], key);
     batch.Put(family_, rocksdb::Slice(key, 8),
-              rocksdb::Slice(reinterpret_cast<const char*>(record.data()),
-                             record_bytes));
+              rocksdb::Slice(
+                  reinterpret_cast<const char*>(records + i * RecordFloats()),
+                  record_bytes));
   }
   const int64_t step = slots_->step();
   if (with_step) {
@@ -359,31 +447,72 @@ absl::Status RocksDbCachedStore::WriteSlots(const std::vector<int64_t>& slots,
   write_options.disableWAL = true;
   const rocksdb::Status s = db_->db()->Write(write_options, &batch);
   if (!s.ok()) {
-    return ToStatus(s, absl::StrCat("write ", slots.size(), " rows of table ",
-                                    spec_.table_index));
+    return ToStatus(
+        s, absl::StrCat("write ", count, " rows of table ", spec_.table_index));
   }
-  metrics_.rows_written += static_cast<int64_t>(slots.size());
-  metrics_.bytes_written += static_cast<int64_t>(slots.size() * record_bytes);
   return absl::OkStatus();
 }
 
-absl::Status RocksDbCachedStore::WaitForPrefetch() {
-  if (!prefetch_thread_.joinable()) return absl::OkStatus();
-  prefetch_thread_.join();
-  metrics_.rows_read += prefetch_metrics_.rows_read;
-  metrics_.rows_initialized += prefetch_metrics_.rows_initialized;
-  metrics_.bytes_read += prefetch_metrics_.bytes_read;
-  prefetch_metrics_ = {};
+void RocksDbCachedStore::Submit(bool read, std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ++(read ? pending_reads_ : pending_writes_);
+  }
+  db_->Submit([this, read, job = std::move(job)] {
+    job();
+    // Notify under the lock: the store may be destroyed as soon as a waiter
+    // sees its count reach 0.
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    --(read ? pending_reads_ : pending_writes_);
+    jobs_cv_.notify_all();
+  });
+}
+
+absl::Status RocksDbCachedStore::WaitForReads() {
+  {
+    std::unique_lock<std::mutex> lock(jobs_mu_);
+    jobs_cv_.wait(lock, [this] { return pending_reads_ == 0; });
+  }
+  metrics_.rows_read += job_metrics_.rows_read;
+  metrics_.rows_initialized += job_metrics_.rows_initialized;
+  metrics_.bytes_read += job_metrics_.bytes_read;
+  job_metrics_ = {};
+  if (!staged_valid_) {
+    staged_index_.clear();
+    staged_valid_ = true;
+  }
   absl::Status status = std::move(prefetch_status_);
   prefetch_status_ = absl::OkStatus();
   if (!status.ok()) staged_index_.clear();
   return status;
 }
 
+absl::Status RocksDbCachedStore::WaitForJobs() {
+  {
+    std::unique_lock<std::mutex> lock(jobs_mu_);
+    jobs_cv_.wait(
+        lock, [this] { return pending_reads_ == 0 && pending_writes_ == 0; });
+  }
+  if (!writeback_rows_.empty()) {
+    // The background write failed: the buffer is the only copy of those
+    // rows, so write it before anything reads RocksDB again.
+    staged_valid_ = false;
+    const absl::Status status =
+        WriteRecords(writeback_rows_.data(), writeback_records_.data(),
+                     writeback_rows_.size(), /*with_step=*/false);
+    if (!status.ok()) {
+      WaitForReads().IgnoreError();
+      return status;
+    }
+    writeback_rows_.clear();
+  }
+  return WaitForReads();
+}
+
 absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
     const data::SparseFeature& ids) {
   prepared_ = false;
-  RETURN_IF_ERROR(WaitForPrefetch());
+  RETURN_IF_ERROR(WaitForJobs());
   const int64_t bags = ids.num_bags();
   const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
 
@@ -413,90 +542,111 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
         "bigger cache"));
   }
 
-  // Hits keep their slot; misses take free slots, then evicted ones.
-  std::vector<int64_t> unique_slot(unique, -1);
-  std::vector<int64_t> misses;
+  // Hits keep their slot (and are marked as this batch's, so they are no
+  // victims); misses take free slots, then victims.
+  ++prepares_;
+  batch_slots_.assign(unique, -1);
+  misses_.clear();
   for (int64_t k = 0; k < unique; ++k) {
     const auto it = slot_of_.find(batch_rows_[k]);
     if (it != slot_of_.end()) {
-      unique_slot[k] = it->second;
+      batch_slots_[k] = it->second;
+      slot_info_[it->second].batch = prepares_;
     } else {
-      misses.push_back(k);
+      misses_.push_back(k);
     }
   }
-  const int64_t needed = static_cast<int64_t>(misses.size()) -
+  const int64_t needed = static_cast<int64_t>(misses_.size()) -
                          static_cast<int64_t>(free_slots_.size());
-  std::vector<int64_t> victims, dirty_victims;
-  for (auto it = eviction_order_.begin();
-       it != eviction_order_.end() &&
-       static_cast<int64_t>(victims.size()) < needed;
-       ++it) {
-    const int64_t slot = std::get<2>(*it);
-    // A row of this batch stays.
-    if (batch_index_.contains(slot_info_[slot].row)) continue;
-    victims.push_back(slot);
-    if (slot_info_[slot].dirty) dirty_victims.push_back(slot);
-  }
+  PickVictims(needed);
 
-  // Write back first: once written, a dirty victim is clean, so a failed
-  // read below leaves a consistent cache.
-  RETURN_IF_ERROR(WriteSlots(dirty_victims, /*with_step=*/false));
-  for (const int64_t slot : dirty_victims) slot_info_[slot].dirty = false;
-
-  // Records of the misses: staged by a prefetch, or read now.
+  // Records of the misses: staged by a prefetch, or read now. (The dirty
+  // victims are written after the commit, in the background; no miss is a
+  // victim, and every read waits for the writes queued before it.)
   const int record_floats = RecordFloats();
-  std::vector<const float*> miss_record(misses.size());
-  std::vector<int64_t> to_read;
-  std::vector<size_t> to_read_miss;
+  miss_record_.resize(misses_.size());
+  to_read_.clear();
+  to_read_miss_.clear();
   int64_t prefetch_hits = 0;
-  for (size_t i = 0; i < misses.size(); ++i) {
-    const auto it = staged_index_.find(batch_rows_[misses[i]]);
+  for (size_t i = 0; i < misses_.size(); ++i) {
+    const auto it = staged_index_.find(batch_rows_[misses_[i]]);
     if (it != staged_index_.end()) {
-      miss_record[i] = staged_records_.data() + it->second * record_floats;
+      miss_record_[i] = staged_records_.data() + it->second * record_floats;
       ++prefetch_hits;
     } else {
-      to_read.push_back(batch_rows_[misses[i]]);
-      to_read_miss.push_back(i);
+      to_read_.push_back(batch_rows_[misses_[i]]);
+      to_read_miss_.push_back(i);
     }
   }
-  loaded_.resize(to_read.size() * record_floats);
-  RETURN_IF_ERROR(ReadRecords(to_read, loaded_.data(), &metrics_));
-  for (size_t j = 0; j < to_read.size(); ++j) {
-    miss_record[to_read_miss[j]] = loaded_.data() + j * record_floats;
+  loaded_.resize(to_read_.size() * record_floats);
+  RETURN_IF_ERROR(ReadRecords(to_read_, loaded_.data(), &metrics_));
+  for (size_t j = 0; j < to_read_.size(); ++j) {
+    miss_record_[to_read_miss_[j]] = loaded_.data() + j * record_floats;
   }
 
-  // Commit: nothing below fails.
-  for (const int64_t slot : victims) {
-    eviction_order_.erase(KeyOf(slot));
+  // Commit: nothing below fails. Dirty victims are copied out (in row order,
+  // which RocksDB inserts fastest) for the background write.
+  writeback_order_.clear();
+  for (const int64_t slot : victims_) {
+    if (slot_info_[slot].dirty) {
+      writeback_order_.emplace_back(slot_info_[slot].row, slot);
+    }
+  }
+  std::sort(writeback_order_.begin(), writeback_order_.end());
+  writeback_rows_.resize(writeback_order_.size());
+  writeback_records_.resize(writeback_order_.size() * record_floats);
+  for (size_t i = 0; i < writeback_order_.size(); ++i) {
+    writeback_rows_[i] = writeback_order_[i].first;
+    CopySlotToRecord(writeback_order_[i].second,
+                     writeback_records_.data() + i * record_floats);
+  }
+  for (const int64_t slot : victims_) {
+    Unlink(slot);
     slot_of_.erase(slot_info_[slot].row);
     slot_info_[slot] = Slot{};
     free_slots_.push_back(slot);
   }
-  metrics_.evictions += static_cast<int64_t>(victims.size());
-  for (int64_t k = 0; k < unique; ++k) {
-    if (unique_slot[k] >= 0) eviction_order_.erase(KeyOf(unique_slot[k]));
-  }
-  for (size_t i = 0; i < misses.size(); ++i) {
-    const int64_t row = batch_rows_[misses[i]];
+  metrics_.evictions += static_cast<int64_t>(victims_.size());
+  for (size_t i = 0; i < misses_.size(); ++i) {
+    const int64_t row = batch_rows_[misses_[i]];
     const int64_t slot = free_slots_.back();
     free_slots_.pop_back();
-    slot_info_[slot] = Slot{row, false, 0, 0};
+    Slot& info = slot_info_[slot];
+    info = Slot{};
+    info.row = row;
+    info.batch = prepares_;
     slot_of_.emplace(row, slot);
-    CopyRecordToSlot(miss_record[i], slot);
+    CopyRecordToSlot(miss_record_[i], slot);
     staged_index_.erase(row);
-    unique_slot[misses[i]] = slot;
+    batch_slots_[misses_[i]] = slot;
   }
+  // Every row of the batch becomes the most recent of its use count, in
+  // first-occurrence order.
   for (int64_t k = 0; k < unique; ++k) {
-    Slot& info = slot_info_[unique_slot[k]];
-    info.last_use = ++tick_;
+    const int64_t slot = batch_slots_[k];
+    Slot& info = slot_info_[slot];
+    if (info.uses > 0) Unlink(slot);
     ++info.uses;
-    eviction_order_.insert(KeyOf(unique_slot[k]));
+    Append(slot);
   }
-  metrics_.hits += unique - static_cast<int64_t>(misses.size());
-  metrics_.misses += static_cast<int64_t>(misses.size());
+  metrics_.hits += unique - static_cast<int64_t>(misses_.size());
+  metrics_.misses += static_cast<int64_t>(misses_.size());
   metrics_.prefetch_hits += prefetch_hits;
+  if (!writeback_rows_.empty()) {
+    metrics_.rows_written += static_cast<int64_t>(writeback_rows_.size());
+    metrics_.bytes_written += static_cast<int64_t>(
+        writeback_rows_.size() * record_floats * sizeof(float));
+    Submit(/*read=*/false, [this] {
+      // Written: the buffer is no longer the only copy. On failure it stays,
+      // and WaitForJobs writes it again.
+      if (WriteRecords(writeback_rows_.data(), writeback_records_.data(),
+                       writeback_rows_.size(), /*with_step=*/false)
+              .ok()) {
+        writeback_rows_.clear();
+      }
+    });
+  }
 
-  batch_slots_ = std::move(unique_slot);
   remapped_.offsets = ids.offsets;
   remapped_.ids.resize(total);
   for (int64_t p = 0; p < total; ++p) {
@@ -533,33 +683,38 @@ absl::Status RocksDbCachedStore::BackwardUpdate(
 }
 
 absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
-  RETURN_IF_ERROR(WaitForPrefetch());
-  staged_rows_.clear();
-  staged_index_.clear();
+  // Only an earlier read uses the staging area: the write-back of the last
+  // Prepare may still run, and this read is queued behind it.
+  RETURN_IF_ERROR(WaitForReads());
+  // The scan for rows to stage runs on the worker too (off the step's
+  // critical path): nothing changes slot_of_ until the next Prepare, which
+  // waits for this job.
   const int64_t bags = next_ids.num_bags();
   const int64_t total = bags > 0 ? next_ids.offsets[bags] : 0;
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t row = next_ids.ids[p];
-    // Bad ids are Prepare's to report.
-    if (row < 0 || row >= spec_.rows || slot_of_.contains(row)) continue;
-    if (staged_index_
-            .try_emplace(row, static_cast<int64_t>(staged_rows_.size()))
-            .second) {
-      staged_rows_.push_back(row);
+  prefetch_ids_.assign(next_ids.ids.begin(), next_ids.ids.begin() + total);
+  staged_rows_.clear();
+  staged_index_.clear();
+  if (total == 0) return absl::OkStatus();
+  Submit(/*read=*/true, [this] {
+    // A failed write-back before this read: RocksDB lacks those rows, so
+    // nothing may be staged from it (WaitForJobs retries the write).
+    if (!writeback_rows_.empty()) {
+      staged_valid_ = false;
+      return;
     }
-  }
-  if (staged_rows_.empty()) return absl::OkStatus();
-  staged_records_.resize(staged_rows_.size() * RecordFloats());
-  try {
-    prefetch_thread_ = std::thread([this] {
-      prefetch_status_ =
-          ReadRecords(staged_rows_, staged_records_.data(), &prefetch_metrics_);
-    });
-  } catch (const std::system_error& e) {
-    staged_index_.clear();
-    return absl::InternalError(absl::StrCat(
-        "table ", spec_.table_index, ": cannot start prefetch: ", e.what()));
-  }
+    for (const int64_t row : prefetch_ids_) {
+      // Bad ids are Prepare's to report.
+      if (row < 0 || row >= spec_.rows || slot_of_.contains(row)) continue;
+      if (staged_index_
+              .try_emplace(row, static_cast<int64_t>(staged_rows_.size()))
+              .second) {
+        staged_rows_.push_back(row);
+      }
+    }
+    staged_records_.resize(staged_rows_.size() * RecordFloats());
+    prefetch_status_ =
+        ReadRecords(staged_rows_, staged_records_.data(), &job_metrics_);
+  });
   return absl::OkStatus();
 }
 
@@ -569,7 +724,7 @@ absl::Status RocksDbCachedStore::ReadRow(int64_t row, float* out) {
         absl::StrCat("table ", spec_.table_index, ": row ", row,
                      " outside [0, ", spec_.rows, ")"));
   }
-  RETURN_IF_ERROR(WaitForPrefetch());
+  RETURN_IF_ERROR(WaitForJobs());
   if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
     CopySlotToRecord(it->second, out);
     return absl::OkStatus();
@@ -583,19 +738,30 @@ absl::Status RocksDbCachedStore::ReadRow(int64_t row, float* out) {
 }
 
 absl::Status RocksDbCachedStore::Flush() {
-  RETURN_IF_ERROR(WaitForPrefetch());
+  RETURN_IF_ERROR(WaitForJobs());
   std::vector<int64_t> dirty;
   for (int64_t slot = 0; slot < capacity(); ++slot) {
     if (slot_info_[slot].dirty) dirty.push_back(slot);
   }
   // The last chunk (possibly empty) carries the step counter.
+  const int record_floats = RecordFloats();
+  std::vector<int64_t> rows;
+  std::vector<float> records;
   size_t begin = 0;
   do {
     const size_t end = std::min(dirty.size(), begin + kFlushBatchRows);
-    const std::vector<int64_t> chunk(dirty.begin() + begin,
-                                     dirty.begin() + end);
-    RETURN_IF_ERROR(WriteSlots(chunk, /*with_step=*/end == dirty.size()));
-    for (const int64_t slot : chunk) slot_info_[slot].dirty = false;
+    rows.resize(end - begin);
+    records.resize(rows.size() * record_floats);
+    for (size_t i = begin; i < end; ++i) {
+      rows[i - begin] = slot_info_[dirty[i]].row;
+      CopySlotToRecord(dirty[i], records.data() + (i - begin) * record_floats);
+    }
+    RETURN_IF_ERROR(WriteRecords(rows.data(), records.data(), rows.size(),
+                                 /*with_step=*/end == dirty.size()));
+    for (size_t i = begin; i < end; ++i) slot_info_[dirty[i]].dirty = false;
+    metrics_.rows_written += static_cast<int64_t>(rows.size());
+    metrics_.bytes_written +=
+        static_cast<int64_t>(rows.size() * record_floats * sizeof(float));
     begin = end;
   } while (begin < dirty.size());
   return absl::OkStatus();

@@ -4,13 +4,15 @@
 // back in batches and prefetches the next batch in the background.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,7 +28,10 @@ struct ColumnFamilyOptions;
 
 namespace dlrm::embedding {
 
-// One RocksDB database and its column families. Thread-safe.
+// One RocksDB database, its column families, and one background worker
+// thread that runs its stores' write-back and prefetch reads in submission
+// order (one thread per database: the reads and writes of every table
+// overlap the step's compute without a thread per table). Thread-safe.
 class RowDatabase {
  public:
   // Opens (creating if missing) the database at options.path with every
@@ -60,8 +65,14 @@ class RowDatabase {
   rocksdb::DB* db() { return db_.get(); }
   const RocksDbStoreOptions& options() const { return options_; }
 
+  // Runs `job` on the worker thread after every job submitted before it.
+  // For the stores of this database: a job must not outlive what it uses
+  // (a store waits for its jobs before it is destroyed).
+  void Submit(std::function<void()> job);
+
  private:
   RowDatabase() = default;
+  void WorkerLoop();
 
   RocksDbStoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -70,6 +81,13 @@ class RowDatabase {
   std::mutex mu_;
   // Every handle opened or created, by name; destroyed before db_ closes.
   std::vector<std::pair<std::string, rocksdb::ColumnFamilyHandle*>> families_;
+
+  // The worker and its FIFO; stopped (after draining) before db_ closes.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
 };
 
 // Name of the column family that holds `spec`'s rows: one per table, or per
@@ -92,7 +110,7 @@ class RocksDbCachedStore final : public EmbeddingStore {
       const TableSpec& spec, const RocksDbStoreOptions& options,
       RowDatabase* db);
 
-  // Waits for a running prefetch. Dirty rows not flushed are dropped.
+  // Waits for its background jobs. Dirty rows not flushed are dropped.
   ~RocksDbCachedStore() override;
 
   const TableSpec& spec() const override { return spec_; }
@@ -102,9 +120,9 @@ class RocksDbCachedStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
-  // A failed background read is returned by the next call that waits for it
-  // (Prepare, ReadRow, Flush, Prefetch); Internal when
-  // no thread can be started.
+  // Queues the read on the database's worker, behind the write-back of the
+  // last Prepare. A failed background read or write is returned by the next
+  // call that waits for it (Prepare, ReadRow, Flush, Prefetch).
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
   absl::Status ReadRow(int64_t row, float* out) override;
   absl::Status Flush() override;
@@ -125,19 +143,34 @@ class RocksDbCachedStore final : public EmbeddingStore {
     // Row held, -1 when free.
     int64_t row = -1;
     bool dirty = false;
-    // Tick of the last batch that used the row (LRU), and how many batches
-    // used it since it became resident (LFU).
-    int64_t last_use = 0;
+    // Batches that used the row since it became resident (LFU).
     int64_t uses = 0;
+    // Number of the last Prepare whose batch holds the row (never a victim
+    // of that Prepare).
+    int64_t batch = 0;
+    // Neighbours in the slot's eviction list (-1: none).
+    int64_t prev = -1, next = -1;
   };
-  // Eviction order key: (uses or 0 under LRU, last_use, slot); smallest
-  // first.
-  using EvictionKey = std::tuple<int64_t, int64_t, int64_t>;
+  // A doubly linked list of slots threaded through Slot::prev/next; the
+  // head goes first.
+  struct SlotList {
+    int64_t head = -1, tail = -1;
+  };
 
   RocksDbCachedStore(const TableSpec& spec, const RocksDbStoreOptions& options,
                      RowDatabase* db, rocksdb::ColumnFamilyHandle* family);
 
-  EvictionKey KeyOf(int64_t slot) const;
+  // Eviction order, O(1) per row under LRU (one list, least recent first)
+  // and O(log distinct use counts) under LFU (one list per use count, each
+  // least recent first): the order of (uses, last use) that the policies
+  // define, without a search tree.
+  SlotList& ListOf(int64_t uses);
+  void Unlink(int64_t slot);
+  void Append(int64_t slot);
+  // Appends up to `needed` victims, in eviction order, to victims_, skipping
+  // rows of the batch being prepared.
+  void PickVictims(int64_t needed);
+
   // Floats of one record: dim weights + state.
   int RecordFloats() const { return spec_.dim + state_floats_; }
   void CopySlotToRecord(int64_t slot, float* record) const;
@@ -147,13 +180,21 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // initialising rows never written; counts rows/bytes read into `metrics`.
   absl::Status ReadRecords(const std::vector<int64_t>& rows, float* records,
                            StoreMetrics* metrics) const;
-  // Writes the records of `slots` (and the step counter if asked) in one
-  // WriteBatch without the WAL.
-  absl::Status WriteSlots(const std::vector<int64_t>& slots, bool with_step);
+  // Writes `count` records (rows[i] from records + i * RecordFloats()), and
+  // the step counter if asked, in one WriteBatch without the WAL.
+  absl::Status WriteRecords(const int64_t* rows, const float* records,
+                            size_t count, bool with_step) const;
   // FailedPrecondition unless `prepared` is the last successful Prepare's.
   absl::Status CheckPrepared(const data::SparseFeature& prepared) const;
-  // Joins the background prefetch; returns its error, if any.
-  absl::Status WaitForPrefetch();
+  // Waits for this store's background reads and returns a failed one's
+  // error; the staging area is then the caller's.
+  absl::Status WaitForReads();
+  // Waits for every background job of this store and returns its error, if
+  // any. A write-back that failed in the background is retried here, so
+  // its rows are never lost while the store lives.
+  absl::Status WaitForJobs();
+  // Queues `job` on the database's worker as a read (prefetch) or a write.
+  void Submit(bool read, std::function<void()> job);
 
   TableSpec spec_;
   RocksDbStoreOptions options_;
@@ -165,33 +206,54 @@ class RocksDbCachedStore final : public EmbeddingStore {
   std::vector<Slot> slot_info_;
   absl::flat_hash_map<int64_t, int64_t> slot_of_;
   std::vector<int64_t> free_slots_;
-  // Resident slots in eviction order.
-  std::set<EvictionKey> eviction_order_;
-  int64_t tick_ = 0;
+  // LRU: lists_[0] only; LFU: one list per use count.
+  std::map<int64_t, SlotList> lists_;
+  int64_t prepares_ = 0;
   StoreMetrics metrics_;
 
   // The last prepared batch: its remapped ids and its unique slots.
   data::SparseFeature remapped_;
   bool prepared_ = false;
   std::vector<int64_t> batch_slots_;
-  // Prepare's scratch: row -> unique index, unique rows in first-occurrence
-  // order, the unique index of every id, loaded records.
+  // Prepare's scratch, reused: row -> unique index, unique rows in
+  // first-occurrence order, the unique index of every id, misses (unique
+  // indices), victims, records of the misses, loaded records.
   absl::flat_hash_map<int64_t, int64_t> batch_index_;
-  std::vector<int64_t> batch_rows_, unique_of_pos_;
+  std::vector<int64_t> batch_rows_, unique_of_pos_, misses_, victims_;
+  std::vector<int64_t> to_read_;
+  std::vector<size_t> to_read_miss_;
+  std::vector<const float*> miss_record_;
   std::vector<float> loaded_;
 
-  // Background prefetch. While prefetch_thread_ runs it alone writes the
-  // staged_* members and prefetch_status_; everything else touches them
-  // only after WaitForPrefetch. A staged row is never resident and RocksDB
-  // still holds its staged value: rows reach RocksDB only from slots, and a
-  // staged row leaves the staging area when it enters a slot.
-  std::thread prefetch_thread_;
-  absl::Status prefetch_status_;
+  // Background jobs on db_'s worker (write-back of dirty victims, prefetch
+  // reads), in submission order, so a read always sees the writes submitted
+  // before it. While a write is pending only it touches writeback_*; while
+  // a read is pending only it touches prefetch_ids_, staged_*,
+  // prefetch_status_ and job_metrics_ (and reads writeback_rows_, after the
+  // writes before it, and slot_of_, which only Prepare changes).
+  // A staged row is never resident and RocksDB (after the queued writes)
+  // holds its staged value: rows reach RocksDB only from slots, and a staged
+  // row leaves the staging area when it enters a slot.
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  int pending_reads_ = 0;
+  int pending_writes_ = 0;
+  // Dirty victims of the last Prepare, sorted by row (so RocksDB inserts
+  // them in key order), waiting to be written; kept until written.
+  std::vector<int64_t> writeback_rows_;
+  std::vector<float> writeback_records_;
+  std::vector<std::pair<int64_t, int64_t>> writeback_order_;
+  // Ids of the last Prefetch, the rows staged from them, their records, and
+  // row -> index into staged_rows_ (erased when consumed). staged_valid_ is
+  // false when the read was skipped because the write-back before it
+  // failed.
+  std::vector<int64_t> prefetch_ids_;
   std::vector<int64_t> staged_rows_;
   std::vector<float> staged_records_;
-  // Row -> index into staged_rows_; erased when consumed.
   absl::flat_hash_map<int64_t, int64_t> staged_index_;
-  StoreMetrics prefetch_metrics_;
+  bool staged_valid_ = true;
+  absl::Status prefetch_status_;
+  StoreMetrics job_metrics_;
 };
 
 }  // namespace dlrm::embedding

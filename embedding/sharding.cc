@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/config.h"
 #include "core/status.h"
 
 namespace dlrm::embedding {
@@ -417,6 +418,78 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   }
   RETURN_IF_ERROR(plan.Validate(config));
   return plan;
+}
+
+absl::Status TierPlanOptions::Validate() const {
+  if (host_budget_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TierPlanOptions.host_budget_bytes must be >= 0, got ",
+                     host_budget_bytes));
+  }
+  return absl::OkStatus();
+}
+
+int64_t HostBytesOfTable(const ModelConfig& config, int k,
+                         const RocksDbConfig& rocksdb) {
+  const TableConfig& t = config.tables(k);
+  Shard shard;
+  shard.row_count = t.rows();
+  shard.col_count = t.dim();
+  if (t.storage() == STORAGE_ROCKSDB) {
+    // CachedRowsOfTable reads the cache size from config.rocksdb.
+    ModelConfig c;
+    *c.add_tables() = t;
+    *c.mutable_rocksdb() = rocksdb;
+    if (c.rocksdb().cache_rows() == 0 && c.rocksdb().cache_fraction() == 0) {
+      c.mutable_rocksdb()->set_cache_fraction(0.1);  // the normalised default
+    }
+    shard.row_count = CachedRowsOfTable(c, 0);
+  }
+  return ShardBytes(shard, config.sparse_optimizer());
+}
+
+absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
+                                             const TierPlanOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  if (options.host_budget_bytes == 0) return config;
+  ModelConfig c = config;
+  int64_t used = 0;
+  std::vector<std::pair<int64_t, int>> movable;  // (-bytes, index)
+  for (int k = 0; k < c.tables_size(); ++k) {
+    used += HostBytesOfTable(c, k, options.rocksdb);
+    if (c.tables(k).storage() == STORAGE_HOST) {
+      movable.emplace_back(-HostBytesOfTable(c, k, options.rocksdb), k);
+    }
+  }
+  std::sort(movable.begin(), movable.end());
+  std::vector<std::string> moved;
+  for (const auto& [neg_bytes, k] : movable) {
+    if (used <= options.host_budget_bytes) break;
+    c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+    used += HostBytesOfTable(c, k, options.rocksdb) + neg_bytes;
+    moved.push_back(c.tables(k).name());
+  }
+  if (used > options.host_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "TierPlanOptions.host_budget_bytes = ", options.host_budget_bytes,
+        " is too small: with every table on RocksDB the host tables and row "
+        "caches still need ",
+        used,
+        " bytes; raise the budget or shrink rocksdb.cache_rows / "
+        "cache_fraction"));
+  }
+  bool any_rocksdb = false;
+  for (const TableConfig& t : c.tables()) {
+    any_rocksdb = any_rocksdb || t.storage() == STORAGE_ROCKSDB;
+  }
+  if (!any_rocksdb) return c;
+  if (options.rocksdb.path().empty() && !moved.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TierPlanOptions.rocksdb.path is empty but table ",
+                     moved.front(), " must move to RocksDB to fit the budget"));
+  }
+  // Normalises with the tier's defaults and checks the result.
+  return PlaceTablesOnRocksDb(std::move(c), {}, options.rocksdb);
 }
 
 }  // namespace dlrm::embedding

@@ -74,4 +74,33 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
                                           const PlannerOptions& options);
 
+// Tier choice from a host-memory budget (docs/storage.md "Planner").
+struct TierPlanOptions {
+  // Bytes of embedding rows (weights and optimizer state) host memory may
+  // hold: every STORAGE_HOST table whole, plus the row cache of every
+  // STORAGE_ROCKSDB table. 0 means unlimited (no table moves). Default: 0.
+  int64_t host_budget_bytes = 0;
+  // The RocksDB tier of the tables that move (ModelConfig.rocksdb); its
+  // path must be set when one does. Default: empty.
+  RocksDbConfig rocksdb;
+
+  absl::Status Validate() const;
+};
+
+// Host bytes of table `k` of a normalised config under `rocksdb`: the whole
+// table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
+// STORAGE_ROCKSDB.
+int64_t HostBytesOfTable(const ModelConfig& config, int k,
+                         const RocksDbConfig& rocksdb);
+
+// `config` (normalised) with tables moved to STORAGE_ROCKSDB, largest
+// (bytes of weights and state) first, ties by config order, until the host
+// tables plus the caches fit options.host_budget_bytes; tables already on
+// RocksDB stay there, and ModelConfig.rocksdb becomes options.rocksdb when
+// a table uses the tier. InvalidArgument for bad options (naming the
+// field); ResourceExhausted, naming the budget and the bytes still needed,
+// when even every table on RocksDB does not fit.
+absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
+                                             const TierPlanOptions& options);
+
 }  // namespace dlrm::embedding

@@ -1,22 +1,32 @@
 // Checkpoint directories: MANIFEST.json, config.textproto, model.safetensors
-// (weights) and optimizer.safetensors (optimizer state and step counts).
+// (weights) and optimizer.safetensors (optimizer state and step counts);
+// manifests with checksums; periodic checkpoints' housekeeping.
 #include "model/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/config.h"
+#include "core/crc32c.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
 #include "model/safetensors.h"
+#include "spdlog/spdlog.h"
 
 namespace dlrm::model {
 namespace {
@@ -184,8 +194,34 @@ int64_t ParseStep(const std::map<std::string, std::string>& meta,
   return step;
 }
 
+// The manifest of the single-rank checkpoint in `dir` after checking every
+// file's checksum. NotFound, DataLoss as ReadManifest and
+// VerifyCheckpointFiles; FailedPrecondition for a multi-rank checkpoint.
+absl::StatusOr<Manifest> VerifySingleRank(const fs::path& dir) {
+  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir.string()));
+  if (manifest.format != kSingleRankFormat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.string(), " holds a checkpoint of a job of ",
+                     manifest.world_size, " ranks (format ", manifest.format,
+                     "); a single-rank server cannot restore it"));
+  }
+  RETURN_IF_ERROR(VerifyCheckpointFiles(dir.string(), manifest));
+  return manifest;
+}
+
+// A test hook that stands for a slow disk: DLRM_TEST_CHECKPOINT_DELAY_MS
+// milliseconds of sleep after each file a save writes, so that a test can
+// kill the process in the middle of a save (tests/server_process_test.cc).
+void TestOnlyDelay() {
+  const char* env = std::getenv("DLRM_TEST_CHECKPOINT_DELAY_MS");
+  int ms = 0;
+  if (env == nullptr || !absl::SimpleAtoi(env, &ms) || ms <= 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
-                                       bool weights_only) {
+                                       bool weights_only, bool verified) {
+  if (!verified) RETURN_IF_ERROR(VerifySingleRank(dir).status());
   ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir));
   RETURN_IF_ERROR(CheckSameArchitecture(saved, model.config()));
   ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(dir / kWeights));
@@ -262,6 +298,17 @@ absl::Status CommitDirectory(const std::string& tmp_name,
   const fs::path tmp(tmp_name);
   const fs::path dir = fs::path(dir_name).lexically_normal();
   std::error_code ec;
+  if (fs::exists(dir) && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD,
+                                     dir.c_str(), RENAME_EXCHANGE) == 0) {
+    // One atomic swap: `dir` is the old or the new checkpoint at every
+    // moment; `tmp` now holds the old one.
+    RETURN_IF_ERROR(SyncDirectory(dir.parent_path().string()));
+    fs::remove_all(tmp, ec);
+    return absl::OkStatus();
+  }
+  // A file system without RENAME_EXCHANGE (or no old checkpoint): between
+  // the two renames `dir` is missing, and CleanPartialCheckpoints puts the
+  // old one back after a crash there.
   const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
   if (fs::exists(dir)) {
     fs::rename(dir, old, ec);
@@ -302,7 +349,8 @@ std::vector<TableTensor> TableTensors(const std::string& base,
 }
 
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
-                                              const std::string& dir_name) {
+                                              const std::string& dir_name,
+                                              const std::string& job) {
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
@@ -320,6 +368,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
     RETURN_IF_ERROR(
         WriteSafetensors((tmp / kWeights).string(), tensors,
                          {{"format", "dlrm-server"}, {"step", step}}));
+    TestOnlyDelay();
   }
   std::map<std::string, std::string> meta = {
       {"step", step},
@@ -330,48 +379,47 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizer).string(),
                                    OptimizerTensors(model), meta));
+  TestOnlyDelay();
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config(), &config_text);
   RETURN_IF_ERROR(WriteTextFile((tmp / kConfig).string(), config_text));
+  if (model.HasRocksDbTables()) {
+    // RocksDB's checkpoint: its files are checksummed like the others.
+    RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
+  }
+  TestOnlyDelay();
 
-  nlohmann::json manifest = {{"format", "dlrm-server-checkpoint"},
-                             {"version", 1},
-                             {"step", model.steps()}};
+  Manifest fields;
+  fields.format = kSingleRankFormat;
+  fields.step = model.steps();
+  fields.world_size = 1;
+  fields.config_text = config_text;
+  fields.sharding_plan =
+      "world size 1: every table whole on rank 0; MLPs on rank 0";
+  fields.job = job;
+  // The manifest is written last: its presence marks a complete checkpoint.
+  ASSIGN_OR_RETURN(Manifest manifest, WriteManifest(tmp.string(), fields));
+  TestOnlyDelay();
   CheckpointInfo info;
   info.step = model.steps();
-  for (const char* name : {kWeights, kOptimizer, kConfig}) {
-    const auto bytes = fs::file_size(tmp / name);
-    manifest["files"][name] = {{"bytes", bytes}};
-    info.bytes += bytes;
-  }
-  if (model.HasRocksDbTables()) {
-    RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
-    int64_t bytes = 0;
-    for (const auto& entry : fs::recursive_directory_iterator(tmp / kRocksDb)) {
-      if (entry.is_regular_file()) bytes += entry.file_size();
-    }
-    manifest["files"][kRocksDb] = {{"bytes", bytes}};
-    info.bytes += bytes;
-  }
-  // The manifest is written last: its presence marks a complete checkpoint.
-  RETURN_IF_ERROR(
-      WriteTextFile((tmp / kManifest).string(), manifest.dump(2) + "\n"));
-  RETURN_IF_ERROR(SyncDirectory(tmp.string()));
-
+  for (const ManifestFile& f : manifest.files) info.bytes += f.bytes;
   RETURN_IF_ERROR(CommitDirectory(tmp.string(), dir.string()));
   return info;
 }
 
 absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
                                                  const std::string& dir) {
-  return Restore(model, dir, /*weights_only=*/false);
+  return Restore(model, dir, /*weights_only=*/false, /*verified=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
     const std::string& dir, bool weights_only) {
+  // Checked before the model is allocated.
+  RETURN_IF_ERROR(VerifySingleRank(dir).status());
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmModel> model, DlrmModel::Create(config));
-  RETURN_IF_ERROR(Restore(*model, dir, weights_only).status());
+  RETURN_IF_ERROR(
+      Restore(*model, dir, weights_only, /*verified=*/true).status());
   return model;
 }
 
@@ -382,6 +430,358 @@ absl::Status ExportSafetensors(DlrmModel& model, const std::string& path) {
   return WriteSafetensors(
       path, tensors,
       {{"format", "dlrm-server"}, {"step", std::to_string(model.steps())}});
+}
+
+// ---------------------------------------------------------------- manifests
+
+namespace {
+
+constexpr char kManifestCrcKey[] = "manifest_crc32c";
+constexpr int kManifestVersion = 2;
+
+std::string Hex32(uint32_t v) { return absl::StrFormat("%08x", v); }
+
+// The manifest's own checksum: the CRC-32C of its JSON (2-space indent,
+// keys sorted, as nlohmann prints it) without the checksum field.
+uint32_t ManifestCrc(nlohmann::json json) {
+  json.erase(kManifestCrcKey);
+  const std::string text = json.dump(2);
+  return Crc32c(text.data(), text.size());
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::StatusOr<Manifest> ParseManifest(
+    const nlohmann::json& json, const fs::path& path,
+    const std::function<absl::Status(const std::string&)>& damaged);
+
+}  // namespace
+
+absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc32c(
+    const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  std::vector<char> buffer(size_t{4} << 20);
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(
+          absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
+    crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(n));
+    bytes += n;
+  }
+  ::close(fd);
+  return std::make_pair(crc, bytes);
+}
+
+absl::StatusOr<Manifest> WriteManifest(const std::string& dir_name,
+                                       const Manifest& fields) {
+  const fs::path dir(dir_name);
+  Manifest m = fields;
+  m.version = kManifestVersion;
+  m.created_ms = NowMs();
+  m.files.clear();
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const std::string rel = it->path().lexically_relative(dir).generic_string();
+    if (rel == kManifest) continue;
+    ASSIGN_OR_RETURN(auto crc, FileCrc32c(it->path().string()));
+    m.files.push_back({rel, crc.second, crc.first, true});
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot list ", dir.string(), ": ", ec.message()));
+  }
+  std::sort(m.files.begin(), m.files.end(),
+            [](const ManifestFile& a, const ManifestFile& b) {
+              return a.path < b.path;
+            });
+  nlohmann::json json = {{"format", m.format},
+                         {"version", m.version},
+                         {"step", m.step},
+                         {"world_size", m.world_size},
+                         {"created_ms", m.created_ms},
+                         {"config", m.config_text},
+                         {"sharding_plan", m.sharding_plan},
+                         {"files", nlohmann::json::object()}};
+  for (const ManifestFile& f : m.files) {
+    json["files"][f.path] = {{"bytes", f.bytes}, {"crc32c", Hex32(f.crc32c)}};
+  }
+  if (!m.job.empty()) {
+    // Embedded as an object so the manifest stays readable; text that is
+    // not JSON is kept as a string rather than lost.
+    nlohmann::json job =
+        nlohmann::json::parse(m.job, nullptr, /*allow_exceptions=*/false);
+    json["job"] = job.is_discarded() ? nlohmann::json(m.job) : job;
+  }
+  json[kManifestCrcKey] = Hex32(ManifestCrc(json));
+  RETURN_IF_ERROR(
+      WriteTextFile((dir / kManifest).string(), json.dump(2) + "\n"));
+  RETURN_IF_ERROR(SyncDirectory(dir.string()));
+  return m;
+}
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir_name) {
+  const fs::path path = fs::path(dir_name) / kManifest;
+  if (!fs::exists(path)) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint in ", dir_name, " (no ", kManifest, ")"));
+  }
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
+  }
+  const nlohmann::json json =
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto damaged = [&](const std::string& why) -> absl::Status {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint manifest ", path.string(), " is damaged: ", why));
+  };
+  if (!json.is_object()) return damaged("not a JSON object");
+  // nlohmann throws on a field of the wrong type; nothing escapes.
+  try {
+    return ParseManifest(json, path, damaged);
+  } catch (const nlohmann::json::exception& e) {
+    return damaged(e.what());
+  }
+}
+
+namespace {
+
+absl::StatusOr<Manifest> ParseManifest(
+    const nlohmann::json& json, const fs::path& path,
+    const std::function<absl::Status(const std::string&)>& damaged) {
+  Manifest m;
+  m.version = json.value("version", 0);
+  if (json.contains(kManifestCrcKey)) {
+    const std::string want = json.value(kManifestCrcKey, "");
+    if (want != Hex32(ManifestCrc(json))) {
+      return damaged("its own checksum does not match");
+    }
+  } else if (m.version >= kManifestVersion) {
+    return damaged(absl::StrCat("no ", kManifestCrcKey));
+  }
+  m.format = json.value("format", "");
+  m.step = json.value("step", int64_t{0});
+  m.world_size = json.value("world_size", 1);
+  m.created_ms = json.value("created_ms", int64_t{0});
+  m.config_text = json.value("config", "");
+  m.sharding_plan = json.value("sharding_plan", "");
+  if (const auto job = json.find("job"); job != json.end()) {
+    m.job = job->is_string() ? job->get<std::string>() : job->dump();
+  }
+  if (m.format != kSingleRankFormat && m.format != kMultiRankFormat) {
+    return damaged(absl::StrCat("unknown format \"", m.format, "\""));
+  }
+  const auto files = json.find("files");
+  if (files == json.end() || !files->is_object()) return damaged("no files");
+  for (const auto& [name, entry] : files->items()) {
+    if (!entry.is_object()) return damaged(absl::StrCat("files.", name));
+    ManifestFile f;
+    f.path = name;
+    f.bytes = entry.value("bytes", int64_t{-1});
+    uint32_t crc = 0;
+    const std::string hex = entry.value("crc32c", "");
+    if (!hex.empty()) {
+      if (!absl::SimpleHexAtoi(hex, &crc)) {
+        return damaged(absl::StrCat("files.", name, ".crc32c"));
+      }
+      f.has_crc32c = true;
+      f.crc32c = crc;
+    }
+    // Version 1 listed the RocksDB directory as one entry with its total
+    // size; only regular files are checked.
+    if (m.version < kManifestVersion && name == kRocksDb) continue;
+    m.files.push_back(std::move(f));
+  }
+  if (m.created_ms == 0) {
+    std::error_code ec;
+    const auto mtime = fs::last_write_time(path, ec);
+    if (!ec) {
+      m.created_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::file_clock::to_sys(mtime).time_since_epoch())
+              .count();
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::Status VerifyCheckpointFiles(
+    const std::string& dir_name, const Manifest& manifest,
+    const std::function<bool(const std::string&)>& want) {
+  const fs::path dir(dir_name);
+  for (const ManifestFile& f : manifest.files) {
+    if (want && !want(f.path)) continue;
+    const fs::path path = dir / f.path;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path.string(),
+                                              " is missing: ", ec.message()));
+    }
+    if (static_cast<int64_t>(size) != f.bytes) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file ", path.string(), " has ", size,
+                       " bytes, the manifest says ", f.bytes));
+    }
+    if (!f.has_crc32c) continue;
+    absl::StatusOr<std::pair<uint32_t, int64_t>> crc =
+        FileCrc32c(path.string());
+    if (!crc.ok()) return absl::DataLossError(crc.status().message());
+    if (crc->first != f.crc32c || crc->second != f.bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file ", path.string(), " is corrupt: CRC-32C ",
+          Hex32(crc->first), ", the manifest says ", Hex32(f.crc32c)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------ periodic checkpoints
+
+namespace {
+
+constexpr char kPeriodicPrefix[] = "ckpt-";
+
+// The step of a periodic checkpoint's name "ckpt-<step>", or -1.
+int64_t PeriodicStep(const std::string& name) {
+  if (!name.starts_with(kPeriodicPrefix)) return -1;
+  const std::string digits = name.substr(sizeof(kPeriodicPrefix) - 1);
+  int64_t step = -1;
+  if (digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(digits, &step)) {
+    return -1;
+  }
+  return step;
+}
+
+// Names of temporary directories of saves ("<name>.tmp-<pid>") and of
+// checkpoints being replaced ("<name>.old-<pid>"); `base` gets <name>.
+bool IsTemporary(const std::string& name, const char* marker,
+                 std::string* base) {
+  const size_t at = name.rfind(marker);
+  if (at == std::string::npos || at == 0) return false;
+  if (base != nullptr) *base = name.substr(0, at);
+  return true;
+}
+
+}  // namespace
+
+std::string PeriodicCheckpointName(int64_t step) {
+  return absl::StrCat(kPeriodicPrefix, step);
+}
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(root, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code ignored;
+    if (!it->is_directory(ignored)) continue;
+    const std::string name = it->path().filename().string();
+    if (IsTemporary(name, ".tmp-", nullptr) ||
+        IsTemporary(name, ".old-", nullptr)) {
+      continue;
+    }
+    if (!fs::exists(it->path() / kManifest, ignored)) continue;
+    out.push_back({it->path().string(), name, ReadManifest(it->path())});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) {
+              if (a.manifest.ok() != b.manifest.ok()) return a.manifest.ok();
+              if (!a.manifest.ok()) return a.name < b.name;
+              if (a.manifest->created_ms != b.manifest->created_ms) {
+                return a.manifest->created_ms > b.manifest->created_ms;
+              }
+              if (a.manifest->step != b.manifest->step) {
+                return a.manifest->step > b.manifest->step;
+              }
+              return a.name < b.name;
+            });
+  return out;
+}
+
+void CleanPartialCheckpoints(const std::string& root) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (auto it = fs::directory_iterator(root, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  for (const fs::path& path : entries) {
+    const std::string name = path.filename().string();
+    std::string base;
+    std::error_code e;
+    if (IsTemporary(name, ".tmp-", &base)) {
+      fs::remove_all(path, e);
+      spdlog::warn(
+          "removed {}: an unfinished checkpoint (its save never committed, "
+          "e.g. the process was killed){}",
+          path.string(), e ? ": " + e.message() : "");
+    } else if (IsTemporary(name, ".old-", &base)) {
+      const fs::path original = path.parent_path() / base;
+      if (!fs::exists(original, e)) {
+        fs::rename(path, original, e);
+        spdlog::warn(
+            "put {} back as {}: a crash interrupted its replacement by a "
+            "newer save{}",
+            path.string(), original.string(), e ? ": " + e.message() : "");
+      } else {
+        fs::remove_all(path, e);
+        spdlog::warn("removed {}: a checkpoint already replaced by {}",
+                     path.string(), original.string());
+      }
+    }
+  }
+  if (!entries.empty()) SyncDirectory(root).IgnoreError();
+}
+
+absl::Status PruneCheckpoints(const std::string& root, int keep) {
+  if (keep <= 0) return absl::OkStatus();
+  int kept = 0;
+  for (const CheckpointEntry& e : ListCheckpoints(root)) {
+    if (PeriodicStep(e.name) < 0) continue;
+    if (e.manifest.ok() && kept < keep) {
+      ++kept;
+      continue;
+    }
+    // Renamed first, so that a crash halfway through the removal leaves a
+    // temporary directory (cleaned at the next start), not a damaged
+    // checkpoint.
+    const fs::path doomed =
+        e.dir + ".tmp-" + std::to_string(::getpid()) + "-pruned";
+    std::error_code ec;
+    fs::rename(e.dir, doomed, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot remove old checkpoint ",
+                                              e.dir, ": ", ec.message()));
+    }
+    fs::remove_all(doomed, ec);
+    spdlog::info("removed old checkpoint {} (keeping the {} newest)", e.dir,
+                 keep);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dlrm::model

@@ -1,10 +1,14 @@
 // Checkpoints of a DlrmModel: a directory with the config, the weights as
 // safetensors (loadable in PyTorch; names in docs/checkpoints.md), the
-// optimizer state, and a manifest. Written to a temporary directory, synced,
-// then renamed into place, so a crash never leaves a half-written one.
+// optimizer state, and a manifest with every file's size and CRC-32C.
+// Written to a temporary directory, synced, then renamed into place, so a
+// crash never leaves a half-written one; loading checks every checksum.
+// Also the periodic checkpoints' housekeeping: listing, pruning, cleaning up
+// after a crash (docs/checkpoints.md).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,14 +42,18 @@ struct CheckpointInfo {
 };
 
 // Writes the model (config, weights, optimizer state, step) to `dir`,
-// replacing a previous checkpoint there. Internal on I/O errors.
+// replacing a previous checkpoint there; `job` (a JSON object, or empty)
+// goes into the manifest as Manifest::job. Internal on I/O errors.
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
-                                              const std::string& dir);
+                                              const std::string& dir,
+                                              const std::string& job = "");
 
 // Loads weights, optimizer state and step from `dir` into `model`, whose
 // architecture (tables, dims, MLP widths, interaction) must match the
-// checkpoint's config: FailedPrecondition otherwise. NotFound if `dir`
-// holds no checkpoint. On error the model is unchanged.
+// checkpoint's config: FailedPrecondition otherwise (also for a multi-rank
+// checkpoint). NotFound if `dir` holds no checkpoint; DataLoss naming the
+// file when a file's size or CRC-32C differs from the manifest's, or the
+// manifest is damaged. On error the model is unchanged.
 absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
                                                  const std::string& dir);
 
@@ -68,5 +76,94 @@ absl::Status CommitDirectory(const std::string& tmp, const std::string& dir);
 
 // Writes only the weights as one safetensors file (the export for PyTorch).
 absl::Status ExportSafetensors(DlrmModel& model, const std::string& path);
+
+// ---- Manifests (MANIFEST.json, written last into a checkpoint directory).
+
+// Formats of the two kinds of checkpoint.
+inline constexpr char kSingleRankFormat[] = "dlrm-server-checkpoint";
+inline constexpr char kMultiRankFormat[] = "dlrm-server-multirank-checkpoint";
+
+struct ManifestFile {
+  // Path relative to the checkpoint directory, '/'-separated.
+  std::string path;
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+  // False for a manifest of version 1 (sizes only).
+  bool has_crc32c = false;
+};
+
+struct Manifest {
+  std::string format;  // kSingleRankFormat or kMultiRankFormat
+  int version = 0;
+  int64_t step = 0;
+  int world_size = 1;
+  // Wall-clock commit time (ms since the Unix epoch): "newest" means the
+  // largest. 0 in version 1 manifests.
+  int64_t created_ms = 0;
+  // The model config (text format) and the sharding plan as printed.
+  std::string config_text;
+  std::string sharding_plan;
+  // The server-side training job that was running when the checkpoint was
+  // taken (server/job_manager.h: its id, request and position), as a JSON
+  // object; empty when none was. Covered by the manifest's checksum.
+  std::string job;
+  // Every file of the checkpoint but the manifest, sorted by path.
+  std::vector<ManifestFile> files;
+};
+
+// Writes `dir`/MANIFEST.json for `fields` (format, step, world_size,
+// config_text, sharding_plan), listing every other file under `dir` (sub-
+// directories included) with its size and CRC-32C, stamped with the time
+// now and a CRC-32C of the manifest itself; syncs it and `dir`. Returns the
+// manifest written. Internal naming the path on an I/O error.
+absl::StatusOr<Manifest> WriteManifest(const std::string& dir,
+                                       const Manifest& fields);
+
+// Reads `dir`/MANIFEST.json. NotFound when there is none; DataLoss naming
+// it when it does not parse or its own checksum does not match.
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir);
+
+// Checks the size and CRC-32C of each file of `manifest` under `dir` for
+// which `want(path)` is true (every file when `want` is empty). DataLoss
+// naming the first file that is missing, has another size or checksum.
+absl::Status VerifyCheckpointFiles(
+    const std::string& dir, const Manifest& manifest,
+    const std::function<bool(const std::string&)>& want = nullptr);
+
+// The CRC-32C and size of the file at `path`. Internal when unreadable.
+absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc32c(
+    const std::string& path);
+
+// ---- Periodic checkpoints under one root directory.
+
+// The directory name of the periodic checkpoint at `step`: "ckpt-<step>".
+std::string PeriodicCheckpointName(int64_t step);
+
+struct CheckpointEntry {
+  std::string dir;   // full path
+  std::string name;  // the directory's name under the root
+  // The manifest, or why it could not be read (DataLoss, NotFound).
+  absl::StatusOr<Manifest> manifest;
+};
+
+// Every checkpoint directly under `root` (a directory holding a
+// MANIFEST.json, damaged or not), newest first: by the manifest's commit
+// time, then step; entries whose manifest cannot be read come last.
+// Temporary directories of unfinished saves are not listed. Empty when
+// `root` does not exist.
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
+
+// Cleans up after a crash, directly under `root`: removes the temporary
+// directories of saves that never committed ("<name>.tmp-<pid>"), and puts
+// back a checkpoint whose replacement a crash interrupted ("<name>.old-
+// <pid>" when <name> is missing; else it is removed). Logs each action.
+// Call only while no save into `root` runs.
+void CleanPartialCheckpoints(const std::string& root);
+
+// Keeps the `keep` newest periodic checkpoints ("ckpt-<step>") under
+// `root` (ListCheckpoints order) and removes the older ones; others (named
+// saves, "final") are never removed. keep = 0 keeps every one. Internal on
+// an I/O error.
+absl::Status PruneCheckpoints(const std::string& root, int keep);
 
 }  // namespace dlrm::model

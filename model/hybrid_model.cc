@@ -7,10 +7,14 @@
 #include "model/hybrid_model.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 
@@ -25,6 +29,7 @@
 namespace dlrm::model {
 namespace {
 
+namespace fs = std::filesystem;
 using comm::DataType;
 
 using internal::Sized;
@@ -94,9 +99,9 @@ class OverlappedReduce {
 
 const char* HybridStageTimes::Name(int stage) {
   static const char* const kNames[] = {
-      "input_dist", "lookup",     "output_dist", "bottom_fwd",  "inter_fwd",
-      "top_fwd",    "loss",       "top_bwd",     "inter_bwd",   "bottom_bwd",
-      "bwd_dist",   "emb_update", "allreduce",   "dense_update"};
+      "input_dist", "lookup",     "output_dist", "bottom_fwd",   "inter_fwd",
+      "top_fwd",    "loss",       "top_bwd",     "inter_bwd",    "bottom_bwd",
+      "bwd_dist",   "emb_update", "allreduce",   "dense_update", "emb_prepare"};
   return kNames[stage];
 }
 
@@ -133,16 +138,6 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     const ModelConfig& config, const embedding::ShardingPlan& plan,
     comm::Communicator* comm, comm::Communicator* dense_comm) {
   RETURN_IF_ERROR(plan.Validate(config));
-  for (const TableConfig& t : config.tables()) {
-    // The RocksDB tier is wired into the single-process model only; better
-    // to refuse than to hold such a table in memory without saying so.
-    if (t.storage() != STORAGE_HOST) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table ", t.name(),
-          ": the RocksDB storage tier is not supported with several ranks "
-          "yet (docs/storage.md)"));
-    }
-  }
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,
@@ -169,25 +164,54 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     }
   }
   m->replica_.assign(config.tables_size(), -1);
-  for (const ShardRef& ref : m->owned_[m->rank_]) {
-    const TableConfig& t = config.tables(ref.table);
-    const embedding::Shard& s = m->ShardOf(ref);
-    const ShardingKind kind = plan.tables[ref.table].kind;
-    // A row-wise shard pools sums; the sample's rank adds the shards' sums
-    // and applies the mean itself (it alone knows whole bag lengths).
-    const Pooling pooling =
-        kind == SHARDING_ROW_WISE ? POOLING_SUM : t.pooling();
-    if (kind == SHARDING_DATA_PARALLEL) {
-      m->replica_[ref.table] = static_cast<int>(m->local_.size());
+  m->owned_rocksdb_.resize(m->world_);
+  for (int r = 0; r < m->world_; ++r) {
+    for (const ShardRef& ref : m->owned_[r]) {
+      if (m->OnRocksDb(ref.table)) m->owned_rocksdb_[r].push_back(ref);
     }
-    m->local_.push_back(
-        {ref.table,
-         ref.shard,
-         std::make_unique<embedding::EmbeddingTable>(
-             ref.table, s.row_count, s.col_count, pooling,
-             config.sparse_optimizer(), config.seed(),
-             embedding::TableSlice{t.rows(), s.row_begin, s.col_begin}),
-         {}});
+  }
+  for (int k = 0; k < config.tables_size(); ++k) {
+    m->any_rocksdb_ = m->any_rocksdb_ || m->OnRocksDb(k);
+  }
+  bool mine_on_rocksdb = false;
+  for (const ShardRef& ref : m->owned_[m->rank_]) {
+    const int j = static_cast<int>(m->local_.size());
+    m->all_locals_.push_back(j);
+    if (plan.tables[ref.table].kind == SHARDING_DATA_PARALLEL) {
+      m->replica_[ref.table] = j;
+    }
+    LocalShard ls;
+    ls.table = ref.table;
+    ls.shard = ref.shard;
+    if (m->OnRocksDb(ref.table)) {
+      // Its store comes below, once the database is open.
+      m->rocksdb_locals_.push_back(j);
+      mine_on_rocksdb = true;
+    } else {
+      auto host = std::make_unique<embedding::HostStore>(m->SpecOf(ref));
+      ls.host = &host->table();
+      ls.store = std::move(host);
+    }
+    m->local_.push_back(std::move(ls));
+  }
+  if (mine_on_rocksdb) {
+    const fs::path base =
+        fs::path(config.rocksdb().path()) / absl::StrCat("rank_", m->rank_);
+    std::error_code ec;
+    fs::create_directories(base, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat(
+          "cannot create rocksdb.path ", base.string(), ": ", ec.message()));
+    }
+    embedding::RocksDbStoreOptions db_options;
+    db_options.path = m->NewDatabaseDir();
+    db_options.block_cache_bytes = config.rocksdb().block_cache_bytes();
+    ASSIGN_OR_RETURN(m->row_db_, embedding::RowDatabase::Open(db_options));
+    m->row_db_dir_ = db_options.path;
+    ASSIGN_OR_RETURN(auto cached, m->CreateCachedStores(m->row_db_.get()));
+    for (const int j : m->rocksdb_locals_) {
+      m->local_[j].store = std::move(cached[j]);
+    }
   }
   m->dense_params_ = m->bottom_.Parameters("bottom_mlp");
   for (auto& p : m->top_.Parameters("top_mlp")) {
@@ -199,36 +223,184 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
   return m;
 }
 
+embedding::TableSpec HybridModel::SpecOf(const ShardRef& ref) const {
+  const TableConfig& t = config_.tables(ref.table);
+  const embedding::Shard& s = ShardOf(ref);
+  embedding::TableSpec spec;
+  spec.table_index = ref.table;
+  spec.rows = s.row_count;
+  spec.dim = s.col_count;
+  // A row-wise shard pools sums; the sample's rank adds the shards' sums
+  // and applies the mean itself (it alone knows whole bag lengths).
+  spec.pooling = plan_.tables[ref.table].kind == SHARDING_ROW_WISE
+                     ? POOLING_SUM
+                     : t.pooling();
+  spec.optimizer = config_.sparse_optimizer();
+  spec.seed = config_.seed();
+  spec.slice = embedding::TableSlice{t.rows(), s.row_begin, s.col_begin};
+  return spec;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
+HybridModel::CreateCachedStores(embedding::RowDatabase* db) const {
+  std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores(local_.size());
+  const RocksDbConfig& r = config_.rocksdb();
+  for (const int j : rocksdb_locals_) {
+    const ShardRef ref{local_[j].table, local_[j].shard};
+    const embedding::TableSpec spec = SpecOf(ref);
+    embedding::StoreOptions o;
+    o.kind = embedding::StoreKind::kRocksDbCache;
+    o.rocksdb.path = db->options().path;
+    // The budget applies per shard: cache_rows rows (a shard can receive
+    // every id of a batch), or cache_fraction of the rows the shard holds
+    // (so a table's caches together hold that fraction of it).
+    const int64_t rows =
+        r.cache_rows() > 0
+            ? r.cache_rows()
+            : static_cast<int64_t>(std::ceil(r.cache_fraction() *
+                                             static_cast<double>(spec.rows)));
+    o.rocksdb.cache_rows = std::clamp<int64_t>(rows, 1, spec.rows);
+    o.rocksdb.eviction = r.eviction() == RocksDbConfig::LFU
+                             ? embedding::EvictionPolicy::kLfu
+                             : embedding::EvictionPolicy::kLru;
+    o.rocksdb.block_cache_bytes = r.block_cache_bytes();
+    ASSIGN_OR_RETURN(stores[j], embedding::CreateEmbeddingStore(spec, o, db));
+  }
+  return stores;
+}
+
+std::string HybridModel::NewDatabaseDir() const {
+  // Unique per rank, process and call: ranks on one host, several models in
+  // one process and a restore next to the live database never share one.
+  static std::atomic<int64_t> counter{0};
+  const fs::path base =
+      fs::path(config_.rocksdb().path()) / absl::StrCat("rank_", rank_);
+  while (true) {
+    const fs::path dir =
+        base / absl::StrCat("rows-", ::getpid(), "-", counter++);
+    if (!fs::exists(dir)) return dir.string();
+  }
+}
+
+HybridModel::~HybridModel() {
+  local_.clear();
+  if (row_db_ != nullptr) {
+    row_db_.reset();
+    std::error_code ec;
+    fs::remove_all(row_db_dir_, ec);
+  }
+}
+
+HybridModel::StagedRows::~StagedRows() {
+  stores.clear();
+  if (db != nullptr) {
+    db.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+}
+
 std::vector<HybridModel::ShardState> HybridModel::LocalShards() {
   std::vector<ShardState> out;
   out.reserve(local_.size());
   for (LocalShard& s : local_) {
-    out.push_back({s.table, s.shard, s.storage.get()});
+    out.push_back({s.table, s.shard, s.host, s.store.get()});
   }
   return out;
 }
 
-absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch) {
-  absl::Status status;
-  if (batch.size > 0) {
-    std::vector<int64_t> rows;
-    for (const auto& t : config_.tables()) rows.push_back(t.rows());
-    status = batch.Validate(config_.num_dense_features(), rows);
-  } else if (batch.size < 0 ||
-             static_cast<int>(batch.sparse.size()) != config_.tables_size()) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "batch: size ", batch.size, " with ", batch.sparse.size(),
-        " sparse features (the model has ", config_.tables_size(), ")"));
+embedding::StoreMetrics HybridModel::RocksDbMetrics() const {
+  embedding::StoreMetrics total;
+  for (const int j : rocksdb_locals_) {
+    const embedding::StoreMetrics m = local_[j].store->metrics();
+    total.hits += m.hits;
+    total.misses += m.misses;
+    total.prefetch_hits += m.prefetch_hits;
+    total.evictions += m.evictions;
+    total.rows_read += m.rows_read;
+    total.rows_initialized += m.rows_initialized;
+    total.rows_written += m.rows_written;
+    total.bytes_read += m.bytes_read;
+    total.bytes_written += m.bytes_written;
   }
-  // One exchange settles both the sizes and the verdict.
-  const int64_t mine[2] = {status.ok() ? batch.size : 0, status.ok() ? 0 : 1};
-  std::vector<int64_t> all(2 * world_);
-  RETURN_IF_ERROR(comm_->AllGather(mine, 2, all.data(), DataType::kInt64));
+  return total;
+}
+
+absl::Status HybridModel::CheckpointRows(const std::string& dir) {
+  if (row_db_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CheckpointRows: rank ", rank_, " holds no shard on RocksDB"));
+  }
+  for (const int j : rocksdb_locals_) {
+    RETURN_IF_ERROR(local_[j].store->Flush());
+  }
+  return row_db_->Checkpoint(dir);
+}
+
+absl::StatusOr<std::unique_ptr<HybridModel::StagedRows>> HybridModel::StageRows(
+    const std::string& dir) {
+  if (row_db_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("StageRows: rank ", rank_, " holds no shard on RocksDB"));
+  }
+  auto staged = std::make_unique<StagedRows>();
+  embedding::RocksDbStoreOptions options = row_db_->options();
+  options.path = NewDatabaseDir();
+  auto db = embedding::RowDatabase::RestoreCheckpoint(dir, options);
+  if (!db.ok()) {
+    std::error_code ec;
+    fs::remove_all(options.path, ec);
+    return db.status();
+  }
+  staged->db = *std::move(db);
+  staged->dir = options.path;
+  // On error the staged copy (and its directory) goes away with `staged`.
+  ASSIGN_OR_RETURN(staged->stores, CreateCachedStores(staged->db.get()));
+  return staged;
+}
+
+void HybridModel::SwapInRows(std::unique_ptr<StagedRows> staged) {
+  for (const int j : rocksdb_locals_) {
+    local_[j].store = std::move(staged->stores[j]);
+    local_[j].prepared = nullptr;
+  }
+  staged->stores.clear();
+  std::swap(row_db_, staged->db);
+  std::swap(row_db_dir_, staged->dir);
+  // `staged` now holds the old database: dropping it removes it.
+}
+
+absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch,
+                                       const data::Batch* next) {
+  std::vector<int64_t> rows;
+  for (const auto& t : config_.tables()) rows.push_back(t.rows());
+  auto validate = [&](const data::Batch& b) -> absl::Status {
+    if (b.size > 0) return b.Validate(config_.num_dense_features(), rows);
+    if (b.size < 0 ||
+        static_cast<int>(b.sparse.size()) != config_.tables_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch: size ", b.size, " with ", b.sparse.size(),
+          " sparse features (the model has ", config_.tables_size(), ")"));
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = validate(batch);
+  // The next batch only steers a prefetch: a bad one is simply left out
+  // (its own step rejects it).
+  const int64_t next_size =
+      next != nullptr && any_rocksdb_ && validate(*next).ok() ? next->size : 0;
+  // One exchange settles the sizes, the verdict and the prefetch.
+  const int64_t mine[3] = {status.ok() ? batch.size : 0, status.ok() ? 0 : 1,
+                           next_size};
+  std::vector<int64_t> all(3 * world_);
+  RETURN_IF_ERROR(comm_->AllGather(mine, 3, all.data(), DataType::kInt64));
   sizes_.assign(world_, 0);
+  next_sizes_.assign(world_, 0);
   int bad_rank = -1;
   for (int r = 0; r < world_; ++r) {
-    sizes_[r] = all[2 * r];
-    if (all[2 * r + 1] != 0 && bad_rank < 0) bad_rank = r;
+    sizes_[r] = all[3 * r];
+    next_sizes_[r] = all[3 * r + 2];
+    if (all[3 * r + 1] != 0 && bad_rank < 0) bad_rank = r;
   }
   RETURN_IF_ERROR(status);
   if (bad_rank >= 0) {
@@ -243,26 +415,29 @@ absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch) {
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::EmbedForward(const data::Batch& batch,
-                                       HybridStageTimes* times) {
-  StageClock clock(times);
+absl::Status HybridModel::DistributeIds(
+    const data::Batch& batch, const std::vector<int64_t>& sizes,
+    const std::vector<std::vector<ShardRef>>& owned,
+    const std::vector<int>& locals,
+    const std::vector<data::SparseFeature*>& out_features,
+    HybridStageTimes* times) {
   const int64_t n = batch.size;
-  const std::vector<ShardRef>& mine = owned_[rank_];
+  const std::vector<ShardRef>& mine = owned[rank_];
 
-  // Input dist, part 1: bag lengths (row-wise: the ids in the shard's rows).
+  // Part 1: bag lengths (row-wise: the ids in the shard's rows).
   std::vector<int64_t> len_send(world_), len_recv(world_);
   for (int o = 0; o < world_; ++o) {
-    len_send[o] = static_cast<int64_t>(owned_[o].size()) * n;
+    len_send[o] = static_cast<int64_t>(owned[o].size()) * n;
   }
   for (int r = 0; r < world_; ++r) {
-    len_recv[r] = static_cast<int64_t>(mine.size()) * sizes_[r];
+    len_recv[r] = static_cast<int64_t>(mine.size()) * sizes[r];
   }
   const std::vector<int64_t> len_send_at = Prefix(len_send);
   int64_t* lengths = Sized(send_i64_, len_send_at[world_]);
   std::vector<int64_t> id_send(world_, 0);
   for (int o = 0; o < world_; ++o) {
     int64_t* out = lengths + len_send_at[o];
-    for (const ShardRef& ref : owned_[o]) {
+    for (const ShardRef& ref : owned[o]) {
       const data::SparseFeature& f = batch.sparse[ref.table];
       const embedding::Shard& s = ShardOf(ref);
       const bool row_wise = plan_.tables[ref.table].kind == SHARDING_ROW_WISE;
@@ -286,7 +461,7 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   times->bytes_sent[HybridStageTimes::kLengths] +=
       BytesToOthers(len_send, rank_, 8);
 
-  // Input dist, part 2: the ids (row-wise: shard-local).
+  // Part 2: the ids (row-wise: shard-local).
   std::vector<int64_t> id_recv(world_, 0);
   for (int r = 0; r < world_; ++r) {
     for (int64_t i = 0; i < len_recv[r]; ++i) {
@@ -298,7 +473,7 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   int64_t* ids = Sized(send_ids_, id_send_at[world_]);
   for (int o = 0; o < world_; ++o) {
     int64_t* out = ids + id_send_at[o];
-    for (const ShardRef& ref : owned_[o]) {
+    for (const ShardRef& ref : owned[o]) {
       const data::SparseFeature& f = batch.sparse[ref.table];
       const embedding::Shard& s = ShardOf(ref);
       if (plan_.tables[ref.table].kind == SHARDING_ROW_WISE) {
@@ -316,26 +491,105 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   times->bytes_sent[HybridStageTimes::kIds] += BytesToOthers(id_send, rank_, 8);
 
   // Each local shard's bags for the whole global batch, in global order.
-  for (LocalShard& ls : local_) {
-    ls.global_ids.offsets.assign(1, 0);
-    ls.global_ids.ids.clear();
+  for (data::SparseFeature* g : out_features) {
+    g->offsets.assign(1, 0);
+    g->ids.clear();
   }
   for (int r = 0; r < world_; ++r) {
     const int64_t* rl = rlengths + len_recv_at[r];
     const int64_t* ri = rids + id_recv_at[r];
-    for (LocalShard& ls : local_) {
-      data::SparseFeature& g = ls.global_ids;
+    for (size_t i = 0; i < locals.size(); ++i) {
+      data::SparseFeature& g = *out_features[i];
       int64_t count = 0;
-      for (int64_t l = 0; l < sizes_[r]; ++l) {
+      for (int64_t l = 0; l < sizes[r]; ++l) {
         count += rl[l];
         g.offsets.push_back(g.offsets.back() + rl[l]);
       }
       g.ids.insert(g.ids.end(), ri, ri + count);
-      rl += sizes_[r];
+      rl += sizes[r];
       ri += count;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::PrepareShards() {
+  if (!any_rocksdb_) {
+    // Host stores return the ids themselves: nothing can fail, nothing to
+    // agree on, no collective.
+    for (LocalShard& ls : local_) {
+      ASSIGN_OR_RETURN(ls.prepared, ls.store->Prepare(ls.global_ids));
+    }
+    return absl::OkStatus();
+  }
+  // Shards on RocksDB read independently (the database is thread-safe,
+  // each store has one caller).
+  const int num_local = static_cast<int>(local_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < num_local; ++j) {
+    LocalShard& ls = local_[j];
+    absl::StatusOr<const data::SparseFeature*> p =
+        ls.store->Prepare(ls.global_ids);
+    ls.prepared = p.ok() ? *p : nullptr;
+    ls.status = p.status();
+  }
+  absl::Status local;
+  for (const LocalShard& ls : local_) {
+    if (!ls.status.ok()) {
+      const embedding::Shard& s = plan_.tables[ls.table].shards[ls.shard];
+      local = absl::Status(
+          ls.status.code(),
+          absl::StrCat("rank ", rank_, ", table ",
+                       config_.tables(ls.table).name(), " shard ", ls.shard,
+                       " (rows ", s.row_begin, "-", s.row_begin + s.row_count,
+                       ", cols ", s.col_begin, "-", s.col_begin + s.col_count,
+                       "): ", ls.status.message()));
+      break;
+    }
+  }
+  // The ids reach a shard only through the input dist, so no rank can
+  // refuse before the exchange; every rank learns here, before anything
+  // changes, whether all shards are ready.
+  return AgreeOnStatus(local);
+}
+
+absl::Status HybridModel::AgreeOnStatus(const absl::Status& local) {
+  // Word 0: the status code; then the start of the message.
+  constexpr int kWords = 32;
+  constexpr size_t kText = (kWords - 1) * sizeof(int64_t);
+  int64_t mine[kWords] = {};
+  mine[0] = static_cast<int64_t>(local.code());
+  const size_t len = std::min(kText, local.message().size());
+  std::memcpy(&mine[1], local.message().data(), len);
+  std::vector<int64_t> all(static_cast<size_t>(kWords) * world_);
+  RETURN_IF_ERROR(comm_->AllGather(mine, kWords, all.data(), DataType::kInt64));
+  if (!local.ok()) return local;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t* theirs = &all[static_cast<size_t>(kWords) * r];
+    if (theirs[0] == 0) continue;
+    const char* text = reinterpret_cast<const char*>(&theirs[1]);
+    return absl::Status(static_cast<absl::StatusCode>(theirs[0]),
+                        absl::StrCat("batch refused by rank ", r, ": ",
+                                     std::string(text, strnlen(text, kText))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::EmbedForward(const data::Batch& batch,
+                                       HybridStageTimes* times) {
+  StageClock clock(times);
+  const int64_t n = batch.size;
+
+  std::vector<data::SparseFeature*> out_features;
+  for (LocalShard& ls : local_) out_features.push_back(&ls.global_ids);
+  RETURN_IF_ERROR(
+      DistributeIds(batch, sizes_, owned_, all_locals_, out_features, times));
   clock.Mark(HybridStageTimes::kInputDist);
+
+  // Before anything changes: a batch that does not fit a shard's cache on
+  // any rank is refused on every rank.
+  RETURN_IF_ERROR(PrepareShards());
+  clock.Mark(HybridStageTimes::kPrepare);
 
   // Lookup: each model-parallel shard pools the global batch, straight into
   // the output-dist send buffer (rank by rank, shard by shard).
@@ -343,7 +597,7 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   for (int r = 0; r < world_; ++r) {
     for (const LocalShard& ls : local_) {
       if (!IsDataParallel(ls.table)) {
-        out_send[r] += sizes_[r] * ls.storage->dim();
+        out_send[r] += sizes_[r] * ls.store->spec().dim;
       }
     }
   }
@@ -362,30 +616,20 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   for (int j = 0; j < num_local; ++j) {
     col_at[j + 1] =
         col_at[j] +
-        (IsDataParallel(local_[j].table) ? 0 : local_[j].storage->dim());
+        (IsDataParallel(local_[j].table) ? 0 : local_[j].store->spec().dim);
   }
-  // Each rank's block is [its samples x all model-parallel columns], so a
-  // shard's pooled rows land at stride col_at[num_local].
+  // Rank r's block is [its samples x all model-parallel columns] and starts
+  // at starts_[r] x stride, so pooling the global batch at that stride puts
+  // every sample's vector in its rank's block.
   const int64_t stride = col_at[num_local];
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
-    if (IsDataParallel(local_[j].table)) continue;
-    // Pool rank by rank: a sub-feature per rank keeps the rows contiguous.
-    const data::SparseFeature& g = local_[j].global_ids;
-    data::SparseFeature part;
-    for (int r = 0; r < world_; ++r) {
-      if (sizes_[r] == 0) continue;
-      const int64_t first = g.offsets[starts_[r]];
-      part.offsets.resize(sizes_[r] + 1);
-      for (int64_t l = 0; l <= sizes_[r]; ++l) {
-        part.offsets[l] = g.offsets[starts_[r] + l] - first;
-      }
-      part.ids.assign(g.ids.begin() + first,
-                      g.ids.begin() + g.offsets[starts_[r + 1]]);
-      local_[j].storage->Forward(part, send + out_send_at[r] + col_at[j],
-                                 stride);
-    }
+    LocalShard& ls = local_[j];
+    ls.status = IsDataParallel(ls.table)
+                    ? absl::OkStatus()
+                    : ls.store->Forward(*ls.prepared, send + col_at[j], stride);
   }
+  for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
   clock.Mark(HybridStageTimes::kLookup);
 
   float* recv = Sized(recv_f_, out_recv_at[world_]);
@@ -439,17 +683,51 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
         for (int c = 0; c < dim; ++c) v[c] *= scale;
       }
     } else if (replica_[k] >= 0 && n > 0) {
-      local_[replica_[k]].storage->Forward(batch.sparse[k],
-                                           t + table_offset_[k], t_width_);
+      LocalShard& ls = local_[replica_[k]];
+      if (ls.host != nullptr) {
+        // In host memory: pool the local bags straight from the batch.
+        ls.host->Forward(batch.sparse[k], t + table_offset_[k], t_width_);
+        continue;
+      }
+      // On RocksDB the store pools only the batch it prepared (the global
+      // one, which the update needs): pool it all, keep this rank's rows.
+      const int dim = config_.tables(k).dim();
+      float* all = Sized(replica_out_, global_size_ * dim);
+      RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
+      for (int64_t l = 0; l < n; ++l) {
+        std::memcpy(t + l * t_width_ + table_offset_[k],
+                    all + (starts_[rank_] + l) * dim, sizeof(float) * dim);
+      }
     }
   }
   clock.Mark(HybridStageTimes::kOutputDist);
   return absl::OkStatus();
 }
 
+absl::Status HybridModel::PrefetchNext(const data::Batch* next,
+                                       HybridStageTimes* times) {
+  std::vector<data::SparseFeature*> out_features;
+  for (const int j : rocksdb_locals_) {
+    out_features.push_back(&local_[j].next_ids);
+  }
+  // A rank whose next batch was left out contributes no samples.
+  data::Batch none;
+  const data::Batch* mine = next;
+  if (next_sizes_[rank_] == 0) {
+    none.Reset(config_.num_dense_features(), config_.tables_size());
+    mine = &none;
+  }
+  RETURN_IF_ERROR(DistributeIds(*mine, next_sizes_, owned_rocksdb_,
+                                rocksdb_locals_, out_features, times));
+  for (const int j : rocksdb_locals_) {
+    RETURN_IF_ERROR(local_[j].store->Prefetch(local_[j].next_ids));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
-    const data::Batch& batch) {
-  RETURN_IF_ERROR(AgreeOnBatch(batch));
+    const data::Batch& batch, const data::Batch* next) {
+  RETURN_IF_ERROR(AgreeOnBatch(batch, next));
   HybridStepResult result;
   result.global_samples = global_size_;
   HybridStageTimes& times = result.times;
@@ -458,6 +736,14 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
 
   RETURN_IF_ERROR(EmbedForward(batch, &times));
   StageClock clock(&times);
+  // The next batch's rows load in the background while this step computes
+  // (every rank takes this branch or none: next_sizes_ is agreed).
+  int64_t next_total = 0;
+  for (const int64_t s : next_sizes_) next_total += s;
+  if (next_total > 0) {
+    RETURN_IF_ERROR(PrefetchNext(next, &times));
+    clock.Mark(HybridStageTimes::kPrepare);
+  }
   const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
   float* t = t_.data();
   for (int64_t l = 0; l < n; ++l) {
@@ -521,7 +807,7 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   }
   for (int r = 0; r < world_; ++r) {
     for (const LocalShard& ls : local_) {
-      g_recv[r] += sizes_[r] * ls.storage->dim();
+      g_recv[r] += sizes_[r] * ls.store->spec().dim;
     }
   }
   const std::vector<int64_t> g_send_at = Prefix(g_send);
@@ -559,23 +845,26 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   const int num_local = static_cast<int>(local_.size());
   std::vector<int64_t> grad_at(num_local + 1, 0);
   for (int j = 0; j < num_local; ++j) {
-    grad_at[j + 1] = grad_at[j] + global_size_ * local_[j].storage->dim();
+    grad_at[j + 1] = grad_at[j] + global_size_ * local_[j].store->spec().dim;
   }
   float* grads = Sized(pooled_, grad_at[num_local]);
   for (int r = 0; r < world_; ++r) {
     const float* in = recv + g_recv_at[r];
     for (int j = 0; j < num_local; ++j) {
-      const int64_t count = sizes_[r] * local_[j].storage->dim();
-      std::memcpy(grads + grad_at[j] + starts_[r] * local_[j].storage->dim(),
-                  in, sizeof(float) * count);
+      const int dim = local_[j].store->spec().dim;
+      const int64_t count = sizes_[r] * dim;
+      std::memcpy(grads + grad_at[j] + starts_[r] * dim, in,
+                  sizeof(float) * count);
       in += count;
     }
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
-    local_[j].storage->BackwardUpdate(local_[j].global_ids, grads + grad_at[j],
-                                      local_[j].storage->dim());
+    LocalShard& ls = local_[j];
+    ls.status = ls.store->BackwardUpdate(*ls.prepared, grads + grad_at[j],
+                                         ls.store->spec().dim);
   }
+  for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
   clock.Mark(HybridStageTimes::kEmbeddingUpdate);
 
   // Dense gradients and the loss sum: the top bucket (and the loss) may
@@ -625,7 +914,7 @@ int64_t HybridModel::DenseBytes() const {
 
 absl::Status HybridModel::Predict(const data::Batch& batch,
                                   std::vector<float>* probs) {
-  RETURN_IF_ERROR(AgreeOnBatch(batch));
+  RETURN_IF_ERROR(AgreeOnBatch(batch, nullptr));
   HybridStageTimes times;
   RETURN_IF_ERROR(EmbedForward(batch, &times));
   const int64_t n = batch.size;
@@ -647,28 +936,40 @@ absl::Status HybridModel::GatherTable(int k, std::vector<float>* table) {
   const TableConfig& t = config_.tables(k);
   const int dim = t.dim();
   table->assign(static_cast<size_t>(t.rows()) * dim, 0.0f);
-  if (replica_[k] >= 0) {
-    const float* w = local_[replica_[k]].storage->weights();
-    std::copy(w, w + table->size(), table->begin());
-    return absl::OkStatus();
-  }
-  // Every other rank contributes zeros: the sum is exact.
-  for (const LocalShard& ls : local_) {
+  std::vector<float> record;
+  // Every other rank contributes zeros: the sum is exact. A replica is
+  // whole on every rank: no exchange.
+  absl::Status local;
+  for (LocalShard& ls : local_) {
     if (ls.table != k) continue;
     const embedding::Shard& s = plan_.tables[k].shards[ls.shard];
-    const float* w = ls.storage->weights();
-    for (int64_t r = 0; r < s.row_count; ++r) {
+    if (ls.host != nullptr) {
+      const float* w = ls.host->weights();
+      for (int64_t r = 0; r < s.row_count; ++r) {
+        std::memcpy(table->data() + (s.row_begin + r) * dim + s.col_begin,
+                    w + r * s.col_count, sizeof(float) * s.col_count);
+      }
+      continue;
+    }
+    const embedding::TableSpec& spec = ls.store->spec();
+    record.resize(spec.dim +
+                  embedding::StateFloatsPerRow(spec.optimizer, spec.dim));
+    for (int64_t r = 0; r < s.row_count && local.ok(); ++r) {
+      local = ls.store->ReadRow(r, record.data());
       std::memcpy(table->data() + (s.row_begin + r) * dim + s.col_begin,
-                  w + r * s.col_count, sizeof(float) * s.col_count);
+                  record.data(), sizeof(float) * s.col_count);
     }
   }
-  return comm_->AllReduceSum(table->data(), static_cast<int64_t>(table->size()),
-                             DataType::kFloat32);
+  if (replica_[k] >= 0) return local;
+  RETURN_IF_ERROR(comm_->AllReduceSum(
+      table->data(), static_cast<int64_t>(table->size()), DataType::kFloat32));
+  return local;
 }
 
 std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
     const ModelConfig& c, const embedding::ShardingPlan& plan,
-    const data::Batch& local, const std::vector<int64_t>& sizes, int rank) {
+    const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
+    const data::Batch* next) {
   std::array<int64_t, HybridStageTimes::kNumExchanges> b{};
   const int world = plan.world_size;
   const int64_t n = local.size;
@@ -676,6 +977,16 @@ std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
     const auto& p = plan.tables[k];
     for (const embedding::Shard& s : p.shards) {
       const bool mp = p.kind != SHARDING_DATA_PARALLEL;
+      if (s.rank != rank && next != nullptr &&
+          c.tables(k).storage() == STORAGE_ROCKSDB) {
+        // The prefetch: the next batch's lengths and ids, RocksDB shards
+        // only.
+        b[HybridStageTimes::kLengths] += 8 * next->size;
+        for (int64_t id : next->sparse[k].ids) {
+          b[HybridStageTimes::kIds] +=
+              id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
+        }
+      }
       if (s.rank != rank) {
         b[HybridStageTimes::kLengths] += 8 * n;
         for (int64_t id : local.sparse[k].ids) {

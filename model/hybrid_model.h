@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,7 +16,9 @@
 #include "dense/linear.h"
 #include "dense/optimizer.h"
 #include "dlrm/config.pb.h"
+#include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
+#include "embedding/rocksdb_store.h"
 #include "embedding/sharding.h"
 
 namespace dlrm::model {
@@ -38,6 +41,9 @@ struct HybridStageTimes {
     kEmbeddingUpdate,  // fused sparse backward + optimizer on the shards
     kAllReduce,        // dense gradients (and the loss)
     kDenseUpdate,
+    // Making the shards' rows resident (RocksDB tier; ~0 in host memory),
+    // agreeing on it, and the next batch's ids and prefetch.
+    kPrepare,
     kNumStages
   };
   static const char* Name(int stage);
@@ -61,11 +67,20 @@ struct HybridStepResult {
 // tables. Every rank calls TrainStep / Predict together with its own local
 // batch (any sizes, 0 included). Not thread-safe.
 //
+// Every shard (and replica) is an EmbeddingStore: a HostStore for
+// STORAGE_HOST tables, a RocksDbCachedStore for STORAGE_ROCKSDB tables, all
+// of them on one RowDatabase per rank, a fresh database in a new directory
+// under <config.rocksdb.path>/rank_<r> that the model removes when it is
+// destroyed (scratch: durability comes from checkpoints). Each shard's cache
+// holds cache_fraction of the shard's rows, or cache_rows rows (at most the
+// shard's rows) when cache_rows is set (docs/hybrid.md "Tables on RocksDB").
+//
 // Equivalence: R ranks and one rank with the concatenated global batch take
 // the same step up to float summation order: dense gradients are summed per
 // rank and then across ranks, and row-wise shards' partial pools are summed
 // shard by shard. Table-wise, column-wise and data-parallel tables pool and
-// update with exactly the single-rank arithmetic.
+// update with exactly the single-rank arithmetic. A table on RocksDB trains
+// bitwise like the same table in host memory.
 class HybridModel {
  public:
   // `config` normalised; `plan` valid for it with plan.world_size ==
@@ -73,24 +88,44 @@ class HybridModel {
   // With `dense_comm` (a second communicator over the same ranks, also
   // borrowed), dense gradients are all-reduced in two buckets on a
   // background thread, overlapped with the rest of the backward pass.
-  // Initial weights equal DlrmModel::Create(config)'s.
+  // Initial weights equal DlrmModel::Create(config)'s. Opening this rank's
+  // database fails with RocksDB's error when its directory cannot be made.
   static absl::StatusOr<std::unique_ptr<HybridModel>> Create(
       const ModelConfig& config, const embedding::ShardingPlan& plan,
       comm::Communicator* comm, comm::Communicator* dense_comm = nullptr);
 
+  // Closes the stores and the database, then removes the database's
+  // directory.
+  ~HybridModel();
+  HybridModel(const HybridModel&) = delete;
+  HybridModel& operator=(const HybridModel&) = delete;
+
   // One training step on the global batch made of every rank's local batch
   // (in rank order). InvalidArgument (naming field and sample) when any
-  // rank's batch is bad; then no rank changes its model. Other errors come
-  // from the communicator and leave the job unusable.
-  absl::StatusOr<HybridStepResult> TrainStep(const data::Batch& local_batch);
+  // rank's batch is bad; ResourceExhausted when a shard on RocksDB gets
+  // more unique ids than its cache holds (on any rank: the ranks agree
+  // before anything changes, and the error names the rank). Then no rank
+  // changes its model. Other errors come from the communicator (or RocksDB)
+  // and leave the job unusable.
+  //
+  // `next_local`, if not null, is this rank's part of the batch the ranks
+  // will train on next: its ids are sent to the shards on RocksDB (one more
+  // all-to-all of lengths and ids, counted in the lengths and ids
+  // exchanges), which start reading their missing rows in the background.
+  // Ranks may differ in whether they pass one (a rank without one, or with
+  // an invalid one, contributes no samples to the prefetch).
+  absl::StatusOr<HybridStepResult> TrainStep(
+      const data::Batch& local_batch, const data::Batch* next_local = nullptr);
 
   // Click probabilities of this rank's local samples. Collective; does not
-  // change the model.
+  // change the model (a shard on RocksDB may load rows into its cache,
+  // never marking them dirty). ResourceExhausted as TrainStep.
   absl::Status Predict(const data::Batch& local_batch,
                        std::vector<float>* probs);
 
   // Collective: every rank receives table k whole (rows x dim, row-major),
-  // assembled from the shards. For tests, checkpoints and export.
+  // assembled from the shards (rows on RocksDB read through their store).
+  // For tests, checkpoints and export.
   absl::Status GatherTable(int k, std::vector<float>* table);
 
   const ModelConfig& config() const { return config_; }
@@ -100,11 +135,14 @@ class HybridModel {
   void set_steps(int64_t steps) { steps_ = steps; }
 
   // A shard this rank holds, for checkpoints: the plan's table and shard
-  // index and its storage (valid while the model lives).
+  // index, its store, and its rows in host memory when the table is
+  // STORAGE_HOST (null on RocksDB: read its rows through `store`, and
+  // checkpoint them with CheckpointRows).
   struct ShardState {
     int table;
     int shard;
     embedding::EmbeddingTable* storage;
+    embedding::EmbeddingStore* store;
   };
   // This rank's shards (data-parallel replicas included), in table then
   // shard order.
@@ -117,14 +155,55 @@ class HybridModel {
   dense::Mlp& bottom() { return bottom_; }
   dense::Mlp& top() { return top_; }
 
+  // Whether this rank holds a shard (or replica) of a STORAGE_ROCKSDB table.
+  bool HasRocksDbShards() const { return row_db_ != nullptr; }
+  // Cache counters summed over this rank's shards on RocksDB.
+  embedding::StoreMetrics RocksDbMetrics() const;
+
+  // This rank only: flushes its shards on RocksDB and writes a checkpoint
+  // of its database (rows, optimizer state, step counters) to `dir`, which
+  // must not exist (AlreadyExists). FailedPrecondition without such shards.
+  absl::Status CheckpointRows(const std::string& dir);
+
+  // A copy of a CheckpointRows checkpoint, opened in a fresh database with
+  // this rank's stores on it, not yet in use; dropping it removes the copy.
+  struct StagedRows {
+    StagedRows() = default;
+    StagedRows(const StagedRows&) = delete;
+    StagedRows& operator=(const StagedRows&) = delete;
+    ~StagedRows();
+
+    // Declared before the stores so that it outlives them.
+    std::unique_ptr<embedding::RowDatabase> db;
+    std::string dir;
+    // By local shard (LocalShards() order); null for host-memory shards.
+    std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores;
+  };
+  // This rank only, in two steps so that ranks can agree in between: opens
+  // a copy of the checkpoint in `dir` (made by CheckpointRows) without
+  // changing the model; NotFound when `dir` is not a directory,
+  // FailedPrecondition without shards on RocksDB.
+  absl::StatusOr<std::unique_ptr<StagedRows>> StageRows(const std::string& dir);
+  // Replaces the rows of every shard on RocksDB with the staged ones and
+  // removes the old database. Cannot fail.
+  void SwapInRows(std::unique_ptr<StagedRows> staged);
+
  private:
-  // A shard this rank holds: the plan's shard index, and its table.
+  // A shard this rank holds: the plan's shard index, and its rows.
   struct LocalShard {
     int table;
     int shard;
-    std::unique_ptr<embedding::EmbeddingTable> storage;
-    // Ids of the global batch routed to this shard (row-wise: shard-local).
+    std::unique_ptr<embedding::EmbeddingStore> store;
+    // The rows in host memory (STORAGE_HOST), else null.
+    embedding::EmbeddingTable* host = nullptr;
+    // Ids of the global batch routed to this shard (row-wise: shard-local),
+    // and what the store's Prepare made of them (valid until the next
+    // Prepare).
     data::SparseFeature global_ids;
+    const data::SparseFeature* prepared = nullptr;
+    // Ids of the next global batch (prefetch; RocksDB shards only).
+    data::SparseFeature next_ids;
+    absl::Status status;  // scratch of parallel loops
   };
   // A shard as every rank sees it: which table, which shard of it.
   struct ShardRef {
@@ -141,17 +220,49 @@ class HybridModel {
   bool IsDataParallel(int table) const {
     return plan_.tables[table].kind == SHARDING_DATA_PARALLEL;
   }
-  // Validates the local batch and agrees with every rank on the verdict.
-  absl::Status AgreeOnBatch(const data::Batch& batch);
+  bool OnRocksDb(int table) const {
+    return config_.tables(table).storage() == STORAGE_ROCKSDB;
+  }
+  // What shard `ref`'s store holds (row-wise shards pool sums).
+  embedding::TableSpec SpecOf(const ShardRef& ref) const;
+  // Validates the local batch (and `next`, if any) and agrees with every
+  // rank on the verdict, the local sizes and the next batch's local sizes
+  // (next_sizes_: 0 where a rank has no valid next batch).
+  absl::Status AgreeOnBatch(const data::Batch& batch, const data::Batch* next);
+  // Input dist of `batch` (ranks' local sizes `sizes`) to the shards of
+  // `owned` (owned[r]: the shards of rank r taking part, in layout order):
+  // fills *out[i] with the global batch's ids of local shard locals[i].
+  absl::Status DistributeIds(const data::Batch& batch,
+                             const std::vector<int64_t>& sizes,
+                             const std::vector<std::vector<ShardRef>>& owned,
+                             const std::vector<int>& locals,
+                             const std::vector<data::SparseFeature*>& out,
+                             HybridStageTimes* times);
+  // Prepares every local shard's global ids; with tables on RocksDB, every
+  // rank learns whether all ranks succeeded, and all fail together.
+  absl::Status PrepareShards();
+  // All-gathers `local`'s code and the start of its message; returns
+  // `local`'s error, else the first failing rank's (named), else OK.
+  absl::Status AgreeOnStatus(const absl::Status& local);
   // All-reduces the gradients of dense_params_[begin, end) (and *loss_sum
   // when not null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, size_t begin, size_t end,
                             double* loss_sum);
   // Bytes of the dense all-reduce: every gradient and the loss.
   int64_t DenseBytes() const;
-  // Input dist, lookup and output dist; fills t_ for the local batch and
-  // leaves the shards' global_ids in place for the backward.
+  // Input dist, prepare, lookup and output dist; fills t_ for the local
+  // batch and leaves the shards' prepared ids in place for the backward.
   absl::Status EmbedForward(const data::Batch& batch, HybridStageTimes* times);
+  // Sends the next batch's ids to the shards on RocksDB and starts their
+  // prefetch (TrainStep with a next batch on some rank; `next` may be null
+  // on this one, which then sends no samples).
+  absl::Status PrefetchNext(const data::Batch* next, HybridStageTimes* times);
+  // The stores of this rank's shards on RocksDB over `db` (null entries for
+  // host shards), in local_ order.
+  absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
+  CreateCachedStores(embedding::RowDatabase* db) const;
+  // A new, not yet existing directory for this rank's database.
+  std::string NewDatabaseDir() const;
 
   ModelConfig config_;
   embedding::ShardingPlan plan_;
@@ -170,28 +281,44 @@ class HybridModel {
   std::unique_ptr<dense::DenseOptimizer> dense_optimizer_;
   std::vector<dense::ParamRef> dense_params_;
 
+  // Whether any table of the model is on RocksDB (the same on every rank:
+  // it decides the extra collectives).
+  bool any_rocksdb_ = false;
+  // This rank's database (null without shards on RocksDB) and its
+  // directory; declared before local_ so that it outlives the stores.
+  std::unique_ptr<embedding::RowDatabase> row_db_;
+  std::string row_db_dir_;
+
   // owned_[r]: every shard rank r holds (model-parallel and data-parallel
   // replicas), in table then shard order: the layout of every exchange.
   std::vector<std::vector<ShardRef>> owned_;
+  // The same restricted to tables on RocksDB: the prefetch's layout.
+  std::vector<std::vector<ShardRef>> owned_rocksdb_;
   std::vector<LocalShard> local_;  // this rank's, in owned_[rank_] order
+  // Indices into local_: all of them, and those on RocksDB.
+  std::vector<int> all_locals_, rocksdb_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
   int64_t steps_ = 0;
 
-  // Per step: every rank's local batch size and where its samples start.
-  std::vector<int64_t> sizes_, starts_;
+  // Per step: every rank's local batch size and where its samples start,
+  // and every rank's next batch size (prefetch).
+  std::vector<int64_t> sizes_, starts_, next_sizes_;
   int64_t global_size_ = 0;
   // Exchange and activation buffers, grown on demand.
   std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
   AlignedVector<float> send_f_, recv_f_, pooled_, t_, z_, dz_, dt_, dlogits_,
-      dbottom_, grad_flat_, grad_flat_top_;
+      dbottom_, grad_flat_, grad_flat_top_, replica_out_;
 };
 
 // docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one
 // training step, per exchange, for its `local` batch when the ranks' local
-// sizes are `sizes`. The step's HybridStageTimes::bytes_sent must equal it.
+// sizes are `sizes`; with `next` (this rank's next batch, passed to
+// TrainStep while some rank passed one), the prefetch's lengths and ids
+// too. The step's HybridStageTimes::bytes_sent must equal it.
 std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
     const ModelConfig& config, const embedding::ShardingPlan& plan,
-    const data::Batch& local, const std::vector<int64_t>& sizes, int rank);
+    const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
+    const data::Batch* next = nullptr);
 
 }  // namespace dlrm::model

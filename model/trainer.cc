@@ -2,6 +2,7 @@
 #include "model/trainer.h"
 
 #include <chrono>
+#include <utility>
 
 #include "core/status.h"
 
@@ -116,17 +117,27 @@ absl::StatusOr<TrainResult> Train(DlrmModel& model, data::BatchSource& train,
 
   bool done = false;
   int epoch = 0;
+  // The batch after the current one is read before the step, so cached
+  // tables load its rows while the step computes (DlrmModel::TrainStep).
+  data::Batch next;
   for (; epoch < options.epochs && !done; ++epoch) {
     if (epoch > 0) RETURN_IF_ERROR(train.Rewind());
-    while (true) {
+    ASSIGN_OR_RETURN(bool more, train.Next(options.batch_size, &batch));
+    more = more && batch.size > 0;
+    while (more) {
       if (options.max_steps > 0 && result.steps >= options.max_steps) {
         done = true;
         break;
       }
-      ASSIGN_OR_RETURN(bool more, train.Next(options.batch_size, &batch));
-      if (!more || batch.size == 0) break;
+      // No read past the last step max_steps allows.
+      bool has_next = false;
+      if (options.max_steps == 0 || result.steps + 1 < options.max_steps) {
+        ASSIGN_OR_RETURN(has_next, train.Next(options.batch_size, &next));
+        has_next = has_next && next.size > 0;
+      }
       const double t0 = Now();
-      ASSIGN_OR_RETURN(StepResult step, model.TrainStep(batch));
+      ASSIGN_OR_RETURN(StepResult step,
+                       model.TrainStep(batch, has_next ? &next : nullptr));
       const double dt = Now() - t0;
       ++result.steps;
       result.samples += step.samples;
@@ -147,6 +158,11 @@ absl::StatusOr<TrainResult> Train(DlrmModel& model, data::BatchSource& train,
           result.steps % options.eval_interval == 0) {
         RETURN_IF_ERROR(evaluate());
       }
+      std::swap(batch, next);
+      more = has_next;
+    }
+    if (options.max_steps > 0 && result.steps >= options.max_steps) {
+      done = true;
     }
   }
   report(epoch > 0 ? epoch - 1 : 0);

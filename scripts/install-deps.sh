@@ -13,7 +13,8 @@ packages=(
   libabsl-dev
   librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libdnnl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
+  clang-14 libclang-rt-14-dev
+  libdnnl-dev ocl-icd-opencl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml docker-compose
 )
 if [[ "${1:-}" == "--peers" ]]; then

@@ -27,7 +27,7 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", auth);
     return reactor;
   }
-  ModelSummary s = host_->Summary();
+  ModelSummary s = host_->Summary(request->include_weight_checksum());
   *response->mutable_config() = std::move(s.config);
   response->set_embedding_parameters(s.embedding_parameters);
   response->set_dense_parameters(s.dense_parameters);
@@ -38,6 +38,7 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
   }
   response->set_world_size(s.world_size);
   response->set_inference_only(s.inference_only);
+  response->set_weight_checksum(s.weight_checksum);
   FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", absl::OkStatus());
   return reactor;
 }

@@ -3,11 +3,14 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <httplib.h>
 
 #include <chrono>
 #include <limits>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +29,38 @@ std::string JoinHostPort(const std::string& host, int port) {
   }
   return absl::StrCat(host, ":", port);
 }
+
+// Counts the calls in progress: gRPC makes one interceptor per call and
+// deletes it when the call is over.
+class CallCounter : public grpc::experimental::Interceptor {
+ public:
+  explicit CallCounter(std::shared_ptr<std::atomic<int64_t>> count)
+      : count_(std::move(count)) {
+    count_->fetch_add(1);
+  }
+  ~CallCounter() override { count_->fetch_sub(1); }
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> count_;
+};
+
+class CallCounterFactory
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounterFactory(std::shared_ptr<std::atomic<int64_t>> count)
+      : count_(std::move(count)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo*) override {
+    return new CallCounter(count_);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> count_;
+};
 
 }  // namespace
 
@@ -62,6 +97,11 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "train_queue_depth = ", train_queue_depth, " must be >= 1"));
   }
+  if (!(train_idle_timeout_seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_idle_timeout_seconds = ", train_idle_timeout_seconds,
+        " must be >= 0"));
+  }
   PredictBatcherOptions batcher;
   batcher.max_batch_samples = predict_max_batch;
   batcher.max_wait_us = predict_max_wait_us;
@@ -86,7 +126,18 @@ absl::Status ServerOptions::Validate() const {
   }
   RETURN_IF_ERROR(tls.Validate());
   RETURN_IF_ERROR(auth.Validate());
+  RETURN_IF_ERROR(HostOptionsFrom(*this).Validate());
   return absl::OkStatus();
+}
+
+ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
+  ModelHostOptions o;
+  o.inference_only = options.inference_only;
+  o.checkpoint_dir = options.checkpoint_dir;
+  o.checkpoint_every_steps = options.checkpoint_every_steps;
+  o.checkpoint_every_seconds = options.checkpoint_every_seconds;
+  o.keep_checkpoints = options.keep_checkpoints;
+  return o;
 }
 
 DlrmServer::DlrmServer(ServerOptions options) : options_(std::move(options)) {}
@@ -96,10 +147,9 @@ DlrmServer::~DlrmServer() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
     std::unique_ptr<model::DlrmModel> model, ServerOptions options) {
   RETURN_IF_ERROR(options.Validate());
-  ModelHostOptions host_options;
-  host_options.inference_only = options.inference_only;
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelHost> host,
-                   ModelHost::Create(std::move(model), host_options));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelHost> host,
+      ModelHost::Create(std::move(model), HostOptionsFrom(options)));
   return Start(std::move(host), std::move(options));
 }
 
@@ -126,10 +176,23 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   JobManagerOptions jobs;
   jobs.data_dir = o.data_dir;
   jobs.max_batch_samples = o.max_batch_samples;
+  // End markers live with the checkpoints that may record the jobs.
+  if (!o.inference_only) jobs.state_dir = o.checkpoint_dir;
   RETURN_IF_ERROR(jobs.Validate());
   s->jobs_ = std::make_unique<JobManager>(s->host_.get(), &s->metrics_, jobs);
+  if (!o.resume_job.empty()) {
+    // Before the services start, so no client job takes training (or the
+    // id) first. A job that cannot restart (its data gone) leaves the
+    // server serving the resumed model.
+    const absl::Status resumed = s->jobs_->Resume(o.resume_job);
+    if (!resumed.ok()) {
+      spdlog::error("the checkpoint's job is not resumed: {}",
+                    resumed.ToString());
+    }
+  }
   TrainerServiceOptions trainer;
   trainer.stream.queue_depth = o.train_queue_depth;
+  trainer.stream.idle_timeout_seconds = o.train_idle_timeout_seconds;
   trainer.stream.max_batch_samples = o.max_batch_samples;
   trainer.data_dir = o.data_dir;
   trainer.max_batch_samples = o.max_batch_samples;
@@ -159,6 +222,12 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   builder.RegisterService(s->trainer_.get());
   builder.RegisterService(s->predictor_.get());
   builder.RegisterService(s->admin_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<CallCounterFactory>(s->calls_in_flight_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
@@ -241,11 +310,17 @@ void DlrmServer::Shutdown(double grace_seconds) {
   if (host_ != nullptr) host_->StopTraining();
   // Other RPCs in flight get the grace period, then are cancelled. The
   // batcher and the work queue keep running meanwhile, since those RPCs
-  // finish through them.
+  // finish through them. A call that arrives after the count reached zero
+  // is cancelled as it would be after the grace period.
   if (server_ != nullptr) {
-    server_->Shutdown(
-        std::chrono::system_clock::now() +
-        std::chrono::microseconds(static_cast<int64_t>(grace_seconds * 1e6)));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(grace_seconds * 1e6));
+    while (calls_in_flight_->load() > 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    server_->Shutdown(std::chrono::system_clock::now());
   }
   if (batcher_ != nullptr) batcher_->Stop();
   if (work_ != nullptr) work_->Stop();
@@ -262,6 +337,10 @@ void DlrmServer::Shutdown(double grace_seconds) {
 void DlrmServer::Wait() {
   std::unique_lock<std::mutex> lock(shutdown_mu_);
   shutdown_cv_.wait(lock, [&] { return stopped_; });
+}
+
+std::string DlrmServer::InterruptedJob() {
+  return jobs_ == nullptr ? "" : jobs_->InterruptedJob();
 }
 
 }  // namespace dlrm::server

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -45,8 +46,21 @@ struct ServerOptions {
   std::string data_dir;
   // Serve predictions only (see ModelHostOptions). Default: false.
   bool inference_only = false;
+  // Periodic checkpoints under checkpoint_dir (see ModelHostOptions):
+  // every N steps, every S seconds (0 = off), keeping the K newest.
+  // Defaults: 0, 0, 3.
+  int64_t checkpoint_every_steps = 0;
+  double checkpoint_every_seconds = 0;
+  int keep_checkpoints = 3;
+  // The job record of the checkpoint the model was resumed from
+  // (model::Manifest::job): that job restarts at its position before the
+  // services start (JobManager::Resume). Default: empty (none).
+  std::string resume_job;
   // Batches a Train stream holds waiting for the trainer. Default: 4.
   int train_queue_depth = 4;
+  // Seconds a Train stream may wait on a stalled client before it ends
+  // with DEADLINE_EXCEEDED and frees training; 0 = no limit. Default: 300.
+  double train_idle_timeout_seconds = 300;
   // Most samples per micro-batched model call. Default: 1024.
   int64_t predict_max_batch = 1024;
   // Longest a Predict waits for others to join it, in us. Default: 1000.
@@ -112,6 +126,10 @@ class DlrmServer {
   // Blocks until Shutdown() has been called and finished.
   void Wait();
 
+  // After Shutdown(): the record of the job the shutdown stopped mid-way
+  // (JobManager::InterruptedJob), for the exit checkpoint; empty if none.
+  std::string InterruptedJob();
+
  private:
   explicit DlrmServer(ServerOptions options);
   absl::Status StartMetricsHttp();
@@ -127,6 +145,11 @@ class DlrmServer {
   std::unique_ptr<PredictorService> predictor_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  // gRPC calls in progress (counted by an interceptor per call). gRPC 1.51's
+  // Shutdown waits out its whole deadline while any client keeps a channel
+  // open, so Shutdown waits on this count instead and then gives gRPC none.
+  std::shared_ptr<std::atomic<int64_t>> calls_in_flight_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   std::string address_, metrics_address_;
@@ -137,6 +160,10 @@ class DlrmServer {
   bool stopped_ = false;    // Shutdown() has finished
   std::condition_variable shutdown_cv_;
 };
+
+// The ModelHost options that `options` ask for (inference-only, periodic
+// checkpoints).
+ModelHostOptions HostOptionsFrom(const ServerOptions& options);
 
 // Splits "HOST:PORT" ("[::1]:80" for IPv6). InvalidArgument naming `flag`
 // when the port is missing or not in [0, 65535].

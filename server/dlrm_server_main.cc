@@ -4,7 +4,9 @@
 // logs go to stderr. SIGINT/SIGTERM stop it after the current step.
 // Two more modes for deployments (docs/deployment.md): --dry-run checks the
 // flags, the model config and the sharding plan and prints them;
-// --health-check HOST:PORT is a container health probe.
+// --health-check HOST:PORT is a container health probe (TLS too).
+// With --checkpoint-dir it resumes from the newest valid checkpoint there
+// unless --no-resume or --restore (docs/checkpoints.md).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <omp.h>
@@ -65,6 +67,14 @@ struct Flags {
   // Security (docs/server.md "Security"): the token is read from this file
   // into server.auth.token, so it never shows in a process listing.
   std::string auth_token_file;
+  // Resume from the newest valid checkpoint under --checkpoint-dir when
+  // there is one and --restore is not given (docs/checkpoints.md).
+  bool resume = true;
+  // --health-check over TLS: trust `health_ca` (else the system's roots),
+  // present `health_cert`/`health_key` to a server that asks for a client
+  // certificate, expect `health_server_name` in the server's certificate.
+  bool health_tls = false;
+  std::string health_ca, health_cert, health_key, health_server_name;
 };
 
 // How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
@@ -95,6 +105,13 @@ absl::Status CheckAddress(const std::string& flag, const std::string& address) {
 // run makes before it starts anything, shared with --dry-run so that a dry
 // run fails where a run would.
 absl::Status ValidateFlags(const Flags& f) {
+  if ((f.server.checkpoint_every_steps != 0 ||
+       f.server.checkpoint_every_seconds != 0) &&
+      (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
+    return absl::InvalidArgumentError(
+        "--checkpoint-every-steps and --checkpoint-every-seconds need "
+        "--checkpoint-dir and a training server");
+  }
   if (f.checkpoint_on_exit &&
       (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
     return absl::InvalidArgumentError(
@@ -195,6 +212,16 @@ absl::Status DryRun(const Flags& f) {
               or_none(f.server.checkpoint_dir).c_str(),
               f.checkpoint_on_exit ? " (saves final/ on exit)" : "",
               or_none(f.server.data_dir).c_str());
+  if (!f.server.checkpoint_dir.empty()) {
+    std::printf(
+        "resume %s\nperiodic checkpoints every %lld steps, %g s (0 = off), "
+        "keeping %d\n",
+        f.resume && f.restore.empty() && !f.server.inference_only
+            ? "from the newest valid checkpoint in checkpoint-dir, if any"
+            : "off",
+        static_cast<long long>(f.server.checkpoint_every_steps),
+        f.server.checkpoint_every_seconds, f.server.keep_checkpoints);
+  }
   std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
               plan.ToString(config).c_str());
   return absl::OkStatus();
@@ -204,9 +231,44 @@ absl::Status DryRun(const Flags& f) {
 // (service ""); 0 when SERVING, else 1 with the reason on stderr. Sent as
 // raw bytes through a generic stub: Debian's gRPC has no generated health
 // client and Debian ships no grpc_health_probe.
-int HealthCheck(const std::string& target, double timeout_s) {
-  grpc::GenericStub stub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+absl::StatusOr<std::shared_ptr<grpc::Channel>> HealthChannel(
+    const std::string& target, const Flags& f) {
+  const bool tls = f.health_tls || !f.health_ca.empty() ||
+                   !f.health_cert.empty() || !f.health_server_name.empty();
+  if (!tls) {
+    return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  }
+  if (f.health_cert.empty() != f.health_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--health-check-cert and --health-check-key go together");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!f.health_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadSecretFile(f.health_ca, "--health-check-ca"));
+  }
+  if (!f.health_cert.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadSecretFile(f.health_cert, "--health-check-cert"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadSecretFile(f.health_key, "--health-check-key"));
+  }
+  grpc::ChannelArguments args;
+  if (!f.health_server_name.empty()) {
+    args.SetSslTargetNameOverride(f.health_server_name);
+  }
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
+}
+
+int HealthCheck(const std::string& target, const Flags& f, double timeout_s) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      HealthChannel(target, f);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "dlrm_server: health of %s: %s\n", target.c_str(),
+                 channel.status().ToString().c_str());
+    return 1;
+  }
+  grpc::GenericStub stub(*channel);
   grpc::ClientContext context;
   context.set_deadline(
       std::chrono::system_clock::now() +
@@ -248,7 +310,53 @@ int HealthCheck(const std::string& target, double timeout_s) {
   return serving == 1 ? 0 : 1;
 }
 
-absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(const Flags& f) {
+// True when the run resumes from a checkpoint under --checkpoint-dir.
+bool Resumes(const Flags& f) {
+  return f.resume && f.restore.empty() && !f.server.inference_only &&
+         !f.server.checkpoint_dir.empty();
+}
+
+absl::Status NothingToResume(const std::string& root) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no checkpoint in ", root,
+      " could be loaded (each is named in a warning above); move the "
+      "damaged ones away, or start afresh with --no-resume"));
+}
+
+// Single rank: the model of the newest checkpoint under --checkpoint-dir
+// that loads (checksums included), skipping the others with a warning;
+// null when there is none at all. Sets f.server.resume_job to the job that
+// checkpoint recorded.
+absl::StatusOr<std::unique_ptr<model::DlrmModel>> ResumeModel(Flags& f) {
+  const std::string& root = f.server.checkpoint_dir;
+  model::CleanPartialCheckpoints(root);
+  const std::vector<model::CheckpointEntry> entries =
+      model::ListCheckpoints(root);
+  if (entries.empty()) {
+    spdlog::info("no checkpoint in {}: starting afresh", root);
+    return nullptr;
+  }
+  for (const model::CheckpointEntry& e : entries) {
+    absl::StatusOr<std::unique_ptr<model::DlrmModel>> model =
+        e.manifest.ok() ? model::LoadCheckpoint(e.dir, /*weights_only=*/false)
+                        : e.manifest.status();
+    if (!model.ok()) {
+      spdlog::warn("skipping checkpoint {}: {}", e.dir,
+                   model.status().ToString());
+      continue;
+    }
+    spdlog::info("resuming from {} at step {}", e.dir, (*model)->steps());
+    f.server.resume_job = e.manifest->job;
+    return model;
+  }
+  return NothingToResume(root);
+}
+
+absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(Flags& f) {
+  if (Resumes(f)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> resumed, ResumeModel(f));
+    if (resumed != nullptr) return resumed;
+  }
   if (!f.restore.empty()) {
     spdlog::info("loading {} from {}",
                  f.server.inference_only ? "weights" : "the checkpoint",
@@ -308,12 +416,6 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     ASSIGN_OR_RETURN(coordinator, comm::CoordinatorServer::Start(co));
     spdlog::info("coordinator listening on {}", coordinator->address());
   }
-  ASSIGN_OR_RETURN(ModelConfig config, RunConfig(f));
-  embedding::PlannerOptions po;
-  po.world_size = f.world_size;
-  po.memory_budget_bytes = f.memory_budget_mb << 20;
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(config, po));
   comm::GlooOptions go;
   go.rank = f.rank;
   go.world_size = f.world_size;
@@ -325,6 +427,44 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
                f.coordinator);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
+  // Rank 0 picks the checkpoint to resume from and tells the others, so
+  // that every rank plans from the same config (followers need not have
+  // --checkpoint-dir; they always take part).
+  std::vector<model::CheckpointEntry> resume;
+  std::string resume_dir;
+  if (f.rank == 0 && Resumes(f)) {
+    model::CleanPartialCheckpoints(f.server.checkpoint_dir);
+    for (model::CheckpointEntry& e :
+         model::ListCheckpoints(f.server.checkpoint_dir)) {
+      if (!e.manifest.ok()) {
+        spdlog::warn("skipping checkpoint {}: {}", e.dir,
+                     e.manifest.status().ToString());
+      } else if (e.manifest->world_size != f.world_size) {
+        spdlog::warn(
+            "skipping checkpoint {}: written by {} ranks, this job has {}",
+            e.dir, e.manifest->world_size, f.world_size);
+      } else {
+        resume.push_back(std::move(e));
+      }
+    }
+    if (!resume.empty()) resume_dir = resume.front().dir;
+  }
+  int64_t size = static_cast<int64_t>(resume_dir.size());
+  RETURN_IF_ERROR(comm->Broadcast(&size, 1, comm::DataType::kInt64, 0));
+  resume_dir.resize(size);
+  RETURN_IF_ERROR(
+      comm->Broadcast(resume_dir.data(), size, comm::DataType::kUint8, 0));
+  ASSIGN_OR_RETURN(ModelConfig config,
+                   resume_dir.empty()
+                       ? RunConfig(f)
+                       : LoadModelConfig((std::filesystem::path(resume_dir) /
+                                          "config.textproto")
+                                             .string()));
+  embedding::PlannerOptions po;
+  po.world_size = f.world_size;
+  po.memory_budget_bytes = f.memory_budget_mb << 20;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
+                   embedding::PlanSharding(config, po));
   // Declared before the model and everything that owns it, so it outlives
   // them: the model borrows it.
   std::unique_ptr<comm::Communicator> dense_comm;
@@ -350,9 +490,32 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   }
   spdlog::info("sharding plan ({} ranks):\n{}", f.world_size,
                plan.ToString(config));
-  ModelHostOptions ho;
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelHost> host,
-                   ModelHost::Create(std::move(group), ho));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelHost> host,
+      ModelHost::Create(std::move(group), HostOptionsFrom(f.server)));
+  if (!resume.empty()) {
+    // Newest first; a damaged one (checked on every rank) is skipped.
+    bool resumed = false;
+    for (const model::CheckpointEntry& e : resume) {
+      absl::StatusOr<model::CheckpointInfo> info =
+          host->RestoreCheckpoint(e.dir);
+      if (!info.ok()) {
+        spdlog::warn("skipping checkpoint {}: {}", e.dir,
+                     info.status().ToString());
+        // A broken job cannot try another.
+        if (absl::IsUnavailable(info.status())) return info.status();
+        continue;
+      }
+      spdlog::info("resuming from {} at step {}", e.dir, info->step);
+      f.server.resume_job = e.manifest->job;
+      resumed = true;
+      break;
+    }
+    if (!resumed) return NothingToResume(f.server.checkpoint_dir);
+  } else if (Resumes(f)) {
+    spdlog::info("no checkpoint in {}: starting afresh",
+                 f.server.checkpoint_dir);
+  }
   if (!f.restore.empty()) {
     spdlog::info("restoring every rank from {}", f.restore);
     ASSIGN_OR_RETURN(model::CheckpointInfo info,
@@ -361,6 +524,9 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(host), f.server));
+  // From here a signal means the orderly shutdown below, also one that
+  // arrives as soon as the line below is read.
+  serving.store(true);
   std::printf(
       "dlrm_server: listening on %s metrics %s\n", server->address().c_str(),
       server->metrics_address().empty() ? "off"
@@ -369,7 +535,6 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
 
   {
     std::unique_lock<std::mutex> lock(signal_mu);
-    serving.store(true);
     signal_cv.wait(lock, [] { return signal != 0; });
   }
   spdlog::info("{}: finishing the current step and shutting down",
@@ -379,8 +544,9 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     const std::string dir =
         (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
             .string();
-    ASSIGN_OR_RETURN(model::CheckpointInfo info,
-                     server->host()->SaveCheckpoint(dir));
+    ASSIGN_OR_RETURN(
+        model::CheckpointInfo info,
+        server->host()->SaveCheckpoint(dir, server->InterruptedJob()));
     spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
                  info.bytes);
   }
@@ -436,8 +602,9 @@ absl::Status Run(Flags& f) {
     const std::string dir =
         (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
             .string();
-    ASSIGN_OR_RETURN(model::CheckpointInfo info,
-                     server->host()->SaveCheckpoint(dir));
+    ASSIGN_OR_RETURN(
+        model::CheckpointInfo info,
+        server->host()->SaveCheckpoint(dir, server->InterruptedJob()));
     spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
                  info.bytes);
   }
@@ -474,6 +641,24 @@ int main(int argc, char** argv) {
   app.add_flag("--checkpoint-on-exit", f.checkpoint_on_exit,
                "On SIGINT/SIGTERM, save a checkpoint to "
                "<checkpoint-dir>/final");
+  app.add_option("--checkpoint-every-steps", o.checkpoint_every_steps,
+                 "Save <checkpoint-dir>/ckpt-<step> after every step whose "
+                 "number is a multiple of N (0 = off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--checkpoint-every-seconds", o.checkpoint_every_seconds,
+                 "Save <checkpoint-dir>/ckpt-<step> after the first step "
+                 "ending S seconds after the last checkpoint (0 = off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "Periodic checkpoints kept, the newest (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--resume,!--no-resume", f.resume,
+               "Start from the newest valid checkpoint in --checkpoint-dir "
+               "if it holds one (default; --restore overrides)")
+      ->capture_default_str();
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -482,6 +667,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--train-queue", o.train_queue_depth,
                  "Batches a Train stream holds waiting for the trainer")
+      ->capture_default_str();
+  app.add_option("--train-idle-timeout-s", o.train_idle_timeout_seconds,
+                 "Seconds a Train stream may wait on a stalled client (no "
+                 "batch sent, no result read) before it ends with "
+                 "DEADLINE_EXCEEDED and frees training (0 = no limit)")
       ->capture_default_str();
   app.add_option("--predict-max-batch", o.predict_max_batch,
                  "Most samples per micro-batched Predict model call")
@@ -536,6 +726,20 @@ int main(int argc, char** argv) {
                  "Probe mode: ask the server at HOST:PORT for its gRPC health "
                  "(grpc.health.v1) and exit 0 if SERVING, else 1; other "
                  "flags are ignored");
+  app.add_flag("--health-check-tls", f.health_tls,
+               "With --health-check: over TLS, trusting the system's CA "
+               "certificates (implied by the other --health-check-* flags)");
+  app.add_option("--health-check-ca", f.health_ca,
+                 "With --health-check: PEM CA certificates that sign the "
+                 "server's certificate (TLS)");
+  app.add_option("--health-check-cert", f.health_cert,
+                 "With --health-check: PEM client certificate for a server "
+                 "with --tls-client-ca (with --health-check-key)");
+  app.add_option("--health-check-key", f.health_key,
+                 "PEM private key of --health-check-cert");
+  app.add_option("--health-check-server-name", f.health_server_name,
+                 "With --health-check: the name the server's certificate "
+                 "must carry, when not the host in HOST:PORT");
   app.add_option("--tls-cert", o.tls.cert_file,
                  "PEM certificate chain: serve gRPC over TLS (with --tls-key)");
   app.add_option("--tls-key", o.tls.key_file, "PEM private key of --tls-cert");
@@ -555,7 +759,7 @@ int main(int argc, char** argv) {
   app.allow_config_extras(CLI::config_extras_mode::error);
   CLI11_PARSE(app, argc, argv);
   if (!f.health_check.empty()) {
-    return dlrm::server::HealthCheck(f.health_check, /*timeout_s=*/5);
+    return dlrm::server::HealthCheck(f.health_check, f, /*timeout_s=*/5);
   }
   f.server.max_message_bytes = f.max_message_mb << 20;
   if (!f.auth_token_file.empty()) {

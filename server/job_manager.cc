@@ -1,13 +1,21 @@
 // Training jobs: request checks, the per-job training loop, bookkeeping.
 #include "server/job_manager.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "google/protobuf/text_format.h"
+#include "model/checkpoint.h"
 #include "server/datasets.h"
 #include "spdlog/spdlog.h"
 
@@ -24,6 +32,46 @@ bool Terminal(JobStatus::State s) {
          s == JobStatus::CANCELLED;
 }
 
+namespace fs = std::filesystem;
+
+constexpr char kJobPrefix[] = "job-";
+constexpr char kEndSuffix[] = ".end";
+
+// The number of "job-<n>" (or of the marker "job-<n>.end" with `suffix`);
+// -1 when `name` is neither.
+int64_t JobNumber(const std::string& name, const std::string& suffix = "") {
+  if (!name.starts_with(kJobPrefix) || !name.ends_with(suffix)) return -1;
+  const std::string digits =
+      name.substr(sizeof(kJobPrefix) - 1,
+                  name.size() - (sizeof(kJobPrefix) - 1) - suffix.size());
+  int64_t n = 0;
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(digits, &n) || n < 1) {
+    return -1;
+  }
+  return n;
+}
+
+// Job numbers of the end markers in `dir`, ascending.
+std::vector<int64_t> EndMarkers(const std::string& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const int64_t n = JobNumber(it->path().filename().string(), kEndSuffix);
+    if (n > 0) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string EndMarkerPath(const std::string& dir, int64_t number) {
+  return (fs::path(dir) / absl::StrCat(kJobPrefix, number, kEndSuffix))
+      .string();
+}
+
 }  // namespace
 
 void EvalMetricsToProto(const model::EvalMetrics& m, EvalMetrics* out) {
@@ -35,6 +83,7 @@ void EvalMetricsToProto(const model::EvalMetrics& m, EvalMetrics* out) {
 }
 
 struct JobManager::Job {
+  JobRequest request;
   int64_t number = 0;
   int64_t batch_size = 0;
   int epochs = 0;
@@ -49,6 +98,17 @@ struct JobManager::Job {
   bool started = false;
   double end_elapsed = 0;  // elapsed seconds once finished
   JobStatus status;        // guarded by JobManager::mu_
+  // Where the job stands in its data, guarded by mu_: the epoch being read
+  // (0-based) and the batches read in it. Resume starts from here.
+  int epoch = 0;
+  int64_t epoch_batches = 0;
+  // Steps the whole job takes, as text for the resume log line.
+  std::string total_steps;
+  // Guarded by mu_: Cancel() asked for the stop (Shutdown() does not set
+  // it); the job stopped without ending for good (shutdown, a rank lost),
+  // so a restart resumes it.
+  bool client_cancel = false;
+  bool interrupted = false;
   std::thread thread;
 };
 
@@ -62,17 +122,29 @@ absl::Status JobManagerOptions::Validate() const {
   if (eval_batch_size < 1) {
     return absl::InvalidArgumentError("eval_batch_size must be >= 1");
   }
+  if (keep_end_markers < 1) {
+    return absl::InvalidArgumentError("keep_end_markers must be >= 1");
+  }
   return absl::OkStatus();
 }
 
 JobManager::JobManager(ModelHost* host, ServerMetrics* metrics,
                        JobManagerOptions options)
-    : host_(host), metrics_(metrics), options_(std::move(options)) {}
+    : host_(host), metrics_(metrics), options_(std::move(options)) {
+  // Ids go on after the jobs of earlier runs over the same checkpoints, so
+  // a marker or a checkpoint's record never names a new job.
+  if (!options_.state_dir.empty()) {
+    const std::vector<int64_t> ended = EndMarkers(options_.state_dir);
+    if (!ended.empty()) next_id_ = ended.back() + 1;
+  }
+}
 
 JobManager::~JobManager() { Shutdown(); }
 
-absl::StatusOr<JobStatus> JobManager::Start(const JobRequest& request) {
+absl::StatusOr<std::unique_ptr<JobManager::Job>> JobManager::Prepare(
+    const JobRequest& request) {
   auto job = std::make_unique<Job>();
+  job->request = request;
   job->batch_size = request.batch_size() == 0 ? 2048 : request.batch_size();
   if (job->batch_size < 1 || job->batch_size > options_.max_batch_samples) {
     return absl::InvalidArgumentError(
@@ -117,16 +189,39 @@ absl::StatusOr<JobStatus> JobManager::Start(const JobRequest& request) {
     return absl::InvalidArgumentError(
         "eval_interval is set but eval (the evaluation data) is not");
   }
+  // Known up front only for synthetic data of a set size, or a step cap.
+  const int64_t n = request.train().has_synthetic()
+                        ? request.train().synthetic().num_samples()
+                        : -1;
+  if (n > 0) {
+    int64_t total = job->epochs * ((n + job->batch_size - 1) / job->batch_size);
+    if (job->max_steps > 0) total = std::min(total, job->max_steps);
+    job->total_steps = absl::StrCat(total);
+  } else if (job->max_steps > 0) {
+    job->total_steps = absl::StrCat(n == 0 ? "" : "at most ", job->max_steps);
+  } else {
+    job->total_steps = "an unknown number (the data is read to its end)";
+  }
+  return job;
+}
 
+absl::StatusOr<JobStatus> JobManager::Start(const JobRequest& request) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Prepare(request));
   std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(JobStatus status, Launch(std::move(job), next_id_));
+  ++next_id_;
+  return status;
+}
+
+absl::StatusOr<JobStatus> JobManager::Launch(std::unique_ptr<Job> job,
+                                             int64_t number) {
   if (shut_down_) {
     return absl::UnavailableError("the server is shutting down");
   }
-  job->number = next_id_;
-  const std::string id = absl::StrCat("job-", job->number);
+  job->number = number;
+  const std::string id = absl::StrCat(kJobPrefix, job->number);
   ASSIGN_OR_RETURN(ModelHost::TrainingLease lease,
                    host_->AcquireTraining(absl::StrCat("job ", id)));
-  ++next_id_;
   job->lease.emplace(std::move(lease));
   job->status.set_id(id);
   job->status.set_state(JobStatus::PENDING);
@@ -137,6 +232,117 @@ absl::StatusOr<JobStatus> JobManager::Start(const JobRequest& request) {
   spdlog::info("{} started: batch size {}, epochs {}, max steps {}", id,
                raw->batch_size, raw->epochs, raw->max_steps);
   return raw->status;
+}
+
+std::string JobManager::Record(const Job& job) const {
+  std::string request;
+  google::protobuf::TextFormat::PrintToString(job.request, &request);
+  const nlohmann::json record = {
+      {"id", job.status.id()},       {"request", request},
+      {"steps", job.status.steps()}, {"samples", job.status.samples()},
+      {"epoch", job.epoch},          {"epoch_batches", job.epoch_batches}};
+  return record.dump();
+}
+
+absl::Status JobManager::Resume(const std::string& text) {
+  auto damaged = [](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint's job record is damaged: ", why));
+  };
+  const nlohmann::json record =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!record.is_object()) return damaged("not a JSON object");
+  std::string id, request_text;
+  int64_t steps = 0, samples = 0, epoch_batches = 0;
+  int epoch = 0;
+  // nlohmann throws on a missing field or one of the wrong type; the
+  // message names the field.
+  std::string field;
+  try {
+    id = record.at(field = "id").get<std::string>();
+    request_text = record.at(field = "request").get<std::string>();
+    steps = record.at(field = "steps").get<int64_t>();
+    samples = record.at(field = "samples").get<int64_t>();
+    epoch = record.at(field = "epoch").get<int>();
+    epoch_batches = record.at(field = "epoch_batches").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return damaged(absl::StrCat(field, ": ", e.what()));
+  }
+  const int64_t number = JobNumber(id);
+  if (number < 1)
+    return damaged(absl::StrCat("id \"", id, "\" is not job-<n>"));
+  if (steps < 0 || samples < 0 || epoch < 0 || epoch_batches < 0) {
+    return damaged("steps, samples, epoch and epoch_batches must be >= 0");
+  }
+  JobRequest request;
+  if (!google::protobuf::TextFormat::ParseFromString(request_text, &request)) {
+    return damaged("its request does not parse");
+  }
+  {
+    // Whatever happens below, new jobs get other ids.
+    std::lock_guard<std::mutex> lock(mu_);
+    next_id_ = std::max(next_id_, number + 1);
+  }
+  if (!options_.state_dir.empty()) {
+    const std::string marker = EndMarkerPath(options_.state_dir, number);
+    std::error_code ec;
+    if (fs::exists(marker, ec)) {
+      std::ifstream in(marker);
+      std::stringstream contents;
+      contents << in.rdbuf();
+      JobStatus ended;
+      const std::string state =
+          google::protobuf::TextFormat::ParseFromString(contents.str(), &ended)
+              ? JobStatus::State_Name(ended.state())
+              : "see " + marker;
+      spdlog::info(
+          "job {} of the checkpoint had already ended ({}): not "
+          "restarting it",
+          id, state);
+      return absl::OkStatus();
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Prepare(request));
+  job->epoch = epoch;
+  job->epoch_batches = epoch_batches;
+  job->status.set_steps(steps);
+  job->status.set_samples(samples);
+  const std::string total = job->total_steps;
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(Launch(std::move(job), number).status());
+  spdlog::info("resuming job {} at step {} of {} (epoch {}, batch {} of it)",
+               id, steps, total, epoch + 1, epoch_batches);
+  return absl::OkStatus();
+}
+
+std::string JobManager::InterruptedJob() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+    const Job& job = *it->second;
+    if (job.interrupted && Terminal(job.status.state())) return Record(job);
+  }
+  return "";
+}
+
+void JobManager::WriteEndMarker(const Job& job, const JobStatus& status) {
+  if (options_.state_dir.empty()) return;
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(status, &text);
+  std::error_code ec;
+  fs::create_directories(options_.state_dir, ec);
+  const absl::Status written =
+      model::WriteTextFile(EndMarkerPath(options_.state_dir, job.number), text);
+  if (!written.ok()) {
+    // The job has ended anyway; the cost is a needless restart after a
+    // crash from a checkpoint that recorded it.
+    spdlog::warn("{}: cannot record its end: {}", status.id(),
+                 written.ToString());
+    return;
+  }
+  const std::vector<int64_t> ended = EndMarkers(options_.state_dir);
+  for (size_t i = 0; i + options_.keep_end_markers < ended.size(); ++i) {
+    fs::remove(EndMarkerPath(options_.state_dir, ended[i]), ec);
+  }
 }
 
 void JobManager::Forget() {
@@ -158,15 +364,22 @@ void JobManager::Forget() {
 }
 
 void JobManager::Run(Job* job) {
+  // Where to start: 0 for a new job, the recorded position for a resumed
+  // one.
+  int64_t steps = 0, samples = 0, skip_batches = 0;
+  int first_epoch = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job->start = Clock::now();
     job->started = true;
     job->status.set_state(JobStatus::RUNNING);
+    steps = job->status.steps();
+    samples = job->status.samples();
+    first_epoch = job->epoch;
+    skip_batches = job->epoch_batches;
     cv_.notify_all();
   }
   std::deque<TrainStepOutcome> window;
-  int64_t steps = 0, samples = 0;
   bool cancelled = false;
 
   auto evaluate = [&]() -> absl::Status {
@@ -191,8 +404,26 @@ void JobManager::Run(Job* job) {
   auto train = [&]() -> absl::Status {
     data::Batch batch;
     bool evaluated_last = false;
-    for (int epoch = 0; epoch < job->epochs; ++epoch) {
+    for (int epoch = first_epoch; epoch < job->epochs; ++epoch) {
       if (epoch > 0) RETURN_IF_ERROR(job->train.source->Rewind());
+      // A resumed job reads past the batches it had trained on: the
+      // sources are deterministic (files in order, seeded synthetic data),
+      // so the batches after them are the ones it would have read next.
+      int64_t batches = 0;
+      for (; epoch == first_epoch && batches < skip_batches; ++batches) {
+        if (job->cancel.load()) {
+          cancelled = true;
+          return absl::OkStatus();
+        }
+        ASSIGN_OR_RETURN(bool more,
+                         job->train.source->Next(job->batch_size, &batch));
+        if (!more || batch.size == 0) break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->epoch = epoch;
+        job->epoch_batches = batches;
+      }
       while (job->max_steps == 0 || steps < job->max_steps) {
         if (job->cancel.load()) {
           cancelled = true;
@@ -201,10 +432,23 @@ void JobManager::Run(Job* job) {
         ASSIGN_OR_RETURN(bool more,
                          job->train.source->Next(job->batch_size, &batch));
         if (!more || batch.size == 0) break;
+        // The job as it will stand after this step, for a checkpoint taken
+        // right after it.
+        auto record = [&] {
+          Job after;
+          after.request = job->request;
+          after.status.set_id(job->status.id());
+          after.status.set_steps(steps + 1);
+          after.status.set_samples(samples + batch.size);
+          after.epoch = epoch;
+          after.epoch_batches = batches + 1;
+          return Record(after);
+        };
         ASSIGN_OR_RETURN(TrainStepOutcome step,
-                         host_->TrainStep(*job->lease, batch));
+                         host_->TrainStep(*job->lease, batch, record));
         metrics_->RecordTrainStep(step);
         ++steps;
+        ++batches;
         samples += step.samples;
         window.push_back(step);
         if (window.size() > kWindowSteps) window.pop_front();
@@ -217,6 +461,7 @@ void JobManager::Run(Job* job) {
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
+          job->epoch_batches = batches;
           job->status.set_steps(steps);
           job->status.set_samples(samples);
           job->status.set_loss(loss / static_cast<double>(window.size()));
@@ -239,21 +484,38 @@ void JobManager::Run(Job* job) {
   // Give training back before reporting the end, so a client that sees the
   // job finished can start the next one at once.
   job->lease.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cancelled || status.code() == absl::StatusCode::kCancelled) {
-    job->status.set_state(JobStatus::CANCELLED);
-  } else if (!status.ok()) {
-    job->status.set_state(JobStatus::FAILED);
-    job->status.set_error(status.ToString());
-  } else {
-    job->status.set_state(JobStatus::SUCCEEDED);
+  JobStatus final_status;
+  bool interrupted = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_status = job->status;
+    if (cancelled || status.code() == absl::StatusCode::kCancelled) {
+      final_status.set_state(JobStatus::CANCELLED);
+    } else if (!status.ok()) {
+      final_status.set_state(JobStatus::FAILED);
+      final_status.set_error(status.ToString());
+    } else {
+      final_status.set_state(JobStatus::SUCCEEDED);
+    }
+    // Stopped by the server's shutdown or a lost rank (Unavailable) rather
+    // than ended for good: a restart from a checkpoint resumes it.
+    interrupted = !job->client_cancel &&
+                  (final_status.state() == JobStatus::CANCELLED ||
+                   status.code() == absl::StatusCode::kUnavailable);
+    job->interrupted = interrupted;
+    job->end_elapsed =
+        std::chrono::duration<double>(Clock::now() - job->start).count();
+    final_status.set_elapsed_seconds(job->end_elapsed);
   }
-  job->end_elapsed =
-      std::chrono::duration<double>(Clock::now() - job->start).count();
-  job->status.set_elapsed_seconds(job->end_elapsed);
-  spdlog::info("{} {} after {} steps{}{}", job->status.id(),
+  // Recorded before anyone can see the end, so a crash right after that
+  // cannot restart the job.
+  if (!interrupted) WriteEndMarker(*job, final_status);
+  std::lock_guard<std::mutex> lock(mu_);
+  job->status = final_status;
+  spdlog::info("{} {} after {} steps{}{}{}", job->status.id(),
                JobStatus::State_Name(job->status.state()), steps,
-               status.ok() ? "" : ": ", status.ok() ? "" : status.ToString());
+               status.ok() ? "" : ": ", status.ok() ? "" : status.ToString(),
+               interrupted ? " (interrupted: resumed on restart)" : "");
   cv_.notify_all();
 }
 
@@ -283,6 +545,7 @@ absl::StatusOr<JobStatus> JobManager::Cancel(const std::string& id,
       return absl::NotFoundError(absl::StrCat("no job with id \"", id, "\""));
     }
     job->cancel.store(true);
+    job->client_cancel = true;
     // Look the job up afresh on each wake-up: Start may forget finished
     // jobs while this waits.
     const int64_t number = job->number;

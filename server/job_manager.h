@@ -2,6 +2,10 @@
 // no client pushes the bytes). Each job runs on its own thread, one step at
 // a time through the ModelHost, evaluating as asked, and stops at the next
 // step boundary when cancelled. One job (or Train stream) trains at a time.
+// A periodic checkpoint taken while a job runs records the job (its id,
+// request and position in the data); a server resumed from that checkpoint
+// restarts the job there (Resume), so a crash costs only the steps since
+// (docs/checkpoints.md "Jobs").
 #pragma once
 
 #include <atomic>
@@ -37,6 +41,14 @@ struct JobManagerOptions {
   int max_finished_jobs = 100;
   // Samples per model call when a job evaluates. Default: 8192.
   int64_t eval_batch_size = 8192;
+  // Where a job that ended for good (succeeded, cancelled through Cancel,
+  // or failed on its own: bad data) leaves "job-<n>.end", its final status,
+  // so that a checkpoint which recorded it running does not restart it;
+  // new ids continue after the ones found here. The periodic checkpoints'
+  // directory; empty = none. Default: empty.
+  std::string state_dir;
+  // End markers kept in state_dir (the newest by id). Default: 100.
+  int keep_end_markers = 100;
 
   absl::Status Validate() const;
 };
@@ -69,6 +81,19 @@ class JobManager {
   // Every remembered job, oldest first.
   std::vector<JobStatus> List();
 
+  // Restarts the job of a checkpoint's job record (model::Manifest::job,
+  // as the checkpoint the model was resumed from holds it) at its position,
+  // under its id, and logs "resuming job <id> at step N of M". Call before
+  // any Start. A job with an end marker in state_dir is not restarted (OK,
+  // logged). InvalidArgument for a damaged record; Start's errors for its
+  // request (the data may have moved).
+  absl::Status Resume(const std::string& record);
+
+  // After Shutdown(): the job record of a job that the shutdown stopped
+  // mid-way (for the exit checkpoint, so that a restart resumes it); empty
+  // when none was running.
+  std::string InterruptedJob();
+
   // Cancels the running job, waits for it to stop, and refuses new ones.
   // Idempotent.
   void Shutdown();
@@ -76,7 +101,15 @@ class JobManager {
  private:
   struct Job;
 
+  // Checks `request` and opens its datasets.
+  absl::StatusOr<std::unique_ptr<Job>> Prepare(const JobRequest& request);
+  // Reserves training and starts `job` as job-<number>. Needs mu_.
+  absl::StatusOr<JobStatus> Launch(std::unique_ptr<Job> job, int64_t number);
   void Run(Job* job);
+  // The job record of `job` at its current position. Needs mu_.
+  std::string Record(const Job& job) const;
+  // Writes job-<n>.end for `job` (terminal) and prunes old markers.
+  void WriteEndMarker(const Job& job, const JobStatus& status);
   // Drops the oldest finished jobs beyond max_finished_jobs. Needs mu_.
   void Forget();
 

@@ -82,6 +82,7 @@ void ServerMetrics::RecordTrainStep(const TrainStepOutcome& step) {
   for (const auto& [exchange, bytes] : step.exchange_bytes) {
     exchange_bytes_total_[exchange] += bytes;
   }
+  if (!step.stores.empty()) stores_ = step.stores;
 }
 
 void ServerMetrics::SetTrainQueueDepth(int64_t depth) {
@@ -164,6 +165,71 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
     for (const auto& [exchange, bytes] : exchange_bytes_total_) {
       Sample(&out, "dlrm_exchange_bytes_total", static_cast<double>(bytes),
              absl::StrCat("exchange=\"", exchange, "\""));
+    }
+  }
+
+  if (!stores_.empty()) {
+    // Counters of the model's stores (they restart with a checkpoint
+    // restore, which Prometheus' rate() takes as a counter reset).
+    struct Counter {
+      const char* name;
+      const char* help;
+      int64_t embedding::StoreMetrics::*field;
+    };
+    static const Counter kCounters[] = {
+        {"dlrm_embedding_cache_hits_total",
+         "Unique rows of prepared batches already in the table's row cache.",
+         &embedding::StoreMetrics::hits},
+        {"dlrm_embedding_cache_misses_total",
+         "Unique rows of prepared batches loaded into the row cache.",
+         &embedding::StoreMetrics::misses},
+        {"dlrm_embedding_cache_prefetch_hits_total",
+         "Misses served from the prefetch of the step before.",
+         &embedding::StoreMetrics::prefetch_hits},
+        {"dlrm_embedding_cache_evictions_total",
+         "Rows dropped from the row cache to make room.",
+         &embedding::StoreMetrics::evictions},
+        {"dlrm_rocksdb_read_rows_total", "Rows read from RocksDB.",
+         &embedding::StoreMetrics::rows_read},
+        {"dlrm_rocksdb_read_bytes_total", "Value bytes read from RocksDB.",
+         &embedding::StoreMetrics::bytes_read},
+        {"dlrm_rocksdb_written_rows_total",
+         "Rows written back to RocksDB (dirty evictions and flushes).",
+         &embedding::StoreMetrics::rows_written},
+        {"dlrm_rocksdb_written_bytes_total", "Value bytes written to RocksDB.",
+         &embedding::StoreMetrics::bytes_written},
+    };
+    Header(&out, "dlrm_embedding_cache_rows", "gauge",
+           "Rows the row cache of a RocksDB-tier table holds.");
+    for (const TableStoreStats& t : stores_) {
+      Sample(&out, "dlrm_embedding_cache_rows",
+             static_cast<double>(t.cache_rows),
+             absl::StrCat("table=\"", t.table, "\""));
+    }
+    for (const Counter& c : kCounters) {
+      Header(&out, c.name, "counter", c.help);
+      for (const TableStoreStats& t : stores_) {
+        Sample(&out, c.name, static_cast<double>(t.metrics.*c.field),
+               absl::StrCat("table=\"", t.table, "\""));
+      }
+    }
+    Header(&out, "dlrm_embedding_cache_hit_ratio", "gauge",
+           "hits / (hits + misses) of the row cache since it was created.");
+    for (const TableStoreStats& t : stores_) {
+      const int64_t lookups = t.metrics.hits + t.metrics.misses;
+      Sample(&out, "dlrm_embedding_cache_hit_ratio",
+             lookups > 0 ? static_cast<double>(t.metrics.hits) / lookups : 0.0,
+             absl::StrCat("table=\"", t.table, "\""));
+    }
+    Header(&out, "dlrm_embedding_cache_prefetch_hit_ratio", "gauge",
+           "prefetch_hits / misses of the row cache since it was created.");
+    for (const TableStoreStats& t : stores_) {
+      Sample(
+          &out, "dlrm_embedding_cache_prefetch_hit_ratio",
+          t.metrics.misses > 0
+              ? static_cast<double>(t.metrics.prefetch_hits) / t.metrics.misses
+              : 0.0,
+          absl::StrCat("table=\"", t.table, "\""));
     }
   }
 

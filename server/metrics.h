@@ -1,6 +1,7 @@
 // The server's Prometheus metrics: training throughput and loss, the train
 // stream's queue, evaluation results, prediction latency and micro-batch
-// sizes, per-stage step times and requests by method and code. Rendered in
+// sizes, per-stage step times, the row caches of RocksDB-tier tables and
+// requests by method and code. Rendered in
 // the Prometheus text exposition format (version 0.0.4) for /metrics and
 // Admin.GetMetrics. Series names are listed in docs/server.md.
 #pragma once
@@ -76,6 +77,8 @@ class ServerMetrics {
   std::map<std::string, double> total_stage_seconds_;
   // Bytes rank 0 sent to other ranks, by exchange (several ranks only).
   std::map<std::string, int64_t> exchange_bytes_total_;
+  // Each RocksDB-tier table's cache as of the last training step.
+  std::vector<TableStoreStats> stores_;
   int64_t queue_depth_ = 0;
   int64_t queue_depth_max_ = 0;
   int64_t queue_capacity_ = 0;

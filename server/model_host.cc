@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/status.h"
 #include "model/metrics.h"
+#include "spdlog/spdlog.h"
 
 namespace dlrm::server {
 namespace {
@@ -56,7 +57,29 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
 
 }  // namespace
 
-absl::Status ModelHostOptions::Validate() const { return absl::OkStatus(); }
+absl::Status ModelHostOptions::Validate() const {
+  if (checkpoint_every_steps < 0 || !(checkpoint_every_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_every_steps (", checkpoint_every_steps,
+                     ") and checkpoint_every_seconds (",
+                     checkpoint_every_seconds, ") must be >= 0"));
+  }
+  if (keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints = ", keep_checkpoints, " must be >= 0"));
+  }
+  if (periodic() && checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "periodic checkpoints (checkpoint_every_steps or "
+        "checkpoint_every_seconds) need checkpoint_dir");
+  }
+  if (periodic() && inference_only) {
+    return absl::InvalidArgumentError(
+        "an inference-only server does not train, so it takes no periodic "
+        "checkpoints");
+  }
+  return absl::OkStatus();
+}
 
 ModelHost::TrainingLease::TrainingLease(TrainingLease&& other) noexcept
     : host_(std::exchange(other.host_, nullptr)) {}
@@ -81,7 +104,8 @@ ModelHost::ModelHost(std::unique_ptr<model::DlrmModel> model,
       shape_(ShapeOf(config_)),
       model_(std::move(model)),
       group_(std::move(group)),
-      steps_(model_ != nullptr ? model_->steps() : group_->steps()) {}
+      steps_(model_ != nullptr ? model_->steps() : group_->steps()),
+      last_checkpoint_time_(Now()) {}
 
 absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
     std::unique_ptr<model::DlrmModel> model, ModelHostOptions options) {
@@ -138,7 +162,8 @@ void ModelHost::ReleaseTraining() {
 }
 
 absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
-    const TrainingLease& lease, const data::Batch& batch) {
+    const TrainingLease& lease, const data::Batch& batch,
+    const std::function<std::string()>& job) {
   if (lease.host_ != this) {
     return absl::FailedPreconditionError(
         "TrainStep needs this host's training lease");
@@ -164,6 +189,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
       outcome.exchange_bytes.emplace_back(
           model::HybridStageTimes::ExchangeName(e), r.times.bytes_sent[e]);
     }
+    outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
     return outcome;
   }
   ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
@@ -176,7 +202,54 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     outcome.stage_seconds.emplace_back(model::StageTimes::Name(st),
                                        r.times.seconds[st]);
   }
+  if (model_->HasRocksDbTables()) {
+    for (int k = 0; k < config_.tables_size(); ++k) {
+      if (model_->IsHostTable(k)) continue;
+      outcome.stores.push_back(TableStoreStats{config_.tables(k).name(),
+                                               model_->tables()[k]->rows(),
+                                               model_->store(k).metrics()});
+    }
+  }
+  outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
   return outcome;
+}
+
+std::string ModelHost::MaybeCheckpoint(
+    int64_t step, const std::function<std::string()>& job) {
+  if (!options_.periodic()) return "";
+  const double now = Now();
+  const bool by_steps = options_.checkpoint_every_steps > 0 &&
+                        step % options_.checkpoint_every_steps == 0;
+  const bool by_time =
+      options_.checkpoint_every_seconds > 0 &&
+      now - last_checkpoint_time_ >= options_.checkpoint_every_seconds;
+  if (!by_steps && !by_time) return "";
+  last_checkpoint_time_ = now;
+  const std::string dir = (std::filesystem::path(options_.checkpoint_dir) /
+                           model::PeriodicCheckpointName(step))
+                              .string();
+  absl::StatusOr<model::CheckpointInfo> info =
+      SaveLocked(dir, job ? job() : std::string());
+  if (!info.ok()) {
+    spdlog::error(
+        "periodic checkpoint at step {} failed (training goes on): {}", step,
+        info.status().ToString());
+    return "";
+  }
+  spdlog::info("periodic checkpoint {} at step {} ({} bytes, {:.3f} s)", dir,
+               step, info->bytes, Now() - now);
+  const absl::Status pruned = model::PruneCheckpoints(
+      options_.checkpoint_dir, options_.keep_checkpoints);
+  if (!pruned.ok()) {
+    spdlog::warn("pruning old checkpoints: {}", pruned.ToString());
+  }
+  return dir;
+}
+
+absl::StatusOr<model::CheckpointInfo> ModelHost::SaveLocked(
+    const std::string& dir, const std::string& job) {
+  if (group_ != nullptr) return group_->SaveCheckpoint(dir, job);
+  return model::SaveCheckpoint(*model_, dir, job);
 }
 
 absl::Status ModelHost::Predict(const data::Batch& batch,
@@ -243,15 +316,14 @@ absl::StatusOr<model::EvalResult> ModelHost::EvaluateBatches(
 }
 
 absl::StatusOr<model::CheckpointInfo> ModelHost::SaveCheckpoint(
-    const std::string& dir) {
+    const std::string& dir, const std::string& job) {
   if (options_.inference_only) {
     return absl::FailedPreconditionError(
         "an inference-only server holds no optimizer state, so it cannot "
         "write a checkpoint");
   }
   std::lock_guard<std::mutex> lock(model_mu_);
-  if (group_ != nullptr) return group_->SaveCheckpoint(dir);
-  return model::SaveCheckpoint(*model_, dir);
+  return SaveLocked(dir, job);
 }
 
 absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
@@ -309,7 +381,7 @@ absl::Status ModelHost::ShutdownRanks() {
   return group_->Shutdown();
 }
 
-ModelSummary ModelHost::Summary() {
+ModelSummary ModelHost::Summary(bool with_checksum) {
   ModelSummary s;
   s.config = config_;
   s.embedding_parameters = EmbeddingParameterCount(config_);
@@ -341,19 +413,28 @@ ModelSummary ModelHost::Summary() {
     return s;
   }
   std::string tables;
-  int64_t host_bytes = 0;
+  int64_t host_bytes = 0, rocksdb_bytes = 0;
   {
     std::lock_guard<std::mutex> lock(model_mu_);
     s.steps = model_->steps();
     for (size_t k = 0; k < model_->tables().size(); ++k) {
-      const embedding::EmbeddingTable& t = *model_->tables()[k];
+      // A RocksDB-tier table's host memory is its cache (tables()[k] is
+      // the slot array); its rows live in RocksDB.
+      embedding::EmbeddingTable& t = *model_->tables()[k];
       host_bytes +=
           static_cast<int64_t>(sizeof(float)) *
           (t.rows() * t.dim() +
-           static_cast<int64_t>(model_->tables()[k]->state1().size() +
-                                model_->tables()[k]->state2().size()));
-      absl::StrAppend(&tables, k == 0 ? "" : ", ", config_.tables(k).name(),
-                      " (", t.rows(), " x ", t.dim(), ")");
+           static_cast<int64_t>(t.state1().size() + t.state2().size()));
+      const TableConfig& tc = config_.tables(static_cast<int>(k));
+      absl::StrAppend(&tables, k == 0 ? "" : ", ", tc.name(), " (", tc.rows(),
+                      " x ", tc.dim(), ")");
+      if (!model_->IsHostTable(static_cast<int>(k))) {
+        rocksdb_bytes += static_cast<int64_t>(sizeof(float)) * tc.rows() *
+                         (tc.dim() + embedding::StateFloatsPerRow(
+                                         config_.sparse_optimizer(), tc.dim()));
+        absl::StrAppend(&tables, " on rocksdb with a cache of ", t.rows(),
+                        " rows");
+      }
     }
     for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
       host_bytes += static_cast<int64_t>(sizeof(float)) * p.size;
@@ -362,10 +443,12 @@ ModelSummary ModelHost::Summary() {
   host_bytes += static_cast<int64_t>(sizeof(float)) * s.dense_parameters;
   s.memory_bytes["host"] = host_bytes;
   s.memory_bytes["device"] = 0;
-  s.memory_bytes["rocksdb"] = 0;
+  // Every row's weights and optimizer state as stored (written or not yet).
+  s.memory_bytes["rocksdb"] = rocksdb_bytes;
+  if (with_checksum) s.weight_checksum = WeightChecksum();
   s.sharding_plan = absl::StrCat(
       "world size 1; rank 0 holds every table whole (table-wise, host "
-      "memory): ",
+      "memory unless on rocksdb): ",
       tables, "; MLPs data-parallel on rank 0");
   return s;
 }

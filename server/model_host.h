@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,8 +33,32 @@ struct ModelHostOptions {
   // Serve predictions only: training and checkpoint saves are refused
   // (FailedPrecondition), restores read weights only. Default: false.
   bool inference_only = false;
+  // Where periodic checkpoints go, as <dir>/ckpt-<step>; needed when either
+  // period below is set. Default: empty.
+  std::string checkpoint_dir;
+  // Save a periodic checkpoint after every step whose number is a multiple
+  // of this; 0 = never by steps. Default: 0.
+  int64_t checkpoint_every_steps = 0;
+  // Save a periodic checkpoint after the first step that ends this many
+  // seconds after the last checkpoint (or the host's start); 0 = never by
+  // time. Default: 0.
+  double checkpoint_every_seconds = 0;
+  // Periodic checkpoints kept (the newest); older ones are removed after
+  // each save. 0 keeps every one. Default: 3.
+  int keep_checkpoints = 3;
 
   absl::Status Validate() const;
+  bool periodic() const {
+    return checkpoint_every_steps > 0 || checkpoint_every_seconds > 0;
+  }
+};
+
+// The row cache of one RocksDB-tier table: its size and its counters since
+// the store was created (a checkpoint restore starts them again).
+struct TableStoreStats {
+  std::string table;
+  int64_t cache_rows = 0;
+  embedding::StoreMetrics metrics;
 };
 
 // One training step as the host ran it.
@@ -51,6 +76,11 @@ struct TrainStepOutcome {
   std::vector<std::pair<std::string, double>> stage_seconds;
   // Bytes rank 0 sent to the other ranks, by exchange (several ranks only).
   std::vector<std::pair<std::string, int64_t>> exchange_bytes;
+  // The periodic checkpoint saved right after this step, if one was.
+  std::string checkpoint;
+  // Every RocksDB-tier table's cache after the step, in config order (one
+  // rank only; empty when every table is in host memory).
+  std::vector<TableStoreStats> stores;
 };
 
 // What Admin.GetModelInfo reports.
@@ -59,12 +89,15 @@ struct ModelSummary {
   int64_t embedding_parameters = 0;
   int64_t dense_parameters = 0;
   int64_t steps = 0;
-  // Human-readable: which rank and tier holds each table.
+  // Human-readable: which rank and tier holds each table ("C3 (1000000 x
+  // 16) on rocksdb with a cache of 100000 rows").
   std::string sharding_plan;
   // Bytes of weights and optimizer state per storage tier.
   std::map<std::string, int64_t> memory_bytes;
   int world_size = 1;
   bool inference_only = false;
+  // WeightChecksum() when asked for (0 otherwise and for several ranks).
+  uint64_t weight_checksum = 0;
 };
 
 // Thread-safe: every method may be called from any thread.
@@ -108,11 +141,16 @@ class ModelHost {
   // has it or the host is inference-only; Unavailable after StopTraining().
   absl::StatusOr<TrainingLease> AcquireTraining(const std::string& holder);
 
-  // One training step on `batch` under the model lock. InvalidArgument for a
-  // batch that does not fit (the model is then unchanged); Unavailable
-  // after StopTraining().
-  absl::StatusOr<TrainStepOutcome> TrainStep(const TrainingLease& lease,
-                                             const data::Batch& batch);
+  // One training step on `batch` under the model lock, then the periodic
+  // checkpoint when one is due (still under the lock, so it holds exactly
+  // this step's weights; a failed save is logged and training goes on).
+  // When a checkpoint is taken, `job` (may be empty) is called for the
+  // record of the running job as it stands after this step
+  // (model::Manifest::job). InvalidArgument for a batch that does not fit
+  // (the model is then unchanged); Unavailable after StopTraining().
+  absl::StatusOr<TrainStepOutcome> TrainStep(
+      const TrainingLease& lease, const data::Batch& batch,
+      const std::function<std::string()>& job = nullptr);
 
   // Click probabilities of every sample of `batch` into `probs` (resized).
   // InvalidArgument for a batch that does not fit.
@@ -132,9 +170,10 @@ class ModelHost {
       std::span<const data::Batch> batches);
 
   // Writes a checkpoint of the current weights to `dir` (taken between
-  // steps). FailedPrecondition on an inference-only host; Internal on I/O
-  // errors.
-  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(const std::string& dir);
+  // steps), with `job` as its manifest's job record. FailedPrecondition on
+  // an inference-only host; Internal on I/O errors.
+  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
+      const std::string& dir, const std::string& job = "");
 
   // Replaces weights (and optimizer state unless inference-only) from the
   // checkpoint in `dir`. FailedPrecondition while training is reserved or
@@ -153,7 +192,8 @@ class ModelHost {
   // rank.
   absl::Status ShutdownRanks();
 
-  ModelSummary Summary();
+  // What GetModelInfo reports; `with_checksum` adds WeightChecksum().
+  ModelSummary Summary(bool with_checksum = false);
   // Steps the model has taken; does not wait for a running step.
   int64_t steps() const { return steps_.load(); }
   // See DlrmModel::WeightChecksum; 0 for a job of several ranks.
@@ -163,6 +203,13 @@ class ModelHost {
   ModelHost(std::unique_ptr<model::DlrmModel> model,
             std::unique_ptr<RankGroup> group, ModelHostOptions options);
   void ReleaseTraining();
+  // With model_mu_ held, after a step: saves and prunes the periodic
+  // checkpoint if one is due; returns its directory ("" if none).
+  std::string MaybeCheckpoint(int64_t step,
+                              const std::function<std::string()>& job);
+  // With model_mu_ held.
+  absl::StatusOr<model::CheckpointInfo> SaveLocked(const std::string& dir,
+                                                   const std::string& job);
 
   const ModelHostOptions options_;
   const ModelConfig config_;
@@ -176,6 +223,9 @@ class ModelHost {
   bool training_stopped_ = false;  // guarded by model_mu_
   // model_->steps(), readable without waiting for a step to end.
   std::atomic<int64_t> steps_{0};
+  // When the last periodic checkpoint (or the host's start) was; guarded
+  // by model_mu_.
+  double last_checkpoint_time_ = 0;
 
   std::mutex lease_mu_;          // guards training_holder_
   std::string training_holder_;  // empty = free

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
@@ -56,13 +55,26 @@ const char* OpName(int64_t op) {
 }
 
 // Files of a multi-rank checkpoint directory.
-constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kConfig[] = "config.textproto";
 constexpr char kPlan[] = "plan.txt";
 constexpr char kDense[] = "dense.safetensors";
 
 std::string RankFile(int rank) {
   return absl::StrCat("rank-", rank, ".safetensors");
+}
+
+// A rank's shards on RocksDB: a checkpoint of its database (a directory).
+std::string RocksDbDir(int rank) {
+  return absl::StrCat("rank-", rank, ".rocksdb");
+}
+
+// True when the checkpoint file `path` ("rank-3.safetensors",
+// "rank-3.rocksdb/...") belongs to `rank`.
+bool OwnFile(const std::string& path, int rank) {
+  const std::string prefix = absl::StrCat("rank-", rank);
+  if (!path.starts_with(prefix)) return false;
+  const char next = path.size() > prefix.size() ? path[prefix.size()] : '\0';
+  return next == '.' || next == '/' || next == '-' || next == '_';
 }
 
 std::string ShardName(const ModelConfig& config, int table, int shard) {
@@ -279,7 +291,12 @@ absl::Status RankGroup::RunStep(const data::Batch& local, bool train,
   if (train) {
     absl::StatusOr<model::HybridStepResult> r = model_->TrainStep(local);
     if (!r.ok()) {
-      if (absl::IsInvalidArgument(r.status())) return r.status();
+      // Refusals every rank agreed on (a bad batch, a batch over a shard's
+      // cache) change nothing and leave the group usable.
+      if (absl::IsInvalidArgument(r.status()) ||
+          absl::IsResourceExhausted(r.status())) {
+        return r.status();
+      }
       return Broke(r.status(), "Train");
     }
     steps_.store(model_->steps());
@@ -289,7 +306,7 @@ absl::Status RankGroup::RunStep(const data::Batch& local, bool train,
   std::vector<float> mine;
   absl::Status s = model_->Predict(local, &mine);
   if (!s.ok()) {
-    if (absl::IsInvalidArgument(s)) return s;
+    if (absl::IsInvalidArgument(s) || absl::IsResourceExhausted(s)) return s;
     return Broke(s, "Predict");
   }
   return GatherProbs(mine, sizes, probs);
@@ -399,6 +416,7 @@ absl::Status RankGroup::WriteShards(const std::string& dir_name) {
   std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
                                              {"rank", std::to_string(rank_)}};
   for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+    if (s.storage == nullptr) continue;  // on RocksDB: below
     embedding::EmbeddingTable& t = *s.storage;
     const std::string base = ShardName(config, s.table, s.shard);
     for (const model::TableTensor& s :
@@ -409,6 +427,10 @@ absl::Status RankGroup::WriteShards(const std::string& dir_name) {
   }
   RETURN_IF_ERROR(
       model::WriteSafetensors((dir / RankFile(rank_)).string(), tensors, meta));
+  if (model_->HasRocksDbShards()) {
+    // Rows, optimizer state and step counters of the shards on RocksDB.
+    RETURN_IF_ERROR(model_->CheckpointRows((dir / RocksDbDir(rank_)).string()));
+  }
   if (rank_ != 0) return absl::OkStatus();
 
   // Dense replicas are identical on every rank: the leader writes them.
@@ -444,7 +466,16 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
   std::vector<std::pair<embedding::EmbeddingTable*, int64_t>> table_steps;
   int64_t step = 0, dense_step = 0;
   std::unique_ptr<model::SafetensorsFile> rank_file, dense_file;
+  std::unique_ptr<model::HybridModel::StagedRows> staged_rows;
   auto check = [&]() -> absl::Status {
+    // Each rank checks the checksums of what it reads: the shared files and
+    // its own ("rank-<r>" and anything under "rank-<r>.").
+    ASSIGN_OR_RETURN(model::Manifest manifest,
+                     model::ReadManifest(dir.string()));
+    RETURN_IF_ERROR(model::VerifyCheckpointFiles(
+        dir.string(), manifest, [this](const std::string& path) {
+          return !path.starts_with("rank-") || OwnFile(path, rank_);
+        }));
     ASSIGN_OR_RETURN(std::string plan_text, ReadText(dir / kPlan));
     if (plan_text != model_->plan().ToString(config)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -465,6 +496,7 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
       return absl::OkStatus();
     };
     for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+      if (s.storage == nullptr) continue;  // on RocksDB: below
       embedding::EmbeddingTable& t = *s.storage;
       const std::string base = ShardName(config, s.table, s.shard);
       for (const model::TableTensor& s :
@@ -477,6 +509,10 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
         absl::SimpleAtoi(it->second, &table_step);
       }
       table_steps.push_back({&t, table_step});
+    }
+    if (model_->HasRocksDbShards()) {
+      ASSIGN_OR_RETURN(staged_rows,
+                       model_->StageRows((dir / RocksDbDir(rank_)).string()));
     }
     for (const dense::ParamRef& p : model_->dense_params()) {
       RETURN_IF_ERROR(add(*dense_file, p.name, {p.size}, p.value));
@@ -504,6 +540,7 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
     std::copy(c.from.begin(), c.from.end(), c.to);
   }
   for (auto [table, table_step] : table_steps) table->set_step(table_step);
+  if (staged_rows != nullptr) model_->SwapInRows(std::move(staged_rows));
   model_->dense_optimizer().set_step(dense_step);
   model_->set_steps(step);
   steps_.store(step);
@@ -511,7 +548,7 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
 }
 
 absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
-    const std::string& dir_name) {
+    const std::string& dir_name, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
@@ -535,19 +572,19 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
   }
   model::CheckpointInfo info;
   info.step = model_->steps();
-  nlohmann::json manifest = {{"format", "dlrm-server-multirank-checkpoint"},
-                             {"version", 1},
-                             {"step", info.step},
-                             {"world_size", world_}};
-  for (const auto& entry : fs::directory_iterator(tmp, ec)) {
-    const auto bytes = entry.file_size(ec);
-    manifest["files"][entry.path().filename().string()] = {{"bytes", bytes}};
-    info.bytes += static_cast<int64_t>(bytes);
-  }
-  // The manifest is written last: its presence marks a complete checkpoint.
-  RETURN_IF_ERROR(model::WriteTextFile((tmp / kManifest).string(),
-                                       manifest.dump(2) + "\n"));
-  RETURN_IF_ERROR(model::SyncDirectory(tmp.string()));
+  model::Manifest fields;
+  fields.format = model::kMultiRankFormat;
+  fields.step = info.step;
+  fields.world_size = world_;
+  google::protobuf::TextFormat::PrintToString(model_->config(),
+                                              &fields.config_text);
+  fields.sharding_plan = model_->plan().ToString(model_->config());
+  fields.job = job;
+  // Written last, with every rank's files' checksums (the directory is
+  // shared): its presence marks a complete checkpoint.
+  ASSIGN_OR_RETURN(model::Manifest manifest,
+                   model::WriteManifest(tmp.string(), fields));
+  for (const model::ManifestFile& f : manifest.files) info.bytes += f.bytes;
   RETURN_IF_ERROR(model::CommitDirectory(tmp.string(), dir.string()));
   return info;
 }
@@ -557,20 +594,17 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
-  ASSIGN_OR_RETURN(std::string manifest_text, ReadText(dir / kManifest));
-  const nlohmann::json manifest =
-      nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object() ||
-      manifest.value("format", "") != "dlrm-server-multirank-checkpoint") {
+  ASSIGN_OR_RETURN(model::Manifest manifest, model::ReadManifest(dir.string()));
+  if (manifest.format != model::kMultiRankFormat) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir.string(),
                      " holds no multi-rank checkpoint (a checkpoint of a "
                      "single-rank server cannot be restored on several)"));
   }
-  if (manifest.value("world_size", 0) != world_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint in ", dir.string(), " was written by ",
-        manifest.value("world_size", 0), " ranks, this job has ", world_));
+  if (manifest.world_size != world_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint in ", dir.string(), " was written by ",
+                     manifest.world_size, " ranks, this job has ", world_));
   }
   std::string path = dir.string();
   RETURN_IF_ERROR(SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
@@ -580,10 +614,7 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   RETURN_IF_ERROR(read);
   model::CheckpointInfo info;
   info.step = model_->steps();
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    info.bytes += static_cast<int64_t>(entry.file_size(ec));
-  }
+  for (const model::ManifestFile& f : manifest.files) info.bytes += f.bytes;
   return info;
 }
 

@@ -58,17 +58,21 @@ class RankGroup {
   int64_t steps() const;
 
   // Leader: one training step on the global `batch` (split by sample over
-  // the ranks). InvalidArgument for a batch that does not fit (no rank
-  // changes); Unavailable once the group is broken.
+  // the ranks). InvalidArgument for a batch that does not fit, and
+  // ResourceExhausted for one with more unique ids than a shard's RocksDB
+  // cache holds (no rank changes; the group goes on); Unavailable once the
+  // group is broken.
   absl::StatusOr<model::HybridStepResult> TrainStep(const data::Batch& batch);
 
   // Leader: click probabilities of every sample of `batch` (resized).
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
 
   // Leader: every rank writes its shards under `dir` (see docs/server.md
-  // "Multiple ranks"); replaces a previous checkpoint there. Internal on an
-  // I/O error on any rank.
-  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(const std::string& dir);
+  // "Multiple ranks"); replaces a previous checkpoint there; `job` goes into
+  // the manifest (model::Manifest::job). Internal on an I/O error on any
+  // rank.
+  absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
+      const std::string& dir, const std::string& job = "");
 
   // Leader: every rank reads its shards from `dir`. NotFound when `dir`
   // holds no multi-rank checkpoint; FailedPrecondition when its config,

@@ -3,6 +3,7 @@
 // the calling thread.
 #include "server/train_stream.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,13 +29,21 @@ absl::Status TrainStreamOptions::Validate() const {
   if (max_unsent_results < 1) {
     return absl::InvalidArgumentError("max_unsent_results must be >= 1");
   }
+  if (!(idle_timeout_seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train idle timeout must be >= 0 s, got ", idle_timeout_seconds));
+  }
   return absl::OkStatus();
 }
 
 TrainStream::TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
                          ServerMetrics* metrics,
                          const TrainStreamOptions& options)
-    : context_(context), host_(host), metrics_(metrics), options_(options) {
+    : context_(context),
+      host_(host),
+      metrics_(metrics),
+      options_(options),
+      last_activity_(std::chrono::steady_clock::now()) {
   absl::StatusOr<ModelHost::TrainingLease> lease = host_->AcquireTraining(
       absl::StrCat("a Train stream from ", context->peer()));
   if (!lease.ok()) {
@@ -60,6 +69,10 @@ TrainStream::TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
 }
 
 void TrainStream::OnReadDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_activity_ = std::chrono::steady_clock::now();
+  }
   if (!ok) {
     // The client closed its side (or the call is going away).
     std::lock_guard<std::mutex> lock(mu_);
@@ -116,6 +129,7 @@ void TrainStream::OnWriteDone(bool ok) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
+    last_activity_ = std::chrono::steady_clock::now();
     unsent_.pop_front();
     if (!ok) {
       // The client is gone: nothing more can be delivered.
@@ -138,16 +152,45 @@ void TrainStream::OnCancel() {
 void TrainStream::Work() {
   absl::Status status;
   int64_t steps = 0;
+  const auto idle_limit =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(options_.idle_timeout_seconds));
+  bool idle = false;  // the client stalled past the idle timeout
   while (true) {
     Item item;
     bool resume_read = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
+      // Everything the worker waits for here comes from the client: a
+      // batch, or the room that its reading of results makes.
+      auto ready = [&] {
         if (cancelled_) return true;
         if (queue_.empty()) return input_done_;
         return static_cast<int>(unsent_.size()) < options_.max_unsent_results;
-      });
+      };
+      // Time spent training is not the client's: idleness counts from the
+      // later of its last action and the start of this wait.
+      const auto waiting_since = std::chrono::steady_clock::now();
+      while (!ready()) {
+        if (options_.idle_timeout_seconds <= 0) {
+          cv_.wait(lock);
+          continue;
+        }
+        const auto deadline =
+            std::max(last_activity_, waiting_since) + idle_limit;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          idle = true;
+          break;
+        }
+        cv_.wait_until(lock, deadline);
+      }
+      if (idle) {
+        status = absl::DeadlineExceededError(absl::StrCat(
+            "the Train stream was idle for ", options_.idle_timeout_seconds,
+            " s (no batch arrived and no result was read; "
+            "--train-idle-timeout-s), so it was closed to free training"));
+        break;
+      }
       if (cancelled_ || queue_.empty()) break;
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -195,6 +238,17 @@ void TrainStream::Work() {
   // Give training back first, so a client that sees this stream end can
   // start the next trainer at once.
   lease_.reset();
+  if (idle) {
+    bool stuck_write;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stuck_write = writing_;
+    }
+    // A result the client never reads would hold the write (and so Finish)
+    // forever: cancelling the call completes it. The client then sees
+    // CANCELLED, which matters little to one that stopped reading.
+    if (stuck_write) context_->TryCancel();
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     // Results before the end go out first (unless the client is gone), and

@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -30,6 +31,11 @@ struct TrainStreamOptions {
   // Step results waiting to be sent before training pauses (a client that
   // does not read its results stops being read from). Default: 64.
   int max_unsent_results = 64;
+  // Seconds the stream may wait on its client (for a batch, or for room to
+  // send results; time spent training does not count) before it ends with
+  // DeadlineExceeded, so a client that stalls cannot hold the one training
+  // slot forever; 0 = no limit. Default: 300.
+  double idle_timeout_seconds = 300;
 
   absl::Status Validate() const;
 };
@@ -37,7 +43,9 @@ struct TrainStreamOptions {
 // One StepResult per batch, in order. A bad batch ends the stream with
 // InvalidArgument (naming the field, sample and stream message) after the
 // results of the batches before it; the bad batch changes nothing. When
-// training is busy the stream ends at once with FailedPrecondition.
+// training is busy the stream ends at once with FailedPrecondition; a
+// client idle past options.idle_timeout_seconds ends it with
+// DeadlineExceeded.
 // Deletes itself when gRPC is done with it.
 class TrainStream final
     : public grpc::ServerBidiReactor<TrainRequest, TrainResponse> {
@@ -82,6 +90,9 @@ class TrainStream final
   bool input_done_ = false;   // no more reads (end of input or bad batch)
   bool writing_ = false;
   bool cancelled_ = false;
+  // The last time the client did something: the stream began, a read or a
+  // write completed. The idle timeout counts from here.
+  std::chrono::steady_clock::time_point last_activity_;
 };
 
 }  // namespace dlrm::server

@@ -980,5 +980,107 @@ TEST(WireTest, RejectsInconsistentMessagesNamingFieldAndSample) {
   expect(m, 0, "batch.sparse has 2 features");
 }
 
+// Regressions found by tests/fuzz/wire_batch_fuzz (docs/fuzzing.md): a
+// size near 2^62 overflowed size x num_dense (signed overflow, UB) before
+// any check rejected it.
+TEST(WireTest, HugeSizeIsRejectedWithoutOverflow) {
+  BatchShape shape;
+  shape.num_dense = 2;
+  shape.table_rows = {10};
+  dlrm::Batch m;
+  m.set_size((int64_t{1} << 62) + 1);
+  m.add_dense(1);
+  m.add_dense(2);
+  m.add_sparse()->add_lengths(1);
+  m.mutable_sparse(0)->add_ids(0);
+  Batch out;
+  for (Labels labels : {Labels::kRequired, Labels::kIgnored}) {
+    const absl::Status s = BatchFromProto(m, shape, labels, 0, "batch", &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message())
+                  .find("batch.size = 4611686018427387905 "
+                        "exceeds the most samples"),
+              std::string::npos)
+        << s;
+  }
+}
+
+// The same overflow in Batch::Validate, the model's own gate.
+TEST(BatchTest, HugeSizeIsRejectedWithoutOverflow) {
+  Batch b;
+  b.Reset(2, 1);
+  b.size = (int64_t{1} << 62) + 1;
+  b.dense = {1, 2};
+  b.labels = {1};
+  const std::vector<int64_t> rows = {10};
+  const absl::Status s = b.Validate(2, rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("labels must have size"),
+            std::string::npos)
+      << s;
+}
+
+// Found by tests/fuzz/criteo_binary_fuzz: the binary reader passed any
+// label and dense value on, so a corrupt file reached the model (which
+// rejected the batch without saying which file or record).
+TEST(CriteoBinaryTest, BadLabelOrDenseValueNamesFileAndRecord) {
+  const std::string tsv = TempPath("three.txt");
+  WriteFile(tsv, Line("1", {"1"}, {"a"}) + "\n" + Line("0", {"2"}, {"b"}) +
+                     "\n" + Line("1", {"3"}, {"c"}) + "\n");
+  const std::string bin = TempPath("three.bin");
+  ASSERT_TRUE(ConvertCriteoTsvToBinary({tsv}, bin).ok());
+  // Record bytes: label, 13 dense, 26 categorical (4 bytes each).
+  const std::streamoff record = 4 * (1 + 13 + 26);
+  const float half = 0.5f, nan = std::nanf("");
+  {
+    std::fstream f(bin, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(32 + 1 * record);  // record 1's label
+    f.write(reinterpret_cast<const char*>(&half), sizeof(half));
+    f.seekp(32 + 2 * record + 4 * 3);  // record 2's dense 2
+    f.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  auto source = OpenCriteoBinary(bin, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  auto first = (*source)->Next(1, &batch);
+  ASSERT_TRUE(first.ok() && *first) << first.status();
+  EXPECT_TRUE(batch.Validate(13, options.table_rows).ok());
+  ExpectInvalid((*source)->Next(1, &batch).status(),
+                bin + ": record 1: label 0.5 must be 0 or 1");
+  ExpectInvalid((*source)->Next(4, &batch).status(),
+                bin + ": record 2: dense 2 is NaN");
+  auto end = (*source)->Next(4, &batch);
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(*end);
+}
+
+// Found by tests/fuzz/criteo_binary_fuzz: with no dense features the
+// reader (and the converter) passed a null pointer to memcpy (UB even for
+// 0 bytes). Such files must convert and read back.
+TEST(CriteoBinaryTest, NoDenseFeaturesRoundTrip) {
+  const std::string tsv = TempPath("no_dense.txt");
+  WriteFile(tsv, "1\ta\tb\tc\n0\t\t1f\t2\n");
+  const std::string bin = TempPath("no_dense.bin");
+  absl::StatusOr<int64_t> count =
+      ConvertCriteoTsvToBinary({tsv}, bin, /*num_dense=*/0, /*num_sparse=*/3);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 2);
+  CriteoOptions options;
+  options.num_dense = 0;
+  options.table_rows = {100, 100, 100};
+  auto source = OpenCriteoBinary(bin, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  auto more = (*source)->Next(10, &batch);
+  ASSERT_TRUE(more.ok() && *more) << more.status();
+  EXPECT_EQ(batch.size, 2);
+  EXPECT_TRUE(batch.dense.empty());
+  EXPECT_EQ(batch.labels, (std::vector<float>{1, 0}));
+  EXPECT_EQ(batch.sparse[1].ids, (std::vector<int64_t>{0xb, 0x1f}));
+  EXPECT_TRUE(batch.Validate(0, options.table_rows).ok());
+}
+
 }  // namespace
 }  // namespace dlrm::data

@@ -4,12 +4,16 @@
 #include "embedding/embedding_store.h"
 
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -618,6 +622,134 @@ TEST_F(StoreTest, FlushedRowsSurviveReopen) {
   EXPECT_TRUE(BitwiseEqual(before, after));
   EXPECT_EQ(s.store->step(), 1);
   EXPECT_EQ(s.store->metrics().rows_read, 1);
+}
+
+// ---------------------------------------------------------------- memory
+
+// kB of a "Vm...:" line of /proc/self/status (-1 when missing).
+int64_t StatusKb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::stoll(line.substr(field.size() + 1));
+    }
+  }
+  return -1;
+}
+
+constexpr char kMemoryChildEnv[] = "DLRM_STORE_MEMORY_CHILD";
+
+// The memory bound, run in a fresh process by RssStaysWithinCacheBudget
+// (skipped otherwise, so nothing else in this process skews its RSS): a
+// 8M x 16 table (512 MB of rows) behind a cache of 400k rows (25.6 MB, a
+// twentieth) trains 160 batches of 8192 uniform ids, almost all misses, so
+// about 850k dirty rows go through RocksDB. The peak
+// RSS over the process's RSS before the table existed stays under the
+// cache (rows and bookkeeping, 144 B a row) plus a fixed 80 MiB: RocksDB's
+// two 4 MiB memtables, 8 MiB block cache, index and bloom filters and
+// flush/compaction buffers, the prefetch staging and batch scratch,
+// allocator slack (measured: about 55 MiB). The table in memory would need
+// 512 MB, over three times the bound.
+TEST_F(StoreTest, MemoryBoundChild) {
+  if (std::getenv(kMemoryChildEnv) == nullptr) {
+    GTEST_SKIP() << "run by RssStaysWithinCacheBudget in a fresh process";
+  }
+  constexpr int64_t kRows = 8'000'000, kCacheRows = 400'000, kBatch = 8192;
+  constexpr int kDim = 16, kSteps = 160;
+  constexpr int64_t kOverheadBytes = int64_t{80} << 20;
+  const int64_t baseline_kb = StatusKb("VmRSS");
+  ASSERT_GT(baseline_kb, 0);
+  RocksDbStoreOptions options = Options(kCacheRows);
+  options.write_buffer_bytes = 4 << 20;
+  options.block_cache_bytes = 8 << 20;
+  const TableSpec spec =
+      MakeSpec(3, kRows, kDim, POOLING_SUM, OptimizerConfig::SGD);
+  const int64_t table_bytes = kRows * kDim * 4;
+  const int64_t cache_bytes = kCacheRows * kDim * 4;
+  // Per cached row, besides its floats: its Slot record (48 B) and its
+  // entry in the id -> slot map (about 24 B at its load factor).
+  constexpr int64_t kBookkeepingPerRow = 80;
+  const int64_t bound_bytes =
+      cache_bytes + kCacheRows * kBookkeepingPerRow + kOverheadBytes;
+  ASSERT_GE(table_bytes, 5 * cache_bytes);
+  ASSERT_GT(table_bytes, 3 * bound_bytes);
+  {
+    auto db = RowDatabase::Open(options);
+    ASSERT_TRUE(db.ok()) << db.status();
+    auto store = RocksDbCachedStore::Create(spec, options, db->get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    Rng rng(kSeed);
+    auto batch = [&] {
+      data::SparseFeature f;
+      f.offsets.resize(kBatch + 1);
+      f.ids.resize(kBatch);
+      for (int64_t i = 0; i < kBatch; ++i) {
+        f.offsets[i] = i;
+        f.ids[i] = static_cast<int64_t>(rng.NextU64() % kRows);
+      }
+      f.offsets[kBatch] = kBatch;
+      return f;
+    };
+    std::vector<float> out(kBatch * kDim), grad(kBatch * kDim, 0.01f);
+    data::SparseFeature ids = batch();
+    for (int step = 0; step < kSteps; ++step) {
+      data::SparseFeature next = batch();
+      auto p = (*store)->Prepare(ids);
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_TRUE((*store)->Prefetch(next).ok());
+      ASSERT_TRUE((*store)->Forward(**p, out.data(), kDim).ok());
+      ASSERT_TRUE((*store)->BackwardUpdate(**p, grad.data(), kDim).ok());
+      ids = std::move(next);
+    }
+    ASSERT_TRUE((*store)->Flush().ok());
+    const StoreMetrics m = (*store)->metrics();
+    EXPECT_GT(m.rows_written, 700'000);
+    EXPECT_GT(m.evictions, 700'000);
+  }
+  const int64_t peak_kb = StatusKb("VmHWM");
+  std::printf(
+      "table %lld MiB, cache %lld MiB, RSS before %lld MiB, peak %lld MiB "
+      "(+%lld MiB), bound +%lld MiB\n",
+      static_cast<long long>(table_bytes >> 20),
+      static_cast<long long>(cache_bytes >> 20),
+      static_cast<long long>(baseline_kb >> 10),
+      static_cast<long long>(peak_kb >> 10),
+      static_cast<long long>((peak_kb - baseline_kb) >> 10),
+      static_cast<long long>(bound_bytes >> 20));
+  EXPECT_LE((peak_kb - baseline_kb) * 1024, bound_bytes);
+}
+
+// Runs MemoryBoundChild in a new process of this binary and requires it
+// to pass (not skip).
+TEST(StoreMemoryTest, RssStaysWithinCacheBudget) {
+  const std::string filter = "--gtest_filter=StoreTest.MemoryBoundChild";
+  const std::string out = testing::TempDir() + "/embedding_store_memory_" +
+                          std::to_string(getpid()) + ".txt";
+  const std::string output = "--gtest_output=json:" + out;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<char*> argv = {self.data(), const_cast<char*>(filter.c_str()),
+                             const_cast<char*>(output.c_str()), nullptr};
+  std::vector<std::string> env_strings = {std::string(kMemoryChildEnv) + "=1"};
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(),
+                        envp.data()),
+            0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // The child ran the test rather than skipping it.
+  std::ifstream in(out);
+  std::string json((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  std::filesystem::remove(out);
+  EXPECT_NE(json.find("\"MemoryBoundChild\""), std::string::npos);
+  EXPECT_EQ(json.find("SKIPPED"), std::string::npos) << json;
 }
 
 }  // namespace

@@ -24,7 +24,10 @@
 
 #include "clients/client.h"
 #include "core/config.h"
+#include "data/source.h"
 #include "data/synthetic.h"
+#include "google/protobuf/text_format.h"
+#include "model/checkpoint.h"
 #include "model/dlrm_model.h"
 
 extern char** environ;
@@ -377,6 +380,107 @@ TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
   StopRanks();
 }
 
+// One fixed batch, once.
+class OneBatch : public data::BatchSource {
+ public:
+  OneBatch(data::Batch batch, int num_dense)
+      : batch_(std::move(batch)), num_dense_(num_dense) {}
+  absl::StatusOr<bool> Next(int64_t, data::Batch* batch) override {
+    if (done_) {
+      batch->Reset(num_dense_, static_cast<int>(batch_.sparse.size()));
+      return false;
+    }
+    done_ = true;
+    *batch = batch_;
+    return true;
+  }
+  absl::Status Rewind() override {
+    done_ = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  data::Batch batch_;
+  int num_dense_;
+  bool done_ = false;
+};
+
+// Tables t0-t2 on RocksDB behind caches of 60 rows per shard (t2's column
+// blocks, 100 rows each, spill), t3 in host memory, on 2 ranks: trains like
+// one process, checkpoints every rank's database and restores it, and a
+// batch over a cache is refused on every rank with ResourceExhausted while
+// the job serves on unchanged.
+TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
+  ModelConfig c = config_;
+  for (int k = 0; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
+  c.mutable_rocksdb()->set_cache_rows(60);
+  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
+  ASSERT_TRUE(normal.ok()) << normal.status();
+  config_ = *normal;
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(config_, &text));
+  std::ofstream(config_path_) << text;
+
+  const std::string address = StartRanks(2);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<double> losses = Train(**client);
+  // The reference: one process (its tables on RocksDB too), same batches.
+  {
+    auto model = model::DlrmModel::Create(config_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto source = Source(11, kBatch * kSteps);
+    data::Batch batch;
+    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+    for (int64_t s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(*source->Next(kBatch, &batch));
+      auto r = (*model)->TrainStep(batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
+    }
+  }
+
+  const fs::path ckpt = dir_ / "ckpt";
+  auto saved = (*client)->SaveCheckpoint(ckpt.string());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(fs::is_directory(ckpt / "rank-0.rocksdb"));
+  EXPECT_TRUE(fs::is_directory(ckpt / "rank-1.rocksdb"));
+  auto before = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(before.ok()) << before.status();
+  Train(**client);
+  auto restored = (*client)->RestoreCheckpoint(ckpt.string());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  auto again = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *before);
+
+  // 100 samples whose t2 bags hold 100 different rows: over the cache of
+  // each of t2's column blocks (60 rows).
+  data::Batch over;
+  ASSERT_TRUE(Source(31, 100)->Next(100, &over).ok());
+  for (int64_t i = 0; i < over.size; ++i) {
+    for (int64_t p = over.sparse[2].offsets[i];
+         p < over.sparse[2].offsets[i + 1]; ++p) {
+      over.sparse[2].ids[p] = i;
+    }
+  }
+  auto refused = (*client)->Predict(over);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  OneBatch one(over, config_.num_dense_features());
+  clients::TrainOptions o;
+  o.batch_size = over.size;
+  auto trained = (*client)->Train(one, o, [](const StepResult&) {});
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kResourceExhausted)
+      << trained.status();
+  auto after = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *before);
+  StopRanks();
+}
+
 TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
   const std::string address = StartRanks(2, {"--comm-timeout-s", "3"});
   ASSERT_FALSE(address.empty());
@@ -441,6 +545,220 @@ TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
       std::string::npos);
   EXPECT_NE(ReadText(dir_ / "logs" / "rank-0.log").find("server stopped"),
             std::string::npos);
+}
+
+// A damaged rank file in the newest multi-rank checkpoint: the rank that
+// owns it finds the bad checksum, all ranks agree to skip it, and the job
+// resumes from the one before.
+TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
+  const fs::path ckpt = dir_ / "ckpt";
+  const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
+                                          "--checkpoint-every-steps", "2"};
+  {
+    const std::string address = StartRanks(2, flags);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Train(**client);
+    for (Proc& p : ranks_) {  // the checkpoints are committed: kill -9
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, nullptr, 0);
+      p.pid = -1;
+      close(p.out_fd);
+      p.out_fd = -1;
+    }
+  }
+  const fs::path damaged = ckpt / "ckpt-4" / "rank-1.safetensors";
+  ASSERT_TRUE(fs::exists(damaged));
+  {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(damaged) - 8));
+    f.put('\x7f');
+  }
+  const std::string address = StartRanks(2, flags);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 2);
+  const std::string rank0 = ReadText(dir_ / "rank-0.log");
+  EXPECT_NE(rank0.find("skipping checkpoint " + (ckpt / "ckpt-4").string()),
+            std::string::npos)
+      << rank0;
+  EXPECT_NE(
+      rank0.find("resuming from " + (ckpt / "ckpt-2").string() + " at step 2"),
+      std::string::npos)
+      << rank0;
+  const std::string rank1 = ReadText(dir_ / "rank-1.log");
+  EXPECT_NE(rank1.find(damaged.string() + " is corrupt"), std::string::npos)
+      << rank1;
+  StopRanks();
+}
+
+// Periodic checkpoints of a 2-rank job hold every rank's part; when a rank
+// dies, the other stops the step with a clear error, and the launcher with
+// --restart-on-failure restarts the whole job, which resumes from the
+// newest checkpoint, finishes the dataset job that was running (no client
+// action) and trains on.
+TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
+  const std::string script =
+      (SourceDir() / "deploy" / "launch_local.sh").string();
+  const fs::path ckpt = dir_ / "ckpt";
+  const fs::path logs = dir_ / "logs";
+  setenv("DLRM_SERVER", ServerPath().c_str(), 1);
+  setenv("DLRM_LOG_DIR", logs.c_str(), 1);
+  ranks_.push_back(Spawn({"/bin/bash",
+                          script,
+                          "--restart-on-failure",
+                          "1",
+                          "2",
+                          "--config",
+                          config_path_.string(),
+                          "--listen",
+                          "127.0.0.1:0",
+                          "--metrics-listen",
+                          "",
+                          "--threads",
+                          "1",
+                          "--checkpoint-dir",
+                          ckpt.string(),
+                          "--checkpoint-every-steps",
+                          "2",
+                          "--comm-timeout-s",
+                          "3",
+                          "--predict-max-wait-us",
+                          "0"},
+                         dir_ / "launch.err"));
+  std::string address = WaitListening(ranks_[0].out_fd, 30);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  clients::ClientOptions co;
+  co.call_timeout_seconds = 30;
+  auto client = clients::Client::Connect(address, co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  Train(**client);  // kSteps = 4: checkpoints at steps 2 and 4
+  for (const char* name : {"ckpt-2", "ckpt-4"}) {
+    auto manifest = model::ReadManifest((ckpt / name).string());
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    EXPECT_EQ(manifest->world_size, 2);
+    EXPECT_EQ(manifest->format, model::kMultiRankFormat);
+    EXPECT_NE(manifest->sharding_plan.find("row-wise"), std::string::npos);
+    EXPECT_TRUE(fs::exists(ckpt / name / "rank-1.safetensors"));
+    EXPECT_TRUE(
+        model::VerifyCheckpointFiles((ckpt / name).string(), *manifest).ok());
+  }
+  // A dataset job on the server, which the periodic checkpoints record.
+  constexpr int64_t kJobSteps = 40;
+  JobRequest request;
+  SyntheticData* synthetic = request.mutable_train()->mutable_synthetic();
+  synthetic->set_num_samples(kBatch * kJobSteps);
+  synthetic->set_teacher_seed(1);
+  synthetic->set_sample_seed(13);
+  request.set_batch_size(kBatch);
+  // An evaluation after every step (which leaves the model as it is)
+  // makes each step slow enough for the kill below to land mid-job.
+  request.mutable_eval()->mutable_synthetic()->set_num_samples(4096);
+  request.set_eval_interval(1);
+  auto job = (*client)->StartJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->id(), "job-1");
+  absl::StatusOr<JobStatus> running;
+  do {
+    running = (*client)->GetJob("job-1");
+    ASSERT_TRUE(running.ok()) << running.status();
+    ASSERT_TRUE(running->state() == JobStatus::PENDING ||
+                running->state() == JobStatus::RUNNING)
+        << running->error();
+  } while (running->steps() < 3);
+  ASSERT_LT(running->steps(), kJobSteps);
+
+  // Rank 1 dies; rank 0's step fails with a clear error (or the launcher
+  // has already stopped rank 0).
+  const pid_t rank1 = std::stoi(ReadText(logs / "rank-1.pid"));
+  kill(rank1, SIGKILL);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    running = (*client)->GetJob("job-1");
+    if (!running.ok() || running->state() != JobStatus::RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (running.ok()) {
+    EXPECT_EQ(running->state(), JobStatus::FAILED);
+    EXPECT_NE(running->error().find("UNAVAILABLE"), std::string::npos)
+        << running->error();
+  } else {
+    // The server going away: UNAVAILABLE, or CANCELLED for a call its
+    // shutdown cut off.
+    EXPECT_TRUE(absl::IsUnavailable(running.status()) ||
+                absl::IsCancelled(running.status()))
+        << running.status();
+  }
+  client->reset();
+
+  // The launcher restarts both ranks; they resume from the newest
+  // checkpoint, and rank 0 resumes the job where that checkpoint saw it.
+  address = WaitListening(ranks_[0].out_fd, 60);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  const std::vector<model::CheckpointEntry> entries =
+      model::ListCheckpoints(ckpt.string());
+  ASSERT_FALSE(entries.empty());
+  ASSERT_TRUE(entries[0].manifest.ok()) << entries[0].manifest.status();
+  const int64_t newest = entries[0].manifest->step;
+  EXPECT_GT(newest, kSteps);
+  EXPECT_NE(entries[0].manifest->job.find("\"job-1\""), std::string::npos)
+      << entries[0].manifest->job;
+  const std::string rank0_log = ReadText(logs / "rank-0.log");
+  EXPECT_NE(rank0_log.find("resuming from " + entries[0].dir + " at step " +
+                           std::to_string(newest)),
+            std::string::npos)
+      << rank0_log;
+  EXPECT_NE(rank0_log.find("resuming job job-1 at step " +
+                           std::to_string(newest - kSteps) + " of " +
+                           std::to_string(kJobSteps)),
+            std::string::npos)
+      << rank0_log;
+  EXPECT_NE(ReadText(dir_ / "launch.err").find("restarting every rank"),
+            std::string::npos)
+      << ReadText(dir_ / "launch.err");
+  // No client action: the job finishes by itself.
+  auto again = clients::Client::Connect(address, co);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto done = (*again)->WaitJob("job-1", {}, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+  EXPECT_EQ(done->steps(), kJobSteps);
+  EXPECT_EQ((*again)->GetModelInfo()->steps(), kSteps + kJobSteps);
+
+  // The model is the one of an uninterrupted run: one process fed the
+  // stream's batches, then the job's (docs/hybrid.md tolerance).
+  auto after = (*again)->Predict(EvalBatch());
+  ASSERT_TRUE(after.ok()) << after.status();
+  auto reference = model::DlrmModel::Create(config_);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  data::Batch batch;
+  auto stream = Source(11, kBatch * kSteps);
+  data::SyntheticOptions so;
+  so.teacher_seed = 1;
+  so.sample_seed = 13;
+  so.num_samples = kBatch * kJobSteps;
+  auto job_data = data::MakeSyntheticSource(config_, so);
+  ASSERT_TRUE(job_data.ok()) << job_data.status();
+  for (data::BatchSource* source : {stream.get(), job_data->get()}) {
+    while (*source->Next(kBatch, &batch)) {
+      ASSERT_TRUE((*reference)->TrainStep(batch).ok());
+    }
+  }
+  std::vector<float> ref;
+  ASSERT_TRUE((*reference)->Predict(EvalBatch(), &ref).ok());
+  ASSERT_EQ(after->size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR((*after)[i], ref[i], 1e-5) << "sample " << i;
+  }
+  EXPECT_EQ(Train(**again).size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ((*again)->GetModelInfo()->steps(), 2 * kSteps + kJobSteps);
+
+  kill(ranks_[0].pid, SIGINT);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadText(dir_ / "launch.err");
+  ranks_[0].pid = -1;
 }
 
 }  // namespace

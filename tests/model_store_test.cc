@@ -17,8 +17,10 @@
 #include "core/config.h"
 #include "data/synthetic.h"
 #include "embedding/embedding_store.h"
+#include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
+#include "model/trainer.h"
 
 namespace dlrm::model {
 namespace {
@@ -226,6 +228,102 @@ TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
   EXPECT_EQ(mixed->tables()[1]->rows(), 300);
   const auto batches = Batches(host_config, 20, 32, kDataSeed);
   for (const auto& b : batches) {
+    auto x = host->TrainStep(b);
+    auto y = mixed->TrainStep(b);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->loss, y->loss);
+  }
+  ExpectBitwiseEqual(Everything(*host), Everything(*mixed));
+  mixed.reset();
+  fs::remove_all(dir);
+}
+
+// model::Train (dlrm_train's loop) reads a batch ahead and passes it as
+// `next`: the cached tables prefetch, and training stays bitwise that of
+// the in-memory model.
+TEST(ModelStoreTest, TrainLoopPrefetchesNextBatch) {
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::ROWWISE_ADAGRAD);
+  const std::string dir = ScratchDir("train_loop");
+  auto host = Make(host_config);
+  auto rocks = Make(OnRocksDb(host_config, dir));
+  ASSERT_TRUE(host && rocks);
+  TrainOptions options;
+  options.batch_size = 32;
+  options.max_steps = 30;
+  options.log_interval = 0;
+  for (DlrmModel* m : {host.get(), rocks.get()}) {
+    data::SyntheticOptions o;
+    o.teacher_seed = kDataSeed;
+    o.sample_seed = kDataSeed + 1;
+    auto source = data::MakeSyntheticSource(host_config, o);
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto r = Train(*m, **source, /*eval=*/nullptr, options, EvalOptions(),
+                   TrainCallbacks());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->steps, 30);
+  }
+  const embedding::StoreMetrics m = rocks->RocksDbMetrics();
+  EXPECT_GT(m.misses, 0);
+  // Every miss after the first step was staged by the step before it.
+  EXPECT_GT(m.prefetch_hits, m.misses / 2);
+  ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
+  rocks.reset();
+  fs::remove_all(dir);
+}
+
+// The tier planner: the largest tables go to RocksDB until the host tables
+// plus the caches fit the budget. BaseConfig's tables (SGD, dim 8) take
+// 64000 (C1), 96000 (C2) and 48000 (C3) bytes; a 10% cache a tenth of that.
+TEST(ModelStoreTest, PlannerMovesLargestTablesUntilTheBudgetFits) {
+  const ModelConfig host_config = BaseConfig(OptimizerConfig::SGD);
+  const std::string dir = ScratchDir("planner");
+  embedding::TierPlanOptions options;
+  options.rocksdb.set_path(dir);
+  options.rocksdb.set_cache_fraction(0.1);
+  auto tiers = [&](int64_t budget) {
+    options.host_budget_bytes = budget;
+    auto c = embedding::PlanStorageTiers(host_config, options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    std::string s;
+    for (const TableConfig& t : c->tables()) {
+      s += t.storage() == STORAGE_ROCKSDB ? "R" : "H";
+    }
+    return s;
+  };
+  EXPECT_EQ(tiers(0), "HHH");  // No budget.
+  EXPECT_EQ(tiers(208000), "HHH");
+  EXPECT_EQ(tiers(207999), "HRH");  // 64000 + 9600 + 48000 = 121600.
+  EXPECT_EQ(tiers(121600), "HRH");
+  EXPECT_EQ(tiers(121599), "RRH");  // 6400 + 9600 + 48000 = 64000.
+  EXPECT_EQ(tiers(63999), "RRR");   // 6400 + 9600 + 4800 = 20800.
+  EXPECT_EQ(tiers(20800), "RRR");
+
+  options.host_budget_bytes = 20799;
+  auto too_small = embedding::PlanStorageTiers(host_config, options);
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_small.status().message().find("20800"), std::string::npos)
+      << too_small.status();
+  options.host_budget_bytes = -1;
+  EXPECT_EQ(embedding::PlanStorageTiers(host_config, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  embedding::TierPlanOptions no_path;
+  no_path.host_budget_bytes = 100000;
+  auto missing = embedding::PlanStorageTiers(host_config, no_path);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("rocksdb.path"), std::string::npos);
+
+  // The planned model trains like the in-memory one.
+  options.host_budget_bytes = 100000;
+  auto planned = embedding::PlanStorageTiers(host_config, options);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(CachedRowsOfTable(*planned, 1), 300);
+  auto host = Make(host_config);
+  auto mixed = Make(*planned);
+  ASSERT_TRUE(host && mixed);
+  for (const auto& b : Batches(host_config, 10, 32, kDataSeed)) {
     auto x = host->TrainStep(b);
     auto y = mixed->TrainStep(b);
     ASSERT_TRUE(x.ok() && y.ok());

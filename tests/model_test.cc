@@ -2,10 +2,14 @@
 // rejected batches, and learning the synthetic teacher.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <thread>
 
 #include "core/config.h"
 #include "data/synthetic.h"
@@ -406,9 +410,119 @@ TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
   ASSERT_TRUE((*b)->TrainStep(batches_[0]).ok());
   const uint64_t checksum = (*b)->WeightChecksum();
   auto r = RestoreCheckpoint(**b, dir_);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("model.safetensors"), std::string::npos)
       << r.status();
   EXPECT_EQ((*b)->WeightChecksum(), checksum);
+}
+
+// One flipped bit inside a tensor leaves every header and shape valid: only
+// the checksum catches it.
+TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  const std::string optimizer = dir_ + "/optimizer.safetensors";
+  {
+    std::fstream f(optimizer, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-5, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  auto b = DlrmModel::Create(config_);
+  ASSERT_TRUE(b.ok());
+  const uint64_t checksum = (*b)->WeightChecksum();
+  auto r = RestoreCheckpoint(**b, dir_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("optimizer.safetensors"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("CRC-32C"), std::string::npos)
+      << r.status();
+  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+  EXPECT_EQ((*b)->steps(), 0);
+  EXPECT_EQ(LoadCheckpoint(dir_, /*weights_only=*/true).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// The manifest checks itself: an edited step (still valid JSON) is caught.
+TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  auto manifest = ReadManifest(dir_);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step, 1);
+  EXPECT_EQ(manifest->format, kSingleRankFormat);
+  EXPECT_EQ(manifest->files.size(), 3u);
+  EXPECT_NE(manifest->config_text.find("t1"), std::string::npos);
+  const std::string path = dir_ + "/MANIFEST.json";
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string edited = text.str();
+  const size_t at = edited.find("\"step\": 1");
+  ASSERT_NE(at, std::string::npos) << edited;
+  edited.replace(at, 9, "\"step\": 7");
+  std::ofstream(path) << edited;
+  auto b = DlrmModel::Create(config_);
+  ASSERT_TRUE(b.ok());
+  auto r = RestoreCheckpoint(**b, dir_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("MANIFEST.json"), std::string::npos)
+      << r.status();
+  std::ofstream(path) << "{ not json";
+  EXPECT_EQ(ReadManifest(dir_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Periodic checkpoints' housekeeping: newest-first listing, pruning to the
+// newest K (named checkpoints stay), and the clean-up after a crash.
+TEST_F(CheckpointTest, ListPruneAndCleanUp) {
+  namespace fs = std::filesystem;
+  const fs::path root = dir_;
+  fs::remove_all(root);
+  fs::create_directories(root);
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, (root / "named").string()).ok());
+  for (int i = 1; i <= 4; ++i) {
+    ASSERT_TRUE((*a)->TrainStep(batches_[i]).ok());
+    // Commit times are in ms: keep them apart.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(
+        SaveCheckpoint(**a, (root / PeriodicCheckpointName(i)).string()).ok());
+  }
+  std::vector<CheckpointEntry> list = ListCheckpoints(root.string());
+  ASSERT_EQ(list.size(), 5u);
+  EXPECT_EQ(list[0].name, "ckpt-4");
+  EXPECT_EQ(list[3].name, "ckpt-1");
+  EXPECT_EQ(list[4].name, "named");
+  ASSERT_TRUE(PruneCheckpoints(root.string(), 2).ok());
+  list = ListCheckpoints(root.string());
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].name, "ckpt-4");
+  EXPECT_EQ(list[1].name, "ckpt-3");
+  EXPECT_EQ(list[2].name, "named");
+
+  // What a crash leaves: an unfinished save (with a manifest even) and a
+  // checkpoint moved aside for a replacement that never landed.
+  fs::copy(root / "ckpt-3", root / "ckpt-9.tmp-12345");
+  fs::rename(root / "named", root / "named.old-777");
+  fs::copy(root / "ckpt-4", root / "ckpt-4.old-778");
+  list = ListCheckpoints(root.string());
+  ASSERT_EQ(list.size(), 2u);  // temporaries are never candidates
+  CleanPartialCheckpoints(root.string());
+  EXPECT_FALSE(fs::exists(root / "ckpt-9.tmp-12345"));
+  EXPECT_FALSE(fs::exists(root / "ckpt-4.old-778"));
+  EXPECT_FALSE(fs::exists(root / "named.old-777"));
+  ASSERT_TRUE(fs::exists(root / "named" / "MANIFEST.json"));
+  auto restored = LoadCheckpoint((root / "named").string(), false);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ((*restored)->steps(), 0);
+  EXPECT_EQ(ListCheckpoints(root.string()).size(), 3u);
 }
 
 TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {

@@ -21,11 +21,13 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/config.h"
@@ -973,6 +975,65 @@ TEST_F(ServerTest, MetricsOverHttpParseAndNameTheSeries) {
             std::string::npos);
 }
 
+// A table on RocksDB: model info names its tier and cache, and /metrics
+// exports its cache and RocksDB counters, labelled by table.
+TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
+  RocksDbConfig r;
+  r.set_path((dir_ / "rocksdb").string());
+  r.set_cache_rows(40);
+  auto config = PlaceTablesOnRocksDb(Tiny(), {"t2"}, r);
+  ASSERT_TRUE(config.ok()) << config.status();
+  Start(*config, Options());
+  // 16 samples x up to 2 ids fit the 40-row cache; 12 batches touch more
+  // than 40 of t2's 100 rows, so rows are evicted, written and read back.
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(12, 16, 9)).status.ok());
+  {
+    grpc::ClientContext context;
+    ModelInfo info;
+    ASSERT_TRUE(admin_->GetModelInfo(&context, ModelInfoRequest(), &info).ok());
+    EXPECT_NE(info.sharding_plan().find(
+                  "t2 (100 x 4) on rocksdb with a cache of 40 rows"),
+              std::string::npos)
+        << info.sharding_plan();
+    EXPECT_NE(info.sharding_plan().find("t0 (50 x 4), "), std::string::npos)
+        << info.sharding_plan();
+    // t2's rows as stored: 100 rows x 4 floats (SGD keeps no state).
+    EXPECT_EQ(info.memory_bytes().at("rocksdb"), 100 * 4 * 4);
+  }
+  const std::string address = server_->metrics_address();
+  const size_t colon = address.rfind(':');
+  httplib::Client http(address.substr(0, colon),
+                       std::stoi(address.substr(colon + 1)));
+  auto result = http.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  ASSERT_EQ(result->status, 200);
+  const std::string& text = result->body;
+  auto value = [&](const std::string& name) {
+    return MetricValue(text, name + "{table=\"t2\"}");
+  };
+  EXPECT_EQ(value("dlrm_embedding_cache_rows"), 40);
+  const double hits = value("dlrm_embedding_cache_hits_total");
+  const double misses = value("dlrm_embedding_cache_misses_total");
+  EXPECT_GT(hits, 0);
+  EXPECT_GT(misses, 40);
+  EXPECT_GT(value("dlrm_embedding_cache_evictions_total"), 0);
+  EXPECT_GE(value("dlrm_embedding_cache_prefetch_hits_total"), 0);
+  EXPECT_DOUBLE_EQ(value("dlrm_embedding_cache_hit_ratio"),
+                   hits / (hits + misses));
+  EXPECT_GE(value("dlrm_embedding_cache_prefetch_hit_ratio"), 0);
+  // 16 bytes a row (4 floats).
+  EXPECT_GT(value("dlrm_rocksdb_written_rows_total"), 0);
+  EXPECT_EQ(value("dlrm_rocksdb_written_bytes_total"),
+            16 * value("dlrm_rocksdb_written_rows_total"));
+  EXPECT_GT(value("dlrm_rocksdb_read_rows_total"), 0);
+  EXPECT_EQ(value("dlrm_rocksdb_read_bytes_total"),
+            16 * value("dlrm_rocksdb_read_rows_total"));
+  // Host tables have no cache series.
+  EXPECT_TRUE(
+      std::isnan(MetricValue(text, "dlrm_embedding_cache_rows{table=\"t0\"}")));
+}
+
 // ------------------------------------------------------------ health and
 // reflection, through generic calls built from the protocols' descriptors
 // (neither ships C++ stubs in Debian's gRPC).
@@ -1232,6 +1293,249 @@ TEST(ResolveUnderTest, KeepsPathsInsideTheRoot) {
   // No root: any path as given.
   EXPECT_EQ(*ResolveUnder("", "../x", "path"), "../x");
   fs::remove_all(root);
+}
+
+// ------------------------------------------------------------ job resume
+
+// The JobManager's side of jobs surviving a crash, in-process: what a
+// periodic checkpoint records, damaged records refused (naming the field),
+// a job stopped by shutdown handed over and resumed, end markers.
+class JobResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir("jobs"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<ModelHost> Host(int64_t every_steps) {
+    auto model = model::DlrmModel::Create(Tiny());
+    EXPECT_TRUE(model.ok()) << model.status();
+    ModelHostOptions o;
+    o.checkpoint_dir = dir_.string();
+    o.checkpoint_every_steps = every_steps;
+    o.keep_checkpoints = 0;
+    auto host = ModelHost::Create(*std::move(model), o);
+    EXPECT_TRUE(host.ok()) << host.status();
+    return *std::move(host);
+  }
+
+  JobManagerOptions Options() const {
+    JobManagerOptions o;
+    o.state_dir = dir_.string();
+    return o;
+  }
+
+  static JobRequest Request(int64_t samples) {
+    JobRequest r;
+    r.mutable_train()->mutable_synthetic()->set_num_samples(samples);
+    r.set_batch_size(10);
+    r.set_epochs(2);
+    return r;
+  }
+
+  // Waits for a terminal state.
+  static JobStatus Wait(JobManager& jobs, const std::string& id) {
+    for (;;) {
+      absl::StatusOr<JobStatus> s = jobs.Get(id);
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (!s.ok() || s->state() == JobStatus::SUCCEEDED ||
+          s->state() == JobStatus::FAILED ||
+          s->state() == JobStatus::CANCELLED) {
+        return s.ok() ? *s : JobStatus();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  fs::path dir_;
+  ServerMetrics metrics_;
+};
+
+TEST_F(JobResumeTest, CheckpointsRecordTheJobAndItsPosition) {
+  auto host = Host(/*every_steps=*/4);
+  JobManager jobs(host.get(), &metrics_, Options());
+  // 35 samples in batches of 10: 4 batches per epoch (the last short).
+  auto started = jobs.Start(Request(35));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const JobStatus done = Wait(jobs, started->id());
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), 8);
+  // Step 4 ends epoch 1 (0-based 0) after its 4 batches; step 8 epoch 2.
+  for (const auto& [step, epoch, batches, samples] :
+       std::vector<std::tuple<int, int, int, int>>{{4, 0, 4, 35},
+                                                   {8, 1, 4, 70}}) {
+    auto manifest = model::ReadManifest(
+        (dir_ / model::PeriodicCheckpointName(step)).string());
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    const nlohmann::json job = nlohmann::json::parse(manifest->job);
+    EXPECT_EQ(job["id"], "job-1");
+    EXPECT_EQ(job["steps"], step);
+    EXPECT_EQ(job["samples"], samples);
+    EXPECT_EQ(job["epoch"], epoch);
+    EXPECT_EQ(job["epoch_batches"], batches);
+    JobRequest request;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        job["request"].get<std::string>(), &request));
+    EXPECT_EQ(request.train().synthetic().num_samples(), 35);
+  }
+  // It ended: its marker says so, and its record is not resumed.
+  EXPECT_TRUE(fs::exists(dir_ / "job-1.end"));
+  auto record = model::ReadManifest((dir_ / "ckpt-4").string());
+  ASSERT_TRUE(record.ok());
+  auto host2 = Host(0);
+  JobManager again(host2.get(), &metrics_, Options());
+  ASSERT_TRUE(again.Resume(record->job).ok());
+  EXPECT_TRUE(again.List().empty());
+  EXPECT_EQ(host2->steps(), 0);
+  // New ids go on after the ended one.
+  auto next = again.Start(Request(5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id(), "job-2");
+  Wait(again, "job-2");
+}
+
+TEST_F(JobResumeTest, DamagedRecordsAreRefusedNamingTheProblem) {
+  auto host = Host(0);
+  JobManager jobs(host.get(), &metrics_, Options());
+  std::string request;
+  google::protobuf::TextFormat::PrintToString(Request(35), &request);
+  auto record = [&](const std::string& field, nlohmann::json value) {
+    nlohmann::json r = {{"id", "job-3"}, {"request", request},
+                        {"steps", 2},    {"samples", 20},
+                        {"epoch", 0},    {"epoch_batches", 2}};
+    if (value.is_null()) {
+      r.erase(field);
+    } else {
+      r[field] = value;
+    }
+    return r.dump();
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[1, 2]", "not a JSON object"},
+      {"{", "not a JSON object"},
+      {record("steps", nullptr), "steps"},
+      {record("steps", "two"), "steps"},
+      {record("id", "job-x"), "job-x"},
+      {record("id", "job-0"), "job-0"},
+      {record("epoch", -1), ">= 0"},
+      {record("request", "train { nonsense: 1 }"), "request does not parse"},
+      {record("request", "batch_size: -4 train { synthetic {} }"),
+       "batch_size"},
+  };
+  for (const auto& [text, want] : cases) {
+    const absl::Status s = jobs.Resume(text);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(s.message().find(want), std::string::npos)
+        << text << ": " << s.message();
+  }
+  EXPECT_TRUE(jobs.List().empty());
+  EXPECT_EQ(host->steps(), 0);
+}
+
+TEST_F(JobResumeTest, AJobStoppedByShutdownResumesWhereItStopped) {
+  auto host = Host(0);
+  std::string record;
+  {
+    JobManager jobs(host.get(), &metrics_, Options());
+    JobRequest endless;
+    endless.mutable_train()->mutable_synthetic()->set_num_samples(0);
+    endless.set_batch_size(10);
+    endless.set_max_steps(1000000);
+    auto started = jobs.Start(endless);
+    ASSERT_TRUE(started.ok()) << started.status();
+    while (jobs.Get("job-1")->steps() < 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    jobs.Shutdown();
+    EXPECT_EQ(jobs.Get("job-1")->state(), JobStatus::CANCELLED);
+    record = jobs.InterruptedJob();
+  }
+  // No marker: a restart resumes it.
+  EXPECT_FALSE(fs::exists(dir_ / "job-1.end"));
+  ASSERT_FALSE(record.empty());
+  const nlohmann::json parsed = nlohmann::json::parse(record);
+  const int64_t stopped = parsed["steps"];
+  EXPECT_EQ(stopped, host->steps());
+  EXPECT_EQ(parsed["epoch_batches"], stopped);
+
+  JobManager jobs(host.get(), &metrics_, Options());
+  ASSERT_TRUE(jobs.Resume(record).ok());
+  auto resumed = jobs.Get("job-1");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_GE(resumed->steps(), stopped);
+  auto cancelled = jobs.Cancel("job-1", absl::Seconds(10));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+  EXPECT_EQ(cancelled->steps(), host->steps());
+  // Cancelled through Cancel: ended for good.
+  EXPECT_TRUE(fs::exists(dir_ / "job-1.end"));
+  EXPECT_TRUE(jobs.InterruptedJob().empty());
+}
+
+TEST_F(JobResumeTest, JobsResumedFromEachCheckpointEndWithTheSameWeights) {
+  // A Criteo TSV file (the tiny model's shape: label, 4 integer features,
+  // 3 hex categoricals): 300 samples, batches of 32 (the tenth short),
+  // 3 epochs: 30 steps.
+  const fs::path tsv = dir_ / "day.tsv";
+  {
+    std::ofstream out(tsv);
+    for (int i = 0; i < 300; ++i) {
+      out << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
+          << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
+          << std::dec << "\n";
+    }
+  }
+  JobRequest request;
+  request.mutable_train()->mutable_criteo_tsv()->add_paths(tsv.string());
+  request.set_batch_size(32);
+  request.set_epochs(3);
+
+  // Checkpoints every 7 steps: mid-epoch in each of the 3 epochs.
+  auto host = Host(/*every_steps=*/7);
+  uint64_t uninterrupted = 0;
+  {
+    JobManager jobs(host.get(), &metrics_, Options());
+    auto started = jobs.Start(request);
+    ASSERT_TRUE(started.ok()) << started.status();
+    const JobStatus done = Wait(jobs, started->id());
+    ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+    EXPECT_EQ(done.steps(), 30);
+    uninterrupted = host->WeightChecksum();
+  }
+  // The same as with no checkpoints at all.
+  {
+    auto plain = Host(0);
+    JobManagerOptions o;
+    JobManager jobs(plain.get(), &metrics_, o);
+    auto started = jobs.Start(request);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_EQ(Wait(jobs, started->id()).state(), JobStatus::SUCCEEDED);
+    EXPECT_EQ(plain->WeightChecksum(), uninterrupted);
+  }
+  // A crash after each checkpoint: the model from it, the job from its
+  // record (no end marker: JobManagerOptions without state_dir).
+  for (const auto& [step, epoch, batches] :
+       std::vector<std::tuple<int, int, int>>{
+           {7, 0, 7}, {14, 1, 4}, {21, 2, 1}}) {
+    SCOPED_TRACE("resumed at step " + std::to_string(step));
+    const std::string dir =
+        (dir_ / model::PeriodicCheckpointName(step)).string();
+    auto manifest = model::ReadManifest(dir);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    const nlohmann::json record = nlohmann::json::parse(manifest->job);
+    EXPECT_EQ(record["epoch"], epoch);
+    EXPECT_EQ(record["epoch_batches"], batches);
+    auto model = model::LoadCheckpoint(dir, /*weights_only=*/false);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto resumed_host = ModelHost::Create(*std::move(model), {});
+    ASSERT_TRUE(resumed_host.ok()) << resumed_host.status();
+    JobManager jobs(resumed_host->get(), &metrics_, JobManagerOptions());
+    ASSERT_TRUE(jobs.Resume(manifest->job).ok());
+    const JobStatus done = Wait(jobs, "job-1");
+    ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+    EXPECT_EQ(done.steps(), 30);
+    EXPECT_EQ(done.samples(), 900);
+    EXPECT_EQ((*resumed_host)->steps(), 30);
+    EXPECT_EQ((*resumed_host)->WeightChecksum(), uninterrupted);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,204 @@
+// RAII owners for CUDA resources (STYLE.md habit 7): streams, events,
+// device buffers and cuBLAS / cuBLASLt handles. Each is created by a
+// factory that returns a Status, cannot be copied, may be moved, and
+// releases its resource in the destructor. Include only from code built
+// when CUDA is enabled (DLRM_WITH_CUDA).
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "core/cuda_status.h"
+#include "core/status.h"
+
+// Returns Internal from the enclosing function when `expr` (a
+// cublasStatus_t, from cuBLAS or cuBLASLt) is not CUBLAS_STATUS_SUCCESS.
+#define CUBLAS_RETURN_IF_ERROR(expr)                                      \
+  do {                                                                    \
+    const cublasStatus_t _dlrm_cublas_st = (expr);                        \
+    if (_dlrm_cublas_st != CUBLAS_STATUS_SUCCESS) {                       \
+      return ::absl::InternalError(::absl::StrCat(                        \
+          #expr, " failed: ", cublasGetStatusName(_dlrm_cublas_st), " (", \
+          cublasGetStatusString(_dlrm_cublas_st), ") at ", __FILE__, ":", \
+          __LINE__));                                                     \
+    }                                                                     \
+  } while (0)
+
+namespace dlrm::cuda {
+
+// A non-blocking stream (does not synchronise with the legacy default
+// stream). Thread-compatible.
+class CudaStream {
+ public:
+  static absl::StatusOr<CudaStream> Create();
+  CudaStream() = default;
+  CudaStream(CudaStream&& other) noexcept
+      : stream_(std::exchange(other.stream_, nullptr)) {}
+  CudaStream& operator=(CudaStream&& other) noexcept;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  ~CudaStream();
+
+  cudaStream_t get() const { return stream_; }
+  // Waits for all work queued so far. Internal on a runtime error (also
+  // the error of an earlier asynchronous kernel fault).
+  absl::Status Synchronize() const;
+
+ private:
+  explicit CudaStream(cudaStream_t s) : stream_(s) {}
+  cudaStream_t stream_ = nullptr;
+};
+
+// An event for ordering streams or timing (timing only when created with
+// `timing`). Thread-compatible.
+class CudaEvent {
+ public:
+  static absl::StatusOr<CudaEvent> Create(bool timing = false);
+  CudaEvent() = default;
+  CudaEvent(CudaEvent&& other) noexcept
+      : event_(std::exchange(other.event_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& other) noexcept;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent();
+
+  cudaEvent_t get() const { return event_; }
+  absl::Status Record(cudaStream_t stream) const;
+  absl::Status Synchronize() const;
+  // Milliseconds between `start` and this event (both recorded, timing).
+  absl::StatusOr<float> ElapsedMsSince(const CudaEvent& start) const;
+
+ private:
+  explicit CudaEvent(cudaEvent_t e) : event_(e) {}
+  cudaEvent_t event_ = nullptr;
+};
+
+// Untyped device memory from cudaMalloc (256-byte aligned).
+class RawDeviceBuffer {
+ public:
+  // ResourceExhausted when the device is out of memory; 0 bytes gives an
+  // empty buffer.
+  static absl::StatusOr<RawDeviceBuffer> Allocate(size_t bytes);
+  RawDeviceBuffer() = default;
+  RawDeviceBuffer(RawDeviceBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)) {}
+  RawDeviceBuffer& operator=(RawDeviceBuffer&& other) noexcept;
+  RawDeviceBuffer(const RawDeviceBuffer&) = delete;
+  RawDeviceBuffer& operator=(const RawDeviceBuffer&) = delete;
+  ~RawDeviceBuffer();
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  // Makes room for at least `bytes`, reallocating (contents lost) only when
+  // it must grow; so a workspace reused across steps settles at its peak.
+  absl::Status Reserve(size_t bytes);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// `size` elements of T in device memory. Contents start uninitialised.
+template <typename T>
+class DeviceBuffer {
+ public:
+  static absl::StatusOr<DeviceBuffer<T>> Allocate(size_t size) {
+    ASSIGN_OR_RETURN(RawDeviceBuffer raw,
+                     RawDeviceBuffer::Allocate(size * sizeof(T)));
+    return DeviceBuffer<T>(std::move(raw), size);
+  }
+  DeviceBuffer() = default;
+
+  T* data() const { return static_cast<T*>(raw_.data()); }
+  size_t size() const { return size_; }
+  // Grows (contents lost) when it holds fewer than `size` elements, then
+  // has size() == `size`.
+  absl::Status Resize(size_t size) {
+    RETURN_IF_ERROR(raw_.Reserve(size * sizeof(T)));
+    size_ = size;
+    return absl::OkStatus();
+  }
+  // Copies host.size() elements in at element `offset`, synchronously.
+  absl::Status CopyFromHost(std::span<const T> host, size_t offset = 0) {
+    if (offset + host.size() > size_) {
+      return absl::OutOfRangeError(
+          absl::StrCat("DeviceBuffer::CopyFromHost: ", host.size(),
+                       " elements at ", offset, " exceed size ", size_));
+    }
+    if (host.empty()) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(data() + offset, host.data(),
+                                    host.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice));
+    return absl::OkStatus();
+  }
+  // Copies host.size() elements out from element `offset`, synchronously.
+  absl::Status CopyToHost(std::span<T> host, size_t offset = 0) const {
+    if (offset + host.size() > size_) {
+      return absl::OutOfRangeError(
+          absl::StrCat("DeviceBuffer::CopyToHost: ", host.size(),
+                       " elements at ", offset, " exceed size ", size_));
+    }
+    if (host.empty()) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), data() + offset,
+                                    host.size() * sizeof(T),
+                                    cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }
+
+ private:
+  DeviceBuffer(RawDeviceBuffer raw, size_t size)
+      : raw_(std::move(raw)), size_(size) {}
+  RawDeviceBuffer raw_;
+  size_t size_ = 0;
+};
+
+// A cuBLAS handle bound to one stream. Thread-compatible (cuBLAS handles
+// must not be shared between threads that call at the same time).
+class CublasHandle {
+ public:
+  static absl::StatusOr<CublasHandle> Create(cudaStream_t stream);
+  CublasHandle() = default;
+  CublasHandle(CublasHandle&& other) noexcept
+      : handle_(std::exchange(other.handle_, nullptr)) {}
+  CublasHandle& operator=(CublasHandle&& other) noexcept;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  ~CublasHandle();
+
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  explicit CublasHandle(cublasHandle_t h) : handle_(h) {}
+  cublasHandle_t handle_ = nullptr;
+};
+
+// A cuBLASLt handle (stream-free: the stream is given per matmul).
+class CublasLtHandle {
+ public:
+  static absl::StatusOr<CublasLtHandle> Create();
+  CublasLtHandle() = default;
+  CublasLtHandle(CublasLtHandle&& other) noexcept
+      : handle_(std::exchange(other.handle_, nullptr)) {}
+  CublasLtHandle& operator=(CublasLtHandle&& other) noexcept;
+  CublasLtHandle(const CublasLtHandle&) = delete;
+  CublasLtHandle& operator=(const CublasLtHandle&) = delete;
+  ~CublasLtHandle();
+
+  cublasLtHandle_t get() const { return handle_; }
+
+ private:
+  explicit CublasLtHandle(cublasLtHandle_t h) : handle_(h) {}
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+}  // namespace dlrm::cuda

@@ -1,0 +1,305 @@
+// Element-wise and per-sample kernels of the dense layers: bias + ReLU,
+// ReLU mask + bias gradient, the dot interaction and BCE-with-logits. Float
+// operations use the non-fusing round-to-nearest intrinsics in the CPU
+// kernels' order: sums (the bias gradient) match the CPU bitwise; where the
+// host compiler fuses multiply-adds (dots), results differ by ulps.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/launch.cuh"
+#include "core/status.h"
+#include "dense/cuda/cuda_dense.h"
+
+namespace dlrm::dense::cuda {
+namespace {
+
+using dlrm::cuda::CeilDiv;
+using dlrm::cuda::LaunchKernel;
+
+// Rows per bias-gradient block: the CPU kernel's kRowBlock (linear.cc).
+constexpr int64_t kRowBlock = 64;
+
+// max(v, 0) on the bits, as the CPU's Relu (linear.cc): -0 gives +0.
+__device__ __forceinline__ float Relu(float v) {
+  const int bits = __float_as_int(v);
+  return __int_as_float(bits & ~(bits >> 31));
+}
+// The CPU's Positive: the sign-and-magnitude bits as an int are > 0.
+__device__ __forceinline__ bool Positive(float v) {
+  return __float_as_int(v) > 0;
+}
+
+__global__ void AddBiasActKernel(float* __restrict__ y,
+                                 const float* __restrict__ b, int64_t total,
+                                 int out, bool relu) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const float v = __fadd_rn(y[i], b[i % out]);
+  y[i] = relu ? Relu(v) : v;
+}
+
+// Block (column tile, row block): masks the block's rows of dy and sums
+// each column over them, from 0 in row order.
+__global__ void MaskAndPartialKernel(float* __restrict__ dy,
+                                     const float* __restrict__ y, int64_t rows,
+                                     int out, bool relu,
+                                     float* __restrict__ partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= out) return;
+  const int64_t blk = blockIdx.y;
+  const int64_t end = min(rows, (blk + 1) * kRowBlock);
+  float sum = 0.0f;
+  for (int64_t r = blk * kRowBlock; r < end; ++r) {
+    float g = dy[r * out + c];
+    if (relu) {
+      g = Positive(y[r * out + c]) ? g : 0.0f;
+      dy[r * out + c] = g;
+    }
+    sum = __fadd_rn(sum, g);
+  }
+  partial[blk * out + c] = sum;
+}
+
+__global__ void SumPartialsKernel(const float* __restrict__ partial,
+                                  int64_t blocks, int out,
+                                  float* __restrict__ db) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= out) return;
+  float sum = partial[c];
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    sum = __fadd_rn(sum, partial[blk * out + c]);
+  }
+  db[c] = sum;
+}
+
+__device__ __forceinline__ int PairIndex(int i, int j) {
+  return i * (i - 1) / 2 + j;
+}
+
+// One block per sample: the sample's n x d vectors in shared memory, one
+// thread per output dot (in k order from 0, as the reference).
+__global__ void DotForwardKernel(const float* __restrict__ t, int n, int d,
+                                 float* __restrict__ z) {
+  extern __shared__ float ts[];
+  const int64_t b = blockIdx.x;
+  const int nd = n * d;
+  const int zdim = d + n * (n - 1) / 2;
+  const float* tb = t + b * nd;
+  float* zb = z + b * zdim;
+  for (int x = threadIdx.x; x < nd; x += blockDim.x) ts[x] = tb[x];
+  __syncthreads();
+  for (int x = threadIdx.x; x < d; x += blockDim.x) zb[x] = ts[x];
+  const int pairs = n * (n - 1) / 2;
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    // Invert p = i (i - 1) / 2 + j; the float estimate is corrected.
+    int i = static_cast<int>((1.0f + sqrtf(1.0f + 8.0f * p)) * 0.5f);
+    while (PairIndex(i, 0) > p) --i;
+    while (PairIndex(i + 1, 0) <= p) ++i;
+    const int j = p - PairIndex(i, 0);
+    float dot = 0.0f;
+    for (int k = 0; k < d; ++k) {
+      dot = __fadd_rn(dot, __fmul_rn(ts[i * d + k], ts[j * d + k]));
+    }
+    zb[d + p] = dot;
+  }
+}
+
+// One block per sample; thread per element (m, k) of dt. The reference adds
+// the terms of element (m, k) for pairs (m, j), j < m, then (i, m), i > m:
+// that is j = 0 .. n - 1 in order, which this loop follows.
+__global__ void DotBackwardKernel(const float* __restrict__ t,
+                                  const float* __restrict__ dz, int n, int d,
+                                  float* __restrict__ dt) {
+  extern __shared__ float smem[];
+  const int nd = n * d;
+  const int zdim = d + n * (n - 1) / 2;
+  float* ts = smem;
+  float* gs = smem + nd;
+  const int64_t b = blockIdx.x;
+  for (int x = threadIdx.x; x < nd; x += blockDim.x) ts[x] = t[b * nd + x];
+  for (int x = threadIdx.x; x < zdim; x += blockDim.x) gs[x] = dz[b * zdim + x];
+  __syncthreads();
+  for (int e = threadIdx.x; e < nd; e += blockDim.x) {
+    const int m = e / d, k = e % d;
+    float acc = m == 0 ? gs[k] : 0.0f;
+    for (int j = 0; j < n; ++j) {
+      if (j == m) continue;
+      const float g = gs[d + (j < m ? PairIndex(m, j) : PairIndex(j, m))];
+      acc = __fadd_rn(acc, __fmul_rn(g, ts[j * d + k]));
+    }
+    dt[b * nd + e] = acc;
+  }
+}
+
+constexpr int kLossThreads = 1024;
+
+// One block: each thread sums its strided share of the batch in order, then
+// a shared-memory tree; a fixed order, so the same bits every run.
+__global__ void BceKernel(const float* __restrict__ logits,
+                          const float* __restrict__ labels, int64_t batch,
+                          float grad_scale, float* __restrict__ dlogits,
+                          double* __restrict__ loss) {
+  __shared__ double sums[kLossThreads];
+  double total = 0.0;
+  for (int64_t i = threadIdx.x; i < batch; i += blockDim.x) {
+    const double z = logits[i];
+    const double y = labels[i];
+    const double e = exp(-fabs(z));
+    total = __dadd_rn(
+        total, __dadd_rn(__dsub_rn(fmax(z, 0.0), __dmul_rn(z, y)), log1p(e)));
+    if (dlogits != nullptr) {
+      const double sigmoid = z >= 0 ? __ddiv_rn(1.0, __dadd_rn(1.0, e))
+                                    : __ddiv_rn(e, __dadd_rn(1.0, e));
+      dlogits[i] = __double2float_rn(
+          __dmul_rn(__dsub_rn(sigmoid, y), static_cast<double>(grad_scale)));
+    }
+  }
+  sums[threadIdx.x] = total;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sums[threadIdx.x] =
+          __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *loss = batch > 0 ? __ddiv_rn(sums[0], static_cast<double>(batch)) : 0.0;
+  }
+}
+
+// One element per thread. The CPU loop's expressions, with the products
+// and sums kept apart (no fused multiply-add) and in its order.
+__global__ void DenseOptimizerKernel(DenseStep step, float* __restrict__ p,
+                                     const float* __restrict__ g,
+                                     float* __restrict__ s1,
+                                     float* __restrict__ s2, int64_t n) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const float gk = g[k];
+  switch (step.kind) {
+    case DenseOptimizerKind::kSgd:
+      p[k] = __fsub_rn(p[k], __fmul_rn(step.learning_rate, gk));
+      break;
+    case DenseOptimizerKind::kAdagrad: {
+      const float s = __fadd_rn(s1[k], __fmul_rn(gk, gk));
+      s1[k] = s;
+      p[k] = __fsub_rn(p[k], __fdiv_rn(__fmul_rn(step.learning_rate, gk),
+                                       __fadd_rn(__fsqrt_rn(s), step.eps)));
+      break;
+    }
+    case DenseOptimizerKind::kAdam: {
+      const float m = __fadd_rn(__fmul_rn(step.beta1, s1[k]),
+                                __fmul_rn(__fsub_rn(1.0f, step.beta1), gk));
+      const float v =
+          __fadd_rn(__fmul_rn(step.beta2, s2[k]),
+                    __fmul_rn(__fmul_rn(__fsub_rn(1.0f, step.beta2), gk), gk));
+      s1[k] = m;
+      s2[k] = v;
+      p[k] = __fsub_rn(
+          p[k],
+          __fdiv_rn(__fmul_rn(step.step_size, m),
+                    __fadd_rn(__fmul_rn(__fsqrt_rn(v), step.inv_sqrt_bias2),
+                              step.eps)));
+      break;
+    }
+  }
+}
+
+constexpr int kSmemLimit = 48 * 1024;
+
+absl::Status CheckInteraction(const char* what, int64_t batch, int n, int d,
+                              size_t smem) {
+  if (batch < 0 || n < 1 || d < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": batch ", batch, ", n ", n, ", d ", d, " must be positive"));
+  }
+  if (smem > kSmemLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": n ", n, " x d ", d, " needs ", smem,
+                     " bytes of shared memory, over ", kSmemLimit));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+int64_t BiasGradBlocks(int64_t rows) { return CeilDiv(rows, kRowBlock); }
+
+absl::Status AddBiasAct(float* y, const float* b, int64_t rows, int out,
+                        bool relu, cudaStream_t stream) {
+  const int64_t total = rows * out;
+  return LaunchKernel("AddBiasActKernel", AddBiasActKernel,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(total, 256))),
+                      dim3(256), 0, stream, y, b, total, out, relu);
+}
+
+absl::Status MaskAndBiasGrad(float* dy, const float* y, int64_t rows, int out,
+                             bool relu, float* partial, float* db,
+                             cudaStream_t stream) {
+  const int64_t blocks = BiasGradBlocks(rows);
+  if (blocks > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MaskAndBiasGrad: ", rows, " rows; at most ", 65535 * kRowBlock));
+  }
+  constexpr int kCols = 128;
+  RETURN_IF_ERROR(
+      LaunchKernel("MaskAndPartialKernel", MaskAndPartialKernel,
+                   dim3(CeilDiv(out, kCols), static_cast<unsigned>(blocks)),
+                   dim3(kCols), 0, stream, dy, y, rows, out, relu, partial));
+  return LaunchKernel("SumPartialsKernel", SumPartialsKernel,
+                      dim3(CeilDiv(out, kCols)), dim3(kCols), 0, stream,
+                      static_cast<const float*>(partial), blocks, out, db);
+}
+
+}  // namespace internal
+
+absl::Status DotInteractionForward(const float* t, int64_t batch, int n, int d,
+                                   float* z, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * n * d;
+  RETURN_IF_ERROR(CheckInteraction("DotInteractionForward", batch, n, d, smem));
+  return LaunchKernel("DotForwardKernel", DotForwardKernel,
+                      dim3(static_cast<unsigned>(batch)), dim3(128), smem,
+                      stream, t, n, d, z);
+}
+
+absl::Status DotInteractionBackward(const float* t, const float* dz,
+                                    int64_t batch, int n, int d, float* dt,
+                                    cudaStream_t stream) {
+  const size_t smem = sizeof(float) * (n * d + d + n * (n - 1) / 2);
+  RETURN_IF_ERROR(
+      CheckInteraction("DotInteractionBackward", batch, n, d, smem));
+  return LaunchKernel("DotBackwardKernel", DotBackwardKernel,
+                      dim3(static_cast<unsigned>(batch)), dim3(128), smem,
+                      stream, t, dz, n, d, dt);
+}
+
+absl::Status DenseOptimizerUpdate(const DenseStep& step, float* param,
+                                  const float* grad, float* state1,
+                                  float* state2, int64_t n,
+                                  cudaStream_t stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DenseOptimizerUpdate: n ", n, " is negative"));
+  }
+  return LaunchKernel("DenseOptimizerKernel", DenseOptimizerKernel,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, step, param, grad, state1, state2,
+                      n);
+}
+
+absl::Status BceWithLogits(const float* logits, const float* labels,
+                           int64_t batch, float grad_scale, float* dlogits,
+                           double* loss_device, cudaStream_t stream) {
+  if (batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BceWithLogits: batch ", batch, " is negative"));
+  }
+  return LaunchKernel("BceKernel", BceKernel, dim3(1), dim3(kLossThreads), 0,
+                      stream, logits, labels, batch, grad_scale, dlogits,
+                      loss_device);
+}
+
+}  // namespace dlrm::dense::cuda

@@ -1,0 +1,128 @@
+// CudaEmbeddingTable: host <-> device copies and the per-step optimizer
+// constants, computed exactly as EmbeddingTable::BackwardUpdate does.
+#include "embedding/cuda/cuda_embedding_table.h"
+
+#include <cmath>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace dlrm::embedding::cuda {
+namespace {
+
+absl::StatusOr<SparseOptimizerKind> KindOf(OptimizerConfig::Type type) {
+  switch (type) {
+    case OptimizerConfig::SGD:
+      return SparseOptimizerKind::kSgd;
+    case OptimizerConfig::ADAGRAD:
+    case OptimizerConfig::ROWWISE_ADAGRAD:
+      return SparseOptimizerKind::kRowwiseAdagrad;
+    case OptimizerConfig::ADAM:
+      return SparseOptimizerKind::kAdam;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer.type: ", static_cast<int>(type),
+                       " has no CUDA embedding kernel"));
+  }
+}
+
+// 1 - beta^t in double, rounded once: the CPU table's BiasCorrection.
+float BiasCorrection(float beta, int64_t step) {
+  return static_cast<float>(
+      1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
+}
+
+}  // namespace
+
+absl::Status DeviceSparseFeature::Upload(const data::SparseFeature& feature) {
+  num_bags_ = feature.num_bags();
+  num_ids_ = static_cast<int64_t>(feature.ids.size());
+  RETURN_IF_ERROR(offsets_.Resize(feature.offsets.size()));
+  RETURN_IF_ERROR(ids_.Resize(feature.ids.size()));
+  RETURN_IF_ERROR(
+      offsets_.CopyFromHost(std::span<const int64_t>(feature.offsets)));
+  RETURN_IF_ERROR(ids_.CopyFromHost(std::span<const int64_t>(feature.ids)));
+  return absl::OkStatus();
+}
+
+DeviceBags DeviceSparseFeature::bags() const {
+  return DeviceBags{offsets_.data(), ids_.data(), num_bags_, num_ids_};
+}
+
+absl::StatusOr<std::unique_ptr<CudaEmbeddingTable>>
+CudaEmbeddingTable::FromHost(const EmbeddingTable& table) {
+  if (table.dim() > MaxDim(table.dim())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table.table_index(), ": dim ", table.dim(),
+                     " is over the CUDA kernels' limit ", MaxDim(table.dim())));
+  }
+  std::unique_ptr<CudaEmbeddingTable> t(new CudaEmbeddingTable());
+  ASSIGN_OR_RETURN(t->kind_, KindOf(table.optimizer().type()));
+  t->rows_ = table.rows();
+  t->dim_ = table.dim();
+  t->mean_ = table.pooling() == POOLING_MEAN;
+  t->optimizer_ = table.optimizer();
+  t->step_ = table.step();
+  const size_t elements = static_cast<size_t>(table.rows()) * table.dim();
+  ASSIGN_OR_RETURN(t->weights_,
+                   dlrm::cuda::DeviceBuffer<float>::Allocate(elements));
+  RETURN_IF_ERROR(t->weights_.CopyFromHost(
+      std::span<const float>(table.weights(), elements)));
+  ASSIGN_OR_RETURN(t->state1_, dlrm::cuda::DeviceBuffer<float>::Allocate(
+                                   table.state1().size()));
+  RETURN_IF_ERROR(t->state1_.CopyFromHost(
+      std::span<const float>(table.state1().data(), table.state1().size())));
+  ASSIGN_OR_RETURN(t->state2_, dlrm::cuda::DeviceBuffer<float>::Allocate(
+                                   table.state2().size()));
+  RETURN_IF_ERROR(t->state2_.CopyFromHost(
+      std::span<const float>(table.state2().data(), table.state2().size())));
+  return t;
+}
+
+absl::Status CudaEmbeddingTable::CopyToHost(EmbeddingTable* table) const {
+  if (table->rows() != rows_ || table->dim() != dim_ ||
+      table->state1().size() != state1_.size() ||
+      table->state2().size() != state2_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyToHost: host table ", table->rows(), " x ",
+                     table->dim(), " does not match the device table ", rows_,
+                     " x ", dim_, " with its optimizer state"));
+  }
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  RETURN_IF_ERROR(weights_.CopyToHost(
+      std::span<float>(table->weights(), static_cast<size_t>(rows_) * dim_)));
+  RETURN_IF_ERROR(state1_.CopyToHost(
+      std::span<float>(table->state1().data(), table->state1().size())));
+  RETURN_IF_ERROR(state2_.CopyToHost(
+      std::span<float>(table->state2().data(), table->state2().size())));
+  table->set_step(step_);
+  return absl::OkStatus();
+}
+
+absl::Status CudaEmbeddingTable::Forward(const DeviceBags& bags, float* out,
+                                         int64_t out_stride,
+                                         cudaStream_t stream) const {
+  return PoolForward(weights_.data(), rows_, dim_, mean_, bags, out, out_stride,
+                     stream);
+}
+
+absl::Status CudaEmbeddingTable::BackwardUpdate(const DeviceBags& bags,
+                                                const float* grad,
+                                                int64_t grad_stride,
+                                                cudaStream_t stream) {
+  ++step_;
+  SparseOptimizerStep step;
+  step.kind = kind_;
+  step.learning_rate = optimizer_.learning_rate();
+  step.eps = optimizer_.eps();
+  step.beta1 = optimizer_.beta1();
+  step.beta2 = optimizer_.beta2();
+  step.bias1 = BiasCorrection(step.beta1, step_);
+  step.bias2 = BiasCorrection(step.beta2, step_);
+  return SparseBackwardUpdate(weights_.data(), state1_.data(), state2_.data(),
+                              rows_, dim_, mean_, step, bags, grad, grad_stride,
+                              &workspace_, stream);
+}
+
+}  // namespace dlrm::embedding::cuda

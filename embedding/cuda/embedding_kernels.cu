@@ -1,0 +1,495 @@
+// EmbeddingBag forward and the fused sparse backward + optimizer on CUDA.
+//
+// Layout: a group of G lanes (a power of two up to a warp) owns one bag
+// (forward) or one unique row (backward); lane l of the group owns columns
+// l, l + G, ... in units of float4 when dim % 4 == 0 (16-byte loads) or of
+// single floats otherwise. Small dims (d = 16: four float4 units) thus pack
+// eight bags into a warp instead of idling 28 lanes. Each output element is
+// summed by one thread in bag/id order with round-to-nearest adds and
+// multiplies that the compiler may not fuse (__fadd_rn, __fmul_rn), in the
+// CPU kernels' order: pooled sums match them bitwise; where the host
+// compiler fuses a multiply-add (optimizers), results differ by an ulp.
+#include <algorithm>
+#include <bit>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/launch.cuh"
+#include "core/cuda_status.h"
+#include "core/status.h"
+#include "embedding/cuda/embedding_kernels.h"
+
+namespace dlrm::embedding::cuda {
+namespace {
+
+using dlrm::cuda::CeilDiv;
+using dlrm::cuda::LaunchKernel;
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Columns per unit: 4 on the float4 path.
+template <bool kVec4>
+struct Unit;
+template <>
+struct Unit<true> {
+  using Type = float4;
+  static constexpr int kWidth = 4;
+};
+template <>
+struct Unit<false> {
+  using Type = float;
+  static constexpr int kWidth = 1;
+};
+
+__device__ __forceinline__ float4 Zero4() {
+  return make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ float4 Add(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y),
+                     __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+__device__ __forceinline__ float Add(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ float4 Scale(float4 a, float s) {
+  return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s),
+                     __fmul_rn(a.w, s));
+}
+__device__ __forceinline__ float Scale(float a, float s) {
+  return __fmul_rn(a, s);
+}
+
+template <bool kVec4>
+__device__ __forceinline__ typename Unit<kVec4>::Type LoadUnit(const float* p,
+                                                               int unit) {
+  return __ldg(reinterpret_cast<const typename Unit<kVec4>::Type*>(p) + unit);
+}
+template <bool kVec4>
+__device__ __forceinline__ void StoreUnit(float* p, int unit,
+                                          typename Unit<kVec4>::Type v) {
+  reinterpret_cast<typename Unit<kVec4>::Type*>(p)[unit] = v;
+}
+
+// Ids prefetched per round in the forward loop: independent row loads in
+// flight before the first add (adds stay in id order).
+constexpr int kForwardUnroll = 4;
+
+// Forward: group of `group` lanes per bag.
+template <bool kVec4>
+__global__ void PoolForwardKernel(const float* __restrict__ weights,
+                                  int64_t rows, int dim, bool mean,
+                                  const int64_t* __restrict__ offsets,
+                                  const int64_t* __restrict__ ids,
+                                  int64_t num_bags, int group,
+                                  float* __restrict__ out, int64_t out_stride) {
+  using U = typename Unit<kVec4>::Type;
+  const int64_t thread =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t bag = thread / group;
+  const int lane = static_cast<int>(thread % group);
+  if (bag >= num_bags) return;
+  const int units = dim / Unit<kVec4>::kWidth;
+  const int64_t begin = offsets[bag], end = offsets[bag + 1];
+  // x * 1 is exact, so the sum path needs no branch.
+  const float scale = mean && end > begin
+                          ? __fdiv_rn(1.0f, static_cast<float>(end - begin))
+                          : 1.0f;
+  float* o = out + bag * out_stride;
+  for (int u = lane; u < units; u += group) {
+    U acc;
+    if constexpr (kVec4) {
+      acc = Zero4();
+    } else {
+      acc = 0.0f;
+    }
+    int64_t p = begin;
+    for (; p + kForwardUnroll <= end; p += kForwardUnroll) {
+      U v[kForwardUnroll];
+      bool ok[kForwardUnroll];
+#pragma unroll
+      for (int i = 0; i < kForwardUnroll; ++i) {
+        const int64_t id = __ldg(ids + p + i);
+        ok[i] = id >= 0 && id < rows;
+        if (ok[i]) v[i] = LoadUnit<kVec4>(weights + id * dim, u);
+      }
+#pragma unroll
+      for (int i = 0; i < kForwardUnroll; ++i) {
+        if (ok[i]) acc = Add(acc, v[i]);
+      }
+    }
+    for (; p < end; ++p) {
+      const int64_t id = __ldg(ids + p);
+      if (id >= 0 && id < rows) {
+        acc = Add(acc, LoadUnit<kVec4>(weights + id * dim, u));
+      }
+    }
+    StoreUnit<kVec4>(o, u, Scale(acc, scale));
+  }
+}
+
+// Backward step 1: the sort keys (row id, or `rows` for an id out of range,
+// so it sorts last and is skipped) and the bag of every id occurrence.
+__global__ void ExpandKernel(const int64_t* __restrict__ offsets,
+                             const int64_t* __restrict__ ids, int64_t num_bags,
+                             int64_t num_ids, int64_t rows,
+                             uint64_t* __restrict__ keys,
+                             int32_t* __restrict__ bags) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= num_ids) return;
+  const int64_t id = ids[p];
+  keys[p] = id >= 0 && id < rows ? static_cast<uint64_t>(id)
+                                 : static_cast<uint64_t>(rows);
+  // The bag holding position p: the last s with offsets[s] <= p (empty bags
+  // share their offset with the next bag, so this skips them).
+  int64_t lo = 0, hi = num_bags;  // offsets[lo] <= p < offsets[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (offsets[mid] <= p) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  bags[p] = static_cast<int32_t>(lo);
+}
+
+// Backward step 4: one group of `group` lanes per unique row; lane l holds
+// units l, l + group, ... (kPerLane of them) of the row's gradient in
+// registers, then applies the optimizer. All lanes of a warp run the same
+// number of loop rounds so the group shuffles see every lane.
+template <bool kVec4, int kPerLane>
+__global__ void SparseUpdateKernel(
+    float* __restrict__ weights, float* __restrict__ state1,
+    float* __restrict__ state2, int64_t rows, int dim, bool mean,
+    SparseOptimizerStep step, const int64_t* __restrict__ offsets,
+    const float* __restrict__ grad, int64_t grad_stride,
+    const uint64_t* __restrict__ unique_keys,
+    const int32_t* __restrict__ counts, const int32_t* __restrict__ starts,
+    const int32_t* __restrict__ sorted_bags,
+    const int32_t* __restrict__ num_unique_ptr, int group) {
+  using U = typename Unit<kVec4>::Type;
+  constexpr int kW = Unit<kVec4>::kWidth;
+  const int num_unique = *num_unique_ptr;
+  const int units = dim / kW;
+  const int lane = threadIdx.x % group;
+  const int64_t groups_per_grid =
+      static_cast<int64_t>(gridDim.x) * (blockDim.x / group);
+  const int64_t first_group =
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
+  // Rounds are counted from the warp's first group, so every lane of a warp
+  // agrees on the loop bound.
+  const int64_t warp_first_group =
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x +
+       (threadIdx.x / kWarp) * kWarp) /
+      group;
+  for (int64_t round = 0;
+       warp_first_group + round * groups_per_grid < num_unique; ++round) {
+    const int64_t k = first_group + round * groups_per_grid;
+    const bool active = k < num_unique && unique_keys[k] < uint64_t(rows);
+    float g[kPerLane * kW];
+#pragma unroll
+    for (int i = 0; i < kPerLane * kW; ++i) g[i] = 0.0f;
+    int64_t row = 0;
+    if (active) {
+      row = static_cast<int64_t>(unique_keys[k]);
+      const int32_t first = starts[k], last = first + counts[k];
+      for (int32_t e = first; e < last; ++e) {
+        const int32_t s = sorted_bags[e];
+        const float scale =
+            mean ? __fdiv_rn(1.0f,
+                             static_cast<float>(offsets[s + 1] - offsets[s]))
+                 : 1.0f;
+        const float* gs = grad + static_cast<int64_t>(s) * grad_stride;
+#pragma unroll
+        for (int v = 0; v < kPerLane; ++v) {
+          const int u = lane + v * group;
+          if (u < units) {
+            const U x = LoadUnit<kVec4>(gs, u);
+            if constexpr (kVec4) {
+              g[v * 4 + 0] = __fadd_rn(g[v * 4 + 0], __fmul_rn(x.x, scale));
+              g[v * 4 + 1] = __fadd_rn(g[v * 4 + 1], __fmul_rn(x.y, scale));
+              g[v * 4 + 2] = __fadd_rn(g[v * 4 + 2], __fmul_rn(x.z, scale));
+              g[v * 4 + 3] = __fadd_rn(g[v * 4 + 3], __fmul_rn(x.w, scale));
+            } else {
+              g[v] = __fadd_rn(g[v], __fmul_rn(x, scale));
+            }
+          }
+        }
+      }
+    }
+
+    float* w = weights + row * dim;
+    if (step.kind == SparseOptimizerKind::kRowwiseAdagrad) {
+      // Mean of the squared gradient over the columns: lane partials, then
+      // a butterfly inside the group (a fixed order, so deterministic).
+      float squares = 0.0f;
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v) {
+        if (lane + v * group < units) {
+#pragma unroll
+          for (int j = 0; j < kW; ++j) {
+            squares =
+                __fadd_rn(squares, __fmul_rn(g[v * kW + j], g[v * kW + j]));
+          }
+        }
+      }
+      for (int offset = group / 2; offset > 0; offset /= 2) {
+        squares = __fadd_rn(squares,
+                            __shfl_xor_sync(kFullMask, squares, offset, group));
+      }
+      // Lane 0 reads the accumulator and hands it to the group, so no lane
+      // can read it after lane 0 has written the new value.
+      float old = lane == 0 && active ? state1[row] : 0.0f;
+      old = __shfl_sync(kFullMask, old, 0, group);
+      if (active) {
+        const float acc =
+            __fadd_rn(old, __fdiv_rn(squares, static_cast<float>(dim)));
+        if (lane == 0) state1[row] = acc;
+        const float denom = __fadd_rn(__fsqrt_rn(acc), step.eps);
+#pragma unroll
+        for (int v = 0; v < kPerLane; ++v) {
+          const int u = lane + v * group;
+          if (u < units) {
+#pragma unroll
+            for (int j = 0; j < kW; ++j) {
+              const int c = u * kW + j;
+              w[c] = __fsub_rn(
+                  w[c], __fdiv_rn(__fmul_rn(step.learning_rate, g[v * kW + j]),
+                                  denom));
+            }
+          }
+        }
+      }
+    } else if (active) {
+      const float one_minus_beta1 = __fsub_rn(1.0f, step.beta1);
+      const float one_minus_beta2 = __fsub_rn(1.0f, step.beta2);
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v) {
+        const int u = lane + v * group;
+        if (u < units) {
+#pragma unroll
+          for (int j = 0; j < kW; ++j) {
+            const int c = u * kW + j;
+            const float gc = g[v * kW + j];
+            if (step.kind == SparseOptimizerKind::kAdam) {
+              float* m = state1 + row * dim + c;
+              float* s2 = state2 + row * dim + c;
+              const float mc = __fadd_rn(__fmul_rn(step.beta1, *m),
+                                         __fmul_rn(one_minus_beta1, gc));
+              const float vc =
+                  __fadd_rn(__fmul_rn(step.beta2, *s2),
+                            __fmul_rn(__fmul_rn(one_minus_beta2, gc), gc));
+              *m = mc;
+              *s2 = vc;
+              const float delta = __fdiv_rn(
+                  __fmul_rn(step.learning_rate, __fdiv_rn(mc, step.bias1)),
+                  __fadd_rn(__fsqrt_rn(__fdiv_rn(vc, step.bias2)), step.eps));
+              w[c] = __fsub_rn(w[c], delta);
+            } else {
+              w[c] = __fsub_rn(w[c], __fmul_rn(step.learning_rate, gc));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Units (float4 or float) per row and the group size for them.
+struct RowShape {
+  bool vec4;
+  int units;
+  int group;
+  int per_lane;
+};
+
+RowShape ShapeOf(int dim, bool aligned) {
+  RowShape s;
+  s.vec4 = dim % 4 == 0 && aligned;
+  s.units = s.vec4 ? dim / 4 : dim;
+  s.group = static_cast<int>(
+      std::min<unsigned>(kWarp, std::bit_ceil(static_cast<unsigned>(s.units))));
+  s.per_lane = CeilDiv(s.units, s.group);
+  return s;
+}
+
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+absl::Status CheckShape(const char* what, int dim, int64_t stride) {
+  if (dim <= 0 || dim > MaxDim(dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": dim ", dim, " is outside [1, ", MaxDim(dim), "]"));
+  }
+  if (stride < dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": stride ", stride, " is below dim ", dim));
+  }
+  return absl::OkStatus();
+}
+
+template <bool kVec4, int kPerLane>
+absl::Status LaunchUpdate(int64_t grid, float* weights, float* state1,
+                          float* state2, int64_t rows, int dim, bool mean,
+                          const SparseOptimizerStep& step,
+                          const DeviceBags& bags, const float* grad,
+                          int64_t grad_stride, BackwardWorkspace* ws, int group,
+                          cudaStream_t stream) {
+  return LaunchKernel(
+      "SparseUpdateKernel", SparseUpdateKernel<kVec4, kPerLane>,
+      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0, stream, weights,
+      state1, state2, rows, dim, mean, step, bags.offsets, grad, grad_stride,
+      static_cast<const uint64_t*>(ws->unique_keys.data()),
+      static_cast<const int32_t*>(ws->counts.data()),
+      static_cast<const int32_t*>(ws->starts.data()),
+      static_cast<const int32_t*>(ws->sorted_bags.data()),
+      static_cast<const int32_t*>(ws->num_unique.data()), group);
+}
+
+}  // namespace
+
+int MaxDim(int dim) { return dim % 4 == 0 ? 4 * kWarp * 8 : kWarp * 8; }
+
+absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
+                         const DeviceBags& bags, float* out, int64_t out_stride,
+                         cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckShape("PoolForward", dim, out_stride));
+  if (bags.num_bags == 0) return absl::OkStatus();
+  const RowShape s =
+      ShapeOf(dim, Aligned16(weights) && Aligned16(out) && out_stride % 4 == 0);
+  const int64_t grid = CeilDiv<int64_t>(bags.num_bags * s.group, kThreads);
+  if (s.vec4) {
+    return LaunchKernel("PoolForwardKernel<float4>", PoolForwardKernel<true>,
+                        dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
+                        stream, weights, rows, dim, mean, bags.offsets,
+                        bags.ids, bags.num_bags, s.group, out, out_stride);
+  }
+  return LaunchKernel("PoolForwardKernel<float>", PoolForwardKernel<false>,
+                      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
+                      stream, weights, rows, dim, mean, bags.offsets, bags.ids,
+                      bags.num_bags, s.group, out, out_stride);
+}
+
+absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
+                                  int64_t rows, int dim, bool mean,
+                                  const SparseOptimizerStep& step,
+                                  const DeviceBags& bags, const float* grad,
+                                  int64_t grad_stride, BackwardWorkspace* ws,
+                                  cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckShape("SparseBackwardUpdate", dim, grad_stride));
+  const int64_t n = bags.num_ids;
+  if (bags.num_bags == 0 || n == 0) return absl::OkStatus();
+  if (n > std::numeric_limits<int32_t>::max() ||
+      bags.num_bags > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SparseBackwardUpdate: ", n, " ids in ", bags.num_bags,
+                     " bags; at most 2^31 - 1 of each per call"));
+  }
+  const int num = static_cast<int>(n);
+  RETURN_IF_ERROR(ws->keys.Resize(n));
+  RETURN_IF_ERROR(ws->sorted_keys.Resize(n));
+  RETURN_IF_ERROR(ws->unique_keys.Resize(n));
+  RETURN_IF_ERROR(ws->bags.Resize(n));
+  RETURN_IF_ERROR(ws->sorted_bags.Resize(n));
+  RETURN_IF_ERROR(ws->counts.Resize(n));
+  RETURN_IF_ERROR(ws->starts.Resize(n));
+  RETURN_IF_ERROR(ws->num_unique.Resize(1));
+
+  // Only the bits an id (or the out-of-range marker `rows`) can have take
+  // part in the sort: fewer radix passes for smaller tables.
+  const int end_bit = std::bit_width(static_cast<uint64_t>(rows));
+  size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, ws->keys.data(), ws->sorted_keys.data(),
+      ws->bags.data(), ws->sorted_bags.data(), num, 0, end_bit, stream));
+  CUDA_RETURN_IF_ERROR(cub::DeviceRunLengthEncode::Encode(
+      nullptr, rle_bytes, ws->sorted_keys.data(), ws->unique_keys.data(),
+      ws->counts.data(), ws->num_unique.data(), num, stream));
+  CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
+      nullptr, scan_bytes, ws->counts.data(), ws->starts.data(), num, stream));
+  RETURN_IF_ERROR(
+      ws->cub_temp.Reserve(std::max({sort_bytes, rle_bytes, scan_bytes})));
+  void* temp = ws->cub_temp.data();
+  size_t temp_bytes = ws->cub_temp.bytes();
+
+  RETURN_IF_ERROR(LaunchKernel("ExpandKernel", ExpandKernel,
+                               dim3(CeilDiv(num, kThreads)), dim3(kThreads), 0,
+                               stream, bags.offsets, bags.ids, bags.num_bags, n,
+                               rows, ws->keys.data(), ws->bags.data()));
+  // A stable sort: each row's occurrences stay in position (= bag) order,
+  // the CPU kernel's accumulation order.
+  CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
+      temp, temp_bytes, ws->keys.data(), ws->sorted_keys.data(),
+      ws->bags.data(), ws->sorted_bags.data(), num, 0, end_bit, stream));
+  // The scan runs over all n counts (the host does not know the number of
+  // runs without a sync); entries past the last run are zeroed first so it
+  // reads no stale memory.
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(ws->counts.data(), 0, sizeof(int32_t) * n, stream));
+  temp_bytes = ws->cub_temp.bytes();
+  CUDA_RETURN_IF_ERROR(cub::DeviceRunLengthEncode::Encode(
+      temp, temp_bytes, ws->sorted_keys.data(), ws->unique_keys.data(),
+      ws->counts.data(), ws->num_unique.data(), num, stream));
+  temp_bytes = ws->cub_temp.bytes();
+  CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
+      temp, temp_bytes, ws->counts.data(), ws->starts.data(), num, stream));
+
+  const RowShape s = ShapeOf(
+      dim, Aligned16(weights) && Aligned16(grad) && grad_stride % 4 == 0 &&
+               (step.kind != SparseOptimizerKind::kAdam ||
+                (Aligned16(state1) && Aligned16(state2))));
+  if (s.per_lane > 8) {
+    // Only the float4 path holds rows over 256 columns in registers.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SparseBackwardUpdate: dim ", dim,
+        " over 256 needs 16-byte aligned weights, state and gradient rows "
+        "(grad_stride ",
+        grad_stride, " must be a multiple of 4)"));
+  }
+  // A grid sized for every id being unique (the host does not know how
+  // many are), capped at a few waves: groups loop over the rest.
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t groups_per_block = kThreads / s.group;
+  const int64_t grid = std::min<int64_t>(CeilDiv<int64_t>(n, groups_per_block),
+                                         int64_t{sms} * 8);
+#define DLRM_LAUNCH_UPDATE(vec, per_lane)                                      \
+  return LaunchUpdate<vec, per_lane>(grid, weights, state1, state2, rows, dim, \
+                                     mean, step, bags, grad, grad_stride, ws,  \
+                                     s.group, stream)
+  if (s.vec4) {
+    switch (s.per_lane) {
+      case 1:
+        DLRM_LAUNCH_UPDATE(true, 1);
+      case 2:
+        DLRM_LAUNCH_UPDATE(true, 2);
+      case 3:
+      case 4:
+        DLRM_LAUNCH_UPDATE(true, 4);
+      default:
+        DLRM_LAUNCH_UPDATE(true, 8);
+    }
+  }
+  switch (s.per_lane) {
+    case 1:
+      DLRM_LAUNCH_UPDATE(false, 1);
+    case 2:
+      DLRM_LAUNCH_UPDATE(false, 2);
+    case 3:
+    case 4:
+      DLRM_LAUNCH_UPDATE(false, 4);
+    default:
+      DLRM_LAUNCH_UPDATE(false, 8);
+  }
+#undef DLRM_LAUNCH_UPDATE
+}
+
+}  // namespace dlrm::embedding::cuda

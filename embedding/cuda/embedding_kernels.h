@@ -1,0 +1,83 @@
+// CUDA kernels of the embedding tables: pooled EmbeddingBag lookups (sum or
+// mean over multi-hot bags) and the sparse backward pass fused with the
+// optimizer (ids deduplicated by a radix sort, each touched row updated once
+// by one thread group, no atomics, no dense gradient). They compute what
+// EmbeddingTable's CPU kernels compute (embedding_table.h), in the same
+// order of float operations: see docs/cuda.md.
+// All pointers are device pointers; work is queued on `stream`.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/cuda/cuda_raii.h"
+
+namespace dlrm::embedding::cuda {
+
+// One table's ids for a batch in device memory, laid out as
+// data::SparseFeature: bag s holds ids[offsets[s] .. offsets[s + 1]).
+// Borrowed pointers; they must stay valid until the queued work is done.
+struct DeviceBags {
+  // num_bags + 1 entries, offsets[0] == 0, non-decreasing, last == num_ids.
+  const int64_t* offsets = nullptr;
+  const int64_t* ids = nullptr;
+  int64_t num_bags = 0;
+  int64_t num_ids = 0;
+};
+
+// Widest row the kernels take (registers hold a whole row in the backward
+// pass): 1024 columns when dim % 4 == 0, 256 otherwise.
+int MaxDim(int dim);
+
+// Pools each bag into row s of `out` (out + s * out_stride): the sum of its
+// rows, divided by the bag size when `mean`; an empty bag gives zeros. Ids
+// must lie in [0, rows) (the batch is validated on the host first); an id
+// outside it is skipped rather than read. InvalidArgument for a dim over
+// MaxDim(dim) or a stride below dim; Internal on a launch error.
+absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
+                         const DeviceBags& bags, float* out, int64_t out_stride,
+                         cudaStream_t stream);
+
+enum class SparseOptimizerKind { kSgd, kRowwiseAdagrad, kAdam };
+
+// One optimizer step's constants, as EmbeddingTable::BackwardUpdate derives
+// them from its OptimizerConfig and step counter.
+struct SparseOptimizerStep {
+  SparseOptimizerKind kind = SparseOptimizerKind::kSgd;
+  float learning_rate = 0;
+  float eps = 0;
+  float beta1 = 0, beta2 = 0;
+  // Adam's bias corrections 1 - beta^step for this step.
+  float bias1 = 1, bias2 = 1;
+};
+
+// Scratch device memory of SparseBackwardUpdate, grown to the largest batch
+// seen and reused. Not thread-safe: one per stream.
+struct BackwardWorkspace {
+  dlrm::cuda::DeviceBuffer<uint64_t> keys, sorted_keys, unique_keys;
+  dlrm::cuda::DeviceBuffer<int32_t> bags, sorted_bags, counts, starts;
+  dlrm::cuda::DeviceBuffer<int32_t> num_unique;
+  dlrm::cuda::RawDeviceBuffer cub_temp;
+};
+
+// Applies one optimizer step to every row of `weights` (rows x dim) that
+// occurs in `bags`, with the row's gradient: the sum over its occurrences
+// (in bag order) of grad row s (grad + s * grad_stride), scaled by 1 / bag
+// size when `mean`. state1/state2 as EmbeddingTable (row-wise Adagrad: one
+// float per row in state1; Adam: rows x dim moments in state1 and state2;
+// SGD: unused, may be null). Ids outside [0, rows) are skipped. Deterministic:
+// the same inputs give the same bits. InvalidArgument for a dim over
+// MaxDim(dim), over 256 without 16-byte aligned rows (pointers and a stride
+// that is a multiple of 4), a stride below dim or more than 2^31 - 1 ids;
+// Internal on a CUDA error; ResourceExhausted when the workspace cannot
+// grow.
+absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
+                                  int64_t rows, int dim, bool mean,
+                                  const SparseOptimizerStep& step,
+                                  const DeviceBags& bags, const float* grad,
+                                  int64_t grad_stride, BackwardWorkspace* ws,
+                                  cudaStream_t stream);
+
+}  // namespace dlrm::embedding::cuda

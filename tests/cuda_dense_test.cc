@@ -1,0 +1,321 @@
+// Tests for dense/cuda/: Linear forward/backward through cuBLASLt and
+// cuBLAS, the dot interaction and BCE-with-logits against the CPU layers on
+// random inputs. Skipped without a CUDA device, except the argument checks.
+#include "dense/cuda/cuda_dense.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_raii.h"
+#include "core/random.h"
+#include "dense/interaction.h"
+#include "dense/linear.h"
+#include "dense/loss.h"
+#include "dense/optimizer.h"
+#include "tests/cuda_test_util.h"
+
+namespace dlrm::dense::cuda {
+namespace {
+
+using dlrm::testing::ExpectBitwiseEqual;
+using dlrm::testing::ExpectCloseToScale;
+using dlrm::testing::kCudaTestSeed;
+using dlrm::testing::Poisoned;
+using dlrm::testing::RandomFloats;
+using dlrm::testing::ToDevice;
+using dlrm::testing::ToHost;
+
+struct LinearCase {
+  int64_t batch;
+  int in, out;
+  bool relu;
+  GemmOptions options;
+};
+
+std::string Name(const LinearCase& c) {
+  return absl::StrCat("b", c.batch, "_", c.in, "x", c.out,
+                      c.relu ? "_relu" : "",
+                      c.options.allow_tf32 ? "_tf32" : "",
+                      c.options.use_lt_epilogue ? "_lt" : "_cublas");
+}
+
+void PrintTo(const LinearCase& c, std::ostream* os) { *os << Name(c); }
+
+GemmOptions Options(bool tf32, bool lt) {
+  GemmOptions o;
+  o.allow_tf32 = tf32;
+  o.use_lt_epilogue = lt;
+  return o;
+}
+
+class CudaLinearTest : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const LinearCase c = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  Rng rng(kCudaTestSeed + c.in * 31 + c.out);
+  Linear cpu(c.in, c.out, c.relu);
+  cpu.Init(&rng);
+  const std::vector<float> x = RandomFloats(rng, c.batch * c.in);
+  std::vector<float> y(c.batch * c.out);
+  cpu.Forward(x.data(), c.batch, y.data());
+
+  auto stream = dlrm::cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto ctx = BlasContext::Create(stream->get(), c.options);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const std::vector<float> w(cpu.weight(), cpu.weight() + c.in * c.out);
+  const std::vector<float> b(cpu.bias(), cpu.bias() + c.out);
+  auto w_d = ToDevice(w);
+  auto b_d = ToDevice(b);
+  auto x_d = ToDevice(x);
+  auto y_d = Poisoned(c.batch * c.out);
+  ASSERT_TRUE(LinearForward(ctx->get(), x_d.data(), c.batch, c.in, c.out,
+                            w_d.data(), b_d.data(), c.relu, y_d.data())
+                  .ok());
+  const std::vector<float> y_gpu = ToHost(y_d, y.size());
+  // float GEMMs differ from oneDNN's only in summation order: ~1e-6 of the
+  // output scale; TF32 rounds products to 10 mantissa bits: ~1e-3.
+  const double rel = c.options.allow_tf32 ? 1e-2 : 2e-5;
+  ExpectCloseToScale(y_gpu, y, rel, "y");
+
+  // Backward from the CPU's y, so both apply the same ReLU mask.
+  const std::vector<float> dy = RandomFloats(rng, c.batch * c.out);
+  std::vector<float> dy_cpu = dy;
+  std::vector<float> dx(c.batch * c.in);
+  cpu.Backward(x.data(), y.data(), dy_cpu.data(), c.batch, dx.data());
+  auto y_cpu_d = ToDevice(y);
+  auto dy_d = ToDevice(dy);
+  auto dw_d = Poisoned(c.in * c.out);
+  auto db_d = Poisoned(c.out);
+  auto dx_d = Poisoned(c.batch * c.in);
+  ASSERT_TRUE(LinearBackward(ctx->get(), x_d.data(), y_cpu_d.data(),
+                             dy_d.data(), c.batch, c.in, c.out, w_d.data(),
+                             c.relu, dw_d.data(), db_d.data(), dx_d.data())
+                  .ok());
+  ExpectBitwiseEqual(ToHost(dy_d, dy.size()), dy_cpu, "masked dy");
+  // The bias gradient is summed in the CPU's block order: bitwise.
+  ExpectBitwiseEqual(ToHost(db_d, c.out),
+                     std::span<const float>(cpu.bias_grad(), c.out), "db");
+  ExpectCloseToScale(ToHost(dw_d, w.size()),
+                     std::span<const float>(cpu.weight_grad(), w.size()), rel,
+                     "dw");
+  ExpectCloseToScale(ToHost(dx_d, dx.size()), dx, rel, "dx");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaLinearTest,
+    ::testing::Values(
+        // Kaggle bottom MLP's first layer and top MLP's last.
+        LinearCase{256, 13, 512, true, Options(false, true)},
+        LinearCase{256, 13, 512, true, Options(false, false)},
+        LinearCase{300, 256, 1, false, Options(false, true)},
+        LinearCase{300, 256, 1, false, Options(false, false)},
+        LinearCase{7, 3, 5, true, Options(false, true)},
+        LinearCase{1, 367, 64, false, Options(false, true)},
+        LinearCase{1000, 367, 512, true, Options(true, true)},
+        LinearCase{1000, 367, 512, true, Options(true, false)}),
+    [](const ::testing::TestParamInfo<LinearCase>& info) {
+      return Name(info.param);
+    });
+
+TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto ctx = BlasContext::Create(nullptr);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto w = ToDevice(std::vector<float>(12, 1.0f));
+  auto b = ToDevice(std::vector<float>(4, 1.0f));
+  auto dw = Poisoned(12);
+  auto db = Poisoned(4);
+  ASSERT_TRUE(LinearForward(ctx->get(), nullptr, 0, 3, 4, w.data(), b.data(),
+                            true, nullptr)
+                  .ok());
+  ASSERT_TRUE(LinearBackward(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
+                             w.data(), true, dw.data(), db.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
+  EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+}
+
+struct InteractionCase {
+  int64_t batch;
+  int n, d;
+};
+
+std::string Name(const InteractionCase& c) {
+  return absl::StrCat("b", c.batch, "_n", c.n, "_d", c.d);
+}
+void PrintTo(const InteractionCase& c, std::ostream* os) { *os << Name(c); }
+
+class CudaInteractionTest : public ::testing::TestWithParam<InteractionCase> {};
+
+TEST_P(CudaInteractionTest, ForwardAndBackwardMatchReference) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const InteractionCase c = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  Rng rng(kCudaTestSeed + c.n * 100 + c.d);
+  const int zdim = DotInteractionDim(c.n, c.d);
+  const std::vector<float> t = RandomFloats(rng, c.batch * c.n * c.d);
+  std::vector<float> z(c.batch * zdim);
+  reference::DotInteractionForward(t.data(), c.batch, c.n, c.d, z.data());
+  auto t_d = ToDevice(t);
+  auto z_d = Poisoned(z.size());
+  ASSERT_TRUE(
+      DotInteractionForward(t_d.data(), c.batch, c.n, c.d, z_d.data(), nullptr)
+          .ok());
+  // Same order of products and sums; the host compiler may fuse them.
+  ExpectCloseToScale(ToHost(z_d, z.size()), z, 1e-5, "z");
+
+  const std::vector<float> dz = RandomFloats(rng, z.size());
+  std::vector<float> dt(t.size());
+  reference::DotInteractionBackward(t.data(), dz.data(), c.batch, c.n, c.d,
+                                    dt.data());
+  auto dz_d = ToDevice(dz);
+  auto dt_d = Poisoned(t.size());
+  ASSERT_TRUE(DotInteractionBackward(t_d.data(), dz_d.data(), c.batch, c.n, c.d,
+                                     dt_d.data(), nullptr)
+                  .ok());
+  ExpectCloseToScale(ToHost(dt_d, dt.size()), dt, 1e-5, "dt");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaInteractionTest,
+    ::testing::Values(InteractionCase{512, 27, 16},  // Criteo Kaggle
+                      InteractionCase{33, 27, 128},  // MLPerf DLRM v1
+                      InteractionCase{5, 1, 8}, InteractionCase{3, 2, 3},
+                      InteractionCase{17, 9, 7}, InteractionCase{0, 27, 16}),
+    [](const ::testing::TestParamInfo<InteractionCase>& info) {
+      return Name(info.param);
+    });
+
+TEST(CudaLossTest, BceMatchesCpu) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  Rng rng(kCudaTestSeed + 5);
+  for (int64_t batch :
+       {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{65536}}) {
+    // Logits up to +-40: exp(-|z|) underflows nowhere it matters, and the
+    // large ones test the stable form.
+    std::vector<float> logits = RandomFloats(rng, batch, 8.0);
+    if (batch > 1) logits[0] = 40.0f, logits[1] = -40.0f;
+    std::vector<float> labels(batch);
+    for (float& y : labels) y = rng.Below(2) == 0 ? 0.0f : 1.0f;
+    const float scale = batch > 0 ? 1.0f / batch : 1.0f;
+    std::vector<float> grad(batch);
+    const double loss = dense::BceWithLogits(logits.data(), labels.data(),
+                                             batch, scale, grad.data());
+    auto logits_d = ToDevice(logits);
+    auto labels_d = ToDevice(labels);
+    auto grad_d = Poisoned(batch);
+    auto loss_d = dlrm::cuda::DeviceBuffer<double>::Allocate(1);
+    ASSERT_TRUE(loss_d.ok());
+    ASSERT_TRUE(dense::cuda::BceWithLogits(logits_d.data(), labels_d.data(),
+                                           batch, scale, grad_d.data(),
+                                           loss_d->data(), nullptr)
+                    .ok());
+    const double loss_gpu = ToHost(*loss_d, 1)[0];
+    EXPECT_NEAR(loss_gpu, loss, 1e-12 * std::max(1.0, std::fabs(loss)))
+        << "batch " << batch;
+    ExpectCloseToScale(ToHost(grad_d, batch), grad, 1e-6, "dlogits");
+  }
+}
+
+TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    Rng rng(kCudaTestSeed + type);
+    OptimizerConfig config;
+    config.set_type(type);
+    config.set_learning_rate(type == OptimizerConfig::SGD ? 0.1f : 0.01f);
+    config.set_eps(1e-8f);
+    config.set_beta1(0.9f);
+    config.set_beta2(0.999f);
+    config.set_initial_accumulator(0.1f);
+    const int64_t n = 70001;  // Not a multiple of the block.
+    std::vector<float> param = RandomFloats(rng, n);
+    std::vector<float> grad(n);
+    auto opt = DenseOptimizer::Create(
+        config, {ParamRef{"p", param.data(), grad.data(), n}});
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    auto p_d = ToDevice(param);
+    auto g_d = Poisoned(n);
+    auto s1_d = ToDevice(std::vector<float>(
+        n, type == OptimizerConfig::ADAGRAD ? config.initial_accumulator()
+                                            : 0.0f));
+    auto s2_d = ToDevice(std::vector<float>(n, 0.0f));
+    for (int64_t step = 1; step <= 3; ++step) {
+      // In place: the optimizer holds a pointer into `grad`.
+      const std::vector<float> fresh = RandomFloats(rng, n);
+      std::copy(fresh.begin(), fresh.end(), grad.begin());
+      (*opt)->Step();
+      ASSERT_TRUE(g_d.CopyFromHost(std::span<const float>(grad)).ok());
+      auto constants = DenseStepFor(config, step);
+      ASSERT_TRUE(constants.ok()) << constants.status();
+      ASSERT_TRUE(DenseOptimizerUpdate(*constants, p_d.data(), g_d.data(),
+                                       s1_d.data(), s2_d.data(), n, nullptr)
+                      .ok());
+    }
+    // The host compiler may fuse the CPU loop's multiply-adds.
+    ExpectCloseToScale(ToHost(p_d, n), param, 1e-5, "param");
+    const std::vector<ParamRef> state = (*opt)->State();
+    if (!state.empty()) {
+      ExpectCloseToScale(ToHost(s1_d, n),
+                         std::span<const float>(state[0].value, n), 1e-5,
+                         state[0].name);
+    }
+    if (state.size() > 1) {
+      ExpectCloseToScale(ToHost(s2_d, n),
+                         std::span<const float>(state[1].value, n), 1e-5,
+                         state[1].name);
+    }
+  }
+}
+
+// Argument checks run before any CUDA call, so they hold on every machine.
+TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
+  EXPECT_EQ(
+      LinearForward(nullptr, nullptr, 4, 0, 3, nullptr, nullptr, false, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LinearBackward(nullptr, nullptr, nullptr, nullptr, -1, 2, 3,
+                           nullptr, false, nullptr, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // 200 vectors of 64 floats: 51 KiB of shared memory, over the 48 KiB
+  // the kernels ask for.
+  EXPECT_EQ(DotInteractionForward(nullptr, 1, 200, 64, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DotInteractionBackward(nullptr, nullptr, 1, 0, 16, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dense::cuda::BceWithLogits(nullptr, nullptr, -1, 1.0f, nullptr,
+                                       nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DenseOptimizerUpdate(DenseStep{}, nullptr, nullptr, nullptr,
+                                 nullptr, -1, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  OptimizerConfig bad;
+  bad.set_type(static_cast<OptimizerConfig::Type>(99));
+  EXPECT_EQ(DenseStepFor(bad, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  GemmOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.workspace_bytes = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlrm::dense::cuda

@@ -1,0 +1,339 @@
+// Tests for embedding/cuda/: the CUDA embedding-bag forward and the fused
+// sparse backward + optimizers against the CPU table (the reference of the
+// CUDA backend) on random batches with empty bags, duplicate ids and the
+// largest id. Skipped without a CUDA device, except the argument checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/random.h"
+#include "embedding/cuda/cuda_embedding_table.h"
+#include "embedding/cuda/embedding_kernels.h"
+#include "embedding/embedding_table.h"
+#include "tests/cuda_test_util.h"
+
+namespace dlrm::embedding::cuda {
+namespace {
+
+using dlrm::testing::ExpectBitwiseEqual;
+using dlrm::testing::ExpectCloseToScale;
+using dlrm::testing::kCudaTestSeed;
+using dlrm::testing::Poisoned;
+using dlrm::testing::RandomFloats;
+using dlrm::testing::ToDevice;
+using dlrm::testing::ToHost;
+
+OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
+  OptimizerConfig o;
+  o.set_type(type);
+  o.set_learning_rate(type == OptimizerConfig::SGD    ? 0.1f
+                      : type == OptimizerConfig::ADAM ? 0.01f
+                                                      : 0.05f);
+  o.set_initial_accumulator(0.1f);
+  o.set_eps(1e-8f);
+  o.set_beta1(0.9f);
+  o.set_beta2(0.999f);
+  return o;
+}
+
+struct Shape {
+  int dim;
+  Pooling pooling;
+  // Bags hold 0..max_hot ids (one in eight empty) when max_hot > 1.
+  int max_hot;
+  int64_t bags;
+  int64_t rows;
+  // Output / gradient stride is dim + pad.
+  int pad;
+};
+
+std::string Name(const Shape& s) {
+  return absl::StrCat("d", s.dim, s.pooling == POOLING_MEAN ? "_mean" : "_sum",
+                      "_hot", s.max_hot, "_bags", s.bags, "_rows", s.rows,
+                      "_pad", s.pad);
+}
+
+void PrintTo(const Shape& s, std::ostream* os) { *os << Name(s); }
+
+// Ids skewed towards small values (many duplicates), the largest id
+// rows - 1 always present, empty bags when multi-hot.
+data::SparseFeature RandomIds(Rng& rng, const Shape& s) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t b = 0; b < s.bags; ++b) {
+    int64_t n = 1;
+    if (s.max_hot > 1) n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(s.max_hot);
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = rng.Uniform();
+      f.ids.push_back(std::min<int64_t>(s.rows - 1, u * u * s.rows));
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  if (!f.ids.empty()) f.ids[rng.Below(f.ids.size())] = s.rows - 1;
+  return f;
+}
+
+// Pools `ids` on the device from `table`'s weights; the returned rows are
+// s * stride apart, with the padding columns still holding the poison.
+std::vector<float> DeviceForward(const CudaEmbeddingTable& table,
+                                 const data::SparseFeature& ids,
+                                 int64_t stride) {
+  DeviceSparseFeature feature;
+  EXPECT_TRUE(feature.Upload(ids).ok());
+  const size_t n = static_cast<size_t>(ids.num_bags()) * stride;
+  auto out = Poisoned(n);
+  const absl::Status st = table.Forward(feature.bags(), out.data(), stride,
+                                        /*stream=*/nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  return ToHost(out, n);
+}
+
+class CudaEmbeddingTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(CudaEmbeddingTest, ForwardEqualsCpuReferenceBitwise) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const Shape s = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  Rng rng(kCudaTestSeed + s.dim);
+  EmbeddingTable cpu(/*table_index=*/2, s.rows, s.dim, s.pooling,
+                     MakeOptimizer(OptimizerConfig::SGD), kCudaTestSeed);
+  auto gpu = CudaEmbeddingTable::FromHost(cpu);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const int64_t stride = s.dim + s.pad;
+  for (int round = 0; round < 3; ++round) {
+    const data::SparseFeature ids = RandomIds(rng, s);
+    std::vector<float> want(std::max<int64_t>(1, ids.num_bags() * stride),
+                            std::nanf(""));
+    reference::PoolForward(cpu.weights(), s.dim, s.pooling, ids, want.data(),
+                           stride);
+    const std::vector<float> got = DeviceForward(**gpu, ids, stride);
+    // Sums run in id order with plain adds on both sides, and the mean is
+    // one multiply by 1/n: bitwise equal, padding left unwritten (NaN).
+    ExpectBitwiseEqual(got, std::span<const float>(want.data(), got.size()),
+                       "pooled");
+  }
+}
+
+TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const Shape s = GetParam();
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
+                 << kCudaTestSeed);
+    Rng rng(kCudaTestSeed + 7 * s.dim + type);
+    EmbeddingTable cpu(1, s.rows, s.dim, s.pooling, MakeOptimizer(type),
+                       kCudaTestSeed);
+    const std::vector<float> initial(cpu.weights(),
+                                     cpu.weights() + s.rows * s.dim);
+    auto gpu = CudaEmbeddingTable::FromHost(cpu);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const int64_t stride = s.dim + s.pad;
+    std::vector<bool> touched(s.rows, false);
+    for (int step = 0; step < 3; ++step) {
+      const data::SparseFeature ids = RandomIds(rng, s);
+      for (int64_t id : ids.ids) touched[id] = true;
+      const std::vector<float> grad =
+          RandomFloats(rng, std::max<int64_t>(1, ids.num_bags() * stride));
+      cpu.BackwardUpdate(ids, grad.data(), stride);
+      DeviceSparseFeature feature;
+      ASSERT_TRUE(feature.Upload(ids).ok());
+      auto grad_device = ToDevice(grad);
+      const absl::Status st = (*gpu)->BackwardUpdate(
+          feature.bags(), grad_device.data(), stride, /*stream=*/nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+    EmbeddingTable back(1, s.rows, s.dim, s.pooling, MakeOptimizer(type),
+                        kCudaTestSeed + 1);
+    ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
+    EXPECT_EQ(back.step(), cpu.step());
+    // Touched rows: same order of operations, but the host compiler may fuse
+    // multiply-adds that the device code keeps apart (and row-wise Adagrad
+    // sums squares in another order), so a few ulps of the touched values'
+    // scale. Untouched rows keep their exact values.
+    const int per_row2 = static_cast<int>(cpu.state2().size() / s.rows);
+    const int per_row1 = static_cast<int>(cpu.state1().size() / s.rows);
+    // [0]: weights, [1]: state1, [2]: state2 of the touched rows.
+    std::vector<float> got[3], want[3];
+    const float* got_base[3] = {back.weights(), back.state1().data(),
+                                back.state2().data()};
+    const float* want_base[3] = {cpu.weights(), cpu.state1().data(),
+                                 cpu.state2().data()};
+    const int width[3] = {s.dim, per_row1, per_row2};
+    for (int64_t r = 0; r < s.rows; ++r) {
+      if (touched[r]) {
+        for (int a = 0; a < 3; ++a) {
+          got[a].insert(got[a].end(), got_base[a] + r * width[a],
+                        got_base[a] + (r + 1) * width[a]);
+          want[a].insert(want[a].end(), want_base[a] + r * width[a],
+                         want_base[a] + (r + 1) * width[a]);
+        }
+      } else {
+        ASSERT_EQ(
+            std::memcmp(back.weights() + r * s.dim, initial.data() + r * s.dim,
+                        sizeof(float) * s.dim),
+            0)
+            << "untouched row " << r << " changed";
+        if (per_row1 > 0) {
+          ASSERT_EQ(back.state1()[r * per_row1], cpu.state1()[r * per_row1])
+              << "state of untouched row " << r << " changed";
+        }
+      }
+    }
+    ExpectCloseToScale(got[0], want[0], 1e-5, "touched weights");
+    ExpectCloseToScale(got[1], want[1], 1e-5, "touched state1");
+    ExpectCloseToScale(got[2], want[2], 1e-5, "touched state2");
+  }
+}
+
+TEST_P(CudaEmbeddingTest, BackwardUpdateIsDeterministic) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const Shape s = GetParam();
+  Rng rng(kCudaTestSeed + 3);
+  EmbeddingTable cpu(0, s.rows, s.dim, s.pooling,
+                     MakeOptimizer(OptimizerConfig::ROWWISE_ADAGRAD),
+                     kCudaTestSeed);
+  const data::SparseFeature ids = RandomIds(rng, s);
+  const int64_t stride = s.dim + s.pad;
+  auto grad = ToDevice(
+      RandomFloats(rng, std::max<int64_t>(1, ids.num_bags() * stride)));
+  DeviceSparseFeature feature;
+  ASSERT_TRUE(feature.Upload(ids).ok());
+  std::vector<std::vector<float>> results;
+  for (int run = 0; run < 2; ++run) {
+    auto gpu = CudaEmbeddingTable::FromHost(cpu);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    ASSERT_TRUE(
+        (*gpu)
+            ->BackwardUpdate(feature.bags(), grad.data(), stride, nullptr)
+            .ok());
+    EmbeddingTable back = cpu;
+    ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
+    results.emplace_back(back.weights(), back.weights() + s.rows * s.dim);
+    results.back().insert(results.back().end(), back.state1().begin(),
+                          back.state1().end());
+  }
+  ExpectBitwiseEqual(results[0], results[1], "two runs");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaEmbeddingTest,
+    ::testing::Values(
+        // Kaggle-like one-hot features, float4 path, 8 bags per warp.
+        Shape{16, POOLING_SUM, 1, 1000, 5000, 0},
+        Shape{16, POOLING_MEAN, 20, 500, 300, 0},
+        // Tiny table: nearly every id a duplicate.
+        Shape{4, POOLING_SUM, 3, 257, 10, 0},
+        // Scalar path (dim % 4 != 0, or an unaligned stride).
+        Shape{3, POOLING_MEAN, 5, 100, 50, 0},
+        Shape{33, POOLING_SUM, 2, 30, 64, 0},
+        Shape{250, POOLING_MEAN, 3, 40, 64, 3},
+        Shape{64, POOLING_SUM, 10, 300, 100000, 2},
+        // Several units per lane, up to the widest row.
+        Shape{128, POOLING_MEAN, 8, 64, 1000, 4},
+        Shape{200, POOLING_SUM, 4, 50, 100, 0},
+        Shape{1024, POOLING_SUM, 3, 20, 64, 0},
+        // Many rows: a 22-bit sort key and a largest id far from the rest.
+        Shape{4, POOLING_SUM, 1, 2000, 3000000, 0},
+        // No bags at all; a one-row table.
+        Shape{16, POOLING_SUM, 1, 0, 10, 0},
+        Shape{8, POOLING_MEAN, 1, 1, 1, 0}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      return Name(info.param);
+    });
+
+TEST(CudaEmbeddingEdgeTest, EmptyBagsGiveZerosAndNoUpdate) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const int dim = 8;
+  EmbeddingTable cpu(0, 20, dim, POOLING_MEAN,
+                     MakeOptimizer(OptimizerConfig::ADAM), kCudaTestSeed);
+  auto gpu = CudaEmbeddingTable::FromHost(cpu);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  data::SparseFeature empty;
+  empty.offsets = {0, 0, 0, 0};
+  const std::vector<float> pooled = DeviceForward(**gpu, empty, dim);
+  EXPECT_EQ(pooled, std::vector<float>(3 * dim, 0.0f));
+  DeviceSparseFeature feature;
+  ASSERT_TRUE(feature.Upload(empty).ok());
+  auto grad = ToDevice(std::vector<float>(3 * dim, 1.0f));
+  ASSERT_TRUE(
+      (*gpu)->BackwardUpdate(feature.bags(), grad.data(), dim, nullptr).ok());
+  cpu.BackwardUpdate(empty, std::vector<float>(3 * dim, 1.0f).data(), dim);
+  EmbeddingTable back = cpu;
+  ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
+  // The step still counts (Adam's bias correction), nothing else moves.
+  EXPECT_EQ(back.step(), 1);
+  EXPECT_EQ(cpu.step(), 1);
+  ExpectBitwiseEqual(std::span<const float>(back.weights(), 20 * dim),
+                     std::span<const float>(cpu.weights(), 20 * dim),
+                     "weights");
+}
+
+TEST(CudaEmbeddingEdgeTest, OutOfRangeIdsAreNeverTouched) {
+  // Batches are validated on the host first; the kernels still must not
+  // read or write outside the table if one slips through.
+  DLRM_SKIP_WITHOUT_CUDA();
+  const int dim = 4, rows = 6;
+  EmbeddingTable cpu(0, rows, dim, POOLING_SUM,
+                     MakeOptimizer(OptimizerConfig::SGD), kCudaTestSeed);
+  auto gpu = CudaEmbeddingTable::FromHost(cpu);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  data::SparseFeature bad;
+  bad.offsets = {0, 3};
+  bad.ids = {rows, 2, -1};
+  const std::vector<float> pooled = DeviceForward(**gpu, bad, dim);
+  ExpectBitwiseEqual(
+      pooled, std::span<const float>(cpu.weights() + 2 * dim, dim), "pooled");
+  DeviceSparseFeature feature;
+  ASSERT_TRUE(feature.Upload(bad).ok());
+  auto grad = ToDevice(std::vector<float>(dim, 1.0f));
+  ASSERT_TRUE(
+      (*gpu)->BackwardUpdate(feature.bags(), grad.data(), dim, nullptr).ok());
+  EmbeddingTable back = cpu;
+  ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < dim; ++c) {
+      const float want = cpu.weights()[r * dim + c] - (r == 2 ? 0.1f : 0.0f);
+      EXPECT_FLOAT_EQ(back.weights()[r * dim + c], want) << r << "," << c;
+    }
+  }
+}
+
+// Argument checks run before any CUDA call, so they hold on every machine.
+TEST(CudaEmbeddingArgsTest, BadShapesAreInvalidArgument) {
+  DeviceBags bags;
+  bags.num_bags = 1;
+  EXPECT_EQ(
+      PoolForward(nullptr, 10, 0, false, bags, nullptr, 0, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PoolForward(nullptr, 10, 2048, false, bags, nullptr, 2048, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PoolForward(nullptr, 10, 16, false, bags, nullptr, 8, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  BackwardWorkspace ws;
+  EXPECT_EQ(SparseBackwardUpdate(nullptr, nullptr, nullptr, 10, 257, false,
+                                 SparseOptimizerStep{}, bags, nullptr, 257, &ws,
+                                 nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MaxDim(16), 1024);
+  EXPECT_EQ(MaxDim(15), 256);
+  EmbeddingTable wide(0, 2, 1028, POOLING_SUM,
+                      MakeOptimizer(OptimizerConfig::SGD), kCudaTestSeed);
+  EXPECT_EQ(CudaEmbeddingTable::FromHost(wide).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlrm::embedding::cuda

@@ -1,0 +1,110 @@
+// Shared helpers of the CUDA tests: the skip for machines without a GPU,
+// random inputs, device round trips and tolerance checks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/cuda/cuda_raii.h"
+#include "core/device.h"
+#include "core/random.h"
+
+// Skips the test, saying why, when this process sees no CUDA device; CI
+// machines have none and compile and link these tests only.
+#define DLRM_SKIP_WITHOUT_CUDA()                                             \
+  do {                                                                       \
+    if (::dlrm::CudaDeviceCount() == 0) {                                    \
+      GTEST_SKIP() << "no CUDA device: " << ::dlrm::CudaUnavailableReason(); \
+    }                                                                        \
+  } while (0)
+
+namespace dlrm::testing {
+
+// Fixed seed, printed by the tests that use it (STYLE.md habit 9).
+constexpr uint64_t kCudaTestSeed = 20261123;
+
+inline std::vector<float> RandomFloats(Rng& rng, size_t n, double scale = 1) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.Normal() * scale);
+  return v;
+}
+
+// Device copy of `host`; fails the test on error.
+template <typename T>
+cuda::DeviceBuffer<T> ToDevice(std::span<const T> host) {
+  auto buf = cuda::DeviceBuffer<T>::Allocate(host.size());
+  EXPECT_TRUE(buf.ok()) << buf.status();
+  if (!buf.ok()) return {};
+  const absl::Status st = buf->CopyFromHost(host);
+  EXPECT_TRUE(st.ok()) << st;
+  return std::move(buf).value();
+}
+template <typename T>
+cuda::DeviceBuffer<T> ToDevice(const std::vector<T>& host) {
+  return ToDevice(std::span<const T>(host));
+}
+
+// A device buffer of n elements filled with a NaN pattern, so an element
+// the kernel fails to write shows up in the comparison.
+inline cuda::DeviceBuffer<float> Poisoned(size_t n) {
+  return ToDevice(std::vector<float>(std::max<size_t>(n, 1), std::nanf("")));
+}
+
+template <typename T>
+std::vector<T> ToHost(const cuda::DeviceBuffer<T>& buf, size_t n) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<T> host(n);
+  const absl::Status st = buf.CopyToHost(std::span<T>(host));
+  EXPECT_TRUE(st.ok()) << st;
+  return host;
+}
+
+// Elementwise |a - b| <= rel * max(|b|, rms(b)); NaN never passes. Reports
+// the first few failures under `what`, and the largest error seen.
+inline void ExpectCloseToScale(std::span<const float> a,
+                               std::span<const float> b, double rel,
+                               const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double sum_sq = 0;
+  for (float x : b) sum_sq += double{x} * x;
+  const double rms = b.empty() ? 0.0 : std::sqrt(sum_sq / b.size());
+  int failures = 0;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::fabs(double{a[i]} - b[i]);
+    const double tol = rel * std::max<double>(std::fabs(b[i]), rms);
+    if (!(err <= tol)) {
+      if (failures++ < 5) {
+        ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+      }
+    }
+    if (err > worst) worst = err;
+  }
+  if (failures > 0) {
+    ADD_FAILURE() << what << ": " << failures << " of " << a.size()
+                  << " elements off; largest error " << worst << ", rms "
+                  << rms;
+  }
+}
+
+// Bitwise equality (a NaN equals only the same NaN).
+inline void ExpectBitwiseEqual(std::span<const float> a,
+                               std::span<const float> b,
+                               const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && failures++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  EXPECT_EQ(failures, 0) << what << ": elements differ";
+}
+
+}  // namespace dlrm::testing

@@ -1,0 +1,792 @@
+// The dlrm_server process itself: kill -9 at random moments of training and
+// of checkpoint writes, then resume from the newest valid checkpoint;
+// damaged checkpoints skipped on resume; the checkpoint flags; --health-check
+// over TLS (real processes on loopback, driven through the C++ client
+// library); and ModelHost's periodic checkpoints in-process.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clients/client.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "model/checkpoint.h"
+#include "model/dlrm_model.h"
+#include "server/model_host.h"
+
+extern char** environ;
+
+namespace dlrm {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ServerPath() {
+  const char* env = std::getenv("DLRM_SERVER");
+  if (env != nullptr && *env != '\0') return env;
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
+          "server" / "dlrm_server")
+      .string();
+}
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One spawned dlrm_server: stdout in a pipe, stderr (the log) in a file.
+struct Proc {
+  pid_t pid = -1;
+  int out_fd = -1;
+
+  // Starts `args` with `env` added to ours. False if it cannot start.
+  bool Spawn(const std::vector<std::string>& args, const fs::path& err,
+             const std::vector<std::string>& env = {}) {
+    int fds[2];
+    if (pipe(fds) != 0) return false;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv, envp;
+    for (const std::string& a : args) {
+      argv.push_back(const_cast<char*>(a.c_str()));
+    }
+    argv.push_back(nullptr);
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    for (const std::string& e : env) {
+      envp.push_back(const_cast<char*>(e.c_str()));
+    }
+    envp.push_back(nullptr);
+    const bool ok = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(),
+                                envp.data()) == 0;
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_fd = fds[0];
+    if (!ok) pid = -1;
+    return ok;
+  }
+
+  // Reads stdout until "dlrm_server: listening on ADDR"; "" on timeout or
+  // exit.
+  std::string WaitListening(double seconds) {
+    const std::string prefix = "dlrm_server: listening on ";
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(seconds);
+    std::string buffer;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = read(out_fd, chunk, sizeof(chunk));
+      if (n <= 0) return "";
+      buffer.append(chunk, n);
+      const size_t at = buffer.find(prefix);
+      if (at == std::string::npos) continue;
+      const size_t end = buffer.find(' ', at + prefix.size());
+      if (end == std::string::npos) continue;
+      return buffer.substr(at + prefix.size(), end - at - prefix.size());
+    }
+    return "";
+  }
+
+  // Exit code within `seconds` (128 + signal when killed), or -2 (then it
+  // is killed).
+  int WaitExit(double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(seconds);
+    int code = -2;
+    while (pid > 0) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid = -1;
+    if (out_fd >= 0) close(out_fd);
+    out_fd = -1;
+    return code;
+  }
+
+  void Kill9() {
+    if (pid > 0) kill(pid, SIGKILL);
+    WaitExit(10);
+  }
+
+  ~Proc() { Kill9(); }
+};
+
+class ServerProcessTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(ServerPath().c_str(), X_OK) != 0) {
+      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
+    }
+    dir_ = fs::temp_directory_path() /
+           ("server_process_test-" + std::to_string(getpid()) + "-" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    root_ = dir_ / "ckpt";
+  }
+
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // The flags of a tiny training server with periodic checkpoints.
+  std::vector<std::string> Args(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {ServerPath(),
+                                     "--config",
+                                     "tiny",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "",
+                                     "--threads",
+                                     "1",
+                                     "--checkpoint-dir",
+                                     root_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // An endless synthetic training job (or `steps` long).
+  static JobRequest Job(int64_t steps) {
+    JobRequest r;
+    r.mutable_train()->mutable_synthetic()->set_num_samples(0);
+    r.set_batch_size(32);
+    r.set_max_steps(steps);
+    return r;
+  }
+
+  fs::path dir_, root_;
+};
+
+// The newest checkpoint under `root` that loads, after checking that EVERY
+// committed checkpoint there loads (checksums verified); step -1 if none.
+struct Newest {
+  std::string dir;
+  int64_t step = -1;
+};
+Newest CheckEveryCommittedCheckpointLoads(const fs::path& root) {
+  Newest newest;
+  for (const model::CheckpointEntry& e :
+       model::ListCheckpoints(root.string())) {
+    EXPECT_TRUE(e.manifest.ok()) << e.dir << ": " << e.manifest.status();
+    auto loaded = model::LoadCheckpoint(e.dir, /*weights_only=*/false);
+    EXPECT_TRUE(loaded.ok()) << e.dir << ": " << loaded.status();
+    if (loaded.ok() && newest.step < 0) {
+      newest.dir = e.dir;
+      newest.step = (*loaded)->steps();
+      EXPECT_EQ(newest.step, e.manifest->step);
+    }
+  }
+  // Atomic commits: no committed-looking directory without its manifest.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos) continue;
+    // Jobs' end markers (server/job_manager.h) lie beside the checkpoints.
+    if (name.starts_with("job-") && name.ends_with(".end")) continue;
+    EXPECT_TRUE(fs::exists(entry.path() / "MANIFEST.json"))
+        << "partial checkpoint " << entry.path();
+  }
+  return newest;
+}
+
+bool HasTemporary(const fs::path& root) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.path().filename().string().find(".tmp-") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// kill -9 at random moments, half the trials with a slow disk (the test
+// hook DLRM_TEST_CHECKPOINT_DELAY_MS) so that many kills land inside a
+// checkpoint write. After each kill: every committed checkpoint loads, the
+// restarted server says it resumes from the newest one at its step, and
+// training continues from there without error.
+TEST_F(ServerProcessTest, KillNineDuringTrainingAndCheckpointsThenResume) {
+  const unsigned seed = 20261123;
+  std::mt19937 rng(seed);
+  std::printf("seed %u\n", seed);
+  constexpr int kTrials = 24;
+  int killed_in_save = 0, resumed = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
+    const bool left_temporary = HasTemporary(root_);
+    const fs::path log = dir_ / ("server-" + std::to_string(trial) + ".log");
+    const bool slow_disk = trial % 2 == 0;
+    Proc server;
+    ASSERT_TRUE(server.Spawn(
+        Args({"--checkpoint-every-steps", "2", "--keep-checkpoints", "3"}), log,
+        {slow_disk ? "DLRM_TEST_CHECKPOINT_DELAY_MS=40"
+                   : "DLRM_TEST_CHECKPOINT_DELAY_MS=0"}));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(log);
+    const std::string text = ReadText(log);
+    if (newest.step >= 0) {
+      EXPECT_NE(text.find("resuming from " + newest.dir + " at step " +
+                          std::to_string(newest.step)),
+                std::string::npos)
+          << text;
+      ++resumed;
+    } else {
+      EXPECT_NE(text.find("starting afresh"), std::string::npos) << text;
+    }
+    if (left_temporary) {
+      EXPECT_NE(text.find("an unfinished checkpoint"), std::string::npos)
+          << text;
+    }
+    EXPECT_FALSE(HasTemporary(root_));
+
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto info = (*client)->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    // The one job of every trial was killed mid-way each time: the
+    // checkpoint recorded it and the restarted server resumes it (the model
+    // then trains on at once).
+    absl::StatusOr<JobStatus> job;
+    if (newest.step >= 0) {
+      EXPECT_GE(info->steps(), newest.step);
+      EXPECT_NE(text.find("resuming job job-1 at step " +
+                          std::to_string(newest.step) + " of 1000000"),
+                std::string::npos)
+          << text;
+      job = (*client)->GetJob("job-1");
+      ASSERT_TRUE(job.ok()) << job.status();
+      EXPECT_GE(job->steps(), newest.step);
+    } else {
+      EXPECT_EQ(info->steps(), 0);
+      job = (*client)->StartJob(Job(/*steps=*/1000000));
+      ASSERT_TRUE(job.ok()) << job.status();
+    }
+    // Two steps, so the step-2 checkpoint is committed (the job counts a
+    // step once its checkpoint is written), then a random pause.
+    absl::StatusOr<JobStatus> running;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    do {
+      running = (*client)->GetJob(job->id());
+      ASSERT_TRUE(running.ok()) << running.status();
+      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
+                  running->state() == JobStatus::RUNNING)
+          << JobStatus::State_Name(running->state()) << " " << running->error();
+    } while (running->steps() < 2 &&
+             std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        std::uniform_int_distribution<int>(0, 200)(rng)));
+    // Training runs (and has not failed) right up to the kill.
+    running = (*client)->GetJob(job->id());
+    ASSERT_TRUE(running.ok()) << running.status();
+    EXPECT_EQ(running->state(), JobStatus::RUNNING) << running->error();
+    server.Kill9();
+    if (HasTemporary(root_)) ++killed_in_save;
+  }
+  std::printf("%d trials, %d killed inside a checkpoint write, %d resumed\n",
+              kTrials, killed_in_save, resumed);
+  EXPECT_GE(killed_in_save, 3);
+  EXPECT_EQ(resumed, kTrials - 1);
+
+  // Finally a clean run: resume, cancel the resumed job, train 5 more
+  // steps to the end, no error.
+  const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
+  ASSERT_GE(newest.step, 0);
+  Proc server;
+  ASSERT_TRUE(
+      server.Spawn(Args({"--checkpoint-every-steps", "3"}), dir_ / "last.log"));
+  const std::string address = server.WaitListening(30);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "last.log");
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto cancelled = (*client)->CancelJob("job-1");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+  const int64_t steps = (*client)->GetModelInfo()->steps();
+  EXPECT_GE(steps, newest.step);
+  auto job = (*client)->StartJob(Job(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "job-2");
+  auto done = (*client)->WaitJob(job->id(), {}, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), steps + 5);
+  client->reset();
+  kill(server.pid, SIGTERM);
+  EXPECT_EQ(server.WaitExit(20), 0);
+}
+
+// A dataset job survives kill -9: the periodic checkpoints record it, the
+// restarted server (same command line) resumes it at the recorded position
+// under its id, and its final model is bitwise the one of an uninterrupted
+// run. A job that ended (succeeded, cancelled) is not restarted, and new
+// ids go on after the old ones.
+TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
+  // Two epochs of 700 synthetic samples in batches of 32 (22 per epoch,
+  // the last one short): 44 steps.
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic()->set_num_samples(700);
+  request.set_batch_size(32);
+  request.set_epochs(2);
+  constexpr int64_t kSteps = 44;
+  clients::WaitOptions wait;
+  wait.poll_interval_seconds = 0.02;
+
+  uint64_t uninterrupted = 0;
+  {
+    root_ = dir_ / "uninterrupted";
+    Proc server;
+    ASSERT_TRUE(server.Spawn(Args(), dir_ / "uninterrupted.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "uninterrupted.log");
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto job = (*client)->StartJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    auto done = (*client)->WaitJob(job->id(), wait, nullptr);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+    EXPECT_EQ(done->steps(), kSteps);
+    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->steps(), kSteps);
+    uninterrupted = info->weight_checksum();
+  }
+
+  root_ = dir_ / "ckpt";
+  // Every 5 steps (not a divisor of an epoch's 22, so checkpoints land
+  // mid-epoch and in the second one); the first run slowed down so that
+  // the kill lands while the job runs.
+  const std::vector<std::string> args =
+      Args({"--checkpoint-every-steps", "5", "--keep-checkpoints", "2"});
+  const std::vector<std::string> slow = {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"};
+  int64_t killed_at = 0;
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args, dir_ / "first.log", slow));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "first.log");
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto job = (*client)->StartJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->id(), "job-1");
+    // Into the second epoch, past the checkpoint at step 25.
+    absl::StatusOr<JobStatus> running;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    do {
+      running = (*client)->GetJob("job-1");
+      ASSERT_TRUE(running.ok()) << running.status();
+      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
+                  running->state() == JobStatus::RUNNING)
+          << running->error();
+    } while (running->steps() < 27 &&
+             std::chrono::steady_clock::now() < deadline);
+    killed_at = running->steps();
+    server.Kill9();
+  }
+  ASSERT_GE(killed_at, 27);
+  ASSERT_LT(killed_at, kSteps);
+  const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
+  ASSERT_GE(newest.step, 25);
+  ASSERT_LT(newest.step, kSteps);
+
+  // The same command line: the job goes on by itself.
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args, dir_ / "second.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "second.log");
+    const std::string text = ReadText(dir_ / "second.log");
+    EXPECT_NE(text.find("resuming job job-1 at step " +
+                        std::to_string(newest.step) + " of 44"),
+              std::string::npos)
+        << text;
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto jobs = (*client)->ListJobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].id(), "job-1");
+    EXPECT_GE((*jobs)[0].steps(), newest.step);
+    auto done = (*client)->WaitJob("job-1", wait, nullptr);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+    EXPECT_EQ(done->steps(), kSteps);
+    EXPECT_EQ(done->samples(), 2 * 700);
+    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->steps(), kSteps);
+    EXPECT_EQ(info->weight_checksum(), uninterrupted);
+
+    // An endless job, cancelled after a checkpoint recorded it running.
+    auto endless = (*client)->StartJob(Job(1000000));
+    ASSERT_TRUE(endless.ok()) << endless.status();
+    EXPECT_EQ(endless->id(), "job-2");
+    absl::StatusOr<JobStatus> running;
+    do {
+      running = (*client)->GetJob("job-2");
+      ASSERT_TRUE(running.ok()) << running.status();
+    } while (running->steps() < 7);
+    auto cancelled = (*client)->CancelJob("job-2");
+    ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+    EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+    server.Kill9();
+  }
+  // Neither the finished nor the cancelled job starts again.
+  std::vector<std::string> on_exit = args;
+  on_exit.push_back("--checkpoint-on-exit");
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(on_exit, dir_ / "third.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "third.log");
+    const std::string text = ReadText(dir_ / "third.log");
+    EXPECT_NE(text.find("job job-2 of the checkpoint had already ended "
+                        "(CANCELLED): not restarting it"),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("resuming job"), std::string::npos) << text;
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto jobs = (*client)->ListJobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    EXPECT_TRUE(jobs->empty());
+    // A graceful stop mid-job: the exit checkpoint records the job.
+    auto next = (*client)->StartJob(Job(1000000));
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(next->id(), "job-3");
+    absl::StatusOr<JobStatus> running;
+    do {
+      running = (*client)->GetJob("job-3");
+      ASSERT_TRUE(running.ok()) << running.status();
+    } while (running->steps() < 3);
+    client->reset();
+    kill(server.pid, SIGTERM);
+    EXPECT_EQ(server.WaitExit(20), 0);
+  }
+  auto final_manifest = model::ReadManifest((root_ / "final").string());
+  ASSERT_TRUE(final_manifest.ok()) << final_manifest.status();
+  const size_t at = final_manifest->job.find("\"steps\":");
+  ASSERT_NE(at, std::string::npos) << final_manifest->job;
+  const int64_t stopped = std::stoll(final_manifest->job.substr(at + 8));
+  EXPECT_GE(stopped, 3);
+  Proc server;
+  ASSERT_TRUE(server.Spawn(args, dir_ / "fourth.log"));
+  const std::string address = server.WaitListening(30);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "fourth.log");
+  const std::string text = ReadText(dir_ / "fourth.log");
+  EXPECT_NE(text.find("resuming job job-3 at step " + std::to_string(stopped) +
+                      " of 1000000"),
+            std::string::npos)
+      << text;
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto cancelled = (*client)->CancelJob("job-3");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+  EXPECT_GE(cancelled->steps(), stopped);
+  client->reset();
+  kill(server.pid, SIGTERM);
+  EXPECT_EQ(server.WaitExit(20), 0);
+}
+
+// Flip a byte in the newest checkpoint, truncate a file of the next: the
+// restart skips both, naming them, and resumes from the third; training
+// then rewrites the damaged step's checkpoint. When nothing loads, the
+// server refuses to start unless --no-resume.
+TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(
+        Args({"--checkpoint-every-steps", "2", "--keep-checkpoints", "5"}),
+        dir_ / "first.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "first.log");
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto job = (*client)->StartJob(Job(6));
+    ASSERT_TRUE(job.ok()) << job.status();
+    auto done = (*client)->WaitJob(job->id(), {}, nullptr);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+    server.Kill9();
+  }
+  for (const char* name : {"ckpt-2", "ckpt-4", "ckpt-6"}) {
+    ASSERT_TRUE(fs::exists(root_ / name / "MANIFEST.json")) << name;
+  }
+  const fs::path flipped = root_ / "ckpt-6" / "model.safetensors";
+  {
+    std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(flipped) / 2));
+    f.put('\x5a');
+  }
+  const fs::path truncated = root_ / "ckpt-4" / "model.safetensors";
+  fs::resize_file(truncated, fs::file_size(truncated) - 100);
+
+  const fs::path log = dir_ / "second.log";
+  Proc server;
+  ASSERT_TRUE(server.Spawn(Args({"--checkpoint-every-steps", "2"}), log));
+  const std::string address = server.WaitListening(30);
+  ASSERT_FALSE(address.empty()) << ReadText(log);
+  const std::string text = ReadText(log);
+  EXPECT_NE(text.find("skipping checkpoint " + (root_ / "ckpt-6").string()),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(flipped.string() + " is corrupt"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("skipping checkpoint " + (root_ / "ckpt-4").string()),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(truncated.string() + " has "), std::string::npos) << text;
+  EXPECT_NE(
+      text.find("resuming from " + (root_ / "ckpt-2").string() + " at step 2"),
+      std::string::npos)
+      << text;
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 2);
+  auto job = (*client)->StartJob(Job(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto done = (*client)->WaitJob(job->id(), {}, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+  // The new step-4 checkpoint replaced the damaged one.
+  EXPECT_TRUE(model::LoadCheckpoint((root_ / "ckpt-4").string(), false).ok());
+  server.Kill9();
+
+  // Damage every checkpoint: no silent fresh start.
+  for (const model::CheckpointEntry& e : model::ListCheckpoints(root_)) {
+    fs::resize_file(fs::path(e.dir) / "model.safetensors", 10);
+  }
+  Proc refused;
+  ASSERT_TRUE(refused.Spawn(Args(), dir_ / "third.log"));
+  EXPECT_EQ(refused.WaitExit(30), 1);
+  EXPECT_NE(ReadText(dir_ / "third.log").find("could be loaded"),
+            std::string::npos)
+      << ReadText(dir_ / "third.log");
+  Proc fresh;
+  ASSERT_TRUE(fresh.Spawn(Args({"--no-resume"}), dir_ / "fourth.log"));
+  const std::string fresh_address = fresh.WaitListening(30);
+  ASSERT_FALSE(fresh_address.empty()) << ReadText(dir_ / "fourth.log");
+  auto fresh_client = clients::Client::Connect(fresh_address);
+  ASSERT_TRUE(fresh_client.ok());
+  EXPECT_EQ((*fresh_client)->GetModelInfo()->steps(), 0);
+}
+
+// --health-check against a TLS server: with the CA it gets SERVING; without
+// it (plaintext, or TLS not trusting the CA) it fails; mutual TLS needs the
+// client certificate too.
+TEST_F(ServerProcessTest, HealthCheckOverTls) {
+  const std::string d = dir_.string();
+  std::ofstream(dir_ / "san.cnf") << "subjectAltName=IP:127.0.0.1\n";
+  const std::string key =
+      " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string script =
+      "cd " + d + " && openssl req -x509" + key +
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca" +
+      " && openssl req" + key +
+      " -keyout other.key -out other.pem -x509 -days 2 -subj /CN=other" +
+      " && openssl req" + key +
+      " -keyout server.key -out server.csr -subj /CN=dlrm-server" +
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key"
+      " -CAcreateserial -out server.pem -days 2 -extfile san.cnf" +
+      " && openssl req" + key +
+      " -keyout client.key -out client.csr -subj /CN=client" +
+      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key"
+      " -CAcreateserial -out client.pem -days 2";
+  if (std::system((script + " >openssl.log 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "the openssl tool could not make test certificates";
+  }
+  auto file = [&](const char* name) { return (dir_ / name).string(); };
+  std::string address;
+  auto probe = [&](std::vector<std::string> extra, std::string* out) {
+    std::vector<std::string> args = {ServerPath(), "--health-check", address};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Proc p;
+    const fs::path err = dir_ / "probe.err";
+    if (!p.Spawn(args, err)) return -1;
+    std::string stdout_text;
+    char chunk[256];
+    ssize_t n;
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
+      stdout_text.append(chunk, n);
+    }
+    *out = stdout_text + ReadText(err);
+    return p.WaitExit(30);
+  };
+  for (const bool mutual : {false, true}) {
+    SCOPED_TRACE(mutual ? "mutual TLS" : "TLS");
+    std::vector<std::string> args = {
+        ServerPath(), "--config",        "tiny",
+        "--listen",   "127.0.0.1:0",     "--metrics-listen",
+        "",           "--tls-cert",      file("server.pem"),
+        "--tls-key",  file("server.key")};
+    if (mutual) {
+      args.push_back("--tls-client-ca");
+      args.push_back(file("ca.pem"));
+    }
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args, dir_ / "tls-server.log"));
+    address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "tls-server.log");
+    std::string out;
+    std::vector<std::string> trusted = {"--health-check-ca", file("ca.pem")};
+    if (mutual) {
+      EXPECT_EQ(probe(trusted, &out), 1) << out;
+      trusted.insert(trusted.end(), {"--health-check-cert", file("client.pem"),
+                                     "--health-check-key", file("client.key")});
+    }
+    EXPECT_EQ(probe(trusted, &out), 0) << out;
+    EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+    EXPECT_EQ(probe({}, &out), 1) << out;  // plaintext to a TLS port
+    EXPECT_EQ(probe({"--health-check-ca", file("other.pem")}, &out), 1) << out;
+    EXPECT_EQ(probe({"--health-check-ca", file("missing.pem")}, &out), 1)
+        << out;
+    EXPECT_NE(out.find("missing.pem"), std::string::npos) << out;
+    kill(server.pid, SIGTERM);
+    EXPECT_EQ(server.WaitExit(20), 0);
+  }
+}
+
+// The periodic-checkpoint and resume flags come from --server-config too,
+// and are checked together with --checkpoint-dir.
+TEST_F(ServerProcessTest, CheckpointFlagsFromTheConfigFile) {
+  std::ofstream(dir_ / "server.toml")
+      << "checkpoint-dir = \"" << root_.string() << "\"\n"
+      << "checkpoint-every-steps = 7\ncheckpoint-every-seconds = 90\n"
+      << "keep-checkpoints = 4\nresume = false\n";
+  auto dry_run = [&](std::vector<std::string> extra, std::string* out) {
+    std::vector<std::string> args = {ServerPath(), "--config", "tiny",
+                                     "--dry-run"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Proc p;
+    if (!p.Spawn(args, dir_ / "dry-run.err")) return -1;
+    char chunk[4096];
+    ssize_t n;
+    out->clear();
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
+      out->append(chunk, n);
+    out->append(ReadText(dir_ / "dry-run.err"));
+    return p.WaitExit(30);
+  };
+  std::string out;
+  const std::string config = (dir_ / "server.toml").string();
+  ASSERT_EQ(dry_run({"--server-config", config}, &out), 0) << out;
+  EXPECT_NE(out.find("resume off"), std::string::npos) << out;
+  EXPECT_NE(out.find("every 7 steps, 90 s (0 = off), keeping 4"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(dry_run({"--server-config", config, "--resume"}, &out), 0) << out;
+  EXPECT_NE(out.find("resume from the newest valid checkpoint"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(dry_run({"--checkpoint-every-steps", "5"}, &out), 1) << out;
+  EXPECT_NE(out.find("need --checkpoint-dir"), std::string::npos) << out;
+}
+
+// ModelHost's periodic checkpoints in-process: which steps save, by steps
+// and by time, retention, and the option checks.
+TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
+  const fs::path root =
+      fs::temp_directory_path() / ("periodic_test-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok());
+  data::SyntheticOptions so;
+  auto source = data::MakeSyntheticSource(*config, so);
+  ASSERT_TRUE(source.ok());
+  data::Batch batch;
+  ASSERT_TRUE(*(*source)->Next(16, &batch));
+
+  server::ModelHostOptions o;
+  o.checkpoint_dir = root.string();
+  o.checkpoint_every_steps = 3;
+  o.keep_checkpoints = 2;
+  {
+    auto model = model::DlrmModel::Create(*config);
+    ASSERT_TRUE(model.ok());
+    auto host = server::ModelHost::Create(std::move(*model), o);
+    ASSERT_TRUE(host.ok()) << host.status();
+    auto lease = (*host)->AcquireTraining("test");
+    ASSERT_TRUE(lease.ok());
+    for (int step = 1; step <= 10; ++step) {
+      auto r = (*host)->TrainStep(*lease, batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->checkpoint.empty(), step % 3 != 0) << step;
+    }
+  }
+  std::vector<model::CheckpointEntry> list = model::ListCheckpoints(root);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].name, "ckpt-9");
+  EXPECT_EQ(list[1].name, "ckpt-6");
+
+  // By time: no save until the period has passed, then on the next step.
+  o.checkpoint_every_steps = 0;
+  o.checkpoint_every_seconds = 0.3;
+  o.keep_checkpoints = 0;
+  auto model = model::DlrmModel::Create(*config);
+  ASSERT_TRUE(model.ok());
+  auto host = server::ModelHost::Create(std::move(*model), o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto lease = (*host)->AcquireTraining("test");
+  ASSERT_TRUE(lease.ok());
+  auto r = (*host)->TrainStep(*lease, batch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->checkpoint.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  r = (*host)->TrainStep(*lease, batch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->checkpoint, (root / "ckpt-2").string());
+  r = (*host)->TrainStep(*lease, batch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->checkpoint.empty());
+  EXPECT_EQ(model::ListCheckpoints(root).size(), 3u);  // 0 keeps all
+  fs::remove_all(root);
+
+  server::ModelHostOptions bad;
+  bad.checkpoint_every_steps = 5;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  bad.checkpoint_dir = root.string();
+  EXPECT_TRUE(bad.Validate().ok());
+  bad.inference_only = true;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  bad.inference_only = false;
+  bad.keep_checkpoints = -1;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlrm
