@@ -163,6 +163,10 @@ absl::Status ValidateRocksDbConfig(const RocksDbConfig& r) {
   if (r.block_cache_bytes() < 0) {
     return absl::InvalidArgumentError("rocksdb.block_cache_bytes must be >= 0");
   }
+  if (r.write_buffer_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "rocksdb.write_buffer_bytes must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -237,7 +241,7 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
   DefaultOptimizer(c.mutable_sparse_optimizer());
   // RocksDB defaults only where a table uses the tier, so host-only
   // configs print as before.
-  if (UsesRocksDb(c)) {
+  if (UsesRocksDb(c) || c.rocksdb().host_budget_bytes() > 0) {
     RocksDbConfig* rocksdb = c.mutable_rocksdb();
     if (rocksdb->cache_rows() == 0 && rocksdb->cache_fraction() == 0) {
       rocksdb->set_cache_fraction(0.1);
@@ -305,7 +309,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           ") has storage STORAGE_ROCKSDB but rocksdb.path is empty"));
     }
   }
-  if (UsesRocksDb(c)) RETURN_IF_ERROR(ValidateRocksDbConfig(c.rocksdb()));
+  if (c.rocksdb().host_budget_bytes() < 0) {
+    return absl::InvalidArgumentError("rocksdb.host_budget_bytes must be >= 0");
+  }
+  if (c.rocksdb().host_budget_bytes() > 0 && c.rocksdb().path().empty()) {
+    return absl::InvalidArgumentError(
+        "rocksdb.host_budget_bytes is set but rocksdb.path is empty (where "
+        "tables over the budget would go)");
+  }
+  if (UsesRocksDb(c) || c.rocksdb().host_budget_bytes() > 0) {
+    RETURN_IF_ERROR(ValidateRocksDbConfig(c.rocksdb()));
+  }
   if (!IsCleanUtf8(c.rocksdb().path())) {
     return absl::InvalidArgumentError(
         "rocksdb.path is not UTF-8 text (or holds control characters)");
@@ -358,14 +372,17 @@ absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
 }
 
 int64_t CachedRowsOfTable(const ModelConfig& c, int table) {
-  const TableConfig& t = c.tables(table);
-  const RocksDbConfig& r = c.rocksdb();
-  int64_t rows = r.cache_rows();
-  if (rows == 0) {
-    rows = static_cast<int64_t>(
-        std::ceil(r.cache_fraction() * static_cast<double>(t.rows())));
+  return CachedRows(c.rocksdb(), c.tables(table).rows());
+}
+
+int64_t CachedRows(const RocksDbConfig& r, int64_t rows) {
+  int64_t cached = r.cache_rows();
+  if (cached == 0) {
+    const double fraction = r.cache_fraction() > 0 ? r.cache_fraction() : 0.1;
+    cached =
+        static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows)));
   }
-  return std::clamp<int64_t>(rows, 1, t.rows());
+  return std::clamp<int64_t>(cached, 1, std::max<int64_t>(rows, 1));
 }
 
 int InteractionOutputDim(const ModelConfig& c) {

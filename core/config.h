@@ -51,6 +51,12 @@ absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
 // rows rounded up, clamped to [1, rows].
 int64_t CachedRowsOfTable(const ModelConfig& config, int table);
 
+// Rows a cache under `rocksdb` keeps of a table or shard of `rows` rows:
+// cache_rows, or cache_fraction (0 read as the default 0.1) of `rows`
+// rounded up, clamped to [1, rows]. Each shard of a sharded table has a
+// cache of its own, sized from the shard's rows.
+int64_t CachedRows(const RocksDbConfig& rocksdb, int64_t rows);
+
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, sum of dims for cat.
 int InteractionOutputDim(const ModelConfig& config);

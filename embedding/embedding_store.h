@@ -63,6 +63,19 @@ struct StoreMetrics {
   // Value bytes read from and written to RocksDB.
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
+
+  // Every field, in declaration order (for sums and for sending them).
+  static constexpr int kNumFields = 9;
+  static constexpr int64_t StoreMetrics::*kFields[kNumFields] = {
+      &StoreMetrics::hits,          &StoreMetrics::misses,
+      &StoreMetrics::prefetch_hits, &StoreMetrics::evictions,
+      &StoreMetrics::rows_read,     &StoreMetrics::rows_initialized,
+      &StoreMetrics::rows_written,  &StoreMetrics::bytes_read,
+      &StoreMetrics::bytes_written};
+  StoreMetrics& operator+=(const StoreMetrics& other) {
+    for (const auto field : kFields) this->*field += other.*field;
+    return *this;
+  }
 };
 
 // The rows of one table or shard with their optimizer state, and the

@@ -216,16 +216,25 @@ absl::Status ShardingPlan::Validate(const ModelConfig& config) const {
 std::string ShardingPlan::ToString(const ModelConfig& config) const {
   std::string out = absl::StrCat("sharding plan over ", world_size,
                                  world_size == 1 ? " rank\n" : " ranks\n");
-  std::vector<int64_t> bytes(world_size, 0);
+  // Host bytes (RocksDB shards: their caches) and bytes on RocksDB.
+  std::vector<int64_t> bytes(world_size, 0), stored(world_size, 0);
   std::vector<double> cost(world_size, 0);
+  bool any_rocksdb = false;
   for (size_t k = 0; k < tables.size(); ++k) {
     const TableConfig& t = config.tables(k);
     const TablePlacement& p = tables[k];
+    const bool on_rocksdb = t.storage() == STORAGE_ROCKSDB;
+    any_rocksdb = any_rocksdb || on_rocksdb;
     absl::StrAppend(&out, "  ", t.name(), " (", t.rows(), " x ", t.dim(),
                     "): ", KindName(p.kind));
     for (const Shard& s : p.shards) {
       if (s.rank >= 0 && s.rank < world_size) {
-        bytes[s.rank] += ShardBytes(s, config.sparse_optimizer());
+        Shard host = s;
+        if (on_rocksdb) {
+          stored[s.rank] += ShardBytes(s, config.sparse_optimizer());
+          host.row_count = CachedRows(config.rocksdb(), s.row_count);
+        }
+        bytes[s.rank] += ShardBytes(host, config.sparse_optimizer());
         cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
       }
     }
@@ -251,13 +260,19 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
       default:
         break;
     }
+    if (on_rocksdb) absl::StrAppend(&out, "; on rocksdb behind row caches");
     absl::StrAppend(&out, "\n");
   }
   for (int r = 0; r < world_size; ++r) {
-    absl::StrAppend(&out,
-                    absl::StrFormat("  rank %d: %.1f MiB, %.0f floats looked "
-                                    "up per sample\n",
-                                    r, bytes[r] / 1048576.0, cost[r]));
+    absl::StrAppend(
+        &out, absl::StrFormat("  rank %d: %.1f MiB", r, bytes[r] / 1048576.0));
+    if (any_rocksdb) {
+      absl::StrAppend(&out, absl::StrFormat(" in host memory, %.1f MiB on "
+                                            "rocksdb",
+                                            stored[r] / 1048576.0));
+    }
+    absl::StrAppend(
+        &out, absl::StrFormat(", %.0f floats looked up per sample\n", cost[r]));
   }
   return out;
 }
@@ -422,9 +437,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
 
 absl::Status TierPlanOptions::Validate() const {
   if (host_budget_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TierPlanOptions.host_budget_bytes must be >= 0, got ",
-                     host_budget_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_budget_bytes must be >= 0, got ", host_budget_bytes));
   }
   return absl::OkStatus();
 }
@@ -433,48 +447,95 @@ int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
   Shard shard;
-  shard.row_count = t.rows();
+  shard.row_count =
+      t.storage() == STORAGE_ROCKSDB ? CachedRows(rocksdb, t.rows()) : t.rows();
   shard.col_count = t.dim();
-  if (t.storage() == STORAGE_ROCKSDB) {
-    // CachedRowsOfTable reads the cache size from config.rocksdb.
-    ModelConfig c;
-    *c.add_tables() = t;
-    *c.mutable_rocksdb() = rocksdb;
-    if (c.rocksdb().cache_rows() == 0 && c.rocksdb().cache_fraction() == 0) {
-      c.mutable_rocksdb()->set_cache_fraction(0.1);  // the normalised default
-    }
-    shard.row_count = CachedRowsOfTable(c, 0);
-  }
   return ShardBytes(shard, config.sparse_optimizer());
 }
 
+std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
+                                      const ShardingPlan& plan,
+                                      const RocksDbConfig& rocksdb) {
+  std::vector<int64_t> used(plan.world_size, 0);
+  for (int k = 0; k < config.tables_size(); ++k) {
+    for (Shard shard : plan.tables[k].shards) {
+      if (config.tables(k).storage() == STORAGE_ROCKSDB) {
+        shard.row_count = CachedRows(rocksdb, shard.row_count);
+      }
+      used[shard.rank] += ShardBytes(shard, config.sparse_optimizer());
+    }
+  }
+  return used;
+}
+
+namespace {
+
+// One process holding every table whole.
+ShardingPlan OneRankPlan(const ModelConfig& config) {
+  ShardingPlan plan;
+  for (const TableConfig& t : config.tables()) {
+    TablePlacement p;
+    p.kind = SHARDING_TABLE_WISE;
+    p.shards.push_back({0, 0, t.rows(), 0, t.dim()});
+    plan.tables.push_back(std::move(p));
+  }
+  return plan;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
-                                             const TierPlanOptions& options) {
+                                             const TierPlanOptions& options,
+                                             const ShardingPlan* plan) {
   RETURN_IF_ERROR(options.Validate());
   if (options.host_budget_bytes == 0) return config;
+  const ShardingPlan one_rank = OneRankPlan(config);
+  const ShardingPlan& p = plan != nullptr ? *plan : one_rank;
   ModelConfig c = config;
-  int64_t used = 0;
+  // Ranks over the budget (none when everything fits).
+  auto over = [&](std::vector<int64_t>* used) {
+    *used = HostBytesPerRank(c, p, options.rocksdb);
+    std::vector<bool> is_over(p.world_size, false);
+    bool any = false;
+    for (int r = 0; r < p.world_size; ++r) {
+      is_over[r] = (*used)[r] > options.host_budget_bytes;
+      any = any || is_over[r];
+    }
+    return any ? is_over : std::vector<bool>();
+  };
   std::vector<std::pair<int64_t, int>> movable;  // (-bytes, index)
   for (int k = 0; k < c.tables_size(); ++k) {
-    used += HostBytesOfTable(c, k, options.rocksdb);
     if (c.tables(k).storage() == STORAGE_HOST) {
-      movable.emplace_back(-HostBytesOfTable(c, k, options.rocksdb), k);
+      int64_t bytes = 0;
+      for (const Shard& shard : p.tables[k].shards) {
+        bytes += ShardBytes(shard, c.sparse_optimizer());
+      }
+      movable.emplace_back(-bytes, k);
     }
   }
   std::sort(movable.begin(), movable.end());
   std::vector<std::string> moved;
-  for (const auto& [neg_bytes, k] : movable) {
-    if (used <= options.host_budget_bytes) break;
+  std::vector<int64_t> used;
+  for (const auto& entry : movable) {
+    const int k = entry.second;
+    const std::vector<bool> is_over = over(&used);
+    if (is_over.empty()) break;
+    bool helps = false;
+    for (const Shard& shard : p.tables[k].shards) {
+      helps = helps || is_over[shard.rank];
+    }
+    if (!helps) continue;
     c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
-    used += HostBytesOfTable(c, k, options.rocksdb) + neg_bytes;
     moved.push_back(c.tables(k).name());
   }
-  if (used > options.host_budget_bytes) {
+  const std::vector<bool> is_over = over(&used);
+  if (!is_over.empty()) {
+    const int r = static_cast<int>(
+        std::find(is_over.begin(), is_over.end(), true) - is_over.begin());
     return absl::ResourceExhaustedError(absl::StrCat(
-        "TierPlanOptions.host_budget_bytes = ", options.host_budget_bytes,
-        " is too small: with every table on RocksDB the host tables and row "
-        "caches still need ",
-        used,
+        "host_budget_bytes = ", options.host_budget_bytes,
+        " is too small: with every table it can move on RocksDB, rank ", r,
+        "'s host tables and row caches still need ", used[r],
         " bytes; raise the budget or shrink rocksdb.cache_rows / "
         "cache_fraction"));
   }
@@ -485,11 +546,20 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
   if (!any_rocksdb) return c;
   if (options.rocksdb.path().empty() && !moved.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("TierPlanOptions.rocksdb.path is empty but table ",
-                     moved.front(), " must move to RocksDB to fit the budget"));
+        absl::StrCat("rocksdb.path is empty but table ", moved.front(),
+                     " must move to RocksDB to fit the host budget"));
   }
   // Normalises with the tier's defaults and checks the result.
   return PlaceTablesOnRocksDb(std::move(c), {}, options.rocksdb);
+}
+
+absl::StatusOr<ModelConfig> ApplyHostBudget(const ModelConfig& config,
+                                            const ShardingPlan* plan) {
+  if (config.rocksdb().host_budget_bytes() == 0) return config;
+  TierPlanOptions options;
+  options.host_budget_bytes = config.rocksdb().host_budget_bytes();
+  options.rocksdb = config.rocksdb();
+  return PlanStorageTiers(config, options, plan);
 }
 
 }  // namespace dlrm::embedding

@@ -76,9 +76,10 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
 
 // Tier choice from a host-memory budget (docs/storage.md "Planner").
 struct TierPlanOptions {
-  // Bytes of embedding rows (weights and optimizer state) host memory may
-  // hold: every STORAGE_HOST table whole, plus the row cache of every
-  // STORAGE_ROCKSDB table. 0 means unlimited (no table moves). Default: 0.
+  // Bytes of embedding rows (weights and optimizer state) one rank's host
+  // memory may hold: its STORAGE_HOST shards whole, plus the row cache of
+  // each of its STORAGE_ROCKSDB shards. 0 means unlimited (no table moves).
+  // Default: 0.
   int64_t host_budget_bytes = 0;
   // The RocksDB tier of the tables that move (ModelConfig.rocksdb); its
   // path must be set when one does. Default: empty.
@@ -93,14 +94,31 @@ struct TierPlanOptions {
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 
+// Host bytes of embedding rows each rank holds under `plan` (valid for the
+// normalised `config`): STORAGE_HOST shards whole, the row cache of each
+// STORAGE_ROCKSDB shard (CachedRows of the shard's rows under `rocksdb`).
+std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
+                                      const ShardingPlan& plan,
+                                      const RocksDbConfig& rocksdb);
+
 // `config` (normalised) with tables moved to STORAGE_ROCKSDB, largest
-// (bytes of weights and state) first, ties by config order, until the host
-// tables plus the caches fit options.host_budget_bytes; tables already on
-// RocksDB stay there, and ModelConfig.rocksdb becomes options.rocksdb when
-// a table uses the tier. InvalidArgument for bad options (naming the
-// field); ResourceExhausted, naming the budget and the bytes still needed,
-// when even every table on RocksDB does not fit.
-absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
-                                             const TierPlanOptions& options);
+// (bytes of weights and state) first, ties by config order, until every
+// rank's host bytes (HostBytesPerRank) fit options.host_budget_bytes; a
+// table moves only while it has a shard on a rank still over the budget.
+// Tables already on RocksDB stay there, and ModelConfig.rocksdb becomes
+// options.rocksdb when a table uses the tier. `plan` null means one process
+// holding every table whole. InvalidArgument for bad options (naming the
+// field); ResourceExhausted, naming the rank, the budget and the bytes still
+// needed, when even every table on RocksDB does not fit.
+absl::StatusOr<ModelConfig> PlanStorageTiers(
+    const ModelConfig& config, const TierPlanOptions& options,
+    const ShardingPlan* plan = nullptr);
+
+// PlanStorageTiers with the config's own budget and tier
+// (rocksdb.host_budget_bytes, rocksdb): `config` unchanged when the budget
+// is 0. The models apply it when they are created, so a checkpoint's config
+// (already planned) plans to itself.
+absl::StatusOr<ModelConfig> ApplyHostBudget(const ModelConfig& config,
+                                            const ShardingPlan* plan = nullptr);
 
 }  // namespace dlrm::embedding

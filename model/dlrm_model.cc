@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "dense/interaction.h"
 #include "dense/loss.h"
+#include "embedding/sharding.h"
 #include "model/step_util.h"
 
 namespace dlrm::model {
@@ -91,7 +92,10 @@ DlrmModel::DlrmModel(const ModelConfig& config)
 }
 
 absl::StatusOr<std::unique_ptr<DlrmModel>> DlrmModel::Create(
-    const ModelConfig& config) {
+    const ModelConfig& requested) {
+  // Tiers from rocksdb.host_budget_bytes, when set.
+  ASSIGN_OR_RETURN(const ModelConfig config,
+                   embedding::ApplyHostBudget(requested));
   std::unique_ptr<DlrmModel> m(new DlrmModel(config));
   // The reference draws the bottom MLP, then the top MLP, from one stream.
   Rng rng(config.seed());
@@ -125,6 +129,9 @@ absl::StatusOr<std::unique_ptr<DlrmModel>> DlrmModel::Create(
         StoreOptionsOfTable(config, 0).rocksdb;
     db_options.path = m->NewDatabaseDir();
     db_options.block_cache_bytes = config.rocksdb().block_cache_bytes();
+    if (config.rocksdb().write_buffer_bytes() > 0) {
+      db_options.write_buffer_bytes = config.rocksdb().write_buffer_bytes();
+    }
     ASSIGN_OR_RETURN(m->row_db_, embedding::RowDatabase::Open(db_options));
     m->row_db_dir_ = db_options.path;
     ASSIGN_OR_RETURN(auto cached, m->CreateCachedStores(m->row_db_.get()));
@@ -353,18 +360,7 @@ uint64_t DlrmModel::WeightChecksum() const {
 
 embedding::StoreMetrics DlrmModel::RocksDbMetrics() const {
   embedding::StoreMetrics total;
-  for (const auto& store : stores_) {
-    const embedding::StoreMetrics m = store->metrics();
-    total.hits += m.hits;
-    total.misses += m.misses;
-    total.prefetch_hits += m.prefetch_hits;
-    total.evictions += m.evictions;
-    total.rows_read += m.rows_read;
-    total.rows_initialized += m.rows_initialized;
-    total.rows_written += m.rows_written;
-    total.bytes_read += m.bytes_read;
-    total.bytes_written += m.bytes_written;
-  }
+  for (const auto& store : stores_) total += store->metrics();
   return total;
 }
 

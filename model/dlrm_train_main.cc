@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
+#include "embedding/sharding.h"
 #include "model/dlrm_model.h"
 #include "model/trainer.h"
 
@@ -35,6 +36,7 @@ struct Flags {
   int threads = 0;
   std::string rocksdb_dir;
   std::vector<std::string> tables_on_rocksdb;
+  int64_t host_budget_mb = 0;
   int64_t cache_rows = 0;
   double cache_fraction = 0.1;
   std::string eviction = "lru";
@@ -73,16 +75,23 @@ void PrintEval(int64_t step, const model::EvalResult& r) {
 }
 
 // Applies the RocksDB flags to `config` (no change without
-// --tables-on-rocksdb).
+// --tables-on-rocksdb or --host-budget-mb), then the tier planner when a
+// budget is set (the model would plan the same when created).
 absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
                                               const Flags& f) {
-  if (f.tables_on_rocksdb.empty()) return config;
+  if (f.host_budget_mb < 0) {
+    return absl::InvalidArgumentError("--host-budget-mb must be >= 0");
+  }
+  if (f.tables_on_rocksdb.empty() && f.host_budget_mb == 0) {
+    return embedding::ApplyHostBudget(config);
+  }
   if (f.rocksdb_dir.empty()) {
     return absl::InvalidArgumentError(
-        "--tables-on-rocksdb needs --rocksdb-dir");
+        "--tables-on-rocksdb and --host-budget-mb need --rocksdb-dir");
   }
   RocksDbConfig r;
   r.set_path(f.rocksdb_dir);
+  r.set_host_budget_bytes(f.host_budget_mb << 20);
   r.set_cache_rows(f.cache_rows);
   r.set_cache_fraction(f.cache_fraction);
   if (f.eviction == "lfu") {
@@ -91,7 +100,9 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
     return absl::InvalidArgumentError(
         absl::StrCat("--eviction must be lru or lfu, got '", f.eviction, "'"));
   }
-  return PlaceTablesOnRocksDb(std::move(config), f.tables_on_rocksdb, r);
+  ASSIGN_OR_RETURN(
+      config, PlaceTablesOnRocksDb(std::move(config), f.tables_on_rocksdb, r));
+  return embedding::ApplyHostBudget(config);
 }
 
 absl::Status Run(const Flags& f) {
@@ -255,6 +266,11 @@ int main(int argc, char** argv) {
   app.add_option("--rocksdb-dir", f.rocksdb_dir,
                  "Directory for the RocksDB tier (scratch; the model makes "
                  "and removes a database in it)");
+  app.add_option("--host-budget-mb", f.host_budget_mb,
+                 "Host memory for embedding rows (tables whole, caches of "
+                 "RocksDB tables); the largest tables move to RocksDB until "
+                 "the rest fit (needs --rocksdb-dir; 0 = no budget)")
+      ->capture_default_str();
   app.add_option("--cache-rows", f.cache_rows,
                  "Cached rows per RocksDB table (0 = --cache-fraction)")
       ->capture_default_str();

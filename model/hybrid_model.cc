@@ -135,9 +135,13 @@ HybridModel::HybridModel(const ModelConfig& config,
 }
 
 absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
-    const ModelConfig& config, const embedding::ShardingPlan& plan,
+    const ModelConfig& requested, const embedding::ShardingPlan& plan,
     comm::Communicator* comm, comm::Communicator* dense_comm) {
-  RETURN_IF_ERROR(plan.Validate(config));
+  RETURN_IF_ERROR(plan.Validate(requested));
+  // Tiers from rocksdb.host_budget_bytes (per rank), when set: every rank
+  // plans the same from the same config and plan.
+  ASSIGN_OR_RETURN(const ModelConfig config,
+                   embedding::ApplyHostBudget(requested, &plan));
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,
@@ -173,6 +177,33 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
   for (int k = 0; k < config.tables_size(); ++k) {
     m->any_rocksdb_ = m->any_rocksdb_ || m->OnRocksDb(k);
   }
+  // Every rank's caches, by table, for the counters PrepareShards gathers.
+  m->store_tables_.resize(m->world_);
+  size_t most_tables = 0;
+  for (int r = 0; r < m->world_; ++r) {
+    for (const ShardRef& ref : m->owned_rocksdb_[r]) {
+      std::vector<int>& tables = m->store_tables_[r];
+      if (std::find(tables.begin(), tables.end(), ref.table) == tables.end()) {
+        tables.push_back(ref.table);
+      }
+    }
+    most_tables = std::max(most_tables, m->store_tables_[r].size());
+  }
+  m->store_words_ =
+      static_cast<int64_t>(most_tables) * embedding::StoreMetrics::kNumFields;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    for (int r = 0; r < m->world_; ++r) {
+      RankTableStore s;
+      s.rank = r;
+      s.table = k;
+      for (const ShardRef& ref : m->owned_rocksdb_[r]) {
+        if (ref.table != k) continue;
+        s.cache_rows += CachedRows(config.rocksdb(),
+                                   plan.tables[k].shards[ref.shard].row_count);
+      }
+      if (s.cache_rows > 0) m->store_stats_.push_back(s);
+    }
+  }
   bool mine_on_rocksdb = false;
   for (const ShardRef& ref : m->owned_[m->rank_]) {
     const int j = static_cast<int>(m->local_.size());
@@ -206,6 +237,9 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     embedding::RocksDbStoreOptions db_options;
     db_options.path = m->NewDatabaseDir();
     db_options.block_cache_bytes = config.rocksdb().block_cache_bytes();
+    if (config.rocksdb().write_buffer_bytes() > 0) {
+      db_options.write_buffer_bytes = config.rocksdb().write_buffer_bytes();
+    }
     ASSIGN_OR_RETURN(m->row_db_, embedding::RowDatabase::Open(db_options));
     m->row_db_dir_ = db_options.path;
     ASSIGN_OR_RETURN(auto cached, m->CreateCachedStores(m->row_db_.get()));
@@ -254,12 +288,7 @@ HybridModel::CreateCachedStores(embedding::RowDatabase* db) const {
     // The budget applies per shard: cache_rows rows (a shard can receive
     // every id of a batch), or cache_fraction of the rows the shard holds
     // (so a table's caches together hold that fraction of it).
-    const int64_t rows =
-        r.cache_rows() > 0
-            ? r.cache_rows()
-            : static_cast<int64_t>(std::ceil(r.cache_fraction() *
-                                             static_cast<double>(spec.rows)));
-    o.rocksdb.cache_rows = std::clamp<int64_t>(rows, 1, spec.rows);
+    o.rocksdb.cache_rows = CachedRows(r, spec.rows);
     o.rocksdb.eviction = r.eviction() == RocksDbConfig::LFU
                              ? embedding::EvictionPolicy::kLfu
                              : embedding::EvictionPolicy::kLru;
@@ -311,18 +340,7 @@ std::vector<HybridModel::ShardState> HybridModel::LocalShards() {
 
 embedding::StoreMetrics HybridModel::RocksDbMetrics() const {
   embedding::StoreMetrics total;
-  for (const int j : rocksdb_locals_) {
-    const embedding::StoreMetrics m = local_[j].store->metrics();
-    total.hits += m.hits;
-    total.misses += m.misses;
-    total.prefetch_hits += m.prefetch_hits;
-    total.evictions += m.evictions;
-    total.rows_read += m.rows_read;
-    total.rows_initialized += m.rows_initialized;
-    total.rows_written += m.rows_written;
-    total.bytes_read += m.bytes_read;
-    total.bytes_written += m.bytes_written;
-  }
+  for (const int j : rocksdb_locals_) total += local_[j].store->metrics();
   return total;
 }
 
@@ -549,23 +567,58 @@ absl::Status HybridModel::PrepareShards() {
   }
   // The ids reach a shard only through the input dist, so no rank can
   // refuse before the exchange; every rank learns here, before anything
-  // changes, whether all shards are ready.
-  return AgreeOnStatus(local);
+  // changes, whether all shards are ready. The caches' counters ride
+  // along: every rank learns every rank's (store_stats_).
+  constexpr int kFields = embedding::StoreMetrics::kNumFields;
+  std::vector<int64_t> mine(store_words_, 0), all;
+  const std::vector<int>& tables = store_tables_[rank_];
+  for (const int j : rocksdb_locals_) {
+    const size_t at = std::find(tables.begin(), tables.end(), local_[j].table) -
+                      tables.begin();
+    const embedding::StoreMetrics m = local_[j].store->metrics();
+    for (int f = 0; f < kFields; ++f) {
+      mine[at * kFields + f] += m.*embedding::StoreMetrics::kFields[f];
+    }
+  }
+  const absl::Status agreed = AgreeOnStatus(local, mine, &all);
+  if (all.empty()) return agreed;
+  for (RankTableStore& s : store_stats_) {
+    const std::vector<int>& theirs = store_tables_[s.rank];
+    const size_t at =
+        std::find(theirs.begin(), theirs.end(), s.table) - theirs.begin();
+    const int64_t* words = &all[s.rank * store_words_ + at * kFields];
+    for (int f = 0; f < kFields; ++f) {
+      s.metrics.*embedding::StoreMetrics::kFields[f] = words[f];
+    }
+  }
+  return agreed;
 }
 
-absl::Status HybridModel::AgreeOnStatus(const absl::Status& local) {
-  // Word 0: the status code; then the start of the message.
+absl::Status HybridModel::AgreeOnStatus(const absl::Status& local,
+                                        const std::vector<int64_t>& extra,
+                                        std::vector<int64_t>* all_extra) {
+  // Word 0: the status code; then the start of the message; then `extra`.
   constexpr int kWords = 32;
   constexpr size_t kText = (kWords - 1) * sizeof(int64_t);
-  int64_t mine[kWords] = {};
+  const int64_t width = kWords + static_cast<int64_t>(extra.size());
+  std::vector<int64_t> mine(width, 0);
   mine[0] = static_cast<int64_t>(local.code());
   const size_t len = std::min(kText, local.message().size());
   std::memcpy(&mine[1], local.message().data(), len);
-  std::vector<int64_t> all(static_cast<size_t>(kWords) * world_);
-  RETURN_IF_ERROR(comm_->AllGather(mine, kWords, all.data(), DataType::kInt64));
+  std::copy(extra.begin(), extra.end(), mine.begin() + kWords);
+  std::vector<int64_t> all(static_cast<size_t>(width) * world_);
+  RETURN_IF_ERROR(
+      comm_->AllGather(mine.data(), width, all.data(), DataType::kInt64));
+  if (all_extra != nullptr && !extra.empty()) {
+    all_extra->clear();
+    for (int r = 0; r < world_; ++r) {
+      const auto begin = all.begin() + width * r + kWords;
+      all_extra->insert(all_extra->end(), begin, begin + extra.size());
+    }
+  }
   if (!local.ok()) return local;
   for (int r = 0; r < world_; ++r) {
-    const int64_t* theirs = &all[static_cast<size_t>(kWords) * r];
+    const int64_t* theirs = &all[static_cast<size_t>(width) * r];
     if (theirs[0] == 0) continue;
     const char* text = reinterpret_cast<const char*>(&theirs[1]);
     return absl::Status(static_cast<absl::StatusCode>(theirs[0]),
@@ -879,6 +932,7 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   dense_optimizer_->Step();
   clock.Mark(HybridStageTimes::kDenseUpdate);
   ++steps_;
+  result.stores = store_stats_;
   return result;
 }
 

@@ -54,12 +54,25 @@ struct HybridStageTimes {
   std::array<int64_t, kNumExchanges> bytes_sent{};
 };
 
+// The row caches of one rank for one table on RocksDB (its shards of the
+// table together).
+struct RankTableStore {
+  int rank = 0;
+  int table = 0;
+  int64_t cache_rows = 0;
+  embedding::StoreMetrics metrics;
+};
+
 struct HybridStepResult {
   // Mean BCE loss over the global batch, before the update.
   double loss = 0;
   // Samples in the global batch.
   int64_t global_samples = 0;
   HybridStageTimes times;
+  // Every rank's caches, table then rank order, as of this step's prepare
+  // (write-backs still queued count when they are written). Empty when no
+  // table is on RocksDB.
+  std::vector<RankTableStore> stores;
 };
 
 // One rank's part of a hybrid-parallel DLRM: replicas of the MLPs, the
@@ -159,6 +172,8 @@ class HybridModel {
   bool HasRocksDbShards() const { return row_db_ != nullptr; }
   // Cache counters summed over this rank's shards on RocksDB.
   embedding::StoreMetrics RocksDbMetrics() const;
+  // Every rank's caches as of the last prepare (HybridStepResult.stores).
+  const std::vector<RankTableStore>& StoreStats() const { return store_stats_; }
 
   // This rank only: flushes its shards on RocksDB and writes a checkpoint
   // of its database (rows, optimizer state, step counters) to `dir`, which
@@ -241,9 +256,13 @@ class HybridModel {
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
   absl::Status PrepareShards();
-  // All-gathers `local`'s code and the start of its message; returns
-  // `local`'s error, else the first failing rank's (named), else OK.
-  absl::Status AgreeOnStatus(const absl::Status& local);
+  // All-gathers `local`'s code and the start of its message, and `extra`
+  // (the same length on every rank) into *all_extra (rank order) when not
+  // null; returns `local`'s error, else the first failing rank's (named),
+  // else OK.
+  absl::Status AgreeOnStatus(const absl::Status& local,
+                             const std::vector<int64_t>& extra = {},
+                             std::vector<int64_t>* all_extra = nullptr);
   // All-reduces the gradients of dense_params_[begin, end) (and *loss_sum
   // when not null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, size_t begin, size_t end,
@@ -299,6 +318,13 @@ class HybridModel {
   std::vector<int> all_locals_, rocksdb_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
+  // store_tables_[r]: the tables on RocksDB rank r holds shards of, in
+  // order; store_words_: the counter words each rank sends (the most
+  // tables any rank has, times StoreMetrics::kNumFields); store_stats_:
+  // every rank's counters as of the last prepare.
+  std::vector<std::vector<int>> store_tables_;
+  int64_t store_words_ = 0;
+  std::vector<RankTableStore> store_stats_;
   int64_t steps_ = 0;
 
   // Per step: every rank's local batch size and where its samples start,

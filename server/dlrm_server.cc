@@ -283,6 +283,14 @@ absl::Status DlrmServer::StartMetricsHttp() {
   }
   metrics_address_ = JoinHostPort(host, port);
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  // httplib's stop() does nothing until the listen loop runs: a Shutdown
+  // right after Start would otherwise leave the thread in accept() forever.
+  // (Bounded: a loop that ends at once would never be seen running.)
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!http_->is_running() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return absl::OkStatus();
 }
 

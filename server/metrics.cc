@@ -35,6 +35,12 @@ std::vector<double> Exponential(double start, double factor, int n) {
   return b;
 }
 
+// The labels of one table's caches: the table, and the rank on several.
+std::string StoreLabels(const TableStoreStats& t) {
+  if (t.rank < 0) return absl::StrCat("table=\"", t.table, "\"");
+  return absl::StrCat("table=\"", t.table, "\",rank=\"", t.rank, "\"");
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -203,14 +209,13 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
            "Rows the row cache of a RocksDB-tier table holds.");
     for (const TableStoreStats& t : stores_) {
       Sample(&out, "dlrm_embedding_cache_rows",
-             static_cast<double>(t.cache_rows),
-             absl::StrCat("table=\"", t.table, "\""));
+             static_cast<double>(t.cache_rows), StoreLabels(t));
     }
     for (const Counter& c : kCounters) {
       Header(&out, c.name, "counter", c.help);
       for (const TableStoreStats& t : stores_) {
         Sample(&out, c.name, static_cast<double>(t.metrics.*c.field),
-               absl::StrCat("table=\"", t.table, "\""));
+               StoreLabels(t));
       }
     }
     Header(&out, "dlrm_embedding_cache_hit_ratio", "gauge",
@@ -219,7 +224,7 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
       const int64_t lookups = t.metrics.hits + t.metrics.misses;
       Sample(&out, "dlrm_embedding_cache_hit_ratio",
              lookups > 0 ? static_cast<double>(t.metrics.hits) / lookups : 0.0,
-             absl::StrCat("table=\"", t.table, "\""));
+             StoreLabels(t));
     }
     Header(&out, "dlrm_embedding_cache_prefetch_hit_ratio", "gauge",
            "prefetch_hits / misses of the row cache since it was created.");
@@ -229,7 +234,7 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
           t.metrics.misses > 0
               ? static_cast<double>(t.metrics.prefetch_hits) / t.metrics.misses
               : 0.0,
-          absl::StrCat("table=\"", t.table, "\""));
+          StoreLabels(t));
     }
   }
 

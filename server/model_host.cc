@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/sharding.h"
 #include "model/metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -189,6 +190,11 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
       outcome.exchange_bytes.emplace_back(
           model::HybridStageTimes::ExchangeName(e), r.times.bytes_sent[e]);
     }
+    for (const model::RankTableStore& store : r.stores) {
+      outcome.stores.push_back(
+          TableStoreStats{config_.tables(store.table).name(), store.rank,
+                          store.cache_rows, store.metrics});
+    }
     outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
     return outcome;
   }
@@ -205,7 +211,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   if (model_->HasRocksDbTables()) {
     for (int k = 0; k < config_.tables_size(); ++k) {
       if (model_->IsHostTable(k)) continue;
-      outcome.stores.push_back(TableStoreStats{config_.tables(k).name(),
+      outcome.stores.push_back(TableStoreStats{config_.tables(k).name(), -1,
                                                model_->tables()[k]->rows(),
                                                model_->store(k).metrics()});
     }
@@ -393,12 +399,19 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     s.world_size = group_->world_size();
     s.steps = group_->steps();
     s.sharding_plan = plan.ToString(config_);
-    // Every rank's embedding shards (the plan's bytes) and one dense
-    // replica per rank with its optimizer state.
-    int64_t bytes = 0;
-    for (const embedding::TablePlacement& t : plan.tables) {
-      for (const embedding::Shard& shard : t.shards) {
-        bytes += embedding::ShardBytes(shard, config_.sparse_optimizer());
+    // Every rank's embedding shards in host memory (a shard on RocksDB:
+    // its cache; its rows count under "rocksdb") and one dense replica per
+    // rank with its optimizer state.
+    int64_t bytes = 0, rocksdb_bytes = 0;
+    for (const int64_t rank_bytes :
+         embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
+      bytes += rank_bytes;
+    }
+    for (int k = 0; k < config_.tables_size(); ++k) {
+      if (config_.tables(k).storage() != STORAGE_ROCKSDB) continue;
+      for (const embedding::Shard& shard : plan.tables[k].shards) {
+        rocksdb_bytes +=
+            embedding::ShardBytes(shard, config_.sparse_optimizer());
       }
     }
     const OptimizerConfig::Type dense = config_.dense_optimizer().type();
@@ -409,7 +422,7 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
              s.dense_parameters;
     s.memory_bytes["host"] = bytes;
     s.memory_bytes["device"] = 0;
-    s.memory_bytes["rocksdb"] = 0;
+    s.memory_bytes["rocksdb"] = rocksdb_bytes;
     return s;
   }
   std::string tables;

@@ -57,6 +57,9 @@ struct ModelHostOptions {
 // the store was created (a checkpoint restore starts them again).
 struct TableStoreStats {
   std::string table;
+  // The rank whose caches these are (their shards of the table together),
+  // or -1 for a one-process model.
+  int rank = -1;
   int64_t cache_rows = 0;
   embedding::StoreMetrics metrics;
 };
@@ -78,8 +81,8 @@ struct TrainStepOutcome {
   std::vector<std::pair<std::string, int64_t>> exchange_bytes;
   // The periodic checkpoint saved right after this step, if one was.
   std::string checkpoint;
-  // Every RocksDB-tier table's cache after the step, in config order (one
-  // rank only; empty when every table is in host memory).
+  // Every RocksDB-tier table's cache after the step, in config order (then
+  // rank order on several ranks); empty when every table is in host memory.
   std::vector<TableStoreStats> stores;
 };
 

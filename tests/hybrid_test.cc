@@ -402,6 +402,7 @@ absl::Status RunWorker(const WorkerArgs& a) {
   const std::vector<data::Batch> batches = GlobalBatches(c, a.global_batch, sc);
   const int steps = static_cast<int>(batches.size());
   Report report;
+  std::vector<RankTableStore> last_stores;
   for (int step = 0; step < steps; ++step) {
     if (step == a.die_at_step) _exit(3);
     if (sc.overcap && step == 2) {
@@ -416,6 +417,7 @@ absl::Status RunWorker(const WorkerArgs& a) {
     ASSIGN_OR_RETURN(HybridStepResult r,
                      m->TrainStep(local, has_next ? &next : nullptr));
     report.losses.push_back(r.loss);
+    last_stores = r.stores;
     // Every exchange moved what docs/hybrid.md's formula says.
     std::vector<int64_t> sizes;
     for (int q = 0; q < a.world; ++q) {
@@ -444,6 +446,25 @@ absl::Status RunWorker(const WorkerArgs& a) {
     if (sc.prefetch && metrics.prefetch_hits == 0) {
       return absl::InternalError(
           absl::StrCat("rank ", a.rank, ": the prefetch served no row"));
+    }
+    // The step's report of every rank's caches has this rank's counters
+    // as its own stores count them (they change only in a prepare).
+    embedding::StoreMetrics reported;
+    int64_t cache_rows = 0;
+    for (const RankTableStore& t : last_stores) {
+      if (t.rank != a.rank) continue;
+      reported += t.metrics;
+      cache_rows += t.cache_rows;
+    }
+    if (reported.hits != metrics.hits || reported.misses != metrics.misses ||
+        reported.prefetch_hits != metrics.prefetch_hits ||
+        reported.evictions != metrics.evictions || cache_rows == 0) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", a.rank, ": the step reported ", reported.hits, " hits, ",
+          reported.misses, " misses, ", reported.prefetch_hits,
+          " prefetch hits, ", reported.evictions, " evictions and ", cache_rows,
+          " cached rows; the stores count ", metrics.hits, ", ", metrics.misses,
+          ", ", metrics.prefetch_hits, ", ", metrics.evictions));
     }
   }
   RETURN_IF_ERROR(Snapshot(*m, &report));

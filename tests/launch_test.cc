@@ -442,6 +442,26 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
     }
   }
 
+  // Every rank's caches on /metrics, labelled by table and rank; the
+  // tiers in model info.
+  auto metrics = (*client)->GetMetrics();
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  for (const char* series :
+       {"dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"0\"}",
+        "dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"1\"}",
+        "dlrm_embedding_cache_hit_ratio{table=\"t2\",rank=\"1\"}",
+        "dlrm_rocksdb_written_bytes_total{table=\"t2\",rank=\"0\"}"}) {
+    EXPECT_NE(metrics->find(series), std::string::npos) << series << " in\n"
+                                                        << *metrics;
+  }
+  EXPECT_EQ(metrics->find("table=\"t3\""), std::string::npos);
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_NE(info->sharding_plan().find("on rocksdb"), std::string::npos)
+      << info->sharding_plan();
+  // t0-t2 with Adam (96 B a row): 5000 + 3000 + 10000 rows' bytes stored.
+  EXPECT_EQ(info->memory_bytes().at("rocksdb"), (50 + 30 + 100) * 96);
+
   const fs::path ckpt = dir_ / "ckpt";
   auto saved = (*client)->SaveCheckpoint(ckpt.string());
   ASSERT_TRUE(saved.ok()) << saved.status();
@@ -478,6 +498,46 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   auto after = (*client)->Predict(EvalBatch());
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(*after, *before);
+  StopRanks();
+}
+
+// rocksdb.host_budget_bytes on 2 ranks: per rank, t0 (50 rows), half of
+// t1 (15 rows), half of t2's columns (100 rows x 4) and t3 take 4800 +
+// 1440 + 4800 + 960 = 12000 B (Adam) on the rank with t0. A budget of
+// 11000 B moves only the largest table, t2 (its caches: 60 rows x 4, 2880
+// B, so 10080 B), and the job trains like one in-memory process.
+TEST_F(LaunchTest, HostBudgetPutsTheLargestTablesOnRocksDbPerRank) {
+  ModelConfig c = config_;
+  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
+  c.mutable_rocksdb()->set_host_budget_bytes(11000);
+  c.mutable_rocksdb()->set_cache_rows(60);
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(c, &text));
+  std::ofstream(config_path_) << text;
+  const std::string address = StartRanks(2);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::string tiers;
+  for (const TableConfig& t : info->config().tables()) {
+    tiers += t.storage() == STORAGE_ROCKSDB ? "R" : "H";
+  }
+  EXPECT_EQ(tiers, "HHRH") << info->sharding_plan();
+  EXPECT_EQ(info->memory_bytes().at("rocksdb"), 100 * 96);
+  const std::vector<double> losses = Train(**client);
+  auto model = model::DlrmModel::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto source = Source(11, kBatch * kSteps);
+  data::Batch batch;
+  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  for (int64_t s = 0; s < kSteps; ++s) {
+    ASSERT_TRUE(*source->Next(kBatch, &batch));
+    auto r = (*model)->TrainStep(batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
+  }
   StopRanks();
 }
 

@@ -459,6 +459,111 @@ TEST(ModelStoreTest, SafetensorsExportReadsRowsThroughTheStore) {
   fs::remove_all(out);
 }
 
+// The budget per rank: with a sharding plan, a table moves only while one
+// of its shards sits on a rank over the budget, and each shard's cache is
+// sized from its own rows. BaseConfig (SGD, dim 8, 32 B a row): C1 2000
+// rows table-wise on rank 0 (64000 B), C2 3000 rows row-wise on ranks 0
+// and 1 (48000 B each), C3 1500 rows table-wise on rank 1 (48000 B).
+TEST(ModelStoreTest, PlannerKeepsEveryRankWithinTheBudget) {
+  const ModelConfig c = BaseConfig(OptimizerConfig::SGD);
+  embedding::ShardingPlan plan;
+  plan.world_size = 2;
+  plan.tables.resize(3);
+  plan.tables[0].kind = SHARDING_TABLE_WISE;
+  plan.tables[0].shards = {{0, 0, 2000, 0, 8}};
+  plan.tables[1].kind = SHARDING_ROW_WISE;
+  plan.tables[1].shards = {{0, 0, 1500, 0, 8}, {1, 1500, 1500, 0, 8}};
+  plan.tables[2].kind = SHARDING_TABLE_WISE;
+  plan.tables[2].shards = {{1, 0, 1500, 0, 8}};
+  ASSERT_TRUE(plan.Validate(c).ok());
+  EXPECT_EQ(embedding::HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{112000, 96000}));
+
+  embedding::TierPlanOptions options;
+  options.rocksdb.set_path(ScratchDir("rank_planner"));
+  options.rocksdb.set_cache_fraction(0.1);
+  auto tiers = [&](int64_t budget) {
+    options.host_budget_bytes = budget;
+    auto planned = embedding::PlanStorageTiers(c, options, &plan);
+    EXPECT_TRUE(planned.ok()) << planned.status();
+    std::string s;
+    for (const TableConfig& t : planned->tables()) {
+      s += t.storage() == STORAGE_ROCKSDB ? "R" : "H";
+    }
+    return s;
+  };
+  EXPECT_EQ(tiers(112000), "HHH");
+  // C2 is the largest (96000 B over both ranks): rank 0 keeps 64000 + 4800.
+  EXPECT_EQ(tiers(111999), "HRH");
+  // Rank 0 still over: C1 moves (6400 + 4800); rank 1 (4800 + 48000) fits.
+  EXPECT_EQ(tiers(68799), "RRH");
+  // Now rank 1 is over too: C3 moves.
+  EXPECT_EQ(tiers(52799), "RRR");
+  // Every table moved, rank 1 (4800 + 4800) fits and rank 0 does not.
+  options.host_budget_bytes = 11199;
+  auto too_small = embedding::PlanStorageTiers(c, options, &plan);
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_small.status().message().find("rank 0"), std::string::npos)
+      << too_small.status();
+
+  // The largest table, C2 whole on rank 1, which fits: it stays, and C1
+  // moves for rank 0 (64000 + 48000 with C3).
+  plan.tables[1].kind = SHARDING_TABLE_WISE;
+  plan.tables[1].shards = {{1, 0, 3000, 0, 8}};
+  plan.tables[2].shards[0].rank = 0;
+  ASSERT_TRUE(plan.Validate(c).ok());
+  EXPECT_EQ(tiers(100000), "RHH");
+}
+
+// rocksdb.host_budget_bytes in the config: the model plans its tiers when
+// it is created, its config says so, and a checkpoint's config plans to
+// itself.
+TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
+  const std::string dir = ScratchDir("config_budget");
+  ModelConfig c = BaseConfig(OptimizerConfig::SGD);
+  c.mutable_rocksdb()->set_path(dir);
+  c.mutable_rocksdb()->set_host_budget_bytes(121600);
+  auto n = NormalizeModelConfig(c);
+  ASSERT_TRUE(n.ok()) << n.status();
+  auto m = Make(*n);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->IsHostTable(0));
+  EXPECT_FALSE(m->IsHostTable(1));  // the largest
+  EXPECT_TRUE(m->IsHostTable(2));
+  EXPECT_EQ(m->config().tables(1).storage(), STORAGE_ROCKSDB);
+  auto again = embedding::ApplyHostBudget(m->config());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), m->config().SerializeAsString());
+
+  ModelConfig bad = *n;
+  bad.mutable_rocksdb()->set_host_budget_bytes(-1);
+  auto negative = NormalizeModelConfig(bad);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("rocksdb.host_budget_bytes"),
+            std::string::npos)
+      << negative.status();
+  bad = *n;
+  bad.mutable_rocksdb()->clear_path();
+  auto no_path = NormalizeModelConfig(bad);
+  EXPECT_EQ(no_path.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_path.status().message().find("rocksdb.path"), std::string::npos)
+      << no_path.status();
+  bad = *n;
+  bad.mutable_rocksdb()->set_write_buffer_bytes(-5);
+  auto buffer = NormalizeModelConfig(bad);
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(buffer.status().message().find("rocksdb.write_buffer_bytes"),
+            std::string::npos)
+      << buffer.status();
+  bad = *n;
+  bad.mutable_rocksdb()->set_host_budget_bytes(1000);
+  auto tiny = DlrmModel::Create(bad);
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kResourceExhausted)
+      << tiny.status();
+  m.reset();
+  fs::remove_all(dir);
+}
+
 TEST(ModelStoreTest, ConfigNeedsRocksDbPath) {
   ModelConfig c = BaseConfig(OptimizerConfig::SGD);
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
