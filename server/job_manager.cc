@@ -402,7 +402,9 @@ void JobManager::Run(Job* job) {
   };
 
   auto train = [&]() -> absl::Status {
-    data::Batch batch;
+    // `batch` is trained on; `next` is read one step ahead (its rows on
+    // RocksDB load during the step before).
+    data::Batch batch, next;
     bool evaluated_last = false;
     for (int epoch = first_epoch; epoch < job->epochs; ++epoch) {
       if (epoch > 0) RETURN_IF_ERROR(job->train.source->Rewind());
@@ -424,14 +426,28 @@ void JobManager::Run(Job* job) {
         job->epoch = epoch;
         job->epoch_batches = batches;
       }
+      bool have_next = false;
       while (job->max_steps == 0 || steps < job->max_steps) {
         if (job->cancel.load()) {
           cancelled = true;
           return absl::OkStatus();
         }
-        ASSIGN_OR_RETURN(bool more,
-                         job->train.source->Next(job->batch_size, &batch));
-        if (!more || batch.size == 0) break;
+        if (have_next) {
+          std::swap(batch, next);
+        } else {
+          ASSIGN_OR_RETURN(bool more,
+                           job->train.source->Next(job->batch_size, &batch));
+          if (!more || batch.size == 0) break;
+        }
+        // Read ahead, unless this is the job's last step.
+        have_next = false;
+        bool epoch_ends = false;
+        if (job->max_steps == 0 || steps + 1 < job->max_steps) {
+          ASSIGN_OR_RETURN(bool more,
+                           job->train.source->Next(job->batch_size, &next));
+          have_next = more && next.size > 0;
+          epoch_ends = !have_next;
+        }
         // The job as it will stand after this step, for a checkpoint taken
         // right after it.
         auto record = [&] {
@@ -445,7 +461,8 @@ void JobManager::Run(Job* job) {
           return Record(after);
         };
         ASSIGN_OR_RETURN(TrainStepOutcome step,
-                         host_->TrainStep(*job->lease, batch, record));
+                         host_->TrainStep(*job->lease, batch, record,
+                                          have_next ? &next : nullptr));
         metrics_->RecordTrainStep(step);
         ++steps;
         ++batches;
@@ -473,6 +490,7 @@ void JobManager::Run(Job* job) {
           RETURN_IF_ERROR(evaluate());
           evaluated_last = true;
         }
+        if (epoch_ends) break;
       }
       if (job->max_steps > 0 && steps >= job->max_steps) break;
     }

@@ -164,7 +164,7 @@ void ModelHost::ReleaseTraining() {
 
 absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     const TrainingLease& lease, const data::Batch& batch,
-    const std::function<std::string()>& job) {
+    const std::function<std::string()>& job, const data::Batch* next) {
   if (lease.host_ != this) {
     return absl::FailedPreconditionError(
         "TrainStep needs this host's training lease");
@@ -176,7 +176,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   const double start = Now();
   TrainStepOutcome outcome;
   if (group_ != nullptr) {
-    ASSIGN_OR_RETURN(model::HybridStepResult r, group_->TrainStep(batch));
+    ASSIGN_OR_RETURN(model::HybridStepResult r, group_->TrainStep(batch, next));
     outcome.seconds = Now() - start;
     outcome.step = group_->steps();
     steps_.store(outcome.step);
@@ -198,7 +198,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
     return outcome;
   }
-  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch));
+  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch, next));
   outcome.seconds = Now() - start;
   outcome.step = model_->steps();
   steps_.store(outcome.step);

@@ -151,9 +151,13 @@ class ModelHost {
   // record of the running job as it stands after this step
   // (model::Manifest::job). InvalidArgument for a batch that does not fit
   // (the model is then unchanged); Unavailable after StopTraining().
+  // `next`, when not null, is the batch the caller will train on next: the
+  // rows of its ids on RocksDB start loading while this step computes (it
+  // steers only that; a bad one is ignored).
   absl::StatusOr<TrainStepOutcome> TrainStep(
       const TrainingLease& lease, const data::Batch& batch,
-      const std::function<std::string()>& job = nullptr);
+      const std::function<std::string()>& job = nullptr,
+      const data::Batch* next = nullptr);
 
   // Click probabilities of every sample of `batch` into `probs` (resized).
   // InvalidArgument for a batch that does not fit.

@@ -127,6 +127,7 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
       steps_(model_->steps()) {
   for (const TableConfig& t : model_->config().tables()) {
     table_rows_.push_back(t.rows());
+    any_rocksdb_ = any_rocksdb_ || t.storage() == STORAGE_ROCKSDB;
   }
 }
 
@@ -284,12 +285,13 @@ absl::Status RankGroup::BroadcastString(std::string* text, int64_t size) {
   return absl::OkStatus();
 }
 
-absl::Status RankGroup::RunStep(const data::Batch& local, bool train,
+absl::Status RankGroup::RunStep(const data::Batch& local,
+                                const data::Batch* next, bool train,
                                 const std::vector<int64_t>& sizes,
                                 std::vector<float>* probs,
                                 model::HybridStepResult* result) {
   if (train) {
-    absl::StatusOr<model::HybridStepResult> r = model_->TrainStep(local);
+    absl::StatusOr<model::HybridStepResult> r = model_->TrainStep(local, next);
     if (!r.ok()) {
       // Refusals every rank agreed on (a bad batch, a batch over a shard's
       // cache) change nothing and leave the group usable.
@@ -312,42 +314,71 @@ absl::Status RankGroup::RunStep(const data::Batch& local, bool train,
   return GatherProbs(mine, sizes, probs);
 }
 
-absl::Status RankGroup::Lead(const data::Batch& batch, bool train,
-                             std::vector<float>* probs,
+void RankGroup::Split(const data::Batch& batch, bool labels, data::Batch* local,
+                      std::vector<std::string>* parts,
+                      std::vector<int64_t>* bytes) {
+  const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
+  parts->assign(world_, "");
+  bytes->assign(world_, 0);
+  data::Batch part;
+  dlrm::Batch proto;
+  batch.Slice(0, sizes[0], local);
+  for (int64_t r = 1, start = sizes[0]; r < world_; start += sizes[r], ++r) {
+    if (sizes[r] == 0) continue;
+    batch.Slice(start, start + sizes[r], &part);
+    data::BatchToProto(part, labels, &proto);
+    proto.SerializeToString(&(*parts)[r]);
+    (*bytes)[r] = static_cast<int64_t>((*parts)[r].size());
+  }
+}
+
+absl::Status RankGroup::ScatterNext(const data::Batch* next,
+                                    data::Batch* slice) {
+  std::vector<std::string> parts;
+  std::vector<int64_t> bytes(world_, 0);
+  if (rank_ == 0) Split(*next, /*labels=*/false, slice, &parts, &bytes);
+  const absl::Status s =
+      comm_->Broadcast(bytes.data(), world_, comm::DataType::kInt64, 0);
+  if (!s.ok()) return Broke(s, "the next batch's sizes");
+  return ScatterBatch(parts, bytes, /*labels=*/false, slice);
+}
+
+absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
+                             bool train, std::vector<float>* probs,
                              model::HybridStepResult* result) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
   // Checked here so that the error names the sample of the whole batch.
   RETURN_IF_ERROR(
       batch.Validate(model_->config().num_dense_features(), table_rows_));
+  // A next batch only steers the prefetch of tables on RocksDB: sent when
+  // there are such tables and it is valid.
+  const bool send_next =
+      train && next != nullptr && next->size > 0 && any_rocksdb_ &&
+      next->Validate(model_->config().num_dense_features(), table_rows_).ok();
   const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
-  std::vector<std::string> parts(world_);
-  std::vector<int64_t> bytes(world_, 0);
-  data::Batch local, part;
-  dlrm::Batch proto;
-  batch.Slice(0, sizes[0], &local);
-  for (int64_t r = 1, start = sizes[0]; r < world_; start += sizes[r], ++r) {
-    if (sizes[r] == 0) continue;
-    batch.Slice(start, start + sizes[r], &part);
-    data::BatchToProto(part, /*include_labels=*/train, &proto);
-    proto.SerializeToString(&parts[r]);
-    bytes[r] = static_cast<int64_t>(parts[r].size());
-  }
-  RETURN_IF_ERROR(SendCommand(train ? kTrain : kPredict, 0, bytes));
+  std::vector<std::string> parts;
+  std::vector<int64_t> bytes;
+  data::Batch local, next_local;
+  Split(batch, /*labels=*/train, &local, &parts, &bytes);
+  RETURN_IF_ERROR(
+      SendCommand(train ? kTrain : kPredict, send_next ? 1 : 0, bytes));
   RETURN_IF_ERROR(ScatterBatch(parts, bytes, train, &local));
-  return RunStep(local, train, sizes, probs, result);
+  if (send_next) RETURN_IF_ERROR(ScatterNext(next, &next_local));
+  return RunStep(local, send_next ? &next_local : nullptr, train, sizes, probs,
+                 result);
 }
 
 absl::StatusOr<model::HybridStepResult> RankGroup::TrainStep(
-    const data::Batch& batch) {
+    const data::Batch& batch, const data::Batch* next) {
   model::HybridStepResult result;
-  RETURN_IF_ERROR(Lead(batch, /*train=*/true, nullptr, &result));
+  RETURN_IF_ERROR(Lead(batch, next, /*train=*/true, nullptr, &result));
   return result;
 }
 
 absl::Status RankGroup::Predict(const data::Batch& batch,
                                 std::vector<float>* probs) {
-  return Lead(batch, /*train=*/false, probs, nullptr);
+  return Lead(batch, nullptr, /*train=*/false, probs, nullptr);
 }
 
 absl::Status RankGroup::Shutdown() {
@@ -364,7 +395,7 @@ absl::Status RankGroup::Follow() {
     return absl::FailedPreconditionError("rank 0 leads; it does not follow");
   }
   std::vector<int64_t> command(kHeader + world_);
-  data::Batch slice;
+  data::Batch slice, next_slice;
   std::string path;
   for (;;) {
     absl::Status s =
@@ -385,7 +416,11 @@ absl::Status RankGroup::Follow() {
       case kTrain:
       case kPredict:
         s = ScatterBatch({}, bytes, op == kTrain, &slice);
-        if (s.ok()) s = RunStep(slice, op == kTrain, {}, nullptr, nullptr);
+        if (s.ok() && command[1] == 1) s = ScatterNext(nullptr, &next_slice);
+        if (s.ok()) {
+          s = RunStep(slice, command[1] == 1 ? &next_slice : nullptr,
+                      op == kTrain, {}, nullptr, nullptr);
+        }
         break;
       case kSave:
         s = BroadcastString(&path, command[1]);

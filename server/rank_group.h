@@ -61,8 +61,11 @@ class RankGroup {
   // the ranks). InvalidArgument for a batch that does not fit, and
   // ResourceExhausted for one with more unique ids than a shard's RocksDB
   // cache holds (no rank changes; the group goes on); Unavailable once the
-  // group is broken.
-  absl::StatusOr<model::HybridStepResult> TrainStep(const data::Batch& batch);
+  // group is broken. `next` (may be null): the batch the leader will train
+  // on next; with tables on RocksDB its slices go to the ranks too, whose
+  // shards prefetch its rows during this step.
+  absl::StatusOr<model::HybridStepResult> TrainStep(
+      const data::Batch& batch, const data::Batch* next = nullptr);
 
   // Leader: click probabilities of every sample of `batch` (resized).
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
@@ -106,8 +109,13 @@ class RankGroup {
 
   // Leader: validates and splits `batch`, sends the command and the slices,
   // and runs the step (train) or the prediction with every rank.
-  absl::Status Lead(const data::Batch& batch, bool train,
-                    std::vector<float>* probs, model::HybridStepResult* result);
+  absl::Status Lead(const data::Batch& batch, const data::Batch* next,
+                    bool train, std::vector<float>* probs,
+                    model::HybridStepResult* result);
+  // Leader: splits `batch` into the ranks' slices (the leader's own into
+  // `local`, the others serialised into parts / bytes).
+  void Split(const data::Batch& batch, bool labels, data::Batch* local,
+             std::vector<std::string>* parts, std::vector<int64_t>* bytes);
   // Every rank: the leader sends parts[r] (bytes[r] long) to rank r; a
   // follower decodes its part into `slice`.
   absl::Status ScatterBatch(const std::vector<std::string>& parts,
@@ -116,10 +124,14 @@ class RankGroup {
   // Every rank: trains on, or predicts `local`; a prediction's
   // probabilities are gathered into the leader's `probs` (`sizes`: every
   // rank's sample count, leader only). Communicator errors break the group.
-  absl::Status RunStep(const data::Batch& local, bool train,
-                       const std::vector<int64_t>& sizes,
+  absl::Status RunStep(const data::Batch& local, const data::Batch* next,
+                       bool train, const std::vector<int64_t>& sizes,
                        std::vector<float>* probs,
                        model::HybridStepResult* result);
+  // Every rank, after a kTrain command with a next batch: the leader
+  // broadcasts the next slices' sizes and scatters them (`next` on the
+  // leader), each rank decodes its own into `slice`.
+  absl::Status ScatterNext(const data::Batch* next, data::Batch* slice);
   absl::Status GatherProbs(const std::vector<float>& local,
                            const std::vector<int64_t>& sizes,
                            std::vector<float>* all);
@@ -141,6 +153,8 @@ class RankGroup {
   std::unique_ptr<model::HybridModel> model_;
   const int rank_, world_;
   std::vector<int64_t> table_rows_;
+  // Whether a table is on RocksDB (then a next batch is worth sending).
+  bool any_rocksdb_ = false;
 
   mutable std::mutex mu_;  // guards everything below and the collectives
   absl::Status broken_;    // first communicator error

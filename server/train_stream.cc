@@ -211,8 +211,18 @@ void TrainStream::Work() {
       status = item.error;
       break;
     }
+    // The batch queued behind this one (if any) is trained next: its rows
+    // on RocksDB load during this step. Only this thread pops the queue, and
+    // pushing to a deque moves no element, so the pointer stays good.
+    const data::Batch* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!queue_.empty() && queue_.front().error.ok()) {
+        next = &queue_.front().batch;
+      }
+    }
     absl::StatusOr<TrainStepOutcome> step =
-        host_->TrainStep(*lease_, item.batch);
+        host_->TrainStep(*lease_, item.batch, nullptr, next);
     if (!step.ok()) {
       status = step.status();
       break;

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -461,6 +462,35 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
       << info->sharding_plan();
   // t0-t2 with Adam (96 B a row): 5000 + 3000 + 10000 rows' bytes stored.
   EXPECT_EQ(info->memory_bytes().at("rocksdb"), (50 + 30 + 100) * 96);
+
+  // A dataset job reads a batch ahead: every rank's RocksDB shards
+  // prefetch the next batch's rows (the Train stream above, one batch in
+  // flight, had none queued). t2's column blocks (100 rows behind 60-row
+  // caches) miss; t0 and t1's shards fit their caches whole.
+  {
+    JobRequest request;
+    request.mutable_train()->mutable_synthetic()->set_num_samples(kBatch * 6);
+    request.set_batch_size(kBatch);
+    auto started = (*client)->StartJob(request);
+    ASSERT_TRUE(started.ok()) << started.status();
+    clients::WaitOptions wait;
+    wait.poll_interval_seconds = 0.05;
+    wait.timeout_seconds = 60;
+    auto done = (*client)->WaitJob(started->id(), wait, nullptr);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+    auto after_job = (*client)->GetMetrics();
+    ASSERT_TRUE(after_job.ok()) << after_job.status();
+    for (const char* series :
+         {"dlrm_embedding_cache_prefetch_hits_total{table=\"t2\",rank=\"0\"} ",
+          "dlrm_embedding_cache_prefetch_hits_total{table=\"t2\",rank=\"1\"}"
+          " "}) {
+      const size_t at = after_job->find(series);
+      ASSERT_NE(at, std::string::npos) << series;
+      EXPECT_GT(std::stod(after_job->substr(at + std::strlen(series))), 0)
+          << series;
+    }
+  }
 
   const fs::path ckpt = dir_ / "ckpt";
   auto saved = (*client)->SaveCheckpoint(ckpt.string());

@@ -1034,6 +1034,38 @@ TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
       std::isnan(MetricValue(text, "dlrm_embedding_cache_rows{table=\"t0\"}")));
 }
 
+// A dataset job reads one batch ahead and hands it to the step, so the
+// rows of a RocksDB table's next batch load during the step before: the
+// prefetch serves misses.
+TEST_F(ServerTest, RocksDbJobPrefetchesTheNextBatch) {
+  RocksDbConfig r;
+  r.set_path((dir_ / "rocksdb").string());
+  r.set_cache_rows(40);
+  auto config = PlaceTablesOnRocksDb(Tiny(), {"t2"}, r);
+  ASSERT_TRUE(config.ok()) << config.status();
+  Start(*config, Options());
+  JobRequest request;
+  request.mutable_train()->mutable_synthetic()->set_num_samples(12 * 16);
+  request.set_batch_size(16);
+  JobStatus started;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
+  }
+  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
+    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
+  });
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), 12);
+  const std::string text = server_->MetricsText();
+  const double misses =
+      MetricValue(text, "dlrm_embedding_cache_misses_total{table=\"t2\"}");
+  const double prefetched = MetricValue(
+      text, "dlrm_embedding_cache_prefetch_hits_total{table=\"t2\"}");
+  EXPECT_GT(prefetched, 0) << text;
+  EXPECT_LE(prefetched, misses);
+}
+
 // ------------------------------------------------------------ health and
 // reflection, through generic calls built from the protocols' descriptors
 // (neither ships C++ stubs in Debian's gRPC).
