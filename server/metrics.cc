@@ -89,6 +89,11 @@ void ServerMetrics::RecordTrainStep(const TrainStepOutcome& step) {
     exchange_bytes_total_[exchange] += bytes;
   }
   if (!step.stores.empty()) stores_ = step.stores;
+  if (!step.checkpoint.empty()) {
+    ++checkpoints_saved_;
+    last_checkpoint_step_ = step.step;
+  }
+  if (step.checkpoint_failed) ++checkpoints_failed_;
 }
 
 void ServerMetrics::SetTrainQueueDepth(int64_t depth) {
@@ -236,6 +241,22 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
               : 0.0,
           StoreLabels(t));
     }
+  }
+
+  Header(&out, "dlrm_checkpoints_saved_total", "counter",
+         "Periodic checkpoints saved (--checkpoint-every-steps/-seconds).");
+  Sample(&out, "dlrm_checkpoints_saved_total",
+         static_cast<double>(checkpoints_saved_));
+  Header(&out, "dlrm_checkpoints_failed_total", "counter",
+         "Periodic checkpoints that were due and could not be saved "
+         "(training went on; the server log has the error).");
+  Sample(&out, "dlrm_checkpoints_failed_total",
+         static_cast<double>(checkpoints_failed_));
+  if (last_checkpoint_step_ >= 0) {
+    Header(&out, "dlrm_checkpoint_last_step", "gauge",
+           "Model step of the newest periodic checkpoint saved.");
+    Sample(&out, "dlrm_checkpoint_last_step",
+           static_cast<double>(last_checkpoint_step_));
   }
 
   Header(&out, "dlrm_train_queue_depth", "gauge",

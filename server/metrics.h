@@ -79,6 +79,10 @@ class ServerMetrics {
   std::map<std::string, int64_t> exchange_bytes_total_;
   // Each RocksDB-tier table's cache as of the last training step.
   std::vector<TableStoreStats> stores_;
+  // Periodic checkpoints saved and failed, and the step of the last saved.
+  int64_t checkpoints_saved_ = 0;
+  int64_t checkpoints_failed_ = 0;
+  int64_t last_checkpoint_step_ = -1;
   int64_t queue_depth_ = 0;
   int64_t queue_depth_max_ = 0;
   int64_t queue_capacity_ = 0;

@@ -195,7 +195,8 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
           TableStoreStats{config_.tables(store.table).name(), store.rank,
                           store.cache_rows, store.metrics});
     }
-    outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
+    outcome.checkpoint =
+        MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
     return outcome;
   }
   ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch, next));
@@ -216,12 +217,15 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
                                                model_->store(k).metrics()});
     }
   }
-  outcome.checkpoint = MaybeCheckpoint(outcome.step, job);
+  outcome.checkpoint =
+      MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
   return outcome;
 }
 
-std::string ModelHost::MaybeCheckpoint(
-    int64_t step, const std::function<std::string()>& job) {
+std::string ModelHost::MaybeCheckpoint(int64_t step,
+                                       const std::function<std::string()>& job,
+                                       bool* failed) {
+  *failed = false;
   if (!options_.periodic()) return "";
   const double now = Now();
   const bool by_steps = options_.checkpoint_every_steps > 0 &&
@@ -240,6 +244,7 @@ std::string ModelHost::MaybeCheckpoint(
     spdlog::error(
         "periodic checkpoint at step {} failed (training goes on): {}", step,
         info.status().ToString());
+    *failed = true;
     return "";
   }
   spdlog::info("periodic checkpoint {} at step {} ({} bytes, {:.3f} s)", dir,

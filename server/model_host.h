@@ -81,6 +81,9 @@ struct TrainStepOutcome {
   std::vector<std::pair<std::string, int64_t>> exchange_bytes;
   // The periodic checkpoint saved right after this step, if one was.
   std::string checkpoint;
+  // A periodic checkpoint was due after this step and could not be saved
+  // (training goes on; the error is logged).
+  bool checkpoint_failed = false;
   // Every RocksDB-tier table's cache after the step, in config order (then
   // rank order on several ranks); empty when every table is in host memory.
   std::vector<TableStoreStats> stores;
@@ -211,9 +214,11 @@ class ModelHost {
             std::unique_ptr<RankGroup> group, ModelHostOptions options);
   void ReleaseTraining();
   // With model_mu_ held, after a step: saves and prunes the periodic
-  // checkpoint if one is due; returns its directory ("" if none).
+  // checkpoint if one is due; returns its directory ("" if none, and
+  // *failed says whether one was due but could not be saved).
   std::string MaybeCheckpoint(int64_t step,
-                              const std::function<std::string()>& job);
+                              const std::function<std::string()>& job,
+                              bool* failed);
   // With model_mu_ held.
   absl::StatusOr<model::CheckpointInfo> SaveLocked(const std::string& dir,
                                                    const std::string& job);

@@ -266,6 +266,21 @@ class LaunchTest : public testing::Test {
     return losses;
   }
 
+  // Trains `model` (one process) on Train()'s batches, expecting `losses`
+  // (docs/hybrid.md tolerance).
+  void ExpectOneProcessLosses(model::DlrmModel& model,
+                              const std::vector<double>& losses) {
+    auto source = Source(11, kBatch * kSteps);
+    data::Batch batch;
+    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+    for (int64_t s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(*source->Next(kBatch, &batch));
+      auto r = model.TrainStep(batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
+    }
+  }
+
   data::Batch EvalBatch() {
     auto source = Source(23, 29);
     data::Batch batch;
@@ -302,15 +317,7 @@ class LaunchTest : public testing::Test {
     // The reference: one process, the same global batches.
     auto model = model::DlrmModel::Create(config_);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto source = Source(11, kBatch * kSteps);
-    data::Batch batch;
-    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
-    for (int64_t s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE(*source->Next(kBatch, &batch));
-      auto r = (*model)->TrainStep(batch);
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
-    }
+    ExpectOneProcessLosses(**model, losses);
     std::vector<float> ref;
     ASSERT_TRUE((*model)->Predict(eval, &ref).ok());
     ASSERT_EQ(probs->size(), ref.size());
@@ -432,15 +439,7 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   {
     auto model = model::DlrmModel::Create(config_);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto source = Source(11, kBatch * kSteps);
-    data::Batch batch;
-    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
-    for (int64_t s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE(*source->Next(kBatch, &batch));
-      auto r = (*model)->TrainStep(batch);
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
-    }
+    ExpectOneProcessLosses(**model, losses);
   }
 
   // Every rank's caches on /metrics, labelled by table and rank; the
@@ -559,15 +558,7 @@ TEST_F(LaunchTest, HostBudgetPutsTheLargestTablesOnRocksDbPerRank) {
   const std::vector<double> losses = Train(**client);
   auto model = model::DlrmModel::Create(config_);
   ASSERT_TRUE(model.ok()) << model.status();
-  auto source = Source(11, kBatch * kSteps);
-  data::Batch batch;
-  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
-  for (int64_t s = 0; s < kSteps; ++s) {
-    ASSERT_TRUE(*source->Next(kBatch, &batch));
-    auto r = (*model)->TrainStep(batch);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_NEAR(losses[s], r->loss, 1e-5 * std::abs(r->loss)) << "step " << s;
-  }
+  ExpectOneProcessLosses(**model, losses);
   StopRanks();
 }
 

@@ -26,6 +26,7 @@
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
+#include "server/metrics.h"
 #include "server/model_host.h"
 
 extern char** environ;
@@ -786,6 +787,58 @@ TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   bad.inference_only = false;
   bad.keep_checkpoints = -1;
   EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A periodic checkpoint that cannot be written (its directory is a file)
+// leaves training going and is counted on /metrics, next to the saved ones.
+TEST(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
+  const fs::path root = fs::temp_directory_path() /
+                        ("periodic_fail_test-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  std::ofstream(root) << "not a directory";
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok());
+  auto source = data::MakeSyntheticSource(*config, data::SyntheticOptions());
+  ASSERT_TRUE(source.ok());
+  data::Batch batch;
+  ASSERT_TRUE(*(*source)->Next(16, &batch));
+  server::ModelHostOptions o;
+  o.checkpoint_dir = root.string();
+  o.checkpoint_every_steps = 2;
+  auto model = model::DlrmModel::Create(*config);
+  ASSERT_TRUE(model.ok());
+  auto host = server::ModelHost::Create(std::move(*model), o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto lease = (*host)->AcquireTraining("test");
+  ASSERT_TRUE(lease.ok());
+  server::ServerMetrics metrics;
+  for (int step = 1; step <= 4; ++step) {
+    auto r = (*host)->TrainStep(*lease, batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->checkpoint.empty());
+    EXPECT_EQ(r->checkpoint_failed, step % 2 == 0) << step;
+    metrics.RecordTrainStep(*r);
+  }
+  EXPECT_EQ((*host)->steps(), 4);
+  const std::string text = metrics.Render(4);
+  EXPECT_NE(text.find("dlrm_checkpoints_failed_total 2\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("dlrm_checkpoints_saved_total 0\n"), std::string::npos);
+  EXPECT_EQ(text.find("dlrm_checkpoint_last_step"), std::string::npos);
+
+  // Once the directory can be made, saves resume and are counted.
+  fs::remove(root);
+  auto r = (*host)->TrainStep(*lease, batch);
+  ASSERT_TRUE(r.ok());
+  r = (*host)->TrainStep(*lease, batch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->checkpoint, (root / "ckpt-6").string());
+  metrics.RecordTrainStep(*r);
+  const std::string after = metrics.Render(6);
+  EXPECT_NE(after.find("dlrm_checkpoints_saved_total 1\n"), std::string::npos)
+      << after;
+  EXPECT_NE(after.find("dlrm_checkpoint_last_step 6\n"), std::string::npos);
+  fs::remove_all(root);
 }
 
 }  // namespace
