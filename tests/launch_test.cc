@@ -201,6 +201,13 @@ class LaunchTest : public testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
+  // The model config file every rank starts from (--config).
+  void WriteConfig(const ModelConfig& config) {
+    std::string text;
+    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(config, &text));
+    std::ofstream(config_path_) << text;
+  }
+
   // Starts `world` ranks; returns rank 0's address ("" on failure).
   std::string StartRanks(int world, std::vector<std::string> extra = {}) {
     ranks_.clear();
@@ -426,9 +433,7 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
   ASSERT_TRUE(normal.ok()) << normal.status();
   config_ = *normal;
-  std::string text;
-  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(config_, &text));
-  std::ofstream(config_path_) << text;
+  WriteConfig(config_);
 
   const std::string address = StartRanks(2);
   ASSERT_FALSE(address.empty());
@@ -540,9 +545,7 @@ TEST_F(LaunchTest, HostBudgetPutsTheLargestTablesOnRocksDbPerRank) {
   c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
   c.mutable_rocksdb()->set_host_budget_bytes(11000);
   c.mutable_rocksdb()->set_cache_rows(60);
-  std::string text;
-  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(c, &text));
-  std::ofstream(config_path_) << text;
+  WriteConfig(c);
   const std::string address = StartRanks(2);
   ASSERT_FALSE(address.empty());
   auto client = clients::Client::Connect(address);
