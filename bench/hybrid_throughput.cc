@@ -22,7 +22,7 @@
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
-#include "model/hybrid_model.h"
+#include "model/model.h"
 
 extern char** environ;
 
@@ -91,8 +91,8 @@ absl::Status RunRank(const Flags& f) {
     go.job_id = "bench-dense";
     ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
   }
-  ASSIGN_OR_RETURN(auto model, model::HybridModel::Create(
-                                   config, plan, comm.get(), dense_comm.get()));
+  ASSIGN_OR_RETURN(auto model, model::Model::Create(config, plan, comm.get(),
+                                                    dense_comm.get()));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
@@ -111,18 +111,18 @@ absl::Status RunRank(const Flags& f) {
                  &b);
   }
   int64_t step = 0;
-  model::HybridStageTimes total;
+  model::StageTimes total;
   auto run_step = [&](bool record) -> absl::Status {
     const data::Batch& batch = local[step % kBatches];
     const data::Batch* next =
         prefetch ? &local[(step + 1) % kBatches] : nullptr;
     ++step;
-    ASSIGN_OR_RETURN(model::HybridStepResult r, model->TrainStep(batch, next));
+    ASSIGN_OR_RETURN(model::StepResult r, model->TrainStep(batch, next));
     if (record) {
-      for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
+      for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
         total.seconds[s] += r.times.seconds[s];
       }
-      for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
+      for (int e = 0; e < model::StageTimes::kNumExchanges; ++e) {
         total.bytes_sent[e] += r.times.bytes_sent[e];
       }
     }
@@ -165,14 +165,13 @@ absl::Status RunRank(const Flags& f) {
       lookups > 0 ? static_cast<double>(timed.hits - warm.hits) / lookups : 0.0,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits),
       rates[rates.size() / 2], rates.front(), rates.back());
-  for (int s = 0; s < model::HybridStageTimes::kNumStages; ++s) {
-    std::printf("%s\"%s\": %.3f", s ? ", " : "",
-                model::HybridStageTimes::Name(s),
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    std::printf("%s\"%s\": %.3f", s ? ", " : "", model::StageTimes::Name(s),
                 1e3 * total.seconds[s] / steps);
   }
   // Rank 0's bytes per step against the formula, averaged over the local
   // batches the timed steps cycled through.
-  std::array<int64_t, model::HybridStageTimes::kNumExchanges> predicted{};
+  std::array<int64_t, model::StageTimes::kNumExchanges> predicted{};
   for (int64_t i = 0; i < f.iters * f.repeats; ++i) {
     const auto p = model::PredictedExchangeBytes(
         config, plan, local[(f.warmup + i) % kBatches], sizes, f.rank,
@@ -180,10 +179,10 @@ absl::Status RunRank(const Flags& f) {
     for (size_t e = 0; e < p.size(); ++e) predicted[e] += p[e];
   }
   std::printf("}, \"bytes_per_step\": {");
-  for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
+  for (int e = 0; e < model::StageTimes::kNumExchanges; ++e) {
     std::printf("%s\"%s\": [%.0f, %.0f]", e ? ", " : "",
-                model::HybridStageTimes::ExchangeName(e),
-                total.bytes_sent[e] / steps, predicted[e] / steps);
+                model::StageTimes::ExchangeName(e), total.bytes_sent[e] / steps,
+                predicted[e] / steps);
   }
   std::printf("}}\n");
   return absl::OkStatus();

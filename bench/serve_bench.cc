@@ -25,7 +25,7 @@
 #include "core/status.h"
 #include "data/rotating_source.h"
 #include "data/synthetic.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 
 namespace dlrm {
 namespace {
@@ -119,15 +119,15 @@ struct TrainRates {
 };
 
 // Warm-up, then `f.repeats` rounds of f.steps timed steps through one Train
-// stream each, then the same in process (model::DlrmModel, the protocol of
+// stream each, then the same in process (model::Model, the protocol of
 // dlrm_bench_train). Rounds alternate so that a change in the shared
 // machine's load hits both alike; the two never run at the same time (the
 // server idles while the in-process model trains, and the other way round).
 absl::StatusOr<TrainRates> MeasureTraining(
     clients::Client& client, const ModelConfig& config,
     const std::vector<data::Batch>& batches, const Flags& f) {
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model,
-                   model::DlrmModel::Create(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Create(config));
   int64_t local_step = 0;
   auto train_locally = [&](int n) -> absl::Status {
     for (int i = 0; i < n; ++i) {

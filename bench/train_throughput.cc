@@ -15,7 +15,7 @@
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 
 namespace dlrm {
 namespace {
@@ -66,7 +66,7 @@ absl::Status Run(const Flags& f) {
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
   }
-  ASSIGN_OR_RETURN(auto model, model::DlrmModel::Create(config));
+  ASSIGN_OR_RETURN(auto model, model::Model::Create(config));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));

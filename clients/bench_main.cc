@@ -31,7 +31,7 @@
 #include "core/status.h"
 #include "data/rotating_source.h"
 #include "data/synthetic.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 
 namespace dlrm {
 namespace {
@@ -351,8 +351,8 @@ absl::StatusOr<std::vector<double>> MeasureStream(
 absl::StatusOr<std::vector<double>> MeasureInProcess(
     const ModelConfig& config, const std::vector<data::Batch>& batches,
     const Flags& f) {
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model,
-                   model::DlrmModel::Create(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Create(config));
   int64_t step = 0;
   auto run = [&](int n) -> absl::Status {
     for (int i = 0; i < n; ++i) {

@@ -260,7 +260,15 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
       default:
         break;
     }
-    if (on_rocksdb) absl::StrAppend(&out, "; on rocksdb behind row caches");
+    if (on_rocksdb) {
+      int64_t cached = 0;
+      for (const Shard& s : p.shards) {
+        cached += CachedRows(config.rocksdb(), s.row_count);
+      }
+      absl::StrAppend(&out, "; on rocksdb with ",
+                      p.shards.size() == 1 ? "a cache of " : "caches of ",
+                      cached, " rows", p.shards.size() == 1 ? "" : " in all");
+    }
     absl::StrAppend(&out, "\n");
   }
   for (int r = 0; r < world_size; ++r) {
@@ -275,6 +283,18 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
         &out, absl::StrFormat(", %.0f floats looked up per sample\n", cost[r]));
   }
   return out;
+}
+
+ShardingPlan WholeTablesPlan(const ModelConfig& config) {
+  ShardingPlan plan;
+  plan.world_size = 1;
+  for (const TableConfig& t : config.tables()) {
+    TablePlacement p;
+    p.kind = SHARDING_TABLE_WISE;
+    p.shards.push_back({0, 0, t.rows(), 0, t.dim()});
+    plan.tables.push_back(std::move(p));
+  }
+  return plan;
 }
 
 absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,

@@ -63,6 +63,10 @@ struct PlannerOptions {
 // moments per element, row-wise Adagrad one float per row) of `shard`.
 int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 
+// The plan of one process: every table of `config` whole (table-wise) on
+// rank 0 of a world of one.
+ShardingPlan WholeTablesPlan(const ModelConfig& config);
+
 // Places every table of `config` (normalised). Tables pinned in the config
 // (TableConfig.sharding / shard_ranks) are placed as pinned; the rest go,
 // largest lookup cost first, to the rank with the least lookup cost that has

@@ -42,8 +42,8 @@ constexpr char kOptimizer[] = "optimizer.safetensors";
 constexpr char kRocksDb[] = "rocksdb";
 
 // Weights [rows, dim] of table `k`, read row by row through its store.
-absl::Status ReadTableWeights(DlrmModel& m, int k, std::vector<float>* out) {
-  embedding::EmbeddingStore& store = m.store(k);
+absl::Status ReadTableWeights(Model& m, int k, std::vector<float>* out) {
+  embedding::EmbeddingStore& store = *m.WholeStore(k);
   const embedding::TableSpec& spec = store.spec();
   std::vector<float> record(
       spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim));
@@ -56,12 +56,8 @@ absl::Status ReadTableWeights(DlrmModel& m, int k, std::vector<float>* out) {
   return absl::OkStatus();
 }
 
-// Every weight tensor of the model with its documented name. RocksDB-tier
-// tables are read into `buffers` (which must outlive the result); with
-// `buffers` null they are left out (restore takes them from the RocksDB
-// checkpoint instead).
-absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
-    DlrmModel& m, std::vector<std::vector<float>>* buffers) {
+// The MLPs' weights and biases with their documented names.
+std::vector<TensorToWrite> DenseWeightTensors(Model& m) {
   std::vector<TensorToWrite> out;
   for (auto [mlp, prefix] :
        {std::pair{&m.bottom(), "bottom_mlp"}, std::pair{&m.top(), "top_mlp"}}) {
@@ -74,14 +70,24 @@ absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
           {absl::StrCat(prefix, ".", i, ".bias"), {l.out()}, l.bias()});
     }
   }
+  return out;
+}
+
+// Every weight tensor of a model of whole tables (CheckWholeTables) with
+// its documented name. RocksDB-tier tables are read into `buffers` (which
+// must outlive the result); with `buffers` null they are left out (restore
+// takes them from the RocksDB checkpoint instead).
+absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
+    Model& m, std::vector<std::vector<float>>* buffers) {
+  std::vector<TensorToWrite> out = DenseWeightTensors(m);
   const ModelConfig& c = m.config();
-  if (buffers != nullptr) buffers->resize(m.tables().size());
-  for (size_t k = 0; k < m.tables().size(); ++k) {
+  if (buffers != nullptr) buffers->resize(c.tables_size());
+  for (int k = 0; k < c.tables_size(); ++k) {
     const std::string name =
         absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight");
     const TableConfig& tc = c.tables(k);
-    if (m.IsHostTable(k)) {
-      out.push_back({name, {tc.rows(), tc.dim()}, m.tables()[k]->weights()});
+    if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
+      out.push_back({name, {tc.rows(), tc.dim()}, t->weights()});
     } else if (buffers != nullptr) {
       RETURN_IF_ERROR(ReadTableWeights(m, k, &(*buffers)[k]));
       out.push_back({name, {tc.rows(), tc.dim()}, (*buffers)[k].data()});
@@ -92,17 +98,18 @@ absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
 
 // Optimizer state tensors (dense and per host-memory table), possibly none
 // for SGD. RocksDB-tier tables keep theirs in the RocksDB checkpoint.
-std::vector<TensorToWrite> OptimizerTensors(DlrmModel& m) {
+std::vector<TensorToWrite> OptimizerTensors(Model& m) {
   std::vector<TensorToWrite> out;
   for (const dense::ParamRef& p : m.dense_optimizer().State()) {
     out.push_back({p.name, {p.size}, p.value});
   }
   const ModelConfig& c = m.config();
-  for (size_t k = 0; k < m.tables().size(); ++k) {
-    if (!m.IsHostTable(k)) continue;
+  for (int k = 0; k < c.tables_size(); ++k) {
+    embedding::EmbeddingTable* t = m.WholeHostTable(k);
+    if (t == nullptr) continue;
     for (const TableTensor& s :
-         TableTensors(absl::StrCat("embedding_bags.", c.tables(k).name()),
-                      *m.tables()[k], /*with_weight=*/false)) {
+         TableTensors(absl::StrCat("embedding_bags.", c.tables(k).name()), *t,
+                      /*with_weight=*/false)) {
       out.push_back({s.name, s.shape, s.data});
     }
   }
@@ -209,6 +216,21 @@ absl::StatusOr<Manifest> VerifySingleRank(const fs::path& dir) {
   return manifest;
 }
 
+// The single-rank format holds every table whole: a model of one rank
+// whose every table is whole on it (Model::Create(config)'s plan).
+absl::Status CheckWholeTables(Model& model) {
+  for (int k = 0; k < model.config().tables_size(); ++k) {
+    if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a single-rank checkpoint needs every table whole on one rank; "
+          "table ",
+          model.config().tables(k).name(), " is sharded over ",
+          model.world_size(), " rank(s)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A test hook that stands for a slow disk: DLRM_TEST_CHECKPOINT_DELAY_MS
 // milliseconds of sleep after each file a save writes, so that a test can
 // kill the process in the middle of a save (tests/server_process_test.cc).
@@ -219,7 +241,7 @@ void TestOnlyDelay() {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
+absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
                                        bool weights_only, bool verified) {
   if (!verified) RETURN_IF_ERROR(VerifySingleRank(dir).status());
   ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir));
@@ -238,11 +260,13 @@ absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
       RETURN_IF_ERROR(optimizer->Get(t.name, t.shape).status());
     }
   }
-  // The RocksDB tier is swapped in whole (or not at all) before the
-  // checked copies, which cannot fail.
-  if (model.HasRocksDbTables()) {
-    RETURN_IF_ERROR(model.RestoreRows((dir / kRocksDb).string()));
+  // The RocksDB tier is staged (a copy opened beside the live one), then
+  // swapped in with the checked copies, which cannot fail.
+  std::unique_ptr<Model::StagedRows> staged;
+  if (model.HasRocksDbShards()) {
+    ASSIGN_OR_RETURN(staged, model.StageRows((dir / kRocksDb).string()));
   }
+  if (staged != nullptr) model.SwapInRows(std::move(staged));
   RETURN_IF_ERROR(CopyAll(*weights, weight_tensors));
   CheckpointInfo info;
   info.step = ParseStep(weights->metadata(), "step");
@@ -251,10 +275,11 @@ absl::StatusOr<CheckpointInfo> Restore(DlrmModel& model, const fs::path& dir,
     RETURN_IF_ERROR(CopyAll(*optimizer, OptimizerTensors(model)));
     const auto& meta = optimizer->metadata();
     model.dense_optimizer().set_step(ParseStep(meta, "dense_optimizer_step"));
-    for (size_t k = 0; k < model.tables().size(); ++k) {
+    for (int k = 0; k < model.config().tables_size(); ++k) {
       // RocksDB-tier tables got their step from the RocksDB checkpoint.
-      if (!model.IsHostTable(k)) continue;
-      model.tables()[k]->set_step(ParseStep(
+      embedding::EmbeddingTable* t = model.WholeHostTable(k);
+      if (t == nullptr) continue;
+      t->set_step(ParseStep(
           meta, absl::StrCat("table_step.", model.config().tables(k).name())));
     }
   }
@@ -348,9 +373,10 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   return out;
 }
 
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
                                               const std::string& dir_name,
                                               const std::string& job) {
+  RETURN_IF_ERROR(CheckWholeTables(model));
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
@@ -373,9 +399,9 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
   std::map<std::string, std::string> meta = {
       {"step", step},
       {"dense_optimizer_step", std::to_string(model.dense_optimizer().step())}};
-  for (size_t k = 0; k < model.tables().size(); ++k) {
+  for (int k = 0; k < model.config().tables_size(); ++k) {
     meta[absl::StrCat("table_step.", model.config().tables(k).name())] =
-        std::to_string(model.store(k).step());
+        std::to_string(model.WholeStore(k)->step());
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizer).string(),
                                    OptimizerTensors(model), meta));
@@ -383,7 +409,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config(), &config_text);
   RETURN_IF_ERROR(WriteTextFile((tmp / kConfig).string(), config_text));
-  if (model.HasRocksDbTables()) {
+  if (model.HasRocksDbShards()) {
     // RocksDB's checkpoint: its files are checksummed like the others.
     RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
   }
@@ -407,26 +433,35 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
   return info;
 }
 
-absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
+absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
                                                  const std::string& dir) {
+  RETURN_IF_ERROR(CheckWholeTables(model));
   return Restore(model, dir, /*weights_only=*/false, /*verified=*/false);
 }
 
-absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
-    const std::string& dir, bool weights_only) {
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
+                                                      bool weights_only) {
   // Checked before the model is allocated.
   RETURN_IF_ERROR(VerifySingleRank(dir).status());
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<DlrmModel> model, DlrmModel::Create(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
   RETURN_IF_ERROR(
       Restore(*model, dir, weights_only, /*verified=*/true).status());
   return model;
 }
 
-absl::Status ExportSafetensors(DlrmModel& model, const std::string& path) {
-  std::vector<std::vector<float>> buffers;
-  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
-                   WeightTensors(model, &buffers));
+absl::Status ExportSafetensors(Model& model, const std::string& path) {
+  std::vector<TensorToWrite> tensors = DenseWeightTensors(model);
+  const ModelConfig& c = model.config();
+  std::vector<std::vector<float>> tables(c.tables_size());
+  for (int k = 0; k < c.tables_size(); ++k) {
+    RETURN_IF_ERROR(model.GatherTable(k, &tables[k]));
+    tensors.push_back(
+        {absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight"),
+         {c.tables(k).rows(), c.tables(k).dim()},
+         tables[k].data()});
+  }
+  if (model.rank() != 0) return absl::OkStatus();
   return WriteSafetensors(
       path, tensors,
       {{"format", "dlrm-server"}, {"step", std::to_string(model.steps())}});

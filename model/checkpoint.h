@@ -1,5 +1,5 @@
-// Checkpoints of a DlrmModel: a directory with the config, the weights as
-// safetensors (loadable in PyTorch; names in docs/checkpoints.md), the
+// Checkpoints of a one-process Model: a directory with the config, the weights
+// as safetensors (loadable in PyTorch; names in docs/checkpoints.md), the
 // optimizer state, and a manifest with every file's size and CRC-32C.
 // Written to a temporary directory, synced, then renamed into place, so a
 // crash never leaves a half-written one; loading checks every checksum.
@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "embedding/embedding_table.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 
 namespace dlrm::model {
 
@@ -43,25 +43,28 @@ struct CheckpointInfo {
 
 // Writes the model (config, weights, optimizer state, step) to `dir`,
 // replacing a previous checkpoint there; `job` (a JSON object, or empty)
-// goes into the manifest as Manifest::job. Internal on I/O errors.
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(DlrmModel& model,
+// goes into the manifest as Manifest::job. FailedPrecondition unless the
+// model is one rank holding every table whole (Model::Create(config));
+// Internal on I/O errors.
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
                                               const std::string& dir,
                                               const std::string& job = "");
 
-// Loads weights, optimizer state and step from `dir` into `model`, whose
-// architecture (tables, dims, MLP widths, interaction) must match the
-// checkpoint's config: FailedPrecondition otherwise (also for a multi-rank
-// checkpoint). NotFound if `dir` holds no checkpoint; DataLoss naming the
-// file when a file's size or CRC-32C differs from the manifest's, or the
-// manifest is damaged. On error the model is unchanged.
-absl::StatusOr<CheckpointInfo> RestoreCheckpoint(DlrmModel& model,
+// Loads weights, optimizer state and step from `dir` into `model` (one rank,
+// every table whole, as SaveCheckpoint), whose architecture (tables, dims,
+// MLP widths, interaction) must match the checkpoint's config:
+// FailedPrecondition otherwise (also for a multi-rank checkpoint). NotFound
+// if `dir` holds no checkpoint; DataLoss naming the file when a file's size
+// or CRC-32C differs from the manifest's, or the manifest is damaged. On
+// error the model is unchanged.
+absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
                                                  const std::string& dir);
 
-// Creates a model from a checkpoint's own config and restores it; with
-// `weights_only`, optimizer state is not read (inference-only serving) and
-// need not be present.
-absl::StatusOr<std::unique_ptr<DlrmModel>> LoadCheckpoint(
-    const std::string& dir, bool weights_only);
+// Creates a one-process model from a checkpoint's own config and restores
+// it; with `weights_only`, optimizer state is not read (inference-only
+// serving) and need not be present.
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
+                                                      bool weights_only);
 
 // Helpers shared with the multi-rank checkpoints of server/rank_group.h.
 // Each returns Internal naming the path on an I/O error.
@@ -74,8 +77,10 @@ absl::Status SyncDirectory(const std::string& dir);
 // only once `tmp` is in place; syncs the parent.
 absl::Status CommitDirectory(const std::string& tmp, const std::string& dir);
 
-// Writes only the weights as one safetensors file (the export for PyTorch).
-absl::Status ExportSafetensors(DlrmModel& model, const std::string& path);
+// Collective: writes only the weights, every table gathered whole, as one
+// safetensors file at `path` (the export for PyTorch); rank 0 writes it.
+// Internal on I/O errors; communicator errors as GatherTable's.
+absl::Status ExportSafetensors(Model& model, const std::string& path);
 
 // ---- Manifests (MANIFEST.json, written last into a checkpoint directory).
 

@@ -14,7 +14,7 @@
 #include "data/criteo.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 #include "model/trainer.h"
 
 namespace dlrm {
@@ -168,8 +168,8 @@ absl::Status Run(const Flags& f) {
     }
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model,
-                   model::DlrmModel::Create(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Create(config));
 
   model::TrainOptions to;
   to.batch_size = f.batch_size;
@@ -204,7 +204,7 @@ absl::Status Run(const Flags& f) {
                 r.steps > 0 ? 1e3 * r.stage_seconds.seconds[s] / r.steps : 0.0);
   }
   std::printf("\n");
-  if (model->HasRocksDbTables()) {
+  if (model->HasRocksDbShards()) {
     const embedding::StoreMetrics m = model->RocksDbMetrics();
     const int64_t lookups = m.hits + m.misses;
     std::printf(

@@ -1,4 +1,4 @@
-// Small helpers shared by the single-process and the hybrid-parallel steps:
+// Small helpers of the step (model/model.cc):
 // per-stage wall clocks, grow-only buffers, MLP widths from the config.
 #pragma once
 

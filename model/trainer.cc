@@ -38,9 +38,11 @@ absl::Status TrainOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EvalResult> Evaluate(DlrmModel& model, data::BatchSource& source,
+absl::StatusOr<EvalResult> Evaluate(const PredictFn& predict,
+                                    data::BatchSource& source,
                                     const EvalOptions& options,
-                                    const ReferenceScorer& reference) {
+                                    const ReferenceScorer& reference,
+                                    const std::atomic<bool>* cancel) {
   RETURN_IF_ERROR(options.Validate());
   RETURN_IF_ERROR(source.Rewind());
   MetricsAccumulator acc, ref_acc;
@@ -48,13 +50,16 @@ absl::StatusOr<EvalResult> Evaluate(DlrmModel& model, data::BatchSource& source,
   std::vector<float> probs, ref_probs;
   int64_t seen = 0;
   while (options.max_samples == 0 || seen < options.max_samples) {
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError("evaluation cancelled");
+    }
     int64_t want = options.batch_size;
     if (options.max_samples > 0) {
       want = std::min(want, options.max_samples - seen);
     }
     ASSIGN_OR_RETURN(bool more, source.Next(want, &batch));
     if (!more || batch.size == 0) break;
-    RETURN_IF_ERROR(model.Predict(batch, &probs));
+    RETURN_IF_ERROR(predict(batch, &probs));
     acc.Add(probs, batch.labels);
     if (reference) {
       ref_probs.resize(batch.size);
@@ -75,7 +80,17 @@ absl::StatusOr<EvalResult> Evaluate(DlrmModel& model, data::BatchSource& source,
   return result;
 }
 
-absl::StatusOr<TrainResult> Train(DlrmModel& model, data::BatchSource& train,
+absl::StatusOr<EvalResult> Evaluate(Model& model, data::BatchSource& source,
+                                    const EvalOptions& options,
+                                    const ReferenceScorer& reference) {
+  return Evaluate(
+      [&model](const data::Batch& batch, std::vector<float>* probs) {
+        return model.Predict(batch, probs);
+      },
+      source, options, reference);
+}
+
+absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
                                   data::BatchSource* eval,
                                   const TrainOptions& options,
                                   const EvalOptions& eval_options,
@@ -118,7 +133,7 @@ absl::StatusOr<TrainResult> Train(DlrmModel& model, data::BatchSource& train,
   bool done = false;
   int epoch = 0;
   // The batch after the current one is read before the step, so cached
-  // tables load its rows while the step computes (DlrmModel::TrainStep).
+  // tables load its rows while the step computes (Model::TrainStep).
   data::Batch next;
   for (; epoch < options.epochs && !done; ++epoch) {
     if (epoch > 0) RETURN_IF_ERROR(train.Rewind());

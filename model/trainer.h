@@ -2,14 +2,15 @@
 // the benchmarks and (later) the server's dataset jobs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
 #include "absl/status/statusor.h"
 #include "data/batch.h"
 #include "data/source.h"
-#include "model/dlrm_model.h"
 #include "model/metrics.h"
+#include "model/model.h"
 
 namespace dlrm::model {
 
@@ -33,8 +34,23 @@ struct EvalResult {
   bool has_reference = false;
 };
 
-// Rewinds `source`, then scores up to max_samples samples with the model.
-absl::StatusOr<EvalResult> Evaluate(DlrmModel& model, data::BatchSource& source,
+// Click probabilities of a batch: a model's Predict, or a server's, which
+// takes its lock per batch.
+using PredictFn =
+    std::function<absl::Status(const data::Batch&, std::vector<float>*)>;
+
+// Rewinds `source`, then scores up to max_samples samples with `predict`,
+// and with `reference` (may be null) beside it. Stops with Cancelled when
+// `cancel` (may be null) becomes true; FailedPrecondition for an empty
+// source; reading and prediction errors as they come.
+absl::StatusOr<EvalResult> Evaluate(const PredictFn& predict,
+                                    data::BatchSource& source,
+                                    const EvalOptions& options,
+                                    const ReferenceScorer& reference = nullptr,
+                                    const std::atomic<bool>* cancel = nullptr);
+
+// Evaluate with `model`'s Predict (collective on several ranks).
+absl::StatusOr<EvalResult> Evaluate(Model& model, data::BatchSource& source,
                                     const EvalOptions& options,
                                     const ReferenceScorer& reference = nullptr);
 
@@ -86,7 +102,7 @@ struct TrainCallbacks {
 // Trains on `train` for the configured epochs/steps, evaluating on `eval`
 // (may be null) as configured. Errors from reading or from a bad batch stop
 // the loop and are returned.
-absl::StatusOr<TrainResult> Train(DlrmModel& model, data::BatchSource& train,
+absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
                                   data::BatchSource* eval,
                                   const TrainOptions& options,
                                   const EvalOptions& eval_options,

@@ -145,7 +145,7 @@ DlrmServer::DlrmServer(ServerOptions options) : options_(std::move(options)) {}
 DlrmServer::~DlrmServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
-    std::unique_ptr<model::DlrmModel> model, ServerOptions options) {
+    std::unique_ptr<model::Model> model, ServerOptions options) {
   RETURN_IF_ERROR(options.Validate());
   ASSIGN_OR_RETURN(
       std::unique_ptr<ModelHost> host,

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
@@ -95,7 +95,7 @@ class DlrmServer {
   // services. InvalidArgument for bad options; Unavailable when a port
   // cannot be bound.
   static absl::StatusOr<std::unique_ptr<DlrmServer>> Start(
-      std::unique_ptr<model::DlrmModel> model, ServerOptions options);
+      std::unique_ptr<model::Model> model, ServerOptions options);
 
   // Serves the model behind `host` (non-null), e.g. the leader of a
   // multi-rank job; options.inference_only must equal the host's

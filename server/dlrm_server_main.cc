@@ -32,8 +32,7 @@
 #include "core/status.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
-#include "model/hybrid_model.h"
+#include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "server/rank_group.h"
@@ -327,7 +326,7 @@ absl::Status NothingToResume(const std::string& root) {
 // that loads (checksums included), skipping the others with a warning;
 // null when there is none at all. Sets f.server.resume_job to the job that
 // checkpoint recorded.
-absl::StatusOr<std::unique_ptr<model::DlrmModel>> ResumeModel(Flags& f) {
+absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
   const std::string& root = f.server.checkpoint_dir;
   model::CleanPartialCheckpoints(root);
   const std::vector<model::CheckpointEntry> entries =
@@ -337,7 +336,7 @@ absl::StatusOr<std::unique_ptr<model::DlrmModel>> ResumeModel(Flags& f) {
     return nullptr;
   }
   for (const model::CheckpointEntry& e : entries) {
-    absl::StatusOr<std::unique_ptr<model::DlrmModel>> model =
+    absl::StatusOr<std::unique_ptr<model::Model>> model =
         e.manifest.ok() ? model::LoadCheckpoint(e.dir, /*weights_only=*/false)
                         : e.manifest.status();
     if (!model.ok()) {
@@ -352,9 +351,9 @@ absl::StatusOr<std::unique_ptr<model::DlrmModel>> ResumeModel(Flags& f) {
   return NothingToResume(root);
 }
 
-absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(Flags& f) {
+absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(Flags& f) {
   if (Resumes(f)) {
-    ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> resumed, ResumeModel(f));
+    ASSIGN_OR_RETURN(std::unique_ptr<model::Model> resumed, ResumeModel(f));
     if (resumed != nullptr) return resumed;
   }
   if (!f.restore.empty()) {
@@ -369,7 +368,7 @@ absl::StatusOr<std::unique_ptr<model::DlrmModel>> MakeModel(Flags& f) {
         "--inference-only needs --restore (the weights to serve)");
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
-  return model::DlrmModel::Create(config);
+  return model::Model::Create(config);
 }
 
 // Rank `f.rank` of a job of several: rank 0 hosts the coordinator at
@@ -473,8 +472,8 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
   }
   ASSIGN_OR_RETURN(
-      std::unique_ptr<model::HybridModel> model,
-      model::HybridModel::Create(config, plan, comm.get(), dense_comm.get()));
+      std::unique_ptr<model::Model> model,
+      model::Model::Create(config, plan, comm.get(), dense_comm.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
@@ -577,7 +576,7 @@ absl::Status Run(Flags& f) {
 
   if (f.threads > 0) omp_set_num_threads(f.threads);
   if (f.world_size != 1) return RunRank(f, signals);
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> model, MakeModel(f));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, MakeModel(f));
   const ModelConfig& config = model->config();
   spdlog::info(
       "model: {} tables, {} embedding and {} dense parameters, step {}, "

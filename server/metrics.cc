@@ -35,9 +35,8 @@ std::vector<double> Exponential(double start, double factor, int n) {
   return b;
 }
 
-// The labels of one table's caches: the table, and the rank on several.
+// The labels of one table's caches on one rank.
 std::string StoreLabels(const TableStoreStats& t) {
-  if (t.rank < 0) return absl::StrCat("table=\"", t.table, "\"");
   return absl::StrCat("table=\"", t.table, "\",rank=\"", t.rank, "\"");
 }
 

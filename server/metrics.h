@@ -15,8 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "model/dlrm_model.h"
 #include "model/metrics.h"
+#include "model/model.h"
 #include "server/model_host.h"
 
 namespace dlrm::server {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
@@ -98,25 +99,13 @@ ModelHost::TrainingLease::~TrainingLease() {
   if (host_ != nullptr) host_->ReleaseTraining();
 }
 
-ModelHost::ModelHost(std::unique_ptr<model::DlrmModel> model,
-                     std::unique_ptr<RankGroup> group, ModelHostOptions options)
+ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
     : options_(std::move(options)),
-      config_(model != nullptr ? model->config() : group->config()),
+      config_(group->config()),
       shape_(ShapeOf(config_)),
-      model_(std::move(model)),
       group_(std::move(group)),
-      steps_(model_ != nullptr ? model_->steps() : group_->steps()),
+      steps_(group_->steps()),
       last_checkpoint_time_(Now()) {}
-
-absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
-    std::unique_ptr<model::DlrmModel> model, ModelHostOptions options) {
-  if (model == nullptr) {
-    return absl::InvalidArgumentError("ModelHost needs a model");
-  }
-  RETURN_IF_ERROR(options.Validate());
-  return std::unique_ptr<ModelHost>(
-      new ModelHost(std::move(model), nullptr, std::move(options)));
-}
 
 absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
     std::unique_ptr<RankGroup> group, ModelHostOptions options) {
@@ -125,12 +114,23 @@ absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
         "ModelHost needs the rank group of rank 0 (the leader)");
   }
   RETURN_IF_ERROR(options.Validate());
-  if (options.inference_only) {
+  if (options.inference_only && group->world_size() > 1) {
     return absl::InvalidArgumentError(
         "inference-only serving runs on one rank only");
   }
   return std::unique_ptr<ModelHost>(
-      new ModelHost(nullptr, std::move(group), std::move(options)));
+      new ModelHost(std::move(group), std::move(options)));
+}
+
+absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
+    std::unique_ptr<model::Model> model, ModelHostOptions options) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("ModelHost needs a model");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
+                   RankGroup::Create(comm::MakeSingleRankCommunicator(),
+                                     std::move(model), RankGroupOptions()));
+  return Create(std::move(group), std::move(options));
 }
 
 absl::StatusOr<ModelHost::TrainingLease> ModelHost::AcquireTraining(
@@ -175,33 +175,9 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   }
   const double start = Now();
   TrainStepOutcome outcome;
-  if (group_ != nullptr) {
-    ASSIGN_OR_RETURN(model::HybridStepResult r, group_->TrainStep(batch, next));
-    outcome.seconds = Now() - start;
-    outcome.step = group_->steps();
-    steps_.store(outcome.step);
-    outcome.loss = r.loss;
-    outcome.samples = r.global_samples;
-    for (int st = 0; st < model::HybridStageTimes::kNumStages; ++st) {
-      outcome.stage_seconds.emplace_back(model::HybridStageTimes::Name(st),
-                                         r.times.seconds[st]);
-    }
-    for (int e = 0; e < model::HybridStageTimes::kNumExchanges; ++e) {
-      outcome.exchange_bytes.emplace_back(
-          model::HybridStageTimes::ExchangeName(e), r.times.bytes_sent[e]);
-    }
-    for (const model::RankTableStore& store : r.stores) {
-      outcome.stores.push_back(
-          TableStoreStats{config_.tables(store.table).name(), store.rank,
-                          store.cache_rows, store.metrics});
-    }
-    outcome.checkpoint =
-        MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
-    return outcome;
-  }
-  ASSIGN_OR_RETURN(model::StepResult r, model_->TrainStep(batch, next));
+  ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStep(batch, next));
   outcome.seconds = Now() - start;
-  outcome.step = model_->steps();
+  outcome.step = group_->steps();
   steps_.store(outcome.step);
   outcome.loss = r.loss;
   outcome.samples = r.samples;
@@ -209,13 +185,16 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     outcome.stage_seconds.emplace_back(model::StageTimes::Name(st),
                                        r.times.seconds[st]);
   }
-  if (model_->HasRocksDbTables()) {
-    for (int k = 0; k < config_.tables_size(); ++k) {
-      if (model_->IsHostTable(k)) continue;
-      outcome.stores.push_back(TableStoreStats{config_.tables(k).name(), -1,
-                                               model_->tables()[k]->rows(),
-                                               model_->store(k).metrics()});
+  if (group_->world_size() > 1) {
+    for (int e = 0; e < model::StageTimes::kNumExchanges; ++e) {
+      outcome.exchange_bytes.emplace_back(model::StageTimes::ExchangeName(e),
+                                          r.times.bytes_sent[e]);
     }
+  }
+  for (const model::RankTableStore& store : r.stores) {
+    outcome.stores.push_back(TableStoreStats{config_.tables(store.table).name(),
+                                             store.rank, store.cache_rows,
+                                             store.metrics});
   }
   outcome.checkpoint =
       MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
@@ -259,55 +238,24 @@ std::string ModelHost::MaybeCheckpoint(int64_t step,
 
 absl::StatusOr<model::CheckpointInfo> ModelHost::SaveLocked(
     const std::string& dir, const std::string& job) {
-  if (group_ != nullptr) return group_->SaveCheckpoint(dir, job);
-  return model::SaveCheckpoint(*model_, dir, job);
+  return group_->SaveCheckpoint(dir, job);
 }
 
 absl::Status ModelHost::Predict(const data::Batch& batch,
                                 std::vector<float>* probs) {
   std::lock_guard<std::mutex> lock(model_mu_);
-  if (group_ != nullptr) return group_->Predict(batch, probs);
-  return model_->Predict(batch, probs);
+  return group_->Predict(batch, probs);
 }
 
 absl::StatusOr<model::EvalResult> ModelHost::Evaluate(
     data::BatchSource& source, const model::EvalOptions& options,
     const model::ReferenceScorer& reference, const std::atomic<bool>* cancel) {
-  RETURN_IF_ERROR(options.Validate());
-  RETURN_IF_ERROR(source.Rewind());
-  model::MetricsAccumulator acc, ref_acc;
-  data::Batch batch;
-  std::vector<float> probs, ref_probs;
-  int64_t seen = 0;
-  while (options.max_samples == 0 || seen < options.max_samples) {
-    if (cancel != nullptr && cancel->load()) {
-      return absl::CancelledError("evaluation cancelled");
-    }
-    int64_t want = options.batch_size;
-    if (options.max_samples > 0) {
-      want = std::min(want, options.max_samples - seen);
-    }
-    ASSIGN_OR_RETURN(bool more, source.Next(want, &batch));
-    if (!more || batch.size == 0) break;
-    RETURN_IF_ERROR(Predict(batch, &probs));
-    acc.Add(probs, batch.labels);
-    if (reference) {
-      ref_probs.resize(batch.size);
-      reference(batch, ref_probs.data());
-      ref_acc.Add(ref_probs, batch.labels);
-    }
-    seen += batch.size;
-  }
-  if (seen == 0) {
-    return absl::FailedPreconditionError("evaluation data is empty");
-  }
-  model::EvalResult result;
-  result.model = acc.Compute();
-  if (reference) {
-    result.reference = ref_acc.Compute();
-    result.has_reference = true;
-  }
-  return result;
+  // The lock is taken per batch, so predictions interleave.
+  return model::Evaluate(
+      [this](const data::Batch& batch, std::vector<float>* probs) {
+        return Predict(batch, probs);
+      },
+      source, options, reference, cancel);
 }
 
 absl::StatusOr<model::EvalResult> ModelHost::EvaluateBatches(
@@ -348,20 +296,13 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   }
   if (!options_.inference_only) {
     std::lock_guard<std::mutex> lock(model_mu_);
-    if (group_ != nullptr) {
-      absl::StatusOr<model::CheckpointInfo> info =
-          group_->RestoreCheckpoint(dir);
-      steps_.store(group_->steps());
-      return info;
-    }
-    absl::StatusOr<model::CheckpointInfo> info =
-        model::RestoreCheckpoint(*model_, dir);
-    steps_.store(model_->steps());
+    absl::StatusOr<model::CheckpointInfo> info = group_->RestoreCheckpoint(dir);
+    steps_.store(group_->steps());
     return info;
   }
-  // Weights only: load a fresh model outside the model lock (predictions go
-  // on meanwhile), then swap it in.
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DlrmModel> loaded,
+  // Weights only (one rank): load a fresh model outside the model lock
+  // (predictions go on meanwhile), then swap it in.
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
                    model::LoadCheckpoint(dir, /*weights_only=*/true));
   if (!SameArchitecture(config_, loaded->config())) {
     return absl::FailedPreconditionError(
@@ -374,9 +315,12 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.is_regular_file(ec)) info.bytes += entry.file_size(ec);
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
+                   RankGroup::Create(comm::MakeSingleRankCommunicator(),
+                                     std::move(loaded), RankGroupOptions()));
   std::lock_guard<std::mutex> lock(model_mu_);
-  model_ = std::move(loaded);
-  steps_.store(model_->steps());
+  group_ = std::move(group);
+  steps_.store(group_->steps());
   return info;
 }
 
@@ -388,7 +332,6 @@ void ModelHost::StopTraining() {
 absl::Status ModelHost::ShutdownRanks() {
   std::lock_guard<std::mutex> lock(model_mu_);
   training_stopped_ = true;
-  if (group_ == nullptr) return absl::OkStatus();
   return group_->Shutdown();
 }
 
@@ -397,86 +340,44 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
   s.config = config_;
   s.embedding_parameters = EmbeddingParameterCount(config_);
   s.dense_parameters = DenseParameterCount(config_);
-  s.world_size = 1;
   s.inference_only = options_.inference_only;
-  if (group_ != nullptr) {
-    const embedding::ShardingPlan& plan = group_->plan();
-    s.world_size = group_->world_size();
-    s.steps = group_->steps();
-    s.sharding_plan = plan.ToString(config_);
-    // Every rank's embedding shards in host memory (a shard on RocksDB:
-    // its cache; its rows count under "rocksdb") and one dense replica per
-    // rank with its optimizer state.
-    int64_t bytes = 0, rocksdb_bytes = 0;
-    for (const int64_t rank_bytes :
-         embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
-      bytes += rank_bytes;
-    }
-    for (int k = 0; k < config_.tables_size(); ++k) {
-      if (config_.tables(k).storage() != STORAGE_ROCKSDB) continue;
-      for (const embedding::Shard& shard : plan.tables[k].shards) {
-        rocksdb_bytes +=
-            embedding::ShardBytes(shard, config_.sparse_optimizer());
-      }
-    }
-    const OptimizerConfig::Type dense = config_.dense_optimizer().type();
-    const int64_t dense_floats = dense == OptimizerConfig::ADAM  ? 3
-                                 : dense == OptimizerConfig::SGD ? 1
-                                                                 : 2;
-    bytes += s.world_size * dense_floats * static_cast<int64_t>(sizeof(float)) *
-             s.dense_parameters;
-    s.memory_bytes["host"] = bytes;
-    s.memory_bytes["device"] = 0;
-    s.memory_bytes["rocksdb"] = rocksdb_bytes;
-    return s;
+  const embedding::ShardingPlan& plan = group_->plan();
+  s.world_size = group_->world_size();
+  s.steps = group_->steps();
+  s.sharding_plan = plan.ToString(config_);
+  // Every rank's embedding shards in host memory (a shard on RocksDB: its
+  // cache; its rows count under "rocksdb") and one dense replica per rank
+  // with its optimizer state.
+  int64_t bytes = 0, rocksdb_bytes = 0;
+  for (const int64_t rank_bytes :
+       embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
+    bytes += rank_bytes;
   }
-  std::string tables;
-  int64_t host_bytes = 0, rocksdb_bytes = 0;
-  {
-    std::lock_guard<std::mutex> lock(model_mu_);
-    s.steps = model_->steps();
-    for (size_t k = 0; k < model_->tables().size(); ++k) {
-      // A RocksDB-tier table's host memory is its cache (tables()[k] is
-      // the slot array); its rows live in RocksDB.
-      embedding::EmbeddingTable& t = *model_->tables()[k];
-      host_bytes +=
-          static_cast<int64_t>(sizeof(float)) *
-          (t.rows() * t.dim() +
-           static_cast<int64_t>(t.state1().size() + t.state2().size()));
-      const TableConfig& tc = config_.tables(static_cast<int>(k));
-      absl::StrAppend(&tables, k == 0 ? "" : ", ", tc.name(), " (", tc.rows(),
-                      " x ", tc.dim(), ")");
-      if (!model_->IsHostTable(static_cast<int>(k))) {
-        rocksdb_bytes += static_cast<int64_t>(sizeof(float)) * tc.rows() *
-                         (tc.dim() + embedding::StateFloatsPerRow(
-                                         config_.sparse_optimizer(), tc.dim()));
-        absl::StrAppend(&tables, " on rocksdb with a cache of ", t.rows(),
-                        " rows");
-      }
-    }
-    for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
-      host_bytes += static_cast<int64_t>(sizeof(float)) * p.size;
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    if (config_.tables(k).storage() != STORAGE_ROCKSDB) continue;
+    for (const embedding::Shard& shard : plan.tables[k].shards) {
+      rocksdb_bytes += embedding::ShardBytes(shard, config_.sparse_optimizer());
     }
   }
-  host_bytes += static_cast<int64_t>(sizeof(float)) * s.dense_parameters;
-  s.memory_bytes["host"] = host_bytes;
+  const OptimizerConfig::Type dense = config_.dense_optimizer().type();
+  const int64_t dense_floats = dense == OptimizerConfig::ADAM  ? 3
+                               : dense == OptimizerConfig::SGD ? 1
+                                                               : 2;
+  bytes += s.world_size * dense_floats * static_cast<int64_t>(sizeof(float)) *
+           s.dense_parameters;
+  s.memory_bytes["host"] = bytes;
   s.memory_bytes["device"] = 0;
-  // Every row's weights and optimizer state as stored (written or not yet).
   s.memory_bytes["rocksdb"] = rocksdb_bytes;
-  if (with_checksum) s.weight_checksum = WeightChecksum();
-  s.sharding_plan = absl::StrCat(
-      "world size 1; rank 0 holds every table whole (table-wise, host "
-      "memory unless on rocksdb): ",
-      tables, "; MLPs data-parallel on rank 0");
+  if (with_checksum) {
+    absl::StatusOr<uint64_t> checksum = WeightChecksum();
+    s.weight_checksum = checksum.ok() ? *checksum : 0;
+  }
   return s;
 }
 
-uint64_t ModelHost::WeightChecksum() {
+absl::StatusOr<uint64_t> ModelHost::WeightChecksum() {
   std::lock_guard<std::mutex> lock(model_mu_);
-  // Several ranks would need a gather of every table; tests of multi-rank
-  // jobs compare predictions instead.
-  if (group_ != nullptr) return 0;
-  return model_->WeightChecksum();
+  return group_->WeightChecksum();
 }
 
 }  // namespace dlrm::server

@@ -1,6 +1,6 @@
 // ModelHost: the one place the server touches the model. It owns the
-// DlrmModel (one rank) or the leader's RankGroup (several) and serialises
-// everything that reads or writes it (training steps, inference, evaluation,
+// leader's RankGroup (of one rank or several) and serialises everything that
+// reads or writes the model (training steps, inference, evaluation,
 // checkpoints) behind one mutex, so inference never sees a half-updated row and
 // a prediction runs between two training steps rather than during one. Services
 // and jobs only talk to this class.
@@ -23,7 +23,6 @@
 #include "data/wire.h"
 #include "dlrm/config.pb.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
 #include "model/trainer.h"
 #include "server/rank_group.h"
 
@@ -57,8 +56,7 @@ struct ModelHostOptions {
 // the store was created (a checkpoint restore starts them again).
 struct TableStoreStats {
   std::string table;
-  // The rank whose caches these are (their shards of the table together),
-  // or -1 for a one-process model.
+  // The rank whose caches these are (their shards of the table together).
   int rank = -1;
   int64_t cache_rows = 0;
   embedding::StoreMetrics metrics;
@@ -73,9 +71,7 @@ struct TrainStepOutcome {
   int64_t samples = 0;
   // Wall time inside the model (not waiting for the lock).
   double seconds = 0;
-  // Seconds of each stage of the step, by stage name: model::StageTimes'
-  // stages on one rank, model::HybridStageTimes' (exchanges included) on
-  // several.
+  // Seconds of each stage of the step, by stage name (model::StageTimes).
   std::vector<std::pair<std::string, double>> stage_seconds;
   // Bytes rank 0 sent to the other ranks, by exchange (several ranks only).
   std::vector<std::pair<std::string, int64_t>> exchange_bytes;
@@ -102,7 +98,7 @@ struct ModelSummary {
   std::map<std::string, int64_t> memory_bytes;
   int world_size = 1;
   bool inference_only = false;
-  // WeightChecksum() when asked for (0 otherwise and for several ranks).
+  // WeightChecksum() when asked for (0 otherwise, or when it failed).
   uint64_t weight_checksum = 0;
 };
 
@@ -125,15 +121,15 @@ class ModelHost {
     ModelHost* host_;
   };
 
-  // Takes ownership of `model` (non-null; config normalised).
-  static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
-      std::unique_ptr<model::DlrmModel> model, ModelHostOptions options);
-
-  // Serves the model of a multi-rank job through its leader: takes
-  // ownership of `group` (rank 0's). InvalidArgument for a follower's group
-  // or with options.inference_only (not supported on several ranks).
+  // Serves the model of a job through its leader: takes ownership of
+  // `group` (rank 0's). InvalidArgument for a follower's group, or with
+  // options.inference_only on several ranks (not supported there).
   static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
       std::unique_ptr<RankGroup> group, ModelHostOptions options);
+
+  // A one-process model (non-null; config normalised) in a group of one.
+  static absl::StatusOr<std::unique_ptr<ModelHost>> Create(
+      std::unique_ptr<model::Model> model, ModelHostOptions options);
 
   // What a batch must look like for this model. Fixed for the host's life
   // (a restore must keep the architecture).
@@ -196,22 +192,21 @@ class ModelHost {
   // a running trainer stops at its next step boundary. Irreversible.
   void StopTraining();
 
-  // Multi-rank: tells the other ranks to exit once the current operation
-  // is over; every later model call fails with Unavailable. Call after the
-  // services have stopped. The error of a job already broken; OK with one
-  // rank.
+  // Tells the other ranks (if any) to exit once the current operation is
+  // over; every later model call fails with Unavailable. Call after the
+  // services have stopped. The error of a job already broken.
   absl::Status ShutdownRanks();
 
   // What GetModelInfo reports; `with_checksum` adds WeightChecksum().
   ModelSummary Summary(bool with_checksum = false);
   // Steps the model has taken; does not wait for a running step.
   int64_t steps() const { return steps_.load(); }
-  // See DlrmModel::WeightChecksum; 0 for a job of several ranks.
-  uint64_t WeightChecksum();
+  // model::Model::WeightChecksum over every rank: equal for equal weights
+  // whatever the rank count and plan. Unavailable when the job is broken.
+  absl::StatusOr<uint64_t> WeightChecksum();
 
  private:
-  ModelHost(std::unique_ptr<model::DlrmModel> model,
-            std::unique_ptr<RankGroup> group, ModelHostOptions options);
+  ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options);
   void ReleaseTraining();
   // With model_mu_ held, after a step: saves and prunes the periodic
   // checkpoint if one is due; returns its directory ("" if none, and
@@ -227,13 +222,11 @@ class ModelHost {
   const ModelConfig config_;
   const data::BatchShape shape_;
 
-  std::mutex model_mu_;  // guards model_
-  // Exactly one of the two is set: the single-process model, or the
-  // leader of several ranks (which takes its own lock per operation).
-  std::unique_ptr<model::DlrmModel> model_;
+  std::mutex model_mu_;  // guards group_
+  // The leader of the job's ranks (which takes its own lock per operation).
   std::unique_ptr<RankGroup> group_;
   bool training_stopped_ = false;  // guarded by model_mu_
-  // model_->steps(), readable without waiting for a step to end.
+  // group_->steps(), readable without waiting for a step to end.
   std::atomic<int64_t> steps_{0};
   // When the last periodic checkpoint (or the host's start) was; guarded
   // by model_mu_.

@@ -33,6 +33,7 @@ enum Op : int64_t {
   kSave = 4,
   kRestore = 5,
   kShutdown = 6,
+  kChecksum = 7,
 };
 constexpr int kHeader = 2;
 
@@ -50,6 +51,8 @@ const char* OpName(int64_t op) {
       return "RestoreCheckpoint";
     case kShutdown:
       return "Shutdown";
+    case kChecksum:
+      return "WeightChecksum";
   }
   return "unknown";
 }
@@ -116,7 +119,7 @@ std::vector<int64_t> SplitSamples(int64_t total, int world) {
 }
 
 RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
-                     std::unique_ptr<model::HybridModel> model,
+                     std::unique_ptr<model::Model> model,
                      RankGroupOptions options)
     : options_(std::move(options)),
       comm_(std::move(comm)),
@@ -133,7 +136,7 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
 
 absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     std::unique_ptr<comm::Communicator> comm,
-    std::unique_ptr<model::HybridModel> model, RankGroupOptions options) {
+    std::unique_ptr<model::Model> model, RankGroupOptions options) {
   if (comm == nullptr || model == nullptr) {
     return absl::InvalidArgumentError(
         "RankGroup needs a communicator and a model");
@@ -289,9 +292,9 @@ absl::Status RankGroup::RunStep(const data::Batch& local,
                                 const data::Batch* next, bool train,
                                 const std::vector<int64_t>& sizes,
                                 std::vector<float>* probs,
-                                model::HybridStepResult* result) {
+                                model::StepResult* result) {
   if (train) {
-    absl::StatusOr<model::HybridStepResult> r = model_->TrainStep(local, next);
+    absl::StatusOr<model::StepResult> r = model_->TrainStep(local, next);
     if (!r.ok()) {
       // Refusals every rank agreed on (a bad batch, a batch over a shard's
       // cache) change nothing and leave the group usable.
@@ -345,7 +348,7 @@ absl::Status RankGroup::ScatterNext(const data::Batch* next,
 
 absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
                              bool train, std::vector<float>* probs,
-                             model::HybridStepResult* result) {
+                             model::StepResult* result) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
   // Checked here so that the error names the sample of the whole batch.
@@ -357,6 +360,11 @@ absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
       train && next != nullptr && next->size > 0 && any_rocksdb_ &&
       next->Validate(model_->config().num_dense_features(), table_rows_).ok();
   const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
+  if (world_ == 1) {
+    // The whole batch is the leader's: no slice to cut or send.
+    return RunStep(batch, send_next ? next : nullptr, train, sizes, probs,
+                   result);
+  }
   std::vector<std::string> parts;
   std::vector<int64_t> bytes;
   data::Batch local, next_local;
@@ -369,9 +377,9 @@ absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
                  result);
 }
 
-absl::StatusOr<model::HybridStepResult> RankGroup::TrainStep(
+absl::StatusOr<model::StepResult> RankGroup::TrainStep(
     const data::Batch& batch, const data::Batch* next) {
-  model::HybridStepResult result;
+  model::StepResult result;
   RETURN_IF_ERROR(Lead(batch, next, /*train=*/true, nullptr, &result));
   return result;
 }
@@ -379,6 +387,24 @@ absl::StatusOr<model::HybridStepResult> RankGroup::TrainStep(
 absl::Status RankGroup::Predict(const data::Batch& batch,
                                 std::vector<float>* probs) {
   return Lead(batch, nullptr, /*train=*/false, probs, nullptr);
+}
+
+absl::StatusOr<uint64_t> RankGroup::WeightChecksum() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  if (world_ > 1) RETURN_IF_ERROR(SendCommand(kChecksum, 0, {}));
+  uint64_t checksum = 0;
+  RETURN_IF_ERROR(RunChecksum(&checksum));
+  return checksum;
+}
+
+absl::Status RankGroup::RunChecksum(uint64_t* checksum) {
+  absl::StatusOr<uint64_t> c = model_->WeightChecksum();
+  // Reading rows fails only on a RocksDB or communicator error: either way
+  // the ranks no longer agree on what happened.
+  if (!c.ok()) return Broke(c.status(), "WeightChecksum");
+  if (checksum != nullptr) *checksum = *c;
+  return absl::OkStatus();
 }
 
 absl::Status RankGroup::Shutdown() {
@@ -430,6 +456,9 @@ absl::Status RankGroup::Follow() {
         s = BroadcastString(&path, command[1]);
         if (s.ok()) s = ReadShards(path);
         break;
+      case kChecksum:
+        s = RunChecksum(nullptr);
+        break;
       case kShutdown:
         return absl::OkStatus();
       default:
@@ -450,7 +479,7 @@ absl::Status RankGroup::WriteShards(const std::string& dir_name) {
   std::vector<model::TensorToWrite> tensors;
   std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
                                              {"rank", std::to_string(rank_)}};
-  for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+  for (const model::Model::ShardState& s : model_->LocalShards()) {
     if (s.storage == nullptr) continue;  // on RocksDB: below
     embedding::EmbeddingTable& t = *s.storage;
     const std::string base = ShardName(config, s.table, s.shard);
@@ -501,7 +530,7 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
   std::vector<std::pair<embedding::EmbeddingTable*, int64_t>> table_steps;
   int64_t step = 0, dense_step = 0;
   std::unique_ptr<model::SafetensorsFile> rank_file, dense_file;
-  std::unique_ptr<model::HybridModel::StagedRows> staged_rows;
+  std::unique_ptr<model::Model::StagedRows> staged_rows;
   auto check = [&]() -> absl::Status {
     // Each rank checks the checksums of what it reads: the shared files and
     // its own ("rank-<r>" and anything under "rank-<r>.").
@@ -530,7 +559,7 @@ absl::Status RankGroup::ReadShards(const std::string& dir_name) {
       copies.push_back({from, to});
       return absl::OkStatus();
     };
-    for (const model::HybridModel::ShardState& s : model_->LocalShards()) {
+    for (const model::Model::ShardState& s : model_->LocalShards()) {
       if (s.storage == nullptr) continue;  // on RocksDB: below
       embedding::EmbeddingTable& t = *s.storage;
       const std::string base = ShardName(config, s.table, s.shard);
@@ -586,6 +615,9 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
     const std::string& dir_name, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
+  // One rank writes the one-process format (every table whole), which an
+  // inference-only server and LoadCheckpoint read.
+  if (world_ == 1) return model::SaveCheckpoint(*model_, dir_name, job);
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
@@ -628,6 +660,12 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
     const std::string& dir_name) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
+  if (world_ == 1) {
+    absl::StatusOr<model::CheckpointInfo> info =
+        model::RestoreCheckpoint(*model_, dir_name);
+    steps_.store(model_->steps());
+    return info;
+  }
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
   ASSIGN_OR_RETURN(model::Manifest manifest, model::ReadManifest(dir.string()));
   if (manifest.format != model::kMultiRankFormat) {

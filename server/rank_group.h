@@ -1,7 +1,8 @@
-// The leader/follower protocol of a multi-rank server (DESIGN.md "Process
-// model"): rank 0, the leader, starts every collective operation by
+// The leader/follower protocol of a server's ranks (docs/architecture.md
+// "Process model"): rank 0, the leader, starts every collective operation by
 // broadcasting a small command; ranks > 0, the followers, run the same
-// HybridModel collectives on the slice of the batch the leader scatters.
+// Model collectives on the slice of the batch the leader scatters. A server
+// of one rank is a group of one: its leader runs the model directly.
 #pragma once
 
 #include <atomic>
@@ -19,7 +20,7 @@
 #include "comm/communicator.h"
 #include "data/batch.h"
 #include "model/checkpoint.h"
-#include "model/hybrid_model.h"
+#include "model/model.h"
 
 namespace dlrm::server {
 
@@ -33,7 +34,7 @@ struct RankGroupOptions {
   absl::Status Validate() const;
 };
 
-// One rank of a multi-rank job: its communicator and its HybridModel.
+// One rank of a job of R >= 1 ranks: its communicator and its Model.
 // The leader's methods (TrainStep, Predict, checkpoints, Shutdown) are
 // thread-safe and run one at a time; Follow() is the followers' whole life.
 //
@@ -41,11 +42,12 @@ struct RankGroupOptions {
 // later leader call returns Unavailable naming the original error.
 class RankGroup {
  public:
-  // Takes ownership of `comm` and `model` (built over `comm`). On rank 0 of
-  // a job with several ranks, starts the heartbeat thread.
+  // Takes ownership of `comm` and `model` (built over a communicator of the
+  // same ranks: `comm` itself, or for one rank any single-rank one). On
+  // rank 0 of a job with several ranks, starts the heartbeat thread.
   static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
       std::unique_ptr<comm::Communicator> comm,
-      std::unique_ptr<model::HybridModel> model, RankGroupOptions options);
+      std::unique_ptr<model::Model> model, RankGroupOptions options);
 
   // Leader: Shutdown() (if not done yet), then stops the heartbeat.
   ~RankGroup();
@@ -64,7 +66,7 @@ class RankGroup {
   // group is broken. `next` (may be null): the batch the leader will train
   // on next; with tables on RocksDB its slices go to the ranks too, whose
   // shards prefetch its rows during this step.
-  absl::StatusOr<model::HybridStepResult> TrainStep(
+  absl::StatusOr<model::StepResult> TrainStep(
       const data::Batch& batch, const data::Batch* next = nullptr);
 
   // Leader: click probabilities of every sample of `batch` (resized).
@@ -78,11 +80,16 @@ class RankGroup {
       const std::string& dir, const std::string& job = "");
 
   // Leader: every rank reads its shards from `dir`. NotFound when `dir`
-  // holds no multi-rank checkpoint; FailedPrecondition when its config,
-  // world size or sharding plan differ from the job's. On error no rank
-  // changes.
+  // holds no checkpoint; FailedPrecondition when its config, world size or
+  // sharding plan differ from the job's. On error no rank changes. (A group
+  // of one rank reads and writes the one-process format of
+  // model/checkpoint.h.)
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
+
+  // Leader: model::Model::WeightChecksum over every rank (collective).
+  // Unavailable once the group is broken; a failure to read rows breaks it.
+  absl::StatusOr<uint64_t> WeightChecksum();
 
   // Leader: tells the followers to exit after the current operation. Later
   // calls return Unavailable. Idempotent.
@@ -94,8 +101,7 @@ class RankGroup {
 
  private:
   RankGroup(std::unique_ptr<comm::Communicator> comm,
-            std::unique_ptr<model::HybridModel> model,
-            RankGroupOptions options);
+            std::unique_ptr<model::Model> model, RankGroupOptions options);
 
   // Leader, with mu_ held: OK, or Unavailable once broken or shut down.
   absl::Status CheckUsable() const;
@@ -111,7 +117,7 @@ class RankGroup {
   // and runs the step (train) or the prediction with every rank.
   absl::Status Lead(const data::Batch& batch, const data::Batch* next,
                     bool train, std::vector<float>* probs,
-                    model::HybridStepResult* result);
+                    model::StepResult* result);
   // Leader: splits `batch` into the ranks' slices (the leader's own into
   // `local`, the others serialised into parts / bytes).
   void Split(const data::Batch& batch, bool labels, data::Batch* local,
@@ -126,12 +132,14 @@ class RankGroup {
   // rank's sample count, leader only). Communicator errors break the group.
   absl::Status RunStep(const data::Batch& local, const data::Batch* next,
                        bool train, const std::vector<int64_t>& sizes,
-                       std::vector<float>* probs,
-                       model::HybridStepResult* result);
+                       std::vector<float>* probs, model::StepResult* result);
   // Every rank, after a kTrain command with a next batch: the leader
   // broadcasts the next slices' sizes and scatters them (`next` on the
   // leader), each rank decodes its own into `slice`.
   absl::Status ScatterNext(const data::Batch* next, data::Batch* slice);
+  // Every rank: the model's checksum into *checksum (leader; null on a
+  // follower). Errors break the group.
+  absl::Status RunChecksum(uint64_t* checksum);
   absl::Status GatherProbs(const std::vector<float>& local,
                            const std::vector<int64_t>& sizes,
                            std::vector<float>* all);
@@ -150,7 +158,7 @@ class RankGroup {
 
   const RankGroupOptions options_;
   std::unique_ptr<comm::Communicator> comm_;
-  std::unique_ptr<model::HybridModel> model_;
+  std::unique_ptr<model::Model> model_;
   const int rank_, world_;
   std::vector<int64_t> table_rows_;
   // Whether a table is on RocksDB (then a next batch is worth sending).

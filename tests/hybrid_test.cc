@@ -1,7 +1,7 @@
 // Multi-rank tests of the hybrid-parallel step (model/hybrid_model.h) with
 // real processes on loopback: the binary re-executes itself as N ranks that
 // meet at a coordinator and talk through Gloo, and the parent compares what
-// rank 0 reports with a single-process DlrmModel on the same global batches,
+// rank 0 reports with a single-process Model on the same global batches,
 // or with the same job in host memory when the tables are on RocksDB (also
 // over-capacity batches, prefetch, and multi-rank checkpoints through
 // server::RankGroup).
@@ -30,8 +30,7 @@
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
-#include "model/dlrm_model.h"
-#include "model/hybrid_model.h"
+#include "model/model.h"
 #include "server/rank_group.h"
 
 extern char** environ;
@@ -272,7 +271,7 @@ struct WorkerArgs {
 };
 
 // Every dense weight and every table gathered whole (collective).
-absl::Status Snapshot(HybridModel& m, Report* report) {
+absl::Status Snapshot(Model& m, Report* report) {
   report->dense.clear();
   AppendDense(m.bottom(), &report->dense);
   AppendDense(m.top(), &report->dense);
@@ -301,7 +300,7 @@ data::Batch OverCapacityBatch(const ModelConfig& c) {
 // Checks on rank `rank` that `m` refuses `bad` (its slice) with
 // ResourceExhausted naming table a, for training and prediction, and that
 // nothing changed.
-absl::Status ExpectRefused(HybridModel& m, const data::Batch& bad, int rank,
+absl::Status ExpectRefused(Model& m, const data::Batch& bad, int rank,
                            int world) {
   Report before, after;
   RETURN_IF_ERROR(Snapshot(m, &before));
@@ -336,7 +335,7 @@ absl::Status ExpectRefused(HybridModel& m, const data::Batch& bad, int rank,
 absl::Status RunGroupWorker(const WorkerArgs& a, const Scenario& sc,
                             const ModelConfig& c,
                             std::unique_ptr<comm::Communicator> comm,
-                            std::unique_ptr<HybridModel> m) {
+                            std::unique_ptr<Model> m) {
   server::RankGroupOptions ro;
   ro.heartbeat_seconds = 1;
   ASSIGN_OR_RETURN(
@@ -348,7 +347,7 @@ absl::Status RunGroupWorker(const WorkerArgs& a, const Scenario& sc,
   Report report;
   auto train = [&](int from, int to) -> absl::Status {
     for (int step = from; step < to; ++step) {
-      ASSIGN_OR_RETURN(HybridStepResult r, group->TrainStep(batches[step]));
+      ASSIGN_OR_RETURN(StepResult r, group->TrainStep(batches[step]));
       report.losses.push_back(r.loss);
     }
     return absl::OkStatus();
@@ -394,8 +393,8 @@ absl::Status RunWorker(const WorkerArgs& a) {
     go.job_id = a.scenario + "-dense";
     ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> m,
-                   HybridModel::Create(c, plan, comm.get(), dense_comm.get()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
+                   Model::Create(c, plan, comm.get(), dense_comm.get()));
   if (sc.ckpt || sc.resume) {
     return RunGroupWorker(a, sc, c, std::move(comm), std::move(m));
   }
@@ -414,7 +413,7 @@ absl::Status RunWorker(const WorkerArgs& a) {
     const bool has_next =
         sc.prefetch && step + 1 < steps && (!sc.prefetch0 || a.rank == 0);
     if (has_next) batches[step + 1].Slice(begin, end, &next);
-    ASSIGN_OR_RETURN(HybridStepResult r,
+    ASSIGN_OR_RETURN(StepResult r,
                      m->TrainStep(local, has_next ? &next : nullptr));
     report.losses.push_back(r.loss);
     last_stores = r.stores;
@@ -426,10 +425,10 @@ absl::Status RunWorker(const WorkerArgs& a) {
     }
     const auto predicted = PredictedExchangeBytes(c, plan, local, sizes, a.rank,
                                                   has_next ? &next : nullptr);
-    for (int e = 0; e < HybridStageTimes::kNumExchanges; ++e) {
+    for (int e = 0; e < StageTimes::kNumExchanges; ++e) {
       if (r.times.bytes_sent[e] != predicted[e]) {
         return absl::InternalError(absl::StrCat(
-            "step ", step, ": ", HybridStageTimes::ExchangeName(e), " sent ",
+            "step ", step, ": ", StageTimes::ExchangeName(e), " sent ",
             r.times.bytes_sent[e], " bytes, the formula says ", predicted[e]));
       }
     }
@@ -533,7 +532,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, double seconds) {
 
 // The single-process reference on the same global batches.
 Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
-  auto m = DlrmModel::Create(c);
+  auto m = Model::Create(c);
   EXPECT_TRUE(m.ok()) << m.status();
   Report r;
   for (const auto& b : bs) {
@@ -543,7 +542,8 @@ Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
   }
   AppendDense((*m)->bottom(), &r.dense);
   AppendDense((*m)->top(), &r.dense);
-  for (const auto& t : (*m)->tables()) {
+  for (int k = 0; k < (*m)->config().tables_size(); ++k) {
+    const embedding::EmbeddingTable* t = (*m)->WholeHostTable(k);
     r.tables.emplace_back(t->weights(), t->weights() + t->rows() * t->dim());
   }
   return r;

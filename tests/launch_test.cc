@@ -1,6 +1,6 @@
 // Multi-rank serving end to end: real dlrm_server rank processes on
 // loopback, driven through the C++ client library, checked against the
-// single-process DlrmModel fed the same batches (docs/hybrid.md tolerance),
+// single-process Model fed the same batches (docs/hybrid.md tolerance),
 // plus checkpoints, deploy/launch_local.sh and a follower that dies.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -29,7 +29,7 @@
 #include "data/synthetic.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 
 extern char** environ;
 
@@ -79,7 +79,7 @@ std::string ServerPath() {
   return (BuildDir() / "server" / "dlrm_server").string();
 }
 
-fs::path SourceDir() { return fs::path(__FILE__).parent_path().parent_path(); }
+fs::path SourceDir() { return DLRM_SOURCE_DIR; }
 
 // A port free now (the coordinator's must be known to every rank up front).
 int FreePort() {
@@ -275,7 +275,7 @@ class LaunchTest : public testing::Test {
 
   // Trains `model` (one process) on Train()'s batches, expecting `losses`
   // (docs/hybrid.md tolerance).
-  void ExpectOneProcessLosses(model::DlrmModel& model,
+  void ExpectOneProcessLosses(model::Model& model,
                               const std::vector<double>& losses) {
     auto source = Source(11, kBatch * kSteps);
     data::Batch batch;
@@ -322,7 +322,7 @@ class LaunchTest : public testing::Test {
     }
 
     // The reference: one process, the same global batches.
-    auto model = model::DlrmModel::Create(config_);
+    auto model = model::Model::Create(config_);
     ASSERT_TRUE(model.ok()) << model.status();
     ExpectOneProcessLosses(**model, losses);
     std::vector<float> ref;
@@ -442,7 +442,7 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   const std::vector<double> losses = Train(**client);
   // The reference: one process (its tables on RocksDB too), same batches.
   {
-    auto model = model::DlrmModel::Create(config_);
+    auto model = model::Model::Create(config_);
     ASSERT_TRUE(model.ok()) << model.status();
     ExpectOneProcessLosses(**model, losses);
   }
@@ -559,7 +559,7 @@ TEST_F(LaunchTest, HostBudgetPutsTheLargestTablesOnRocksDbPerRank) {
   EXPECT_EQ(tiers, "HHRH") << info->sharding_plan();
   EXPECT_EQ(info->memory_bytes().at("rocksdb"), 100 * 96);
   const std::vector<double> losses = Train(**client);
-  auto model = model::DlrmModel::Create(config_);
+  auto model = model::Model::Create(config_);
   ASSERT_TRUE(model.ok()) << model.status();
   ExpectOneProcessLosses(**model, losses);
   StopRanks();
@@ -816,7 +816,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   // stream's batches, then the job's (docs/hybrid.md tolerance).
   auto after = (*again)->Predict(EvalBatch());
   ASSERT_TRUE(after.ok()) << after.status();
-  auto reference = model::DlrmModel::Create(config_);
+  auto reference = model::Model::Create(config_);
   ASSERT_TRUE(reference.ok()) << reference.status();
   data::Batch batch;
   auto stream = Source(11, kBatch * kSteps);

@@ -1,4 +1,4 @@
-// Tests of DlrmModel over storage tiers: tables on RocksDB behind a cache of
+// Tests of Model over storage tiers: tables on RocksDB behind a cache of
 // 10% of their rows train bitwise like the all-in-memory model; over-capacity
 // batches are rejected without change; checkpoints and the safetensors export
 // of a RocksDB-backed model.
@@ -19,7 +19,7 @@
 #include "embedding/embedding_store.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 #include "model/trainer.h"
 
 namespace dlrm::model {
@@ -99,15 +99,15 @@ std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
   return out;
 }
 
-std::unique_ptr<DlrmModel> Make(const ModelConfig& c) {
-  auto m = DlrmModel::Create(c);
+std::unique_ptr<Model> Make(const ModelConfig& c) {
+  auto m = Model::Create(c);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *std::move(m) : nullptr;
 }
 
 // Every float of the model: dense weights, then every table's records
 // (weights and optimizer state, read through the stores) and step.
-std::vector<float> Everything(DlrmModel& m) {
+std::vector<float> Everything(Model& m) {
   std::vector<float> out;
   for (dense::Mlp* mlp : {&m.bottom(), &m.top()}) {
     for (const dense::Linear& l : mlp->layers()) {
@@ -117,7 +117,7 @@ std::vector<float> Everything(DlrmModel& m) {
     }
   }
   for (int k = 0; k < m.config().tables_size(); ++k) {
-    embedding::EmbeddingStore& s = m.store(k);
+    embedding::EmbeddingStore& s = *m.WholeStore(k);
     const int floats = s.spec().dim + embedding::StateFloatsPerRow(
                                           s.spec().optimizer, s.spec().dim);
     std::vector<float> record(floats);
@@ -166,8 +166,8 @@ TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
   auto host = Make(host_config);
   auto rocks = Make(rocks_config);
   ASSERT_TRUE(host && rocks);
-  EXPECT_FALSE(host->HasRocksDbTables());
-  EXPECT_TRUE(rocks->HasRocksDbTables());
+  EXPECT_FALSE(host->HasRocksDbShards());
+  EXPECT_TRUE(rocks->HasRocksDbShards());
   ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
 
   // 32 samples x up to 4 ids fits the smallest cache (150 rows); 40 steps
@@ -190,7 +190,7 @@ TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
     EXPECT_GT(m.prefetch_hits, 0);
   }
   ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
-  EXPECT_EQ(host->WeightChecksum(), rocks->WeightChecksum());
+  EXPECT_EQ(host->WeightChecksum().value(), rocks->WeightChecksum().value());
 
   std::vector<float> pa, pb;
   ASSERT_TRUE(host->Predict(batches[0], &pa).ok());
@@ -223,9 +223,11 @@ TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
   auto host = Make(host_config);
   auto mixed = Make(*mixed_config);
   ASSERT_TRUE(host && mixed);
-  // Host tables keep their tables() view; the cached one shows its slots.
-  EXPECT_EQ(mixed->tables()[0]->rows(), 2000);
-  EXPECT_EQ(mixed->tables()[1]->rows(), 300);
+  // The host table is whole in memory; the cached one is not.
+  ASSERT_NE(mixed->WholeHostTable(0), nullptr);
+  EXPECT_EQ(mixed->WholeHostTable(0)->rows(), 2000);
+  EXPECT_EQ(mixed->WholeHostTable(1), nullptr);
+  EXPECT_EQ(mixed->WholeStore(1)->spec().rows, 3000);
   const auto batches = Batches(host_config, 20, 32, kDataSeed);
   for (const auto& b : batches) {
     auto x = host->TrainStep(b);
@@ -254,7 +256,7 @@ TEST(ModelStoreTest, TrainLoopPrefetchesNextBatch) {
   options.batch_size = 32;
   options.max_steps = 30;
   options.log_interval = 0;
-  for (DlrmModel* m : {host.get(), rocks.get()}) {
+  for (Model* m : {host.get(), rocks.get()}) {
     data::SyntheticOptions o;
     o.teacher_seed = kDataSeed;
     o.sample_seed = kDataSeed + 1;
@@ -352,7 +354,7 @@ TEST(ModelStoreTest, OverCapacityBatchIsRejectedAndChangesNothing) {
     ASSERT_TRUE(host->TrainStep(small[i]).ok());
     ASSERT_TRUE(rocks->TrainStep(small[i]).ok());
   }
-  const uint64_t before = rocks->WeightChecksum();
+  const uint64_t before = rocks->WeightChecksum().value();
   const std::vector<float> everything = Everything(*rocks);
   auto rejected = rocks->TrainStep(big[0]);
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kResourceExhausted)
@@ -360,7 +362,7 @@ TEST(ModelStoreTest, OverCapacityBatchIsRejectedAndChangesNothing) {
   std::vector<float> probs;
   EXPECT_EQ(rocks->Predict(big[0], &probs).code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(rocks->WeightChecksum(), before);
+  EXPECT_EQ(rocks->WeightChecksum().value(), before);
   ExpectBitwiseEqual(Everything(*rocks), everything);
   EXPECT_EQ(rocks->steps(), 3);
   // Training goes on as if the rejected batch had never come.
@@ -425,10 +427,10 @@ TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
 
   // A checkpoint of another tier is refused, changing nothing.
   auto host = Make(host_config);
-  const uint64_t host_sum = host->WeightChecksum();
+  const uint64_t host_sum = host->WeightChecksum().value();
   EXPECT_EQ(RestoreCheckpoint(*host, ckpt).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(host->WeightChecksum(), host_sum);
+  EXPECT_EQ(host->WeightChecksum().value(), host_sum);
 
   rocks.reset();
   loaded->reset();
@@ -527,9 +529,9 @@ TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
   ASSERT_TRUE(n.ok()) << n.status();
   auto m = Make(*n);
   ASSERT_NE(m, nullptr);
-  EXPECT_TRUE(m->IsHostTable(0));
-  EXPECT_FALSE(m->IsHostTable(1));  // the largest
-  EXPECT_TRUE(m->IsHostTable(2));
+  EXPECT_TRUE((m->WholeHostTable(0) != nullptr));
+  EXPECT_FALSE((m->WholeHostTable(1) != nullptr));  // the largest
+  EXPECT_TRUE((m->WholeHostTable(2) != nullptr));
   EXPECT_EQ(m->config().tables(1).storage(), STORAGE_ROCKSDB);
   auto again = embedding::ApplyHostBudget(m->config());
   ASSERT_TRUE(again.ok()) << again.status();
@@ -557,7 +559,7 @@ TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
       << buffer.status();
   bad = *n;
   bad.mutable_rocksdb()->set_host_budget_bytes(1000);
-  auto tiny = DlrmModel::Create(bad);
+  auto tiny = Model::Create(bad);
   EXPECT_EQ(tiny.status().code(), absl::StatusCode::kResourceExhausted)
       << tiny.status();
   m.reset();

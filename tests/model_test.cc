@@ -1,5 +1,7 @@
 // Tests for model/: metrics, the whole-model gradient, determinism,
 // rejected batches, and learning the synthetic teacher.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,7 +16,6 @@
 #include "core/config.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
 #include "model/metrics.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
@@ -80,7 +81,7 @@ TEST(MetricsTest, LogLossAndAccuracyByHand) {
 }
 
 // Mean BCE of the model's predictions, in double.
-double Loss(DlrmModel& m, const data::Batch& b) {
+double Loss(Model& m, const data::Batch& b) {
   std::vector<float> p;
   EXPECT_TRUE(m.Predict(b, &p).ok());
   double sum = 0;
@@ -96,8 +97,8 @@ double Loss(DlrmModel& m, const data::Batch& b) {
 void CheckWholeModelGradient(const std::string& config_text) {
   ModelConfig c = Config(config_text);
   const data::Batch b = SyntheticBatch(c, 16, 11);
-  auto before = DlrmModel::Create(c);
-  auto after = DlrmModel::Create(c);
+  auto before = Model::Create(c);
+  auto after = Model::Create(c);
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_TRUE((*after)->TrainStep(b).ok());
 
@@ -122,9 +123,10 @@ void CheckWholeModelGradient(const std::string& config_text) {
                       static_cast<int64_t>(lb.in()) * lb.out()});
     params.push_back({"top.bias", lb.bias(), la.bias(), lb.out()});
   }
-  for (size_t k = 0; k < (*before)->tables().size(); ++k) {
-    auto& tb = *(*before)->tables()[k];
-    params.push_back({"table", tb.weights(), (*after)->tables()[k]->weights(),
+  for (int k = 0; k < (*before)->config().tables_size(); ++k) {
+    auto& tb = *(*before)->WholeHostTable(k);
+    params.push_back({"table", tb.weights(),
+                      (*after)->WholeHostTable(k)->weights(),
                       tb.rows() * tb.dim()});
   }
   int checked = 0, kinks = 0;
@@ -189,7 +191,7 @@ TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
   std::vector<double> losses[2];
   uint64_t checksums[2];
   for (int run = 0; run < 2; ++run) {
-    auto m = DlrmModel::Create(c);
+    auto m = Model::Create(c);
     ASSERT_TRUE(m.ok());
     data::SyntheticOptions o;
     auto src = data::MakeSyntheticSource(c, o);
@@ -201,7 +203,7 @@ TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
       ASSERT_TRUE(r.ok()) << r.status();
       losses[run].push_back(r->loss);
     }
-    checksums[run] = (*m)->WeightChecksum();
+    checksums[run] = (*m)->WeightChecksum().value();
   }
   for (size_t i = 0; i < losses[0].size(); ++i) {
     EXPECT_EQ(losses[0][i], losses[1][i]) << "step " << i;
@@ -211,11 +213,11 @@ TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
 
 TEST(ModelTest, RejectedBatchChangesNothing) {
   ModelConfig c = Tiny();
-  auto m = DlrmModel::Create(c);
+  auto m = Model::Create(c);
   ASSERT_TRUE(m.ok());
   const data::Batch good = SyntheticBatch(c, 32, 4);
   ASSERT_TRUE((*m)->TrainStep(good).ok());
-  const uint64_t checksum = (*m)->WeightChecksum();
+  const uint64_t checksum = (*m)->WeightChecksum().value();
   const int64_t steps = (*m)->steps();
 
   data::Batch bad = good;
@@ -241,21 +243,21 @@ TEST(ModelTest, RejectedBatchChangesNothing) {
   EXPECT_EQ((*m)->Predict(bad, &probs).code(),
             absl::StatusCode::kInvalidArgument);
 
-  EXPECT_EQ((*m)->WeightChecksum(), checksum);
+  EXPECT_EQ((*m)->WeightChecksum().value(), checksum);
   EXPECT_EQ((*m)->steps(), steps);
 }
 
 TEST(ModelTest, PredictDoesNotChangeTheModel) {
   ModelConfig c = Tiny();
-  auto m = DlrmModel::Create(c);
+  auto m = Model::Create(c);
   ASSERT_TRUE(m.ok());
   const data::Batch b = SyntheticBatch(c, 50, 6);
-  const uint64_t checksum = (*m)->WeightChecksum();
+  const uint64_t checksum = (*m)->WeightChecksum().value();
   std::vector<float> p1, p2;
   ASSERT_TRUE((*m)->Predict(b, &p1).ok());
   ASSERT_TRUE((*m)->Predict(b, &p2).ok());
   EXPECT_EQ(p1, p2);
-  EXPECT_EQ((*m)->WeightChecksum(), checksum);
+  EXPECT_EQ((*m)->WeightChecksum().value(), checksum);
   for (float p : p1) {
     EXPECT_GT(p, 0.0f);
     EXPECT_LT(p, 1.0f);
@@ -276,7 +278,7 @@ TEST(ModelTest, LearnsTheSyntheticTeacher) {
     dense_optimizer { type: ADAGRAD learning_rate: 0.05 }
     sparse_optimizer { type: ROWWISE_ADAGRAD learning_rate: 0.05 }
     seed: 21)");
-  auto m = DlrmModel::Create(c);
+  auto m = Model::Create(c);
   ASSERT_TRUE(m.ok());
   data::SyntheticOptions o;
   o.teacher_seed = 99;
@@ -338,7 +340,7 @@ class CheckpointTest : public ::testing::Test {
 };
 
 TEST_F(CheckpointTest, SaveRestoreContinuesBitwiseIdentically) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(batches_[i]).ok());
   auto saved = SaveCheckpoint(**a, dir_);
@@ -348,12 +350,12 @@ TEST_F(CheckpointTest, SaveRestoreContinuesBitwiseIdentically) {
 
   // A fresh model restored from the checkpoint predicts and trains exactly
   // as the original does from here on.
-  auto b = DlrmModel::Create(config_);
+  auto b = Model::Create(config_);
   ASSERT_TRUE(b.ok());
   auto restored = RestoreCheckpoint(**b, dir_);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ((*b)->steps(), 3);
-  EXPECT_EQ((*b)->WeightChecksum(), (*a)->WeightChecksum());
+  EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
   std::vector<float> pa, pb;
   ASSERT_TRUE((*a)->Predict(batches_[5], &pa).ok());
   ASSERT_TRUE((*b)->Predict(batches_[5], &pb).ok());
@@ -364,62 +366,62 @@ TEST_F(CheckpointTest, SaveRestoreContinuesBitwiseIdentically) {
     ASSERT_TRUE(ra.ok() && rb.ok());
     EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
   }
-  EXPECT_EQ((*b)->WeightChecksum(), (*a)->WeightChecksum());
+  EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
 
   // Saving again over the same directory replaces it.
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
   auto c = LoadCheckpoint(dir_, /*weights_only=*/true);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ((*c)->steps(), 6);
-  EXPECT_EQ((*c)->WeightChecksum(), (*a)->WeightChecksum());
+  EXPECT_EQ((*c)->WeightChecksum().value(), (*a)->WeightChecksum().value());
 }
 
 TEST_F(CheckpointTest, MissingCheckpointIsNotFound) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(RestoreCheckpoint(**a, dir_ + "_absent").status().code(),
             absl::StatusCode::kNotFound);
 }
 
 TEST_F(CheckpointTest, DifferentArchitectureIsRefusedAndChangesNothing) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
   ModelConfig other = config_;
   other.mutable_tables(1)->set_rows(21);
-  auto b = DlrmModel::Create(other);
+  auto b = Model::Create(other);
   ASSERT_TRUE(b.ok());
-  const uint64_t checksum = (*b)->WeightChecksum();
+  const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("tables[1]"), std::string::npos)
       << r.status();
-  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+  EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
 }
 
 TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
   // Truncate the weights file: its header now points past the end.
   const std::string weights = dir_ + "/model.safetensors";
   std::filesystem::resize_file(weights,
                                std::filesystem::file_size(weights) - 16);
-  auto b = DlrmModel::Create(config_);
+  auto b = Model::Create(config_);
   ASSERT_TRUE(b.ok());
   ASSERT_TRUE((*b)->TrainStep(batches_[0]).ok());
-  const uint64_t checksum = (*b)->WeightChecksum();
+  const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
   EXPECT_NE(r.status().message().find("model.safetensors"), std::string::npos)
       << r.status();
-  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+  EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
 }
 
 // One flipped bit inside a tensor leaves every header and shape valid: only
 // the checksum catches it.
 TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
@@ -432,9 +434,9 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
     f.seekp(-5, std::ios::end);
     f.put(static_cast<char>(c ^ 0x01));
   }
-  auto b = DlrmModel::Create(config_);
+  auto b = Model::Create(config_);
   ASSERT_TRUE(b.ok());
-  const uint64_t checksum = (*b)->WeightChecksum();
+  const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
   EXPECT_NE(r.status().message().find("optimizer.safetensors"),
@@ -442,7 +444,7 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
       << r.status();
   EXPECT_NE(r.status().message().find("CRC-32C"), std::string::npos)
       << r.status();
-  EXPECT_EQ((*b)->WeightChecksum(), checksum);
+  EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
   EXPECT_EQ((*b)->steps(), 0);
   EXPECT_EQ(LoadCheckpoint(dir_, /*weights_only=*/true).status().code(),
             absl::StatusCode::kDataLoss);
@@ -450,7 +452,7 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
 
 // The manifest checks itself: an edited step (still valid JSON) is caught.
 TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
@@ -468,7 +470,7 @@ TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
   ASSERT_NE(at, std::string::npos) << edited;
   edited.replace(at, 9, "\"step\": 7");
   std::ofstream(path) << edited;
-  auto b = DlrmModel::Create(config_);
+  auto b = Model::Create(config_);
   ASSERT_TRUE(b.ok());
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
@@ -485,7 +487,7 @@ TEST_F(CheckpointTest, ListPruneAndCleanUp) {
   const fs::path root = dir_;
   fs::remove_all(root);
   fs::create_directories(root);
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(SaveCheckpoint(**a, (root / "named").string()).ok());
   for (int i = 1; i <= 4; ++i) {
@@ -526,7 +528,7 @@ TEST_F(CheckpointTest, ListPruneAndCleanUp) {
 }
 
 TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
-  auto a = DlrmModel::Create(config_);
+  auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   const std::string path = dir_ + ".safetensors";
   ASSERT_TRUE(ExportSafetensors(**a, path).ok());
@@ -534,7 +536,7 @@ TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
   ASSERT_TRUE(f.ok()) << f.status();
   auto w = (*f)->Get("embedding_bags.t1.weight", {20, 4});
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ((*w)[7], (*a)->tables()[1]->weights()[7]);
+  EXPECT_EQ((*w)[7], (*a)->WholeHostTable(1)->weights()[7]);
   EXPECT_TRUE((*f)->Get("bottom_mlp.0.weight", {8, 4}).ok());
   EXPECT_TRUE((*f)->Get("top_mlp.1.bias", {1}).ok());
   EXPECT_EQ((*f)->Get("top_mlp.1.bias", {2}).status().code(),

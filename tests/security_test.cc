@@ -19,7 +19,7 @@
 #include "clients/client.h"
 #include "core/config.h"
 #include "data/synthetic.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 
@@ -61,8 +61,8 @@ ServerOptions BaseOptions() {
 }
 
 absl::StatusOr<std::unique_ptr<DlrmServer>> StartServer(ServerOptions o) {
-  absl::StatusOr<std::unique_ptr<model::DlrmModel>> model =
-      model::DlrmModel::Create(Tiny());
+  absl::StatusOr<std::unique_ptr<model::Model>> model =
+      model::Model::Create(Tiny());
   if (!model.ok()) return model.status();
   return DlrmServer::Start(*std::move(model), std::move(o));
 }

@@ -25,7 +25,7 @@
 #include "core/config.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
-#include "model/dlrm_model.h"
+#include "model/model.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
 
@@ -737,7 +737,7 @@ TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   o.checkpoint_every_steps = 3;
   o.keep_checkpoints = 2;
   {
-    auto model = model::DlrmModel::Create(*config);
+    auto model = model::Model::Create(*config);
     ASSERT_TRUE(model.ok());
     auto host = server::ModelHost::Create(std::move(*model), o);
     ASSERT_TRUE(host.ok()) << host.status();
@@ -758,7 +758,7 @@ TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   o.checkpoint_every_steps = 0;
   o.checkpoint_every_seconds = 0.3;
   o.keep_checkpoints = 0;
-  auto model = model::DlrmModel::Create(*config);
+  auto model = model::Model::Create(*config);
   ASSERT_TRUE(model.ok());
   auto host = server::ModelHost::Create(std::move(*model), o);
   ASSERT_TRUE(host.ok()) << host.status();
@@ -805,7 +805,7 @@ TEST(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
   server::ModelHostOptions o;
   o.checkpoint_dir = root.string();
   o.checkpoint_every_steps = 2;
-  auto model = model::DlrmModel::Create(*config);
+  auto model = model::Model::Create(*config);
   ASSERT_TRUE(model.ok());
   auto host = server::ModelHost::Create(std::move(*model), o);
   ASSERT_TRUE(host.ok()) << host.status();

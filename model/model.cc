@@ -1,10 +1,10 @@
-// The hybrid-parallel step: input dist (lengths, then ids), shard lookups
-// for the global batch, output dist, data-parallel dense forward/backward,
-// backward dist, fused sparse updates, dense all-reduce.
+// The DLRM step on R >= 1 ranks: input dist (lengths, then ids), shard
+// lookups for the global batch, output dist, data-parallel dense
+// forward/backward, backward dist, fused sparse updates, dense all-reduce.
 //
 // Every exchange has one layout: what rank a sends rank b is, for each shard
 // b holds (owned_[b], table then shard order), a's local samples in order.
-#include "model/hybrid_model.h"
+#include "model/model.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -34,7 +34,7 @@ using comm::DataType;
 
 using internal::Sized;
 using internal::Widths;
-using StageClock = internal::StageClock<HybridStageTimes>;
+using StageClock = internal::StageClock<StageTimes>;
 
 // Whether id `id` of a bag belongs to `shard` (rows only matter).
 inline bool InRows(const embedding::Shard& shard, int64_t id) {
@@ -57,6 +57,26 @@ std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
     starts[r + 1] = starts[r] + counts[r];
   }
   return starts;
+}
+
+DataType TypeOf(const float*) { return DataType::kFloat32; }
+DataType TypeOf(const int64_t*) { return DataType::kInt64; }
+
+// One all-to-all of an exchange: the block this rank received, rank after
+// rank (recv_counts), in `recv` (grown as needed). On one rank the block it
+// sends itself is the one it receives: no copy.
+template <typename Vec>
+absl::StatusOr<const typename Vec::value_type*> Exchange(
+    comm::Communicator* comm, const typename Vec::value_type* send,
+    const std::vector<int64_t>& send_counts, Vec& recv,
+    const std::vector<int64_t>& recv_counts) {
+  if (comm->world_size() == 1) return send;
+  int64_t total = 0;
+  for (const int64_t c : recv_counts) total += c;
+  typename Vec::value_type* out = Sized(recv, total);
+  RETURN_IF_ERROR(
+      comm->AllToAllV(send, send_counts, out, recv_counts, TypeOf(send)));
+  return out;
 }
 
 // Runs up to two all-reduce buckets, one after the other, on a background
@@ -97,7 +117,7 @@ class OverlappedReduce {
 
 }  // namespace
 
-const char* HybridStageTimes::Name(int stage) {
+const char* StageTimes::Name(int stage) {
   static const char* const kNames[] = {
       "input_dist", "lookup",     "output_dist", "bottom_fwd",   "inter_fwd",
       "top_fwd",    "loss",       "top_bwd",     "inter_bwd",    "bottom_bwd",
@@ -105,15 +125,14 @@ const char* HybridStageTimes::Name(int stage) {
   return kNames[stage];
 }
 
-const char* HybridStageTimes::ExchangeName(int exchange) {
+const char* StageTimes::ExchangeName(int exchange) {
   static const char* const kNames[] = {"lengths", "ids", "pooled", "gradients",
                                        "dense_allreduce"};
   return kNames[exchange];
 }
 
-HybridModel::HybridModel(const ModelConfig& config,
-                         const embedding::ShardingPlan& plan,
-                         comm::Communicator* comm)
+Model::Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
+             comm::Communicator* comm)
     : config_(config),
       plan_(plan),
       comm_(comm),
@@ -134,7 +153,17 @@ HybridModel::HybridModel(const ModelConfig& config,
   }
 }
 
-absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(
+    const ModelConfig& config) {
+  std::unique_ptr<comm::Communicator> comm = comm::MakeSingleRankCommunicator();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> m,
+      Create(config, embedding::WholeTablesPlan(config), comm.get()));
+  m->owned_comm_ = std::move(comm);
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     const ModelConfig& requested, const embedding::ShardingPlan& plan,
     comm::Communicator* comm, comm::Communicator* dense_comm) {
   RETURN_IF_ERROR(plan.Validate(requested));
@@ -153,9 +182,10 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
     return absl::InvalidArgumentError(
         "the dense communicator must join the same ranks as the main one");
   }
-  std::unique_ptr<HybridModel> m(new HybridModel(config, plan, comm));
+  std::unique_ptr<Model> m(new Model(config, plan, comm));
   m->dense_comm_ = dense_comm;
-  // The same draws as DlrmModel::Create: every rank's replica starts equal.
+  // The reference draws the bottom MLP, then the top MLP, from one stream:
+  // every rank's replica starts equal.
   Rng rng(config.seed());
   m->bottom_.Init(&rng);
   m->top_.Init(&rng);
@@ -257,7 +287,7 @@ absl::StatusOr<std::unique_ptr<HybridModel>> HybridModel::Create(
   return m;
 }
 
-embedding::TableSpec HybridModel::SpecOf(const ShardRef& ref) const {
+embedding::TableSpec Model::SpecOf(const ShardRef& ref) const {
   const TableConfig& t = config_.tables(ref.table);
   const embedding::Shard& s = ShardOf(ref);
   embedding::TableSpec spec;
@@ -276,7 +306,7 @@ embedding::TableSpec HybridModel::SpecOf(const ShardRef& ref) const {
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
-HybridModel::CreateCachedStores(embedding::RowDatabase* db) const {
+Model::CreateCachedStores(embedding::RowDatabase* db) const {
   std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores(local_.size());
   const RocksDbConfig& r = config_.rocksdb();
   for (const int j : rocksdb_locals_) {
@@ -298,7 +328,7 @@ HybridModel::CreateCachedStores(embedding::RowDatabase* db) const {
   return stores;
 }
 
-std::string HybridModel::NewDatabaseDir() const {
+std::string Model::NewDatabaseDir() const {
   // Unique per rank, process and call: ranks on one host, several models in
   // one process and a restore next to the live database never share one.
   static std::atomic<int64_t> counter{0};
@@ -311,16 +341,18 @@ std::string HybridModel::NewDatabaseDir() const {
   }
 }
 
-HybridModel::~HybridModel() {
+Model::~Model() {
   local_.clear();
   if (row_db_ != nullptr) {
     row_db_.reset();
     std::error_code ec;
     fs::remove_all(row_db_dir_, ec);
+    // rank_<r> too, unless another model's database is still in it.
+    fs::remove(fs::path(row_db_dir_).parent_path(), ec);
   }
 }
 
-HybridModel::StagedRows::~StagedRows() {
+Model::StagedRows::~StagedRows() {
   stores.clear();
   if (db != nullptr) {
     db.reset();
@@ -329,7 +361,7 @@ HybridModel::StagedRows::~StagedRows() {
   }
 }
 
-std::vector<HybridModel::ShardState> HybridModel::LocalShards() {
+std::vector<Model::ShardState> Model::LocalShards() {
   std::vector<ShardState> out;
   out.reserve(local_.size());
   for (LocalShard& s : local_) {
@@ -338,13 +370,13 @@ std::vector<HybridModel::ShardState> HybridModel::LocalShards() {
   return out;
 }
 
-embedding::StoreMetrics HybridModel::RocksDbMetrics() const {
+embedding::StoreMetrics Model::RocksDbMetrics() const {
   embedding::StoreMetrics total;
   for (const int j : rocksdb_locals_) total += local_[j].store->metrics();
   return total;
 }
 
-absl::Status HybridModel::CheckpointRows(const std::string& dir) {
+absl::Status Model::CheckpointRows(const std::string& dir) {
   if (row_db_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "CheckpointRows: rank ", rank_, " holds no shard on RocksDB"));
@@ -355,7 +387,7 @@ absl::Status HybridModel::CheckpointRows(const std::string& dir) {
   return row_db_->Checkpoint(dir);
 }
 
-absl::StatusOr<std::unique_ptr<HybridModel::StagedRows>> HybridModel::StageRows(
+absl::StatusOr<std::unique_ptr<Model::StagedRows>> Model::StageRows(
     const std::string& dir) {
   if (row_db_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -377,7 +409,7 @@ absl::StatusOr<std::unique_ptr<HybridModel::StagedRows>> HybridModel::StageRows(
   return staged;
 }
 
-void HybridModel::SwapInRows(std::unique_ptr<StagedRows> staged) {
+void Model::SwapInRows(std::unique_ptr<StagedRows> staged) {
   for (const int j : rocksdb_locals_) {
     local_[j].store = std::move(staged->stores[j]);
     local_[j].prepared = nullptr;
@@ -388,8 +420,8 @@ void HybridModel::SwapInRows(std::unique_ptr<StagedRows> staged) {
   // `staged` now holds the old database: dropping it removes it.
 }
 
-absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch,
-                                       const data::Batch* next) {
+absl::Status Model::AgreeOnBatch(const data::Batch& batch,
+                                 const data::Batch* next) {
   std::vector<int64_t> rows;
   for (const auto& t : config_.tables()) rows.push_back(t.rows());
   auto validate = [&](const data::Batch& b) -> absl::Status {
@@ -433,12 +465,11 @@ absl::Status HybridModel::AgreeOnBatch(const data::Batch& batch,
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::DistributeIds(
+absl::Status Model::DistributeIds(
     const data::Batch& batch, const std::vector<int64_t>& sizes,
     const std::vector<std::vector<ShardRef>>& owned,
     const std::vector<int>& locals,
-    const std::vector<data::SparseFeature*>& out_features,
-    HybridStageTimes* times) {
+    const std::vector<data::SparseFeature*>& out_features, StageTimes* times) {
   const int64_t n = batch.size;
   const std::vector<ShardRef>& mine = owned[rank_];
 
@@ -473,11 +504,9 @@ absl::Status HybridModel::DistributeIds(
     }
   }
   const std::vector<int64_t> len_recv_at = Prefix(len_recv);
-  int64_t* rlengths = Sized(recv_i64_, len_recv_at[world_]);
-  RETURN_IF_ERROR(comm_->AllToAllV(lengths, len_send, rlengths, len_recv,
-                                   DataType::kInt64));
-  times->bytes_sent[HybridStageTimes::kLengths] +=
-      BytesToOthers(len_send, rank_, 8);
+  ASSIGN_OR_RETURN(const int64_t* rlengths,
+                   Exchange(comm_, lengths, len_send, recv_i64_, len_recv));
+  times->bytes_sent[StageTimes::kLengths] += BytesToOthers(len_send, rank_, 8);
 
   // Part 2: the ids (row-wise: shard-local).
   std::vector<int64_t> id_recv(world_, 0);
@@ -503,10 +532,9 @@ absl::Status HybridModel::DistributeIds(
       }
     }
   }
-  int64_t* rids = Sized(recv_ids_, id_recv_at[world_]);
-  RETURN_IF_ERROR(
-      comm_->AllToAllV(ids, id_send, rids, id_recv, DataType::kInt64));
-  times->bytes_sent[HybridStageTimes::kIds] += BytesToOthers(id_send, rank_, 8);
+  ASSIGN_OR_RETURN(const int64_t* rids,
+                   Exchange(comm_, ids, id_send, recv_ids_, id_recv));
+  times->bytes_sent[StageTimes::kIds] += BytesToOthers(id_send, rank_, 8);
 
   // Each local shard's bags for the whole global batch, in global order.
   for (data::SparseFeature* g : out_features) {
@@ -531,7 +559,7 @@ absl::Status HybridModel::DistributeIds(
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::PrepareShards() {
+absl::Status Model::PrepareShards() {
   if (!any_rocksdb_) {
     // Host stores return the ids themselves: nothing can fail, nothing to
     // agree on, no collective.
@@ -594,9 +622,9 @@ absl::Status HybridModel::PrepareShards() {
   return agreed;
 }
 
-absl::Status HybridModel::AgreeOnStatus(const absl::Status& local,
-                                        const std::vector<int64_t>& extra,
-                                        std::vector<int64_t>* all_extra) {
+absl::Status Model::AgreeOnStatus(const absl::Status& local,
+                                  const std::vector<int64_t>& extra,
+                                  std::vector<int64_t>* all_extra) {
   // Word 0: the status code; then the start of the message; then `extra`.
   constexpr int kWords = 32;
   constexpr size_t kText = (kWords - 1) * sizeof(int64_t);
@@ -628,8 +656,7 @@ absl::Status HybridModel::AgreeOnStatus(const absl::Status& local,
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::EmbedForward(const data::Batch& batch,
-                                       HybridStageTimes* times) {
+absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   StageClock clock(times);
   const int64_t n = batch.size;
 
@@ -637,12 +664,12 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
   for (LocalShard& ls : local_) out_features.push_back(&ls.global_ids);
   RETURN_IF_ERROR(
       DistributeIds(batch, sizes_, owned_, all_locals_, out_features, times));
-  clock.Mark(HybridStageTimes::kInputDist);
+  clock.Mark(StageTimes::kInputDist);
 
   // Before anything changes: a batch that does not fit a shard's cache on
   // any rank is refused on every rank.
   RETURN_IF_ERROR(PrepareShards());
-  clock.Mark(HybridStageTimes::kPrepare);
+  clock.Mark(StageTimes::kPrepare);
 
   // Lookup: each model-parallel shard pools the global batch, straight into
   // the output-dist send buffer (rank by rank, shard by shard).
@@ -683,13 +710,11 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
                     : ls.store->Forward(*ls.prepared, send + col_at[j], stride);
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
-  clock.Mark(HybridStageTimes::kLookup);
+  clock.Mark(StageTimes::kLookup);
 
-  float* recv = Sized(recv_f_, out_recv_at[world_]);
-  RETURN_IF_ERROR(
-      comm_->AllToAllV(send, out_send, recv, out_recv, DataType::kFloat32));
-  times->bytes_sent[HybridStageTimes::kPooled] +=
-      BytesToOthers(out_send, rank_, 4);
+  ASSIGN_OR_RETURN(const float* recv,
+                   Exchange(comm_, send, out_send, recv_f_, out_recv));
+  times->bytes_sent[StageTimes::kPooled] += BytesToOthers(out_send, rank_, 4);
 
   // Assemble this rank's pooled vectors: column blocks side by side,
   // row-wise partial sums added, data-parallel tables pooled locally.
@@ -753,12 +778,11 @@ absl::Status HybridModel::EmbedForward(const data::Batch& batch,
       }
     }
   }
-  clock.Mark(HybridStageTimes::kOutputDist);
+  clock.Mark(StageTimes::kOutputDist);
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::PrefetchNext(const data::Batch* next,
-                                       HybridStageTimes* times) {
+absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
   std::vector<data::SparseFeature*> out_features;
   for (const int j : rocksdb_locals_) {
     out_features.push_back(&local_[j].next_ids);
@@ -778,12 +802,12 @@ absl::Status HybridModel::PrefetchNext(const data::Batch* next,
   return absl::OkStatus();
 }
 
-absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
-    const data::Batch& batch, const data::Batch* next) {
+absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
+                                            const data::Batch* next) {
   RETURN_IF_ERROR(AgreeOnBatch(batch, next));
-  HybridStepResult result;
-  result.global_samples = global_size_;
-  HybridStageTimes& times = result.times;
+  StepResult result;
+  result.samples = global_size_;
+  StageTimes& times = result.times;
   const int64_t n = batch.size;
   const int d = vector_dim_;
 
@@ -795,29 +819,29 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   for (const int64_t s : next_sizes_) next_total += s;
   if (next_total > 0) {
     RETURN_IF_ERROR(PrefetchNext(next, &times));
-    clock.Mark(HybridStageTimes::kPrepare);
+    clock.Mark(StageTimes::kPrepare);
   }
   const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
   float* t = t_.data();
   for (int64_t l = 0; l < n; ++l) {
     std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
   }
-  clock.Mark(HybridStageTimes::kBottomForward);
+  clock.Mark(StageTimes::kBottomForward);
   float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
   if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
-  clock.Mark(HybridStageTimes::kInteractionForward);
+  clock.Mark(StageTimes::kInteractionForward);
   const float* logits = top_.Forward(z, n);
-  clock.Mark(HybridStageTimes::kTopForward);
+  clock.Mark(StageTimes::kTopForward);
   float* dlogits = Sized(dlogits_, n);
   // Every rank scales by the global batch, so the all-reduced gradient is
   // the global mean's.
   const double local_mean =
       dense::BceWithLogits(logits, batch.labels.data(), n,
                            1.0f / static_cast<float>(global_size_), dlogits);
-  clock.Mark(HybridStageTimes::kLoss);
+  clock.Mark(StageTimes::kLoss);
   float* dz = Sized(dz_, n * interaction_dim_);
   top_.Backward(z, dlogits, n, dz);
-  clock.Mark(HybridStageTimes::kTopBackward);
+  clock.Mark(StageTimes::kTopBackward);
   // With a dense communicator, the top MLP's gradients (and the loss) are
   // all-reduced while the rest of the backward runs, then the bottom MLP's
   // once they exist. Nothing below touches the top MLP's gradients.
@@ -836,13 +860,13 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
     dt = Sized(dt_, n * t_width_);
     dense::DotInteractionBackward(t, dz, n, num_vectors_, d, dt);
   }
-  clock.Mark(HybridStageTimes::kInteractionBackward);
+  clock.Mark(StageTimes::kInteractionBackward);
   float* dbottom = Sized(dbottom_, n * d);
   for (int64_t l = 0; l < n; ++l) {
     std::memcpy(dbottom + l * d, dt + l * t_width_, sizeof(float) * d);
   }
   bottom_.Backward(batch.dense.data(), dbottom, n, /*dx=*/nullptr);
-  clock.Mark(HybridStageTimes::kBottomBackward);
+  clock.Mark(StageTimes::kBottomBackward);
   if (overlapped) {
     overlap.Then([this, bottom_params] {
       return ReduceBucket(dense_comm_, 0, bottom_params, nullptr);
@@ -887,12 +911,10 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
       }
     }
   }
-  float* recv = Sized(recv_f_, g_recv_at[world_]);
-  RETURN_IF_ERROR(
-      comm_->AllToAllV(send, g_send, recv, g_recv, DataType::kFloat32));
-  times.bytes_sent[HybridStageTimes::kGradients] +=
-      BytesToOthers(g_send, rank_, 4);
-  clock.Mark(HybridStageTimes::kBackwardDist);
+  ASSIGN_OR_RETURN(const float* recv,
+                   Exchange(comm_, send, g_send, recv_f_, g_recv));
+  times.bytes_sent[StageTimes::kGradients] += BytesToOthers(g_send, rank_, 4);
+  clock.Mark(StageTimes::kBackwardDist);
 
   // Each shard's gradients for the global batch, then its fused update.
   const int num_local = static_cast<int>(local_.size());
@@ -900,16 +922,22 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   for (int j = 0; j < num_local; ++j) {
     grad_at[j + 1] = grad_at[j] + global_size_ * local_[j].store->spec().dim;
   }
-  float* grads = Sized(pooled_, grad_at[num_local]);
-  for (int r = 0; r < world_; ++r) {
-    const float* in = recv + g_recv_at[r];
-    for (int j = 0; j < num_local; ++j) {
-      const int dim = local_[j].store->spec().dim;
-      const int64_t count = sizes_[r] * dim;
-      std::memcpy(grads + grad_at[j] + starts_[r] * dim, in,
-                  sizeof(float) * count);
-      in += count;
+  // On one rank the received block is already in this layout (shard after
+  // shard, every sample).
+  const float* grads = recv;
+  if (world_ > 1) {
+    float* regrouped = Sized(pooled_, grad_at[num_local]);
+    for (int r = 0; r < world_; ++r) {
+      const float* in = recv + g_recv_at[r];
+      for (int j = 0; j < num_local; ++j) {
+        const int dim = local_[j].store->spec().dim;
+        const int64_t count = sizes_[r] * dim;
+        std::memcpy(regrouped + grad_at[j] + starts_[r] * dim, in,
+                    sizeof(float) * count);
+        in += count;
+      }
     }
+    grads = regrouped;
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
@@ -918,7 +946,7 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
                                          ls.store->spec().dim);
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
-  clock.Mark(HybridStageTimes::kEmbeddingUpdate);
+  clock.Mark(StageTimes::kEmbeddingUpdate);
 
   // Dense gradients and the loss sum: the top bucket (and the loss) may
   // already be in flight on the dense communicator.
@@ -926,18 +954,20 @@ absl::StatusOr<HybridStepResult> HybridModel::TrainStep(
   if (!overlapped) {
     RETURN_IF_ERROR(ReduceBucket(comm_, 0, dense_params_.size(), &loss_sum));
   }
-  times.bytes_sent[HybridStageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
+  times.bytes_sent[StageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
   result.loss = loss_sum / static_cast<double>(global_size_);
-  clock.Mark(HybridStageTimes::kAllReduce);
+  clock.Mark(StageTimes::kAllReduce);
   dense_optimizer_->Step();
-  clock.Mark(HybridStageTimes::kDenseUpdate);
+  clock.Mark(StageTimes::kDenseUpdate);
   ++steps_;
   result.stores = store_stats_;
   return result;
 }
 
-absl::Status HybridModel::ReduceBucket(comm::Communicator* comm, size_t begin,
-                                       size_t end, double* loss_sum) {
+absl::Status Model::ReduceBucket(comm::Communicator* comm, size_t begin,
+                                 size_t end, double* loss_sum) {
+  // A sum over one rank is what it holds.
+  if (comm->world_size() == 1) return absl::OkStatus();
   AlignedVector<float>& flat_buffer = begin == 0 ? grad_flat_ : grad_flat_top_;
   int64_t total = loss_sum != nullptr ? 1 : 0;
   for (size_t i = begin; i < end; ++i) total += dense_params_[i].size;
@@ -960,33 +990,77 @@ absl::Status HybridModel::ReduceBucket(comm::Communicator* comm, size_t begin,
   return absl::OkStatus();
 }
 
-int64_t HybridModel::DenseBytes() const {
+int64_t Model::DenseBytes() const {
   int64_t total = 1;
   for (const dense::ParamRef& p : dense_params_) total += p.size;
   return 4 * total;
 }
 
-absl::Status HybridModel::Predict(const data::Batch& batch,
-                                  std::vector<float>* probs) {
+absl::Status Model::Predict(const data::Batch& batch,
+                            std::vector<float>* probs) {
   RETURN_IF_ERROR(AgreeOnBatch(batch, nullptr));
-  HybridStageTimes times;
+  StageTimes times;
   RETURN_IF_ERROR(EmbedForward(batch, &times));
   const int64_t n = batch.size;
   const int d = vector_dim_;
-  const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
+  float* bottom_out = Sized(infer_bottom_, n * d);
+  bottom_.Infer(batch.dense.data(), n, bottom_out, &infer_scratch_);
   float* t = t_.data();
   for (int64_t l = 0; l < n; ++l) {
     std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
   }
   float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
   if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
-  const float* logits = top_.Forward(z, n);
+  float* logits = Sized(infer_logits_, n);
+  top_.Infer(z, n, logits, &infer_scratch_);
   probs->resize(n);
   for (int64_t l = 0; l < n; ++l) (*probs)[l] = dense::Sigmoid(logits[l]);
   return absl::OkStatus();
 }
 
-absl::Status HybridModel::GatherTable(int k, std::vector<float>* table) {
+int Model::WholeLocal(int k) const {
+  if (replica_[k] >= 0) return replica_[k];
+  if (plan_.tables[k].kind != SHARDING_TABLE_WISE) return -1;
+  for (size_t j = 0; j < local_.size(); ++j) {
+    if (local_[j].table == k) return static_cast<int>(j);
+  }
+  return -1;
+}
+
+embedding::EmbeddingStore* Model::WholeStore(int k) {
+  const int j = WholeLocal(k);
+  return j < 0 ? nullptr : local_[j].store.get();
+}
+
+embedding::EmbeddingTable* Model::WholeHostTable(int k) {
+  const int j = WholeLocal(k);
+  return j < 0 ? nullptr : local_[j].host;
+}
+
+absl::StatusOr<uint64_t> Model::WeightChecksum() {
+  uint64_t h = 0;
+  auto add = [&h](const float* p, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + i, sizeof(bits));
+      h = Mix64(h ^ bits);
+    }
+  };
+  for (const dense::Mlp* mlp : {&bottom_, &top_}) {
+    for (const dense::Linear& l : mlp->layers()) {
+      add(l.weight(), static_cast<int64_t>(l.in()) * l.out());
+      add(l.bias(), l.out());
+    }
+  }
+  std::vector<float> table;
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    RETURN_IF_ERROR(GatherTable(k, &table));
+    add(table.data(), static_cast<int64_t>(table.size()));
+  }
+  return h;
+}
+
+absl::Status Model::GatherTable(int k, std::vector<float>* table) {
   const TableConfig& t = config_.tables(k);
   const int dim = t.dim();
   table->assign(static_cast<size_t>(t.rows()) * dim, 0.0f);
@@ -1020,11 +1094,11 @@ absl::Status HybridModel::GatherTable(int k, std::vector<float>* table) {
   return local;
 }
 
-std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
+std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
     const ModelConfig& c, const embedding::ShardingPlan& plan,
     const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
     const data::Batch* next) {
-  std::array<int64_t, HybridStageTimes::kNumExchanges> b{};
+  std::array<int64_t, StageTimes::kNumExchanges> b{};
   const int world = plan.world_size;
   const int64_t n = local.size;
   for (int k = 0; k < c.tables_size(); ++k) {
@@ -1035,30 +1109,30 @@ std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
           c.tables(k).storage() == STORAGE_ROCKSDB) {
         // The prefetch: the next batch's lengths and ids, RocksDB shards
         // only.
-        b[HybridStageTimes::kLengths] += 8 * next->size;
+        b[StageTimes::kLengths] += 8 * next->size;
         for (int64_t id : next->sparse[k].ids) {
-          b[HybridStageTimes::kIds] +=
+          b[StageTimes::kIds] +=
               id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
         }
       }
       if (s.rank != rank) {
-        b[HybridStageTimes::kLengths] += 8 * n;
+        b[StageTimes::kLengths] += 8 * n;
         for (int64_t id : local.sparse[k].ids) {
-          b[HybridStageTimes::kIds] +=
+          b[StageTimes::kIds] +=
               id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
         }
-        b[HybridStageTimes::kGradients] += 4 * n * s.col_count;
+        b[StageTimes::kGradients] += 4 * n * s.col_count;
       } else if (mp) {
         for (int o = 0; o < world; ++o) {
           if (o != rank) {
-            b[HybridStageTimes::kPooled] += 4 * sizes[o] * s.col_count;
+            b[StageTimes::kPooled] += 4 * sizes[o] * s.col_count;
           }
         }
       }
     }
   }
   if (world > 1) {
-    b[HybridStageTimes::kDense] = 4 * (DenseParameterCount(c) + 1);
+    b[StageTimes::kDense] = 4 * (DenseParameterCount(c) + 1);
   }
   return b;
 }

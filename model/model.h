@@ -1,6 +1,7 @@
-// The hybrid-parallel DLRM step of one rank (DESIGN.md "One training step
-// across R ranks"): embedding shards model-parallel, MLPs data-parallel, and
-// all-to-all exchanges between them, over a comm::Communicator.
+// The DLRM model and its training step on R >= 1 ranks (docs/architecture.md
+// "One step"): embedding shards model-parallel, MLPs data-parallel, and
+// all-to-all exchanges between them over a comm::Communicator. One process
+// is R = 1: its communicator's exchanges are copies, and the same code runs.
 #pragma once
 
 #include <array>
@@ -23,9 +24,9 @@
 
 namespace dlrm::model {
 
-// Wall time of each stage of a hybrid step, and the bytes each exchange
-// moved out of this rank (what it sent, its own share included).
-struct HybridStageTimes {
+// Wall time of each stage of a step, and the bytes each exchange moved out
+// of this rank to other ranks (0 on one rank).
+struct StageTimes {
   enum Stage {
     kInputDist,   // all-to-all of bag lengths, then ids
     kLookup,      // pooling the shards for the global batch
@@ -63,22 +64,23 @@ struct RankTableStore {
   embedding::StoreMetrics metrics;
 };
 
-struct HybridStepResult {
+struct StepResult {
   // Mean BCE loss over the global batch, before the update.
   double loss = 0;
-  // Samples in the global batch.
-  int64_t global_samples = 0;
-  HybridStageTimes times;
+  // Samples in the global batch (every rank's local batch).
+  int64_t samples = 0;
+  StageTimes times;
   // Every rank's caches, table then rank order, as of this step's prepare
   // (write-backs still queued count when they are written). Empty when no
   // table is on RocksDB.
   std::vector<RankTableStore> stores;
 };
 
-// One rank's part of a hybrid-parallel DLRM: replicas of the MLPs, the
-// embedding shards the plan gives this rank, and replicas of data-parallel
-// tables. Every rank calls TrainStep / Predict together with its own local
-// batch (any sizes, 0 included). Not thread-safe.
+// One rank's part of a DLRM: replicas of the MLPs, the embedding shards the
+// plan gives this rank, and replicas of data-parallel tables. Every rank
+// calls TrainStep / Predict / GatherTable / WeightChecksum together, each
+// with its own local batch (any sizes, 0 included); on one rank these are
+// plain calls. Not thread-safe.
 //
 // Every shard (and replica) is an EmbeddingStore: a HostStore for
 // STORAGE_HOST tables, a RocksDbCachedStore for STORAGE_ROCKSDB tables, all
@@ -94,24 +96,33 @@ struct HybridStepResult {
 // shard by shard. Table-wise, column-wise and data-parallel tables pool and
 // update with exactly the single-rank arithmetic. A table on RocksDB trains
 // bitwise like the same table in host memory.
-class HybridModel {
+class Model {
  public:
-  // `config` normalised; `plan` valid for it with plan.world_size ==
-  // comm->world_size(). `comm` is borrowed and must outlive the model.
-  // With `dense_comm` (a second communicator over the same ranks, also
-  // borrowed), dense gradients are all-reduced in two buckets on a
-  // background thread, overlapped with the rest of the backward pass.
-  // Initial weights equal DlrmModel::Create(config)'s. Opening this rank's
-  // database fails with RocksDB's error when its directory cannot be made.
-  static absl::StatusOr<std::unique_ptr<HybridModel>> Create(
+  // One process: every table whole on rank 0 (embedding::WholeTablesPlan)
+  // over a single-rank communicator the model owns. `config` normalised;
+  // initialises weights from config.seed the way the DLRM reference does.
+  // Opening the RocksDB tier fails with RocksDB's error (e.g. Internal)
+  // when config.rocksdb.path cannot be created.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const ModelConfig& config);
+
+  // One rank of R: `config` normalised; `plan` valid for it with
+  // plan.world_size == comm->world_size(). `comm` is borrowed and must
+  // outlive the model. With `dense_comm` (a second communicator over the
+  // same ranks, also borrowed), dense gradients are all-reduced in two
+  // buckets on a background thread, overlapped with the rest of the
+  // backward pass. Initial weights equal Create(config)'s. Opening this
+  // rank's database fails with RocksDB's error when its directory cannot be
+  // made.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
       const ModelConfig& config, const embedding::ShardingPlan& plan,
       comm::Communicator* comm, comm::Communicator* dense_comm = nullptr);
 
   // Closes the stores and the database, then removes the database's
   // directory.
-  ~HybridModel();
-  HybridModel(const HybridModel&) = delete;
-  HybridModel& operator=(const HybridModel&) = delete;
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   // One training step on the global batch made of every rank's local batch
   // (in rank order). InvalidArgument (naming field and sample) when any
@@ -127,12 +138,13 @@ class HybridModel {
   // exchanges), which start reading their missing rows in the background.
   // Ranks may differ in whether they pass one (a rank without one, or with
   // an invalid one, contributes no samples to the prefetch).
-  absl::StatusOr<HybridStepResult> TrainStep(
-      const data::Batch& local_batch, const data::Batch* next_local = nullptr);
+  absl::StatusOr<StepResult> TrainStep(const data::Batch& local_batch,
+                                       const data::Batch* next_local = nullptr);
 
-  // Click probabilities of this rank's local samples. Collective; does not
-  // change the model (a shard on RocksDB may load rows into its cache,
-  // never marking them dirty). ResourceExhausted as TrainStep.
+  // Click probabilities of this rank's local samples (labels are ignored
+  // but must be 0/1 if present). Collective; does not change the model (a
+  // shard on RocksDB may load rows into its cache, never marking them
+  // dirty). InvalidArgument and ResourceExhausted as TrainStep.
   absl::Status Predict(const data::Batch& local_batch,
                        std::vector<float>* probs);
 
@@ -141,8 +153,16 @@ class HybridModel {
   // For tests, checkpoints and export.
   absl::Status GatherTable(int k, std::vector<float>* table);
 
+  // Collective: a checksum of every weight (dense and embedding, each table
+  // gathered whole, rows on RocksDB read in row order), equal for equal
+  // weights whatever the rank count, plan or tiers; for tests that a
+  // rejected batch changes nothing and that R ranks equal one process.
+  absl::StatusOr<uint64_t> WeightChecksum();
+
   const ModelConfig& config() const { return config_; }
   const embedding::ShardingPlan& plan() const { return plan_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
   int64_t steps() const { return steps_; }
   // For checkpoints, which restore the step count with it.
   void set_steps(int64_t steps) { steps_ = steps; }
@@ -168,11 +188,19 @@ class HybridModel {
   dense::Mlp& bottom() { return bottom_; }
   dense::Mlp& top() { return top_; }
 
+  // The store of table `k` when this rank holds it whole (a table-wise
+  // shard or a replica), else null. Borrowed; a restore of the RocksDB tier
+  // replaces the stores of tables on RocksDB.
+  embedding::EmbeddingStore* WholeStore(int k);
+  // Table `k`'s rows in host memory when this rank holds it whole and it is
+  // STORAGE_HOST, else null.
+  embedding::EmbeddingTable* WholeHostTable(int k);
+
   // Whether this rank holds a shard (or replica) of a STORAGE_ROCKSDB table.
   bool HasRocksDbShards() const { return row_db_ != nullptr; }
   // Cache counters summed over this rank's shards on RocksDB.
   embedding::StoreMetrics RocksDbMetrics() const;
-  // Every rank's caches as of the last prepare (HybridStepResult.stores).
+  // Every rank's caches as of the last prepare (StepResult.stores).
   const std::vector<RankTableStore>& StoreStats() const { return store_stats_; }
 
   // This rank only: flushes its shards on RocksDB and writes a checkpoint
@@ -226,8 +254,10 @@ class HybridModel {
     int shard;
   };
 
-  HybridModel(const ModelConfig& config, const embedding::ShardingPlan& plan,
-              comm::Communicator* comm);
+  Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
+        comm::Communicator* comm);
+  // The local shard holding table `k` whole, or -1.
+  int WholeLocal(int k) const;
 
   const embedding::Shard& ShardOf(const ShardRef& s) const {
     return plan_.tables[s.table].shards[s.shard];
@@ -252,7 +282,7 @@ class HybridModel {
                              const std::vector<std::vector<ShardRef>>& owned,
                              const std::vector<int>& locals,
                              const std::vector<data::SparseFeature*>& out,
-                             HybridStageTimes* times);
+                             StageTimes* times);
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
   absl::Status PrepareShards();
@@ -271,11 +301,11 @@ class HybridModel {
   int64_t DenseBytes() const;
   // Input dist, prepare, lookup and output dist; fills t_ for the local
   // batch and leaves the shards' prepared ids in place for the backward.
-  absl::Status EmbedForward(const data::Batch& batch, HybridStageTimes* times);
+  absl::Status EmbedForward(const data::Batch& batch, StageTimes* times);
   // Sends the next batch's ids to the shards on RocksDB and starts their
   // prefetch (TrainStep with a next batch on some rank; `next` may be null
   // on this one, which then sends no samples).
-  absl::Status PrefetchNext(const data::Batch* next, HybridStageTimes* times);
+  absl::Status PrefetchNext(const data::Batch* next, StageTimes* times);
   // The stores of this rank's shards on RocksDB over `db` (null entries for
   // host shards), in local_ order.
   absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
@@ -285,6 +315,9 @@ class HybridModel {
 
   ModelConfig config_;
   embedding::ShardingPlan plan_;
+  // The single-rank communicator of a one-process model (Create(config));
+  // null when the caller owns the communicator.
+  std::unique_ptr<comm::Communicator> owned_comm_;
   comm::Communicator* comm_;
   comm::Communicator* dense_comm_ = nullptr;  // optional, for overlap
   int rank_;
@@ -335,14 +368,16 @@ class HybridModel {
   std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
   AlignedVector<float> send_f_, recv_f_, pooled_, t_, z_, dz_, dt_, dlogits_,
       dbottom_, grad_flat_, grad_flat_top_, replica_out_;
+  // Predict's dense buffers (the MLPs' inference path keeps no activations).
+  AlignedVector<float> infer_bottom_, infer_logits_, infer_scratch_;
 };
 
 // docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one
 // training step, per exchange, for its `local` batch when the ranks' local
 // sizes are `sizes`; with `next` (this rank's next batch, passed to
 // TrainStep while some rank passed one), the prefetch's lengths and ids
-// too. The step's HybridStageTimes::bytes_sent must equal it.
-std::array<int64_t, HybridStageTimes::kNumExchanges> PredictedExchangeBytes(
+// too. The step's StageTimes::bytes_sent must equal it.
+std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
     const ModelConfig& config, const embedding::ShardingPlan& plan,
     const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
     const data::Batch* next = nullptr);
