@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -182,6 +183,109 @@ void Batch::Append(const Batch& other) {
     f.ids.insert(f.ids.end(), o.ids.begin(), o.ids.end());
   }
   size += other.size;
+}
+
+namespace {
+
+// Appends `count` trivially copyable values to `out`.
+template <typename T>
+void Put(const T* values, size_t count, std::string* out) {
+  out->append(reinterpret_cast<const char*>(values), count * sizeof(T));
+}
+
+// Reads values from the front of `*in`, bit for bit.
+class ColumnReader {
+ public:
+  explicit ColumnReader(std::string_view in) : in_(in) {}
+  template <typename T>
+  bool Get(T* values, size_t count) {
+    const size_t bytes = count * sizeof(T);
+    if (count > in_.size() / sizeof(T) || bytes > in_.size()) return false;
+    std::memcpy(values, in_.data(), bytes);
+    in_.remove_prefix(bytes);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+  size_t remaining() const { return in_.size(); }
+
+ private:
+  std::string_view in_;
+};
+
+}  // namespace
+
+void EncodeColumns(const Batch& batch, int64_t begin, int64_t end, bool labels,
+                   std::string* out) {
+  begin = std::clamp<int64_t>(begin, 0, batch.size);
+  end = std::clamp<int64_t>(end, begin, batch.size);
+  const int64_t n = end - begin;
+  const int64_t header[4] = {n, batch.num_dense,
+                             static_cast<int64_t>(batch.sparse.size()),
+                             labels ? 1 : 0};
+  Put(header, 4, out);
+  Put(batch.dense.data() + begin * batch.num_dense,
+      static_cast<size_t>(n * batch.num_dense), out);
+  if (labels) Put(batch.labels.data() + begin, static_cast<size_t>(n), out);
+  std::vector<int64_t> lengths(n);
+  for (const SparseFeature& f : batch.sparse) {
+    for (int64_t s = 0; s < n; ++s) lengths[s] = f.bag_size(begin + s);
+    Put(lengths.data(), lengths.size(), out);
+    Put(f.ids.data() + f.offsets[begin],
+        static_cast<size_t>(f.offsets[end] - f.offsets[begin]), out);
+  }
+}
+
+absl::Status DecodeColumns(std::string_view bytes, int num_dense,
+                           int num_sparse, Batch* batch) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch columns between ranks: ", what));
+  };
+  ColumnReader in(bytes);
+  int64_t header[4];
+  if (!in.Get(header, 4)) return bad("cut short in the header");
+  const int64_t n = header[0];
+  if (n < 0 || header[1] != num_dense || header[2] != num_sparse) {
+    return bad(absl::StrCat("shape ", n, " x (", header[1], " dense, ",
+                            header[2], " sparse), expected ", num_dense,
+                            " dense and ", num_sparse, " sparse"));
+  }
+  batch->Reset(num_dense, num_sparse);
+  batch->size = n;
+  batch->dense.resize(n * num_dense);
+  if (!in.Get(batch->dense.data(), batch->dense.size())) {
+    return bad("cut short in the dense features");
+  }
+  batch->labels.assign(n, 0.0f);
+  if (header[3] != 0 && !in.Get(batch->labels.data(), batch->labels.size())) {
+    return bad("cut short in the labels");
+  }
+  std::vector<int64_t> lengths(n);
+  for (int t = 0; t < num_sparse; ++t) {
+    SparseFeature& f = batch->sparse[t];
+    if (!in.Get(lengths.data(), lengths.size())) {
+      return bad(absl::StrCat("cut short in sparse feature ", t));
+    }
+    f.offsets.resize(n + 1);
+    f.offsets[0] = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      if (lengths[s] < 0 || lengths[s] > static_cast<int64_t>(bytes.size())) {
+        return bad(absl::StrCat("bag length ", lengths[s],
+                                " of sparse feature ", t, ", sample ", s));
+      }
+      f.offsets[s + 1] = f.offsets[s] + lengths[s];
+    }
+    if (static_cast<uint64_t>(f.offsets[n]) >
+        in.remaining() / sizeof(int64_t)) {
+      return bad(absl::StrCat("cut short in the ids of sparse feature ", t));
+    }
+    f.ids.resize(f.offsets[n]);
+    if (!in.Get(f.ids.data(), f.ids.size())) {
+      return bad(absl::StrCat("cut short in the ids of sparse feature ", t));
+    }
+  }
+  if (!in.done()) return bad("trailing bytes");
+  return absl::OkStatus();
 }
 
 }  // namespace dlrm::data

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,5 +59,24 @@ struct Batch {
   // default-constructed batch first takes the shape of `other`.
   void Append(const Batch& other);
 };
+
+// Batches between ranks travel in the internal column layout, not as the
+// public protobuf: int64 words [size, num_dense, num_sparse, has_labels],
+// then size x num_dense dense floats, size labels when has_labels, and per
+// sparse feature its size offsets deltas (bag lengths) and then its ids.
+// Floats are stored bit for bit, so a decoded batch equals the encoded one.
+//
+// Appends samples [begin, end) of `batch` (clamped to [0, size]; its offsets
+// well formed, as Validate checks) to `out`; labels only when `labels`.
+void EncodeColumns(const Batch& batch, int64_t begin, int64_t end, bool labels,
+                   std::string* out);
+
+// Decodes EncodeColumns' bytes into `batch` (replacing it; labels 0 when
+// none were sent). Checks the
+// structure only (the sender validated the values): InvalidArgument when
+// the bytes are cut short, too long, or their shape is not
+// `num_dense` x `num_sparse` features.
+absl::Status DecodeColumns(std::string_view bytes, int num_dense,
+                           int num_sparse, Batch* batch);
 
 }  // namespace dlrm::data

@@ -13,7 +13,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "data/wire.h"
 #include "dlrm/service.pb.h"
 #include "google/protobuf/text_format.h"
 #include "model/safetensors.h"
@@ -237,23 +236,12 @@ absl::Status RankGroup::ScatterBatch(const std::vector<std::string>& parts,
   if (!s.ok()) return Broke(s, "the batch scatter");
   if (rank_ == 0) return absl::OkStatus();  // the leader sliced its own part
   const int num_dense = model_->config().num_dense_features();
-  if (recv.empty()) {
-    slice->Reset(num_dense, static_cast<int>(table_rows_.size()));
-    return absl::OkStatus();
-  }
-  dlrm::Batch proto;
-  data::BatchShape shape{num_dense, table_rows_};
-  absl::Status decoded =
-      proto.ParseFromString(recv)
-          ? data::BatchFromProto(
-                proto, shape,
-                labels ? data::Labels::kRequired : data::Labels::kIgnored, 0,
-                "slice", slice)
-          : absl::InvalidArgumentError("unparsable batch slice");
+  const absl::Status decoded = data::DecodeColumns(
+      recv, num_dense, static_cast<int>(table_rows_.size()), slice);
   if (!decoded.ok()) {
-    // The leader validated the batch, so this is a bug; a slice without
-    // sparse features makes every rank refuse the step together instead of
-    // leaving this one out of the collectives.
+    // The leader encoded what it validated, so this is a bug; a slice
+    // without sparse features makes every rank refuse the step together
+    // instead of leaving this one out of the collectives.
     spdlog::error("rank {}: bad batch slice from the leader: {}", rank_,
                   std::string(decoded.message()));
     slice->Reset(num_dense, 0);
@@ -323,14 +311,9 @@ void RankGroup::Split(const data::Batch& batch, bool labels, data::Batch* local,
   const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
   parts->assign(world_, "");
   bytes->assign(world_, 0);
-  data::Batch part;
-  dlrm::Batch proto;
   batch.Slice(0, sizes[0], local);
   for (int64_t r = 1, start = sizes[0]; r < world_; start += sizes[r], ++r) {
-    if (sizes[r] == 0) continue;
-    batch.Slice(start, start + sizes[r], &part);
-    data::BatchToProto(part, labels, &proto);
-    proto.SerializeToString(&(*parts)[r]);
+    data::EncodeColumns(batch, start, start + sizes[r], labels, &(*parts)[r]);
     (*bytes)[r] = static_cast<int64_t>((*parts)[r].size());
   }
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -311,6 +312,84 @@ TEST(BatchTest, NeverCrashesOnMalformedBatches) {
                 status.code() == absl::StatusCode::kInvalidArgument)
         << status;
   }
+}
+
+// A random batch of `n` samples: 3 dense features, 2 sparse features with
+// 0-4 ids each in [0, 10), labels 0/1.
+Batch RandomBatch(Rng* rng, int64_t n) {
+  Batch b;
+  b.Reset(3, 2);
+  b.size = n;
+  for (int64_t s = 0; s < n; ++s) {
+    for (int j = 0; j < 3; ++j) {
+      b.dense.push_back(static_cast<float>(rng->Uniform() * 8 - 4));
+    }
+    b.labels.push_back(rng->Uniform() < 0.3 ? 1.0f : 0.0f);
+    for (SparseFeature& f : b.sparse) {
+      const int64_t len = static_cast<int64_t>(rng->NextU64() % 5);
+      for (int64_t i = 0; i < len; ++i) {
+        f.ids.push_back(static_cast<int64_t>(rng->NextU64() % 10));
+      }
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+  }
+  return b;
+}
+
+// The column layout between ranks carries every slice bit for bit.
+TEST(BatchColumnsTest, RoundTripsRandomSlices) {
+  const uint64_t seed = 20261124;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t n = static_cast<int64_t>(rng.NextU64() % 20);
+    const Batch b = RandomBatch(&rng, n);
+    const int64_t begin = n == 0 ? 0 : static_cast<int64_t>(rng.NextU64() % n);
+    const int64_t end =
+        begin + static_cast<int64_t>(rng.NextU64() % (n - begin + 1));
+    Batch expected;
+    b.Slice(begin, end, &expected);
+    std::string bytes;
+    EncodeColumns(b, begin, end, /*labels=*/true, &bytes);
+    Batch decoded;
+    ASSERT_TRUE(DecodeColumns(bytes, 3, 2, &decoded).ok());
+    ExpectBatchesEqual(decoded, expected);
+    EXPECT_EQ(decoded.labels, expected.labels);
+    // Without labels: the same samples, labels 0.
+    bytes.clear();
+    EncodeColumns(b, begin, end, /*labels=*/false, &bytes);
+    ASSERT_TRUE(DecodeColumns(bytes, 3, 2, &decoded).ok());
+    EXPECT_EQ(decoded.dense, expected.dense);
+    EXPECT_EQ(decoded.labels, std::vector<float>(expected.size, 0.0f));
+  }
+}
+
+// Cut, padded or reshaped bytes are InvalidArgument, never a crash.
+TEST(BatchColumnsTest, RejectsBadStructure) {
+  Rng rng(7);
+  const Batch b = RandomBatch(&rng, 6);
+  std::string bytes;
+  EncodeColumns(b, 0, 6, /*labels=*/true, &bytes);
+  Batch out;
+  for (size_t cut = 0; cut < bytes.size(); cut += 3) {
+    EXPECT_EQ(DecodeColumns(std::string_view(bytes).substr(0, cut), 3, 2, &out)
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << "cut at " << cut;
+  }
+  EXPECT_EQ(DecodeColumns(bytes + "x", 3, 2, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeColumns(bytes, 4, 2, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeColumns(bytes, 3, 1, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A bag length far beyond the bytes that follow.
+  std::string huge = bytes;
+  const int64_t len = int64_t{1} << 40;
+  const size_t lengths_at = 4 * 8 + 6 * 3 * 4 + 6 * 4;
+  std::memcpy(huge.data() + lengths_at, &len, sizeof(len));
+  EXPECT_EQ(DecodeColumns(huge, 3, 2, &out).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BatchTest, SliceAndAppendRoundTrip) {
