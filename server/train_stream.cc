@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/escape.h"
 #include "data/wire.h"
 #include "server/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -44,8 +45,10 @@ TrainStream::TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
       metrics_(metrics),
       options_(options),
       last_activity_(std::chrono::steady_clock::now()) {
-  absl::StatusOr<ModelHost::TrainingLease> lease = host_->AcquireTraining(
-      absl::StrCat("a Train stream from ", context->peer()));
+  // The holder's name goes into the error other clients get, so it names
+  // no client address (the log below does).
+  absl::StatusOr<ModelHost::TrainingLease> lease =
+      host_->AcquireTraining("a Train stream");
   if (!lease.ok()) {
     metrics_->RecordRpc(kMethod, lease.status().code());
     spdlog::debug("{}: {}", kMethod, lease.status().ToString());
@@ -276,7 +279,7 @@ void TrainStream::Work() {
   }
   metrics_->RecordRpc(kMethod, status.code());
   spdlog::info("Train stream ended after {} steps: {}", steps,
-               status.ToString());
+               EscapeForMessage(status.ToString()));
   Finish(ToGrpcStatus(status));
 }
 

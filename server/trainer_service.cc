@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<EvalWork>> ParseEvaluate(
     return work;
   }
   ASSIGN_OR_RETURN(work->dataset, OpenDataset(request.dataset(), host.config(),
-                                              options.data_dir,
+                                              options.data_paths,
                                               DatasetRole::kEval, "dataset"));
   if (work->dataset.endless && request.max_samples() == 0) {
     return absl::InvalidArgumentError(
@@ -86,7 +86,7 @@ absl::Status TrainerServiceOptions::Validate() const {
   if (cancel_wait_seconds < 0) {
     return absl::InvalidArgumentError("cancel_wait_seconds must be >= 0");
   }
-  return absl::OkStatus();
+  return data_paths.Validate();
 }
 
 TrainerService::TrainerService(ModelHost* host, JobManager* jobs,

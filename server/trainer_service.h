@@ -8,6 +8,7 @@
 
 #include "dlrm/service.grpc.pb.h"
 #include "server/auth.h"
+#include "server/datasets.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -19,9 +20,9 @@ namespace dlrm::server {
 struct TrainerServiceOptions {
   // The Train stream's queue and limits. Default: TrainStreamOptions().
   TrainStreamOptions stream;
-  // Relative dataset paths of Evaluate resolve here. Default: empty (the
-  // working directory).
-  std::string data_dir;
+  // Where Evaluate may read dataset files (--data-dir, --allow-data-path).
+  // Default: none (only synthetic data).
+  DataPathOptions data_paths;
   // Largest inline batch Evaluate accepts, in samples. Default: 65536.
   int64_t max_batch_samples = 65536;
   // Samples per model call when Evaluate reads a dataset. Default: 8192.
