@@ -33,17 +33,27 @@ struct TrainerServiceOptions {
   absl::Status Validate() const;
 };
 
+// The generated callback service with Train registered raw
+// (server/raw_message.h), so that a message that does not parse ends the
+// stream with InvalidArgument rather than looking like its end.
+using TrainerBase = Trainer::WithRawCallbackMethod_Train<
+    Trainer::WithCallbackMethod_StartJob<Trainer::WithCallbackMethod_GetJob<
+        Trainer::WithCallbackMethod_CancelJob<
+            Trainer::WithCallbackMethod_ListJobs<
+                Trainer::WithCallbackMethod_Evaluate<Trainer::Service>>>>>>;
+
 // Handlers parse, call the ModelHost / JobManager, map the status and
 // finish; blocking work (evaluation, waiting for a job) runs on `work`.
 // Every call needs the auth token when `auth` has one (Unauthenticated
 // otherwise). All pointers are borrowed and must outlive the service.
-class TrainerService final : public Trainer::CallbackService {
+class TrainerService final : public TrainerBase {
  public:
   TrainerService(ModelHost* host, JobManager* jobs, ServerMetrics* metrics,
                  WorkQueue* work, const TokenAuth* auth,
                  TrainerServiceOptions options);
 
-  grpc::ServerBidiReactor<TrainRequest, TrainResponse>* Train(
+  // A TrainStream, reading TrainRequest and writing TrainResponse bytes.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
                                      const JobRequest* request,

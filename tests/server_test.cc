@@ -43,6 +43,7 @@
 #include "model/metrics.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
+#include "tests/raw_call.h"
 
 namespace dlrm::server {
 namespace {
@@ -1254,6 +1255,25 @@ bool Printable(const std::string& text) {
                      [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
+// The bytes of TrainRequests carrying `batches`.
+std::vector<std::string> TrainMessages(const std::vector<Batch>& batches) {
+  std::vector<std::string> out;
+  for (const Batch& b : batches) {
+    TrainRequest request;
+    *request.mutable_batch() = b;
+    out.push_back(request.SerializeAsString());
+  }
+  return out;
+}
+
+// Bytes no protobuf parser accepts: a varint that never ends.
+const std::string kGarbage(24, '\xff');
+// A TrainRequest cut short: field 1 promises 16 bytes, 3 follow.
+const std::string kTruncated(
+    "\x0a\x10"
+    "abc",
+    5);
+
 class ServerDataPathTest : public ServerTest {
  protected:
   void SetUp() override {
@@ -1478,6 +1498,82 @@ TEST_F(ServerTest, BusyTrainingNamesNoClientAddress) {
   holder->WritesDone();
   EXPECT_TRUE(holder->Finish().ok());
   EXPECT_EQ(Steps(), 1);
+}
+
+TEST_F(ServerTest, UnparseableTrainMessageEndsTheStreamAfterEarlierResults) {
+  const std::vector<std::string> good = TrainMessages(TrainBatches(2, 64, 8));
+  const test::RawStreamReply reply = test::RawStreamCall(
+      channel_, "/dlrm.Trainer/Train", {good[0], kGarbage, good[1]});
+  EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(reply.status.error_message(),
+            "stream message 1 could not be parsed as TrainRequest");
+  ASSERT_EQ(reply.messages.size(), 1u);
+  TrainResponse first;
+  ASSERT_TRUE(first.ParseFromString(reply.messages[0]));
+  EXPECT_EQ(first.result().step(), 1);
+  EXPECT_EQ(first.result().samples(), 64);
+  EXPECT_EQ(Steps(), 1);
+  EXPECT_EQ(MetricValue(server_->MetricsText(),
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Trainer/"
+                        "Train\",code=\"INVALID_ARGUMENT\"}"),
+            1);
+}
+
+TEST_F(ServerTest, StreamOfOnlyUnparseableBytesTrainsNothing) {
+  const uint64_t checksum = Checksum();
+  for (const std::string& bad : {kGarbage, kTruncated}) {
+    const test::RawStreamReply reply =
+        test::RawStreamCall(channel_, "/dlrm.Trainer/Train", {bad});
+    EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(reply.status.error_message(),
+              "stream message 0 could not be parsed as TrainRequest");
+    EXPECT_TRUE(reply.messages.empty());
+  }
+  EXPECT_EQ(Checksum(), checksum);
+  EXPECT_EQ(Steps(), 0);
+  // Training came free: a good stream runs.
+  const StreamOutcome next =
+      RunTrainStream(trainer_.get(), TrainBatches(1, 32, 9));
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(Steps(), 1);
+}
+
+TEST_F(ServerTest, RawStreamsThatHalfCloseEndOk) {
+  // No message at all, then two good ones: a clean half-close is OK.
+  const test::RawStreamReply empty =
+      test::RawStreamCall(channel_, "/dlrm.Trainer/Train", {});
+  EXPECT_TRUE(empty.status.ok()) << empty.status.error_message();
+  EXPECT_TRUE(empty.messages.empty());
+  const test::RawStreamReply two = test::RawStreamCall(
+      channel_, "/dlrm.Trainer/Train", TrainMessages(TrainBatches(2, 16, 10)));
+  EXPECT_TRUE(two.status.ok()) << two.status.error_message();
+  EXPECT_EQ(two.messages.size(), 2u);
+  EXPECT_EQ(Steps(), 2);
+}
+
+TEST_F(ServerTest, UnparseablePredictIsInvalidArgument) {
+  const uint64_t checksum = Checksum();
+  for (const std::string& bad : {kGarbage, kTruncated}) {
+    const test::RawUnaryReply reply =
+        test::RawUnaryCall(channel_, "/dlrm.Predictor/Predict", bad);
+    EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(reply.status.error_message(),
+              "request could not be parsed as PredictRequest");
+  }
+  // Good bytes on the same raw path answer as the generated client gets.
+  PredictRequest request;
+  *request.mutable_batch() = ToWire(SyntheticBatch(Tiny(), 5, 11), false);
+  const test::RawUnaryReply good = test::RawUnaryCall(
+      channel_, "/dlrm.Predictor/Predict", request.SerializeAsString());
+  ASSERT_TRUE(good.status.ok()) << good.status.error_message();
+  PredictResponse response;
+  ASSERT_TRUE(response.ParseFromString(good.bytes));
+  EXPECT_EQ(response.probabilities_size(), 5);
+  EXPECT_EQ(Checksum(), checksum);
+  EXPECT_EQ(MetricValue(server_->MetricsText(),
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Predictor/"
+                        "Predict\",code=\"INVALID_ARGUMENT\"}"),
+            2);
 }
 
 // ------------------------------------------------------------ the binary
