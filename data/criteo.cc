@@ -12,19 +12,26 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/escape.h"
 #include "core/random.h"
 #include "core/status.h"
 
 namespace dlrm::data {
 namespace {
 
-// Longest field text quoted back in an error message.
+// Longest field text quoted back in an error message, in bytes. The
+// server opens only files in the directories its operator allowed
+// (server/datasets.h); even so a message quotes no more of a file than
+// this, escaped, so it can neither carry a line of a file out whole nor
+// put control bytes into a client's terminal or a log.
 constexpr size_t kMaxQuoted = 32;
 
 std::string Quote(std::string_view field) {
-  if (field.size() <= kMaxQuoted)
-    return absl::StrCat("'", std::string(field), "'");
-  return absl::StrCat("'", std::string(field.substr(0, kMaxQuoted)), "...'");
+  if (field.size() <= kMaxQuoted) {
+    return absl::StrCat("'", EscapeForMessage(field), "'");
+  }
+  return absl::StrCat("'", EscapeForMessage(field.substr(0, kMaxQuoted)),
+                      "...'");
 }
 
 std::string ColumnName(int column, int num_dense) {

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "core/escape.h"
 #include "server/datasets.h"
 #include "server/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -81,7 +82,7 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
       response->set_bytes(info->bytes);
       spdlog::info("{} {} at step {} ({} bytes)",
                    save ? "saved checkpoint to" : "restored checkpoint from",
-                   dir, info->step, info->bytes);
+                   EscapeForMessage(dir), info->step, info->bytes);
     }
     FinishUnary(reactor, metrics_, method, info.status());
   });

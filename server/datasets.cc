@@ -1,10 +1,12 @@
-// Path resolution and DatasetSpec -> BatchSource.
+// Path resolution, the dataset directories and DatasetSpec -> BatchSource.
 #include "server/datasets.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/escape.h"
 #include "core/status.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
@@ -34,9 +36,34 @@ data::CriteoOptions CriteoOptionsFor(const ModelConfig& config, bool hash_ids) {
   return options;
 }
 
-std::string ResolveData(const std::string& data_dir, const std::string& path) {
-  if (data_dir.empty() || fs::path(path).is_absolute()) return path;
-  return (fs::path(data_dir) / path).string();
+// `field = "path"` for a message, the path escaped.
+std::string Named(absl::string_view field, const std::string& path) {
+  return absl::StrCat(field, " = \"", EscapeForMessage(path), "\"");
+}
+
+// InvalidArgument for an empty path or one holding a NUL byte (the OS would
+// see only the part before it, which is not the path that was checked).
+absl::Status CheckPathText(const std::string& path, absl::string_view field) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Named(field, path), " contains a NUL byte"));
+  }
+  return absl::OkStatus();
+}
+
+// `dir` absolute with `..` and the symbolic links that exist resolved.
+absl::StatusOr<fs::path> ResolveDir(const std::string& dir) {
+  std::error_code ec;
+  fs::path resolved = fs::absolute(dir, ec);
+  if (!ec) resolved = fs::weakly_canonical(resolved, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(
+        "cannot resolve ", EscapeForMessage(dir), ": ", ec.message()));
+  }
+  return resolved;
 }
 
 }  // namespace
@@ -44,35 +71,82 @@ std::string ResolveData(const std::string& data_dir, const std::string& path) {
 absl::StatusOr<std::string> ResolveUnder(const std::string& root,
                                          const std::string& path,
                                          absl::string_view field) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
-  }
+  RETURN_IF_ERROR(CheckPathText(path, field));
   if (root.empty()) return path;
-  std::error_code ec;
-  const fs::path base = fs::weakly_canonical(fs::absolute(root), ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot resolve ", root, ": ", ec.message()));
-  }
+  ASSIGN_OR_RETURN(const fs::path base, ResolveDir(root));
   fs::path candidate = fs::path(path);
   if (candidate.is_relative()) candidate = base / candidate;
   // weakly_canonical resolves `..` and the symbolic links that exist, so
   // neither can lead out of the root unnoticed.
+  std::error_code ec;
   const fs::path resolved = fs::weakly_canonical(candidate, ec);
   if (ec) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, " = \"", path, "\" cannot be resolved: ", ec.message()));
+        Named(field, path), " cannot be resolved: ", ec.message()));
   }
   if (!Within(base, resolved)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " = \"", path, "\" is outside the directory ", base.string()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Named(field, path), " is outside the directory ",
+                     EscapeForMessage(base.string())));
+  }
+  return resolved.string();
+}
+
+absl::Status DataPathOptions::Validate() const {
+  for (size_t i = 0; i < allowed_dirs.size(); ++i) {
+    if (allowed_dirs[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allowed_dirs[", i, "] (--allow-data-path) is empty"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveDataPath(const DataPathOptions& options,
+                                            const std::string& path,
+                                            absl::string_view field) {
+  RETURN_IF_ERROR(CheckPathText(path, field));
+  if (options.data_dir.empty() && options.allowed_dirs.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Named(field, path),
+        ": this server reads no dataset files (it was started without "
+        "--data-dir or --allow-data-path); synthetic data needs none"));
+  }
+  std::vector<fs::path> roots;
+  if (!options.data_dir.empty()) {
+    ASSIGN_OR_RETURN(fs::path root, ResolveDir(options.data_dir));
+    roots.push_back(std::move(root));
+  }
+  for (const std::string& dir : options.allowed_dirs) {
+    ASSIGN_OR_RETURN(fs::path root, ResolveDir(dir));
+    roots.push_back(std::move(root));
+  }
+  fs::path candidate(path);
+  if (candidate.is_relative() && !options.data_dir.empty()) {
+    candidate = roots.front() / candidate;
+  }
+  // weakly_canonical resolves `..` and the symbolic links that exist, so
+  // neither can lead out of the allowed directories unnoticed. Where the
+  // path leads is checked before whether a file is there, so a client
+  // cannot probe for files outside them either.
+  std::error_code ec;
+  fs::path resolved = fs::absolute(candidate, ec);
+  if (!ec) resolved = fs::weakly_canonical(resolved, ec);
+  const auto inside = [&](const fs::path& root) {
+    return Within(root, resolved);
+  };
+  if (ec || std::none_of(roots.begin(), roots.end(), inside)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(Named(field, path),
+                     " is outside the directories this server reads data from "
+                     "(--data-dir and --allow-data-path)"));
   }
   return resolved.string();
 }
 
 absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
                                           const ModelConfig& config,
-                                          const std::string& data_dir,
+                                          const DataPathOptions& paths,
                                           DatasetRole role,
                                           absl::string_view field) {
   OpenedDataset out;
@@ -83,8 +157,12 @@ absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
             absl::StrCat(field, ".criteo_tsv.paths is empty"));
       }
       std::vector<std::string> files;
-      for (const std::string& p : spec.criteo_tsv().paths()) {
-        files.push_back(ResolveData(data_dir, p));
+      for (int i = 0; i < spec.criteo_tsv().paths_size(); ++i) {
+        ASSIGN_OR_RETURN(
+            std::string file,
+            ResolveDataPath(paths, spec.criteo_tsv().paths(i),
+                            absl::StrCat(field, ".criteo_tsv.paths[", i, "]")));
+        files.push_back(std::move(file));
       }
       ASSIGN_OR_RETURN(
           out.source,
@@ -98,10 +176,12 @@ absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".criteo_binary is empty"));
       }
-      ASSIGN_OR_RETURN(
-          out.source,
-          data::OpenCriteoBinary(ResolveData(data_dir, spec.criteo_binary()),
-                                 CriteoOptionsFor(config, false)));
+      ASSIGN_OR_RETURN(std::string file,
+                       ResolveDataPath(paths, spec.criteo_binary(),
+                                       absl::StrCat(field, ".criteo_binary")));
+      ASSIGN_OR_RETURN(out.source,
+                       data::OpenCriteoBinary(std::move(file),
+                                              CriteoOptionsFor(config, false)));
       return out;
     }
     case DatasetSpec::kSynthetic: {

@@ -1,11 +1,13 @@
 // Server-side data: resolving client-given paths against the server's
-// directories, and opening a DatasetSpec (Criteo TSV, binary, synthetic) as
-// a BatchSource for jobs and evaluation.
+// directories (dataset files only inside the allowed ones), and opening a
+// DatasetSpec (Criteo TSV, binary, synthetic) as a BatchSource for jobs and
+// evaluation.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -19,10 +21,37 @@ namespace dlrm::server {
 // Resolves `path` from a client. With an empty `root`, returns it as given.
 // Otherwise a relative path is taken under `root`, and the result must stay
 // inside `root` (after resolving `..` and symbolic links): InvalidArgument
-// naming `field` for an empty path or one that escapes.
+// naming `field` and the path (escaped) for an empty path, one with a NUL
+// byte, or one that escapes.
 absl::StatusOr<std::string> ResolveUnder(const std::string& root,
                                          const std::string& path,
                                          absl::string_view field);
+
+// Where the dataset files a client names may be read from: inside
+// `data_dir` or one of `allowed_dirs`, after resolving `..` and symbolic
+// links. With neither set the server reads no dataset files (synthetic
+// data needs none).
+struct DataPathOptions {
+  // Relative dataset paths resolve here, and files below it may be read
+  // (--data-dir). Default: empty (relative paths resolve against the
+  // working directory, and must still lead into an allowed directory).
+  std::string data_dir;
+  // More directories whose files may be read (--allow-data-path).
+  // Default: empty.
+  std::vector<std::string> allowed_dirs;
+
+  // InvalidArgument for an empty entry of allowed_dirs.
+  absl::Status Validate() const;
+};
+
+// Resolves the dataset path `path` (named `field` in errors) under
+// `options` and returns the file to open: absolute, `..` and symbolic links
+// resolved. InvalidArgument for an empty path or one with a NUL byte;
+// PermissionDenied naming the path (escaped, never the file's content) when
+// it leads outside every allowed directory, or when none is set.
+absl::StatusOr<std::string> ResolveDataPath(const DataPathOptions& options,
+                                            const std::string& path,
+                                            absl::string_view field);
 
 // Which stream a synthetic spec with sample_seed 0 draws.
 enum class DatasetRole {
@@ -38,13 +67,14 @@ struct OpenedDataset {
   bool endless = false;
 };
 
-// Opens `spec` for a model of `config`. Relative file paths resolve under
-// `data_dir` (when set). InvalidArgument naming `field` for an unset source
-// or bad options, NotFound for a missing file, InvalidArgument for a binary
-// file whose columns do not match the model.
+// Opens `spec` for a model of `config`; file paths go through
+// ResolveDataPath with `paths` (its errors, PermissionDenied for a file
+// outside the allowed directories). InvalidArgument naming `field` for an
+// unset source or bad options, NotFound for a missing file, InvalidArgument
+// for a binary file whose columns do not match the model.
 absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
                                           const ModelConfig& config,
-                                          const std::string& data_dir,
+                                          const DataPathOptions& paths,
                                           DatasetRole role,
                                           absl::string_view field);
 

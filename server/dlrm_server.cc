@@ -127,7 +127,15 @@ absl::Status ServerOptions::Validate() const {
   RETURN_IF_ERROR(tls.Validate());
   RETURN_IF_ERROR(auth.Validate());
   RETURN_IF_ERROR(HostOptionsFrom(*this).Validate());
+  RETURN_IF_ERROR(DataPathsFrom(*this).Validate());
   return absl::OkStatus();
+}
+
+DataPathOptions DataPathsFrom(const ServerOptions& options) {
+  DataPathOptions o;
+  o.data_dir = options.data_dir;
+  o.allowed_dirs = options.allowed_data_dirs;
+  return o;
 }
 
 ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
@@ -174,7 +182,7 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   s->batcher_ =
       std::make_unique<PredictBatcher>(s->host_.get(), &s->metrics_, batcher);
   JobManagerOptions jobs;
-  jobs.data_dir = o.data_dir;
+  jobs.data_paths = DataPathsFrom(o);
   jobs.max_batch_samples = o.max_batch_samples;
   // End markers live with the checkpoints that may record the jobs.
   if (!o.inference_only) jobs.state_dir = o.checkpoint_dir;
@@ -194,7 +202,7 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   trainer.stream.queue_depth = o.train_queue_depth;
   trainer.stream.idle_timeout_seconds = o.train_idle_timeout_seconds;
   trainer.stream.max_batch_samples = o.max_batch_samples;
-  trainer.data_dir = o.data_dir;
+  trainer.data_paths = DataPathsFrom(o);
   trainer.max_batch_samples = o.max_batch_samples;
   RETURN_IF_ERROR(trainer.Validate());
   s->trainer_ = std::make_unique<TrainerService>(s->host_.get(), s->jobs_.get(),

@@ -12,11 +12,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/model.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
+#include "server/datasets.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -41,9 +43,15 @@ struct ServerOptions {
   // When set, checkpoint paths resolve under it and may not leave it.
   // Default: empty (any path the server can write).
   std::string checkpoint_dir;
-  // Relative dataset paths (jobs, Evaluate) resolve here. Default: empty
-  // (the working directory).
+  // Dataset files of jobs and Evaluate are read only inside this directory
+  // or one of allowed_data_dirs (after resolving `..` and symbolic links;
+  // PermissionDenied otherwise), and relative paths resolve here. Default:
+  // empty (relative paths resolve against the working directory; with no
+  // allowed_data_dirs either, no dataset file is read at all).
   std::string data_dir;
+  // More directories dataset files may be read from (--allow-data-path).
+  // Default: empty.
+  std::vector<std::string> allowed_data_dirs;
   // Serve predictions only (see ModelHostOptions). Default: false.
   bool inference_only = false;
   // Periodic checkpoints under checkpoint_dir (see ModelHostOptions):
@@ -164,6 +172,9 @@ class DlrmServer {
 // The ModelHost options that `options` ask for (inference-only, periodic
 // checkpoints).
 ModelHostOptions HostOptionsFrom(const ServerOptions& options);
+
+// The directories dataset files may be read from, as `options` set them.
+DataPathOptions DataPathsFrom(const ServerOptions& options);
 
 // Splits "HOST:PORT" ("[::1]:80" for IPv6). InvalidArgument naming `flag`
 // when the port is missing or not in [0, 65535].

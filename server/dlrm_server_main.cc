@@ -211,6 +211,14 @@ absl::Status DryRun(const Flags& f) {
               or_none(f.server.checkpoint_dir).c_str(),
               f.checkpoint_on_exit ? " (saves final/ on exit)" : "",
               or_none(f.server.data_dir).c_str());
+  for (const std::string& dir : f.server.allowed_data_dirs) {
+    std::printf("allow-data-path %s\n", dir.c_str());
+  }
+  if (f.server.data_dir.empty() && f.server.allowed_data_dirs.empty()) {
+    std::printf(
+        "dataset files off (no data-dir or allow-data-path): "
+        "synthetic data only\n");
+  }
   if (!f.server.checkpoint_dir.empty()) {
     std::printf(
         "resume %s\nperiodic checkpoints every %lld steps, %g s (0 = off), "
@@ -632,7 +640,12 @@ int main(int argc, char** argv) {
                  "Checkpoint paths of Admin RPCs resolve under this "
                  "directory and may not leave it");
   app.add_option("--data-dir", o.data_dir,
-                 "Relative dataset paths of jobs and Evaluate resolve here");
+                 "Dataset files of jobs and Evaluate are read only inside "
+                 "this directory (or an --allow-data-path one); relative "
+                 "paths resolve here. Without either, only synthetic data");
+  app.add_option("--allow-data-path", o.allowed_data_dirs,
+                 "Another directory dataset files may be read from (after "
+                 "resolving .. and symbolic links); repeat for several");
   app.add_option("--restore", f.restore,
                  "Start from the checkpoint in this directory (its config)");
   app.add_flag("--inference-only", o.inference_only,

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/escape.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::server {
@@ -14,7 +15,7 @@ static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      EscapeForMessage(std::string(status.message())));
 }
 
 void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
@@ -27,7 +28,8 @@ void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
         status.code() == absl::StatusCode::kNotFound ||
         status.code() == absl::StatusCode::kFailedPrecondition;
     spdlog::log(client_error ? spdlog::level::debug : spdlog::level::warn,
-                "{}: {}", std::string(method), status.ToString());
+                "{}: {}", std::string(method),
+                EscapeForMessage(status.ToString()));
   }
   reactor->Finish(ToGrpcStatus(status));
 }

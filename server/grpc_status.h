@@ -10,11 +10,13 @@
 
 namespace dlrm::server {
 
-// Same code and message (absl and gRPC share code numbers).
+// Same code (absl and gRPC share code numbers) and message, with control
+// and non-ASCII bytes escaped (EscapeForMessage, core/escape.h): a path or
+// field from a client or a file can put no raw bytes into a reply.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Records `status` for `method` (the full name, "/dlrm.Admin/GetMetrics"),
-// logs it when it is an error, and finishes `reactor` with it.
+// logs it (escaped) when it is an error, and finishes `reactor` with it.
 void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
                  absl::string_view method, const absl::Status& status);
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/escape.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
@@ -125,7 +126,7 @@ absl::Status JobManagerOptions::Validate() const {
   if (keep_end_markers < 1) {
     return absl::InvalidArgumentError("keep_end_markers must be >= 1");
   }
-  return absl::OkStatus();
+  return data_paths.Validate();
 }
 
 JobManager::JobManager(ModelHost* host, ServerMetrics* metrics,
@@ -168,7 +169,7 @@ absl::StatusOr<std::unique_ptr<JobManager::Job>> JobManager::Prepare(
   job->eval_samples = request.eval_samples();
   const ModelConfig& config = host_->config();
   ASSIGN_OR_RETURN(job->train,
-                   OpenDataset(request.train(), config, options_.data_dir,
+                   OpenDataset(request.train(), config, options_.data_paths,
                                DatasetRole::kTrain, "train"));
   if (job->train.endless && job->max_steps == 0) {
     return absl::InvalidArgumentError(
@@ -177,7 +178,7 @@ absl::StatusOr<std::unique_ptr<JobManager::Job>> JobManager::Prepare(
   }
   if (request.has_eval()) {
     ASSIGN_OR_RETURN(OpenedDataset eval,
-                     OpenDataset(request.eval(), config, options_.data_dir,
+                     OpenDataset(request.eval(), config, options_.data_paths,
                                  DatasetRole::kEval, "eval"));
     if (eval.endless && job->eval_samples == 0) {
       return absl::InvalidArgumentError(
@@ -511,7 +512,7 @@ void JobManager::Run(Job* job) {
       final_status.set_state(JobStatus::CANCELLED);
     } else if (!status.ok()) {
       final_status.set_state(JobStatus::FAILED);
-      final_status.set_error(status.ToString());
+      final_status.set_error(EscapeForMessage(status.ToString()));
     } else {
       final_status.set_state(JobStatus::SUCCEEDED);
     }
@@ -532,7 +533,8 @@ void JobManager::Run(Job* job) {
   job->status = final_status;
   spdlog::info("{} {} after {} steps{}{}{}", job->status.id(),
                JobStatus::State_Name(job->status.state()), steps,
-               status.ok() ? "" : ": ", status.ok() ? "" : status.ToString(),
+               status.ok() ? "" : ": ",
+               status.ok() ? "" : EscapeForMessage(status.ToString()),
                interrupted ? " (interrupted: resumed on restart)" : "");
   cv_.notify_all();
 }

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "dlrm/service.pb.h"
 #include "model/metrics.h"
+#include "server/datasets.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
 
@@ -31,9 +32,9 @@ namespace dlrm::server {
 void EvalMetricsToProto(const model::EvalMetrics& metrics, EvalMetrics* out);
 
 struct JobManagerOptions {
-  // Relative dataset paths resolve here; empty = the working directory.
-  // Default: empty.
-  std::string data_dir;
+  // Where dataset files may be read from (--data-dir, --allow-data-path).
+  // Default: none (only synthetic data).
+  DataPathOptions data_paths;
   // Largest batch_size a job may ask for. Default: 65536.
   int64_t max_batch_samples = 65536;
   // Finished jobs remembered for GetJob/ListJobs; older ones are forgotten.
@@ -65,7 +66,8 @@ class JobManager {
 
   // Checks `request`, opens its datasets, reserves training and starts the
   // job; returns its first status (PENDING or RUNNING). InvalidArgument
-  // (naming the field) for bad options, NotFound for a missing file,
+  // (naming the field) for bad options, PermissionDenied for a file outside
+  // options.data_paths, NotFound for a missing file,
   // FailedPrecondition when training is busy or the server is
   // inference-only, Unavailable after Shutdown().
   absl::StatusOr<JobStatus> Start(const JobRequest& request);

@@ -7,6 +7,7 @@
 
 #include "data/wire.h"
 #include "server/grpc_status.h"
+#include "server/raw_message.h"
 
 namespace dlrm::server {
 namespace {
@@ -26,8 +27,8 @@ PredictorService::PredictorService(ModelHost* host, PredictBatcher* batcher,
       max_batch_samples_(max_batch_samples) {}
 
 grpc::ServerUnaryReactor* PredictorService::Predict(
-    grpc::CallbackServerContext* context, const PredictRequest* request,
-    PredictResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const auto start = std::chrono::steady_clock::now();
   if (absl::Status auth = auth_->Check(*context, RpcAccess::kPredict);
@@ -35,10 +36,16 @@ grpc::ServerUnaryReactor* PredictorService::Predict(
     FinishUnary(reactor, metrics_, kMethod, auth);
     return reactor;
   }
+  PredictRequest parsed;
+  // A copy shares the bytes (reference-counted slices); parsing consumes it.
+  grpc::ByteBuffer bytes(*request);
+  absl::Status status = ParseRaw(&bytes, &parsed, "request");
   data::Batch batch;
-  const absl::Status status = data::BatchFromProto(
-      request->batch(), host_->shape(), data::Labels::kIgnored,
-      max_batch_samples_, "batch", &batch);
+  if (status.ok()) {
+    status = data::BatchFromProto(parsed.batch(), host_->shape(),
+                                  data::Labels::kIgnored, max_batch_samples_,
+                                  "batch", &batch);
+  }
   if (!status.ok()) {
     FinishUnary(reactor, metrics_, kMethod, status);
     return reactor;
@@ -48,7 +55,9 @@ grpc::ServerUnaryReactor* PredictorService::Predict(
                                          absl::Status status,
                                          std::vector<float> probs) {
     if (status.ok()) {
-      response->mutable_probabilities()->Add(probs.begin(), probs.end());
+      PredictResponse reply;
+      reply.mutable_probabilities()->Add(probs.begin(), probs.end());
+      status = SerializeRaw(reply, response);
     }
     metrics->RecordPredictLatency(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

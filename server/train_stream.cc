@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/escape.h"
 #include "data/wire.h"
 #include "server/grpc_status.h"
+#include "server/raw_message.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::server {
@@ -44,8 +46,10 @@ TrainStream::TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
       metrics_(metrics),
       options_(options),
       last_activity_(std::chrono::steady_clock::now()) {
-  absl::StatusOr<ModelHost::TrainingLease> lease = host_->AcquireTraining(
-      absl::StrCat("a Train stream from ", context->peer()));
+  // The holder's name goes into the error other clients get, so it names
+  // no client address (the log below does).
+  absl::StatusOr<ModelHost::TrainingLease> lease =
+      host_->AcquireTraining("a Train stream");
   if (!lease.ok()) {
     metrics_->RecordRpc(kMethod, lease.status().code());
     spdlog::debug("{}: {}", kMethod, lease.status().ToString());
@@ -86,12 +90,17 @@ void TrainStream::OnReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
     index = messages_read_++;
   }
-  item.error = data::BatchFromProto(
-      request_.batch(), host_->shape(), data::Labels::kRequired,
-      options_.max_batch_samples, "batch", &item.batch);
-  if (!item.error.ok()) {
-    item.error = absl::InvalidArgumentError(
-        absl::StrCat(item.error.message(), " (in stream message ", index, ")"));
+  TrainRequest request;
+  item.error =
+      ParseRaw(&request_, &request, absl::StrCat("stream message ", index));
+  if (item.error.ok()) {
+    item.error = data::BatchFromProto(
+        request.batch(), host_->shape(), data::Labels::kRequired,
+        options_.max_batch_samples, "batch", &item.batch);
+    if (!item.error.ok()) {
+      item.error = absl::InvalidArgumentError(absl::StrCat(
+          item.error.message(), " (in stream message ", index, ")"));
+    }
   }
   bool read_more = false;
   {
@@ -118,14 +127,14 @@ void TrainStream::OnReadDone(bool ok) {
   }
 }
 
-const TrainResponse* TrainStream::NextWrite() {
+const grpc::ByteBuffer* TrainStream::NextWrite() {
   if (writing_ || unsent_.empty()) return nullptr;
   writing_ = true;
   return &unsent_.front();
 }
 
 void TrainStream::OnWriteDone(bool ok) {
-  const TrainResponse* next = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
@@ -237,10 +246,13 @@ void TrainStream::Work() {
     r->set_samples_per_second(
         step->seconds > 0 ? static_cast<double>(step->samples) / step->seconds
                           : 0);
-    const TrainResponse* write = nullptr;
+    grpc::ByteBuffer bytes;
+    status = SerializeRaw(response, &bytes);
+    if (!status.ok()) break;
+    const grpc::ByteBuffer* write = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      unsent_.push_back(std::move(response));
+      unsent_.push_back(std::move(bytes));
       write = NextWrite();
     }
     if (write != nullptr) StartWrite(write);
@@ -276,7 +288,7 @@ void TrainStream::Work() {
   }
   metrics_->RecordRpc(kMethod, status.code());
   spdlog::info("Train stream ended after {} steps: {}", steps,
-               status.ToString());
+               EscapeForMessage(status.ToString()));
   Finish(ToGrpcStatus(status));
 }
 

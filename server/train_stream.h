@@ -40,15 +40,21 @@ struct TrainStreamOptions {
   absl::Status Validate() const;
 };
 
-// One StepResult per batch, in order. A bad batch ends the stream with
-// InvalidArgument (naming the field, sample and stream message) after the
-// results of the batches before it; the bad batch changes nothing. When
-// training is busy the stream ends at once with FailedPrecondition; a
-// client idle past options.idle_timeout_seconds ends it with
-// DeadlineExceeded.
+// The reactor of the raw Train method (server/raw_message.h): it reads
+// TrainRequest bytes and writes TrainResponse bytes, so that a message
+// that does not parse is told apart from the end of the stream.
+using RawBidiReactor =
+    grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// One StepResult per batch, in order. A bad batch, or a message that is not
+// a TrainRequest, ends the stream with InvalidArgument (naming the field,
+// sample and stream message, or "stream message N could not be parsed as
+// TrainRequest"; messages count from 0) after the results of the batches
+// before it; the bad message changes nothing. When training is busy the
+// stream ends at once with FailedPrecondition; a client idle past
+// options.idle_timeout_seconds ends it with DeadlineExceeded.
 // Deletes itself when gRPC is done with it.
-class TrainStream final
-    : public grpc::ServerBidiReactor<TrainRequest, TrainResponse> {
+class TrainStream final : public RawBidiReactor {
  public:
   // `host` and `metrics` are borrowed and must outlive the call.
   TrainStream(grpc::CallbackServerContext* context, ModelHost* host,
@@ -70,20 +76,21 @@ class TrainStream final
   void Work();
   // Sends the next result if none is in flight. Needs mu_; returns the
   // message to pass to StartWrite outside the lock, or null.
-  const TrainResponse* NextWrite();
+  const grpc::ByteBuffer* NextWrite();
 
   grpc::CallbackServerContext* const context_;
   ModelHost* const host_;
   ServerMetrics* const metrics_;
   const TrainStreamOptions options_;
   std::optional<ModelHost::TrainingLease> lease_;
-  TrainRequest request_;  // the read buffer
+  grpc::ByteBuffer request_;  // the read buffer: a TrainRequest's bytes
   std::thread worker_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::deque<TrainResponse> unsent_;  // front is in flight when writing_
+  // Serialized TrainResponses; the front is in flight when writing_.
+  std::deque<grpc::ByteBuffer> unsent_;
   int64_t messages_read_ = 0;
   int starting_reads_ = 0;    // StartRead calls decided and not yet returned
   bool read_paused_ = false;  // the queue was full; the worker resumes

@@ -24,8 +24,7 @@ constexpr char kEvaluate[] = "/dlrm.Trainer/Evaluate";
 
 // A Train call refused before it starts: finishes with `status` at once and
 // deletes itself when gRPC is done with it.
-class RejectedTrainStream final
-    : public grpc::ServerBidiReactor<TrainRequest, TrainResponse> {
+class RejectedTrainStream final : public RawBidiReactor {
  public:
   explicit RejectedTrainStream(const absl::Status& status) {
     Finish(ToGrpcStatus(status));
@@ -64,7 +63,7 @@ absl::StatusOr<std::unique_ptr<EvalWork>> ParseEvaluate(
     return work;
   }
   ASSIGN_OR_RETURN(work->dataset, OpenDataset(request.dataset(), host.config(),
-                                              options.data_dir,
+                                              options.data_paths,
                                               DatasetRole::kEval, "dataset"));
   if (work->dataset.endless && request.max_samples() == 0) {
     return absl::InvalidArgumentError(
@@ -86,7 +85,7 @@ absl::Status TrainerServiceOptions::Validate() const {
   if (cancel_wait_seconds < 0) {
     return absl::InvalidArgumentError("cancel_wait_seconds must be >= 0");
   }
-  return absl::OkStatus();
+  return data_paths.Validate();
 }
 
 TrainerService::TrainerService(ModelHost* host, JobManager* jobs,
@@ -100,8 +99,8 @@ TrainerService::TrainerService(ModelHost* host, JobManager* jobs,
       auth_(auth),
       options_(std::move(options)) {}
 
-grpc::ServerBidiReactor<TrainRequest, TrainResponse>* TrainerService::Train(
-    grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+TrainerService::Train(grpc::CallbackServerContext* context) {
   if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
       !auth.ok()) {
     metrics_->RecordRpc(kTrain, auth.code());

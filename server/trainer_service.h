@@ -8,6 +8,7 @@
 
 #include "dlrm/service.grpc.pb.h"
 #include "server/auth.h"
+#include "server/datasets.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -19,9 +20,9 @@ namespace dlrm::server {
 struct TrainerServiceOptions {
   // The Train stream's queue and limits. Default: TrainStreamOptions().
   TrainStreamOptions stream;
-  // Relative dataset paths of Evaluate resolve here. Default: empty (the
-  // working directory).
-  std::string data_dir;
+  // Where Evaluate may read dataset files (--data-dir, --allow-data-path).
+  // Default: none (only synthetic data).
+  DataPathOptions data_paths;
   // Largest inline batch Evaluate accepts, in samples. Default: 65536.
   int64_t max_batch_samples = 65536;
   // Samples per model call when Evaluate reads a dataset. Default: 8192.
@@ -32,17 +33,27 @@ struct TrainerServiceOptions {
   absl::Status Validate() const;
 };
 
+// The generated callback service with Train registered raw
+// (server/raw_message.h), so that a message that does not parse ends the
+// stream with InvalidArgument rather than looking like its end.
+using TrainerBase = Trainer::WithRawCallbackMethod_Train<
+    Trainer::WithCallbackMethod_StartJob<Trainer::WithCallbackMethod_GetJob<
+        Trainer::WithCallbackMethod_CancelJob<
+            Trainer::WithCallbackMethod_ListJobs<
+                Trainer::WithCallbackMethod_Evaluate<Trainer::Service>>>>>>;
+
 // Handlers parse, call the ModelHost / JobManager, map the status and
 // finish; blocking work (evaluation, waiting for a job) runs on `work`.
 // Every call needs the auth token when `auth` has one (Unauthenticated
 // otherwise). All pointers are borrowed and must outlive the service.
-class TrainerService final : public Trainer::CallbackService {
+class TrainerService final : public TrainerBase {
  public:
   TrainerService(ModelHost* host, JobManager* jobs, ServerMetrics* metrics,
                  WorkQueue* work, const TokenAuth* auth,
                  TrainerServiceOptions options);
 
-  grpc::ServerBidiReactor<TrainRequest, TrainResponse>* Train(
+  // A TrainStream, reading TrainRequest and writing TrainResponse bytes.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Train(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
                                      const JobRequest* request,

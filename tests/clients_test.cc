@@ -194,6 +194,17 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
+// A Criteo TSV file of the tiny model's shape (label, 4 integer features,
+// 3 hex categoricals) with `samples` good lines.
+void WriteTinyTsv(const fs::path& path, int samples) {
+  std::ofstream out(path);
+  for (int i = 0; i < samples; ++i) {
+    out << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
+        << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
+        << std::dec << "\n";
+  }
+}
+
 CommandResult RunCommand(const std::vector<std::string>& args,
                          const fs::path& dir,
                          const std::string& stdin_path = "") {
@@ -667,6 +678,41 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
   EXPECT_NE(r.err.find("bad.tsv:1"), std::string::npos) << r.err;
 }
 
+// The server reads dataset files only inside its --data-dir: a client
+// naming another file (the report: `eval --server-data /etc/passwd` used to
+// answer with the file's first line) gets PERMISSION_DENIED naming the path
+// and nothing of the file.
+TEST_F(ClientE2ETest, CliEvalOfServerFilesOutsideTheDataDirIsDenied) {
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  const std::string secret_name =
+      "clients_test_secret_" + std::to_string(getpid()) + ".tsv";
+  const fs::path secret = dir_.parent_path() / secret_name;
+  std::ofstream(secret) << "TOPSECRET:x:0:0\t1\n";
+  for (const std::string& path :
+       {std::string("/etc/passwd"), secret.string(), "../" + secret_name}) {
+    SCOPED_TRACE(path);
+    const CommandResult r = RunCommand(
+        {client_path_, "--server", address_, "eval", "--server-data", path},
+        dir_);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("PERMISSION_DENIED"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("\"" + path + "\""), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("root:"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("TOPSECRET"), std::string::npos) << r.err;
+  }
+  fs::remove(secret);
+  // A file inside --data-dir is read as before.
+  WriteTinyTsv(dir_ / "eval.tsv", 100);
+  const CommandResult r = RunCommand(
+      {client_path_, "--server", address_, "eval", "--server-data", "eval.tsv"},
+      dir_);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("samples 100"), std::string::npos) << r.out;
+}
+
 // --- health, through a generic call ----------------------------------------
 
 // grpc.health.v1's two messages, built at run time: Debian's gRPC ships no
@@ -809,6 +855,46 @@ TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
       dir_);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("missing.toml"), std::string::npos) << r.err;
+}
+
+// --allow-data-path from the config file (a TOML array), with no
+// --data-dir: files in that directory are read, others are denied.
+TEST_F(ClientServerProcessTest, AllowDataPathFromTheConfigFile) {
+  fs::create_directories(dir_ / "extra");
+  fs::create_directories(dir_ / "other");
+  WriteTinyTsv(dir_ / "extra" / "day.tsv", 60);
+  WriteTinyTsv(dir_ / "other" / "day.tsv", 60);
+  const std::string config_file =
+      WriteFile("server.toml",
+                "listen = \"127.0.0.1:0\"\n"
+                "metrics-listen = \"\"\n"
+                "config = \"tiny\"\n"
+                "log-level = \"warn\"\n"
+                "allow-data-path = [\"" +
+                    (dir_ / "extra").string() + "\"]\n");
+  ServerProcess server;
+  const absl::Status started =
+      server.Start({server_path_, "--server-config", config_file}, 60);
+  ASSERT_TRUE(started.ok()) << started;
+  std::unique_ptr<Client> client;
+  ModelConfig config;
+  const absl::Status connected = ConnectAndReadConfig(server, &client, &config);
+  ASSERT_TRUE(connected.ok()) << connected;
+  const auto evaluate = [&](const fs::path& path) {
+    EvaluateRequest request;
+    request.mutable_dataset()->mutable_criteo_tsv()->add_paths(path.string());
+    return client->Evaluate(request);
+  };
+  absl::StatusOr<EvaluateResponse> allowed = evaluate(dir_ / "extra/day.tsv");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(allowed->metrics().samples(), 60);
+  EXPECT_EQ(evaluate(dir_ / "other/day.tsv").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(evaluate(dir_ / "extra/../other/day.tsv").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  client.reset();
+  const absl::Status stopped = server.Stop(/*timeout_seconds=*/10);
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 // Checkpoint, SIGTERM, a new process with --restore: the same samples get

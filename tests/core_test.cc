@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/crc32c.h"
+#include "core/escape.h"
 #include "core/random.h"
 #include "core/status.h"
 
@@ -222,6 +223,23 @@ TEST(Crc32cTest, ExtendEqualsOnePass) {
           << n << " " << cut;
     }
   }
+}
+
+TEST(EscapeForMessageTest, EscapesEveryByteOutsidePrintableAscii) {
+  EXPECT_EQ(EscapeForMessage("plain text: \"a\\b\" 'c' ~"),
+            "plain text: \"a\\b\" 'c' ~");
+  EXPECT_EQ(EscapeForMessage(std::string("a\0b\n\r\t\x1b[2J\x7f\xc3\xa9", 13)),
+            "a\\x00b\\n\\r\\t\\x1b[2J\\x7f\\xc3\\xa9");
+  // Every byte value: the result is printable, and escaping it again
+  // changes nothing.
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  const std::string once = EscapeForMessage(all);
+  for (const char c : once) {
+    EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
+  }
+  EXPECT_EQ(EscapeForMessage(once), once);
+  EXPECT_EQ(EscapeForMessage(""), "");
 }
 
 }  // namespace

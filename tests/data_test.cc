@@ -511,6 +511,25 @@ TEST(CriteoParseTest, RejectsBadValuesNamingTheColumn) {
                 "label '0.5' must be 0 or 1");
 }
 
+// A field quoted back is at most 32 bytes of the file, escaped: no line of
+// a file comes back whole, and no control byte reaches a terminal or a log.
+TEST(CriteoParseTest, QuotesAShortEscapedExcerptOfABadField) {
+  CriteoRecord r;
+  const std::string label =
+      std::string("\x01\x1b[2J\r", 6) + std::string(26, 'x') + "NOT-QUOTED";
+  const absl::Status s =
+      ParseCriteoLine(Line(label, {}, {}), 13, 26, "f:6", &r);
+  ExpectInvalid(s, "f:6: column 0 (label): label '\\x01\\x1b[2J\\r" +
+                       std::string(26, 'x') + "...' must be 0 or 1");
+  EXPECT_EQ(s.message().find("NOT-QUOTED"), std::string::npos) << s;
+  ExpectInvalid(ParseCriteoLine(Line("1", {std::string("1\n2", 3)}, {}), 13, 26,
+                                "f:7", &r),
+                "f:7: column 1 (dense 0): bad integer '1\\n2'");
+  ExpectInvalid(ParseCriteoLine(Line("1", {}, {std::string("\xff\0", 2)}), 13,
+                                26, "f:8", &r),
+                "column 14 (categorical 0): bad categorical '\\xff\\x00'");
+}
+
 TEST(CriteoTsvTest, ReadsBatchesAcrossFilesAndRewinds) {
   const std::string a = TempPath("criteo_a.txt");
   const std::string b = TempPath("criteo_b.txt");

@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
+#include "tests/raw_call.h"
 
 namespace dlrm::server {
 namespace {
@@ -326,6 +327,32 @@ TEST_F(TokenTest, TheSchemeIsCaseInsensitiveAndOtherSchemesAreRefused) {
   EXPECT_EQ(get_info(std::string("Basic ") + kToken).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(get_info(kToken).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// Raw bytes (Train and Predict read them raw, server/raw_message.h): the
+// token is checked before the bytes are looked at, so a caller without it
+// learns nothing from them, and one with it gets the parse error.
+TEST_F(TokenTest, UnparseableBytesAreRefusedForTheTokenFirst) {
+  StartWithToken(/*predict_requires_token=*/true);
+  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
+      server_->address(), grpc::InsecureChannelCredentials());
+  const std::string garbage(64, '\xff');
+  const test::Metadata with_token = {
+      {"authorization", std::string("Bearer ") + kToken}};
+  for (const test::Metadata& metadata : {test::Metadata(), with_token}) {
+    const grpc::StatusCode want = metadata.empty()
+                                      ? grpc::StatusCode::UNAUTHENTICATED
+                                      : grpc::StatusCode::INVALID_ARGUMENT;
+    EXPECT_EQ(test::RawUnaryCall(channel, "/dlrm.Predictor/Predict", garbage,
+                                 metadata)
+                  .status.error_code(),
+              want);
+    EXPECT_EQ(
+        test::RawStreamCall(channel, "/dlrm.Trainer/Train", {garbage}, metadata)
+            .status.error_code(),
+        want);
+  }
+  EXPECT_EQ(server_->host()->steps(), 0);
 }
 
 // ------------------------------------------------------------ TLS

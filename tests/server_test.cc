@@ -43,6 +43,7 @@
 #include "model/model.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
+#include "tests/raw_call.h"
 
 namespace dlrm::server {
 namespace {
@@ -1236,6 +1237,346 @@ TEST_F(ServerTest, ReflectionListsTheServices) {
   }
 }
 
+// ------------------------------------------------------------ hardening
+
+// A Criteo TSV file of the tiny model's shape (label, 4 integer features, 3
+// hex categoricals) with `samples` good lines.
+void WriteTinyTsv(const fs::path& path, int samples) {
+  std::ofstream out(path);
+  for (int i = 0; i < samples; ++i) {
+    out << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
+        << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
+        << std::dec << "\n";
+  }
+}
+
+// True when every byte of `text` is printable ASCII.
+bool Printable(const std::string& text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+// The bytes of TrainRequests carrying `batches`.
+std::vector<std::string> TrainMessages(const std::vector<Batch>& batches) {
+  std::vector<std::string> out;
+  for (const Batch& b : batches) {
+    TrainRequest request;
+    *request.mutable_batch() = b;
+    out.push_back(request.SerializeAsString());
+  }
+  return out;
+}
+
+// Bytes no protobuf parser accepts: a varint that never ends.
+const std::string kGarbage(24, '\xff');
+// A TrainRequest cut short: field 1 promises 16 bytes, 3 follow.
+const std::string kTruncated(
+    "\x0a\x10"
+    "abc",
+    5);
+
+class ServerDataPathTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    // A secret beside the data directory, reachable only by leaving it.
+    std::ofstream(dir_ / "secret.tsv") << "TOPSECRET:x:0:0:root\t1\t2\n";
+    WriteTinyTsv(dir_ / "data" / "day.tsv", 50);
+  }
+
+  grpc::Status EvaluateTsv(const std::string& path) {
+    EvaluateRequest request;
+    request.mutable_dataset()->mutable_criteo_tsv()->add_paths(path);
+    grpc::ClientContext context;
+    EvaluateResponse response;
+    return trainer_->Evaluate(&context, request, &response);
+  }
+
+  grpc::Status StartJob(const JobRequest& request) {
+    grpc::ClientContext context;
+    JobStatus status;
+    return trainer_->StartJob(&context, request, &status);
+  }
+};
+
+TEST_F(ServerDataPathTest, PathsOutsideTheDataDirAreDeniedWithoutContent) {
+  fs::create_symlink(dir_ / "secret.tsv", dir_ / "data" / "link.tsv");
+  fs::create_directory_symlink(dir_, dir_ / "data" / "up");
+  const uint64_t checksum = Checksum();
+  const std::vector<std::string> paths = {
+      (dir_ / "secret.tsv").string(),
+      "../secret.tsv",
+      "link.tsv",       // a symbolic link inside that leads out
+      "up/secret.tsv",  // through a linked directory
+      "/etc/passwd",
+      "../missing.tsv",  // outside and absent: denied, not NOT_FOUND
+  };
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    std::vector<grpc::Status> refusals;
+    refusals.push_back(EvaluateTsv(path));
+    JobRequest train;
+    train.mutable_train()->mutable_criteo_tsv()->add_paths(path);
+    refusals.push_back(StartJob(train));
+    JobRequest eval;
+    eval.mutable_train()->mutable_synthetic()->set_num_samples(64);
+    eval.mutable_eval()->mutable_criteo_tsv()->add_paths(path);
+    refusals.push_back(StartJob(eval));
+    JobRequest binary;
+    binary.mutable_train()->set_criteo_binary(path);
+    refusals.push_back(StartJob(binary));
+    for (const grpc::Status& s : refusals) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << s.error_message();
+      EXPECT_NE(s.error_message().find("\"" + path + "\""), std::string::npos)
+          << s.error_message();
+      EXPECT_EQ(s.error_message().find("SECRET"), std::string::npos)
+          << s.error_message();
+      EXPECT_EQ(s.error_message().find("root"), std::string::npos)
+          << s.error_message();
+    }
+  }
+  EXPECT_EQ(Checksum(), checksum);
+  EXPECT_EQ(Steps(), 0);
+  grpc::ClientContext context;
+  ListJobsResponse jobs;
+  ASSERT_TRUE(trainer_->ListJobs(&context, ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 0);
+  // Inside the directory, `..` that stays in and an absolute path are fine.
+  fs::create_directories(dir_ / "data" / "sub");
+  EXPECT_TRUE(EvaluateTsv("sub/../day.tsv").ok());
+  const grpc::Status inside = EvaluateTsv((dir_ / "data" / "day.tsv").string());
+  EXPECT_TRUE(inside.ok()) << inside.error_message();
+}
+
+TEST_F(ServerDataPathTest, ParseErrorsNameFileLineAndColumnAndQuoteLittle) {
+  // Line 2's label: control bytes, then 60 bytes of which only the first
+  // 32 (escaped) may come back.
+  const std::string label = std::string("\x01\x1b[2J", 5) +
+                            std::string(27, 'a') + "TAILSECRET" +
+                            std::string(23, 'b');
+  {
+    std::ofstream out(dir_ / "data" / "bad.tsv");
+    out << "0\t1\t2\t3\t4\t1\t2\t3\n" << label << "\t1\t2\t3\t4\t1\t2\t3\n";
+  }
+  const uint64_t checksum = Checksum();
+  const grpc::Status s = EvaluateTsv("bad.tsv");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string& m = s.error_message();
+  EXPECT_NE(m.find("bad.tsv:2: column 0 (label): label '\\x01\\x1b[2Jaaa"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("a...' must be 0 or 1"), std::string::npos) << m;
+  EXPECT_EQ(m.find("TAILSECRET"), std::string::npos) << m;
+  EXPECT_TRUE(Printable(m)) << m;
+
+  // A job on the file fails the same way; its error is escaped too.
+  JobRequest request;
+  request.mutable_train()->mutable_criteo_tsv()->add_paths("bad.tsv");
+  request.set_batch_size(10);
+  JobStatus started;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
+  }
+  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& j) {
+    return j.state() == JobStatus::FAILED || j.state() == JobStatus::SUCCEEDED;
+  });
+  EXPECT_EQ(done.state(), JobStatus::FAILED);
+  EXPECT_NE(done.error().find("bad.tsv:2: column 0 (label)"), std::string::npos)
+      << done.error();
+  EXPECT_EQ(done.error().find("TAILSECRET"), std::string::npos);
+  EXPECT_TRUE(Printable(done.error())) << done.error();
+  EXPECT_EQ(Checksum(), checksum);
+}
+
+TEST_F(ServerDataPathTest, AllowDataPathAddsDirectoriesAndNoMore) {
+  fs::create_directories(dir_ / "extra");
+  fs::create_directories(dir_ / "other");
+  WriteTinyTsv(dir_ / "extra" / "more.tsv", 40);
+  WriteTinyTsv(dir_ / "other" / "more.tsv", 40);
+  fs::create_symlink(dir_ / "other" / "more.tsv", dir_ / "extra" / "out.tsv");
+  fs::create_symlink(dir_ / "data" / "day.tsv", dir_ / "extra" / "in.tsv");
+  ServerOptions o = Options();
+  o.allowed_data_dirs = {(dir_ / "extra").string()};
+  Start(Tiny(), o);
+  const grpc::Status extra =
+      EvaluateTsv((dir_ / "extra" / "more.tsv").string());
+  EXPECT_TRUE(extra.ok()) << extra.error_message();
+  // A link from one allowed directory into another is fine.
+  EXPECT_TRUE(EvaluateTsv((dir_ / "extra" / "in.tsv").string()).ok());
+  // Relative paths still resolve under --data-dir.
+  EXPECT_TRUE(EvaluateTsv("day.tsv").ok());
+  EXPECT_EQ(EvaluateTsv("more.tsv").error_code(), grpc::StatusCode::NOT_FOUND);
+  for (const fs::path& p :
+       {dir_ / "other" / "more.tsv", dir_ / "extra" / "out.tsv",
+        dir_ / "extra" / ".." / "other" / "more.tsv"}) {
+    EXPECT_EQ(EvaluateTsv(p.string()).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << p;
+  }
+  // Start refuses an empty entry.
+  o.allowed_data_dirs.push_back("");
+  auto model = model::DlrmModel::Create(Tiny());
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(DlrmServer::Start(*std::move(model), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServerDataPathTest, WithoutDataDirOnlySyntheticDataIsRead) {
+  ServerOptions o = Options();
+  o.data_dir.clear();
+  Start(Tiny(), o);
+  for (const std::string& path :
+       {(dir_ / "data" / "day.tsv").string(), std::string("day.tsv")}) {
+    const grpc::Status s = EvaluateTsv(path);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << path;
+    EXPECT_NE(s.error_message().find("--data-dir"), std::string::npos)
+        << s.error_message();
+  }
+  EvaluateRequest synthetic;
+  synthetic.mutable_dataset()->mutable_synthetic()->set_num_samples(500);
+  grpc::ClientContext context;
+  EvaluateResponse response;
+  const grpc::Status s = trainer_->Evaluate(&context, synthetic, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.metrics().samples(), 500);
+}
+
+TEST_F(ServerDataPathTest, ErrorMessagesEscapeControlBytes) {
+  // A NUL byte in a checkpoint path: refused before it reaches the file
+  // system, and named escaped.
+  const std::string nul_path("ck\0pt\n", 6);
+  for (bool save : {true, false}) {
+    CheckpointResponse response;
+    const grpc::Status s = Checkpoint(nul_path, save, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("\"ck\\x00pt\\n\" contains a NUL byte"),
+              std::string::npos)
+        << s.error_message();
+    EXPECT_TRUE(Printable(s.error_message())) << s.error_message();
+  }
+  EXPECT_EQ(EvaluateTsv(nul_path).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // A newline and DEL in a dataset path inside the data directory.
+  const grpc::Status missing = EvaluateTsv("a\nb\x7f.tsv");
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(missing.error_message().find("a\\nb\\x7f.tsv"), std::string::npos)
+      << missing.error_message();
+  EXPECT_TRUE(Printable(missing.error_message())) << missing.error_message();
+}
+
+TEST_F(ServerTest, BusyTrainingNamesNoClientAddress) {
+  // A stream that holds training: one batch trained, its result read.
+  grpc::ClientContext holder_context;
+  auto holder = trainer_->Train(&holder_context);
+  TrainRequest request;
+  *request.mutable_batch() = TrainBatches(1, 16, 3)[0];
+  ASSERT_TRUE(holder->Write(request));
+  TrainResponse response;
+  ASSERT_TRUE(holder->Read(&response));
+
+  const StreamOutcome second =
+      RunTrainStream(trainer_.get(), TrainBatches(1, 16, 4));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  JobRequest job;
+  job.mutable_train()->mutable_synthetic()->set_num_samples(64);
+  grpc::ClientContext context;
+  JobStatus started;
+  const grpc::Status job_status = trainer_->StartJob(&context, job, &started);
+  EXPECT_EQ(job_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  for (const grpc::Status& s : {second.status, job_status}) {
+    EXPECT_NE(s.error_message().find("training is busy: a Train stream is "
+                                     "running"),
+              std::string::npos)
+        << s.error_message();
+    // The holder's peer is "ipv4:127.0.0.1:PORT".
+    EXPECT_EQ(s.error_message().find("127.0.0.1"), std::string::npos)
+        << s.error_message();
+    EXPECT_EQ(s.error_message().find("ipv4"), std::string::npos)
+        << s.error_message();
+  }
+  holder->WritesDone();
+  EXPECT_TRUE(holder->Finish().ok());
+  EXPECT_EQ(Steps(), 1);
+}
+
+TEST_F(ServerTest, UnparseableTrainMessageEndsTheStreamAfterEarlierResults) {
+  const std::vector<std::string> good = TrainMessages(TrainBatches(2, 64, 8));
+  const test::RawStreamReply reply = test::RawStreamCall(
+      channel_, "/dlrm.Trainer/Train", {good[0], kGarbage, good[1]});
+  EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(reply.status.error_message(),
+            "stream message 1 could not be parsed as TrainRequest");
+  ASSERT_EQ(reply.messages.size(), 1u);
+  TrainResponse first;
+  ASSERT_TRUE(first.ParseFromString(reply.messages[0]));
+  EXPECT_EQ(first.result().step(), 1);
+  EXPECT_EQ(first.result().samples(), 64);
+  EXPECT_EQ(Steps(), 1);
+  EXPECT_EQ(MetricValue(server_->MetricsText(),
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Trainer/"
+                        "Train\",code=\"INVALID_ARGUMENT\"}"),
+            1);
+}
+
+TEST_F(ServerTest, StreamOfOnlyUnparseableBytesTrainsNothing) {
+  const uint64_t checksum = Checksum();
+  for (const std::string& bad : {kGarbage, kTruncated}) {
+    const test::RawStreamReply reply =
+        test::RawStreamCall(channel_, "/dlrm.Trainer/Train", {bad});
+    EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(reply.status.error_message(),
+              "stream message 0 could not be parsed as TrainRequest");
+    EXPECT_TRUE(reply.messages.empty());
+  }
+  EXPECT_EQ(Checksum(), checksum);
+  EXPECT_EQ(Steps(), 0);
+  // Training came free: a good stream runs.
+  const StreamOutcome next =
+      RunTrainStream(trainer_.get(), TrainBatches(1, 32, 9));
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(Steps(), 1);
+}
+
+TEST_F(ServerTest, RawStreamsThatHalfCloseEndOk) {
+  // No message at all, then two good ones: a clean half-close is OK.
+  const test::RawStreamReply empty =
+      test::RawStreamCall(channel_, "/dlrm.Trainer/Train", {});
+  EXPECT_TRUE(empty.status.ok()) << empty.status.error_message();
+  EXPECT_TRUE(empty.messages.empty());
+  const test::RawStreamReply two = test::RawStreamCall(
+      channel_, "/dlrm.Trainer/Train", TrainMessages(TrainBatches(2, 16, 10)));
+  EXPECT_TRUE(two.status.ok()) << two.status.error_message();
+  EXPECT_EQ(two.messages.size(), 2u);
+  EXPECT_EQ(Steps(), 2);
+}
+
+TEST_F(ServerTest, UnparseablePredictIsInvalidArgument) {
+  const uint64_t checksum = Checksum();
+  for (const std::string& bad : {kGarbage, kTruncated}) {
+    const test::RawUnaryReply reply =
+        test::RawUnaryCall(channel_, "/dlrm.Predictor/Predict", bad);
+    EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(reply.status.error_message(),
+              "request could not be parsed as PredictRequest");
+  }
+  // Good bytes on the same raw path answer as the generated client gets.
+  PredictRequest request;
+  *request.mutable_batch() = ToWire(SyntheticBatch(Tiny(), 5, 11), false);
+  const test::RawUnaryReply good = test::RawUnaryCall(
+      channel_, "/dlrm.Predictor/Predict", request.SerializeAsString());
+  ASSERT_TRUE(good.status.ok()) << good.status.error_message();
+  PredictResponse response;
+  ASSERT_TRUE(response.ParseFromString(good.bytes));
+  EXPECT_EQ(response.probabilities_size(), 5);
+  EXPECT_EQ(Checksum(), checksum);
+  EXPECT_EQ(MetricValue(server_->MetricsText(),
+                        "dlrm_grpc_requests_total{method=\"/dlrm.Predictor/"
+                        "Predict\",code=\"INVALID_ARGUMENT\"}"),
+            2);
+}
+
 // ------------------------------------------------------------ the binary
 
 std::string ServerBinary() {
@@ -1328,6 +1669,48 @@ TEST(ResolveUnderTest, KeepsPathsInsideTheRoot) {
   fs::remove_all(root);
 }
 
+TEST(ResolveDataPathTest, ReadsOnlyInsideTheAllowedDirectories) {
+  const fs::path root = MakeTempDir("datapath");
+  fs::create_directories(root / "data" / "sub");
+  fs::create_directories(root / "extra");
+  fs::create_symlink(root / "extra", root / "data" / "to_extra");
+  fs::create_symlink(root, root / "data" / "to_root");
+  DataPathOptions o;
+  // Neither set: no file at all.
+  EXPECT_EQ(ResolveDataPath(o, "x.tsv", "f").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  o.data_dir = (root / "data").string();
+  const fs::path data = fs::canonical(root / "data");
+  EXPECT_EQ(*ResolveDataPath(o, "sub/../x.tsv", "f"),
+            (data / "x.tsv").string());
+  EXPECT_EQ(*ResolveDataPath(o, (data / "x.tsv").string(), "f"),
+            (data / "x.tsv").string());
+  for (const std::string out :
+       {"../x.tsv", "to_extra/x.tsv", "to_root/x.tsv", "/etc/passwd", "/"}) {
+    absl::StatusOr<std::string> r = ResolveDataPath(o, out, "f");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << out;
+    EXPECT_NE(r.status().message().find("f = \"" + out + "\""),
+              std::string::npos)
+        << r.status();
+  }
+  o.allowed_dirs = {(root / "extra").string()};
+  EXPECT_EQ(*ResolveDataPath(o, "to_extra/x.tsv", "f"),
+            (fs::canonical(root / "extra") / "x.tsv").string());
+  EXPECT_EQ(ResolveDataPath(o, "to_root/x.tsv", "f").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Malformed paths are InvalidArgument, named escaped.
+  EXPECT_EQ(ResolveDataPath(o, "", "f").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::string> nul =
+      ResolveDataPath(o, std::string("x\0y", 3), "f");
+  EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nul.status().message().find("x\\x00y"), std::string::npos)
+      << nul.status();
+  o.allowed_dirs.push_back("");
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  fs::remove_all(root);
+}
+
 // ------------------------------------------------------------ job resume
 
 // The JobManager's side of jobs surviving a crash, in-process: what a
@@ -1351,8 +1734,15 @@ class JobResumeTest : public ::testing::Test {
   }
 
   JobManagerOptions Options() const {
-    JobManagerOptions o;
+    JobManagerOptions o = Unrecorded();
     o.state_dir = dir_.string();
+    return o;
+  }
+
+  // No end markers; dataset files read from dir_.
+  JobManagerOptions Unrecorded() const {
+    JobManagerOptions o;
+    o.data_paths.data_dir = dir_.string();
     return o;
   }
 
@@ -1536,8 +1926,7 @@ TEST_F(JobResumeTest, JobsResumedFromEachCheckpointEndWithTheSameWeights) {
   // The same as with no checkpoints at all.
   {
     auto plain = Host(0);
-    JobManagerOptions o;
-    JobManager jobs(plain.get(), &metrics_, o);
+    JobManager jobs(plain.get(), &metrics_, Unrecorded());
     auto started = jobs.Start(request);
     ASSERT_TRUE(started.ok()) << started.status();
     ASSERT_EQ(Wait(jobs, started->id()).state(), JobStatus::SUCCEEDED);
@@ -1560,7 +1949,7 @@ TEST_F(JobResumeTest, JobsResumedFromEachCheckpointEndWithTheSameWeights) {
     ASSERT_TRUE(model.ok()) << model.status();
     auto resumed_host = ModelHost::Create(*std::move(model), {});
     ASSERT_TRUE(resumed_host.ok()) << resumed_host.status();
-    JobManager jobs(resumed_host->get(), &metrics_, JobManagerOptions());
+    JobManager jobs(resumed_host->get(), &metrics_, Unrecorded());
     ASSERT_TRUE(jobs.Resume(manifest->job).ok());
     const JobStatus done = Wait(jobs, "job-1");
     ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
