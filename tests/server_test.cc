@@ -1417,7 +1417,7 @@ TEST_F(ServerDataPathTest, AllowDataPathAddsDirectoriesAndNoMore) {
   }
   // Start refuses an empty entry.
   o.allowed_data_dirs.push_back("");
-  auto model = model::DlrmModel::Create(Tiny());
+  auto model = model::Model::Create(Tiny());
   ASSERT_TRUE(model.ok());
   EXPECT_EQ(DlrmServer::Start(*std::move(model), o).status().code(),
             absl::StatusCode::kInvalidArgument);
