@@ -1,17 +1,21 @@
 // Tests for model/: metrics, the whole-model gradient, determinism,
-// rejected batches, and learning the synthetic teacher.
+// rejected batches, learning the synthetic teacher, and checkpoints (also
+// under injected file-system faults).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "core/config.h"
+#include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/dlrm_model.h"
@@ -323,8 +327,11 @@ class CheckpointTest : public ::testing::Test {
     config_.mutable_dense_optimizer()->set_learning_rate(0.01f);
     config_.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAM);
     config_.mutable_sparse_optimizer()->set_learning_rate(0.01f);
-    dir_ = ::testing::TempDir() + "/ckpt_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = std::filesystem::path(
+               ::testing::TempDir() + "/ckpt_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name())
+               .lexically_normal()
+               .string();
     data::SyntheticOptions o;
     auto src = data::MakeSyntheticSource(config_, o);
     ASSERT_TRUE(src.ok());
@@ -540,6 +547,191 @@ TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
   EXPECT_EQ((*f)->Get("top_mlp.1.bias", {2}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*f)->metadata().at("step"), "0");
+}
+
+// ------------------------------------------------ checkpoints under faults
+
+namespace fs = std::filesystem;
+
+// Every entry directly under `root`, by name.
+std::set<std::string> Entries(const fs::path& root) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) {
+    names.insert(e.path().filename().string());
+  }
+  return names;
+}
+
+bool IsTemporaryName(const std::string& name) {
+  return name.find(".tmp-") != std::string::npos ||
+         name.find(".old-") != std::string::npos;
+}
+
+// A save that fails at any one call (every call of every kind a save makes,
+// in turn, with and without an atomic exchange) is never reported saved
+// unless complete: the directory then holds exactly one checkpoint, which
+// verifies and loads as the old one or (when only the last sync or a
+// clean-up failed) the new one; the clean-up at the next start leaves only
+// it. A following save and restore work.
+TEST_F(CheckpointTest, SaveFailingAtAnyCallNeverLeavesAPartialCheckpoint) {
+  const fs::path root = dir_;
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string ckpt = (root / "ckpt").string();
+  auto old_model = DlrmModel::Create(config_);
+  auto model = DlrmModel::Create(config_);
+  ASSERT_TRUE(old_model.ok() && model.ok());
+  ASSERT_TRUE((*model)->TrainStep(batches_[0]).ok());
+  const uint64_t old_sum = (*old_model)->WeightChecksum();
+  const uint64_t new_sum = (*model)->WeightChecksum();
+  ASSERT_NE(old_sum, new_sum);
+  int failed_saves = 0;
+  for (const bool exchange : {true, false}) {
+    // The calls of a fault-free save that replaces a checkpoint.
+    ASSERT_TRUE(SaveCheckpoint(**old_model, ckpt).ok());
+    FaultInjectionFileSystem counting(DefaultFileSystem());
+    counting.SetExchangeSupported(exchange);
+    ASSERT_TRUE(SaveCheckpoint(**model, ckpt, "", &counting).ok());
+    for (int o = 0; o < static_cast<int>(FileOp::kNumOps); ++o) {
+      const FileOp op = static_cast<FileOp>(o);
+      for (int64_t n = 1; n <= counting.Count(op); ++n) {
+        SCOPED_TRACE(testing::Message()
+                     << FileOpName(op) << " call " << n << " of "
+                     << counting.Count(op)
+                     << (exchange ? "" : ", without RENAME_EXCHANGE"));
+        ASSERT_TRUE(SaveCheckpoint(**old_model, ckpt).ok());
+        FaultInjectionFileSystem faulty(DefaultFileSystem());
+        faulty.SetExchangeSupported(exchange);
+        faulty.FailNth(op, n);
+        const absl::StatusOr<CheckpointInfo> saved =
+            SaveCheckpoint(**model, ckpt, "", &faulty);
+        EXPECT_EQ(faulty.injected(), 1);
+        if (!saved.ok()) {
+          ++failed_saves;
+          EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal)
+              << saved.status();
+          EXPECT_NE(saved.status().message().find(root.string()),
+                    std::string::npos)
+              << saved.status();
+        }
+        // Left behind only: what a failed removal could not remove, and the
+        // replaced checkpoint when the sync of the two renames failed (kept
+        // so that the clean-up at the next start can put it back).
+        for (const std::string& name : Entries(root)) {
+          if (name == "ckpt") continue;
+          const bool kept_old = !saved.ok() && !exchange &&
+                                op == FileOp::kSync &&
+                                name.find(".old-") != std::string::npos;
+          EXPECT_TRUE(IsTemporaryName(name) &&
+                      (op == FileOp::kRemove || kept_old))
+              << "left behind: " << name << " (" << saved.status() << ")";
+        }
+        const std::vector<CheckpointEntry> list = ListCheckpoints(root);
+        ASSERT_EQ(list.size(), 1u);
+        EXPECT_EQ(list[0].name, "ckpt");
+        ASSERT_TRUE(list[0].manifest.ok()) << list[0].manifest.status();
+        auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+        const uint64_t sum = (*loaded)->WeightChecksum();
+        if (saved.ok()) {
+          EXPECT_EQ(sum, new_sum) << "reported saved, but not the new one";
+        } else {
+          EXPECT_TRUE(sum == old_sum || sum == new_sum);
+          EXPECT_EQ((*loaded)->steps(), sum == new_sum ? 1 : 0);
+        }
+        CleanPartialCheckpoints(root.string());
+        EXPECT_EQ(Entries(root), std::set<std::string>{"ckpt"});
+      }
+    }
+  }
+  // Nearly every call of a save is needed: most faults fail it.
+  EXPECT_GT(failed_saves, 40);
+  // The next save and restore work.
+  ASSERT_TRUE(SaveCheckpoint(**model, ckpt).ok());
+  auto restored = DlrmModel::Create(config_);
+  ASSERT_TRUE(restored.ok());
+  ASSERT_TRUE(RestoreCheckpoint(**restored, ckpt).ok());
+  EXPECT_EQ((*restored)->WeightChecksum(), new_sum);
+  EXPECT_EQ((*restored)->steps(), 1);
+}
+
+// A disk that fills up during a save: RESOURCE_EXHAUSTED naming the file,
+// the previous checkpoint stays, nothing is left behind.
+TEST_F(CheckpointTest, FullDiskFailsTheSaveNamingTheFile) {
+  const fs::path root = dir_;
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string ckpt = (root / "ckpt").string();
+  auto model = DlrmModel::Create(config_);
+  ASSERT_TRUE(model.ok());
+  auto first = SaveCheckpoint(**model, ckpt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t old_sum = (*model)->WeightChecksum();
+  ASSERT_TRUE((*model)->TrainStep(batches_[0]).ok());
+  for (const int64_t free_bytes :
+       {int64_t{0}, int64_t{100}, first->bytes / 2, first->bytes - 1}) {
+    SCOPED_TRACE(testing::Message() << free_bytes << " bytes free");
+    FaultInjectionFileSystem full(DefaultFileSystem());
+    full.SetFreeBytes(free_bytes);
+    const absl::StatusOr<CheckpointInfo> saved =
+        SaveCheckpoint(**model, ckpt, "", &full);
+    ASSERT_FALSE(saved.ok());
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kResourceExhausted)
+        << saved.status();
+    EXPECT_NE(saved.status().message().find(ckpt + ".tmp-"), std::string::npos)
+        << saved.status();
+    EXPECT_NE(saved.status().message().find("No space left on device"),
+              std::string::npos)
+        << saved.status();
+    EXPECT_EQ(Entries(root), std::set<std::string>{"ckpt"});
+    auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*loaded)->WeightChecksum(), old_sum);
+  }
+  EXPECT_TRUE(SaveCheckpoint(**model, ckpt).ok());
+}
+
+// Reads that return other bytes than were written (a failing disk or
+// cable) are DATA_LOSS naming the file, and change nothing.
+TEST_F(CheckpointTest, CorruptReadsAreDataLossAndChangeNothing) {
+  auto a = DlrmModel::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  auto b = DlrmModel::Create(config_);
+  ASSERT_TRUE(b.ok());
+  const uint64_t before = (*b)->WeightChecksum();
+  for (const char* file : {"model.safetensors", "optimizer.safetensors",
+                           "config.textproto", "MANIFEST.json"}) {
+    SCOPED_TRACE(file);
+    FaultInjectionFileSystem corrupt(DefaultFileSystem());
+    corrupt.CorruptReads(file);
+    const auto restored = RestoreCheckpoint(**b, dir_, &corrupt);
+    EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss)
+        << restored.status();
+    EXPECT_NE(restored.status().message().find(file), std::string::npos)
+        << restored.status();
+    EXPECT_GT(corrupt.injected(), 0);
+    EXPECT_EQ((*b)->WeightChecksum(), before);
+    EXPECT_EQ((*b)->steps(), 0);
+    EXPECT_EQ(
+        LoadCheckpoint(dir_, /*weights_only=*/true, &corrupt).status().code(),
+        absl::StatusCode::kDataLoss);
+  }
+  // Resume would skip it: its manifest does not read back.
+  FaultInjectionFileSystem corrupt(DefaultFileSystem());
+  corrupt.CorruptReads("MANIFEST.json");
+  const std::vector<CheckpointEntry> list =
+      ListCheckpoints(fs::path(dir_).parent_path().string(), &corrupt);
+  bool found = false;
+  for (const CheckpointEntry& e : list) {
+    if (e.dir != dir_) continue;
+    found = true;
+    EXPECT_EQ(e.manifest.status().code(), absl::StatusCode::kDataLoss);
+  }
+  EXPECT_TRUE(found);
+  ASSERT_TRUE(RestoreCheckpoint(**b, dir_).ok());
+  EXPECT_EQ((*b)->WeightChecksum(), (*a)->WeightChecksum());
 }
 
 }  // namespace
