@@ -79,7 +79,9 @@ std::string ServerPath() {
   return (BuildDir() / "server" / "dlrm_server").string();
 }
 
-fs::path SourceDir() { return fs::path(__FILE__).parent_path().parent_path(); }
+// From the build (not __FILE__, which ccache's base_dir makes relative to
+// the build directory).
+fs::path SourceDir() { return DLRM_SOURCE_DIR; }
 
 // A port free now (the coordinator's must be known to every rank up front).
 int FreePort() {
