@@ -465,6 +465,17 @@ absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
   return response;
 }
 
+absl::StatusOr<ExportResponse> Client::ExportWeights(const std::string& path) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  ExportRequest request;
+  request.set_path(path);
+  ExportResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(admin_->ExportWeights(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<ModelInfo> Client::GetModelInfo(bool include_weight_checksum) {
   grpc::ClientContext context;
   Authorize(&context);

@@ -161,6 +161,8 @@ class Client {
   // Saves to / restores from a checkpoint directory on the server.
   absl::StatusOr<CheckpointResponse> SaveCheckpoint(const std::string& path);
   absl::StatusOr<CheckpointResponse> RestoreCheckpoint(const std::string& path);
+  // Writes the model's weights to a safetensors file on the server.
+  absl::StatusOr<ExportResponse> ExportWeights(const std::string& path);
 
   // With `include_weight_checksum`, info.weight_checksum is filled (a pass
   // over every weight on the server).

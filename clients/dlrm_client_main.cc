@@ -1,6 +1,6 @@
 // dlrm_client: the command-line client of dlrm-server. Trains by streaming
 // local data or by starting server-side jobs, evaluates, predicts, and runs
-// the admin calls (info, metrics, checkpoints).
+// the admin calls (info, metrics, checkpoints, weights export).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -78,6 +78,9 @@ struct Flags {
 
   // checkpoint
   std::string checkpoint_dir;
+
+  // export
+  std::string export_path;
 
   // info
   bool config_text = false;
@@ -459,6 +462,15 @@ absl::Status Checkpoint(Client& client, const std::string& dir, bool save) {
   return absl::OkStatus();
 }
 
+absl::Status Export(Client& client, const std::string& path) {
+  ASSIGN_OR_RETURN(const ExportResponse r, client.ExportWeights(path));
+  std::printf("exported %s: step %lld, %lld tensors, %lld bytes\n",
+              r.path().c_str(), static_cast<long long>(r.step()),
+              static_cast<long long>(r.tensors()),
+              static_cast<long long>(r.bytes()));
+  return absl::OkStatus();
+}
+
 // The bearer token in `path`, without trailing whitespace (a final newline).
 // NotFound when it cannot be read, InvalidArgument when it is empty.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -649,6 +661,14 @@ int Main(int argc, char** argv) {
         ->required();
   }
 
+  CLI::App* export_weights = app.add_subcommand(
+      "export",
+      "Write the weights as a safetensors file on the server (for PyTorch)");
+  export_weights
+      ->add_option("--out", f.export_path,
+                   "File on the server (under its --checkpoint-dir)")
+      ->required();
+
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<ClientOptions> options = ConnectOptions(f);
@@ -690,6 +710,8 @@ int Main(int argc, char** argv) {
       status = Predict(c, f);
     } else if (save->parsed() || load->parsed()) {
       status = Checkpoint(c, f.checkpoint_dir, save->parsed());
+    } else if (export_weights->parsed()) {
+      status = Export(c, f.export_path);
     }
   }
   std::fflush(stdout);

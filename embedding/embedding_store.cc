@@ -107,6 +107,10 @@ absl::Status RocksDbStoreOptions::Validate() const {
         "RocksDbStoreOptions.write_buffer_bytes must be >= 65536, got ",
         write_buffer_bytes));
   }
+  if (write_retries < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RocksDbStoreOptions.write_retries must be >= 0, got ", write_retries));
+  }
   return absl::OkStatus();
 }
 

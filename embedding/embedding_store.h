@@ -12,6 +12,10 @@
 #include "dlrm/config.pb.h"
 #include "embedding/embedding_table.h"
 
+namespace rocksdb {
+class FileSystem;
+}  // namespace rocksdb
+
 namespace dlrm::embedding {
 
 class RowDatabase;
@@ -63,15 +67,18 @@ struct StoreMetrics {
   // Value bytes read from and written to RocksDB.
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
+  // Writes of rows retried after RocksDB failed them (a failed flush) and
+  // was asked to recover (RocksDbStoreOptions::write_retries).
+  int64_t write_retries = 0;
 
   // Every field, in declaration order (for sums and for sending them).
-  static constexpr int kNumFields = 9;
+  static constexpr int kNumFields = 10;
   static constexpr int64_t StoreMetrics::*kFields[kNumFields] = {
       &StoreMetrics::hits,          &StoreMetrics::misses,
       &StoreMetrics::prefetch_hits, &StoreMetrics::evictions,
       &StoreMetrics::rows_read,     &StoreMetrics::rows_initialized,
       &StoreMetrics::rows_written,  &StoreMetrics::bytes_read,
-      &StoreMetrics::bytes_written};
+      &StoreMetrics::bytes_written, &StoreMetrics::write_retries};
   StoreMetrics& operator+=(const StoreMetrics& other) {
     for (const auto field : kFields) this->*field += other.*field;
     return *this;
@@ -203,6 +210,15 @@ struct RocksDbStoreOptions {
   // (up to two per family in memory): bigger means fewer flushes and
   // compactions, more memory. Default: 64 MiB.
   int64_t write_buffer_bytes = int64_t{64} << 20;
+  // Times a write of rows that failed is retried, each after RocksDB was
+  // asked to recover from the background error behind it (a flush that
+  // failed stops its writes), before the step fails; the rows stay
+  // buffered either way (docs/storage.md "Storage faults"). Default: 2.
+  int write_retries = 2;
+  // The file system RocksDB works through; null is RocksDB's default (the
+  // OS). Tests put a fault-injecting one here
+  // (embedding/rocksdb_fault_injection.h). Default: null.
+  std::shared_ptr<rocksdb::FileSystem> file_system;
 
   // InvalidArgument naming the field when one is out of range.
   absl::Status Validate() const;

@@ -3,7 +3,9 @@
 
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
@@ -26,6 +28,7 @@ absl::Status ToStatus(const rocksdb::Status& s, const std::string& what) {
   const std::string message =
       absl::StrCat("RocksDB ", what, ": ", s.ToString());
   if (s.IsNotFound()) return absl::NotFoundError(message);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(message);
   if (s.IsCorruption()) return absl::DataLossError(message);
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(message);
   if (s.IsNotSupported()) return absl::UnimplementedError(message);
@@ -40,6 +43,18 @@ void EncodeRowKey(int64_t row, char* key) {
   const auto u = static_cast<uint64_t>(row);
   for (int i = 0; i < 8; ++i) key[i] = static_cast<char>(u >> (56 - 8 * i));
 }
+
+// Turns RocksDB's automatic recovery from background errors off (the
+// retryable ones are off through max_bgerror_resume_count): recovery runs
+// only when a store asks for it, from the thread that needs it.
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/,
+                            rocksdb::Status /*bg_error*/,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+};
 
 bool IsRowwiseAdagrad(const OptimizerConfig& optimizer) {
   return optimizer.type() == OptimizerConfig::ADAGRAD ||
@@ -66,6 +81,12 @@ absl::StatusOr<std::unique_ptr<RowDatabase>> RowDatabase::Open(
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
+  db_options.max_bgerror_resume_count = 0;
+  db_options.listeners.push_back(std::make_shared<NoAutoRecovery>());
+  if (options.file_system != nullptr) {
+    db->env_ = rocksdb::NewCompositeEnv(options.file_system);
+    db_options.env = db->env_.get();
+  }
   rocksdb::BlockBasedTableOptions table_options;
   if (options.block_cache_bytes > 0) {
     table_options.block_cache =
@@ -208,6 +229,10 @@ absl::Status RowDatabase::Checkpoint(const std::string& dir) {
   // Spill writes skip the WAL, so the memtables must reach SST files before
   // the hard links are taken.
   rocksdb::Status s = db_->Flush(rocksdb::FlushOptions(), handles);
+  for (int retry = 0; !s.ok() && retry < options_.write_retries; ++retry) {
+    if (!Recover().ok()) break;
+    s = db_->Flush(rocksdb::FlushOptions(), handles);
+  }
   if (!s.ok()) return ToStatus(s, absl::StrCat("flush ", options_.path));
   rocksdb::Checkpoint* raw = nullptr;
   s = rocksdb::Checkpoint::Create(db_.get(), &raw);
@@ -215,6 +240,15 @@ absl::Status RowDatabase::Checkpoint(const std::string& dir) {
   std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
   s = checkpoint->CreateCheckpoint(dir);
   if (!s.ok()) return ToStatus(s, absl::StrCat("checkpoint to ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status RowDatabase::Recover() {
+  const rocksdb::Status s = db_->Resume();
+  if (!s.ok()) {
+    return ToStatus(
+        s, absl::StrCat("recover ", options_.path, " from a failed write"));
+  }
   return absl::OkStatus();
 }
 
@@ -453,6 +487,24 @@ absl::Status RocksDbCachedStore::WriteRecords(const int64_t* rows,
   return absl::OkStatus();
 }
 
+absl::Status RocksDbCachedStore::WriteRecordsRetrying(const int64_t* rows,
+                                                      const float* records,
+                                                      size_t count,
+                                                      bool with_step) {
+  absl::Status status = WriteRecords(rows, records, count, with_step);
+  for (int retry = 0; !status.ok() && retry < options_.write_retries; ++retry) {
+    // A flush that failed stops RocksDB's writes until it recovers, which
+    // flushes again.
+    if (const absl::Status recovered = db_->Recover(); !recovered.ok()) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), "; ",
+                                                      recovered.message()));
+    }
+    ++metrics_.write_retries;
+    status = WriteRecords(rows, records, count, with_step);
+  }
+  return status;
+}
+
 void RocksDbCachedStore::Submit(bool read, std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lock(jobs_mu_);
@@ -495,11 +547,13 @@ absl::Status RocksDbCachedStore::WaitForJobs() {
   }
   if (!writeback_rows_.empty()) {
     // The background write failed: the buffer is the only copy of those
-    // rows, so write it before anything reads RocksDB again.
+    // rows, so write it before anything reads RocksDB again. While it
+    // cannot be written, every call that waits fails with the error, and
+    // the rows stay buffered.
     staged_valid_ = false;
     const absl::Status status =
-        WriteRecords(writeback_rows_.data(), writeback_records_.data(),
-                     writeback_rows_.size(), /*with_step=*/false);
+        WriteRecordsRetrying(writeback_rows_.data(), writeback_records_.data(),
+                             writeback_rows_.size(), /*with_step=*/false);
     if (!status.ok()) {
       WaitForReads().IgnoreError();
       return status;
@@ -756,8 +810,9 @@ absl::Status RocksDbCachedStore::Flush() {
       rows[i - begin] = slot_info_[dirty[i]].row;
       CopySlotToRecord(dirty[i], records.data() + (i - begin) * record_floats);
     }
-    RETURN_IF_ERROR(WriteRecords(rows.data(), records.data(), rows.size(),
-                                 /*with_step=*/end == dirty.size()));
+    RETURN_IF_ERROR(WriteRecordsRetrying(rows.data(), records.data(),
+                                         rows.size(),
+                                         /*with_step=*/end == dirty.size()));
     for (size_t i = begin; i < end; ++i) slot_info_[dirty[i]].dirty = false;
     metrics_.rows_written += static_cast<int64_t>(rows.size());
     metrics_.bytes_written +=

@@ -23,6 +23,7 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
 struct ColumnFamilyOptions;
 }  // namespace rocksdb
 
@@ -32,6 +33,11 @@ namespace dlrm::embedding {
 // thread that runs its stores' write-back and prefetch reads in submission
 // order (one thread per database: the reads and writes of every table
 // overlap the step's compute without a thread per table). Thread-safe.
+//
+// A flush that fails (a full or failing disk) makes RocksDB refuse writes
+// until it recovers. RocksDB's own automatic recovery is off: the stores
+// ask for it (Recover) when a write fails, so that what happens under a
+// fault does not depend on the timing of a background thread.
 class RowDatabase {
  public:
   // Opens (creating if missing) the database at options.path with every
@@ -62,6 +68,13 @@ class RowDatabase {
   // exists.
   absl::Status Checkpoint(const std::string& dir);
 
+  // Asks RocksDB to recover from a background error (a failed flush): it
+  // flushes the memtables again. OK when there was none or it recovered;
+  // RocksDB's error otherwise (ResourceExhausted while the disk is full;
+  // Internal for an error RocksDB cannot recover from: then the database
+  // stays read-only).
+  absl::Status Recover();
+
   rocksdb::DB* db() { return db_.get(); }
   const RocksDbStoreOptions& options() const { return options_; }
 
@@ -75,6 +88,8 @@ class RowDatabase {
   void WorkerLoop();
 
   RocksDbStoreOptions options_;
+  // Over options_.file_system when set; declared before db_ to outlive it.
+  std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
   // Options of every column family (shares one block cache).
   std::unique_ptr<rocksdb::ColumnFamilyOptions> family_options_;
@@ -184,6 +199,11 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // the step counter if asked, in one WriteBatch without the WAL.
   absl::Status WriteRecords(const int64_t* rows, const float* records,
                             size_t count, bool with_step) const;
+  // WriteRecords, and up to options_.write_retries more times after asking
+  // the database to recover, while it fails. The last error otherwise.
+  // Counts the retries in metrics_.
+  absl::Status WriteRecordsRetrying(const int64_t* rows, const float* records,
+                                    size_t count, bool with_step);
   // FailedPrecondition unless `prepared` is the last successful Prepare's.
   absl::Status CheckPrepared(const data::SparseFeature& prepared) const;
   // Waits for this store's background reads and returns a failed one's

@@ -3,8 +3,6 @@
 // manifests with checksums; periodic checkpoints' housekeeping.
 #include "model/checkpoint.h"
 
-#include <fcntl.h>
-#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,9 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -41,6 +37,20 @@ constexpr char kOptimizer[] = "optimizer.safetensors";
 // STORAGE_ROCKSDB tables), present only when a table uses it.
 constexpr char kRocksDb[] = "rocksdb";
 
+// The directory holding `path` ("." for a bare name).
+std::string ParentOf(const std::string& path) {
+  const fs::path parent = fs::path(path).lexically_normal().parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+std::string LayerName(const char* mlp, size_t layer, const char* what) {
+  return absl::StrCat(mlp, ".", layer, ".", what);
+}
+
+std::string TableWeightName(const TableConfig& table) {
+  return absl::StrCat("embedding_bags.", table.name(), ".weight");
+}
+
 // Weights [rows, dim] of table `k`, read row by row through its store.
 absl::Status ReadTableWeights(Model& m, int k, std::vector<float>* out) {
   embedding::EmbeddingStore& store = *m.WholeStore(k);
@@ -56,44 +66,41 @@ absl::Status ReadTableWeights(Model& m, int k, std::vector<float>* out) {
   return absl::OkStatus();
 }
 
-// The MLPs' weights and biases with their documented names.
-std::vector<TensorToWrite> DenseWeightTensors(Model& m) {
+// The weight tensors a restore copies into the model, named as WeightSpecs
+// names them; RocksDB-tier tables are left out (restore takes them from the
+// RocksDB checkpoint instead).
+std::vector<TensorToWrite> RestoredWeightTensors(Model& m) {
   std::vector<TensorToWrite> out;
   for (auto [mlp, prefix] :
        {std::pair{&m.bottom(), "bottom_mlp"}, std::pair{&m.top(), "top_mlp"}}) {
     for (size_t i = 0; i < mlp->layers().size(); ++i) {
       dense::Linear& l = mlp->layers()[i];
-      out.push_back({absl::StrCat(prefix, ".", i, ".weight"),
-                     {l.out(), l.in()},
-                     l.weight()});
       out.push_back(
-          {absl::StrCat(prefix, ".", i, ".bias"), {l.out()}, l.bias()});
+          {LayerName(prefix, i, "weight"), {l.out(), l.in()}, l.weight()});
+      out.push_back({LayerName(prefix, i, "bias"), {l.out()}, l.bias()});
     }
+  }
+  const ModelConfig& c = m.config();
+  for (int k = 0; k < c.tables_size(); ++k) {
+    const TableConfig& tc = c.tables(k);
+    embedding::EmbeddingTable* t = m.WholeHostTable(k);
+    if (t == nullptr) continue;
+    out.push_back({TableWeightName(tc), {tc.rows(), tc.dim()}, t->weights()});
   }
   return out;
 }
 
-// Every weight tensor of a model of whole tables (CheckWholeTables) with
-// its documented name. RocksDB-tier tables are read into `buffers` (which
-// must outlive the result); with `buffers` null they are left out (restore
-// takes them from the RocksDB checkpoint instead).
-absl::StatusOr<std::vector<TensorToWrite>> WeightTensors(
-    Model& m, std::vector<std::vector<float>>* buffers) {
-  std::vector<TensorToWrite> out = DenseWeightTensors(m);
-  const ModelConfig& c = m.config();
-  if (buffers != nullptr) buffers->resize(c.tables_size());
-  for (int k = 0; k < c.tables_size(); ++k) {
-    const std::string name =
-        absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight");
-    const TableConfig& tc = c.tables(k);
-    if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
-      out.push_back({name, {tc.rows(), tc.dim()}, t->weights()});
-    } else if (buffers != nullptr) {
-      RETURN_IF_ERROR(ReadTableWeights(m, k, &(*buffers)[k]));
-      out.push_back({name, {tc.rows(), tc.dim()}, (*buffers)[k].data()});
-    }
-  }
-  return out;
+// WriteWeights' tables of a one-process model: host tables in place,
+// RocksDB-tier ones read through their store.
+TableWeightsFn ModelTables(Model& m) {
+  return
+      [&m](int k, std::vector<float>* scratch) -> absl::StatusOr<const float*> {
+        if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
+          return t->weights();
+        }
+        RETURN_IF_ERROR(ReadTableWeights(m, k, scratch));
+        return scratch->data();
+      };
 }
 
 // Optimizer state tensors (dense and per host-memory table), possibly none
@@ -156,22 +163,14 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir) {
+absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
+                                                 FileSystem* file_system) {
   if (!fs::exists(dir / kManifest)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir.string(),
                                             " (no ", kManifest, ")"));
   }
-  ASSIGN_OR_RETURN(std::string text, ReadFile(dir / kConfig));
+  ASSIGN_OR_RETURN(std::string text,
+                   ReadFile(*file_system, (dir / kConfig).string()));
   ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfigText(text));
   return NormalizeModelConfig(std::move(config));
 }
@@ -204,25 +203,27 @@ int64_t ParseStep(const std::map<std::string, std::string>& meta,
 // The manifest of the single-rank checkpoint in `dir` after checking every
 // file's checksum. NotFound, DataLoss as ReadManifest and
 // VerifyCheckpointFiles; FailedPrecondition for a multi-rank checkpoint.
-absl::StatusOr<Manifest> VerifySingleRank(const fs::path& dir) {
-  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir.string()));
+absl::StatusOr<Manifest> VerifySingleRank(const fs::path& dir,
+                                          FileSystem* file_system) {
+  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir.string(), file_system));
   if (manifest.format != kSingleRankFormat) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir.string(), " holds a checkpoint of a job of ",
                      manifest.world_size, " ranks (format ", manifest.format,
                      "); a single-rank server cannot restore it"));
   }
-  RETURN_IF_ERROR(VerifyCheckpointFiles(dir.string(), manifest));
+  RETURN_IF_ERROR(VerifyCheckpointFiles(dir.string(), manifest,
+                                        /*want=*/nullptr, file_system));
   return manifest;
 }
 
-// The single-rank format holds every table whole: a model of one rank
+// The one-process format holds every table whole: a model of one rank
 // whose every table is whole on it (Model::Create(config)'s plan).
 absl::Status CheckWholeTables(Model& model) {
   for (int k = 0; k < model.config().tables_size(); ++k) {
     if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "a single-rank checkpoint needs every table whole on one rank; "
+          "a one-process checkpoint needs every table whole on one rank; "
           "table ",
           model.config().tables(k).name(), " is sharded over ",
           model.world_size(), " rank(s)"));
@@ -242,13 +243,14 @@ void TestOnlyDelay() {
 }
 
 absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
-                                       bool weights_only, bool verified) {
-  if (!verified) RETURN_IF_ERROR(VerifySingleRank(dir).status());
-  ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir));
+                                       bool weights_only, bool verified,
+                                       FileSystem* file_system) {
+  if (!verified) RETURN_IF_ERROR(VerifySingleRank(dir, file_system).status());
+  ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir, file_system));
   RETURN_IF_ERROR(CheckSameArchitecture(saved, model.config()));
   ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(dir / kWeights));
-  ASSIGN_OR_RETURN(std::vector<TensorToWrite> weight_tensors,
-                   WeightTensors(model, /*buffers=*/nullptr));
+  const std::vector<TensorToWrite> weight_tensors =
+      RestoredWeightTensors(model);
   std::unique_ptr<SafetensorsFile> optimizer;
   // Check every file fully before anything changes.
   for (const auto& t : weight_tensors) {
@@ -262,11 +264,11 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
   }
   // The RocksDB tier is staged (a copy opened beside the live one), then
   // swapped in with the checked copies, which cannot fail.
-  std::unique_ptr<Model::StagedRows> staged;
   if (model.HasRocksDbShards()) {
-    ASSIGN_OR_RETURN(staged, model.StageRows((dir / kRocksDb).string()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Model::StagedRows> staged,
+                     model.StageRows((dir / kRocksDb).string()));
+    model.SwapInRows(std::move(staged));
   }
-  if (staged != nullptr) model.SwapInRows(std::move(staged));
   RETURN_IF_ERROR(CopyAll(*weights, weight_tensors));
   CheckpointInfo info;
   info.step = ParseStep(weights->metadata(), "step");
@@ -291,65 +293,80 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
 
 }  // namespace
 
-absl::Status WriteTextFile(const std::string& path_name,
-                           const std::string& text) {
-  const fs::path path(path_name);
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot write ", path.string()));
-  }
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) return absl::InternalError(absl::StrCat("writing ", path.string()));
-  return absl::OkStatus();
+absl::Status WriteTextFile(const std::string& path, const std::string& text,
+                           FileSystem* file_system) {
+  return WriteFile(*file_system, path, text);
 }
 
-absl::Status SyncDirectory(const std::string& dir_name) {
-  const fs::path dir(dir_name);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0)
-    return absl::InternalError(absl::StrCat("cannot open ", dir.string()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0)
-    return absl::InternalError(absl::StrCat("cannot sync ", dir.string()));
-  return absl::OkStatus();
+absl::Status SyncDirectory(const std::string& dir, FileSystem* file_system) {
+  return file_system->SyncDirectory(dir);
+}
+
+std::string TemporaryPath(const std::string& path) {
+  return absl::StrCat(path, ".tmp-", ::getpid());
 }
 
 absl::Status CommitDirectory(const std::string& tmp_name,
-                             const std::string& dir_name) {
+                             const std::string& dir_name,
+                             FileSystem* file_system) {
   const fs::path tmp(tmp_name);
   const fs::path dir = fs::path(dir_name).lexically_normal();
+  const std::string parent = ParentOf(dir.string());
   std::error_code ec;
-  if (fs::exists(dir) && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD,
-                                     dir.c_str(), RENAME_EXCHANGE) == 0) {
-    // One atomic swap: `dir` is the old or the new checkpoint at every
-    // moment; `tmp` now holds the old one.
-    RETURN_IF_ERROR(SyncDirectory(dir.parent_path().string()));
-    fs::remove_all(tmp, ec);
-    return absl::OkStatus();
+  const bool replacing = fs::exists(dir, ec);
+  if (replacing) {
+    const absl::Status swapped =
+        file_system->Exchange(tmp.string(), dir.string());
+    if (swapped.ok()) {
+      // One atomic swap: `dir` is the old or the new checkpoint at every
+      // moment; `tmp` now holds the old one.
+      RETURN_IF_ERROR(file_system->SyncDirectory(parent));
+      if (const absl::Status s = file_system->RemoveAll(tmp.string());
+          !s.ok()) {
+        spdlog::warn("removing the replaced checkpoint: {}", s.ToString());
+      }
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnimplemented(swapped)) return swapped;
   }
   // A file system without RENAME_EXCHANGE (or no old checkpoint): between
-  // the two renames `dir` is missing, and CleanPartialCheckpoints puts the
-  // old one back after a crash there.
-  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
-  if (fs::exists(dir)) {
-    fs::rename(dir, old, ec);
-    if (ec) {
-      return absl::InternalError(absl::StrCat(
-          "cannot move the old ", dir.string(), ": ", ec.message()));
+  // the two renames `dir` is missing; the old one is put back if the second
+  // fails, or by CleanPartialCheckpoints after a crash there.
+  const std::string old = dir.string() + ".old-" + std::to_string(::getpid());
+  if (replacing) {
+    if (const absl::Status s = file_system->Rename(dir.string(), old);
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("cannot move the old ", dir.string(),
+                                       " aside: ", s.message()));
     }
   }
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename into ", dir.string(), ": ", ec.message()));
+  if (const absl::Status s = file_system->Rename(tmp.string(), dir.string());
+      !s.ok()) {
+    if (replacing) {
+      if (const absl::Status back = file_system->Rename(old, dir.string());
+          !back.ok()) {
+        spdlog::error(
+            "cannot put {} back after a failed save ({}); the next start "
+            "puts it back",
+            old, back.ToString());
+      }
+    }
+    return s;
   }
-  RETURN_IF_ERROR(SyncDirectory(dir.parent_path().string()));
-  fs::remove_all(old, ec);
+  RETURN_IF_ERROR(file_system->SyncDirectory(parent));
+  if (replacing) {
+    if (const absl::Status s = file_system->RemoveAll(old); !s.ok()) {
+      spdlog::warn("removing the replaced checkpoint: {}", s.ToString());
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status CommitFile(const std::string& tmp, const std::string& path,
+                        FileSystem* file_system) {
+  RETURN_IF_ERROR(file_system->Rename(tmp, path));
+  return file_system->SyncDirectory(ParentOf(path));
 }
 
 std::vector<TableTensor> TableTensors(const std::string& base,
@@ -373,29 +390,20 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   return out;
 }
 
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
-                                              const std::string& dir_name,
-                                              const std::string& job) {
-  RETURN_IF_ERROR(CheckWholeTables(model));
-  const fs::path dir = fs::absolute(dir_name).lexically_normal();
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
-  }
+namespace {
+
+// Writes every file of the checkpoint of `model` into the directory `tmp`,
+// the manifest last.
+absl::StatusOr<CheckpointInfo> WriteCheckpointFiles(Model& model,
+                                                    const fs::path& tmp,
+                                                    const std::string& job,
+                                                    FileSystem* file_system) {
   const std::string step = std::to_string(model.steps());
-  {
-    std::vector<std::vector<float>> buffers;
-    ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
-                     WeightTensors(model, &buffers));
-    RETURN_IF_ERROR(
-        WriteSafetensors((tmp / kWeights).string(), tensors,
-                         {{"format", "dlrm-server"}, {"step", step}}));
-    TestOnlyDelay();
-  }
+  RETURN_IF_ERROR(WriteWeights((tmp / kWeights).string(), model.config(),
+                               model.bottom(), model.top(), model.steps(),
+                               ModelTables(model), file_system)
+                      .status());
+  TestOnlyDelay();
   std::map<std::string, std::string> meta = {
       {"step", step},
       {"dense_optimizer_step", std::to_string(model.dense_optimizer().step())}};
@@ -404,13 +412,15 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
         std::to_string(model.WholeStore(k)->step());
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizer).string(),
-                                   OptimizerTensors(model), meta));
+                                   OptimizerTensors(model), meta, file_system));
   TestOnlyDelay();
   std::string config_text;
   google::protobuf::TextFormat::PrintToString(model.config(), &config_text);
-  RETURN_IF_ERROR(WriteTextFile((tmp / kConfig).string(), config_text));
+  RETURN_IF_ERROR(
+      WriteTextFile((tmp / kConfig).string(), config_text, file_system));
   if (model.HasRocksDbShards()) {
-    // RocksDB's checkpoint: its files are checksummed like the others.
+    // RocksDB's checkpoint, written through RocksDB's own file system: its
+    // files are checksummed like the others.
     RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
   }
   TestOnlyDelay();
@@ -424,47 +434,142 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
       "world size 1: every table whole on rank 0; MLPs on rank 0";
   fields.job = job;
   // The manifest is written last: its presence marks a complete checkpoint.
-  ASSIGN_OR_RETURN(Manifest manifest, WriteManifest(tmp.string(), fields));
+  ASSIGN_OR_RETURN(Manifest manifest,
+                   WriteManifest(tmp.string(), fields, file_system));
   TestOnlyDelay();
   CheckpointInfo info;
   info.step = model.steps();
   for (const ManifestFile& f : manifest.files) info.bytes += f.bytes;
-  RETURN_IF_ERROR(CommitDirectory(tmp.string(), dir.string()));
+  return info;
+}
+
+// Removes what a failed save left under `path`; a failure is only logged
+// (CleanPartialCheckpoints removes it at the next start).
+void RemoveLeftover(const std::string& path, FileSystem* file_system) {
+  if (const absl::Status s = file_system->RemoveAll(path); !s.ok()) {
+    spdlog::warn("cannot remove {} after a failed save: {}", path,
+                 s.ToString());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
+                                              const std::string& dir_name,
+                                              const std::string& job,
+                                              FileSystem* file_system) {
+  RETURN_IF_ERROR(CheckWholeTables(model));
+  const fs::path dir = fs::absolute(dir_name).lexically_normal();
+  const std::string tmp = TemporaryPath(dir.string());
+  RETURN_IF_ERROR(file_system->RemoveAll(tmp));
+  RETURN_IF_ERROR(file_system->CreateDirectories(tmp));
+  absl::StatusOr<CheckpointInfo> info =
+      WriteCheckpointFiles(model, tmp, job, file_system);
+  if (info.ok()) {
+    const absl::Status committed =
+        CommitDirectory(tmp, dir.string(), file_system);
+    if (!committed.ok()) info = committed;
+  }
+  if (!info.ok()) RemoveLeftover(tmp, file_system);
   return info;
 }
 
 absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
-                                                 const std::string& dir) {
+                                                 const std::string& dir,
+                                                 FileSystem* file_system) {
   RETURN_IF_ERROR(CheckWholeTables(model));
-  return Restore(model, dir, /*weights_only=*/false, /*verified=*/false);
+  return Restore(model, dir, /*weights_only=*/false, /*verified=*/false,
+                 file_system);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
-                                                      bool weights_only) {
+                                                      bool weights_only,
+                                                      FileSystem* file_system) {
   // Checked before the model is allocated.
-  RETURN_IF_ERROR(VerifySingleRank(dir).status());
-  ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir));
+  RETURN_IF_ERROR(VerifySingleRank(dir, file_system).status());
+  ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
   RETURN_IF_ERROR(
-      Restore(*model, dir, weights_only, /*verified=*/true).status());
+      Restore(*model, dir, weights_only, /*verified=*/true, file_system)
+          .status());
   return model;
 }
 
-absl::Status ExportSafetensors(Model& model, const std::string& path) {
-  std::vector<TensorToWrite> tensors = DenseWeightTensors(model);
-  const ModelConfig& c = model.config();
-  std::vector<std::vector<float>> tables(c.tables_size());
-  for (int k = 0; k < c.tables_size(); ++k) {
-    RETURN_IF_ERROR(model.GatherTable(k, &tables[k]));
-    tensors.push_back(
-        {absl::StrCat("embedding_bags.", c.tables(k).name(), ".weight"),
-         {c.tables(k).rows(), c.tables(k).dim()},
-         tables[k].data()});
+// ------------------------------------------------------------------ weights
+
+std::vector<TensorSpec> WeightSpecs(const ModelConfig& config,
+                                    const dense::Mlp& bottom,
+                                    const dense::Mlp& top) {
+  std::vector<TensorSpec> specs;
+  for (auto [mlp, prefix] :
+       {std::pair{&bottom, "bottom_mlp"}, std::pair{&top, "top_mlp"}}) {
+    for (size_t i = 0; i < mlp->layers().size(); ++i) {
+      const dense::Linear& l = mlp->layers()[i];
+      specs.push_back({LayerName(prefix, i, "weight"), {l.out(), l.in()}});
+      specs.push_back({LayerName(prefix, i, "bias"), {l.out()}});
+    }
   }
-  if (model.rank() != 0) return absl::OkStatus();
-  return WriteSafetensors(
-      path, tensors,
-      {{"format", "dlrm-server"}, {"step", std::to_string(model.steps())}});
+  for (const TableConfig& t : config.tables()) {
+    specs.push_back({TableWeightName(t), {t.rows(), t.dim()}});
+  }
+  return specs;
+}
+
+absl::StatusOr<ExportInfo> WriteWeights(const std::string& path,
+                                        const ModelConfig& config,
+                                        const dense::Mlp& bottom,
+                                        const dense::Mlp& top, int64_t step,
+                                        const TableWeightsFn& table,
+                                        FileSystem* file_system) {
+  std::vector<TensorSpec> specs = WeightSpecs(config, bottom, top);
+  ExportInfo info;
+  info.step = step;
+  info.tensors = static_cast<int64_t>(specs.size());
+  absl::Status status = file_system->CreateDirectories(ParentOf(path));
+  std::unique_ptr<SafetensorsWriter> writer;
+  if (status.ok()) {
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> created =
+        SafetensorsWriter::Create(
+            path, std::move(specs),
+            {{"format", "dlrm-server"}, {"step", std::to_string(step)}},
+            file_system);
+    status = created.status();
+    if (status.ok()) writer = *std::move(created);
+  }
+  for (const dense::Mlp* mlp : {&bottom, &top}) {
+    for (const dense::Linear& l : mlp->layers()) {
+      if (!status.ok()) break;
+      status = writer->Append(l.weight());
+      if (status.ok()) status = writer->Append(l.bias());
+    }
+  }
+  std::vector<float> scratch;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    absl::StatusOr<const float*> weights = table(k, &scratch);
+    if (!status.ok()) continue;
+    status = weights.status();
+    if (status.ok()) status = writer->Append(*weights);
+  }
+  if (status.ok()) status = writer->Finish();
+  RETURN_IF_ERROR(status);
+  info.bytes = writer->bytes();
+  return info;
+}
+
+absl::StatusOr<ExportInfo> ExportSafetensors(Model& model,
+                                             const std::string& path,
+                                             FileSystem* file_system) {
+  RETURN_IF_ERROR(CheckWholeTables(model));
+  const std::string tmp = TemporaryPath(path);
+  absl::StatusOr<ExportInfo> info =
+      WriteWeights(tmp, model.config(), model.bottom(), model.top(),
+                   model.steps(), ModelTables(model), file_system);
+  if (info.ok()) {
+    const absl::Status committed = CommitFile(tmp, path, file_system);
+    if (!committed.ok()) info = committed;
+  }
+  if (!info.ok()) RemoveLeftover(tmp, file_system);
+  return info;
 }
 
 // ---------------------------------------------------------------- manifests
@@ -497,34 +602,24 @@ absl::StatusOr<Manifest> ParseManifest(
 }  // namespace
 
 absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc32c(
-    const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
+    const std::string& path, FileSystem* file_system) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SequentialFile> file,
+                   file_system->NewSequentialFile(path));
   std::vector<char> buffer(size_t{4} << 20);
   uint32_t crc = 0;
   int64_t bytes = 0;
   for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(
-          absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
-    }
+    ASSIGN_OR_RETURN(const size_t n, file->Read(buffer.data(), buffer.size()));
     if (n == 0) break;
-    crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(n));
-    bytes += n;
+    crc = Crc32cExtend(crc, buffer.data(), n);
+    bytes += static_cast<int64_t>(n);
   }
-  ::close(fd);
   return std::make_pair(crc, bytes);
 }
 
 absl::StatusOr<Manifest> WriteManifest(const std::string& dir_name,
-                                       const Manifest& fields) {
+                                       const Manifest& fields,
+                                       FileSystem* file_system) {
   const fs::path dir(dir_name);
   Manifest m = fields;
   m.version = kManifestVersion;
@@ -536,7 +631,7 @@ absl::StatusOr<Manifest> WriteManifest(const std::string& dir_name,
     if (!it->is_regular_file()) continue;
     const std::string rel = it->path().lexically_relative(dir).generic_string();
     if (rel == kManifest) continue;
-    ASSIGN_OR_RETURN(auto crc, FileCrc32c(it->path().string()));
+    ASSIGN_OR_RETURN(auto crc, FileCrc32c(it->path().string(), file_system));
     m.files.push_back({rel, crc.second, crc.first, true});
   }
   if (ec) {
@@ -566,21 +661,23 @@ absl::StatusOr<Manifest> WriteManifest(const std::string& dir_name,
     json["job"] = job.is_discarded() ? nlohmann::json(m.job) : job;
   }
   json[kManifestCrcKey] = Hex32(ManifestCrc(json));
-  RETURN_IF_ERROR(
-      WriteTextFile((dir / kManifest).string(), json.dump(2) + "\n"));
-  RETURN_IF_ERROR(SyncDirectory(dir.string()));
+  RETURN_IF_ERROR(WriteTextFile((dir / kManifest).string(), json.dump(2) + "\n",
+                                file_system));
+  RETURN_IF_ERROR(SyncDirectory(dir.string(), file_system));
   return m;
 }
 
-absl::StatusOr<Manifest> ReadManifest(const std::string& dir_name) {
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir_name,
+                                      FileSystem* file_system) {
   const fs::path path = fs::path(dir_name) / kManifest;
   if (!fs::exists(path)) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoint in ", dir_name, " (no ", kManifest, ")"));
   }
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadFile(*file_system, path.string());
   if (!text.ok()) {
-    return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
+    return absl::DataLossError(absl::StrCat("cannot read ", path.string(), ": ",
+                                            text.status().message()));
   }
   const nlohmann::json json =
       nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -662,7 +759,8 @@ absl::StatusOr<Manifest> ParseManifest(
 
 absl::Status VerifyCheckpointFiles(
     const std::string& dir_name, const Manifest& manifest,
-    const std::function<bool(const std::string&)>& want) {
+    const std::function<bool(const std::string&)>& want,
+    FileSystem* file_system) {
   const fs::path dir(dir_name);
   for (const ManifestFile& f : manifest.files) {
     if (want && !want(f.path)) continue;
@@ -680,7 +778,7 @@ absl::Status VerifyCheckpointFiles(
     }
     if (!f.has_crc32c) continue;
     absl::StatusOr<std::pair<uint32_t, int64_t>> crc =
-        FileCrc32c(path.string());
+        FileCrc32c(path.string(), file_system);
     if (!crc.ok()) return absl::DataLossError(crc.status().message());
     if (crc->first != f.crc32c || crc->second != f.bytes) {
       return absl::DataLossError(absl::StrCat(
@@ -727,7 +825,8 @@ std::string PeriodicCheckpointName(int64_t step) {
   return absl::StrCat(kPeriodicPrefix, step);
 }
 
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root,
+                                             FileSystem* file_system) {
   std::vector<CheckpointEntry> out;
   std::error_code ec;
   for (auto it = fs::directory_iterator(root, ec);
@@ -740,7 +839,8 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
       continue;
     }
     if (!fs::exists(it->path() / kManifest, ignored)) continue;
-    out.push_back({it->path().string(), name, ReadManifest(it->path())});
+    out.push_back({it->path().string(), name,
+                   ReadManifest(it->path().string(), file_system)});
   }
   std::sort(out.begin(), out.end(),
             [](const CheckpointEntry& a, const CheckpointEntry& b) {
@@ -757,45 +857,50 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
   return out;
 }
 
-void CleanPartialCheckpoints(const std::string& root) {
+void CleanPartialCheckpoints(const std::string& root, FileSystem* file_system) {
   std::error_code ec;
   std::vector<fs::path> entries;
   for (auto it = fs::directory_iterator(root, ec);
        !ec && it != fs::directory_iterator(); it.increment(ec)) {
     entries.push_back(it->path());
   }
+  auto failure = [](const absl::Status& s) {
+    return s.ok() ? std::string() : absl::StrCat(": ", s.message());
+  };
   for (const fs::path& path : entries) {
     const std::string name = path.filename().string();
     std::string base;
-    std::error_code e;
     if (IsTemporary(name, ".tmp-", &base)) {
-      fs::remove_all(path, e);
+      const absl::Status s = file_system->RemoveAll(path.string());
       spdlog::warn(
-          "removed {}: an unfinished checkpoint (its save never committed, "
-          "e.g. the process was killed){}",
-          path.string(), e ? ": " + e.message() : "");
+          "removed {}: an unfinished checkpoint or export (its save never "
+          "committed, e.g. the process was killed){}",
+          path.string(), failure(s));
     } else if (IsTemporary(name, ".old-", &base)) {
       const fs::path original = path.parent_path() / base;
+      std::error_code e;
       if (!fs::exists(original, e)) {
-        fs::rename(path, original, e);
+        const absl::Status s =
+            file_system->Rename(path.string(), original.string());
         spdlog::warn(
             "put {} back as {}: a crash interrupted its replacement by a "
             "newer save{}",
-            path.string(), original.string(), e ? ": " + e.message() : "");
+            path.string(), original.string(), failure(s));
       } else {
-        fs::remove_all(path, e);
-        spdlog::warn("removed {}: a checkpoint already replaced by {}",
-                     path.string(), original.string());
+        const absl::Status s = file_system->RemoveAll(path.string());
+        spdlog::warn("removed {}: a checkpoint already replaced by {}{}",
+                     path.string(), original.string(), failure(s));
       }
     }
   }
-  if (!entries.empty()) SyncDirectory(root).IgnoreError();
+  if (!entries.empty()) SyncDirectory(root, file_system).IgnoreError();
 }
 
-absl::Status PruneCheckpoints(const std::string& root, int keep) {
+absl::Status PruneCheckpoints(const std::string& root, int keep,
+                              FileSystem* file_system) {
   if (keep <= 0) return absl::OkStatus();
   int kept = 0;
-  for (const CheckpointEntry& e : ListCheckpoints(root)) {
+  for (const CheckpointEntry& e : ListCheckpoints(root, file_system)) {
     if (PeriodicStep(e.name) < 0) continue;
     if (e.manifest.ok() && kept < keep) {
       ++kept;
@@ -804,15 +909,15 @@ absl::Status PruneCheckpoints(const std::string& root, int keep) {
     // Renamed first, so that a crash halfway through the removal leaves a
     // temporary directory (cleaned at the next start), not a damaged
     // checkpoint.
-    const fs::path doomed =
-        e.dir + ".tmp-" + std::to_string(::getpid()) + "-pruned";
-    std::error_code ec;
-    fs::rename(e.dir, doomed, ec);
-    if (ec) {
-      return absl::InternalError(absl::StrCat("cannot remove old checkpoint ",
-                                              e.dir, ": ", ec.message()));
+    const std::string doomed = TemporaryPath(e.dir) + "-pruned";
+    if (const absl::Status s = file_system->Rename(e.dir, doomed); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("cannot remove old checkpoint ", e.dir, ": ",
+                                 s.message()));
     }
-    fs::remove_all(doomed, ec);
+    if (const absl::Status s = file_system->RemoveAll(doomed); !s.ok()) {
+      spdlog::warn("removing old checkpoint {}: {}", e.dir, s.ToString());
+    }
     spdlog::info("removed old checkpoint {} (keeping the {} newest)", e.dir,
                  keep);
   }

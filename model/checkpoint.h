@@ -1,10 +1,13 @@
-// Checkpoints of a one-process Model: a directory with the config, the weights
-// as safetensors (loadable in PyTorch; names in docs/checkpoints.md), the
-// optimizer state, and a manifest with every file's size and CRC-32C.
+// Checkpoints of a one-process model::Model: a directory with the config, the
+// weights as safetensors (loadable in PyTorch; names in docs/checkpoints.md),
+// the optimizer state, and a manifest with every file's size and CRC-32C.
 // Written to a temporary directory, synced, then renamed into place, so a
 // crash never leaves a half-written one; loading checks every checksum.
 // Also the periodic checkpoints' housekeeping: listing, pruning, cleaning up
-// after a crash (docs/checkpoints.md).
+// after a crash (docs/checkpoints.md), and the weights export for PyTorch
+// (docs/server.md "Weights export"). Every file is written, renamed and
+// removed through a FileSystem (the real one unless a test passes another);
+// tensors are read by mmap after their checksums were verified through it.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +17,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/file_system.h"
+#include "dense/linear.h"
 #include "embedding/embedding_table.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 
 namespace dlrm::model {
 
@@ -41,46 +47,107 @@ struct CheckpointInfo {
   int64_t bytes = 0;
 };
 
-// Writes the model (config, weights, optimizer state, step) to `dir`,
-// replacing a previous checkpoint there; `job` (a JSON object, or empty)
-// goes into the manifest as Manifest::job. FailedPrecondition unless the
-// model is one rank holding every table whole (Model::Create(config));
-// Internal on I/O errors.
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
-                                              const std::string& dir,
-                                              const std::string& job = "");
+// Writes the model (config, weights, optimizer state, step) of one process
+// (one rank holding every table whole, as Model::Create(config) makes it;
+// FailedPrecondition otherwise) to `dir`,
+// replacing a previous checkpoint there only once the new one is complete;
+// `job` (a JSON object, or empty) goes into the manifest as Manifest::job.
+// On an error nothing of the new checkpoint is left (the previous one, if
+// any, stays), except when only the final sync of the parent directory
+// fails: then `dir` may already hold the new, complete checkpoint. Errors
+// name the path: ResourceExhausted for a full disk, Internal for other I/O
+// errors (RocksDB's own, for the RocksDB tier's part).
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(
+    Model& model, const std::string& dir, const std::string& job = "",
+    FileSystem* file_system = DefaultFileSystem());
 
-// Loads weights, optimizer state and step from `dir` into `model` (one rank,
-// every table whole, as SaveCheckpoint), whose architecture (tables, dims,
-// MLP widths, interaction) must match the checkpoint's config:
-// FailedPrecondition otherwise (also for a multi-rank checkpoint). NotFound
-// if `dir` holds no checkpoint; DataLoss naming the file when a file's size
-// or CRC-32C differs from the manifest's, or the manifest is damaged. On
-// error the model is unchanged.
-absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
-                                                 const std::string& dir);
+// Loads weights, optimizer state and step from `dir` into `model` (one
+// process, as SaveCheckpoint), whose architecture (tables, dims, MLP widths,
+// interaction) must match the checkpoint's config: FailedPrecondition otherwise
+// (also for a multi-rank checkpoint). NotFound if `dir` holds no checkpoint;
+// DataLoss naming the file when a file's size or CRC-32C differs from the
+// manifest's, or the manifest is damaged (also when a read returns other bytes
+// than were written). On error the model is unchanged.
+absl::StatusOr<CheckpointInfo> RestoreCheckpoint(
+    Model& model, const std::string& dir,
+    FileSystem* file_system = DefaultFileSystem());
 
 // Creates a one-process model from a checkpoint's own config and restores
-// it; with `weights_only`, optimizer state is not read (inference-only
-// serving) and need not be present.
-absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
-                                                      bool weights_only);
+// it; with
+// `weights_only`, optimizer state is not read (inference-only serving) and
+// need not be present.
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(
+    const std::string& dir, bool weights_only,
+    FileSystem* file_system = DefaultFileSystem());
 
 // Helpers shared with the multi-rank checkpoints of server/rank_group.h.
-// Each returns Internal naming the path on an I/O error.
+// Each returns the file system's error naming the path (ResourceExhausted
+// for a full disk, Internal for other I/O errors).
 //
 // Writes `text` to `path` (replacing it) and syncs it to disk.
-absl::Status WriteTextFile(const std::string& path, const std::string& text);
+absl::Status WriteTextFile(const std::string& path, const std::string& text,
+                           FileSystem* file_system = DefaultFileSystem());
 // Syncs the directory `dir` (its entries) to disk.
-absl::Status SyncDirectory(const std::string& dir);
+absl::Status SyncDirectory(const std::string& dir,
+                           FileSystem* file_system = DefaultFileSystem());
 // Moves the complete directory `tmp` to `dir`, replacing what `dir` held
-// only once `tmp` is in place; syncs the parent.
-absl::Status CommitDirectory(const std::string& tmp, const std::string& dir);
+// only once `tmp` is in place (one atomic exchange, or where the file
+// system has none, two renames, the old one put back if the second fails);
+// syncs the parent. On an error `dir` holds the old or (when only the sync
+// failed) the new checkpoint, and `tmp` one that may be removed.
+absl::Status CommitDirectory(const std::string& tmp, const std::string& dir,
+                             FileSystem* file_system = DefaultFileSystem());
+// Renames the complete file `tmp` to `path` (replacing it) and syncs the
+// parent directory.
+absl::Status CommitFile(const std::string& tmp, const std::string& path,
+                        FileSystem* file_system = DefaultFileSystem());
+// The temporary name a save of `path` writes to first: "<path>.tmp-<pid>"
+// (CleanPartialCheckpoints removes what a crash leaves under it).
+std::string TemporaryPath(const std::string& path);
 
-// Collective: writes only the weights, every table gathered whole, as one
-// safetensors file at `path` (the export for PyTorch); rank 0 writes it.
-// Internal on I/O errors; communicator errors as GatherTable's.
-absl::Status ExportSafetensors(Model& model, const std::string& path);
+// ---- Weights: the export for PyTorch (docs/server.md "Weights export"),
+// also a checkpoint's model.safetensors.
+
+// The weight tensors in file order: each layer i of the bottom, then the
+// top MLP, "<bottom_mlp|top_mlp>.<i>.weight" [out, in] and ".bias" [out];
+// then each table in config order, "embedding_bags.<name>.weight" [rows,
+// dim]. All float32, row-major.
+std::vector<TensorSpec> WeightSpecs(const ModelConfig& config,
+                                    const dense::Mlp& bottom,
+                                    const dense::Mlp& top);
+
+// Table k's weights, rows x dim row-major: a pointer into the model (valid
+// until the next call), or into `*scratch` after filling it (rows read
+// through a store, gathered from ranks).
+using TableWeightsFn = std::function<absl::StatusOr<const float*>(
+    int k, std::vector<float>* scratch)>;
+
+struct ExportInfo {
+  int64_t step = 0;
+  int64_t bytes = 0;
+  int64_t tensors = 0;
+};
+
+// Writes the weights of a model of `config` with the MLPs `bottom` and
+// `top` to the safetensors file `path` (replacing it, creating its
+// directory; metadata "format": "dlrm-server", "step"), one table in memory
+// at a time. `table` is called for every table, in order, even after an
+// error (ranks gather tables together); the first error is returned, the
+// file system's naming the path.
+absl::StatusOr<ExportInfo> WriteWeights(
+    const std::string& path, const ModelConfig& config,
+    const dense::Mlp& bottom, const dense::Mlp& top, int64_t step,
+    const TableWeightsFn& table, FileSystem* file_system = DefaultFileSystem());
+
+// Writes the weights of a one-process model (as SaveCheckpoint; a job of
+// several ranks exports through server::RankGroup) to the safetensors file
+// `path` through a
+// temporary file renamed into place, so `path` is the old file or the
+// complete new one at every moment. Errors as WriteWeights', and a table's
+// store's read errors.
+absl::StatusOr<ExportInfo> ExportSafetensors(
+    Model& model, const std::string& path,
+    FileSystem* file_system = DefaultFileSystem());
 
 // ---- Manifests (MANIFEST.json, written last into a checkpoint directory).
 
@@ -121,23 +188,27 @@ struct Manifest {
 // directories included) with its size and CRC-32C, stamped with the time
 // now and a CRC-32C of the manifest itself; syncs it and `dir`. Returns the
 // manifest written. Internal naming the path on an I/O error.
-absl::StatusOr<Manifest> WriteManifest(const std::string& dir,
-                                       const Manifest& fields);
+absl::StatusOr<Manifest> WriteManifest(
+    const std::string& dir, const Manifest& fields,
+    FileSystem* file_system = DefaultFileSystem());
 
 // Reads `dir`/MANIFEST.json. NotFound when there is none; DataLoss naming
 // it when it does not parse or its own checksum does not match.
-absl::StatusOr<Manifest> ReadManifest(const std::string& dir);
+absl::StatusOr<Manifest> ReadManifest(
+    const std::string& dir, FileSystem* file_system = DefaultFileSystem());
 
 // Checks the size and CRC-32C of each file of `manifest` under `dir` for
 // which `want(path)` is true (every file when `want` is empty). DataLoss
 // naming the first file that is missing, has another size or checksum.
 absl::Status VerifyCheckpointFiles(
     const std::string& dir, const Manifest& manifest,
-    const std::function<bool(const std::string&)>& want = nullptr);
+    const std::function<bool(const std::string&)>& want = nullptr,
+    FileSystem* file_system = DefaultFileSystem());
 
-// The CRC-32C and size of the file at `path`. Internal when unreadable.
+// The CRC-32C and size of the file at `path`, read through `file_system`. The
+// file system's errors when unreadable.
 absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc32c(
-    const std::string& path);
+    const std::string& path, FileSystem* file_system = DefaultFileSystem());
 
 // ---- Periodic checkpoints under one root directory.
 
@@ -156,19 +227,23 @@ struct CheckpointEntry {
 // time, then step; entries whose manifest cannot be read come last.
 // Temporary directories of unfinished saves are not listed. Empty when
 // `root` does not exist.
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
+std::vector<CheckpointEntry> ListCheckpoints(
+    const std::string& root, FileSystem* file_system = DefaultFileSystem());
 
 // Cleans up after a crash, directly under `root`: removes the temporary
-// directories of saves that never committed ("<name>.tmp-<pid>"), and puts
+// directories (and export files) of saves that never committed
+// ("<name>.tmp-<pid>"), and puts
 // back a checkpoint whose replacement a crash interrupted ("<name>.old-
 // <pid>" when <name> is missing; else it is removed). Logs each action.
 // Call only while no save into `root` runs.
-void CleanPartialCheckpoints(const std::string& root);
+void CleanPartialCheckpoints(const std::string& root,
+                             FileSystem* file_system = DefaultFileSystem());
 
 // Keeps the `keep` newest periodic checkpoints ("ckpt-<step>") under
 // `root` (ListCheckpoints order) and removes the older ones; others (named
-// saves, "final") are never removed. keep = 0 keeps every one. Internal on
-// an I/O error.
-absl::Status PruneCheckpoints(const std::string& root, int keep);
+// saves, "final") are never removed. keep = 0 keeps every one. The file
+// system's error on an I/O error.
+absl::Status PruneCheckpoints(const std::string& root, int keep,
+                              FileSystem* file_system = DefaultFileSystem());
 
 }  // namespace dlrm::model

@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -32,12 +31,13 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-absl::Status WriteSafetensors(
-    const std::string& path, const std::vector<TensorToWrite>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, std::vector<TensorSpec> specs,
+    const std::map<std::string, std::string>& metadata,
+    FileSystem* file_system) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
-  for (const auto& t : tensors) {
+  for (const TensorSpec& t : specs) {
     if (header.contains(t.name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate tensor name ", t.name));
@@ -54,26 +54,59 @@ absl::Status WriteSafetensors(
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_size = text.size();
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
+  writer->path_ = path;
+  writer->specs_ = std::move(specs);
+  writer->bytes_ =
+      static_cast<int64_t>(sizeof(header_size) + text.size() + offset);
+  ASSIGN_OR_RETURN(writer->file_, file_system->NewWritableFile(path));
+  // The length is little-endian, as is every supported host.
+  text.insert(0, reinterpret_cast<const char*>(&header_size),
+              sizeof(header_size));
+  RETURN_IF_ERROR(writer->file_->Append(text));
+  return writer;
+}
+
+absl::Status SafetensorsWriter::Append(const float* data) {
+  if (failed_ || next_ >= specs_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": ", failed_ ? "an earlier write failed" : "no tensor left"));
   }
-  bool ok = std::fwrite(&header_size, sizeof(header_size), 1, f) == 1 &&
-            std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const auto& t : tensors) {
-    const size_t n = static_cast<size_t>(Elements(t.shape));
-    if (!ok) break;
-    ok = n == 0 || std::fwrite(t.data, sizeof(float), n, f) == n;
+  const size_t n = static_cast<size_t>(Elements(specs_[next_].shape));
+  ++next_;
+  const absl::Status s = file_->Append(
+      std::string_view(reinterpret_cast<const char*>(data), n * sizeof(float)));
+  failed_ = !s.ok();
+  return s;
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (failed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": an earlier write failed"));
   }
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    return absl::InternalError(
-        absl::StrCat("writing ", path, " failed: ", std::strerror(errno)));
+  if (next_ != specs_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": ", next_, " of ", specs_.size(), " tensors were written"));
   }
-  return absl::OkStatus();
+  failed_ = true;  // the file is closed: nothing more may be written
+  RETURN_IF_ERROR(file_->Sync());
+  return file_->Close();
+}
+
+absl::Status WriteSafetensors(
+    const std::string& path, const std::vector<TensorToWrite>& tensors,
+    const std::map<std::string, std::string>& metadata,
+    FileSystem* file_system) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) specs.push_back({t.name, t.shape});
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Create(path, std::move(specs), metadata, file_system));
+  for (const TensorToWrite& t : tensors)
+    RETURN_IF_ERROR(writer->Append(t.data));
+  return writer->Finish();
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(

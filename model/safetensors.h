@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/file_system.h"
 
 namespace dlrm::model {
 
@@ -22,11 +23,54 @@ struct TensorToWrite {
   const float* data;
 };
 
+// The name and shape of a float32 tensor of a file.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file one tensor at a time, in the order of the specs
+// given, so that the tensors need not be in memory together. Not
+// thread-safe.
+class SafetensorsWriter {
+ public:
+  // Creates `path` (replacing it) through `file_system` (borrowed, must outlive
+  // the writer) and writes the header for `specs` and `metadata`.
+  // InvalidArgument for a duplicate name; the file system's errors (they
+  // name the path: ResourceExhausted for a full disk, else Internal).
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::string& path, std::vector<TensorSpec> specs,
+      const std::map<std::string, std::string>& metadata,
+      FileSystem* file_system = DefaultFileSystem());
+
+  // Appends the data of the next tensor: product(shape) floats. After an
+  // error, and once every tensor is written, FailedPrecondition.
+  absl::Status Append(const float* data);
+  // Syncs and closes the file. FailedPrecondition unless every tensor was
+  // appended; the file system's errors.
+  absl::Status Finish();
+  // Bytes of the complete file.
+  int64_t bytes() const { return bytes_; }
+  // Tensors of the file.
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+
+ private:
+  SafetensorsWriter() = default;
+
+  std::string path_;
+  std::vector<TensorSpec> specs_;
+  std::unique_ptr<WritableFile> file_;
+  size_t next_ = 0;
+  int64_t bytes_ = 0;
+  bool failed_ = false;
+};
+
 // Writes `tensors` (unique names) and string `metadata` to `path`,
-// replacing it. Internal on an I/O error, naming the path.
+// replacing it, through `file_system`. Errors as SafetensorsWriter's.
 absl::Status WriteSafetensors(
     const std::string& path, const std::vector<TensorToWrite>& tensors,
-    const std::map<std::string, std::string>& metadata);
+    const std::map<std::string, std::string>& metadata,
+    FileSystem* file_system = DefaultFileSystem());
 
 // A memory-mapped safetensors file. Thread-safe for reads.
 class SafetensorsFile {

@@ -93,6 +93,44 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::ExportWeights(
+    grpc::CallbackServerContext* context, const ExportRequest* request,
+    ExportResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  static constexpr char kMethod[] = "/dlrm.Admin/ExportWeights";
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kMethod, auth);
+    return reactor;
+  }
+  // The same confinement as checkpoints: under --checkpoint-dir when set.
+  absl::StatusOr<std::string> path =
+      ResolveUnder(checkpoint_dir_, request->path(), "path");
+  if (!path.ok()) {
+    FinishUnary(reactor, metrics_, kMethod, path.status());
+    return reactor;
+  }
+  const bool queued = work_->Submit([this, reactor, response, path = *path] {
+    absl::StatusOr<model::ExportInfo> info = host_->ExportWeights(path);
+    if (info.ok()) {
+      response->set_path(path);
+      response->set_bytes(info->bytes);
+      response->set_tensors(info->tensors);
+      response->set_step(info->step);
+      spdlog::info(
+          "exported the weights at step {} to {} ({} tensors, {} "
+          "bytes)",
+          info->step, path, info->tensors, info->bytes);
+    }
+    FinishUnary(reactor, metrics_, kMethod, info.status());
+  });
+  if (!queued) {
+    FinishUnary(reactor, metrics_, kMethod,
+                absl::UnavailableError("the server is shutting down"));
+  }
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AdminService::GetMetrics(
     grpc::CallbackServerContext* context, const MetricsRequest* request,
     MetricsResponse* response) {

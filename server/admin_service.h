@@ -13,8 +13,8 @@
 
 namespace dlrm::server {
 
-// Checkpoint paths resolve under `checkpoint_dir` when it is set (a path
-// leaving it gets InvalidArgument); checkpoint I/O runs on `work`. Every
+// Checkpoint and export paths resolve under `checkpoint_dir` when it is set
+// (a path leaving it gets InvalidArgument); their I/O runs on `work`. Every
 // call needs the auth token when `auth` has one (Unauthenticated otherwise).
 // Pointers are borrowed and must outlive the service.
 class AdminService final : public Admin::CallbackService {
@@ -31,6 +31,9 @@ class AdminService final : public Admin::CallbackService {
   grpc::ServerUnaryReactor* RestoreCheckpoint(
       grpc::CallbackServerContext* context, const CheckpointRequest* request,
       CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ExportWeights(grpc::CallbackServerContext* context,
+                                          const ExportRequest* request,
+                                          ExportResponse* response) override;
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const MetricsRequest* request,
                                        MetricsResponse* response) override;

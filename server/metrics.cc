@@ -208,6 +208,9 @@ std::string ServerMetrics::Render(int64_t model_steps) const {
          &embedding::StoreMetrics::rows_written},
         {"dlrm_rocksdb_written_bytes_total", "Value bytes written to RocksDB.",
          &embedding::StoreMetrics::bytes_written},
+        {"dlrm_rocksdb_write_retries_total",
+         "Writes of rows retried after RocksDB failed them (a failed flush).",
+         &embedding::StoreMetrics::write_retries},
     };
     Header(&out, "dlrm_embedding_cache_rows", "gauge",
            "Rows the row cache of a RocksDB-tier table holds.");

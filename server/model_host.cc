@@ -285,6 +285,12 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::SaveCheckpoint(
   return SaveLocked(dir, job);
 }
 
+absl::StatusOr<model::ExportInfo> ModelHost::ExportWeights(
+    const std::string& path) {
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return group_->ExportWeights(path);
+}
+
 absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
     const std::string& dir) {
   // Held throughout, so no training can start halfway through a restore.

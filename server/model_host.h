@@ -181,6 +181,13 @@ class ModelHost {
   absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
       const std::string& dir, const std::string& job = "");
 
+  // Writes the weights to the safetensors file `path` (docs/server.md
+  // "Weights export"), replacing it only once the new one is complete;
+  // taken between steps. On several ranks the leader gathers every table.
+  // Errors name the path: ResourceExhausted for a full disk, Internal for
+  // other I/O errors; Unavailable once the ranks are out of service.
+  absl::StatusOr<model::ExportInfo> ExportWeights(const std::string& path);
+
   // Replaces weights (and optimizer state unless inference-only) from the
   // checkpoint in `dir`. FailedPrecondition while training is reserved or
   // when the checkpoint's architecture differs; NotFound when `dir` holds

@@ -33,6 +33,7 @@ enum Op : int64_t {
   kRestore = 5,
   kShutdown = 6,
   kChecksum = 7,
+  kExport = 8,
 };
 constexpr int kHeader = 2;
 
@@ -52,6 +53,8 @@ const char* OpName(int64_t op) {
       return "Shutdown";
     case kChecksum:
       return "WeightChecksum";
+    case kExport:
+      return "ExportWeights";
   }
   return "unknown";
 }
@@ -442,6 +445,9 @@ absl::Status RankGroup::Follow() {
       case kChecksum:
         s = RunChecksum(nullptr);
         break;
+      case kExport:
+        s = FollowExport();
+        break;
       case kShutdown:
         return absl::OkStatus();
       default:
@@ -672,6 +678,55 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   info.step = model_->steps();
   for (const model::ManifestFile& f : manifest.files) info.bytes += f.bytes;
   return info;
+}
+
+absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
+    const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(SendCommand(kExport, 0, {}));
+  const std::string tmp = model::TemporaryPath(path);
+  // Every table is gathered whatever fails, so that the ranks run the same
+  // collectives; a rank's read error is shared by the agreement below.
+  absl::Status gathered;
+  absl::StatusOr<model::ExportInfo> info = model::WriteWeights(
+      tmp, model_->config(), model_->bottom(), model_->top(), model_->steps(),
+      [&](int k, std::vector<float>* table) -> absl::StatusOr<const float*> {
+        const absl::Status s = model_->GatherTable(k, table);
+        if (!s.ok() && gathered.ok()) gathered = s;
+        RETURN_IF_ERROR(s);
+        return table->data();
+      });
+  const absl::Status agreed = Agree(gathered);
+  if (info.ok() && !agreed.ok()) {
+    info = absl::InternalError(agreed.message());
+  }
+  if (info.ok() && broken_.ok()) {
+    const absl::Status committed = model::CommitFile(tmp, path);
+    if (!committed.ok()) info = committed;
+  }
+  if (!info.ok() || !broken_.ok()) {
+    DefaultFileSystem()->RemoveAll(tmp).IgnoreError();
+    if (!broken_.ok()) return broken_;
+    return absl::Status(
+        info.status().code(),
+        absl::StrCat("export to ", path, " failed: ", info.status().message()));
+  }
+  return info;
+}
+
+absl::Status RankGroup::FollowExport() {
+  absl::Status gathered;
+  std::vector<float> table;
+  for (int k = 0; k < model_->config().tables_size(); ++k) {
+    const absl::Status s = model_->GatherTable(k, &table);
+    if (!s.ok() && gathered.ok()) gathered = s;
+  }
+  if (!gathered.ok()) {
+    spdlog::warn("rank {}: cannot read its shards for an export: {}", rank_,
+                 std::string(gathered.message()));
+  }
+  return Agree(gathered);
 }
 
 absl::Status RankGroup::Agree(const absl::Status& local) {

@@ -91,6 +91,14 @@ class RankGroup {
   // Unavailable once the group is broken; a failure to read rows breaks it.
   absl::StatusOr<uint64_t> WeightChecksum();
 
+  // Leader: writes the model's weights to the safetensors file `path`
+  // (model::WriteWeights' names): every rank takes part in gathering each
+  // table whole, one at a time, and the leader writes it. `path` is
+  // replaced only once the file is complete and every rank read its shards.
+  // The file system's errors naming the path; Internal when another rank
+  // failed; Unavailable once the group is broken.
+  absl::StatusOr<model::ExportInfo> ExportWeights(const std::string& path);
+
   // Leader: tells the followers to exit after the current operation. Later
   // calls return Unavailable. Idempotent.
   absl::Status Shutdown();
@@ -149,6 +157,8 @@ class RankGroup {
   // Every rank: checks its part of the checkpoint in `dir`, agrees with the
   // others, and only then loads it.
   absl::Status ReadShards(const std::string& dir);
+  // Follower: its part of ExportWeights (the gathers, then the agreement).
+  absl::Status FollowExport();
   // Every rank: all-gathers whether `local` is OK and returns `local`'s
   // error, else FailedPrecondition naming the first rank that failed, else
   // OK. Communicator errors break the group.

@@ -613,6 +613,47 @@ TEST_F(ClientE2ETest, CheckpointSaveAndRestore) {
             absl::StatusCode::kOk);
 }
 
+// The weights export through the library and the CLI: the file lands
+// under the server's --checkpoint-dir, and a path outside it is refused.
+TEST_F(ClientE2ETest, ExportWritesWeightsUnderTheCheckpointDir) {
+  absl::StatusOr<ExportResponse> exported =
+      client_->ExportWeights("lib/weights.safetensors");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const fs::path lib_file =
+      fs::weakly_canonical(dir_ / "ckpt" / "lib" / "weights.safetensors");
+  EXPECT_EQ(exported->path(), lib_file.string());
+  EXPECT_EQ(exported->bytes(), static_cast<int64_t>(fs::file_size(lib_file)));
+  EXPECT_EQ(exported->step(), client_->GetModelInfo()->steps());
+  EXPECT_EQ(client_->ExportWeights("../escape.safetensors").status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  CommandResult r = RunCommand({client_path_, "--server", address_, "export",
+                                "--out", "cli/weights.safetensors"},
+                               dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path cli_file =
+      fs::weakly_canonical(dir_ / "ckpt" / "cli" / "weights.safetensors");
+  EXPECT_TRUE(fs::exists(cli_file));
+  EXPECT_NE(r.out.find("exported " + cli_file.string() + ": step "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" tensors, "), std::string::npos) << r.out;
+
+  r = RunCommand({client_path_, "--server", address_, "export", "--out",
+                  "../escape.safetensors"},
+                 dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "escape.safetensors"));
+  // --out is required.
+  r = RunCommand({client_path_, "--server", address_, "export"}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+}
+
 TEST(ClientConnectTest, ConnectToAClosedPortIsUnavailable) {
   ClientOptions options;
   options.connect_timeout_seconds = 0.3;

@@ -1,10 +1,18 @@
-// Tests for core/: config parsing, presets, normalisation and validation.
+// Tests for core/: config parsing, presets, normalisation and validation;
+// CRC-32C; the file system and its fault-injecting layer.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/crc32c.h"
 #include "core/escape.h"
+#include "core/fault_injection_file_system.h"
+#include "core/file_system.h"
 #include "core/random.h"
 #include "core/status.h"
 
@@ -240,6 +248,113 @@ TEST(EscapeForMessageTest, EscapesEveryByteOutsidePrintableAscii) {
   }
   EXPECT_EQ(EscapeForMessage(once), once);
   EXPECT_EQ(EscapeForMessage(""), "");
+}
+
+// A fresh directory per test, removed afterwards.
+class FileSystemTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir() + "/core_test_fs_" + std::to_string(getpid()) +
+           "_" + testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    ASSERT_TRUE(DefaultFileSystem()->CreateDirectories(dir_ + "/a/b").ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+};
+
+TEST_F(FileSystemTest, PosixWritesRenamesExchangesAndRemoves) {
+  FileSystem& fs = *DefaultFileSystem();
+  const std::string x = dir_ + "/x", y = dir_ + "/y";
+  ASSERT_TRUE(WriteFile(fs, x, "first").ok());
+  ASSERT_TRUE(WriteFile(fs, y, "second").ok());
+  EXPECT_EQ(*ReadFile(fs, x), "first");
+  const absl::Status exchanged = fs.Exchange(x, y);
+  if (!absl::IsUnimplemented(exchanged)) {
+    ASSERT_TRUE(exchanged.ok()) << exchanged;
+    EXPECT_EQ(*ReadFile(fs, x), "second");
+    EXPECT_EQ(*ReadFile(fs, y), "first");
+  }
+  ASSERT_TRUE(fs.Rename(x, dir_ + "/a/z").ok());
+  EXPECT_FALSE(std::filesystem::exists(x));
+  ASSERT_TRUE(fs.SyncDirectory(dir_ + "/a").ok());
+  ASSERT_TRUE(fs.RemoveAll(dir_ + "/a").ok());
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/a/z"));
+  EXPECT_TRUE(fs.RemoveAll(dir_ + "/absent").ok());
+
+  // Errors name the path and carry the errno's code.
+  const absl::StatusOr<std::string> missing = ReadFile(fs, dir_ + "/absent");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find(dir_ + "/absent"),
+            std::string::npos)
+      << missing.status();
+  EXPECT_EQ(fs.Rename(dir_ + "/absent", y).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrnoStatus(ENOSPC, "writing", "/p").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EDQUOT, "writing", "/p").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EIO, "writing", "/p").code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(ErrnoStatus(EIO, "writing", "/p").message(),
+            "writing /p: Input/output error");
+}
+
+TEST_F(FileSystemTest, FaultsHitTheChosenCallOnly) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  // The 2nd write to a path containing "b/" fails; others pass.
+  fs.FailNth(FileOp::kWrite, 2, EIO, "b/");
+  auto file = fs.NewWritableFile(dir_ + "/a/b/f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(WriteFile(fs, dir_ + "/other", "x").ok());
+  EXPECT_TRUE((*file)->Append("one").ok());
+  const absl::Status second = (*file)->Append("two");
+  EXPECT_EQ(second.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(second.message().find(dir_ + "/a/b/f"), std::string::npos)
+      << second;
+  EXPECT_NE(second.message().find("(injected)"), std::string::npos) << second;
+  EXPECT_TRUE((*file)->Append("three").ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(*ReadFile(fs, dir_ + "/a/b/f"), "onethree");
+  EXPECT_EQ(fs.injected(), 1);
+  EXPECT_EQ(fs.Count(FileOp::kWrite), 4);
+
+  // Every rename from now on, until Reset.
+  fs.FailAll(FileOp::kRename, EIO);
+  EXPECT_FALSE(fs.Rename(dir_ + "/other", dir_ + "/moved").ok());
+  EXPECT_FALSE(fs.Rename(dir_ + "/other", dir_ + "/moved").ok());
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/other"));
+  fs.Reset();
+  EXPECT_TRUE(fs.Rename(dir_ + "/other", dir_ + "/moved").ok());
+
+  fs.SetExchangeSupported(false);
+  EXPECT_TRUE(absl::IsUnimplemented(fs.Exchange(dir_ + "/moved", dir_ + "/a")));
+}
+
+TEST_F(FileSystemTest, FullDiskCutsTheWriteShort) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  fs.SetFreeBytes(5);
+  const absl::Status s = WriteFile(fs, dir_ + "/f", "0123456789");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find(dir_ + "/f"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("No space left on device"), std::string::npos)
+      << s;
+  EXPECT_EQ(std::filesystem::file_size(dir_ + "/f"), 5u);
+  fs.Reset();
+  EXPECT_TRUE(WriteFile(fs, dir_ + "/f", "0123456789").ok());
+}
+
+TEST_F(FileSystemTest, CorruptReadsFlipABitOfMatchingFilesOnly) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  ASSERT_TRUE(WriteFile(fs, dir_ + "/bad.bin", "abc").ok());
+  ASSERT_TRUE(WriteFile(fs, dir_ + "/good.bin", "abc").ok());
+  fs.CorruptReads("bad");
+  const absl::StatusOr<std::string> bad = ReadFile(fs, dir_ + "/bad.bin");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(*bad, "abc");
+  EXPECT_EQ(bad->size(), 3u);
+  EXPECT_EQ(*ReadFile(fs, dir_ + "/good.bin"), "abc");
+  EXPECT_EQ(*ReadFile(*DefaultFileSystem(), dir_ + "/bad.bin"), "abc");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Tests for the storage tiers of embedding/: a RocksDB-backed row cache
 // trains bitwise like an in-memory EmbeddingTable, evicts in LRU/LFU order
-// without losing dirty rows, prefetches safely, and checkpoints.
+// without losing dirty rows, prefetches safely, checkpoints, and under a
+// failing disk either carries on with nothing lost or stops with a clear
+// error.
 #include "embedding/embedding_store.h"
 
 #include <gtest/gtest.h>
@@ -14,12 +16,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/random.h"
 #include "embedding/embedding_table.h"
+#include "embedding/rocksdb_fault_injection.h"
 #include "embedding/rocksdb_store.h"
 
 namespace dlrm::embedding {
@@ -622,6 +626,171 @@ TEST_F(StoreTest, FlushedRowsSurviveReopen) {
   EXPECT_TRUE(BitwiseEqual(before, after));
   EXPECT_EQ(s.store->step(), 1);
   EXPECT_EQ(s.store->metrics().rows_read, 1);
+}
+
+// ---------------------------------------------------------------- faults
+
+// The tier over a disk that fails RocksDB's flushes: its write-backs fail
+// once RocksDB stops taking writes, and the store either recovers (retrying
+// the write) or stops with the error. Small memtables make flushes happen
+// within a few dozen steps.
+class StoreFaultTest : public StoreTest {
+ protected:
+  void SetUp() override {
+    StoreTest::SetUp();
+    fs_ = std::make_shared<RocksDbFaultInjectionFs>();
+    options_ = Options(200);
+    options_.write_buffer_bytes = 64 << 10;
+    options_.file_system = fs_;
+    spec_ = MakeSpec(3, 2000, 16, POOLING_SUM, OptimizerConfig::ADAM);
+    auto db = RowDatabase::Open(options_);
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::move(*db);
+    auto store = RocksDbCachedStore::Create(spec_, options_, db_.get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    reference_ = std::make_unique<EmbeddingTable>(
+        spec_.table_index, spec_.rows, spec_.dim, spec_.pooling,
+        spec_.optimizer, spec_.seed, spec_.slice);
+  }
+  void TearDown() override {
+    store_.reset();
+    db_.reset();
+    StoreTest::TearDown();
+  }
+
+  // Trains the store and the in-memory reference on the same `steps`
+  // batches (seed printed), checking the pooled outputs bitwise. A step
+  // whose Prepare fails is recorded and, when `on_failure` returns true,
+  // tried again with the same batch; otherwise the run stops there. Returns
+  // the failures.
+  std::vector<absl::Status> Train(
+      int steps, uint64_t seed,
+      const std::function<bool(const absl::Status&)>& on_failure) {
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    Rng rng(seed);
+    constexpr int64_t kBags = 48;
+    const int dim = spec_.dim;
+    std::vector<float> out_ref(kBags * dim), out_store(kBags * dim);
+    std::vector<absl::Status> failures;
+    for (int i = 0; i < steps; ++i) {
+      const data::SparseFeature ids = RandomIds(rng, spec_.rows, kBags, 5);
+      const std::vector<float> grad = RandomGrad(rng, kBags, dim);
+      absl::StatusOr<const data::SparseFeature*> prepared =
+          store_->Prepare(ids);
+      while (!prepared.ok()) {
+        std::printf("step %d failed: %s\n", i,
+                    prepared.status().ToString().c_str());
+        failures.push_back(prepared.status());
+        if (failures.size() > 10 || !on_failure(prepared.status())) {
+          return failures;
+        }
+        prepared = store_->Prepare(ids);
+      }
+      reference_->Forward(ids, out_ref.data(), dim);
+      EXPECT_TRUE(store_->Forward(**prepared, out_store.data(), dim).ok());
+      EXPECT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
+      reference_->BackwardUpdate(ids, grad.data(), dim);
+      EXPECT_TRUE(store_->BackwardUpdate(**prepared, grad.data(), dim).ok());
+    }
+    return failures;
+  }
+
+  // Checks every row the store can read against the reference, bitwise;
+  // returns how many it could not read.
+  int64_t CompareRows() {
+    const int record_floats =
+        spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim);
+    std::vector<float> record(record_floats);
+    int64_t unreadable = 0;
+    for (int64_t r = 0; r < spec_.rows; ++r) {
+      if (!store_->ReadRow(r, record.data()).ok()) {
+        ++unreadable;
+        continue;
+      }
+      EXPECT_TRUE(BitwiseEqual(record, RecordOf(*reference_, r)))
+          << "row " << r;
+    }
+    return unreadable;
+  }
+
+  std::shared_ptr<RocksDbFaultInjectionFs> fs_;
+  RocksDbStoreOptions options_;
+  TableSpec spec_;
+  std::unique_ptr<RowDatabase> db_;
+  std::unique_ptr<RocksDbCachedStore> store_;
+  std::unique_ptr<EmbeddingTable> reference_;
+};
+
+// A flush fails once with a transient (retryable) error: RocksDB stops
+// flushing, its memtables fill and it refuses the next write-back; the store
+// asks it to recover, writes again, and training never notices. Every row
+// then equals the fault-free reference bitwise, and so does a checkpoint.
+TEST_F(StoreFaultTest, TransientFlushFailureIsRetriedAndLosesNothing) {
+  fs_->FailWrites(1, RocksDbFault::kRetryable);
+  const std::vector<absl::Status> failures =
+      Train(120, kSeed + 40, [](const absl::Status&) { return false; });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_EQ(fs_->injected(), 1);
+  EXPECT_GE(store_->metrics().write_retries, 1);
+  EXPECT_GT(store_->metrics().rows_written, 1000);
+  EXPECT_EQ(CompareRows(), 0);
+  ASSERT_TRUE(store_->Flush().ok());
+  ASSERT_TRUE(db_->Checkpoint(dir_ + "/checkpoint").ok());
+  auto restored = RowDatabase::RestoreCheckpoint(
+      dir_ + "/checkpoint", Options(200, EvictionPolicy::kLru, "restored"));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  auto store = RocksDbCachedStore::Create(
+      spec_, Options(200, EvictionPolicy::kLru, "restored"), restored->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<float> record(spec_.dim * 3);
+  for (int64_t r = 0; r < spec_.rows; ++r) {
+    ASSERT_TRUE((*store)->ReadRow(r, record.data()).ok());
+    ASSERT_TRUE(BitwiseEqual(record, RecordOf(*reference_, r))) << "row " << r;
+  }
+}
+
+// A full disk: RocksDB refuses writes, the step fails with
+// RESOURCE_EXHAUSTED naming the table and the file, and nothing changes.
+// Once there is room again the same batch trains, and no row is lost.
+TEST_F(StoreFaultTest, FullDiskStopsTheStepUntilThereIsRoom) {
+  fs_->FailAllWrites(RocksDbFault::kNoSpace);
+  const std::vector<absl::Status> failures =
+      Train(120, kSeed + 41, [&](const absl::Status& s) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+        EXPECT_NE(s.message().find("table 3"), std::string::npos) << s;
+        EXPECT_NE(s.message().find(".sst"), std::string::npos) << s;
+        // Still full: the retry fails the same way.
+        EXPECT_EQ(store_->Prepare(Bag({1})).status().code(),
+                  absl::StatusCode::kResourceExhausted);
+        fs_->Reset();
+        return true;
+      });
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_GE(store_->metrics().write_retries, 1);
+  EXPECT_EQ(CompareRows(), 0);
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_TRUE(db_->Checkpoint(dir_ + "/checkpoint").ok());
+}
+
+// A device that fails for good: RocksDB turns read-only, the step fails
+// with INTERNAL naming the table, and so does every later step (also after
+// the fault is gone: RocksDB cannot recover). No row ever reads wrong: a
+// row either reads as the reference has it or not at all.
+TEST_F(StoreFaultTest, PermanentWriteFailureStopsWithAClearError) {
+  fs_->FailAllWrites(RocksDbFault::kFatal);
+  const std::vector<absl::Status> failures =
+      Train(120, kSeed + 42, [](const absl::Status&) { return false; });
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].code(), absl::StatusCode::kInternal) << failures[0];
+  EXPECT_NE(failures[0].message().find("table 3"), std::string::npos)
+      << failures[0];
+  EXPECT_NE(failures[0].message().find("(injected)"), std::string::npos)
+      << failures[0];
+  fs_->Reset();
+  EXPECT_FALSE(store_->Prepare(Bag({1})).ok());
+  EXPECT_FALSE(store_->Flush().ok());
+  EXPECT_GT(CompareRows(), 0);
 }
 
 // ---------------------------------------------------------------- memory

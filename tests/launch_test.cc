@@ -395,6 +395,67 @@ TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
   StopRanks();
 }
 
+// The weights export `got` holds the tensors of `model`'s export `want`
+// (names, shapes, metadata) with values within docs/hybrid.md's 1e-5.
+void ExpectSameWeights(const std::string& got_path,
+                       const std::string& want_path, model::Model& model) {
+  auto got = model::SafetensorsFile::Open(got_path);
+  auto want = model::SafetensorsFile::Open(want_path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ((*got)->metadata(), (*want)->metadata());
+  const std::vector<model::TensorSpec> specs =
+      model::WeightSpecs(model.config(), model.bottom(), model.top());
+  ASSERT_EQ((*got)->Names().size(), specs.size());
+  for (const model::TensorSpec& spec : specs) {
+    auto a = (*got)->Get(spec.name, spec.shape);
+    auto b = (*want)->Get(spec.name, spec.shape);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (size_t i = 0; i < b->size(); ++i) {
+      ASSERT_NEAR((*a)[i], (*b)[i], 1e-5) << spec.name << " element " << i;
+    }
+  }
+}
+
+// Admin.ExportWeights on two ranks: the leader gathers every table (of
+// every sharding kind) and writes the one file; it has the tensors of one
+// process's export, in the same file order, with the values of one process
+// trained on the same batches (docs/hybrid.md's tolerance, 1e-5).
+TEST_F(LaunchTest, ExportWeightsOnTwoRanksMatchesOneProcess) {
+  const fs::path ckpt = dir_ / "ckpt";
+  const std::string address =
+      StartRanks(2, {"--checkpoint-dir", ckpt.string()});
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<double> losses = Train(**client);
+  auto exported = (*client)->ExportWeights("weights.safetensors");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const fs::path file = fs::weakly_canonical(ckpt / "weights.safetensors");
+  EXPECT_EQ(exported->path(), file.string());
+  EXPECT_EQ(exported->step(), kSteps);
+  EXPECT_EQ(exported->bytes(), static_cast<int64_t>(fs::file_size(file)));
+  // Outside --checkpoint-dir: refused, as on one rank.
+  EXPECT_EQ((*client)->ExportWeights("../outside.safetensors").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The job serves on after the export's collectives.
+  auto probs = (*client)->Predict(EvalBatch());
+  ASSERT_TRUE(probs.ok()) << probs.status();
+  StopRanks();
+
+  auto model = model::Model::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectOneProcessLosses(**model, losses);
+  const std::string one = (dir_ / "one.safetensors").string();
+  auto reference = model::ExportSafetensors(**model, one);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ(exported->tensors(), reference->tensors);
+  // Same header: names, shapes, offsets and metadata.
+  EXPECT_EQ(exported->bytes(), reference->bytes);
+  ExpectSameWeights(file.string(), one, **model);
+}
+
 // One fixed batch, once.
 class OneBatch : public data::BatchSource {
  public:
@@ -422,9 +483,9 @@ class OneBatch : public data::BatchSource {
 
 // Tables t0-t2 on RocksDB behind caches of 60 rows per shard (t2's column
 // blocks, 100 rows each, spill), t3 in host memory, on 2 ranks: trains like
-// one process, checkpoints every rank's database and restores it, and a
-// batch over a cache is refused on every rank with ResourceExhausted while
-// the job serves on unchanged.
+// one process (the weights export too), checkpoints every rank's database
+// and restores it, and a batch over a cache is refused on every rank with
+// ResourceExhausted while the job serves on unchanged.
 TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   ModelConfig c = config_;
   for (int k = 0; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
@@ -440,11 +501,17 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   const std::vector<double> losses = Train(**client);
+  // The export reads the shards' rows through their RocksDB stores.
+  const std::string exported = (dir_ / "weights.safetensors").string();
+  ASSERT_TRUE((*client)->ExportWeights(exported).ok());
   // The reference: one process (its tables on RocksDB too), same batches.
   {
     auto model = model::Model::Create(config_);
     ASSERT_TRUE(model.ok()) << model.status();
     ExpectOneProcessLosses(**model, losses);
+    const std::string one = (dir_ / "one.safetensors").string();
+    ASSERT_TRUE(model::ExportSafetensors(**model, one).ok());
+    ExpectSameWeights(exported, one, **model);
   }
 
   // Every rank's caches on /metrics, labelled by table and rank; the

@@ -1,5 +1,6 @@
 // Tests for model/: metrics, the whole-model gradient, determinism,
-// rejected batches, and learning the synthetic teacher.
+// rejected batches, learning the synthetic teacher, checkpoints (also under
+// injected file-system faults) and the weights export against its docs.
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -7,13 +8,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "core/config.h"
+#include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/metrics.h"
@@ -325,8 +332,11 @@ class CheckpointTest : public ::testing::Test {
     config_.mutable_dense_optimizer()->set_learning_rate(0.01f);
     config_.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAM);
     config_.mutable_sparse_optimizer()->set_learning_rate(0.01f);
-    dir_ = ::testing::TempDir() + "/ckpt_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = std::filesystem::path(
+               ::testing::TempDir() + "/ckpt_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name())
+               .lexically_normal()
+               .string();
     data::SyntheticOptions o;
     auto src = data::MakeSyntheticSource(config_, o);
     ASSERT_TRUE(src.ok());
@@ -542,6 +552,445 @@ TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
   EXPECT_EQ((*f)->Get("top_mlp.1.bias", {2}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*f)->metadata().at("step"), "0");
+}
+
+// ------------------------------------------------ checkpoints under faults
+
+namespace fs = std::filesystem;
+
+// Every entry directly under `root`, by name.
+std::set<std::string> Entries(const fs::path& root) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) {
+    names.insert(e.path().filename().string());
+  }
+  return names;
+}
+
+bool IsTemporaryName(const std::string& name) {
+  return name.find(".tmp-") != std::string::npos ||
+         name.find(".old-") != std::string::npos;
+}
+
+// A save that fails at any one call (every call of every kind a save makes,
+// in turn, with and without an atomic exchange) is never reported saved
+// unless complete: the directory then holds exactly one checkpoint, which
+// verifies and loads as the old one or (when only the last sync or a
+// clean-up failed) the new one; the clean-up at the next start leaves only
+// it. A following save and restore work.
+TEST_F(CheckpointTest, SaveFailingAtAnyCallNeverLeavesAPartialCheckpoint) {
+  const fs::path root = dir_;
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string ckpt = (root / "ckpt").string();
+  auto old_model = Model::Create(config_);
+  auto model = Model::Create(config_);
+  ASSERT_TRUE(old_model.ok() && model.ok());
+  ASSERT_TRUE((*model)->TrainStep(batches_[0]).ok());
+  const uint64_t old_sum = (*old_model)->WeightChecksum().value();
+  const uint64_t new_sum = (*model)->WeightChecksum().value();
+  ASSERT_NE(old_sum, new_sum);
+  int failed_saves = 0;
+  for (const bool exchange : {true, false}) {
+    // The calls of a fault-free save that replaces a checkpoint.
+    ASSERT_TRUE(SaveCheckpoint(**old_model, ckpt).ok());
+    FaultInjectionFileSystem counting(DefaultFileSystem());
+    counting.SetExchangeSupported(exchange);
+    ASSERT_TRUE(SaveCheckpoint(**model, ckpt, "", &counting).ok());
+    for (int o = 0; o < static_cast<int>(FileOp::kNumOps); ++o) {
+      const FileOp op = static_cast<FileOp>(o);
+      for (int64_t n = 1; n <= counting.Count(op); ++n) {
+        SCOPED_TRACE(testing::Message()
+                     << FileOpName(op) << " call " << n << " of "
+                     << counting.Count(op)
+                     << (exchange ? "" : ", without RENAME_EXCHANGE"));
+        ASSERT_TRUE(SaveCheckpoint(**old_model, ckpt).ok());
+        FaultInjectionFileSystem faulty(DefaultFileSystem());
+        faulty.SetExchangeSupported(exchange);
+        faulty.FailNth(op, n);
+        const absl::StatusOr<CheckpointInfo> saved =
+            SaveCheckpoint(**model, ckpt, "", &faulty);
+        EXPECT_EQ(faulty.injected(), 1);
+        if (!saved.ok()) {
+          ++failed_saves;
+          EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal)
+              << saved.status();
+          EXPECT_NE(saved.status().message().find(root.string()),
+                    std::string::npos)
+              << saved.status();
+        }
+        // Left behind only: what a failed removal could not remove, and the
+        // replaced checkpoint when the sync of the two renames failed (kept
+        // so that the clean-up at the next start can put it back).
+        for (const std::string& name : Entries(root)) {
+          if (name == "ckpt") continue;
+          const bool kept_old = !saved.ok() && !exchange &&
+                                op == FileOp::kSync &&
+                                name.find(".old-") != std::string::npos;
+          EXPECT_TRUE(IsTemporaryName(name) &&
+                      (op == FileOp::kRemove || kept_old))
+              << "left behind: " << name << " (" << saved.status() << ")";
+        }
+        const std::vector<CheckpointEntry> list = ListCheckpoints(root);
+        ASSERT_EQ(list.size(), 1u);
+        EXPECT_EQ(list[0].name, "ckpt");
+        ASSERT_TRUE(list[0].manifest.ok()) << list[0].manifest.status();
+        auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+        const uint64_t sum = (*loaded)->WeightChecksum().value();
+        if (saved.ok()) {
+          EXPECT_EQ(sum, new_sum) << "reported saved, but not the new one";
+        } else {
+          EXPECT_TRUE(sum == old_sum || sum == new_sum);
+          EXPECT_EQ((*loaded)->steps(), sum == new_sum ? 1 : 0);
+        }
+        CleanPartialCheckpoints(root.string());
+        EXPECT_EQ(Entries(root), std::set<std::string>{"ckpt"});
+      }
+    }
+  }
+  // Nearly every call of a save is needed: most faults fail it.
+  EXPECT_GT(failed_saves, 40);
+  // The next save and restore work.
+  ASSERT_TRUE(SaveCheckpoint(**model, ckpt).ok());
+  auto restored = Model::Create(config_);
+  ASSERT_TRUE(restored.ok());
+  ASSERT_TRUE(RestoreCheckpoint(**restored, ckpt).ok());
+  EXPECT_EQ((*restored)->WeightChecksum().value(), new_sum);
+  EXPECT_EQ((*restored)->steps(), 1);
+}
+
+// A disk that fills up during a save: RESOURCE_EXHAUSTED naming the file,
+// the previous checkpoint stays, nothing is left behind.
+TEST_F(CheckpointTest, FullDiskFailsTheSaveNamingTheFile) {
+  const fs::path root = dir_;
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string ckpt = (root / "ckpt").string();
+  auto model = Model::Create(config_);
+  ASSERT_TRUE(model.ok());
+  auto first = SaveCheckpoint(**model, ckpt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t old_sum = (*model)->WeightChecksum().value();
+  ASSERT_TRUE((*model)->TrainStep(batches_[0]).ok());
+  for (const int64_t free_bytes :
+       {int64_t{0}, int64_t{100}, first->bytes / 2, first->bytes - 1}) {
+    SCOPED_TRACE(testing::Message() << free_bytes << " bytes free");
+    FaultInjectionFileSystem full(DefaultFileSystem());
+    full.SetFreeBytes(free_bytes);
+    const absl::StatusOr<CheckpointInfo> saved =
+        SaveCheckpoint(**model, ckpt, "", &full);
+    ASSERT_FALSE(saved.ok());
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kResourceExhausted)
+        << saved.status();
+    EXPECT_NE(saved.status().message().find(ckpt + ".tmp-"), std::string::npos)
+        << saved.status();
+    EXPECT_NE(saved.status().message().find("No space left on device"),
+              std::string::npos)
+        << saved.status();
+    EXPECT_EQ(Entries(root), std::set<std::string>{"ckpt"});
+    auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*loaded)->WeightChecksum().value(), old_sum);
+  }
+  EXPECT_TRUE(SaveCheckpoint(**model, ckpt).ok());
+}
+
+// Reads that return other bytes than were written (a failing disk or
+// cable) are DATA_LOSS naming the file, and change nothing.
+TEST_F(CheckpointTest, CorruptReadsAreDataLossAndChangeNothing) {
+  auto a = Model::Create(config_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  auto b = Model::Create(config_);
+  ASSERT_TRUE(b.ok());
+  const uint64_t before = (*b)->WeightChecksum().value();
+  for (const char* file : {"model.safetensors", "optimizer.safetensors",
+                           "config.textproto", "MANIFEST.json"}) {
+    SCOPED_TRACE(file);
+    FaultInjectionFileSystem corrupt(DefaultFileSystem());
+    corrupt.CorruptReads(file);
+    const auto restored = RestoreCheckpoint(**b, dir_, &corrupt);
+    EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss)
+        << restored.status();
+    EXPECT_NE(restored.status().message().find(file), std::string::npos)
+        << restored.status();
+    EXPECT_GT(corrupt.injected(), 0);
+    EXPECT_EQ((*b)->WeightChecksum().value(), before);
+    EXPECT_EQ((*b)->steps(), 0);
+    EXPECT_EQ(
+        LoadCheckpoint(dir_, /*weights_only=*/true, &corrupt).status().code(),
+        absl::StatusCode::kDataLoss);
+  }
+  // Resume would skip it: its manifest does not read back.
+  FaultInjectionFileSystem corrupt(DefaultFileSystem());
+  corrupt.CorruptReads("MANIFEST.json");
+  const std::vector<CheckpointEntry> list =
+      ListCheckpoints(fs::path(dir_).parent_path().string(), &corrupt);
+  bool found = false;
+  for (const CheckpointEntry& e : list) {
+    if (e.dir != dir_) continue;
+    found = true;
+    EXPECT_EQ(e.manifest.status().code(), absl::StatusCode::kDataLoss);
+  }
+  EXPECT_TRUE(found);
+  ASSERT_TRUE(RestoreCheckpoint(**b, dir_).ok());
+  EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
+}
+
+// ------------------------------------------------------------ weights export
+
+// The rows of docs/server.md's table of tensors of the `config_name`
+// preset (between "<!-- export-tensors:NAME -->" and
+// "<!-- /export-tensors -->"), in order: name, shape, dtype.
+struct DocTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+std::vector<DocTensor> DocumentedTensors(const std::string& config_name) {
+  const fs::path docs = fs::path(DLRM_SOURCE_DIR) / "docs" / "server.md";
+  std::ifstream in(docs);
+  EXPECT_TRUE(in) << "cannot read " << docs;
+  const std::string begin = "<!-- export-tensors:" + config_name + " -->";
+  const std::regex row(R"(^\| `([^`]+)` \| \[([0-9, ]*)\] \| (\w+) \|$)");
+  std::vector<DocTensor> out;
+  bool inside = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line == begin) {
+      inside = true;
+    } else if (line == "<!-- /export-tensors -->") {
+      break;
+    } else if (inside && line.starts_with("| `")) {
+      std::smatch m;
+      EXPECT_TRUE(std::regex_match(line, m, row)) << "bad row: " << line;
+      if (m.empty()) continue;
+      DocTensor t{m[1], {}, m[3]};
+      std::stringstream dims(m[2].str());
+      for (std::string d; std::getline(dims, d, ',');) {
+        t.shape.push_back(std::stoll(d));
+      }
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+// The JSON header of the safetensors file at `path`, and its length.
+nlohmann::json SafetensorsHeader(const std::string& path,
+                                 uint64_t* header_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), sizeof(n));
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  *header_bytes = n;
+  return nlohmann::json::parse(text);
+}
+
+class WeightsExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::path(::testing::TempDir()) /
+        ("weights_export_" +
+         std::string(
+             ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+};
+
+// docs/server.md's table for the default config is what an export holds:
+// the same names in the same file order, shapes and dtypes, and nothing
+// else.
+TEST_F(WeightsExportTest, MatchesTheTableInTheDocs) {
+  const std::vector<DocTensor> documented = DocumentedTensors("kaggle");
+  ASSERT_FALSE(documented.empty());
+  auto config = LoadModelConfig("kaggle");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto model = Model::Create(*config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string path = (dir_ / "weights.safetensors").string();
+  const absl::StatusOr<ExportInfo> info = ExportSafetensors(**model, path);
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::printf("kaggle export: %lld tensors, %lld bytes\n",
+              static_cast<long long>(info->tensors),
+              static_cast<long long>(info->bytes));
+  EXPECT_EQ(info->tensors, static_cast<int64_t>(documented.size()));
+  EXPECT_EQ(info->bytes, static_cast<int64_t>(fs::file_size(path)));
+  EXPECT_EQ(info->step, 0);
+
+  uint64_t header_bytes = 0;
+  const nlohmann::json header = SafetensorsHeader(path, &header_bytes);
+  ASSERT_TRUE(header.is_object());
+  EXPECT_EQ(header.size(), documented.size() + 1);  // + __metadata__
+  EXPECT_EQ(header["__metadata__"]["format"], "dlrm-server");
+  EXPECT_EQ(header["__metadata__"]["step"], "0");
+  uint64_t offset = 0;
+  for (const DocTensor& t : documented) {
+    SCOPED_TRACE(t.name);
+    ASSERT_TRUE(header.contains(t.name)) << "documented but not exported";
+    const nlohmann::json& entry = header[t.name];
+    EXPECT_EQ(entry["dtype"].get<std::string>(), t.dtype);
+    EXPECT_EQ(entry["shape"].get<std::vector<int64_t>>(), t.shape);
+    // File order: each tensor's data follows the one before.
+    int64_t elements = 1;
+    for (const int64_t d : t.shape) elements *= d;
+    EXPECT_EQ(entry["data_offsets"][0].get<uint64_t>(), offset);
+    offset += static_cast<uint64_t>(elements) * sizeof(float);
+    EXPECT_EQ(entry["data_offsets"][1].get<uint64_t>(), offset);
+  }
+  EXPECT_EQ(8 + header_bytes + offset, fs::file_size(path));
+}
+
+// The documented layout is the one the model computes with: the click
+// probability rebuilt from the exported tensors alone, as the PyTorch
+// recipe of docs/server.md does (Linear: y = x W^T + b; EmbeddingBag sum or
+// mean; the dot interaction's pair order), equals the model's.
+TEST_F(WeightsExportTest, TensorsRebuildTheModelsPredictions) {
+  for (const Interaction interaction : {INTERACTION_DOT, INTERACTION_CAT}) {
+    ModelConfig c = Tiny();
+    c.set_interaction(interaction);
+    auto normal = NormalizeModelConfig(c);
+    ASSERT_TRUE(normal.ok()) << normal.status();
+    c = *normal;
+    auto model = Model::Create(c);
+    ASSERT_TRUE(model.ok()) << model.status();
+    // Trained a little, so biases and rows are not at their initial values.
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      ASSERT_TRUE((*model)->TrainStep(SyntheticBatch(c, 64, seed)).ok());
+    }
+    const std::string path = (dir_ / "tiny.safetensors").string();
+    ASSERT_TRUE(ExportSafetensors(**model, path).ok());
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto tensor = [&](const std::string& name) {
+      const std::vector<std::string> names = (*file)->Names();
+      EXPECT_NE(std::find(names.begin(), names.end(), name), names.end())
+          << name;
+      return name;
+    };
+    // y = relu?(W x + b) for each layer of `prefix`.
+    auto mlp = [&](const std::string& prefix, std::vector<float> x,
+                   bool relu_last) {
+      const int layers = static_cast<int>(
+          prefix == "bottom_mlp" ? c.bottom_mlp_size() : c.top_mlp_size());
+      for (int i = 0; i < layers; ++i) {
+        const int out = prefix == "bottom_mlp" ? c.bottom_mlp(i) : c.top_mlp(i);
+        const int in = static_cast<int>(x.size());
+        auto w = (*file)->Get(tensor(absl::StrCat(prefix, ".", i, ".weight")),
+                              {out, in});
+        auto b =
+            (*file)->Get(tensor(absl::StrCat(prefix, ".", i, ".bias")), {out});
+        EXPECT_TRUE(w.ok() && b.ok());
+        std::vector<float> y(out);
+        for (int o = 0; o < out; ++o) {
+          double sum = (*b)[o];
+          for (int k = 0; k < in; ++k) sum += double((*w)[o * in + k]) * x[k];
+          y[o] = (i + 1 < layers || relu_last) ? std::max(0.0, sum) : sum;
+        }
+        x = std::move(y);
+      }
+      return x;
+    };
+    const data::Batch batch = SyntheticBatch(c, 16, 99);
+    std::vector<float> probs;
+    ASSERT_TRUE((*model)->Predict(batch, &probs).ok());
+    for (int64_t s = 0; s < batch.size; ++s) {
+      const std::vector<float> x =
+          mlp("bottom_mlp",
+              std::vector<float>(
+                  batch.dense.begin() + s * c.num_dense_features(),
+                  batch.dense.begin() + (s + 1) * c.num_dense_features()),
+              /*relu_last=*/true);
+      std::vector<std::vector<float>> v = {x};
+      for (int k = 0; k < c.tables_size(); ++k) {
+        const TableConfig& t = c.tables(k);
+        auto w = (*file)->Get(
+            tensor(absl::StrCat("embedding_bags.", t.name(), ".weight")),
+            {t.rows(), t.dim()});
+        ASSERT_TRUE(w.ok()) << w.status();
+        const data::SparseFeature& f = batch.sparse[k];
+        std::vector<float> pooled(t.dim(), 0.0f);
+        const int64_t n = f.offsets[s + 1] - f.offsets[s];
+        for (int64_t p = f.offsets[s]; p < f.offsets[s + 1]; ++p) {
+          for (int d = 0; d < t.dim(); ++d) {
+            pooled[d] += (*w)[f.ids[p] * t.dim() + d];
+          }
+        }
+        if (t.pooling() == POOLING_MEAN && n > 0) {
+          for (float& value : pooled) value /= static_cast<float>(n);
+        }
+        v.push_back(pooled);
+      }
+      std::vector<float> z = x;
+      if (interaction == INTERACTION_DOT) {
+        for (size_t i = 1; i < v.size(); ++i) {
+          for (size_t j = 0; j < i; ++j) {
+            double dot = 0;
+            for (size_t d = 0; d < x.size(); ++d)
+              dot += double(v[i][d]) * v[j][d];
+            z.push_back(static_cast<float>(dot));
+          }
+        }
+      } else {
+        for (size_t i = 1; i < v.size(); ++i) {
+          z.insert(z.end(), v[i].begin(), v[i].end());
+        }
+      }
+      const std::vector<float> logit = mlp("top_mlp", z, /*relu_last=*/false);
+      ASSERT_EQ(logit.size(), 1u);
+      EXPECT_NEAR(1.0 / (1.0 + std::exp(-double(logit[0]))), probs[s], 1e-5)
+          << "sample " << s << ", interaction " << interaction;
+    }
+  }
+}
+
+// An export replaces the file only once the new one is complete: a full
+// disk or a failed rename leaves the previous export as it was, and no
+// temporary file.
+TEST_F(WeightsExportTest, ReplacesTheFileOnlyWhenComplete) {
+  auto model = Model::Create(Tiny());
+  ASSERT_TRUE(model.ok());
+  const std::string path = (dir_ / "weights.safetensors").string();
+  ASSERT_TRUE(ExportSafetensors(**model, path).ok());
+  auto read = [&] {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string before = read();
+  ASSERT_TRUE((*model)->TrainStep(SyntheticBatch(Tiny(), 32, 5)).ok());
+
+  FaultInjectionFileSystem faulty(DefaultFileSystem());
+  faulty.SetFreeBytes(100);
+  absl::StatusOr<ExportInfo> info = ExportSafetensors(**model, path, &faulty);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kResourceExhausted)
+      << info.status();
+  EXPECT_NE(info.status().message().find(path + ".tmp-"), std::string::npos)
+      << info.status();
+  EXPECT_EQ(read(), before);
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"weights.safetensors"});
+
+  faulty.Reset();
+  faulty.FailNth(FileOp::kRename, 1);
+  info = ExportSafetensors(**model, path, &faulty);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInternal) << info.status();
+  EXPECT_EQ(read(), before);
+  EXPECT_EQ(Entries(dir_), std::set<std::string>{"weights.safetensors"});
+
+  info = ExportSafetensors(**model, path, &faulty);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_NE(read(), before);
+  EXPECT_EQ(info->step, 1);
 }
 
 }  // namespace

@@ -238,6 +238,7 @@ TEST_F(TokenTest, WithoutTheTokenTrainerAndAdminAreUnauthenticated) {
   EXPECT_EQ(client->GetMetrics().status().code(), kUnauth);
   EXPECT_EQ(client->SaveCheckpoint("x").status().code(), kUnauth);
   EXPECT_EQ(client->RestoreCheckpoint("x").status().code(), kUnauth);
+  EXPECT_EQ(client->ExportWeights("x").status().code(), kUnauth);
   EXPECT_EQ(client->ListJobs().status().code(), kUnauth);
   EXPECT_EQ(client->GetJob("job-1").status().code(), kUnauth);
   EXPECT_EQ(client->CancelJob("job-1").status().code(), kUnauth);

@@ -41,6 +41,7 @@
 #include "model/checkpoint.h"
 #include "model/metrics.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
 #include "tests/raw_call.h"
@@ -840,6 +841,57 @@ TEST_F(ServerTest, CheckpointPathEscapeIsRefused) {
   CheckpointResponse response;
   EXPECT_TRUE(Checkpoint("a/../inside", true, &response).ok());
   EXPECT_TRUE(fs::exists(dir_ / "checkpoints" / "inside"));
+}
+
+// Admin.ExportWeights on one rank: the file lands under --checkpoint-dir
+// (its directory made), is byte for byte a checkpoint's model.safetensors
+// at the same step, and a path leading outside the directory is refused.
+TEST_F(ServerTest, ExportWeightsWritesTheServedWeightsUnderTheCheckpointDir) {
+  ASSERT_TRUE(
+      RunTrainStream(trainer_.get(), TrainBatches(5, 64, 7)).status.ok());
+  auto export_weights = [&](const std::string& path, ExportResponse* r) {
+    grpc::ClientContext context;
+    ExportRequest request;
+    request.set_path(path);
+    return admin_->ExportWeights(&context, request, r);
+  };
+  ExportResponse exported;
+  const grpc::Status s =
+      export_weights("exports/weights.safetensors", &exported);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const fs::path file = fs::weakly_canonical(dir_ / "checkpoints" / "exports" /
+                                             "weights.safetensors");
+  EXPECT_EQ(exported.path(), file.string());
+  EXPECT_EQ(exported.bytes(), static_cast<int64_t>(fs::file_size(file)));
+  EXPECT_EQ(exported.step(), 5);
+  // Two layers per MLP, each a weight and a bias, and three tables.
+  EXPECT_EQ(exported.tensors(), 2 * 2 + 2 * 2 + 3);
+
+  // A checkpoint's weights are the same file, byte for byte.
+  CheckpointResponse saved;
+  ASSERT_TRUE(Checkpoint("at5", /*save=*/true, &saved).ok());
+  auto read = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  EXPECT_EQ(read(file),
+            read(dir_ / "checkpoints" / "at5" / "model.safetensors"));
+  auto weights = model::SafetensorsFile::Open(file.string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->metadata().at("step"), "5");
+  EXPECT_TRUE((*weights)->Get("embedding_bags.t1.weight", {20, 4}).ok());
+
+  for (const std::string& path :
+       {std::string("../outside.safetensors"),
+        (dir_ / "outside.safetensors").string(), std::string("")}) {
+    ExportResponse r;
+    const grpc::Status refused = export_weights(path, &r);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << path << ": " << refused.error_message();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "outside.safetensors"));
 }
 
 TEST_F(ServerTest, InferenceOnlyServerServesButDoesNotTrain) {

@@ -234,6 +234,12 @@ class Client:
         return self._call(self._admin.RestoreCheckpoint,
                           service_pb2.CheckpointRequest(path=path))
 
+    def export_weights(self, path):
+        """Writes the weights as a safetensors file on the server (names in
+        docs/server.md "Weights export"); the ExportResponse."""
+        return self._call(self._admin.ExportWeights,
+                          service_pb2.ExportRequest(path=path))
+
     # ----------------------------------------------------------- Trainer
 
     make_batch = staticmethod(make_batch)

@@ -1,9 +1,12 @@
 """End-to-end test of the Python client against a real dlrm_server (tiny
-config): train a few batches, predict, evaluate, run a job, checkpoints.
+config): train a few batches, predict, evaluate, run a job, checkpoints,
+the weights export.
 The server binary comes from $DLRM_SERVER (set by CTest)."""
 
+import json
 import math
 import os
+import struct
 import shutil
 import tempfile
 import unittest
@@ -116,6 +119,22 @@ class ClientTest(unittest.TestCase):
         restored = self.client.restore_checkpoint(path)
         self.assertEqual(saved.step, restored.step)
         self.assertIn("dlrm_model_steps", self.client.metrics())
+
+    def test_export_weights_is_a_safetensors_file(self):
+        exported = self.client.export_weights("py-weights.safetensors")
+        self.assertEqual(exported.path,
+                         os.path.realpath(os.path.join(
+                             self.tmp, "ckpt", "py-weights.safetensors")))
+        with open(exported.path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        self.assertEqual(os.path.getsize(exported.path), exported.bytes)
+        self.assertEqual(len(header) - 1, exported.tensors)  # - __metadata__
+        self.assertEqual(header["__metadata__"]["format"], "dlrm-server")
+        self.assertEqual(header["bottom_mlp.0.weight"]["shape"], [8, 4])
+        self.assertEqual(header["top_mlp.1.bias"]["shape"], [1])
+        self.assertEqual(header["embedding_bags.t1.weight"]["shape"], [20, 4])
+        self.assertEqual(header["embedding_bags.t1.weight"]["dtype"], "F32")
 
 
 if __name__ == "__main__":
