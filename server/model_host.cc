@@ -347,9 +347,14 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
   s.embedding_parameters = EmbeddingParameterCount(config_);
   s.dense_parameters = DenseParameterCount(config_);
   s.inference_only = options_.inference_only;
-  const embedding::ShardingPlan& plan = group_->plan();
-  s.world_size = group_->world_size();
-  s.steps = group_->steps();
+  embedding::ShardingPlan plan;
+  {
+    // An inference-only restore replaces the group under the lock.
+    std::lock_guard<std::mutex> lock(model_mu_);
+    plan = group_->plan();
+    s.world_size = group_->world_size();
+    s.steps = group_->steps();
+  }
   s.sharding_plan = plan.ToString(config_);
   // Every rank's embedding shards in host memory (a shard on RocksDB: its
   // cache; its rows count under "rocksdb") and one dense replica per rank
