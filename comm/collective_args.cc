@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/device.h"
 
 namespace dlrm::comm::internal {
 
@@ -74,6 +75,20 @@ absl::Status CheckSelfCounts(std::span<const int64_t> send_counts,
     return absl::InvalidArgumentError(absl::StrCat(
         "AllToAllV: rank ", rank, " sends itself ", send_counts[rank],
         " elements but expects ", recv_counts[rank], " from itself"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCudaDevice(int device, absl::string_view who) {
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": no CUDA device can be used (", CudaUnavailableReason(), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": CUDA device ", device, " is not present (", count,
+                     count == 1 ? " device" : " devices", ")"));
   }
   return absl::OkStatus();
 }

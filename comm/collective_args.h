@@ -33,6 +33,11 @@ absl::Status CheckSummable(DataType type);
 // InvalidArgument unless 0 <= root < world_size.
 absl::Status CheckRoot(int root, int world_size);
 
+// OK when this process can use CUDA device `device`; otherwise
+// FailedPrecondition, prefixed with `who`, naming why: built without CUDA,
+// no driver (the runtime's message), no device, or fewer devices.
+absl::Status CheckCudaDevice(int device, absl::string_view who);
+
 // InvalidArgument unless this rank sends itself as many elements as it
 // receives from itself (the one pairing a rank can check alone).
 absl::Status CheckSelfCounts(std::span<const int64_t> send_counts,

@@ -1,5 +1,6 @@
-// The single-rank Communicator: with one rank every collective is a copy
-// (or nothing), so the hybrid-parallel step runs unchanged on one process.
+// The Communicator interface's host defaults, and the single-rank host
+// Communicator: with one rank every collective is a copy (or nothing), so
+// the hybrid-parallel step runs unchanged on one process.
 #include "comm/communicator.h"
 
 #include <cstring>
@@ -8,12 +9,29 @@
 #include "core/status.h"
 
 namespace dlrm::comm {
+
+const char* MemorySpaceName(MemorySpace space) {
+  return space == MemorySpace::kHost ? "host" : "device";
+}
+
+absl::Status Communicator::SetStream(void* stream) {
+  if (stream != nullptr) {
+    return absl::InvalidArgumentError(
+        "SetStream: a host communicator takes no stream (its calls are done "
+        "on return)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::Synchronize() { return absl::OkStatus(); }
+
 namespace {
 
 class SingleRankCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
     RETURN_IF_ERROR(internal::CheckSummable(type));

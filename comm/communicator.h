@@ -1,6 +1,7 @@
 // Collectives between the ranks of one job: the interface the hybrid-parallel
-// step is written against, with a Gloo implementation for CPU ranks (and
-// NCCL for GPU ranks with the CUDA backend). Every rank must call the same
+// step is written against. Host communicators (Gloo, single-rank) take host
+// buffers, device communicators (NCCL, single-rank device) CUDA device
+// buffers; comm/factory.h picks one. Every rank must call the same
 // collectives in the same order with matching sizes.
 #pragma once
 
@@ -29,17 +30,49 @@ inline size_t ElementSize(DataType t) {
   return 1;
 }
 
+// Where the buffers a communicator takes live.
+enum class MemorySpace { kHost, kDevice };
+
+// "host" or "device".
+const char* MemorySpaceName(MemorySpace space);
+
 // One rank's view of a communicator. Not thread-safe: one thread issues the
 // collectives (a rank's step is sequential). Buffers are borrowed for the
-// duration of the call. A peer that died or stopped answering gives
-// Unavailable or DeadlineExceeded within the communicator's timeout; after
-// an error the communicator is unusable (the job stops).
+// duration of the call, and on a device communicator with a stream (see
+// SetStream) until the stream has passed the collective. A peer that died
+// or stopped answering gives Unavailable or DeadlineExceeded within the
+// communicator's timeout; after such an error the communicator is unusable
+// (later calls give FailedPrecondition; the job stops). Refused arguments
+// (InvalidArgument) leave it usable.
 class Communicator {
  public:
   virtual ~Communicator() = default;
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+
+  // kHost: every buffer is host memory. kDevice: every buffer is memory of
+  // the communicator's CUDA device (InvalidArgument otherwise).
+  virtual MemorySpace memory_space() const = 0;
+
+  // Device communicators: every later collective reads its input after the
+  // work queued on `stream` (a cudaStream_t, passed as void* so that this
+  // header needs no CUDA) before the call, and `stream` waits for the
+  // collective before its later work; the call returns once the collective
+  // is queued, not done. `stream` is borrowed until replaced or the
+  // communicator is destroyed, and must belong to the communicator's device
+  // (InvalidArgument otherwise). nullptr, the start: every call returns when
+  // its collective is done, and its inputs must be complete (their stream
+  // synchronised) before the call.
+  // Host communicators: their calls are done on return; only nullptr is
+  // accepted (InvalidArgument otherwise).
+  virtual absl::Status SetStream(void* stream);
+
+  // Waits until every collective issued so far is done. The error of a
+  // collective that failed after its call returned (DeadlineExceeded past
+  // the op timeout, Unavailable for a failed peer), or FailedPrecondition
+  // after an earlier error. Host communicators: OK at once.
+  virtual absl::Status Synchronize();
 
   // In-place element-wise sum of `count` elements across all ranks
   // (kFloat32 or kInt64; InvalidArgument for kUint8).
@@ -66,10 +99,24 @@ class Communicator {
   virtual absl::Status Broadcast(void* data, int64_t count, DataType type,
                                  int root) = 0;
 
+  // Returns when every rank has called Barrier (on a device communicator
+  // also when every collective issued before it is done, whatever the
+  // stream).
   virtual absl::Status Barrier() = 0;
 };
 
-// The communicator of a job with one rank: every collective is a copy.
+// The host communicator of a job with one rank: every collective is a copy
+// (memmove, so the buffers may be the same) or nothing.
 std::unique_ptr<Communicator> MakeSingleRankCommunicator();
+
+// The device communicator of a job with one rank on CUDA device `device`:
+// every collective is a cudaMemcpyAsync device to device (on the stream
+// given to SetStream, else on its own stream, waited for) or nothing;
+// AllToAllV and AllGather take the same buffer for send and recv (no copy)
+// but not partly overlapping ones (InvalidArgument). FailedPrecondition
+// naming why when there is no such device (built without CUDA, no driver,
+// no device); Internal for other CUDA errors.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeSingleRankDeviceCommunicator(
+    int device);
 
 }  // namespace dlrm::comm

@@ -114,6 +114,7 @@ class GlooCommunicator final : public Communicator {
 
   int rank() const override { return context_->rank; }
   int world_size() const override { return context_->size; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
     RETURN_IF_ERROR(internal::CheckSummable(type));

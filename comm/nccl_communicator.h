@@ -1,6 +1,7 @@
 // The NCCL Communicator: collectives between GPU ranks on device buffers,
-// its unique id exchanged through the coordinator rank 0 hosts. Built when
-// the CUDA toolkit is found (DLRM_WITH_NCCL).
+// its unique id exchanged through the coordinator rank 0 hosts. The NCCL
+// code is built when the CUDA toolkit is found (DLRM_WITH_NCCL); without it
+// ConnectNccl says so.
 #pragma once
 
 #include <cstdint>
@@ -28,26 +29,39 @@ struct NcclOptions {
   int64_t generation = 0;
   // CUDA device this rank uses. Default: 0.
   int device = 0;
-  // How long connecting may take, in seconds. Default: 120.
+  // How long connecting (and, at destruction, the orderly shutdown) may
+  // take before the communicator is aborted, in seconds. Default: 120.
   double connect_timeout_seconds = 120;
-  // How long one collective may take before the communicator is aborted
-  // and the call fails with DeadlineExceeded, in seconds. Default: 120.
+  // How long one collective may take, counted from when it is the oldest
+  // unfinished one (so it includes the caller's work queued before it on
+  // the stream), before the communicator is aborted and the collective
+  // fails with DeadlineExceeded, in seconds. Default: 120.
   double op_timeout_seconds = 120;
 
   absl::Status Validate() const;
 };
 
-// Whether this process sees at least one CUDA device; any CUDA error
-// (no driver, no device) counts as none.
-bool CudaDeviceAvailable();
-
 // Creates the NCCL communicator: rank 0 makes the unique id and publishes it
-// through the coordinator, the others read it, all initialise together.
-// Buffers passed to its collectives are device pointers on `device`; every
-// call runs on the communicator's own stream and returns when it is done.
-// FailedPrecondition when no CUDA device is available; DeadlineExceeded
-// when ranks do not arrive in time; Internal for CUDA or NCCL errors (the
-// message names the call and the error string).
+// through the coordinator, the others read it, all initialise together
+// (non-blocking, polled, aborted after connect_timeout_seconds).
+//
+// Its collectives take device buffers on `device` (AllToAllV's send and
+// recv must not overlap: InvalidArgument) and follow
+// Communicator::SetStream: with a stream they are queued on the
+// communicator's own stream after an event recorded on the caller's, and
+// the caller's stream waits for their completion event; without one each
+// call returns when its collective is done. A watchdog thread aborts the
+// communicator (ncclCommAbort, which ends its kernels, so later CUDA calls
+// such as cudaFree do not hang) when the oldest unfinished collective runs
+// past op_timeout_seconds or NCCL reports an asynchronous error; the next
+// call, or Synchronize, returns that error. The destructor waits for the
+// collectives issued (bounded by the op timeout), then finalises the
+// communicator (bounded by the connect timeout) or aborts it.
+//
+// InvalidArgument for bad options; FailedPrecondition naming why when no
+// CUDA device can be used (built without CUDA, no driver, no device);
+// DeadlineExceeded when ranks do not arrive in time; Internal for CUDA or
+// NCCL errors (the message names the call and the error string).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(
     const NcclOptions& options);
 

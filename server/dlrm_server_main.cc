@@ -27,7 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/coordinator.h"
-#include "comm/gloo_communicator.h"
+#include "comm/factory.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
@@ -385,7 +385,7 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(Flags& f) {
 // services and leads, the others follow until rank 0 says Shutdown.
 // `signals` are blocked (Run below).
 absl::Status RunRank(Flags& f, const sigset_t& signals) {
-  // Signals arrive on this thread. Until rank 0 serves (ConnectGloo may
+  // Signals arrive on this thread. Until rank 0 serves (connecting may
   // wait minutes for the other ranks) and on followers they end the process
   // at once: there is nothing to save. Once rank 0 serves, they start the
   // orderly shutdown below.
@@ -423,17 +423,20 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     ASSIGN_OR_RETURN(coordinator, comm::CoordinatorServer::Start(co));
     spdlog::info("coordinator listening on {}", coordinator->address());
   }
-  comm::GlooOptions go;
-  go.rank = f.rank;
-  go.world_size = f.world_size;
-  go.coordinator_address = f.coordinator;
-  go.bind_address = f.comm_bind_address;
-  go.job_id = "dlrm-server";
-  go.op_timeout_seconds = f.comm_timeout_s;
+  // Host buffers: the CPU model's exchanges and the control traffic below
+  // (Gloo for more than one rank).
+  comm::CommOptions comm_options;
+  comm_options.memory_space = comm::MemorySpace::kHost;
+  comm_options.rank = f.rank;
+  comm_options.world_size = f.world_size;
+  comm_options.coordinator_address = f.coordinator;
+  comm_options.bind_address = f.comm_bind_address;
+  comm_options.job_id = "dlrm-server";
+  comm_options.op_timeout_seconds = f.comm_timeout_s;
   spdlog::info("connecting rank {} of {} through {}", f.rank, f.world_size,
                f.coordinator);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
-                   comm::ConnectGloo(go));
+                   comm::CreateCommunicator(comm_options));
   // Rank 0 picks the checkpoint to resume from and tells the others, so
   // that every rank plans from the same config (followers need not have
   // --checkpoint-dir; they always take part).
@@ -476,8 +479,8 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   // them: the model borrows it.
   std::unique_ptr<comm::Communicator> dense_comm;
   if (f.overlap_allreduce) {
-    go.job_id = "dlrm-server-dense";
-    ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
+    comm_options.job_id = "dlrm-server-dense";
+    ASSIGN_OR_RETURN(dense_comm, comm::CreateCommunicator(comm_options));
   }
   ASSIGN_OR_RETURN(
       std::unique_ptr<model::Model> model,

@@ -1,6 +1,8 @@
-// Tests for comm/: the single-rank communicator, the coordinator service, and
-// the Gloo communicator with real rank processes on loopback. The binary
-// re-executes itself as a child rank (kChildFlag; see main at the bottom).
+// Tests for comm/: the single-rank communicators, the factory, the
+// coordinator service, the Gloo communicator with real rank processes on
+// loopback, and the NCCL communicator (GPU tests: they skip without a
+// device, or fail with DLRM_REQUIRE_CUDA=1). The binary re-executes itself
+// as a child rank (kChildFlag; see main at the bottom).
 #include <gloo/common/error.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -25,15 +27,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/collective_args.h"
 #include "comm/communicator.h"
 #include "comm/coordinator.h"
+#include "comm/factory.h"
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "core/random.h"
 #include "core/status.h"
 #if defined(DLRM_WITH_NCCL)
 #include <cuda_runtime_api.h>
 
-#include "comm/nccl_communicator.h"
+#include "core/cuda/cuda_raii.h"
+#include "tests/cuda_test_util.h"
+#include "tests/nccl_fault_injection.h"
 #endif
 
 extern char** environ;
@@ -219,6 +227,146 @@ absl::Status CheckCollectives(Communicator& comm, int64_t n, uint64_t seed) {
   return comm.Barrier();
 }
 
+#if defined(DLRM_WITH_NCCL)
+// Holds a stream back for a moment from the host, so that a collective that
+// is not ordered after the stream's work reads its input too early.
+void CUDART_CB HoldStream(void*) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+// Host buffers in, a device communicator underneath: each call copies its
+// inputs to device buffers, runs the collective there and copies the
+// outputs back, so CheckCollectives checks device communicators against
+// the same reference. With a stream (given to the device communicator's
+// SetStream by the caller) every copy is queued on it after HoldStream, and
+// the stream is synchronised before returning: a collective not ordered
+// after the stream, or a stream not waiting for the collective, gives wrong
+// bytes. Arguments the device communicator must refuse are passed through
+// as they are.
+class StagedCommunicator final : public Communicator {
+ public:
+  StagedCommunicator(Communicator* device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
+
+  int rank() const override { return device_->rank(); }
+  int world_size() const override { return device_->world_size(); }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+
+  absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
+    auto bytes = internal::BytesOf(count, type, "AllReduceSum");
+    if (!bytes.ok() || type == DataType::kUint8) {
+      return device_->AllReduceSum(data, count, type);
+    }
+    ASSIGN_OR_RETURN(void* d, In(0, data, *bytes));
+    RETURN_IF_ERROR(device_->AllReduceSum(d, count, type));
+    return Out(data, 0, *bytes);
+  }
+
+  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                         void* recv, std::span<const int64_t> recv_counts,
+                         DataType type) override {
+    auto send_bytes =
+        internal::BytesOfCounts(send_counts, world_size(), type, "send");
+    auto recv_bytes =
+        internal::BytesOfCounts(recv_counts, world_size(), type, "recv");
+    if (!send_bytes.ok() || !recv_bytes.ok()) {
+      return device_->AllToAllV(send, send_counts, recv, recv_counts, type);
+    }
+    ASSIGN_OR_RETURN(void* s, In(0, send, *send_bytes));
+    ASSIGN_OR_RETURN(void* r, In(1, nullptr, *recv_bytes));
+    RETURN_IF_ERROR(device_->AllToAllV(s, send_counts, r, recv_counts, type));
+    return Out(recv, 1, *recv_bytes);
+  }
+
+  absl::Status AllGather(const void* send, int64_t count, void* recv,
+                         DataType type) override {
+    auto bytes = internal::BytesOf(count, type, "AllGather");
+    if (!bytes.ok()) return device_->AllGather(send, count, recv, type);
+    ASSIGN_OR_RETURN(void* s, In(0, send, *bytes));
+    ASSIGN_OR_RETURN(void* r, In(1, nullptr, *bytes * world_size()));
+    RETURN_IF_ERROR(device_->AllGather(s, count, r, type));
+    return Out(recv, 1, *bytes * world_size());
+  }
+
+  absl::Status Broadcast(void* data, int64_t count, DataType type,
+                         int root) override {
+    auto bytes = internal::BytesOf(count, type, "Broadcast");
+    if (!bytes.ok() || root < 0 || root >= world_size()) {
+      return device_->Broadcast(data, count, type, root);
+    }
+    ASSIGN_OR_RETURN(void* d, In(0, data, *bytes));
+    RETURN_IF_ERROR(device_->Broadcast(d, count, type, root));
+    return Out(data, 0, *bytes);
+  }
+
+  absl::Status Barrier() override { return device_->Barrier(); }
+
+ private:
+  // Device buffer `slot` holding `bytes` copied from `host`, or poisoned
+  // (0xab) when `host` is null.
+  absl::StatusOr<void*> In(int slot, const void* host, size_t bytes) {
+    RETURN_IF_ERROR(slots_[slot].Reserve(std::max<size_t>(bytes, 1)));
+    void* d = slots_[slot].data();
+    if (stream_ == nullptr) {
+      CUDA_RETURN_IF_ERROR(cudaMemset(d, 0xab, bytes));
+      if (host != nullptr && bytes > 0) {
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+      }
+      // Without a stream the communicator takes finished inputs (a
+      // pageable copy may still be in flight when cudaMemcpy returns).
+      CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      return d;
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d, 0xab, bytes, stream_));
+    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream_, HoldStream, nullptr));
+    if (host != nullptr && bytes > 0) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    return d;
+  }
+
+  absl::Status Out(void* host, int slot, size_t bytes) {
+    if (stream_ == nullptr) {
+      if (bytes > 0) {
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(host, slots_[slot].data(), bytes,
+                                        cudaMemcpyDeviceToHost));
+      }
+      return absl::OkStatus();
+    }
+    if (bytes > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, slots_[slot].data(), bytes,
+                                           cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return device_->Synchronize();
+  }
+
+  Communicator* device_;
+  cudaStream_t stream_;
+  cuda::RawDeviceBuffer slots_[2];
+};
+
+// CheckCollectives on a device communicator: without a stream, then with
+// one (set on `comm` for the second pass and cleared after).
+absl::Status CheckDeviceCollectives(Communicator& comm, int64_t n,
+                                    uint64_t seed) {
+  {
+    StagedCommunicator staged(&comm, nullptr);
+    RETURN_IF_ERROR(CheckCollectives(staged, n, seed));
+  }
+  ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CudaStream::Create());
+  RETURN_IF_ERROR(comm.SetStream(stream.get()));
+  {
+    StagedCommunicator staged(&comm, stream.get());
+    RETURN_IF_ERROR(CheckCollectives(staged, n, seed));
+  }
+  RETURN_IF_ERROR(comm.SetStream(nullptr));
+  return comm.Synchronize();
+}
+#endif  // DLRM_WITH_NCCL
+
 // ------------------------------------------------------------ child ranks
 
 std::string WriteFileAtomically(const std::string& path,
@@ -343,7 +491,48 @@ absl::Status RunChildScenario(const ChildFlags& flags) {
     options.coordinator_address = ReadFile(address_file);
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(options));
+  // --space=host|device goes through the factory, no --space straight to
+  // ConnectGloo.
+  const std::string space = flags.Str("space");
+  std::unique_ptr<Communicator> comm;
+  if (space.empty()) {
+    ASSIGN_OR_RETURN(comm, ConnectGloo(options));
+  } else {
+    CommOptions co;
+    co.memory_space =
+        space == "device" ? MemorySpace::kDevice : MemorySpace::kHost;
+    co.rank = options.rank;
+    co.world_size = options.world_size;
+    co.coordinator_address = options.coordinator_address;
+    co.job_id = options.job_id;
+    co.generation = options.generation;
+    co.device = options.rank % std::max(1, CudaDeviceCount());
+    co.connect_timeout_seconds = options.connect_timeout_seconds;
+    co.op_timeout_seconds = options.op_timeout_seconds;
+    ASSIGN_OR_RETURN(comm, CreateCommunicator(co));
+    if (comm->memory_space() != co.memory_space) {
+      return absl::InternalError("the factory made the wrong memory space");
+    }
+  }
+  if (comm->memory_space() == MemorySpace::kDevice) {
+#if defined(DLRM_WITH_NCCL)
+    if (scenario == "loop") {
+      // Memory taken while healthy and freed after the failure: with the
+      // communicator aborted, cudaFree and a device synchronisation return
+      // (a hang here makes the parent report this rank as hung).
+      void* probe = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&probe, 1 << 20));
+      StagedCommunicator staged(comm.get(), nullptr);
+      const absl::Status status = LoopUntilError(staged, flags.Str("ready"));
+      CUDA_RETURN_IF_ERROR(cudaFree(probe));
+      CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      return status;
+    }
+    return CheckDeviceCollectives(*comm, flags.Int("count"), flags.Int("seed"));
+#else
+    return absl::InternalError("a device communicator without CUDA");
+#endif
+  }
   if (scenario == "loop") {
     return LoopUntilError(*comm, flags.Str("ready"));
   }
@@ -463,7 +652,7 @@ class RankProcesses {
   std::map<int, pid_t> pids_;
 };
 
-class CommProcessTest : public testing::Test {
+class CommProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = TestSeed();
@@ -488,12 +677,14 @@ class CommProcessTest : public testing::Test {
   }
 
   // Runs the collectives check on `world` rank processes against the
-  // coordinator at `coordinator`, expecting every rank to pass.
+  // coordinator at `coordinator`, expecting every rank to pass; `space`
+  // "host" or "device" connects through the factory.
   void RunCollectives(int world, int64_t count, const std::string& coordinator,
-                      const std::string& job) {
+                      const std::string& job, const std::string& space = "") {
     RankProcesses ranks(dir_);
     auto flags = BaseFlags("collectives", world, coordinator, job);
     flags["count"] = std::to_string(count);
+    if (!space.empty()) flags["space"] = space;
     for (int r = 0; r < world; ++r) ranks.Start(r, flags);
     ASSERT_TRUE(ranks.WaitAll(40).ok());
     for (int r = 0; r < world; ++r) {
@@ -548,7 +739,7 @@ TEST(CommSingleRankTest, RefusesBadArguments) {
 
 // ------------------------------------------------------------- coordinator
 
-class CommCoordinatorTest : public testing::Test {
+class CommCoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server_ = StartCoordinator();
@@ -810,7 +1001,7 @@ TEST(CommGlooConnectTest, StaleGenerationIsRefused) {
 // around the base count and leaves some pairs empty.
 class CommGlooCollectivesTest
     : public CommProcessTest,
-      public testing::WithParamInterface<std::tuple<int, int64_t>> {};
+      public ::testing::WithParamInterface<std::tuple<int, int64_t>> {};
 
 TEST_P(CommGlooCollectivesTest, MatchReference) {
   const auto [world, count] = GetParam();
@@ -821,9 +1012,9 @@ TEST_P(CommGlooCollectivesTest, MatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorldsAndCounts, CommGlooCollectivesTest,
-    testing::Combine(testing::Values(1, 2, 3, 4),
-                     testing::Values<int64_t>(0, 1, 5, 1031, 300007)),
-    [](const testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values<int64_t>(0, 1, 5, 1031, 300007)),
+    [](const ::testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
       return absl::StrCat("world", std::get<0>(info.param), "_count",
                           std::get<1>(info.param));
     });
@@ -912,10 +1103,221 @@ TEST_F(CommProcessTest, StoppedRankMakesTheOthersTimeOut) {
   ExpectPeerFailureDetected(dir_, flags, 3, SIGSTOP, 5);
 }
 
+// ------------------------------------------------------------- factory
+
+CommOptions HostOptions(int world, const std::string& coordinator = "") {
+  CommOptions o;
+  o.world_size = world;
+  o.coordinator_address = coordinator;
+  return o;
+}
+
+TEST(CommFactoryTest, ResolvesTheBackendFromSpaceAndWorldSize) {
+  struct Case {
+    MemorySpace space;
+    CommBackend backend;
+    int world;
+    CommBackend want;
+  };
+  const Case cases[] = {
+      {MemorySpace::kHost, CommBackend::kAuto, 1, CommBackend::kSingleRank},
+      {MemorySpace::kHost, CommBackend::kAuto, 2, CommBackend::kGloo},
+      {MemorySpace::kHost, CommBackend::kAuto, 4, CommBackend::kGloo},
+      {MemorySpace::kDevice, CommBackend::kAuto, 1, CommBackend::kSingleRank},
+      {MemorySpace::kDevice, CommBackend::kAuto, 3, CommBackend::kNccl},
+      {MemorySpace::kHost, CommBackend::kGloo, 1, CommBackend::kGloo},
+      {MemorySpace::kDevice, CommBackend::kNccl, 1, CommBackend::kNccl},
+      {MemorySpace::kDevice, CommBackend::kSingleRank, 1,
+       CommBackend::kSingleRank},
+  };
+  for (const Case& c : cases) {
+    CommOptions o = HostOptions(c.world, "127.0.0.1:1");
+    o.memory_space = c.space;
+    o.backend = c.backend;
+    o.rank = c.world - 1;
+    const auto got = ResolveBackend(o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, c.want)
+        << MemorySpaceName(c.space) << " " << CommBackendName(c.backend)
+        << " world " << c.world;
+    EXPECT_TRUE(o.Validate().ok());
+  }
+}
+
+TEST(CommFactoryTest, RefusesOptionsThatDoNotFit) {
+  const auto code = [](const CommOptions& o) {
+    return CreateCommunicator(o).status().code();
+  };
+  CommOptions o = HostOptions(2, "127.0.0.1:1");
+  o.backend = CommBackend::kSingleRank;  // needs world_size 1
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.backend = CommBackend::kNccl;  // device buffers only
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.backend = CommBackend::kGloo;
+  o.memory_space = MemorySpace::kDevice;  // host buffers only
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(CreateCommunicator(o).status().message().find("gloo takes host"),
+            std::string::npos)
+      << CreateCommunicator(o).status();
+  o = HostOptions(2);  // Gloo without a coordinator
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.memory_space = MemorySpace::kDevice;  // NCCL without a coordinator
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HostOptions(2, "127.0.0.1:1");
+  o.rank = 2;
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HostOptions(0);
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HostOptions(1);
+  o.op_timeout_seconds = 0;
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HostOptions(1);
+  o.memory_space = MemorySpace::kDevice;
+  o.device = -1;
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o = HostOptions(2, "127.0.0.1:1");
+  o.job_id = "";
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CommFactoryTest, HostWorldOfOneIsTheSingleRankCommunicator) {
+  auto comm = CreateCommunicator(HostOptions(1));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->memory_space(), MemorySpace::kHost);
+  EXPECT_EQ((*comm)->world_size(), 1);
+  for (int64_t n : {0, 5, 1031}) {
+    EXPECT_TRUE(CheckCollectives(**comm, n, TestSeed()).ok());
+  }
+  // Host communicators take no stream and are done on return.
+  int stream = 0;
+  EXPECT_TRUE((*comm)->SetStream(nullptr).ok());
+  EXPECT_EQ((*comm)->SetStream(&stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->Synchronize().ok());
+}
+
+TEST(CommFactoryTest, GlooIsAHostCommunicator) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  CommOptions o = HostOptions(1, server->address());
+  o.backend = CommBackend::kGloo;
+  o.connect_timeout_seconds = 10;
+  auto comm = CreateCommunicator(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->memory_space(), MemorySpace::kHost);
+  int stream = 0;
+  EXPECT_EQ((*comm)->SetStream(&stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->Synchronize().ok());
+  EXPECT_TRUE(CheckCollectives(**comm, 33, TestSeed()).ok());
+}
+
+// Without a usable device (this binary built without CUDA, no driver, no
+// device) every way to a device communicator is a FailedPrecondition that
+// says why, before any connection is tried.
+TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "this process sees a CUDA device";
+  }
+  const std::string why = CudaUnavailableReason();
+  ASSERT_FALSE(why.empty());
+  for (int world : {1, 2}) {
+    CommOptions o =
+        HostOptions(world, absl::StrCat("127.0.0.1:", UnusedPort()));
+    o.memory_space = MemorySpace::kDevice;
+    const Clock::time_point start = Clock::now();
+    const absl::Status status = CreateCommunicator(o).status();
+    EXPECT_LT(SecondsSince(start), 5.0) << "it tried to connect";
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find(why), std::string::npos) << status;
+  }
+  const absl::Status single = MakeSingleRankDeviceCommunicator(0).status();
+  EXPECT_EQ(single.code(), absl::StatusCode::kFailedPrecondition) << single;
+  const absl::Status nccl = ConnectNccl(NcclOptions{}).status();
+  EXPECT_EQ(nccl.code(), absl::StatusCode::kFailedPrecondition) << nccl;
+}
+
+TEST(CommFactoryTest, AbsentDeviceIsFailedPrecondition) {
+  CommOptions o = HostOptions(1);
+  o.memory_space = MemorySpace::kDevice;
+  o.device = CudaDeviceCount();  // one past the last
+  const absl::Status status = CreateCommunicator(o).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(MakeSingleRankDeviceCommunicator(o.device).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The factory's choice on real ranks: single-rank for 1, Gloo above.
+class CommFactoryRanksTest : public CommProcessTest,
+                             public ::testing::WithParamInterface<int> {};
+
+TEST_P(CommFactoryRanksTest, HostCollectivesMatchReference) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  RunCollectives(GetParam(), 1031, server->address(), "factory", "host");
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CommFactoryRanksTest,
+                         ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("world", info.param);
+                         });
+
 #if defined(DLRM_WITH_NCCL)
-// The NCCL communicator (built whenever CUDA is found). One GPU allows one
-// rank per communicator, so the collectives run at world size 1 here; the
-// multi-GPU runs come with the CUDA backend's tests.
+// ------------------------------------------------- device communicators
+
+namespace nccl_fault = ::dlrm::testing::nccl_fault;
+
+// Device memory for a test; freed at scope exit.
+struct DeviceBytes {
+  explicit DeviceBytes(size_t bytes) {
+    auto raw = cuda::RawDeviceBuffer::Allocate(bytes);
+    EXPECT_TRUE(raw.ok()) << raw.status();
+    if (raw.ok()) buffer = std::move(raw).value();
+  }
+  void* data() const { return buffer.data(); }
+  cuda::RawDeviceBuffer buffer;
+};
+
+TEST(CommDeviceSingleRankTest, CollectivesMatchReference) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  CommOptions o = HostOptions(1);
+  o.memory_space = MemorySpace::kDevice;
+  auto comm = CreateCommunicator(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->memory_space(), MemorySpace::kDevice);
+  EXPECT_EQ((*comm)->world_size(), 1);
+  for (int64_t n : {0, 1, 5, 1031, 300007}) {
+    const absl::Status status = CheckDeviceCollectives(**comm, n, TestSeed());
+    EXPECT_TRUE(status.ok()) << "n " << n << ": " << status;
+  }
+}
+
+TEST(CommDeviceSingleRankTest, RefusesHostAndOverlappingBuffers) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto comm = MakeSingleRankDeviceCommunicator(0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> host(16);
+  DeviceBytes device(64 * sizeof(float));
+  float* d = static_cast<float*>(device.data());
+  const int64_t four[] = {4};
+  EXPECT_EQ((*comm)->AllReduceSum(host.data(), 4, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->AllGather(host.data(), 4, d, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->AllToAllV(d, four, d + 2, four, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->AllToAllV(d, four, d, four, DataType::kFloat32).ok());
+  EXPECT_TRUE(
+      (*comm)->AllToAllV(d, four, d + 4, four, DataType::kFloat32).ok());
+  int not_a_stream = 0;
+  EXPECT_EQ((*comm)->SetStream(&not_a_stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->Barrier().ok());
+}
+
+// ------------------------------------------------------------------ NCCL
+
 TEST(CommNcclTest, OptionsValidate) {
   NcclOptions o;
   EXPECT_TRUE(o.Validate().ok());
@@ -927,44 +1329,216 @@ TEST(CommNcclTest, OptionsValidate) {
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CommNcclTest, SingleRankCollectivesOnDeviceBuffers) {
-  if (!CudaDeviceAvailable()) {
-    // Without a device ConnectNccl must refuse cleanly, never abort.
-    EXPECT_EQ(ConnectNccl(NcclOptions{}).status().code(),
-              absl::StatusCode::kFailedPrecondition);
-    GTEST_SKIP() << "no CUDA device in this process: NCCL collectives not run";
-  }
-  auto comm = ConnectNccl(NcclOptions{});
+TEST(CommNcclTest, SingleRankCollectivesMatchReference) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  CommOptions o = HostOptions(1);
+  o.memory_space = MemorySpace::kDevice;
+  o.backend = CommBackend::kNccl;
+  auto comm = CreateCommunicator(o);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  const std::vector<float> host = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
-  const size_t bytes = host.size() * sizeof(float);
-  void* a = nullptr;
-  void* b = nullptr;
-  ASSERT_EQ(cudaMalloc(&a, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(a, host.data(), bytes, cudaMemcpyHostToDevice),
-            cudaSuccess);
-  std::vector<float> back(host.size());
-  ASSERT_TRUE((*comm)->AllReduceSum(a, 5, DataType::kFloat32).ok());
-  ASSERT_EQ(cudaMemcpy(back.data(), a, bytes, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(back, host);
-  const int64_t counts[1] = {5};
-  ASSERT_TRUE(
-      (*comm)->AllToAllV(a, counts, b, counts, DataType::kFloat32).ok());
-  ASSERT_EQ(cudaMemcpy(back.data(), b, bytes, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(back, host);
-  ASSERT_TRUE((*comm)->AllGather(a, 5, b, DataType::kFloat32).ok());
-  ASSERT_TRUE((*comm)->Broadcast(b, 5, DataType::kFloat32, 0).ok());
-  ASSERT_EQ(cudaMemcpy(back.data(), b, bytes, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(back, host);
-  EXPECT_TRUE((*comm)->Barrier().ok());
-  EXPECT_EQ((*comm)->Broadcast(b, 5, DataType::kFloat32, 1).code(),
+  EXPECT_EQ((*comm)->memory_space(), MemorySpace::kDevice);
+  for (int64_t n : {0, 1, 5, 1031, 300007}) {
+    const absl::Status status = CheckDeviceCollectives(**comm, n, TestSeed());
+    EXPECT_TRUE(status.ok()) << "n " << n << ": " << status;
+  }
+  std::vector<float> host(4);
+  EXPECT_EQ((*comm)->AllReduceSum(host.data(), 4, DataType::kFloat32).code(),
             absl::StatusCode::kInvalidArgument);
-  cudaFree(a);
-  cudaFree(b);
+  DeviceBytes device(64 * sizeof(float));
+  float* d = static_cast<float*>(device.data());
+  const int64_t four[] = {4};
+  EXPECT_EQ((*comm)->AllToAllV(d, four, d, four, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      (*comm)->AllToAllV(d, four, d + 4, four, DataType::kFloat32).ok());
+  EXPECT_TRUE((*comm)->Barrier().ok());
+}
+
+// The fault-injection tests drive a real one-rank NCCL communicator through
+// tests/nccl_fault_injection.h.
+class CommNcclFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DLRM_SKIP_WITHOUT_CUDA();
+    NcclOptions o;
+    o.op_timeout_seconds = 0.5;
+    auto comm = ConnectNccl(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comm_ = std::move(comm).value();
+    auto stream = cuda::CudaStream::Create();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    stream_ = std::move(stream).value();
+  }
+  void TearDown() override {
+    nccl_fault::Arm(nccl_fault::Fault::kNone);
+    comm_.reset();
+  }
+
+  // AllGather of `values` through device buffers, on `stream_` when
+  // `with_stream`; the gathered values, or the collective's error.
+  absl::StatusOr<std::vector<float>> Gather(const std::vector<float>& values,
+                                            bool with_stream) {
+    RETURN_IF_ERROR(comm_->SetStream(with_stream ? stream_.get() : nullptr));
+    StagedCommunicator staged(comm_.get(),
+                              with_stream ? stream_.get() : nullptr);
+    std::vector<float> out(values.size(), -1.0f);
+    RETURN_IF_ERROR(staged.AllGather(values.data(), values.size(), out.data(),
+                                     DataType::kFloat32));
+    return out;
+  }
+
+  std::unique_ptr<Communicator> comm_;
+  cuda::CudaStream stream_;
+};
+
+// A non-blocking communicator may answer ncclInProgress and queue the call
+// later: that is no error, and the call waits until it is queued (and,
+// without a stream, done) before it returns.
+TEST_F(CommNcclFaultTest, InProgressIsNotAnError) {
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 7.0f, 0.5f};
+  for (bool with_stream : {false, true}) {
+    nccl_fault::Arm(nccl_fault::Fault::kSlowQueue);
+    const Clock::time_point start = Clock::now();
+    auto got = Gather(values, with_stream);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, values) << "with_stream " << with_stream;
+    EXPECT_GE(SecondsSince(start), 0.03) << "returned before it was queued";
+  }
+  EXPECT_TRUE(comm_->Barrier().ok());
+}
+
+// A collective that is never queued times out; the communicator is aborted,
+// later calls are refused, and CUDA calls that synchronise still return.
+TEST_F(CommNcclFaultTest, NeverQueuedTimesOutAndAborts) {
+  const int aborts = nccl_fault::AbortCount();
+  nccl_fault::Arm(nccl_fault::Fault::kNeverQueued);
+  DeviceBytes data(1024);
+  const absl::Status status =
+      comm_->AllGather(data.data(), 4, data.data(), DataType::kUint8);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GT(nccl_fault::AbortCount(), aborts);
+  nccl_fault::Arm(nccl_fault::Fault::kNone);
+  EXPECT_EQ(comm_->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(comm_->Synchronize().code(), absl::StatusCode::kFailedPrecondition);
+  data.buffer = cuda::RawDeviceBuffer();  // cudaFree
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// An asynchronous error after the collective was queued (a peer failed
+// while it waited on the device): the watchdog aborts, Synchronize says
+// Unavailable, and the caller's stream, which waits for the collective,
+// still drains.
+TEST_F(CommNcclFaultTest, AsyncErrorAfterQueueingAborts) {
+  const int aborts = nccl_fault::AbortCount();
+  ASSERT_TRUE(comm_->SetStream(stream_.get()).ok());
+  DeviceBytes data(1024);
+  // Keeps the collective waiting behind the caller's stream.
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream_.get(),
+                [](void*) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                },
+                nullptr),
+            cudaSuccess);
+  nccl_fault::Arm(nccl_fault::Fault::kAsyncErrorAfterQueue);
+  ASSERT_TRUE(comm_
+                  ->AllGather(data.data(), 4,
+                              static_cast<char*>(data.data()) + 512,
+                              DataType::kUint8)
+                  .ok());
+  const absl::Status status = comm_->Synchronize();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_GT(nccl_fault::AbortCount(), aborts);
+  EXPECT_EQ(
+      comm_->AllGather(data.data(), 4, data.data(), DataType::kUint8).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
+  data.buffer = cuda::RawDeviceBuffer();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// A collective still unfinished after the op timeout (here: stuck behind
+// the caller's stream) makes the watchdog abort the communicator while the
+// caller is not in any call; the next call reports DeadlineExceeded.
+TEST_F(CommNcclFaultTest, WatchdogAbortsALateCollective) {
+  const int aborts = nccl_fault::AbortCount();
+  ASSERT_TRUE(comm_->SetStream(stream_.get()).ok());
+  DeviceBytes data(1024);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream_.get(),
+                [](void*) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                },
+                nullptr),
+            cudaSuccess);
+  ASSERT_TRUE(comm_->AllReduceSum(data.data(), 16, DataType::kFloat32).ok());
+  // The op timeout is 0.5 s; the watchdog acts on its own.
+  const Clock::time_point start = Clock::now();
+  while (nccl_fault::AbortCount() == aborts && SecondsSince(start) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(nccl_fault::AbortCount(), aborts);
+  const absl::Status status =
+      comm_->AllReduceSum(data.data(), 16, DataType::kFloat32);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
+}
+
+// A rank that registers (so rank 0 gets past the coordinator) but never
+// initialises NCCL: rank 0's non-blocking init times out and is aborted.
+TEST(CommNcclConnectTest, RankThatNeverInitialisesTimesOut) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  std::thread silent([&] {
+    auto client = CoordinatorClient::Create(server->address());
+    ASSERT_TRUE(client.ok());
+    auto session = (*client)->RegisterRank("silent", 0, 1, 2, 10);
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_TRUE((*client)->StoreGet(*session, "nccl-unique-id", 10).ok());
+  });
+  const int aborts = nccl_fault::AbortCount();
+  NcclOptions o;
+  o.world_size = 2;
+  o.coordinator_address = server->address();
+  o.job_id = "silent";
+  o.connect_timeout_seconds = 3;
+  const Clock::time_point start = Clock::now();
+  const absl::Status status = ConnectNccl(o).status();
+  silent.join();
+  EXPECT_LT(SecondsSince(start), 15.0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GT(nccl_fault::AbortCount(), aborts);
+}
+
+// NCCL between rank processes, one GPU each (skips below `world` GPUs).
+class CommNcclRanksTest
+    : public CommProcessTest,
+      public ::testing::WithParamInterface<std::tuple<int, int64_t>> {};
+
+TEST_P(CommNcclRanksTest, CollectivesMatchReference) {
+  const auto [world, count] = GetParam();
+  DLRM_SKIP_WITHOUT_CUDA_DEVICES(world);
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  RunCollectives(world, count, server->address(), "nccl", "device");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndCounts, CommNcclRanksTest,
+    ::testing::Combine(::testing::Values(2, 3, 4),
+                       ::testing::Values<int64_t>(0, 5, 300007)),
+    [](const ::testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+      return absl::StrCat("world", std::get<0>(info.param), "_count",
+                          std::get<1>(info.param));
+    });
+
+TEST_F(CommProcessTest, StoppedNcclRankMakesTheOtherTimeOut) {
+  DLRM_SKIP_WITHOUT_CUDA_DEVICES(2);
+  auto flags = BaseFlags("loop", 2, "", "nccl-stopped");
+  flags["space"] = "device";
+  flags["op_timeout"] = "1.5";
+  ExpectPeerFailureDetected(dir_, flags, 2, SIGSTOP, 8);
 }
 #endif  // DLRM_WITH_NCCL
 
@@ -978,6 +1552,6 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], dlrm::comm::kChildFlag) == 0) {
     return dlrm::comm::ChildMain(argc, argv);
   }
-  testing::InitGoogleTest(&argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

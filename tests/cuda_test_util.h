@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -16,15 +17,36 @@
 #include "core/random.h"
 
 // Skips the test, saying why, when this process sees no CUDA device; CI
-// machines have none and compile and link these tests only.
-#define DLRM_SKIP_WITHOUT_CUDA()                                             \
+// machines have none and compile and link these tests only. With
+// DLRM_REQUIRE_CUDA=1 in the environment (a GPU machine's run) the missing
+// device fails the test instead, so a broken driver cannot pass as skips.
+#define DLRM_SKIP_WITHOUT_CUDA() DLRM_SKIP_WITHOUT_CUDA_DEVICES(1)
+
+// As DLRM_SKIP_WITHOUT_CUDA, and also skips (never fails) when fewer than
+// `n` devices are present: multi-GPU tests on a one-GPU machine.
+#define DLRM_SKIP_WITHOUT_CUDA_DEVICES(n)                                    \
   do {                                                                       \
-    if (::dlrm::CudaDeviceCount() == 0) {                                    \
+    const int _dlrm_devices = ::dlrm::CudaDeviceCount();                     \
+    if (_dlrm_devices == 0 && ::dlrm::testing::CudaRequired()) {             \
+      GTEST_FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "             \
+                   << ::dlrm::CudaUnavailableReason();                       \
+    }                                                                        \
+    if (_dlrm_devices == 0) {                                                \
       GTEST_SKIP() << "no CUDA device: " << ::dlrm::CudaUnavailableReason(); \
+    }                                                                        \
+    if (_dlrm_devices < (n)) {                                               \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, this process sees " \
+                   << _dlrm_devices;                                         \
     }                                                                        \
   } while (0)
 
 namespace dlrm::testing {
+
+// Whether DLRM_REQUIRE_CUDA=1 is set: CUDA tests then fail without a device.
+inline bool CudaRequired() {
+  const char* env = std::getenv("DLRM_REQUIRE_CUDA");
+  return env != nullptr && std::string(env) == "1";
+}
 
 // Fixed seed, printed by the tests that use it (STYLE.md habit 9).
 constexpr uint64_t kCudaTestSeed = 20261123;

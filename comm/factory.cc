@@ -1,0 +1,128 @@
+// Picks the Communicator implementation from CommOptions and connects it.
+#include "comm/factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "comm/collective_args.h"
+#include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "core/status.h"
+
+namespace dlrm::comm {
+
+const char* CommBackendName(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kAuto:
+      return "auto";
+    case CommBackend::kSingleRank:
+      return "single-rank";
+    case CommBackend::kGloo:
+      return "gloo";
+    case CommBackend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+absl::Status CommOptions::Validate() const {
+  return ResolveBackend(*this).status();
+}
+
+absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CommOptions: world_size ", options.world_size, " must be >= 1"));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions: rank ", options.rank,
+                     " is not in [0, world_size = ", options.world_size, ")"));
+  }
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions: device must be >= 0, got ", options.device));
+  }
+  if (!(options.connect_timeout_seconds > 0) ||
+      !(options.op_timeout_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        "CommOptions: connect_timeout_seconds and op_timeout_seconds must be "
+        "> 0");
+  }
+  const bool host = options.memory_space == MemorySpace::kHost;
+  CommBackend backend = options.backend;
+  if (backend == CommBackend::kAuto) {
+    backend = options.world_size == 1 ? CommBackend::kSingleRank
+              : host                  ? CommBackend::kGloo
+                                      : CommBackend::kNccl;
+  }
+  if (backend == CommBackend::kSingleRank && options.world_size != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions: the single-rank communicator needs "
+                     "world_size 1, got ",
+                     options.world_size));
+  }
+  if ((backend == CommBackend::kGloo && !host) ||
+      (backend == CommBackend::kNccl && host)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions: ", CommBackendName(backend), " takes ",
+                     host ? "device" : "host", " buffers, not ",
+                     MemorySpaceName(options.memory_space), " buffers"));
+  }
+  if (backend != CommBackend::kSingleRank) {
+    if (options.coordinator_address.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CommOptions: coordinator_address is required for ",
+                       CommBackendName(backend)));
+    }
+    if (options.job_id.empty()) {
+      return absl::InvalidArgumentError("CommOptions: job_id is empty");
+    }
+  }
+  return backend;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    const CommOptions& options) {
+  ASSIGN_OR_RETURN(const CommBackend backend, ResolveBackend(options));
+  if (options.memory_space == MemorySpace::kDevice) {
+    RETURN_IF_ERROR(internal::CheckCudaDevice(
+        options.device,
+        absl::StrCat("CreateCommunicator (", CommBackendName(backend),
+                     ", device buffers)")));
+  }
+  switch (backend) {
+    case CommBackend::kSingleRank:
+      if (options.memory_space == MemorySpace::kHost) {
+        return MakeSingleRankCommunicator();
+      }
+      return MakeSingleRankDeviceCommunicator(options.device);
+    case CommBackend::kGloo: {
+      GlooOptions gloo;
+      gloo.rank = options.rank;
+      gloo.world_size = options.world_size;
+      gloo.coordinator_address = options.coordinator_address;
+      gloo.job_id = options.job_id;
+      gloo.generation = options.generation;
+      gloo.bind_address = options.bind_address;
+      gloo.connect_timeout_seconds = options.connect_timeout_seconds;
+      gloo.op_timeout_seconds = options.op_timeout_seconds;
+      return ConnectGloo(gloo);
+    }
+    case CommBackend::kNccl: {
+      NcclOptions nccl;
+      nccl.rank = options.rank;
+      nccl.world_size = options.world_size;
+      nccl.coordinator_address = options.coordinator_address;
+      nccl.job_id = options.job_id;
+      nccl.generation = options.generation;
+      nccl.device = options.device;
+      nccl.connect_timeout_seconds = options.connect_timeout_seconds;
+      nccl.op_timeout_seconds = options.op_timeout_seconds;
+      return ConnectNccl(nccl);
+    }
+    case CommBackend::kAuto:
+      break;
+  }
+  return absl::InternalError("CreateCommunicator: unresolved backend");
+}
+
+}  // namespace dlrm::comm

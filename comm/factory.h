@@ -1,0 +1,78 @@
+// Picks and connects a Communicator at start-up from options: single-rank,
+// Gloo (host buffers) or NCCL (device buffers). A job with GPU ranks makes
+// two: a device one for the model's exchanges and a host one (Gloo) for
+// control traffic (which checkpoint to resume, shutdown, heartbeats).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+
+namespace dlrm::comm {
+
+enum class CommBackend {
+  kAuto,        // single-rank for world_size 1, else Gloo (host) or NCCL
+                // (device)
+  kSingleRank,  // world_size 1 only: every collective a copy
+  kGloo,        // host buffers, any world_size (connects even for 1)
+  kNccl,        // device buffers, any world_size
+};
+
+// "auto", "single-rank", "gloo" or "nccl".
+const char* CommBackendName(CommBackend backend);
+
+struct CommOptions {
+  // Where the buffers of the collectives live: host or one CUDA device.
+  // Default: kHost.
+  MemorySpace memory_space = MemorySpace::kHost;
+  // Which implementation; kAuto chooses from memory_space and world_size.
+  // A named one must fit both (InvalidArgument otherwise). Default: kAuto.
+  CommBackend backend = CommBackend::kAuto;
+  // This process's rank, in [0, world_size). Default: 0.
+  int rank = 0;
+  // Number of ranks of the job. Default: 1.
+  int world_size = 1;
+  // host:port of the coordinator rank 0 hosts (comm/coordinator.h).
+  // Required unless the choice is single-rank. Default: "".
+  std::string coordinator_address;
+  // Names the job at the coordinator; two communicators of one job need
+  // different ids. Default: "dlrm".
+  std::string job_id = "dlrm";
+  // Grows with every (re)start of the job, so the coordinator refuses a
+  // stale rank (GlooOptions::generation). Default: 0.
+  int64_t generation = 0;
+  // Address this rank's Gloo TCP device binds to and peers dial (Gloo
+  // only). Default: "127.0.0.1".
+  std::string bind_address = "127.0.0.1";
+  // CUDA device of a device communicator (ignored for host ones).
+  // Default: 0.
+  int device = 0;
+  // How long connecting may take, in seconds. Default: 120.
+  double connect_timeout_seconds = 120;
+  // How long one collective may take before it fails (and the communicator
+  // with it), in seconds. Default: 120.
+  double op_timeout_seconds = 120;
+
+  // InvalidArgument for out-of-range fields, a backend that does not fit
+  // memory_space or world_size, or a missing coordinator_address.
+  absl::Status Validate() const;
+};
+
+// The backend `options` choose (kAuto resolved); InvalidArgument as
+// CommOptions::Validate.
+absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options);
+
+// Makes the communicator `options` choose and connects it to the other
+// ranks (every rank of the job calls it with its own rank). Errors:
+// InvalidArgument for bad options; FailedPrecondition naming why for a
+// device communicator without a usable CUDA device (built without CUDA, no
+// driver, no device) -- never an abort; then the chosen implementation's
+// (ConnectGloo, ConnectNccl, MakeSingleRankDeviceCommunicator).
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    const CommOptions& options);
+
+}  // namespace dlrm::comm
