@@ -277,6 +277,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       m->local_[j].store = std::move(cached[j]);
     }
   }
+  m->in_place_ =
+      m->world_ == 1 && std::none_of(plan.tables.begin(), plan.tables.end(),
+                                     [](const embedding::TablePlacement& p) {
+                                       return p.kind == SHARDING_ROW_WISE;
+                                     });
   m->dense_params_ = m->bottom_.Parameters("bottom_mlp");
   for (auto& p : m->top_.Parameters("top_mlp")) {
     m->dense_params_.push_back(std::move(p));
@@ -564,7 +569,7 @@ absl::Status Model::PrepareShards() {
     // Host stores return the ids themselves: nothing can fail, nothing to
     // agree on, no collective.
     for (LocalShard& ls : local_) {
-      ASSIGN_OR_RETURN(ls.prepared, ls.store->Prepare(ls.global_ids));
+      ASSIGN_OR_RETURN(ls.prepared, ls.store->Prepare(*ls.ids));
     }
     return absl::OkStatus();
   }
@@ -574,8 +579,7 @@ absl::Status Model::PrepareShards() {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
     LocalShard& ls = local_[j];
-    absl::StatusOr<const data::SparseFeature*> p =
-        ls.store->Prepare(ls.global_ids);
+    absl::StatusOr<const data::SparseFeature*> p = ls.store->Prepare(*ls.ids);
     ls.prepared = p.ok() ? *p : nullptr;
     ls.status = p.status();
   }
@@ -660,16 +664,37 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   StageClock clock(times);
   const int64_t n = batch.size;
 
-  std::vector<data::SparseFeature*> out_features;
-  for (LocalShard& ls : local_) out_features.push_back(&ls.global_ids);
-  RETURN_IF_ERROR(
-      DistributeIds(batch, sizes_, owned_, all_locals_, out_features, times));
+  if (in_place_) {
+    for (LocalShard& ls : local_) ls.ids = &batch.sparse[ls.table];
+  } else {
+    std::vector<data::SparseFeature*> out_features;
+    for (LocalShard& ls : local_) {
+      out_features.push_back(&ls.global_ids);
+      ls.ids = &ls.global_ids;
+    }
+    RETURN_IF_ERROR(
+        DistributeIds(batch, sizes_, owned_, all_locals_, out_features, times));
+  }
   clock.Mark(StageTimes::kInputDist);
 
   // Before anything changes: a batch that does not fit a shard's cache on
   // any rank is refused on every rank.
   RETURN_IF_ERROR(PrepareShards());
   clock.Mark(StageTimes::kPrepare);
+
+  if (in_place_) {
+    // Every shard's columns of t_, for this rank's (the whole) batch.
+    float* t = Sized(t_, n * t_width_);
+    const int num_local = static_cast<int>(local_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
+      ls.status = ls.store->Forward(*ls.prepared, t + TColumn(ls), t_width_);
+    }
+    for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
+    clock.Mark(StageTimes::kLookup);
+    return absl::OkStatus();
+  }
 
   // Lookup: each model-parallel shard pools the global batch, straight into
   // the output-dist send buffer (rank by rank, shard by shard).
@@ -783,6 +808,12 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
 }
 
 absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
+  if (in_place_) {
+    for (const int j : rocksdb_locals_) {
+      RETURN_IF_ERROR(local_[j].store->Prefetch(next->sparse[local_[j].table]));
+    }
+    return absl::OkStatus();
+  }
   std::vector<data::SparseFeature*> out_features;
   for (const int j : rocksdb_locals_) {
     out_features.push_back(&local_[j].next_ids);
@@ -873,6 +904,43 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
     });
   }
 
+  if (in_place_) {
+    // Each shard reads its columns of the interaction gradient in place.
+    const int num_local = static_cast<int>(local_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
+      ls.status =
+          ls.store->BackwardUpdate(*ls.prepared, dt + TColumn(ls), t_width_);
+    }
+    for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
+  } else {
+    RETURN_IF_ERROR(ExchangeAndUpdate(batch, dt, &times, &clock));
+  }
+  clock.Mark(StageTimes::kEmbeddingUpdate);
+
+  // Dense gradients and the loss sum: the top bucket (and the loss) may
+  // already be in flight on the dense communicator.
+  RETURN_IF_ERROR(overlap.Finish());
+  if (!overlapped) {
+    RETURN_IF_ERROR(ReduceBucket(comm_, 0, dense_params_.size(), &loss_sum));
+  }
+  times.bytes_sent[StageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
+  result.loss = loss_sum / static_cast<double>(global_size_);
+  clock.Mark(StageTimes::kAllReduce);
+  dense_optimizer_->Step();
+  clock.Mark(StageTimes::kDenseUpdate);
+  ++steps_;
+  result.stores = store_stats_;
+  return result;
+}
+
+absl::Status Model::ExchangeAndUpdate(
+    const data::Batch& batch, const float* dt, StageTimes* times_out,
+    internal::StageClock<StageTimes>* clock_out) {
+  const int64_t n = batch.size;
+  StageTimes& times = *times_out;
+  internal::StageClock<StageTimes>& clock = *clock_out;
   // Backward dist: every shard (replicas included) gets the gradients of
   // its pooled vectors for this rank's samples; row-wise shards of a mean
   // table get them already divided by the bag length.
@@ -946,22 +1014,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
                                          ls.store->spec().dim);
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
-  clock.Mark(StageTimes::kEmbeddingUpdate);
-
-  // Dense gradients and the loss sum: the top bucket (and the loss) may
-  // already be in flight on the dense communicator.
-  RETURN_IF_ERROR(overlap.Finish());
-  if (!overlapped) {
-    RETURN_IF_ERROR(ReduceBucket(comm_, 0, dense_params_.size(), &loss_sum));
-  }
-  times.bytes_sent[StageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
-  result.loss = loss_sum / static_cast<double>(global_size_);
-  clock.Mark(StageTimes::kAllReduce);
-  dense_optimizer_->Step();
-  clock.Mark(StageTimes::kDenseUpdate);
-  ++steps_;
-  result.stores = store_stats_;
-  return result;
+  return absl::OkStatus();
 }
 
 absl::Status Model::ReduceBucket(comm::Communicator* comm, size_t begin,

@@ -21,6 +21,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_store.h"
 #include "embedding/sharding.h"
+#include "model/step_util.h"
 
 namespace dlrm::model {
 
@@ -244,6 +245,9 @@ class Model {
     // Prepare).
     data::SparseFeature global_ids;
     const data::SparseFeature* prepared = nullptr;
+    // The ids Prepare takes: &global_ids, or the batch's own feature when
+    // the exchanges are elided (in_place_).
+    const data::SparseFeature* ids = nullptr;
     // Ids of the next global batch (prefetch; RocksDB shards only).
     data::SparseFeature next_ids;
     absl::Status status;  // scratch of parallel loops
@@ -302,6 +306,12 @@ class Model {
   // Input dist, prepare, lookup and output dist; fills t_ for the local
   // batch and leaves the shards' prepared ids in place for the backward.
   absl::Status EmbedForward(const data::Batch& batch, StageTimes* times);
+  // Backward dist of the interaction gradient `dt` (this rank's samples,
+  // rows of t_width_) to every shard, then each shard's fused update;
+  // charges the exchange and the update to *times through *clock.
+  absl::Status ExchangeAndUpdate(const data::Batch& batch, const float* dt,
+                                 StageTimes* times,
+                                 internal::StageClock<StageTimes>* clock);
   // Sends the next batch's ids to the shards on RocksDB and starts their
   // prefetch (TrainStep with a next batch on some rank; `next` may be null
   // on this one, which then sends no samples).
@@ -333,6 +343,15 @@ class Model {
   std::unique_ptr<dense::DenseOptimizer> dense_optimizer_;
   std::vector<dense::ParamRef> dense_params_;
 
+  // One rank and no row-wise table: every exchange would be the identity,
+  // so shards prepare the batch's own ids, pool straight into t_ and update
+  // from the interaction gradient in place (no staging buffers, no copies).
+  bool in_place_ = false;
+  // The local shard's columns in a row of t_.
+  int64_t TColumn(const LocalShard& ls) const {
+    return table_offset_[ls.table] +
+           plan_.tables[ls.table].shards[ls.shard].col_begin;
+  }
   // Whether any table of the model is on RocksDB (the same on every rank:
   // it decides the extra collectives).
   bool any_rocksdb_ = false;
