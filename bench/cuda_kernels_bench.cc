@@ -20,6 +20,7 @@
 #include "dense/interaction.h"
 #include "embedding/cuda/cuda_embedding_table.h"
 #include "embedding/embedding_table.h"
+#include "optim/optimizer.h"
 
 namespace dlrm {
 namespace {
@@ -100,9 +101,7 @@ absl::Status BenchEmbedding(cudaStream_t stream, int64_t rows, int dim,
     }
     // Rows read and written plus their optimizer state, gradients read once
     // per bag (uniform ids over many rows: nearly all unique).
-    const double state = type == OptimizerConfig::ADAM  ? 2.0 * dim
-                         : type == OptimizerConfig::SGD ? 0.0
-                                                        : 1.0;
+    const double state = optim::SparseStateFloatsPerRow(opt, dim);
     ASSIGN_OR_RETURN(double bwd, TimeMs(stream, [&](int i) {
                        return table->BackwardUpdate(sets[i].bags(), grad.data(),
                                                     dim, stream);

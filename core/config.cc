@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "optim/optimizer.h"
 
 namespace dlrm {
 namespace {
@@ -30,48 +31,6 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
  private:
   std::string first_;
 };
-
-void DefaultOptimizer(OptimizerConfig* o) {
-  if (o->learning_rate() == 0) {
-    switch (o->type()) {
-      case OptimizerConfig::SGD:
-        o->set_learning_rate(0.1f);
-        break;
-      case OptimizerConfig::ADAGRAD:
-      case OptimizerConfig::ROWWISE_ADAGRAD:
-        o->set_learning_rate(0.01f);
-        break;
-      case OptimizerConfig::ADAM:
-        o->set_learning_rate(0.001f);
-        break;
-      default:
-        break;
-    }
-  }
-  if (o->eps() == 0) o->set_eps(1e-8f);
-  if (o->beta1() == 0) o->set_beta1(0.9f);
-  if (o->beta2() == 0) o->set_beta2(0.999f);
-}
-
-absl::Status ValidateOptimizer(const OptimizerConfig& o,
-                               const std::string& field) {
-  if (!OptimizerConfig::Type_IsValid(o.type())) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".type is invalid"));
-  }
-  if (!(o.learning_rate() > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".learning_rate must be > 0"));
-  }
-  if (!(o.beta1() >= 0 && o.beta1() < 1 && o.beta2() >= 0 && o.beta2() < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".beta1 and beta2 must be in [0, 1)"));
-  }
-  if (!(o.eps() > 0) || o.initial_accumulator() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".eps must be > 0, initial_accumulator >= 0"));
-  }
-  return absl::OkStatus();
-}
 
 // Sizes past these are no model this server can hold, and bounding them
 // keeps every derived size (parameter counts, the interaction width) far
@@ -237,8 +196,8 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
       t.set_rows(c.max_rows_per_table());
     }
   }
-  DefaultOptimizer(c.mutable_dense_optimizer());
-  DefaultOptimizer(c.mutable_sparse_optimizer());
+  optim::SetDefaults(c.mutable_dense_optimizer());
+  optim::SetDefaults(c.mutable_sparse_optimizer());
   // RocksDB defaults only where a table uses the tier, so host-only
   // configs print as before.
   if (UsesRocksDb(c) || c.rocksdb().host_budget_bytes() > 0) {
@@ -350,8 +309,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.max_rows_per_table() < 0) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
   }
-  RETURN_IF_ERROR(ValidateOptimizer(c.dense_optimizer(), "dense_optimizer"));
-  RETURN_IF_ERROR(ValidateOptimizer(c.sparse_optimizer(), "sparse_optimizer"));
+  RETURN_IF_ERROR(optim::Validate(c.dense_optimizer(), "dense_optimizer"));
+  RETURN_IF_ERROR(optim::Validate(c.sparse_optimizer(), "sparse_optimizer"));
   return absl::OkStatus();
 }
 

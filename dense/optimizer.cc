@@ -1,13 +1,13 @@
-// Dense optimizers: SGD, Adagrad and Adam (PyTorch semantics) applied to
-// borrowed parameter/gradient pairs.
+// Dense optimizers: the rules of optim/rules.h (PyTorch semantics) applied
+// to borrowed parameter/gradient pairs.
 #include "dense/optimizer.h"
 
-#include <cmath>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::dense {
 namespace {
@@ -15,41 +15,7 @@ namespace {
 // Elements below which an OpenMP region costs more than the update.
 constexpr int64_t kParallelElements = 1 << 15;
 
-bool UsesAdagrad(OptimizerConfig::Type type) {
-  return type == OptimizerConfig::ADAGRAD ||
-         type == OptimizerConfig::ROWWISE_ADAGRAD;
-}
-
-absl::Status Validate(const OptimizerConfig& c,
-                      const std::vector<ParamRef>& params) {
-  if (!OptimizerConfig::Type_IsValid(c.type())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense optimizer: unknown type ", static_cast<int>(c.type())));
-  }
-  if (!(c.learning_rate() > 0) || !std::isfinite(c.learning_rate())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense optimizer: learning_rate must be > 0, got ", c.learning_rate()));
-  }
-  if (c.type() != OptimizerConfig::SGD) {
-    // A normalised config never has eps = 0; taking it anyway would divide
-    // zero by zero for a parameter whose gradient stays 0.
-    if (!(c.eps() > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dense optimizer: eps must be > 0 (normalise the config), got ",
-          c.eps()));
-    }
-  }
-  if (UsesAdagrad(c.type()) && !(c.initial_accumulator() >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense optimizer: initial_accumulator must be >= 0, got ",
-                     c.initial_accumulator()));
-  }
-  if (c.type() == OptimizerConfig::ADAM &&
-      !(c.beta1() >= 0 && c.beta1() < 1 && c.beta2() >= 0 && c.beta2() < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense optimizer: beta1 and beta2 must be in [0, 1), got ",
-                     c.beta1(), " and ", c.beta2()));
-  }
+absl::Status ValidateParams(const std::vector<ParamRef>& params) {
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamRef& p = params[i];
     if (p.size < 0 || p.value == nullptr || p.grad == nullptr) {
@@ -61,11 +27,21 @@ absl::Status Validate(const OptimizerConfig& c,
   return absl::OkStatus();
 }
 
+// One step of `Rule` over the n elements of p.
+template <typename Rule>
+void UpdateParameter(const typename Rule::Step& step, float* p, const float* g,
+                     float* s1, float* s2, int64_t n) {
+  const bool parallel = n >= kParallelElements;
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t k = 0; k < n; ++k) Rule::DenseElement(step, g[k], p, s1, s2, k);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     const OptimizerConfig& config, std::vector<ParamRef> params) {
-  RETURN_IF_ERROR(Validate(config, params));
+  RETURN_IF_ERROR(optim::Validate(config, "dense_optimizer"));
+  RETURN_IF_ERROR(ValidateParams(params));
   return std::unique_ptr<DenseOptimizer>(
       new DenseOptimizer(config, std::move(params)));
 }
@@ -73,72 +49,34 @@ absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
 DenseOptimizer::DenseOptimizer(const OptimizerConfig& config,
                                std::vector<ParamRef> params)
     : config_(config), params_(std::move(params)) {
-  if (UsesAdagrad(config_.type())) {
-    for (const ParamRef& p : params_) {
-      state1_.emplace_back(p.size, config_.initial_accumulator());
-    }
-  } else if (config_.type() == OptimizerConfig::ADAM) {
-    for (const ParamRef& p : params_) {
-      state1_.emplace_back(p.size, 0.0f);
-      state2_.emplace_back(p.size, 0.0f);
-    }
+  const std::span<const optim::StateArray> arrays = optim::DenseState(config_);
+  for (size_t k = 0; k < arrays.size(); ++k) {
+    const float initial = optim::InitialValue(arrays[k], config_);
+    for (const ParamRef& p : params_) state_[k].emplace_back(p.size, initial);
   }
 }
 
 void DenseOptimizer::Step() {
   ++step_;
-  const float lr = config_.learning_rate();
-  const float eps = config_.eps();
-  const OptimizerConfig::Type type = config_.type();
-  // Adam's bias corrections in double: 1 - beta^t loses digits in float.
-  const float b1 = config_.beta1();
-  const float b2 = config_.beta2();
-  const double t = static_cast<double>(step_);
-  const float step_size =
-      static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(b1), t)));
-  const float inv_sqrt_bc2 = static_cast<float>(
-      1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    float* p = params_[i].value;
-    const float* g = params_[i].grad;
-    const int64_t n = params_[i].size;
-    const bool parallel = n >= kParallelElements;
-    if (type == OptimizerConfig::SGD) {
-#pragma omp parallel for simd schedule(static) if (parallel)
-      for (int64_t k = 0; k < n; ++k) p[k] -= lr * g[k];
-    } else if (UsesAdagrad(type)) {
-      float* s = state1_[i].data();
-#pragma omp parallel for simd schedule(static) if (parallel)
-      for (int64_t k = 0; k < n; ++k) {
-        s[k] += g[k] * g[k];
-        p[k] -= lr * g[k] / (std::sqrt(s[k]) + eps);
-      }
-    } else {
-      float* m = state1_[i].data();
-      float* v = state2_[i].data();
-#pragma omp parallel for simd schedule(static) if (parallel)
-      for (int64_t k = 0; k < n; ++k) {
-        m[k] = b1 * m[k] + (1.0f - b1) * g[k];
-        v[k] = b2 * v[k] + (1.0f - b2) * g[k] * g[k];
-        p[k] -= step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + eps);
-      }
+  optim::Visit(config_.type(), [&](auto rule) {
+    using Rule = decltype(rule);
+    const typename Rule::Step step = Rule::MakeStep(config_, step_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      float* s1 = state_[0].empty() ? nullptr : state_[0][i].data();
+      float* s2 = state_[1].empty() ? nullptr : state_[1][i].data();
+      UpdateParameter<Rule>(step, params_[i].value, params_[i].grad, s1, s2,
+                            params_[i].size);
     }
-  }
+  });
 }
 
 std::vector<ParamRef> DenseOptimizer::State() {
+  const std::span<const optim::StateArray> arrays = optim::DenseState(config_);
   std::vector<ParamRef> state;
-  if (UsesAdagrad(config_.type())) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      state.push_back({params_[i].name + ".sum", state1_[i].data(), nullptr,
-                       params_[i].size});
-    }
-  } else if (config_.type() == OptimizerConfig::ADAM) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      state.push_back({params_[i].name + ".exp_avg", state1_[i].data(), nullptr,
-                       params_[i].size});
-      state.push_back({params_[i].name + ".exp_avg_sq", state2_[i].data(),
-                       nullptr, params_[i].size});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t k = 0; k < arrays.size(); ++k) {
+      state.push_back({params_[i].name + "." + arrays[k].name,
+                       state_[k][i].data(), nullptr, params_[i].size});
     }
   }
   return state;

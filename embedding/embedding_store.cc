@@ -1,10 +1,8 @@
 // The host-memory tier, options checks and the factory that picks a tier.
 #include "embedding/embedding_store.h"
 
-#include <algorithm>
-#include <cstring>
-
 #include "embedding/rocksdb_store.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::embedding {
 
@@ -32,15 +30,7 @@ absl::Status TableSpec::Validate() const {
 }
 
 int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim) {
-  switch (optimizer.type()) {
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      return 1;
-    case OptimizerConfig::ADAM:
-      return 2 * dim;
-    default:
-      return 0;
-  }
+  return optim::SparseStateFloatsPerRow(optimizer, dim);
 }
 
 HostStore::HostStore(const TableSpec& spec)
@@ -66,17 +56,7 @@ absl::Status HostStore::ReadRow(int64_t row, float* out) {
         absl::StrCat("table ", spec_.table_index, ": row ", row,
                      " outside [0, ", spec_.rows, ")"));
   }
-  const int dim = spec_.dim;
-  const int state = StateFloatsPerRow(spec_.optimizer, dim);
-  std::memcpy(out, table_.weights() + row * dim, dim * sizeof(float));
-  if (state == 1) {
-    out[dim] = table_.state1()[row];
-  } else if (state > 0) {
-    std::memcpy(out + dim, table_.state1().data() + row * dim,
-                dim * sizeof(float));
-    std::memcpy(out + 2 * dim, table_.state2().data() + row * dim,
-                dim * sizeof(float));
-  }
+  table_.ReadRecord(row, out);
   return absl::OkStatus();
 }
 

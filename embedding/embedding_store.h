@@ -43,8 +43,9 @@ struct TableSpec {
   absl::Status Validate() const;
 };
 
-// Floats of optimizer state one row carries: 0 (SGD), 1 (row-wise Adagrad)
-// or 2 * dim (Adam: first then second moment).
+// Floats of optimizer state one row carries: optim::SparseStateFloatsPerRow
+// (0 for SGD, 1 for row-wise Adagrad, 2 * dim for Adam), kept here for the
+// callers that ask the embedding module.
 int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim);
 
 // Usage counters of a store since it was created. Row counts are unique

@@ -1,14 +1,11 @@
 // CPU kernels of EmbeddingTable: hash-based initialisation, pooled lookups
-// with register accumulators and prefetch, and the fused sparse optimizers.
+// with register accumulators and prefetch, and the backward pass fused with
+// the sparse optimizers of optim/rules.h.
 #include "embedding/embedding_table.h"
 
 #include <omp.h>
 #if defined(__linux__)
 #include <sys/mman.h>
-#endif
-
-#if defined(__AVX__)
-#include <immintrin.h>
 #endif
 
 #include <algorithm>
@@ -17,6 +14,7 @@
 #include <cstring>
 
 #include "core/random.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::embedding {
 namespace {
@@ -114,62 +112,6 @@ void PoolBagsAnyDim(const float* __restrict weights, int dim,
   }
 }
 
-// 1 - beta^t, Adam's bias correction for step t.
-float BiasCorrection(float beta, int64_t step) {
-  return static_cast<float>(
-      1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
-}
-
-// Adam's constants for one step.
-struct AdamStep {
-  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2;
-  // 1 - beta^t.
-  float bias1, bias2;
-};
-
-// One lazy Adam update of a row: m, v and w in place from gradient g.
-void AdamRow(float* __restrict w, float* __restrict m, float* __restrict v,
-             const float* __restrict g, int dim, const AdamStep& a) {
-  int c = 0;
-#if defined(__AVX__)
-  // GCC does not vectorise std::sqrt under its default -fmath-errno, and
-  // this is the costliest optimizer: eight columns at a time by hand, with
-  // the same operations in the same order as the scalar tail.
-  const __m256 lr = _mm256_set1_ps(a.lr), eps = _mm256_set1_ps(a.eps);
-  const __m256 beta1 = _mm256_set1_ps(a.beta1);
-  const __m256 beta2 = _mm256_set1_ps(a.beta2);
-  const __m256 one_minus_beta1 = _mm256_set1_ps(a.one_minus_beta1);
-  const __m256 one_minus_beta2 = _mm256_set1_ps(a.one_minus_beta2);
-  const __m256 bias1 = _mm256_set1_ps(a.bias1);
-  const __m256 bias2 = _mm256_set1_ps(a.bias2);
-  for (; c + 8 <= dim; c += 8) {
-    const __m256 gc = _mm256_loadu_ps(g + c);
-    const __m256 mc =
-        _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + c)),
-                      _mm256_mul_ps(one_minus_beta1, gc));
-    const __m256 vc =
-        _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + c)),
-                      _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, gc), gc));
-    _mm256_storeu_ps(m + c, mc);
-    _mm256_storeu_ps(v + c, vc);
-    const __m256 step = _mm256_div_ps(
-        _mm256_mul_ps(lr, _mm256_div_ps(mc, bias1)),
-        _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vc, bias2)), eps));
-    _mm256_storeu_ps(w + c, _mm256_sub_ps(_mm256_loadu_ps(w + c), step));
-  }
-#endif
-  for (; c < dim; ++c) {
-    m[c] = a.beta1 * m[c] + a.one_minus_beta1 * g[c];
-    v[c] = a.beta2 * v[c] + a.one_minus_beta2 * g[c] * g[c];
-    w[c] -= a.lr * (m[c] / a.bias1) / (std::sqrt(v[c] / a.bias2) + a.eps);
-  }
-}
-
-bool IsRowwiseAdagrad(OptimizerConfig::Type type) {
-  return type == OptimizerConfig::ADAGRAD ||
-         type == OptimizerConfig::ROWWISE_ADAGRAD;
-}
-
 // Per-table random stream, so a row's values do not depend on its column
 // count and each (row, col) hashes independently.
 inline uint64_t RowKey(uint64_t seed, int table, int64_t row) {
@@ -243,12 +185,13 @@ EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
       pooling_(pooling),
       optimizer_(optimizer) {
   ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
-  if (IsRowwiseAdagrad(optimizer.type())) {
-    ResizeWithHugePages(state1_, static_cast<size_t>(rows),
-                        optimizer.initial_accumulator());
-  } else if (optimizer.type() == OptimizerConfig::ADAM) {
-    ResizeWithHugePages(state1_, static_cast<size_t>(rows) * dim, 0.0f);
-    ResizeWithHugePages(state2_, static_cast<size_t>(rows) * dim, 0.0f);
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer);
+  AlignedVector<float>* state[2] = {&state1_, &state2_};
+  for (size_t k = 0; k < arrays.size() && k < 2; ++k) {
+    state_floats_[k] = optim::FloatsPerRow(arrays[k], dim);
+    ResizeWithHugePages(*state[k], static_cast<size_t>(rows) * state_floats_[k],
+                        optim::InitialValue(arrays[k], optimizer));
   }
 }
 
@@ -275,6 +218,28 @@ std::unique_ptr<EmbeddingTable> EmbeddingTable::SlotArray(
   // The constructor is private: std::make_unique cannot reach it.
   return std::unique_ptr<EmbeddingTable>(new EmbeddingTable(
       table_index, slots, dim, pooling, optimizer, NoInit{}));
+}
+
+void EmbeddingTable::ReadRecord(int64_t row, float* record) const {
+  std::memcpy(record, weights_.data() + row * dim_, dim_ * sizeof(float));
+  float* out = record + dim_;
+  const AlignedVector<float>* state[2] = {&state1_, &state2_};
+  for (int k = 0; k < 2 && state_floats_[k] > 0; ++k) {
+    const int n = state_floats_[k];
+    std::memcpy(out, state[k]->data() + row * n, n * sizeof(float));
+    out += n;
+  }
+}
+
+void EmbeddingTable::WriteRecord(int64_t row, const float* record) {
+  std::memcpy(weights_.data() + row * dim_, record, dim_ * sizeof(float));
+  const float* in = record + dim_;
+  AlignedVector<float>* state[2] = {&state1_, &state2_};
+  for (int k = 0; k < 2 && state_floats_[k] > 0; ++k) {
+    const int n = state_floats_[k];
+    std::memcpy(state[k]->data() + row * n, in, n * sizeof(float));
+    in += n;
+  }
 }
 
 void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,
@@ -384,24 +349,10 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
 
   const int dim = dim_;
   const bool mean = pooling_ == POOLING_MEAN;
-  const OptimizerConfig::Type type = optimizer_.type();
-  const float lr = optimizer_.learning_rate();
-  const float eps = optimizer_.eps();
-  const float beta1 = optimizer_.beta1(), beta2 = optimizer_.beta2();
-  const AdamStep adam_step{lr,
-                           eps,
-                           beta1,
-                           beta2,
-                           1.0f - beta1,
-                           1.0f - beta2,
-                           BiasCorrection(beta1, step_),
-                           BiasCorrection(beta2, step_)};
-  const bool rowwise = IsRowwiseAdagrad(type);
-  const bool adam = type == OptimizerConfig::ADAM;
-
   float* weights = weights_.data();
   float* state1 = state1_.data();
   float* state2 = state2_.data();
+  const int64_t floats1 = state_floats_[0], floats2 = state_floats_[1];
   const int64_t* offsets = ids.offsets.data();
   const int64_t* order = order_.data();
   const int64_t* starts = unique_start_.data();
@@ -414,58 +365,49 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int threads = parallel ? omp_get_max_threads() : 1;
   row_grad_.resize(static_cast<size_t>(threads) * padded_dim);
 
-  auto update_row = [&](int64_t k, float* __restrict buffer) {
-    // The row's gradient, summed in bag order. A row seen once under sum
-    // pooling (most rows of one-hot features) uses its bag's gradient row in
-    // place. The sum starts as 0 + the first term, like the reference's
-    // zero-initialised dense gradient, without a separate zeroing pass.
+  // Unique row k's gradient, summed in bag order. A row seen once under sum
+  // pooling (most rows of one-hot features) uses its bag's gradient row in
+  // place. The sum starts as 0 + the first term, like the reference's
+  // zero-initialised dense gradient, without a separate zeroing pass.
+  auto row_gradient = [&](int64_t k, float* __restrict buffer) {
     const int64_t first = starts[k], last = starts[k + 1];
-    const float* __restrict g;
-    if (!mean && last - first == 1) {
-      g = grad + order[first] * grad_stride;
-    } else {
-      for (int64_t e = first; e < last; ++e) {
-        const int64_t s = order[e];
-        const float* __restrict gs = grad + s * grad_stride;
-        const float scale =
-            mean ? 1.0f / static_cast<float>(offsets[s + 1] - offsets[s])
-                 : 1.0f;
-        if (e == first) {
-          for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c] * scale;
-        } else {
-          for (int c = 0; c < dim; ++c) buffer[c] += gs[c] * scale;
-        }
+    if (!mean && last - first == 1) return grad + order[first] * grad_stride;
+    for (int64_t e = first; e < last; ++e) {
+      const int64_t s = order[e];
+      const float* __restrict gs = grad + s * grad_stride;
+      const float scale =
+          mean ? 1.0f / static_cast<float>(offsets[s + 1] - offsets[s]) : 1.0f;
+      if (e == first) {
+        for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c] * scale;
+      } else {
+        for (int c = 0; c < dim; ++c) buffer[c] += gs[c] * scale;
       }
-      g = buffer;
     }
-
-    const int64_t row = unique[k];
-    float* __restrict w = weights + row * dim;
-    if (rowwise) {
-      // FBGEMM's row-wise Adagrad: one accumulator per row, fed the mean of
-      // the squared gradient over the columns.
-      float squares = 0.0f;
-      for (int c = 0; c < dim; ++c) squares += g[c] * g[c];
-      state1[row] += squares / static_cast<float>(dim);
-      const float denom = std::sqrt(state1[row]) + eps;
-      for (int c = 0; c < dim; ++c) w[c] -= lr * g[c] / denom;
-    } else if (adam) {
-      AdamRow(w, state1 + row * dim, state2 + row * dim, g, dim, adam_step);
-    } else {
-      for (int c = 0; c < dim; ++c) w[c] -= lr * g[c];
-    }
+    return static_cast<const float*>(buffer);
   };
 
-  if (parallel) {
+  optim::Visit(optimizer_.type(), [&](auto rule) {
+    using Rule = decltype(rule);
+    const typename Rule::Step step = Rule::MakeStep(optimizer_, step_);
+    auto update_row = [&](int64_t k, float* buffer) {
+      const int64_t row = unique[k];
+      optim::UpdateSparseRow<Rule>(step, row_gradient(k, buffer), dim,
+                                   weights + row * dim, state1 + row * floats1,
+                                   state2 + row * floats2);
+    };
+    if (parallel) {
 #pragma omp parallel
-    {
-      float* buffer = row_grad_.data() + omp_get_thread_num() * padded_dim;
+      {
+        float* buffer = row_grad_.data() + omp_get_thread_num() * padded_dim;
 #pragma omp for schedule(static)
-      for (int64_t k = 0; k < num_unique; ++k) update_row(k, buffer);
+        for (int64_t k = 0; k < num_unique; ++k) update_row(k, buffer);
+      }
+    } else {
+      for (int64_t k = 0; k < num_unique; ++k) {
+        update_row(k, row_grad_.data());
+      }
     }
-  } else {
-    for (int64_t k = 0; k < num_unique; ++k) update_row(k, row_grad_.data());
-  }
+  });
 }
 
 namespace reference {
@@ -510,45 +452,24 @@ void DenseGradientUpdate(float* weights, float* state1, float* state2,
     }
   }
 
-  const float lr = optimizer.learning_rate();
-  const float eps = optimizer.eps();
-  const float b1 = optimizer.beta1(), b2 = optimizer.beta2();
-  for (int64_t r = 0; r < rows; ++r) {
-    if (!touched[r]) continue;
-    float* w = weights + r * dim;
-    const float* g = dense.data() + r * dim;
-    switch (optimizer.type()) {
-      case OptimizerConfig::SGD:
-        for (int c = 0; c < dim; ++c) w[c] -= lr * g[c];
-        break;
-      case OptimizerConfig::ADAGRAD:
-      case OptimizerConfig::ROWWISE_ADAGRAD: {
-        float squares = 0.0f;
-        for (int c = 0; c < dim; ++c) squares += g[c] * g[c];
-        state1[r] += squares / static_cast<float>(dim);
-        for (int c = 0; c < dim; ++c) {
-          w[c] -= lr * g[c] / (std::sqrt(state1[r]) + eps);
-        }
-        break;
-      }
-      case OptimizerConfig::ADAM: {
-        const float bias1 =
-            static_cast<float>(1.0 - std::pow(double{b1}, step));
-        const float bias2 =
-            static_cast<float>(1.0 - std::pow(double{b2}, step));
-        for (int c = 0; c < dim; ++c) {
-          float& m = state1[r * dim + c];
-          float& v = state2[r * dim + c];
-          m = b1 * m + (1.0f - b1) * g[c];
-          v = b2 * v + (1.0f - b2) * g[c] * g[c];
-          w[c] -= lr * (m / bias1) / (std::sqrt(v / bias2) + eps);
-        }
-        break;
-      }
-      default:
-        break;
-    }
+  // The optimizer's math is the shared rule's (tested on its own in
+  // optim_test); what this checks is the gradient each row gets.
+  int64_t floats[2] = {0, 0};
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer);
+  for (size_t k = 0; k < arrays.size() && k < 2; ++k) {
+    floats[k] = optim::FloatsPerRow(arrays[k], dim);
   }
+  optim::Visit(optimizer.type(), [&](auto rule) {
+    using Rule = decltype(rule);
+    const typename Rule::Step constants = Rule::MakeStep(optimizer, step);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!touched[r]) continue;
+      optim::UpdateSparseRow<Rule>(constants, dense.data() + r * dim, dim,
+                                   weights + r * dim, state1 + r * floats[0],
+                                   state2 + r * floats[1]);
+    }
+  });
 }
 
 }  // namespace reference

@@ -42,9 +42,9 @@ struct TableSlice {
 // access.
 class EmbeddingTable {
  public:
-  // `optimizer` must be normalised (core/config.h); ADAGRAD means
-  // row-wise Adagrad here. Holds `rows` x `dim` elements: the whole table,
-  // or the block of it that `slice` places, initialised with the whole
+  // `optimizer` must be normalised and valid (core/config.h); ADAGRAD
+  // means row-wise Adagrad here. Holds `rows` x `dim` elements: the whole
+  // table, or the block of it that `slice` places, initialised with the whole
   // table's InitialValue so a shard starts (and trains) exactly like the
   // same rows and columns of an unsharded table.
   EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
@@ -77,13 +77,21 @@ class EmbeddingTable {
   // rows x dim, row-major.
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
-  // Optimizer state: row-wise Adagrad has one float per row in state1;
-  // Adam has rows x dim in state1 (first moment) and state2 (second); SGD
-  // has none.
+  // Optimizer state, laid out as optim::SparseState(optimizer()) says:
+  // state1 and state2 hold its arrays in order, rows x FloatsPerRow each
+  // (row-wise Adagrad: one float per row in state1; Adam: rows x dim
+  // moments in state1 and state2); an array the optimizer lacks is empty.
   AlignedVector<float>& state1() { return state1_; }
   AlignedVector<float>& state2() { return state2_; }
   const AlignedVector<float>& state1() const { return state1_; }
   const AlignedVector<float>& state2() const { return state2_; }
+  // Copies row `row`'s record into `record`: its dim weights, then its
+  // state arrays in order (dim + optim::SparseStateFloatsPerRow floats in
+  // all). The layout the storage tiers keep rows in. `row` must be in
+  // [0, rows).
+  void ReadRecord(int64_t row, float* record) const;
+  // Sets row `row` from a record laid out as ReadRecord writes it.
+  void WriteRecord(int64_t row, const float* record);
   // Updates applied so far (Adam's bias correction uses it).
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
@@ -100,6 +108,8 @@ class EmbeddingTable {
   Pooling pooling_;
   OptimizerConfig optimizer_;
   AlignedVector<float> weights_, state1_, state2_;
+  // Floats per row of state1_ and state2_ (0 where the array is unused).
+  int state_floats_[2] = {0, 0};
   int64_t step_ = 0;
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
@@ -134,9 +144,10 @@ void PoolForward(const float* weights, int dim, Pooling pooling,
                  int64_t out_stride);
 
 // Materialises the dense gradient of the whole table (rows x dim) and the
-// set of touched rows, then applies `optimizer` (normalised) to each touched
-// row in place. state1/state2 as EmbeddingTable; `step` is the step number
-// after this update (1 for the first).
+// set of touched rows, then applies `optimizer`'s rule (normalised, valid;
+// optim::UpdateSparseRow) to each touched row in place. state1/state2 as
+// EmbeddingTable; `step` is the step number after this update (1 for the
+// first).
 void DenseGradientUpdate(float* weights, float* state1, float* state2,
                          int64_t rows, int dim, Pooling pooling,
                          const OptimizerConfig& optimizer, int64_t step,

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "optim/optimizer.h"
+
 namespace dlrm::embedding {
 namespace {
 
@@ -55,11 +57,6 @@ class NoAutoRecovery final : public rocksdb::EventListener {
     *auto_recovery = false;
   }
 };
-
-bool IsRowwiseAdagrad(const OptimizerConfig& optimizer) {
-  return optimizer.type() == OptimizerConfig::ADAGRAD ||
-         optimizer.type() == OptimizerConfig::ROWWISE_ADAGRAD;
-}
 
 }  // namespace
 
@@ -379,29 +376,11 @@ void RocksDbCachedStore::PickVictims(int64_t needed) {
 }
 
 void RocksDbCachedStore::CopySlotToRecord(int64_t slot, float* record) const {
-  const int dim = spec_.dim;
-  std::memcpy(record, slots_->weights() + slot * dim, dim * sizeof(float));
-  if (state_floats_ == 1) {
-    record[dim] = slots_->state1()[slot];
-  } else if (state_floats_ > 0) {
-    std::memcpy(record + dim, slots_->state1().data() + slot * dim,
-                dim * sizeof(float));
-    std::memcpy(record + 2 * dim, slots_->state2().data() + slot * dim,
-                dim * sizeof(float));
-  }
+  slots_->ReadRecord(slot, record);
 }
 
 void RocksDbCachedStore::CopyRecordToSlot(const float* record, int64_t slot) {
-  const int dim = spec_.dim;
-  std::memcpy(slots_->weights() + slot * dim, record, dim * sizeof(float));
-  if (state_floats_ == 1) {
-    slots_->state1()[slot] = record[dim];
-  } else if (state_floats_ > 0) {
-    std::memcpy(slots_->state1().data() + slot * dim, record + dim,
-                dim * sizeof(float));
-    std::memcpy(slots_->state2().data() + slot * dim, record + 2 * dim,
-                dim * sizeof(float));
-  }
+  slots_->WriteRecord(slot, record);
 }
 
 void RocksDbCachedStore::InitialRecord(int64_t row, float* record) const {
@@ -410,11 +389,7 @@ void RocksDbCachedStore::InitialRecord(int64_t row, float* record) const {
       slice.table_rows > 0 ? slice.table_rows : spec_.rows;
   InitialRow(spec_.seed, spec_.table_index, table_rows, slice.row_begin + row,
              slice.col_begin, spec_.dim, record);
-  if (IsRowwiseAdagrad(spec_.optimizer)) {
-    record[spec_.dim] = spec_.optimizer.initial_accumulator();
-  } else {
-    std::fill(record + spec_.dim, record + RecordFloats(), 0.0f);
-  }
+  optim::InitialSparseState(spec_.optimizer, spec_.dim, record + spec_.dim);
 }
 
 absl::Status RocksDbCachedStore::ReadRecords(const std::vector<int64_t>& rows,

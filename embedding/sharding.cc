@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::embedding {
 namespace {
@@ -131,19 +132,10 @@ absl::Status PlannerOptions::Validate() const {
 }
 
 int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer) {
-  int64_t bytes = shard.row_count * shard.col_count * 4;
-  switch (optimizer.type()) {
-    case OptimizerConfig::ADAM:
-      bytes *= 3;
-      break;
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      bytes += shard.row_count * 4;
-      break;
-    default:
-      break;
-  }
-  return bytes;
+  const int64_t floats_per_row =
+      shard.col_count +
+      optim::SparseStateFloatsPerRow(optimizer, shard.col_count);
+  return shard.row_count * floats_per_row * 4;
 }
 
 absl::Status ShardingPlan::Validate(const ModelConfig& config) const {
@@ -431,13 +423,13 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     std::vector<int> one = least_loaded(1, bytes);
     if (!one.empty() && try_place(k, SHARDING_TABLE_WISE, one)) continue;
     bool placed = false;
-    // Row-wise Adagrad keeps one accumulator per row over all its columns;
-    // column blocks would each keep their own and train differently from
-    // one process, so such tables are split by rows instead.
-    const bool rowwise_adagrad = opt.type() == OptimizerConfig::ADAGRAD ||
-                                 opt.type() == OptimizerConfig::ROWWISE_ADAGRAD;
-    const int max_parts =
-        rowwise_adagrad ? 1 : std::min(world, MaxColumnParts(t.dim()));
+    // An optimizer with per-row state (row-wise Adagrad's accumulator)
+    // keeps one value per row over all its columns; column blocks would
+    // each keep their own and train differently from one process, so such
+    // tables are split by rows instead.
+    const int max_parts = optim::SparseStateSpansColumns(opt)
+                              ? 1
+                              : std::min(world, MaxColumnParts(t.dim()));
     for (int parts = 2; parts <= max_parts && !placed; ++parts) {
       // The widest block is the first; every picked rank must take it.
       const int widest = ColumnBlocks(t.dim(), parts)[0].second;

@@ -59,8 +59,8 @@ struct PlannerOptions {
   absl::Status Validate() const;
 };
 
-// Bytes of weights and optimizer state (normalised `optimizer`: Adam two
-// moments per element, row-wise Adagrad one float per row) of `shard`.
+// Bytes of weights and optimizer state (optim::SparseStateFloatsPerRow of
+// the normalised `optimizer` at the shard's width) of `shard`.
 int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 
 // The plan of one process: every table of `config` whole (table-wise) on

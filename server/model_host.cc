@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "embedding/sharding.h"
 #include "model/metrics.h"
+#include "optim/optimizer.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::server {
@@ -370,10 +371,8 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
       rocksdb_bytes += embedding::ShardBytes(shard, config_.sparse_optimizer());
     }
   }
-  const OptimizerConfig::Type dense = config_.dense_optimizer().type();
-  const int64_t dense_floats = dense == OptimizerConfig::ADAM  ? 3
-                               : dense == OptimizerConfig::SGD ? 1
-                                                               : 2;
+  const int64_t dense_floats =
+      1 + optim::DenseStateFloatsPerElement(config_.dense_optimizer());
   bytes += s.world_size * dense_floats * static_cast<int64_t>(sizeof(float)) *
            s.dense_parameters;
   s.memory_bytes["host"] = bytes;

@@ -156,10 +156,10 @@ TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
                         kCudaTestSeed + 1);
     ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
     EXPECT_EQ(back.step(), cpu.step());
-    // Touched rows: same order of operations, but the host compiler may fuse
-    // multiply-adds that the device code keeps apart (and row-wise Adagrad
-    // sums squares in another order), so a few ulps of the touched values'
-    // scale. Untouched rows keep their exact values.
+    // Touched rows: the same rule functions (optim/rules.h), unfused on
+    // both sides, but row-wise Adagrad sums squares in another order, so a
+    // few ulps of the touched values' scale. Untouched rows keep their
+    // exact values.
     const int per_row2 = static_cast<int>(cpu.state2().size() / s.rows);
     const int per_row1 = static_cast<int>(cpu.state1().size() / s.rows);
     // [0]: weights, [1]: state1, [2]: state2 of the touched rows.
@@ -322,11 +322,11 @@ TEST(CudaEmbeddingArgsTest, BadShapesAreInvalidArgument) {
       PoolForward(nullptr, 10, 16, false, bags, nullptr, 8, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
   BackwardWorkspace ws;
-  EXPECT_EQ(SparseBackwardUpdate(nullptr, nullptr, nullptr, 10, 257, false,
-                                 SparseOptimizerStep{}, bags, nullptr, 257, &ws,
-                                 nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SparseBackwardUpdate(nullptr, nullptr, nullptr, 10, 257, false,
+                           optim::Sgd::Step{}, bags, nullptr, 257, &ws, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MaxDim(16), 1024);
   EXPECT_EQ(MaxDim(15), 256);
   EmbeddingTable wide(0, 2, 1028, POOLING_SUM,

@@ -2,12 +2,14 @@
 // dot interaction (against its reference), BCE loss and the optimizers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/aligned.h"
@@ -16,6 +18,7 @@
 #include "dense/linear.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::dense {
 namespace {
@@ -624,6 +627,70 @@ TEST(OptimizerTest, CreateRejectsBadConfigs) {
               absl::StatusCode::kInvalidArgument);
   }
   EXPECT_TRUE(DenseOptimizer::Create(ok, {}).ok());
+}
+
+// DenseOptimizer gives the bits of the rule's DenseElement run here, on the
+// OpenMP path and off it, with its state named and sized as optim says.
+TEST(OptimizerTest, StepIsTheSharedRuleBitwise) {
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                    OptimizerConfig::ROWWISE_ADAGRAD, OptimizerConfig::ADAM}) {
+    Rng rng = SeededRng(67);
+    OptimizerConfig config = MakeConfig(type, 0.01f);
+    config.set_initial_accumulator(0.1f);
+    const int64_t sizes[2] = {1000, 1 << 16};
+    std::vector<float> w[2], g[2];
+    std::vector<ParamRef> refs;
+    for (int i = 0; i < 2; ++i) {
+      w[i] = RandomVector(&rng, sizes[i]);
+      g[i].resize(sizes[i]);
+      refs.push_back(
+          {i == 0 ? "small" : "large", w[i].data(), g[i].data(), sizes[i]});
+    }
+    std::vector<float> want[2] = {w[0], w[1]};
+    std::vector<float> s1[2], s2[2];
+    for (int i = 0; i < 2; ++i) {
+      s1[i].assign(sizes[i], config.initial_accumulator());
+      s2[i].assign(sizes[i], 0.0f);
+      if (type == OptimizerConfig::ADAM) s1[i].assign(sizes[i], 0.0f);
+    }
+    auto opt = DenseOptimizer::Create(config, refs);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int64_t step = 1; step <= 3; ++step) {
+      // In place: the optimizer holds pointers into g.
+      for (int i = 0; i < 2; ++i) {
+        const std::vector<float> fresh = RandomVector(&rng, sizes[i]);
+        std::copy(fresh.begin(), fresh.end(), g[i].begin());
+      }
+      (*opt)->Step();
+      optim::Visit(type, [&](auto rule) {
+        using Rule = decltype(rule);
+        const auto constants = Rule::MakeStep(config, step);
+        for (int i = 0; i < 2; ++i) {
+          for (int64_t k = 0; k < sizes[i]; ++k) {
+            Rule::DenseElement(constants, g[i][k], want[i].data(), s1[i].data(),
+                               s2[i].data(), k);
+          }
+        }
+      });
+    }
+    const std::vector<ParamRef> state = (*opt)->State();
+    ASSERT_EQ(state.size(), 2 * optim::DenseState(config).size());
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(BitwiseEqual(w[i].data(), want[i].data(), sizes[i]))
+          << OptimizerConfig::Type_Name(type) << " param " << i;
+      if (state.empty()) continue;
+      const size_t per_param = state.size() / 2;
+      EXPECT_EQ(state[i * per_param].size, sizes[i]);
+      EXPECT_TRUE(
+          BitwiseEqual(state[i * per_param].value, s1[i].data(), sizes[i]))
+          << OptimizerConfig::Type_Name(type) << " state1 " << i;
+      if (per_param > 1) {
+        EXPECT_TRUE(BitwiseEqual(state[i * per_param + 1].value, s2[i].data(),
+                                 sizes[i]))
+            << OptimizerConfig::Type_Name(type) << " state2 " << i;
+      }
+    }
+  }
 }
 
 // Large parameters take the OpenMP path; two runs must agree bitwise.

@@ -571,10 +571,8 @@ class HybridEquivalenceTest : public testing::TestWithParam<Case> {};
 
 // K steps on R ranks equal K steps of one process on the same global
 // batches. Tolerance: dense gradients are summed per rank then across ranks
-// and row-wise pools shard by shard, so float sums differ in order; a
-// row-wise shard of a mean table also gets its gradient pre-divided by the
-// bag length, where the single-rank kernel fuses that multiply into its sum
-// (FMA). Losses agree within 1e-5 relative and weights within 1e-5
+// and row-wise pools shard by shard, so float sums differ in order. Losses
+// agree within 1e-5 relative and weights within 1e-5
 // absolute (Adam's normalised step turns a last-bit gradient difference
 // into up to ~1e-3 of its learning rate). With one rank and no row-wise
 // table the arithmetic is the same and the results are bitwise equal.

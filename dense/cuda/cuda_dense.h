@@ -14,11 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/cuda/cuda_raii.h"
-
-namespace dlrm {
-// dlrm/config.pb.h, declared here so the .cu files need no Protobuf headers.
-class OptimizerConfig;
-}  // namespace dlrm
+#include "optim/rules.h"
 
 namespace dlrm::dense::cuda {
 
@@ -104,30 +100,12 @@ absl::Status BceWithLogits(const float* logits, const float* labels,
                            int64_t batch, float grad_scale, float* dlogits,
                            double* loss_device, cudaStream_t stream);
 
-enum class DenseOptimizerKind { kSgd, kAdagrad, kAdam };
-
-// One dense optimizer step's constants, derived on the host exactly as
-// dense::DenseOptimizer::Step derives them (DenseStepFor).
-struct DenseStep {
-  DenseOptimizerKind kind = DenseOptimizerKind::kSgd;
-  float learning_rate = 0;
-  float eps = 0;
-  float beta1 = 0, beta2 = 0;
-  // Adam: lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t), from double.
-  float step_size = 0, inv_sqrt_bias2 = 1;
-};
-
-// The constants of step number `step` (1 for the first) of `config`
-// (normalised; ROWWISE_ADAGRAD means plain Adagrad for dense parameters).
-// InvalidArgument for an unknown optimizer type.
-absl::StatusOr<DenseStep> DenseStepFor(const OptimizerConfig& config,
-                                       int64_t step);
-
-// dense::DenseOptimizer::Step for one parameter of n floats: updates
-// `param` from `grad`, with state1 (Adagrad sum or Adam first moment) and
-// state2 (Adam second moment; null otherwise). Same formulas and operation
-// order as the CPU. InvalidArgument for n < 0.
-absl::Status DenseOptimizerUpdate(const DenseStep& step, float* param,
+// dense::DenseOptimizer::Step for one parameter of n floats: applies the
+// rule of `step` (its constants, from optim::MakeStep; the rule's
+// DenseElement, optim/rules.h, the function the CPU runs) to `param` from
+// `grad`, with state1 / state2 its kDenseState arrays (null where the rule
+// has fewer). InvalidArgument for n < 0.
+absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,
                                   cudaStream_t stream);

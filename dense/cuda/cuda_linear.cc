@@ -4,7 +4,6 @@
 // B = x stored [in x batch], D = y stored [out x batch]. The bias then runs
 // along D's rows, which is what the cuBLASLt BIAS epilogue broadcasts.
 #include <climits>
-#include <cmath>
 #include <memory>
 #include <utility>
 
@@ -12,7 +11,6 @@
 #include "core/cuda_status.h"
 #include "core/status.h"
 #include "dense/cuda/cuda_dense.h"
-#include "dlrm/config.pb.h"
 
 namespace dlrm::dense::cuda {
 namespace {
@@ -109,37 +107,6 @@ absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
 }
 
 }  // namespace
-
-absl::StatusOr<DenseStep> DenseStepFor(const OptimizerConfig& config,
-                                       int64_t step) {
-  DenseStep s;
-  switch (config.type()) {
-    case OptimizerConfig::SGD:
-      s.kind = DenseOptimizerKind::kSgd;
-      break;
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      s.kind = DenseOptimizerKind::kAdagrad;
-      break;
-    case OptimizerConfig::ADAM:
-      s.kind = DenseOptimizerKind::kAdam;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dense optimizer: unknown type ", static_cast<int>(config.type())));
-  }
-  s.learning_rate = config.learning_rate();
-  s.eps = config.eps();
-  s.beta1 = config.beta1();
-  s.beta2 = config.beta2();
-  // As DenseOptimizer::Step: the bias corrections in double.
-  const double t = static_cast<double>(step);
-  s.step_size = static_cast<float>(
-      s.learning_rate / (1.0 - std::pow(static_cast<double>(s.beta1), t)));
-  s.inv_sqrt_bias2 = static_cast<float>(
-      1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(s.beta2), t)));
-  return s;
-}
 
 absl::Status GemmOptions::Validate() const {
   if (use_lt_epilogue && workspace_bytes == 0) {

@@ -4,6 +4,8 @@
 // kernels' order: sums (the bias gradient) match the CPU bitwise; where the
 // host compiler fuses multiply-adds (dots), results differ by ulps.
 #include <algorithm>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/launch.cuh"
@@ -168,42 +170,16 @@ __global__ void BceKernel(const float* __restrict__ logits,
   }
 }
 
-// One element per thread. The CPU loop's expressions, with the products
-// and sums kept apart (no fused multiply-add) and in its order.
-__global__ void DenseOptimizerKernel(DenseStep step, float* __restrict__ p,
+// One element per thread: the rule's DenseElement, the CPU's function.
+template <typename Rule>
+__global__ void DenseOptimizerKernel(typename Rule::Step step,
+                                     float* __restrict__ p,
                                      const float* __restrict__ g,
                                      float* __restrict__ s1,
                                      float* __restrict__ s2, int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
-  const float gk = g[k];
-  switch (step.kind) {
-    case DenseOptimizerKind::kSgd:
-      p[k] = __fsub_rn(p[k], __fmul_rn(step.learning_rate, gk));
-      break;
-    case DenseOptimizerKind::kAdagrad: {
-      const float s = __fadd_rn(s1[k], __fmul_rn(gk, gk));
-      s1[k] = s;
-      p[k] = __fsub_rn(p[k], __fdiv_rn(__fmul_rn(step.learning_rate, gk),
-                                       __fadd_rn(__fsqrt_rn(s), step.eps)));
-      break;
-    }
-    case DenseOptimizerKind::kAdam: {
-      const float m = __fadd_rn(__fmul_rn(step.beta1, s1[k]),
-                                __fmul_rn(__fsub_rn(1.0f, step.beta1), gk));
-      const float v =
-          __fadd_rn(__fmul_rn(step.beta2, s2[k]),
-                    __fmul_rn(__fmul_rn(__fsub_rn(1.0f, step.beta2), gk), gk));
-      s1[k] = m;
-      s2[k] = v;
-      p[k] = __fsub_rn(
-          p[k],
-          __fdiv_rn(__fmul_rn(step.step_size, m),
-                    __fadd_rn(__fmul_rn(__fsqrt_rn(v), step.inv_sqrt_bias2),
-                              step.eps)));
-      break;
-    }
-  }
+  Rule::DenseElement(step, g[k], p, s1, s2, k);
 }
 
 constexpr int kSmemLimit = 48 * 1024;
@@ -276,7 +252,7 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                       stream, t, dz, n, d, dt);
 }
 
-absl::Status DenseOptimizerUpdate(const DenseStep& step, float* param,
+absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,
                                   cudaStream_t stream) {
@@ -284,10 +260,15 @@ absl::Status DenseOptimizerUpdate(const DenseStep& step, float* param,
     return absl::InvalidArgumentError(
         absl::StrCat("DenseOptimizerUpdate: n ", n, " is negative"));
   }
-  return LaunchKernel("DenseOptimizerKernel", DenseOptimizerKernel,
-                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
-                      dim3(256), 0, stream, step, param, grad, state1, state2,
-                      n);
+  return std::visit(
+      [&](const auto& constants) {
+        using Rule = typename std::decay_t<decltype(constants)>::Rule;
+        return LaunchKernel(
+            "DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
+            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
+            stream, constants, param, grad, state1, state2, n);
+      },
+      step);
 }
 
 absl::Status BceWithLogits(const float* logits, const float* labels,

@@ -1,39 +1,14 @@
-// CudaEmbeddingTable: host <-> device copies and the per-step optimizer
-// constants, computed exactly as EmbeddingTable::BackwardUpdate does.
+// CudaEmbeddingTable: host <-> device copies and the step counter; the
+// kernels take the optimizer's rule from optim/rules.h.
 #include "embedding/cuda/cuda_embedding_table.h"
 
-#include <cmath>
 #include <span>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::embedding::cuda {
-namespace {
-
-absl::StatusOr<SparseOptimizerKind> KindOf(OptimizerConfig::Type type) {
-  switch (type) {
-    case OptimizerConfig::SGD:
-      return SparseOptimizerKind::kSgd;
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      return SparseOptimizerKind::kRowwiseAdagrad;
-    case OptimizerConfig::ADAM:
-      return SparseOptimizerKind::kAdam;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer.type: ", static_cast<int>(type),
-                       " has no CUDA embedding kernel"));
-  }
-}
-
-// 1 - beta^t in double, rounded once: the CPU table's BiasCorrection.
-float BiasCorrection(float beta, int64_t step) {
-  return static_cast<float>(
-      1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
-}
-
-}  // namespace
 
 absl::Status DeviceSparseFeature::Upload(const data::SparseFeature& feature) {
   num_bags_ = feature.num_bags();
@@ -58,7 +33,11 @@ CudaEmbeddingTable::FromHost(const EmbeddingTable& table) {
                      " is over the CUDA kernels' limit ", MaxDim(table.dim())));
   }
   std::unique_ptr<CudaEmbeddingTable> t(new CudaEmbeddingTable());
-  ASSIGN_OR_RETURN(t->kind_, KindOf(table.optimizer().type()));
+  if (!optim::Visit(table.optimizer().type(), [](auto) {})) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.type: ", static_cast<int>(table.optimizer().type()),
+        " has no CUDA embedding kernel"));
+  }
   t->rows_ = table.rows();
   t->dim_ = table.dim();
   t->mean_ = table.pooling() == POOLING_MEAN;
@@ -112,14 +91,8 @@ absl::Status CudaEmbeddingTable::BackwardUpdate(const DeviceBags& bags,
                                                 int64_t grad_stride,
                                                 cudaStream_t stream) {
   ++step_;
-  SparseOptimizerStep step;
-  step.kind = kind_;
-  step.learning_rate = optimizer_.learning_rate();
-  step.eps = optimizer_.eps();
-  step.beta1 = optimizer_.beta1();
-  step.beta2 = optimizer_.beta2();
-  step.bias1 = BiasCorrection(step.beta1, step_);
-  step.bias2 = BiasCorrection(step.beta2, step_);
+  ASSIGN_OR_RETURN(const optim::AnyStep step,
+                   optim::MakeStep(optimizer_, step_));
   return SparseBackwardUpdate(weights_.data(), state1_.data(), state2_.data(),
                               rows_, dim_, mean_, step, bags, grad, grad_stride,
                               &workspace_, stream);

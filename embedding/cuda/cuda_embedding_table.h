@@ -76,7 +76,6 @@ class CudaEmbeddingTable {
   int dim_ = 0;
   bool mean_ = false;
   OptimizerConfig optimizer_;
-  SparseOptimizerKind kind_ = SparseOptimizerKind::kSgd;
   int64_t step_ = 0;
   dlrm::cuda::DeviceBuffer<float> weights_, state1_, state2_;
   BackwardWorkspace workspace_;

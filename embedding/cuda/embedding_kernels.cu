@@ -7,20 +7,24 @@
 // eight bags into a warp instead of idling 28 lanes. Each output element is
 // summed by one thread in bag/id order with round-to-nearest adds and
 // multiplies that the compiler may not fuse (__fadd_rn, __fmul_rn), in the
-// CPU kernels' order: pooled sums match them bitwise; where the host
-// compiler fuses a multiply-add (optimizers), results differ by an ulp.
+// CPU kernels' order, and the optimizers are the CPU's own functions
+// (optim/rules.h), so results match the CPU bitwise except where row-wise
+// Adagrad sums a row's squares in another order.
 #include <algorithm>
 #include <bit>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
 #include <limits>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/launch.cuh"
 #include "core/cuda_status.h"
 #include "core/status.h"
 #include "embedding/cuda/embedding_kernels.h"
+#include "optim/rules.h"
 
 namespace dlrm::embedding::cuda {
 namespace {
@@ -160,13 +164,15 @@ __global__ void ExpandKernel(const int64_t* __restrict__ offsets,
 
 // Backward step 4: one group of `group` lanes per unique row; lane l holds
 // units l, l + group, ... (kPerLane of them) of the row's gradient in
-// registers, then applies the optimizer. All lanes of a warp run the same
-// number of loop rounds so the group shuffles see every lane.
-template <bool kVec4, int kPerLane>
+// registers, then applies the optimizer's rule (optim/rules.h) to its
+// columns. All lanes of a warp run the same number of loop rounds so the
+// group shuffles see every lane. state1 / state2 hold floats1 / floats2
+// floats per row (0 where the rule has no such array).
+template <typename Rule, bool kVec4, int kPerLane>
 __global__ void SparseUpdateKernel(
     float* __restrict__ weights, float* __restrict__ state1,
-    float* __restrict__ state2, int64_t rows, int dim, bool mean,
-    SparseOptimizerStep step, const int64_t* __restrict__ offsets,
+    float* __restrict__ state2, int floats1, int floats2, int64_t rows, int dim,
+    bool mean, typename Rule::Step step, const int64_t* __restrict__ offsets,
     const float* __restrict__ grad, int64_t grad_stride,
     const uint64_t* __restrict__ unique_keys,
     const int32_t* __restrict__ counts, const int32_t* __restrict__ starts,
@@ -224,75 +230,44 @@ __global__ void SparseUpdateKernel(
     }
 
     float* w = weights + row * dim;
-    if (step.kind == SparseOptimizerKind::kRowwiseAdagrad) {
-      // Mean of the squared gradient over the columns: lane partials, then
-      // a butterfly inside the group (a fixed order, so deterministic).
-      float squares = 0.0f;
+    float* s1 = state1 + row * floats1;
+    float* s2 = state2 + row * floats2;
+    float row_scale = 0.0f;
+    if constexpr (Rule::kRowReduction) {
+      // The rule's sum over the row's columns: lane partials, then a
+      // butterfly inside the group (a fixed order, so deterministic; not
+      // the CPU's column order).
+      float sum = 0.0f;
 #pragma unroll
       for (int v = 0; v < kPerLane; ++v) {
         if (lane + v * group < units) {
 #pragma unroll
           for (int j = 0; j < kW; ++j) {
-            squares =
-                __fadd_rn(squares, __fmul_rn(g[v * kW + j], g[v * kW + j]));
+            sum = RnAdd(sum, Rule::RowTerm(g[v * kW + j]));
           }
         }
       }
       for (int offset = group / 2; offset > 0; offset /= 2) {
-        squares = __fadd_rn(squares,
-                            __shfl_xor_sync(kFullMask, squares, offset, group));
+        sum = RnAdd(sum, __shfl_xor_sync(kFullMask, sum, offset, group));
       }
-      // Lane 0 reads the accumulator and hands it to the group, so no lane
-      // can read it after lane 0 has written the new value.
-      float old = lane == 0 && active ? state1[row] : 0.0f;
-      old = __shfl_sync(kFullMask, old, 0, group);
+      // Lane 0 reads the row's state float and hands it to the group, so no
+      // lane can read it after lane 0 has written the new value.
+      float row_state = lane == 0 && active ? *s1 : 0.0f;
+      row_state = __shfl_sync(kFullMask, row_state, 0, group);
       if (active) {
-        const float acc =
-            __fadd_rn(old, __fdiv_rn(squares, static_cast<float>(dim)));
-        if (lane == 0) state1[row] = acc;
-        const float denom = __fadd_rn(__fsqrt_rn(acc), step.eps);
-#pragma unroll
-        for (int v = 0; v < kPerLane; ++v) {
-          const int u = lane + v * group;
-          if (u < units) {
-#pragma unroll
-            for (int j = 0; j < kW; ++j) {
-              const int c = u * kW + j;
-              w[c] = __fsub_rn(
-                  w[c], __fdiv_rn(__fmul_rn(step.learning_rate, g[v * kW + j]),
-                                  denom));
-            }
-          }
-        }
+        row_scale = Rule::RowScale(step, row_state, sum, dim);
+        if (lane == 0) *s1 = row_state;
       }
-    } else if (active) {
-      const float one_minus_beta1 = __fsub_rn(1.0f, step.beta1);
-      const float one_minus_beta2 = __fsub_rn(1.0f, step.beta2);
+    }
+    if (active) {
 #pragma unroll
       for (int v = 0; v < kPerLane; ++v) {
         const int u = lane + v * group;
         if (u < units) {
 #pragma unroll
           for (int j = 0; j < kW; ++j) {
-            const int c = u * kW + j;
-            const float gc = g[v * kW + j];
-            if (step.kind == SparseOptimizerKind::kAdam) {
-              float* m = state1 + row * dim + c;
-              float* s2 = state2 + row * dim + c;
-              const float mc = __fadd_rn(__fmul_rn(step.beta1, *m),
-                                         __fmul_rn(one_minus_beta1, gc));
-              const float vc =
-                  __fadd_rn(__fmul_rn(step.beta2, *s2),
-                            __fmul_rn(__fmul_rn(one_minus_beta2, gc), gc));
-              *m = mc;
-              *s2 = vc;
-              const float delta = __fdiv_rn(
-                  __fmul_rn(step.learning_rate, __fdiv_rn(mc, step.bias1)),
-                  __fadd_rn(__fsqrt_rn(__fdiv_rn(vc, step.bias2)), step.eps));
-              w[c] = __fsub_rn(w[c], delta);
-            } else {
-              w[c] = __fsub_rn(w[c], __fmul_rn(step.learning_rate, gc));
-            }
+            Rule::SparseElement(step, row_scale, g[v * kW + j], w, s1, s2,
+                                u * kW + j);
           }
         }
       }
@@ -334,22 +309,70 @@ absl::Status CheckShape(const char* what, int dim, int64_t stride) {
   return absl::OkStatus();
 }
 
-template <bool kVec4, int kPerLane>
+// The state arrays' floats per row and the rule's step constants.
+template <typename Rule>
+struct UpdateArgs {
+  int floats1 = 0, floats2 = 0;
+  typename Rule::Step step;
+};
+
+template <typename Rule, bool kVec4, int kPerLane>
 absl::Status LaunchUpdate(int64_t grid, float* weights, float* state1,
                           float* state2, int64_t rows, int dim, bool mean,
-                          const SparseOptimizerStep& step,
-                          const DeviceBags& bags, const float* grad,
-                          int64_t grad_stride, BackwardWorkspace* ws, int group,
+                          const UpdateArgs<Rule>& args, const DeviceBags& bags,
+                          const float* grad, int64_t grad_stride,
+                          BackwardWorkspace* ws, int group,
                           cudaStream_t stream) {
   return LaunchKernel(
-      "SparseUpdateKernel", SparseUpdateKernel<kVec4, kPerLane>,
+      "SparseUpdateKernel", SparseUpdateKernel<Rule, kVec4, kPerLane>,
       dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0, stream, weights,
-      state1, state2, rows, dim, mean, step, bags.offsets, grad, grad_stride,
+      state1, state2, args.floats1, args.floats2, rows, dim, mean, args.step,
+      bags.offsets, grad, grad_stride,
       static_cast<const uint64_t*>(ws->unique_keys.data()),
       static_cast<const int32_t*>(ws->counts.data()),
       static_cast<const int32_t*>(ws->starts.data()),
       static_cast<const int32_t*>(ws->sorted_bags.data()),
       static_cast<const int32_t*>(ws->num_unique.data()), group);
+}
+
+// The kernel instance for `shape`.
+template <typename Rule>
+absl::Status LaunchUpdateForShape(const RowShape& shape, int64_t grid,
+                                  float* weights, float* state1, float* state2,
+                                  int64_t rows, int dim, bool mean,
+                                  const UpdateArgs<Rule>& args,
+                                  const DeviceBags& bags, const float* grad,
+                                  int64_t grad_stride, BackwardWorkspace* ws,
+                                  cudaStream_t stream) {
+#define DLRM_LAUNCH_UPDATE(vec, per_lane)                               \
+  return LaunchUpdate<Rule, vec, per_lane>(                             \
+      grid, weights, state1, state2, rows, dim, mean, args, bags, grad, \
+      grad_stride, ws, shape.group, stream)
+  if (shape.vec4) {
+    switch (shape.per_lane) {
+      case 1:
+        DLRM_LAUNCH_UPDATE(true, 1);
+      case 2:
+        DLRM_LAUNCH_UPDATE(true, 2);
+      case 3:
+      case 4:
+        DLRM_LAUNCH_UPDATE(true, 4);
+      default:
+        DLRM_LAUNCH_UPDATE(true, 8);
+    }
+  }
+  switch (shape.per_lane) {
+    case 1:
+      DLRM_LAUNCH_UPDATE(false, 1);
+    case 2:
+      DLRM_LAUNCH_UPDATE(false, 2);
+    case 3:
+    case 4:
+      DLRM_LAUNCH_UPDATE(false, 4);
+    default:
+      DLRM_LAUNCH_UPDATE(false, 8);
+  }
+#undef DLRM_LAUNCH_UPDATE
 }
 
 }  // namespace
@@ -378,11 +401,29 @@ absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
 
 absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                   int64_t rows, int dim, bool mean,
-                                  const SparseOptimizerStep& step,
+                                  const optim::AnyStep& step,
                                   const DeviceBags& bags, const float* grad,
                                   int64_t grad_stride, BackwardWorkspace* ws,
                                   cudaStream_t stream) {
   RETURN_IF_ERROR(CheckShape("SparseBackwardUpdate", dim, grad_stride));
+  // Floats per row of state1 / state2, and whether the arrays with one per
+  // element are aligned like the weights (the float4 path needs that).
+  int floats[2] = {0, 0};
+  bool state_aligned = true;
+  std::visit(
+      [&](const auto& constants) {
+        using Rule = typename std::decay_t<decltype(constants)>::Rule;
+        int k = 0;
+        for (const optim::StateArray& array : Rule::kSparseState) {
+          floats[k] = optim::FloatsPerRow(array, dim);
+          if (array.extent == optim::Extent::kElement) {
+            state_aligned =
+                state_aligned && Aligned16(k == 0 ? state1 : state2);
+          }
+          ++k;
+        }
+      },
+      step);
   const int64_t n = bags.num_ids;
   if (bags.num_bags == 0 || n == 0) return absl::OkStatus();
   if (n > std::numeric_limits<int32_t>::max() ||
@@ -440,10 +481,8 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
   CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
       temp, temp_bytes, ws->counts.data(), ws->starts.data(), num, stream));
 
-  const RowShape s = ShapeOf(
-      dim, Aligned16(weights) && Aligned16(grad) && grad_stride % 4 == 0 &&
-               (step.kind != SparseOptimizerKind::kAdam ||
-                (Aligned16(state1) && Aligned16(state2))));
+  const RowShape s = ShapeOf(dim, Aligned16(weights) && Aligned16(grad) &&
+                                      grad_stride % 4 == 0 && state_aligned);
   if (s.per_lane > 8) {
     // Only the float4 path holds rows over 256 columns in registers.
     return absl::InvalidArgumentError(absl::StrCat(
@@ -461,35 +500,15 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
   const int64_t groups_per_block = kThreads / s.group;
   const int64_t grid = std::min<int64_t>(CeilDiv<int64_t>(n, groups_per_block),
                                          int64_t{sms} * 8);
-#define DLRM_LAUNCH_UPDATE(vec, per_lane)                                      \
-  return LaunchUpdate<vec, per_lane>(grid, weights, state1, state2, rows, dim, \
-                                     mean, step, bags, grad, grad_stride, ws,  \
-                                     s.group, stream)
-  if (s.vec4) {
-    switch (s.per_lane) {
-      case 1:
-        DLRM_LAUNCH_UPDATE(true, 1);
-      case 2:
-        DLRM_LAUNCH_UPDATE(true, 2);
-      case 3:
-      case 4:
-        DLRM_LAUNCH_UPDATE(true, 4);
-      default:
-        DLRM_LAUNCH_UPDATE(true, 8);
-    }
-  }
-  switch (s.per_lane) {
-    case 1:
-      DLRM_LAUNCH_UPDATE(false, 1);
-    case 2:
-      DLRM_LAUNCH_UPDATE(false, 2);
-    case 3:
-    case 4:
-      DLRM_LAUNCH_UPDATE(false, 4);
-    default:
-      DLRM_LAUNCH_UPDATE(false, 8);
-  }
-#undef DLRM_LAUNCH_UPDATE
+  return std::visit(
+      [&](const auto& constants) {
+        using Rule = typename std::decay_t<decltype(constants)>::Rule;
+        const UpdateArgs<Rule> args{floats[0], floats[1], constants};
+        return LaunchUpdateForShape<Rule>(s, grid, weights, state1, state2,
+                                          rows, dim, mean, args, bags, grad,
+                                          grad_stride, ws, stream);
+      },
+      step);
 }
 
 }  // namespace dlrm::embedding::cuda

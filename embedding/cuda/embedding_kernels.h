@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "core/cuda/cuda_raii.h"
+#include "optim/rules.h"
 
 namespace dlrm::embedding::cuda {
 
@@ -40,19 +41,6 @@ absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
                          const DeviceBags& bags, float* out, int64_t out_stride,
                          cudaStream_t stream);
 
-enum class SparseOptimizerKind { kSgd, kRowwiseAdagrad, kAdam };
-
-// One optimizer step's constants, as EmbeddingTable::BackwardUpdate derives
-// them from its OptimizerConfig and step counter.
-struct SparseOptimizerStep {
-  SparseOptimizerKind kind = SparseOptimizerKind::kSgd;
-  float learning_rate = 0;
-  float eps = 0;
-  float beta1 = 0, beta2 = 0;
-  // Adam's bias corrections 1 - beta^step for this step.
-  float bias1 = 1, bias2 = 1;
-};
-
 // Scratch device memory of SparseBackwardUpdate, grown to the largest batch
 // seen and reused. Not thread-safe: one per stream.
 struct BackwardWorkspace {
@@ -62,20 +50,20 @@ struct BackwardWorkspace {
   dlrm::cuda::RawDeviceBuffer cub_temp;
 };
 
-// Applies one optimizer step to every row of `weights` (rows x dim) that
-// occurs in `bags`, with the row's gradient: the sum over its occurrences
-// (in bag order) of grad row s (grad + s * grad_stride), scaled by 1 / bag
-// size when `mean`. state1/state2 as EmbeddingTable (row-wise Adagrad: one
-// float per row in state1; Adam: rows x dim moments in state1 and state2;
-// SGD: unused, may be null). Ids outside [0, rows) are skipped. Deterministic:
-// the same inputs give the same bits. InvalidArgument for a dim over
-// MaxDim(dim), over 256 without 16-byte aligned rows (pointers and a stride
-// that is a multiple of 4), a stride below dim or more than 2^31 - 1 ids;
-// Internal on a CUDA error; ResourceExhausted when the workspace cannot
-// grow.
+// Applies one optimizer step (`step`: its rule's constants, from
+// optim::MakeStep; the rule's functions in optim/rules.h) to every row of
+// `weights` (rows x dim) that occurs in `bags`, with the row's gradient: the
+// sum over its occurrences (in bag order) of grad row s (grad + s *
+// grad_stride), scaled by 1 / bag size when `mean`. state1/state2 as
+// EmbeddingTable (the rule's kSparseState arrays; one the rule lacks may be
+// null). Ids outside [0, rows) are skipped. Deterministic: the same inputs
+// give the same bits. InvalidArgument for a dim over MaxDim(dim), over 256
+// without 16-byte aligned rows (pointers and a stride that is a multiple of
+// 4), a stride below dim or more than 2^31 - 1 ids; Internal on a CUDA
+// error; ResourceExhausted when the workspace cannot grow.
 absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                   int64_t rows, int dim, bool mean,
-                                  const SparseOptimizerStep& step,
+                                  const optim::AnyStep& step,
                                   const DeviceBags& bags, const float* grad,
                                   int64_t grad_stride, BackwardWorkspace* ws,
                                   cudaStream_t stream);

@@ -1,0 +1,265 @@
+// The optimizers' math, written once. Each rule below holds one optimizer's
+// step constants, state layout and per-element update; the update functions
+// compile for the host and for CUDA devices (core/host_device.h), so the CPU
+// table and dense kernels, the CUDA kernels and the tests all run the same
+// formulas with the same roundings.
+//
+// A rule is a struct with:
+//   struct Step           the constants of one step (learning rate, bias
+//                         corrections, ...), with `using Rule` naming its
+//                         rule; made once per step on the host by
+//                         `MakeStep(config, step)` (an OptimizerConfig,
+//                         valid; step counted from 1).
+//   kDefaultLearningRate  what a learning_rate of 0 means.
+//   kDenseState           state arrays of a dense parameter, in order
+//                         (state1, state2); every one kElement.
+//   kSparseState          state arrays of an embedding table, in order
+//                         (EmbeddingTable's state1, state2). At most two.
+//   DenseElement(step, g, p, s1, s2, i)
+//                         updates p[i] and its state s1[i], s2[i] (arrays it
+//                         has no state for are not touched) from gradient g.
+//   kRowReduction         true when an embedding row's update needs a sum
+//                         over its columns first; then state1 is kRow and
+//                         RowTerm(g) is one column's term of the sum and
+//                         RowScale(step, state1_of_row, sum, dim) updates the
+//                         row's float and returns the row scale.
+//   SparseElement(step, row_scale, g, w, s1, s2, c)
+//                         updates column c of an embedding row: w[c] and its
+//                         per-element state s1[c] / s2[c], where w, s1, s2
+//                         point at the row's weights and the row's part of
+//                         state1 / state2.
+// Every float operation goes through RnAdd / RnMul / ... so nothing is fused
+// into a multiply-add, on the host or the device. MakeStep is a template
+// over the config type only so that this header, which CUDA files include,
+// needs no Protobuf headers.
+//
+// Adding an optimizer: a rule here and its Step in AnyStep, its case in
+// optim::Visit (optimizer.h), its enum value (and fields) in
+// proto/dlrm/config.proto; optimizer.cc if it has new fields to validate.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <variant>
+
+#include "core/host_device.h"
+
+namespace dlrm::optim {
+
+// How many floats of a state array belong to one embedding row.
+enum class Extent {
+  kRow,      // One, shared by the row's columns.
+  kElement,  // One per weight: dim.
+};
+
+// A state array's value before the first step.
+enum class Initial {
+  kZero,
+  kInitialAccumulator,  // OptimizerConfig.initial_accumulator.
+};
+
+// One optimizer state array.
+struct StateArray {
+  // Suffix of its tensor name in checkpoints ("<param>.<name>").
+  const char* name;
+  Extent extent;
+  Initial initial;
+};
+
+// Floats `array` holds per embedding row of `dim` columns: 1 or dim.
+constexpr int FloatsPerRow(const StateArray& array, int dim) {
+  return array.extent == Extent::kRow ? 1 : dim;
+}
+
+// 1 - beta^step, computed in double for the callers to round once to
+// float: in float, 1 - beta^t loses the digits that matter while beta^t is
+// close to 1.
+inline double OneMinusPow(float beta, int64_t step) {
+  return 1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step));
+}
+
+// Plain SGD: w -= lr * g. No state.
+struct Sgd {
+  struct Step {
+    using Rule = Sgd;
+    float learning_rate = 0;
+  };
+  static constexpr float kDefaultLearningRate = 0.1f;
+  static constexpr std::array<StateArray, 0> kDenseState{};
+  static constexpr std::array<StateArray, 0> kSparseState{};
+  static constexpr bool kRowReduction = false;
+
+  template <typename Config>
+  static Step MakeStep(const Config& config, int64_t /*step*/) {
+    Step s;
+    s.learning_rate = config.learning_rate();
+    return s;
+  }
+
+  DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
+                                            float* /*s1*/, float* /*s2*/,
+                                            int64_t i) {
+    p[i] = RnSub(p[i], RnMul(s.learning_rate, g));
+  }
+
+  DLRM_HOST_DEVICE static void SparseElement(const Step& s, float /*scale*/,
+                                             float g, float* w, float* /*s1*/,
+                                             float* /*s2*/, int64_t c) {
+    w[c] = RnSub(w[c], RnMul(s.learning_rate, g));
+  }
+};
+
+// Adagrad. Dense parameters: PyTorch's per-element Adagrad, s += g^2,
+// p -= lr * g / (sqrt(s) + eps). Embedding rows: FBGEMM's row-wise Adagrad,
+// one accumulator per row fed the mean of the squared gradient over the
+// row's columns (ADAGRAD and ROWWISE_ADAGRAD both mean this).
+struct Adagrad {
+  struct Step {
+    using Rule = Adagrad;
+    float learning_rate = 0;
+    float eps = 0;
+  };
+  static constexpr float kDefaultLearningRate = 0.01f;
+  static constexpr std::array<StateArray, 1> kDenseState{
+      {{"sum", Extent::kElement, Initial::kInitialAccumulator}}};
+  // "momentum1": the checkpoints' name for a table's first state array.
+  static constexpr std::array<StateArray, 1> kSparseState{
+      {{"momentum1", Extent::kRow, Initial::kInitialAccumulator}}};
+  static constexpr bool kRowReduction = true;
+
+  template <typename Config>
+  static Step MakeStep(const Config& config, int64_t /*step*/) {
+    Step s;
+    s.learning_rate = config.learning_rate();
+    s.eps = config.eps();
+    return s;
+  }
+
+  DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
+                                            float* s1, float* /*s2*/,
+                                            int64_t i) {
+    const float sum = RnAdd(s1[i], RnMul(g, g));
+    s1[i] = sum;
+    p[i] = RnSub(p[i],
+                 RnDiv(RnMul(s.learning_rate, g), RnAdd(RnSqrt(sum), s.eps)));
+  }
+
+  DLRM_HOST_DEVICE static float RowTerm(float g) { return RnMul(g, g); }
+
+  // The row's accumulator takes the mean square; returns sqrt(acc) + eps.
+  DLRM_HOST_DEVICE static float RowScale(const Step& s, float& accumulator,
+                                         float sum, int dim) {
+    accumulator = RnAdd(accumulator, RnDiv(sum, static_cast<float>(dim)));
+    return RnAdd(RnSqrt(accumulator), s.eps);
+  }
+
+  DLRM_HOST_DEVICE static void SparseElement(const Step& s, float denominator,
+                                             float g, float* w, float* /*s1*/,
+                                             float* /*s2*/, int64_t c) {
+    w[c] = RnSub(w[c], RnDiv(RnMul(s.learning_rate, g), denominator));
+  }
+};
+
+// Adam with bias correction; embedding rows update lazily (only rows in the
+// batch, with the table's step count). Both forms compute
+// m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2 and
+// w -= lr * (m / bc1) / (sqrt(v / bc2) + eps), bc = 1 - beta^t, but round
+// differently: dense parameters as PyTorch writes it (lr / bc1 and
+// 1 / sqrt(bc2) folded into two constants), embedding rows as FBGEMM does.
+// Merging the two would change one of them by an ulp here and there.
+struct Adam {
+  struct Step {
+    using Rule = Adam;
+    float learning_rate = 0;
+    float eps = 0;
+    float beta1 = 0, beta2 = 0;
+    float one_minus_beta1 = 1, one_minus_beta2 = 1;
+    // Embedding rows: 1 - beta^t.
+    float bias1 = 1, bias2 = 1;
+    // Dense parameters: lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t).
+    float step_size = 0, inv_sqrt_bias2 = 1;
+  };
+  static constexpr float kDefaultLearningRate = 0.001f;
+  static constexpr std::array<StateArray, 2> kDenseState{
+      {{"exp_avg", Extent::kElement, Initial::kZero},
+       {"exp_avg_sq", Extent::kElement, Initial::kZero}}};
+  static constexpr std::array<StateArray, 2> kSparseState{
+      {{"momentum1", Extent::kElement, Initial::kZero},
+       {"momentum2", Extent::kElement, Initial::kZero}}};
+  static constexpr bool kRowReduction = false;
+
+  template <typename Config>
+  static Step MakeStep(const Config& config, int64_t step) {
+    Step s;
+    s.learning_rate = config.learning_rate();
+    s.eps = config.eps();
+    s.beta1 = config.beta1();
+    s.beta2 = config.beta2();
+    s.one_minus_beta1 = 1.0f - s.beta1;
+    s.one_minus_beta2 = 1.0f - s.beta2;
+    const double bias1 = OneMinusPow(s.beta1, step);
+    const double bias2 = OneMinusPow(s.beta2, step);
+    s.bias1 = static_cast<float>(bias1);
+    s.bias2 = static_cast<float>(bias2);
+    s.step_size = static_cast<float>(s.learning_rate / bias1);
+    s.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
+    return s;
+  }
+
+  DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
+                                            float* s1, float* s2, int64_t i) {
+    const float m = RnAdd(RnMul(s.beta1, s1[i]), RnMul(s.one_minus_beta1, g));
+    const float v =
+        RnAdd(RnMul(s.beta2, s2[i]), RnMul(RnMul(s.one_minus_beta2, g), g));
+    s1[i] = m;
+    s2[i] = v;
+    p[i] = RnSub(p[i], RnDiv(RnMul(s.step_size, m),
+                             RnAdd(RnMul(RnSqrt(v), s.inv_sqrt_bias2), s.eps)));
+  }
+
+  DLRM_HOST_DEVICE static void SparseElement(const Step& s, float /*scale*/,
+                                             float g, float* w, float* s1,
+                                             float* s2, int64_t c) {
+    const float m = RnAdd(RnMul(s.beta1, s1[c]), RnMul(s.one_minus_beta1, g));
+    const float v =
+        RnAdd(RnMul(s.beta2, s2[c]), RnMul(RnMul(s.one_minus_beta2, g), g));
+    s1[c] = m;
+    s2[c] = v;
+    w[c] = RnSub(w[c], RnDiv(RnMul(s.learning_rate, RnDiv(m, s.bias1)),
+                             RnAdd(RnSqrt(RnDiv(v, s.bias2)), s.eps)));
+  }
+};
+
+// One step's constants of any rule: what the CUDA entry points take, made
+// on the host by optim::MakeStep (optimizer.h). std::visit on it gives the
+// Step, and Step::Rule its rule.
+using AnyStep = std::variant<Sgd::Step, Adagrad::Step, Adam::Step>;
+
+// One embedding row's update from its summed gradient g[0, dim): w points
+// at the row's weights, s1 / s2 at the row's part of state1 / state2 (may be
+// null where the rule has no such array; none of them overlap). The row sum
+// runs over the columns in order; CUDA kernels split a row over lanes and
+// sum in another order, but call SparseElement per element as this does.
+template <typename Rule>
+DLRM_HOST_DEVICE inline void UpdateSparseRow(const typename Rule::Step& step,
+                                             const float* __restrict__ g,
+                                             int dim, float* __restrict__ w,
+                                             float* __restrict__ s1,
+                                             float* __restrict__ s2) {
+  // A local copy: the stores below cannot change it, so the compiler keeps
+  // the constants in registers instead of reloading them per column.
+  const typename Rule::Step k = step;
+  float row_scale = 0.0f;
+  if constexpr (Rule::kRowReduction) {
+    float sum = 0.0f;
+    for (int c = 0; c < dim; ++c) sum = RnAdd(sum, Rule::RowTerm(g[c]));
+    row_scale = Rule::RowScale(k, *s1, sum, dim);
+  }
+  DLRM_IVDEP
+  for (int c = 0; c < dim; ++c) {
+    Rule::SparseElement(k, row_scale, g[c], w, s1, s2, c);
+  }
+}
+
+}  // namespace dlrm::optim

@@ -1,0 +1,551 @@
+// Tests for optim/: the rules' formulas against double-precision references
+// and against a per-operation correctly rounded reference (what the CUDA
+// _rn intrinsics compute), the step constants, the state layouts,
+// defaults and validation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/random.h"
+#include "google/protobuf/descriptor.h"
+#include "optim/optimizer.h"
+#include "optim/rules.h"
+
+namespace dlrm::optim {
+namespace {
+
+constexpr uint64_t kSeed = 20261124;
+
+Rng SeededRng(uint64_t seed) {
+  std::printf("[   seed   ] %llu\n", static_cast<unsigned long long>(seed));
+  return Rng(seed);
+}
+
+std::vector<float> Normals(Rng& rng, size_t n, double scale = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.Normal() * scale);
+  return v;
+}
+
+OptimizerConfig Config(OptimizerConfig::Type type) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_initial_accumulator(0.1f);
+  SetDefaults(&c);
+  return c;
+}
+
+// One float operation, rounded on its own: each result goes through a
+// volatile float, so no compiler can fuse it into the next operation (as
+// the CUDA _rn intrinsics cannot be). A rule compiled with FMA contraction
+// differs from these (checked by building this test with
+// -ffp-contract=fast).
+float Rounded(float x) {
+  volatile float v = x;
+  return v;
+}
+float Add(float a, float b) { return Rounded(a + b); }
+float Sub(float a, float b) { return Rounded(a - b); }
+float Mul(float a, float b) { return Rounded(a * b); }
+float Div(float a, float b) { return Rounded(a / b); }
+float Sqrt(float a) { return Rounded(std::sqrt(a)); }
+
+// Weights and up to two state arrays of n floats.
+struct Arrays {
+  std::vector<float> w, s1, s2;
+};
+
+// Expects |a - b| <= rel * max(|b|, rms(b)) elementwise.
+void ExpectCloseToScale(const std::vector<float>& a,
+                        const std::vector<double>& b, double rel,
+                        const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double sum_sq = 0;
+  for (double x : b) sum_sq += x * x;
+  const double rms = b.empty() ? 0.0 : std::sqrt(sum_sq / b.size());
+  int bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double tol = rel * std::max(std::fabs(b[i]), rms);
+    if (!(std::fabs(a[i] - b[i]) <= tol) && ++bad <= 5) {
+      ADD_FAILURE() << what << " [" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void ExpectBitwiseEqual(const std::vector<float>& a,
+                        const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && ++bad <= 5) {
+      ADD_FAILURE() << what << " [" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// ------------------------------------------------- dense parameters
+
+// The rule of `config`, element by element over `a`, for steps 1..steps,
+// with fresh gradients from `grads`.
+void RunDense(const OptimizerConfig& config,
+              const std::vector<std::vector<float>>& grads, Arrays* a) {
+  for (size_t t = 0; t < grads.size(); ++t) {
+    Visit(config.type(), [&](auto rule) {
+      using Rule = decltype(rule);
+      const typename Rule::Step step =
+          Rule::MakeStep(config, static_cast<int64_t>(t) + 1);
+      for (size_t i = 0; i < a->w.size(); ++i) {
+        Rule::DenseElement(step, grads[t][i], a->w.data(), a->s1.data(),
+                           a->s2.data(), static_cast<int64_t>(i));
+      }
+    });
+  }
+}
+
+// The same updates with each float operation rounded on its own.
+void RunDenseRoundedReference(const OptimizerConfig& config,
+                              const std::vector<std::vector<float>>& grads,
+                              Arrays* a) {
+  const float lr = config.learning_rate(), eps = config.eps();
+  const float b1 = config.beta1(), b2 = config.beta2();
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const double step = static_cast<double>(t + 1);
+    const float step_size =
+        static_cast<float>(lr / (1.0 - std::pow(double{b1}, step)));
+    const float inv_sqrt_bias2 =
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(double{b2}, step)));
+    for (size_t i = 0; i < a->w.size(); ++i) {
+      const float g = grads[t][i];
+      float& p = a->w[i];
+      switch (config.type()) {
+        case OptimizerConfig::SGD:
+          p = Sub(p, Mul(lr, g));
+          break;
+        case OptimizerConfig::ADAGRAD:
+        case OptimizerConfig::ROWWISE_ADAGRAD:
+          a->s1[i] = Add(a->s1[i], Mul(g, g));
+          p = Sub(p, Div(Mul(lr, g), Add(Sqrt(a->s1[i]), eps)));
+          break;
+        default: {
+          float& m = a->s1[i];
+          float& v = a->s2[i];
+          m = Add(Mul(b1, m), Mul(Sub(1.0f, b1), g));
+          v = Add(Mul(b2, v), Mul(Mul(Sub(1.0f, b2), g), g));
+          p = Sub(p, Div(Mul(step_size, m),
+                         Add(Mul(Sqrt(v), inv_sqrt_bias2), eps)));
+          break;
+        }
+      }
+    }
+  }
+}
+
+// The textbook formulas in double (PyTorch's Adagrad and Adam).
+std::vector<double> DenseDoubleReference(
+    const OptimizerConfig& config, const std::vector<std::vector<float>>& grads,
+    const std::vector<float>& w0, double initial_state) {
+  const double lr = config.learning_rate(), eps = config.eps();
+  const double b1 = config.beta1(), b2 = config.beta2();
+  std::vector<double> p(w0.begin(), w0.end());
+  std::vector<double> s(p.size(), initial_state), m(p.size(), 0.0),
+      v(p.size(), 0.0);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const double bc1 = 1 - std::pow(b1, t + 1.0);
+    const double bc2 = 1 - std::pow(b2, t + 1.0);
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double g = grads[t][i];
+      switch (config.type()) {
+        case OptimizerConfig::SGD:
+          p[i] -= lr * g;
+          break;
+        case OptimizerConfig::ADAGRAD:
+        case OptimizerConfig::ROWWISE_ADAGRAD:
+          s[i] += g * g;
+          p[i] -= lr * g / (std::sqrt(s[i]) + eps);
+          break;
+        default:
+          m[i] = b1 * m[i] + (1 - b1) * g;
+          v[i] = b2 * v[i] + (1 - b2) * g * g;
+          p[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps);
+          break;
+      }
+    }
+  }
+  return p;
+}
+
+const OptimizerConfig::Type kTypes[] = {
+    OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+    OptimizerConfig::ROWWISE_ADAGRAD, OptimizerConfig::ADAM};
+
+Arrays StartArrays(const OptimizerConfig& config, std::vector<float> w) {
+  Arrays a;
+  const size_t n = w.size();
+  a.w = std::move(w);
+  // Two arrays whatever the rule, so a rule touching one it does not own
+  // would show.
+  a.s1.assign(n, 0.0f);
+  a.s2.assign(n, 0.0f);
+  const std::span<const StateArray> arrays = DenseState(config);
+  if (!arrays.empty()) a.s1.assign(n, InitialValue(arrays[0], config));
+  return a;
+}
+
+TEST(DenseRuleTest, RoundsEachOperationLikeTheDevice) {
+  Rng rng = SeededRng(kSeed);
+  const size_t n = 1001;
+  for (OptimizerConfig::Type type : kTypes) {
+    const OptimizerConfig config = Config(type);
+    std::vector<std::vector<float>> grads;
+    for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, n));
+    const std::vector<float> w0 = Normals(rng, n);
+    Arrays got = StartArrays(config, w0), want = StartArrays(config, w0);
+    RunDense(config, grads, &got);
+    RunDenseRoundedReference(config, grads, &want);
+    const std::string label = OptimizerConfig::Type_Name(type);
+    ExpectBitwiseEqual(got.w, want.w, label + " param");
+    ExpectBitwiseEqual(got.s1, want.s1, label + " state1");
+    ExpectBitwiseEqual(got.s2, want.s2, label + " state2");
+  }
+}
+
+TEST(DenseRuleTest, MatchesTheFormulasInDouble) {
+  Rng rng = SeededRng(kSeed + 1);
+  const size_t n = 1001;
+  for (OptimizerConfig::Type type : kTypes) {
+    const OptimizerConfig config = Config(type);
+    std::vector<std::vector<float>> grads;
+    for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, n));
+    const std::vector<float> w0 = Normals(rng, n);
+    Arrays got = StartArrays(config, w0);
+    RunDense(config, grads, &got);
+    // A few float roundings per step, of the parameter's size.
+    ExpectCloseToScale(
+        got.w,
+        DenseDoubleReference(config, grads, w0, config.initial_accumulator()),
+        1e-6, OptimizerConfig::Type_Name(type));
+  }
+}
+
+// ------------------------------------------------- embedding rows
+
+// UpdateSparseRow of `config`'s rule on one row of `dim` with state laid out
+// as SparseState says.
+void RunSparseRow(const OptimizerConfig& config,
+                  const std::vector<std::vector<float>>& grads, int dim,
+                  Arrays* a) {
+  for (size_t t = 0; t < grads.size(); ++t) {
+    Visit(config.type(), [&](auto rule) {
+      using Rule = decltype(rule);
+      UpdateSparseRow<Rule>(Rule::MakeStep(config, static_cast<int64_t>(t) + 1),
+                            grads[t].data(), dim, a->w.data(), a->s1.data(),
+                            a->s2.data());
+    });
+  }
+}
+
+void RunSparseRowRoundedReference(const OptimizerConfig& config,
+                                  const std::vector<std::vector<float>>& grads,
+                                  int dim, Arrays* a) {
+  const float lr = config.learning_rate(), eps = config.eps();
+  const float b1 = config.beta1(), b2 = config.beta2();
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const double step = static_cast<double>(t + 1);
+    const float bias1 = static_cast<float>(1.0 - std::pow(double{b1}, step));
+    const float bias2 = static_cast<float>(1.0 - std::pow(double{b2}, step));
+    const float* g = grads[t].data();
+    switch (config.type()) {
+      case OptimizerConfig::SGD:
+        for (int c = 0; c < dim; ++c) a->w[c] = Sub(a->w[c], Mul(lr, g[c]));
+        break;
+      case OptimizerConfig::ADAGRAD:
+      case OptimizerConfig::ROWWISE_ADAGRAD: {
+        float sum = 0.0f;
+        for (int c = 0; c < dim; ++c) sum = Add(sum, Mul(g[c], g[c]));
+        a->s1[0] = Add(a->s1[0], Div(sum, static_cast<float>(dim)));
+        const float denom = Add(Sqrt(a->s1[0]), eps);
+        for (int c = 0; c < dim; ++c) {
+          a->w[c] = Sub(a->w[c], Div(Mul(lr, g[c]), denom));
+        }
+        break;
+      }
+      default:
+        for (int c = 0; c < dim; ++c) {
+          float& m = a->s1[c];
+          float& v = a->s2[c];
+          m = Add(Mul(b1, m), Mul(Sub(1.0f, b1), g[c]));
+          v = Add(Mul(b2, v), Mul(Mul(Sub(1.0f, b2), g[c]), g[c]));
+          a->w[c] = Sub(a->w[c], Div(Mul(lr, Div(m, bias1)),
+                                     Add(Sqrt(Div(v, bias2)), eps)));
+        }
+        break;
+    }
+  }
+}
+
+// FBGEMM's row-wise Adagrad, SGD and Adam in double.
+std::vector<double> SparseRowDoubleReference(
+    const OptimizerConfig& config, const std::vector<std::vector<float>>& grads,
+    int dim, const std::vector<float>& w0) {
+  const double lr = config.learning_rate(), eps = config.eps();
+  const double b1 = config.beta1(), b2 = config.beta2();
+  std::vector<double> w(w0.begin(), w0.end()), m(dim, 0.0), v(dim, 0.0);
+  double acc = config.initial_accumulator();
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const std::vector<float>& g = grads[t];
+    const double bc1 = 1 - std::pow(b1, t + 1.0);
+    const double bc2 = 1 - std::pow(b2, t + 1.0);
+    switch (config.type()) {
+      case OptimizerConfig::SGD:
+        for (int c = 0; c < dim; ++c) w[c] -= lr * g[c];
+        break;
+      case OptimizerConfig::ADAGRAD:
+      case OptimizerConfig::ROWWISE_ADAGRAD: {
+        double sum = 0;
+        for (int c = 0; c < dim; ++c) sum += double{g[c]} * g[c];
+        acc += sum / dim;
+        for (int c = 0; c < dim; ++c)
+          w[c] -= lr * g[c] / (std::sqrt(acc) + eps);
+        break;
+      }
+      default:
+        for (int c = 0; c < dim; ++c) {
+          m[c] = b1 * m[c] + (1 - b1) * g[c];
+          v[c] = b2 * v[c] + (1 - b2) * g[c] * g[c];
+          w[c] -= lr * (m[c] / bc1) / (std::sqrt(v[c] / bc2) + eps);
+        }
+        break;
+    }
+  }
+  return w;
+}
+
+Arrays StartRow(const OptimizerConfig& config, int dim, std::vector<float> w) {
+  Arrays a;
+  a.w = std::move(w);
+  a.s1.assign(dim, 0.0f);
+  a.s2.assign(dim, 0.0f);
+  const std::span<const StateArray> arrays = SparseState(config);
+  if (!arrays.empty()) a.s1.assign(dim, InitialValue(arrays[0], config));
+  return a;
+}
+
+TEST(SparseRuleTest, RowUpdateRoundsEachOperationLikeTheDevice) {
+  Rng rng = SeededRng(kSeed + 2);
+  // Dims around the 8-wide vector loop and its tail.
+  for (int dim : {1, 3, 8, 17, 64}) {
+    for (OptimizerConfig::Type type : kTypes) {
+      const OptimizerConfig config = Config(type);
+      std::vector<std::vector<float>> grads;
+      for (int t = 0; t < 4; ++t) grads.push_back(Normals(rng, dim));
+      const std::vector<float> w0 = Normals(rng, dim);
+      Arrays got = StartRow(config, dim, w0), want = got;
+      RunSparseRow(config, grads, dim, &got);
+      RunSparseRowRoundedReference(config, grads, dim, &want);
+      const std::string label =
+          OptimizerConfig::Type_Name(type) + " dim " + std::to_string(dim);
+      ExpectBitwiseEqual(got.w, want.w, label + " weights");
+      ExpectBitwiseEqual(got.s1, want.s1, label + " state1");
+      ExpectBitwiseEqual(got.s2, want.s2, label + " state2");
+    }
+  }
+}
+
+TEST(SparseRuleTest, RowUpdateMatchesTheFormulasInDouble) {
+  Rng rng = SeededRng(kSeed + 3);
+  for (int dim : {1, 16, 33}) {
+    for (OptimizerConfig::Type type : kTypes) {
+      const OptimizerConfig config = Config(type);
+      std::vector<std::vector<float>> grads;
+      for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, dim));
+      const std::vector<float> w0 = Normals(rng, dim);
+      Arrays got = StartRow(config, dim, w0);
+      RunSparseRow(config, grads, dim, &got);
+      ExpectCloseToScale(
+          got.w, SparseRowDoubleReference(config, grads, dim, w0), 1e-6,
+          OptimizerConfig::Type_Name(type) + " dim " + std::to_string(dim));
+    }
+  }
+}
+
+// ------------------------------------------------- step constants
+
+TEST(StepTest, AdamBiasCorrectionsAreComputedInDouble) {
+  OptimizerConfig config = Config(OptimizerConfig::ADAM);
+  config.set_learning_rate(0.003f);
+  for (int64_t t :
+       {int64_t{1}, int64_t{2}, int64_t{10}, int64_t{1000}, int64_t{100000}}) {
+    const Adam::Step s = Adam::MakeStep(config, t);
+    const double bc1 = 1.0 - std::pow(double{config.beta1()}, double(t));
+    const double bc2 = 1.0 - std::pow(double{config.beta2()}, double(t));
+    EXPECT_EQ(s.bias1, static_cast<float>(bc1)) << t;
+    EXPECT_EQ(s.bias2, static_cast<float>(bc2)) << t;
+    EXPECT_EQ(s.step_size, static_cast<float>(config.learning_rate() / bc1))
+        << t;
+    EXPECT_EQ(s.inv_sqrt_bias2, static_cast<float>(1.0 / std::sqrt(bc2))) << t;
+    EXPECT_EQ(s.one_minus_beta1, 1.0f - config.beta1());
+    EXPECT_EQ(s.one_minus_beta2, 1.0f - config.beta2());
+  }
+}
+
+TEST(StepTest, MakeStepPicksEachTypesRule) {
+  auto index = [](OptimizerConfig::Type type) {
+    auto step = MakeStep(Config(type), 3);
+    EXPECT_TRUE(step.ok()) << step.status();
+    return step.ok() ? static_cast<int>(step->index()) : -1;
+  };
+  EXPECT_TRUE(std::holds_alternative<Sgd::Step>(
+      *MakeStep(Config(OptimizerConfig::SGD), 1)));
+  EXPECT_EQ(index(OptimizerConfig::ADAGRAD), 1);
+  EXPECT_EQ(index(OptimizerConfig::ROWWISE_ADAGRAD), 1);
+  EXPECT_EQ(index(OptimizerConfig::ADAM), 2);
+  const auto adam = MakeStep(Config(OptimizerConfig::ADAM), 3);
+  ASSERT_TRUE(adam.ok());
+  EXPECT_EQ(std::get<Adam::Step>(*adam).bias1,
+            Adam::MakeStep(Config(OptimizerConfig::ADAM), 3).bias1);
+  OptimizerConfig bad;
+  bad.set_type(static_cast<OptimizerConfig::Type>(42));
+  EXPECT_EQ(MakeStep(bad, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A new enum value without a rule fails here.
+TEST(StepTest, EveryConfigTypeHasARule) {
+  const auto* values = OptimizerConfig::Type_descriptor();
+  for (int i = 0; i < values->value_count(); ++i) {
+    const auto type =
+        static_cast<OptimizerConfig::Type>(values->value(i)->number());
+    EXPECT_TRUE(Visit(type, [](auto) {})) << values->value(i)->name();
+    EXPECT_TRUE(Validate(Config(type), "opt").ok()) << values->value(i)->name();
+  }
+}
+
+// ------------------------------------------------- layout
+
+TEST(LayoutTest, StateSizesPerRowAndPerElement) {
+  for (int dim : {1, 16, 33}) {
+    EXPECT_EQ(SparseStateFloatsPerRow(Config(OptimizerConfig::SGD), dim), 0);
+    EXPECT_EQ(SparseStateFloatsPerRow(Config(OptimizerConfig::ADAGRAD), dim),
+              1);
+    EXPECT_EQ(
+        SparseStateFloatsPerRow(Config(OptimizerConfig::ROWWISE_ADAGRAD), dim),
+        1);
+    EXPECT_EQ(SparseStateFloatsPerRow(Config(OptimizerConfig::ADAM), dim),
+              2 * dim);
+  }
+  EXPECT_EQ(DenseStateFloatsPerElement(Config(OptimizerConfig::SGD)), 0);
+  EXPECT_EQ(DenseStateFloatsPerElement(Config(OptimizerConfig::ADAGRAD)), 1);
+  EXPECT_EQ(
+      DenseStateFloatsPerElement(Config(OptimizerConfig::ROWWISE_ADAGRAD)), 1);
+  EXPECT_EQ(DenseStateFloatsPerElement(Config(OptimizerConfig::ADAM)), 2);
+
+  EXPECT_FALSE(SparseStateSpansColumns(Config(OptimizerConfig::SGD)));
+  EXPECT_TRUE(SparseStateSpansColumns(Config(OptimizerConfig::ADAGRAD)));
+  EXPECT_TRUE(
+      SparseStateSpansColumns(Config(OptimizerConfig::ROWWISE_ADAGRAD)));
+  EXPECT_FALSE(SparseStateSpansColumns(Config(OptimizerConfig::ADAM)));
+
+  OptimizerConfig unknown;
+  unknown.set_type(static_cast<OptimizerConfig::Type>(42));
+  EXPECT_TRUE(SparseState(unknown).empty());
+  EXPECT_TRUE(DenseState(unknown).empty());
+  EXPECT_EQ(SparseStateFloatsPerRow(unknown, 8), 0);
+}
+
+TEST(LayoutTest, NamesAndInitialValues) {
+  const OptimizerConfig adagrad = Config(OptimizerConfig::ADAGRAD);
+  ASSERT_EQ(DenseState(adagrad).size(), 1u);
+  EXPECT_STREQ(DenseState(adagrad)[0].name, "sum");
+  EXPECT_EQ(InitialValue(DenseState(adagrad)[0], adagrad), 0.1f);
+  const OptimizerConfig adam = Config(OptimizerConfig::ADAM);
+  ASSERT_EQ(DenseState(adam).size(), 2u);
+  EXPECT_STREQ(DenseState(adam)[0].name, "exp_avg");
+  EXPECT_STREQ(DenseState(adam)[1].name, "exp_avg_sq");
+  EXPECT_EQ(InitialValue(DenseState(adam)[1], adam), 0.0f);
+  ASSERT_EQ(SparseState(adam).size(), 2u);
+  EXPECT_STREQ(SparseState(adam)[0].name, "momentum1");
+  EXPECT_STREQ(SparseState(adam)[1].name, "momentum2");
+
+  // A fresh row's state record: the arrays' initial values in order.
+  std::vector<float> record(5, -1.0f);
+  InitialSparseState(adagrad, 4, record.data());
+  EXPECT_EQ(record, (std::vector<float>{0.1f, -1, -1, -1, -1}));
+  record.assign(9, -1.0f);
+  InitialSparseState(adam, 4, record.data());
+  EXPECT_EQ(record, (std::vector<float>{0, 0, 0, 0, 0, 0, 0, 0, -1}));
+}
+
+// ------------------------------------------------- defaults and validation
+
+TEST(DefaultsTest, FillOnlyWhatIsZero) {
+  EXPECT_EQ(Config(OptimizerConfig::SGD).learning_rate(), 0.1f);
+  EXPECT_EQ(Config(OptimizerConfig::ADAGRAD).learning_rate(), 0.01f);
+  EXPECT_EQ(Config(OptimizerConfig::ROWWISE_ADAGRAD).learning_rate(), 0.01f);
+  const OptimizerConfig adam = Config(OptimizerConfig::ADAM);
+  EXPECT_EQ(adam.learning_rate(), 0.001f);
+  EXPECT_EQ(adam.eps(), 1e-8f);
+  EXPECT_EQ(adam.beta1(), 0.9f);
+  EXPECT_EQ(adam.beta2(), 0.999f);
+  OptimizerConfig set;
+  set.set_type(OptimizerConfig::ADAM);
+  set.set_learning_rate(0.5f);
+  set.set_eps(1e-3f);
+  set.set_beta1(0.5f);
+  set.set_beta2(0.25f);
+  OptimizerConfig kept = set;
+  SetDefaults(&kept);
+  EXPECT_EQ(kept.SerializeAsString(), set.SerializeAsString());
+}
+
+TEST(ValidateTest, NamesTheFieldWithInvalidArgument) {
+  struct Case {
+    const char* member;
+    void (*spoil)(OptimizerConfig*);
+  };
+  const Case cases[] = {
+      {"type",
+       [](OptimizerConfig* c) {
+         c->set_type(static_cast<OptimizerConfig::Type>(42));
+       }},
+      {"learning_rate", [](OptimizerConfig* c) { c->set_learning_rate(0); }},
+      {"learning_rate", [](OptimizerConfig* c) { c->set_learning_rate(-1); }},
+      {"learning_rate",
+       [](OptimizerConfig* c) { c->set_learning_rate(std::nanf("")); }},
+      {"learning_rate",
+       [](OptimizerConfig* c) { c->set_learning_rate(INFINITY); }},
+      {"eps", [](OptimizerConfig* c) { c->set_eps(0); }},
+      {"eps", [](OptimizerConfig* c) { c->set_eps(std::nanf("")); }},
+      {"beta1", [](OptimizerConfig* c) { c->set_beta1(1.0f); }},
+      {"beta1", [](OptimizerConfig* c) { c->set_beta1(-0.1f); }},
+      {"beta2", [](OptimizerConfig* c) { c->set_beta2(std::nanf("")); }},
+      {"initial_accumulator",
+       [](OptimizerConfig* c) { c->set_initial_accumulator(-1); }},
+      {"initial_accumulator",
+       [](OptimizerConfig* c) { c->set_initial_accumulator(INFINITY); }},
+  };
+  for (OptimizerConfig::Type type : kTypes) {
+    EXPECT_TRUE(Validate(Config(type), "sparse_optimizer").ok());
+    for (const Case& c : cases) {
+      OptimizerConfig config = Config(type);
+      c.spoil(&config);
+      const absl::Status status = Validate(config, "sparse_optimizer");
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+          << c.member << " " << status;
+      const std::string want = std::string("sparse_optimizer.") + c.member;
+      EXPECT_EQ(status.message().substr(0, want.size()), want) << status;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlrm::optim
