@@ -145,6 +145,7 @@ ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
   o.checkpoint_every_steps = options.checkpoint_every_steps;
   o.checkpoint_every_seconds = options.checkpoint_every_seconds;
   o.keep_checkpoints = options.keep_checkpoints;
+  o.compute_threads = options.compute_threads;
   return o;
 }
 

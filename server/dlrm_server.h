@@ -60,6 +60,9 @@ struct ServerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   int keep_checkpoints = 3;
+  // OpenMP threads of model work (see ModelHostOptions); 0 = the OpenMP
+  // default. Default: 0.
+  int compute_threads = 0;
   // The job record of the checkpoint the model was resumed from
   // (model::Manifest::job): that job restarts at its position before the
   // services start (JobManager::Resume). Default: empty (none).

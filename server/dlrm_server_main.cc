@@ -576,6 +576,9 @@ absl::Status Run(Flags& f) {
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
   RETURN_IF_ERROR(ValidateFlags(f));
+  // Model work runs on job, stream and batcher threads too, which
+  // omp_set_num_threads below (this thread's) does not reach.
+  f.server.compute_threads = f.threads;
 
   // Signals are taken by sigwait below; every thread started from here on
   // inherits the mask, so none of them is interrupted.

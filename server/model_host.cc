@@ -1,6 +1,8 @@
 // ModelHost: the model behind one lock, plus the training reservation.
 #include "server/model_host.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -66,6 +68,10 @@ absl::Status ModelHostOptions::Validate() const {
         absl::StrCat("checkpoint_every_steps (", checkpoint_every_steps,
                      ") and checkpoint_every_seconds (",
                      checkpoint_every_seconds, ") must be >= 0"));
+  }
+  if (compute_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute_threads = ", compute_threads, " must be >= 0"));
   }
   if (keep_checkpoints < 0) {
     return absl::InvalidArgumentError(
@@ -134,6 +140,11 @@ absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
   return Create(std::move(group), std::move(options));
 }
 
+void ModelHost::UseComputeThreads() const {
+  if (options_.compute_threads > 0)
+    omp_set_num_threads(options_.compute_threads);
+}
+
 absl::StatusOr<ModelHost::TrainingLease> ModelHost::AcquireTraining(
     const std::string& holder) {
   if (options_.inference_only) {
@@ -174,6 +185,7 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   if (training_stopped_) {
     return absl::UnavailableError("the server is shutting down");
   }
+  UseComputeThreads();
   const double start = Now();
   TrainStepOutcome outcome;
   ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStep(batch, next));
@@ -245,6 +257,7 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::SaveLocked(
 absl::Status ModelHost::Predict(const data::Batch& batch,
                                 std::vector<float>* probs) {
   std::lock_guard<std::mutex> lock(model_mu_);
+  UseComputeThreads();
   return group_->Predict(batch, probs);
 }
 
@@ -303,6 +316,7 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   }
   if (!options_.inference_only) {
     std::lock_guard<std::mutex> lock(model_mu_);
+    UseComputeThreads();
     absl::StatusOr<model::CheckpointInfo> info = group_->RestoreCheckpoint(dir);
     steps_.store(group_->steps());
     return info;

@@ -45,6 +45,11 @@ struct ModelHostOptions {
   // Periodic checkpoints kept (the newest); older ones are removed after
   // each save. 0 keeps every one. Default: 3.
   int keep_checkpoints = 3;
+  // OpenMP threads every model call runs with, on whichever thread makes it
+  // (a job's, a stream's, the predict batcher's): OpenMP's thread count is
+  // per thread, so setting it once in main() reaches none of them. 0 leaves
+  // each thread's own (the OpenMP default: all cores). Default: 0.
+  int compute_threads = 0;
 
   absl::Status Validate() const;
   bool periodic() const {
@@ -215,6 +220,9 @@ class ModelHost {
  private:
   ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options);
   void ReleaseTraining();
+  // Sets the calling thread's OpenMP thread count to
+  // options_.compute_threads (when set), before model work on it.
+  void UseComputeThreads() const;
   // With model_mu_ held, after a step: saves and prunes the periodic
   // checkpoint if one is due; returns its directory ("" if none, and
   // *failed says whether one was due but could not be saved).

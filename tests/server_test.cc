@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <omp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -1764,6 +1765,40 @@ TEST(ResolveDataPathTest, ReadsOnlyInsideTheAllowedDirectories) {
 }
 
 // ------------------------------------------------------------ job resume
+
+// OpenMP's thread count is per thread: the host applies compute_threads on
+// whichever thread makes a model call (jobs, streams and the batcher run on
+// their own threads, which main()'s setting never reaches).
+TEST(ModelHostThreadsTest, ModelCallsRunWithTheConfiguredThreads) {
+  auto model = model::Model::Create(Tiny());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ModelHostOptions o;
+  o.compute_threads = 1;
+  auto host = ModelHost::Create(*std::move(model), o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const data::Batch batch = SyntheticBatch(Tiny(), 16, 3);
+  int train_threads = 0, predict_threads = 0;
+  std::thread trainer([&] {
+    omp_set_num_threads(2);
+    auto lease = (*host)->AcquireTraining("test");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+    train_threads = omp_get_max_threads();
+  });
+  trainer.join();
+  std::thread predictor([&] {
+    omp_set_num_threads(2);
+    std::vector<float> probs;
+    ASSERT_TRUE((*host)->Predict(batch, &probs).ok());
+    predict_threads = omp_get_max_threads();
+  });
+  predictor.join();
+  EXPECT_EQ(train_threads, 1);
+  EXPECT_EQ(predict_threads, 1);
+  ModelHostOptions bad;
+  bad.compute_threads = -1;
+  EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
 
 // The JobManager's side of jobs surviving a crash, in-process: what a
 // periodic checkpoint records, damaged records refused (naming the field),
