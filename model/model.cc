@@ -182,6 +182,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     return absl::InvalidArgumentError(
         "the dense communicator must join the same ranks as the main one");
   }
+  // The step keeps its exchange buffers in host memory (the CUDA step is
+  // not written yet).
+  for (const comm::Communicator* c : {comm, dense_comm}) {
+    if (c != nullptr && c->memory_space() != comm::MemorySpace::kHost) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the model's step exchanges host memory; the communicator takes ",
+          comm::MemorySpaceName(c->memory_space()), " buffers"));
+    }
+  }
   std::unique_ptr<Model> m(new Model(config, plan, comm));
   m->dense_comm_ = dense_comm;
   // The reference draws the bottom MLP, then the top MLP, from one stream:

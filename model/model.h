@@ -109,8 +109,9 @@ class Model {
 
   // One rank of R: `config` normalised; `plan` valid for it with
   // plan.world_size == comm->world_size(). `comm` is borrowed and must
-  // outlive the model. With `dense_comm` (a second communicator over the
-  // same ranks, also borrowed), dense gradients are all-reduced in two
+  // outlive the model; both communicators take host memory
+  // (FailedPrecondition otherwise). With `dense_comm` (a second communicator
+  // over the same ranks, also borrowed), dense gradients are all-reduced in two
   // buckets on a background thread, overlapped with the rest of the
   // backward pass. Initial weights equal Create(config)'s. Opening this
   // rank's database fails with RocksDB's error when its directory cannot be

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,9 +20,11 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
+#include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/metrics.h"
 #include "model/safetensors.h"
@@ -171,6 +174,24 @@ void CheckWholeModelGradient(const std::string& config_text) {
   EXPECT_GT(checked, 50);
   // Kinks are the exception: most points must be checked two-sided.
   EXPECT_LT(kinks * 10, checked);
+}
+
+// The step exchanges host memory: a device-memory communicator (the real
+// one-GPU one) is refused with FailedPrecondition, not used wrongly.
+TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
+  auto device_comm = comm::MakeSingleRankDeviceCommunicator(0);
+  if (!device_comm.ok()) {
+    const char* required = std::getenv("DLRM_REQUIRE_CUDA");
+    if (required != nullptr && std::string(required) == "1") {
+      FAIL() << "DLRM_REQUIRE_CUDA=1 but " << device_comm.status();
+    }
+    GTEST_SKIP() << "no CUDA device: " << device_comm.status();
+  }
+  const ModelConfig config = Tiny();
+  auto m = Model::Create(config, embedding::WholeTablesPlan(config),
+                         device_comm->get());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
+      << m.status();
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
