@@ -1,5 +1,5 @@
-// Training and evaluation loops over BatchSources, shared by dlrm_train,
-// the benchmarks and (later) the server's dataset jobs.
+// Training and evaluation loops over BatchSources: Train for dlrm_train and
+// the benchmarks, Evaluate also for the server (ModelHost::Evaluate).
 #pragma once
 
 #include <atomic>

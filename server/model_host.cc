@@ -60,6 +60,14 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
   return true;
 }
 
+// A one-process model in a rank group of one (its own single-rank
+// communicator; the group's only carries the no-op commands).
+absl::StatusOr<std::unique_ptr<RankGroup>> GroupOfOne(
+    std::unique_ptr<model::Model> model) {
+  return RankGroup::Create(comm::MakeSingleRankCommunicator(), std::move(model),
+                           RankGroupOptions());
+}
+
 }  // namespace
 
 absl::Status ModelHostOptions::Validate() const {
@@ -135,8 +143,7 @@ absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
     return absl::InvalidArgumentError("ModelHost needs a model");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
-                   RankGroup::Create(comm::MakeSingleRankCommunicator(),
-                                     std::move(model), RankGroupOptions()));
+                   GroupOfOne(std::move(model)));
   return Create(std::move(group), std::move(options));
 }
 
@@ -337,8 +344,7 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
     if (entry.is_regular_file(ec)) info.bytes += entry.file_size(ec);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
-                   RankGroup::Create(comm::MakeSingleRankCommunicator(),
-                                     std::move(loaded), RankGroupOptions()));
+                   GroupOfOne(std::move(loaded)));
   std::lock_guard<std::mutex> lock(model_mu_);
   group_ = std::move(group);
   steps_.store(group_->steps());
