@@ -50,13 +50,34 @@ absl::Status HostStore::BackwardUpdate(const data::SparseFeature& prepared,
   return absl::OkStatus();
 }
 
-absl::Status HostStore::ReadRow(int64_t row, float* out) {
-  if (row < 0 || row >= spec_.rows) {
+absl::Status CheckRowRange(const TableSpec& spec, int64_t begin,
+                           int64_t count) {
+  if (begin < 0 || count < 0 || begin > spec.rows - count) {
     return absl::InvalidArgumentError(
-        absl::StrCat("table ", spec_.table_index, ": row ", row,
-                     " outside [0, ", spec_.rows, ")"));
+        absl::StrCat("table ", spec.table_index, ": rows [", begin, ", ",
+                     begin + count, ") outside [0, ", spec.rows, ")"));
   }
-  table_.ReadRecord(row, out);
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::ReadRows(int64_t begin, int64_t count, float* out) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  const int64_t floats =
+      spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim);
+  for (int64_t i = 0; i < count; ++i) {
+    table_.ReadRecord(begin + i, out + i * floats);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::WriteRows(int64_t begin, int64_t count,
+                                  const float* records) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  const int64_t floats =
+      spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim);
+  for (int64_t i = 0; i < count; ++i) {
+    table_.WriteRecord(begin + i, records + i * floats);
+  }
   return absl::OkStatus();
 }
 

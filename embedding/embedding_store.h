@@ -48,6 +48,11 @@ struct TableSpec {
 // callers that ask the embedding module.
 int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim);
 
+// InvalidArgument naming the table unless rows [begin, begin + count) lie
+// in [0, spec.rows) (count >= 0).
+absl::Status CheckRowRange(const TableSpec& spec, int64_t begin,
+                           int64_t count);
+
 // Usage counters of a store since it was created. Row counts are unique
 // rows of prepared batches.
 struct StoreMetrics {
@@ -127,18 +132,32 @@ class EmbeddingStore {
   // call's rows are staged. Optional: Prepare is correct without it.
   virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
 
-  // Copies row `row`'s record into `out`: dim weights then
-  // StateFloatsPerRow state floats, wherever the row lives; does not make
-  // it resident. InvalidArgument for a row outside [0, rows).
-  virtual absl::Status ReadRow(int64_t row, float* out) = 0;
+  // Copies the records of rows [begin, begin + count) into `out`, one after
+  // another: each row's dim weights then its StateFloatsPerRow state
+  // floats, wherever the row lives; does not make rows resident.
+  // InvalidArgument for a range outside [0, rows). (A checkpoint's restore
+  // reads a table through it whatever its tier.)
+  virtual absl::Status ReadRows(int64_t begin, int64_t count, float* out) = 0;
+  absl::Status ReadRow(int64_t row, float* out) {
+    return ReadRows(row, 1, out);
+  }
+
+  // Sets rows [begin, begin + count) from records laid out as ReadRows
+  // writes them, wherever the rows live (a resident row changes in its slot
+  // and becomes dirty; the others go to the backing tier). InvalidArgument
+  // for a range outside [0, rows); the tier's write errors otherwise.
+  virtual absl::Status WriteRows(int64_t begin, int64_t count,
+                                 const float* records) = 0;
 
   // Writes every dirty row (and the step counter) to the backing tier, so a
   // checkpoint of that tier holds the table. No-op in host memory.
   virtual absl::Status Flush() = 0;
 
   // Updates applied so far (Adam's bias correction uses it): one counter
-  // per table, as in EmbeddingTable.
+  // per table, as in EmbeddingTable. set_step is for restores (a tier that
+  // keeps it stores it at the next Flush).
   virtual int64_t step() const = 0;
+  virtual void set_step(int64_t step) = 0;
 
   virtual StoreMetrics metrics() const = 0;
 };
@@ -161,9 +180,12 @@ class HostStore final : public EmbeddingStore {
   absl::Status Prefetch(const data::SparseFeature& next_ids) override {
     return absl::OkStatus();
   }
-  absl::Status ReadRow(int64_t row, float* out) override;
+  absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
+  absl::Status WriteRows(int64_t begin, int64_t count,
+                         const float* records) override;
   absl::Status Flush() override { return absl::OkStatus(); }
   int64_t step() const override { return table_.step(); }
+  void set_step(int64_t step) override { table_.set_step(step); }
   // All zero: nothing is ever missed, evicted or read.
   StoreMetrics metrics() const override { return {}; }
 

@@ -747,23 +747,65 @@ absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
   return absl::OkStatus();
 }
 
-absl::Status RocksDbCachedStore::ReadRow(int64_t row, float* out) {
-  if (row < 0 || row >= spec_.rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table ", spec_.table_index, ": row ", row,
-                     " outside [0, ", spec_.rows, ")"));
-  }
+absl::Status RocksDbCachedStore::ReadRows(int64_t begin, int64_t count,
+                                          float* out) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
   RETURN_IF_ERROR(WaitForJobs());
-  if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
-    CopySlotToRecord(it->second, out);
-    return absl::OkStatus();
+  const int floats = RecordFloats();
+  // Resident and staged rows are copied; the rest are read in one MultiGet.
+  std::vector<int64_t> rows, at;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = begin + i;
+    float* record = out + i * floats;
+    if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
+      CopySlotToRecord(it->second, record);
+    } else if (const auto st = staged_index_.find(row);
+               st != staged_index_.end()) {
+      std::memcpy(record, staged_records_.data() + st->second * floats,
+                  floats * sizeof(float));
+    } else {
+      rows.push_back(row);
+      at.push_back(i);
+    }
   }
-  if (const auto it = staged_index_.find(row); it != staged_index_.end()) {
-    std::memcpy(out, staged_records_.data() + it->second * RecordFloats(),
-                RecordFloats() * sizeof(float));
-    return absl::OkStatus();
+  if (rows.empty()) return absl::OkStatus();
+  std::vector<float> read(rows.size() * floats);
+  RETURN_IF_ERROR(ReadRecords(rows, read.data(), &metrics_));
+  for (size_t j = 0; j < rows.size(); ++j) {
+    std::memcpy(out + at[j] * floats, read.data() + j * floats,
+                floats * sizeof(float));
   }
-  return ReadRecords({row}, out, &metrics_);
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
+                                           const float* records) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  RETURN_IF_ERROR(WaitForJobs());
+  const int floats = RecordFloats();
+  std::vector<int64_t> rows;
+  std::vector<float> to_write;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = begin + i;
+    const float* record = records + i * floats;
+    if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
+      CopyRecordToSlot(record, it->second);
+      slot_info_[it->second].dirty = true;
+      continue;
+    }
+    staged_index_.erase(row);
+    rows.push_back(row);
+    to_write.insert(to_write.end(), record, record + floats);
+  }
+  for (size_t b = 0; b < rows.size(); b += kFlushBatchRows) {
+    const size_t n = std::min(rows.size() - b, size_t{kFlushBatchRows});
+    RETURN_IF_ERROR(WriteRecordsRetrying(rows.data() + b,
+                                         to_write.data() + b * floats, n,
+                                         /*with_step=*/false));
+    metrics_.rows_written += static_cast<int64_t>(n);
+    metrics_.bytes_written += static_cast<int64_t>(n * floats * sizeof(float));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RocksDbCachedStore::Flush() {

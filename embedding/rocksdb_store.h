@@ -139,9 +139,14 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // last Prepare. A failed background read or write is returned by the next
   // call that waits for it (Prepare, ReadRow, Flush, Prefetch).
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
-  absl::Status ReadRow(int64_t row, float* out) override;
+  absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
+  // Waits for the background jobs; rows staged by a prefetch are dropped
+  // from the staging area (RocksDB gets their new value).
+  absl::Status WriteRows(int64_t begin, int64_t count,
+                         const float* records) override;
   absl::Status Flush() override;
   int64_t step() const override { return slots_->step(); }
+  void set_step(int64_t step) override { slots_->set_step(step); }
   StoreMetrics metrics() const override { return metrics_; }
 
   // Whether `row` is in a slot now.

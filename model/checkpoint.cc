@@ -1,6 +1,7 @@
-// Checkpoint directories: MANIFEST.json, config.textproto, model.safetensors
-// (weights) and optimizer.safetensors (optimizer state and step counts);
-// manifests with checksums; periodic checkpoints' housekeeping.
+// Checkpoint directories of a model on any number of ranks (each rank's
+// shards, the dense part, config, plan, layout, MANIFEST.json), restored on
+// any number of ranks (checkpoint_layout.h); manifests with checksums;
+// periodic checkpoints' housekeeping; the weights export.
 #include "model/checkpoint.h"
 
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "core/crc32c.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
+#include "model/checkpoint_layout.h"
 #include "model/safetensors.h"
 #include "spdlog/spdlog.h"
 
@@ -31,11 +33,10 @@ namespace fs = std::filesystem;
 
 constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kConfig[] = "config.textproto";
-constexpr char kWeights[] = "model.safetensors";
-constexpr char kOptimizer[] = "optimizer.safetensors";
 // The RocksDB tier's checkpoint (rows and optimizer state of the
 // STORAGE_ROCKSDB tables), present only when a table uses it.
 constexpr char kRocksDb[] = "rocksdb";
+constexpr char kPlan[] = "plan.txt";
 
 // The directory holding `path` ("." for a bare name).
 std::string ParentOf(const std::string& path) {
@@ -66,30 +67,6 @@ absl::Status ReadTableWeights(Model& m, int k, std::vector<float>* out) {
   return absl::OkStatus();
 }
 
-// The weight tensors a restore copies into the model, named as WeightSpecs
-// names them; RocksDB-tier tables are left out (restore takes them from the
-// RocksDB checkpoint instead).
-std::vector<TensorToWrite> RestoredWeightTensors(Model& m) {
-  std::vector<TensorToWrite> out;
-  for (auto [mlp, prefix] :
-       {std::pair{&m.bottom(), "bottom_mlp"}, std::pair{&m.top(), "top_mlp"}}) {
-    for (size_t i = 0; i < mlp->layers().size(); ++i) {
-      dense::Linear& l = mlp->layers()[i];
-      out.push_back(
-          {LayerName(prefix, i, "weight"), {l.out(), l.in()}, l.weight()});
-      out.push_back({LayerName(prefix, i, "bias"), {l.out()}, l.bias()});
-    }
-  }
-  const ModelConfig& c = m.config();
-  for (int k = 0; k < c.tables_size(); ++k) {
-    const TableConfig& tc = c.tables(k);
-    embedding::EmbeddingTable* t = m.WholeHostTable(k);
-    if (t == nullptr) continue;
-    out.push_back({TableWeightName(tc), {tc.rows(), tc.dim()}, t->weights()});
-  }
-  return out;
-}
-
 // WriteWeights' tables of a one-process model: host tables in place,
 // RocksDB-tier ones read through their store.
 TableWeightsFn ModelTables(Model& m) {
@@ -101,26 +78,6 @@ TableWeightsFn ModelTables(Model& m) {
         RETURN_IF_ERROR(ReadTableWeights(m, k, scratch));
         return scratch->data();
       };
-}
-
-// Optimizer state tensors (dense and per host-memory table), possibly none
-// for SGD. RocksDB-tier tables keep theirs in the RocksDB checkpoint.
-std::vector<TensorToWrite> OptimizerTensors(Model& m) {
-  std::vector<TensorToWrite> out;
-  for (const dense::ParamRef& p : m.dense_optimizer().State()) {
-    out.push_back({p.name, {p.size}, p.value});
-  }
-  const ModelConfig& c = m.config();
-  for (int k = 0; k < c.tables_size(); ++k) {
-    embedding::EmbeddingTable* t = m.WholeHostTable(k);
-    if (t == nullptr) continue;
-    for (const TableTensor& s :
-         TableTensors(absl::StrCat("embedding_bags.", c.tables(k).name()), *t,
-                      /*with_weight=*/false)) {
-      out.push_back({s.name, s.shape, s.data});
-    }
-  }
-  return out;
 }
 
 // The parts of a config that fix the shapes of weights and state.
@@ -140,10 +97,7 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
         x.pooling() != y.pooling()) {
       return mismatch(absl::StrCat("tables[", i, "] (", y.name(), ")"));
     }
-    // Rows move between tiers only through an export; not on restore.
-    if (x.storage() != y.storage()) {
-      return mismatch(absl::StrCat("tables[", i, "] (", y.name(), ").storage"));
-    }
+    // The tier may differ: a restore reads and writes rows through stores.
   }
   if (!std::equal(a.bottom_mlp().begin(), a.bottom_mlp().end(),
                   b.bottom_mlp().begin(), b.bottom_mlp().end())) {
@@ -175,55 +129,13 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
   return NormalizeModelConfig(std::move(config));
 }
 
-// Copies every tensor listed in `wanted` from `file` after checking all of
-// them exist with the right shapes, so a bad file changes nothing.
-absl::Status CopyAll(const SafetensorsFile& file,
-                     const std::vector<TensorToWrite>& wanted) {
-  std::vector<std::span<const float>> found;
-  for (const auto& t : wanted) {
-    ASSIGN_OR_RETURN(std::span<const float> data, file.Get(t.name, t.shape));
-    found.push_back(data);
-  }
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    std::memcpy(const_cast<float*>(wanted[i].data), found[i].data(),
-                found[i].size_bytes());
-  }
-  return absl::OkStatus();
-}
-
-// A step count from safetensors metadata; 0 when absent or malformed.
-int64_t ParseStep(const std::map<std::string, std::string>& meta,
-                  const std::string& key) {
-  auto it = meta.find(key);
-  int64_t step = 0;
-  if (it == meta.end() || !absl::SimpleAtoi(it->second, &step)) return 0;
-  return step;
-}
-
-// The manifest of the single-rank checkpoint in `dir` after checking every
-// file's checksum. NotFound, DataLoss as ReadManifest and
-// VerifyCheckpointFiles; FailedPrecondition for a multi-rank checkpoint.
-absl::StatusOr<Manifest> VerifySingleRank(const fs::path& dir,
-                                          FileSystem* file_system) {
-  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir.string(), file_system));
-  if (manifest.format != kSingleRankFormat) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir.string(), " holds a checkpoint of a job of ",
-                     manifest.world_size, " ranks (format ", manifest.format,
-                     "); a single-rank server cannot restore it"));
-  }
-  RETURN_IF_ERROR(VerifyCheckpointFiles(dir.string(), manifest,
-                                        /*want=*/nullptr, file_system));
-  return manifest;
-}
-
 // The one-process format holds every table whole: a model of one rank
 // whose every table is whole on it (Model::Create(config)'s plan).
 absl::Status CheckWholeTables(Model& model) {
   for (int k = 0; k < model.config().tables_size(); ++k) {
     if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "a one-process checkpoint needs every table whole on one rank; "
+          "a one-process export needs every table whole on one rank; "
           "table ",
           model.config().tables(k).name(), " is sharded over ",
           model.world_size(), " rank(s)"));
@@ -242,52 +154,132 @@ void TestOnlyDelay() {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
-                                       bool weights_only, bool verified,
-                                       FileSystem* file_system) {
-  if (!verified) RETURN_IF_ERROR(VerifySingleRank(dir, file_system).status());
+// A restore read and checked on this rank, not yet applied.
+struct StagedRestore {
+  Manifest manifest;
+  std::unique_ptr<TableRestore> tables;
+  std::vector<std::unique_ptr<SafetensorsFile>> dense_files;
+  struct Copy {
+    std::span<const float> from;
+    float* to;
+  };
+  std::vector<Copy> dense;
+  int64_t step = 0, dense_step = 0;
+};
+
+// Reads the manifest, config and layout of the checkpoint in `dir`, checks
+// the files this rank reads and stages its part (docs/checkpoints.md
+// "Resharding"). Changes nothing.
+absl::StatusOr<StagedRestore> StageRestore(Model& model, const fs::path& dir,
+                                           bool weights_only,
+                                           FileSystem* file_system) {
+  StagedRestore r;
+  ASSIGN_OR_RETURN(r.manifest, ReadManifest(dir.string(), file_system));
+  const bool has_layout =
+      std::any_of(r.manifest.files.begin(), r.manifest.files.end(),
+                  [](const ManifestFile& f) { return f.path == kLayoutFile; });
+  RETURN_IF_ERROR(VerifyCheckpointFiles(
+      dir.string(), r.manifest,
+      [](const std::string& p) {
+        return p == kConfig || p == kLayoutFile || p == kPlan;
+      },
+      file_system));
   ASSIGN_OR_RETURN(ModelConfig saved, ReadCheckpointConfig(dir, file_system));
   RETURN_IF_ERROR(CheckSameArchitecture(saved, model.config()));
-  ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(dir / kWeights));
-  const std::vector<TensorToWrite> weight_tensors =
-      RestoredWeightTensors(model);
-  std::unique_ptr<SafetensorsFile> optimizer;
-  // Check every file fully before anything changes.
-  for (const auto& t : weight_tensors) {
-    RETURN_IF_ERROR(weights->Get(t.name, t.shape).status());
-  }
-  if (!weights_only) {
-    ASSIGN_OR_RETURN(optimizer, SafetensorsFile::Open(dir / kOptimizer));
-    for (const auto& t : OptimizerTensors(model)) {
-      RETURN_IF_ERROR(optimizer->Get(t.name, t.shape).status());
+  SavedLayout layout;
+  if (has_layout) {
+    const std::string path = (dir / kLayoutFile).string();
+    ASSIGN_OR_RETURN(std::string text, ReadFile(*file_system, path));
+    absl::StatusOr<SavedLayout> parsed = LayoutFromJson(text, saved, path);
+    if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
+    layout = *std::move(parsed);
+  } else if (r.manifest.format == kLegacyMultiRankFormat) {
+    // Written before checkpoints carried their layout: its blocks are known
+    // only as the plan it was saved with.
+    ASSIGN_OR_RETURN(std::string plan_text,
+                     ReadFile(*file_system, (dir / kPlan).string()));
+    if (r.manifest.world_size != model.world_size() ||
+        plan_text != model.plan().ToString(model.config())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint in ", dir.string(),
+          " was written by an earlier version on ", r.manifest.world_size,
+          " ranks with another sharding plan, which it does not record; "
+          "restore it on its own plan and save it again to reshard it. Its "
+          "plan:\n",
+          plan_text));
     }
+    layout = MultiRankLayout(model.config(), model.plan());
+  } else {
+    layout = OneProcessLayout(saved);
   }
-  // The RocksDB tier is staged (a copy opened beside the live one), then
-  // swapped in with the checked copies, which cannot fail.
-  if (model.HasRocksDbShards()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Model::StagedRows> staged,
-                     model.StageRows((dir / kRocksDb).string()));
-    model.SwapInRows(std::move(staged));
+  const std::set<std::string> needed =
+      TableRestore::FilesNeeded(model, layout, weights_only);
+  RETURN_IF_ERROR(VerifyCheckpointFiles(
+      dir.string(), r.manifest,
+      [&needed](const std::string& p) {
+        return TableRestore::Needed(needed, p);
+      },
+      file_system));
+  ASSIGN_OR_RETURN(
+      r.tables, TableRestore::Stage(model, dir, saved, layout, weights_only));
+
+  auto open =
+      [&](const std::string& name) -> absl::StatusOr<const SafetensorsFile*> {
+    ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open((dir / name).string()));
+    r.dense_files.push_back(std::move(f));
+    return r.dense_files.back().get();
+  };
+  auto add = [&](const SafetensorsFile& file,
+                 const dense::ParamRef& p) -> absl::Status {
+    absl::StatusOr<std::span<const float>> from = file.GetFlat(p.name, p.size);
+    if (!from.ok()) {
+      return absl::IsNotFound(from.status())
+                 ? from.status()
+                 : absl::FailedPreconditionError(from.status().message());
+    }
+    r.dense.push_back({*from, p.value});
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(const SafetensorsFile* weights,
+                   open(layout.dense_weights_file));
+  for (const dense::ParamRef& p : model.dense_params()) {
+    RETURN_IF_ERROR(add(*weights, p));
   }
-  RETURN_IF_ERROR(CopyAll(*weights, weight_tensors));
+  r.step = MetadataStep(weights->metadata(), "step");
+  if (!weights_only) {
+    const SafetensorsFile* state = weights;
+    if (layout.dense_state_file != layout.dense_weights_file) {
+      ASSIGN_OR_RETURN(state, open(layout.dense_state_file));
+    }
+    for (const dense::ParamRef& p : model.dense_optimizer().State()) {
+      RETURN_IF_ERROR(add(*state, p));
+    }
+    r.dense_step = MetadataStep(state->metadata(), "dense_optimizer_step");
+  }
+  return r;
+}
+
+// Collective: every rank stages its part, the ranks agree, and only then
+// does any rank change its model.
+absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
+                                       bool weights_only,
+                                       FileSystem* file_system) {
+  absl::StatusOr<StagedRestore> staged =
+      StageRestore(model, dir, weights_only, file_system);
+  if (!staged.ok()) {
+    spdlog::warn("rank {}: cannot restore {}: {}", model.rank(), dir.string(),
+                 staged.status().ToString());
+  }
+  RETURN_IF_ERROR(model.Agree(staged.status()));
+  staged->tables->Apply();
+  for (const StagedRestore::Copy& c : staged->dense) {
+    std::copy(c.from.begin(), c.from.end(), c.to);
+  }
+  if (!weights_only) model.dense_optimizer().set_step(staged->dense_step);
+  model.set_steps(staged->step);
   CheckpointInfo info;
-  info.step = ParseStep(weights->metadata(), "step");
-  model.set_steps(info.step);
-  if (!weights_only) {
-    RETURN_IF_ERROR(CopyAll(*optimizer, OptimizerTensors(model)));
-    const auto& meta = optimizer->metadata();
-    model.dense_optimizer().set_step(ParseStep(meta, "dense_optimizer_step"));
-    for (int k = 0; k < model.config().tables_size(); ++k) {
-      // RocksDB-tier tables got their step from the RocksDB checkpoint.
-      embedding::EmbeddingTable* t = model.WholeHostTable(k);
-      if (t == nullptr) continue;
-      t->set_step(ParseStep(
-          meta, absl::StrCat("table_step.", model.config().tables(k).name())));
-    }
-  }
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (entry.is_regular_file()) info.bytes += entry.file_size();
-  }
+  info.step = staged->step;
+  for (const ManifestFile& f : staged->manifest.files) info.bytes += f.bytes;
   return info;
 }
 
@@ -392,51 +384,91 @@ std::vector<TableTensor> TableTensors(const std::string& base,
 
 namespace {
 
-// Writes every file of the checkpoint of `model` into the directory `tmp`,
-// the manifest last.
-absl::StatusOr<CheckpointInfo> WriteCheckpointFiles(Model& model,
-                                                    const fs::path& tmp,
-                                                    const std::string& job,
-                                                    FileSystem* file_system) {
-  const std::string step = std::to_string(model.steps());
-  RETURN_IF_ERROR(WriteWeights((tmp / kWeights).string(), model.config(),
-                               model.bottom(), model.top(), model.steps(),
-                               ModelTables(model), file_system)
-                      .status());
-  TestOnlyDelay();
-  std::map<std::string, std::string> meta = {
-      {"step", step},
-      {"dense_optimizer_step", std::to_string(model.dense_optimizer().step())}};
-  for (int k = 0; k < model.config().tables_size(); ++k) {
-    meta[absl::StrCat("table_step.", model.config().tables(k).name())] =
-        std::to_string(model.WholeStore(k)->step());
+// This rank's part of a checkpoint, into the directory `tmp`: its shards in
+// host memory (a data-parallel table's copy on rank 0 only) in
+// rank-<r>.safetensors and its shards on RocksDB as a checkpoint of its
+// database in rank-<r>.rocksdb; rank 0 also the dense part, the config, the
+// plan and the layout.
+absl::Status WritePart(Model& model, const fs::path& tmp,
+                       FileSystem* file_system) {
+  const ModelConfig& config = model.config();
+  const int rank = model.rank();
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
+                                             {"rank", std::to_string(rank)}};
+  for (const Model::ShardState& s : model.LocalShards()) {
+    if (s.storage == nullptr) continue;  // on RocksDB: below
+    if (model.plan().tables[s.table].kind == SHARDING_DATA_PARALLEL &&
+        rank != 0) {
+      continue;
+    }
+    const std::string base = ShardBase(config, s.table, s.shard);
+    for (const TableTensor& t :
+         TableTensors(base, *s.storage, /*with_weight=*/true)) {
+      tensors.push_back({t.name, t.shape, t.data});
+    }
+    meta["table_step." + base] = std::to_string(s.storage->step());
   }
-  RETURN_IF_ERROR(WriteSafetensors((tmp / kOptimizer).string(),
-                                   OptimizerTensors(model), meta, file_system));
+  RETURN_IF_ERROR(WriteSafetensors((tmp / RankFileName(rank)).string(), tensors,
+                                   meta, file_system));
   TestOnlyDelay();
-  std::string config_text;
-  google::protobuf::TextFormat::PrintToString(model.config(), &config_text);
-  RETURN_IF_ERROR(
-      WriteTextFile((tmp / kConfig).string(), config_text, file_system));
   if (model.HasRocksDbShards()) {
     // RocksDB's checkpoint, written through RocksDB's own file system: its
     // files are checksummed like the others.
-    RETURN_IF_ERROR(model.CheckpointRows((tmp / kRocksDb).string()));
+    RETURN_IF_ERROR(
+        model.CheckpointRows((tmp / RankRocksDbDir(rank)).string()));
+    TestOnlyDelay();
   }
-  TestOnlyDelay();
+  if (rank != 0) return absl::OkStatus();
 
+  // The MLPs are the same on every rank: rank 0 writes them.
+  tensors.clear();
+  for (const dense::ParamRef& p : model.dense_params()) {
+    tensors.push_back({p.name, {p.size}, p.value});
+  }
+  for (const dense::ParamRef& p : model.dense_optimizer().State()) {
+    tensors.push_back({p.name, {p.size}, p.value});
+  }
+  RETURN_IF_ERROR(
+      WriteSafetensors((tmp / kDenseFile).string(), tensors,
+                       {{"format", "dlrm-server"},
+                        {"step", std::to_string(model.steps())},
+                        {"dense_optimizer_step",
+                         std::to_string(model.dense_optimizer().step())}},
+                       file_system));
+  TestOnlyDelay();
+  std::string config_text;
+  google::protobuf::TextFormat::PrintToString(config, &config_text);
+  RETURN_IF_ERROR(
+      WriteTextFile((tmp / kConfig).string(), config_text, file_system));
+  RETURN_IF_ERROR(WriteTextFile((tmp / kPlan).string(),
+                                model.plan().ToString(config), file_system));
+  RETURN_IF_ERROR(WriteTextFile((tmp / kLayoutFile).string(),
+                                LayoutToJson(LayoutOf(model), config),
+                                file_system));
+  TestOnlyDelay();
+  return absl::OkStatus();
+}
+
+// Rank 0, once every rank wrote its part: the manifest, then the commit.
+absl::StatusOr<CheckpointInfo> FinishSave(Model& model, const fs::path& tmp,
+                                          const fs::path& dir,
+                                          const std::string& job,
+                                          FileSystem* file_system) {
   Manifest fields;
-  fields.format = kSingleRankFormat;
+  fields.format = kCheckpointFormat;
   fields.step = model.steps();
-  fields.world_size = 1;
-  fields.config_text = config_text;
-  fields.sharding_plan =
-      "world size 1: every table whole on rank 0; MLPs on rank 0";
+  fields.world_size = model.world_size();
+  google::protobuf::TextFormat::PrintToString(model.config(),
+                                              &fields.config_text);
+  fields.sharding_plan = model.plan().ToString(model.config());
   fields.job = job;
-  // The manifest is written last: its presence marks a complete checkpoint.
+  // Written last, with every rank's files' checksums (the directory is
+  // shared): its presence marks a complete checkpoint.
   ASSIGN_OR_RETURN(Manifest manifest,
                    WriteManifest(tmp.string(), fields, file_system));
   TestOnlyDelay();
+  RETURN_IF_ERROR(CommitDirectory(tmp.string(), dir.string(), file_system));
   CheckpointInfo info;
   info.step = model.steps();
   for (const ManifestFile& f : manifest.files) info.bytes += f.bytes;
@@ -458,40 +490,57 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
                                               const std::string& dir_name,
                                               const std::string& job,
                                               FileSystem* file_system) {
-  RETURN_IF_ERROR(CheckWholeTables(model));
   const fs::path dir = fs::absolute(dir_name).lexically_normal();
-  const std::string tmp = TemporaryPath(dir.string());
-  RETURN_IF_ERROR(file_system->RemoveAll(tmp));
-  RETURN_IF_ERROR(file_system->CreateDirectories(tmp));
-  absl::StatusOr<CheckpointInfo> info =
-      WriteCheckpointFiles(model, tmp, job, file_system);
-  if (info.ok()) {
-    const absl::Status committed =
-        CommitDirectory(tmp, dir.string(), file_system);
-    if (!committed.ok()) info = committed;
+  // Rank 0 makes the temporary directory, named after its process, and
+  // every rank writes into it.
+  absl::Status made;
+  if (model.rank() == 0) {
+    const std::string tmp = TemporaryPath(dir.string());
+    made = file_system->RemoveAll(tmp);
+    if (made.ok()) made = file_system->CreateDirectories(tmp);
   }
-  if (!info.ok()) RemoveLeftover(tmp, file_system);
+  std::vector<int64_t> pids;
+  RETURN_IF_ERROR(model.Agree(made, {::getpid()}, &pids));
+  const fs::path tmp = absl::StrCat(dir.string(), ".tmp-", pids[0]);
+  const absl::Status written = WritePart(model, tmp, file_system);
+  if (!written.ok()) {
+    spdlog::warn("rank {}: cannot write its part of {}: {}", model.rank(),
+                 dir.string(), written.ToString());
+  }
+  const absl::Status agreed = model.Agree(written);
+  if (model.communicator_failed()) return agreed;
+  absl::StatusOr<CheckpointInfo> info = CheckpointInfo{model.steps(), 0};
+  if (!agreed.ok()) info = agreed;
+  if (model.rank() == 0) {
+    if (info.ok()) info = FinishSave(model, tmp, dir, job, file_system);
+    if (!info.ok()) RemoveLeftover(tmp.string(), file_system);
+  }
+  // Every rank returns the outcome of the commit.
+  RETURN_IF_ERROR(
+      model.Agree(model.rank() == 0 ? info.status() : absl::OkStatus()));
   return info;
 }
 
 absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
                                                  const std::string& dir,
                                                  FileSystem* file_system) {
-  RETURN_IF_ERROR(CheckWholeTables(model));
-  return Restore(model, dir, /*weights_only=*/false, /*verified=*/false,
-                 file_system);
+  return Restore(model, fs::absolute(dir).lexically_normal(),
+                 /*weights_only=*/false, file_system);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
                                                       bool weights_only,
                                                       FileSystem* file_system) {
   // Checked before the model is allocated.
-  RETURN_IF_ERROR(VerifySingleRank(dir, file_system).status());
+  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir, file_system));
+  RETURN_IF_ERROR(VerifyCheckpointFiles(
+      dir, manifest, [](const std::string& p) { return p == kConfig; },
+      file_system));
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
-  RETURN_IF_ERROR(
-      Restore(*model, dir, weights_only, /*verified=*/true, file_system)
-          .status());
+  RETURN_IF_ERROR(Restore(*model, fs::absolute(dir).lexically_normal(),
+                          weights_only, file_system)
+                      .status());
   return model;
 }
 
@@ -718,7 +767,7 @@ absl::StatusOr<Manifest> ParseManifest(
   if (const auto job = json.find("job"); job != json.end()) {
     m.job = job->is_string() ? job->get<std::string>() : job->dump();
   }
-  if (m.format != kSingleRankFormat && m.format != kMultiRankFormat) {
+  if (m.format != kCheckpointFormat && m.format != kLegacyMultiRankFormat) {
     return damaged(absl::StrCat("unknown format \"", m.format, "\""));
   }
   const auto files = json.find("files");

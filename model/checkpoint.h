@@ -1,13 +1,16 @@
-// Checkpoints of a one-process model::Model: a directory with the config, the
-// weights as safetensors (loadable in PyTorch; names in docs/checkpoints.md),
-// the optimizer state, and a manifest with every file's size and CRC-32C.
-// Written to a temporary directory, synced, then renamed into place, so a
-// crash never leaves a half-written one; loading checks every checksum.
+// Checkpoints of a model::Model on R >= 1 ranks, in one format for any R
+// (docs/checkpoints.md): a directory with each rank's shards (rank-<r>.*),
+// the dense part, the config, the plan, the layout of every table's saved
+// blocks, and a manifest with every file's size and CRC-32C. A checkpoint
+// restores on any number of ranks with any plan: each rank reads its rows
+// and columns from the saved blocks that overlap them. Written to a
+// temporary directory, synced, then renamed into place, so a crash never
+// leaves a half-written one; loading checks the checksums of what it reads.
 // Also the periodic checkpoints' housekeeping: listing, pruning, cleaning up
-// after a crash (docs/checkpoints.md), and the weights export for PyTorch
-// (docs/server.md "Weights export"). Every file is written, renamed and
-// removed through a FileSystem (the real one unless a test passes another);
-// tensors are read by mmap after their checksums were verified through it.
+// after a crash, and the weights export for PyTorch (docs/server.md
+// "Weights export"). Every file is written, renamed and removed through a
+// FileSystem (the real one unless a test passes another); tensors are read
+// by mmap after their checksums were verified through it.
 #pragma once
 
 #include <cstdint>
@@ -47,40 +50,45 @@ struct CheckpointInfo {
   int64_t bytes = 0;
 };
 
-// Writes the model (config, weights, optimizer state, step) of one process
-// (one rank holding every table whole, as Model::Create(config) makes it;
-// FailedPrecondition otherwise) to `dir`,
-// replacing a previous checkpoint there only once the new one is complete;
-// `job` (a JSON object, or empty) goes into the manifest as Manifest::job.
-// On an error nothing of the new checkpoint is left (the previous one, if
-// any, stays), except when only the final sync of the parent directory
-// fails: then `dir` may already hold the new, complete checkpoint. Errors
-// name the path: ResourceExhausted for a full disk, Internal for other I/O
-// errors (RocksDB's own, for the RocksDB tier's part).
+// Collective: every rank of `model` calls it with the same `dir`. Writes the
+// model (config, weights, optimizer state, step) to `dir`: each rank its
+// shards, rank 0 the rest and, once every rank's part is written, the
+// manifest; then rank 0 replaces a previous checkpoint there (if any) with
+// the new one. `job` (a JSON object, or empty; rank 0's counts) goes into
+// the manifest as Manifest::job. On an error nothing of the new checkpoint
+// is left (the previous one, if any, stays), except when only the final
+// sync of the parent directory fails: then `dir` may already hold the new,
+// complete checkpoint. Every rank returns the same outcome: errors name the
+// path (ResourceExhausted for a full disk, Internal for other I/O errors,
+// RocksDB's own for the RocksDB tier's part), and another rank's error is
+// prefixed "rank <r>: ". A communicator error leaves the model's
+// communicator_failed() true. CheckpointInfo::bytes is rank 0's count (0
+// elsewhere).
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(
     Model& model, const std::string& dir, const std::string& job = "",
     FileSystem* file_system = DefaultFileSystem());
 
-// Loads weights, optimizer state and step from `dir` into `model` (one
-// process, as SaveCheckpoint), whose architecture (tables, dims, MLP widths,
-// interaction) must match the checkpoint's config: FailedPrecondition otherwise
-// (also for a multi-rank checkpoint). NotFound if `dir` holds no checkpoint;
-// DataLoss naming the file when a file's size or CRC-32C differs from the
-// manifest's, or the manifest is damaged (also when a read returns other bytes
-// than were written). On error the model is unchanged.
+// Collective: loads weights, optimizer state and step from the checkpoint
+// in `dir` into `model`, whatever rank count and plan wrote it (and the
+// formats of earlier versions: one process; several ranks on this model's
+// own plan). The architecture (tables, rows, dims, MLP widths, interaction,
+// optimizer types) must match the checkpoint's config: FailedPrecondition
+// otherwise; a table's tier may differ. NotFound if `dir` holds no
+// checkpoint; DataLoss naming the file when a file this rank reads differs
+// from the manifest's size or CRC-32C, or the manifest is damaged. The
+// ranks agree before any changes: on error no rank's model changes.
 absl::StatusOr<CheckpointInfo> RestoreCheckpoint(
     Model& model, const std::string& dir,
     FileSystem* file_system = DefaultFileSystem());
 
 // Creates a one-process model from a checkpoint's own config and restores
-// it; with
-// `weights_only`, optimizer state is not read (inference-only serving) and
-// need not be present.
+// it (from any rank count); with `weights_only`, optimizer state is not
+// read (inference-only serving) and need not be present.
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(
     const std::string& dir, bool weights_only,
     FileSystem* file_system = DefaultFileSystem());
 
-// Helpers shared with the multi-rank checkpoints of server/rank_group.h.
+// Helpers shared with the weights export of server/rank_group.h.
 // Each returns the file system's error naming the path (ResourceExhausted
 // for a full disk, Internal for other I/O errors).
 //
@@ -139,10 +147,9 @@ absl::StatusOr<ExportInfo> WriteWeights(
     const dense::Mlp& bottom, const dense::Mlp& top, int64_t step,
     const TableWeightsFn& table, FileSystem* file_system = DefaultFileSystem());
 
-// Writes the weights of a one-process model (as SaveCheckpoint; a job of
-// several ranks exports through server::RankGroup) to the safetensors file
-// `path` through a
-// temporary file renamed into place, so `path` is the old file or the
+// Writes the weights of a one-process model (every table whole on its one
+// rank; a job of several ranks exports through server::RankGroup) to the
+// safetensors file `path` through a temporary file renamed into place, so `path` is the old file or the
 // complete new one at every moment. Errors as WriteWeights', and a table's
 // store's read errors.
 absl::StatusOr<ExportInfo> ExportSafetensors(
@@ -151,9 +158,11 @@ absl::StatusOr<ExportInfo> ExportSafetensors(
 
 // ---- Manifests (MANIFEST.json, written last into a checkpoint directory).
 
-// Formats of the two kinds of checkpoint.
-inline constexpr char kSingleRankFormat[] = "dlrm-server-checkpoint";
-inline constexpr char kMultiRankFormat[] = "dlrm-server-multirank-checkpoint";
+// The format of a checkpoint (any rank count), and that of several ranks'
+// checkpoints before one format served every count (read, not written).
+inline constexpr char kCheckpointFormat[] = "dlrm-server-checkpoint";
+inline constexpr char kLegacyMultiRankFormat[] =
+    "dlrm-server-multirank-checkpoint";
 
 struct ManifestFile {
   // Path relative to the checkpoint directory, '/'-separated.
@@ -165,7 +174,7 @@ struct ManifestFile {
 };
 
 struct Manifest {
-  std::string format;  // kSingleRankFormat or kMultiRankFormat
+  std::string format;  // kCheckpointFormat or kLegacyMultiRankFormat
   int version = 0;
   int64_t step = 0;
   int world_size = 1;

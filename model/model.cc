@@ -410,7 +410,8 @@ absl::StatusOr<std::unique_ptr<Model::StagedRows>> Model::StageRows(
   auto staged = std::make_unique<StagedRows>();
   embedding::RocksDbStoreOptions options = row_db_->options();
   options.path = NewDatabaseDir();
-  auto db = embedding::RowDatabase::RestoreCheckpoint(dir, options);
+  auto db = dir.empty() ? embedding::RowDatabase::Open(options)
+                        : embedding::RowDatabase::RestoreCheckpoint(dir, options);
   if (!db.ok()) {
     std::error_code ec;
     fs::remove_all(options.path, ec);
@@ -637,7 +638,8 @@ absl::Status Model::PrepareShards() {
 
 absl::Status Model::AgreeOnStatus(const absl::Status& local,
                                   const std::vector<int64_t>& extra,
-                                  std::vector<int64_t>* all_extra) {
+                                  std::vector<int64_t>* all_extra,
+                                  const char* what) {
   // Word 0: the status code; then the start of the message; then `extra`.
   constexpr int kWords = 32;
   constexpr size_t kText = (kWords - 1) * sizeof(int64_t);
@@ -648,8 +650,12 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
   std::memcpy(&mine[1], local.message().data(), len);
   std::copy(extra.begin(), extra.end(), mine.begin() + kWords);
   std::vector<int64_t> all(static_cast<size_t>(width) * world_);
-  RETURN_IF_ERROR(
-      comm_->AllGather(mine.data(), width, all.data(), DataType::kInt64));
+  if (absl::Status s =
+          comm_->AllGather(mine.data(), width, all.data(), DataType::kInt64);
+      !s.ok()) {
+    communicator_failed_ = true;
+    return s;
+  }
   if (all_extra != nullptr && !extra.empty()) {
     all_extra->clear();
     for (int r = 0; r < world_; ++r) {
@@ -663,7 +669,7 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
     if (theirs[0] == 0) continue;
     const char* text = reinterpret_cast<const char*>(&theirs[1]);
     return absl::Status(static_cast<absl::StatusCode>(theirs[0]),
-                        absl::StrCat("batch refused by rank ", r, ": ",
+                        absl::StrCat(what, " ", r, ": ",
                                      std::string(text, strnlen(text, kText))));
   }
   return absl::OkStatus();

@@ -198,6 +198,21 @@ class Model {
   // STORAGE_HOST, else null.
   embedding::EmbeddingTable* WholeHostTable(int k);
 
+  // Collective: every rank learns whether every rank's `local` is OK, and
+  // receives every rank's `extra` words (the same count on every rank) into
+  // *all_extra in rank order when not null. Returns `local`'s error, else
+  // the first failing rank's (its code, "rank <r>: " and the start of its
+  // message), else OK; a communicator error as is, after which
+  // communicator_failed() is true.
+  absl::Status Agree(const absl::Status& local,
+                     const std::vector<int64_t>& extra = {},
+                     std::vector<int64_t>* all_extra = nullptr) {
+    return AgreeOnStatus(local, extra, all_extra, "rank");
+  }
+  // Whether a collective of Agree failed in the communicator (the ranks no
+  // longer agree on what happened).
+  bool communicator_failed() const { return communicator_failed_; }
+
   // Whether this rank holds a shard (or replica) of a STORAGE_ROCKSDB table.
   bool HasRocksDbShards() const { return row_db_ != nullptr; }
   // Cache counters summed over this rank's shards on RocksDB.
@@ -225,9 +240,10 @@ class Model {
     std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores;
   };
   // This rank only, in two steps so that ranks can agree in between: opens
-  // a copy of the checkpoint in `dir` (made by CheckpointRows) without
-  // changing the model; NotFound when `dir` is not a directory,
-  // FailedPrecondition without shards on RocksDB.
+  // a copy of the checkpoint in `dir` (made by CheckpointRows), or a fresh
+  // empty database when `dir` is empty, without changing the model;
+  // NotFound when `dir` is not a directory, FailedPrecondition without
+  // shards on RocksDB.
   absl::StatusOr<std::unique_ptr<StagedRows>> StageRows(const std::string& dir);
   // Replaces the rows of every shard on RocksDB with the staged ones and
   // removes the old database. Cannot fail.
@@ -293,11 +309,12 @@ class Model {
   absl::Status PrepareShards();
   // All-gathers `local`'s code and the start of its message, and `extra`
   // (the same length on every rank) into *all_extra (rank order) when not
-  // null; returns `local`'s error, else the first failing rank's (named),
-  // else OK.
+  // null; returns `local`'s error, else the first failing rank's (named
+  // after `what`: "<what> <r>: ..."), else OK.
   absl::Status AgreeOnStatus(const absl::Status& local,
                              const std::vector<int64_t>& extra = {},
-                             std::vector<int64_t>* all_extra = nullptr);
+                             std::vector<int64_t>* all_extra = nullptr,
+                             const char* what = "batch refused by rank");
   // All-reduces the gradients of dense_params_[begin, end) (and *loss_sum
   // when not null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, size_t begin, size_t end,
@@ -379,6 +396,7 @@ class Model {
   int64_t store_words_ = 0;
   std::vector<RankTableStore> store_stats_;
   int64_t steps_ = 0;
+  bool communicator_failed_ = false;
 
   // Per step: every rank's local batch size and where its samples start,
   // and every rank's next batch size (prefetch).

@@ -226,6 +226,21 @@ absl::StatusOr<std::span<const float>> SafetensorsFile::Get(
       Elements(shape));
 }
 
+absl::StatusOr<std::span<const float>> SafetensorsFile::GetFlat(
+    const std::string& name, int64_t count) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
+  }
+  if (Elements(it->second.shape) != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
+        ", expected ", count, " elements"));
+  }
+  return std::span<const float>(
+      reinterpret_cast<const float*>(data_ + it->second.begin), count);
+}
+
 std::vector<std::string> SafetensorsFile::Names() const {
   std::vector<std::string> names;
   for (const auto& [name, e] : tensors_) names.push_back(name);

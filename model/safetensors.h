@@ -87,6 +87,10 @@ class SafetensorsFile {
   // InvalidArgument if its shape differs from `shape`.
   absl::StatusOr<std::span<const float>> Get(
       const std::string& name, const std::vector<int64_t>& shape) const;
+  // The same for a tensor of `count` elements in any shape (a flat
+  // parameter saved as [out, in] or [out * in]).
+  absl::StatusOr<std::span<const float>> GetFlat(const std::string& name,
+                                                 int64_t count) const;
   bool Has(const std::string& name) const { return tensors_.count(name) > 0; }
   const std::map<std::string, std::string>& metadata() const {
     return metadata_;

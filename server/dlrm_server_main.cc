@@ -449,11 +449,13 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
       if (!e.manifest.ok()) {
         spdlog::warn("skipping checkpoint {}: {}", e.dir,
                      e.manifest.status().ToString());
-      } else if (e.manifest->world_size != f.world_size) {
-        spdlog::warn(
-            "skipping checkpoint {}: written by {} ranks, this job has {}",
-            e.dir, e.manifest->world_size, f.world_size);
       } else {
+        if (e.manifest->world_size != f.world_size) {
+          spdlog::info(
+              "checkpoint {} was written by {} ranks, this job has {}: a "
+              "restore reshards it",
+              e.dir, e.manifest->world_size, f.world_size);
+        }
         resume.push_back(std::move(e));
       }
     }

@@ -1,5 +1,5 @@
-// RankGroup: commands, batch scatter / probability gather, heartbeats and
-// per-rank checkpoints over the Communicator.
+// RankGroup: commands, batch scatter / probability gather, heartbeats, and
+// the collective checkpoints and export over the Communicator.
 #include "server/rank_group.h"
 
 #include <unistd.h>
@@ -57,52 +57,6 @@ const char* OpName(int64_t op) {
       return "ExportWeights";
   }
   return "unknown";
-}
-
-// Files of a multi-rank checkpoint directory.
-constexpr char kConfig[] = "config.textproto";
-constexpr char kPlan[] = "plan.txt";
-constexpr char kDense[] = "dense.safetensors";
-
-std::string RankFile(int rank) {
-  return absl::StrCat("rank-", rank, ".safetensors");
-}
-
-// A rank's shards on RocksDB: a checkpoint of its database (a directory).
-std::string RocksDbDir(int rank) {
-  return absl::StrCat("rank-", rank, ".rocksdb");
-}
-
-// True when the checkpoint file `path` ("rank-3.safetensors",
-// "rank-3.rocksdb/...") belongs to `rank`.
-bool OwnFile(const std::string& path, int rank) {
-  const std::string prefix = absl::StrCat("rank-", rank);
-  if (!path.starts_with(prefix)) return false;
-  const char next = path.size() > prefix.size() ? path[prefix.size()] : '\0';
-  return next == '.' || next == '/' || next == '-' || next == '_';
-}
-
-std::string ShardName(const ModelConfig& config, int table, int shard) {
-  return absl::StrCat("embedding_bags.", config.tables(table).name(), ".shard",
-                      shard);
-}
-
-absl::StatusOr<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A restore that does not fit this job is a precondition failure, whatever
-// the safetensors reader called it.
-template <typename T>
-absl::StatusOr<T> Mismatch(absl::StatusOr<T> s) {
-  if (s.ok() || s.status().code() == absl::StatusCode::kNotFound) return s;
-  return absl::FailedPreconditionError(s.status().message());
 }
 
 }  // namespace
@@ -436,11 +390,11 @@ absl::Status RankGroup::Follow() {
         break;
       case kSave:
         s = BroadcastString(&path, command[1]);
-        if (s.ok()) s = Agree(WriteShards(path));
+        if (s.ok()) s = RunCheckpoint(/*save=*/true, path, "", nullptr);
         break;
       case kRestore:
         s = BroadcastString(&path, command[1]);
-        if (s.ok()) s = ReadShards(path);
+        if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", nullptr);
         break;
       case kChecksum:
         s = RunChecksum(nullptr);
@@ -462,141 +416,18 @@ absl::Status RankGroup::Follow() {
   }
 }
 
-absl::Status RankGroup::WriteShards(const std::string& dir_name) {
-  const fs::path dir(dir_name);
-  const ModelConfig& config = model_->config();
-  std::vector<model::TensorToWrite> tensors;
-  std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
-                                             {"rank", std::to_string(rank_)}};
-  for (const model::Model::ShardState& s : model_->LocalShards()) {
-    if (s.storage == nullptr) continue;  // on RocksDB: below
-    embedding::EmbeddingTable& t = *s.storage;
-    const std::string base = ShardName(config, s.table, s.shard);
-    for (const model::TableTensor& s :
-         model::TableTensors(base, t, /*with_weight=*/true)) {
-      tensors.push_back({s.name, s.shape, s.data});
-    }
-    meta["table_step." + base] = std::to_string(t.step());
+absl::Status RankGroup::RunCheckpoint(bool save, const std::string& dir,
+                                      const std::string& job,
+                                      model::CheckpointInfo* info) {
+  absl::StatusOr<model::CheckpointInfo> done =
+      save ? model::SaveCheckpoint(*model_, dir, job)
+           : model::RestoreCheckpoint(*model_, dir);
+  if (model_->communicator_failed()) {
+    return Broke(done.status(), save ? "SaveCheckpoint" : "RestoreCheckpoint");
   }
-  RETURN_IF_ERROR(
-      model::WriteSafetensors((dir / RankFile(rank_)).string(), tensors, meta));
-  if (model_->HasRocksDbShards()) {
-    // Rows, optimizer state and step counters of the shards on RocksDB.
-    RETURN_IF_ERROR(model_->CheckpointRows((dir / RocksDbDir(rank_)).string()));
-  }
-  if (rank_ != 0) return absl::OkStatus();
-
-  // Dense replicas are identical on every rank: the leader writes them.
-  tensors.clear();
-  for (const dense::ParamRef& p : model_->dense_params()) {
-    tensors.push_back({p.name, {p.size}, p.value});
-  }
-  for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
-    tensors.push_back({p.name, {p.size}, p.value});
-  }
-  RETURN_IF_ERROR(model::WriteSafetensors(
-      (dir / kDense).string(), tensors,
-      {{"format", "dlrm-server"},
-       {"step", std::to_string(model_->steps())},
-       {"dense_optimizer_step",
-        std::to_string(model_->dense_optimizer().step())}}));
-  std::string config_text;
-  google::protobuf::TextFormat::PrintToString(config, &config_text);
-  RETURN_IF_ERROR(model::WriteTextFile((dir / kConfig).string(), config_text));
-  RETURN_IF_ERROR(model::WriteTextFile((dir / kPlan).string(),
-                                       model_->plan().ToString(config)));
-  return absl::OkStatus();
-}
-
-absl::Status RankGroup::ReadShards(const std::string& dir_name) {
-  const fs::path dir(dir_name);
-  const ModelConfig& config = model_->config();
-  struct Copy {
-    std::span<const float> from;
-    float* to;
-  };
-  std::vector<Copy> copies;
-  std::vector<std::pair<embedding::EmbeddingTable*, int64_t>> table_steps;
-  int64_t step = 0, dense_step = 0;
-  std::unique_ptr<model::SafetensorsFile> rank_file, dense_file;
-  std::unique_ptr<model::Model::StagedRows> staged_rows;
-  auto check = [&]() -> absl::Status {
-    // Each rank checks the checksums of what it reads: the shared files and
-    // its own ("rank-<r>" and anything under "rank-<r>.").
-    ASSIGN_OR_RETURN(model::Manifest manifest,
-                     model::ReadManifest(dir.string()));
-    RETURN_IF_ERROR(model::VerifyCheckpointFiles(
-        dir.string(), manifest, [this](const std::string& path) {
-          return !path.starts_with("rank-") || OwnFile(path, rank_);
-        }));
-    ASSIGN_OR_RETURN(std::string plan_text, ReadText(dir / kPlan));
-    if (plan_text != model_->plan().ToString(config)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoint in ", dir.string(),
-          " was written by a job with another sharding plan or world size; "
-          "its plan:\n",
-          plan_text));
-    }
-    ASSIGN_OR_RETURN(rank_file, model::SafetensorsFile::Open(
-                                    (dir / RankFile(rank_)).string()));
-    ASSIGN_OR_RETURN(dense_file,
-                     model::SafetensorsFile::Open((dir / kDense).string()));
-    auto add = [&](const model::SafetensorsFile& file, const std::string& name,
-                   std::vector<int64_t> shape, float* to) -> absl::Status {
-      ASSIGN_OR_RETURN(std::span<const float> from,
-                       Mismatch(file.Get(name, shape)));
-      copies.push_back({from, to});
-      return absl::OkStatus();
-    };
-    for (const model::Model::ShardState& s : model_->LocalShards()) {
-      if (s.storage == nullptr) continue;  // on RocksDB: below
-      embedding::EmbeddingTable& t = *s.storage;
-      const std::string base = ShardName(config, s.table, s.shard);
-      for (const model::TableTensor& s :
-           model::TableTensors(base, t, /*with_weight=*/true)) {
-        RETURN_IF_ERROR(add(*rank_file, s.name, s.shape, s.data));
-      }
-      int64_t table_step = 0;
-      auto it = rank_file->metadata().find("table_step." + base);
-      if (it != rank_file->metadata().end()) {
-        absl::SimpleAtoi(it->second, &table_step);
-      }
-      table_steps.push_back({&t, table_step});
-    }
-    if (model_->HasRocksDbShards()) {
-      ASSIGN_OR_RETURN(staged_rows,
-                       model_->StageRows((dir / RocksDbDir(rank_)).string()));
-    }
-    for (const dense::ParamRef& p : model_->dense_params()) {
-      RETURN_IF_ERROR(add(*dense_file, p.name, {p.size}, p.value));
-    }
-    for (const dense::ParamRef& p : model_->dense_optimizer().State()) {
-      RETURN_IF_ERROR(add(*dense_file, p.name, {p.size}, p.value));
-    }
-    const auto& meta = dense_file->metadata();
-    if (auto it = meta.find("step"); it != meta.end()) {
-      absl::SimpleAtoi(it->second, &step);
-    }
-    if (auto it = meta.find("dense_optimizer_step"); it != meta.end()) {
-      absl::SimpleAtoi(it->second, &dense_step);
-    }
-    return absl::OkStatus();
-  };
-  absl::Status local = check();
-  if (!local.ok()) {
-    spdlog::warn("rank {}: cannot restore {}: {}", rank_, dir.string(),
-                 std::string(local.message()));
-  }
-  // Nothing changes unless every rank can read its part.
-  RETURN_IF_ERROR(Agree(local));
-  for (const Copy& c : copies) {
-    std::copy(c.from.begin(), c.from.end(), c.to);
-  }
-  for (auto [table, table_step] : table_steps) table->set_step(table_step);
-  if (staged_rows != nullptr) model_->SwapInRows(std::move(staged_rows));
-  model_->dense_optimizer().set_step(dense_step);
-  model_->set_steps(step);
-  steps_.store(step);
+  if (!done.ok()) return done.status();
+  steps_.store(model_->steps());
+  if (info != nullptr) *info = *done;
   return absl::OkStatus();
 }
 
@@ -604,44 +435,13 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
     const std::string& dir_name, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
-  // One rank writes the one-process format (every table whole), which an
-  // inference-only server and LoadCheckpoint read.
-  if (world_ == 1) return model::SaveCheckpoint(*model_, dir_name, job);
-  const fs::path dir = fs::absolute(dir_name).lexically_normal();
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
-  }
-  std::string path = tmp.string();
-  RETURN_IF_ERROR(SendCommand(kSave, static_cast<int64_t>(path.size()), {}));
-  RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
-  const absl::Status written = Agree(WriteShards(path));
-  if (!broken_.ok()) return broken_;
-  if (!written.ok()) {
-    fs::remove_all(tmp, ec);
-    return absl::InternalError(absl::StrCat("checkpoint to ", dir.string(),
-                                            " failed: ", written.message()));
+  std::string path = fs::absolute(dir_name).lexically_normal().string();
+  if (world_ > 1) {
+    RETURN_IF_ERROR(SendCommand(kSave, static_cast<int64_t>(path.size()), {}));
+    RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
   }
   model::CheckpointInfo info;
-  info.step = model_->steps();
-  model::Manifest fields;
-  fields.format = model::kMultiRankFormat;
-  fields.step = info.step;
-  fields.world_size = world_;
-  google::protobuf::TextFormat::PrintToString(model_->config(),
-                                              &fields.config_text);
-  fields.sharding_plan = model_->plan().ToString(model_->config());
-  fields.job = job;
-  // Written last, with every rank's files' checksums (the directory is
-  // shared): its presence marks a complete checkpoint.
-  ASSIGN_OR_RETURN(model::Manifest manifest,
-                   model::WriteManifest(tmp.string(), fields));
-  for (const model::ManifestFile& f : manifest.files) info.bytes += f.bytes;
-  RETURN_IF_ERROR(model::CommitDirectory(tmp.string(), dir.string()));
+  RETURN_IF_ERROR(RunCheckpoint(/*save=*/true, path, job, &info));
   return info;
 }
 
@@ -649,34 +449,14 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
     const std::string& dir_name) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
-  if (world_ == 1) {
-    absl::StatusOr<model::CheckpointInfo> info =
-        model::RestoreCheckpoint(*model_, dir_name);
-    steps_.store(model_->steps());
-    return info;
+  std::string path = fs::absolute(dir_name).lexically_normal().string();
+  if (world_ > 1) {
+    RETURN_IF_ERROR(
+        SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
+    RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
   }
-  const fs::path dir = fs::absolute(dir_name).lexically_normal();
-  ASSIGN_OR_RETURN(model::Manifest manifest, model::ReadManifest(dir.string()));
-  if (manifest.format != model::kMultiRankFormat) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir.string(),
-                     " holds no multi-rank checkpoint (a checkpoint of a "
-                     "single-rank server cannot be restored on several)"));
-  }
-  if (manifest.world_size != world_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the checkpoint in ", dir.string(), " was written by ",
-                     manifest.world_size, " ranks, this job has ", world_));
-  }
-  std::string path = dir.string();
-  RETURN_IF_ERROR(SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
-  RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
-  const absl::Status read = ReadShards(path);
-  if (!broken_.ok()) return broken_;
-  RETURN_IF_ERROR(read);
   model::CheckpointInfo info;
-  info.step = model_->steps();
-  for (const model::ManifestFile& f : manifest.files) info.bytes += f.bytes;
+  RETURN_IF_ERROR(RunCheckpoint(/*save=*/false, path, "", &info));
   return info;
 }
 

@@ -72,18 +72,17 @@ class RankGroup {
   // Leader: click probabilities of every sample of `batch` (resized).
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
 
-  // Leader: every rank writes its shards under `dir` (see docs/server.md
-  // "Multiple ranks"); replaces a previous checkpoint there; `job` goes into
-  // the manifest (model::Manifest::job). Internal on an I/O error on any
-  // rank.
+  // Leader: every rank takes part in model::SaveCheckpoint of `dir`
+  // (docs/checkpoints.md), which replaces a previous checkpoint there; `job`
+  // goes into the manifest (model::Manifest::job). Its errors (on any rank;
+  // the group goes on); Unavailable once the group is broken.
   absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
       const std::string& dir, const std::string& job = "");
 
-  // Leader: every rank reads its shards from `dir`. NotFound when `dir`
-  // holds no checkpoint; FailedPrecondition when its config, world size or
-  // sharding plan differ from the job's. On error no rank changes. (A group
-  // of one rank reads and writes the one-process format of
-  // model/checkpoint.h.)
+  // Leader: every rank takes part in model::RestoreCheckpoint of `dir`,
+  // which reads a checkpoint of any rank count and plan. NotFound when `dir`
+  // holds no checkpoint; FailedPrecondition when its architecture differs
+  // from the job's; on error no rank changes.
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 
@@ -151,12 +150,12 @@ class RankGroup {
   absl::Status GatherProbs(const std::vector<float>& local,
                            const std::vector<int64_t>& sizes,
                            std::vector<float>* all);
-  // Every rank: writes its part of a checkpoint into the directory `dir`
-  // (the leader also the dense weights, config and plan).
-  absl::Status WriteShards(const std::string& dir);
-  // Every rank: checks its part of the checkpoint in `dir`, agrees with the
-  // others, and only then loads it.
-  absl::Status ReadShards(const std::string& dir);
+  // Every rank: model::SaveCheckpoint (`save`) or RestoreCheckpoint of
+  // `dir`, with *info the result when not null. A communicator error breaks
+  // the group.
+  absl::Status RunCheckpoint(bool save, const std::string& dir,
+                             const std::string& job,
+                             model::CheckpointInfo* info);
   // Follower: its part of ExportWeights (the gathers, then the agreement).
   absl::Status FollowExport();
   // Every rank: all-gathers whether `local` is OK and returns `local`'s

@@ -486,6 +486,75 @@ TEST_F(StoreTest, TablesInOneDatabaseKeepSeparateRows) {
   EXPECT_EQ(ColumnFamilyName(spec1), "table_1");
 }
 
+// ReadRows and WriteRows (what a checkpoint's restore moves rows with) on
+// both tiers: random records written to random ranges read back bitwise,
+// whether the rows are resident, staged by a prefetch or in RocksDB; a
+// resident row written becomes dirty and survives its eviction; the step
+// set is kept by a flush; ranges outside the table are refused.
+TEST_F(StoreTest, ReadRowsAndWriteRowsOnEveryTier) {
+  const TableSpec spec =
+      MakeSpec(3, 400, 8, POOLING_SUM, OptimizerConfig::ADAM);
+  const int floats = 8 + StateFloatsPerRow(spec.optimizer, 8);
+  auto db = RowDatabase::Open(Options(40));
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto cached = RocksDbCachedStore::Create(spec, Options(40), db->get());
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  HostStore host(spec);
+  std::vector<EmbeddingStore*> stores = {&host, cached->get()};
+  Rng rng(31);
+  // Rows 0-29 resident in the cache, 30-49 staged by a prefetch.
+  std::vector<int64_t> first, next;
+  for (int64_t r = 0; r < 30; ++r) first.push_back(r);
+  for (int64_t r = 30; r < 50; ++r) next.push_back(r);
+  ASSERT_TRUE((*cached)->Prepare(Bag(first)).ok());
+  ASSERT_TRUE((*cached)->Prefetch(Bag(next)).ok());
+  std::vector<float> want(spec.rows * floats);
+  for (EmbeddingStore* s : stores) {
+    ASSERT_TRUE(s->ReadRows(0, spec.rows, want.data()).ok());
+  }
+  for (int round = 0; round < 20; ++round) {
+    // Round 0 writes rows 0-9 (resident), then random ranges.
+    const int64_t begin =
+        round == 0 ? 0 : static_cast<int64_t>(rng.Below(spec.rows));
+    const int64_t count =
+        round == 0 ? 10
+                   : 1 + static_cast<int64_t>(rng.Below(spec.rows - begin));
+    std::vector<float> records(count * floats);
+    for (float& v : records) v = static_cast<float>(rng.Uniform(-1, 1));
+    std::copy(records.begin(), records.end(), want.begin() + begin * floats);
+    for (EmbeddingStore* s : stores) {
+      ASSERT_TRUE(s->WriteRows(begin, count, records.data()).ok());
+    }
+    if (round == 0) {
+      EXPECT_TRUE((*cached)->IsDirty(5));
+    }
+  }
+  for (EmbeddingStore* s : stores) {
+    std::vector<float> got(spec.rows * floats);
+    ASSERT_TRUE(s->ReadRows(0, spec.rows, got.data()).ok());
+    ASSERT_TRUE(BitwiseEqual(got, want));
+    EXPECT_EQ(s->ReadRows(390, 11, got.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s->WriteRows(-1, 2, got.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+    s->set_step(17);
+    ASSERT_TRUE(s->Flush().ok());
+  }
+  // Evict the resident rows: what was written to their slots reaches
+  // RocksDB, and a store reopened on the database reads it all back.
+  std::vector<int64_t> other;
+  for (int64_t r = 300; r < 340; ++r) other.push_back(r);
+  ASSERT_TRUE((*cached)->Prepare(Bag(other)).ok());
+  ASSERT_TRUE((*cached)->Flush().ok());
+  cached->reset();
+  auto reopened = RocksDbCachedStore::Create(spec, Options(40), db->get());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->step(), 17);
+  std::vector<float> got(spec.rows * floats);
+  ASSERT_TRUE((*reopened)->ReadRows(0, spec.rows, got.data()).ok());
+  EXPECT_TRUE(BitwiseEqual(got, want));
+}
+
 // Prefetch in both orders relative to Prepare gives the same result as no
 // prefetch, and does serve misses.
 TEST_F(StoreTest, PrefetchTrainsBitwiseLikeInMemory) {

@@ -74,11 +74,13 @@ ModelConfig TestConfig() {
 // - ckpt: through server::RankGroup: 2 steps, a checkpoint, 4 steps, a
 //   restore, the same 4 steps again;
 // - resume: through server::RankGroup: restores ckpt's checkpoint in new
-//   processes and trains its last 4 steps.
+//   processes and trains its last 4 steps;
+// - adagrad: row-wise Adagrad on the tables instead of Adam.
 struct Scenario {
   std::string kind;
   bool overlap = false, host = false, rocksdb = false, prefetch = false,
-       prefetch0 = false, overcap = false, ckpt = false, resume = false;
+       prefetch0 = false, overcap = false, ckpt = false, resume = false,
+       adagrad = false;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
 };
@@ -98,6 +100,7 @@ Scenario ParseScenario(const std::string& text) {
     s.overcap |= mod == "overcap";
     s.ckpt |= mod == "ckpt";
     s.resume |= mod == "resume";
+    s.adagrad |= mod == "adagrad";
     at = next;
   }
   return s;
@@ -129,6 +132,12 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
   const Scenario sc = ParseScenario(text);
   const std::string& scenario = sc.kind;
   ModelConfig c = sc.big() ? RocksDbTestConfig() : TestConfig();
+  if (sc.adagrad) {
+    c.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAGRAD);
+    auto normalised = NormalizeModelConfig(c);
+    EXPECT_TRUE(normalised.ok()) << normalised.status();
+    c = *normalised;
+  }
   if (sc.rocksdb) {
     RocksDbConfig r;
     r.set_path(RocksDbDir(out));
@@ -352,14 +361,26 @@ absl::Status RunGroupWorker(const WorkerArgs& a, const Scenario& sc,
     }
     return absl::OkStatus();
   };
+  // The probabilities of the first 8 samples of batch 0 right after the
+  // save (ckpt) or the restore (resume): report.tables[0].
+  auto predict_saved = [&]() -> absl::Status {
+    data::Batch eight;
+    batches[0].Slice(0, 8, &eight);
+    std::vector<float> probs;
+    RETURN_IF_ERROR(group->Predict(eight, &probs));
+    report.tables.push_back(probs);
+    return absl::OkStatus();
+  };
   if (sc.ckpt) {
     RETURN_IF_ERROR(train(0, 2));
     RETURN_IF_ERROR(group->SaveCheckpoint(ckpt).status());
+    RETURN_IF_ERROR(predict_saved());
     RETURN_IF_ERROR(train(2, 6));
     RETURN_IF_ERROR(group->RestoreCheckpoint(ckpt).status());
     RETURN_IF_ERROR(train(2, 6));
   } else {
     RETURN_IF_ERROR(group->RestoreCheckpoint(ckpt).status());
+    RETURN_IF_ERROR(predict_saved());
     RETURN_IF_ERROR(train(2, 6));
   }
   data::Batch two;
@@ -776,6 +797,83 @@ TEST_P(HybridRocksDbCheckpointTest, RestoreTrainsOnIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, HybridRocksDbCheckpointTest,
                          testing::Values("mixed", "table"), StoreCaseName);
+
+// A checkpoint saved by one job, restored by a job of another rank count
+// and plan (and, where named, another tier).
+struct Reshard {
+  std::string saved;  // scenario kind and modifiers of the saving job
+  int saved_world;
+  std::string restored;
+  int restored_world;
+};
+
+void PrintTo(const Reshard& r, std::ostream* os) {
+  *os << r.saved << " on " << r.saved_world << " -> " << r.restored << " on "
+      << r.restored_world;
+}
+
+std::string ReshardName(const testing::TestParamInfo<Reshard>& info) {
+  std::string name =
+      absl::StrCat(info.param.saved, "_r", info.param.saved_world, "_to_",
+                   info.param.restored, "_r", info.param.restored_world);
+  std::replace(name.begin(), name.end(), '+', '_');
+  return name;
+}
+
+class HybridReshardTest : public testing::TestWithParam<Reshard> {};
+
+// Through server::RankGroup: a checkpoint after 2 steps restores on another
+// rank count with another plan (docs/checkpoints.md "Resharding"): the
+// restored job's predictions equal the saving job's right after the save,
+// and training the same 4 steps from there gives the same losses and
+// predictions, up to the float summation order of docs/hybrid.md (1e-5).
+TEST_P(HybridReshardTest, PredictsAndTrainsOnLikeTheSavingJob) {
+  const Reshard& p = GetParam();
+  const std::string out = JobOut(ReshardName({p, 0}));
+  std::filesystem::remove_all(CheckpointDir(out));
+  ASSERT_TRUE(RunJob(p.saved + "+ckpt", p.saved_world, 37, out));
+  const Report saved = ReadReport(out);
+  ASSERT_TRUE(RunJob(p.restored + "+resume", p.restored_world, 37, out));
+  const Report restored = ReadReport(out);
+  std::filesystem::remove(out);
+  std::filesystem::remove_all(CheckpointDir(out));
+  std::filesystem::remove_all(RocksDbDir(out));
+
+  ASSERT_EQ(saved.tables.size(), 1u);
+  ASSERT_EQ(restored.tables.size(), 1u);
+  ASSERT_EQ(restored.tables[0].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(restored.tables[0][i], saved.tables[0][i], 1e-6)
+        << "sample " << i;
+  }
+  ASSERT_EQ(saved.losses.size(), 10u);
+  ASSERT_EQ(restored.losses.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(restored.losses[i], saved.losses[2 + i],
+                1e-5 * std::abs(saved.losses[2 + i]))
+        << "step " << 2 + i;
+  }
+  ASSERT_EQ(restored.dense.size(), saved.dense.size());
+  for (size_t i = 0; i < saved.dense.size(); ++i) {
+    EXPECT_NEAR(restored.dense[i], saved.dense[i], 1e-5) << "sample " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plans, HybridReshardTest,
+    testing::Values(
+        // Host memory: 2 -> 1, 2 -> 3, 1 -> 2.
+        Reshard{"mixed+host", 2, "table+host", 1},
+        Reshard{"row+host", 2, "column+host", 3},
+        Reshard{"table+host", 1, "mixed+host", 2},
+        // RocksDB tables: 2 -> 3 and 1 -> 2 on RocksDB, and 2 -> 1 moving
+        // every table to host memory.
+        Reshard{"mixed+rocksdb", 2, "row+rocksdb", 3},
+        Reshard{"table+rocksdb", 1, "mixed+rocksdb", 2},
+        Reshard{"row+rocksdb", 2, "table+host", 1},
+        // A per-row optimizer state (row-wise Adagrad's accumulator).
+        Reshard{"table+host+adagrad", 1, "row+host+adagrad", 2}),
+    ReshardName);
 
 TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
   comm::CoordinatorServerOptions so;

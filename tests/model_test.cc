@@ -435,7 +435,7 @@ TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
   // Truncate the weights file: its header now points past the end.
-  const std::string weights = dir_ + "/model.safetensors";
+  const std::string weights = dir_ + "/rank-0.safetensors";
   std::filesystem::resize_file(weights,
                                std::filesystem::file_size(weights) - 16);
   auto b = Model::Create(config_);
@@ -444,7 +444,7 @@ TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
   const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("model.safetensors"), std::string::npos)
+  EXPECT_NE(r.status().message().find("rank-0.safetensors"), std::string::npos)
       << r.status();
   EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
 }
@@ -456,7 +456,7 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
   ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
-  const std::string optimizer = dir_ + "/optimizer.safetensors";
+  const std::string optimizer = dir_ + "/dense.safetensors";
   {
     std::fstream f(optimizer, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(-5, std::ios::end);
@@ -470,8 +470,7 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
   const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("optimizer.safetensors"),
-            std::string::npos)
+  EXPECT_NE(r.status().message().find("dense.safetensors"), std::string::npos)
       << r.status();
   EXPECT_NE(r.status().message().find("CRC-32C"), std::string::npos)
       << r.status();
@@ -490,8 +489,10 @@ TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
   auto manifest = ReadManifest(dir_);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_EQ(manifest->step, 1);
-  EXPECT_EQ(manifest->format, kSingleRankFormat);
-  EXPECT_EQ(manifest->files.size(), 3u);
+  EXPECT_EQ(manifest->format, kCheckpointFormat);
+  // config.textproto, dense.safetensors, layout.json, plan.txt,
+  // rank-0.safetensors.
+  EXPECT_EQ(manifest->files.size(), 5u);
   EXPECT_NE(manifest->config_text.find("t1"), std::string::npos);
   const std::string path = dir_ + "/MANIFEST.json";
   std::stringstream text;
@@ -727,8 +728,9 @@ TEST_F(CheckpointTest, CorruptReadsAreDataLossAndChangeNothing) {
   auto b = Model::Create(config_);
   ASSERT_TRUE(b.ok());
   const uint64_t before = (*b)->WeightChecksum().value();
-  for (const char* file : {"model.safetensors", "optimizer.safetensors",
-                           "config.textproto", "MANIFEST.json"}) {
+  for (const char* file :
+       {"rank-0.safetensors", "dense.safetensors", "config.textproto",
+        "layout.json", "MANIFEST.json"}) {
     SCOPED_TRACE(file);
     FaultInjectionFileSystem corrupt(DefaultFileSystem());
     corrupt.CorruptReads(file);
@@ -1015,4 +1017,47 @@ TEST_F(WeightsExportTest, ReplacesTheFileOnlyWhenComplete) {
 }
 
 }  // namespace
+// A checkpoint of the one-process format of earlier versions
+// (model.safetensors, optimizer.safetensors; written by the server of
+// commit 2e8d9f8 after a 3-step job) still loads: every weight and every
+// optimizer state equals the file's tensor, bitwise.
+TEST(LegacyCheckpointTest, OneProcessFormatOfEarlierVersionsLoads) {
+  const std::string dir =
+      std::string(DLRM_SOURCE_DIR) + "/tests/data/checkpoint-v2-one-process";
+  auto model = LoadCheckpoint(dir, /*weights_only=*/false);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  EXPECT_EQ(m.steps(), 3);
+  auto weights = SafetensorsFile::Open(dir + "/model.safetensors");
+  auto optimizer = SafetensorsFile::Open(dir + "/optimizer.safetensors");
+  ASSERT_TRUE(weights.ok() && optimizer.ok());
+  auto expect_equal = [](const SafetensorsFile& file, const std::string& name,
+                         const float* got, int64_t count) {
+    auto want = file.GetFlat(name, count);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(std::memcmp(want->data(), got, sizeof(float) * count), 0) << name;
+  };
+  for (const dense::ParamRef& p : m.dense_params()) {
+    expect_equal(**weights, p.name, p.value, p.size);
+  }
+  for (const dense::ParamRef& p : m.dense_optimizer().State()) {
+    expect_equal(**optimizer, p.name, p.value, p.size);
+  }
+  EXPECT_GT(m.dense_optimizer().step(), 0);
+  for (int k = 0; k < m.config().tables_size(); ++k) {
+    const std::string base = "embedding_bags." + m.config().tables(k).name();
+    const embedding::EmbeddingTable& t = *m.WholeHostTable(k);
+    expect_equal(**weights, base + ".weight", t.weights(), t.rows() * t.dim());
+    expect_equal(**optimizer, base + ".momentum1", t.state1().data(),
+                 t.rows() * t.dim());
+    expect_equal(**optimizer, base + ".momentum2", t.state2().data(),
+                 t.rows() * t.dim());
+    EXPECT_EQ(t.step(), 3);
+  }
+  // Weights only: no optimizer file is needed.
+  auto served = LoadCheckpoint(dir, /*weights_only=*/true);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ((*served)->WeightChecksum().value(), m.WeightChecksum().value());
+}
+
 }  // namespace dlrm::model

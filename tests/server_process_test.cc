@@ -548,13 +548,13 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
   for (const char* name : {"ckpt-2", "ckpt-4", "ckpt-6"}) {
     ASSERT_TRUE(fs::exists(root_ / name / "MANIFEST.json")) << name;
   }
-  const fs::path flipped = root_ / "ckpt-6" / "model.safetensors";
+  const fs::path flipped = root_ / "ckpt-6" / "rank-0.safetensors";
   {
     std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(fs::file_size(flipped) / 2));
     f.put('\x5a');
   }
-  const fs::path truncated = root_ / "ckpt-4" / "model.safetensors";
+  const fs::path truncated = root_ / "ckpt-4" / "dense.safetensors";
   fs::resize_file(truncated, fs::file_size(truncated) - 100);
 
   const fs::path log = dir_ / "second.log";
@@ -590,7 +590,7 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
 
   // Damage every checkpoint: no silent fresh start.
   for (const model::CheckpointEntry& e : model::ListCheckpoints(root_)) {
-    fs::resize_file(fs::path(e.dir) / "model.safetensors", 10);
+    fs::resize_file(fs::path(e.dir) / "rank-0.safetensors", 10);
   }
   Proc refused;
   ASSERT_TRUE(refused.Spawn(Args(), dir_ / "third.log"));

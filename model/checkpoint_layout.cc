@@ -1,0 +1,623 @@
+#include "model/checkpoint_layout.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "embedding/rocksdb_store.h"
+#include "model/safetensors.h"
+#include "optim/optimizer.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Rows a restore assembles at a time (bounds its scratch memory).
+constexpr int64_t kChunkRows = 4096;
+
+// The rows and columns of the table that a shard of `plan` holds.
+struct Block {
+  int64_t row_begin, row_end;
+  int col_begin, col_end;
+};
+
+bool Overlaps(const Block& a, const SavedShard& b) {
+  return a.row_begin < b.row_end && b.row_begin < a.row_end &&
+         a.col_begin < b.col_end && b.col_begin < a.col_end;
+}
+
+Block BlockOf(const embedding::Shard& s) {
+  return {s.row_begin, s.row_begin + s.row_count, s.col_begin,
+          s.col_begin + s.col_count};
+}
+
+// A directory for a copy of a saved database: under the model's RocksDB
+// path when it has one, else the system's temporary directory.
+std::string ScratchDatabaseDir(const ModelConfig& config) {
+  static std::atomic<int64_t> counter{0};
+  const fs::path base = config.rocksdb().path().empty()
+                            ? fs::temp_directory_path()
+                            : fs::path(config.rocksdb().path());
+  while (true) {
+    const fs::path dir =
+        base / absl::StrCat("restore-source-", ::getpid(), "-", counter++);
+    if (!fs::exists(dir)) return dir.string();
+  }
+}
+
+}  // namespace
+
+int64_t MetadataStep(const std::map<std::string, std::string>& meta,
+                     const std::string& key) {
+  auto it = meta.find(key);
+  int64_t step = 0;
+  if (it == meta.end() || !absl::SimpleAtoi(it->second, &step)) return 0;
+  return step;
+}
+
+std::string RankFileName(int rank) {
+  return absl::StrCat("rank-", rank, ".safetensors");
+}
+
+std::string RankRocksDbDir(int rank) {
+  return absl::StrCat("rank-", rank, ".rocksdb");
+}
+
+std::string ShardBase(const ModelConfig& config, int table, int shard) {
+  return absl::StrCat("embedding_bags.", config.tables(table).name(), ".shard",
+                      shard);
+}
+
+absl::Status SavedLayout::Validate(const ModelConfig& config) const {
+  if (static_cast<int>(tables.size()) != config.tables_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layout has ", tables.size(), " tables, the config ",
+                     config.tables_size()));
+  }
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const TableConfig& t = config.tables(k);
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the layout of table ", t.name(), ": ", what));
+    };
+    int64_t area = 0;
+    const std::vector<SavedShard>& blocks = tables[k];
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const SavedShard& b = blocks[i];
+      if (b.row_begin < 0 || b.row_end > t.rows() || b.rows() <= 0 ||
+          b.col_begin < 0 || b.col_end > t.dim() || b.cols() <= 0 ||
+          b.rank < 0 || b.rank >= world_size) {
+        return bad(absl::StrCat("block ", i, " lies outside the table"));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        const SavedShard& o = blocks[j];
+        if (Overlaps({b.row_begin, b.row_end, b.col_begin, b.col_end}, o)) {
+          return bad(absl::StrCat("blocks ", j, " and ", i, " overlap"));
+        }
+      }
+      area += b.rows() * b.cols();
+    }
+    if (area != t.rows() * t.dim()) {
+      return bad("its blocks do not cover the table");
+    }
+  }
+  return absl::OkStatus();
+}
+
+SavedLayout MultiRankLayout(const ModelConfig& config,
+                            const embedding::ShardingPlan& plan) {
+  SavedLayout layout;
+  layout.world_size = plan.world_size;
+  layout.dense_weights_file = layout.dense_state_file = kDenseFile;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const embedding::TablePlacement& p = plan.tables[k];
+    const bool rocksdb = config.tables(k).storage() == STORAGE_ROCKSDB;
+    std::vector<SavedShard>& blocks = layout.tables.emplace_back();
+    // A data-parallel table's copies are equal: rank 0's is saved.
+    const size_t count = p.kind == SHARDING_DATA_PARALLEL ? 1 : p.shards.size();
+    for (size_t s = 0; s < count; ++s) {
+      const embedding::Shard& shard = p.shards[s];
+      SavedShard b;
+      b.rank = shard.rank;
+      const Block g = BlockOf(shard);
+      b.row_begin = g.row_begin;
+      b.row_end = g.row_end;
+      b.col_begin = g.col_begin;
+      b.col_end = g.col_end;
+      if (rocksdb) {
+        b.rocksdb_dir = RankRocksDbDir(shard.rank);
+      } else {
+        b.weights_file = b.state_file = RankFileName(shard.rank);
+        b.base = ShardBase(config, k, static_cast<int>(s));
+        b.step_key = "table_step." + b.base;
+      }
+      blocks.push_back(std::move(b));
+    }
+  }
+  return layout;
+}
+
+SavedLayout LayoutOf(const Model& model) {
+  return MultiRankLayout(model.config(), model.plan());
+}
+
+SavedLayout OneProcessLayout(const ModelConfig& config) {
+  SavedLayout layout;
+  layout.world_size = 1;
+  layout.dense_weights_file = "model.safetensors";
+  layout.dense_state_file = "optimizer.safetensors";
+  for (const TableConfig& t : config.tables()) {
+    SavedShard b;
+    b.row_end = t.rows();
+    b.col_end = t.dim();
+    if (t.storage() == STORAGE_ROCKSDB) {
+      b.rocksdb_dir = "rocksdb";
+    } else {
+      b.weights_file = layout.dense_weights_file;
+      b.state_file = layout.dense_state_file;
+      b.base = absl::StrCat("embedding_bags.", t.name());
+      b.step_key = absl::StrCat("table_step.", t.name());
+    }
+    layout.tables.push_back({b});
+  }
+  return layout;
+}
+
+std::string LayoutToJson(const SavedLayout& layout, const ModelConfig& config) {
+  nlohmann::json tables = nlohmann::json::array();
+  for (int k = 0; k < config.tables_size(); ++k) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const SavedShard& b : layout.tables[k]) {
+      nlohmann::json j = {{"rank", b.rank},
+                          {"row_begin", b.row_begin},
+                          {"row_end", b.row_end},
+                          {"col_begin", b.col_begin},
+                          {"col_end", b.col_end},
+                          {"tier", b.rocksdb_dir.empty() ? "host" : "rocksdb"}};
+      if (!b.base.empty()) j["tensors"] = b.base;
+      blocks.push_back(std::move(j));
+    }
+    tables.push_back({{"name", config.tables(k).name()}, {"blocks", blocks}});
+  }
+  const nlohmann::json json = {
+      {"version", 1}, {"world_size", layout.world_size}, {"tables", tables}};
+  return json.dump(2) + "\n";
+}
+
+absl::StatusOr<SavedLayout> LayoutFromJson(const std::string& text,
+                                           const ModelConfig& config,
+                                           const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint layout ", path, ": ", what));
+  };
+  const nlohmann::json json =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("world_size") ||
+      !json["world_size"].is_number_integer() || !json.contains("tables") ||
+      !json["tables"].is_array()) {
+    return bad("not a layout");
+  }
+  SavedLayout layout;
+  layout.world_size = json["world_size"].get<int>();
+  layout.dense_weights_file = layout.dense_state_file = kDenseFile;
+  const nlohmann::json& tables = json["tables"];
+  if (static_cast<int>(tables.size()) != config.tables_size()) {
+    return bad(absl::StrCat(tables.size(), " tables, the config has ",
+                            config.tables_size()));
+  }
+  for (int k = 0; k < config.tables_size(); ++k) {
+    const nlohmann::json& t = tables[k];
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() ||
+        t["name"].get<std::string>() != config.tables(k).name() ||
+        !t.contains("blocks") || !t["blocks"].is_array()) {
+      return bad(absl::StrCat("tables[", k, "] is not table ",
+                              config.tables(k).name()));
+    }
+    std::vector<SavedShard>& blocks = layout.tables.emplace_back();
+    for (const nlohmann::json& j : t["blocks"]) {
+      SavedShard b;
+      for (const char* key :
+           {"rank", "row_begin", "row_end", "col_begin", "col_end"}) {
+        if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) {
+          return bad(absl::StrCat("a block of table ", config.tables(k).name(),
+                                  " lacks ", key));
+        }
+      }
+      b.rank = j["rank"].get<int>();
+      b.row_begin = j["row_begin"].get<int64_t>();
+      b.row_end = j["row_end"].get<int64_t>();
+      b.col_begin = j["col_begin"].get<int>();
+      b.col_end = j["col_end"].get<int>();
+      const std::string tier =
+          j.contains("tier") && j["tier"].is_string() ? j["tier"] : "";
+      if (tier == "rocksdb") {
+        b.rocksdb_dir = RankRocksDbDir(b.rank);
+      } else if (tier == "host" && j.contains("tensors") &&
+                 j["tensors"].is_string()) {
+        b.weights_file = b.state_file = RankFileName(b.rank);
+        b.base = j["tensors"].get<std::string>();
+        b.step_key = "table_step." + b.base;
+      } else {
+        return bad(absl::StrCat("a block of table ", config.tables(k).name(),
+                                " has no tier"));
+      }
+      blocks.push_back(std::move(b));
+    }
+  }
+  if (absl::Status s = layout.Validate(config); !s.ok()) {
+    return bad(std::string(s.message()));
+  }
+  return layout;
+}
+
+// ------------------------------------------------------------------ restore
+
+// A saved block being read: its tensors (mapped) or a store over a copy of
+// its database.
+struct TableRestore::Source {
+  SavedShard saved;
+  int table;
+  // Host: weights [rows, cols], then each state array (empty spans when
+  // the restore reads weights only).
+  std::span<const float> weight;
+  std::vector<std::span<const float>> state;
+  // RocksDB: the block's store.
+  std::unique_ptr<embedding::EmbeddingStore> store;
+  int64_t step = 0;
+  // Floats of one of its records (weights then state).
+  int floats;
+
+  // Records of its local rows [begin, begin + count) into `out`.
+  absl::Status Read(int64_t begin, int64_t count, float* out,
+                    const OptimizerConfig& optimizer) const {
+    if (store != nullptr) return store->ReadRows(begin, count, out);
+    const int cols = saved.cols();
+    const std::span<const optim::StateArray> arrays =
+        optim::SparseState(optimizer);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = begin + i;
+      float* rec = out + i * floats;
+      std::memcpy(rec, weight.data() + row * cols, sizeof(float) * cols);
+      int at = cols;
+      for (size_t a = 0; a < arrays.size(); ++a) {
+        const int f = optim::FloatsPerRow(arrays[a], cols);
+        if (!state.empty()) {
+          std::memcpy(rec + at, state[a].data() + row * f, sizeof(float) * f);
+        }
+        at += f;
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+// One of this rank's shards being restored.
+struct TableRestore::Target {
+  int table;
+  Block block;
+  embedding::EmbeddingStore* store;
+  std::vector<const Source*> sources;
+  int64_t step = 0;
+  // Host-memory shards: written by Apply, from `buffer` when a source is on
+  // RocksDB (read by Stage, as such reads can fail), else straight from the
+  // mapped tensors.
+  bool host = false;
+  std::vector<float> buffer;
+};
+
+struct TableRestore::SourceDatabase {
+  std::unique_ptr<embedding::RowDatabase> db;
+  std::string dir;
+  ~SourceDatabase() {
+    db.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+TableRestore::~TableRestore() = default;
+
+std::set<std::string> TableRestore::FilesNeeded(const Model& model,
+                                                const SavedLayout& layout,
+                                                bool weights_only) {
+  std::set<std::string> needed = {layout.dense_weights_file};
+  if (!weights_only) needed.insert(layout.dense_state_file);
+  const embedding::ShardingPlan& plan = model.plan();
+  for (int k = 0; k < static_cast<int>(plan.tables.size()); ++k) {
+    for (const embedding::Shard& s : plan.tables[k].shards) {
+      if (s.rank != model.rank()) continue;
+      for (const SavedShard& b : layout.tables[k]) {
+        if (!Overlaps(BlockOf(s), b)) continue;
+        if (!b.rocksdb_dir.empty()) {
+          needed.insert(b.rocksdb_dir + "/");
+        } else {
+          needed.insert(b.weights_file);
+          if (!weights_only) needed.insert(b.state_file);
+        }
+      }
+    }
+  }
+  return needed;
+}
+
+bool TableRestore::Needed(const std::set<std::string>& needed,
+                          const std::string& path) {
+  if (needed.contains(path)) return true;
+  for (const std::string& n : needed) {
+    if (n.ends_with('/') && path.starts_with(n)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
+    Model& model, const fs::path& dir, const ModelConfig& saved,
+    const SavedLayout& layout, bool weights_only) {
+  std::unique_ptr<TableRestore> r(new TableRestore());
+  r->model_ = &model;
+  r->weights_only_ = weights_only;
+  const ModelConfig& config = model.config();
+  const OptimizerConfig& optimizer = config.sparse_optimizer();
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer);
+  auto mismatch = [](const absl::Status& s) {
+    if (s.ok() || absl::IsNotFound(s)) return s;
+    return absl::FailedPreconditionError(s.message());
+  };
+
+  std::map<std::string, SafetensorsFile*> files;
+  auto open_file =
+      [&](const std::string& name) -> absl::StatusOr<SafetensorsFile*> {
+    if (auto it = files.find(name); it != files.end()) return it->second;
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f,
+                     SafetensorsFile::Open((dir / name).string()));
+    r->files_.push_back(std::move(f));
+    files[name] = r->files_.back().get();
+    return r->files_.back().get();
+  };
+  std::map<std::string, embedding::RowDatabase*> databases;
+  auto open_database =
+      [&](const std::string& name) -> absl::StatusOr<embedding::RowDatabase*> {
+    if (auto it = databases.find(name); it != databases.end()) {
+      return it->second;
+    }
+    auto copy = std::make_unique<SourceDatabase>();
+    embedding::RocksDbStoreOptions o;
+    o.path = copy->dir = ScratchDatabaseDir(config);
+    o.cache_rows = 1;
+    o.block_cache_bytes = int64_t{16} << 20;
+    o.write_buffer_bytes = int64_t{4} << 20;
+    absl::StatusOr<std::unique_ptr<embedding::RowDatabase>> db =
+        embedding::RowDatabase::RestoreCheckpoint((dir / name).string(), o);
+    if (!db.ok()) {
+      std::error_code ec;
+      fs::remove_all(copy->dir, ec);
+      return db.status();
+    }
+    copy->db = *std::move(db);
+    r->databases_.push_back(std::move(copy));
+    databases[name] = r->databases_.back()->db.get();
+    return databases[name];
+  };
+  std::map<const SavedShard*, Source*> sources;
+  auto source_of = [&](int k, const SavedShard& b) -> absl::StatusOr<Source*> {
+    if (auto it = sources.find(&b); it != sources.end()) return it->second;
+    auto s = std::make_unique<Source>();
+    s->saved = b;
+    s->table = k;
+    s->floats = b.cols() + optim::SparseStateFloatsPerRow(optimizer, b.cols());
+    if (!b.rocksdb_dir.empty()) {
+      ASSIGN_OR_RETURN(embedding::RowDatabase * db,
+                       open_database(b.rocksdb_dir));
+      embedding::TableSpec spec;
+      spec.table_index = k;
+      spec.rows = b.rows();
+      spec.dim = b.cols();
+      spec.optimizer = saved.sparse_optimizer();
+      spec.seed = saved.seed();
+      spec.slice = {saved.tables(k).rows(), b.row_begin, b.col_begin};
+      embedding::StoreOptions o;
+      o.kind = embedding::StoreKind::kRocksDbCache;
+      o.rocksdb = db->options();
+      ASSIGN_OR_RETURN(s->store, embedding::CreateEmbeddingStore(spec, o, db));
+      s->step = s->store->step();
+    } else {
+      ASSIGN_OR_RETURN(SafetensorsFile * w, open_file(b.weights_file));
+      absl::StatusOr<std::span<const float>> weight =
+          w->Get(b.base + ".weight", {b.rows(), b.cols()});
+      if (!weight.ok()) return mismatch(weight.status());
+      s->weight = *weight;
+      if (!weights_only) {
+        ASSIGN_OR_RETURN(SafetensorsFile * f, open_file(b.state_file));
+        for (const optim::StateArray& a : arrays) {
+          const std::vector<int64_t> shape =
+              a.extent == optim::Extent::kRow
+                  ? std::vector<int64_t>{b.rows()}
+                  : std::vector<int64_t>{b.rows(), b.cols()};
+          const std::string name = absl::StrCat(b.base, ".", a.name);
+          absl::StatusOr<std::span<const float>> t = f->Get(name, shape);
+          if (!t.ok()) return mismatch(t.status());
+          s->state.push_back(*t);
+        }
+        s->step = MetadataStep(f->metadata(), b.step_key);
+      }
+    }
+    r->sources_.push_back(std::move(s));
+    sources[&b] = r->sources_.back().get();
+    return r->sources_.back().get();
+  };
+
+  // The plan is the saved one when every shard of every table is a saved
+  // block of the same rank, rows, columns and tier: then this rank's
+  // database is a copy of its saved one, as is.
+  const SavedLayout mine = LayoutOf(model);
+  bool same_plan = mine.world_size == layout.world_size;
+  for (int k = 0; same_plan && k < config.tables_size(); ++k) {
+    const auto& a = mine.tables[k];
+    const auto& b = layout.tables[k];
+    same_plan = a.size() == b.size();
+    for (size_t i = 0; same_plan && i < a.size(); ++i) {
+      same_plan = a[i].rank == b[i].rank && a[i].row_begin == b[i].row_begin &&
+                  a[i].row_end == b[i].row_end &&
+                  a[i].col_begin == b[i].col_begin &&
+                  a[i].col_end == b[i].col_end &&
+                  a[i].rocksdb_dir.empty() == b[i].rocksdb_dir.empty();
+    }
+  }
+  std::string own_database;
+  if (same_plan) {
+    for (int k = 0; k < config.tables_size(); ++k) {
+      for (const SavedShard& b : layout.tables[k]) {
+        if (b.rank == model.rank() && !b.rocksdb_dir.empty()) {
+          own_database = b.rocksdb_dir;
+        }
+      }
+    }
+  }
+
+  if (model.HasRocksDbShards()) {
+    ASSIGN_OR_RETURN(r->staged_rows_,
+                     model.StageRows(same_plan ? (dir / own_database).string()
+                                               : std::string()));
+  }
+  const std::vector<Model::ShardState> shards = model.LocalShards();
+  for (size_t j = 0; j < shards.size(); ++j) {
+    const Model::ShardState& st = shards[j];
+    const int k = st.table;
+    auto t = std::make_unique<Target>();
+    t->table = k;
+    t->block = BlockOf(model.plan().tables[k].shards[st.shard]);
+    t->host = st.storage != nullptr;
+    if (!t->host && same_plan) continue;  // the database copy holds it
+    t->store = t->host ? st.store : r->staged_rows_->stores[j].get();
+    bool from_rocksdb = false;
+    for (const SavedShard& b : layout.tables[k]) {
+      if (!Overlaps(t->block, b)) continue;
+      ASSIGN_OR_RETURN(Source * s, source_of(k, b));
+      t->sources.push_back(s);
+      t->step = std::max(t->step, s->step);
+      from_rocksdb |= s->store != nullptr;
+    }
+    if (!t->host) {
+      // Into the fresh store, a chunk at a time.
+      const int64_t rows = t->block.row_end - t->block.row_begin;
+      const int floats = t->block.col_end - t->block.col_begin +
+                         optim::SparseStateFloatsPerRow(
+                             optimizer, t->block.col_end - t->block.col_begin);
+      std::vector<float> chunk;
+      for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
+        const int64_t count = std::min(kChunkRows, rows - begin);
+        chunk.resize(count * floats);
+        RETURN_IF_ERROR(r->Assemble(*t, begin, count, chunk.data()));
+        RETURN_IF_ERROR(t->store->WriteRows(begin, count, chunk.data()));
+      }
+      if (!weights_only) t->store->set_step(t->step);
+      RETURN_IF_ERROR(t->store->Flush());
+    } else if (from_rocksdb) {
+      const int64_t rows = t->block.row_end - t->block.row_begin;
+      const int cols = t->block.col_end - t->block.col_begin;
+      t->buffer.resize(
+          rows * (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
+      RETURN_IF_ERROR(r->Assemble(*t, 0, rows, t->buffer.data()));
+    }
+    r->targets_.push_back(std::move(t));
+  }
+  return r;
+}
+
+absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
+                                    int64_t count, float* records) {
+  const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer);
+  const int tcols = t.block.col_end - t.block.col_begin;
+  const int tfloats = tcols + optim::SparseStateFloatsPerRow(optimizer, tcols);
+  if (weights_only_) {
+    // Every record starts as the shard's own (its state stays).
+    RETURN_IF_ERROR(t.store->ReadRows(begin, count, records));
+  } else {
+    std::fill(records, records + count * tfloats, 0.0f);
+  }
+  const int64_t first = t.block.row_begin + begin, last = first + count;
+  std::vector<float> scratch;
+  for (const Source* s : t.sources) {
+    const SavedShard& b = s->saved;
+    const int64_t r0 = std::max(first, b.row_begin);
+    const int64_t r1 = std::min(last, b.row_end);
+    if (r0 >= r1) continue;
+    const int c0 = std::max(t.block.col_begin, b.col_begin);
+    const int c1 = std::min(t.block.col_end, b.col_end);
+    const int scols = b.cols();
+    scratch.resize((r1 - r0) * s->floats);
+    RETURN_IF_ERROR(
+        s->Read(r0 - b.row_begin, r1 - r0, scratch.data(), optimizer));
+    // A per-row array of a block that is part of the target's columns
+    // counts by its share of them: a row-wise Adagrad accumulator of
+    // several column blocks becomes their column-weighted mean, one of a
+    // whole row is copied to each of its blocks.
+    const float share = static_cast<float>(c1 - c0) / static_cast<float>(tcols);
+    for (int64_t row = r0; row < r1; ++row) {
+      const float* src = scratch.data() + (row - r0) * s->floats;
+      float* dst = records + (row - first) * tfloats;
+      std::memcpy(dst + (c0 - t.block.col_begin), src + (c0 - b.col_begin),
+                  sizeof(float) * (c1 - c0));
+      if (weights_only_) continue;
+      int sat = scols, tat = tcols;
+      for (const optim::StateArray& a : arrays) {
+        if (a.extent == optim::Extent::kRow) {
+          dst[tat] += src[sat] * share;
+          ++sat;
+          ++tat;
+        } else {
+          std::memcpy(dst + tat + (c0 - t.block.col_begin),
+                      src + sat + (c0 - b.col_begin),
+                      sizeof(float) * (c1 - c0));
+          sat += scols;
+          tat += tcols;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TableRestore::Apply() {
+  const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
+  for (const std::unique_ptr<Target>& t : targets_) {
+    if (!t->host) continue;  // staged
+    const int64_t rows = t->block.row_end - t->block.row_begin;
+    absl::Status s;
+    if (!t->buffer.empty()) {
+      s = t->store->WriteRows(0, rows, t->buffer.data());
+    } else {
+      const int cols = t->block.col_end - t->block.col_begin;
+      std::vector<float> chunk;
+      for (int64_t begin = 0; s.ok() && begin < rows; begin += kChunkRows) {
+        const int64_t count = std::min(kChunkRows, rows - begin);
+        chunk.resize(count *
+                     (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
+        // Mapped tensors and a host store: nothing here can fail.
+        s = Assemble(*t, begin, count, chunk.data());
+        if (s.ok()) s = t->store->WriteRows(begin, count, chunk.data());
+      }
+    }
+    if (!s.ok()) {
+      spdlog::error("restoring table {}: {}", t->table, s.ToString());
+    }
+    if (!weights_only_) t->store->set_step(t->step);
+  }
+  if (staged_rows_ != nullptr) model_->SwapInRows(std::move(staged_rows_));
+}
+
+}  // namespace dlrm::model
