@@ -9,16 +9,18 @@
 namespace dlrm::data {
 
 RangeReader::RangeReader(std::unique_ptr<BatchSource> source, int num_dense,
-                         int num_sparse)
+                         int num_sparse, std::string name)
     : source_(std::move(source)),
       num_dense_(num_dense),
-      num_sparse_(num_sparse) {}
+      num_sparse_(num_sparse),
+      name_(std::move(name)) {}
 
 absl::Status RangeReader::Read(int64_t begin, int64_t count, Batch* batch) {
   batch->Reset(num_dense_, num_sparse_);
   if (begin < 0 || count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sample range [", begin, ", ", begin, " + ", count, ") is negative"));
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": sample range [",
+                                                   begin, ", ", begin, " + ",
+                                                   count, ") is negative"));
   }
   if (count == 0) return absl::OkStatus();
   // Until this read is done the position is unknown: an error anywhere
@@ -34,8 +36,8 @@ absl::Status RangeReader::Read(int64_t begin, int64_t count, Batch* batch) {
     at += skipped;
     if (at < begin) {
       return absl::OutOfRangeError(absl::StrCat(
-          "the data ends at sample ", at, ", before the range [", begin, ", ",
-          begin + count, ") (did it change while the job ran?)"));
+          name_, ": the data ends at sample ", at, ", before the range [",
+          begin, ", ", begin + count, ") (did it change while the job ran?)"));
     }
   }
   ASSIGN_OR_RETURN(bool more, source_->Next(count, batch));
@@ -50,9 +52,10 @@ absl::Status RangeReader::Read(int64_t begin, int64_t count, Batch* batch) {
   }
   if (got < count) {
     batch->Reset(num_dense_, num_sparse_);
-    return absl::OutOfRangeError(absl::StrCat(
-        "the data ends at sample ", begin + got, ", before the range [", begin,
-        ", ", begin + count, ") (did it change while the job ran?)"));
+    return absl::OutOfRangeError(
+        absl::StrCat(name_, ": the data ends at sample ", begin + got,
+                     ", before the range [", begin, ", ", begin + count,
+                     ") (did it change while the job ran?)"));
   }
   position_ = begin + count;
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "data/source.h"
@@ -17,9 +18,10 @@ class RangeReader {
  public:
   // Takes ownership of `source`, which must stand at its first sample (just
   // opened or rewound). Empty reads give batches of `num_dense` dense and
-  // `num_sparse` sparse features.
+  // `num_sparse` sparse features. `name` (its file, say) starts the
+  // messages of errors that the source's own do not cover.
   RangeReader(std::unique_ptr<BatchSource> source, int num_dense,
-              int num_sparse);
+              int num_sparse, std::string name);
 
   // Replaces `batch` with samples [begin, begin + count) of the data. A
   // range at or after the end of the last one read is reached with Skip
@@ -34,6 +36,7 @@ class RangeReader {
   std::unique_ptr<BatchSource> source_;
   const int num_dense_;
   const int num_sparse_;
+  const std::string name_;
   // The sample the source's Next returns next; -1 after an error.
   int64_t position_ = 0;
   Batch more_;  // the rest of a range that one Next did not fill

@@ -1281,7 +1281,7 @@ TEST(RangeReaderTest, RangesInAnyOrderEqualSlicesOfTheWholeStream) {
     Batch whole, batch, expected;
     ASSERT_TRUE(*kind.open()->Next(kind.samples, &whole));
     const int num_sparse = static_cast<int>(whole.sparse.size());
-    RangeReader reader(kind.open(), whole.num_dense, num_sparse);
+    RangeReader reader(kind.open(), whole.num_dense, num_sparse, kind.name);
     for (int i = 0; i < 200; ++i) {
       const int64_t begin = static_cast<int64_t>(rng.Below(kind.samples + 1));
       const int64_t count =
@@ -1295,8 +1295,8 @@ TEST(RangeReaderTest, RangesInAnyOrderEqualSlicesOfTheWholeStream) {
     if (!kind.endless) {
       const absl::Status past = reader.Read(kind.samples - 3, 4, &batch);
       EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
-      ExpectMentions(past,
-                     absl::StrCat("the data ends at sample ", kind.samples));
+      ExpectMentions(past, absl::StrCat(kind.name, ": the data ends at sample ",
+                                        kind.samples));
       // The reader goes on after the error.
       ASSERT_TRUE(reader.Read(7, 5, &batch).ok());
       whole.Slice(7, 12, &expected);
@@ -1318,7 +1318,7 @@ TEST(RangeReaderTest, MalformedLineFailsOnlyTheRangeThatHoldsIt) {
   WriteFile(a, text);
   CriteoOptions options;
   options.table_rows = CriteoRows(100);
-  RangeReader reader(std::move(*OpenCriteoTsv({a}, options)), 13, 26);
+  RangeReader reader(std::move(*OpenCriteoTsv({a}, options)), 13, 26, a);
   Batch batch;
   ASSERT_TRUE(reader.Read(0, 3, &batch).ok());
   ASSERT_TRUE(reader.Read(7, 3, &batch).ok());
