@@ -1,7 +1,7 @@
 // RangeReader: reads given sample ranges of a BatchSource, in any order,
 // moving between them with Skip and Rewind. Each rank of a dataset job reads
-// its own share of every global batch through one (docs/server.md "Multiple
-// ranks").
+// its own share of every global batch through one (docs/server.md "Dataset
+// jobs on several ranks").
 #pragma once
 
 #include <cstdint>

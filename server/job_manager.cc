@@ -411,9 +411,9 @@ void JobManager::Run(Job* job) {
 
   auto train = [&]() -> absl::Status {
     // Every rank reads its own share of each step's samples (docs/server.md
-    // "Multiple ranks"). The leader's copy of the data only counts them:
-    // skipping a batch tells how many samples it holds, so the ranges sent
-    // are the batches Next would have read.
+    // "Dataset jobs on several ranks"). The leader's copy of the data only
+    // counts them: skipping a batch tells how many samples it holds, so the
+    // ranges sent are the batches Next would have read.
     RETURN_IF_ERROR(host_->OpenTrainData(*job->lease, job->train_spec));
     data::BatchSource& data = *job->train.source;
     bool evaluated_last = false;
