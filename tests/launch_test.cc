@@ -1106,6 +1106,26 @@ TEST_F(DatasetJobTest, RanksReadingTheirOwnShareTrainLikeTheLeaderScatter) {
   ExpectSameWeights(exported->path(), one, **model);
 }
 
+// Tables on RocksDB: each rank reads its share of the next batch a step
+// ahead (its shards prefetch the rows) and trains on it the step after; the
+// weights are bitwise those of the Train stream, which sends no next batch
+// (one batch in flight).
+TEST_F(DatasetJobTest, SharesReadAheadForTheRocksDbPrefetchTrainAlike) {
+  ModelConfig c = config_;
+  for (int k = 1; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
+  c.mutable_rocksdb()->set_cache_rows(60);
+  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
+  ASSERT_TRUE(normal.ok()) << normal.status();
+  config_ = *normal;
+  WriteConfig(config_);
+  uint64_t job = 0;
+  const JobStatus done = RunJob(2, Request(/*binary=*/true), &job);
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), kDataSteps);
+  EXPECT_EQ(job, StreamChecksum(2));
+}
+
 // A job resumed on 2 ranks from a checkpoint taken mid-way through its
 // second epoch: each rank seeks to its share at the recorded position, and
 // the job ends with the weights of an uninterrupted run.
