@@ -173,6 +173,26 @@ class CriteoTsvSource final : public BatchSource {
     return batch->size > 0;
   }
 
+  // Lines hold samples of any length, so skipping reads them: a memchr per
+  // line for its end and no parsing. Blank lines count as Next counts them
+  // (not at all).
+  absl::StatusOr<int64_t> Skip(int64_t n) override {
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot skip ", n, " samples"));
+    }
+    std::string_view line;
+    int64_t skipped = 0;
+    while (skipped < n) {
+      ASSIGN_OR_RETURN(bool more, NextLine(&line));
+      if (!more) break;
+      ++line_number_;
+      if (line.empty() || line == "\r") continue;
+      ++skipped;
+    }
+    return skipped;
+  }
+
  private:
   // The next line of the current file, moving on to later files at the end
   // of each; false after the last line of the last file.

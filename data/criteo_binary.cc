@@ -84,6 +84,17 @@ class CriteoBinarySource final : public BatchSource {
     return absl::OkStatus();
   }
 
+  // Records have a fixed width: skipping moves the record index.
+  absl::StatusOr<int64_t> Skip(int64_t n) override {
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot skip ", n, " samples"));
+    }
+    n = std::min(n, count_ - next_);
+    next_ += n;
+    return n;
+  }
+
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_dense = options_.num_dense;
     const int num_sparse = static_cast<int>(options_.table_rows.size());

@@ -2,12 +2,14 @@
 // the binary format, or the synthetic generator).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "data/batch.h"
 
 namespace dlrm::data {
@@ -24,6 +26,33 @@ class BatchSource {
 
   // Starts again from the first sample (the next epoch).
   virtual absl::Status Rewind() = 0;
+
+  // Moves past the next up to `n` samples without returning them; returns
+  // how many it passed, fewer than `n` only at the end of the data. The
+  // samples after them are those Next would return after reading these.
+  // Skipped samples are not checked (a malformed TSV line passed over is
+  // no error). The synthetic stream and the binary format skip in O(1),
+  // Criteo TSV scans the lines without parsing them; this default reads
+  // the samples with Next and drops them. InvalidArgument for n < 0;
+  // reading errors as Next's.
+  virtual absl::StatusOr<int64_t> Skip(int64_t n);
 };
+
+inline absl::StatusOr<int64_t> BatchSource::Skip(int64_t n) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot skip ", n, " samples"));
+  }
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  Batch scratch;
+  int64_t skipped = 0;
+  while (skipped < n) {
+    absl::StatusOr<bool> more = Next(std::min(n - skipped, kChunk), &scratch);
+    if (!more.ok()) return more.status();
+    if (!*more || scratch.size == 0) break;
+    skipped += scratch.size;
+  }
+  return skipped;
+}
 
 }  // namespace dlrm::data

@@ -213,6 +213,19 @@ class SyntheticSource final : public BatchSource {
     return absl::OkStatus();
   }
 
+  // Sample i depends on i alone, so skipping is moving the counter.
+  absl::StatusOr<int64_t> Skip(int64_t n) override {
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot skip ", n, " samples"));
+    }
+    if (options_.num_samples > 0) {
+      n = std::min(n, options_.num_samples - next_);
+    }
+    next_ += n;
+    return n;
+  }
+
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_tables = static_cast<int>(zipf_.size());
     batch->Reset(num_dense_, num_tables);

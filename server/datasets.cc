@@ -144,31 +144,24 @@ absl::StatusOr<std::string> ResolveDataPath(const DataPathOptions& options,
   return resolved.string();
 }
 
-absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
-                                          const ModelConfig& config,
-                                          const DataPathOptions& paths,
-                                          DatasetRole role,
-                                          absl::string_view field) {
-  OpenedDataset out;
+absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
+                                           const ModelConfig& config,
+                                           const DataPathOptions& paths,
+                                           DatasetRole role,
+                                           absl::string_view field) {
+  DatasetSpec out = spec;
   switch (spec.source_case()) {
     case DatasetSpec::kCriteoTsv: {
       if (spec.criteo_tsv().paths().empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".criteo_tsv.paths is empty"));
       }
-      std::vector<std::string> files;
       for (int i = 0; i < spec.criteo_tsv().paths_size(); ++i) {
         ASSIGN_OR_RETURN(
-            std::string file,
+            *out.mutable_criteo_tsv()->mutable_paths(i),
             ResolveDataPath(paths, spec.criteo_tsv().paths(i),
                             absl::StrCat(field, ".criteo_tsv.paths[", i, "]")));
-        files.push_back(std::move(file));
       }
-      ASSIGN_OR_RETURN(
-          out.source,
-          data::OpenCriteoTsv(
-              std::move(files),
-              CriteoOptionsFor(config, spec.criteo_tsv().hash_ids())));
       return out;
     }
     case DatasetSpec::kCriteoBinary: {
@@ -176,12 +169,9 @@ absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".criteo_binary is empty"));
       }
-      ASSIGN_OR_RETURN(std::string file,
+      ASSIGN_OR_RETURN(*out.mutable_criteo_binary(),
                        ResolveDataPath(paths, spec.criteo_binary(),
                                        absl::StrCat(field, ".criteo_binary")));
-      ASSIGN_OR_RETURN(out.source,
-                       data::OpenCriteoBinary(std::move(file),
-                                              CriteoOptionsFor(config, false)));
       return out;
     }
     case DatasetSpec::kSynthetic: {
@@ -196,13 +186,52 @@ absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
             absl::StrCat(field, ".synthetic.zipf_alpha = ", s.zipf_alpha(),
                          " must be >= 0"));
       }
+      SyntheticData* r = out.mutable_synthetic();
+      r->set_zipf_alpha(s.zipf_alpha() > 0 ? s.zipf_alpha() : 1.05);
+      r->set_teacher_seed(s.teacher_seed() != 0 ? s.teacher_seed()
+                                                : config.seed());
+      // A seed that wraps to 0 stays 0: OpenResolvedDataset leaves seeds as
+      // they are.
+      r->set_sample_seed(s.sample_seed() != 0
+                             ? s.sample_seed()
+                             : r->teacher_seed() +
+                                   (role == DatasetRole::kTrain ? 1 : 2));
+      return out;
+    }
+    case DatasetSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " has no source: set criteo_tsv, criteo_binary or synthetic"));
+}
+
+absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
+                                                  const ModelConfig& config,
+                                                  absl::string_view field) {
+  OpenedDataset out;
+  switch (spec.source_case()) {
+    case DatasetSpec::kCriteoTsv: {
+      std::vector<std::string> files(spec.criteo_tsv().paths().begin(),
+                                     spec.criteo_tsv().paths().end());
+      ASSIGN_OR_RETURN(
+          out.source,
+          data::OpenCriteoTsv(
+              std::move(files),
+              CriteoOptionsFor(config, spec.criteo_tsv().hash_ids())));
+      return out;
+    }
+    case DatasetSpec::kCriteoBinary: {
+      ASSIGN_OR_RETURN(out.source,
+                       data::OpenCriteoBinary(spec.criteo_binary(),
+                                              CriteoOptionsFor(config, false)));
+      return out;
+    }
+    case DatasetSpec::kSynthetic: {
+      const SyntheticData& s = spec.synthetic();
       data::SyntheticOptions o;
-      o.zipf_alpha = s.zipf_alpha() > 0 ? s.zipf_alpha() : 1.05;
-      o.teacher_seed = s.teacher_seed() != 0 ? s.teacher_seed() : config.seed();
-      o.sample_seed =
-          s.sample_seed() != 0
-              ? s.sample_seed()
-              : o.teacher_seed + (role == DatasetRole::kTrain ? 1 : 2);
+      o.zipf_alpha = s.zipf_alpha();
+      o.teacher_seed = s.teacher_seed();
+      o.sample_seed = s.sample_seed();
       o.num_samples = s.num_samples();
       absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
           data::MakeSyntheticSource(config, o);
@@ -223,6 +252,39 @@ absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
   }
   return absl::InvalidArgumentError(absl::StrCat(
       field, " has no source: set criteo_tsv, criteo_binary or synthetic"));
+}
+
+std::string DatasetName(const DatasetSpec& spec) {
+  switch (spec.source_case()) {
+    case DatasetSpec::kCriteoTsv: {
+      const auto& paths = spec.criteo_tsv().paths();
+      std::string name;
+      for (int i = 0; i < paths.size() && i < 3; ++i) {
+        absl::StrAppend(&name, i > 0 ? ", " : "", EscapeForMessage(paths[i]));
+      }
+      if (paths.size() > 3) {
+        absl::StrAppend(&name, " and ", paths.size() - 3, " more files");
+      }
+      return name;
+    }
+    case DatasetSpec::kCriteoBinary:
+      return EscapeForMessage(spec.criteo_binary());
+    case DatasetSpec::kSynthetic:
+      return "synthetic data";
+    case DatasetSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return "no data";
+}
+
+absl::StatusOr<OpenedDataset> OpenDataset(const DatasetSpec& spec,
+                                          const ModelConfig& config,
+                                          const DataPathOptions& paths,
+                                          DatasetRole role,
+                                          absl::string_view field) {
+  ASSIGN_OR_RETURN(const DatasetSpec resolved,
+                   ResolveDataset(spec, config, paths, role, field));
+  return OpenResolvedDataset(resolved, config, field);
 }
 
 }  // namespace dlrm::server

@@ -67,7 +67,31 @@ struct OpenedDataset {
   bool endless = false;
 };
 
-// Opens `spec` for a model of `config`; file paths go through
+// Checks `spec` and makes it self-contained, so that another rank opens the
+// same data from it: file paths resolved through ResolveDataPath with
+// `paths` (its errors), synthetic seeds and zipf_alpha set (0 = default
+// replaced by the value `role` and `config` give). InvalidArgument naming
+// `field` for an unset source or bad options.
+absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
+                                           const ModelConfig& config,
+                                           const DataPathOptions& paths,
+                                           DatasetRole role,
+                                           absl::string_view field);
+
+// Opens a spec that ResolveDataset returned, on this rank, for a model of
+// `config`, without checking its paths again (the leader did). NotFound for
+// a missing file, InvalidArgument for a binary file whose columns do not
+// match the model or bad synthetic options (naming `field`).
+absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
+                                                  const ModelConfig& config,
+                                                  absl::string_view field);
+
+// What the data of `spec` is, for messages: its file, its files (the
+// first three and a count), or "synthetic data".
+std::string DatasetName(const DatasetSpec& spec);
+
+// ResolveDataset, then OpenResolvedDataset: opens `spec` for a model of
+// `config`; file paths go through
 // ResolveDataPath with `paths` (its errors, PermissionDenied for a file
 // outside the allowed directories). InvalidArgument naming `field` for an
 // unset source or bad options, NotFound for a missing file, InvalidArgument

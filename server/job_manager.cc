@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -91,6 +92,10 @@ struct JobManager::Job {
   int64_t max_steps = 0;
   int64_t eval_interval = 0;
   int64_t eval_samples = 0;
+  // The training data as every rank opens it (ResolveDataset's), and the
+  // leader's own copy, which it only skips through: it learns there how
+  // many samples each step's range holds without reading them.
+  DatasetSpec train_spec;
   OpenedDataset train;
   std::optional<OpenedDataset> eval;
   std::optional<ModelHost::TrainingLease> lease;
@@ -168,9 +173,11 @@ absl::StatusOr<std::unique_ptr<JobManager::Job>> JobManager::Prepare(
   job->eval_interval = request.eval_interval();
   job->eval_samples = request.eval_samples();
   const ModelConfig& config = host_->config();
+  ASSIGN_OR_RETURN(job->train_spec,
+                   ResolveDataset(request.train(), config, options_.data_paths,
+                                  DatasetRole::kTrain, "train"));
   ASSIGN_OR_RETURN(job->train,
-                   OpenDataset(request.train(), config, options_.data_paths,
-                               DatasetRole::kTrain, "train"));
+                   OpenResolvedDataset(job->train_spec, config, "train"));
   if (job->train.endless && job->max_steps == 0) {
     return absl::InvalidArgumentError(
         "train.synthetic.num_samples = 0 makes the data endless: set "
@@ -403,51 +410,56 @@ void JobManager::Run(Job* job) {
   };
 
   auto train = [&]() -> absl::Status {
-    // `batch` is trained on; `next` is read one step ahead (its rows on
-    // RocksDB load during the step before).
-    data::Batch batch, next;
+    // Every rank reads its own share of each step's samples (docs/server.md
+    // "Dataset jobs on several ranks"). The leader's copy of the data only
+    // counts them: skipping a batch tells how many samples it holds, so the
+    // ranges sent are the batches Next would have read.
+    RETURN_IF_ERROR(host_->OpenTrainData(*job->lease, job->train_spec));
+    data::BatchSource& data = *job->train.source;
     bool evaluated_last = false;
     for (int epoch = first_epoch; epoch < job->epochs; ++epoch) {
-      if (epoch > 0) RETURN_IF_ERROR(job->train.source->Rewind());
-      // A resumed job reads past the batches it had trained on: the
+      if (epoch > 0) RETURN_IF_ERROR(data.Rewind());
+      // A resumed job starts after the batches it had trained on: the
       // sources are deterministic (files in order, seeded synthetic data),
-      // so the batches after them are the ones it would have read next.
-      int64_t batches = 0;
-      for (; epoch == first_epoch && batches < skip_batches; ++batches) {
-        if (job->cancel.load()) {
-          cancelled = true;
-          return absl::OkStatus();
-        }
-        ASSIGN_OR_RETURN(bool more,
-                         job->train.source->Next(job->batch_size, &batch));
-        if (!more || batch.size == 0) break;
+      // and every batch of an epoch but its last is full.
+      int64_t batches = 0, position = 0;
+      if (epoch == first_epoch && skip_batches > 0) {
+        const int64_t most =
+            std::numeric_limits<int64_t>::max() / job->batch_size;
+        ASSIGN_OR_RETURN(position, data.Skip(std::min(skip_batches, most) *
+                                             job->batch_size));
+        batches = (position + job->batch_size - 1) / job->batch_size;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
         job->epoch = epoch;
         job->epoch_batches = batches;
       }
-      bool have_next = false;
+      // The range after this step's, counted one step ahead (each rank
+      // reads its share of it early when tables are on RocksDB, whose rows
+      // then load during this step).
+      std::optional<SampleRange> next;
       while (job->max_steps == 0 || steps < job->max_steps) {
         if (job->cancel.load()) {
           cancelled = true;
           return absl::OkStatus();
         }
-        if (have_next) {
-          std::swap(batch, next);
+        SampleRange batch;
+        if (next.has_value()) {
+          batch = *next;
         } else {
-          ASSIGN_OR_RETURN(bool more,
-                           job->train.source->Next(job->batch_size, &batch));
-          if (!more || batch.size == 0) break;
+          ASSIGN_OR_RETURN(const int64_t n, data.Skip(job->batch_size));
+          if (n == 0) break;
+          batch = {position, n};
         }
-        // Read ahead, unless this is the job's last step.
-        have_next = false;
+        position = batch.begin + batch.size;
+        // Count ahead, unless this is the job's last step.
+        next.reset();
         bool epoch_ends = false;
         if (job->max_steps == 0 || steps + 1 < job->max_steps) {
-          ASSIGN_OR_RETURN(bool more,
-                           job->train.source->Next(job->batch_size, &next));
-          have_next = more && next.size > 0;
-          epoch_ends = !have_next;
+          ASSIGN_OR_RETURN(const int64_t n, data.Skip(job->batch_size));
+          if (n > 0) next = SampleRange{position, n};
+          epoch_ends = n == 0;
         }
         // The job as it will stand after this step, for a checkpoint taken
         // right after it.
@@ -461,9 +473,10 @@ void JobManager::Run(Job* job) {
           after.epoch_batches = batches + 1;
           return Record(after);
         };
-        ASSIGN_OR_RETURN(TrainStepOutcome step,
-                         host_->TrainStep(*job->lease, batch, record,
-                                          have_next ? &next : nullptr));
+        ASSIGN_OR_RETURN(
+            TrainStepOutcome step,
+            host_->TrainStepAt(*job->lease, batch, record,
+                               next.has_value() ? &*next : nullptr));
         metrics_->RecordTrainStep(step);
         ++steps;
         ++batches;
@@ -500,6 +513,8 @@ void JobManager::Run(Job* job) {
   };
 
   const absl::Status status = train();
+  // The ranks close their files; a group already broken has none to close.
+  host_->CloseTrainData(*job->lease).IgnoreError();
   // Give training back before reporting the end, so a client that sees the
   // job finished can start the next one at once.
   job->lease.reset();

@@ -1,7 +1,8 @@
 // JobManager: training jobs that read a dataset on the server (the fast path:
 // no client pushes the bytes). Each job runs on its own thread, one step at
-// a time through the ModelHost, evaluating as asked, and stops at the next
-// step boundary when cancelled. One job (or Train stream) trains at a time.
+// a time through the ModelHost, every rank reading its own share of each
+// step's samples, evaluating as asked, and stops at the next step boundary
+// when cancelled. One job (or Train stream) trains at a time.
 // A periodic checkpoint taken while a job runs records the job (its id,
 // request and position in the data); a server resumed from that checkpoint
 // restarts the job there (Resume), so a crash costs only the steps since

@@ -194,9 +194,50 @@ absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
   }
   UseComputeThreads();
   const double start = Now();
-  TrainStepOutcome outcome;
   ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStep(batch, next));
-  outcome.seconds = Now() - start;
+  return Outcome(r, Now() - start, job);
+}
+
+absl::Status ModelHost::OpenTrainData(const TrainingLease& lease,
+                                      const DatasetSpec& spec) {
+  if (lease.host_ != this) {
+    return absl::FailedPreconditionError(
+        "OpenTrainData needs this host's training lease");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return group_->OpenData(spec);
+}
+
+absl::Status ModelHost::CloseTrainData(const TrainingLease& lease) {
+  if (lease.host_ != this) {
+    return absl::FailedPreconditionError(
+        "CloseTrainData needs this host's training lease");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  return group_->CloseData();
+}
+
+absl::StatusOr<TrainStepOutcome> ModelHost::TrainStepAt(
+    const TrainingLease& lease, SampleRange batch,
+    const std::function<std::string()>& job, const SampleRange* next) {
+  if (lease.host_ != this) {
+    return absl::FailedPreconditionError(
+        "TrainStepAt needs this host's training lease");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  if (training_stopped_) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  UseComputeThreads();
+  const double start = Now();
+  ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStepAt(batch, next));
+  return Outcome(r, Now() - start, job);
+}
+
+TrainStepOutcome ModelHost::Outcome(const model::StepResult& r, double seconds,
+                                    const std::function<std::string()>& job) {
+  TrainStepOutcome outcome;
+  outcome.seconds = seconds;
   outcome.step = group_->steps();
   steps_.store(outcome.step);
   outcome.loss = r.loss;

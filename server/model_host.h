@@ -74,7 +74,8 @@ struct TrainStepOutcome {
   // Mean BCE loss of the batch before the update.
   double loss = 0;
   int64_t samples = 0;
-  // Wall time inside the model (not waiting for the lock).
+  // Wall time of the step, not waiting for the lock (for TrainStepAt, the
+  // ranks' reading of their shares included).
   double seconds = 0;
   // Seconds of each stage of the step, by stage name (model::StageTimes).
   std::vector<std::pair<std::string, double>> stage_seconds;
@@ -163,6 +164,23 @@ class ModelHost {
       const std::function<std::string()>& job = nullptr,
       const data::Batch* next = nullptr);
 
+  // Every rank opens `spec` (ResolveDataset's, server/datasets.h) as the
+  // data TrainStepAt reads: RankGroup::OpenData. FailedPrecondition without
+  // this host's `lease`.
+  absl::Status OpenTrainData(const TrainingLease& lease,
+                             const DatasetSpec& spec);
+  // Every rank drops that data. FailedPrecondition without `lease`.
+  absl::Status CloseTrainData(const TrainingLease& lease);
+
+  // TrainStep on samples `batch` of the data OpenTrainData opened, each
+  // rank reading its own share (RankGroup::TrainStepAt, whose errors it
+  // returns); `next` (may be null) the range the caller trains on next.
+  // Checkpoints and `job` as TrainStep.
+  absl::StatusOr<TrainStepOutcome> TrainStepAt(
+      const TrainingLease& lease, SampleRange batch,
+      const std::function<std::string()>& job = nullptr,
+      const SampleRange* next = nullptr);
+
   // Click probabilities of every sample of `batch` into `probs` (resized).
   // InvalidArgument for a batch that does not fit.
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
@@ -223,6 +241,10 @@ class ModelHost {
   // Sets the calling thread's OpenMP thread count to
   // options_.compute_threads (when set), before model work on it.
   void UseComputeThreads() const;
+  // With model_mu_ held, after step `r` that took `seconds`: its outcome,
+  // with the periodic checkpoint MaybeCheckpoint took.
+  TrainStepOutcome Outcome(const model::StepResult& r, double seconds,
+                           const std::function<std::string()>& job);
   // With model_mu_ held, after a step: saves and prunes the periodic
   // checkpoint if one is due; returns its directory ("" if none, and
   // *failed says whether one was due but could not be saved).

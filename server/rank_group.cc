@@ -1,5 +1,6 @@
-// RankGroup: commands, batch scatter / probability gather, heartbeats, and
-// the collective checkpoints and export over the Communicator.
+// RankGroup: commands, batch scatter / probability gather, each rank's
+// reading of a dataset job's data, heartbeats, and the collective
+// checkpoints and export over the Communicator.
 #include "server/rank_group.h"
 
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "dlrm/service.pb.h"
 #include "google/protobuf/text_format.h"
 #include "model/safetensors.h"
+#include "server/datasets.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::server {
@@ -23,8 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A command is kHeader words (op, argument) and then one word per rank: the
-// bytes of the rank's batch slice (Train, Predict).
+// A command is kHeader words (op, argument, kExtra more arguments) and then
+// one word per rank: the bytes of the rank's batch slice (Train, Predict).
 enum Op : int64_t {
   kHeartbeat = 1,
   kTrain = 2,
@@ -34,8 +36,11 @@ enum Op : int64_t {
   kShutdown = 6,
   kChecksum = 7,
   kExport = 8,
+  kData = 9,      // argument: bytes of the dataset spec that follows; 0 closes
+  kTrainAt = 10,  // argument: 1 with a next range; extra: the two ranges
 };
-constexpr int kHeader = 2;
+constexpr int kExtra = 4;
+constexpr int kHeader = 2 + kExtra;
 
 const char* OpName(int64_t op) {
   switch (op) {
@@ -55,6 +60,10 @@ const char* OpName(int64_t op) {
       return "WeightChecksum";
     case kExport:
       return "ExportWeights";
+    case kData:
+      return "OpenData";
+    case kTrainAt:
+      return "TrainStepAt";
   }
   return "unknown";
 }
@@ -145,10 +154,14 @@ absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
 }
 
 absl::Status RankGroup::SendCommand(int64_t op, int64_t arg,
-                                    const std::vector<int64_t>& per_rank) {
+                                    const std::vector<int64_t>& per_rank,
+                                    const std::vector<int64_t>& extra) {
   std::vector<int64_t> command(kHeader + world_, 0);
   command[0] = op;
   command[1] = arg;
+  for (size_t i = 0; i < extra.size() && i < size_t(kExtra); ++i) {
+    command[2 + i] = extra[i];
+  }
   for (size_t r = 0; r < per_rank.size() && r < size_t(world_); ++r) {
     command[kHeader + r] = per_rank[r];
   }
@@ -329,6 +342,156 @@ absl::Status RankGroup::Predict(const data::Batch& batch,
   return Lead(batch, nullptr, /*train=*/false, probs, nullptr);
 }
 
+absl::Status RankGroup::OpenData(const DatasetSpec& spec) {
+  std::string bytes;
+  if (spec.source_case() == DatasetSpec::SOURCE_NOT_SET ||
+      !spec.SerializeToString(&bytes)) {
+    return absl::InvalidArgumentError("the dataset spec has no source");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (world_ > 1) {
+    RETURN_IF_ERROR(SendCommand(kData, size, {}));
+    RETURN_IF_ERROR(BroadcastString(&bytes, size));
+  }
+  return SetData(bytes);
+}
+
+absl::Status RankGroup::CloseData() {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  if (world_ > 1) RETURN_IF_ERROR(SendCommand(kData, 0, {}));
+  return SetData("");
+}
+
+absl::Status RankGroup::SetData(const std::string& bytes) {
+  data_.reset();
+  ahead_range_.reset();
+  absl::Status local;
+  if (!bytes.empty()) {
+    DatasetSpec spec;
+    absl::StatusOr<OpenedDataset> opened =
+        spec.ParseFromString(bytes)
+            ? OpenResolvedDataset(spec, model_->config(), "train")
+            : absl::InternalError("the dataset spec from rank 0 is garbled");
+    if (opened.ok()) {
+      data_ = std::make_unique<data::RangeReader>(
+          std::move(opened->source), model_->config().num_dense_features(),
+          static_cast<int>(table_rows_.size()), DatasetName(spec));
+    } else {
+      local = opened.status();
+      spdlog::warn("rank {}: cannot open the job's data: {}", rank_,
+                   std::string(local.message()));
+    }
+  }
+  const absl::Status agreed = ShareVerdict(local, "opening the job's data");
+  if (!agreed.ok()) data_.reset();
+  return agreed;
+}
+
+absl::StatusOr<model::StepResult> RankGroup::TrainStepAt(
+    SampleRange batch, const SampleRange* next) {
+  if (batch.begin < 0 || batch.size < 1 ||
+      (next != nullptr && (next->begin < 0 || next->size < 1))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample ranges must start at >= 0 and hold >= 1 sample: [",
+                     batch.begin, ", +", batch.size, ")"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  if (data_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "TrainStepAt needs the job's data (OpenData)");
+  }
+  // A next range only steers the prefetch of tables on RocksDB.
+  const bool send_next = next != nullptr && any_rocksdb_;
+  if (world_ > 1) {
+    RETURN_IF_ERROR(
+        SendCommand(kTrainAt, send_next ? 1 : 0, {},
+                    {batch.begin, batch.size, send_next ? next->begin : 0,
+                     send_next ? next->size : 0}));
+  }
+  model::StepResult result;
+  RETURN_IF_ERROR(RunStepAt(batch, send_next ? next : nullptr, &result));
+  return result;
+}
+
+SampleRange RankGroup::Share(SampleRange range) const {
+  const std::vector<int64_t> sizes = SplitSamples(range.size, world_);
+  SampleRange mine{range.begin, sizes[rank_]};
+  for (int r = 0; r < rank_; ++r) mine.begin += sizes[r];
+  return mine;
+}
+
+absl::Status RankGroup::ReadShare(SampleRange range, data::Batch* out) {
+  if (data_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, " has no data open"));
+  }
+  const SampleRange mine = Share(range);
+  if (ahead_range_.has_value() && ahead_range_->begin == range.begin &&
+      ahead_range_->size == range.size) {
+    ahead_range_.reset();
+    std::swap(*out, ahead_);
+    return absl::OkStatus();
+  }
+  return data_->Read(mine.begin, mine.size, out);
+}
+
+absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
+                                  model::StepResult* result) {
+  const absl::Status read = ReadShare(batch, &share_);
+  const data::Batch* next_share = nullptr;
+  if (read.ok() && next != nullptr) {
+    ahead_range_.reset();
+    // A share that cannot be read ahead only misses its prefetch; the step
+    // that trains on it reads it again and reports the error.
+    if (ReadShare(*next, &ahead_).ok()) {
+      ahead_range_ = *next;
+      next_share = &ahead_;
+    }
+  }
+  if (!read.ok()) {
+    spdlog::warn("rank {}: cannot read its share of samples [{}, {}): {}",
+                 rank_, batch.begin, batch.begin + batch.size,
+                 std::string(read.message()));
+    // A share without sparse features makes the model refuse the step on
+    // every rank, in the agreement it holds anyway; the ranks then learn
+    // why below.
+    share_.Reset(model_->config().num_dense_features(), 0);
+  }
+  const absl::Status stepped =
+      RunStep(share_, next_share, /*train=*/true, {}, nullptr, result);
+  if (!absl::IsInvalidArgument(stepped) || !broken_.ok()) return stepped;
+  const absl::Status why = ShareVerdict(read, "a read error's verdict");
+  return why.ok() ? stepped : why;
+}
+
+absl::Status RankGroup::ShareVerdict(const absl::Status& local,
+                                     const char* what) {
+  if (world_ == 1) return local;
+  const std::string text(local.message());
+  const int64_t mine[2] = {static_cast<int64_t>(local.code()),
+                           static_cast<int64_t>(text.size())};
+  std::vector<int64_t> all(2 * world_);
+  absl::Status s =
+      comm_->AllGather(mine, 2, all.data(), comm::DataType::kInt64);
+  if (!s.ok()) return Broke(s, what);
+  for (int r = 0; r < world_; ++r) {
+    if (all[2 * r] == 0) continue;
+    // The first rank that failed tells the others its message.
+    std::string message = r == rank_ ? text : std::string();
+    message.resize(all[2 * r + 1]);
+    s = comm_->Broadcast(message.data(), all[2 * r + 1], comm::DataType::kUint8,
+                         r);
+    if (!s.ok()) return Broke(s, what);
+    return absl::Status(static_cast<absl::StatusCode>(all[2 * r]),
+                        absl::StrCat("rank ", r, ": ", message));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> RankGroup::WeightChecksum() {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
@@ -402,6 +565,16 @@ absl::Status RankGroup::Follow() {
       case kExport:
         s = FollowExport();
         break;
+      case kData:
+        s = BroadcastString(&path, command[1]);
+        if (s.ok()) s = SetData(path);
+        break;
+      case kTrainAt: {
+        const SampleRange next{command[4], command[5]};
+        s = RunStepAt({command[2], command[3]},
+                      command[1] == 1 ? &next : nullptr, nullptr);
+        break;
+      }
       case kShutdown:
         return absl::OkStatus();
       default:

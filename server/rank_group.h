@@ -1,7 +1,8 @@
 // The leader/follower protocol of a server's ranks (docs/architecture.md
 // "Process model"): rank 0, the leader, starts every collective operation by
 // broadcasting a small command; ranks > 0, the followers, run the same
-// Model collectives on the slice of the batch the leader scatters. A server
+// Model collectives on the slice of the batch the leader scatters, or, in a
+// dataset job, on the share of the job's data each reads itself. A server
 // of one rank is a group of one: its leader runs the model directly.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,10 +21,18 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "data/batch.h"
+#include "data/range_reader.h"
+#include "dlrm/service.pb.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
 
 namespace dlrm::server {
+
+// Samples [begin, begin + size) of a job's data, in the data's order.
+struct SampleRange {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
 
 struct RankGroupOptions {
   // While idle the leader sends a heartbeat this often, in seconds, so that
@@ -72,6 +82,34 @@ class RankGroup {
   // Leader: click probabilities of every sample of `batch` (resized).
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
 
+  // Leader: every rank opens `spec` as the data TrainStepAt reads, in place
+  // of any before. `spec` as ResolveDataset (server/datasets.h) returns it:
+  // its paths were checked here and every rank opens them as they are, so
+  // on several hosts the files must be at the same paths on each. An error
+  // is the first failing rank's, "rank r: " and its message (naming the
+  // file); then no rank holds data. InvalidArgument for a spec without a
+  // source; Unavailable once the group is broken.
+  absl::Status OpenData(const DatasetSpec& spec);
+
+  // Leader: every rank drops the data OpenData opened (closing its files).
+  // Unavailable once the group is broken.
+  absl::Status CloseData();
+
+  // Leader: one training step on samples [batch.begin, batch.begin +
+  // batch.size) of the data OpenData opened. Rank r reads only its share,
+  // the SplitSamples(batch.size) part TrainStep would send it, so the step
+  // equals TrainStep on those samples read whole. `next` (may be null):
+  // the range the leader trains on next; with tables on RocksDB each rank
+  // reads its share of it now, its shards prefetch the rows, and the next
+  // TrainStepAt on that range trains on the shares already read. A rank
+  // that cannot read its share (a malformed line, a vanished file, data
+  // shorter than the range) makes the step fail on every rank with its
+  // error, "rank r: " and the message naming the file and place; nothing
+  // changes and the group goes on. InvalidArgument for an empty or negative
+  // range; FailedPrecondition without OpenData; otherwise as TrainStep.
+  absl::StatusOr<model::StepResult> TrainStepAt(SampleRange batch,
+                                                const SampleRange* next);
+
   // Leader: every rank takes part in model::SaveCheckpoint of `dir`
   // (docs/checkpoints.md), which replaces a previous checkpoint there; `job`
   // goes into the manifest (model::Manifest::job). Its errors (on any rank;
@@ -112,10 +150,11 @@ class RankGroup {
 
   // Leader, with mu_ held: OK, or Unavailable once broken or shut down.
   absl::Status CheckUsable() const;
-  // Leader, with mu_ held: broadcasts a command: `op`, `arg` and one word
-  // per rank (the bytes of its batch slice).
+  // Leader, with mu_ held: broadcasts a command: `op`, `arg`, one word per
+  // rank (the bytes of its batch slice) and up to four `extra` words.
   absl::Status SendCommand(int64_t op, int64_t arg,
-                           const std::vector<int64_t>& per_rank);
+                           const std::vector<int64_t>& per_rank,
+                           const std::vector<int64_t>& extra = {});
   // Records a communicator error, which breaks the group; returns it named.
   absl::Status Broke(const absl::Status& status, const char* what);
   void HeartbeatLoop();
@@ -164,6 +203,23 @@ class RankGroup {
   absl::Status Agree(const absl::Status& local);
   // Every rank: broadcasts the leader's `text` of `size` bytes.
   absl::Status BroadcastString(std::string* text, int64_t size);
+  // Every rank: opens the serialised DatasetSpec `bytes` as data_ (empty:
+  // none) and agrees on it with ShareVerdict.
+  absl::Status SetData(const std::string& bytes);
+  // This rank's part of `range`: SplitSamples' part for rank_.
+  SampleRange Share(SampleRange range) const;
+  // Reads this rank's share of `range` into `out`: the one read ahead when
+  // it is that range's, else from data_.
+  absl::Status ReadShare(SampleRange range, data::Batch* out);
+  // Every rank: reads its share of `batch` (and of `next`, for the
+  // prefetch) and trains on it; a rank's read error fails the step on
+  // every rank with that rank's message.
+  absl::Status RunStepAt(SampleRange batch, const SampleRange* next,
+                         model::StepResult* result);
+  // Every rank: `local` on one rank; on several, the first rank's error
+  // (its code, "rank r: " and its message), else OK. Communicator errors
+  // (`what` names the exchange) break the group.
+  absl::Status ShareVerdict(const absl::Status& local, const char* what);
 
   const RankGroupOptions options_;
   std::unique_ptr<comm::Communicator> comm_;
@@ -172,6 +228,12 @@ class RankGroup {
   std::vector<int64_t> table_rows_;
   // Whether a table is on RocksDB (then a next batch is worth sending).
   bool any_rocksdb_ = false;
+  // A dataset job's data on this rank (OpenData), the share of the last
+  // step's training batch, and the share read ahead with the range it is
+  // the share of; guarded by mu_ on the leader.
+  std::unique_ptr<data::RangeReader> data_;
+  data::Batch share_, ahead_;
+  std::optional<SampleRange> ahead_range_;
 
   mutable std::mutex mu_;  // guards everything below and the collectives
   absl::Status broken_;    // first communicator error

@@ -1,5 +1,6 @@
 // Tests for data/: Batch validation and slicing, the Criteo TSV and binary
-// readers, the TSV -> binary conversion and the synthetic generator.
+// readers, the TSV -> binary conversion, the synthetic generator, and
+// skipping and reading sample ranges of each.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -19,6 +21,7 @@
 #include "core/random.h"
 #include "data/batch.h"
 #include "data/criteo.h"
+#include "data/range_reader.h"
 #include "data/synthetic.h"
 #include "data/wire.h"
 
@@ -1178,6 +1181,151 @@ TEST(CriteoBinaryTest, NoDenseFeaturesRoundTrip) {
   EXPECT_EQ(batch.labels, (std::vector<float>{1, 0}));
   EXPECT_EQ(batch.sparse[1].ids, (std::vector<int64_t>{0xb, 0x1f}));
   EXPECT_TRUE(batch.Validate(0, options.table_rows).ok());
+}
+
+// --- Skip and RangeReader -------------------------------------------------
+
+// One source of each kind over the same number of samples, and how to open
+// it afresh.
+struct SourceKind {
+  std::string name;
+  std::function<std::unique_ptr<BatchSource>()> open;
+  int64_t samples;  // in an epoch (of an endless stream: the part tested)
+  bool endless = false;
+};
+
+std::vector<SourceKind> EverySourceKind(Rng* rng) {
+  // TSV over two files with blank and CRLF lines, the binary file
+  // converted from them, and synthetic data finite and endless.
+  const std::string a = TempPath("range_a.txt");
+  const std::string b = TempPath("range_b.txt");
+  std::string text_a = RandomTsv(rng, 150);
+  text_a.insert(text_a.find('\n') + 1, "\n\r\n");
+  WriteFile(a, "\n" + text_a);
+  WriteFile(b, RandomTsv(rng, 91) + "\n");
+  const std::string bin = TempPath("range.bin");
+  EXPECT_EQ(*ConvertCriteoTsvToBinary({a, b}, bin), 241);
+  CriteoOptions criteo;
+  criteo.table_rows = CriteoRows(1000);
+  const ModelConfig config = Preset("tiny");
+  auto synthetic = [config](int64_t n) {
+    SyntheticOptions o;
+    o.sample_seed = 5;
+    o.num_samples = n;
+    return std::move(*MakeSyntheticSource(config, o));
+  };
+  return {
+      {"tsv",
+       [=] {
+         return std::move(*OpenCriteoTsv({a, b}, criteo));
+       },
+       241},
+      {"binary", [=] { return std::move(*OpenCriteoBinary(bin, criteo)); },
+       241},
+      {"synthetic", [=] { return synthetic(300); }, 300},
+      {"endless synthetic", [=] { return synthetic(0); }, 400, true},
+  };
+}
+
+// Skip(k) then Next(m), on random k and m, gives the samples that slicing
+// the stream read whole gives.
+TEST(SkipTest, SkippingEqualsSlicingTheWholeStream) {
+  const uint64_t seed = 2718;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  for (const SourceKind& kind : EverySourceKind(&rng)) {
+    SCOPED_TRACE(kind.name);
+    std::unique_ptr<BatchSource> source = kind.open();
+    Batch whole, batch;
+    ASSERT_TRUE(*source->Next(kind.samples, &whole));
+    ASSERT_EQ(whole.size, kind.samples);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      ASSERT_TRUE(source->Rewind().ok());
+      int64_t at = 0;
+      while (at < kind.samples) {
+        const int64_t k = static_cast<int64_t>(rng.Below(40));
+        const int64_t m = 1 + static_cast<int64_t>(rng.Below(30));
+        absl::StatusOr<int64_t> skipped = source->Skip(k);
+        ASSERT_TRUE(skipped.ok()) << skipped.status();
+        const int64_t expect_skip =
+            kind.endless ? k : std::min(k, kind.samples - at);
+        ASSERT_EQ(*skipped, expect_skip) << "at " << at;
+        at += *skipped;
+        if (at >= kind.samples) break;
+        const int64_t end = std::min(at + m, kind.samples);
+        ASSERT_TRUE(*source->Next(end - at, &batch));
+        Batch expected;
+        whole.Slice(at, end, &expected);
+        ExpectBatchesEqual(batch, expected);
+        at = end;
+      }
+    }
+    if (!kind.endless) {
+      // At the end nothing is left to skip, and Next agrees.
+      EXPECT_EQ(*source->Skip(5), 0);
+      EXPECT_FALSE(*source->Next(5, &batch));
+    }
+    EXPECT_EQ(source->Skip(-1).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Random ranges in random order (backwards too) through a RangeReader equal
+// the slices of the stream read whole; a range past the end is OutOfRange.
+TEST(RangeReaderTest, RangesInAnyOrderEqualSlicesOfTheWholeStream) {
+  const uint64_t seed = 31415;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  for (const SourceKind& kind : EverySourceKind(&rng)) {
+    SCOPED_TRACE(kind.name);
+    Batch whole, batch, expected;
+    ASSERT_TRUE(*kind.open()->Next(kind.samples, &whole));
+    const int num_sparse = static_cast<int>(whole.sparse.size());
+    RangeReader reader(kind.open(), whole.num_dense, num_sparse, kind.name);
+    for (int i = 0; i < 200; ++i) {
+      const int64_t begin = static_cast<int64_t>(rng.Below(kind.samples + 1));
+      const int64_t count =
+          static_cast<int64_t>(rng.Below(kind.samples - begin + 1));
+      ASSERT_TRUE(reader.Read(begin, count, &batch).ok())
+          << "[" << begin << ", +" << count << ")";
+      whole.Slice(begin, begin + count, &expected);
+      ExpectBatchesEqual(batch, expected);
+      EXPECT_EQ(batch.sparse.size(), whole.sparse.size());
+    }
+    if (!kind.endless) {
+      const absl::Status past = reader.Read(kind.samples - 3, 4, &batch);
+      EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+      ExpectMentions(past, absl::StrCat(kind.name, ": the data ends at sample ",
+                                        kind.samples));
+      // The reader goes on after the error.
+      ASSERT_TRUE(reader.Read(7, 5, &batch).ok());
+      whole.Slice(7, 12, &expected);
+      ExpectBatchesEqual(batch, expected);
+    }
+    EXPECT_EQ(reader.Read(-1, 2, &batch).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// A malformed line is reported by the read whose range holds it, naming
+// file and line; skipping over it is no error, and reads go on after it.
+TEST(RangeReaderTest, MalformedLineFailsOnlyTheRangeThatHoldsIt) {
+  const std::string a = TempPath("range_bad.txt");
+  std::string text;
+  for (int i = 0; i < 10; ++i) {
+    text += Line("1", {std::to_string(i)}, {i == 6 ? "xyz" : "a"}) + "\n";
+  }
+  WriteFile(a, text);
+  CriteoOptions options;
+  options.table_rows = CriteoRows(100);
+  RangeReader reader(std::move(*OpenCriteoTsv({a}, options)), 13, 26, a);
+  Batch batch;
+  ASSERT_TRUE(reader.Read(0, 3, &batch).ok());
+  ASSERT_TRUE(reader.Read(7, 3, &batch).ok());
+  EXPECT_FLOAT_EQ(batch.dense[0], std::log(8.0f));
+  ExpectInvalid(reader.Read(4, 3, &batch), a + ":7: column 14");
+  ASSERT_TRUE(reader.Read(3, 2, &batch).ok());
+  EXPECT_FLOAT_EQ(batch.dense[13], std::log(5.0f));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Multi-rank serving end to end: real dlrm_server rank processes on
 // loopback, driven through the C++ client library, checked against the
 // single-process Model fed the same batches (docs/hybrid.md tolerance),
-// plus checkpoints, deploy/launch_local.sh and a follower that dies.
+// plus dataset jobs whose ranks read their own shares, checkpoints,
+// deploy/launch_local.sh and a follower that dies.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,13 +19,17 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "clients/client.h"
 #include "core/config.h"
+#include "data/criteo.h"
+#include "data/rotating_source.h"
 #include "data/source.h"
 #include "data/synthetic.h"
 #include "google/protobuf/text_format.h"
@@ -917,6 +922,288 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   kill(ranks_[0].pid, SIGINT);
   EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadText(dir_ / "launch.err");
   ranks_[0].pid = -1;
+}
+
+// --- Dataset jobs: every rank reads its own share ---------------------------
+
+// `lines` Criteo TSV lines shaped for kConfig (4 dense, 4 categorical
+// columns) from a fixed seed; line `bad` (0-based; -1 = none) has a dense
+// value that does not parse.
+std::string CriteoText(int lines, int bad = -1) {
+  const unsigned seed = 4242;
+  std::printf("criteo text seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    text += rng() % 4 == 0 ? "1" : "0";
+    for (int j = 0; j < 4; ++j) {
+      text += "\t";
+      if (i == bad && j == 2) {
+        text += "x7";
+      } else if (rng() % 5 != 0) {
+        text += std::to_string(rng() % 1000);
+      }
+    }
+    for (int t = 0; t < 4; ++t) {
+      char hex[16];
+      std::snprintf(hex, sizeof(hex), "%x", static_cast<unsigned>(rng()));
+      absl::StrAppend(&text, "\t", hex);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+// The leader-scatter reference path and the jobs below see 200 samples as
+// 2 epochs of 5 full batches of 37 and one of 15: uneven on 2 and 3 ranks.
+constexpr int kDataSamples = 200;
+constexpr int kDataEpochs = 2;
+constexpr int64_t kDataSteps = 12;
+
+class DatasetJobTest : public LaunchTest {
+ protected:
+  void SetUp() override {
+    LaunchTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    tsv_ = (dir_ / "data" / "train.txt").string();
+    bin_ = (dir_ / "data" / "train.bin").string();
+    fs::create_directories(dir_ / "data");
+    std::ofstream(tsv_) << CriteoText(kDataSamples);
+    auto count = data::ConvertCriteoTsvToBinary({tsv_}, bin_, 4, 4);
+    ASSERT_TRUE(count.ok()) << count.status();
+    ASSERT_EQ(*count, kDataSamples);
+  }
+
+  // The job's global batches, as the leader read and scattered them.
+  std::vector<data::Batch> Batches() {
+    data::CriteoOptions o;
+    o.num_dense = 4;
+    for (const TableConfig& t : config_.tables()) {
+      o.table_rows.push_back(t.rows());
+    }
+    auto source = data::OpenCriteoBinary(bin_, o);
+    EXPECT_TRUE(source.ok()) << source.status();
+    std::vector<data::Batch> batches;
+    data::Batch batch;
+    for (int epoch = 0; epoch < kDataEpochs; ++epoch) {
+      EXPECT_TRUE((*source)->Rewind().ok());
+      while (*(*source)->Next(kBatch, &batch)) batches.push_back(batch);
+    }
+    EXPECT_EQ(batches.size(), static_cast<size_t>(kDataSteps));
+    return batches;
+  }
+
+  JobRequest Request(bool binary) {
+    JobRequest request;
+    if (binary) {
+      request.mutable_train()->set_criteo_binary(bin_);
+    } else {
+      request.mutable_train()->mutable_criteo_tsv()->add_paths(tsv_);
+    }
+    request.set_batch_size(kBatch);
+    request.set_epochs(kDataEpochs);
+    return request;
+  }
+
+  // Starts `world` ranks that may read dir_/data, runs `request` to its
+  // end and returns the final status; *checksum: the weights' checksum.
+  JobStatus RunJob(int world, const JobRequest& request, uint64_t* checksum,
+                   std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"--allow-data-path", (dir_ / "data").string()});
+    const std::string address = StartRanks(world, extra);
+    EXPECT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    EXPECT_TRUE(client.ok()) << client.status();
+    JobStatus status;
+    if (address.empty() || !client.ok()) return status;
+    auto started = (*client)->StartJob(request);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return status;
+    clients::WaitOptions wait;
+    wait.poll_interval_seconds = 0.05;
+    wait.timeout_seconds = 120;
+    auto done = (*client)->WaitJob(started->id(), wait, nullptr);
+    EXPECT_TRUE(done.ok()) << done.status();
+    if (done.ok()) status = *done;
+    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    EXPECT_TRUE(info.ok()) << info.status();
+    if (info.ok()) *checksum = info->weight_checksum();
+    client->reset();
+    StopRanks();
+    return status;
+  }
+
+  // `world` ranks trained on Batches() through the Train stream: rank 0
+  // scatters each batch's slices. The weights' checksum.
+  uint64_t StreamChecksum(int world) {
+    const std::string address = StartRanks(world);
+    auto client = clients::Client::Connect(address);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (address.empty() || !client.ok()) return 0;
+    const std::vector<data::Batch> batches = Batches();
+    data::RotatingSource source(&batches, static_cast<int64_t>(batches.size()));
+    clients::TrainOptions o;
+    o.batch_size = kBatch;
+    o.max_in_flight = 1;
+    auto summary = (*client)->Train(source, o, [](const StepResult&) {});
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    EXPECT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->steps(), kDataSteps);
+    client->reset();
+    StopRanks();
+    return info.ok() ? info->weight_checksum() : 0;
+  }
+
+  std::string tsv_, bin_;
+};
+
+// A dataset job on 2 and 3 ranks, each reading its own share of the binary
+// file (and on 2 of the TSV file), trains bitwise like the same ranks fed
+// the same batches through the Train stream, where rank 0 reads every
+// batch and scatters the slices; a job of one rank trains bitwise like one
+// process, and 2 ranks like one process to docs/hybrid.md's tolerance.
+TEST_F(DatasetJobTest, RanksReadingTheirOwnShareTrainLikeTheLeaderScatter) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    uint64_t job = 0;
+    const JobStatus done = RunJob(world, Request(/*binary=*/true), &job);
+    ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+    EXPECT_EQ(done.steps(), kDataSteps);
+    EXPECT_EQ(done.samples(), kDataEpochs * kDataSamples);
+    EXPECT_EQ(job, StreamChecksum(world));
+    if (world == 2) {
+      uint64_t tsv = 0;
+      const JobStatus from_tsv = RunJob(2, Request(/*binary=*/false), &tsv);
+      ASSERT_EQ(from_tsv.state(), JobStatus::SUCCEEDED) << from_tsv.error();
+      EXPECT_EQ(tsv, job);
+    }
+  }
+
+  // One rank against one process, bitwise.
+  auto model = model::Model::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (const data::Batch& batch : Batches()) {
+    ASSERT_TRUE((*model)->TrainStep(batch).ok());
+  }
+  auto one_process = (*model)->WeightChecksum();
+  ASSERT_TRUE(one_process.ok()) << one_process.status();
+  uint64_t one_rank = 0;
+  const JobStatus done = RunJob(1, Request(/*binary=*/true), &one_rank);
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(one_rank, *one_process);
+
+  // Two ranks against one process, weight by weight.
+  const std::string address =
+      StartRanks(2, {"--allow-data-path", (dir_ / "data").string(),
+                     "--checkpoint-dir", (dir_ / "out").string()});
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto started = (*client)->StartJob(Request(/*binary=*/true));
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto finished = (*client)->WaitJob(started->id(), {}, nullptr);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  ASSERT_EQ(finished->state(), JobStatus::SUCCEEDED) << finished->error();
+  auto exported = (*client)->ExportWeights("weights.safetensors");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  client->reset();
+  StopRanks();
+  const std::string one = (dir_ / "one.safetensors").string();
+  ASSERT_TRUE(model::ExportSafetensors(**model, one).ok());
+  ExpectSameWeights(exported->path(), one, **model);
+}
+
+// Tables on RocksDB: each rank reads its share of the next batch a step
+// ahead (its shards prefetch the rows) and trains on it the step after; the
+// weights are bitwise those of the Train stream, which sends no next batch
+// (one batch in flight).
+TEST_F(DatasetJobTest, SharesReadAheadForTheRocksDbPrefetchTrainAlike) {
+  ModelConfig c = config_;
+  for (int k = 1; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
+  c.mutable_rocksdb()->set_cache_rows(60);
+  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
+  ASSERT_TRUE(normal.ok()) << normal.status();
+  config_ = *normal;
+  WriteConfig(config_);
+  uint64_t job = 0;
+  const JobStatus done = RunJob(2, Request(/*binary=*/true), &job);
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  EXPECT_EQ(done.steps(), kDataSteps);
+  EXPECT_EQ(job, StreamChecksum(2));
+}
+
+// A job resumed on 2 ranks from a checkpoint taken mid-way through its
+// second epoch: each rank seeks to its share at the recorded position, and
+// the job ends with the weights of an uninterrupted run.
+TEST_F(DatasetJobTest, ResumedJobSeeksEveryRankToItsPosition) {
+  uint64_t uninterrupted = 0;
+  const JobStatus done =
+      RunJob(2, Request(/*binary=*/true), &uninterrupted,
+             {"--checkpoint-dir", (dir_ / "first").string(),
+              "--checkpoint-every-steps", "5", "--keep-checkpoints", "0"});
+  ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
+  // Step 10: epoch 2, after its 4th batch (sample 148). The copy has no
+  // end marker, so a server started on it resumes the job.
+  fs::create_directories(dir_ / "second");
+  fs::copy(dir_ / "first" / "ckpt-10", dir_ / "second" / "ckpt-10",
+           fs::copy_options::recursive);
+  const std::string address =
+      StartRanks(2, {"--allow-data-path", (dir_ / "data").string(),
+                     "--checkpoint-dir", (dir_ / "second").string()});
+  ASSERT_FALSE(address.empty());
+  const std::string log = ReadText(dir_ / "rank-0.log");
+  EXPECT_NE(log.find("resuming job job-1 at step 10 of"), std::string::npos)
+      << log;
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto resumed = (*client)->WaitJob("job-1", {}, nullptr);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(resumed->state(), JobStatus::SUCCEEDED) << resumed->error();
+  EXPECT_EQ(resumed->steps(), kDataSteps);
+  EXPECT_EQ(resumed->samples(), kDataEpochs * kDataSamples);
+  auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->weight_checksum(), uninterrupted);
+  client->reset();
+  StopRanks();
+}
+
+// A malformed line in rank 1's share: the job fails on its second step
+// with rank 1's error naming the file and line (rank 0 never parses it),
+// the model keeps the first step, and the ranks serve and train on.
+TEST_F(DatasetJobTest, ReadErrorOnAFollowerFailsTheJobNamingRankAndFile) {
+  // Batch 2 is samples [37, 74): rank 0 reads [37, 56), rank 1 [56, 74).
+  std::ofstream(tsv_) << CriteoText(kDataSamples, /*bad=*/60);
+  const std::string address =
+      StartRanks(2, {"--allow-data-path", (dir_ / "data").string()});
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto started = (*client)->StartJob(Request(/*binary=*/false));
+  ASSERT_TRUE(started.ok()) << started.status();
+  clients::WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  wait.timeout_seconds = 60;
+  auto failed = (*client)->WaitJob(started->id(), wait, nullptr);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), JobStatus::FAILED);
+  EXPECT_EQ(failed->steps(), 1);
+  const std::string where = absl::StrCat(
+      "rank 1: ", fs::weakly_canonical(tsv_).string(), ":61: column 3");
+  EXPECT_NE(failed->error().find(where), std::string::npos)
+      << failed->error() << "\nexpected: " << where;
+  EXPECT_NE(failed->error().find("INVALID_ARGUMENT"), std::string::npos)
+      << failed->error();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 1);
+  // The group goes on: a prediction, and a job on good data.
+  ASSERT_TRUE((*client)->Predict(EvalBatch()).ok());
+  auto good = (*client)->StartJob(Request(/*binary=*/true));
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto done = (*client)->WaitJob(good->id(), wait, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 1 + kDataSteps);
+  StopRanks();
 }
 
 }  // namespace
