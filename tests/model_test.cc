@@ -22,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
@@ -192,6 +193,32 @@ TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
                          device_comm->get());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
+}
+
+// device cuda on a machine without a usable GPU: a FailedPrecondition that
+// says why (no driver, no device, or a binary built without CUDA), from
+// both factories, before any store is made; never an abort.
+TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "this machine has a CUDA device";
+  }
+  ModelConfig config = Tiny();
+  config.set_device(DEVICE_CUDA);
+  auto m = Model::Create(config);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
+      << m.status();
+  const std::string message(m.status().message());
+  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
+      << message;
+  auto comm = comm::MakeSingleRankCommunicator();
+  auto ranked =
+      Model::Create(config, embedding::WholeTablesPlan(config), comm.get());
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kFailedPrecondition)
+      << ranked.status();
+  // The same config on the CPU is fine.
+  config.set_device(DEVICE_CPU);
+  EXPECT_TRUE(Model::Create(config).ok());
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
