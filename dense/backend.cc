@@ -60,12 +60,21 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config) {
   if (config.device() != DEVICE_CUDA) return CreateCpuDenseBackend(config);
 #if defined(DLRM_WITH_CUDA)
-  return cuda::CreateCudaDenseBackend(config);
+  absl::StatusOr<std::unique_ptr<DenseBackend>> backend =
+      cuda::CreateCudaDenseBackend(config);
 #else
-  return absl::FailedPreconditionError(
-      "device cuda: this binary was built without CUDA (nvcc was not found "
-      "when it was built); use device cpu");
+  absl::StatusOr<std::unique_ptr<DenseBackend>> backend =
+      absl::FailedPreconditionError(
+          "device cuda: this binary was built without CUDA (nvcc was not "
+          "found when it was built)");
 #endif
+  if (absl::IsFailedPrecondition(backend.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(backend.status().message(),
+                     "; to train on the CPU, pass --device cpu (or set "
+                     "device: DEVICE_CPU in the model config)"));
+  }
+  return backend;
 }
 
 }  // namespace dlrm::dense

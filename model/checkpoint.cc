@@ -485,9 +485,16 @@ absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
                                                       bool weights_only,
                                                       FileSystem* file_system) {
+  return LoadCheckpointOn(dir, weights_only, std::nullopt, file_system);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
+    const std::string& dir, bool weights_only,
+    std::optional<ComputeDevice> device, FileSystem* file_system) {
   // Checked before the model is allocated.
   RETURN_IF_ERROR(VerifySingleRank(dir, file_system).status());
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
+  if (device.has_value()) config.set_device(*device);
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
   RETURN_IF_ERROR(
       Restore(*model, dir, weights_only, /*verified=*/true, file_system)

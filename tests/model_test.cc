@@ -4,6 +4,7 @@
 #include "model/model.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -218,7 +219,20 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
       << ranked.status();
   // The same config on the CPU is fine.
   config.set_device(DEVICE_CPU);
-  EXPECT_TRUE(Model::Create(config).ok());
+  auto cpu = Model::Create(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  // A checkpoint restores on the device asked for, whatever its config's.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("model_test_device_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(SaveCheckpoint(**cpu, dir).ok());
+  EXPECT_EQ(LoadCheckpointOn(dir, false, DEVICE_CUDA).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto loaded = LoadCheckpointOn(dir, false, DEVICE_CPU);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->config().device(), DEVICE_CPU);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
