@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,9 +39,10 @@ enum class GradBucket { kBottom, kTop, kAll };
 // InteractionForward, TopForward, Loss, TopBackward, InteractionBackward,
 // BottomBackward, then (after the gradients' all-reduce, if any) Update.
 // Prediction calls InteractionInput, then Predict. Not thread-safe, except
-// that PackGradients / UnpackGradients of GradBucket::kTop may run on
-// another thread between TopBackward and Update (the overlapped
-// all-reduce).
+// that PackGradients / UnpackGradients may run on another thread (the
+// overlapped all-reduce): for GradBucket::kTop from TopBackward on, while
+// InteractionBackward and BottomBackward run; for the others after
+// BottomBackward, while no other call runs.
 //
 // Every call that returns a Status fails only on a device error (Internal,
 // naming the call) or, on CUDA, InvalidArgument for a shape its kernels

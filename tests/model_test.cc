@@ -235,6 +235,53 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
   std::filesystem::remove_all(dir);
 }
 
+// With a GPU, device cuda runs the dense part on the CUDA backend (the
+// embeddings in host stores): the same steps as the CPU model within float
+// tolerance (GEMMs sum in another order). Skipped without a device; fails
+// without one under DLRM_REQUIRE_CUDA=1.
+TEST(ModelTest, CudaDenseStepMatchesCpu) {
+  if (CudaDeviceCount() == 0) {
+    const char* required = std::getenv("DLRM_REQUIRE_CUDA");
+    if (required != nullptr && std::string(required) == "1") {
+      FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "
+             << CudaUnavailableReason();
+    }
+    GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();
+  }
+  ModelConfig config = Tiny();
+  auto cpu = Model::Create(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  config.set_device(DEVICE_CUDA);
+  auto gpu = Model::Create(config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  for (int step = 0; step < 5; ++step) {
+    const data::Batch b = SyntheticBatch(config, 64 + step, 100 + step);
+    auto want = (*cpu)->TrainStep(b);
+    auto got = (*gpu)->TrainStep(b);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss) << "step " << step;
+  }
+  const data::Batch b = SyntheticBatch(config, 50, 200);
+  std::vector<float> want, got;
+  ASSERT_TRUE((*cpu)->Predict(b, &want).ok());
+  ASSERT_TRUE((*gpu)->Predict(b, &got).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-4) << "sample " << i;
+  }
+  const std::vector<dense::ParamRef>& pw = (*cpu)->dense_params();
+  const std::vector<dense::ParamRef>& pg = (*gpu)->dense_params();
+  ASSERT_EQ(pw.size(), pg.size());
+  for (size_t i = 0; i < pw.size(); ++i) {
+    EXPECT_EQ(pg[i].name, pw[i].name);
+    for (int64_t k = 0; k < pw[i].size; ++k) {
+      ASSERT_NEAR(pg[i].value[k], pw[i].value[k], 1e-4) << pw[i].name;
+    }
+  }
+  EXPECT_EQ((*gpu)->dense_optimizer().step(), 5);
+}
+
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
   CheckWholeModelGradient(R"(
     num_dense_features: 4 embedding_dim: 3
