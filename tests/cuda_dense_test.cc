@@ -361,7 +361,9 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
     ASSERT_TRUE(want.ok()) << want.status();
     auto got = dlrm::testing::RunDenseStep(**gpu, in);
     ASSERT_TRUE(got.ok()) << got.status();
-    if (batch > 0) EXPECT_NEAR(got->loss, want->loss, 1e-5 * want->loss);
+    if (batch > 0) {
+      EXPECT_NEAR(got->loss, want->loss, 1e-5 * want->loss);
+    }
     ExpectCloseToScale(got->dt, want->dt, 1e-4, "dt");
     ExpectCloseToScale(got->grads, want->grads, 1e-4, "gradients");
     ExpectCloseToScale(got->params, want->params, 1e-4, "parameters");
