@@ -31,6 +31,8 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
+  // "cpu" or "cuda"; empty keeps the config's device.
+  std::string device;
   int64_t rows = 0;
   int64_t batch = 2048;
   int ranks = 2;
@@ -58,6 +60,7 @@ struct Flags {
 absl::Status RunRank(const Flags& f) {
   if (f.threads_per_rank > 0) omp_set_num_threads(f.threads_per_rank);
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
   if (f.rows > 0) {
     // Also lifts the preset's max_rows_per_table, which normalising the
     // config again (PlaceTablesOnRocksDb) would otherwise reapply.
@@ -148,16 +151,17 @@ absl::Status RunRank(const Flags& f) {
   const double steps = static_cast<double>(f.iters) * f.repeats;
   std::printf(
       "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
-      "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
+      "\"device\": \"%s\", \"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"overlap\": %s, \"iters\": %d, "
       "\"repeats\": %d, \"batches\": %d, \"rocksdb_tables\": %d, "
       "\"cache_fraction\": %.3f, \"prefetch\": %s, "
       "\"rank0_hit_rate\": %.4f, \"rank0_prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
       "\"stage_ms\": {",
-      f.config.c_str(), static_cast<long long>(f.rows),
-      static_cast<long long>(f.batch), f.ranks, omp_get_max_threads(),
-      f.overlap ? "true" : "false", f.iters, f.repeats, kBatches,
+      f.config.c_str(), DeviceName(config.device()),
+      static_cast<long long>(f.rows), static_cast<long long>(f.batch), f.ranks,
+      omp_get_max_threads(), f.overlap ? "true" : "false", f.iters, f.repeats,
+      kBatches,
       static_cast<int>(std::count_if(
           config.tables().begin(), config.tables().end(),
           [](const TableConfig& t) { return t.storage() == STORAGE_ROCKSDB; })),
@@ -226,6 +230,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
   app.add_option("--config", f.config, "Preset or config file")
       ->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Where the dense part runs: cpu or cuda (default: the "
+                 "config's device, cpu unless it sets one)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--rows", f.rows, "Override every table's rows");
   app.add_option("--batch", f.batch, "Global samples per step")
       ->capture_default_str();

@@ -306,6 +306,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       }
     }
   }
+  if (!ComputeDevice_IsValid(c.device())) {
+    return absl::InvalidArgumentError("device is invalid");
+  }
   if (c.max_rows_per_table() < 0) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
   }
@@ -342,6 +345,28 @@ int64_t CachedRows(const RocksDbConfig& r, int64_t rows) {
         static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows)));
   }
   return std::clamp<int64_t>(cached, 1, std::max<int64_t>(rows, 1));
+}
+
+absl::StatusOr<ComputeDevice> ParseDevice(std::string_view name) {
+  if (name == "cpu") return DEVICE_CPU;
+  if (name == "cuda") return DEVICE_CUDA;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device must be cpu or cuda, got '", std::string(name), "'"));
+}
+
+const char* DeviceName(ComputeDevice device) {
+  return device == DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config) {
+  if (flag.empty()) return absl::OkStatus();
+  absl::StatusOr<ComputeDevice> device = ParseDevice(flag);
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", device.status().message()));
+  }
+  config->set_device(*device);
+  return absl::OkStatus();
 }
 
 int InteractionOutputDim(const ModelConfig& c) {

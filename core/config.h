@@ -57,6 +57,15 @@ int64_t CachedRowsOfTable(const ModelConfig& config, int table);
 // cache of its own, sized from the shard's rows.
 int64_t CachedRows(const RocksDbConfig& rocksdb, int64_t rows);
 
+// The device named "cpu" or "cuda" (the --device flag); InvalidArgument
+// otherwise.
+absl::StatusOr<ComputeDevice> ParseDevice(std::string_view name);
+// "cpu" or "cuda".
+const char* DeviceName(ComputeDevice device);
+// Sets config->device from a binary's --device flag; an empty flag keeps
+// the config's own. InvalidArgument for another name.
+absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
+
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, sum of dims for cat.
 int InteractionOutputDim(const ModelConfig& config);

@@ -22,9 +22,10 @@ enum class DeviceKind { kCpu, kCuda };
 // error (DESIGN.md "Build notes": never abort for lack of a GPU).
 int CudaDeviceCount();
 
-// Why CudaDeviceCount() is 0, for skip and log messages ("built without
-// CUDA", the runtime's error string, or "no CUDA device"); empty when a
-// device is present.
+// Why CudaDeviceCount() is 0, for skip and error messages ("built without
+// CUDA", "no CUDA driver, ..." or "no CUDA device" followed by the
+// runtime's error string, or that string alone); empty when a device is
+// present.
 std::string CudaUnavailableReason();
 
 // One memory space with its copy engine. Allocate/Free/Copy may be called

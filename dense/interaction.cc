@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/aligned.h"
+#include "core/config.h"
 
 namespace dlrm::dense {
 namespace {
@@ -142,6 +143,41 @@ void Backward(const float* t, const float* dz, int64_t batch, int n, int d,
 }
 
 }  // namespace
+
+InteractionShape MakeInteractionShape(const ModelConfig& config) {
+  InteractionShape s;
+  s.kind = config.interaction();
+  s.num_vectors = config.tables_size() + 1;
+  s.dim = config.bottom_mlp(config.bottom_mlp_size() - 1);
+  s.input_width = s.dim;
+  for (const TableConfig& t : config.tables()) s.input_width += t.dim();
+  s.output_width = InteractionOutputDim(config);
+  return s;
+}
+
+bool InteractionIsIdentity(Interaction kind) { return kind == INTERACTION_CAT; }
+
+void InteractionForward(const InteractionShape& s, const float* t,
+                        int64_t batch, float* z) {
+  switch (s.kind) {
+    case INTERACTION_DOT:
+      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return;
+  }
+}
+
+void InteractionBackward(const InteractionShape& s, const float* t,
+                         const float* dz, int64_t batch, float* dt) {
+  switch (s.kind) {
+    case INTERACTION_DOT:
+      return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return;
+  }
+}
 
 void DotInteractionForward(const float* t, int64_t batch, int n, int d,
                            float* z) {

@@ -4,11 +4,48 @@
 // (d values), then the dots <v_i, v_j> for i > j in the order (1,0), (2,0),
 // (2,1), (3,0), ... (the reference's strict lower triangle). Cat output is
 // the input itself, so it needs no kernel.
+//
+// Each interaction (the config's `Interaction`) is one case of the
+// dispatchers below: InteractionForward / InteractionBackward here for the
+// CPU and their twins in dense/cuda/cuda_dense.h, with the case in
+// interaction.cc and dense_kernels.cu. The dense backends call only the
+// dispatchers, so adding an interaction touches its enum value
+// (proto/dlrm/config.proto), its output width and config checks
+// (core/config.cc), and these two files.
 #pragma once
 
 #include <cstdint>
 
+#include "dlrm/config.pb.h"
+
 namespace dlrm::dense {
+
+// The interaction of one model: per sample, the input t holds n vectors
+// back to back (the bottom-MLP output of width d first, then each table's
+// pooled embedding) and the output z feeds the top MLP.
+struct InteractionShape {
+  Interaction kind = INTERACTION_DOT;
+  int num_vectors = 0;   // n: tables + 1
+  int dim = 0;           // d: the bottom MLP's output width
+  int input_width = 0;   // floats of t per sample: d + every table's dim
+  int output_width = 0;  // floats of z per sample (InteractionOutputDim)
+};
+
+// The shape of a normalised config's interaction.
+InteractionShape MakeInteractionShape(const ModelConfig& config);
+
+// Whether the interaction's output is its input (z = t, dt = dz): then the
+// backends run no kernel and copy nothing.
+bool InteractionIsIdentity(Interaction kind);
+
+// z [batch x output_width] from t [batch x input_width]. Not called for an
+// identity interaction.
+void InteractionForward(const InteractionShape& shape, const float* t,
+                        int64_t batch, float* z);
+// dt [batch x input_width] (overwritten) from dz [batch x output_width] and
+// the forward's t. Not called for an identity interaction.
+void InteractionBackward(const InteractionShape& shape, const float* t,
+                         const float* dz, int64_t batch, float* dt);
 
 // Output width of the dot interaction.
 inline int DotInteractionDim(int n, int d) { return d + n * (n - 1) / 2; }

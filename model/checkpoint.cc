@@ -531,12 +531,19 @@ absl::StatusOr<CheckpointInfo> RestoreCheckpoint(Model& model,
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
                                                       bool weights_only,
                                                       FileSystem* file_system) {
+  return LoadCheckpointOn(dir, weights_only, std::nullopt, file_system);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
+    const std::string& dir, bool weights_only,
+    std::optional<ComputeDevice> device, FileSystem* file_system) {
   // Checked before the model is allocated.
   ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir, file_system));
   RETURN_IF_ERROR(VerifyCheckpointFiles(
       dir, manifest, [](const std::string& p) { return p == kConfig; },
       file_system));
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
+  if (device.has_value()) config.set_device(*device);
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
   RETURN_IF_ERROR(Restore(*model, fs::absolute(dir).lexically_normal(),
                           weights_only, file_system)

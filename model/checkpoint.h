@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,13 @@ absl::StatusOr<CheckpointInfo> RestoreCheckpoint(
 // read (inference-only serving) and need not be present.
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(
     const std::string& dir, bool weights_only,
+    FileSystem* file_system = DefaultFileSystem());
+// As LoadCheckpoint, with the model's dense part on `device` when given
+// (the device is no part of a checkpoint's architecture: a checkpoint
+// restores on either).
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
+    const std::string& dir, bool weights_only,
+    std::optional<ComputeDevice> device,
     FileSystem* file_system = DefaultFileSystem());
 
 // Helpers shared with the weights export of server/rank_group.h.

@@ -22,6 +22,8 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
+  // "cpu" or "cuda"; empty keeps the config's device.
+  std::string device;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
   int64_t eval_samples = 65536;
@@ -107,6 +109,7 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
+  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &loaded));
   ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -114,11 +117,11 @@ absl::Status Run(const Flags& f) {
   const uint64_t data_seed = f.data_seed != 0 ? f.data_seed : config.seed();
   std::printf(
       "model: %s  tables %d  embedding params %lld  dense params %lld"
-      "  threads %d\n",
+      "  threads %d  device %s\n",
       f.config.c_str(), config.tables_size(),
       static_cast<long long>(EmbeddingParameterCount(config)),
       static_cast<long long>(DenseParameterCount(config)),
-      omp_get_max_threads());
+      omp_get_max_threads(), DeviceName(config.device()));
   int rocksdb_tables = 0;
   for (const auto& t : config.tables()) {
     rocksdb_tables += t.storage() == STORAGE_ROCKSDB;
@@ -232,6 +235,10 @@ int main(int argc, char** argv) {
                  "Model config: a preset (tiny, kaggle, kaggle-full) or a "
                  "text-format ModelConfig file")
       ->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Where the dense part runs: cpu or cuda (default: the "
+                 "config's device, cpu unless it sets one)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--train", f.train_files,
                  "Training data: Criteo TSV files, or one .bin file "
                  "(default: synthetic)");

@@ -17,13 +17,12 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/random.h"
 #include "core/status.h"
-#include "dense/interaction.h"
-#include "dense/loss.h"
 #include "model/step_util.h"
 
 namespace dlrm::model {
@@ -33,7 +32,6 @@ namespace fs = std::filesystem;
 using comm::DataType;
 
 using internal::Sized;
-using internal::Widths;
 using StageClock = internal::StageClock<StageTimes>;
 
 // Whether id `id` of a bag belongs to `shard` (rows only matter).
@@ -132,21 +130,16 @@ const char* StageTimes::ExchangeName(int exchange) {
 }
 
 Model::Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
-             comm::Communicator* comm)
+             comm::Communicator* comm,
+             std::unique_ptr<dense::DenseBackend> dense)
     : config_(config),
       plan_(plan),
       comm_(comm),
       rank_(comm->rank()),
       world_(comm->world_size()),
-      num_vectors_(config.tables_size() + 1),
-      vector_dim_(config.bottom_mlp(config.bottom_mlp_size() - 1)),
-      interaction_dim_(InteractionOutputDim(config)),
-      t_width_(vector_dim_),
-      dot_(config.interaction() == INTERACTION_DOT),
-      bottom_(config.num_dense_features(), Widths(config.bottom_mlp()),
-              /*relu_last=*/true),
-      top_(InteractionOutputDim(config), Widths(config.top_mlp()),
-           /*relu_last=*/false) {
+      dense_(std::move(dense)),
+      dense_bytes_(4 * (DenseParameterCount(config) + 1)),
+      t_width_(dense_->interaction().dim) {
   for (const auto& t : config.tables()) {
     table_offset_.push_back(t_width_);
     t_width_ += t.dim();
@@ -191,13 +184,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
           comm::MemorySpaceName(c->memory_space()), " buffers"));
     }
   }
-  std::unique_ptr<Model> m(new Model(config, plan, comm));
+  // The dense part on config.device; FailedPrecondition here, before any
+  // store is made, when that device is not usable.
+  ASSIGN_OR_RETURN(std::unique_ptr<dense::DenseBackend> dense,
+                   dense::CreateDenseBackend(config));
+  std::unique_ptr<Model> m(new Model(config, plan, comm, std::move(dense)));
   m->dense_comm_ = dense_comm;
-  // The reference draws the bottom MLP, then the top MLP, from one stream:
-  // every rank's replica starts equal.
-  Rng rng(config.seed());
-  m->bottom_.Init(&rng);
-  m->top_.Init(&rng);
 
   m->owned_.resize(m->world_);
   for (int k = 0; k < config.tables_size(); ++k) {
@@ -291,13 +283,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
                                      [](const embedding::TablePlacement& p) {
                                        return p.kind == SHARDING_ROW_WISE;
                                      });
-  m->dense_params_ = m->bottom_.Parameters("bottom_mlp");
-  for (auto& p : m->top_.Parameters("top_mlp")) {
-    m->dense_params_.push_back(std::move(p));
-  }
-  ASSIGN_OR_RETURN(m->dense_optimizer_,
-                   dense::DenseOptimizer::Create(config.dense_optimizer(),
-                                                 m->dense_params_));
   return m;
 }
 
@@ -698,8 +683,9 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   clock.Mark(StageTimes::kPrepare);
 
   if (in_place_) {
-    // Every shard's columns of t_, for this rank's (the whole) batch.
-    float* t = Sized(t_, n * t_width_);
+    // Every shard's columns of the interaction input, for this rank's (the
+    // whole) batch.
+    ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
     const int num_local = static_cast<int>(local_.size());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < num_local; ++j) {
@@ -758,7 +744,7 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
 
   // Assemble this rank's pooled vectors: column blocks side by side,
   // row-wise partial sums added, data-parallel tables pooled locally.
-  float* t = Sized(t_, n * t_width_);
+  ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
   for (int k = 0; k < config_.tables_size(); ++k) {
     if (plan_.tables[k].kind != SHARDING_ROW_WISE) continue;
     const int dim = config_.tables(k).dim();
@@ -855,7 +841,6 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   result.samples = global_size_;
   StageTimes& times = result.times;
   const int64_t n = batch.size;
-  const int d = vector_dim_;
 
   RETURN_IF_ERROR(EmbedForward(batch, &times));
   StageClock clock(&times);
@@ -867,55 +852,41 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
     RETURN_IF_ERROR(PrefetchNext(next, &times));
     clock.Mark(StageTimes::kPrepare);
   }
-  const float* bottom_out = bottom_.Forward(batch.dense.data(), n);
-  float* t = t_.data();
-  for (int64_t l = 0; l < n; ++l) {
-    std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
-  }
+  // The dense forward and backward on the interaction input EmbedForward
+  // filled.
+  const float* x = batch.dense.data();
+  RETURN_IF_ERROR(dense_->BottomForward(x, n));
   clock.Mark(StageTimes::kBottomForward);
-  float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
-  if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
+  RETURN_IF_ERROR(dense_->InteractionForward(n));
   clock.Mark(StageTimes::kInteractionForward);
-  const float* logits = top_.Forward(z, n);
+  RETURN_IF_ERROR(dense_->TopForward(n));
   clock.Mark(StageTimes::kTopForward);
-  float* dlogits = Sized(dlogits_, n);
   // Every rank scales by the global batch, so the all-reduced gradient is
   // the global mean's.
-  const double local_mean =
-      dense::BceWithLogits(logits, batch.labels.data(), n,
-                           1.0f / static_cast<float>(global_size_), dlogits);
+  ASSIGN_OR_RETURN(const double local_mean,
+                   dense_->Loss(batch.labels.data(), n,
+                                1.0f / static_cast<float>(global_size_)));
   clock.Mark(StageTimes::kLoss);
-  float* dz = Sized(dz_, n * interaction_dim_);
-  top_.Backward(z, dlogits, n, dz);
+  RETURN_IF_ERROR(dense_->TopBackward(n));
   clock.Mark(StageTimes::kTopBackward);
   // With a dense communicator, the top MLP's gradients (and the loss) are
   // all-reduced while the rest of the backward runs, then the bottom MLP's
   // once they exist. Nothing below touches the top MLP's gradients.
   double loss_sum = local_mean * static_cast<double>(n);
   const bool overlapped = dense_comm_ != nullptr;
-  const size_t bottom_params = 2 * bottom_.layers().size();
   OverlappedReduce overlap;
   if (overlapped) {
-    overlap.Start([this, bottom_params, &loss_sum] {
-      return ReduceBucket(dense_comm_, bottom_params, dense_params_.size(),
-                          &loss_sum);
+    overlap.Start([this, &loss_sum] {
+      return ReduceBucket(dense_comm_, dense::GradBucket::kTop, &loss_sum);
     });
   }
-  float* dt = dz;
-  if (dot_) {
-    dt = Sized(dt_, n * t_width_);
-    dense::DotInteractionBackward(t, dz, n, num_vectors_, d, dt);
-  }
+  ASSIGN_OR_RETURN(const float* dt, dense_->InteractionBackward(n));
   clock.Mark(StageTimes::kInteractionBackward);
-  float* dbottom = Sized(dbottom_, n * d);
-  for (int64_t l = 0; l < n; ++l) {
-    std::memcpy(dbottom + l * d, dt + l * t_width_, sizeof(float) * d);
-  }
-  bottom_.Backward(batch.dense.data(), dbottom, n, /*dx=*/nullptr);
+  RETURN_IF_ERROR(dense_->BottomBackward(x, n));
   clock.Mark(StageTimes::kBottomBackward);
   if (overlapped) {
-    overlap.Then([this, bottom_params] {
-      return ReduceBucket(dense_comm_, 0, bottom_params, nullptr);
+    overlap.Then([this] {
+      return ReduceBucket(dense_comm_, dense::GradBucket::kBottom, nullptr);
     });
   }
 
@@ -938,12 +909,12 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   // already be in flight on the dense communicator.
   RETURN_IF_ERROR(overlap.Finish());
   if (!overlapped) {
-    RETURN_IF_ERROR(ReduceBucket(comm_, 0, dense_params_.size(), &loss_sum));
+    RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, &loss_sum));
   }
-  times.bytes_sent[StageTimes::kDense] += world_ > 1 ? DenseBytes() : 0;
+  times.bytes_sent[StageTimes::kDense] += world_ > 1 ? dense_bytes_ : 0;
   result.loss = loss_sum / static_cast<double>(global_size_);
   clock.Mark(StageTimes::kAllReduce);
-  dense_optimizer_->Step();
+  RETURN_IF_ERROR(dense_->Update());
   clock.Mark(StageTimes::kDenseUpdate);
   ++steps_;
   result.stores = store_stats_;
@@ -1032,36 +1003,17 @@ absl::Status Model::ExchangeAndUpdate(
   return absl::OkStatus();
 }
 
-absl::Status Model::ReduceBucket(comm::Communicator* comm, size_t begin,
-                                 size_t end, double* loss_sum) {
+absl::Status Model::ReduceBucket(comm::Communicator* comm,
+                                 dense::GradBucket bucket, double* loss_sum) {
   // A sum over one rank is what it holds.
   if (comm->world_size() == 1) return absl::OkStatus();
-  AlignedVector<float>& flat_buffer = begin == 0 ? grad_flat_ : grad_flat_top_;
-  int64_t total = loss_sum != nullptr ? 1 : 0;
-  for (size_t i = begin; i < end; ++i) total += dense_params_[i].size;
-  float* flat = Sized(flat_buffer, total);
-  int64_t at = 0;
-  for (size_t i = begin; i < end; ++i) {
-    std::memcpy(flat + at, dense_params_[i].grad,
-                sizeof(float) * dense_params_[i].size);
-    at += dense_params_[i].size;
-  }
-  if (loss_sum != nullptr) flat[at] = static_cast<float>(*loss_sum);
-  RETURN_IF_ERROR(comm->AllReduceSum(flat, total, DataType::kFloat32));
-  at = 0;
-  for (size_t i = begin; i < end; ++i) {
-    std::memcpy(dense_params_[i].grad, flat + at,
-                sizeof(float) * dense_params_[i].size);
-    at += dense_params_[i].size;
-  }
-  if (loss_sum != nullptr) *loss_sum = flat[at];
-  return absl::OkStatus();
-}
-
-int64_t Model::DenseBytes() const {
-  int64_t total = 1;
-  for (const dense::ParamRef& p : dense_params_) total += p.size;
-  return 4 * total;
+  ASSIGN_OR_RETURN(const std::span<float> flat,
+                   dense_->PackGradients(bucket, loss_sum != nullptr ? 1 : 0));
+  if (loss_sum != nullptr) flat.back() = static_cast<float>(*loss_sum);
+  RETURN_IF_ERROR(comm->AllReduceSum(
+      flat.data(), static_cast<int64_t>(flat.size()), DataType::kFloat32));
+  if (loss_sum != nullptr) *loss_sum = flat.back();
+  return dense_->UnpackGradients(bucket);
 }
 
 absl::Status Model::Predict(const data::Batch& batch,
@@ -1069,21 +1021,8 @@ absl::Status Model::Predict(const data::Batch& batch,
   RETURN_IF_ERROR(AgreeOnBatch(batch, nullptr));
   StageTimes times;
   RETURN_IF_ERROR(EmbedForward(batch, &times));
-  const int64_t n = batch.size;
-  const int d = vector_dim_;
-  float* bottom_out = Sized(infer_bottom_, n * d);
-  bottom_.Infer(batch.dense.data(), n, bottom_out, &infer_scratch_);
-  float* t = t_.data();
-  for (int64_t l = 0; l < n; ++l) {
-    std::memcpy(t + l * t_width_, bottom_out + l * d, sizeof(float) * d);
-  }
-  float* z = dot_ ? Sized(z_, n * interaction_dim_) : t;
-  if (dot_) dense::DotInteractionForward(t, n, num_vectors_, d, z);
-  float* logits = Sized(infer_logits_, n);
-  top_.Infer(z, n, logits, &infer_scratch_);
-  probs->resize(n);
-  for (int64_t l = 0; l < n; ++l) (*probs)[l] = dense::Sigmoid(logits[l]);
-  return absl::OkStatus();
+  probs->resize(batch.size);
+  return dense_->Predict(batch.dense.data(), batch.size, probs->data());
 }
 
 int Model::WholeLocal(int k) const {
@@ -1114,7 +1053,7 @@ absl::StatusOr<uint64_t> Model::WeightChecksum() {
       h = Mix64(h ^ bits);
     }
   };
-  for (const dense::Mlp* mlp : {&bottom_, &top_}) {
+  for (const dense::Mlp* mlp : {&bottom(), &top()}) {
     for (const dense::Linear& l : mlp->layers()) {
       add(l.weight(), static_cast<int64_t>(l.in()) * l.out());
       add(l.bias(), l.out());

@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "core/aligned.h"
 #include "data/batch.h"
+#include "dense/backend.h"
 #include "dense/linear.h"
 #include "dense/optimizer.h"
 #include "dlrm/config.pb.h"
@@ -91,6 +92,10 @@ struct StepResult {
 // holds cache_fraction of the shard's rows, or cache_rows rows (at most the
 // shard's rows) when cache_rows is set (docs/hybrid.md "Tables on RocksDB").
 //
+// The dense part (MLPs, interaction, loss, dense optimizer) runs on the
+// dense backend of config.device (dense/backend.h): the CPU, or CUDA device
+// 0 with the embeddings still in host memory.
+//
 // Equivalence: R ranks and one rank with the concatenated global batch take
 // the same step up to float summation order: dense gradients are summed per
 // rank and then across ranks, and row-wise shards' partial pools are summed
@@ -102,8 +107,10 @@ class Model {
   // One process: every table whole on rank 0 (embedding::WholeTablesPlan)
   // over a single-rank communicator the model owns. `config` normalised;
   // initialises weights from config.seed the way the DLRM reference does.
-  // Opening the RocksDB tier fails with RocksDB's error (e.g. Internal)
-  // when config.rocksdb.path cannot be created.
+  // FailedPrecondition naming why when config.device is DEVICE_CUDA and no
+  // GPU is usable (dense::CreateDenseBackend). Opening the RocksDB tier fails
+  // with RocksDB's error (e.g. Internal) when config.rocksdb.path cannot be
+  // created.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const ModelConfig& config);
 
@@ -182,13 +189,15 @@ class Model {
   // This rank's shards (data-parallel replicas included), in table then
   // shard order.
   std::vector<ShardState> LocalShards();
-  // The MLPs' parameters ("bottom_mlp.0.weight", ...) and their optimizer.
+  // The MLPs' parameters ("bottom_mlp.0.weight", ...) and their optimizer,
+  // in host memory: the dense backend's host view (dense/backend.h), which
+  // a restore may write.
   const std::vector<dense::ParamRef>& dense_params() const {
-    return dense_params_;
+    return dense_->params();
   }
-  dense::DenseOptimizer& dense_optimizer() { return *dense_optimizer_; }
-  dense::Mlp& bottom() { return bottom_; }
-  dense::Mlp& top() { return top_; }
+  dense::DenseOptimizer& dense_optimizer() { return dense_->optimizer(); }
+  dense::Mlp& bottom() { return dense_->bottom(); }
+  dense::Mlp& top() { return dense_->top(); }
 
   // The store of table `k` when this rank holds it whole (a table-wise
   // shard or a replica), else null. Borrowed; a restore of the RocksDB tier
@@ -276,7 +285,7 @@ class Model {
   };
 
   Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
-        comm::Communicator* comm);
+        comm::Communicator* comm, std::unique_ptr<dense::DenseBackend> dense);
   // The local shard holding table `k` whole, or -1.
   int WholeLocal(int k) const;
 
@@ -315,12 +324,10 @@ class Model {
                              const std::vector<int64_t>& extra = {},
                              std::vector<int64_t>* all_extra = nullptr,
                              const char* what = "batch refused by rank");
-  // All-reduces the gradients of dense_params_[begin, end) (and *loss_sum
-  // when not null) over `comm`, in place.
-  absl::Status ReduceBucket(comm::Communicator* comm, size_t begin, size_t end,
+  // All-reduces the dense gradients of `bucket` (and *loss_sum when not
+  // null) over `comm`, in place.
+  absl::Status ReduceBucket(comm::Communicator* comm, dense::GradBucket bucket,
                             double* loss_sum);
-  // Bytes of the dense all-reduce: every gradient and the loss.
-  int64_t DenseBytes() const;
   // Input dist, prepare, lookup and output dist; fills t_ for the local
   // batch and leaves the shards' prepared ids in place for the backward.
   absl::Status EmbedForward(const data::Batch& batch, StageTimes* times);
@@ -351,15 +358,14 @@ class Model {
   int rank_;
   int world_;
 
-  int num_vectors_;
-  int vector_dim_;
-  int interaction_dim_;
+  // The dense part; its interaction input is t (below).
+  std::unique_ptr<dense::DenseBackend> dense_;
+  // Bytes of the dense all-reduce: every gradient and the loss.
+  int64_t dense_bytes_;
+  // A row of t, the interaction input: the bottom MLP's output, then every
+  // table's pooled vector from table_offset_[k].
   int t_width_;
   std::vector<int> table_offset_;
-  bool dot_;
-  dense::Mlp bottom_, top_;
-  std::unique_ptr<dense::DenseOptimizer> dense_optimizer_;
-  std::vector<dense::ParamRef> dense_params_;
 
   // One rank and no row-wise table: every exchange would be the identity,
   // so shards prepare the batch's own ids, pool straight into t_ and update
@@ -402,12 +408,9 @@ class Model {
   // and every rank's next batch size (prefetch).
   std::vector<int64_t> sizes_, starts_, next_sizes_;
   int64_t global_size_ = 0;
-  // Exchange and activation buffers, grown on demand.
+  // Exchange buffers, grown on demand.
   std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
-  AlignedVector<float> send_f_, recv_f_, pooled_, t_, z_, dz_, dt_, dlogits_,
-      dbottom_, grad_flat_, grad_flat_top_, replica_out_;
-  // Predict's dense buffers (the MLPs' inference path keeps no activations).
-  AlignedVector<float> infer_bottom_, infer_logits_, infer_scratch_;
+  AlignedVector<float> send_f_, recv_f_, pooled_, replica_out_;
 };
 
 // docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one

@@ -45,6 +45,8 @@ namespace {
 struct Flags {
   ServerOptions server;
   std::string config = "kaggle";
+  // "cpu" or "cuda" (--device); empty keeps the model config's device.
+  std::string device;
   std::string restore;
   std::string log_level = "info";
   int threads = 0;
@@ -151,13 +153,33 @@ absl::Status ValidateFlags(const Flags& f) {
   return absl::OkStatus();
 }
 
+// The model config at `spec` (a preset, a file, a checkpoint's
+// config.textproto) on the device --device names, if it names one.
+absl::StatusOr<ModelConfig> ConfigOnDevice(const Flags& f,
+                                           const std::string& spec) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec));
+  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
+  return config;
+}
+
 // The model config a run uses: with --restore the checkpoint's, so that
 // every rank plans from it (the restore itself checks the plan).
 absl::StatusOr<ModelConfig> RunConfig(const Flags& f) {
-  return LoadModelConfig(
+  return ConfigOnDevice(
+      f,
       f.restore.empty()
           ? f.config
           : (std::filesystem::path(f.restore) / "config.textproto").string());
+}
+
+// A model from the checkpoint in `dir`, on --device's device if given (a
+// checkpoint restores on either device).
+absl::StatusOr<std::unique_ptr<model::Model>> LoadModel(const Flags& f,
+                                                        const std::string& dir,
+                                                        bool weights_only) {
+  if (f.device.empty()) return model::LoadCheckpoint(dir, weights_only);
+  ASSIGN_OR_RETURN(const ComputeDevice device, ParseDevice(f.device));
+  return model::LoadCheckpointOn(dir, weights_only, device);
 }
 
 // --dry-run: validates what a run would (flags, the model config, the
@@ -195,6 +217,8 @@ absl::Status DryRun(const Flags& f) {
               config.tables_size(),
               static_cast<long long>(EmbeddingParameterCount(config)),
               static_cast<long long>(DenseParameterCount(config)));
+  std::printf("device %s (the dense part; embeddings in host memory)\n",
+              DeviceName(config.device()));
   std::printf("gRPC %s, auth token %s\n",
               f.server.tls.enabled() ? (f.server.tls.client_ca_file.empty()
                                             ? "TLS"
@@ -345,7 +369,7 @@ absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
   }
   for (const model::CheckpointEntry& e : entries) {
     absl::StatusOr<std::unique_ptr<model::Model>> model =
-        e.manifest.ok() ? model::LoadCheckpoint(e.dir, /*weights_only=*/false)
+        e.manifest.ok() ? LoadModel(f, e.dir, /*weights_only=*/false)
                         : e.manifest.status();
     if (!model.ok()) {
       spdlog::warn("skipping checkpoint {}: {}", e.dir,
@@ -368,14 +392,13 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(Flags& f) {
     spdlog::info("loading {} from {}",
                  f.server.inference_only ? "weights" : "the checkpoint",
                  f.restore);
-    return model::LoadCheckpoint(f.restore,
-                                 /*weights_only=*/f.server.inference_only);
+    return LoadModel(f, f.restore, /*weights_only=*/f.server.inference_only);
   }
   if (f.server.inference_only) {
     return absl::InvalidArgumentError(
         "--inference-only needs --restore (the weights to serve)");
   }
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  ASSIGN_OR_RETURN(ModelConfig config, ConfigOnDevice(f, f.config));
   return model::Model::Create(config);
 }
 
@@ -469,9 +492,9 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   ASSIGN_OR_RETURN(ModelConfig config,
                    resume_dir.empty()
                        ? RunConfig(f)
-                       : LoadModelConfig((std::filesystem::path(resume_dir) /
-                                          "config.textproto")
-                                             .string()));
+                       : ConfigOnDevice(f, (std::filesystem::path(resume_dir) /
+                                            "config.textproto")
+                                               .string()));
   embedding::PlannerOptions po;
   po.world_size = f.world_size;
   po.memory_budget_bytes = f.memory_budget_mb << 20;
@@ -644,6 +667,11 @@ int main(int argc, char** argv) {
                  "mlperf-dlrm-v1, xl-113b) or a text-format ModelConfig "
                  "file (ignored with --restore)")
       ->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Where the dense part (MLPs, interaction, loss) runs: cpu "
+                 "or cuda (default: the model config's device, cpu unless it "
+                 "sets one; with --restore or a resume, the checkpoint's)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Checkpoint paths of Admin RPCs resolve under this "
                  "directory and may not leave it");

@@ -181,6 +181,43 @@ TEST(ConfigTest, ParameterCounts) {
   EXPECT_EQ(DenseParameterCount(*c), bottom + top);
 }
 
+// The device: "cpu" / "cuda" from a flag, DEVICE_CPU unless the config
+// says otherwise, an empty flag keeps the config's.
+TEST(ConfigTest, Device) {
+  EXPECT_EQ(*ParseDevice("cpu"), DEVICE_CPU);
+  EXPECT_EQ(*ParseDevice("cuda"), DEVICE_CUDA);
+  EXPECT_EQ(ParseDevice("gpu").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_STREQ(DeviceName(DEVICE_CUDA), "cuda");
+  EXPECT_STREQ(DeviceName(DEVICE_CPU), "cpu");
+
+  auto tiny = LoadModelConfig("tiny");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->device(), DEVICE_CPU);
+  ModelConfig c = *tiny;
+  ASSERT_TRUE(ApplyDeviceFlag("", &c).ok());
+  EXPECT_EQ(c.device(), DEVICE_CPU);
+  ASSERT_TRUE(ApplyDeviceFlag("cuda", &c).ok());
+  EXPECT_EQ(c.device(), DEVICE_CUDA);
+  const absl::Status bad = ApplyDeviceFlag("tpu", &c);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--device must be cpu or cuda"),
+            std::string::npos)
+      << bad;
+  EXPECT_EQ(c.device(), DEVICE_CUDA);
+
+  auto parsed = ParseModelConfigText(
+      "tables { name: \"a\" rows: 5 } embedding_dim: 4 bottom_mlp: [4] "
+      "top_mlp: [1] device: DEVICE_CUDA");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto normalised = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(normalised.ok()) << normalised.status();
+  EXPECT_EQ(normalised->device(), DEVICE_CUDA);
+  parsed->set_device(static_cast<ComputeDevice>(7));
+  EXPECT_EQ(NormalizeModelConfig(*parsed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RandomTest, HashIsAPureFunction) {
   EXPECT_EQ(HashKey(1, 2, 3), HashKey(1, 2, 3));
   EXPECT_NE(HashKey(1, 2, 3), HashKey(1, 2, 4));

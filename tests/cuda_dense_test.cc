@@ -1,6 +1,7 @@
 // Tests for dense/cuda/: Linear forward/backward through cuBLASLt and
 // cuBLAS, the dot interaction and BCE-with-logits against the CPU layers on
-// random inputs. Skipped without a CUDA device, except the argument checks.
+// random inputs; the CUDA dense backend against the CPU one. Skipped without
+// a CUDA device, except the argument checks.
 #include "dense/cuda/cuda_dense.h"
 
 #include <gtest/gtest.h>
@@ -15,12 +16,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/random.h"
+#include "dense/backend.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
 #include "tests/cuda_test_util.h"
+#include "tests/dense_backend_test_util.h"
 
 namespace dlrm::dense::cuda {
 namespace {
@@ -318,6 +321,83 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
   o.workspace_bytes = 0;
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
+
+struct BackendCase {
+  Interaction interaction;
+  OptimizerConfig::Type optimizer;
+};
+
+std::string Name(const BackendCase& c) {
+  return absl::StrCat(Interaction_Name(c.interaction), "_",
+                      OptimizerConfig::Type_Name(c.optimizer));
+}
+void PrintTo(const BackendCase& c, std::ostream* os) { *os << Name(c); }
+
+class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {};
+
+// The CUDA backend against the CPU one (the reference), from the same
+// initial weights on the same random inputs, step after step: forward
+// (loss, predictions), backward (the interaction input's gradient, every
+// parameter's gradient) and the update (parameters, optimizer state), with
+// a batch of 0 in between. Float GEMMs in another order: a tolerance.
+TEST_P(CudaBackendTest, MatchesCpuBackend) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const BackendCase c = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  ModelConfig config =
+      dlrm::testing::DenseBackendConfig(c.interaction, c.optimizer);
+  auto cpu = CreateDenseBackend(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  config.set_device(DEVICE_CUDA);
+  auto gpu = CreateDenseBackend(config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->device(), DEVICE_CUDA);
+  Rng rng(kCudaTestSeed);
+  for (const int64_t batch : {64, 0, 131, 7}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    const dlrm::testing::DenseStepInputs in =
+        dlrm::testing::RandomDenseStep(config, batch, rng);
+    auto want = dlrm::testing::RunDenseStep(**cpu, in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = dlrm::testing::RunDenseStep(**gpu, in);
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (batch > 0) {
+      EXPECT_NEAR(got->loss, want->loss, 1e-5 * want->loss);
+    }
+    ExpectCloseToScale(got->dt, want->dt, 1e-4, "dt");
+    ExpectCloseToScale(got->grads, want->grads, 1e-4, "gradients");
+    ExpectCloseToScale(got->params, want->params, 1e-4, "parameters");
+    ExpectCloseToScale(got->state, want->state, 1e-4, "optimizer state");
+    ExpectCloseToScale(got->probs, want->probs, 1e-4, "predictions");
+    EXPECT_EQ((*gpu)->optimizer().step(), (*cpu)->optimizer().step());
+  }
+  // A write to the host view (a restore) reaches the device: with the CPU
+  // backend's weights and state copied in, the two predict alike again.
+  const std::vector<ParamRef>& from = (*cpu)->params();
+  const std::vector<ParamRef>& to = (*gpu)->params();
+  for (size_t i = 0; i < from.size(); ++i) {
+    std::copy(from[i].value, from[i].value + from[i].size, to[i].value);
+  }
+  const dlrm::testing::DenseStepInputs in =
+      dlrm::testing::RandomDenseStep(config, 50, rng);
+  std::vector<float> want(50), got(50);
+  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**cpu, in).ok());
+  ASSERT_TRUE((*cpu)->Predict(in.x.data(), 50, want.data()).ok());
+  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**gpu, in).ok());
+  ASSERT_TRUE((*gpu)->Predict(in.x.data(), 50, got.data()).ok());
+  ExpectCloseToScale(got, want, 1e-5, "predictions after a host write");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CudaBackendTest,
+    ::testing::Values(BackendCase{INTERACTION_DOT, OptimizerConfig::SGD},
+                      BackendCase{INTERACTION_DOT, OptimizerConfig::ADAGRAD},
+                      BackendCase{INTERACTION_DOT, OptimizerConfig::ADAM},
+                      BackendCase{INTERACTION_CAT, OptimizerConfig::SGD},
+                      BackendCase{INTERACTION_CAT, OptimizerConfig::ADAM}),
+    [](const ::testing::TestParamInfo<BackendCase>& info) {
+      return Name(info.param);
+    });
 
 }  // namespace
 }  // namespace dlrm::dense::cuda

@@ -1,5 +1,6 @@
 // Tests for dense/: Linear and Mlp (naive loops and finite differences), the
-// dot interaction (against its reference), BCE loss and the optimizers.
+// dot interaction (against its reference), BCE loss, the optimizers, and
+// the CPU dense backend (against the layers composed by hand).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,12 +14,15 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/device.h"
 #include "core/random.h"
+#include "dense/backend.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
+#include "tests/dense_backend_test_util.h"
 
 namespace dlrm::dense {
 namespace {
@@ -389,7 +393,7 @@ TEST(InteractionTest, MatchesReference) {
        {Shape{27, 16, 256}, Shape{27, 16, 1}, Shape{27, 16, 0}, Shape{1, 4, 3},
         Shape{2, 3, 5}, Shape{5, 8, 40}, Shape{9, 32, 33}, Shape{4, 64, 7},
         Shape{13, 7, 50}, Shape{17, 128, 3}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << "n " << s.n << " d " << s.d << " batch " << s.batch);
     const int dim = DotInteractionDim(s.n, s.d);
     std::vector<float> t = RandomVector(&rng, s.batch * s.n * s.d);
@@ -710,6 +714,220 @@ TEST(OptimizerTest, DeterministicOnLargeParameters) {
     }
     EXPECT_TRUE(BitwiseEqual(results[0].data(), results[1].data(), 100000));
   }
+}
+
+// ------------------------------------------------------------ Dense backend
+
+using dlrm::testing::DenseBackendConfig;
+using dlrm::testing::DenseStepInputs;
+using dlrm::testing::DenseStepResult;
+using dlrm::testing::RandomDenseStep;
+using dlrm::testing::RunDenseStep;
+
+TEST(DenseBackendTest, InteractionShapes) {
+  const InteractionShape dot = MakeInteractionShape(
+      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::SGD));
+  EXPECT_EQ(dot.kind, INTERACTION_DOT);
+  EXPECT_EQ(dot.num_vectors, 4);
+  EXPECT_EQ(dot.dim, 4);
+  EXPECT_EQ(dot.input_width, 16);
+  EXPECT_EQ(dot.output_width, DotInteractionDim(4, 4));
+  EXPECT_FALSE(InteractionIsIdentity(INTERACTION_DOT));
+  const InteractionShape cat = MakeInteractionShape(
+      DenseBackendConfig(INTERACTION_CAT, OptimizerConfig::SGD));
+  EXPECT_EQ(cat.input_width, 16);
+  EXPECT_EQ(cat.output_width, 16);
+  EXPECT_TRUE(InteractionIsIdentity(INTERACTION_CAT));
+}
+
+// The CPU backend's step is the layers composed by hand, bit for bit: the
+// numbers model::Model's step had before the backend existed.
+TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT}) {
+    for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+                      OptimizerConfig::ADAM}) {
+      SCOPED_TRACE(Interaction_Name(kind) + " " +
+                   OptimizerConfig::Type_Name(type));
+      const ModelConfig config = DenseBackendConfig(kind, type);
+      auto backend = CreateDenseBackend(config);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ((*backend)->device(), DEVICE_CPU);
+      auto ref = HostDenseParams::Create(config);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      HostDenseParams& p = **ref;
+      const InteractionShape s = MakeInteractionShape(config);
+      Rng rng = SeededRng(83);
+      for (int step = 0; step < 3; ++step) {
+        const DenseStepInputs in = RandomDenseStep(config, 19 + step, rng);
+        auto got = RunDenseStep(**backend, in);
+        ASSERT_TRUE(got.ok()) << got.status();
+
+        const int64_t n = in.batch;
+        std::vector<float> t(n * s.input_width);
+        const float* bottom = p.bottom.Forward(in.x.data(), n);
+        for (int64_t l = 0; l < n; ++l) {
+          std::copy(bottom + l * s.dim, bottom + (l + 1) * s.dim,
+                    t.begin() + l * s.input_width);
+          std::copy(in.pooled.begin() + l * (s.input_width - s.dim),
+                    in.pooled.begin() + (l + 1) * (s.input_width - s.dim),
+                    t.begin() + l * s.input_width + s.dim);
+        }
+        std::vector<float> z = t;
+        if (kind == INTERACTION_DOT) {
+          z.resize(n * s.output_width);
+          DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
+        }
+        const float* logits = p.top.Forward(z.data(), n);
+        std::vector<float> dlogits(n);
+        const double loss = BceWithLogits(logits, in.labels.data(), n, 1.0f / n,
+                                          dlogits.data());
+        std::vector<float> dz(n * s.output_width);
+        p.top.Backward(z.data(), dlogits.data(), n, dz.data());
+        std::vector<float> dt = dz;
+        if (kind == INTERACTION_DOT) {
+          dt.resize(n * s.input_width);
+          DotInteractionBackward(t.data(), dz.data(), n, s.num_vectors, s.dim,
+                                 dt.data());
+        }
+        std::vector<float> dbottom(n * s.dim);
+        for (int64_t l = 0; l < n; ++l) {
+          std::copy(dt.begin() + l * s.input_width,
+                    dt.begin() + l * s.input_width + s.dim,
+                    dbottom.begin() + l * s.dim);
+        }
+        p.bottom.Backward(in.x.data(), dbottom.data(), n, nullptr);
+        std::vector<float> grads, params, state;
+        for (const ParamRef& r : p.params) {
+          grads.insert(grads.end(), r.grad, r.grad + r.size);
+        }
+        p.optimizer->Step();
+        for (const ParamRef& r : p.params) {
+          params.insert(params.end(), r.value, r.value + r.size);
+        }
+        for (const ParamRef& r : p.optimizer->State()) {
+          state.insert(state.end(), r.value, r.value + r.size);
+        }
+
+        EXPECT_EQ(got->loss, loss);
+        ASSERT_EQ(got->dt.size(), dt.size());
+        EXPECT_TRUE(BitwiseEqual(got->dt.data(), dt.data(), dt.size()));
+        ASSERT_EQ(got->grads.size(), grads.size());
+        EXPECT_TRUE(
+            BitwiseEqual(got->grads.data(), grads.data(), grads.size()));
+        ASSERT_EQ(got->params.size(), params.size());
+        EXPECT_TRUE(
+            BitwiseEqual(got->params.data(), params.data(), params.size()));
+        ASSERT_EQ(got->state.size(), state.size());
+        EXPECT_TRUE(
+            BitwiseEqual(got->state.data(), state.data(), state.size()));
+        // Predict: the inference path on the updated weights.
+        const float* after = p.bottom.Forward(in.x.data(), n);
+        for (int64_t l = 0; l < n; ++l) {
+          std::copy(after + l * s.dim, after + (l + 1) * s.dim,
+                    t.begin() + l * s.input_width);
+        }
+        z = t;
+        if (kind == INTERACTION_DOT) {
+          z.resize(n * s.output_width);
+          DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
+        }
+        const float* out = p.top.Forward(z.data(), n);
+        for (int64_t l = 0; l < n; ++l) {
+          EXPECT_EQ(got->probs[l], Sigmoid(out[l])) << "sample " << l;
+        }
+      }
+    }
+  }
+}
+
+// Parameter names and order (checkpoints use them), the two buckets, and
+// packing: the flat buffer holds the bucket's gradients in parameter order
+// and then the extra floats; unpacking writes the buffer back.
+TEST(DenseBackendTest, ParametersAndGradientBuckets) {
+  const ModelConfig config =
+      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::ADAM);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  DenseBackend& b = **backend;
+  const std::vector<ParamRef>& params = b.params();
+  std::vector<std::string> names;
+  for (const ParamRef& p : params) names.push_back(p.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "bottom_mlp.0.weight", "bottom_mlp.0.bias",
+                "bottom_mlp.1.weight", "bottom_mlp.1.bias", "top_mlp.0.weight",
+                "top_mlp.0.bias", "top_mlp.1.weight", "top_mlp.1.bias",
+                "top_mlp.2.weight", "top_mlp.2.bias"}));
+  EXPECT_EQ(params[0].value, b.bottom().layers()[0].weight());
+  EXPECT_EQ(params[4].value, b.top().layers()[0].weight());
+  EXPECT_EQ(b.optimizer().State().size(), 2 * params.size());
+
+  Rng rng = SeededRng(89);
+  ASSERT_TRUE(RunDenseStep(b, RandomDenseStep(config, 9, rng)).ok());
+  for (const ParamRef& p : params) {
+    for (int64_t i = 0; i < p.size; ++i) p.grad[i] = static_cast<float>(i);
+  }
+  const std::pair<GradBucket, std::pair<size_t, size_t>> buckets[] = {
+      {GradBucket::kBottom, {0, 4}},
+      {GradBucket::kTop, {4, 10}},
+      {GradBucket::kAll, {0, 10}}};
+  for (const auto& [bucket, range] : buckets) {
+    auto flat = b.PackGradients(bucket, 1);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    std::vector<float> expected;
+    for (size_t i = range.first; i < range.second; ++i) {
+      expected.insert(expected.end(), params[i].grad,
+                      params[i].grad + params[i].size);
+    }
+    ASSERT_EQ(flat->size(), expected.size() + 1);
+    EXPECT_TRUE(BitwiseEqual(flat->data(), expected.data(), expected.size()));
+    for (float& v : *flat) v *= 2;
+    ASSERT_TRUE(b.UnpackGradients(bucket).ok());
+    int64_t at = 0;
+    for (size_t i = range.first; i < range.second; ++i) {
+      for (int64_t k = 0; k < params[i].size; ++k) {
+        ASSERT_EQ(params[i].grad[k], 2 * expected[at + k]) << params[i].name;
+      }
+      at += params[i].size;
+      for (int64_t k = 0; k < params[i].size; ++k) {
+        params[i].grad[k] = static_cast<float>(k);
+      }
+    }
+  }
+}
+
+// A rank with no local samples still takes part: every call succeeds and
+// the gradients are zero.
+TEST(DenseBackendTest, EmptyBatch) {
+  const ModelConfig config =
+      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::SGD);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Rng rng = SeededRng(97);
+  auto r = RunDenseStep(**backend, RandomDenseStep(config, 0, rng));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dt.empty());
+  EXPECT_TRUE(r->probs.empty());
+  for (float g : r->grads) ASSERT_EQ(g, 0.0f);
+}
+
+// Asking for CUDA where there is no GPU is a clear FailedPrecondition that
+// says why, never an abort.
+TEST(DenseBackendTest, CudaWithoutAGpuIsFailedPrecondition) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "this machine has a CUDA device (cuda_dense_test runs "
+                    "the CUDA backend)";
+  }
+  ModelConfig config =
+      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::SGD);
+  config.set_device(DEVICE_CUDA);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
+      << backend.status();
+  const std::string message(backend.status().message());
+  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
+      << message;
 }
 
 }  // namespace

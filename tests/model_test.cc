@@ -4,6 +4,7 @@
 #include "model/model.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -22,6 +23,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
@@ -192,6 +194,92 @@ TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
                          device_comm->get());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
+}
+
+// device cuda on a machine without a usable GPU: a FailedPrecondition that
+// says why (no driver, no device, or a binary built without CUDA), from
+// both factories, before any store is made; never an abort.
+TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "this machine has a CUDA device";
+  }
+  ModelConfig config = Tiny();
+  config.set_device(DEVICE_CUDA);
+  auto m = Model::Create(config);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
+      << m.status();
+  const std::string message(m.status().message());
+  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
+      << message;
+  auto comm = comm::MakeSingleRankCommunicator();
+  auto ranked =
+      Model::Create(config, embedding::WholeTablesPlan(config), comm.get());
+  EXPECT_EQ(ranked.status().code(), absl::StatusCode::kFailedPrecondition)
+      << ranked.status();
+  // The same config on the CPU is fine.
+  config.set_device(DEVICE_CPU);
+  auto cpu = Model::Create(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  // A checkpoint restores on the device asked for, whatever its config's.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("model_test_device_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(SaveCheckpoint(**cpu, dir).ok());
+  EXPECT_EQ(LoadCheckpointOn(dir, false, DEVICE_CUDA).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto loaded = LoadCheckpointOn(dir, false, DEVICE_CPU);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->config().device(), DEVICE_CPU);
+  std::filesystem::remove_all(dir);
+}
+
+// With a GPU, device cuda runs the dense part on the CUDA backend (the
+// embeddings in host stores): the same steps as the CPU model within float
+// tolerance (GEMMs sum in another order). Skipped without a device; fails
+// without one under DLRM_REQUIRE_CUDA=1.
+TEST(ModelTest, CudaDenseStepMatchesCpu) {
+  if (CudaDeviceCount() == 0) {
+    const char* required = std::getenv("DLRM_REQUIRE_CUDA");
+    if (required != nullptr && std::string(required) == "1") {
+      FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "
+             << CudaUnavailableReason();
+    }
+    GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();
+  }
+  ModelConfig config = Tiny();
+  auto cpu = Model::Create(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  config.set_device(DEVICE_CUDA);
+  auto gpu = Model::Create(config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  for (int step = 0; step < 5; ++step) {
+    const data::Batch b = SyntheticBatch(config, 64 + step, 100 + step);
+    auto want = (*cpu)->TrainStep(b);
+    auto got = (*gpu)->TrainStep(b);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss) << "step " << step;
+  }
+  const data::Batch b = SyntheticBatch(config, 50, 200);
+  std::vector<float> want, got;
+  ASSERT_TRUE((*cpu)->Predict(b, &want).ok());
+  ASSERT_TRUE((*gpu)->Predict(b, &got).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-4) << "sample " << i;
+  }
+  const std::vector<dense::ParamRef>& pw = (*cpu)->dense_params();
+  const std::vector<dense::ParamRef>& pg = (*gpu)->dense_params();
+  ASSERT_EQ(pw.size(), pg.size());
+  for (size_t i = 0; i < pw.size(); ++i) {
+    EXPECT_EQ(pg[i].name, pw[i].name);
+    for (int64_t k = 0; k < pw[i].size; ++k) {
+      ASSERT_NEAR(pg[i].value[k], pw[i].value[k], 1e-4) << pw[i].name;
+    }
+  }
+  EXPECT_EQ((*gpu)->dense_optimizer().step(), 5);
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {

@@ -23,6 +23,7 @@
 
 #include "clients/client.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -716,6 +717,52 @@ TEST_F(ServerProcessTest, CheckpointFlagsFromTheConfigFile) {
       << out;
   EXPECT_EQ(dry_run({"--checkpoint-every-steps", "5"}, &out), 1) << out;
   EXPECT_NE(out.find("need --checkpoint-dir"), std::string::npos) << out;
+}
+
+// --device cuda (or device = "cuda" in the --server-config file) on a
+// machine without a usable GPU: the server exits 1 at start with a
+// FAILED_PRECONDITION that says why and how to run on the CPU, never an
+// abort; --dry-run shows the device.
+TEST_F(ServerProcessTest, CudaWithoutAGpuExitsWithAClearError) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "this machine has a CUDA device";
+  }
+  auto run = [&](const std::vector<std::string>& args, std::string* out) {
+    Proc p;
+    if (!p.Spawn(args, dir_ / "device.err")) return -1;
+    char chunk[4096];
+    ssize_t n;
+    out->clear();
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
+      out->append(chunk, n);
+    }
+    const int code = p.WaitExit(60);
+    out->append(ReadText(dir_ / "device.err"));
+    return code;
+  };
+  std::string out;
+  ASSERT_EQ(run(Args({"--device", "cuda"}), &out), 1) << out;
+  EXPECT_NE(out.find("FAILED_PRECONDITION: device cuda"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(CudaUnavailableReason()), std::string::npos) << out;
+  EXPECT_NE(out.find("--device cpu"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
+
+  std::ofstream(dir_ / "server.toml") << "device = \"cuda\"\n";
+  ASSERT_EQ(
+      run(Args({"--server-config", (dir_ / "server.toml").string()}), &out), 1)
+      << out;
+  EXPECT_NE(out.find("FAILED_PRECONDITION: device cuda"), std::string::npos)
+      << out;
+  const std::vector<std::string> dry = {ServerPath(), "--config", "tiny",
+                                        "--device",   "cuda",     "--dry-run"};
+  ASSERT_EQ(run(dry, &out), 0) << out;
+  EXPECT_NE(out.find("device cuda"), std::string::npos) << out;
+  EXPECT_NE(
+      run({ServerPath(), "--config", "tiny", "--device", "tpu", "--dry-run"},
+          &out),
+      0);
+  EXPECT_NE(out.find("--device: tpu not in"), std::string::npos) << out;
 }
 
 // ModelHost's periodic checkpoints in-process: which steps save, by steps

@@ -95,7 +95,13 @@ std::string CudaUnavailableReason() {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    // The two a user meets most, in words first; the runtime's own after.
+    const char* why = err == cudaErrorInsufficientDriver
+                          ? "no CUDA driver, or one older than this CUDA "
+                            "runtime: "
+                      : err == cudaErrorNoDevice ? "no CUDA device: "
+                                                 : "";
+    return absl::StrCat(why, "cudaGetDeviceCount: ", cudaGetErrorString(err));
   }
   return count > 0 ? "" : "no CUDA device";
 }

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/cuda/cuda_raii.h"
+#include "dense/interaction.h"
 #include "optim/rules.h"
 
 namespace dlrm::dense::cuda {
@@ -90,6 +91,16 @@ absl::Status DotInteractionForward(const float* t, int64_t batch, int n, int d,
 absl::Status DotInteractionBackward(const float* t, const float* dz,
                                     int64_t batch, int n, int d, float* dt,
                                     cudaStream_t stream);
+
+// dense::InteractionForward / InteractionBackward: the interaction of
+// `shape` on the device (each interaction's case is in dense_kernels.cu).
+// Queue nothing for an identity interaction (never called for one).
+// InvalidArgument as that interaction's kernel.
+absl::Status InteractionForward(const InteractionShape& shape, const float* t,
+                                int64_t batch, float* z, cudaStream_t stream);
+absl::Status InteractionBackward(const InteractionShape& shape, const float* t,
+                                 const float* dz, int64_t batch, float* dt,
+                                 cudaStream_t stream);
 
 // dense::BceWithLogits: writes dlogits (unless null) and the mean loss to
 // *loss_device (one double, device memory), in double precision like the

@@ -252,6 +252,30 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                       stream, t, dz, n, d, dt);
 }
 
+absl::Status InteractionForward(const InteractionShape& s, const float* t,
+                                int64_t batch, float* z, cudaStream_t stream) {
+  switch (s.kind) {
+    case INTERACTION_DOT:
+      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z, stream);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return absl::OkStatus();
+  }
+}
+
+absl::Status InteractionBackward(const InteractionShape& s, const float* t,
+                                 const float* dz, int64_t batch, float* dt,
+                                 cudaStream_t stream) {
+  switch (s.kind) {
+    case INTERACTION_DOT:
+      return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt,
+                                    stream);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return absl::OkStatus();
+  }
+}
+
 absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,

@@ -1,0 +1,80 @@
+// The dense backend factory and the host parameters both backends start
+// from.
+#include "dense/backend.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/random.h"
+#include "core/status.h"
+#include "dense/cpu_backend.h"
+
+#if defined(DLRM_WITH_CUDA)
+#include "dense/cuda/cuda_backend.h"
+#endif
+
+namespace dlrm::dense {
+namespace {
+
+std::vector<int> Widths(const google::protobuf::RepeatedField<int32_t>& w) {
+  return {w.begin(), w.end()};
+}
+
+}  // namespace
+
+HostDenseParams::HostDenseParams(const ModelConfig& config)
+    : bottom(config.num_dense_features(), Widths(config.bottom_mlp()),
+             /*relu_last=*/true),
+      top(MakeInteractionShape(config).output_width, Widths(config.top_mlp()),
+          /*relu_last=*/false) {}
+
+absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
+    const ModelConfig& config) {
+  std::unique_ptr<HostDenseParams> p(new HostDenseParams(config));
+  Rng rng(config.seed());
+  p->bottom.Init(&rng);
+  p->top.Init(&rng);
+  p->params = p->bottom.Parameters("bottom_mlp");
+  p->bottom_params = p->params.size();
+  for (ParamRef& ref : p->top.Parameters("top_mlp")) {
+    p->params.push_back(std::move(ref));
+  }
+  ASSIGN_OR_RETURN(p->optimizer,
+                   DenseOptimizer::Create(config.dense_optimizer(), p->params));
+  return p;
+}
+
+std::pair<size_t, size_t> HostDenseParams::Range(GradBucket bucket) const {
+  switch (bucket) {
+    case GradBucket::kBottom:
+      return {0, bottom_params};
+    case GradBucket::kTop:
+      return {bottom_params, params.size()};
+    case GradBucket::kAll:
+      break;
+  }
+  return {0, params.size()};
+}
+
+absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
+    const ModelConfig& config) {
+  if (config.device() != DEVICE_CUDA) return CreateCpuDenseBackend(config);
+#if defined(DLRM_WITH_CUDA)
+  absl::StatusOr<std::unique_ptr<DenseBackend>> backend =
+      cuda::CreateCudaDenseBackend(config);
+#else
+  absl::StatusOr<std::unique_ptr<DenseBackend>> backend =
+      absl::FailedPreconditionError(
+          "device cuda: this binary was built without CUDA (nvcc was not "
+          "found when it was built)");
+#endif
+  if (absl::IsFailedPrecondition(backend.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(backend.status().message(),
+                     "; to train on the CPU, pass --device cpu (or set "
+                     "device: DEVICE_CPU in the model config)"));
+  }
+  return backend;
+}
+
+}  // namespace dlrm::dense

@@ -1,0 +1,150 @@
+// The dense part of a DLRM step behind one interface: bottom MLP ->
+// interaction -> top MLP -> BCE loss, forward and backward, the inference
+// path, and the dense optimizer. Two implementations, picked once by
+// CreateDenseBackend from the config's device: the CPU one (oneDNN,
+// dense/cpu_backend.h) and the CUDA one (cuBLASLt and the kernels of
+// dense/cuda/, dense/cuda/cuda_backend.h). The model calls only this
+// interface and never asks which one it holds.
+//
+// The embedding part stays in host memory for now: the model writes the
+// pooled vectors into the host buffer InteractionInput returns and reads
+// their gradients from the host buffer InteractionBackward returns. The
+// CUDA backend copies what it needs to the device (the interaction input,
+// the dense features, the labels) and the interaction gradient back.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dense/interaction.h"
+#include "dense/linear.h"
+#include "dense/optimizer.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm::dense {
+
+// The dense parameters in the two all-reduce buckets of the overlapped
+// step: the top MLP's gradients are final after TopBackward, the bottom
+// MLP's after BottomBackward. kAll is both, bottom first (the parameter
+// order).
+enum class GradBucket { kBottom, kTop, kAll };
+
+// One model's dense part. The training step calls, in order, with the same
+// `batch` (samples, >= 0): InteractionInput, BottomForward,
+// InteractionForward, TopForward, Loss, TopBackward, InteractionBackward,
+// BottomBackward, then (after the gradients' all-reduce, if any) Update.
+// Prediction calls InteractionInput, then Predict. Not thread-safe, except
+// that PackGradients / UnpackGradients may run on another thread (the
+// overlapped all-reduce): for GradBucket::kTop from TopBackward on, while
+// InteractionBackward and BottomBackward run; for the others after
+// BottomBackward, while no other call runs.
+//
+// Every call that returns a Status fails only on a device error (Internal,
+// naming the call) or, on CUDA, InvalidArgument for a shape its kernels
+// cannot run.
+class DenseBackend {
+ public:
+  virtual ~DenseBackend() = default;
+
+  // The config's device.
+  virtual ComputeDevice device() const = 0;
+  const InteractionShape& interaction() const { return interaction_; }
+
+  // The host buffer [batch x interaction().input_width] the caller fills
+  // with the pooled embeddings (columns from interaction().dim on); the
+  // backend writes the bottom MLP's output into columns [0, dim). Valid
+  // until the next call of InteractionInput.
+  virtual absl::StatusOr<float*> InteractionInput(int64_t batch) = 0;
+
+  // Bottom MLP on the dense features x [batch x num_dense_features] (host
+  // memory), into the interaction input.
+  virtual absl::Status BottomForward(const float* x, int64_t batch) = 0;
+  virtual absl::Status InteractionForward(int64_t batch) = 0;
+  virtual absl::Status TopForward(int64_t batch) = 0;
+  // BCE with logits against `labels` (host memory); the logits' gradient is
+  // scaled by `grad_scale` (1 / the global batch, so summed gradients are
+  // the global mean's). Returns the mean loss over the batch.
+  virtual absl::StatusOr<double> Loss(const float* labels, int64_t batch,
+                                      float grad_scale) = 0;
+  // Fills the top MLP's gradients (GradBucket::kTop).
+  virtual absl::Status TopBackward(int64_t batch) = 0;
+  // Returns the gradient of the interaction input, [batch x input_width] in
+  // host memory (columns from dim on: the pooled vectors'), valid until the
+  // next step.
+  virtual absl::StatusOr<const float*> InteractionBackward(int64_t batch) = 0;
+  // Fills the bottom MLP's gradients (GradBucket::kBottom); `x` as in
+  // BottomForward.
+  virtual absl::Status BottomBackward(const float* x, int64_t batch) = 0;
+  // One dense optimizer step from the gradients.
+  virtual absl::Status Update() = 0;
+
+  // Click probabilities of the batch into probs[0, batch) (host memory):
+  // the inference path, which keeps no activations, from the dense
+  // features x and the interaction input the caller filled.
+  virtual absl::Status Predict(const float* x, int64_t batch, float* probs) = 0;
+
+  // The gradients of `bucket` in a flat host buffer of the bucket's
+  // parameters' sizes plus `extra` floats at the end (left for the caller:
+  // the loss), for an all-reduce; valid until UnpackGradients(bucket).
+  virtual absl::StatusOr<std::span<float>> PackGradients(GradBucket bucket,
+                                                         int extra) = 0;
+  // Writes PackGradients' buffer (all-reduced) back into the gradients.
+  virtual absl::Status UnpackGradients(GradBucket bucket) = 0;
+
+  // The host view of the parameters, for checkpoints, exports and tests:
+  // the MLPs, their parameters named "bottom_mlp.<layer>.weight" / ".bias"
+  // then "top_mlp...." (the bottom's first), and their optimizer with its
+  // state and step. On the CPU these are the live ones. On CUDA they are a
+  // host copy, brought up to date when asked for after an Update, and
+  // copied back to the device before the next step or prediction (the
+  // caller may have written them: a restore); a failed copy is returned by
+  // that next call.
+  virtual Mlp& bottom() = 0;
+  virtual Mlp& top() = 0;
+  virtual const std::vector<ParamRef>& params() = 0;
+  virtual DenseOptimizer& optimizer() = 0;
+
+ protected:
+  explicit DenseBackend(const InteractionShape& interaction)
+      : interaction_(interaction) {}
+
+ private:
+  InteractionShape interaction_;
+};
+
+// The dense parameters in host memory: both MLPs initialised from
+// config.seed() as the DLRM reference does (the bottom MLP's draws, then the
+// top's, from one stream: every rank's replica starts equal), their named
+// parameters and their optimizer. The CPU backend trains these; the CUDA
+// backend keeps them as its host view.
+struct HostDenseParams {
+  // `config` normalised. InvalidArgument as DenseOptimizer::Create.
+  static absl::StatusOr<std::unique_ptr<HostDenseParams>> Create(
+      const ModelConfig& config);
+
+  Mlp bottom, top;
+  std::vector<ParamRef> params;  // borrowed from bottom and top
+  std::unique_ptr<DenseOptimizer> optimizer;
+  // params[0, bottom_params) are the bottom MLP's.
+  size_t bottom_params = 0;
+
+  // [begin, end) of `bucket` in `params`.
+  std::pair<size_t, size_t> Range(GradBucket bucket) const;
+
+ private:
+  explicit HostDenseParams(const ModelConfig& config);
+};
+
+// The backend of config.device() (`config` normalised). FailedPrecondition
+// naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no
+// driver, no device); InvalidArgument as DenseOptimizer::Create; Internal
+// on a CUDA error while setting up.
+absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
+    const ModelConfig& config);
+
+}  // namespace dlrm::dense

@@ -1,0 +1,173 @@
+// The CPU dense backend: host MLPs and kernels, the buffers of the step
+// grown on demand and reused.
+#include "dense/cpu_backend.h"
+
+#include <cstring>
+#include <utility>
+
+#include "core/aligned.h"
+#include "core/status.h"
+#include "dense/loss.h"
+
+namespace dlrm::dense {
+namespace {
+
+// Grows `v` to at least `n` elements (never shrinks, so a step's buffers
+// are reused) and returns its data.
+float* Sized(AlignedVector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+// Copies rows of `width` floats between buffers of different row strides.
+void CopyColumns(const float* src, int64_t src_stride, float* dst,
+                 int64_t dst_stride, int64_t rows, int width) {
+  for (int64_t l = 0; l < rows; ++l) {
+    std::memcpy(dst + l * dst_stride, src + l * src_stride,
+                sizeof(float) * width);
+  }
+}
+
+class CpuDenseBackend final : public DenseBackend {
+ public:
+  CpuDenseBackend(const InteractionShape& shape,
+                  std::unique_ptr<HostDenseParams> params)
+      : DenseBackend(shape),
+        p_(std::move(params)),
+        identity_(InteractionIsIdentity(shape.kind)) {}
+
+  ComputeDevice device() const override { return DEVICE_CPU; }
+
+  absl::StatusOr<float*> InteractionInput(int64_t batch) override {
+    return Sized(t_, batch * interaction().input_width);
+  }
+
+  absl::Status BottomForward(const float* x, int64_t batch) override {
+    const InteractionShape& s = interaction();
+    const float* out = p_->bottom.Forward(x, batch);
+    CopyColumns(out, s.dim, t_.data(), s.input_width, batch, s.dim);
+    return absl::OkStatus();
+  }
+
+  absl::Status InteractionForward(int64_t batch) override {
+    const InteractionShape& s = interaction();
+    z_at_ = identity_ ? t_.data() : Sized(z_, batch * s.output_width);
+    if (!identity_) dense::InteractionForward(s, t_.data(), batch, z_at_);
+    return absl::OkStatus();
+  }
+
+  absl::Status TopForward(int64_t batch) override {
+    logits_ = p_->top.Forward(z_at_, batch);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> Loss(const float* labels, int64_t batch,
+                              float grad_scale) override {
+    return BceWithLogits(logits_, labels, batch, grad_scale,
+                         Sized(dlogits_, batch));
+  }
+
+  absl::Status TopBackward(int64_t batch) override {
+    float* dz = Sized(dz_, batch * interaction().output_width);
+    p_->top.Backward(z_at_, dlogits_.data(), batch, dz);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<const float*> InteractionBackward(int64_t batch) override {
+    const InteractionShape& s = interaction();
+    dt_at_ = identity_ ? dz_.data() : Sized(dt_, batch * s.input_width);
+    if (!identity_) {
+      dense::InteractionBackward(s, t_.data(), dz_.data(), batch, dt_at_);
+    }
+    return dt_at_;
+  }
+
+  absl::Status BottomBackward(const float* x, int64_t batch) override {
+    const InteractionShape& s = interaction();
+    float* dbottom = Sized(dbottom_, batch * s.dim);
+    CopyColumns(dt_at_, s.input_width, dbottom, s.dim, batch, s.dim);
+    p_->bottom.Backward(x, dbottom, batch, /*dx=*/nullptr);
+    return absl::OkStatus();
+  }
+
+  absl::Status Update() override {
+    p_->optimizer->Step();
+    return absl::OkStatus();
+  }
+
+  absl::Status Predict(const float* x, int64_t batch, float* probs) override {
+    const InteractionShape& s = interaction();
+    float* bottom_out = Sized(infer_bottom_, batch * s.dim);
+    p_->bottom.Infer(x, batch, bottom_out, &infer_scratch_);
+    float* t = t_.data();
+    CopyColumns(bottom_out, s.dim, t, s.input_width, batch, s.dim);
+    float* z = identity_ ? t : Sized(z_, batch * s.output_width);
+    if (!identity_) dense::InteractionForward(s, t, batch, z);
+    float* logits = Sized(infer_logits_, batch);
+    p_->top.Infer(z, batch, logits, &infer_scratch_);
+    for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(logits[l]);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::span<float>> PackGradients(GradBucket bucket,
+                                                 int extra) override {
+    const auto [begin, end] = p_->Range(bucket);
+    int64_t total = extra;
+    for (size_t i = begin; i < end; ++i) total += p_->params[i].size;
+    float* flat = Sized(Flat(bucket), total);
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const ParamRef& p = p_->params[i];
+      std::memcpy(flat + at, p.grad, sizeof(float) * p.size);
+      at += p.size;
+    }
+    return std::span<float>(flat, total);
+  }
+
+  absl::Status UnpackGradients(GradBucket bucket) override {
+    const auto [begin, end] = p_->Range(bucket);
+    const float* flat = Flat(bucket).data();
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const ParamRef& p = p_->params[i];
+      std::memcpy(p.grad, flat + at, sizeof(float) * p.size);
+      at += p.size;
+    }
+    return absl::OkStatus();
+  }
+
+  Mlp& bottom() override { return p_->bottom; }
+  Mlp& top() override { return p_->top; }
+  const std::vector<ParamRef>& params() override { return p_->params; }
+  DenseOptimizer& optimizer() override { return *p_->optimizer; }
+
+ private:
+  // The top bucket has a buffer of its own: it is all-reduced on another
+  // thread while the bottom MLP's backward runs.
+  AlignedVector<float>& Flat(GradBucket bucket) {
+    return bucket == GradBucket::kTop ? flat_top_ : flat_;
+  }
+
+  std::unique_ptr<HostDenseParams> p_;
+  const bool identity_;
+  // The interaction's output and input gradient: z_ / dt_, or t_ / dz_ for
+  // an identity interaction.
+  float* z_at_ = nullptr;
+  float* dt_at_ = nullptr;
+  const float* logits_ = nullptr;  // the top MLP's output (its activations)
+  AlignedVector<float> t_, z_, dz_, dt_, dlogits_, dbottom_, flat_, flat_top_;
+  // Predict's (the MLPs' inference path keeps no activations).
+  AlignedVector<float> infer_bottom_, infer_logits_, infer_scratch_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCpuDenseBackend(
+    const ModelConfig& config) {
+  ASSIGN_OR_RETURN(std::unique_ptr<HostDenseParams> params,
+                   HostDenseParams::Create(config));
+  return std::make_unique<CpuDenseBackend>(MakeInteractionShape(config),
+                                           std::move(params));
+}
+
+}  // namespace dlrm::dense

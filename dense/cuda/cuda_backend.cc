@@ -1,0 +1,501 @@
+// The CUDA dense backend: device twins of the CPU backend's buffers, the
+// MLPs layer by layer through cuda_linear.cc, the interaction, loss and
+// optimizer kernels of dense_kernels.cu, and the host view kept in step
+// lazily (dense/backend.h).
+#include "dense/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/aligned.h"
+#include "core/cuda/cuda_raii.h"
+#include "core/cuda_status.h"
+#include "core/device.h"
+#include "core/status.h"
+#include "dense/cuda/cuda_dense.h"
+#include "dense/loss.h"
+#include "optim/optimizer.h"
+
+namespace dlrm::dense::cuda {
+namespace {
+
+using dlrm::cuda::CudaEvent;
+using dlrm::cuda::CudaStream;
+using dlrm::cuda::DeviceBuffer;
+
+// The device the backend runs on ("cuda" means device 0).
+constexpr int kOrdinal = 0;
+
+// Grows `v` to at least `n` elements and returns its data.
+float* Sized(AlignedVector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+// Grows `b` to at least `n` elements (contents lost when it grows) and
+// returns its data.
+absl::StatusOr<float*> Sized(DeviceBuffer<float>& b, int64_t n) {
+  if (static_cast<int64_t>(b.size()) < n) {
+    RETURN_IF_ERROR(b.Resize(static_cast<size_t>(n)));
+  }
+  return b.data();
+}
+
+// One Linear layer on the device: weights, gradients and its last training
+// forward's output.
+struct DeviceLayer {
+  int in = 0, out = 0;
+  bool relu = false;
+  DeviceBuffer<float> w, b, dw, db, y;
+};
+
+// A parameter (pointers into its layer's buffers) and its optimizer state.
+struct DeviceParam {
+  float* value = nullptr;
+  float* grad = nullptr;
+  int64_t size = 0;
+  DeviceBuffer<float> state[2];
+};
+
+absl::Status CopyAsync(void* dst, const void* src, int64_t floats,
+                       cudaMemcpyKind kind, cudaStream_t stream) {
+  if (floats <= 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      dst, src, sizeof(float) * static_cast<size_t>(floats), kind, stream));
+  return absl::OkStatus();
+}
+
+// Copies `width` floats of each of `rows` rows between device buffers of
+// different row strides.
+absl::Status CopyColumns(const float* src, int64_t src_stride, float* dst,
+                         int64_t dst_stride, int64_t rows, int width,
+                         cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+      dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride,
+      sizeof(float) * width, static_cast<size_t>(rows),
+      cudaMemcpyDeviceToDevice, stream));
+  return absl::OkStatus();
+}
+
+class CudaDenseBackend final : public DenseBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<DenseBackend>> Create(
+      const ModelConfig& config);
+
+  ComputeDevice device() const override { return DEVICE_CUDA; }
+
+  absl::StatusOr<float*> InteractionInput(int64_t batch) override {
+    return Sized(t_host_, batch * interaction().input_width);
+  }
+
+  absl::Status BottomForward(const float* x, int64_t batch) override {
+    RETURN_IF_ERROR(Ready());
+    const InteractionShape& s = interaction();
+    const int64_t features = bottom_.front().in;
+    ASSIGN_OR_RETURN(float* x_dev, Sized(x_, batch * features));
+    ASSIGN_OR_RETURN(float* t, Sized(t_, batch * s.input_width));
+    RETURN_IF_ERROR(CopyAsync(x_dev, x, batch * features,
+                              cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(CopyAsync(t, t_host_.data(), batch * s.input_width,
+                              cudaMemcpyHostToDevice, stream()));
+    ASSIGN_OR_RETURN(const float* out, TrainForward(bottom_, x_dev, batch));
+    return CopyColumns(out, s.dim, t, s.input_width, batch, s.dim, stream());
+  }
+
+  absl::Status InteractionForward(int64_t batch) override {
+    const InteractionShape& s = interaction();
+    if (identity_) {
+      z_at_ = t_.data();
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(z_at_, Sized(z_, batch * s.output_width));
+    return cuda::InteractionForward(s, t_.data(), batch, z_at_, stream());
+  }
+
+  absl::Status TopForward(int64_t batch) override {
+    return TrainForward(top_, z_at_, batch).status();
+  }
+
+  absl::StatusOr<double> Loss(const float* labels, int64_t batch,
+                              float grad_scale) override {
+    ASSIGN_OR_RETURN(float* labels_dev, Sized(labels_, batch));
+    ASSIGN_OR_RETURN(float* dlogits, Sized(dlogits_, batch));
+    RETURN_IF_ERROR(
+        CopyAsync(labels_dev, labels, batch, cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(BceWithLogits(top_.back().y.data(), labels_dev, batch,
+                                  grad_scale, dlogits, loss_.data(), stream()));
+    double loss = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, loss_.data(), sizeof(double),
+                                         cudaMemcpyDeviceToHost, stream()));
+    RETURN_IF_ERROR(stream_.Synchronize());
+    return loss;
+  }
+
+  absl::Status TopBackward(int64_t batch) override {
+    ASSIGN_OR_RETURN(float* dz, Sized(dz_, batch * interaction().output_width));
+    RETURN_IF_ERROR(TrainBackward(top_, z_at_, dlogits_.data(), batch, dz));
+    return top_ready_.Record(stream());
+  }
+
+  absl::StatusOr<const float*> InteractionBackward(int64_t batch) override {
+    const InteractionShape& s = interaction();
+    if (identity_) {
+      dt_at_ = dz_.data();
+    } else {
+      ASSIGN_OR_RETURN(dt_at_, Sized(dt_, batch * s.input_width));
+      RETURN_IF_ERROR(cuda::InteractionBackward(s, t_.data(), dz_.data(), batch,
+                                                dt_at_, stream()));
+    }
+    float* host = Sized(dt_host_, batch * s.input_width);
+    RETURN_IF_ERROR(CopyAsync(host, dt_at_, batch * s.input_width,
+                              cudaMemcpyDeviceToHost, stream()));
+    RETURN_IF_ERROR(stream_.Synchronize());
+    return host;
+  }
+
+  // `x` is already on the device (BottomForward's copy).
+  absl::Status BottomBackward(const float* x, int64_t batch) override {
+    const InteractionShape& s = interaction();
+    ASSIGN_OR_RETURN(float* dbottom, Sized(dbottom_, batch * s.dim));
+    RETURN_IF_ERROR(CopyColumns(dt_at_, s.input_width, dbottom, s.dim, batch,
+                                s.dim, stream()));
+    RETURN_IF_ERROR(
+        TrainBackward(bottom_, x_.data(), dbottom, batch, /*dx=*/nullptr));
+    return bottom_ready_.Record(stream());
+  }
+
+  absl::Status Update() override {
+    ++step_;
+    ASSIGN_OR_RETURN(const optim::AnyStep constants,
+                     optim::MakeStep(optimizer_config_, step_));
+    for (DeviceParam& p : params_) {
+      RETURN_IF_ERROR(DenseOptimizerUpdate(constants, p.value, p.grad,
+                                           p.state[0].data(), p.state[1].data(),
+                                           p.size, stream()));
+    }
+    host_stale_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Predict(const float* x, int64_t batch, float* probs) override {
+    RETURN_IF_ERROR(Ready());
+    const InteractionShape& s = interaction();
+    const int64_t features = bottom_.front().in;
+    ASSIGN_OR_RETURN(float* x_dev, Sized(infer_x_, batch * features));
+    ASSIGN_OR_RETURN(float* t, Sized(infer_t_, batch * s.input_width));
+    ASSIGN_OR_RETURN(float* bottom_out, Sized(infer_bottom_, batch * s.dim));
+    ASSIGN_OR_RETURN(float* logits, Sized(infer_logits_, batch));
+    RETURN_IF_ERROR(CopyAsync(x_dev, x, batch * features,
+                              cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(CopyAsync(t, t_host_.data(), batch * s.input_width,
+                              cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(Infer(bottom_, x_dev, batch, bottom_out));
+    RETURN_IF_ERROR(CopyColumns(bottom_out, s.dim, t, s.input_width, batch,
+                                s.dim, stream()));
+    float* z = t;
+    if (!identity_) {
+      ASSIGN_OR_RETURN(z, Sized(infer_z_, batch * s.output_width));
+      RETURN_IF_ERROR(cuda::InteractionForward(s, t, batch, z, stream()));
+    }
+    RETURN_IF_ERROR(Infer(top_, z, batch, logits));
+    RETURN_IF_ERROR(
+        CopyAsync(probs, logits, batch, cudaMemcpyDeviceToHost, stream()));
+    RETURN_IF_ERROR(stream_.Synchronize());
+    // The CPU's sigmoid, on the host: the same function either way.
+    for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(probs[l]);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::span<float>> PackGradients(GradBucket bucket,
+                                                 int extra) override {
+    // May run on the all-reduce thread, whose current device is its own.
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    const auto [begin, end] = host_->Range(bucket);
+    int64_t total = extra;
+    for (size_t i = begin; i < end; ++i) total += params_[i].size;
+    float* flat = Sized(Flat(bucket), total);
+    // The bucket's gradients are final once the backward that wrote them
+    // has run: the copies wait for it on the copy stream.
+    const CudaEvent& ready =
+        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      RETURN_IF_ERROR(CopyAsync(flat + at, params_[i].grad, params_[i].size,
+                                cudaMemcpyDeviceToHost, copy_stream_.get()));
+      at += params_[i].size;
+    }
+    RETURN_IF_ERROR(copy_stream_.Synchronize());
+    return std::span<float>(flat, total);
+  }
+
+  absl::Status UnpackGradients(GradBucket bucket) override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    const auto [begin, end] = host_->Range(bucket);
+    const float* flat = Flat(bucket).data();
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      RETURN_IF_ERROR(CopyAsync(params_[i].grad, flat + at, params_[i].size,
+                                cudaMemcpyHostToDevice, copy_stream_.get()));
+      at += params_[i].size;
+    }
+    // Update (on the compute stream) runs after this returns.
+    return copy_stream_.Synchronize();
+  }
+
+  Mlp& bottom() override {
+    HostAccess();
+    return host_->bottom;
+  }
+  Mlp& top() override {
+    HostAccess();
+    return host_->top;
+  }
+  const std::vector<ParamRef>& params() override {
+    HostAccess();
+    return host_->params;
+  }
+  DenseOptimizer& optimizer() override {
+    HostAccess();
+    return *host_->optimizer;
+  }
+
+ private:
+  CudaDenseBackend(const ModelConfig& config,
+                   std::unique_ptr<HostDenseParams> host)
+      : DenseBackend(MakeInteractionShape(config)),
+        host_(std::move(host)),
+        identity_(InteractionIsIdentity(interaction().kind)),
+        optimizer_config_(config.dense_optimizer()) {}
+
+  cudaStream_t stream() const { return stream_.get(); }
+
+  AlignedVector<float>& Flat(GradBucket bucket) {
+    return bucket == GradBucket::kTop ? flat_top_ : flat_;
+  }
+
+  // Allocates the device twins of the host view's layers and state.
+  absl::Status Allocate() {
+    for (auto [mlp, layers] :
+         {std::pair{&host_->bottom, &bottom_}, std::pair{&host_->top, &top_}}) {
+      layers->resize(mlp->layers().size());
+      for (size_t i = 0; i < layers->size(); ++i) {
+        const Linear& l = mlp->layers()[i];
+        DeviceLayer& d = (*layers)[i];
+        d.in = l.in();
+        d.out = l.out();
+        d.relu = l.relu();
+        const size_t weights = static_cast<size_t>(l.in()) * l.out();
+        ASSIGN_OR_RETURN(d.w, DeviceBuffer<float>::Allocate(weights));
+        ASSIGN_OR_RETURN(d.dw, DeviceBuffer<float>::Allocate(weights));
+        ASSIGN_OR_RETURN(d.b, DeviceBuffer<float>::Allocate(l.out()));
+        ASSIGN_OR_RETURN(d.db, DeviceBuffer<float>::Allocate(l.out()));
+      }
+    }
+    // Parameters in the host view's order: weight, bias per layer, bottom
+    // first.
+    const size_t arrays = optim::DenseState(optimizer_config_).size();
+    for (std::vector<DeviceLayer>* layers : {&bottom_, &top_}) {
+      for (DeviceLayer& d : *layers) {
+        for (auto [value, grad] :
+             {std::pair{&d.w, &d.dw}, std::pair{&d.b, &d.db}}) {
+          DeviceParam p;
+          p.value = value->data();
+          p.grad = grad->data();
+          p.size = static_cast<int64_t>(value->size());
+          for (size_t k = 0; k < arrays; ++k) {
+            ASSIGN_OR_RETURN(p.state[k],
+                             DeviceBuffer<float>::Allocate(value->size()));
+          }
+          params_.push_back(std::move(p));
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
+    return absl::OkStatus();
+  }
+
+  // Copies the host view (weights, optimizer state and step) to the device.
+  absl::Status Upload() {
+    const std::vector<ParamRef> state = host_->optimizer->State();
+    const size_t arrays = optim::DenseState(optimizer_config_).size();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      DeviceParam& p = params_[i];
+      RETURN_IF_ERROR(CopyAsync(p.value, host_->params[i].value, p.size,
+                                cudaMemcpyHostToDevice, stream()));
+      for (size_t k = 0; k < arrays; ++k) {
+        RETURN_IF_ERROR(CopyAsync(p.state[k].data(),
+                                  state[i * arrays + k].value, p.size,
+                                  cudaMemcpyHostToDevice, stream()));
+      }
+    }
+    step_ = host_->optimizer->step();
+    return stream_.Synchronize();
+  }
+
+  // Copies the device's weights, optimizer state and step to the host view.
+  absl::Status Download() {
+    const std::vector<ParamRef> state = host_->optimizer->State();
+    const size_t arrays = optim::DenseState(optimizer_config_).size();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const DeviceParam& p = params_[i];
+      RETURN_IF_ERROR(CopyAsync(host_->params[i].value, p.value, p.size,
+                                cudaMemcpyDeviceToHost, stream()));
+      for (size_t k = 0; k < arrays; ++k) {
+        RETURN_IF_ERROR(CopyAsync(state[i * arrays + k].value,
+                                  p.state[k].data(), p.size,
+                                  cudaMemcpyDeviceToHost, stream()));
+      }
+    }
+    host_->optimizer->set_step(step_);
+    return stream_.Synchronize();
+  }
+
+  // The host view is about to be read, and maybe written.
+  void HostAccess() {
+    if (host_stale_) {
+      deferred_.Update(Download());
+      host_stale_ = false;
+    }
+    device_stale_ = true;
+  }
+
+  // Before device work: a failed download is reported, and a host view
+  // handed out since the last upload is copied in.
+  absl::Status Ready() {
+    RETURN_IF_ERROR(std::exchange(deferred_, absl::OkStatus()));
+    if (device_stale_) {
+      RETURN_IF_ERROR(Upload());
+      device_stale_ = false;
+    }
+    return absl::OkStatus();
+  }
+
+  // The training forward of an MLP from x (device memory): each layer's
+  // output in its `y`; returns the last one's.
+  absl::StatusOr<const float*> TrainForward(std::vector<DeviceLayer>& layers,
+                                            const float* x, int64_t batch) {
+    const float* in = x;
+    for (DeviceLayer& l : layers) {
+      ASSIGN_OR_RETURN(float* y, Sized(l.y, batch * l.out));
+      RETURN_IF_ERROR(LinearForward(blas_.get(), in, batch, l.in, l.out,
+                                    l.w.data(), l.b.data(), l.relu, y));
+      in = y;
+    }
+    return in;
+  }
+
+  // The backward of TrainForward(layers, x, batch): dy is the gradient wrt
+  // the output (overwritten); fills every layer's gradients, and dx [batch x
+  // in] unless null.
+  absl::Status TrainBackward(std::vector<DeviceLayer>& layers, const float* x,
+                             float* dy, int64_t batch, float* dx) {
+    int widest = 0;
+    for (size_t i = 0; i + 1 < layers.size(); ++i) {
+      widest = std::max(widest, layers[i].out);
+    }
+    ASSIGN_OR_RETURN(float* a, Sized(grad_a_, batch * widest));
+    ASSIGN_OR_RETURN(float* b, Sized(grad_b_, batch * widest));
+    const size_t n = layers.size();
+    float* grad = dy;
+    for (size_t i = n; i-- > 0;) {
+      DeviceLayer& l = layers[i];
+      const float* in = i == 0 ? x : layers[i - 1].y.data();
+      float* layer_dx = i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? a : b);
+      RETURN_IF_ERROR(LinearBackward(blas_.get(), in, l.y.data(), grad, batch,
+                                     l.in, l.out, l.w.data(), l.relu,
+                                     l.dw.data(), l.db.data(), layer_dx));
+      grad = layer_dx;
+    }
+    return absl::OkStatus();
+  }
+
+  // The inference forward of an MLP into `out`, keeping no activations.
+  absl::Status Infer(const std::vector<DeviceLayer>& layers, const float* x,
+                     int64_t batch, float* out) {
+    int widest = 0;
+    for (size_t i = 0; i + 1 < layers.size(); ++i) {
+      widest = std::max(widest, layers[i].out);
+    }
+    ASSIGN_OR_RETURN(float* scratch, Sized(infer_scratch_, 2 * batch * widest));
+    const float* in = x;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const DeviceLayer& l = layers[i];
+      float* y =
+          i + 1 == layers.size() ? out : scratch + (i % 2) * batch * widest;
+      RETURN_IF_ERROR(LinearForward(blas_.get(), in, batch, l.in, l.out,
+                                    l.w.data(), l.b.data(), l.relu, y));
+      in = y;
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<HostDenseParams> host_;
+  const bool identity_;
+  const OptimizerConfig optimizer_config_;
+  int64_t step_ = 0;
+  // The host view is older than the device (an Update since the last
+  // download) / was handed out since the last upload / a download's error
+  // for the next call.
+  bool host_stale_ = false;
+  bool device_stale_ = false;
+  absl::Status deferred_;
+
+  // Declared before what is queued on them and the buffers they use.
+  CudaStream stream_, copy_stream_;
+  std::unique_ptr<BlasContext> blas_;
+  CudaEvent top_ready_, bottom_ready_;
+
+  std::vector<DeviceLayer> bottom_, top_;
+  std::vector<DeviceParam> params_;  // host_->params' order
+  DeviceBuffer<double> loss_;
+  // The step's device buffers; z_at_ / dt_at_ point at z_ / dt_, or at
+  // t_ / dz_ for an identity interaction.
+  DeviceBuffer<float> x_, t_, z_, dz_, dt_, labels_, dlogits_, dbottom_,
+      grad_a_, grad_b_;
+  float* z_at_ = nullptr;
+  float* dt_at_ = nullptr;
+  // Predict's.
+  DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
+      infer_logits_, infer_scratch_;
+  // Host staging: the interaction input the caller fills, its gradient, and
+  // the all-reduce buckets.
+  AlignedVector<float> t_host_, dt_host_, flat_, flat_top_;
+};
+
+absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
+    const ModelConfig& config) {
+  // FailedPrecondition naming why when there is no usable device; makes
+  // the device current for this thread.
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateCudaDevice(kOrdinal);
+  if (!device.ok()) {
+    return absl::Status(
+        device.status().code(),
+        absl::StrCat("device cuda: ", device.status().message()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<HostDenseParams> host,
+                   HostDenseParams::Create(config));
+  std::unique_ptr<CudaDenseBackend> b(
+      new CudaDenseBackend(config, std::move(host)));
+  ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->copy_stream_, CudaStream::Create());
+  ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get()));
+  ASSIGN_OR_RETURN(b->top_ready_, CudaEvent::Create());
+  ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
+  RETURN_IF_ERROR(b->Allocate());
+  RETURN_IF_ERROR(b->Upload());
+  return std::unique_ptr<DenseBackend>(std::move(b));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCudaDenseBackend(
+    const ModelConfig& config) {
+  return CudaDenseBackend::Create(config);
+}
+
+}  // namespace dlrm::dense::cuda

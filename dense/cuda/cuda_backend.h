@@ -1,0 +1,29 @@
+// The CUDA dense backend: the MLPs through cuBLASLt / cuBLAS
+// (cuda_linear.cc), the interactions, BCE and the dense optimizer as the
+// kernels of dense_kernels.cu, on CUDA device 0, one stream. Built when
+// CUDA is enabled (DLRM_WITH_CUDA).
+//
+// Memory: parameters, gradients, optimizer state and activations live on
+// the device. The embeddings stay in host memory, so each step copies the
+// interaction input, the dense features and the labels in (host to
+// device) and the interaction gradient out; the loss and Predict's logits
+// come back too. The gradients' all-reduce buckets are packed into host
+// buffers on a second stream, ordered after the backward that made them.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "dense/backend.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm::dense::cuda {
+
+// The CUDA backend for `config` (normalised). FailedPrecondition naming why
+// when no CUDA device is usable (no driver, no device); InvalidArgument as
+// DenseOptimizer::Create; Internal (or ResourceExhausted for device memory)
+// on CUDA / cuBLAS errors while setting up.
+absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCudaDenseBackend(
+    const ModelConfig& config);
+
+}  // namespace dlrm::dense::cuda

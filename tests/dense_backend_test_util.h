@@ -1,0 +1,127 @@
+// Shared by the dense backend tests (dense_test, cuda_dense_test): random
+// inputs for one dense step and a driver that runs a DenseBackend through
+// the step as model::Model does, collecting what it produced in host
+// memory.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/config.h"
+#include "core/random.h"
+#include "core/status.h"
+#include "dense/backend.h"
+
+namespace dlrm::testing {
+
+// A small normalised config: 3 tables of dim 4, `interaction`, `optimizer`
+// for the dense parameters.
+inline ModelConfig DenseBackendConfig(Interaction interaction,
+                                      OptimizerConfig::Type optimizer) {
+  ModelConfig c;
+  c.set_num_dense_features(5);
+  c.set_embedding_dim(4);
+  for (const char* name : {"a", "b", "c"}) {
+    TableConfig* t = c.add_tables();
+    t->set_name(name);
+    t->set_rows(10);
+  }
+  for (int w : {8, 4}) c.add_bottom_mlp(w);
+  for (int w : {6, 3, 1}) c.add_top_mlp(w);
+  c.set_interaction(interaction);
+  c.mutable_dense_optimizer()->set_type(optimizer);
+  c.mutable_dense_optimizer()->set_learning_rate(0.05f);
+  c.set_seed(7);
+  absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return n.ok() ? *n : c;
+}
+
+// The inputs of one step: dense features, the pooled vectors (columns dim
+// and up of each interaction-input row) and 0/1 labels.
+struct DenseStepInputs {
+  int64_t batch = 0;
+  std::vector<float> x, pooled, labels;
+};
+
+inline DenseStepInputs RandomDenseStep(const ModelConfig& config, int64_t batch,
+                                       Rng& rng) {
+  const dense::InteractionShape s = dense::MakeInteractionShape(config);
+  DenseStepInputs in;
+  in.batch = batch;
+  for (int64_t i = 0; i < batch * config.num_dense_features(); ++i) {
+    in.x.push_back(static_cast<float>(rng.Normal()));
+  }
+  for (int64_t i = 0; i < batch * (s.input_width - s.dim); ++i) {
+    in.pooled.push_back(static_cast<float>(rng.Normal() * 0.5));
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    in.labels.push_back(rng.Normal() > 0 ? 1.0f : 0.0f);
+  }
+  return in;
+}
+
+// What one step produced, copied to host memory.
+struct DenseStepResult {
+  double loss = 0;
+  std::vector<float> dt;      // the interaction input's gradient
+  std::vector<float> grads;   // every gradient, packed (GradBucket::kAll)
+  std::vector<float> params;  // every parameter after the update
+  std::vector<float> state;   // the optimizer state after the update
+  std::vector<float> probs;   // Predict on the same inputs, after the update
+};
+
+inline absl::Status FillInteractionInput(dense::DenseBackend& b,
+                                         const DenseStepInputs& in) {
+  const dense::InteractionShape& s = b.interaction();
+  ASSIGN_OR_RETURN(float* t, b.InteractionInput(in.batch));
+  const int pooled = s.input_width - s.dim;
+  for (int64_t l = 0; l < in.batch; ++l) {
+    std::memcpy(t + l * s.input_width + s.dim, in.pooled.data() + l * pooled,
+                sizeof(float) * pooled);
+  }
+  return absl::OkStatus();
+}
+
+// The training step's calls in Model::TrainStep's order (the gradients are
+// packed and unpacked unchanged where the all-reduce would be), then
+// Predict on the same inputs.
+inline absl::StatusOr<DenseStepResult> RunDenseStep(dense::DenseBackend& b,
+                                                    const DenseStepInputs& in) {
+  const dense::InteractionShape& s = b.interaction();
+  const int64_t n = in.batch;
+  DenseStepResult r;
+  RETURN_IF_ERROR(FillInteractionInput(b, in));
+  RETURN_IF_ERROR(b.BottomForward(in.x.data(), n));
+  RETURN_IF_ERROR(b.InteractionForward(n));
+  RETURN_IF_ERROR(b.TopForward(n));
+  ASSIGN_OR_RETURN(r.loss, b.Loss(in.labels.data(), n,
+                                  n > 0 ? 1.0f / static_cast<float>(n) : 1.0f));
+  RETURN_IF_ERROR(b.TopBackward(n));
+  ASSIGN_OR_RETURN(const float* dt, b.InteractionBackward(n));
+  r.dt.assign(dt, dt + n * s.input_width);
+  RETURN_IF_ERROR(b.BottomBackward(in.x.data(), n));
+  ASSIGN_OR_RETURN(std::span<float> flat,
+                   b.PackGradients(dense::GradBucket::kAll, 0));
+  r.grads.assign(flat.begin(), flat.end());
+  RETURN_IF_ERROR(b.UnpackGradients(dense::GradBucket::kAll));
+  RETURN_IF_ERROR(b.Update());
+  for (const dense::ParamRef& p : b.params()) {
+    r.params.insert(r.params.end(), p.value, p.value + p.size);
+  }
+  for (const dense::ParamRef& p : b.optimizer().State()) {
+    r.state.insert(r.state.end(), p.value, p.value + p.size);
+  }
+  RETURN_IF_ERROR(FillInteractionInput(b, in));
+  r.probs.resize(n);
+  RETURN_IF_ERROR(b.Predict(in.x.data(), n, r.probs.data()));
+  return r;
+}
+
+}  // namespace dlrm::testing
