@@ -50,8 +50,7 @@ int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim);
 
 // InvalidArgument naming the table unless rows [begin, begin + count) lie
 // in [0, spec.rows) (count >= 0).
-absl::Status CheckRowRange(const TableSpec& spec, int64_t begin,
-                           int64_t count);
+absl::Status CheckRowRange(const TableSpec& spec, int64_t begin, int64_t count);
 
 // Usage counters of a store since it was created. Row counts are unique
 // rows of prepared batches.

@@ -157,9 +157,9 @@ absl::StatusOr<ExportInfo> WriteWeights(
 
 // Writes the weights of a one-process model (every table whole on its one
 // rank; a job of several ranks exports through server::RankGroup) to the
-// safetensors file `path` through a temporary file renamed into place, so `path` is the old file or the
-// complete new one at every moment. Errors as WriteWeights', and a table's
-// store's read errors.
+// safetensors file `path` through a temporary file renamed into place, so
+// `path` is the old file or the complete new one at every moment. Errors as
+// WriteWeights', and a table's store's read errors.
 absl::StatusOr<ExportInfo> ExportSafetensors(
     Model& model, const std::string& path,
     FileSystem* file_system = DefaultFileSystem());

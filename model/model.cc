@@ -395,8 +395,9 @@ absl::StatusOr<std::unique_ptr<Model::StagedRows>> Model::StageRows(
   auto staged = std::make_unique<StagedRows>();
   embedding::RocksDbStoreOptions options = row_db_->options();
   options.path = NewDatabaseDir();
-  auto db = dir.empty() ? embedding::RowDatabase::Open(options)
-                        : embedding::RowDatabase::RestoreCheckpoint(dir, options);
+  auto db = dir.empty()
+                ? embedding::RowDatabase::Open(options)
+                : embedding::RowDatabase::RestoreCheckpoint(dir, options);
   if (!db.ok()) {
     std::error_code ec;
     fs::remove_all(options.path, ec);
