@@ -1,9 +1,7 @@
 // The DLRM step on R >= 1 ranks: input dist (lengths, then ids), shard
 // lookups for the global batch, output dist, data-parallel dense
 // forward/backward, backward dist, fused sparse updates, dense all-reduce.
-//
-// Every exchange has one layout: what rank a sends rank b is, for each shard
-// b holds (owned_[b], table then shard order), a's local samples in order.
+// The exchanges themselves are model/exchange.h's.
 #include "model/model.h"
 
 #include <omp.h>
@@ -33,49 +31,6 @@ using comm::DataType;
 
 using internal::Sized;
 using StageClock = internal::StageClock<StageTimes>;
-
-// Whether id `id` of a bag belongs to `shard` (rows only matter).
-inline bool InRows(const embedding::Shard& shard, int64_t id) {
-  return id >= shard.row_begin && id < shard.row_begin + shard.row_count;
-}
-
-// Bytes of `counts` elements of `size` bytes, leaving out this rank's own.
-int64_t BytesToOthers(const std::vector<int64_t>& counts, int self,
-                      size_t size) {
-  int64_t total = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    if (static_cast<int>(r) != self) total += counts[r];
-  }
-  return total * static_cast<int64_t>(size);
-}
-
-std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> starts(counts.size() + 1, 0);
-  for (size_t r = 0; r < counts.size(); ++r) {
-    starts[r + 1] = starts[r] + counts[r];
-  }
-  return starts;
-}
-
-DataType TypeOf(const float*) { return DataType::kFloat32; }
-DataType TypeOf(const int64_t*) { return DataType::kInt64; }
-
-// One all-to-all of an exchange: the block this rank received, rank after
-// rank (recv_counts), in `recv` (grown as needed). On one rank the block it
-// sends itself is the one it receives: no copy.
-template <typename Vec>
-absl::StatusOr<const typename Vec::value_type*> Exchange(
-    comm::Communicator* comm, const typename Vec::value_type* send,
-    const std::vector<int64_t>& send_counts, Vec& recv,
-    const std::vector<int64_t>& recv_counts) {
-  if (comm->world_size() == 1) return send;
-  int64_t total = 0;
-  for (const int64_t c : recv_counts) total += c;
-  typename Vec::value_type* out = Sized(recv, total);
-  RETURN_IF_ERROR(
-      comm->AllToAllV(send, send_counts, out, recv_counts, TypeOf(send)));
-  return out;
-}
 
 // Runs up to two all-reduce buckets, one after the other, on a background
 // thread; Finish() waits for both and returns the first error. The
@@ -114,20 +69,6 @@ class OverlappedReduce {
 };
 
 }  // namespace
-
-const char* StageTimes::Name(int stage) {
-  static const char* const kNames[] = {
-      "input_dist", "lookup",     "output_dist", "bottom_fwd",   "inter_fwd",
-      "top_fwd",    "loss",       "top_bwd",     "inter_bwd",    "bottom_bwd",
-      "bwd_dist",   "emb_update", "allreduce",   "dense_update", "emb_prepare"};
-  return kNames[stage];
-}
-
-const char* StageTimes::ExchangeName(int exchange) {
-  static const char* const kNames[] = {"lengths", "ids", "pooled", "gradients",
-                                       "dense_allreduce"};
-  return kNames[exchange];
-}
 
 Model::Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
              comm::Communicator* comm,
@@ -191,20 +132,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   std::unique_ptr<Model> m(new Model(config, plan, comm, std::move(dense)));
   m->dense_comm_ = dense_comm;
 
-  m->owned_.resize(m->world_);
-  for (int k = 0; k < config.tables_size(); ++k) {
-    const auto& shards = plan.tables[k].shards;
-    for (int i = 0; i < static_cast<int>(shards.size()); ++i) {
-      m->owned_[shards[i].rank].push_back({k, i});
-    }
-  }
+  m->exchange_ = std::make_unique<ShardExchange>(config, plan, comm,
+                                                 m->table_offset_, m->t_width_);
   m->replica_.assign(config.tables_size(), -1);
-  m->owned_rocksdb_.resize(m->world_);
-  for (int r = 0; r < m->world_; ++r) {
-    for (const ShardRef& ref : m->owned_[r]) {
-      if (m->OnRocksDb(ref.table)) m->owned_rocksdb_[r].push_back(ref);
-    }
-  }
+  m->owned_rocksdb_ =
+      m->exchange_->Restricted([&m](int k) { return m->OnRocksDb(k); });
   for (int k = 0; k < config.tables_size(); ++k) {
     m->any_rocksdb_ = m->any_rocksdb_ || m->OnRocksDb(k);
   }
@@ -236,9 +168,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     }
   }
   bool mine_on_rocksdb = false;
-  for (const ShardRef& ref : m->owned_[m->rank_]) {
+  for (const ShardRef& ref : m->exchange_->owned()[m->rank_]) {
     const int j = static_cast<int>(m->local_.size());
-    m->all_locals_.push_back(j);
     if (plan.tables[ref.table].kind == SHARDING_DATA_PARALLEL) {
       m->replica_[ref.table] = j;
     }
@@ -458,105 +389,12 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch rejected: rank ", bad_rank, "'s local batch is invalid"));
   }
-  starts_ = Prefix(sizes_);
-  global_size_ = starts_[world_];
+  global_size_ = 0;
+  for (const int64_t size : sizes_) global_size_ += size;
   if (global_size_ == 0) {
     return absl::InvalidArgumentError("batch: the global batch is empty");
   }
-  return absl::OkStatus();
-}
-
-absl::Status Model::DistributeIds(
-    const data::Batch& batch, const std::vector<int64_t>& sizes,
-    const std::vector<std::vector<ShardRef>>& owned,
-    const std::vector<int>& locals,
-    const std::vector<data::SparseFeature*>& out_features, StageTimes* times) {
-  const int64_t n = batch.size;
-  const std::vector<ShardRef>& mine = owned[rank_];
-
-  // Part 1: bag lengths (row-wise: the ids in the shard's rows).
-  std::vector<int64_t> len_send(world_), len_recv(world_);
-  for (int o = 0; o < world_; ++o) {
-    len_send[o] = static_cast<int64_t>(owned[o].size()) * n;
-  }
-  for (int r = 0; r < world_; ++r) {
-    len_recv[r] = static_cast<int64_t>(mine.size()) * sizes[r];
-  }
-  const std::vector<int64_t> len_send_at = Prefix(len_send);
-  int64_t* lengths = Sized(send_i64_, len_send_at[world_]);
-  std::vector<int64_t> id_send(world_, 0);
-  for (int o = 0; o < world_; ++o) {
-    int64_t* out = lengths + len_send_at[o];
-    for (const ShardRef& ref : owned[o]) {
-      const data::SparseFeature& f = batch.sparse[ref.table];
-      const embedding::Shard& s = ShardOf(ref);
-      const bool row_wise = plan_.tables[ref.table].kind == SHARDING_ROW_WISE;
-      for (int64_t l = 0; l < n; ++l) {
-        int64_t len = f.bag_size(l);
-        if (row_wise) {
-          len = 0;
-          for (int64_t p = f.offsets[l]; p < f.offsets[l + 1]; ++p) {
-            len += InRows(s, f.ids[p]);
-          }
-        }
-        *out++ = len;
-        id_send[o] += len;
-      }
-    }
-  }
-  const std::vector<int64_t> len_recv_at = Prefix(len_recv);
-  ASSIGN_OR_RETURN(const int64_t* rlengths,
-                   Exchange(comm_, lengths, len_send, recv_i64_, len_recv));
-  times->bytes_sent[StageTimes::kLengths] += BytesToOthers(len_send, rank_, 8);
-
-  // Part 2: the ids (row-wise: shard-local).
-  std::vector<int64_t> id_recv(world_, 0);
-  for (int r = 0; r < world_; ++r) {
-    for (int64_t i = 0; i < len_recv[r]; ++i) {
-      id_recv[r] += rlengths[len_recv_at[r] + i];
-    }
-  }
-  const std::vector<int64_t> id_send_at = Prefix(id_send);
-  const std::vector<int64_t> id_recv_at = Prefix(id_recv);
-  int64_t* ids = Sized(send_ids_, id_send_at[world_]);
-  for (int o = 0; o < world_; ++o) {
-    int64_t* out = ids + id_send_at[o];
-    for (const ShardRef& ref : owned[o]) {
-      const data::SparseFeature& f = batch.sparse[ref.table];
-      const embedding::Shard& s = ShardOf(ref);
-      if (plan_.tables[ref.table].kind == SHARDING_ROW_WISE) {
-        for (int64_t p = 0; p < (n > 0 ? f.offsets[n] : 0); ++p) {
-          if (InRows(s, f.ids[p])) *out++ = f.ids[p] - s.row_begin;
-        }
-      } else if (n > 0) {
-        out = std::copy(f.ids.begin(), f.ids.begin() + f.offsets[n], out);
-      }
-    }
-  }
-  ASSIGN_OR_RETURN(const int64_t* rids,
-                   Exchange(comm_, ids, id_send, recv_ids_, id_recv));
-  times->bytes_sent[StageTimes::kIds] += BytesToOthers(id_send, rank_, 8);
-
-  // Each local shard's bags for the whole global batch, in global order.
-  for (data::SparseFeature* g : out_features) {
-    g->offsets.assign(1, 0);
-    g->ids.clear();
-  }
-  for (int r = 0; r < world_; ++r) {
-    const int64_t* rl = rlengths + len_recv_at[r];
-    const int64_t* ri = rids + id_recv_at[r];
-    for (size_t i = 0; i < locals.size(); ++i) {
-      data::SparseFeature& g = *out_features[i];
-      int64_t count = 0;
-      for (int64_t l = 0; l < sizes[r]; ++l) {
-        count += rl[l];
-        g.offsets.push_back(g.offsets.back() + rl[l]);
-      }
-      g.ids.insert(g.ids.end(), ri, ri + count);
-      rl += sizes[r];
-      ri += count;
-    }
-  }
+  exchange_->SetBatchSizes(sizes_);
   return absl::OkStatus();
 }
 
@@ -668,13 +506,13 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   if (in_place_) {
     for (LocalShard& ls : local_) ls.ids = &batch.sparse[ls.table];
   } else {
-    std::vector<data::SparseFeature*> out_features;
+    std::vector<data::SparseFeature*> out;
     for (LocalShard& ls : local_) {
-      out_features.push_back(&ls.global_ids);
+      out.push_back(&ls.global_ids);
       ls.ids = &ls.global_ids;
     }
-    RETURN_IF_ERROR(
-        DistributeIds(batch, sizes_, owned_, all_locals_, out_features, times));
+    RETURN_IF_ERROR(exchange_->DistributeIds(batch, sizes_, exchange_->owned(),
+                                             out, times));
   }
   clock.Mark(StageTimes::kInputDist);
 
@@ -683,11 +521,11 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   RETURN_IF_ERROR(PrepareShards());
   clock.Mark(StageTimes::kPrepare);
 
+  const int num_local = static_cast<int>(local_.size());
   if (in_place_) {
     // Every shard's columns of the interaction input, for this rank's (the
     // whole) batch.
     ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
-    const int num_local = static_cast<int>(local_.size());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < num_local; ++j) {
       LocalShard& ls = local_[j];
@@ -699,110 +537,42 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   }
 
   // Lookup: each model-parallel shard pools the global batch, straight into
-  // the output-dist send buffer (rank by rank, shard by shard).
-  std::vector<int64_t> out_send(world_, 0), out_recv(world_, 0);
-  for (int r = 0; r < world_; ++r) {
-    for (const LocalShard& ls : local_) {
-      if (!IsDataParallel(ls.table)) {
-        out_send[r] += sizes_[r] * ls.store->spec().dim;
-      }
-    }
-  }
-  for (int o = 0; o < world_; ++o) {
-    for (const ShardRef& ref : owned_[o]) {
-      if (!IsDataParallel(ref.table)) {
-        out_recv[o] += n * ShardOf(ref).col_count;
-      }
-    }
-  }
-  const std::vector<int64_t> out_send_at = Prefix(out_send);
-  const std::vector<int64_t> out_recv_at = Prefix(out_recv);
-  float* send = Sized(send_f_, out_send_at[world_]);
-  const int num_local = static_cast<int>(local_.size());
-  std::vector<int64_t> col_at(num_local + 1, 0);
-  for (int j = 0; j < num_local; ++j) {
-    col_at[j + 1] =
-        col_at[j] +
-        (IsDataParallel(local_[j].table) ? 0 : local_[j].store->spec().dim);
-  }
-  // Rank r's block is [its samples x all model-parallel columns] and starts
-  // at starts_[r] x stride, so pooling the global batch at that stride puts
-  // every sample's vector in its rank's block.
-  const int64_t stride = col_at[num_local];
+  // the output dist's send buffer.
+  float* send = exchange_->PooledBuffer();
+  const int64_t stride = exchange_->pooled_stride();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
     LocalShard& ls = local_[j];
-    ls.status = IsDataParallel(ls.table)
-                    ? absl::OkStatus()
-                    : ls.store->Forward(*ls.prepared, send + col_at[j], stride);
+    ls.status =
+        IsDataParallel(ls.table)
+            ? absl::OkStatus()
+            : ls.store->Forward(*ls.prepared, send + exchange_->PooledColumn(j),
+                                stride);
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
   clock.Mark(StageTimes::kLookup);
 
-  ASSIGN_OR_RETURN(const float* recv,
-                   Exchange(comm_, send, out_send, recv_f_, out_recv));
-  times->bytes_sent[StageTimes::kPooled] += BytesToOthers(out_send, rank_, 4);
-
-  // Assemble this rank's pooled vectors: column blocks side by side,
-  // row-wise partial sums added, data-parallel tables pooled locally.
+  // This rank's pooled vectors from every shard, then data-parallel tables
+  // pooled locally.
   ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
+  RETURN_IF_ERROR(exchange_->GatherPooled(batch, t, times));
   for (int k = 0; k < config_.tables_size(); ++k) {
-    if (plan_.tables[k].kind != SHARDING_ROW_WISE) continue;
+    if (replica_[k] < 0 || n == 0) continue;
+    LocalShard& ls = local_[replica_[k]];
+    if (ls.host != nullptr) {
+      // In host memory: pool the local bags straight from the batch.
+      ls.host->Forward(batch.sparse[k], t + table_offset_[k], t_width_);
+      continue;
+    }
+    // On RocksDB the store pools only the batch it prepared (the global
+    // one, which the update needs): pool it all, keep this rank's rows.
     const int dim = config_.tables(k).dim();
+    float* all = Sized(replica_out_, global_size_ * dim);
+    RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
+    const int64_t start = exchange_->start(rank_);
     for (int64_t l = 0; l < n; ++l) {
-      std::fill_n(t + l * t_width_ + table_offset_[k], dim, 0.0f);
-    }
-  }
-  for (int o = 0; o < world_; ++o) {
-    int64_t o_stride = 0;
-    for (const ShardRef& ref : owned_[o]) {
-      if (!IsDataParallel(ref.table)) o_stride += ShardOf(ref).col_count;
-    }
-    const float* block = recv + out_recv_at[o];
-    int64_t col = 0;
-    for (const ShardRef& ref : owned_[o]) {
-      if (IsDataParallel(ref.table)) continue;
-      const embedding::Shard& s = ShardOf(ref);
-      const bool row_wise = plan_.tables[ref.table].kind == SHARDING_ROW_WISE;
-      for (int64_t l = 0; l < n; ++l) {
-        const float* src = block + l * o_stride + col;
-        float* dst = t + l * t_width_ + table_offset_[ref.table] + s.col_begin;
-        if (row_wise) {
-          for (int c = 0; c < s.col_count; ++c) dst[c] += src[c];
-        } else {
-          std::memcpy(dst, src, sizeof(float) * s.col_count);
-        }
-      }
-      col += s.col_count;
-    }
-  }
-  for (int k = 0; k < config_.tables_size(); ++k) {
-    if (plan_.tables[k].kind == SHARDING_ROW_WISE &&
-        config_.tables(k).pooling() == POOLING_MEAN) {
-      const int dim = config_.tables(k).dim();
-      for (int64_t l = 0; l < n; ++l) {
-        const int64_t len = batch.sparse[k].bag_size(l);
-        if (len == 0) continue;
-        const float scale = 1.0f / static_cast<float>(len);
-        float* v = t + l * t_width_ + table_offset_[k];
-        for (int c = 0; c < dim; ++c) v[c] *= scale;
-      }
-    } else if (replica_[k] >= 0 && n > 0) {
-      LocalShard& ls = local_[replica_[k]];
-      if (ls.host != nullptr) {
-        // In host memory: pool the local bags straight from the batch.
-        ls.host->Forward(batch.sparse[k], t + table_offset_[k], t_width_);
-        continue;
-      }
-      // On RocksDB the store pools only the batch it prepared (the global
-      // one, which the update needs): pool it all, keep this rank's rows.
-      const int dim = config_.tables(k).dim();
-      float* all = Sized(replica_out_, global_size_ * dim);
-      RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
-      for (int64_t l = 0; l < n; ++l) {
-        std::memcpy(t + l * t_width_ + table_offset_[k],
-                    all + (starts_[rank_] + l) * dim, sizeof(float) * dim);
-      }
+      std::memcpy(t + l * t_width_ + table_offset_[k], all + (start + l) * dim,
+                  sizeof(float) * dim);
     }
   }
   clock.Mark(StageTimes::kOutputDist);
@@ -816,10 +586,8 @@ absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
     }
     return absl::OkStatus();
   }
-  std::vector<data::SparseFeature*> out_features;
-  for (const int j : rocksdb_locals_) {
-    out_features.push_back(&local_[j].next_ids);
-  }
+  std::vector<data::SparseFeature*> out;
+  for (const int j : rocksdb_locals_) out.push_back(&local_[j].next_ids);
   // A rank whose next batch was left out contributes no samples.
   data::Batch none;
   const data::Batch* mine = next;
@@ -827,8 +595,8 @@ absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
     none.Reset(config_.num_dense_features(), config_.tables_size());
     mine = &none;
   }
-  RETURN_IF_ERROR(DistributeIds(*mine, next_sizes_, owned_rocksdb_,
-                                rocksdb_locals_, out_features, times));
+  RETURN_IF_ERROR(
+      exchange_->DistributeIds(*mine, next_sizes_, owned_rocksdb_, out, times));
   for (const int j : rocksdb_locals_) {
     RETURN_IF_ERROR(local_[j].store->Prefetch(local_[j].next_ids));
   }
@@ -891,19 +659,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
     });
   }
 
-  if (in_place_) {
-    // Each shard reads its columns of the interaction gradient in place.
-    const int num_local = static_cast<int>(local_.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < num_local; ++j) {
-      LocalShard& ls = local_[j];
-      ls.status =
-          ls.store->BackwardUpdate(*ls.prepared, dt + TColumn(ls), t_width_);
-    }
-    for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
-  } else {
-    RETURN_IF_ERROR(ExchangeAndUpdate(batch, dt, &times, &clock));
-  }
+  RETURN_IF_ERROR(UpdateShards(batch, dt, &clock));
   clock.Mark(StageTimes::kEmbeddingUpdate);
 
   // Dense gradients and the loss sum: the top bucket (and the loss) may
@@ -922,83 +678,28 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   return result;
 }
 
-absl::Status Model::ExchangeAndUpdate(
-    const data::Batch& batch, const float* dt, StageTimes* times_out,
-    internal::StageClock<StageTimes>* clock_out) {
-  const int64_t n = batch.size;
-  StageTimes& times = *times_out;
-  internal::StageClock<StageTimes>& clock = *clock_out;
-  // Backward dist: every shard (replicas included) gets the gradients of
-  // its pooled vectors for this rank's samples; row-wise shards of a mean
-  // table get them already divided by the bag length.
-  std::vector<int64_t> g_send(world_, 0), g_recv(world_, 0);
-  for (int o = 0; o < world_; ++o) {
-    for (const ShardRef& ref : owned_[o]) {
-      g_send[o] += n * ShardOf(ref).col_count;
-    }
-  }
-  for (int r = 0; r < world_; ++r) {
-    for (const LocalShard& ls : local_) {
-      g_recv[r] += sizes_[r] * ls.store->spec().dim;
-    }
-  }
-  const std::vector<int64_t> g_send_at = Prefix(g_send);
-  const std::vector<int64_t> g_recv_at = Prefix(g_recv);
-  float* send = Sized(send_f_, g_send_at[world_]);
-  for (int o = 0; o < world_; ++o) {
-    float* out = send + g_send_at[o];
-    for (const ShardRef& ref : owned_[o]) {
-      const embedding::Shard& s = ShardOf(ref);
-      const bool scale = plan_.tables[ref.table].kind == SHARDING_ROW_WISE &&
-                         config_.tables(ref.table).pooling() == POOLING_MEAN;
-      for (int64_t l = 0; l < n; ++l) {
-        const float* g =
-            dt + l * t_width_ + table_offset_[ref.table] + s.col_begin;
-        if (scale) {
-          const int64_t len = batch.sparse[ref.table].bag_size(l);
-          // The same factor the single-rank backward multiplies by.
-          const float f = len > 0 ? 1.0f / static_cast<float>(len) : 0.0f;
-          for (int c = 0; c < s.col_count; ++c) out[c] = g[c] * f;
-        } else {
-          std::memcpy(out, g, sizeof(float) * s.col_count);
-        }
-        out += s.col_count;
-      }
-    }
-  }
-  ASSIGN_OR_RETURN(const float* recv,
-                   Exchange(comm_, send, g_send, recv_f_, g_recv));
-  times.bytes_sent[StageTimes::kGradients] += BytesToOthers(g_send, rank_, 4);
-  clock.Mark(StageTimes::kBackwardDist);
-
-  // Each shard's gradients for the global batch, then its fused update.
+absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
+                                 internal::StageClock<StageTimes>* clock) {
   const int num_local = static_cast<int>(local_.size());
-  std::vector<int64_t> grad_at(num_local + 1, 0);
-  for (int j = 0; j < num_local; ++j) {
-    grad_at[j + 1] = grad_at[j] + global_size_ * local_[j].store->spec().dim;
-  }
-  // On one rank the received block is already in this layout (shard after
-  // shard, every sample).
-  const float* grads = recv;
-  if (world_ > 1) {
-    float* regrouped = Sized(pooled_, grad_at[num_local]);
-    for (int r = 0; r < world_; ++r) {
-      const float* in = recv + g_recv_at[r];
-      for (int j = 0; j < num_local; ++j) {
-        const int dim = local_[j].store->spec().dim;
-        const int64_t count = sizes_[r] * dim;
-        std::memcpy(regrouped + grad_at[j] + starts_[r] * dim, in,
-                    sizeof(float) * count);
-        in += count;
-      }
-    }
-    grads = regrouped;
-  }
+  if (in_place_) {
+    // Each shard reads its columns of the interaction gradient in place.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int j = 0; j < num_local; ++j) {
-    LocalShard& ls = local_[j];
-    ls.status = ls.store->BackwardUpdate(*ls.prepared, grads + grad_at[j],
-                                         ls.store->spec().dim);
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
+      ls.status =
+          ls.store->BackwardUpdate(*ls.prepared, dt + TColumn(ls), t_width_);
+    }
+  } else {
+    ASSIGN_OR_RETURN(const float* grads,
+                     exchange_->ScatterGradients(batch, dt, clock->times()));
+    clock->Mark(StageTimes::kBackwardDist);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
+      ls.status = ls.store->BackwardUpdate(*ls.prepared,
+                                           grads + exchange_->GradientOffset(j),
+                                           ls.store->spec().dim);
+    }
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
   return absl::OkStatus();
@@ -1100,49 +801,6 @@ absl::Status Model::GatherTable(int k, std::vector<float>* table) {
   RETURN_IF_ERROR(comm_->AllReduceSum(
       table->data(), static_cast<int64_t>(table->size()), DataType::kFloat32));
   return local;
-}
-
-std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
-    const ModelConfig& c, const embedding::ShardingPlan& plan,
-    const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
-    const data::Batch* next) {
-  std::array<int64_t, StageTimes::kNumExchanges> b{};
-  const int world = plan.world_size;
-  const int64_t n = local.size;
-  for (int k = 0; k < c.tables_size(); ++k) {
-    const auto& p = plan.tables[k];
-    for (const embedding::Shard& s : p.shards) {
-      const bool mp = p.kind != SHARDING_DATA_PARALLEL;
-      if (s.rank != rank && next != nullptr &&
-          c.tables(k).storage() == STORAGE_ROCKSDB) {
-        // The prefetch: the next batch's lengths and ids, RocksDB shards
-        // only.
-        b[StageTimes::kLengths] += 8 * next->size;
-        for (int64_t id : next->sparse[k].ids) {
-          b[StageTimes::kIds] +=
-              id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
-        }
-      }
-      if (s.rank != rank) {
-        b[StageTimes::kLengths] += 8 * n;
-        for (int64_t id : local.sparse[k].ids) {
-          b[StageTimes::kIds] +=
-              id >= s.row_begin && id < s.row_begin + s.row_count ? 8 : 0;
-        }
-        b[StageTimes::kGradients] += 4 * n * s.col_count;
-      } else if (mp) {
-        for (int o = 0; o < world; ++o) {
-          if (o != rank) {
-            b[StageTimes::kPooled] += 4 * sizes[o] * s.col_count;
-          }
-        }
-      }
-    }
-  }
-  if (world > 1) {
-    b[StageTimes::kDense] = 4 * (DenseParameterCount(c) + 1);
-  }
-  return b;
 }
 
 }  // namespace dlrm::model

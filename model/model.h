@@ -22,40 +22,11 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_store.h"
 #include "embedding/sharding.h"
+#include "model/exchange.h"
+#include "model/stage_times.h"
 #include "model/step_util.h"
 
 namespace dlrm::model {
-
-// Wall time of each stage of a step, and the bytes each exchange moved out
-// of this rank to other ranks (0 on one rank).
-struct StageTimes {
-  enum Stage {
-    kInputDist,   // all-to-all of bag lengths, then ids
-    kLookup,      // pooling the shards for the global batch
-    kOutputDist,  // all-to-all of pooled vectors to the samples' ranks
-    kBottomForward,
-    kInteractionForward,
-    kTopForward,
-    kLoss,
-    kTopBackward,
-    kInteractionBackward,
-    kBottomBackward,
-    kBackwardDist,     // all-to-all of pooled-vector gradients to the shards
-    kEmbeddingUpdate,  // fused sparse backward + optimizer on the shards
-    kAllReduce,        // dense gradients (and the loss)
-    kDenseUpdate,
-    // Making the shards' rows resident (RocksDB tier; ~0 in host memory),
-    // agreeing on it, and the next batch's ids and prefetch.
-    kPrepare,
-    kNumStages
-  };
-  static const char* Name(int stage);
-  std::array<double, kNumStages> seconds{};
-
-  enum Exchange { kLengths, kIds, kPooled, kGradients, kDense, kNumExchanges };
-  static const char* ExchangeName(int exchange);
-  std::array<int64_t, kNumExchanges> bytes_sent{};
-};
 
 // The row caches of one rank for one table on RocksDB (its shards of the
 // table together).
@@ -278,12 +249,6 @@ class Model {
     data::SparseFeature next_ids;
     absl::Status status;  // scratch of parallel loops
   };
-  // A shard as every rank sees it: which table, which shard of it.
-  struct ShardRef {
-    int table;
-    int shard;
-  };
-
   Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
         comm::Communicator* comm, std::unique_ptr<dense::DenseBackend> dense);
   // The local shard holding table `k` whole, or -1.
@@ -304,15 +269,6 @@ class Model {
   // rank on the verdict, the local sizes and the next batch's local sizes
   // (next_sizes_: 0 where a rank has no valid next batch).
   absl::Status AgreeOnBatch(const data::Batch& batch, const data::Batch* next);
-  // Input dist of `batch` (ranks' local sizes `sizes`) to the shards of
-  // `owned` (owned[r]: the shards of rank r taking part, in layout order):
-  // fills *out[i] with the global batch's ids of local shard locals[i].
-  absl::Status DistributeIds(const data::Batch& batch,
-                             const std::vector<int64_t>& sizes,
-                             const std::vector<std::vector<ShardRef>>& owned,
-                             const std::vector<int>& locals,
-                             const std::vector<data::SparseFeature*>& out,
-                             StageTimes* times);
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
   absl::Status PrepareShards();
@@ -331,12 +287,12 @@ class Model {
   // Input dist, prepare, lookup and output dist; fills t_ for the local
   // batch and leaves the shards' prepared ids in place for the backward.
   absl::Status EmbedForward(const data::Batch& batch, StageTimes* times);
-  // Backward dist of the interaction gradient `dt` (this rank's samples,
-  // rows of t_width_) to every shard, then each shard's fused update;
-  // charges the exchange and the update to *times through *clock.
-  absl::Status ExchangeAndUpdate(const data::Batch& batch, const float* dt,
-                                 StageTimes* times,
-                                 internal::StageClock<StageTimes>* clock);
+  // Each shard's fused sparse backward and optimizer step from the
+  // interaction gradient `dt` (this rank's samples, rows of t_width_): in
+  // place on one rank without row-wise tables, else after the backward
+  // dist, whose time goes to *clock.
+  absl::Status UpdateShards(const data::Batch& batch, const float* dt,
+                            internal::StageClock<StageTimes>* clock);
   // Sends the next batch's ids to the shards on RocksDB and starts their
   // prefetch (TrainStep with a next batch on some rank; `next` may be null
   // on this one, which then sends no samples).
@@ -384,14 +340,14 @@ class Model {
   std::unique_ptr<embedding::RowDatabase> row_db_;
   std::string row_db_dir_;
 
-  // owned_[r]: every shard rank r holds (model-parallel and data-parallel
-  // replicas), in table then shard order: the layout of every exchange.
-  std::vector<std::vector<ShardRef>> owned_;
-  // The same restricted to tables on RocksDB: the prefetch's layout.
-  std::vector<std::vector<ShardRef>> owned_rocksdb_;
-  std::vector<LocalShard> local_;  // this rank's, in owned_[rank_] order
-  // Indices into local_: all of them, and those on RocksDB.
-  std::vector<int> all_locals_, rocksdb_locals_;
+  // The step's exchanges, and their layout: every shard of every rank.
+  std::unique_ptr<ShardExchange> exchange_;
+  // The exchange's layout restricted to tables on RocksDB: the prefetch's.
+  ShardLayout owned_rocksdb_;
+  // This rank's shards, in exchange_->owned()[rank_] order.
+  std::vector<LocalShard> local_;
+  // Indices into local_ of the shards on RocksDB.
+  std::vector<int> rocksdb_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
   // store_tables_[r]: the tables on RocksDB rank r holds shards of, in
@@ -404,23 +360,12 @@ class Model {
   int64_t steps_ = 0;
   bool communicator_failed_ = false;
 
-  // Per step: every rank's local batch size and where its samples start,
-  // and every rank's next batch size (prefetch).
-  std::vector<int64_t> sizes_, starts_, next_sizes_;
+  // Per step: every rank's local batch size, the global batch's, and every
+  // rank's next batch size (prefetch).
+  std::vector<int64_t> sizes_, next_sizes_;
   int64_t global_size_ = 0;
-  // Exchange buffers, grown on demand.
-  std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
-  AlignedVector<float> send_f_, recv_f_, pooled_, replica_out_;
+  // A data-parallel replica on RocksDB pools the global batch here.
+  AlignedVector<float> replica_out_;
 };
-
-// docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one
-// training step, per exchange, for its `local` batch when the ranks' local
-// sizes are `sizes`; with `next` (this rank's next batch, passed to
-// TrainStep while some rank passed one), the prefetch's lengths and ids
-// too. The step's StageTimes::bytes_sent must equal it.
-std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
-    const ModelConfig& config, const embedding::ShardingPlan& plan,
-    const data::Batch& local, const std::vector<int64_t>& sizes, int rank,
-    const data::Batch* next = nullptr);
 
 }  // namespace dlrm::model

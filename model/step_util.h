@@ -16,6 +16,7 @@ template <typename Times>
 class StageClock {
  public:
   explicit StageClock(Times* times) : times_(times) { Restart(); }
+  Times* times() const { return times_; }
   void Restart() { start_ = std::chrono::steady_clock::now(); }
   // Charges the time since the last mark (or start) to `stage`.
   void Mark(int stage) {
