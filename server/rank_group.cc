@@ -127,6 +127,7 @@ RankGroup::~RankGroup() {
   }
   heartbeat_cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
+  WaitForReadAhead();
 }
 
 int64_t RankGroup::steps() const { return steps_.load(); }
@@ -366,6 +367,7 @@ absl::Status RankGroup::CloseData() {
 }
 
 absl::Status RankGroup::SetData(const std::string& bytes) {
+  WaitForReadAhead();
   data_.reset();
   ahead_range_.reset();
   absl::Status local;
@@ -404,16 +406,15 @@ absl::StatusOr<model::StepResult> RankGroup::TrainStepAt(
     return absl::FailedPreconditionError(
         "TrainStepAt needs the job's data (OpenData)");
   }
-  // A next range only steers the prefetch of tables on RocksDB.
-  const bool send_next = next != nullptr && any_rocksdb_;
   if (world_ > 1) {
+    const bool has_next = next != nullptr;
     RETURN_IF_ERROR(
-        SendCommand(kTrainAt, send_next ? 1 : 0, {},
-                    {batch.begin, batch.size, send_next ? next->begin : 0,
-                     send_next ? next->size : 0}));
+        SendCommand(kTrainAt, has_next ? 1 : 0, {},
+                    {batch.begin, batch.size, has_next ? next->begin : 0,
+                     has_next ? next->size : 0}));
   }
   model::StepResult result;
-  RETURN_IF_ERROR(RunStepAt(batch, send_next ? next : nullptr, &result));
+  RETURN_IF_ERROR(RunStepAt(batch, next, &result));
   return result;
 }
 
@@ -430,27 +431,50 @@ absl::Status RankGroup::ReadShare(SampleRange range, data::Batch* out) {
         absl::StrCat("rank ", rank_, " has no data open"));
   }
   const SampleRange mine = Share(range);
-  if (ahead_range_.has_value() && ahead_range_->begin == range.begin &&
-      ahead_range_->size == range.size) {
+  const bool ahead = ahead_range_.has_value() &&
+                     ahead_range_->begin == range.begin &&
+                     ahead_range_->size == range.size;
+  const absl::Status read_ahead =
+      ahead_read_.valid() ? ahead_read_.get() : absl::OkStatus();
+  if (ahead && read_ahead.ok()) {
     ahead_range_.reset();
     std::swap(*out, ahead_);
     return absl::OkStatus();
   }
+  // Not read ahead, or that read failed: read it now (and report its error
+  // if it fails again).
+  ahead_range_.reset();
   return data_->Read(mine.begin, mine.size, out);
+}
+
+void RankGroup::ReadAhead(SampleRange range) {
+  WaitForReadAhead();
+  ahead_range_ = range;
+  const SampleRange mine = Share(range);
+  ahead_read_ = std::async(std::launch::async, [this, mine] {
+    return data_->Read(mine.begin, mine.size, &ahead_);
+  });
+}
+
+void RankGroup::WaitForReadAhead() {
+  if (ahead_read_.valid()) ahead_read_.get().IgnoreError();
 }
 
 absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
                                   model::StepResult* result) {
   const absl::Status read = ReadShare(batch, &share_);
   const data::Batch* next_share = nullptr;
-  if (read.ok() && next != nullptr) {
-    ahead_range_.reset();
-    // A share that cannot be read ahead only misses its prefetch; the step
-    // that trains on it reads it again and reports the error.
-    if (ReadShare(*next, &ahead_).ok()) {
+  if (read.ok() && next != nullptr && any_rocksdb_) {
+    // The next share's ids steer the prefetch of rows on RocksDB: read it
+    // before the step. One that cannot be read only misses its prefetch;
+    // the step that trains on it reads it again and reports the error.
+    if (data_->Read(Share(*next).begin, Share(*next).size, &ahead_).ok()) {
       ahead_range_ = *next;
       next_share = &ahead_;
     }
+  } else if (read.ok() && next != nullptr) {
+    // Generated or parsed while this step computes.
+    ReadAhead(*next);
   }
   if (!read.ok()) {
     spdlog::warn("rank {}: cannot read its share of samples [{}, {}): {}",

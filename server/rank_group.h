@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -209,11 +210,19 @@ class RankGroup {
   // This rank's part of `range`: SplitSamples' part for rank_.
   SampleRange Share(SampleRange range) const;
   // Reads this rank's share of `range` into `out`: the one read ahead when
-  // it is that range's, else from data_.
+  // it is that range's (waiting for it if it is still being read), else
+  // from data_.
   absl::Status ReadShare(SampleRange range, data::Batch* out);
-  // Every rank: reads its share of `batch` (and of `next`, for the
-  // prefetch) and trains on it; a rank's read error fails the step on
-  // every rank with that rank's message.
+  // Starts reading this rank's share of `range` into ahead_ on a
+  // background thread, for the next ReadShare.
+  void ReadAhead(SampleRange range);
+  // Waits for a read ahead still running (before data_ changes or goes).
+  void WaitForReadAhead();
+  // Every rank: reads its share of `batch` and trains on it while its share
+  // of `next` (if any) is read in the background; with tables on RocksDB
+  // the next share is read first instead, and steers the prefetch. A
+  // rank's read error fails the step on every rank with that rank's
+  // message.
   absl::Status RunStepAt(SampleRange batch, const SampleRange* next,
                          model::StepResult* result);
   // Every rank: `local` on one rank; on several, the first rank's error
@@ -230,10 +239,12 @@ class RankGroup {
   bool any_rocksdb_ = false;
   // A dataset job's data on this rank (OpenData), the share of the last
   // step's training batch, and the share read ahead with the range it is
-  // the share of; guarded by mu_ on the leader.
+  // the share of (its read still running while ahead_read_ is valid: then
+  // only that read touches data_ and ahead_); guarded by mu_ on the leader.
   std::unique_ptr<data::RangeReader> data_;
   data::Batch share_, ahead_;
   std::optional<SampleRange> ahead_range_;
+  std::future<absl::Status> ahead_read_;
 
   mutable std::mutex mu_;  // guards everything below and the collectives
   absl::Status broken_;    // first communicator error
