@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 #include <omp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -19,15 +20,19 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "comm/coordinator.h"
 #include "comm/factory.h"
+#include "comm/launcher_env.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
@@ -77,6 +82,64 @@ struct Flags {
   bool health_tls = false;
   std::string health_ca, health_cert, health_key, health_server_name;
 };
+
+// Which of the rank flags the command line (or --server-config) set: those
+// win over the launcher's variables.
+struct ExplicitRankFlags {
+  bool rank = false, world_size = false, coordinator = false, bind = false;
+};
+
+// Makes CUDA device `local_rank` of those the process may use the one it
+// sees as device 0, before any CUDA call: the GPU of this rank on its host.
+// A CUDA_VISIBLE_DEVICES list the launcher set is indexed by the local
+// rank; a single entry (one GPU per task) is kept.
+void SelectLocalGpu(int local_rank) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) {
+    setenv("CUDA_VISIBLE_DEVICES", std::to_string(local_rank).c_str(), 1);
+    return;
+  }
+  const std::vector<std::string> devices = absl::StrSplit(visible, ',');
+  if (devices.size() <= 1) return;
+  if (local_rank < static_cast<int>(devices.size())) {
+    setenv("CUDA_VISIBLE_DEVICES", devices[local_rank].c_str(), 1);
+  }
+}
+
+// Fills the rank flags the command line left unset from the launcher that
+// started the process (comm/launcher_env.h), and picks the local rank's
+// GPU. Across hosts, a rank whose --comm-bind-address was not given binds
+// its collectives to this host's name. InvalidArgument when the launchers'
+// variables are bad or contradict each other.
+absl::Status ApplyLauncher(const comm::EnvLookup& env,
+                           const ExplicitRankFlags& given, Flags* f) {
+  ASSIGN_OR_RETURN(const comm::LauncherRank launcher,
+                   comm::DetectLauncher(env));
+  if (launcher.source.empty()) return absl::OkStatus();
+  if (!given.rank && launcher.rank) f->rank = *launcher.rank;
+  if (!given.world_size && launcher.world_size) {
+    f->world_size = *launcher.world_size;
+  }
+  if (!given.coordinator && launcher.coordinator && f->world_size > 1) {
+    f->coordinator = *launcher.coordinator;
+  }
+  if (!given.bind && f->world_size > 1 &&
+      !launcher.single_host.value_or(false)) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') {
+      f->comm_bind_address = host;
+    }
+  }
+  if (launcher.local_rank && f->world_size > 1) {
+    SelectLocalGpu(*launcher.local_rank);
+  }
+  spdlog::info("rank {} of {} from the {} launcher's environment{}", f->rank,
+               f->world_size, launcher.source,
+               f->coordinator.empty()
+                   ? ""
+                   : absl::StrCat(", coordinator ", f->coordinator));
+  return absl::OkStatus();
+}
 
 // How long a follower that got SIGINT/SIGTERM waits for rank 0's Shutdown.
 constexpr int kFollowerGraceSeconds = 10;
@@ -735,15 +798,20 @@ int main(int argc, char** argv) {
                  "Largest batch accepted, in samples")
       ->capture_default_str();
   app.add_option("--world-size", f.world_size,
-                 "Ranks (processes) of the job; each runs this binary")
+                 "Ranks (processes) of the job; each runs this binary "
+                 "(default: the launcher's, e.g. SLURM_NTASKS, "
+                 "OMPI_COMM_WORLD_SIZE or WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--rank", f.rank,
-                 "This process's rank; rank 0 serves, the others follow")
+                 "This process's rank; rank 0 serves, the others follow "
+                 "(default: the launcher's, e.g. SLURM_PROCID, "
+                 "OMPI_COMM_WORLD_RANK or RANK, else 0)")
       ->capture_default_str();
   app.add_option("--coordinator", f.coordinator,
                  "With --world-size > 1: HOST:PORT rank 0 hosts the "
-                 "rendezvous on and every rank dials");
+                 "rendezvous on and every rank dials (default: "
+                 "MASTER_ADDR:MASTER_PORT, or Slurm's first node)");
   app.add_option("--memory-budget-mb", f.memory_budget_mb,
                  "Embedding bytes (weights + optimizer state) one rank may "
                  "hold, for the sharding planner, in MiB (0 = unlimited)")
@@ -808,6 +876,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!f.health_check.empty()) {
     return dlrm::server::HealthCheck(f.health_check, f, /*timeout_s=*/5);
+  }
+  const dlrm::server::ExplicitRankFlags given{
+      app.count("--rank") > 0, app.count("--world-size") > 0,
+      app.count("--coordinator") > 0, app.count("--comm-bind-address") > 0};
+  if (const absl::Status launched =
+          dlrm::server::ApplyLauncher(dlrm::comm::ProcessEnv(), given, &f);
+      !launched.ok()) {
+    std::fprintf(stderr, "dlrm_server: %s\n", launched.ToString().c_str());
+    return 1;
   }
   f.server.max_message_bytes = f.max_message_mb << 20;
   if (!f.auth_token_file.empty()) {

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +33,7 @@
 #include "comm/coordinator.h"
 #include "comm/factory.h"
 #include "comm/gloo_communicator.h"
+#include "comm/launcher_env.h"
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "core/random.h"
@@ -1541,6 +1543,183 @@ TEST_F(CommProcessTest, StoppedNcclRankMakesTheOtherTimeOut) {
   ExpectPeerFailureDetected(dir_, flags, 2, SIGSTOP, 8);
 }
 #endif  // DLRM_WITH_NCCL
+
+// ---- Launcher environments (comm/launcher_env.h) ----
+
+EnvLookup MapEnv(std::map<std::string, std::string> vars) {
+  return
+      [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+        const auto it = vars.find(name);
+        if (it == vars.end()) return std::nullopt;
+        return it->second;
+      };
+}
+
+TEST(LauncherEnvTest, NoLauncherVariablesSayNothing) {
+  absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({{"HOME", "/root"}}));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->source, "");
+  EXPECT_FALSE(l->rank.has_value());
+  EXPECT_FALSE(l->world_size.has_value());
+  EXPECT_FALSE(l->coordinator.has_value());
+}
+
+TEST(LauncherEnvTest, SlurmAcrossNodesUsesTheFirstNodeAndAJobPort) {
+  absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({
+      {"SLURM_PROCID", "5"},
+      {"SLURM_NTASKS", "8"},
+      {"SLURM_LOCALID", "1"},
+      {"SLURM_NNODES", "4"},
+      {"SLURM_JOB_ID", "12345"},
+      {"SLURM_STEP_NODELIST", "gpu[07-10],cpu3"},
+      {"SLURM_JOB_NODELIST", "other[1-9]"},
+  }));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->source, "slurm");
+  EXPECT_EQ(l->rank, 5);
+  EXPECT_EQ(l->world_size, 8);
+  EXPECT_EQ(l->local_rank, 1);
+  EXPECT_EQ(l->single_host, false);
+  EXPECT_EQ(l->coordinator,
+            "gpu07:" + std::to_string(kDefaultCoordinatorPort + 12345 % 1000));
+}
+
+TEST(LauncherEnvTest, SlurmOnOneNodeUsesLoopbackAndMasterPort) {
+  absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({
+      {"SLURM_PROCID", "0"},
+      {"SLURM_NPROCS", "2"},
+      {"SLURM_STEP_NUM_NODES", "1"},
+      {"SLURM_JOB_NODELIST", "node1"},
+      {"MASTER_PORT", "4000"},
+  }));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->world_size, 2);
+  EXPECT_EQ(l->single_host, true);
+  EXPECT_EQ(l->coordinator, "127.0.0.1:4000");
+}
+
+TEST(LauncherEnvTest, OpenMpiOnOneHostAndAcrossHosts) {
+  absl::StatusOr<LauncherRank> one = DetectLauncher(MapEnv({
+      {"OMPI_COMM_WORLD_RANK", "1"},
+      {"OMPI_COMM_WORLD_SIZE", "2"},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  }));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->source, "mpi");
+  EXPECT_EQ(one->rank, 1);
+  EXPECT_EQ(one->world_size, 2);
+  EXPECT_EQ(one->local_rank, 1);
+  EXPECT_EQ(one->coordinator,
+            "127.0.0.1:" + std::to_string(kDefaultCoordinatorPort));
+  // Across hosts MPI names no rendezvous: MASTER_ADDR must.
+  absl::StatusOr<LauncherRank> many = DetectLauncher(MapEnv({
+      {"OMPI_COMM_WORLD_RANK", "3"},
+      {"OMPI_COMM_WORLD_SIZE", "4"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  }));
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(many->single_host, false);
+  EXPECT_FALSE(many->coordinator.has_value());
+  absl::StatusOr<LauncherRank> named = DetectLauncher(MapEnv({
+      {"OMPI_COMM_WORLD_RANK", "3"},
+      {"OMPI_COMM_WORLD_SIZE", "4"},
+      {"MASTER_ADDR", "head.cluster"},
+      {"MASTER_PORT", "7000"},
+  }));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->coordinator, "head.cluster:7000");
+}
+
+TEST(LauncherEnvTest, TorchrunConventionOfKubernetesJobs) {
+  absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({
+      {"RANK", "2"},
+      {"WORLD_SIZE", "4"},
+      {"LOCAL_RANK", "0"},
+      {"MASTER_ADDR", "dlrm-0.dlrm"},
+  }));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->source, "torchrun");
+  EXPECT_EQ(l->rank, 2);
+  EXPECT_EQ(l->world_size, 4);
+  EXPECT_EQ(l->local_rank, 0);
+  EXPECT_EQ(l->coordinator,
+            "dlrm-0.dlrm:" + std::to_string(kDefaultCoordinatorPort));
+  absl::StatusOr<LauncherRank> v6 =
+      DetectLauncher(MapEnv({{"RANK", "0"},
+                             {"WORLD_SIZE", "2"},
+                             {"MASTER_ADDR", "fd00::1"},
+                             {"MASTER_PORT", "80"}}));
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(v6->coordinator, "[fd00::1]:80");
+}
+
+TEST(LauncherEnvTest, LaunchersThatAgreeMergeAndOnesThatDisagreeAreAnError) {
+  // srun starting a torchrun-style script: both say the same.
+  absl::StatusOr<LauncherRank> agree = DetectLauncher(MapEnv({
+      {"SLURM_PROCID", "1"},
+      {"SLURM_NTASKS", "2"},
+      {"RANK", "1"},
+      {"WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "10.0.0.1"},
+  }));
+  ASSERT_TRUE(agree.ok()) << agree.status();
+  EXPECT_EQ(agree->source, "slurm");
+  EXPECT_EQ(agree->coordinator,
+            "10.0.0.1:" + std::to_string(kDefaultCoordinatorPort));
+
+  absl::StatusOr<LauncherRank> rank = DetectLauncher(MapEnv({
+      {"SLURM_PROCID", "1"},
+      {"RANK", "0"},
+  }));
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rank.status().message().find("SLURM_PROCID=1 but RANK=0"),
+            std::string::npos)
+      << rank.status();
+  absl::StatusOr<LauncherRank> size = DetectLauncher(MapEnv({
+      {"OMPI_COMM_WORLD_RANK", "0"},
+      {"OMPI_COMM_WORLD_SIZE", "4"},
+      {"RANK", "0"},
+      {"WORLD_SIZE", "2"},
+  }));
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      size.status().message().find("OMPI_COMM_WORLD_SIZE=4 but WORLD_SIZE=2"),
+      std::string::npos)
+      << size.status();
+}
+
+TEST(LauncherEnvTest, BadValuesNameTheVariable) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"RANK", "x"}, {"RANK", "-1"}, {"SLURM_PROCID", "1.5"}}) {
+    absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({{name, value}}));
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(l.status().message().find(name + "='" + value + "'"),
+              std::string::npos)
+        << l.status();
+  }
+  absl::StatusOr<LauncherRank> size =
+      DetectLauncher(MapEnv({{"RANK", "0"}, {"WORLD_SIZE", "0"}}));
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<LauncherRank> port = DetectLauncher(
+      MapEnv({{"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}));
+  EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(port.status().message().find("MASTER_PORT"), std::string::npos);
+}
+
+TEST(LauncherEnvTest, FirstSlurmHostOfEveryListForm) {
+  EXPECT_EQ(*FirstSlurmHost("node[01-04,07],gpu5"), "node01");
+  EXPECT_EQ(*FirstSlurmHost("a,b"), "a");
+  EXPECT_EQ(*FirstSlurmHost("gpu7"), "gpu7");
+  EXPECT_EQ(*FirstSlurmHost("rack[3,5]-n[1-2]"), "rack3-n1");
+  EXPECT_EQ(*FirstSlurmHost("x[9]"), "x9");
+  for (const char* bad : {"", "[1-2]", "n[a-b]", "n[1-2", "n]1", "n[]"}) {
+    EXPECT_EQ(FirstSlurmHost(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
 
 }  // namespace
 }  // namespace dlrm::comm

@@ -108,7 +108,9 @@ struct Proc {
   int out_fd = -1;
 };
 
-Proc Spawn(const std::vector<std::string>& args, const fs::path& err) {
+// `env`: extra NAME=VALUE entries on top of this process's environment.
+Proc Spawn(const std::vector<std::string>& args, const fs::path& err,
+           const std::vector<std::string>& env = {}) {
   int fds[2];
   Proc p;
   if (pipe(fds) != 0) return p;
@@ -122,8 +124,12 @@ Proc Spawn(const std::vector<std::string>& args, const fs::path& err) {
   for (const std::string& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  if (posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ) !=
-      0) {
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  if (posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(),
+                  envp.data()) != 0) {
     p.pid = -1;
   }
   posix_spawn_file_actions_destroy(&actions);
@@ -213,10 +219,15 @@ class LaunchTest : public testing::Test {
     std::ofstream(config_path_) << text;
   }
 
-  // Starts `world` ranks; returns rank 0's address ("" on failure).
-  std::string StartRanks(int world, std::vector<std::string> extra = {}) {
+  // Starts `world` ranks; returns rank 0's address ("" on failure). Each
+  // rank learns its rank, the world size and the coordinator from flags,
+  // or with `launcher` ("slurm", "mpi", "torchrun") only from the
+  // variables that launcher sets (comm/launcher_env.h).
+  std::string StartRanks(int world, std::vector<std::string> extra = {},
+                         const std::string& launcher = "") {
     ranks_.clear();
-    const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
+    const int port = FreePort();
+    const std::string coordinator = "127.0.0.1:" + std::to_string(port);
     for (int r = 0; r < world; ++r) {
       std::vector<std::string> args = {ServerPath(),
                                        "--config",
@@ -227,17 +238,34 @@ class LaunchTest : public testing::Test {
                                        "",
                                        "--threads",
                                        "1",
-                                       "--world-size",
-                                       std::to_string(world),
-                                       "--rank",
-                                       std::to_string(r),
-                                       "--coordinator",
-                                       coordinator,
                                        "--predict-max-wait-us",
                                        "0"};
+      const std::string rank = std::to_string(r), size = std::to_string(world);
+      std::vector<std::string> env;
+      if (launcher == "slurm") {
+        env = {"SLURM_PROCID=" + rank,
+               "SLURM_NTASKS=" + size,
+               "SLURM_LOCALID=" + rank,
+               "SLURM_NNODES=1",
+               "SLURM_JOB_NODELIST=localhost",
+               "SLURM_JOB_ID=4242",
+               "MASTER_PORT=" + std::to_string(port)};
+      } else if (launcher == "mpi") {
+        env = {"OMPI_COMM_WORLD_RANK=" + rank, "OMPI_COMM_WORLD_SIZE=" + size,
+               "OMPI_COMM_WORLD_LOCAL_RANK=" + rank,
+               "OMPI_COMM_WORLD_LOCAL_SIZE=" + size,
+               "MASTER_PORT=" + std::to_string(port)};
+      } else if (launcher == "torchrun") {
+        env = {"RANK=" + rank,          "WORLD_SIZE=" + size,
+               "LOCAL_RANK=" + rank,    "LOCAL_WORLD_SIZE=" + size,
+               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+      } else {
+        args.insert(args.end(), {"--world-size", size, "--rank", rank,
+                                 "--coordinator", coordinator});
+      }
       args.insert(args.end(), extra.begin(), extra.end());
       ranks_.push_back(
-          Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log")));
+          Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log"), env));
     }
     const std::string address = WaitListening(ranks_[0].out_fd, 30);
     EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
@@ -300,8 +328,8 @@ class LaunchTest : public testing::Test {
     return batch;
   }
 
-  void CheckAgainstOneProcess(int world) {
-    const std::string address = StartRanks(world);
+  void CheckAgainstOneProcess(int world, const std::string& launcher = "") {
+    const std::string address = StartRanks(world, {}, launcher);
     ASSERT_FALSE(address.empty());
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
@@ -350,6 +378,20 @@ TEST_F(LaunchTest, TwoRanksTrainAndPredictLikeOneProcess) {
 
 TEST_F(LaunchTest, ThreeRanksTrainAndPredictLikeOneProcess) {
   CheckAgainstOneProcess(3);
+}
+
+// Ranks started by a launcher take their identity from its variables alone
+// and train like one process.
+TEST_F(LaunchTest, RanksFromSlurmVariablesTrainLikeOneProcess) {
+  CheckAgainstOneProcess(2, "slurm");
+}
+
+TEST_F(LaunchTest, RanksFromOpenMpiVariablesTrainLikeOneProcess) {
+  CheckAgainstOneProcess(2, "mpi");
+}
+
+TEST_F(LaunchTest, RanksFromTorchrunVariablesTrainLikeOneProcess) {
+  CheckAgainstOneProcess(2, "torchrun");
 }
 
 TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
