@@ -176,12 +176,163 @@ int WaitExit(pid_t pid, double seconds) {
   return -2;
 }
 
+// `name` found in PATH or the sbin directories (daemons live there); "" if
+// absent.
+std::string FindProgram(const std::string& name) {
+  std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+  path += ":/usr/sbin:/sbin:/usr/local/sbin";
+  std::stringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const fs::path candidate = fs::path(dir) / name;
+    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) {
+      return candidate.string();
+    }
+  }
+  return "";
+}
+
 std::string ReadText(const fs::path& path) {
   std::ifstream in(path);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
 }
+
+// A Slurm cluster of this one host on loopback, for a test: munged,
+// slurmctld and slurmd from a config written under `dir`, stopped when
+// this object goes.
+class LocalSlurm {
+ public:
+  LocalSlurm() = default;
+  LocalSlurm(const LocalSlurm&) = delete;
+  LocalSlurm& operator=(const LocalSlurm&) = delete;
+  ~LocalSlurm() { Stop(); }
+
+  // "" once the cluster's node is idle; else why it cannot run here (the
+  // test's skip message).
+  std::string Start(const fs::path& dir) {
+    if (geteuid() != 0) {
+      return "a local Slurm cluster needs root here (slurmd runs the job "
+             "steps as the submitting user, which it must be able to become)";
+    }
+    for (const char* p : {"munged", "slurmctld", "slurmd", "srun", "sinfo"}) {
+      if (FindProgram(p).empty()) {
+        return std::string(p) +
+               " is not installed (scripts/install-deps.sh installs "
+               "slurm-wlm and munge)";
+      }
+    }
+    dir_ = dir;
+    fs::create_directories(dir / "state");
+    fs::create_directories(dir / "spool");
+    {
+      std::ofstream key(dir / "munge.key", std::ios::binary);
+      std::random_device random;
+      for (int i = 0; i < 1024; ++i) key.put(static_cast<char>(random()));
+    }
+    fs::permissions(dir / "munge.key",
+                    fs::perms::owner_read | fs::perms::owner_write);
+    const std::string d = dir.string();
+    if (const std::string e = Run(
+            {FindProgram("munged"), "--force", "--key-file=" + d + "/munge.key",
+             "--socket=" + d + "/munge.sock", "--pid-file=" + d + "/munged.pid",
+             "--log-file=" + d + "/munged.log",
+             "--seed-file=" + d + "/munged.seed"});
+        !e.empty()) {
+      return "munged would not start: " + e;
+    }
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    std::string node(host);
+    node = node.substr(0, node.find('.'));
+    std::ofstream(dir / "slurm.conf")
+        << "ClusterName=dlrmtest\n"
+        << "SlurmctldHost=" << node << "(127.0.0.1)\n"
+        << "SlurmctldPort=" << FreePort() << "\n"
+        << "SlurmdPort=" << FreePort() << "\n"
+        << "SlurmUser=root\nSlurmdUser=root\n"
+        << "AuthType=auth/munge\nCredType=cred/munge\n"
+        << "AuthInfo=socket=" << d << "/munge.sock\n"
+        << "StateSaveLocation=" << d << "/state\n"
+        << "SlurmdSpoolDir=" << d << "/spool\n"
+        << "SlurmctldPidFile=" << d << "/slurmctld.pid\n"
+        << "SlurmdPidFile=" << d << "/slurmd.pid\n"
+        << "SlurmctldLogFile=" << d << "/slurmctld.log\n"
+        << "SlurmdLogFile=" << d << "/slurmd.log\n"
+        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+        << "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
+        << "MpiDefault=none\nReturnToService=2\n"
+        << "JobAcctGatherType=jobacct_gather/none\n"
+        << "AccountingStorageType=accounting_storage/none\n"
+        << "NodeName=" << node << " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
+        << "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE "
+           "State=UP OverSubscribe=FORCE\n";
+    for (const char* daemon : {"slurmctld", "slurmd"}) {
+      if (const std::string e = Run({FindProgram(daemon), "-f", conf()});
+          !e.empty()) {
+        return std::string(daemon) + " would not start: " + e + "\n" +
+               ReadText(dir / (std::string(daemon) + ".log"));
+      }
+    }
+    // Up once sinfo sees the node idle.
+    for (int i = 0; i < 100; ++i) {
+      const std::string state = Output(FindProgram("sinfo") + " -h -o %T");
+      if (state.find("idle") != std::string::npos) return "";
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return "the Slurm node never became idle; slurmd log:\n" +
+           ReadText(dir / "slurmd.log");
+  }
+
+  std::string conf() const { return (dir_ / "slurm.conf").string(); }
+
+  // Stops the daemons (before their directory goes).
+  void Stop() {
+    if (dir_.empty()) return;
+    for (const char* pid_file : {"slurmd.pid", "slurmctld.pid", "munged.pid"}) {
+      std::ifstream in(dir_ / pid_file);
+      pid_t pid = 0;
+      if (!(in >> pid) || pid <= 0) continue;
+      kill(pid, SIGTERM);
+      for (int i = 0; i < 100 && kill(pid, 0) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (kill(pid, 0) == 0) kill(pid, SIGKILL);
+    }
+    dir_.clear();
+  }
+
+ private:
+  // Runs `args` (a daemon that forks into the background) to its exit; ""
+  // when it exits 0, else its exit status.
+  static std::string Run(const std::vector<std::string>& args) {
+    std::vector<char*> argv;
+    for (const std::string& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) !=
+        0) {
+      return "cannot spawn " + args[0];
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+    return args[0] + " exited with status " + std::to_string(status);
+  }
+  std::string Output(const std::string& command) const {
+    const std::string full = "SLURM_CONF=" + conf() + " " + command + " 2>&1";
+    FILE* pipe = popen(full.c_str(), "r");
+    if (pipe == nullptr) return "";
+    std::string out;
+    char buffer[256];
+    while (fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+    pclose(pipe);
+    return out;
+  }
+
+  fs::path dir_;
+};
 
 class LaunchTest : public testing::Test {
  protected:
@@ -202,6 +353,7 @@ class LaunchTest : public testing::Test {
   }
 
   void TearDown() override {
+    slurm_.Stop();
     for (Proc& p : ranks_) {
       if (p.pid > 0) {
         kill(p.pid, SIGKILL);
@@ -259,6 +411,27 @@ class LaunchTest : public testing::Test {
         env = {"RANK=" + rank,          "WORLD_SIZE=" + size,
                "LOCAL_RANK=" + rank,    "LOCAL_WORLD_SIZE=" + size,
                "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+      } else if (launcher == "mpirun" || launcher == "srun") {
+        // One launcher process starts every rank; its stdout is rank 0's.
+        std::vector<std::string> command =
+            launcher == "mpirun"
+                ? std::vector<std::string>{FindProgram("mpirun"),
+                                           "--allow-run-as-root",
+                                           "--oversubscribe",
+                                           "-np",
+                                           size,
+                                           "-x",
+                                           "MASTER_PORT=" +
+                                               std::to_string(port)}
+                : std::vector<std::string>{
+                      FindProgram("srun"), "-n", size, "--overcommit",
+                      "--export=ALL,MASTER_PORT=" + std::to_string(port)};
+        args.insert(args.begin(), command.begin(), command.end());
+        args.insert(args.end(), extra.begin(), extra.end());
+        if (launcher == "srun") env = {"SLURM_CONF=" + slurm_.conf()};
+        ranks_.push_back(Spawn(args, dir_ / "rank-0.log", env));
+        launcher_process_ = true;
+        break;
       } else {
         args.insert(args.end(), {"--world-size", size, "--rank", rank,
                                  "--coordinator", coordinator});
@@ -273,8 +446,18 @@ class LaunchTest : public testing::Test {
     return address;
   }
 
-  // SIGTERM to rank 0; every rank must exit 0.
+  // SIGTERM to rank 0; every rank must exit 0. A launcher (mpirun, srun)
+  // gets the signal instead and passes it on; it must exit, with the
+  // status it reports for signalled tasks.
   void StopRanks() {
+    if (launcher_process_) {
+      kill(ranks_[0].pid, SIGTERM);
+      EXPECT_NE(WaitExit(ranks_[0].pid, 60), -2)
+          << "the launcher did not exit; log:\n"
+          << ReadText(dir_ / "rank-0.log");
+      ranks_[0].pid = -1;
+      return;
+    }
     kill(ranks_[0].pid, SIGTERM);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       EXPECT_EQ(WaitExit(ranks_[r].pid, 20), 0)
@@ -370,6 +553,10 @@ class LaunchTest : public testing::Test {
   fs::path dir_, config_path_;
   ModelConfig config_;
   std::vector<Proc> ranks_;
+  // Whether ranks_ holds one launcher process (mpirun, srun) for them all.
+  bool launcher_process_ = false;
+  // The cluster srun submits to (RanksStartedBySrun...).
+  LocalSlurm slurm_;
 };
 
 TEST_F(LaunchTest, TwoRanksTrainAndPredictLikeOneProcess) {
@@ -392,6 +579,22 @@ TEST_F(LaunchTest, RanksFromOpenMpiVariablesTrainLikeOneProcess) {
 
 TEST_F(LaunchTest, RanksFromTorchrunVariablesTrainLikeOneProcess) {
   CheckAgainstOneProcess(2, "torchrun");
+}
+
+// Real launchers: Open MPI's mpirun and a local Slurm cluster's srun start
+// both ranks, which take everything from the launcher's variables.
+TEST_F(LaunchTest, RanksStartedByMpirunTrainLikeOneProcess) {
+  if (FindProgram("mpirun").empty()) {
+    GTEST_SKIP() << "mpirun is not installed (scripts/install-deps.sh "
+                    "installs openmpi-bin)";
+  }
+  CheckAgainstOneProcess(2, "mpirun");
+}
+
+TEST_F(LaunchTest, RanksStartedBySrunTrainLikeOneProcess) {
+  const std::string why = slurm_.Start(dir_ / "slurm");
+  if (!why.empty()) GTEST_SKIP() << why;
+  CheckAgainstOneProcess(2, "srun");
 }
 
 TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
