@@ -313,7 +313,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
   }
   RETURN_IF_ERROR(optim::Validate(c.dense_optimizer(), "dense_optimizer"));
-  RETURN_IF_ERROR(optim::Validate(c.sparse_optimizer(), "sparse_optimizer"));
+  RETURN_IF_ERROR(
+      optim::ValidateSparse(c.sparse_optimizer(), "sparse_optimizer"));
   return absl::OkStatus();
 }
 

@@ -35,7 +35,9 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
 // ending at the embedding dim (dot), top MLP ending at 1, rocksdb.path and
-// cache sizes where a table uses STORAGE_ROCKSDB.
+// cache sizes where a table uses STORAGE_ROCKSDB, the optimizers and their
+// schedules (optim::Validate; the tables' optimizer by optim::ValidateSparse,
+// which refuses the layer-wise LAMB and LARS).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Puts the tables named in `tables` (or every table, for the one name

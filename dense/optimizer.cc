@@ -1,10 +1,14 @@
-// Dense optimizers: the rules of optim/rules.h (PyTorch semantics) applied
-// to borrowed parameter/gradient pairs.
+// Dense optimizers: the rules of optim/rules.h (PyTorch semantics for the
+// element-wise ones) applied to borrowed parameter/gradient pairs, with the
+// layer-wise rules' norms reduced here.
 #include "dense/optimizer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "optim/optimizer.h"
@@ -36,6 +40,57 @@ void UpdateParameter(const typename Rule::Step& step, float* p, const float* g,
   for (int64_t k = 0; k < n; ++k) Rule::DenseElement(step, g[k], p, s1, s2, k);
 }
 
+// Elements per block of the layer-wise norms: each block's sums of squares
+// are reduced on one thread and the blocks' sums added in block order, so
+// the norms (and the weights) do not depend on the number of threads.
+constexpr int64_t kNormBlock = 1 << 13;
+
+// One step of the layer-wise `Rule` over the n elements of p: ||p|| and the
+// norm of the rule's NormTerm in double (when `adapt`), the tensor's
+// constants, then the element updates. `partials` is scratch. LAMB's update
+// is computed twice, for its norm and to apply it, instead of kept in a
+// buffer the size of the parameter: NormTerm and LayerElement run the same
+// float operations on the same inputs, so both see the same values.
+template <typename Rule>
+void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
+                 const float* g, float* s1, float* s2, int64_t n,
+                 std::vector<double>* partials) {
+  const bool parallel = n >= kParallelElements;
+  double weight_norm = 0, term_norm = 0;
+  if (adapt) {
+    const int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
+    partials->assign(2 * blocks, 0.0);
+    double* sums = partials->data();
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t end = std::min(n, (b + 1) * kNormBlock);
+      double w2 = 0, t2 = 0;
+#pragma omp simd reduction(+ : w2, t2)
+      for (int64_t k = b * kNormBlock; k < end; ++k) {
+        const double w = p[k];
+        const double t =
+            Rule::NormTerm(step, step.weight_decay, g[k], p, s1, s2, k);
+        w2 += w * w;
+        t2 += t * t;
+      }
+      sums[2 * b] = w2;
+      sums[2 * b + 1] = t2;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      weight_norm += sums[2 * b];
+      term_norm += sums[2 * b + 1];
+    }
+    weight_norm = std::sqrt(weight_norm);
+    term_norm = std::sqrt(term_norm);
+  }
+  const typename Rule::Layer layer =
+      Rule::MakeLayer(step, adapt, weight_norm, term_norm);
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t k = 0; k < n; ++k) {
+    Rule::LayerElement(step, layer, g[k], p, s1, s2, k);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
@@ -54,6 +109,9 @@ DenseOptimizer::DenseOptimizer(const OptimizerConfig& config,
     const float initial = optim::InitialValue(arrays[k], config_);
     for (const ParamRef& p : params_) state_[k].emplace_back(p.size, initial);
   }
+  for (const ParamRef& p : params_) {
+    adapt_.push_back(!absl::EndsWith(p.name, ".bias"));
+  }
 }
 
 void DenseOptimizer::Step() {
@@ -64,8 +122,13 @@ void DenseOptimizer::Step() {
     for (size_t i = 0; i < params_.size(); ++i) {
       float* s1 = state_[0].empty() ? nullptr : state_[0][i].data();
       float* s2 = state_[1].empty() ? nullptr : state_[1][i].data();
-      UpdateParameter<Rule>(step, params_[i].value, params_[i].grad, s1, s2,
-                            params_[i].size);
+      if constexpr (Rule::kLayerWise) {
+        UpdateLayer<Rule>(step, adapt_[i], params_[i].value, params_[i].grad,
+                          s1, s2, params_[i].size, &partials_);
+      } else {
+        UpdateParameter<Rule>(step, params_[i].value, params_[i].grad, s1, s2,
+                              params_[i].size);
+      }
     }
   });
 }

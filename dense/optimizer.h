@@ -14,7 +14,11 @@
 namespace dlrm::dense {
 
 // Applies one update per Step() to every parameter from its grad. Owns the
-// optimizer state (optim::DenseState: Adagrad's sum, Adam's moments). Not
+// optimizer state (optim::DenseState: Adagrad's sum, Adam's and LAMB's
+// moments, LARS's momentum buffer). Update number t (step() after it, 1 for
+// the first) runs at the schedule's rate for t. The layer-wise rules (LAMB,
+// LARS) take each parameter as one layer; a parameter whose name ends in
+// ".bias" gets no weight decay and a trust ratio of 1 (optim/rules.h). Not
 // thread-safe.
 class DenseOptimizer {
  public:
@@ -29,7 +33,8 @@ class DenseOptimizer {
 
   // State tensors named "<param>.<state>" (e.g. "top.0.weight.exp_avg"),
   // for checkpoints, parameter by parameter in optim::DenseState's order;
-  // empty for SGD.
+  // empty for SGD. The step counter (step()) goes with them: a restore sets
+  // both, and the schedule continues from it.
   std::vector<ParamRef> State();
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
@@ -41,6 +46,11 @@ class DenseOptimizer {
   std::vector<ParamRef> params_;
   // state_[k][i]: state array k of parameter i.
   std::vector<AlignedVector<float>> state_[2];
+  // adapt_[i]: parameter i takes weight decay and a trust ratio (layer-wise
+  // rules; false for biases).
+  std::vector<bool> adapt_;
+  // Partial sums of squares of the layer-wise norms, per block.
+  std::vector<double> partials_;
   int64_t step_ = 0;
 };
 

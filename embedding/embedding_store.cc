@@ -19,6 +19,12 @@ absl::Status TableSpec::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", table_index, ": pooling must be sum or mean"));
   }
+  if (!optim::VisitElementWise(optimizer.type(), [](auto) {})) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table_index, ": optimizer.type ",
+                     OptimizerConfig::Type_Name(optimizer.type()),
+                     " has no embedding-row rule (optim::ValidateSparse)"));
+  }
   if (slice.row_begin < 0 || slice.col_begin < 0 ||
       (slice.table_rows > 0 && slice.row_begin + rows > slice.table_rows)) {
     return absl::InvalidArgumentError(

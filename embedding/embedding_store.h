@@ -39,7 +39,8 @@ struct TableSpec {
   TableSlice slice;
 
   // InvalidArgument when rows or dim is not positive, the pooling is not sum
-  // or mean, or the slice lies outside a positive table_rows.
+  // or mean, the optimizer type has no embedding-row rule (LAMB, LARS, an
+  // unknown type), or the slice lies outside a positive table_rows.
   absl::Status Validate() const;
 };
 

@@ -386,7 +386,7 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     return static_cast<const float*>(buffer);
   };
 
-  optim::Visit(optimizer_.type(), [&](auto rule) {
+  optim::VisitElementWise(optimizer_.type(), [&](auto rule) {
     using Rule = decltype(rule);
     const typename Rule::Step step = Rule::MakeStep(optimizer_, step_);
     auto update_row = [&](int64_t k, float* buffer) {
@@ -460,7 +460,7 @@ void DenseGradientUpdate(float* weights, float* state1, float* state2,
   for (size_t k = 0; k < arrays.size() && k < 2; ++k) {
     floats[k] = optim::FloatsPerRow(arrays[k], dim);
   }
-  optim::Visit(optimizer.type(), [&](auto rule) {
+  optim::VisitElementWise(optimizer.type(), [&](auto rule) {
     using Rule = decltype(rule);
     const typename Rule::Step constants = Rule::MakeStep(optimizer, step);
     for (int64_t r = 0; r < rows; ++r) {

@@ -42,8 +42,9 @@ struct TableSlice {
 // access.
 class EmbeddingTable {
  public:
-  // `optimizer` must be normalised and valid (core/config.h); ADAGRAD
-  // means row-wise Adagrad here. Holds `rows` x `dim` elements: the whole
+  // `optimizer` must be normalised and valid for tables
+  // (optim::ValidateSparse: not LAMB or LARS); ADAGRAD means row-wise
+  // Adagrad here. Holds `rows` x `dim` elements: the whole
   // table, or the block of it that `slice` places, initialised with the whole
   // table's InitialValue so a shard starts (and trains) exactly like the
   // same rows and columns of an unsharded table.

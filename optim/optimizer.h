@@ -33,31 +33,69 @@ bool Visit(OptimizerConfig::Type type, Fn&& fn) {
     case OptimizerConfig::ADAM:
       fn(Adam{});
       return true;
+    case OptimizerConfig::LAMB:
+      fn(Lamb{});
+      return true;
+    case OptimizerConfig::LARS:
+      fn(Lars{});
+      return true;
     default:
       return false;
   }
 }
 
+// Visit for the element-wise rules only (not Rule::kLayerWise): the ones
+// with an embedding-row form and an AnyStep, which the embedding tables and
+// the CUDA kernels run. Returns false, without calling fn, for a layer-wise
+// type or one no rule implements.
+template <typename Fn>
+bool VisitElementWise(OptimizerConfig::Type type, Fn&& fn) {
+  bool called = false;
+  Visit(type, [&](auto rule) {
+    if constexpr (!decltype(rule)::kLayerWise) {
+      fn(rule);
+      called = true;
+    }
+  });
+  return called;
+}
+
 // The constants of step number `step` (1 for the first) of `config`
-// (normalised, valid), for the CUDA kernels. InvalidArgument for a type no
-// rule implements.
+// (normalised, valid), for the CUDA kernels; their learning rate is the
+// schedule's at that step. InvalidArgument for a layer-wise type (LAMB,
+// LARS) or one no rule implements.
 absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step);
 
 // Fills the fields `config` leaves 0 with their defaults: the rule's
-// learning rate, eps 1e-8, beta1 0.9, beta2 0.999. A type no rule
-// implements keeps learning_rate 0 (Validate then refuses it).
+// learning rate, eps 1e-8, beta1 0.9, beta2 0.999; for LARS,
+// trust_coefficient 0.001; in a schedule's set decay, power 2
+// (polynomial) or gamma 0.1 (step). A type no rule implements keeps
+// learning_rate 0 (Validate then refuses it).
 void SetDefaults(OptimizerConfig* config);
 
-// OK when `config` (normalised by SetDefaults) can run: a known type, a
-// finite learning_rate > 0, a finite eps > 0, betas in [0, 1) and a finite
-// initial_accumulator >= 0 (checked whatever the type, as every optimizer
-// has these fields). Otherwise InvalidArgument whose message starts with
-// "<field>.<member>", e.g. "dense_optimizer.eps must be ...".
+// OK when `config` (normalised by SetDefaults) can run on dense
+// parameters: a known type, a finite learning_rate > 0, a finite eps > 0,
+// betas in [0, 1) and a finite initial_accumulator >= 0 (checked whatever
+// the type, as every optimizer has these fields); weight_decay finite >= 0
+// and 0 unless LAMB or LARS; momentum in [0, 1) and trust_coefficient
+// finite > 0 for LARS, both 0 otherwise; a schedule with warmup_steps >= 0,
+// warmup_start_factor in [0, 1], and in its decay decay_start_step >= 0,
+// decay_steps > 0, power finite > 0 and end_factor in [0, 1] (polynomial)
+// or step_size > 0 and gamma in (0, 1] (step). Otherwise InvalidArgument
+// whose message starts with "<field>.<member>", e.g. "dense_optimizer.eps
+// must be ..." or "dense_optimizer.schedule.warmup_steps must be ...".
 absl::Status Validate(const OptimizerConfig& config, const std::string& field);
+
+// Validate for the embedding tables' optimizer: also InvalidArgument
+// naming "<field>.type" for a layer-wise type (LAMB, LARS), which has no
+// embedding-row form.
+absl::Status ValidateSparse(const OptimizerConfig& config,
+                            const std::string& field);
 
 // State arrays of an embedding table, in order (EmbeddingTable's state1,
 // state2); of a dense parameter (DenseOptimizer's). Empty for SGD and for a
-// type no rule implements. The spans point at static data.
+// type no rule implements, and SparseState for a layer-wise type. The spans
+// point at static data.
 std::span<const StateArray> SparseState(const OptimizerConfig& config);
 std::span<const StateArray> DenseState(const OptimizerConfig& config);
 
@@ -73,8 +111,8 @@ void InitialSparseState(const OptimizerConfig& config, int dim, float* out);
 // 1 (row-wise Adagrad), 2 * dim (Adam).
 int SparseStateFloatsPerRow(const OptimizerConfig& config, int dim);
 
-// Floats of state per dense parameter element: 0 (SGD), 1 (Adagrad),
-// 2 (Adam).
+// Floats of state per dense parameter element: 0 (SGD), 1 (Adagrad,
+// LARS), 2 (Adam, LAMB).
 int DenseStateFloatsPerElement(const OptimizerConfig& config);
 
 // True when an embedding row's state is shared by its columns (a kRow

@@ -9,10 +9,16 @@
 //                         corrections, ...), with `using Rule` naming its
 //                         rule; made once per step on the host by
 //                         `MakeStep(config, step)` (an OptimizerConfig,
-//                         valid; step counted from 1).
+//                         valid; step counted from 1). Its learning_rate is
+//                         the schedule's rate at that step
+//                         (ScheduledLearningRate, schedule.h).
 //   kDefaultLearningRate  what a learning_rate of 0 means.
+//   kLayerWise            false for the element-wise rules below, true for
+//                         the layer-wise ones (LAMB, LARS), whose update
+//                         needs norms over a whole parameter tensor first.
 //   kDenseState           state arrays of a dense parameter, in order
 //                         (state1, state2); every one kElement.
+// An element-wise rule also has:
 //   kSparseState          state arrays of an embedding table, in order
 //                         (EmbeddingTable's state1, state2). At most two.
 //   DenseElement(step, g, p, s1, s2, i)
@@ -28,13 +34,25 @@
 //                         per-element state s1[c] / s2[c], where w, s1, s2
 //                         point at the row's weights and the row's part of
 //                         state1 / state2.
+// A layer-wise rule instead has (dense parameters only; DenseOptimizer runs
+// them: the norms over a tensor, MakeLayer, then LayerElement per element):
+//   NormTerm(step, weight_decay, g, p, s1, s2, i)
+//                         element i's term of the norm the trust ratio
+//                         divides by (LAMB: of the update, LARS: of the
+//                         gradient); reads only.
+//   MakeLayer(step, adapt, weight_norm, term_norm)
+//                         the tensor's constants (struct Layer): its weight
+//                         decay and its learning rate times its trust ratio;
+//                         adapt false (biases) means no decay and ratio 1.
+//   LayerElement(step, layer, g, p, s1, s2, i)
+//                         updates p[i], s1[i], s2[i].
 // Every float operation goes through RnAdd / RnMul / ... so nothing is fused
 // into a multiply-add, on the host or the device. MakeStep is a template
 // over the config type only so that this header, which CUDA files include,
 // needs no Protobuf headers.
 //
-// Adding an optimizer: a rule here and its Step in AnyStep, its case in
-// optim::Visit (optimizer.h), its enum value (and fields) in
+// Adding an optimizer: a rule here (an element-wise one's Step in AnyStep),
+// its case in optim::Visit (optimizer.h), its enum value (and fields) in
 // proto/dlrm/config.proto; optimizer.cc if it has new fields to validate.
 #pragma once
 
@@ -44,6 +62,7 @@
 #include <variant>
 
 #include "core/host_device.h"
+#include "optim/schedule.h"
 
 namespace dlrm::optim {
 
@@ -88,12 +107,13 @@ struct Sgd {
   static constexpr float kDefaultLearningRate = 0.1f;
   static constexpr std::array<StateArray, 0> kDenseState{};
   static constexpr std::array<StateArray, 0> kSparseState{};
+  static constexpr bool kLayerWise = false;
   static constexpr bool kRowReduction = false;
 
   template <typename Config>
-  static Step MakeStep(const Config& config, int64_t /*step*/) {
+  static Step MakeStep(const Config& config, int64_t step) {
     Step s;
-    s.learning_rate = config.learning_rate();
+    s.learning_rate = ScheduledLearningRate(config, step);
     return s;
   }
 
@@ -126,12 +146,13 @@ struct Adagrad {
   // "momentum1": the checkpoints' name for a table's first state array.
   static constexpr std::array<StateArray, 1> kSparseState{
       {{"momentum1", Extent::kRow, Initial::kInitialAccumulator}}};
+  static constexpr bool kLayerWise = false;
   static constexpr bool kRowReduction = true;
 
   template <typename Config>
-  static Step MakeStep(const Config& config, int64_t /*step*/) {
+  static Step MakeStep(const Config& config, int64_t step) {
     Step s;
-    s.learning_rate = config.learning_rate();
+    s.learning_rate = ScheduledLearningRate(config, step);
     s.eps = config.eps();
     return s;
   }
@@ -187,12 +208,13 @@ struct Adam {
   static constexpr std::array<StateArray, 2> kSparseState{
       {{"momentum1", Extent::kElement, Initial::kZero},
        {"momentum2", Extent::kElement, Initial::kZero}}};
+  static constexpr bool kLayerWise = false;
   static constexpr bool kRowReduction = false;
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
     Step s;
-    s.learning_rate = config.learning_rate();
+    s.learning_rate = ScheduledLearningRate(config, step);
     s.eps = config.eps();
     s.beta1 = config.beta1();
     s.beta2 = config.beta2();
@@ -231,9 +253,180 @@ struct Adam {
   }
 };
 
-// One step's constants of any rule: what the CUDA entry points take, made
-// on the host by optim::MakeStep (optimizer.h). std::visit on it gives the
-// Step, and Step::Rule its rule.
+// The layer-wise rules. Choices, where the papers and the common
+// implementations (NVIDIA apex FusedLAMB / LARC, TF Addons LAMB, the MLPerf
+// ResNet LARS, torch-optimizer) differ:
+// - Layers: each parameter tensor is one layer (a Linear's weight, its bias).
+// - Biases (DenseOptimizer: a parameter named "*.bias") take neither weight
+//   decay nor the trust ratio (ratio 1), as BERT's LAMB (apex with decay 0,
+//   TF Addons' exclude lists) and MLPerf's LARS (skip list) do; plain Adam /
+//   momentum SGD at the scheduled rate.
+// - Zero norms: the ratio is 1 when ||w|| or the other norm is 0 (apex, TF,
+//   torch-optimizer), so a zero-initialised tensor still moves and a zero
+//   update divides nothing by 0. No clipping of the ratio or of ||w||.
+// - Norms are sums of squares in double, reduced in a fixed order
+//   (DenseOptimizer); the ratio is computed in double and the tensor's rate
+//   lr x ratio rounded once to float.
+
+// LAMB (You et al. 2019, Algorithm 2, with Adam's bias correction as apex
+// and TF Addons apply it): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+// u = (m / bc1) / (sqrt(v / bc2) + eps) + wd w, w -= lr (||w|| / ||u||) u.
+// The moments round as the embedding rows' Adam does. No gradient
+// pre-normalisation by the global norm (apex's max_grad_norm): the DLRM
+// step has no gradient clipping anywhere else either.
+struct Lamb {
+  struct Step {
+    using Rule = Lamb;
+    float learning_rate = 0;
+    float eps = 0;
+    float beta1 = 0, beta2 = 0;
+    float one_minus_beta1 = 1, one_minus_beta2 = 1;
+    // 1 - beta^t.
+    float bias1 = 1, bias2 = 1;
+    float weight_decay = 0;
+  };
+  // One tensor's constants.
+  struct Layer {
+    float weight_decay = 0;
+    // Step's learning rate x the tensor's trust ratio.
+    float learning_rate = 0;
+  };
+  static constexpr float kDefaultLearningRate = 0.001f;
+  static constexpr bool kLayerWise = true;
+  static constexpr std::array<StateArray, 2> kDenseState{
+      {{"exp_avg", Extent::kElement, Initial::kZero},
+       {"exp_avg_sq", Extent::kElement, Initial::kZero}}};
+
+  template <typename Config>
+  static Step MakeStep(const Config& config, int64_t step) {
+    Step s;
+    s.learning_rate = ScheduledLearningRate(config, step);
+    s.eps = config.eps();
+    s.beta1 = config.beta1();
+    s.beta2 = config.beta2();
+    s.one_minus_beta1 = 1.0f - s.beta1;
+    s.one_minus_beta2 = 1.0f - s.beta2;
+    s.bias1 = static_cast<float>(OneMinusPow(s.beta1, step));
+    s.bias2 = static_cast<float>(OneMinusPow(s.beta2, step));
+    s.weight_decay = config.weight_decay();
+    return s;
+  }
+
+  // The update u of element i, from the moments the step stores.
+  DLRM_HOST_DEVICE static float Update(const Step& s, float weight_decay,
+                                       float m, float v, float w) {
+    const float adam =
+        RnDiv(RnDiv(m, s.bias1), RnAdd(RnSqrt(RnDiv(v, s.bias2)), s.eps));
+    return RnAdd(adam, RnMul(weight_decay, w));
+  }
+  DLRM_HOST_DEVICE static float FirstMoment(const Step& s, float g, float m) {
+    return RnAdd(RnMul(s.beta1, m), RnMul(s.one_minus_beta1, g));
+  }
+  DLRM_HOST_DEVICE static float SecondMoment(const Step& s, float g, float v) {
+    return RnAdd(RnMul(s.beta2, v), RnMul(RnMul(s.one_minus_beta2, g), g));
+  }
+
+  // u_i: the trust ratio is ||w|| / ||u||.
+  DLRM_HOST_DEVICE static float NormTerm(const Step& s, float weight_decay,
+                                         float g, const float* p,
+                                         const float* s1, const float* s2,
+                                         int64_t i) {
+    return Update(s, weight_decay, FirstMoment(s, g, s1[i]),
+                  SecondMoment(s, g, s2[i]), p[i]);
+  }
+
+  static Layer MakeLayer(const Step& s, bool adapt, double weight_norm,
+                         double update_norm) {
+    Layer l;
+    l.weight_decay = adapt ? s.weight_decay : 0.0f;
+    const double ratio = adapt && weight_norm > 0 && update_norm > 0
+                             ? weight_norm / update_norm
+                             : 1.0;
+    l.learning_rate = static_cast<float>(s.learning_rate * ratio);
+    return l;
+  }
+
+  DLRM_HOST_DEVICE static void LayerElement(const Step& s, const Layer& l,
+                                            float g, float* p, float* s1,
+                                            float* s2, int64_t i) {
+    const float m = FirstMoment(s, g, s1[i]);
+    const float v = SecondMoment(s, g, s2[i]);
+    s1[i] = m;
+    s2[i] = v;
+    p[i] = RnSub(p[i],
+                 RnMul(l.learning_rate, Update(s, l.weight_decay, m, v, p[i])));
+  }
+};
+
+// LARS (You et al. 2017, Algorithm 1; the form of the MLPerf ResNet / TF
+// LARSOptimizer, with the rate inside the momentum): local = eta ||w|| /
+// (||g|| + wd ||w||), v = mu v + lr local (g + wd w), w -= v. No epsilon in
+// the denominator: the zero-norm rule above covers what it guards against.
+struct Lars {
+  struct Step {
+    using Rule = Lars;
+    float learning_rate = 0;
+    float momentum = 0;
+    float weight_decay = 0;
+    float trust_coefficient = 0;
+  };
+  struct Layer {
+    float weight_decay = 0;
+    // Step's learning rate x the tensor's local rate.
+    float learning_rate = 0;
+  };
+  static constexpr float kDefaultLearningRate = 0.1f;
+  static constexpr bool kLayerWise = true;
+  // PyTorch SGD's name for it.
+  static constexpr std::array<StateArray, 1> kDenseState{
+      {{"momentum_buffer", Extent::kElement, Initial::kZero}}};
+
+  template <typename Config>
+  static Step MakeStep(const Config& config, int64_t step) {
+    Step s;
+    s.learning_rate = ScheduledLearningRate(config, step);
+    s.momentum = config.momentum();
+    s.weight_decay = config.weight_decay();
+    s.trust_coefficient = config.trust_coefficient();
+    return s;
+  }
+
+  // g_i: the local rate divides by ||g|| + wd ||w||.
+  DLRM_HOST_DEVICE static float NormTerm(const Step& /*s*/,
+                                         float /*weight_decay*/, float g,
+                                         const float* /*p*/,
+                                         const float* /*s1*/,
+                                         const float* /*s2*/, int64_t /*i*/) {
+    return g;
+  }
+
+  static Layer MakeLayer(const Step& s, bool adapt, double weight_norm,
+                         double grad_norm) {
+    Layer l;
+    l.weight_decay = adapt ? s.weight_decay : 0.0f;
+    const double ratio =
+        adapt && weight_norm > 0 && grad_norm > 0
+            ? s.trust_coefficient * weight_norm /
+                  (grad_norm + double{s.weight_decay} * weight_norm)
+            : 1.0;
+    l.learning_rate = static_cast<float>(s.learning_rate * ratio);
+    return l;
+  }
+
+  DLRM_HOST_DEVICE static void LayerElement(const Step& s, const Layer& l,
+                                            float g, float* p, float* s1,
+                                            float* /*s2*/, int64_t i) {
+    const float d = RnAdd(g, RnMul(l.weight_decay, p[i]));
+    const float v = RnAdd(RnMul(s.momentum, s1[i]), RnMul(l.learning_rate, d));
+    s1[i] = v;
+    p[i] = RnSub(p[i], v);
+  }
+};
+
+// One step's constants of any element-wise rule: what the CUDA entry points
+// take, made on the host by optim::MakeStep (optimizer.h). std::visit on it
+// gives the Step, and Step::Rule its rule. The layer-wise rules are not in
+// it: the CUDA backends refuse them.
 using AnyStep = std::variant<Sgd::Step, Adagrad::Step, Adam::Step>;
 
 // One embedding row's update from its summed gradient g[0, dim): w points

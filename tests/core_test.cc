@@ -57,6 +57,25 @@ TEST(ConfigTest, MaxRowsPerTableCapsTables) {
   EXPECT_FLOAT_EQ(n->dense_optimizer().learning_rate(), 0.1f);
 }
 
+// A dense LAMB / LARS with a schedule normalises: the fields' defaults
+// filled, the schedule kept.
+TEST(ConfigTest, LayerWiseDenseOptimizerWithSchedule) {
+  auto parsed = ParseModelConfigText(
+      "embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4] "
+      "top_mlp: [1] dense_optimizer { type: LARS momentum: 0.9 schedule { "
+      "warmup_steps: 10 polynomial_decay { decay_steps: 100 } } } "
+      "sparse_optimizer { type: ADAM schedule { step_decay { step_size: 5 } "
+      "} }");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto n = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->dense_optimizer().learning_rate(), 0.1f);
+  EXPECT_EQ(n->dense_optimizer().trust_coefficient(), 0.001f);
+  EXPECT_EQ(n->dense_optimizer().schedule().warmup_steps(), 10);
+  EXPECT_EQ(n->dense_optimizer().schedule().polynomial_decay().power(), 2.0f);
+  EXPECT_EQ(n->sparse_optimizer().schedule().step_decay().gamma(), 0.1f);
+}
+
 TEST(ConfigTest, SyntaxErrorNamesTheLine) {
   auto c = ParseModelConfigText("embedding_dim: 4\ntables { rows: }\n");
   ASSERT_FALSE(c.ok());
@@ -89,6 +108,20 @@ TEST(ConfigTest, ValidationNamesTheField) {
       {"embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4, -2] "
        "top_mlp: [1]",
        "bottom_mlp[1]"},
+      // The layer-wise optimizers are for dense parameters only.
+      {"embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4] "
+       "top_mlp: [1] sparse_optimizer { type: LAMB }",
+       "sparse_optimizer.type LAMB"},
+      {"embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4] "
+       "top_mlp: [1] sparse_optimizer { type: LARS }",
+       "sparse_optimizer.type LARS"},
+      {"embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4] "
+       "top_mlp: [1] sparse_optimizer { schedule { step_decay { gamma: 0.5 } "
+       "} }",
+       "sparse_optimizer.schedule.step_decay.step_size"},
+      {"embedding_dim: 4 tables { name: 'a' rows: 3 } bottom_mlp: [4] "
+       "top_mlp: [1] dense_optimizer { type: ADAM weight_decay: 0.1 }",
+       "dense_optimizer.weight_decay"},
   };
   for (const Case& c : cases) {
     auto parsed = ParseModelConfigText(c.text);

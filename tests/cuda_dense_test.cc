@@ -246,6 +246,9 @@ TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
     config.set_beta1(0.9f);
     config.set_beta2(0.999f);
     config.set_initial_accumulator(0.1f);
+    // A warm-up: the kernel reads each step's rate from the constants.
+    config.mutable_schedule()->set_warmup_steps(3);
+    config.mutable_schedule()->set_warmup_start_factor(0.5f);
     const int64_t n = 70001;  // Not a multiple of the block.
     std::vector<float> param = RandomFloats(rng, n);
     std::vector<float> grad(n);

@@ -130,8 +130,11 @@ TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
                  << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
                  << kCudaTestSeed);
     Rng rng(kCudaTestSeed + 7 * s.dim + type);
-    EmbeddingTable cpu(1, s.rows, s.dim, s.pooling, MakeOptimizer(type),
-                       kCudaTestSeed);
+    // A warm-up: the kernels read each step's rate from the constants.
+    OptimizerConfig optimizer = MakeOptimizer(type);
+    optimizer.mutable_schedule()->set_warmup_steps(3);
+    optimizer.mutable_schedule()->set_warmup_start_factor(0.5f);
+    EmbeddingTable cpu(1, s.rows, s.dim, s.pooling, optimizer, kCudaTestSeed);
     const std::vector<float> initial(cpu.weights(),
                                      cpu.weights() + s.rows * s.dim);
     auto gpu = CudaEmbeddingTable::FromHost(cpu);
@@ -152,7 +155,7 @@ TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
       ASSERT_TRUE(st.ok()) << st;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
-    EmbeddingTable back(1, s.rows, s.dim, s.pooling, MakeOptimizer(type),
+    EmbeddingTable back(1, s.rows, s.dim, s.pooling, optimizer,
                         kCudaTestSeed + 1);
     ASSERT_TRUE((*gpu)->CopyToHost(&back).ok());
     EXPECT_EQ(back.step(), cpu.step());

@@ -2,6 +2,7 @@
 // dot interaction (against its reference), BCE loss, the optimizers, and
 // the CPU dense backend (against the layers composed by hand).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -666,7 +667,7 @@ TEST(OptimizerTest, StepIsTheSharedRuleBitwise) {
         std::copy(fresh.begin(), fresh.end(), g[i].begin());
       }
       (*opt)->Step();
-      optim::Visit(type, [&](auto rule) {
+      optim::VisitElementWise(type, [&](auto rule) {
         using Rule = decltype(rule);
         const auto constants = Rule::MakeStep(config, step);
         for (int i = 0; i < 2; ++i) {
@@ -716,6 +717,222 @@ TEST(OptimizerTest, DeterministicOnLargeParameters) {
   }
 }
 
+// ------------------------------------------------- layer-wise optimizers
+
+// A weight of 3 elements and a bias of 2, as one Linear's parameters.
+struct WeightAndBias {
+  std::vector<float> w = {1.0f, -2.0f, 0.5f}, gw = {0.5f, 0.0f, -3.0f};
+  std::vector<float> b = {0.25f, -0.5f}, gb = {2.0f, -1.0f};
+  std::vector<ParamRef> refs() {
+    return {{"l.weight", w.data(), gw.data(), 3},
+            {"l.bias", b.data(), gb.data(), 2}};
+  }
+};
+
+TEST(LayerWiseOptimizerTest, LambByHand) {
+  WeightAndBias p;
+  OptimizerConfig c = MakeConfig(OptimizerConfig::LAMB, 0.1f);
+  c.set_weight_decay(0.1f);
+  auto opt = DenseOptimizer::Create(c, p.refs());
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  (*opt)->Step();
+  // Step 1: the bias-corrected Adam step is g / |g| (0 where g is 0):
+  // u = (1, 0, -1) + 0.1 w = (1.1, -0.2, -0.95); ||w|| = sqrt(5.25),
+  // ||u|| = sqrt(2.1525): w -= 0.1 * 1.5617376 * u.
+  EXPECT_NEAR(p.w[0], 0.8282088630374556, 1e-6);
+  EXPECT_NEAR(p.w[1], -1.9687652472570873, 1e-6);
+  EXPECT_NEAR(p.w[2], 0.6483650750082559, 1e-6);
+  // The bias: plain Adam, no decay, no trust ratio: b -= 0.1 * sign(g).
+  EXPECT_NEAR(p.b[0], 0.15, 1e-6);
+  EXPECT_NEAR(p.b[1], -0.4, 1e-6);
+  const std::vector<ParamRef> state = (*opt)->State();
+  ASSERT_EQ(state.size(), 4u);
+  EXPECT_EQ(state[0].name, "l.weight.exp_avg");
+  EXPECT_EQ(state[1].name, "l.weight.exp_avg_sq");
+  EXPECT_EQ(state[2].name, "l.bias.exp_avg");
+  EXPECT_EQ(state[3].name, "l.bias.exp_avg_sq");
+  EXPECT_NEAR(state[0].value[2], -0.3, 1e-6);
+  // 1 - 0.999f is 0.0010000467: v is off by ~1e-5 relative.
+  EXPECT_NEAR(state[1].value[2], 0.009, 2e-7);
+}
+
+TEST(LayerWiseOptimizerTest, LarsByHand) {
+  WeightAndBias p;
+  OptimizerConfig c = MakeConfig(OptimizerConfig::LARS, 0.1f);
+  c.set_weight_decay(0.1f);
+  c.set_momentum(0.9f);
+  c.set_trust_coefficient(0.01f);
+  auto opt = DenseOptimizer::Create(c, p.refs());
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  // local = 0.01 ||w|| / (||g|| + 0.1 ||w||); v = 0.9 v + 0.1 local (g +
+  // 0.1 w); w -= v. The bias: v = 0.9 v + 0.1 g, b -= v.
+  (*opt)->Step();
+  EXPECT_NEAR(p.w[0], 0.999579645777719, 1e-7);
+  EXPECT_NEAR(p.w[1], -1.9998598819259064, 1e-7);
+  EXPECT_NEAR(p.w[2], 0.5020667415928818, 1e-7);
+  EXPECT_NEAR(p.b[0], 0.05, 1e-7);
+  EXPECT_NEAR(p.b[1], -0.4, 1e-7);
+  (*opt)->Step();  // the same gradients again
+  EXPECT_NEAR(p.w[0], 0.99878097726315, 1e-7);
+  EXPECT_NEAR(p.w[1], -1.9995936590877166, 1e-7);
+  EXPECT_NEAR(p.w[2], 0.5059935284561794, 1e-7);
+  EXPECT_NEAR(p.b[0], -0.33, 1e-6);
+  EXPECT_NEAR(p.b[1], -0.21, 1e-6);
+  const std::vector<ParamRef> state = (*opt)->State();
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].name, "l.weight.momentum_buffer");
+  EXPECT_EQ(state[1].name, "l.bias.momentum_buffer");
+  EXPECT_NEAR(state[0].value[2], -0.003926786863297595, 1e-8);
+  EXPECT_EQ((*opt)->step(), 2);
+}
+
+// The paper's formulas written out in double, one tensor at a time:
+// LAMB (You et al. 2019) with bias correction, LARS (You et al. 2017) with
+// the rate inside the momentum; biases without decay or trust ratio; ratio
+// 1 where a norm is 0.
+struct PlainTensor {
+  std::string name;
+  std::vector<double> w, m, v;
+};
+
+void PlainLayerWiseStep(const OptimizerConfig& c, double lr, int64_t t,
+                        const std::vector<std::vector<float>>& grads,
+                        std::vector<PlainTensor>* tensors) {
+  const double b1 = c.beta1(), b2 = c.beta2(), eps = c.eps();
+  for (size_t k = 0; k < tensors->size(); ++k) {
+    PlainTensor& p = (*tensors)[k];
+    const std::vector<float>& g = grads[k];
+    const size_t n = p.w.size();
+    const bool bias =
+        p.name.size() >= 5 && p.name.substr(p.name.size() - 5) == ".bias";
+    const double wd = bias ? 0.0 : c.weight_decay();
+    double w_norm = 0, other_norm = 0;
+    for (size_t i = 0; i < n; ++i) w_norm += p.w[i] * p.w[i];
+    w_norm = std::sqrt(w_norm);
+    if (c.type() == OptimizerConfig::LAMB) {
+      std::vector<double> u(n);
+      for (size_t i = 0; i < n; ++i) {
+        p.m[i] = b1 * p.m[i] + (1 - b1) * g[i];
+        p.v[i] = b2 * p.v[i] + (1 - b2) * double{g[i]} * g[i];
+        const double m_hat = p.m[i] / (1 - std::pow(b1, double(t)));
+        const double v_hat = p.v[i] / (1 - std::pow(b2, double(t)));
+        u[i] = m_hat / (std::sqrt(v_hat) + eps) + wd * p.w[i];
+        other_norm += u[i] * u[i];
+      }
+      other_norm = std::sqrt(other_norm);
+      const double ratio =
+          !bias && w_norm > 0 && other_norm > 0 ? w_norm / other_norm : 1.0;
+      for (size_t i = 0; i < n; ++i) p.w[i] -= lr * ratio * u[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) other_norm += double{g[i]} * g[i];
+      other_norm = std::sqrt(other_norm);
+      const double local =
+          !bias && w_norm > 0 && other_norm > 0
+              ? c.trust_coefficient() * w_norm / (other_norm + wd * w_norm)
+              : 1.0;
+      for (size_t i = 0; i < n; ++i) {
+        p.m[i] = c.momentum() * p.m[i] + lr * local * (g[i] + wd * p.w[i]);
+        p.w[i] -= p.m[i];
+      }
+    }
+  }
+}
+
+// DenseOptimizer against the plain formulas on random inputs for 6 steps,
+// with a warm-up and a decay: a weight, a bias, a zero-initialised weight
+// (ratio 1 on step 1), one whose gradient stays 0, and one large enough
+// for the OpenMP path and several norm blocks.
+TEST(LayerWiseOptimizerTest, MatchesThePlainFormulasInDouble) {
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    Rng rng = SeededRng(71);
+    OptimizerConfig c =
+        MakeConfig(type, type == OptimizerConfig::LAMB ? 0.01f : 0.5f);
+    c.set_weight_decay(0.01f);
+    if (type == OptimizerConfig::LARS) {
+      c.set_momentum(0.9f);
+      c.set_trust_coefficient(0.02f);
+    }
+    LearningRateSchedule* schedule = c.mutable_schedule();
+    schedule->set_warmup_steps(3);
+    schedule->set_warmup_start_factor(0.1f);
+    schedule->mutable_polynomial_decay()->set_decay_start_step(3);
+    schedule->mutable_polynomial_decay()->set_decay_steps(4);
+    schedule->mutable_polynomial_decay()->set_power(2);
+    schedule->mutable_polynomial_decay()->set_end_factor(0.2f);
+    const std::vector<std::string> names = {"a.weight", "a.bias", "zero.weight",
+                                            "still.weight", "big.weight"};
+    const std::vector<int64_t> sizes = {1000, 37, 64, 50, 70000};
+    std::vector<std::vector<float>> w(names.size()), g(names.size());
+    std::vector<ParamRef> refs;
+    std::vector<PlainTensor> want;
+    for (size_t k = 0; k < names.size(); ++k) {
+      w[k] = RandomVector(&rng, sizes[k], 0.5);
+      if (names[k] == "zero.weight") std::fill(w[k].begin(), w[k].end(), 0.0f);
+      g[k].assign(sizes[k], 0.0f);
+      refs.push_back({names[k], w[k].data(), g[k].data(), sizes[k]});
+      want.push_back({names[k], std::vector<double>(w[k].begin(), w[k].end()),
+                      std::vector<double>(sizes[k], 0.0),
+                      std::vector<double>(sizes[k], 0.0)});
+    }
+    auto opt = DenseOptimizer::Create(c, refs);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    for (int64_t t = 1; t <= 6; ++t) {
+      for (size_t k = 0; k < names.size(); ++k) {
+        if (names[k] == "still.weight") continue;
+        const std::vector<float> fresh = RandomVector(&rng, sizes[k], 0.1);
+        std::copy(fresh.begin(), fresh.end(), g[k].begin());
+      }
+      (*opt)->Step();
+      // The schedule by hand: warm-up 0.1 + 0.9 t / 3, then 0.2 + 0.8 (1 -
+      // (t - 3) / 4)^2.
+      const double multiplier =
+          t < 3 ? 0.1 + 0.9 * t / 3.0
+                : 0.2 + 0.8 * std::pow(1.0 - std::min<int64_t>(t - 3, 4) / 4.0,
+                                       2.0);
+      PlainLayerWiseStep(c, c.learning_rate() * multiplier, t, g, &want);
+    }
+    for (size_t k = 0; k < names.size(); ++k) {
+      double scale = 0;
+      for (double x : want[k].w) scale = std::max(scale, std::fabs(x));
+      int bad = 0;
+      for (int64_t i = 0; i < sizes[k]; ++i) {
+        if (!(std::fabs(w[k][i] - want[k].w[i]) <= 2e-6 * scale) &&
+            ++bad <= 3) {
+          ADD_FAILURE() << names[k] << "[" << i << "]: " << w[k][i] << " vs "
+                        << want[k].w[i];
+        }
+      }
+      EXPECT_EQ(bad, 0) << names[k];
+    }
+  }
+}
+
+// The norms are reduced in a fixed order: the same bits with 1 thread and
+// with several.
+TEST(LayerWiseOptimizerTest, DeterministicAcrossThreadCounts) {
+  const int max_threads = omp_get_max_threads();
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    std::vector<float> results[2];
+    for (int run = 0; run < 2; ++run) {
+      omp_set_num_threads(run == 0 ? 1 : std::max(2, max_threads));
+      Rng rng = SeededRng(73);
+      std::vector<float> w = RandomVector(&rng, 100000);
+      std::vector<float> g = RandomVector(&rng, 100000);
+      OptimizerConfig c = MakeConfig(type, 0.01f);
+      c.set_weight_decay(0.01f);
+      if (type == OptimizerConfig::LARS) c.set_trust_coefficient(0.001f);
+      auto opt = DenseOptimizer::Create(c, {{"w", w.data(), g.data(), 100000}});
+      ASSERT_TRUE(opt.ok()) << opt.status();
+      for (int s = 0; s < 3; ++s) (*opt)->Step();
+      results[run] = w;
+    }
+    omp_set_num_threads(max_threads);
+    EXPECT_TRUE(BitwiseEqual(results[0].data(), results[1].data(), 100000))
+        << OptimizerConfig::Type_Name(type);
+  }
+}
+
 // ------------------------------------------------------------ Dense backend
 
 using dlrm::testing::DenseBackendConfig;
@@ -744,8 +961,9 @@ TEST(DenseBackendTest, InteractionShapes) {
 // numbers model::Model's step had before the backend existed.
 TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
   for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT}) {
-    for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
-                      OptimizerConfig::ADAM}) {
+    for (auto type :
+         {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD, OptimizerConfig::ADAM,
+          OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
       SCOPED_TRACE(Interaction_Name(kind) + " " +
                    OptimizerConfig::Type_Name(type));
       const ModelConfig config = DenseBackendConfig(kind, type);
@@ -928,6 +1146,30 @@ TEST(DenseBackendTest, CudaWithoutAGpuIsFailedPrecondition) {
   EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
   EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
       << message;
+}
+
+// The CUDA backend does not run the layer-wise optimizers: it says so
+// before it looks for a device, so the answer is the same on every machine
+// (built without CUDA: the FailedPrecondition that says so).
+TEST(DenseBackendTest, CudaRefusesTheLayerWiseOptimizers) {
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    ModelConfig config = DenseBackendConfig(INTERACTION_DOT, type);
+    config.set_device(DEVICE_CUDA);
+    auto backend = CreateDenseBackend(config);
+#if defined(DLRM_WITH_CUDA)
+    ASSERT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented)
+        << backend.status();
+    const std::string message(backend.status().message());
+    EXPECT_NE(message.find("dense_optimizer.type " +
+                           OptimizerConfig::Type_Name(type)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("DEVICE_CPU"), std::string::npos) << message;
+#else
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
+        << backend.status();
+#endif
+  }
 }
 
 }  // namespace

@@ -249,6 +249,26 @@ INSTANTIATE_TEST_SUITE_P(
         testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu)),
     EquivalenceName);
 
+// The cached tier runs EmbeddingTable's kernels on its slots with the
+// table's step, so it follows a learning-rate schedule as the in-memory
+// table does.
+TEST_F(StoreTest, ScheduledOptimizerTrainsBitwiseLikeInMemory) {
+  TableSpec spec = MakeSpec(2, 2000, 16, POOLING_SUM, OptimizerConfig::ADAGRAD);
+  LearningRateSchedule* schedule = spec.optimizer.mutable_schedule();
+  schedule->set_warmup_steps(5);
+  schedule->set_warmup_start_factor(0.2f);
+  schedule->mutable_polynomial_decay()->set_decay_start_step(5);
+  schedule->mutable_polynomial_decay()->set_decay_steps(10);
+  schedule->mutable_polynomial_decay()->set_power(2);
+  auto db = RowDatabase::Open(Options(200));
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto store = RocksDbCachedStore::Create(spec, Options(200), db->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  TrainAndCompare(spec, **store, /*steps=*/20, /*bags=*/24, /*max_hot=*/5,
+                  /*prefetch=*/0, kSeed + 11);
+  EXPECT_GT((*store)->metrics().evictions, 0);
+}
+
 // A shard (rows and columns of a bigger table) with an odd dim (the
 // any-dim kernel path) starts and trains like the same in-memory shard.
 TEST_F(StoreTest, ShardWithOddDimTrainsBitwiseLikeInMemory) {
@@ -436,6 +456,18 @@ TEST_F(StoreTest, OptionsAndFactory) {
   TableSpec bad = spec;
   bad.rows = 0;
   EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
+  // The layer-wise optimizers have no embedding-row rule.
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    bad = spec;
+    bad.optimizer.set_type(type);
+    const absl::Status status = bad.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("optimizer.type"), std::string::npos)
+        << status;
+    EXPECT_EQ(
+        CreateEmbeddingStore(bad, StoreOptions{}, nullptr).status().code(),
+        absl::StatusCode::kInvalidArgument);
+  }
 
   StoreOptions options;
   auto host = CreateEmbeddingStore(spec, options, nullptr);
@@ -614,9 +646,16 @@ TEST_F(StoreTest, PrefetchedRowsEvictedOrUpdatedInBetween) {
 // Flush + Checkpoint, keep training, restore: the restored table has the
 // rows, optimizer state and step of the checkpoint, and trains on from
 // there like the original did.
+// With a learning-rate schedule that changes across the checkpoint (warm-up
+// to update 14, then halving every 2): the restored store continues it from
+// its saved step.
 TEST_F(StoreTest, CheckpointRestoresRowsAndOptimizerState) {
-  const TableSpec spec =
-      MakeSpec(4, 600, 8, POOLING_MEAN, OptimizerConfig::ADAM);
+  TableSpec spec = MakeSpec(4, 600, 8, POOLING_MEAN, OptimizerConfig::ADAM);
+  LearningRateSchedule* schedule = spec.optimizer.mutable_schedule();
+  schedule->set_warmup_steps(14);
+  schedule->mutable_step_decay()->set_decay_start_step(14);
+  schedule->mutable_step_decay()->set_step_size(2);
+  schedule->mutable_step_decay()->set_gamma(0.5f);
   const RocksDbStoreOptions options = Options(60);
   const int record_floats = 8 + StateFloatsPerRow(spec.optimizer, 8);
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));

@@ -326,7 +326,7 @@ void RuleUpdateInTest(ReferenceState* s, int dim, Pooling pooling,
   for (size_t k = 0; k < arrays.size(); ++k) {
     floats[k] = optim::FloatsPerRow(arrays[k], dim);
   }
-  optim::Visit(opt.type(), [&](auto rule) {
+  optim::VisitElementWise(opt.type(), [&](auto rule) {
     using Rule = decltype(rule);
     for (const auto& [r, g] : rows) {
       optim::UpdateSparseRow<Rule>(
@@ -507,6 +507,36 @@ TEST(EmbeddingTableTest, OptimizerFormulasOnOneRow) {
     EXPECT_EQ(t.step(), 2);
     const double m = 0.09 / (1 - 0.81), v = 0.000999 / (1 - 0.998001);
     EXPECT_NEAR(t.weights()[6], after1 - 0.01 * m / std::sqrt(v), 1e-7);
+  }
+}
+
+// Update t runs at the schedule's rate for t, whatever set the step count
+// (a restore sets it): SGD at 0.1 with a warm-up over 4 updates and the
+// rate halved every 5 updates after update 10.
+TEST(EmbeddingTableTest, LearningRateFollowsTheScheduleByStep) {
+  OptimizerConfig opt = MakeOptimizer(OptimizerConfig::SGD);
+  LearningRateSchedule* schedule = opt.mutable_schedule();
+  schedule->set_warmup_steps(4);
+  schedule->mutable_step_decay()->set_decay_start_step(10);
+  schedule->mutable_step_decay()->set_step_size(5);
+  schedule->mutable_step_decay()->set_gamma(0.5f);
+  EmbeddingTable t(0, 5, 2, POOLING_SUM, opt, kSeed);
+  // Row 3 twice with gradient (1, -2): the row's gradient is (2, -4).
+  const data::SparseFeature ids{{0, 2}, {3, 3}};
+  const float grad[2] = {1.0f, -2.0f};
+  const struct {
+    int64_t step;       // the update's own step number
+    double multiplier;  // the schedule's, by hand
+  } updates[] = {{1, 0.25}, {2, 0.5}, {4, 1.0}, {15, 0.5}, {20, 0.25}};
+  for (const auto& u : updates) {
+    t.set_step(u.step - 1);
+    const float w0 = t.weights()[6], w1 = t.weights()[7];
+    t.BackwardUpdate(ids, grad, 2);
+    EXPECT_EQ(t.step(), u.step);
+    EXPECT_FLOAT_EQ(t.weights()[6], w0 - 0.1 * u.multiplier * 2)
+        << "update " << u.step;
+    EXPECT_FLOAT_EQ(t.weights()[7], w1 + 0.1 * u.multiplier * 4)
+        << "update " << u.step;
   }
 }
 

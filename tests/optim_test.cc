@@ -16,8 +16,10 @@
 
 #include "core/random.h"
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/text_format.h"
 #include "optim/optimizer.h"
 #include "optim/rules.h"
+#include "optim/schedule.h"
 
 namespace dlrm::optim {
 namespace {
@@ -100,7 +102,7 @@ void ExpectBitwiseEqual(const std::vector<float>& a,
 void RunDense(const OptimizerConfig& config,
               const std::vector<std::vector<float>>& grads, Arrays* a) {
   for (size_t t = 0; t < grads.size(); ++t) {
-    Visit(config.type(), [&](auto rule) {
+    VisitElementWise(config.type(), [&](auto rule) {
       using Rule = decltype(rule);
       const typename Rule::Step step =
           Rule::MakeStep(config, static_cast<int64_t>(t) + 1);
@@ -245,7 +247,7 @@ void RunSparseRow(const OptimizerConfig& config,
                   const std::vector<std::vector<float>>& grads, int dim,
                   Arrays* a) {
   for (size_t t = 0; t < grads.size(); ++t) {
-    Visit(config.type(), [&](auto rule) {
+    VisitElementWise(config.type(), [&](auto rule) {
       using Rule = decltype(rule);
       UpdateSparseRow<Rule>(Rule::MakeStep(config, static_cast<int64_t>(t) + 1),
                             grads[t].data(), dim, a->w.data(), a->s1.data(),
@@ -417,6 +419,16 @@ TEST(StepTest, MakeStepPicksEachTypesRule) {
   bad.set_type(static_cast<OptimizerConfig::Type>(42));
   EXPECT_EQ(MakeStep(bad, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // The layer-wise rules have no AnyStep: the CUDA kernels do not run them.
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    EXPECT_EQ(MakeStep(Config(type), 1).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << OptimizerConfig::Type_Name(type);
+    EXPECT_FALSE(VisitElementWise(type, [](auto) {}));
+  }
+  for (OptimizerConfig::Type type : kTypes) {
+    EXPECT_TRUE(VisitElementWise(type, [](auto) {}));
+  }
 }
 
 // A new enum value without a rule fails here.
@@ -427,6 +439,150 @@ TEST(StepTest, EveryConfigTypeHasARule) {
         static_cast<OptimizerConfig::Type>(values->value(i)->number());
     EXPECT_TRUE(Visit(type, [](auto) {})) << values->value(i)->name();
     EXPECT_TRUE(Validate(Config(type), "opt").ok()) << values->value(i)->name();
+  }
+}
+
+// ------------------------------------------------- learning-rate schedules
+
+// A config of `type` with learning rate 0.5 and `schedule` (text format),
+// normalised.
+OptimizerConfig Scheduled(OptimizerConfig::Type type,
+                          const std::string& schedule) {
+  OptimizerConfig c;
+  c.set_type(type);
+  c.set_learning_rate(0.5f);
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      schedule, c.mutable_schedule()))
+      << schedule;
+  SetDefaults(&c);
+  EXPECT_TRUE(Validate(c, "opt").ok()) << Validate(c, "opt");
+  return c;
+}
+
+// The hand-computed values below are of the decimal factors; the config
+// holds them as floats.
+constexpr double kFloatConfig = 1e-7;
+
+double Multiplier(const OptimizerConfig& c, int64_t step) {
+  return LearningRateMultiplier(ScheduleOf(c), step);
+}
+
+TEST(ScheduleTest, ConstantIsExactlyOne) {
+  const OptimizerConfig c = Config(OptimizerConfig::ADAM);
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1} << 40}) {
+    EXPECT_EQ(Multiplier(c, t), 1.0) << t;
+    // The rate in the step constants is the configured float, bit for bit.
+    EXPECT_EQ(Adam::MakeStep(c, t).learning_rate, c.learning_rate()) << t;
+  }
+}
+
+TEST(ScheduleTest, LinearWarmupStartMiddleEnd) {
+  const OptimizerConfig c = Scheduled(
+      OptimizerConfig::SGD, "warmup_steps: 4 warmup_start_factor: 0.2");
+  // 0.2 + 0.8 t / 4 for t < 4, then 1.
+  EXPECT_NEAR(Multiplier(c, 0), 0.2, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 1), 0.4, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 2), 0.6, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 3), 0.8, kFloatConfig);
+  EXPECT_EQ(Multiplier(c, 4), 1.0);
+  EXPECT_EQ(Multiplier(c, 1000), 1.0);
+  // The default start is 0: the first of 10 updates runs at a tenth.
+  const OptimizerConfig zero =
+      Scheduled(OptimizerConfig::SGD, "warmup_steps: 10");
+  EXPECT_EQ(Multiplier(zero, 0), 0.0);
+  EXPECT_NEAR(Multiplier(zero, 1), 0.1, kFloatConfig);
+  EXPECT_NEAR(Multiplier(zero, 5), 0.5, kFloatConfig);
+  EXPECT_EQ(Multiplier(zero, 10), 1.0);
+}
+
+TEST(ScheduleTest, PolynomialDecay) {
+  const OptimizerConfig c = Scheduled(OptimizerConfig::SGD,
+                                      "polynomial_decay { decay_start_step: 10 "
+                                      "decay_steps: 20 end_factor: 0.1 }");
+  EXPECT_EQ(c.schedule().polynomial_decay().power(), 2.0f);  // the default
+  // 0.1 + 0.9 (1 - (t - 10) / 20)^2 on [10, 30].
+  EXPECT_EQ(Multiplier(c, 1), 1.0);
+  EXPECT_EQ(Multiplier(c, 10), 1.0);
+  EXPECT_NEAR(Multiplier(c, 11), 0.1 + 0.9 * 0.95 * 0.95, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 15), 0.60625, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 20), 0.325, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 30), 0.1, kFloatConfig);
+  EXPECT_NEAR(Multiplier(c, 1000), 0.1, kFloatConfig);
+  const OptimizerConfig linear = Scheduled(
+      OptimizerConfig::SGD, "polynomial_decay { decay_steps: 4 power: 1 }");
+  EXPECT_NEAR(Multiplier(linear, 1), 0.75, kFloatConfig);
+  EXPECT_NEAR(Multiplier(linear, 3), 0.25, kFloatConfig);
+  EXPECT_EQ(Multiplier(linear, 4), 0.0);
+}
+
+TEST(ScheduleTest, StepDecay) {
+  const OptimizerConfig c =
+      Scheduled(OptimizerConfig::SGD,
+                "step_decay { decay_start_step: 5 step_size: 10 gamma: 0.5 }");
+  EXPECT_EQ(Multiplier(c, 1), 1.0);
+  EXPECT_EQ(Multiplier(c, 5), 1.0);
+  EXPECT_EQ(Multiplier(c, 14), 1.0);
+  EXPECT_EQ(Multiplier(c, 15), 0.5);
+  EXPECT_EQ(Multiplier(c, 24), 0.5);
+  EXPECT_EQ(Multiplier(c, 25), 0.25);
+  EXPECT_EQ(Multiplier(c, 105), std::pow(0.5, 10));
+  const OptimizerConfig fallback =
+      Scheduled(OptimizerConfig::SGD, "step_decay { step_size: 3 }");
+  EXPECT_EQ(fallback.schedule().step_decay().gamma(), 0.1f);  // the default
+  EXPECT_EQ(Multiplier(fallback, 2), 1.0);
+  EXPECT_NEAR(Multiplier(fallback, 3), double{0.1f}, kFloatConfig);
+}
+
+// MLPerf DLRM v1's shape: warm-up, a plateau, then a quadratic decay to 0.
+TEST(ScheduleTest, WarmupThenPolynomialDecay) {
+  const OptimizerConfig c =
+      Scheduled(OptimizerConfig::SGD,
+                "warmup_steps: 10 polynomial_decay { decay_start_step: 20 "
+                "decay_steps: 10 }");
+  EXPECT_DOUBLE_EQ(Multiplier(c, 5), 0.5);
+  EXPECT_EQ(Multiplier(c, 10), 1.0);
+  EXPECT_EQ(Multiplier(c, 20), 1.0);
+  EXPECT_DOUBLE_EQ(Multiplier(c, 25), 0.25);
+  EXPECT_EQ(Multiplier(c, 30), 0.0);
+  // Overlapping phases multiply: warm-up to 8, decay from 4 over 8.
+  const OptimizerConfig overlap = Scheduled(
+      OptimizerConfig::SGD,
+      "warmup_steps: 8 polynomial_decay { decay_start_step: 4 decay_steps: 8 "
+      "power: 1 }");
+  EXPECT_DOUBLE_EQ(Multiplier(overlap, 6), 0.75 * 0.75);
+}
+
+// Every rule's step constants carry lr x multiplier, rounded once.
+TEST(ScheduleTest, EveryRuleStepCarriesTheScheduledRate) {
+  const OptimizerConfig::Type all[] = {OptimizerConfig::SGD,
+                                       OptimizerConfig::ADAGRAD,
+                                       OptimizerConfig::ROWWISE_ADAGRAD,
+                                       OptimizerConfig::ADAM,
+                                       OptimizerConfig::LAMB,
+                                       OptimizerConfig::LARS};
+  for (OptimizerConfig::Type type : all) {
+    const OptimizerConfig c =
+        Scheduled(type,
+                  "warmup_steps: 3 warmup_start_factor: 0.1 step_decay { "
+                  "decay_start_step: 4 step_size: 2 gamma: 0.3 }");
+    for (int64_t t = 1; t <= 9; ++t) {
+      const float want = static_cast<float>(0.5 * Multiplier(c, t));
+      Visit(type, [&](auto rule) {
+        EXPECT_EQ(decltype(rule)::MakeStep(c, t).learning_rate, want)
+            << OptimizerConfig::Type_Name(type) << " step " << t;
+      });
+      if (auto step = MakeStep(c, t); step.ok()) {
+        std::visit(
+            [&](const auto& s) { EXPECT_EQ(s.learning_rate, want) << t; },
+            *step);
+      }
+    }
+    // Hand-computed: warm-up 0.1 + 0.9 t / 3, then 0.3^floor((t - 4) / 2).
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(c, 1), 0.5f * 0.4f);
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(c, 3), 0.5f);
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(c, 5), 0.5f);
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(c, 6), 0.5f * 0.3f);
+    EXPECT_FLOAT_EQ(ScheduledLearningRate(c, 9), 0.5f * 0.09f);
   }
 }
 
@@ -454,6 +610,20 @@ TEST(LayoutTest, StateSizesPerRowAndPerElement) {
   EXPECT_TRUE(
       SparseStateSpansColumns(Config(OptimizerConfig::ROWWISE_ADAGRAD)));
   EXPECT_FALSE(SparseStateSpansColumns(Config(OptimizerConfig::ADAM)));
+
+  // The layer-wise rules: dense state only.
+  const OptimizerConfig lamb = Config(OptimizerConfig::LAMB);
+  const OptimizerConfig lars = Config(OptimizerConfig::LARS);
+  EXPECT_EQ(DenseStateFloatsPerElement(lamb), 2);
+  EXPECT_EQ(DenseStateFloatsPerElement(lars), 1);
+  EXPECT_TRUE(SparseState(lamb).empty());
+  EXPECT_TRUE(SparseState(lars).empty());
+  ASSERT_EQ(DenseState(lamb).size(), 2u);
+  EXPECT_STREQ(DenseState(lamb)[0].name, "exp_avg");
+  EXPECT_STREQ(DenseState(lamb)[1].name, "exp_avg_sq");
+  ASSERT_EQ(DenseState(lars).size(), 1u);
+  EXPECT_STREQ(DenseState(lars)[0].name, "momentum_buffer");
+  EXPECT_EQ(InitialValue(DenseState(lars)[0], lars), 0.0f);
 
   OptimizerConfig unknown;
   unknown.set_type(static_cast<OptimizerConfig::Type>(42));
@@ -505,6 +675,27 @@ TEST(DefaultsTest, FillOnlyWhatIsZero) {
   OptimizerConfig kept = set;
   SetDefaults(&kept);
   EXPECT_EQ(kept.SerializeAsString(), set.SerializeAsString());
+
+  EXPECT_EQ(Config(OptimizerConfig::LAMB).learning_rate(), 0.001f);
+  const OptimizerConfig lars = Config(OptimizerConfig::LARS);
+  EXPECT_EQ(lars.learning_rate(), 0.1f);
+  EXPECT_EQ(lars.trust_coefficient(), 0.001f);
+  EXPECT_EQ(lars.momentum(), 0.0f);
+  EXPECT_EQ(lars.weight_decay(), 0.0f);
+  // Only LARS has a trust coefficient, and no config gains a schedule.
+  EXPECT_EQ(Config(OptimizerConfig::LAMB).trust_coefficient(), 0.0f);
+  EXPECT_FALSE(Config(OptimizerConfig::SGD).has_schedule());
+  OptimizerConfig decays;
+  decays.mutable_schedule()->mutable_polynomial_decay()->set_decay_steps(5);
+  SetDefaults(&decays);
+  EXPECT_EQ(decays.schedule().polynomial_decay().power(), 2.0f);
+  EXPECT_EQ(decays.schedule().polynomial_decay().end_factor(), 0.0f);
+  decays.mutable_schedule()->mutable_step_decay()->set_step_size(5);
+  SetDefaults(&decays);
+  EXPECT_EQ(decays.schedule().step_decay().gamma(), 0.1f);
+  decays.mutable_schedule()->mutable_step_decay()->set_gamma(0.5f);
+  SetDefaults(&decays);
+  EXPECT_EQ(decays.schedule().step_decay().gamma(), 0.5f);
 }
 
 TEST(ValidateTest, NamesTheFieldWithInvalidArgument) {
@@ -545,6 +736,110 @@ TEST(ValidateTest, NamesTheFieldWithInvalidArgument) {
       EXPECT_EQ(status.message().substr(0, want.size()), want) << status;
     }
   }
+}
+
+// The schedule's and the layer-wise rules' fields: each bad value is
+// InvalidArgument naming the field in full.
+TEST(ValidateTest, NamesScheduleAndLayerWiseFields) {
+  struct Case {
+    OptimizerConfig::Type type;
+    const char* text;  // OptimizerConfig fields, text format
+    const char* member;
+  };
+  const Case cases[] = {
+      {OptimizerConfig::SGD, "schedule { warmup_steps: -1 }",
+       "schedule.warmup_steps"},
+      {OptimizerConfig::SGD,
+       "schedule { warmup_steps: 3 warmup_start_factor: 1.5 }",
+       "schedule.warmup_start_factor"},
+      {OptimizerConfig::ADAM, "schedule { warmup_start_factor: nan }",
+       "schedule.warmup_start_factor"},
+      {OptimizerConfig::SGD, "schedule { polynomial_decay { } }",
+       "schedule.polynomial_decay.decay_steps"},
+      {OptimizerConfig::SGD,
+       "schedule { polynomial_decay { decay_steps: 5 decay_start_step: -2 } }",
+       "schedule.polynomial_decay.decay_start_step"},
+      {OptimizerConfig::SGD,
+       "schedule { polynomial_decay { decay_steps: 5 power: -1 } }",
+       "schedule.polynomial_decay.power"},
+      {OptimizerConfig::SGD,
+       "schedule { polynomial_decay { decay_steps: 5 power: inf } }",
+       "schedule.polynomial_decay.power"},
+      {OptimizerConfig::SGD,
+       "schedule { polynomial_decay { decay_steps: 5 end_factor: 2 } }",
+       "schedule.polynomial_decay.end_factor"},
+      {OptimizerConfig::ADAGRAD, "schedule { step_decay { } }",
+       "schedule.step_decay.step_size"},
+      {OptimizerConfig::ADAGRAD,
+       "schedule { step_decay { step_size: 4 gamma: 1.5 } }",
+       "schedule.step_decay.gamma"},
+      {OptimizerConfig::ADAGRAD,
+       "schedule { step_decay { step_size: 4 gamma: -0.5 } }",
+       "schedule.step_decay.gamma"},
+      {OptimizerConfig::ADAGRAD,
+       "schedule { step_decay { step_size: 4 decay_start_step: -1 } }",
+       "schedule.step_decay.decay_start_step"},
+      {OptimizerConfig::LAMB, "weight_decay: -0.1", "weight_decay"},
+      {OptimizerConfig::LARS, "weight_decay: nan", "weight_decay"},
+      {OptimizerConfig::LARS, "momentum: 1", "momentum"},
+      {OptimizerConfig::LARS, "momentum: -0.5", "momentum"},
+      {OptimizerConfig::LARS, "trust_coefficient: -0.01", "trust_coefficient"},
+      {OptimizerConfig::LARS, "trust_coefficient: inf", "trust_coefficient"},
+      // Fields the type does not use.
+      {OptimizerConfig::ADAM, "weight_decay: 0.01", "weight_decay"},
+      {OptimizerConfig::SGD, "momentum: 0.9", "momentum"},
+      {OptimizerConfig::LAMB, "momentum: 0.9", "momentum"},
+      {OptimizerConfig::LAMB, "trust_coefficient: 0.01", "trust_coefficient"},
+  };
+  for (const Case& c : cases) {
+    OptimizerConfig config;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(c.text, &config))
+        << c.text;
+    config.set_type(c.type);
+    SetDefaults(&config);
+    const absl::Status status = Validate(config, "dense_optimizer");
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+        << c.text << ": " << status;
+    const std::string want = std::string("dense_optimizer.") + c.member;
+    EXPECT_EQ(status.message().substr(0, want.size()), want)
+        << c.text << ": " << status;
+  }
+  // What the cases spoil is valid as the types' own fields.
+  for (const char* text :
+       {"type: LAMB weight_decay: 0.01",
+        "type: LARS weight_decay: 0.0005 momentum: 0.9 trust_coefficient: 0.02",
+        "schedule { warmup_steps: 3 warmup_start_factor: 1 polynomial_decay { "
+        "decay_steps: 1 end_factor: 1 } }",
+        "schedule { step_decay { step_size: 1 gamma: 1 } }"}) {
+    OptimizerConfig config;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config));
+    SetDefaults(&config);
+    EXPECT_TRUE(Validate(config, "dense_optimizer").ok())
+        << text << ": " << Validate(config, "dense_optimizer");
+  }
+}
+
+// The embedding tables refuse the layer-wise types, naming the field.
+TEST(ValidateTest, SparseRefusesLayerWiseTypes) {
+  for (OptimizerConfig::Type type : kTypes) {
+    EXPECT_TRUE(ValidateSparse(Config(type), "sparse_optimizer").ok());
+  }
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    const OptimizerConfig config = Config(type);
+    EXPECT_TRUE(Validate(config, "dense_optimizer").ok());
+    const absl::Status status = ValidateSparse(config, "sparse_optimizer");
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message().substr(0, 22), "sparse_optimizer.type ")
+        << status;
+    EXPECT_NE(status.message().find(OptimizerConfig::Type_Name(type)),
+              std::string::npos)
+        << status;
+  }
+  // The common checks run first.
+  OptimizerConfig bad = Config(OptimizerConfig::ADAM);
+  bad.set_eps(-1);
+  EXPECT_EQ(ValidateSparse(bad, "sparse_optimizer").message().substr(0, 20),
+            "sparse_optimizer.eps");
 }
 
 }  // namespace

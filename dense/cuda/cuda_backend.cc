@@ -469,6 +469,15 @@ class CudaDenseBackend final : public DenseBackend {
 
 absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
     const ModelConfig& config) {
+  // Checked before the device, so the answer is the same on every machine.
+  const OptimizerConfig::Type type = config.dense_optimizer().type();
+  if (!optim::VisitElementWise(type, [](auto) {})) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device cuda: dense_optimizer.type ", OptimizerConfig::Type_Name(type),
+        " is layer-wise and the CUDA dense backend runs element-wise "
+        "optimizers only (SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM); train it "
+        "with device: DEVICE_CPU (--device cpu)"));
+  }
   // FailedPrecondition naming why when there is no usable device; makes
   // the device current for this thread.
   absl::StatusOr<std::unique_ptr<Device>> device = CreateCudaDevice(kOrdinal);

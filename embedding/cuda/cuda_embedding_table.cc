@@ -33,7 +33,7 @@ CudaEmbeddingTable::FromHost(const EmbeddingTable& table) {
                      " is over the CUDA kernels' limit ", MaxDim(table.dim())));
   }
   std::unique_ptr<CudaEmbeddingTable> t(new CudaEmbeddingTable());
-  if (!optim::Visit(table.optimizer().type(), [](auto) {})) {
+  if (!optim::VisitElementWise(table.optimizer().type(), [](auto) {})) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer.type: ", static_cast<int>(table.optimizer().type()),
         " has no CUDA embedding kernel"));
