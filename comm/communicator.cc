@@ -10,10 +10,6 @@
 
 namespace dlrm::comm {
 
-const char* MemorySpaceName(MemorySpace space) {
-  return space == MemorySpace::kHost ? "host" : "device";
-}
-
 absl::Status Communicator::SetStream(void* stream) {
   if (stream != nullptr) {
     return absl::InvalidArgumentError(

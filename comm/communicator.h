@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device.h"
 
 namespace dlrm::comm {
 
@@ -30,11 +31,9 @@ inline size_t ElementSize(DataType t) {
   return 1;
 }
 
-// Where the buffers a communicator takes live.
-enum class MemorySpace { kHost, kDevice };
-
-// "host" or "device".
-const char* MemorySpaceName(MemorySpace space);
+// Where the buffers a communicator takes live (core/device.h).
+using ::dlrm::MemorySpace;
+using ::dlrm::MemorySpaceName;
 
 // One rank's view of a communicator. Not thread-safe: one thread issues the
 // collectives (a rank's step is sequential). Buffers are borrowed for the

@@ -107,6 +107,18 @@ bool UsesRocksDb(const ModelConfig& c) {
   return false;
 }
 
+// InvalidArgument naming the field when table `i` keeps its rows in device
+// memory (STORAGE_DEVICE) but the model does not run on CUDA.
+absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
+  const TableConfig& t = c.tables(i);
+  if (t.storage() == STORAGE_DEVICE && c.device() != DEVICE_CUDA) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].storage (", t.name(),
+                     ") is STORAGE_DEVICE, which needs device: DEVICE_CUDA"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRocksDbConfig(const RocksDbConfig& r) {
   if (r.cache_rows() < 0) {
     return absl::InvalidArgumentError("rocksdb.cache_rows must be >= 0");
@@ -267,6 +279,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           field, " (", t.name(),
           ") has storage STORAGE_ROCKSDB but rocksdb.path is empty"));
     }
+    RETURN_IF_ERROR(CheckStorageOnDevice(c, i));
   }
   if (c.rocksdb().host_budget_bytes() < 0) {
     return absl::InvalidArgumentError("rocksdb.host_budget_bytes must be >= 0");
@@ -367,6 +380,13 @@ absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config) {
         absl::StrCat("--", device.status().message()));
   }
   config->set_device(*device);
+  for (int i = 0; i < config->tables_size(); ++i) {
+    const absl::Status st = CheckStorageOnDevice(*config, i);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device ", std::string(flag), ": ", st.message()));
+    }
+  }
   return absl::OkStatus();
 }
 

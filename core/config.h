@@ -65,7 +65,8 @@ absl::StatusOr<ComputeDevice> ParseDevice(std::string_view name);
 // "cpu" or "cuda".
 const char* DeviceName(ComputeDevice device);
 // Sets config->device from a binary's --device flag; an empty flag keeps
-// the config's own. InvalidArgument for another name.
+// the config's own. InvalidArgument for another name, or naming the table
+// field when a STORAGE_DEVICE table then lacks DEVICE_CUDA.
 absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
 
 // Width of the interaction output (the top MLP's input) for a normalised

@@ -54,6 +54,10 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+const char* MemorySpaceName(MemorySpace space) {
+  return space == MemorySpace::kHost ? "host" : "device";
+}
+
 std::unique_ptr<Device> CreateCpuDevice() {
   return std::make_unique<CpuDevice>();
 }

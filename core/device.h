@@ -17,6 +17,13 @@ namespace dlrm {
 
 enum class DeviceKind { kCpu, kCuda };
 
+// Where the buffers a component takes or hands out live: host memory, or
+// the memory of its CUDA device (communicators, embedding stores).
+enum class MemorySpace { kHost, kDevice };
+
+// "host" or "device".
+const char* MemorySpaceName(MemorySpace space);
+
 // Number of CUDA devices this process can use: 0 when the binary was built
 // without CUDA, when no driver is loaded or when the runtime reports any
 // error (DESIGN.md "Build notes": never abort for lack of a GPU).

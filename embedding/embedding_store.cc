@@ -1,7 +1,7 @@
-// The host-memory tier, options checks and the factory that picks a tier.
+// The host-memory tier, the table spec's and options' checks (the factory
+// that picks a tier is store_factory.cc).
 #include "embedding/embedding_store.h"
 
-#include "embedding/rocksdb_store.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -127,24 +127,10 @@ absl::Status StoreOptions::Validate() const {
       return absl::OkStatus();
     case StoreKind::kRocksDbCache:
       return rocksdb.Validate();
+    case StoreKind::kDevice:
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("StoreOptions.kind is unknown");
-}
-
-absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
-    const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
-  RETURN_IF_ERROR(spec.Validate());
-  RETURN_IF_ERROR(options.Validate());
-  if (options.kind == StoreKind::kHost) {
-    return std::make_unique<HostStore>(spec);
-  }
-  if (db == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec.table_index, ": the RocksDB tier needs a RowDatabase"));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCachedStore> store,
-                   RocksDbCachedStore::Create(spec, options.rocksdb, db));
-  return std::unique_ptr<EmbeddingStore>(std::move(store));
 }
 
 }  // namespace dlrm::embedding

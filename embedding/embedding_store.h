@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "core/status.h"
 #include "data/batch.h"
 #include "dlrm/config.pb.h"
@@ -95,7 +96,8 @@ struct StoreMetrics {
 // kernels over them. A batch is first Prepare()d, which makes its rows
 // resident and gives the ids the kernels take; Forward and BackwardUpdate
 // then run on that prepared batch. Implementations: HostStore (every row
-// resident, no remapping) and RocksDbCachedStore (rocksdb_store.h).
+// resident, no remapping), RocksDbCachedStore (rocksdb_store.h) and, in
+// builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
 // background prefetch, which it synchronises itself).
 class EmbeddingStore {
@@ -104,28 +106,43 @@ class EmbeddingStore {
 
   virtual const TableSpec& spec() const = 0;
 
+  // Where Forward's `out` and BackwardUpdate's `grad` live: host memory, or
+  // the memory of the store's CUDA device. Every other pointer the store
+  // takes (ids, ReadRows / WriteRows records) is host memory on every tier.
+  virtual MemorySpace memory_space() const = 0;
+
   // Makes every row of `ids` resident and returns the batch the kernels
   // take: `&ids` itself where rows are their own slots, otherwise a
   // remapped copy owned by the store. The result stays valid, and its rows
   // resident, until the next Prepare. ResourceExhausted when the batch has
   // more unique ids than the store keeps resident; InvalidArgument for an id
-  // outside [0, rows) (checked only where remapping happens); RocksDB
-  // failures as the closest code (Unavailable, DataLoss, Internal). A failed
-  // Prepare leaves the stored rows unchanged.
+  // outside [0, rows) (checked where remapping happens and on the device);
+  // RocksDB failures as the closest code (Unavailable, DataLoss, Internal).
+  // A failed Prepare leaves the stored rows unchanged.
   virtual absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) = 0;
 
-  // EmbeddingTable::Forward on `prepared`, the result of the last Prepare.
+  // EmbeddingTable::Forward on `prepared`, the result of the last Prepare:
+  // bag s pooled into out + s * out_stride, `out` in memory_space().
   // FailedPrecondition when `prepared` is not that result (where it can
-  // tell).
+  // tell). Host tiers are done on return; the device tier may only have
+  // queued the work (Synchronize).
   virtual absl::Status Forward(const data::SparseFeature& prepared, float* out,
                                int64_t out_stride) const = 0;
 
   // EmbeddingTable::BackwardUpdate on `prepared`, the result of the last
-  // Prepare; the touched rows become dirty. FailedPrecondition as Forward.
+  // Prepare, with bag s's gradient at grad + s * grad_stride, `grad` in
+  // memory_space(); the touched rows become dirty. FailedPrecondition as
+  // Forward. Done on return, or queued, as Forward.
   virtual absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                                       const float* grad,
                                       int64_t grad_stride) = 0;
+
+  // Waits until the work earlier Forward and BackwardUpdate calls queued is
+  // done, so `out` may be read and `grad` reused; returns the first error
+  // that work met. A no-op returning OK on tiers whose calls are done on
+  // return (host memory, RocksDB).
+  virtual absl::Status Synchronize() = 0;
 
   // Starts loading the rows of the next batch that are not resident, in the
   // background, so the next Prepare finds them staged. Only the latest
@@ -169,6 +186,7 @@ class HostStore final : public EmbeddingStore {
   explicit HostStore(const TableSpec& spec);
 
   const TableSpec& spec() const override { return spec_; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
   absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) override {
     return &ids;
@@ -177,6 +195,7 @@ class HostStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status Prefetch(const data::SparseFeature& next_ids) override {
     return absl::OkStatus();
   }
@@ -198,8 +217,13 @@ class HostStore final : public EmbeddingStore {
 
 // Which tier a store uses.
 enum class StoreKind {
+  // Every row in host memory (HostStore).
   kHost,
+  // RocksDB behind a host cache of rows (RocksDbCachedStore).
   kRocksDbCache,
+  // Every row in the memory of CUDA device 0 (cuda::CudaStore); needs a
+  // build with CUDA and a device.
+  kDevice,
 };
 
 // How replaced rows are chosen in a cache.
@@ -253,6 +277,11 @@ struct StoreOptions {
   StoreKind kind = StoreKind::kHost;
   // Used when kind is kRocksDbCache. Default: see RocksDbStoreOptions.
   RocksDbStoreOptions rocksdb;
+  // Used when kind is kDevice: the CUDA stream (a cudaStream_t, passed as
+  // void* so that this header needs no CUDA) the store queues all its work
+  // on, borrowed; it must outlive the store. Null: the store creates a
+  // stream of its own. Default: null.
+  void* cuda_stream = nullptr;
 
   // InvalidArgument when the chosen tier's options are invalid.
   absl::Status Validate() const;
@@ -261,7 +290,9 @@ struct StoreOptions {
 // Creates the store `options.kind` names for `spec`. `db` is used (and must
 // outlive the store) for kRocksDbCache, where it must not be null; the
 // table's rows go to its own column family there. InvalidArgument for bad
-// spec or options, else the tier's open errors.
+// spec or options; FailedPrecondition naming CudaUnavailableReason() for
+// kDevice in a binary without CUDA or a process without a device; else the
+// tier's open errors.
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db);
 

@@ -129,12 +129,16 @@ class RocksDbCachedStore final : public EmbeddingStore {
   ~RocksDbCachedStore() override;
 
   const TableSpec& spec() const override { return spec_; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
   absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) override;
   absl::Status Forward(const data::SparseFeature& prepared, float* out,
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  // Its kernels are done on return (the background jobs are waited for by
+  // the calls that need them, not here).
+  absl::Status Synchronize() override { return absl::OkStatus(); }
   // Queues the read on the database's worker, behind the write-back of the
   // last Prepare. A failed background read or write is returned by the next
   // call that waits for it (Prepare, ReadRow, Flush, Prefetch).

@@ -208,15 +208,19 @@ absl::Status ShardingPlan::Validate(const ModelConfig& config) const {
 std::string ShardingPlan::ToString(const ModelConfig& config) const {
   std::string out = absl::StrCat("sharding plan over ", world_size,
                                  world_size == 1 ? " rank\n" : " ranks\n");
-  // Host bytes (RocksDB shards: their caches) and bytes on RocksDB.
-  std::vector<int64_t> bytes(world_size, 0), stored(world_size, 0);
+  // Host bytes (RocksDB shards: their caches), bytes on RocksDB and bytes
+  // in device memory.
+  std::vector<int64_t> bytes(world_size, 0), stored(world_size, 0),
+      device(world_size, 0);
   std::vector<double> cost(world_size, 0);
-  bool any_rocksdb = false;
+  bool any_rocksdb = false, any_device = false;
   for (size_t k = 0; k < tables.size(); ++k) {
     const TableConfig& t = config.tables(k);
     const TablePlacement& p = tables[k];
     const bool on_rocksdb = t.storage() == STORAGE_ROCKSDB;
+    const bool on_device = t.storage() == STORAGE_DEVICE;
     any_rocksdb = any_rocksdb || on_rocksdb;
+    any_device = any_device || on_device;
     absl::StrAppend(&out, "  ", t.name(), " (", t.rows(), " x ", t.dim(),
                     "): ", KindName(p.kind));
     for (const Shard& s : p.shards) {
@@ -225,6 +229,10 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
         if (on_rocksdb) {
           stored[s.rank] += ShardBytes(s, config.sparse_optimizer());
           host.row_count = CachedRows(config.rocksdb(), s.row_count);
+        }
+        if (on_device) {
+          device[s.rank] += ShardBytes(s, config.sparse_optimizer());
+          host.row_count = 0;
         }
         bytes[s.rank] += ShardBytes(host, config.sparse_optimizer());
         cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
@@ -261,15 +269,22 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
                       p.shards.size() == 1 ? "a cache of " : "caches of ",
                       cached, " rows", p.shards.size() == 1 ? "" : " in all");
     }
+    if (on_device) absl::StrAppend(&out, "; in device memory");
     absl::StrAppend(&out, "\n");
   }
   for (int r = 0; r < world_size; ++r) {
     absl::StrAppend(
         &out, absl::StrFormat("  rank %d: %.1f MiB", r, bytes[r] / 1048576.0));
+    if (any_rocksdb || any_device) {
+      absl::StrAppend(&out, " in host memory");
+    }
     if (any_rocksdb) {
-      absl::StrAppend(&out, absl::StrFormat(" in host memory, %.1f MiB on "
-                                            "rocksdb",
+      absl::StrAppend(&out, absl::StrFormat(", %.1f MiB on rocksdb",
                                             stored[r] / 1048576.0));
+    }
+    if (any_device) {
+      absl::StrAppend(&out, absl::StrFormat(", %.1f MiB in device memory",
+                                            device[r] / 1048576.0));
     }
     absl::StrAppend(
         &out, absl::StrFormat(", %.0f floats looked up per sample\n", cost[r]));
@@ -458,6 +473,7 @@ absl::Status TierPlanOptions::Validate() const {
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
+  if (t.storage() == STORAGE_DEVICE) return 0;
   Shard shard;
   shard.row_count =
       t.storage() == STORAGE_ROCKSDB ? CachedRows(rocksdb, t.rows()) : t.rows();
@@ -470,8 +486,10 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const RocksDbConfig& rocksdb) {
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
+    const StorageTier tier = config.tables(k).storage();
+    if (tier == STORAGE_DEVICE) continue;
     for (Shard shard : plan.tables[k].shards) {
-      if (config.tables(k).storage() == STORAGE_ROCKSDB) {
+      if (tier == STORAGE_ROCKSDB) {
         shard.row_count = CachedRows(rocksdb, shard.row_count);
       }
       used[shard.rank] += ShardBytes(shard, config.sparse_optimizer());

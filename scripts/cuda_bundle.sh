@@ -8,7 +8,7 @@
 # Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=(cuda_core_test cuda_embedding_test cuda_dense_test)
+tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test)
 out=build-gpu
 
 case "${1:-}" in

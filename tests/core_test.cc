@@ -251,6 +251,35 @@ TEST(ConfigTest, Device) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A table in device memory needs the model on CUDA, whether the config or
+// the --device flag says where the model runs.
+TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {
+  auto parsed = ParseModelConfigText(
+      "tables { name: \"a\" rows: 5 } tables { name: \"b\" rows: 5 "
+      "storage: STORAGE_DEVICE } embedding_dim: 4 bottom_mlp: [4] "
+      "top_mlp: [1]");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const absl::Status on_cpu = NormalizeModelConfig(*parsed).status();
+  EXPECT_EQ(on_cpu.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cpu.message().find("tables[1].storage"), std::string::npos)
+      << on_cpu;
+  EXPECT_NE(on_cpu.message().find("DEVICE_CUDA"), std::string::npos) << on_cpu;
+
+  parsed->set_device(DEVICE_CUDA);
+  auto on_cuda = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status();
+  EXPECT_EQ(on_cuda->tables(1).storage(), STORAGE_DEVICE);
+
+  ModelConfig c = *on_cuda;
+  const absl::Status flag = ApplyDeviceFlag("cpu", &c);
+  EXPECT_EQ(flag.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(flag.message().find("--device cpu"), std::string::npos) << flag;
+  EXPECT_NE(flag.message().find("tables[1].storage"), std::string::npos)
+      << flag;
+  c = *on_cuda;
+  EXPECT_TRUE(ApplyDeviceFlag("cuda", &c).ok());
+}
+
 TEST(RandomTest, HashIsAPureFunction) {
   EXPECT_EQ(HashKey(1, 2, 3), HashKey(1, 2, 3));
   EXPECT_NE(HashKey(1, 2, 3), HashKey(1, 2, 4));

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/device.h"
 #include "core/random.h"
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_fault_injection.h"
@@ -477,6 +478,8 @@ TEST_F(StoreTest, OptionsAndFactory) {
   ASSERT_TRUE(prepared.ok());
   // The host tier does no remapping at all.
   EXPECT_EQ(*prepared, &ids);
+  EXPECT_EQ((*host)->memory_space(), MemorySpace::kHost);
+  EXPECT_TRUE((*host)->Synchronize().ok());
 
   options.kind = StoreKind::kRocksDbCache;
   options.rocksdb = Options(10);
@@ -486,6 +489,8 @@ TEST_F(StoreTest, OptionsAndFactory) {
   ASSERT_TRUE(db.ok()) << db.status();
   auto cached = CreateEmbeddingStore(spec, options, db->get());
   ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ((*cached)->memory_space(), MemorySpace::kHost);
+  EXPECT_TRUE((*cached)->Synchronize().ok());
   // Both tiers start every row at the same initial record.
   std::vector<float> a(8), b(8);
   for (int64_t r = 0; r < 50; ++r) {
@@ -493,6 +498,50 @@ TEST_F(StoreTest, OptionsAndFactory) {
     ASSERT_TRUE((*cached)->ReadRow(r, b.data()).ok());
     ASSERT_TRUE(BitwiseEqual(a, b)) << "row " << r;
   }
+}
+
+// The device tier on a machine without a GPU (CI): a FailedPrecondition
+// that says why, never an abort. tests/cuda_store_test.cc covers the tier
+// where a GPU is present.
+TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
+  if (CudaDeviceCount() > 0) {
+    GTEST_SKIP() << "a CUDA device is present: the device tier is tested by "
+                    "cuda_store_test";
+  }
+  TableSpec spec;
+  spec.table_index = 4;
+  spec.rows = 10;
+  spec.dim = 8;
+  StoreOptions options;
+  options.kind = StoreKind::kDevice;
+  EXPECT_TRUE(options.Validate().ok());
+  const absl::Status st = CreateEmbeddingStore(spec, options, nullptr).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("table 4"), std::string::npos) << st;
+  EXPECT_NE(st.message().find(CudaUnavailableReason()), std::string::npos)
+      << st;
+  // A bad spec is still InvalidArgument first.
+  spec.rows = 0;
+  EXPECT_EQ(CreateEmbeddingStore(spec, options, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// With a GPU the factory makes the device tier (tests/cuda_store_test.cc
+// tests the store itself).
+TEST(DeviceStoreTest, WithAGpuIsADeviceStore) {
+  if (CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();
+  }
+  TableSpec spec;
+  spec.table_index = 4;
+  spec.rows = 10;
+  spec.dim = 8;
+  StoreOptions options;
+  options.kind = StoreKind::kDevice;
+  auto store = CreateEmbeddingStore(spec, options, nullptr);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->memory_space(), MemorySpace::kDevice);
+  EXPECT_EQ((*store)->spec().rows, 10);
 }
 
 TEST_F(StoreTest, TablesInOneDatabaseKeepSeparateRows) {

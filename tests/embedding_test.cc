@@ -604,6 +604,46 @@ TEST(ShardingTest, OneRankHoldsEverythingTableWise) {
       << plan->ToString(c);
 }
 
+// Tables in device memory take no host memory: the tier planner counts
+// nothing for them, never moves them, and the plan shows their bytes
+// apart. SGD, dim 8: 32 bytes a row.
+TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+      "tables { name: 'g' rows: 4000 storage: STORAGE_DEVICE } "
+      "tables { name: 'b' rows: 500 }");
+  EXPECT_EQ(HostBytesOfTable(c, 0, c.rocksdb()), 32000);
+  EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 0);
+  const ShardingPlan plan = WholeTablesPlan(c);
+  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{48000}));
+  const std::string text = plan.ToString(c);
+  EXPECT_NE(text.find("g (4000 x 8): table-wise on rank 0; in device memory"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 0: 0.0 MiB in host memory, 0.1 MiB in device "
+                      "memory"),
+            std::string::npos)
+      << text;
+
+  TierPlanOptions options;
+  options.rocksdb.set_path("/tmp/unused");
+  options.rocksdb.set_cache_fraction(0.1);
+  // Within budget with the device table's 128000 bytes left out.
+  options.host_budget_bytes = 48000;
+  auto same = PlanStorageTiers(c, options);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->tables(1).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(same->tables(0).storage(), STORAGE_HOST);
+  // Over it: the largest host table moves, the device table stays.
+  options.host_budget_bytes = 47999;
+  auto moved = PlanStorageTiers(c, options);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->tables(0).storage(), STORAGE_ROCKSDB);
+  EXPECT_EQ(moved->tables(1).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(moved->tables(2).storage(), STORAGE_HOST);
+}
+
 TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
   // Four big one-hot tables over two ranks: two each. A tiny one is
   // replicated.

@@ -10,14 +10,36 @@
 
 namespace dlrm::embedding::cuda {
 
-absl::Status DeviceSparseFeature::Upload(const data::SparseFeature& feature) {
+namespace {
+
+// Copies `count` elements between host and device on `stream` (queued
+// after its earlier work); nothing for 0.
+template <typename T>
+absl::Status CopyAsync(T* dst, const T* src, int64_t count, cudaMemcpyKind kind,
+                       cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      dst, src, static_cast<size_t>(count) * sizeof(T), kind, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DeviceSparseFeature::Upload(const data::SparseFeature& feature,
+                                         cudaStream_t stream) {
+  num_bags_ = 0;
+  num_ids_ = 0;
+  const int64_t offsets = static_cast<int64_t>(feature.offsets.size());
+  const int64_t ids = static_cast<int64_t>(feature.ids.size());
+  RETURN_IF_ERROR(offsets_.Resize(offsets));
+  RETURN_IF_ERROR(ids_.Resize(ids));
+  RETURN_IF_ERROR(CopyAsync(offsets_.data(), feature.offsets.data(), offsets,
+                            cudaMemcpyHostToDevice, stream));
+  RETURN_IF_ERROR(CopyAsync(ids_.data(), feature.ids.data(), ids,
+                            cudaMemcpyHostToDevice, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   num_bags_ = feature.num_bags();
-  num_ids_ = static_cast<int64_t>(feature.ids.size());
-  RETURN_IF_ERROR(offsets_.Resize(feature.offsets.size()));
-  RETURN_IF_ERROR(ids_.Resize(feature.ids.size()));
-  RETURN_IF_ERROR(
-      offsets_.CopyFromHost(std::span<const int64_t>(feature.offsets)));
-  RETURN_IF_ERROR(ids_.CopyFromHost(std::span<const int64_t>(feature.ids)));
+  num_ids_ = ids;
   return absl::OkStatus();
 }
 
@@ -42,6 +64,7 @@ CudaEmbeddingTable::FromHost(const EmbeddingTable& table) {
   t->dim_ = table.dim();
   t->mean_ = table.pooling() == POOLING_MEAN;
   t->optimizer_ = table.optimizer();
+  t->SetStateFloats();
   t->step_ = table.step();
   const size_t elements = static_cast<size_t>(table.rows()) * table.dim();
   ASSIGN_OR_RETURN(t->weights_,
@@ -57,6 +80,89 @@ CudaEmbeddingTable::FromHost(const EmbeddingTable& table) {
   RETURN_IF_ERROR(t->state2_.CopyFromHost(
       std::span<const float>(table.state2().data(), table.state2().size())));
   return t;
+}
+
+absl::StatusOr<std::unique_ptr<CudaEmbeddingTable>> CudaEmbeddingTable::Create(
+    int table_index, int64_t rows, int dim, Pooling pooling,
+    const OptimizerConfig& optimizer) {
+  if (rows <= 0 || dim <= 0 || dim > MaxDim(dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index, ": ", rows, " x ", dim,
+        " is not a table the CUDA kernels take (rows > 0, dim in [1, ",
+        MaxDim(dim), "])"));
+  }
+  if (!optim::Visit(optimizer.type(), [](auto) {})) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index, ": optimizer.type ",
+        static_cast<int>(optimizer.type()), " has no CUDA embedding kernel"));
+  }
+  std::unique_ptr<CudaEmbeddingTable> t(new CudaEmbeddingTable());
+  t->rows_ = rows;
+  t->dim_ = dim;
+  t->mean_ = pooling == POOLING_MEAN;
+  t->optimizer_ = optimizer;
+  t->SetStateFloats();
+  const size_t n = static_cast<size_t>(rows);
+  ASSIGN_OR_RETURN(t->weights_, dlrm::cuda::DeviceBuffer<float>::Allocate(
+                                    n * static_cast<size_t>(dim)));
+  ASSIGN_OR_RETURN(t->state1_, dlrm::cuda::DeviceBuffer<float>::Allocate(
+                                   n * t->state_floats_[0]));
+  ASSIGN_OR_RETURN(t->state2_, dlrm::cuda::DeviceBuffer<float>::Allocate(
+                                   n * t->state_floats_[1]));
+  return t;
+}
+
+void CudaEmbeddingTable::SetStateFloats() {
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer_);
+  for (size_t k = 0; k < arrays.size() && k < 2; ++k) {
+    state_floats_[k] = optim::FloatsPerRow(arrays[k], dim_);
+  }
+}
+
+absl::Status CudaEmbeddingTable::CheckRows(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin > rows_ - count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows [", begin, ", ", begin + count, ") outside [0, ", rows_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEmbeddingTable::ReadRowRange(int64_t begin, int64_t count,
+                                              float* weights, float* state1,
+                                              float* state2,
+                                              cudaStream_t stream) const {
+  RETURN_IF_ERROR(CheckRows(begin, count));
+  RETURN_IF_ERROR(CopyAsync(weights, weights_.data() + begin * dim_,
+                            count * dim_, cudaMemcpyDeviceToHost, stream));
+  float* host[2] = {state1, state2};
+  const float* device[2] = {state1_.data(), state2_.data()};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = state_floats_[k];
+    RETURN_IF_ERROR(CopyAsync(host[k], device[k] + begin * n, count * n,
+                              cudaMemcpyDeviceToHost, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEmbeddingTable::WriteRowRange(int64_t begin, int64_t count,
+                                               const float* weights,
+                                               const float* state1,
+                                               const float* state2,
+                                               cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckRows(begin, count));
+  RETURN_IF_ERROR(CopyAsync(weights_.data() + begin * dim_, weights,
+                            count * dim_, cudaMemcpyHostToDevice, stream));
+  const float* host[2] = {state1, state2};
+  float* device[2] = {state1_.data(), state2_.data()};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = state_floats_[k];
+    RETURN_IF_ERROR(CopyAsync(device[k] + begin * n, host[k], count * n,
+                              cudaMemcpyHostToDevice, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
 }
 
 absl::Status CudaEmbeddingTable::CopyToHost(EmbeddingTable* table) const {
@@ -90,12 +196,13 @@ absl::Status CudaEmbeddingTable::BackwardUpdate(const DeviceBags& bags,
                                                 const float* grad,
                                                 int64_t grad_stride,
                                                 cudaStream_t stream) {
-  ++step_;
   ASSIGN_OR_RETURN(const optim::AnyStep step,
-                   optim::MakeStep(optimizer_, step_));
-  return SparseBackwardUpdate(weights_.data(), state1_.data(), state2_.data(),
-                              rows_, dim_, mean_, step, bags, grad, grad_stride,
-                              &workspace_, stream);
+                   optim::MakeStep(optimizer_, step_ + 1));
+  RETURN_IF_ERROR(SparseBackwardUpdate(
+      weights_.data(), state1_.data(), state2_.data(), rows_, dim_, mean_, step,
+      bags, grad, grad_stride, &workspace_, stream));
+  ++step_;
+  return absl::OkStatus();
 }
 
 }  // namespace dlrm::embedding::cuda

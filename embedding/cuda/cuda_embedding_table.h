@@ -1,7 +1,8 @@
-// The device-memory tier of an embedding table: weights and optimizer state
-// in GPU memory, driven by the CUDA kernels (embedding_kernels.h) with the
-// same semantics as EmbeddingTable on the CPU, which it loads from and
-// saves to. Built when CUDA is enabled (DLRM_WITH_CUDA).
+// An embedding table in device memory: weights and optimizer state in GPU
+// memory, driven by the CUDA kernels (embedding_kernels.h) with the same
+// semantics as EmbeddingTable on the CPU, which it loads from and saves to
+// (whole, or by row ranges); CudaStore (cuda_store.h) is the storage tier
+// over it. Built when CUDA is enabled (DLRM_WITH_CUDA).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,9 +23,12 @@ namespace dlrm::embedding::cuda {
 class DeviceSparseFeature {
  public:
   // Copies `feature` (offsets must be well formed, as Batch::Validate
-  // checks) to the device, synchronously; buffers grow and are reused.
-  // Internal or ResourceExhausted on CUDA errors.
-  absl::Status Upload(const data::SparseFeature& feature);
+  // checks) to the device on `stream`, after the work queued there, and
+  // returns when the copy is done; buffers grow and are reused (work still
+  // reading the previous upload must be done before the call: a buffer may
+  // be freed and reallocated). Internal or ResourceExhausted on CUDA errors.
+  absl::Status Upload(const data::SparseFeature& feature,
+                      cudaStream_t stream = nullptr);
   // A view of the uploaded ids, valid until the next Upload.
   DeviceBags bags() const;
 
@@ -45,6 +49,17 @@ class CudaEmbeddingTable {
   static absl::StatusOr<std::unique_ptr<CudaEmbeddingTable>> FromHost(
       const EmbeddingTable& table);
 
+  // A `rows` x `dim` table with its optimizer state in the current CUDA
+  // device's memory, step 0. Weights and state start uninitialised: the
+  // caller writes every row (WriteRowRange) before the kernels use it.
+  // `table_index` names the table in errors. InvalidArgument for rows or
+  // dim not positive, a dim over MaxDim or an unknown optimizer;
+  // ResourceExhausted when device memory runs out; Internal on other CUDA
+  // errors.
+  static absl::StatusOr<std::unique_ptr<CudaEmbeddingTable>> Create(
+      int table_index, int64_t rows, int dim, Pooling pooling,
+      const OptimizerConfig& optimizer);
+
   // Copies weights, state and step back into `table`, which must have the
   // same rows, dim and optimizer (InvalidArgument otherwise). Waits for all
   // queued device work first.
@@ -58,24 +73,49 @@ class CudaEmbeddingTable {
   // EmbeddingTable::BackwardUpdate on the device: one optimizer step on
   // every row in `bags` with its summed gradient from `grad` (device, row s
   // at grad + s * grad_stride). Counts a step even for an empty batch, as
-  // the CPU table does.
+  // the CPU table does, once the update is queued (a refused call counts
+  // none).
   absl::Status BackwardUpdate(const DeviceBags& bags, const float* grad,
                               int64_t grad_stride, cudaStream_t stream);
 
+  // Copies rows [begin, begin + count) out to host arrays, each row-major:
+  // `weights` count x dim, `state1` / `state2` count x state_floats(0 / 1)
+  // (null where that is 0). Queued on `stream` after its earlier work;
+  // returns when the copy is done. InvalidArgument for a range outside
+  // [0, rows); Internal on CUDA errors (also an earlier kernel's fault).
+  absl::Status ReadRowRange(int64_t begin, int64_t count, float* weights,
+                            float* state1, float* state2,
+                            cudaStream_t stream) const;
+  // Sets rows [begin, begin + count) from host arrays laid out as
+  // ReadRowRange writes them; ordered and waited for as ReadRowRange.
+  absl::Status WriteRowRange(int64_t begin, int64_t count, const float* weights,
+                             const float* state1, const float* state2,
+                             cudaStream_t stream);
+
   int64_t rows() const { return rows_; }
   int dim() const { return dim_; }
+  // Floats per row of state array k (0 or 1): the optimizer's kSparseState
+  // arrays as EmbeddingTable keeps them (0 where the optimizer has none).
+  int state_floats(int k) const { return state_floats_[k]; }
   int64_t step() const { return step_; }
+  // For restores: the next BackwardUpdate is step `step` + 1.
+  void set_step(int64_t step) { step_ = step; }
   // rows x dim, row-major, device memory.
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
 
  private:
   CudaEmbeddingTable() = default;
+  // state_floats_ from optimizer_ and dim_.
+  void SetStateFloats();
+  // InvalidArgument unless rows [begin, begin + count) lie in [0, rows).
+  absl::Status CheckRows(int64_t begin, int64_t count) const;
 
   int64_t rows_ = 0;
   int dim_ = 0;
   bool mean_ = false;
   OptimizerConfig optimizer_;
+  int state_floats_[2] = {0, 0};
   int64_t step_ = 0;
   dlrm::cuda::DeviceBuffer<float> weights_, state1_, state2_;
   BackwardWorkspace workspace_;

@@ -1,0 +1,46 @@
+// CreateEmbeddingStore: the one place that knows every tier. Apart from
+// the tiers themselves, so that code using only the host or device tier
+// (the CUDA tests) does not link RocksDB.
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/device.h"
+#include "core/status.h"
+#include "embedding/embedding_store.h"
+#include "embedding/rocksdb_store.h"
+
+#if defined(DLRM_WITH_CUDA)
+#include "embedding/cuda/cuda_store.h"
+#endif
+
+namespace dlrm::embedding {
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
+    const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
+  RETURN_IF_ERROR(spec.Validate());
+  RETURN_IF_ERROR(options.Validate());
+  if (options.kind == StoreKind::kHost) {
+    return std::make_unique<HostStore>(spec);
+  }
+  if (options.kind == StoreKind::kDevice) {
+#if defined(DLRM_WITH_CUDA)
+    ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaStore> store,
+                     cuda::CudaStore::Create(spec, options.cuda_stream));
+    return std::unique_ptr<EmbeddingStore>(std::move(store));
+#else
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec.table_index,
+        ": the device tier needs a CUDA device: ", CudaUnavailableReason()));
+#endif
+  }
+  if (db == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": the RocksDB tier needs a RowDatabase"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCachedStore> store,
+                   RocksDbCachedStore::Create(spec, options.rocksdb, db));
+  return std::unique_ptr<EmbeddingStore>(std::move(store));
+}
+
+}  // namespace dlrm::embedding

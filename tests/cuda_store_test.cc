@@ -1,0 +1,473 @@
+// Tests for embedding/cuda/cuda_store.h: the device tier against HostStore
+// (the CPU reference) through the EmbeddingStore interface on random
+// batches (every optimizer, sum and mean, multi-hot bags with repeats and
+// empty bags, several steps), record round trips, the step counter, a
+// caller's stream, and the argument checks. Skipped without a CUDA device.
+// Stores are made with CudaStore::Create, not CreateEmbeddingStore, so the
+// binary does not link RocksDB (scripts/cuda_bundle.sh carries it to GPU
+// machines under a size limit); tests/embedding_store_test.cc covers the
+// factory's kDevice case.
+#include "embedding/cuda/cuda_store.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_raii.h"
+#include "core/random.h"
+#include "embedding/embedding_store.h"
+#include "tests/cuda_test_util.h"
+
+namespace dlrm::embedding::cuda {
+namespace {
+
+using dlrm::testing::ExpectBitwiseEqual;
+using dlrm::testing::ExpectCloseToScale;
+using dlrm::testing::kCudaTestSeed;
+using dlrm::testing::Poisoned;
+using dlrm::testing::RandomFloats;
+using dlrm::testing::ToDevice;
+using dlrm::testing::ToHost;
+
+// The tolerance, relative to the compared values' scale
+// (ExpectCloseToScale), of pooled outputs and records once a table has been
+// updated. The kernels add and multiply in the CPU's order with unfused
+// round-to-nearest operations, and the first pooling of the initial rows is
+// required to be bitwise equal. Updates are not bitwise for row-wise
+// Adagrad, whose row sum of squared gradients the GPU reduces in a
+// butterfly instead of in column order: the accumulator moves by an ulp or
+// two (~1e-7 relative), that carries into the weights, and from them into
+// every later pooled sum and update. Over a few steps that stays two
+// orders of magnitude under 1e-5, while a wrong row, gradient scale (mean
+// pooling), step count or state array moves values by far more than 1e-3.
+constexpr double kTolerance = 1e-5;
+
+OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
+  OptimizerConfig o;
+  o.set_type(type);
+  o.set_learning_rate(type == OptimizerConfig::SGD    ? 0.1f
+                      : type == OptimizerConfig::ADAM ? 0.01f
+                                                      : 0.05f);
+  o.set_initial_accumulator(0.1f);
+  o.set_eps(1e-8f);
+  o.set_beta1(0.9f);
+  o.set_beta2(0.999f);
+  return o;
+}
+
+TableSpec MakeSpec(int64_t rows, int dim, Pooling pooling,
+                   OptimizerConfig::Type type) {
+  TableSpec spec;
+  spec.table_index = 3;
+  spec.rows = rows;
+  spec.dim = dim;
+  spec.pooling = pooling;
+  spec.optimizer = MakeOptimizer(type);
+  spec.seed = kCudaTestSeed;
+  return spec;
+}
+
+std::unique_ptr<EmbeddingStore> DeviceStore(const TableSpec& spec,
+                                            void* stream = nullptr) {
+  auto store = CudaStore::Create(spec, stream);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return nullptr;
+  EXPECT_EQ((*store)->memory_space(), MemorySpace::kDevice);
+  return std::move(store).value();
+}
+
+struct Shape {
+  int dim;
+  Pooling pooling;
+  // Bags hold 0..max_hot ids (one in eight empty) when max_hot > 1.
+  int max_hot;
+  int64_t bags;
+  int64_t rows;
+  // Output / gradient stride is dim + pad.
+  int pad;
+};
+
+std::string Name(const Shape& s) {
+  return absl::StrCat("d", s.dim, s.pooling == POOLING_MEAN ? "_mean" : "_sum",
+                      "_hot", s.max_hot, "_bags", s.bags, "_rows", s.rows,
+                      "_pad", s.pad);
+}
+
+void PrintTo(const Shape& s, std::ostream* os) { *os << Name(s); }
+
+// Ids skewed towards small values (many repeats, also inside a bag), the
+// largest id rows - 1 always present, empty bags when multi-hot.
+data::SparseFeature RandomIds(Rng& rng, const Shape& s) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t b = 0; b < s.bags; ++b) {
+    int64_t n = 1;
+    if (s.max_hot > 1) n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(s.max_hot);
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = rng.Uniform();
+      f.ids.push_back(std::min<int64_t>(s.rows - 1, u * u * s.rows));
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  if (!f.ids.empty()) f.ids[rng.Below(f.ids.size())] = s.rows - 1;
+  return f;
+}
+
+// The store's pooled rows of `prepared` (a device Forward, waited for),
+// rows `stride` apart; padding columns keep the NaN poison.
+std::vector<float> DeviceForward(EmbeddingStore& store,
+                                 const data::SparseFeature& prepared,
+                                 int64_t stride) {
+  const size_t n = static_cast<size_t>(prepared.num_bags()) * stride;
+  auto out = Poisoned(n);
+  const absl::Status st = store.Forward(prepared, out.data(), stride);
+  EXPECT_TRUE(st.ok()) << st;
+  const absl::Status synced = store.Synchronize();
+  EXPECT_TRUE(synced.ok()) << synced;
+  return ToHost(out, n);
+}
+
+std::vector<float> HostForward(EmbeddingStore& store,
+                               const data::SparseFeature& prepared,
+                               int64_t stride) {
+  std::vector<float> out(static_cast<size_t>(prepared.num_bags()) * stride,
+                         std::nanf(""));
+  const absl::Status st = store.Forward(prepared, out.data(), stride);
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+std::vector<float> AllRecords(EmbeddingStore& store) {
+  const TableSpec& spec = store.spec();
+  const int64_t floats = spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
+  std::vector<float> records(spec.rows * floats);
+  const absl::Status st = store.ReadRows(0, spec.rows, records.data());
+  EXPECT_TRUE(st.ok()) << st;
+  return records;
+}
+
+// Compares two stores' records: rows in `touched` within kTolerance of
+// scale, weights and state apart; the other rows bitwise.
+void ExpectRecordsMatch(EmbeddingStore& device, EmbeddingStore& host,
+                        const std::vector<bool>& touched) {
+  const TableSpec& spec = host.spec();
+  const int dim = spec.dim;
+  const int state = StateFloatsPerRow(spec.optimizer, dim);
+  const std::vector<float> got = AllRecords(device);
+  const std::vector<float> want = AllRecords(host);
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<float> got_w, want_w, got_s, want_s;
+  for (int64_t r = 0; r < spec.rows; ++r) {
+    const float* g = got.data() + r * (dim + state);
+    const float* w = want.data() + r * (dim + state);
+    if (!touched[r]) {
+      ASSERT_EQ(std::memcmp(g, w, sizeof(float) * (dim + state)), 0)
+          << "untouched row " << r << " differs";
+      continue;
+    }
+    got_w.insert(got_w.end(), g, g + dim);
+    want_w.insert(want_w.end(), w, w + dim);
+    got_s.insert(got_s.end(), g + dim, g + dim + state);
+    want_s.insert(want_s.end(), w + dim, w + dim + state);
+  }
+  ExpectCloseToScale(got_w, want_w, kTolerance, "touched weights");
+  ExpectCloseToScale(got_s, want_s, kTolerance, "touched state");
+}
+
+class CudaStoreTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(CudaStoreTest, TrainsLikeHostStore) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const Shape s = GetParam();
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
+                 << kCudaTestSeed);
+    Rng rng(kCudaTestSeed + 11 * s.dim + type);
+    const TableSpec spec = MakeSpec(s.rows, s.dim, s.pooling, type);
+    HostStore host(spec);
+    std::unique_ptr<EmbeddingStore> device = DeviceStore(spec);
+    ASSERT_NE(device, nullptr);
+    // The same initial rows and state, bit for bit.
+    ExpectRecordsMatch(*device, host, std::vector<bool>(s.rows, false));
+
+    const int64_t stride = s.dim + s.pad;
+    std::vector<bool> touched(s.rows, false);
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      const data::SparseFeature ids = RandomIds(rng, s);
+      auto on_host = host.Prepare(ids);
+      auto on_device = device->Prepare(ids);
+      ASSERT_TRUE(on_host.ok()) << on_host.status();
+      ASSERT_TRUE(on_device.ok()) << on_device.status();
+      EXPECT_EQ(*on_device, &ids);
+
+      const std::vector<float> want = HostForward(host, **on_host, stride);
+      const std::vector<float> got =
+          DeviceForward(*device, **on_device, stride);
+      if (step == 0) {
+        // Initial rows, sums in id order, the mean one multiply: bitwise,
+        // padding unwritten (NaN on both sides), empty bags zero.
+        ExpectBitwiseEqual(got, want, "pooled");
+      } else {
+        // Compare the written columns only (the padding is NaN).
+        std::vector<float> got_c, want_c;
+        for (int64_t b = 0; b < ids.num_bags(); ++b) {
+          got_c.insert(got_c.end(), got.begin() + b * stride,
+                       got.begin() + b * stride + s.dim);
+          want_c.insert(want_c.end(), want.begin() + b * stride,
+                        want.begin() + b * stride + s.dim);
+        }
+        ExpectCloseToScale(got_c, want_c, kTolerance, "pooled");
+      }
+
+      const std::vector<float> grad =
+          RandomFloats(rng, std::max<int64_t>(1, ids.num_bags() * stride));
+      auto grad_device = ToDevice(grad);
+      ASSERT_TRUE(host.BackwardUpdate(**on_host, grad.data(), stride).ok());
+      const absl::Status st =
+          device->BackwardUpdate(**on_device, grad_device.data(), stride);
+      ASSERT_TRUE(st.ok()) << st;
+      // grad_device must outlive the queued update.
+      ASSERT_TRUE(device->Synchronize().ok());
+      for (int64_t id : ids.ids) touched[id] = true;
+      EXPECT_EQ(device->step(), host.step());
+    }
+    ExpectRecordsMatch(*device, host, touched);
+    EXPECT_EQ(device->step(), 4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaStoreTest,
+    ::testing::Values(
+        // One-hot, float4 path.
+        Shape{16, POOLING_SUM, 1, 500, 2000, 0},
+        // Multi-hot with repeats and empty bags, sum and mean.
+        Shape{16, POOLING_MEAN, 20, 300, 300, 0},
+        Shape{8, POOLING_SUM, 6, 257, 20, 0},
+        // Scalar path (dim % 4 != 0, or a stride that breaks alignment).
+        Shape{3, POOLING_MEAN, 5, 100, 50, 0},
+        Shape{64, POOLING_MEAN, 4, 64, 1000, 3},
+        // Wide rows over several staging chunks of ReadRows (Adam: 3072
+        // floats a record, 1365 rows a chunk).
+        Shape{1024, POOLING_SUM, 3, 20, 3000, 0},
+        // No bags at all; a one-row table.
+        Shape{16, POOLING_SUM, 1, 0, 10, 0},
+        Shape{8, POOLING_MEAN, 1, 1, 1, 0}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      return Name(info.param);
+    });
+
+TEST(CudaStoreEdgeTest, EmptyBagsGiveZerosAndCountAStep) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const int dim = 8;
+  const TableSpec spec = MakeSpec(20, dim, POOLING_MEAN, OptimizerConfig::ADAM);
+  HostStore host(spec);
+  std::unique_ptr<EmbeddingStore> device = DeviceStore(spec);
+  ASSERT_NE(device, nullptr);
+  data::SparseFeature empty;
+  empty.offsets = {0, 0, 0, 0};
+  ASSERT_TRUE(device->Prepare(empty).ok());
+  EXPECT_EQ(DeviceForward(*device, empty, dim),
+            std::vector<float>(3 * dim, 0.0f));
+  auto grad = ToDevice(std::vector<float>(3 * dim, 1.0f));
+  ASSERT_TRUE(device->BackwardUpdate(empty, grad.data(), dim).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+  const std::vector<float> ones(3 * dim, 1.0f);
+  ASSERT_TRUE(host.BackwardUpdate(empty, ones.data(), dim).ok());
+  // The step still counts (Adam's bias correction), nothing else moves.
+  EXPECT_EQ(device->step(), 1);
+  EXPECT_EQ(host.step(), 1);
+  ExpectRecordsMatch(*device, host, std::vector<bool>(20, false));
+
+  // A batch of no bags at all (empty offsets too).
+  data::SparseFeature none;
+  ASSERT_TRUE(device->Prepare(none).ok());
+  ASSERT_TRUE(device->Forward(none, nullptr, dim).ok());
+  ASSERT_TRUE(device->BackwardUpdate(none, nullptr, dim).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+  EXPECT_EQ(device->step(), 2);
+}
+
+TEST(CudaStoreEdgeTest, ShardStartsLikeTheHostShard) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  TableSpec spec = MakeSpec(40, 12, POOLING_SUM, OptimizerConfig::ADAGRAD);
+  spec.slice = TableSlice{1000, 300, 4};
+  HostStore host(spec);
+  std::unique_ptr<EmbeddingStore> device = DeviceStore(spec);
+  ASSERT_NE(device, nullptr);
+  ExpectBitwiseEqual(AllRecords(*device), AllRecords(host), "records");
+}
+
+TEST(CudaStoreEdgeTest, RecordsRoundTripAndStepDrivesAdam) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  const int dim = 8, rows = 30;
+  const TableSpec spec =
+      MakeSpec(rows, dim, POOLING_SUM, OptimizerConfig::ADAM);
+  const int floats = dim + StateFloatsPerRow(spec.optimizer, dim);
+  HostStore host(spec);
+  std::unique_ptr<EmbeddingStore> device = DeviceStore(spec);
+  ASSERT_NE(device, nullptr);
+  Rng rng(kCudaTestSeed);
+  // Adam's second moment must not be negative.
+  std::vector<float> records = RandomFloats(rng, 7 * floats);
+  for (int r = 0; r < 7; ++r) {
+    for (int c = 2 * dim; c < floats; ++c) {
+      records[r * floats + c] = std::fabs(records[r * floats + c]);
+    }
+  }
+  ASSERT_TRUE(device->WriteRows(5, 7, records.data()).ok());
+  ASSERT_TRUE(host.WriteRows(5, 7, records.data()).ok());
+  std::vector<float> back(7 * floats);
+  ASSERT_TRUE(device->ReadRows(5, 7, back.data()).ok());
+  ExpectBitwiseEqual(back, records, "round trip");
+  ASSERT_TRUE(device->ReadRow(11, back.data()).ok());
+  ExpectBitwiseEqual(
+      std::span<const float>(back.data(), floats),
+      std::span<const float>(records.data() + 6 * floats, floats), "row 11");
+  ExpectRecordsMatch(*device, host, std::vector<bool>(rows, false));
+
+  // A restored step: the next update is step 42 on both, with its bias
+  // corrections.
+  device->set_step(41);
+  host.set_step(41);
+  EXPECT_EQ(device->step(), 41);
+  data::SparseFeature ids;
+  ids.offsets = {0, 2, 3};
+  ids.ids = {5, 11, 5};
+  const std::vector<float> grad = RandomFloats(rng, 2 * dim);
+  auto grad_device = ToDevice(grad);
+  ASSERT_TRUE(device->Prepare(ids).ok());
+  ASSERT_TRUE(host.Prepare(ids).ok());
+  ASSERT_TRUE(device->BackwardUpdate(ids, grad_device.data(), dim).ok());
+  ASSERT_TRUE(host.BackwardUpdate(ids, grad.data(), dim).ok());
+  // ReadRows waits for the queued update by itself.
+  std::vector<bool> touched(rows, false);
+  touched[5] = touched[11] = true;
+  ExpectRecordsMatch(*device, host, touched);
+  EXPECT_EQ(device->step(), 42);
+  EXPECT_TRUE(device->Flush().ok());
+  EXPECT_TRUE(device->Prefetch(ids).ok());
+  const StoreMetrics m = device->metrics();
+  EXPECT_EQ(m.hits + m.misses + m.rows_read + m.rows_written, 0);
+}
+
+TEST(CudaStoreEdgeTest, WorkRunsInOrderOnTheCallersStream) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto stream = dlrm::cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int dim = 16;
+  const TableSpec spec = MakeSpec(100, dim, POOLING_SUM, OptimizerConfig::SGD);
+  HostStore host(spec);
+  std::unique_ptr<EmbeddingStore> device = DeviceStore(spec, stream->get());
+  ASSERT_NE(device, nullptr);
+  data::SparseFeature ids;
+  ids.offsets = {0, 1, 3};
+  ids.ids = {7, 99, 7};
+  ASSERT_TRUE(device->Prepare(ids).ok());
+  ASSERT_TRUE(host.Prepare(ids).ok());
+  auto out = Poisoned(2 * dim);
+  ASSERT_TRUE(device->Forward(ids, out.data(), dim).ok());
+  // A copy queued behind the Forward on the same stream sees its result
+  // without the store being asked to wait.
+  std::vector<float> got(2 * dim);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), out.data(), sizeof(float) * 2 * dim,
+                            cudaMemcpyDeviceToHost, stream->get()),
+            cudaSuccess);
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ExpectBitwiseEqual(got, HostForward(host, ids, dim), "pooled");
+}
+
+TEST(CudaStoreEdgeTest, BadIdsRangesAndBatchesAreRefused) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const int dim = 4, rows = 10;
+  const TableSpec spec = MakeSpec(rows, dim, POOLING_SUM, OptimizerConfig::SGD);
+  std::unique_ptr<EmbeddingStore> device = DeviceStore(spec);
+  ASSERT_NE(device, nullptr);
+  const std::vector<float> before = AllRecords(*device);
+  auto out = Poisoned(2 * dim);
+
+  data::SparseFeature good;
+  good.offsets = {0, 1, 2};
+  good.ids = {1, 2};
+  ASSERT_TRUE(device->Prepare(good).ok());
+
+  for (const std::vector<int64_t>& bad_ids :
+       {std::vector<int64_t>{1, rows}, std::vector<int64_t>{-1, 2},
+        std::vector<int64_t>{int64_t{1} << 31, 0}}) {
+    data::SparseFeature bad;
+    bad.offsets = {0, 1, 2};
+    bad.ids = bad_ids;
+    const auto st = device->Prepare(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("table 3"), std::string::npos) << st;
+    EXPECT_NE(st.message().find("outside [0, 10)"), std::string::npos) << st;
+  }
+  // A failed Prepare leaves no prepared batch.
+  EXPECT_EQ(device->Forward(good, out.data(), dim).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  for (const std::vector<int64_t>& offsets :
+       {std::vector<int64_t>{1, 2}, std::vector<int64_t>{0, 2, 1},
+        std::vector<int64_t>{0, 1}, std::vector<int64_t>{}}) {
+    data::SparseFeature bad;
+    bad.offsets = offsets;
+    bad.ids = {1, 2};
+    const auto st = device->Prepare(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("table 3"), std::string::npos) << st;
+  }
+
+  // Kernels only on the last Prepare's batch.
+  ASSERT_TRUE(device->Prepare(good).ok());
+  const data::SparseFeature copy = good;
+  EXPECT_EQ(device->Forward(copy, out.data(), dim).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(device->BackwardUpdate(copy, out.data(), dim).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Host memory where device memory is due.
+  std::vector<float> host_out(2 * dim);
+  EXPECT_EQ(device->Forward(good, host_out.data(), dim).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->BackwardUpdate(good, host_out.data(), dim).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->Forward(good, out.data(), dim - 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->step(), 0);
+
+  std::vector<float> records((rows + 1) * dim);
+  for (const auto& [begin, count] : {std::pair<int64_t, int64_t>{-1, 1},
+                                     {rows, 1},
+                                     {0, rows + 1},
+                                     {3, -1}}) {
+    EXPECT_EQ(device->ReadRows(begin, count, records.data()).code(),
+              absl::StatusCode::kInvalidArgument)
+        << begin << "+" << count;
+    EXPECT_EQ(device->WriteRows(begin, count, records.data()).code(),
+              absl::StatusCode::kInvalidArgument)
+        << begin << "+" << count;
+  }
+  EXPECT_TRUE(device->ReadRows(rows, 0, records.data()).ok());
+  // Nothing above changed a row.
+  ExpectBitwiseEqual(AllRecords(*device), before, "records");
+}
+
+TEST(CudaStoreEdgeTest, WideRowsOverTheKernelLimitAreRefused) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const TableSpec spec = MakeSpec(2, 1028, POOLING_SUM, OptimizerConfig::SGD);
+  EXPECT_EQ(CudaStore::Create(spec).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlrm::embedding::cuda
