@@ -7,10 +7,15 @@ topology: ranks, GPUs, ports, health, volumes); DryRunTest runs every
 service's exact command line through `dlrm_server --dry-run` and checks the
 Dockerfile's runtime packages against ldd; LauncherTest runs the CPU compose
 topology as processes with deploy/launch_local.sh, trains, predicts and
-stops it the way `docker compose stop` does.
+stops it the way `docker-compose stop` does. KubernetesTest renders the
+manifests of deploy/k8s (kubectl kustomize, or this file's own renderer
+where no kubectl can), checks their topology and runs every rank's command
+line and environment through `dlrm_server --dry-run`.
 
 Environment: DLRM_SERVER, DLRM_CLIENT (the built binaries; set by CTest).
 """
+import functools
+import json
 import os
 import re
 import shutil
@@ -303,13 +308,436 @@ class LauncherTest(unittest.TestCase):
         probability = float(predict.stdout.split()[0])
         self.assertTrue(0 < probability < 1, predict.stdout)
 
-        # `docker compose stop` signals rank0 first: it drains, saves
+        # `docker-compose stop` signals rank0 first: it drains, saves
         # <checkpoint-dir>/final (checkpoint-on-exit in server.toml) and
         # shuts the followers down; every rank exits 0.
         launcher.send_signal(signal.SIGTERM)
         self.assertEqual(launcher.wait(timeout=60), 0)
         manifest = os.path.join(work, "checkpoints", "final", "MANIFEST.json")
         self.assertTrue(os.path.exists(manifest), manifest)
+
+
+
+# ---- Kubernetes (deploy/k8s) ----------------------------------------------
+
+K8S = os.path.join(DEPLOY, "k8s")
+# The job's variants (kustomizations) and the one with the shared volumes.
+K8S_VARIANTS = ("cpu", "gpu")
+K8S_STORAGE = "storage"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+# The namespace the tests put the pods in.
+K8S_NAMESPACE = "dlrm-test"
+# The lists a strategic merge patch merges item by item, and their keys
+# (what deploy/k8s patches; others are replaced whole, as kubectl does).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name",
+              "volumes": "name", "volumeMounts": "mountPath",
+              "ports": "containerPort"}
+
+
+@functools.lru_cache(maxsize=None)
+def kubectl_kustomize():
+    """kubectl, when it has a kustomize that reads deploy/k8s; else None.
+
+    Debian 12's kubernetes-client (kubectl 1.20, kustomize 2.0) does not
+    know the `patches` field (kubectl >= 1.21 does)."""
+    tool = shutil.which("kubectl")
+    if tool is None:
+        return None
+    out = subprocess.run([tool, "version", "--client", "-o", "json"],
+                         capture_output=True, text=True, timeout=60)
+    try:
+        version = json.loads(out.stdout)["clientVersion"]
+        minor = int(re.match(r"\d+", version["minor"]).group(0))
+    except (ValueError, KeyError, AttributeError):
+        return None
+    return tool if (int(version["major"]), minor) >= (1, 21) else None
+
+
+def strategic_merge(base, patch, key=None):
+    """`patch` merged into `base` as kubectl's strategic merge does for
+    the fields deploy/k8s patches: maps recursively, MERGE_KEYS lists item
+    by item (the patch's items first, then the base's others), null
+    deletes, anything else replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = strategic_merge(out[k], v, k) if k in out else v
+        return out
+    if (isinstance(base, list) and isinstance(patch, list)
+            and key in MERGE_KEYS):
+        mk = MERGE_KEYS[key]
+        by_key = {item[mk]: item for item in base}
+        patched = {item[mk] for item in patch}
+        return ([strategic_merge(by_key[p[mk]], p) if p[mk] in by_key else p
+                 for p in patch] +
+                [item for item in base if item[mk] not in patched])
+    return patch
+
+
+def render_kustomization(path):
+    """The objects of the kustomization in `path`, rendered without kubectl:
+    `resources` (files and kustomization folders) and `patches` of
+    strategic merge files. A field it does not know is an error, so that
+    the fallback never checks something other than what kubectl renders."""
+    with open(os.path.join(path, "kustomization.yaml")) as f:
+        k = yaml.safe_load(f)
+    unknown = set(k) - {"apiVersion", "kind", "resources", "patches"}
+    if unknown:
+        raise NotImplementedError(
+            f"{path}/kustomization.yaml: {sorted(unknown)}: the test's "
+            "renderer (deploy_test.py) does not know these; teach it")
+    objects = []
+    for resource in k.get("resources", []):
+        full = os.path.join(path, resource)
+        if os.path.isdir(full):
+            objects += render_kustomization(full)
+        else:
+            with open(full) as f:
+                objects += [o for o in yaml.safe_load_all(f) if o]
+    for p in k.get("patches", []):
+        if set(p) != {"path"}:
+            raise NotImplementedError(f"{path}: patch {p}: only path: files")
+        with open(os.path.join(path, p["path"])) as f:
+            patch = yaml.safe_load(f)
+        ident = (patch["kind"], patch["metadata"]["name"])
+        targets = [i for i, o in enumerate(objects)
+                   if (o["kind"], o["metadata"]["name"]) == ident]
+        if len(targets) != 1:
+            raise ValueError(f"{path}/{p['path']}: no single {ident} to patch")
+        objects[targets[0]] = strategic_merge(objects[targets[0]], patch)
+    return objects
+
+
+def render_k8s(variant):
+    """deploy/k8s/<variant> rendered, by kubectl where it can."""
+    tool = kubectl_kustomize()
+    path = os.path.join(K8S, variant)
+    if tool is None:
+        return render_kustomization(path)
+    out = subprocess.run([tool, "kustomize", path], capture_output=True,
+                         text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {path}:\n{out.stderr}")
+    return [o for o in yaml.safe_load_all(out.stdout) if o]
+
+
+def by_kind(objects, kind):
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def the_job(objects):
+    jobs = by_kind(objects, "Job")
+    assert len(jobs) == 1, f"one Job expected, found {sorted(jobs)}"
+    return next(iter(jobs.values()))
+
+
+def rank_container(job):
+    containers = job["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "one container per rank pod"
+    return containers[0]
+
+
+def env_spec(container):
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def expand(value, env):
+    """Kubernetes' $(VAR) in args and env values: a variable defined so far
+    is replaced, `$$` is a `$`, anything else stays as written."""
+    def sub(m):
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, value)
+
+
+def pod_env(job, rank, pod_ip, namespace=K8S_NAMESPACE):
+    """The environment the kubelet gives the container of the job's pod of
+    completion index `rank`: its env entries in order, the downward API's
+    fields filled in, plus what Kubernetes adds for an Indexed Job."""
+    name = job["metadata"]["name"]
+    fields = {
+        "status.podIP": pod_ip,
+        "metadata.namespace": namespace,
+        "metadata.name": f"{name}-{rank}-x7k2p",
+        f"metadata.annotations['{INDEX_KEY}']": str(rank),
+        f"metadata.labels['{INDEX_KEY}']": str(rank),
+    }
+    env = {"JOB_COMPLETION_INDEX": str(rank), "HOSTNAME": f"{name}-{rank}"}
+    for e in rank_container(job).get("env", []):
+        if "value" in e:
+            env[e["name"]] = expand(str(e["value"]), env)
+        else:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path not in fields:
+                raise AssertionError(f"{e['name']}: the test does not know "
+                                     f"the downward API field {path}")
+            env[e["name"]] = fields[path]
+    return env
+
+
+def clean_env(extra):
+    """This process's environment without any launcher's variables (CTest
+    may itself run under Slurm or mpirun), plus `extra`."""
+    launcher = re.compile(r"^(SLURM_|OMPI_|PMIX_|RANK$|WORLD_SIZE$|"
+                          r"LOCAL_RANK$|LOCAL_WORLD_SIZE$|MASTER_)")
+    env = {k: v for k, v in os.environ.items() if not launcher.match(k)}
+    env.update(extra)
+    return env
+
+
+def server_toml():
+    """The image's /etc/dlrm/server.toml, as flags."""
+    with open(IMAGE_PATHS["/etc/dlrm/server.toml"]) as f:
+        return dict(re.findall(r'^([\w-]+) = "(.*)"', f.read(), re.M))
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+class KubernetesTest(unittest.TestCase):
+    """deploy/k8s: what kubectl would apply, checked without a cluster.
+
+    `kubectl apply --dry-run=client` cannot run here (it downloads the
+    cluster's OpenAPI schema first), so nothing validates field names
+    against the API: the tests check the fields the job depends on."""
+
+    def rendered(self):
+        return {v: render_k8s(v) for v in K8S_VARIANTS + (K8S_STORAGE,)}
+
+    def test_kubectl_and_the_test_render_alike(self):
+        tool = kubectl_kustomize()
+        if tool is None:
+            self.skipTest("needs kubectl >= 1.21 (kubectl kustomize); the "
+                          "other tests render deploy/k8s themselves")
+        for variant in K8S_VARIANTS + (K8S_STORAGE,):
+            with self.subTest(variant):
+                # kubectl orders the objects by kind; within them, the
+                # same fields, values and list orders.
+                def key(o):
+                    return (o["kind"], o["metadata"]["name"])
+                self.assertEqual(
+                    sorted(render_k8s(variant), key=key),
+                    sorted(render_kustomization(os.path.join(K8S, variant)),
+                           key=key))
+
+    def test_topology(self):
+        rendered = self.rendered()
+        claims = by_kind(rendered[K8S_STORAGE], "PersistentVolumeClaim")
+        toml = server_toml()
+        listen, metrics = port_of(toml["listen"]), port_of(toml["metrics-listen"])
+        for variant in K8S_VARIANTS:
+            with self.subTest(variant):
+                objects = rendered[variant]
+                # The volumes stay when the job is deleted.
+                self.assertEqual(by_kind(objects, "PersistentVolumeClaim"), {})
+                job = the_job(objects)
+                spec, pod = job["spec"], job["spec"]["template"]["spec"]
+                labels = job["spec"]["template"]["metadata"]["labels"]
+                c = rank_container(job)
+                env = env_spec(c)
+                world = int(env["WORLD_SIZE"]["value"])
+                self.assertEqual(spec["completionMode"], "Indexed")
+                self.assertEqual(spec["completions"], world)
+                self.assertEqual(spec["parallelism"], world)
+                self.assertEqual(pod["restartPolicy"], "OnFailure")
+                self.assertEqual(
+                    env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
+                    f"metadata.annotations['{INDEX_KEY}']")
+                self.assertEqual(env["POD_IP"]["valueFrom"]["fieldRef"]
+                                 ["fieldPath"], "status.podIP")
+                self.assertIn("--comm-bind-address=$(POD_IP)", c["args"])
+                # The image's entrypoint runs the args: dlrm_server.
+                self.assertNotIn("command", c)
+                with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+                    self.assertIn('ENTRYPOINT ["dlrm_server"]', f.read())
+
+                # Rank 0 by its name in the headless Service.
+                services = by_kind(objects, "Service")
+                ranks_svc = services[pod["subdomain"]]
+                self.assertEqual(ranks_svc["spec"]["clusterIP"], "None")
+                self.assertTrue(ranks_svc["spec"]["publishNotReadyAddresses"])
+                self.assertLessEqual(ranks_svc["spec"]["selector"].items(),
+                                     labels.items())
+                self.assertEqual(
+                    env["MASTER_ADDR"]["value"],
+                    f"{job['metadata']['name']}-0.{pod['subdomain']}"
+                    ".$(POD_NAMESPACE).svc.cluster.local")
+                coordinator = int(env["MASTER_PORT"]["value"])
+                self.assertIn(coordinator, [p["port"] for p in
+                                            ranks_svc["spec"]["ports"]])
+
+                # The public Service selects rank 0's pod and nothing else.
+                public = [s for n, s in services.items()
+                          if n != pod["subdomain"]]
+                self.assertEqual(len(public), 1)
+                selector = dict(public[0]["spec"]["selector"])
+                self.assertEqual(selector.pop(INDEX_KEY), "0")
+                self.assertLessEqual(selector.items(), labels.items())
+                container_ports = {p["name"]: p["containerPort"]
+                                   for p in c["ports"]}
+                targets = {container_ports.get(p["targetPort"], p["targetPort"])
+                           for p in public[0]["spec"]["ports"]}
+                self.assertEqual(targets, {listen, metrics})
+                self.assertEqual(
+                    public[0]["metadata"]["annotations"]["prometheus.io/port"],
+                    str(metrics))
+                self.assertIn(coordinator, container_ports.values())
+
+                # One GPU per rank pod, none on the CPU variant.
+                limits = c["resources"].get("limits", {})
+                if variant == "gpu":
+                    self.assertEqual(str(limits["nvidia.com/gpu"]), "1")
+                    self.assertEqual(env["DLRM_DEVICE"]["value"], "cuda")
+                    self.assertTrue(any(t["key"] == "nvidia.com/gpu"
+                                        for t in pod["tolerations"]))
+                else:
+                    self.assertNotIn("nvidia.com/gpu", limits)
+                    self.assertEqual(env["DLRM_DEVICE"]["value"], "cpu")
+                self.assertEqual(str(c["resources"]["requests"]["cpu"]),
+                                 env["DLRM_THREADS"]["value"])
+
+                # Every rank mounts the same ReadWriteMany claims at the
+                # checkpoint and data dirs of server.toml.
+                volumes = {v["name"]: v for v in pod["volumes"]}
+                mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+                for key in ("checkpoint-dir", "data-dir"):
+                    claim = (volumes[mounts[toml[key]]]
+                             ["persistentVolumeClaim"]["claimName"])
+                    self.assertIn("ReadWriteMany",
+                                  claims[claim]["spec"]["accessModes"], key)
+
+                # Probes and the stop (what they run: test_probes_...).
+                for probe in ("startupProbe", "readinessProbe",
+                              "livenessProbe"):
+                    self.assertEqual(c[probe]["exec"]["command"][:2],
+                                     ["sh", "-c"], probe)
+                    self.assertIn(f"--health-check 127.0.0.1:{listen}",
+                                  c[probe]["exec"]["command"][2], probe)
+                self.assertEqual(c["lifecycle"]["preStop"]["exec"]["command"]
+                                 [:2], ["sh", "-c"])
+
+    def run_hook(self, command, rank, world, stub):
+        """Runs a probe's or hook's `sh -c` command as the kubelet would in
+        rank `rank`'s container, with `stub` (a program recording its
+        arguments) in place of dlrm_server and sleep. Its exit status and
+        the argument lists the stubs got."""
+        work = tempfile.mkdtemp(prefix="deploy-k8s-")
+        self.addCleanup(shutil.rmtree, work, True)
+        for name in ("dlrm_server", "sleep"):
+            with open(os.path.join(work, name), "w") as f:
+                f.write(f"#!/bin/sh\necho {name} \"$@\" >> {work}/calls\n"
+                        f"exit {stub}\n")
+            os.chmod(os.path.join(work, name), 0o755)
+        env = clean_env({"RANK": str(rank), "WORLD_SIZE": str(world),
+                         "PATH": work + os.pathsep + os.environ["PATH"]})
+        out = subprocess.run(command, env=env, timeout=30)
+        calls = []
+        if os.path.exists(f"{work}/calls"):
+            with open(f"{work}/calls") as f:
+                calls = [line.split() for line in f]
+        return out.returncode, calls
+
+    def test_probes_ask_rank_0_and_pass_followers(self):
+        listen = port_of(server_toml()["listen"])
+        for variant in K8S_VARIANTS:
+            job = the_job(render_k8s(variant))
+            c = rank_container(job)
+            world = job["spec"]["completions"]
+            grace = job["spec"]["template"]["spec"][
+                "terminationGracePeriodSeconds"]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                with self.subTest(f"{variant}/{probe}"):
+                    command = c[probe]["exec"]["command"]
+                    # Rank 0: the probe is dlrm_server's health check, and
+                    # its result (the stub's exit status 3) is the probe's.
+                    status, calls = self.run_hook(command, 0, world, 3)
+                    self.assertEqual(status, 3)
+                    self.assertEqual(calls, [
+                        ["dlrm_server", "--health-check",
+                         f"127.0.0.1:{listen}"]])
+                    # The real binary takes those flags (a probe of a port
+                    # where nothing listens is a plain failure).
+                    real = subprocess.run(
+                        [SERVER] + calls[0][1:-1] + ["127.0.0.1:1"],
+                        capture_output=True, text=True, timeout=30)
+                    self.assertEqual(real.returncode, 1, real.stderr)
+                    self.assertIn("health of 127.0.0.1:1", real.stderr)
+                    # Followers serve nothing: they pass without asking.
+                    for rank in range(1, world):
+                        self.assertEqual(
+                            self.run_hook(command, rank, world, 3), (0, []))
+            with self.subTest(f"{variant}/preStop"):
+                command = c["lifecycle"]["preStop"]["exec"]["command"]
+                self.assertEqual(self.run_hook(command, 0, world, 0), (0, []))
+                status, calls = self.run_hook(command, 1, world, 0)
+                self.assertEqual(status, 0)
+                self.assertEqual(len(calls), 1)
+                self.assertEqual(calls[0][0], "sleep")
+                # A follower's held-back SIGTERM, then its 10 s wait for
+                # rank 0, end before the grace period's SIGKILL.
+                self.assertLessEqual(int(calls[0][1]) + 10, grace - 5)
+
+    def dry_run(self, job, rank, args=None):
+        pod_ip = f"10.1.0.{rank + 11}"
+        env = pod_env(job, rank, pod_ip)
+        args = [expand(a, env) for a in
+                (args or rank_container(job)["args"])]
+        cmd = [SERVER, "--dry-run"] + host_command(args)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                             env=clean_env(env))
+        return out, env, pod_ip, cmd
+
+    def test_every_rank_passes_dry_run(self):
+        for variant in K8S_VARIANTS:
+            job = the_job(render_k8s(variant))
+            world = job["spec"]["completions"]
+            for rank in range(world):
+                with self.subTest(f"{variant}/rank {rank}"):
+                    out, env, pod_ip, cmd = self.dry_run(job, rank)
+                    self.assertEqual(out.returncode, 0,
+                                     f"{cmd}\n{out.stdout}{out.stderr}")
+                    # Every $(VAR) names a variable defined before it (the
+                    # kubelet leaves the others as written).
+                    for value in list(env.values()) + cmd:
+                        self.assertNotIn("$(", value)
+                    pod = job["spec"]["template"]["spec"]
+                    self.assertEqual(
+                        env["MASTER_ADDR"],
+                        f"{job['metadata']['name']}-0.{pod['subdomain']}."
+                        f"{K8S_NAMESPACE}.svc.cluster.local")
+                    coordinator = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+                    self.assertIn(
+                        f"rank {rank} of {world} from the torchrun "
+                        f"launcher's environment, coordinator {coordinator}",
+                        out.stdout + out.stderr)
+                    self.assertIn(f"rank {rank} of {world}\n", out.stdout)
+                    self.assertIn(f"coordinator {coordinator} (", out.stdout)
+                    self.assertIn(f"collectives bind {pod_ip} (Gloo)",
+                                  out.stdout)
+                    self.assertIn(f"sharding plan over {world} ranks",
+                                  out.stdout)
+                    self.assertIn(f"device {env['DLRM_DEVICE']} ", out.stdout)
+                    if rank == 0:
+                        self.assertIn("gRPC listen 0.0.0.0:50051", out.stdout)
+                        self.assertIn("(rank 0 hosts it)", out.stdout)
+                    else:
+                        self.assertIn("serves nothing", out.stdout)
+                    self.assertIn("(saves final/ on exit)", out.stdout)
+
+    def test_dry_run_fails_where_the_pod_would(self):
+        job = the_job(render_k8s("gpu"))
+        args = rank_container(job)["args"]
+        for bad in (args + ["--no-such-flag"],
+                    # A variable the pod does not define stays as written.
+                    args + ["--threads=$(NOT_IN_THE_POD)"]):
+            with self.subTest(bad[-1]):
+                out, _, _, _ = self.dry_run(job, 1, bad)
+                self.assertNotEqual(out.returncode, 0, out.stdout)
 
 
 if __name__ == "__main__":
