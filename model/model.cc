@@ -125,6 +125,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
           comm::MemorySpaceName(c->memory_space()), " buffers"));
     }
   }
+  // The step pools into, and updates from, host buffers: a store in device
+  // memory has no place in it until the GPU step takes device buffers.
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (config.tables(k).storage() == STORAGE_DEVICE) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", config.tables(k).name(),
+          ": storage STORAGE_DEVICE is not trained by this build's step, "
+          "which keeps pooled vectors in host memory; use STORAGE_HOST or "
+          "STORAGE_ROCKSDB (the dense part still runs on CUDA)"));
+    }
+  }
   // The dense part on config.device; FailedPrecondition here, before any
   // store is made, when that device is not usable.
   ASSIGN_OR_RETURN(std::unique_ptr<dense::DenseBackend> dense,

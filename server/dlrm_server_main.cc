@@ -49,6 +49,9 @@ namespace {
 
 struct Flags {
   ServerOptions server;
+  // Where the rank flags came from when a launcher set them (ApplyLauncher),
+  // logged once logging is set up; else empty.
+  std::string launcher_note;
   std::string config = "kaggle";
   // "cpu" or "cuda" (--device); empty keeps the model config's device.
   std::string device;
@@ -133,11 +136,11 @@ absl::Status ApplyLauncher(const comm::EnvLookup& env,
   if (launcher.local_rank && f->world_size > 1) {
     SelectLocalGpu(*launcher.local_rank);
   }
-  spdlog::info("rank {} of {} from the {} launcher's environment{}", f->rank,
-               f->world_size, launcher.source,
-               f->coordinator.empty()
-                   ? ""
-                   : absl::StrCat(", coordinator ", f->coordinator));
+  f->launcher_note = absl::StrCat(
+      "rank ", f->rank, " of ", f->world_size, " from the ", launcher.source,
+      " launcher's environment",
+      f->coordinator.empty() ? ""
+                             : absl::StrCat(", coordinator ", f->coordinator));
   return absl::OkStatus();
 }
 
@@ -663,6 +666,7 @@ absl::Status Run(Flags& f) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
+  if (!f.launcher_note.empty()) spdlog::info("{}", f.launcher_note);
   RETURN_IF_ERROR(ValidateFlags(f));
   // Model work runs on job, stream and batcher threads too, which
   // omp_set_num_threads below (this thread's) does not reach.

@@ -197,6 +197,23 @@ TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
       << m.status();
 }
 
+// A table on the device tier is refused by the step (it pools into host
+// buffers) with an error naming the table, on any machine, before anything
+// is allocated.
+TEST(ModelTest, DeviceTierTableIsFailedPreconditionNamingTheTable) {
+  ModelConfig config = Tiny();
+  config.set_device(DEVICE_CUDA);
+  config.mutable_tables(0)->set_storage(STORAGE_DEVICE);
+  auto m = Model::Create(config);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
+      << m.status();
+  EXPECT_NE(m.status().message().find(config.tables(0).name()),
+            std::string::npos)
+      << m.status();
+  EXPECT_NE(m.status().message().find("STORAGE_DEVICE"), std::string::npos)
+      << m.status();
+}
+
 // device cuda on a machine without a usable GPU: a FailedPrecondition that
 // says why (no driver, no device, or a binary built without CUDA), from
 // both factories, before any store is made; never an abort.
