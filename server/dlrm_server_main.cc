@@ -264,6 +264,7 @@ absl::Status DryRun(const Flags& f) {
   };
   std::printf("dlrm_server --dry-run: the flags are valid; nothing started\n");
   std::printf("rank %d of %d\n", f.rank, f.world_size);
+  if (!f.launcher_note.empty()) std::printf("%s\n", f.launcher_note.c_str());
   if (f.world_size > 1) {
     std::printf("coordinator %s (%s)\ncollectives bind %s (Gloo)\n",
                 f.coordinator.c_str(),
