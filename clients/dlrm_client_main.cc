@@ -245,10 +245,15 @@ absl::Status Info(Client& client, const Flags& f) {
   std::printf("server: %s\n", client.address().c_str());
   std::printf("dense features: %d  tables: %d  embedding dim: %d\n",
               c.num_dense_features(), c.tables_size(), c.embedding_dim());
-  std::printf("bottom mlp: %s  top mlp: %s  interaction: %s\n",
+  std::printf("bottom mlp: %s  top mlp: %s  interaction: %s",
               absl::StrJoin(c.bottom_mlp(), "-").c_str(),
               absl::StrJoin(c.top_mlp(), "-").c_str(),
               Interaction_Name(c.interaction()).c_str());
+  if (c.interaction() == INTERACTION_DCN) {
+    std::printf(" (%d layers, rank %d)", c.dcn_num_layers(),
+                c.dcn_low_rank_dim());
+  }
+  std::printf("\n");
   std::printf("parameters: embedding %lld  dense %lld\n",
               static_cast<long long>(info.embedding_parameters()),
               static_cast<long long>(info.dense_parameters()));

@@ -208,6 +208,12 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
       t.set_rows(c.max_rows_per_table());
     }
   }
+  // The MLPerf DLRM-DCNv2 reference's cross network, only under DCN so
+  // that other configs print as before.
+  if (c.interaction() == INTERACTION_DCN) {
+    if (c.dcn_num_layers() == 0) c.set_dcn_num_layers(3);
+    if (c.dcn_low_rank_dim() == 0) c.set_dcn_low_rank_dim(512);
+  }
   optim::SetDefaults(c.mutable_dense_optimizer());
   optim::SetDefaults(c.mutable_sparse_optimizer());
   // RocksDB defaults only where a table uses the tier, so host-only
@@ -319,6 +325,25 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       }
     }
   }
+  if (c.interaction() == INTERACTION_DCN) {
+    if (c.dcn_num_layers() < 1 || c.dcn_num_layers() > kMaxLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcn_num_layers = ", c.dcn_num_layers(),
+                       " must be in [1, ", kMaxLayers, "]"));
+    }
+    if (c.dcn_low_rank_dim() < 1 || c.dcn_low_rank_dim() > kMaxWidth) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcn_low_rank_dim = ", c.dcn_low_rank_dim(),
+                       " must be in [1, ", kMaxWidth, "]"));
+    }
+  } else if (c.dcn_num_layers() != 0 || c.dcn_low_rank_dim() != 0) {
+    // A cross-network setting another interaction would ignore is a
+    // mistake in the config, not something to drop silently.
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.dcn_num_layers() != 0 ? "dcn_num_layers" : "dcn_low_rank_dim",
+        " is set but interaction is ", Interaction_Name(c.interaction()),
+        ", not INTERACTION_DCN"));
+  }
   if (!ComputeDevice_IsValid(c.device())) {
     return absl::InvalidArgumentError("device is invalid");
   }
@@ -415,6 +440,11 @@ int64_t DenseParameterCount(const ModelConfig& c) {
     in = w;
   }
   in = InteractionOutputDim(c);
+  if (c.interaction() == INTERACTION_DCN) {
+    // Per cross layer: V [r x in], W [in x r], bias [in].
+    n += static_cast<int64_t>(c.dcn_num_layers()) *
+         (2 * static_cast<int64_t>(in) * c.dcn_low_rank_dim() + in);
+  }
   for (int w : c.top_mlp()) {
     n += static_cast<int64_t>(in) * w + w;
     in = w;

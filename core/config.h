@@ -28,16 +28,18 @@ absl::StatusOr<std::string> PresetText(const std::string& name);
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
 
 // Fills defaults for zero fields (num_dense_features 13, table dims,
-// multi_hot_size 1, optimizer defaults, RocksDB cache defaults where a table
+// multi_hot_size 1, dcn_num_layers 3 and dcn_low_rank_dim 512 under
+// INTERACTION_DCN, optimizer defaults, RocksDB cache defaults where a table
 // uses STORAGE_ROCKSDB), applies max_rows_per_table, then
 // validates. InvalidArgument names the offending field.
 absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
-// ending at the embedding dim (dot), top MLP ending at 1, rocksdb.path and
-// cache sizes where a table uses STORAGE_ROCKSDB, the optimizers and their
-// schedules (optim::Validate; the tables' optimizer by optim::ValidateSparse,
-// which refuses the layer-wise LAMB and LARS).
+// ending at the embedding dim (dot), top MLP ending at 1, the DCN fields set
+// under INTERACTION_DCN only, rocksdb.path and cache sizes where a table
+// uses STORAGE_ROCKSDB, the optimizers and their schedules (optim::Validate;
+// the tables' optimizer by optim::ValidateSparse, which refuses the
+// layer-wise LAMB and LARS).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Puts the tables named in `tables` (or every table, for the one name
@@ -70,10 +72,12 @@ const char* DeviceName(ComputeDevice device);
 absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
 
 // Width of the interaction output (the top MLP's input) for a normalised
-// config: d + n(n-1)/2 for dot with n = tables + 1, sum of dims for cat.
+// config: d + n(n-1)/2 for dot with n = tables + 1, d + the sum of the
+// tables' dims for cat and DCN (the cross network keeps its input's width).
 int InteractionOutputDim(const ModelConfig& config);
 
-// Total parameters: embedding rows x dims, plus MLP weights and biases.
+// Total parameters: embedding rows x dims; MLP weights and biases plus the
+// DCN cross network's.
 int64_t EmbeddingParameterCount(const ModelConfig& config);
 int64_t DenseParameterCount(const ModelConfig& config);
 

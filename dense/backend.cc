@@ -26,7 +26,11 @@ HostDenseParams::HostDenseParams(const ModelConfig& config)
     : bottom(config.num_dense_features(), Widths(config.bottom_mlp()),
              /*relu_last=*/true),
       top(MakeInteractionShape(config).output_width, Widths(config.top_mlp()),
-          /*relu_last=*/false) {}
+          /*relu_last=*/false),
+      cross(
+          MakeInteractionShape(config).input_width,
+          config.interaction() == INTERACTION_DCN ? config.dcn_num_layers() : 0,
+          config.dcn_low_rank_dim()) {}
 
 absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
     const ModelConfig& config) {
@@ -34,8 +38,12 @@ absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
   Rng rng(config.seed());
   p->bottom.Init(&rng);
   p->top.Init(&rng);
+  p->cross.Init(&rng);
   p->params = p->bottom.Parameters("bottom_mlp");
-  p->bottom_params = p->params.size();
+  for (ParamRef& ref : p->cross.Parameters("interaction.crossnet")) {
+    p->params.push_back(std::move(ref));
+  }
+  p->top_begin = p->params.size();
   for (ParamRef& ref : p->top.Parameters("top_mlp")) {
     p->params.push_back(std::move(ref));
   }
@@ -47,9 +55,9 @@ absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
 std::pair<size_t, size_t> HostDenseParams::Range(GradBucket bucket) const {
   switch (bucket) {
     case GradBucket::kBottom:
-      return {0, bottom_params};
+      return {0, top_begin};
     case GradBucket::kTop:
-      return {bottom_params, params.size()};
+      return {top_begin, params.size()};
     case GradBucket::kAll:
       break;
   }

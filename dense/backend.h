@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
 #include "dense/optimizer.h"
@@ -29,9 +30,11 @@
 namespace dlrm::dense {
 
 // The dense parameters in the two all-reduce buckets of the overlapped
-// step: the top MLP's gradients are final after TopBackward, the bottom
-// MLP's after BottomBackward. kAll is both, bottom first (the parameter
-// order).
+// step. kTop: the top MLP's, final after TopBackward. kBottom: the bottom
+// MLP's and the DCN cross network's, final after BottomBackward (the cross
+// network's are final after InteractionBackward already, but that runs
+// while kTop's all-reduce may be in flight, so they wait for kBottom's).
+// kAll is both, in parameter order: bottom MLP, cross network, top MLP.
 enum class GradBucket { kBottom, kTop, kAll };
 
 // One model's dense part. The training step calls, in order, with the same
@@ -75,10 +78,10 @@ class DenseBackend {
   virtual absl::Status TopBackward(int64_t batch) = 0;
   // Returns the gradient of the interaction input, [batch x input_width] in
   // host memory (columns from dim on: the pooled vectors'), valid until the
-  // next step.
+  // next step; under DCN also fills the cross network's gradients.
   virtual absl::StatusOr<const float*> InteractionBackward(int64_t batch) = 0;
-  // Fills the bottom MLP's gradients (GradBucket::kBottom); `x` as in
-  // BottomForward.
+  // Fills the bottom MLP's gradients (with the cross network's, the
+  // GradBucket::kBottom bucket); `x` as in BottomForward.
   virtual absl::Status BottomBackward(const float* x, int64_t batch) = 0;
   // One dense optimizer step from the gradients.
   virtual absl::Status Update() = 0;
@@ -97,13 +100,14 @@ class DenseBackend {
   virtual absl::Status UnpackGradients(GradBucket bucket) = 0;
 
   // The host view of the parameters, for checkpoints, exports and tests:
-  // the MLPs, their parameters named "bottom_mlp.<layer>.weight" / ".bias"
-  // then "top_mlp...." (the bottom's first), and their optimizer with its
-  // state and step. On the CPU these are the live ones. On CUDA they are a
-  // host copy, brought up to date when asked for after an Update, and
-  // copied back to the device before the next step or prediction (the
-  // caller may have written them: a restore); a failed copy is returned by
-  // that next call.
+  // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /
+  // ".bias", then under DCN "interaction.crossnet.<layer>.V" / ".W" /
+  // ".bias" (dense/cross_net.h), then "top_mlp...."; and their optimizer
+  // with its state and step. On the CPU these are the live ones. On CUDA
+  // they are a host copy, brought up to date when asked for after an
+  // Update, and copied back to the device before the next step or
+  // prediction (the caller may have written them: a restore); a failed copy
+  // is returned by that next call.
   virtual Mlp& bottom() = 0;
   virtual Mlp& top() = 0;
   virtual const std::vector<ParamRef>& params() = 0;
@@ -118,20 +122,26 @@ class DenseBackend {
 };
 
 // The dense parameters in host memory: both MLPs initialised from
-// config.seed() as the DLRM reference does (the bottom MLP's draws, then the
-// top's, from one stream: every rank's replica starts equal), their named
-// parameters and their optimizer. The CPU backend trains these; the CUDA
-// backend keeps them as its host view.
+// config.seed() as the DLRM reference does and, under DCN, the cross
+// network as TorchRec does (dense/cross_net.h): the bottom MLP's draws, then
+// the top's, then the cross network's, from one stream, so every rank's
+// replica starts equal and the MLPs start as they would with another
+// interaction. Their named parameters and their optimizer. The CPU backend
+// trains these; the CUDA backend keeps them as its host view.
 struct HostDenseParams {
   // `config` normalised. InvalidArgument as DenseOptimizer::Create.
   static absl::StatusOr<std::unique_ptr<HostDenseParams>> Create(
       const ModelConfig& config);
 
   Mlp bottom, top;
-  std::vector<ParamRef> params;  // borrowed from bottom and top
+  // DCN's; no layers for another interaction.
+  CrossNet cross;
+  // Borrowed from bottom, cross and top, in that order.
+  std::vector<ParamRef> params;
   std::unique_ptr<DenseOptimizer> optimizer;
-  // params[0, bottom_params) are the bottom MLP's.
-  size_t bottom_params = 0;
+  // params[0, top_begin) are the bottom MLP's and the cross network's
+  // (GradBucket::kBottom), the rest the top MLP's.
+  size_t top_begin = 0;
 
   // [begin, end) of `bucket` in `params`.
   std::pair<size_t, size_t> Range(GradBucket bucket) const;

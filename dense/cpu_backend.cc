@@ -52,7 +52,9 @@ class CpuDenseBackend final : public DenseBackend {
   absl::Status InteractionForward(int64_t batch) override {
     const InteractionShape& s = interaction();
     z_at_ = identity_ ? t_.data() : Sized(z_, batch * s.output_width);
-    if (!identity_) dense::InteractionForward(s, t_.data(), batch, z_at_);
+    if (!identity_) {
+      dense::InteractionForward(s, t_.data(), batch, z_at_, &p_->cross);
+    }
     return absl::OkStatus();
   }
 
@@ -77,7 +79,8 @@ class CpuDenseBackend final : public DenseBackend {
     const InteractionShape& s = interaction();
     dt_at_ = identity_ ? dz_.data() : Sized(dt_, batch * s.input_width);
     if (!identity_) {
-      dense::InteractionBackward(s, t_.data(), dz_.data(), batch, dt_at_);
+      dense::InteractionBackward(s, t_.data(), dz_.data(), batch, dt_at_,
+                                 &p_->cross);
     }
     return dt_at_;
   }
@@ -102,7 +105,9 @@ class CpuDenseBackend final : public DenseBackend {
     float* t = t_.data();
     CopyColumns(bottom_out, s.dim, t, s.input_width, batch, s.dim);
     float* z = identity_ ? t : Sized(z_, batch * s.output_width);
-    if (!identity_) dense::InteractionForward(s, t, batch, z);
+    if (!identity_) {
+      dense::InteractionInfer(s, t, batch, z, p_->cross, &infer_scratch_);
+    }
     float* logits = Sized(infer_logits_, batch);
     p_->top.Infer(z, batch, logits, &infer_scratch_);
     for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(logits[l]);
@@ -156,7 +161,8 @@ class CpuDenseBackend final : public DenseBackend {
   float* dt_at_ = nullptr;
   const float* logits_ = nullptr;  // the top MLP's output (its activations)
   AlignedVector<float> t_, z_, dz_, dt_, dlogits_, dbottom_, flat_, flat_top_;
-  // Predict's (the MLPs' inference path keeps no activations).
+  // Predict's (the MLPs' and the interaction's inference paths keep no
+  // activations; each is done with the scratch when it returns).
   AlignedVector<float> infer_bottom_, infer_logits_, infer_scratch_;
 };
 

@@ -1,5 +1,6 @@
-// DLRM dot interaction: per-sample Gram lower triangle (forward) and its
-// symmetric gradient (backward), plus the plain-loop reference.
+// The interaction dispatchers, and the DLRM dot interaction: per-sample
+// Gram lower triangle (forward) and its symmetric gradient (backward), plus
+// the plain-loop reference.
 #include "dense/interaction.h"
 
 #include <algorithm>
@@ -158,10 +159,12 @@ InteractionShape MakeInteractionShape(const ModelConfig& config) {
 bool InteractionIsIdentity(Interaction kind) { return kind == INTERACTION_CAT; }
 
 void InteractionForward(const InteractionShape& s, const float* t,
-                        int64_t batch, float* z) {
+                        int64_t batch, float* z, CrossNet* cross) {
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionForward(t, batch, s.num_vectors, s.dim, z);
+    case INTERACTION_DCN:
+      return cross->Forward(t, batch, z);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return;
@@ -169,10 +172,27 @@ void InteractionForward(const InteractionShape& s, const float* t,
 }
 
 void InteractionBackward(const InteractionShape& s, const float* t,
-                         const float* dz, int64_t batch, float* dt) {
+                         const float* dz, int64_t batch, float* dt,
+                         CrossNet* cross) {
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt);
+    case INTERACTION_DCN:
+      return cross->Backward(t, dz, batch, dt);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return;
+  }
+}
+
+void InteractionInfer(const InteractionShape& s, const float* t, int64_t batch,
+                      float* z, const CrossNet& cross,
+                      AlignedVector<float>* scratch) {
+  switch (s.kind) {
+    case INTERACTION_DOT:  // keeps nothing either way
+      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z);
+    case INTERACTION_DCN:
+      return cross.Infer(t, batch, z, scratch);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return;

@@ -3,19 +3,25 @@
 // each table's pooled embedding. Dot output per sample: the first vector
 // (d values), then the dots <v_i, v_j> for i > j in the order (1,0), (2,0),
 // (2,1), (3,0), ... (the reference's strict lower triangle). Cat output is
-// the input itself, so it needs no kernel.
+// the input itself, so it needs no kernel. DCN output is the low-rank cross
+// network of dense/cross_net.h over the input (the same width), the one
+// interaction with parameters.
 //
 // Each interaction (the config's `Interaction`) is one case of the
-// dispatchers below: InteractionForward / InteractionBackward here for the
-// CPU and their twins in dense/cuda/cuda_dense.h, with the case in
-// interaction.cc and dense_kernels.cu. The dense backends call only the
-// dispatchers, so adding an interaction touches its enum value
-// (proto/dlrm/config.proto), its output width and config checks
-// (core/config.cc), and these two files.
+// dispatchers below: InteractionForward / InteractionBackward /
+// InteractionInfer here for the CPU and their twins in
+// dense/cuda/cuda_dense.h, with the case in interaction.cc and
+// dense_kernels.cu. The dense backends call only the dispatchers, so adding
+// an interaction touches its enum value (proto/dlrm/config.proto), its
+// output width and config checks (core/config.cc), and these two files
+// (plus, for one with parameters, HostDenseParams in dense/backend.cc and
+// the CUDA backend's device copy of them).
 #pragma once
 
 #include <cstdint>
 
+#include "core/aligned.h"
+#include "dense/cross_net.h"
 #include "dlrm/config.pb.h"
 
 namespace dlrm::dense {
@@ -38,14 +44,25 @@ InteractionShape MakeInteractionShape(const ModelConfig& config);
 // backends run no kernel and copy nothing.
 bool InteractionIsIdentity(Interaction kind);
 
-// z [batch x output_width] from t [batch x input_width]. Not called for an
-// identity interaction.
+// z [batch x output_width] from t [batch x input_width], the training
+// forward. `cross` is the model's cross network (HostDenseParams::cross),
+// which under DCN keeps what InteractionBackward needs (t must then be
+// unchanged until it runs); the other interactions leave it alone. Not
+// called for an identity interaction.
 void InteractionForward(const InteractionShape& shape, const float* t,
-                        int64_t batch, float* z);
+                        int64_t batch, float* z, CrossNet* cross);
 // dt [batch x input_width] (overwritten) from dz [batch x output_width] and
-// the forward's t. Not called for an identity interaction.
+// the forward's t; under DCN also writes `cross`'s gradients. Not called
+// for an identity interaction.
 void InteractionBackward(const InteractionShape& shape, const float* t,
-                         const float* dz, int64_t batch, float* dt);
+                         const float* dz, int64_t batch, float* dt,
+                         CrossNet* cross);
+// The inference forward: z as InteractionForward's, keeping nothing for a
+// backward (a pending InteractionBackward stays valid); `scratch` is
+// resized as needed. Not called for an identity interaction.
+void InteractionInfer(const InteractionShape& shape, const float* t,
+                      int64_t batch, float* z, const CrossNet& cross,
+                      AlignedVector<float>* scratch);
 
 // Output width of the dot interaction.
 inline int DotInteractionDim(int n, int d) { return d + n * (n - 1) / 2; }

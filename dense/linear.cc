@@ -24,26 +24,6 @@ constexpr int64_t kRowBlock = 64;
 // region costs more than it saves (inference on a few samples).
 constexpr int64_t kParallelFloats = 1 << 14;
 
-// Row-major C = op(A) op(B) + beta * C. oneDNN's sgemm is JIT-built
-// for the running CPU (AVX-512 where present) and threads with OpenMP, the
-// same pool as the rest of the step; measured 2.2x OpenBLAS 0.3.21 on the
-// Zen 5 machines we run on, which that OpenBLAS drives with AVX2 kernels.
-// Arguments are checked by the callers, so a failure is a programming error.
-void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
-           const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-           float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const dnnl_status_t st =
-      dnnl_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  if (st != dnnl_success) {
-    std::fprintf(stderr, "dnnl_sgemm(%c, %c, %lld, %lld, %lld) failed: %d\n",
-                 trans_a, trans_b, static_cast<long long>(m),
-                 static_cast<long long>(n), static_cast<long long>(k),
-                 static_cast<int>(st));
-    std::abort();
-  }
-}
-
 // ReLU and its mask on the bits: GCC keeps float compares out of vectorized
 // loops under its default -ftrapping-math (a quiet NaN could trap), and the
 // scalar loop costs ~5x. Equal to max(v, 0) and v > 0 for every non-NaN v.
@@ -85,6 +65,25 @@ void MaskAndSum(float* dy, const float* y, int64_t begin, int64_t end, int out,
 }
 
 }  // namespace
+
+// oneDNN's sgemm is JIT-built for the running CPU (AVX-512 where present)
+// and threads with OpenMP, the same pool as the rest of the step; measured
+// 2.2x OpenBLAS 0.3.21 on the Zen 5 machines we run on, which that OpenBLAS
+// drives with AVX2 kernels.
+void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+           float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const dnnl_status_t st =
+      dnnl_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  if (st != dnnl_success) {
+    std::fprintf(stderr, "dnnl_sgemm(%c, %c, %lld, %lld, %lld) failed: %d\n",
+                 trans_a, trans_b, static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k),
+                 static_cast<int>(st));
+    std::abort();
+  }
+}
 
 Linear::Linear(int in, int out, bool relu)
     : in_(in),

@@ -1,4 +1,4 @@
-// Fully connected layers and MLPs on the CPU (OpenBLAS sgemm), with the
+// Fully connected layers and MLPs on the CPU (oneDNN sgemm), with the
 // DLRM reference's initialisation. Row-major throughout: activations are
 // [batch x features], weights [out x in] as in PyTorch.
 #pragma once
@@ -12,6 +12,14 @@
 #include "core/random.h"
 
 namespace dlrm::dense {
+
+// Row-major C [m x n] = op(A) [m x k] op(B) [k x n] + beta * C, op 'N'
+// (as stored) or 'T' (transposed), on oneDNN's sgemm, threaded with OpenMP.
+// Does nothing when m or n is 0. The callers check the shapes, so a oneDNN
+// error is a programming error: it aborts naming the call.
+void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+           float* c, int64_t ldc);
 
 // A named parameter tensor and its gradient, borrowed from the layer that
 // owns both; valid while that layer lives and is not resized.

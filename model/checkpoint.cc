@@ -108,6 +108,12 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
     return mismatch("top_mlp");
   }
   if (a.interaction() != b.interaction()) return mismatch("interaction");
+  if (a.dcn_num_layers() != b.dcn_num_layers()) {
+    return mismatch("dcn_num_layers");
+  }
+  if (a.dcn_low_rank_dim() != b.dcn_low_rank_dim()) {
+    return mismatch("dcn_low_rank_dim");
+  }
   if (a.dense_optimizer().type() != b.dense_optimizer().type()) {
     return mismatch("dense_optimizer.type");
   }
@@ -553,35 +559,60 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
 
 // ------------------------------------------------------------------ weights
 
-std::vector<TensorSpec> WeightSpecs(const ModelConfig& config,
-                                    const dense::Mlp& bottom,
-                                    const dense::Mlp& top) {
+std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
   std::vector<TensorSpec> specs;
-  for (auto [mlp, prefix] :
-       {std::pair{&bottom, "bottom_mlp"}, std::pair{&top, "top_mlp"}}) {
-    for (size_t i = 0; i < mlp->layers().size(); ++i) {
-      const dense::Linear& l = mlp->layers()[i];
-      specs.push_back({LayerName(prefix, i, "weight"), {l.out(), l.in()}});
-      specs.push_back({LayerName(prefix, i, "bias"), {l.out()}});
+  auto add_mlp = [&specs](const char* prefix, int64_t in,
+                          const google::protobuf::RepeatedField<int32_t>& w) {
+    for (int i = 0; i < w.size(); ++i) {
+      specs.push_back({LayerName(prefix, i, "weight"), {w.Get(i), in}});
+      specs.push_back({LayerName(prefix, i, "bias"), {w.Get(i)}});
+      in = w.Get(i);
+    }
+  };
+  add_mlp("bottom_mlp", config.num_dense_features(), config.bottom_mlp());
+  const int64_t width = InteractionOutputDim(config);
+  if (config.interaction() == INTERACTION_DCN) {
+    const int64_t rank = config.dcn_low_rank_dim();
+    for (int l = 0; l < config.dcn_num_layers(); ++l) {
+      specs.push_back(
+          {LayerName("interaction.crossnet", l, "V"), {rank, width}});
+      specs.push_back(
+          {LayerName("interaction.crossnet", l, "W"), {width, rank}});
+      specs.push_back({LayerName("interaction.crossnet", l, "bias"), {width}});
     }
   }
+  add_mlp("top_mlp", width, config.top_mlp());
   for (const TableConfig& t : config.tables()) {
     specs.push_back({TableWeightName(t), {t.rows(), t.dim()}});
   }
   return specs;
 }
 
-absl::StatusOr<ExportInfo> WriteWeights(const std::string& path,
-                                        const ModelConfig& config,
-                                        const dense::Mlp& bottom,
-                                        const dense::Mlp& top, int64_t step,
-                                        const TableWeightsFn& table,
-                                        FileSystem* file_system) {
-  std::vector<TensorSpec> specs = WeightSpecs(config, bottom, top);
+absl::StatusOr<ExportInfo> WriteWeights(
+    const std::string& path, const ModelConfig& config,
+    const std::vector<dense::ParamRef>& dense, int64_t step,
+    const TableWeightsFn& table, FileSystem* file_system) {
+  std::vector<TensorSpec> specs = WeightSpecs(config);
+  // The dense parameters are the specs' first tensors, in their order.
+  absl::Status status;
+  if (dense.size() + config.tables_size() != specs.size()) {
+    status = absl::InternalError(
+        absl::StrCat("weights export: ", dense.size(), " dense parameters, ",
+                     specs.size() - config.tables_size(), " expected"));
+  }
+  for (size_t i = 0; status.ok() && i < dense.size(); ++i) {
+    int64_t size = 1;
+    for (const int64_t d : specs[i].shape) size *= d;
+    if (dense[i].name != specs[i].name || dense[i].size != size) {
+      status = absl::InternalError(absl::StrCat(
+          "weights export: dense parameter ", i, " is ", dense[i].name, " of ",
+          dense[i].size, " floats, expected ", specs[i].name, " of ", size));
+    }
+  }
   ExportInfo info;
   info.step = step;
   info.tensors = static_cast<int64_t>(specs.size());
-  absl::Status status = file_system->CreateDirectories(ParentOf(path));
+  if (status.ok()) status = file_system->CreateDirectories(ParentOf(path));
   std::unique_ptr<SafetensorsWriter> writer;
   if (status.ok()) {
     absl::StatusOr<std::unique_ptr<SafetensorsWriter>> created =
@@ -592,12 +623,9 @@ absl::StatusOr<ExportInfo> WriteWeights(const std::string& path,
     status = created.status();
     if (status.ok()) writer = *std::move(created);
   }
-  for (const dense::Mlp* mlp : {&bottom, &top}) {
-    for (const dense::Linear& l : mlp->layers()) {
-      if (!status.ok()) break;
-      status = writer->Append(l.weight());
-      if (status.ok()) status = writer->Append(l.bias());
-    }
+  for (const dense::ParamRef& p : dense) {
+    if (!status.ok()) break;
+    status = writer->Append(p.value);
   }
   std::vector<float> scratch;
   for (int k = 0; k < config.tables_size(); ++k) {
@@ -618,8 +646,8 @@ absl::StatusOr<ExportInfo> ExportSafetensors(Model& model,
   RETURN_IF_ERROR(CheckWholeTables(model));
   const std::string tmp = TemporaryPath(path);
   absl::StatusOr<ExportInfo> info =
-      WriteWeights(tmp, model.config(), model.bottom(), model.top(),
-                   model.steps(), ModelTables(model), file_system);
+      WriteWeights(tmp, model.config(), model.dense_params(), model.steps(),
+                   ModelTables(model), file_system);
   if (info.ok()) {
     const absl::Status committed = CommitFile(tmp, path, file_system);
     if (!committed.ok()) info = committed;

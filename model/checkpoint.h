@@ -124,13 +124,14 @@ std::string TemporaryPath(const std::string& path);
 // ---- Weights: the export for PyTorch (docs/server.md "Weights export"),
 // also a checkpoint's model.safetensors.
 
-// The weight tensors in file order: each layer i of the bottom, then the
-// top MLP, "<bottom_mlp|top_mlp>.<i>.weight" [out, in] and ".bias" [out];
-// then each table in config order, "embedding_bags.<name>.weight" [rows,
-// dim]. All float32, row-major.
-std::vector<TensorSpec> WeightSpecs(const ModelConfig& config,
-                                    const dense::Mlp& bottom,
-                                    const dense::Mlp& top);
+// The weight tensors of a model of `config` (normalised) in file order: the
+// dense parameters in the dense backend's order (each layer i of the bottom
+// MLP, "bottom_mlp.<i>.weight" [out, in] and ".bias" [out]; under DCN each
+// cross layer l, "interaction.crossnet.<l>.V" [r, N], ".W" [N, r] and
+// ".bias" [N]; the top MLP's layers as the bottom's, "top_mlp...."); then
+// each table in config order, "embedding_bags.<name>.weight" [rows, dim].
+// All float32, row-major.
+std::vector<TensorSpec> WeightSpecs(const ModelConfig& config);
 
 // Table k's weights, rows x dim row-major: a pointer into the model (valid
 // until the next call), or into `*scratch` after filling it (rows read
@@ -144,15 +145,16 @@ struct ExportInfo {
   int64_t tensors = 0;
 };
 
-// Writes the weights of a model of `config` with the MLPs `bottom` and
-// `top` to the safetensors file `path` (replacing it, creating its
-// directory; metadata "format": "dlrm-server", "step"), one table in memory
-// at a time. `table` is called for every table, in order, even after an
-// error (ranks gather tables together); the first error is returned, the
-// file system's naming the path.
+// Writes the weights of a model of `config` with the dense parameters
+// `dense` (Model::dense_params(), WeightSpecs' dense tensors in their order)
+// to the safetensors file `path` (replacing it, creating its directory;
+// metadata "format": "dlrm-server", "step"), one table in memory at a time.
+// `table` is called for every table, in order, even after an error (ranks
+// gather tables together); the first error is returned, the file system's
+// naming the path; Internal when `dense` is not WeightSpecs' list.
 absl::StatusOr<ExportInfo> WriteWeights(
     const std::string& path, const ModelConfig& config,
-    const dense::Mlp& bottom, const dense::Mlp& top, int64_t step,
+    const std::vector<dense::ParamRef>& dense, int64_t step,
     const TableWeightsFn& table, FileSystem* file_system = DefaultFileSystem());
 
 // Writes the weights of a one-process model (every table whole on its one

@@ -766,12 +766,7 @@ absl::StatusOr<uint64_t> Model::WeightChecksum() {
       h = Mix64(h ^ bits);
     }
   };
-  for (const dense::Mlp* mlp : {&bottom(), &top()}) {
-    for (const dense::Linear& l : mlp->layers()) {
-      add(l.weight(), static_cast<int64_t>(l.in()) * l.out());
-      add(l.bias(), l.out());
-    }
-  }
+  for (const dense::ParamRef& p : dense_params()) add(p.value, p.size);
   std::vector<float> table;
   for (int k = 0; k < config_.tables_size(); ++k) {
     RETURN_IF_ERROR(GatherTable(k, &table));

@@ -160,9 +160,10 @@ class Model {
   // This rank's shards (data-parallel replicas included), in table then
   // shard order.
   std::vector<ShardState> LocalShards();
-  // The MLPs' parameters ("bottom_mlp.0.weight", ...) and their optimizer,
-  // in host memory: the dense backend's host view (dense/backend.h), which
-  // a restore may write.
+  // The dense parameters ("bottom_mlp.0.weight", ..., under DCN
+  // "interaction.crossnet.0.V", ..., then "top_mlp....") and their
+  // optimizer, in host memory: the dense backend's host view
+  // (dense/backend.h), which a restore may write.
   const std::vector<dense::ParamRef>& dense_params() const {
     return dense_->params();
   }

@@ -667,7 +667,7 @@ absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
   // collectives; a rank's read error is shared by the agreement below.
   absl::Status gathered;
   absl::StatusOr<model::ExportInfo> info = model::WriteWeights(
-      tmp, model_->config(), model_->bottom(), model_->top(), model_->steps(),
+      tmp, model_->config(), model_->dense_params(), model_->steps(),
       [&](int k, std::vector<float>* table) -> absl::StatusOr<const float*> {
         const absl::Status s = model_->GatherTable(k, table);
         if (!s.ok() && gathered.ok()) gathered = s;

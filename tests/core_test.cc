@@ -214,6 +214,66 @@ TEST(ConfigTest, ParameterCounts) {
   EXPECT_EQ(DenseParameterCount(*c), bottom + top);
 }
 
+// INTERACTION_DCN: the MLPerf DLRM-DCNv2 reference's 3 layers of rank 512
+// by default, the input's width out, the cross parameters counted; the two
+// fields checked and named, and refused with another interaction (which
+// would ignore them).
+TEST(ConfigTest, DcnDefaultsChecksAndCounts) {
+  const std::string base =
+      "num_dense_features: 4 embedding_dim: 8 tables { name: 'a' rows: 10 } "
+      "tables { name: 'b' rows: 20 dim: 4 } bottom_mlp: [16, 8] "
+      "top_mlp: [6, 1] ";
+  auto load = [&](const std::string& extra) {
+    auto parsed = ParseModelConfigText(base + extra);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return NormalizeModelConfig(*parsed);
+  };
+  auto dcn = load("interaction: INTERACTION_DCN");
+  ASSERT_TRUE(dcn.ok()) << dcn.status();
+  EXPECT_EQ(dcn->dcn_num_layers(), 3);
+  EXPECT_EQ(dcn->dcn_low_rank_dim(), 512);
+  // Tables of other dims than the bottom MLP's output are fine: the cross
+  // network runs over the concatenation, 8 + 8 + 4 wide.
+  EXPECT_EQ(InteractionOutputDim(*dcn), 20);
+  const int64_t mlps = 4 * 16 + 16 + 16 * 8 + 8 + 20 * 6 + 6 + 6 + 1;
+  EXPECT_EQ(DenseParameterCount(*dcn), mlps + 3 * (2 * 20 * 512 + 20));
+  auto set = load(
+      "interaction: INTERACTION_DCN dcn_num_layers: 2 dcn_low_rank_dim: 5");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->dcn_num_layers(), 2);
+  EXPECT_EQ(set->dcn_low_rank_dim(), 5);
+  EXPECT_EQ(DenseParameterCount(*set), mlps + 2 * (2 * 20 * 5 + 20));
+  // Normalising again changes nothing.
+  auto again = NormalizeModelConfig(*set);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->DebugString(), set->DebugString());
+  // Other interactions print as before: no DCN fields set.
+  auto cat = load("interaction: INTERACTION_CAT");
+  ASSERT_TRUE(cat.ok()) << cat.status();
+  EXPECT_EQ(cat->dcn_num_layers(), 0);
+  EXPECT_EQ(cat->dcn_low_rank_dim(), 0);
+
+  struct Case {
+    std::string extra, field;
+  };
+  const Case bad[] = {
+      {"interaction: INTERACTION_DCN dcn_num_layers: -1", "dcn_num_layers"},
+      {"interaction: INTERACTION_DCN dcn_num_layers: 65", "dcn_num_layers"},
+      {"interaction: INTERACTION_DCN dcn_low_rank_dim: -3", "dcn_low_rank_dim"},
+      {"interaction: INTERACTION_DCN dcn_low_rank_dim: 65537",
+       "dcn_low_rank_dim"},
+      {"interaction: INTERACTION_CAT dcn_num_layers: 2", "dcn_num_layers"},
+      {"interaction: INTERACTION_CAT dcn_low_rank_dim: 64", "dcn_low_rank_dim"},
+  };
+  for (const Case& c : bad) {
+    auto n = load(c.extra);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.extra << ": " << n.status();
+    EXPECT_NE(n.status().message().find(c.field), std::string::npos)
+        << n.status() << " should name " << c.field;
+  }
+}
+
 // The device: "cpu" / "cuda" from a flag, DEVICE_CPU unless the config
 // says otherwise, an empty flag keeps the config's.
 TEST(ConfigTest, Device) {

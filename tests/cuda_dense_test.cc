@@ -1,6 +1,7 @@
 // Tests for dense/cuda/: Linear forward/backward through cuBLASLt and
-// cuBLAS, the dot interaction and BCE-with-logits against the CPU layers on
-// random inputs; the CUDA dense backend against the CPU one. Skipped without
+// cuBLAS, the dot interaction, DCN's cross network and BCE-with-logits
+// against the CPU layers on random inputs; the CUDA dense backend against
+// the CPU one. Skipped without
 // a CUDA device, except the argument checks.
 #include "dense/cuda/cuda_dense.h"
 
@@ -17,6 +18,7 @@
 #include "core/cuda/cuda_raii.h"
 #include "core/random.h"
 #include "dense/backend.h"
+#include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
 #include "dense/loss.h"
@@ -197,6 +199,113 @@ INSTANTIATE_TEST_SUITE_P(
                       InteractionCase{5, 1, 8}, InteractionCase{3, 2, 3},
                       InteractionCase{17, 9, 7}, InteractionCase{0, 27, 16}),
     [](const ::testing::TestParamInfo<InteractionCase>& info) {
+      return Name(info.param);
+    });
+
+struct CrossCase {
+  int64_t batch;
+  int n, layers, r;
+};
+
+std::string Name(const CrossCase& c) {
+  return absl::StrCat("b", c.batch, "_n", c.n, "_l", c.layers, "_r", c.r);
+}
+void PrintTo(const CrossCase& c, std::ostream* os) { *os << Name(c); }
+
+class CudaCrossNetTest : public ::testing::TestWithParam<CrossCase> {};
+
+// DeviceCrossNet against dense::CrossNet (the CPU reference) with the same
+// parameters: the training forward, the inference forward, the backward's
+// input gradient and every parameter gradient. GEMMs sum in another order:
+// 1e-4 of the scale (the bias gradient is summed in the CPU's order, but
+// from inputs that already differ in the last bits).
+TEST_P(CudaCrossNetTest, MatchesCpuCrossNet) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const CrossCase c = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  Rng rng(kCudaTestSeed + c.n * 7 + c.r);
+  CrossNet cpu(c.n, c.layers, c.r);
+  cpu.Init(&rng);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::vector<float> b = RandomFloats(rng, c.n);
+    std::copy(b.begin(), b.end(), cpu.bias(l));
+  }
+  const std::vector<float> x0 = RandomFloats(rng, c.batch * c.n);
+  const std::vector<float> dout = RandomFloats(rng, c.batch * c.n);
+  std::vector<float> out(c.batch * c.n), dx0(c.batch * c.n);
+  cpu.Forward(x0.data(), c.batch, out.data());
+  cpu.Backward(x0.data(), dout.data(), c.batch, dx0.data());
+
+  auto stream = dlrm::cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto ctx = BlasContext::Create(stream->get());
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto gpu = DeviceCrossNet::Create(c.n, c.layers, c.r);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const size_t matrix = static_cast<size_t>(c.n) * c.r;
+  for (int l = 0; l < c.layers; ++l) {
+    ASSERT_TRUE((*gpu)->v(l) != nullptr);
+    ASSERT_EQ(cudaMemcpy((*gpu)->v(l), cpu.v(l), sizeof(float) * matrix,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy((*gpu)->w(l), cpu.w(l), sizeof(float) * matrix,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy((*gpu)->bias(l), cpu.bias(l), sizeof(float) * c.n,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  auto x0_d = ToDevice(x0);
+  auto dout_d = ToDevice(dout);
+  auto out_d = Poisoned(out.size());
+  auto infer_d = Poisoned(out.size());
+  auto dx0_d = Poisoned(dx0.size());
+  dlrm::cuda::DeviceBuffer<float> scratch;
+  ASSERT_TRUE(
+      (*gpu)->Forward(ctx->get(), x0_d.data(), c.batch, out_d.data()).ok());
+  ASSERT_TRUE(
+      (*gpu)
+          ->Infer(ctx->get(), x0_d.data(), c.batch, infer_d.data(), &scratch)
+          .ok());
+  ASSERT_TRUE((*gpu)
+                  ->Backward(ctx->get(), x0_d.data(), dout_d.data(), c.batch,
+                             dx0_d.data())
+                  .ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ExpectCloseToScale(ToHost(out_d, out.size()), out, 1e-4, "x_L");
+  // The same kernels and GEMM shapes as the training forward.
+  ExpectCloseToScale(ToHost(infer_d, out.size()), ToHost(out_d, out.size()),
+                     1e-6, "inference x_L");
+  ExpectCloseToScale(ToHost(dx0_d, dx0.size()), dx0, 1e-4, "dx0");
+  auto grad = [&](float* device, size_t n) {
+    std::vector<float> host(n);
+    EXPECT_EQ(cudaMemcpy(host.data(), device, sizeof(float) * n,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  };
+  for (int l = 0; l < c.layers; ++l) {
+    SCOPED_TRACE(::testing::Message() << "layer " << l);
+    ExpectCloseToScale(
+        grad((*gpu)->v_grad(l), matrix),
+        std::vector<float>(cpu.v_grad(l), cpu.v_grad(l) + matrix), 1e-4, "dV");
+    ExpectCloseToScale(
+        grad((*gpu)->w_grad(l), matrix),
+        std::vector<float>(cpu.w_grad(l), cpu.w_grad(l) + matrix), 1e-4, "dW");
+    ExpectCloseToScale(
+        grad((*gpu)->bias_grad(l), c.n),
+        std::vector<float>(cpu.bias_grad(l), cpu.bias_grad(l) + c.n), 1e-4,
+        "db");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaCrossNetTest,
+    ::testing::Values(CrossCase{256, 432, 3, 128},  // 27 vectors of 16
+                      CrossCase{130, 40, 2, 64},    // rank above the width
+                      CrossCase{7, 16, 1, 4}, CrossCase{65, 12, 4, 3},
+                      CrossCase{0, 16, 3, 4}),
+    [](const ::testing::TestParamInfo<CrossCase>& info) {
       return Name(info.param);
     });
 
@@ -397,7 +506,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{INTERACTION_DOT, OptimizerConfig::ADAGRAD},
                       BackendCase{INTERACTION_DOT, OptimizerConfig::ADAM},
                       BackendCase{INTERACTION_CAT, OptimizerConfig::SGD},
-                      BackendCase{INTERACTION_CAT, OptimizerConfig::ADAM}),
+                      BackendCase{INTERACTION_CAT, OptimizerConfig::ADAM},
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::SGD},
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::ADAGRAD},
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::ADAM}),
     [](const ::testing::TestParamInfo<BackendCase>& info) {
       return Name(info.param);
     });

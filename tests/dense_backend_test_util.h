@@ -20,8 +20,9 @@
 
 namespace dlrm::testing {
 
-// A small normalised config: 3 tables of dim 4, `interaction`, `optimizer`
-// for the dense parameters.
+// A small normalised config: 3 tables of dim 4, `interaction` (DCN: 2
+// cross layers of rank 5 over the 16-wide input), `optimizer` for the
+// dense parameters.
 inline ModelConfig DenseBackendConfig(Interaction interaction,
                                       OptimizerConfig::Type optimizer) {
   ModelConfig c;
@@ -35,6 +36,10 @@ inline ModelConfig DenseBackendConfig(Interaction interaction,
   for (int w : {8, 4}) c.add_bottom_mlp(w);
   for (int w : {6, 3, 1}) c.add_top_mlp(w);
   c.set_interaction(interaction);
+  if (interaction == INTERACTION_DCN) {
+    c.set_dcn_num_layers(2);
+    c.set_dcn_low_rank_dim(5);
+  }
   c.mutable_dense_optimizer()->set_type(optimizer);
   c.mutable_dense_optimizer()->set_learning_rate(0.05f);
   c.set_seed(7);

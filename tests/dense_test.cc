@@ -1,6 +1,7 @@
 // Tests for dense/: Linear and Mlp (naive loops and finite differences), the
-// dot interaction (against its reference), BCE loss, the optimizers, and
-// the CPU dense backend (against the layers composed by hand).
+// dot interaction (against its reference), DCN's cross network (against its
+// double reference and its finite differences), BCE loss, the optimizers,
+// and the CPU dense backend (against the layers composed by hand).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -18,6 +19,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "dense/backend.h"
+#include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
 #include "dense/loss.h"
@@ -460,6 +462,186 @@ TEST(InteractionTest, Deterministic) {
   DotInteractionBackward(t.data(), dz.data(), batch, n, d, dt2.data());
   EXPECT_TRUE(BitwiseEqual(z1.data(), z2.data(), z1.size()));
   EXPECT_TRUE(BitwiseEqual(dt1.data(), dt2.data(), dt1.size()));
+}
+
+// ---------------------------------------------------------------- CrossNet
+
+// A cross network with random parameters, biases included (Init leaves
+// them zero, which would hide a bias bug).
+CrossNet RandomCrossNet(int n, int layers, int r, Rng* rng) {
+  CrossNet net(n, layers, r);
+  net.Init(rng);
+  for (int l = 0; l < layers; ++l) {
+    for (int c = 0; c < n; ++c) {
+      net.bias(l)[c] = static_cast<float>(rng->Normal() * 0.5);
+    }
+  }
+  return net;
+}
+
+// The gradients of every parameter of `net`, in Parameters' order.
+std::vector<float> CrossGrads(CrossNet& net) {
+  std::vector<float> g;
+  for (const ParamRef& p : net.Parameters("x")) {
+    g.insert(g.end(), p.grad, p.grad + p.size);
+  }
+  return g;
+}
+
+TEST(CrossNetTest, InitIsXavierNormalAndParametersAreNamed) {
+  Rng rng = SeededRng(44);
+  const int n = 96, r = 32;
+  CrossNet net(n, 3, r);
+  net.Init(&rng);
+  const double want = std::sqrt(2.0 / (n + r));
+  for (int l = 0; l < 3; ++l) {
+    for (const float* m : {net.v(l), net.w(l)}) {
+      double sum = 0, sq = 0;
+      for (int i = 0; i < n * r; ++i) {
+        sum += m[i];
+        sq += static_cast<double>(m[i]) * m[i];
+      }
+      // 3072 draws: the sample std is within ~1.3% of the true one (1
+      // sigma), the mean within ~0.0023 (1 sigma); 4 sigma bounds.
+      EXPECT_NEAR(std::sqrt(sq / (n * r)), want, 0.052 * want);
+      EXPECT_NEAR(sum / (n * r), 0.0, 4 * want / std::sqrt(n * r));
+    }
+    for (int c = 0; c < n; ++c) ASSERT_EQ(net.bias(l)[c], 0.0f);
+  }
+  // The same seed draws the same values.
+  Rng again = SeededRng(44);
+  CrossNet twin(n, 3, r);
+  twin.Init(&again);
+  EXPECT_TRUE(BitwiseEqual(net.v(2), twin.v(2), n * r));
+  EXPECT_TRUE(BitwiseEqual(net.w(2), twin.w(2), n * r));
+
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  for (const ParamRef& p : net.Parameters("interaction.crossnet")) {
+    names.push_back(p.name);
+    sizes.push_back(p.size);
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "interaction.crossnet.0.V", "interaction.crossnet.0.W",
+                "interaction.crossnet.0.bias", "interaction.crossnet.1.V",
+                "interaction.crossnet.1.W", "interaction.crossnet.1.bias",
+                "interaction.crossnet.2.V", "interaction.crossnet.2.W",
+                "interaction.crossnet.2.bias"}));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{n * r, n * r, n, n * r, n * r, n,
+                                         n * r, n * r, n}));
+  EXPECT_TRUE(CrossNet(16, 0, 0).Parameters("x").empty());
+}
+
+// Forward and Infer against the double reference on random inputs, for
+// shapes with one and several row blocks, a rank above the width, one
+// layer and one sample. Tolerance 1e-4 (1 + |ref|): each map sums at most
+// 64 float products and the layers compound that to ~1e-6 relative; a
+// wrong index or a missing term is off by O(1).
+TEST(CrossNetTest, ForwardAndInferMatchReference) {
+  Rng rng = SeededRng(45);
+  struct Shape {
+    int n, layers, r;
+    int64_t batch;
+  };
+  for (Shape s : {Shape{16, 3, 4, 37}, Shape{7, 1, 3, 1}, Shape{40, 2, 64, 130},
+                  Shape{64, 3, 16, 200}, Shape{5, 4, 2, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
+                                      << " r " << s.r << " batch " << s.batch);
+    CrossNet net = RandomCrossNet(s.n, s.layers, s.r, &rng);
+    const std::vector<float> x0 = RandomVector(&rng, s.batch * s.n);
+    // Guard values after the outputs catch writes past the end.
+    std::vector<float> out(s.batch * s.n + 1, 7.0f),
+        infer(s.batch * s.n + 1, 7.0f);
+    net.Forward(x0.data(), s.batch, out.data());
+    AlignedVector<float> scratch;
+    net.Infer(x0.data(), s.batch, infer.data(), &scratch);
+    EXPECT_EQ(out.back(), 7.0f);
+    EXPECT_EQ(infer.back(), 7.0f);
+    const std::vector<double> want =
+        reference::CrossNetForward(net, x0.data(), s.batch);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(out[i], want[i], 1e-4 * (1 + std::fabs(want[i])))
+          << "x_L " << i;
+    }
+    // Infer runs the training forward's arithmetic.
+    EXPECT_TRUE(BitwiseEqual(out.data(), infer.data(), want.size()));
+  }
+}
+
+// Backward against central differences of the double reference: the loss
+// is sum(c * x_L). x_L is linear in each single parameter (every layer is
+// linear in its x_l and in its own V, W, b), so the parameters' differences
+// are exact up to double rounding; in x_0 it is a polynomial of degree L +
+// 1, whose differences with a step of 1e-3 are off by ~1e-7 relative. The
+// float backward's rounding (~1e-6) dominates: tolerance 1e-4 (1 + |g|).
+TEST(CrossNetTest, GradientsMatchFiniteDifferencesOfTheReference) {
+  Rng rng = SeededRng(46);
+  struct Shape {
+    int n, layers, r;
+    int64_t batch;
+  };
+  for (Shape s : {Shape{6, 3, 2, 3}, Shape{4, 2, 5, 2}, Shape{5, 1, 3, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
+                                      << " r " << s.r << " batch " << s.batch);
+    CrossNet net = RandomCrossNet(s.n, s.layers, s.r, &rng);
+    std::vector<float> x0 = RandomVector(&rng, s.batch * s.n);
+    const std::vector<float> c = RandomVector(&rng, s.batch * s.n);
+    std::vector<float> out(s.batch * s.n), dx0(s.batch * s.n, 9.0f);
+    net.Forward(x0.data(), s.batch, out.data());
+    net.Backward(x0.data(), c.data(), s.batch, dx0.data());
+    auto loss = [&] {
+      const std::vector<double> y =
+          reference::CrossNetForward(net, x0.data(), s.batch);
+      double sum = 0;
+      for (size_t i = 0; i < y.size(); ++i) sum += c[i] * y[i];
+      return sum;
+    };
+    auto expect = [](double analytic, double numeric, const std::string& what) {
+      EXPECT_NEAR(analytic, numeric, 1e-4 * (1 + std::fabs(numeric))) << what;
+    };
+    for (size_t i = 0; i < x0.size(); ++i) {
+      expect(dx0[i], NumericalGradient(&x0[i], 1e-3f, loss),
+             "x0 " + std::to_string(i));
+    }
+    for (const ParamRef& p : net.Parameters("cross")) {
+      for (int64_t i = 0; i < p.size; ++i) {
+        expect(p.grad[i], NumericalGradient(&p.value[i], 1e-3f, loss),
+               p.name + "[" + std::to_string(i) + "]");
+      }
+    }
+  }
+}
+
+// Same inputs, same bits (the bias gradient's block sums, the GEMMs); an
+// Infer between Forward and Backward changes nothing; a batch of 0 zeroes
+// the gradients.
+TEST(CrossNetTest, DeterministicAndInferLeavesTrainingStateAlone) {
+  Rng rng = SeededRng(47);
+  const int n = 48, layers = 3, r = 16;
+  const int64_t batch = 300;
+  CrossNet net = RandomCrossNet(n, layers, r, &rng);
+  const std::vector<float> x0 = RandomVector(&rng, batch * n);
+  const std::vector<float> other = RandomVector(&rng, 50 * n);
+  const std::vector<float> dout = RandomVector(&rng, batch * n);
+  std::vector<float> out1(batch * n), out2(batch * n), dx1(batch * n),
+      dx2(batch * n), infer(50 * n);
+  net.Forward(x0.data(), batch, out1.data());
+  net.Backward(x0.data(), dout.data(), batch, dx1.data());
+  const std::vector<float> g1 = CrossGrads(net);
+  net.Forward(x0.data(), batch, out2.data());
+  AlignedVector<float> scratch;
+  net.Infer(other.data(), 50, infer.data(), &scratch);
+  net.Backward(x0.data(), dout.data(), batch, dx2.data());
+  const std::vector<float> g2 = CrossGrads(net);
+  EXPECT_TRUE(BitwiseEqual(out1.data(), out2.data(), out1.size()));
+  EXPECT_TRUE(BitwiseEqual(dx1.data(), dx2.data(), dx1.size()));
+  ASSERT_EQ(g1.size(), g2.size());
+  EXPECT_TRUE(BitwiseEqual(g1.data(), g2.data(), g1.size()));
+
+  net.Forward(x0.data(), 0, out1.data());
+  net.Backward(x0.data(), dout.data(), 0, dx1.data());
+  for (float g : CrossGrads(net)) ASSERT_EQ(g, 0.0f);
 }
 
 // ---------------------------------------------------------------- Loss
@@ -955,12 +1137,17 @@ TEST(DenseBackendTest, InteractionShapes) {
   EXPECT_EQ(cat.input_width, 16);
   EXPECT_EQ(cat.output_width, 16);
   EXPECT_TRUE(InteractionIsIdentity(INTERACTION_CAT));
+  const InteractionShape dcn = MakeInteractionShape(
+      DenseBackendConfig(INTERACTION_DCN, OptimizerConfig::SGD));
+  EXPECT_EQ(dcn.input_width, 16);
+  EXPECT_EQ(dcn.output_width, 16);
+  EXPECT_FALSE(InteractionIsIdentity(INTERACTION_DCN));
 }
 
 // The CPU backend's step is the layers composed by hand, bit for bit: the
 // numbers model::Model's step had before the backend existed.
 TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
-  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT}) {
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT, INTERACTION_DCN}) {
     for (auto type :
          {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD, OptimizerConfig::ADAM,
           OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
@@ -995,6 +1182,7 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
           z.resize(n * s.output_width);
           DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
         }
+        if (kind == INTERACTION_DCN) p.cross.Forward(t.data(), n, z.data());
         const float* logits = p.top.Forward(z.data(), n);
         std::vector<float> dlogits(n);
         const double loss = BceWithLogits(logits, in.labels.data(), n, 1.0f / n,
@@ -1006,6 +1194,9 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
           dt.resize(n * s.input_width);
           DotInteractionBackward(t.data(), dz.data(), n, s.num_vectors, s.dim,
                                  dt.data());
+        }
+        if (kind == INTERACTION_DCN) {
+          p.cross.Backward(t.data(), dz.data(), n, dt.data());
         }
         std::vector<float> dbottom(n * s.dim);
         for (int64_t l = 0; l < n; ++l) {
@@ -1049,6 +1240,7 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
           z.resize(n * s.output_width);
           DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
         }
+        if (kind == INTERACTION_DCN) p.cross.Forward(t.data(), n, z.data());
         const float* out = p.top.Forward(z.data(), n);
         for (int64_t l = 0; l < n; ++l) {
           EXPECT_EQ(got->probs[l], Sigmoid(out[l])) << "sample " << l;
@@ -1114,19 +1306,89 @@ TEST(DenseBackendTest, ParametersAndGradientBuckets) {
   }
 }
 
+// Under DCN the cross network's parameters follow the bottom MLP's and
+// join its bucket: their gradients are final only after
+// InteractionBackward, while the top bucket may be all-reduced from
+// TopBackward on. They start as TorchRec's (xavier-normal V and W, zero
+// biases), drawn after the MLPs.
+TEST(DenseBackendTest, CrossNetParametersJoinTheBottomBucket) {
+  const ModelConfig config =
+      DenseBackendConfig(INTERACTION_DCN, OptimizerConfig::ADAM);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  DenseBackend& b = **backend;
+  const std::vector<ParamRef>& params = b.params();
+  std::vector<std::string> names;
+  for (const ParamRef& p : params) names.push_back(p.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "bottom_mlp.0.weight", "bottom_mlp.0.bias",
+                "bottom_mlp.1.weight", "bottom_mlp.1.bias",
+                "interaction.crossnet.0.V", "interaction.crossnet.0.W",
+                "interaction.crossnet.0.bias", "interaction.crossnet.1.V",
+                "interaction.crossnet.1.W", "interaction.crossnet.1.bias",
+                "top_mlp.0.weight", "top_mlp.0.bias", "top_mlp.1.weight",
+                "top_mlp.1.bias", "top_mlp.2.weight", "top_mlp.2.bias"}));
+  EXPECT_EQ(params[4].size, 5 * 16);
+  EXPECT_EQ(params[5].size, 16 * 5);
+  EXPECT_EQ(params[6].size, 16);
+  for (int64_t i = 0; i < params[6].size; ++i) {
+    ASSERT_EQ(params[6].value[i], 0.0f);
+  }
+  EXPECT_EQ(b.optimizer().State().size(), 2 * params.size());
+  // The MLPs start as the cat model's of the same seed (the same widths):
+  // the cross network draws after them.
+  auto cat_backend = CreateDenseBackend(
+      DenseBackendConfig(INTERACTION_CAT, OptimizerConfig::ADAM));
+  ASSERT_TRUE(cat_backend.ok()) << cat_backend.status();
+  const std::vector<ParamRef>& cat = (*cat_backend)->params();
+  ASSERT_EQ(cat.size(), params.size() - 6);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(BitwiseEqual(params[i].value, cat[i].value, params[i].size))
+        << params[i].name;
+  }
+  for (size_t i = 10; i < params.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(params[i].value, cat[i - 6].value, params[i].size))
+        << params[i].name;
+  }
+
+  Rng rng = SeededRng(90);
+  ASSERT_TRUE(RunDenseStep(b, RandomDenseStep(config, 9, rng)).ok());
+  const std::pair<GradBucket, std::pair<size_t, size_t>> buckets[] = {
+      {GradBucket::kBottom, {0, 10}},
+      {GradBucket::kTop, {10, 16}},
+      {GradBucket::kAll, {0, 16}}};
+  for (const auto& [bucket, range] : buckets) {
+    auto flat = b.PackGradients(bucket, 0);
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    std::vector<float> expected;
+    for (size_t i = range.first; i < range.second; ++i) {
+      expected.insert(expected.end(), params[i].grad,
+                      params[i].grad + params[i].size);
+    }
+    ASSERT_EQ(flat->size(), expected.size());
+    EXPECT_TRUE(BitwiseEqual(flat->data(), expected.data(), expected.size()));
+    ASSERT_TRUE(b.UnpackGradients(bucket).ok());
+  }
+}
+
 // A rank with no local samples still takes part: every call succeeds and
 // the gradients are zero.
 TEST(DenseBackendTest, EmptyBatch) {
-  const ModelConfig config =
-      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::SGD);
-  auto backend = CreateDenseBackend(config);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  Rng rng = SeededRng(97);
-  auto r = RunDenseStep(**backend, RandomDenseStep(config, 0, rng));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->dt.empty());
-  EXPECT_TRUE(r->probs.empty());
-  for (float g : r->grads) ASSERT_EQ(g, 0.0f);
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_DCN}) {
+    SCOPED_TRACE(Interaction_Name(kind));
+    const ModelConfig config = DenseBackendConfig(kind, OptimizerConfig::SGD);
+    auto backend = CreateDenseBackend(config);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    Rng rng = SeededRng(97);
+    // A step with samples first, so the gradients are not zero by chance.
+    ASSERT_TRUE(RunDenseStep(**backend, RandomDenseStep(config, 5, rng)).ok());
+    auto r = RunDenseStep(**backend, RandomDenseStep(config, 0, rng));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->dt.empty());
+    EXPECT_TRUE(r->probs.empty());
+    for (float g : r->grads) ASSERT_EQ(g, 0.0f);
+  }
 }
 
 // Asking for CUDA where there is no GPU is a clear FailedPrecondition that

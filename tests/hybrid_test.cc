@@ -77,12 +77,17 @@ ModelConfig TestConfig() {
 //   processes and trains its last 4 steps;
 // - adagrad: row-wise Adagrad on the tables instead of Adam;
 // - lamb, lars: LAMB or LARS on the dense parameters, with a warm-up and a
-//   decay on both optimizers (LearningRateSchedule).
+//   decay on both optimizers (LearningRateSchedule);
+// - dcn: the DCN interaction (2 cross layers of rank 6 over the 80-wide
+//   input) instead of dot;
+// - dense_adagrad, dense_adam: that optimizer for the dense parameters
+//   instead of SGD.
 struct Scenario {
   std::string kind;
   bool overlap = false, host = false, rocksdb = false, prefetch = false,
        prefetch0 = false, overcap = false, ckpt = false, resume = false,
-       adagrad = false, lamb = false, lars = false;
+       adagrad = false, lamb = false, lars = false, dcn = false,
+       dense_adagrad = false, dense_adam = false;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
 };
@@ -105,6 +110,9 @@ Scenario ParseScenario(const std::string& text) {
     s.adagrad |= mod == "adagrad";
     s.lamb |= mod == "lamb";
     s.lars |= mod == "lars";
+    s.dcn |= mod == "dcn";
+    s.dense_adagrad |= mod == "dense_adagrad";
+    s.dense_adam |= mod == "dense_adam";
     at = next;
   }
   return s;
@@ -138,6 +146,19 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
   ModelConfig c = sc.big() ? RocksDbTestConfig() : TestConfig();
   if (sc.adagrad) {
     c.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAGRAD);
+  }
+  if (sc.dcn) {
+    c.set_interaction(INTERACTION_DCN);
+    c.set_dcn_num_layers(2);
+    c.set_dcn_low_rank_dim(6);
+  }
+  if (sc.dense_adagrad || sc.dense_adam) {
+    c.mutable_dense_optimizer()->Clear();
+    c.mutable_dense_optimizer()->set_type(
+        sc.dense_adam ? OptimizerConfig::ADAM : OptimizerConfig::ADAGRAD);
+    c.mutable_dense_optimizer()->set_learning_rate(0.01f);
+  }
+  if (sc.adagrad || sc.dcn || sc.dense_adagrad || sc.dense_adam) {
     auto normalised = NormalizeModelConfig(c);
     EXPECT_TRUE(normalised.ok()) << normalised.status();
     c = *normalised;
@@ -253,11 +274,11 @@ struct Report {
   std::vector<std::vector<float>> tables;
 };
 
-void AppendDense(const dense::Mlp& mlp, std::vector<float>* out) {
-  for (const dense::Linear& l : mlp.layers()) {
-    out->insert(out->end(), l.weight(),
-                l.weight() + static_cast<int64_t>(l.in()) * l.out());
-    out->insert(out->end(), l.bias(), l.bias() + l.out());
+// Every dense parameter of `m` (the MLPs' and DCN's cross network's), in
+// order.
+void AppendDense(Model& m, std::vector<float>* out) {
+  for (const dense::ParamRef& p : m.dense_params()) {
+    out->insert(out->end(), p.value, p.value + p.size);
   }
 }
 
@@ -313,8 +334,7 @@ struct WorkerArgs {
 // Every dense weight and every table gathered whole (collective).
 absl::Status Snapshot(Model& m, Report* report) {
   report->dense.clear();
-  AppendDense(m.bottom(), &report->dense);
-  AppendDense(m.top(), &report->dense);
+  AppendDense(m, &report->dense);
   report->tables.clear();
   for (int k = 0; k < m.config().tables_size(); ++k) {
     report->tables.emplace_back();
@@ -592,8 +612,7 @@ Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
     EXPECT_TRUE(step.ok()) << step.status();
     r.losses.push_back(step->loss);
   }
-  AppendDense((*m)->bottom(), &r.dense);
-  AppendDense((*m)->top(), &r.dense);
+  AppendDense(**m, &r.dense);
   for (int k = 0; k < (*m)->config().tables_size(); ++k) {
     const embedding::EmbeddingTable* t = (*m)->WholeHostTable(k);
     r.tables.emplace_back(t->weights(), t->weights() + t->rows() * t->dim());
@@ -697,6 +716,17 @@ std::vector<Case> Cases() {
   for (const char* s : {"mixed+lamb", "mixed+lars"}) {
     for (int world : {2, 3}) cases.push_back({s, world, 37});
   }
+  // DCN: its cross network's gradients all-reduced with the bottom MLP's,
+  // overlapped or not, under every dense optimizer; bitwise on one rank.
+  cases.push_back({"table+dcn", 1, 37});
+  cases.push_back({"mixed+dcn", 2, 37});
+  cases.push_back({"mixed+dcn", 4, 37});
+  cases.push_back({"mixed+dcn+overlap", 3, 37});
+  cases.push_back({"mixed+dcn+dense_adagrad", 3, 37});
+  cases.push_back({"mixed+dcn+dense_adagrad+overlap", 2, 37});
+  cases.push_back({"table+dcn+dense_adam", 1, 37});
+  cases.push_back({"mixed+dcn+dense_adam+overlap", 4, 37});
+  cases.push_back({"mixed+dcn", 4, 3});
   return cases;
 }
 
@@ -912,7 +942,10 @@ INSTANTIATE_TEST_SUITE_P(
         // A per-row optimizer state (row-wise Adagrad's accumulator).
         Reshard{"table+host+adagrad", 1, "row+host+adagrad", 2},
         // LAMB's moments and both optimizers' steps, mid-schedule.
-        Reshard{"mixed+host+lamb", 2, "table+host+lamb", 1}),
+        Reshard{"mixed+host+lamb", 2, "table+host+lamb", 1},
+        // DCN's cross network and its Adam state, saved by rank 0.
+        Reshard{"mixed+host+dcn+dense_adam", 2, "table+host+dcn+dense_adam",
+                1}),
     ReshardName);
 
 TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {

@@ -662,7 +662,7 @@ void ExpectSameWeights(const std::string& got_path,
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_EQ((*got)->metadata(), (*want)->metadata());
   const std::vector<model::TensorSpec> specs =
-      model::WeightSpecs(model.config(), model.bottom(), model.top());
+      model::WeightSpecs(model.config());
   ASSERT_EQ((*got)->Names().size(), specs.size());
   for (const model::TensorSpec& spec : specs) {
     auto a = (*got)->Get(spec.name, spec.shape);

@@ -1,7 +1,8 @@
 // The CUDA dense backend: device twins of the CPU backend's buffers, the
-// MLPs layer by layer through cuda_linear.cc, the interaction, loss and
-// optimizer kernels of dense_kernels.cu, and the host view kept in step
-// lazily (dense/backend.h).
+// MLPs layer by layer through cuda_linear.cc, the interaction (DCN's cross
+// network through cuda_cross_net.cc), loss and optimizer kernels of
+// dense_kernels.cu, and the host view kept in step lazily
+// (dense/backend.h).
 #include "dense/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -113,7 +114,8 @@ class CudaDenseBackend final : public DenseBackend {
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(z_at_, Sized(z_, batch * s.output_width));
-    return cuda::InteractionForward(s, t_.data(), batch, z_at_, stream());
+    return cuda::InteractionForward(blas_.get(), s, t_.data(), batch, z_at_,
+                                    cross_.get());
   }
 
   absl::Status TopForward(int64_t batch) override {
@@ -147,8 +149,8 @@ class CudaDenseBackend final : public DenseBackend {
       dt_at_ = dz_.data();
     } else {
       ASSIGN_OR_RETURN(dt_at_, Sized(dt_, batch * s.input_width));
-      RETURN_IF_ERROR(cuda::InteractionBackward(s, t_.data(), dz_.data(), batch,
-                                                dt_at_, stream()));
+      RETURN_IF_ERROR(cuda::InteractionBackward(
+          blas_.get(), s, t_.data(), dz_.data(), batch, dt_at_, cross_.get()));
     }
     float* host = Sized(dt_host_, batch * s.input_width);
     RETURN_IF_ERROR(CopyAsync(host, dt_at_, batch * s.input_width,
@@ -199,7 +201,8 @@ class CudaDenseBackend final : public DenseBackend {
     float* z = t;
     if (!identity_) {
       ASSIGN_OR_RETURN(z, Sized(infer_z_, batch * s.output_width));
-      RETURN_IF_ERROR(cuda::InteractionForward(s, t, batch, z, stream()));
+      RETURN_IF_ERROR(cuda::InteractionInfer(blas_.get(), s, t, batch, z,
+                                             *cross_, &infer_cross_));
     }
     RETURN_IF_ERROR(Infer(top_, z, batch, logits));
     RETURN_IF_ERROR(
@@ -278,7 +281,8 @@ class CudaDenseBackend final : public DenseBackend {
     return bucket == GradBucket::kTop ? flat_top_ : flat_;
   }
 
-  // Allocates the device twins of the host view's layers and state.
+  // Allocates the device twins of the host view's layers, cross network
+  // and optimizer state.
   absl::Status Allocate() {
     for (auto [mlp, layers] :
          {std::pair{&host_->bottom, &bottom_}, std::pair{&host_->top, &top_}}) {
@@ -296,24 +300,46 @@ class CudaDenseBackend final : public DenseBackend {
         ASSIGN_OR_RETURN(d.db, DeviceBuffer<float>::Allocate(l.out()));
       }
     }
-    // Parameters in the host view's order: weight, bias per layer, bottom
-    // first.
+    const CrossNet& cross = host_->cross;
+    ASSIGN_OR_RETURN(cross_,
+                     DeviceCrossNet::Create(cross.width(), cross.num_layers(),
+                                            cross.rank()));
+    // Parameters in the host view's order: the bottom MLP's (weight, bias
+    // per layer), the cross network's (V, W, bias per layer), the top MLP's.
     const size_t arrays = optim::DenseState(optimizer_config_).size();
-    for (std::vector<DeviceLayer>* layers : {&bottom_, &top_}) {
-      for (DeviceLayer& d : *layers) {
-        for (auto [value, grad] :
-             {std::pair{&d.w, &d.dw}, std::pair{&d.b, &d.db}}) {
-          DeviceParam p;
-          p.value = value->data();
-          p.grad = grad->data();
-          p.size = static_cast<int64_t>(value->size());
-          for (size_t k = 0; k < arrays; ++k) {
-            ASSIGN_OR_RETURN(p.state[k],
-                             DeviceBuffer<float>::Allocate(value->size()));
-          }
-          params_.push_back(std::move(p));
-        }
+    auto add = [&](float* value, float* grad, int64_t size) -> absl::Status {
+      DeviceParam p;
+      p.value = value;
+      p.grad = grad;
+      p.size = size;
+      for (size_t k = 0; k < arrays; ++k) {
+        ASSIGN_OR_RETURN(p.state[k], DeviceBuffer<float>::Allocate(size));
       }
+      params_.push_back(std::move(p));
+      return absl::OkStatus();
+    };
+    auto add_mlp = [&](std::vector<DeviceLayer>& layers) -> absl::Status {
+      for (DeviceLayer& d : layers) {
+        RETURN_IF_ERROR(
+            add(d.w.data(), d.dw.data(), static_cast<int64_t>(d.w.size())));
+        RETURN_IF_ERROR(
+            add(d.b.data(), d.db.data(), static_cast<int64_t>(d.b.size())));
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(add_mlp(bottom_));
+    const int64_t matrix = static_cast<int64_t>(cross.width()) * cross.rank();
+    for (int l = 0; l < cross_->num_layers(); ++l) {
+      RETURN_IF_ERROR(add(cross_->v(l), cross_->v_grad(l), matrix));
+      RETURN_IF_ERROR(add(cross_->w(l), cross_->w_grad(l), matrix));
+      RETURN_IF_ERROR(
+          add(cross_->bias(l), cross_->bias_grad(l), cross.width()));
+    }
+    RETURN_IF_ERROR(add_mlp(top_));
+    if (params_.size() != host_->params.size()) {
+      return absl::InternalError(absl::StrCat(
+          "CUDA backend: ", params_.size(), " device parameters for ",
+          host_->params.size(), " host ones"));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
     return absl::OkStatus();
@@ -451,7 +477,8 @@ class CudaDenseBackend final : public DenseBackend {
   CudaEvent top_ready_, bottom_ready_;
 
   std::vector<DeviceLayer> bottom_, top_;
-  std::vector<DeviceParam> params_;  // host_->params' order
+  std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
+  std::vector<DeviceParam> params_;        // host_->params' order
   DeviceBuffer<double> loss_;
   // The step's device buffers; z_at_ / dt_at_ point at z_ / dt_, or at
   // t_ / dz_ for an identity interaction.
@@ -461,7 +488,7 @@ class CudaDenseBackend final : public DenseBackend {
   float* dt_at_ = nullptr;
   // Predict's.
   DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
-      infer_logits_, infer_scratch_;
+      infer_logits_, infer_scratch_, infer_cross_;
   // Host staging: the interaction input the caller fills, its gradient, and
   // the all-reduce buckets.
   AlignedVector<float> t_host_, dt_host_, flat_, flat_top_;

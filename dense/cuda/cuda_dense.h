@@ -1,15 +1,16 @@
 // Dense layers on CUDA: Linear forward/backward through cuBLASLt (bias and
 // ReLU fused into the GEMM epilogue) with a cuBLAS fallback, the DLRM dot
-// interaction and BCE-with-logits. Each is the device twin of the CPU
-// function named in its comment, with the same layouts (row-major,
-// weights [out x in]). All pointers are device pointers; work is queued on
-// the context's stream. Built when CUDA is enabled (DLRM_WITH_CUDA).
+// interaction, DCN's cross network and BCE-with-logits. Each is the device
+// twin of the CPU function named in its comment, with the same layouts
+// (row-major, weights [out x in]). All pointers are device pointers; work is
+// queued on the context's stream. Built when CUDA is enabled (DLRM_WITH_CUDA).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,8 +64,8 @@ class BlasContext {
 };
 
 // dense::Linear::Forward: y [batch x out] = act(x [batch x in] W^T + b),
-// W [out x in], act ReLU when `relu`. InvalidArgument for non-positive
-// in/out or negative batch; Internal on cuBLAS errors.
+// W [out x in], act ReLU when `relu`; no bias when b is null. InvalidArgument
+// for non-positive in/out or negative batch; Internal on cuBLAS errors.
 absl::Status LinearForward(BlasContext* ctx, const float* x, int64_t batch,
                            int in, int out, const float* w, const float* b,
                            bool relu, float* y);
@@ -79,6 +80,67 @@ absl::Status LinearBackward(BlasContext* ctx, const float* x, const float* y,
                             const float* w, bool relu, float* dw, float* db,
                             float* dx);
 
+// dense::Sgemm: row-major C [m x n] = op(A) [m x k] op(B) [k x n] + beta *
+// C, op 'N' or 'T', through cuBLAS in the context's math mode (TF32 only
+// when its options allow). InvalidArgument for sizes outside [0, 2^31);
+// Internal on cuBLAS errors.
+absl::Status Gemm(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
+                  int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc);
+
+// dense::CrossNet on the device (DCN's low-rank cross network): per layer
+// V [r x N], W [N x r] and the bias [N] with their gradients, the last
+// training forward's activations and the backward's buffers. The two maps
+// of a layer are Linear layers without and with a bias (cuBLASLt), the
+// product and residual a kernel; the bias gradient is summed in the CPU's
+// block order. Not thread-safe.
+class DeviceCrossNet {
+ public:
+  // `num_layers` layers (>= 0) of width N >= 1 and rank r >= 1,
+  // parameters uninitialised (the backend uploads the host view's).
+  // Internal on a CUDA error.
+  static absl::StatusOr<std::unique_ptr<DeviceCrossNet>> Create(int width,
+                                                                int num_layers,
+                                                                int rank);
+
+  int width() const { return width_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int rank() const { return rank_; }
+  // Layer l's parameters and gradients (device memory), dense::CrossNet's
+  // shapes.
+  float* v(int l) const { return layers_[l].v.data(); }
+  float* w(int l) const { return layers_[l].w.data(); }
+  float* bias(int l) const { return layers_[l].b.data(); }
+  float* v_grad(int l) const { return layers_[l].dv.data(); }
+  float* w_grad(int l) const { return layers_[l].dw.data(); }
+  float* bias_grad(int l) const { return layers_[l].db.data(); }
+
+  // dense::CrossNet::Forward / Backward / Infer on ctx's stream, every
+  // pointer device memory, with the same contracts (x0 unchanged from
+  // Forward to Backward; Infer keeps nothing, growing `scratch`).
+  // InvalidArgument for a negative batch; Internal on CUDA/cuBLAS errors.
+  absl::Status Forward(BlasContext* ctx, const float* x0, int64_t batch,
+                       float* out);
+  absl::Status Backward(BlasContext* ctx, const float* x0, const float* dout,
+                        int64_t batch, float* dx0);
+  absl::Status Infer(BlasContext* ctx, const float* x0, int64_t batch,
+                     float* out,
+                     dlrm::cuda::DeviceBuffer<float>* scratch) const;
+
+ private:
+  struct Layer {
+    dlrm::cuda::DeviceBuffer<float> v, w, b, dv, dw, db;
+  };
+  DeviceCrossNet() = default;
+
+  int width_ = 0, rank_ = 0;
+  std::vector<Layer> layers_;
+  // As dense::CrossNet's: x_[l - 1] = x_l for l in [1, L); p_[l], q_[l].
+  std::vector<dlrm::cuda::DeviceBuffer<float>> x_, p_, q_;
+  dlrm::cuda::DeviceBuffer<float> g_[2], h_, dp_;
+};
+
 // dense::DotInteractionForward: t [batch x n x d] -> z [batch x
 // DotInteractionDim(n, d)], in the CPU reference's order of operations
 // (equal up to the host compiler's fused multiply-adds). InvalidArgument
@@ -92,15 +154,23 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                                     int64_t batch, int n, int d, float* dt,
                                     cudaStream_t stream);
 
-// dense::InteractionForward / InteractionBackward: the interaction of
-// `shape` on the device (each interaction's case is in dense_kernels.cu).
-// Queue nothing for an identity interaction (never called for one).
-// InvalidArgument as that interaction's kernel.
-absl::Status InteractionForward(const InteractionShape& shape, const float* t,
-                                int64_t batch, float* z, cudaStream_t stream);
-absl::Status InteractionBackward(const InteractionShape& shape, const float* t,
+// dense::InteractionForward / InteractionBackward / InteractionInfer: the
+// interaction of `shape` on ctx's stream (each interaction's case is in
+// dense_kernels.cu), with `cross` the device cross network under DCN (left
+// alone by the others). Queue nothing for an identity interaction (never
+// called for one). InvalidArgument as that interaction's kernel; Internal
+// on CUDA/cuBLAS errors.
+absl::Status InteractionForward(BlasContext* ctx, const InteractionShape& shape,
+                                const float* t, int64_t batch, float* z,
+                                DeviceCrossNet* cross);
+absl::Status InteractionBackward(BlasContext* ctx,
+                                 const InteractionShape& shape, const float* t,
                                  const float* dz, int64_t batch, float* dt,
-                                 cudaStream_t stream);
+                                 DeviceCrossNet* cross);
+absl::Status InteractionInfer(BlasContext* ctx, const InteractionShape& shape,
+                              const float* t, int64_t batch, float* z,
+                              const DeviceCrossNet& cross,
+                              dlrm::cuda::DeviceBuffer<float>* scratch);
 
 // dense::BceWithLogits: writes dlogits (unless null) and the mean loss to
 // *loss_device (one double, device memory), in double precision like the
@@ -123,7 +193,8 @@ absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
 
 // Kernels the GEMM code uses (dense_kernels.cu).
 namespace internal {
-// y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`.
+// y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`; b may be null
+// (no bias).
 absl::Status AddBiasAct(float* y, const float* b, int64_t rows, int out,
                         bool relu, cudaStream_t stream);
 // Masks dy by y > 0 when `relu` and writes column sums in the CPU's block
@@ -133,6 +204,18 @@ absl::Status MaskAndBiasGrad(float* dy, const float* y, int64_t rows, int out,
                              cudaStream_t stream);
 // The number of row blocks MaskAndBiasGrad sums separately.
 int64_t BiasGradBlocks(int64_t rows);
+// One cross layer's product and residual over `count` floats: x_next = x0 *
+// q + xl (dense::CrossNet's forward pass after its GEMMs).
+absl::Status CrossCombine(const float* x0, const float* q, const float* xl,
+                          int64_t count, float* x_next, cudaStream_t stream);
+// One cross layer's elementwise backward over `count` floats, from g (the
+// gradient wrt x_{l+1}): h = g * x0; dx0 = g * q when `first` (the last
+// layer, visited first), else dx0 + g * q; then + g when `last` (layer 0),
+// else g_next = g (dense::CrossNet::Backward's pass).
+absl::Status CrossBackwardElementwise(const float* g, const float* x0,
+                                      const float* q, int64_t count, bool first,
+                                      bool last, float* h, float* dx0,
+                                      float* g_next, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace dlrm::dense::cuda

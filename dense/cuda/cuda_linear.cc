@@ -53,8 +53,9 @@ absl::Status CheckDims(const char* what, int64_t batch, int in, int out) {
   return absl::OkStatus();
 }
 
-// y = act(x W^T + b) in one cuBLASLt call. Returns NotFound when cuBLASLt
-// has no algorithm for the shape, so the caller falls back to cuBLAS.
+// y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call. Returns
+// NotFound when cuBLASLt has no algorithm for the shape, so the caller falls
+// back to cuBLAS.
 absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
                        int out, const float* w, const float* b, bool relu,
                        float* y) {
@@ -71,11 +72,15 @@ absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
   const cublasLtEpilogue_t epilogue =
-      relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      b == nullptr
+          ? (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT)
+          : (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
+  if (b != nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
+  }
 
   ASSIGN_OR_RETURN(Layout a, MakeLayout(in, out, in));
   ASSIGN_OR_RETURN(Layout bl, MakeLayout(in, batch, in));
@@ -152,7 +157,32 @@ absl::Status LinearForward(BlasContext* ctx, const float* x, int64_t batch,
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(ctx->cublas(), CUBLAS_OP_T, CUBLAS_OP_N,
                                      out, n, in, &alpha, w, in, x, in, &beta, y,
                                      out));
+  if (b == nullptr && !relu) return absl::OkStatus();
   return internal::AddBiasAct(y, b, batch, out, relu, ctx->stream());
+}
+
+absl::Status Gemm(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
+                  int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) {
+  for (int64_t v : {m, n, k, lda, ldb, ldc}) {
+    if (v < 0 || v > INT_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gemm: sizes m ", m, " n ", n, " k ", k, " lda ", lda,
+                       " ldb ", ldb, " ldc ", ldc, " must be in [0, 2^31)"));
+    }
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+  // row-major buffers are the column-major transposes, so B goes first.
+  const cublasOperation_t op_a = trans_a == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const float alpha = 1.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(
+      ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+      static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+      static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+  return absl::OkStatus();
 }
 
 absl::Status LinearBackward(BlasContext* ctx, const float* x, const float* y,

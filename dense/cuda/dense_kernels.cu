@@ -1,8 +1,10 @@
 // Element-wise and per-sample kernels of the dense layers: bias + ReLU,
-// ReLU mask + bias gradient, the dot interaction and BCE-with-logits. Float
-// operations use the non-fusing round-to-nearest intrinsics in the CPU
-// kernels' order: sums (the bias gradient) match the CPU bitwise; where the
-// host compiler fuses multiply-adds (dots), results differ by ulps.
+// ReLU mask + bias gradient, the dot interaction, the cross network's
+// elementwise passes, BCE-with-logits, and the interaction dispatchers.
+// Float operations use the non-fusing round-to-nearest intrinsics in the
+// CPU kernels' order: sums (the bias gradient) and elementwise products
+// match the CPU bitwise; where the host compiler fuses multiply-adds
+// (dots), results differ by ulps.
 #include <algorithm>
 #include <type_traits>
 #include <variant>
@@ -36,8 +38,43 @@ __global__ void AddBiasActKernel(float* __restrict__ y,
                                  int out, bool relu) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
-  const float v = __fadd_rn(y[i], b[i % out]);
+  const float v = b == nullptr ? y[i] : __fadd_rn(y[i], b[i % out]);
   y[i] = relu ? Relu(v) : v;
+}
+
+// x_next = x0 * q + xl, rounded after the product and after the sum as the
+// CPU loop (host code is built without FMA contraction).
+__global__ void CrossCombineKernel(const float* __restrict__ x0,
+                                   const float* __restrict__ q,
+                                   const float* __restrict__ xl, int64_t count,
+                                   float* __restrict__ x_next) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  x_next[i] = __fadd_rn(__fmul_rn(x0[i], q[i]), xl[i]);
+}
+
+// dense::CrossNet::Backward's pass, one element per thread, in the CPU
+// loop's order of roundings. dx0 is not read when kFirst, g_next not
+// written when kLast; they alias nothing else.
+template <bool kFirst, bool kLast>
+__global__ void CrossBackwardKernel(const float* __restrict__ g,
+                                    const float* __restrict__ x0,
+                                    const float* __restrict__ q, int64_t count,
+                                    float* __restrict__ h,
+                                    float* __restrict__ dx0,
+                                    float* __restrict__ g_next) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float gv = g[i];
+  h[i] = __fmul_rn(gv, x0[i]);
+  float d = __fmul_rn(gv, q[i]);
+  if (!kFirst) d = __fadd_rn(dx0[i], d);
+  if (kLast) {
+    d = __fadd_rn(d, gv);
+  } else {
+    g_next[i] = gv;
+  }
+  dx0[i] = d;
 }
 
 // Block (column tile, row block): masks the block's rows of dy and sums
@@ -230,6 +267,38 @@ absl::Status MaskAndBiasGrad(float* dy, const float* y, int64_t rows, int out,
                       static_cast<const float*>(partial), blocks, out, db);
 }
 
+absl::Status CrossCombine(const float* x0, const float* q, const float* xl,
+                          int64_t count, float* x_next, cudaStream_t stream) {
+  return LaunchKernel("CrossCombineKernel", CrossCombineKernel,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(count, 256))),
+                      dim3(256), 0, stream, x0, q, xl, count, x_next);
+}
+
+absl::Status CrossBackwardElementwise(const float* g, const float* x0,
+                                      const float* q, int64_t count, bool first,
+                                      bool last, float* h, float* dx0,
+                                      float* g_next, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv<int64_t>(count, 256)));
+  if (first && last) {
+    return LaunchKernel("CrossBackwardKernel", CrossBackwardKernel<true, true>,
+                        grid, dim3(256), 0, stream, g, x0, q, count, h, dx0,
+                        g_next);
+  }
+  if (first) {
+    return LaunchKernel("CrossBackwardKernel", CrossBackwardKernel<true, false>,
+                        grid, dim3(256), 0, stream, g, x0, q, count, h, dx0,
+                        g_next);
+  }
+  if (last) {
+    return LaunchKernel("CrossBackwardKernel", CrossBackwardKernel<false, true>,
+                        grid, dim3(256), 0, stream, g, x0, q, count, h, dx0,
+                        g_next);
+  }
+  return LaunchKernel("CrossBackwardKernel", CrossBackwardKernel<false, false>,
+                      grid, dim3(256), 0, stream, g, x0, q, count, h, dx0,
+                      g_next);
+}
+
 }  // namespace internal
 
 absl::Status DotInteractionForward(const float* t, int64_t batch, int n, int d,
@@ -252,24 +321,46 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                       stream, t, dz, n, d, dt);
 }
 
-absl::Status InteractionForward(const InteractionShape& s, const float* t,
-                                int64_t batch, float* z, cudaStream_t stream) {
+absl::Status InteractionForward(BlasContext* ctx, const InteractionShape& s,
+                                const float* t, int64_t batch, float* z,
+                                DeviceCrossNet* cross) {
   switch (s.kind) {
     case INTERACTION_DOT:
-      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z, stream);
+      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z,
+                                   ctx->stream());
+    case INTERACTION_DCN:
+      return cross->Forward(ctx, t, batch, z);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return absl::OkStatus();
   }
 }
 
-absl::Status InteractionBackward(const InteractionShape& s, const float* t,
-                                 const float* dz, int64_t batch, float* dt,
-                                 cudaStream_t stream) {
+absl::Status InteractionBackward(BlasContext* ctx, const InteractionShape& s,
+                                 const float* t, const float* dz, int64_t batch,
+                                 float* dt, DeviceCrossNet* cross) {
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt,
-                                    stream);
+                                    ctx->stream());
+    case INTERACTION_DCN:
+      return cross->Backward(ctx, t, dz, batch, dt);
+    case INTERACTION_CAT:  // the identity: not called
+    default:               // refused by ValidateModelConfig
+      return absl::OkStatus();
+  }
+}
+
+absl::Status InteractionInfer(BlasContext* ctx, const InteractionShape& s,
+                              const float* t, int64_t batch, float* z,
+                              const DeviceCrossNet& cross,
+                              dlrm::cuda::DeviceBuffer<float>* scratch) {
+  switch (s.kind) {
+    case INTERACTION_DOT:  // keeps nothing either way
+      return DotInteractionForward(t, batch, s.num_vectors, s.dim, z,
+                                   ctx->stream());
+    case INTERACTION_DCN:
+      return cross.Infer(ctx, t, batch, z, scratch);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return absl::OkStatus();

@@ -1,0 +1,278 @@
+// DCNv2's low-rank cross network on the CPU: each layer's two maps on
+// oneDNN's sgemm, the bias, product and residual in one pass over the rows
+// (plain loops the compiler vectorises), and the reference in double.
+#include "dense/cross_net.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace dlrm::dense {
+namespace {
+
+// Rows per block of the elementwise passes. The bias gradient is summed per
+// block, then over blocks in order (as Linear's bias gradient), so it does
+// not depend on the thread count.
+constexpr int64_t kRowBlock = 64;
+
+// Element-wise passes below this many floats run on one thread: an OpenMP
+// region costs more than it saves.
+constexpr int64_t kParallelFloats = 1 << 14;
+
+// Grows `v` to at least `n` elements (never shrinks) and returns its data.
+float* Sized(AlignedVector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+int64_t Blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
+
+// One layer's forward on `batch` rows of width n: p = x_l V^T, q = p W^T +
+// b, x_next = x0 * q + x_l. Training and inference both run it, so they
+// compute the same bits.
+void LayerForward(const float* v, const float* w, const float* b, int n, int r,
+                  const float* x0, const float* xl, int64_t batch, float* p,
+                  float* q, float* x_next) {
+  Sgemm('N', 'T', batch, r, n, xl, n, v, n, 0.0f, p, r);
+  Sgemm('N', 'T', batch, n, r, p, r, w, r, 0.0f, q, n);
+  const int64_t blocks = Blocks(batch);
+#pragma omp parallel for schedule(static) if (batch * n >= kParallelFloats)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t end = std::min(batch, (blk + 1) * kRowBlock);
+    for (int64_t row = blk * kRowBlock; row < end; ++row) {
+      const int64_t at = row * n;
+      float* __restrict__ qr = q + at;
+      float* __restrict__ xr = x_next + at;
+      const float* __restrict__ x0r = x0 + at;
+      const float* __restrict__ xlr = xl + at;
+      for (int c = 0; c < n; ++c) {
+        const float qv = qr[c] + b[c];
+        qr[c] = qv;
+        xr[c] = x0r[c] * qv + xlr[c];
+      }
+    }
+  }
+}
+
+// Rows [begin, end) of one layer's elementwise backward, from g (the
+// gradient wrt x_{l+1}): h = g * x0 (W's output gradient), dx0 += g * q
+// (dx0 = g * q on the first layer visited, kFirst), and the gradient wrt
+// x_l's direct path: g copied to g_next, or added to dx0 on layer 0
+// (kLast, whose x_l is x_0). Writes h's column sums over the rows to `sum`.
+template <bool kFirst, bool kLast>
+void BackwardRows(const float* g, const float* x0, const float* q,
+                  int64_t begin, int64_t end, int n, float* h, float* dx0,
+                  float* g_next, float* __restrict__ sum) {
+  std::fill(sum, sum + n, 0.0f);
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t at = row * n;
+    const float* __restrict__ gr = g + at;
+    const float* __restrict__ x0r = x0 + at;
+    const float* __restrict__ qr = q + at;
+    float* __restrict__ hr = h + at;
+    float* __restrict__ dxr = dx0 + at;
+    float* __restrict__ gn = kLast ? nullptr : g_next + at;
+    for (int c = 0; c < n; ++c) {
+      const float gv = gr[c];
+      const float hv = gv * x0r[c];
+      hr[c] = hv;
+      sum[c] += hv;
+      float d = gv * qr[c];
+      if constexpr (!kFirst) d = dxr[c] + d;
+      if constexpr (kLast) {
+        d += gv;
+      } else {
+        gn[c] = gv;
+      }
+      dxr[c] = d;
+    }
+  }
+}
+
+template <bool kFirst, bool kLast>
+void BackwardPass(const float* g, const float* x0, const float* q,
+                  int64_t batch, int n, float* h, float* dx0, float* g_next,
+                  float* partial) {
+  const int64_t blocks = Blocks(batch);
+#pragma omp parallel for schedule(static) if (batch * n >= kParallelFloats)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    BackwardRows<kFirst, kLast>(g, x0, q, blk * kRowBlock,
+                                std::min(batch, (blk + 1) * kRowBlock), n, h,
+                                dx0, g_next, partial + blk * n);
+  }
+}
+
+}  // namespace
+
+CrossNet::CrossNet(int width, int num_layers, int rank)
+    : width_(width), rank_(rank), layers_(std::max(num_layers, 0)) {
+  const size_t matrix = static_cast<size_t>(width) * std::max(rank, 0);
+  for (Layer& l : layers_) {
+    l.v.resize(matrix);
+    l.w.resize(matrix);
+    l.b.resize(width);
+    l.dv.resize(matrix);
+    l.dw.resize(matrix);
+    l.db.resize(width);
+  }
+  x_.resize(layers_.empty() ? 0 : layers_.size() - 1);
+  p_.resize(layers_.size());
+  q_.resize(layers_.size());
+}
+
+void CrossNet::Init(Rng* rng) {
+  // torch.nn.init.xavier_normal_: std = sqrt(2 / (fan_in + fan_out)), and
+  // fan_in + fan_out = N + r for both [r x N] and [N x r].
+  const double stddev = std::sqrt(2.0 / (width_ + rank_));
+  for (Layer& l : layers_) {
+    for (float& x : l.v) x = static_cast<float>(rng->Normal() * stddev);
+    for (float& x : l.w) x = static_cast<float>(rng->Normal() * stddev);
+    std::fill(l.b.begin(), l.b.end(), 0.0f);
+  }
+}
+
+void CrossNet::Forward(const float* x0, int64_t batch, float* out) {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  if (batch <= 0 || num == 0) return;
+  const float* xl = x0;
+  for (int l = 0; l < num; ++l) {
+    float* p = Sized(p_[l], batch * r);
+    float* q = Sized(q_[l], batch * n);
+    float* x_next = l + 1 == num ? out : Sized(x_[l], batch * n);
+    const Layer& layer = layers_[l];
+    LayerForward(layer.v.data(), layer.w.data(), layer.b.data(), n, r, x0, xl,
+                 batch, p, q, x_next);
+    xl = x_next;
+  }
+}
+
+void CrossNet::Backward(const float* x0, const float* dout, int64_t batch,
+                        float* dx0) {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  if (batch <= 0) {
+    for (Layer& l : layers_) {
+      std::fill(l.dv.begin(), l.dv.end(), 0.0f);
+      std::fill(l.dw.begin(), l.dw.end(), 0.0f);
+      std::fill(l.db.begin(), l.db.end(), 0.0f);
+    }
+    return;
+  }
+  if (num == 0) return;
+  const int64_t blocks = Blocks(batch);
+  float* h = Sized(h_, batch * n);
+  float* dp = Sized(dp_, batch * r);
+  float* partial = Sized(partial_, blocks * n);
+  float* buffers[2] = {Sized(g_a_, num > 1 ? batch * n : 0),
+                       Sized(g_b_, num > 2 ? batch * n : 0)};
+  const float* g = dout;
+  for (int l = num - 1; l >= 0; --l) {
+    Layer& layer = layers_[l];
+    const float* xl = l == 0 ? x0 : x_[l - 1].data();
+    const float* p = p_[l].data();
+    const float* q = q_[l].data();
+    float* g_next = l == 0 ? nullptr : buffers[(num - 1 - l) % 2];
+    const bool first = l == num - 1, last = l == 0;
+    if (first && last) {
+      BackwardPass<true, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
+    } else if (first) {
+      BackwardPass<true, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
+    } else if (last) {
+      BackwardPass<false, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
+    } else {
+      BackwardPass<false, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
+    }
+    float* db = layer.db.data();
+    std::copy(partial, partial + n, db);
+    for (int64_t blk = 1; blk < blocks; ++blk) {
+      const float* sum = partial + blk * n;
+      for (int c = 0; c < n; ++c) db[c] += sum[c];
+    }
+    // dW [N x r] = h^T p; dp [batch x r] = h W; dV [r x N] = dp^T x_l.
+    Sgemm('T', 'N', n, r, batch, h, n, p, r, 0.0f, layer.dw.data(), r);
+    Sgemm('N', 'N', batch, r, n, h, n, layer.w.data(), r, 0.0f, dp, r);
+    Sgemm('T', 'N', r, n, batch, dp, r, xl, n, 0.0f, layer.dv.data(), n);
+    // The gradient wrt x_l through V: added to g_next, or to dx0 on layer 0.
+    Sgemm('N', 'N', batch, n, r, dp, r, layer.v.data(), n, 1.0f,
+          last ? dx0 : g_next, n);
+    g = g_next;
+  }
+}
+
+void CrossNet::Infer(const float* x0, int64_t batch, float* out,
+                     AlignedVector<float>* scratch) const {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  if (batch <= 0 || num == 0) return;
+  const int64_t rows = batch * n;
+  // p, q and (from two layers on) x_l in turns.
+  const int64_t xs = num > 1 ? 2 : 0;
+  if (static_cast<int64_t>(scratch->size()) < batch * r + (1 + xs) * rows) {
+    scratch->resize(batch * r + (1 + xs) * rows);
+  }
+  float* p = scratch->data();
+  float* q = p + batch * r;
+  float* x[2] = {q + rows, q + 2 * rows};
+  const float* xl = x0;
+  for (int l = 0; l < num; ++l) {
+    float* x_next = l + 1 == num ? out : x[l % 2];
+    const Layer& layer = layers_[l];
+    LayerForward(layer.v.data(), layer.w.data(), layer.b.data(), n, r, x0, xl,
+                 batch, p, q, x_next);
+    xl = x_next;
+  }
+}
+
+std::vector<ParamRef> CrossNet::Parameters(const std::string& prefix) {
+  std::vector<ParamRef> params;
+  params.reserve(3 * layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    const std::string base = prefix + "." + std::to_string(l);
+    const int64_t matrix = static_cast<int64_t>(layer.v.size());
+    params.push_back({base + ".V", layer.v.data(), layer.dv.data(), matrix});
+    params.push_back({base + ".W", layer.w.data(), layer.dw.data(), matrix});
+    params.push_back({base + ".bias", layer.b.data(), layer.db.data(),
+                      static_cast<int64_t>(layer.b.size())});
+  }
+  return params;
+}
+
+namespace reference {
+
+std::vector<double> CrossNetForward(const CrossNet& net, const float* x0,
+                                    int64_t batch) {
+  const int n = net.width(), r = net.rank();
+  std::vector<double> out(static_cast<size_t>(batch) * n);
+  std::vector<double> xl(n), p(r);
+  for (int64_t s = 0; s < batch; ++s) {
+    const float* x0s = x0 + s * n;
+    for (int c = 0; c < n; ++c) xl[c] = x0s[c];
+    for (int l = 0; l < net.num_layers(); ++l) {
+      const float* v = net.v(l);
+      const float* w = net.w(l);
+      const float* b = net.bias(l);
+      for (int k = 0; k < r; ++k) {
+        double sum = 0;
+        for (int c = 0; c < n; ++c) {
+          sum += static_cast<double>(v[k * n + c]) * xl[c];
+        }
+        p[k] = sum;
+      }
+      for (int c = 0; c < n; ++c) {
+        double q = b[c];
+        for (int k = 0; k < r; ++k) {
+          q += static_cast<double>(w[c * r + k]) * p[k];
+        }
+        xl[c] = x0s[c] * q + xl[c];
+      }
+    }
+    std::copy(xl.begin(), xl.end(), out.begin() + s * n);
+  }
+  return out;
+}
+
+}  // namespace reference
+}  // namespace dlrm::dense
