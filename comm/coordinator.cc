@@ -3,9 +3,6 @@
 #include "comm/coordinator.h"
 
 #include <gloo/common/error.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
@@ -22,7 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/secrets.h"
 #include "core/status.h"
+#include "spdlog/spdlog.h"
 
 namespace dlrm::comm {
 namespace {
@@ -545,6 +544,9 @@ absl::Status CoordinatorOptions::Validate() const {
   if (max_value_bytes <= 0) {
     return absl::InvalidArgumentError("max_value_bytes must be > 0");
   }
+  if (!join_token.empty()) {
+    RETURN_IF_ERROR(ValidateSecretToken(join_token, "the join token"));
+  }
   return absl::OkStatus();
 }
 
@@ -561,9 +563,30 @@ CoordinatorService::~CoordinatorService() = default;
 
 void CoordinatorService::Shutdown() { state_->Shutdown(); }
 
+grpc::ServerUnaryReactor* CoordinatorService::RefuseWithoutToken(
+    grpc::CallbackServerContext* context, absl::string_view rpc) {
+  if (options_.join_token.empty()) return nullptr;
+  const BearerMatch match = MatchBearerToken(*context, options_.join_token);
+  if (match == BearerMatch::kMatches) return nullptr;
+  // Says whether a token came, never how close it was.
+  const std::string why =
+      match == BearerMatch::kMissing
+          ? "join token rejected: the call carries no \"authorization: "
+            "Bearer <token>\" metadata"
+          : "join token rejected";
+  spdlog::warn("coordinator: refused {} from {}: {}", std::string(rpc),
+               context->peer(), why);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RegisterRank(
     grpc::CallbackServerContext* context, const RegisterRankRequest* request,
     RegisterRankResponse* response) {
+  if (auto* refused = RefuseWithoutToken(context, "RegisterRank")) {
+    return refused;
+  }
   const uint64_t call_id = state_->NextCallId();
   auto* call = new WaitingCall(state_.get(), call_id);
   state_->RegisterRank(call_id, *request,
@@ -578,6 +601,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterRank(
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(
     grpc::CallbackServerContext* context, const StoreSetRequest* request,
     StoreSetResponse* response) {
+  if (auto* refused = RefuseWithoutToken(context, "StoreSet")) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(state_->StoreSet(*request)));
   return reactor;
@@ -586,6 +610,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(
     grpc::CallbackServerContext* context, const StoreGetRequest* request,
     StoreGetResponse* response) {
+  if (auto* refused = RefuseWithoutToken(context, "StoreGet")) return refused;
   const uint64_t call_id = state_->NextCallId();
   auto* call = new WaitingCall(state_.get(), call_id);
   state_->StoreWait(call_id, request->session_id(), {request->key()},
@@ -601,6 +626,9 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(
     grpc::CallbackServerContext* context, const StoreWaitRequest* request,
     StoreWaitResponse* response) {
+  if (auto* refused = RefuseWithoutToken(context, "StoreWait")) {
+    return refused;
+  }
   const uint64_t call_id = state_->NextCallId();
   auto* call = new WaitingCall(state_.get(), call_id);
   state_->StoreWait(
@@ -620,18 +648,20 @@ absl::Status CoordinatorServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("listen_address '", listen_address, "' is not host:port"));
   }
+  RETURN_IF_ERROR(tls.Validate());
   return coordinator.Validate();
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorServerOptions& options) {
   RETURN_IF_ERROR(options.Validate());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeServerCredentials(options.tls));
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorService> service,
                    CoordinatorService::Create(options.coordinator));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, credentials, &port);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -661,11 +691,20 @@ CoordinatorServer::~CoordinatorServer() {
 
 // ------------------------------------------------------------------ client
 
+absl::Status CoordinatorClientOptions::Validate() const {
+  RETURN_IF_ERROR(tls.Validate());
+  if (!join_token.empty()) {
+    RETURN_IF_ERROR(ValidateSecretToken(join_token, "the join token"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
-    const std::string& address) {
+    const std::string& address, const CoordinatorClientOptions& options) {
   if (address.empty()) {
     return absl::InvalidArgumentError("empty coordinator address");
   }
+  RETURN_IF_ERROR(options.Validate());
   grpc::ChannelArguments args;
   // Ranks usually start before rank 0's coordinator listens; gRPC's default
   // reconnect backoff (1 s growing to 120 s) would make them miss it for
@@ -673,42 +712,80 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                   MakeChannel(address, options.tls, args));
   return std::unique_ptr<CoordinatorClient>(
-      new CoordinatorClient(address, std::move(channel)));
+      new CoordinatorClient(address, options, std::move(channel)));
 }
 
 CoordinatorClient::CoordinatorClient(std::string address,
+                                     CoordinatorClientOptions options,
                                      std::shared_ptr<grpc::Channel> channel)
     : address_(std::move(address)),
+      options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(Coordinator::NewStub(channel_)) {}
 
-namespace {
-
-// A call context that waits for the coordinator to come up, up to the
-// call's deadline.
-void PrepareContext(grpc::ClientContext& context, double timeout_seconds) {
+void CoordinatorClient::PrepareContext(grpc::ClientContext& context,
+                                       double timeout_seconds) const {
   context.set_deadline(std::chrono::system_clock::now() +
                        ToSystemDuration(timeout_seconds));
   context.set_wait_for_ready(true);
+  if (!options_.join_token.empty()) {
+    context.AddMetadata(kAuthorizationKey, BearerValue(options_.join_token));
+  }
 }
 
-}  // namespace
+std::string CoordinatorClient::LastConnectionError() const {
+  // Without wait_for_ready a call on a channel that failed to connect ends
+  // at once with gRPC's last connection error. The request is one the
+  // service refuses at once (no key), should the channel connect now.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(500));
+  if (!options_.join_token.empty()) {
+    context.AddMetadata(kAuthorizationKey, BearerValue(options_.join_token));
+  }
+  StoreGetRequest request;
+  StoreGetResponse response;
+  const grpc::Status status = stub_->StoreGet(&context, request, &response);
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return "";
+  return status.error_message();
+}
 
 absl::Status CoordinatorClient::CallError(const grpc::Status& status,
                                           absl::string_view rpc,
                                           double timeout_seconds) const {
   const auto code = static_cast<absl::StatusCode>(status.error_code());
+  if (code == absl::StatusCode::kUnauthenticated) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the coordinator at ", address_, " refused this rank's join token (",
+        options_.join_token.empty() ? "this rank has none"
+                                    : "it is not the coordinator's",
+        "): ", rpc, ": ", status.error_message()));
+  }
   // A deadline that gRPC itself enforced (the coordinator never answered)
-  // has no message of ours; say whether the coordinator was reachable.
+  // has no message of ours; say whether the coordinator was reachable, and
+  // why not when gRPC knows (refused, a TLS handshake that failed).
   if (code == absl::StatusCode::kDeadlineExceeded &&
       channel_->GetState(false) != GRPC_CHANNEL_READY) {
-    return absl::DeadlineExceededError(
-        absl::StrFormat("coordinator %s: %s: could not reach the coordinator "
-                        "in %.1f s (is rank 0 up, at this address?)",
-                        address_, rpc, timeout_seconds));
+    const TlsClientOptions& tls = options_.tls;
+    const std::string hint =
+        tls.enabled
+            ? absl::StrCat(
+                  "is rank 0 up, at this address, and does its TLS "
+                  "certificate chain to this rank's CA and carry the name ",
+                  tls.server_name.empty()
+                      ? address_.substr(0, address_.rfind(':'))
+                      : tls.server_name,
+                  "?")
+            : "is rank 0 up, at this address, and without TLS like this "
+              "rank?";
+    const std::string last = LastConnectionError();
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "coordinator %s: %s: could not reach the coordinator in %.1f s (%s)%s",
+        address_, rpc, timeout_seconds, hint,
+        last.empty() ? "" : absl::StrCat("; last connection error: ", last)));
   }
   return absl::Status(code, absl::StrCat("coordinator ", address_, ": ", rpc,
                                          ": ", status.error_message()));

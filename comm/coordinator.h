@@ -1,6 +1,9 @@
 // Rendezvous through a coordinator: the Coordinator gRPC service that rank 0
 // hosts, a standalone server for it, a Status-returning client, and the
-// gloo::rendezvous::Store the Gloo communicator connects through.
+// gloo::rendezvous::Store the Gloo communicator connects through. The
+// control plane may run over TLS and require a join token on every call
+// (docs/server.md "Security"); without a token anyone who reaches the
+// port can join a job.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -18,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "comm/grpc_auth.h"
 #include "dlrm/coordinator.grpc.pb.h"
 
 namespace dlrm::comm {
@@ -29,6 +33,12 @@ struct CoordinatorOptions {
   // Largest value StoreSet accepts, in bytes (a Gloo rank stores about
   // 100 bytes per peer). Default: 1 MiB.
   int64_t max_value_bytes = 1 << 20;
+  // The shared secret every call must carry as "authorization: Bearer
+  // <token>"; a call without it, or with another, gets UNAUTHENTICATED
+  // before it can register a rank, set a key or wake a waiter. At least 16
+  // printable ASCII characters without spaces. Empty: every call is
+  // accepted. Default: empty.
+  std::string join_token;
 
   absl::Status Validate() const;
 };
@@ -50,6 +60,9 @@ class CoordinatorService final : public ::dlrm::Coordinator::CallbackService {
   // otherwise wait for the waiting calls to time out.
   void Shutdown();
 
+  // Every handler first refuses a call without the join token
+  // (UNAUTHENTICATED, "join token rejected"), then proceeds as in
+  // coordinator.proto.
   grpc::ServerUnaryReactor* RegisterRank(
       grpc::CallbackServerContext* context,
       const ::dlrm::RegisterRankRequest* request,
@@ -70,6 +83,12 @@ class CoordinatorService final : public ::dlrm::Coordinator::CallbackService {
  private:
   explicit CoordinatorService(const CoordinatorOptions& options);
 
+  // A reactor already finished with UNAUTHENTICATED when the call's join
+  // token is missing or wrong (`rpc` names it in the log); null when the
+  // call may proceed.
+  grpc::ServerUnaryReactor* RefuseWithoutToken(
+      grpc::CallbackServerContext* context, absl::string_view rpc);
+
   const CoordinatorOptions options_;
   std::unique_ptr<CoordinatorState> state_;
 };
@@ -79,6 +98,9 @@ struct CoordinatorServerOptions {
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
   CoordinatorOptions coordinator;
+  // TLS of the port; with client_ca_file every rank must present a
+  // certificate signed by it (mutual TLS). Default: plaintext.
+  TlsServerOptions tls;
 
   absl::Status Validate() const;
 };
@@ -87,8 +109,9 @@ struct CoordinatorServerOptions {
 // job whose rank 0 runs no public server. Thread-safe.
 class CoordinatorServer {
  public:
-  // Starts serving. InvalidArgument for bad options, Unavailable when the
-  // address cannot be bound.
+  // Starts serving. InvalidArgument for bad options or a TLS file with no
+  // PEM block, NotFound for a TLS file that cannot be read, Unavailable
+  // when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options);
   // Answers waiting calls with UNAVAILABLE and stops the server.
@@ -109,15 +132,38 @@ class CoordinatorServer {
   int port_;
 };
 
+// How a rank dials the coordinator and proves it belongs to the job.
+struct CoordinatorClientOptions {
+  // TLS of the channel: when enabled, the coordinator's certificate must
+  // chain to tls.ca_file (the system's roots if empty) and carry the host
+  // of the address, or tls.server_name; tls.cert_file and tls.key_file are
+  // presented when the coordinator requires client certificates.
+  // Default: plaintext.
+  TlsClientOptions tls;
+  // Sent with every call as "authorization: Bearer <token>": the
+  // coordinator's CoordinatorOptions::join_token. Empty sends none.
+  // Default: empty.
+  std::string join_token;
+
+  // InvalidArgument for invalid TLS options or a join token that breaks
+  // the token rule (ValidateSecretToken).
+  absl::Status Validate() const;
+};
+
 // A client of the Coordinator service. Every call waits for the coordinator
 // to come up (rank 0 may start last) until its timeout; a timeout gives
-// DeadlineExceeded saying what was missing. Thread-safe.
+// DeadlineExceeded saying what was missing (for a coordinator it never
+// reached, the last connection error: refused, TLS handshake). A refused
+// join token gives Unauthenticated at once, naming the coordinator.
+// Thread-safe.
 class CoordinatorClient {
  public:
-  // Makes a channel to `address` (host:port); connects lazily.
-  // InvalidArgument for an empty address.
+  // Makes a channel to `address` (host:port) with `options`, reading the
+  // TLS files now; connects lazily. InvalidArgument for an empty address
+  // or invalid options (or a TLS file with no PEM block), NotFound for a
+  // TLS file that cannot be read.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
-      const std::string& address);
+      const std::string& address, const CoordinatorClientOptions& options = {});
 
   // Joins `rank` to the next round of `job_id` and waits for the other ranks
   // of the round; returns the round's session id. Codes as in
@@ -140,14 +186,23 @@ class CoordinatorClient {
   const std::string& address() const { return address_; }
 
  private:
-  CoordinatorClient(std::string address,
+  CoordinatorClient(std::string address, CoordinatorClientOptions options,
                     std::shared_ptr<grpc::Channel> channel);
 
+  // A context with the call's deadline, waiting for the coordinator to
+  // come up, carrying the join token.
+  void PrepareContext(grpc::ClientContext& context,
+                      double timeout_seconds) const;
   // Turns a failed call into a Status that names the coordinator and `rpc`.
   absl::Status CallError(const grpc::Status& status, absl::string_view rpc,
                          double timeout_seconds) const;
+  // Why the channel does not connect: the error of a call that does not
+  // wait for it (connection refused, TLS handshake failure); empty when it
+  // connects.
+  std::string LastConnectionError() const;
 
   const std::string address_;
+  const CoordinatorClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<::dlrm::Coordinator::Stub> stub_;
 };

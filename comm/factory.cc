@@ -76,6 +76,11 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
     if (options.job_id.empty()) {
       return absl::InvalidArgumentError("CommOptions: job_id is empty");
     }
+    if (const absl::Status bad = options.coordinator_client.Validate();
+        !bad.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CommOptions: coordinator_client: ", bad.message()));
+    }
   }
   return backend;
 }
@@ -100,6 +105,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
       gloo.rank = options.rank;
       gloo.world_size = options.world_size;
       gloo.coordinator_address = options.coordinator_address;
+      gloo.coordinator_client = options.coordinator_client;
       gloo.job_id = options.job_id;
       gloo.generation = options.generation;
       gloo.bind_address = options.bind_address;
@@ -112,6 +118,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
       nccl.rank = options.rank;
       nccl.world_size = options.world_size;
       nccl.coordinator_address = options.coordinator_address;
+      nccl.coordinator_client = options.coordinator_client;
       nccl.job_id = options.job_id;
       nccl.generation = options.generation;
       nccl.device = options.device;

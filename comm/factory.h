@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "comm/coordinator.h"
 
 namespace dlrm::comm {
 
@@ -39,6 +40,9 @@ struct CommOptions {
   // host:port of the coordinator rank 0 hosts (comm/coordinator.h).
   // Required unless the choice is single-rank. Default: "".
   std::string coordinator_address;
+  // TLS and join token of the calls to the coordinator. Default:
+  // plaintext, no token.
+  CoordinatorClientOptions coordinator_client;
   // Names the job at the coordinator; two communicators of one job need
   // different ids. Default: "dlrm".
   std::string job_id = "dlrm";

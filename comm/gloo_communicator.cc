@@ -259,6 +259,7 @@ absl::Status GlooOptions::Validate() const {
     return absl::InvalidArgumentError("coordinator_address is empty");
   }
   if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  RETURN_IF_ERROR(coordinator_client.Validate());
   if (bind_address.empty()) {
     return absl::InvalidArgumentError("bind_address is empty");
   }
@@ -279,7 +280,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
                    options.world_size, ", job '", options.job_id, "')");
 
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   CoordinatorClient::Create(options.coordinator_address));
+                   CoordinatorClient::Create(options.coordinator_address,
+                                             options.coordinator_client));
   absl::StatusOr<uint64_t> session =
       client->RegisterRank(options.job_id, options.generation, options.rank,
                            options.world_size, options.connect_timeout_seconds);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "comm/coordinator.h"
 
 namespace dlrm::comm {
 
@@ -20,6 +21,9 @@ struct GlooOptions {
   // host:port of the coordinator (see comm/coordinator.h). Required.
   // Default: "".
   std::string coordinator_address;
+  // TLS and join token of the calls to the coordinator. Default:
+  // plaintext, no token.
+  CoordinatorClientOptions coordinator_client;
   // Names the job at the coordinator; jobs sharing a coordinator need
   // different ids. Default: "dlrm".
   std::string job_id = "dlrm";
@@ -43,7 +47,10 @@ struct GlooOptions {
 // Registers with the coordinator and connects to every other rank; every
 // rank of the job calls it with its own rank. InvalidArgument for bad
 // options, DeadlineExceeded naming the ranks that did not arrive within
-// connect_timeout_seconds, FailedPrecondition for a stale generation.
+// connect_timeout_seconds, FailedPrecondition for a stale generation,
+// Unauthenticated when the coordinator refuses the join token. The Gloo
+// links themselves are plaintext and unauthenticated (docs/server.md
+// "Security"); the TCP device binds bind_address only.
 //
 // The communicator fails a collective with Unavailable when a peer's
 // connection breaks (usually at once) and with DeadlineExceeded after

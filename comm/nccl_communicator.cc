@@ -74,6 +74,10 @@ absl::Status NcclOptions::Validate() const {
   if (job_id.empty()) {
     return absl::InvalidArgumentError("NcclOptions: job_id is empty");
   }
+  if (const absl::Status bad = coordinator_client.Validate(); !bad.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions: coordinator_client: ", bad.message()));
+  }
   if (device < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("NcclOptions: device must be >= 0, got ", device));
@@ -612,7 +616,8 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclOptions& options,
         1e-3, std::chrono::duration<double>(deadline - Clock::now()).count());
   };
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   CoordinatorClient::Create(options.coordinator_address));
+                   CoordinatorClient::Create(options.coordinator_address,
+                                             options.coordinator_client));
   ASSIGN_OR_RETURN(
       uint64_t session,
       client->RegisterRank(options.job_id, options.generation, options.rank,

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "comm/coordinator.h"
 
 namespace dlrm::comm {
 
@@ -22,6 +23,9 @@ struct NcclOptions {
   // host:port of the coordinator (comm/coordinator.h). Required for
   // world_size > 1. Default: "".
   std::string coordinator_address;
+  // TLS and join token of the calls to the coordinator. Default:
+  // plaintext, no token.
+  CoordinatorClientOptions coordinator_client;
   // Names the job at the coordinator (a Gloo communicator of the same job
   // needs a different id). Default: "dlrm-nccl".
   std::string job_id = "dlrm-nccl";

@@ -124,7 +124,10 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_concurrent_streams = ", max_concurrent_streams, " must be >= 0"));
   }
-  RETURN_IF_ERROR(tls.Validate());
+  if (const absl::Status bad = tls.Validate(); !bad.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bad.message(), " (--tls-cert, --tls-key, --tls-client-ca)"));
+  }
   RETURN_IF_ERROR(auth.Validate());
   RETURN_IF_ERROR(HostOptionsFrom(*this).Validate());
   RETURN_IF_ERROR(DataPathsFrom(*this).Validate());
@@ -175,7 +178,7 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   s->host_ = std::move(model_host);
   s->auth_ = std::make_unique<TokenAuth>(o.auth);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   MakeServerCredentials(o.tls));
+                   comm::MakeServerCredentials(o.tls));
   s->work_ = std::make_unique<WorkQueue>(o.work_threads);
   PredictBatcherOptions batcher;
   batcher.max_batch_samples = o.predict_max_batch;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/grpc_auth.h"
 #include "model/model.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
@@ -89,9 +90,9 @@ struct ServerOptions {
   // open (GRPC_ARG_MAX_CONCURRENT_STREAMS); further calls wait for a free
   // one. 0 keeps gRPC's default (no limit). Default: 0.
   int max_concurrent_streams = 0;
-  // TLS of the gRPC port (the /metrics endpoint stays plain HTTP).
-  // Default: off.
-  TlsOptions tls;
+  // TLS of the gRPC port (the /metrics endpoint stays plain HTTP):
+  // --tls-cert, --tls-key, --tls-client-ca. Default: off.
+  comm::TlsServerOptions tls;
   // The bearer token Trainer and Admin (and optionally Predictor) calls
   // need. Default: none (every call is open).
   AuthOptions auth;

@@ -32,8 +32,10 @@
 #include "absl/strings/str_split.h"
 #include "comm/coordinator.h"
 #include "comm/factory.h"
+#include "comm/grpc_auth.h"
 #include "comm/launcher_env.h"
 #include "core/config.h"
+#include "core/secrets.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
@@ -76,6 +78,16 @@ struct Flags {
   // Security (docs/server.md "Security"): the token is read from this file
   // into server.auth.token, so it never shows in a process listing.
   std::string auth_token_file;
+  // The control plane of a multi-rank job (docs/server.md "Security"):
+  // TLS of the coordinator (rank 0 serves with the certificate; every rank
+  // verifies it with the CA and, with `coordinator_tls_mutual`, presents
+  // the certificate as its own) and the join token every rank sends it,
+  // read from `join_token_file` into `join_token`.
+  std::string coordinator_tls_cert, coordinator_tls_key, coordinator_tls_ca,
+      coordinator_tls_server_name;
+  bool coordinator_tls_mutual = false;
+  std::string join_token_file;
+  std::string join_token;
   // Resume from the newest valid checkpoint under --checkpoint-dir when
   // there is one and --restore is not given (docs/checkpoints.md).
   bool resume = true;
@@ -168,6 +180,95 @@ absl::Status CheckAddress(const std::string& flag, const std::string& address) {
   return absl::OkStatus();
 }
 
+// Rank 0's coordinator: TLS from the --coordinator-tls-* flags (mutual with
+// --coordinator-tls-mutual) and the join token.
+comm::CoordinatorServerOptions CoordinatorServerFrom(const Flags& f) {
+  comm::CoordinatorServerOptions o;
+  o.listen_address = f.coordinator;
+  o.tls.cert_file = f.coordinator_tls_cert;
+  o.tls.key_file = f.coordinator_tls_key;
+  if (f.coordinator_tls_mutual) o.tls.client_ca_file = f.coordinator_tls_ca;
+  o.coordinator.join_token = f.join_token;
+  return o;
+}
+
+// How every rank, rank 0 included, dials the coordinator: TLS when
+// --coordinator-tls-ca is given, presenting the certificate (when given)
+// to a coordinator that asks for one.
+comm::CoordinatorClientOptions CoordinatorClientFrom(const Flags& f) {
+  comm::CoordinatorClientOptions o;
+  o.tls.enabled = !f.coordinator_tls_ca.empty();
+  if (o.tls.enabled) {
+    o.tls.ca_file = f.coordinator_tls_ca;
+    o.tls.cert_file = f.coordinator_tls_cert;
+    o.tls.key_file = f.coordinator_tls_key;
+    o.tls.server_name = f.coordinator_tls_server_name;
+  }
+  o.join_token = f.join_token;
+  return o;
+}
+
+// The control-plane flags of a job of several ranks, named in errors; reads
+// the PEM files, so that a dry run catches a missing one.
+absl::Status ValidateControlPlane(const Flags& f) {
+  const bool cert = !f.coordinator_tls_cert.empty();
+  const bool key = !f.coordinator_tls_key.empty();
+  if (f.coordinator_tls_ca.empty() &&
+      (cert || key || f.coordinator_tls_mutual ||
+       !f.coordinator_tls_server_name.empty())) {
+    return absl::InvalidArgumentError(
+        "--coordinator-tls-cert, --coordinator-tls-key, "
+        "--coordinator-tls-mutual and --coordinator-tls-server-name need "
+        "--coordinator-tls-ca: the CA every rank (rank 0 too) verifies the "
+        "coordinator's certificate with");
+  }
+  if (cert != key) {
+    return absl::InvalidArgumentError(
+        "--coordinator-tls-cert and --coordinator-tls-key go together");
+  }
+  if (!f.coordinator_tls_ca.empty() && f.rank == 0 && !cert) {
+    return absl::InvalidArgumentError(
+        "rank 0 hosts the coordinator: with --coordinator-tls-ca it needs "
+        "--coordinator-tls-cert and --coordinator-tls-key");
+  }
+  if (f.coordinator_tls_mutual && !cert) {
+    return absl::InvalidArgumentError(
+        "--coordinator-tls-mutual: every rank presents its "
+        "--coordinator-tls-cert and --coordinator-tls-key to the "
+        "coordinator");
+  }
+  const auto named = [](const absl::Status& status) {
+    return status.ok() ? status
+                       : absl::Status(status.code(),
+                                      absl::StrCat("--coordinator-tls-*: ",
+                                                   status.message()));
+  };
+  if (f.rank == 0) {
+    RETURN_IF_ERROR(named(
+        comm::MakeServerCredentials(CoordinatorServerFrom(f).tls).status()));
+  }
+  RETURN_IF_ERROR(named(
+      comm::MakeChannelCredentials(CoordinatorClientFrom(f).tls).status()));
+  if (!f.join_token.empty()) {
+    RETURN_IF_ERROR(ValidateSecretToken(
+        f.join_token, absl::StrCat("the join token in --join-token-file ",
+                                   f.join_token_file)));
+  }
+  return absl::OkStatus();
+}
+
+// The control plane in words, for logs and --dry-run.
+std::string ControlPlaneSummary(const Flags& f) {
+  return absl::StrCat(f.coordinator_tls_ca.empty()
+                          ? "plaintext"
+                          : (f.coordinator_tls_mutual ? "mutual TLS" : "TLS"),
+                      ", ",
+                      f.join_token.empty()
+                          ? "no join token (any process that reaches it "
+                            "can join)"
+                          : "join token required");
+}
+
 // The checks of the flags together (CLI11 checked each alone): the ones a
 // run makes before it starts anything, shared with --dry-run so that a dry
 // run fails where a run would.
@@ -191,7 +292,7 @@ absl::Status ValidateFlags(const Flags& f) {
   if (f.rank == 0) {
     RETURN_IF_ERROR(f.server.Validate());
     // Reads the PEM files, so that a dry run catches a missing one.
-    RETURN_IF_ERROR(MakeServerCredentials(f.server.tls).status());
+    RETURN_IF_ERROR(comm::MakeServerCredentials(f.server.tls).status());
     RETURN_IF_ERROR(CheckAddress("--listen", f.server.listen));
     if (!f.server.metrics_listen.empty()) {
       RETURN_IF_ERROR(
@@ -216,7 +317,7 @@ absl::Status ValidateFlags(const Flags& f) {
     return absl::InvalidArgumentError(
         "--comm-timeout-s must be positive and --memory-budget-mb >= 0");
   }
-  return absl::OkStatus();
+  return ValidateControlPlane(f);
 }
 
 // The model config at `spec` (a preset, a file, a checkpoint's
@@ -266,10 +367,11 @@ absl::Status DryRun(const Flags& f) {
   std::printf("rank %d of %d\n", f.rank, f.world_size);
   if (!f.launcher_note.empty()) std::printf("%s\n", f.launcher_note.c_str());
   if (f.world_size > 1) {
-    std::printf("coordinator %s (%s)\ncollectives bind %s (Gloo)\n",
-                f.coordinator.c_str(),
-                f.rank == 0 ? "rank 0 hosts it" : "dialled",
-                f.comm_bind_address.c_str());
+    std::printf(
+        "coordinator %s (%s; %s)\ncollectives bind %s (Gloo: plaintext, "
+        "unauthenticated)\n",
+        f.coordinator.c_str(), f.rank == 0 ? "rank 0 hosts it" : "dialled",
+        ControlPlaneSummary(f).c_str(), f.comm_bind_address.c_str());
   }
   if (f.rank == 0) {
     std::printf("gRPC listen %s\nmetrics listen %s\n", f.server.listen.c_str(),
@@ -331,31 +433,18 @@ absl::Status DryRun(const Flags& f) {
 // client and Debian ships no grpc_health_probe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> HealthChannel(
     const std::string& target, const Flags& f) {
-  const bool tls = f.health_tls || !f.health_ca.empty() ||
-                   !f.health_cert.empty() || !f.health_server_name.empty();
-  if (!tls) {
-    return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  }
+  comm::TlsClientOptions tls;
+  tls.enabled = f.health_tls || !f.health_ca.empty() ||
+                !f.health_cert.empty() || !f.health_server_name.empty();
   if (f.health_cert.empty() != f.health_key.empty()) {
     return absl::InvalidArgumentError(
         "--health-check-cert and --health-check-key go together");
   }
-  grpc::SslCredentialsOptions ssl;
-  if (!f.health_ca.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                     ReadSecretFile(f.health_ca, "--health-check-ca"));
-  }
-  if (!f.health_cert.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                     ReadSecretFile(f.health_cert, "--health-check-cert"));
-    ASSIGN_OR_RETURN(ssl.pem_private_key,
-                     ReadSecretFile(f.health_key, "--health-check-key"));
-  }
-  grpc::ChannelArguments args;
-  if (!f.health_server_name.empty()) {
-    args.SetSslTargetNameOverride(f.health_server_name);
-  }
-  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
+  tls.ca_file = f.health_ca;
+  tls.cert_file = f.health_cert;
+  tls.key_file = f.health_key;
+  tls.server_name = f.health_server_name;
+  return comm::MakeChannel(target, tls);
 }
 
 int HealthCheck(const std::string& target, const Flags& f, double timeout_s) {
@@ -506,12 +595,17 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     signal_cv.notify_all();
   }).detach();
 
+  if (!f.join_token.empty() && f.coordinator_tls_ca.empty()) {
+    spdlog::warn(
+        "the join token crosses the network in plaintext: give the ranks "
+        "--coordinator-tls-ca (and rank 0 a certificate) off loopback");
+  }
   std::unique_ptr<comm::CoordinatorServer> coordinator;
   if (f.rank == 0) {
-    comm::CoordinatorServerOptions co;
-    co.listen_address = f.coordinator;
-    ASSIGN_OR_RETURN(coordinator, comm::CoordinatorServer::Start(co));
-    spdlog::info("coordinator listening on {}", coordinator->address());
+    ASSIGN_OR_RETURN(coordinator,
+                     comm::CoordinatorServer::Start(CoordinatorServerFrom(f)));
+    spdlog::info("coordinator listening on {} ({})", coordinator->address(),
+                 ControlPlaneSummary(f));
   }
   // Host buffers: the CPU model's exchanges and the control traffic below
   // (Gloo for more than one rank).
@@ -520,6 +614,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   comm_options.rank = f.rank;
   comm_options.world_size = f.world_size;
   comm_options.coordinator_address = f.coordinator;
+  comm_options.coordinator_client = CoordinatorClientFrom(f);
   comm_options.bind_address = f.comm_bind_address;
   comm_options.job_id = "dlrm-server";
   comm_options.op_timeout_seconds = f.comm_timeout_s;
@@ -873,6 +968,26 @@ int main(int argc, char** argv) {
                  "\"authorization: Bearer <token>\"");
   app.add_flag("--predict-requires-token", o.auth.predict_requires_token,
                "With --auth-token-file: Predict needs the token too");
+  app.add_option("--coordinator-tls-ca", f.coordinator_tls_ca,
+                 "With --world-size > 1: PEM CA certificates every rank "
+                 "verifies the coordinator's certificate with; turns TLS on "
+                 "for the control plane (same flags on every rank)");
+  app.add_option("--coordinator-tls-cert", f.coordinator_tls_cert,
+                 "PEM certificate chain rank 0's coordinator serves with "
+                 "(with --coordinator-tls-key); other ranks present it as "
+                 "their client certificate under --coordinator-tls-mutual");
+  app.add_option("--coordinator-tls-key", f.coordinator_tls_key,
+                 "PEM private key of --coordinator-tls-cert");
+  app.add_flag("--coordinator-tls-mutual", f.coordinator_tls_mutual,
+               "The coordinator requires every rank to present a "
+               "certificate signed by --coordinator-tls-ca (mutual TLS)");
+  app.add_option("--coordinator-tls-server-name", f.coordinator_tls_server_name,
+                 "The name the coordinator's certificate must carry, when "
+                 "not the host in --coordinator");
+  app.add_option("--join-token-file", f.join_token_file,
+                 "With --world-size > 1: file holding the job's join token "
+                 "(>= 16 printable characters, the same on every rank); the "
+                 "coordinator refuses calls without it");
   app.add_option("--max-concurrent-streams", o.max_concurrent_streams,
                  "Most concurrent RPCs one client connection may have open "
                  "(0 = gRPC's default, no limit)")
@@ -894,13 +1009,23 @@ int main(int argc, char** argv) {
   f.server.max_message_bytes = f.max_message_mb << 20;
   if (!f.auth_token_file.empty()) {
     absl::StatusOr<std::string> token =
-        dlrm::server::ReadSecretFile(f.auth_token_file, "--auth-token-file");
+        dlrm::ReadSecretFile(f.auth_token_file, "--auth-token-file");
     if (!token.ok()) {
       std::fprintf(stderr, "dlrm_server: %s\n",
                    token.status().ToString().c_str());
       return 1;
     }
     f.server.auth.token = *std::move(token);
+  }
+  if (!f.join_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        dlrm::ReadSecretFile(f.join_token_file, "--join-token-file");
+    if (!token.ok()) {
+      std::fprintf(stderr, "dlrm_server: %s\n",
+                   token.status().ToString().c_str());
+      return 1;
+    }
+    f.join_token = *std::move(token);
   }
   const absl::Status s =
       f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::Run(f);

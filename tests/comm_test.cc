@@ -22,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "tests/test_certs.h"
 #if defined(DLRM_WITH_NCCL)
 #include <cuda_runtime_api.h>
 
@@ -921,6 +923,383 @@ TEST_F(CommCoordinatorTest, GlooStoreThrowsAndKeepsTheStatus) {
   EXPECT_EQ(store.last_error().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// ---------------------------------------------- control-plane security
+
+TEST(CommCoordinatorOptionsTest, TokensAndTlsFilesAreValidated) {
+  CoordinatorServerOptions server;
+  EXPECT_TRUE(server.Validate().ok());
+  server.coordinator.join_token = "short";
+  EXPECT_EQ(server.Validate().code(), absl::StatusCode::kInvalidArgument);
+  server.coordinator.join_token = "0123456789abcdef 0123";  // a space
+  EXPECT_EQ(server.Validate().code(), absl::StatusCode::kInvalidArgument);
+  server.coordinator.join_token = "0123456789abcdef";
+  EXPECT_TRUE(server.Validate().ok());
+  server.tls.cert_file = "server.pem";
+  EXPECT_EQ(server.Validate().code(), absl::StatusCode::kInvalidArgument);
+  server.tls.key_file = "missing.key";
+  EXPECT_EQ(CoordinatorServer::Start(server).status().code(),
+            absl::StatusCode::kNotFound);
+
+  CoordinatorClientOptions client;
+  EXPECT_TRUE(client.Validate().ok());
+  client.join_token = "short";
+  EXPECT_EQ(CoordinatorClient::Create("127.0.0.1:1", client).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  client.join_token = "";
+  client.tls.ca_file = "ca.pem";  // without tls.enabled
+  EXPECT_EQ(client.Validate().code(), absl::StatusCode::kInvalidArgument);
+  client.tls.enabled = true;
+  client.tls.ca_file = "missing.pem";
+  EXPECT_EQ(CoordinatorClient::Create("127.0.0.1:1", client).status().code(),
+            absl::StatusCode::kNotFound);
+  GlooOptions gloo;
+  gloo.coordinator_address = "127.0.0.1:1";
+  gloo.coordinator_client.join_token = "short";
+  EXPECT_EQ(gloo.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+constexpr char kJoinToken[] = "join-0123456789abcdef0123456789";
+constexpr char kWrongJoinToken[] = "join-0123456789abcdef012345678X";
+
+// A coordinator over TLS (certificates from tests/test_certs.h, made once
+// per binary) and clients that dial it.
+class CommCoordinatorSecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     absl::StrCat("comm_test_pki_", getpid()));
+    std::filesystem::remove_all(*dir_);
+    std::filesystem::create_directories(*dir_);
+    made_ = test::MakeTestCertificates(*dir_);
+  }
+
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  void SetUp() override {
+    if (!made_) {
+      GTEST_SKIP() << "the openssl tool could not make test certificates "
+                      "(see openssl.log; is openssl installed?)";
+    }
+  }
+
+  static std::string File(const std::string& name) {
+    return (*dir_ / name).string();
+  }
+
+  // Starts the coordinator over TLS; `mutual` requires client
+  // certificates, `token` a join token.
+  void Start(bool mutual, const std::string& token = "") {
+    CoordinatorServerOptions o;
+    o.tls.cert_file = File("server.pem");
+    o.tls.key_file = File("server.key");
+    if (mutual) o.tls.client_ca_file = File("ca.pem");
+    o.coordinator.join_token = token;
+    auto server = CoordinatorServer::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  // Client options trusting the test CA, with `token`.
+  static CoordinatorClientOptions Trusting(const std::string& token = "") {
+    CoordinatorClientOptions o;
+    o.tls.enabled = true;
+    o.tls.ca_file = File("ca.pem");
+    o.join_token = token;
+    return o;
+  }
+
+  std::unique_ptr<CoordinatorClient> Client(
+      const CoordinatorClientOptions& options) {
+    auto client = CoordinatorClient::Create(server_->address(), options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // RegisterRank of a one-rank job through a client with `options`.
+  absl::Status JoinAlone(const CoordinatorClientOptions& options,
+                         double timeout_seconds = 1) {
+    std::unique_ptr<CoordinatorClient> client = Client(options);
+    if (client == nullptr) return absl::InternalError("no client");
+    return client->RegisterRank("alone", 0, 0, 1, timeout_seconds).status();
+  }
+
+  static std::filesystem::path* dir_;
+  static bool made_;
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+std::filesystem::path* CommCoordinatorSecurityTest::dir_ = nullptr;
+bool CommCoordinatorSecurityTest::made_ = false;
+
+TEST_F(CommCoordinatorSecurityTest, TlsRendezvousWorks) {
+  Start(/*mutual=*/false);
+  std::unique_ptr<CoordinatorClient> a = Client(Trusting());
+  std::unique_ptr<CoordinatorClient> b = Client(Trusting());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  absl::StatusOr<uint64_t> first = absl::UnknownError("");
+  std::thread waiting([&] { first = a->RegisterRank("job", 0, 0, 2, 10); });
+  absl::StatusOr<uint64_t> second = b->RegisterRank("job", 0, 1, 2, 10);
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*first, *second);
+  ASSERT_TRUE(a->StoreSet(*first, "k", "v", 5).ok());
+  EXPECT_EQ(b->StoreGet(*first, "k", 5).value_or(""), "v");
+  // By name, when the address holds one the certificate does not carry.
+  CoordinatorClientOptions by_name = Trusting();
+  by_name.tls.server_name = "localhost";
+  EXPECT_TRUE(JoinAlone(by_name, 10).ok());
+}
+
+TEST_F(CommCoordinatorSecurityTest, ClientWithoutTheCaFailsNamingWhy) {
+  Start(/*mutual=*/false);
+  // Plaintext to a TLS port.
+  absl::Status plain = JoinAlone(CoordinatorClientOptions());
+  EXPECT_EQ(plain.code(), absl::StatusCode::kDeadlineExceeded) << plain;
+  EXPECT_NE(plain.message().find("could not reach the coordinator"),
+            std::string::npos)
+      << plain;
+  EXPECT_NE(plain.message().find("without TLS like this rank"),
+            std::string::npos)
+      << plain;
+  // TLS trusting another CA: the handshake fails, and the message says so.
+  CoordinatorClientOptions other = Trusting();
+  other.tls.ca_file = File("other-ca.pem");
+  absl::Status untrusted = JoinAlone(other);
+  EXPECT_EQ(untrusted.code(), absl::StatusCode::kDeadlineExceeded) << untrusted;
+  EXPECT_NE(untrusted.message().find("chain to this rank's CA"),
+            std::string::npos)
+      << untrusted;
+  EXPECT_NE(untrusted.message().find("last connection error"),
+            std::string::npos)
+      << untrusted;
+}
+
+TEST_F(CommCoordinatorSecurityTest, WrongServerNameFailsNamingIt) {
+  Start(/*mutual=*/false);
+  CoordinatorClientOptions o = Trusting();
+  o.tls.server_name = "not-the-coordinator.example";
+  absl::Status status = JoinAlone(o);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("not-the-coordinator.example"),
+            std::string::npos)
+      << status;
+}
+
+TEST_F(CommCoordinatorSecurityTest, MutualTlsNeedsACertificateFromTheCa) {
+  Start(/*mutual=*/true);
+  EXPECT_EQ(JoinAlone(Trusting()).code(), absl::StatusCode::kDeadlineExceeded);
+  CoordinatorClientOptions stranger = Trusting();
+  stranger.tls.cert_file = File("stranger.pem");
+  stranger.tls.key_file = File("client.key");
+  EXPECT_EQ(JoinAlone(stranger).code(), absl::StatusCode::kDeadlineExceeded);
+  CoordinatorClientOptions client = Trusting();
+  client.tls.cert_file = File("client.pem");
+  client.tls.key_file = File("client.key");
+  EXPECT_TRUE(JoinAlone(client, 10).ok());
+  // dlrm_server's ranks present the coordinator's own certificate.
+  client.tls.cert_file = File("server.pem");
+  client.tls.key_file = File("server.key");
+  EXPECT_TRUE(JoinAlone(client, 10).ok());
+}
+
+TEST_F(CommCoordinatorSecurityTest, WrongOrMissingTokenIsUnauthenticated) {
+  Start(/*mutual=*/false, kJoinToken);
+  std::unique_ptr<CoordinatorClient> good = Client(Trusting(kJoinToken));
+  ASSERT_NE(good, nullptr);
+  absl::StatusOr<uint64_t> session = good->RegisterRank("job", 0, 0, 1, 10);
+  ASSERT_TRUE(session.ok()) << session.status();
+  for (const std::string& token : {std::string(), std::string(kWrongJoinToken),
+                                   std::string(kJoinToken) + "0"}) {
+    SCOPED_TRACE(token.empty() ? "no token" : token);
+    std::unique_ptr<CoordinatorClient> bad = Client(Trusting(token));
+    ASSERT_NE(bad, nullptr);
+    const absl::Status refused = bad->RegisterRank("job", 0, 0, 1, 10).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
+    EXPECT_NE(refused.message().find(
+                  absl::StrCat("the coordinator at ", server_->address(),
+                               " refused this rank's join token")),
+              std::string::npos)
+        << refused;
+    EXPECT_NE(refused.message().find("join token rejected"), std::string::npos)
+        << refused;
+    // No secret in the answer.
+    EXPECT_EQ(refused.message().find("0123456789abcdef"), std::string::npos)
+        << refused;
+    // The store refuses it too, and the refused calls touch nothing.
+    EXPECT_EQ(bad->StoreSet(*session, "k", "forged", 10).code(),
+              absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(bad->StoreGet(*session, "k", 10).status().code(),
+              absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(bad->StoreWait(*session, {"k"}, 10).code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_EQ(good->StoreWait(*session, {"k"}, 0.5).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(good->StoreSet(*session, "k", "real", 5).ok());
+  EXPECT_EQ(good->StoreGet(*session, "k", 5).value_or(""), "real");
+}
+
+// Two good ranks join while a third, with a wrong token, tries everything
+// that would disturb their round if it were accepted: taking rank 1, another
+// world size, a newer generation (which aborts a waiting round). The good
+// ranks complete, in one session.
+TEST_F(CommCoordinatorSecurityTest, RefusedCallsDoNotDisturbAConcurrentJoin) {
+  Start(/*mutual=*/false, kJoinToken);
+  std::unique_ptr<CoordinatorClient> rank0 = Client(Trusting(kJoinToken));
+  std::unique_ptr<CoordinatorClient> rank1 = Client(Trusting(kJoinToken));
+  std::unique_ptr<CoordinatorClient> intruder =
+      Client(Trusting(kWrongJoinToken));
+  ASSERT_NE(rank0, nullptr);
+  ASSERT_NE(rank1, nullptr);
+  ASSERT_NE(intruder, nullptr);
+  absl::StatusOr<uint64_t> first = absl::UnknownError("");
+  std::thread waiting([&] { first = rank0->RegisterRank("job", 1, 0, 2, 20); });
+  std::vector<absl::Status> intrusions;
+  std::thread intruding([&] {
+    intrusions.push_back(intruder->RegisterRank("job", 1, 1, 2, 5).status());
+    intrusions.push_back(intruder->RegisterRank("job", 1, 1, 3, 5).status());
+    intrusions.push_back(intruder->RegisterRank("job", 9, 0, 2, 5).status());
+  });
+  intruding.join();
+  absl::StatusOr<uint64_t> second = rank1->RegisterRank("job", 1, 1, 2, 20);
+  waiting.join();
+  for (const absl::Status& status : intrusions) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+  }
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*first, *second);
+  ASSERT_TRUE(rank0->StoreSet(*first, "addr", "0", 5).ok());
+  EXPECT_EQ(rank1->StoreGet(*first, "addr", 5).value_or(""), "0");
+}
+
+// Gloo connects through a TLS coordinator that wants the token, and a rank
+// without it is named as refused.
+TEST_F(CommCoordinatorSecurityTest, GlooConnectsThroughASecuredCoordinator) {
+  Start(/*mutual=*/false, kJoinToken);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.rank = r;
+      o.world_size = 2;
+      o.coordinator_address = server_->address();
+      o.coordinator_client = Trusting(kJoinToken);
+      o.job_id = "secured";
+      o.connect_timeout_seconds = 30;
+      absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(o);
+      if (!comm.ok()) {
+        results[r] = comm.status();
+        return;
+      }
+      int64_t value = r + 1;
+      results[r] = (*comm)->AllReduceSum(&value, 1, DataType::kInt64);
+      if (results[r].ok() && value != 3) {
+        results[r] = absl::InternalError(absl::StrCat("sum ", value));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& status : results) {
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  GlooOptions o;
+  o.coordinator_address = server_->address();
+  o.coordinator_client = Trusting(kWrongJoinToken);
+  o.job_id = "refused";
+  const absl::Status refused = ConnectGloo(o).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
+  EXPECT_NE(refused.message().find("refused this rank's join token"),
+            std::string::npos)
+      << refused;
+}
+
+// The addresses this process listens on over TCP (IPv4 as a.b.c.d, IPv6
+// as [hex]), from /proc/net/tcp{,6} and this process's socket inodes.
+std::vector<std::string> ListeningAddresses() {
+  std::set<std::string> inodes;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target =
+        std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::string> addresses;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid,
+          timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >>
+          retransmits >> uid >> timeout >> inode;
+      if (state != "0A" || inodes.count(inode) == 0) continue;  // LISTEN
+      const std::string ip = local.substr(0, local.find(':'));
+      // IPv4, also mapped into IPv6 (::ffff:a.b.c.d), is little-endian.
+      constexpr char kMapped[] = "0000000000000000FFFF0000";
+      if (ip.size() == 8 || (ip.size() == 32 && ip.rfind(kMapped, 0) == 0)) {
+        const unsigned long v =
+            std::stoul(ip.substr(ip.size() - 8), nullptr, 16);
+        addresses.push_back(absl::StrCat(v & 0xff, ".", (v >> 8) & 0xff, ".",
+                                         (v >> 16) & 0xff, ".", v >> 24));
+      } else {
+        addresses.push_back(absl::StrCat("[", ip, "]"));
+      }
+    }
+  }
+  return addresses;
+}
+
+// Gloo's links are plaintext and unauthenticated (docs/server.md
+// "Security"), so they must listen on the bind address only, never on
+// every interface. Gloo 0.5 listens only while a rank connects, so rank 0
+// is looked at while it waits for a rank 1 that registered but never
+// publishes its address.
+TEST(CommGlooConnectTest, ListensOnTheBindAddressOnly) {
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  const size_t before = ListeningAddresses().size();
+  std::thread registrar([&] {
+    auto client = CoordinatorClient::Create(server->address());
+    ASSERT_TRUE(client.ok());
+    EXPECT_TRUE((*client)->RegisterRank("bind", 0, 1, 2, 10).ok());
+  });
+  absl::Status connected;
+  std::thread rank0([&] {
+    GlooOptions o;
+    o.world_size = 2;
+    o.coordinator_address = server->address();
+    o.job_id = "bind";
+    o.bind_address = "127.0.0.1";
+    o.connect_timeout_seconds = 2;
+    connected = ConnectGloo(o).status();
+  });
+  std::vector<std::string> listening = ListeningAddresses();
+  for (int i = 0; i < 150 && listening.size() <= before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    listening = ListeningAddresses();
+  }
+  registrar.join();
+  rank0.join();
+  EXPECT_EQ(connected.code(), absl::StatusCode::kDeadlineExceeded) << connected;
+  // The coordinator's port and Gloo's listener, both on loopback.
+  EXPECT_GT(listening.size(), before);
+  for (const std::string& address : listening) {
+    EXPECT_EQ(address, "127.0.0.1");
+  }
+}
+
 // ------------------------------------------------------------ gloo ranks
 
 TEST(CommGlooOptionsTest, Validate) {
@@ -1235,7 +1614,10 @@ TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
   }
   const absl::Status single = MakeSingleRankDeviceCommunicator(0).status();
   EXPECT_EQ(single.code(), absl::StatusCode::kFailedPrecondition) << single;
-  const absl::Status nccl = ConnectNccl(NcclOptions{}).status();
+  // A named object: GCC 12 warns (wrongly) that a temporary's strings may
+  // be destroyed uninitialised.
+  const NcclOptions defaults;
+  const absl::Status nccl = ConnectNccl(defaults).status();
   EXPECT_EQ(nccl.code(), absl::StatusCode::kFailedPrecondition) << nccl;
 }
 

@@ -35,6 +35,7 @@
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "tests/test_certs.h"
 
 extern char** environ;
 
@@ -378,7 +379,7 @@ class LaunchTest : public testing::Test {
   std::string StartRanks(int world, std::vector<std::string> extra = {},
                          const std::string& launcher = "") {
     ranks_.clear();
-    const int port = FreePort();
+    const int port = coordinator_port_ > 0 ? coordinator_port_ : FreePort();
     const std::string coordinator = "127.0.0.1:" + std::to_string(port);
     for (int r = 0; r < world; ++r) {
       std::vector<std::string> args = {ServerPath(),
@@ -557,6 +558,8 @@ class LaunchTest : public testing::Test {
   bool launcher_process_ = false;
   // The cluster srun submits to (RanksStartedBySrun...).
   LocalSlurm slurm_;
+  // The coordinator port StartRanks uses; 0 picks a free one.
+  int coordinator_port_ = 0;
 };
 
 TEST_F(LaunchTest, TwoRanksTrainAndPredictLikeOneProcess) {
@@ -595,6 +598,65 @@ TEST_F(LaunchTest, RanksStartedBySrunTrainLikeOneProcess) {
   const std::string why = slurm_.Start(dir_ / "slurm");
   if (!why.empty()) GTEST_SKIP() << why;
   CheckAgainstOneProcess(2, "srun");
+}
+
+// The control plane over mutual TLS with a join token: a process that claims
+// rank 1 with another token is refused and exits 1 saying so, while the real
+// ranks 0 and 1 form the job and train.
+TEST_F(LaunchTest, TlsAndJoinTokenGuardTheControlPlane) {
+  if (!test::MakeTestCertificates(dir_)) {
+    GTEST_SKIP() << "the openssl tool could not make test certificates";
+  }
+  std::ofstream(dir_ / "join-token") << "job-0123456789abcdef0123456789\n";
+  std::ofstream(dir_ / "wrong-token") << "job-0123456789abcdef012345678X\n";
+  const auto file = [&](const char* name) { return (dir_ / name).string(); };
+  const std::vector<std::string> tls = {
+      "--coordinator-tls-ca",    file("ca.pem"),
+      "--coordinator-tls-cert",  file("server.pem"),
+      "--coordinator-tls-key",   file("server.key"),
+      "--coordinator-tls-mutual"};
+  coordinator_port_ = FreePort();
+  // The impostor starts first and waits for rank 0's coordinator.
+  std::vector<std::string> impostor_args = {
+      ServerPath(),
+      "--config",
+      config_path_.string(),
+      "--world-size",
+      "2",
+      "--rank",
+      "1",
+      "--coordinator",
+      "127.0.0.1:" + std::to_string(coordinator_port_),
+      "--join-token-file",
+      file("wrong-token")};
+  impostor_args.insert(impostor_args.end(), tls.begin(), tls.end());
+  Proc impostor = Spawn(impostor_args, dir_ / "impostor.log");
+  ASSERT_GT(impostor.pid, 0);
+  std::vector<std::string> extra = tls;
+  extra.insert(extra.end(), {"--join-token-file", file("join-token")});
+  const std::string address = StartRanks(2, extra);
+  const int impostor_exit = WaitExit(impostor.pid, 60);
+  close(impostor.out_fd);
+  const std::string impostor_log = ReadText(dir_ / "impostor.log");
+  EXPECT_EQ(impostor_exit, 1) << impostor_log;
+  EXPECT_NE(impostor_log.find("refused this rank's join token"),
+            std::string::npos)
+      << impostor_log;
+  EXPECT_EQ(impostor_log.find("0123456789abcdef"), std::string::npos)
+      << impostor_log;
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(Train(**client).size(), static_cast<size_t>(kSteps));
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->world_size(), 2);
+  EXPECT_EQ(info->steps(), kSteps);
+  EXPECT_NE(
+      ReadText(dir_ / "rank-0.log").find("mutual TLS, join token required"),
+      std::string::npos)
+      << ReadText(dir_ / "rank-0.log");
+  StopRanks();
 }
 
 TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {

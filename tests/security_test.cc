@@ -17,12 +17,15 @@
 #include <vector>
 
 #include "clients/client.h"
+#include "comm/grpc_auth.h"
 #include "core/config.h"
+#include "core/secrets.h"
 #include "data/synthetic.h"
 #include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "tests/raw_call.h"
+#include "tests/test_certs.h"
 
 namespace dlrm::server {
 namespace {
@@ -152,13 +155,13 @@ TEST(AuthOptionsTest, ValidateRejectsWeakTokensAndOrphanFlags) {
 }
 
 TEST(TlsOptionsTest, ValidateNeedsCertAndKeyTogether) {
-  TlsOptions o;
+  comm::TlsServerOptions o;
   EXPECT_TRUE(o.Validate().ok());
   o.cert_file = "server.pem";
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
   o.key_file = "server.key";
   EXPECT_TRUE(o.Validate().ok());
-  o = TlsOptions();
+  o = comm::TlsServerOptions();
   o.client_ca_file = "ca.pem";
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -359,33 +362,12 @@ TEST_F(TokenTest, UnparseableBytesAreRefusedForTheTokenFirst) {
 // ------------------------------------------------------------ TLS
 
 // A CA, a server certificate for localhost / 127.0.0.1 and a client
-// certificate, made once per test binary with the openssl tool.
+// certificate, made once per test binary (tests/test_certs.h).
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(MakeTempDir("pki"));
-    const std::string d = dir_->string();
-    WriteFile(*dir_ / "san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-    const std::string key =
-        " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1"
-        " -nodes";
-    const std::string script =
-        "cd " + d + " && openssl req -x509" + key +
-        " -keyout ca.key -out ca.pem -days 2 -subj /CN=dlrm-test-ca" +
-        " && openssl req" + key +
-        " -keyout other-ca.key -out other-ca.pem -x509 -days 2"
-        " -subj /CN=dlrm-other-ca" +
-        " && openssl req" + key +
-        " -keyout server.key -out server.csr -subj /CN=localhost" +
-        " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key"
-        " -CAcreateserial -out server.pem -days 2 -extfile san.cnf" +
-        " && openssl req" + key +
-        " -keyout client.key -out client.csr -subj /CN=dlrm-test-client" +
-        " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key"
-        " -CAcreateserial -out client.pem -days 2" +
-        " && openssl x509 -req -in client.csr -CA other-ca.pem"
-        " -CAkey other-ca.key -CAcreateserial -out stranger.pem -days 2";
-    made_ = std::system((script + " >openssl.log 2>&1").c_str()) == 0;
+    made_ = test::MakeTestCertificates(*dir_);
   }
 
   static void TearDownTestSuite() {

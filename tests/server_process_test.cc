@@ -29,6 +29,7 @@
 #include "model/model.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
+#include "tests/test_certs.h"
 
 extern char** environ;
 
@@ -612,24 +613,7 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
 // it (plaintext, or TLS not trusting the CA) it fails; mutual TLS needs the
 // client certificate too.
 TEST_F(ServerProcessTest, HealthCheckOverTls) {
-  const std::string d = dir_.string();
-  std::ofstream(dir_ / "san.cnf") << "subjectAltName=IP:127.0.0.1\n";
-  const std::string key =
-      " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-  const std::string script =
-      "cd " + d + " && openssl req -x509" + key +
-      " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca" +
-      " && openssl req" + key +
-      " -keyout other.key -out other.pem -x509 -days 2 -subj /CN=other" +
-      " && openssl req" + key +
-      " -keyout server.key -out server.csr -subj /CN=dlrm-server" +
-      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key"
-      " -CAcreateserial -out server.pem -days 2 -extfile san.cnf" +
-      " && openssl req" + key +
-      " -keyout client.key -out client.csr -subj /CN=client" +
-      " && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key"
-      " -CAcreateserial -out client.pem -days 2";
-  if (std::system((script + " >openssl.log 2>&1").c_str()) != 0) {
+  if (!test::MakeTestCertificates(dir_)) {
     GTEST_SKIP() << "the openssl tool could not make test certificates";
   }
   auto file = [&](const char* name) { return (dir_ / name).string(); };
@@ -674,7 +658,8 @@ TEST_F(ServerProcessTest, HealthCheckOverTls) {
     EXPECT_EQ(probe(trusted, &out), 0) << out;
     EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
     EXPECT_EQ(probe({}, &out), 1) << out;  // plaintext to a TLS port
-    EXPECT_EQ(probe({"--health-check-ca", file("other.pem")}, &out), 1) << out;
+    EXPECT_EQ(probe({"--health-check-ca", file("other-ca.pem")}, &out), 1)
+        << out;
     EXPECT_EQ(probe({"--health-check-ca", file("missing.pem")}, &out), 1)
         << out;
     EXPECT_NE(out.find("missing.pem"), std::string::npos) << out;
