@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The one-step issue's measurements, alternating the sides in each round:
+# the in-process kaggle step of two builds (BEFORE, AFTER: build dirs), then
+# AFTER's in-process 2-rank step and its 2-rank and 1-process server jobs.
+# Prints one line per measurement; raw outputs go to $OUT.
+#
+# Usage: bench/compare_one_step.sh BEFORE_BUILD AFTER_BUILD [ROUNDS]
+set -euo pipefail
+before=$1 after=$2 rounds=${3:-3}
+OUT=${OUT:-/tmp/compare_one_step}
+rm -rf "$OUT"; mkdir -p "$OUT"
+rate() { grep -o '"samples_per_s": [0-9]*' "$1" | tail -1 | awk '{print $2}'; }
+for r in $(seq 1 "$rounds"); do
+  for side in before after; do
+    b=$before; [[ $side == after ]] && b=$after
+    "$b/bench/dlrm_bench_train" --config kaggle --rows 100000 --batch 2048 \
+        --iters 30 --repeats 5 > "$OUT/train-$side-$r.json" 2>/dev/null
+    echo "round $r kaggle step $side: $(rate "$OUT/train-$side-$r.json")"
+  done
+  "$after/bench/dlrm_bench_hybrid" --ranks 2 --rows 100000 --iters 20 \
+      --repeats 3 > "$OUT/hybrid-$r.json" 2> "$OUT/hybrid-$r.log"
+  echo "round $r in-process 2 ranks: $(rate "$OUT/hybrid-$r.json")"
+  "$after/clients/dlrm_bench" --config kaggle --no-client-stream \
+      --no-in-process --ranks 2 --steps 20 --repeats 3 --no-chart \
+      --out "$OUT/job-$r" > "$OUT/job-$r.log" 2>&1
+  echo "round $r server job 2 ranks: $(grep '2 rank processes' "$OUT/job-$r.log" | head -1 | awk -F'|' '{print $5}')"
+  echo "round $r server job 1 process: $(grep ' 1 process' "$OUT/job-$r.log" | head -1 | awk -F'|' '{print $5}')"
+done
