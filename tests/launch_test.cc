@@ -2,8 +2,11 @@
 // loopback, driven through the C++ client library, checked against the
 // single-process Model fed the same batches (docs/hybrid.md tolerance),
 // plus dataset jobs whose ranks read their own shares, checkpoints,
-// deploy/launch_local.sh and a follower that dies.
+// deploy/launch_local.sh and a follower that dies; and ranks on "hosts" of
+// their own (network namespaces) across an emulated link with delay, loss
+// and a partition.
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -139,9 +143,9 @@ Proc Spawn(const std::vector<std::string>& args, const fs::path& err,
   return p;
 }
 
-// Reads `fd` until a "dlrm_server: listening on ADDR" line; "" on timeout.
-std::string WaitListening(int fd, double seconds) {
-  const std::string prefix = "dlrm_server: listening on ";
+// Reads `fd` until it prints `prefix` and a word after it; that word, or ""
+// on timeout.
+std::string WaitForWord(int fd, const std::string& prefix, double seconds) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   std::string buffer;
@@ -159,6 +163,11 @@ std::string WaitListening(int fd, double seconds) {
     return buffer.substr(at + prefix.size(), end - at - prefix.size());
   }
   return "";
+}
+
+// Reads `fd` until a "dlrm_server: listening on ADDR" line; "" on timeout.
+std::string WaitListening(int fd, double seconds) {
+  return WaitForWord(fd, "dlrm_server: listening on ", seconds);
 }
 
 // Exit code of `pid` within `seconds`, or -2 (then it is killed).
@@ -515,6 +524,13 @@ class LaunchTest : public testing::Test {
   void CheckAgainstOneProcess(int world, const std::string& launcher = "") {
     const std::string address = StartRanks(world, {}, launcher);
     ASSERT_FALSE(address.empty());
+    CheckServingLikeOneProcess(address, world);
+  }
+
+  // Trains and predicts through the job of `world` ranks whose rank 0
+  // serves at `address`, checks the results against one process, then
+  // stops the ranks.
+  void CheckServingLikeOneProcess(const std::string& address, int world) {
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     const std::vector<double> losses = Train(**client);
@@ -987,6 +1003,332 @@ TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
   kill(ranks_[0].pid, SIGTERM);
   EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0);
   ranks_[0].pid = -1;
+}
+
+// ---- Ranks on hosts of their own: network namespaces on this machine.
+
+// Runs `command` (a shell line) to its end; "" when it exits 0, else what
+// it printed and its status.
+std::string Shell(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return "cannot run " + command;
+  std::string out;
+  char buffer[256];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+  const int status = pclose(pipe);
+  if (status == 0) return "";
+  return command + ": status " + std::to_string(status) + ": " + out;
+}
+
+fs::path LinkEmulatorPath() { return BuildDir() / "tests" / "link_emulator"; }
+
+// Each rank in a network namespace of its own (its "host"), joined to the
+// others through a middle namespace where tests/tools/link_emulator
+// forwards the frames, with a delay and loss when asked (the kernel here
+// has no sch_netem). Rank r is 10.77.0.<r+1>/24 on its eth0; rank 0 also
+// has a leg to the root namespace (10.78.<k>.2/30, this process at
+// 10.78.<k>.1), where it serves the client. Everything goes in TearDown.
+class CrossHostLaunchTest : public LaunchTest {
+ protected:
+  void SetUp() override {
+    LaunchTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "network namespaces need root (ip netns add)";
+    }
+    ip_ = FindProgram("ip");
+    if (ip_.empty()) GTEST_SKIP() << "the ip tool (iproute2) is not installed";
+    prefix_ = "dlrmnt-" + std::to_string(getpid()) + "-";
+    RemoveStaleNamespaces();
+    if (const std::string e = AddNamespace(prefix_ + "m"); !e.empty()) {
+      GTEST_SKIP() << "ip netns is not permitted here: " << e;
+    }
+  }
+
+  void TearDown() override {
+    StopEmulator();
+    LaunchTest::TearDown();  // the ranks go first: they hold the namespaces
+    if (!root_leg_.empty()) Shell(ip_ + " link del " + root_leg_);
+    for (const std::string& ns : namespaces_) {
+      const std::string e = Shell(ip_ + " netns del " + ns);
+      EXPECT_TRUE(e.empty()) << e;
+    }
+  }
+
+  // Namespaces of test processes that died before their TearDown.
+  void RemoveStaleNamespaces() {
+    for (const auto& entry : fs::directory_iterator("/run/netns", ec_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("dlrmnt-", 0) != 0) continue;
+      const pid_t owner = std::atoi(name.c_str() + 7);
+      if (owner > 0 && kill(owner, 0) != 0 && errno == ESRCH) {
+        Shell(ip_ + " netns del " + name);
+      }
+    }
+  }
+
+  std::string AddNamespace(const std::string& ns) {
+    std::string e = Shell(ip_ + " netns add " + ns);
+    if (!e.empty()) return e;
+    namespaces_.push_back(ns);
+    return Shell(ip_ + " -n " + ns + " link set lo up");
+  }
+
+  std::string Ns(int rank) const { return prefix_ + std::to_string(rank); }
+  std::string Mid() const { return prefix_ + "m"; }
+  static std::string Address(int rank) {
+    return "10.77.0." + std::to_string(rank + 1);
+  }
+
+  // Builds the namespaces of `world` ranks and starts the link between
+  // them: `delay_ms` one way, each frame lost with probability `loss`.
+  void Connect(int world, double delay_ms, double loss) {
+    for (int r = 0; r < world; ++r) {
+      const std::string port = "port" + std::to_string(r);
+      for (const std::string& e :
+           {AddNamespace(Ns(r)),
+            Shell(ip_ + " -n " + Mid() + " link add " + port +
+                  " type veth peer name eth0 netns " + Ns(r)),
+            Shell(ip_ + " -n " + Ns(r) + " addr add " + Address(r) +
+                  "/24 dev eth0"),
+            Shell(ip_ + " -n " + Ns(r) + " link set eth0 up"),
+            Shell(ip_ + " -n " + Mid() + " link set " + port + " up")}) {
+        ASSERT_TRUE(e.empty()) << e;
+      }
+    }
+    // The root namespace's leg: its name, taken atomically, picks a subnet
+    // no other test process on this machine uses.
+    for (int k = getpid() % 200; root_leg_.empty() && k < getpid() % 200 + 50;
+         ++k) {
+      const std::string name = "dlrmnt" + std::to_string(k);
+      if (!Shell(ip_ + " link add " + name + " type veth peer name client " +
+                 "netns " + Ns(0))
+               .empty()) {
+        continue;
+      }
+      root_leg_ = name;
+      const std::string subnet = "10.78." + std::to_string(k) + ".";
+      client_address_ = subnet + "2";
+      for (const std::string& e :
+           {Shell(ip_ + " addr add " + subnet + "1/30 dev " + name),
+            Shell(ip_ + " link set " + name + " up"),
+            Shell(ip_ + " -n " + Ns(0) + " addr add " + subnet +
+                  "2/30 dev client"),
+            Shell(ip_ + " -n " + Ns(0) + " link set client up")}) {
+        ASSERT_TRUE(e.empty()) << e;
+      }
+    }
+    ASSERT_FALSE(root_leg_.empty()) << "no free root-namespace leg";
+    ASSERT_EQ(access(LinkEmulatorPath().c_str(), X_OK), 0) << LinkEmulatorPath();
+    std::vector<std::string> args = {ip_,
+                                     "netns",
+                                     "exec",
+                                     Mid(),
+                                     LinkEmulatorPath().string(),
+                                     "--delay-ms",
+                                     std::to_string(delay_ms),
+                                     "--loss",
+                                     std::to_string(loss),
+                                     "--seed",
+                                     "1"};
+    for (int r = 0; r < world; ++r) args.push_back("port" + std::to_string(r));
+    emulator_ = Spawn(args, dir_ / "link_emulator.log");
+    ASSERT_FALSE(
+        WaitForWord(emulator_.out_fd, "link_emulator: forwarding ", 10).empty())
+        << ReadText(dir_ / "link_emulator.log");
+  }
+
+  // Stops the link; the frames it forwarded and dropped (-1, -1 when it
+  // did not say).
+  std::pair<int64_t, int64_t> StopEmulator() {
+    if (emulator_.pid <= 0) return {-1, -1};
+    kill(emulator_.pid, SIGTERM);
+    EXPECT_NE(WaitExit(emulator_.pid, 5), -2) << "the link emulator hung";
+    emulator_.pid = -1;
+    close(emulator_.out_fd);
+    const std::string log = ReadText(dir_ / "link_emulator.log");
+    long long forwarded = -1, dropped = -1;
+    const size_t at = log.find("stopped, ");
+    if (at == std::string::npos ||
+        std::sscanf(log.c_str() + at, "stopped, %lld frames forwarded, %lld",
+                    &forwarded, &dropped) != 2) {
+      ADD_FAILURE() << "link emulator log:\n" << log;
+    }
+    return {forwarded, dropped};
+  }
+
+  // Cuts (or mends) rank `rank`'s cable: its port in the middle goes down.
+  void SetLink(int rank, bool up) {
+    const std::string e = Shell(ip_ + " -n " + Mid() + " link set port" +
+                                std::to_string(rank) + (up ? " up" : " down"));
+    ASSERT_TRUE(e.empty()) << e;
+  }
+
+  // StartRanks across the namespaces: rank r runs in Ns(r), binds its
+  // collectives to Address(r); rank 0 hosts the coordinator there and
+  // serves the client on its root leg. Returns rank 0's address.
+  std::string StartRanksAcrossHosts(int world,
+                                    const std::vector<std::string>& extra) {
+    ranks_.clear();
+    // A fresh coordinator port per start: the last one may be in TIME_WAIT.
+    const std::string coordinator =
+        Address(0) + ":" + std::to_string(29500 + starts_++);
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> args = {
+          ip_,
+          "netns",
+          "exec",
+          Ns(r),
+          ServerPath(),
+          "--config",
+          config_path_.string(),
+          "--listen",
+          (r == 0 ? client_address_ : Address(r)) + ":0",
+          "--metrics-listen",
+          "",
+          "--threads",
+          "1",
+          "--predict-max-wait-us",
+          "0",
+          "--world-size",
+          std::to_string(world),
+          "--rank",
+          std::to_string(r),
+          "--coordinator",
+          coordinator,
+          "--comm-bind-address",
+          Address(r)};
+      args.insert(args.end(), extra.begin(), extra.end());
+      // ip netns exec execs the server: the pid is the rank's.
+      ranks_.push_back(
+          Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log")));
+    }
+    const std::string address = WaitListening(ranks_[0].out_fd, 60);
+    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
+                                  << ReadText(dir_ / "rank-0.log");
+    return address;
+  }
+
+  std::string ip_, prefix_, root_leg_, client_address_;
+  std::vector<std::string> namespaces_;
+  Proc emulator_;
+  int starts_ = 0;
+  std::error_code ec_;
+};
+
+TEST_F(CrossHostLaunchTest, TwoHostsTrainAndPredictLikeOneProcess) {
+  Connect(2, 0, 0);
+  const std::string address = StartRanksAcrossHosts(2, {});
+  ASSERT_FALSE(address.empty());
+  EXPECT_EQ(address.rfind(client_address_, 0), 0u) << address;
+  CheckServingLikeOneProcess(address, 2);
+  // The ranks' traffic went through the link.
+  const auto [forwarded, dropped] = StopEmulator();
+  EXPECT_GT(forwarded, 100);
+  EXPECT_EQ(dropped, 0);
+}
+
+TEST_F(CrossHostLaunchTest, ThreeHostsTrainAndPredictLikeOneProcess) {
+  Connect(3, 0, 0);
+  const std::string address = StartRanksAcrossHosts(3, {});
+  ASSERT_FALSE(address.empty());
+  CheckServingLikeOneProcess(address, 3);
+}
+
+// 5 ms each way (10 ms round trip): slower steps, the same arithmetic.
+TEST_F(CrossHostLaunchTest, FiveMillisecondLinkTrainsLikeOneProcess) {
+  Connect(2, 5, 0);
+  const std::string address = StartRanksAcrossHosts(2, {});
+  ASSERT_FALSE(address.empty());
+  CheckServingLikeOneProcess(address, 2);
+}
+
+// 1% of frames lost: TCP retransmits under Gloo, and nothing else changes.
+TEST_F(CrossHostLaunchTest, LossyLinkTrainsLikeOneProcess) {
+  Connect(2, 0.2, 0.01);
+  const std::string address = StartRanksAcrossHosts(2, {});
+  ASSERT_FALSE(address.empty());
+  CheckServingLikeOneProcess(address, 2);
+  EXPECT_GT(StopEmulator().second, 0);
+}
+
+// A partition mid-job: rank 1's cable is cut after step 3. Within the
+// communicator timeout (3 s here) the step fails with Unavailable, rank 1
+// exits with an error and rank 0 keeps answering. Restarted with the cable
+// mended, the job resumes from its last committed checkpoint (one per step)
+// and trains on.
+TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
+  Connect(2, 0, 0);
+  const fs::path ckpt = dir_ / "ckpt";
+  const std::vector<std::string> flags = {
+      "--comm-timeout-s", "3", "--checkpoint-dir", ckpt.string(),
+      "--checkpoint-every-steps", "1"};
+  int64_t committed = 0;
+  {
+    const std::string address = StartRanksAcrossHosts(2, flags);
+    ASSERT_FALSE(address.empty());
+    clients::ClientOptions co;
+    co.call_timeout_seconds = 60;
+    auto client = clients::Client::Connect(address, co);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto source = Source(11, kBatch * 50);
+    clients::TrainOptions o;
+    o.batch_size = kBatch;
+    o.max_in_flight = 1;
+    int64_t steps = 0;
+    std::chrono::steady_clock::time_point cut;
+    auto summary = (*client)->Train(*source, o, [&](const StepResult&) {
+      if (++steps == 3) {
+        SetLink(1, false);
+        cut = std::chrono::steady_clock::now();
+      }
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - cut)
+            .count();
+    ASSERT_GE(steps, 3);
+    ASSERT_FALSE(summary.ok());
+    EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
+        << summary.status();
+    EXPECT_NE(summary.status().message().find("communicator"),
+              std::string::npos)
+        << summary.status();
+    // The bound docs/deployment.md states: the communicator timeout and a
+    // few seconds (generous: a loaded 2-core machine).
+    EXPECT_LT(seconds, 3 + 12);
+    // Rank 1 gives up on its own, with the reason in its log.
+    const int exit1 = WaitExit(ranks_[1].pid, 3 + 12);
+    ranks_[1].pid = -1;
+    const std::string log1 = ReadText(dir_ / "rank-1.log");
+    EXPECT_NE(exit1, -2) << "rank 1 did not stop; log:\n" << log1;
+    EXPECT_NE(exit1, 0) << log1;
+    // Rank 0 answers, and model calls fail clearly.
+    auto info = (*client)->GetModelInfo();
+    EXPECT_TRUE(info.ok()) << info.status();
+    auto probs = (*client)->Predict(EvalBatch());
+    EXPECT_EQ(probs.status().code(), absl::StatusCode::kUnavailable)
+        << probs.status();
+    kill(ranks_[0].pid, SIGTERM);
+    EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0) << ReadText(dir_ / "rank-0.log");
+    ranks_[0].pid = -1;
+    for (const model::CheckpointEntry& e :
+         model::ListCheckpoints(ckpt.string())) {
+      if (e.manifest.ok()) committed = std::max(committed, e.manifest->step);
+    }
+    // Every step the client saw answered was checkpointed first.
+    EXPECT_GE(committed, steps) << "client saw " << steps << " steps";
+  }
+  SetLink(1, true);
+  const std::string address = StartRanksAcrossHosts(2, flags);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GE(info->steps(), committed);
+  EXPECT_EQ(Train(**client).size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), info->steps() + kSteps);
+  StopRanks();
 }
 
 TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
