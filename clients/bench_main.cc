@@ -433,8 +433,11 @@ Row Project(const ModelConfig& config, const Flags& f, int ranks,
   for (const TableConfig& t : config.tables()) {
     tables += 1;
     dims += t.dim();
-    // Bags hold 1..k ids uniformly: (k + 1) / 2 on average.
-    ids += (t.multi_hot_size() + 1) / 2.0;
+    // Bags hold k ids (MULTI_HOT_FIXED) or 1..k uniformly: (k + 1) / 2 on
+    // average.
+    ids += t.multi_hot_distribution() == MULTI_HOT_FIXED
+               ? t.multi_hot_size()
+               : (t.multi_hot_size() + 1) / 2.0;
   }
   const double r = ranks;
   const double n = static_cast<double>(f.batch);
@@ -832,7 +835,8 @@ int main(int argc, char** argv) {
                  "dlrm_server binary (default: ../server/dlrm_server next to "
                  "this binary)");
   app.add_option("--config", f.config,
-                 "Preset (kaggle, mlperf-dlrm-v1, xl-113b, tiny, ...) or "
+                 "Preset (kaggle, mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b, "
+                 "tiny, ...) or "
                  "config file")
       ->capture_default_str();
   app.add_option("--table-scale", f.table_scale,

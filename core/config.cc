@@ -272,6 +272,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".multi_hot_size must be > 0"));
     }
+    if (!MultiHotDistribution_IsValid(t.multi_hot_distribution())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".multi_hot_distribution is invalid"));
+    }
     if (!Pooling_IsValid(t.pooling())) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".pooling is invalid"));

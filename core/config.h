@@ -22,9 +22,9 @@ std::vector<std::string> PresetNames();
 // The text of a compiled-in preset; NotFound for an unknown name.
 absl::StatusOr<std::string> PresetText(const std::string& name);
 
-// Loads `spec`: a preset name ("kaggle", "kaggle-full", "tiny") or a path to
-// a text-format file. Returns the normalised, validated config; NotFound for
-// a missing file, InvalidArgument for a bad one.
+// Loads `spec`: a preset name (PresetNames(): "kaggle", "tiny", ...) or a
+// path to a text-format file. Returns the normalised, validated config;
+// NotFound for a missing file, InvalidArgument for a bad one.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
 
 // Fills defaults for zero fields (num_dense_features 13, table dims,

@@ -5,7 +5,9 @@
 // A TSV line is: label, 13 integer features, 26 categorical features as
 // 8-digit hex, tab-separated; any feature may be empty. Dense values become
 // log(1 + max(x, 0)); a categorical value v becomes row v % rows (or
-// Mix64(v) % rows with hash_ids); an empty one is 0.
+// Mix64(v) % rows with hash_ids); an empty one is 0. Both formats hold one
+// value per categorical column, so every bag the readers yield holds one id
+// (TableConfig.multi_hot_size shapes synthetic data only).
 #pragma once
 
 #include <cstdint>

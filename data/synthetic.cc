@@ -199,6 +199,7 @@ class SyntheticSource final : public BatchSource {
       zipf_.emplace_back(table.rows(), options.zipf_alpha);
       const int k = MultiHot(table);
       multi_hot_.push_back(k);
+      fixed_.push_back(table.multi_hot_distribution() == MULTI_HOT_FIXED);
       table_slot_.push_back(slot);
       slot += k == 1 ? 1 : 1 + k;
     }
@@ -260,13 +261,26 @@ class SyntheticSource final : public BatchSource {
   }
 
  private:
-  // Table t's bags: draw table_slot_[t] is the bag length (when multi-hot),
-  // the draws after it the ids.
+  // Table t's bags: draw table_slot_[t] is the bag length (when multi-hot
+  // and uniform; unused under MULTI_HOT_FIXED), the draws after it the ids.
+  // A fixed bag's ids are thus the uniform bag's ids extended to length k.
   void GenerateIds(int t, int64_t n, SparseFeature* f) const {
     const ZipfSampler& zipf = zipf_[t];
     const uint64_t slot = table_slot_[t];
     const int k = multi_hot_[t];
     f->offsets.resize(n + 1);
+    if (k > 1 && fixed_[t]) {
+      f->ids.resize(n * k);
+      for (int64_t s = 0; s < n; ++s) {
+        const uint64_t key = keys_[s];
+        int64_t* ids = f->ids.data() + s * k;
+        for (int i = 0; i < k; ++i) {
+          ids[i] = zipf.Draw(UnitDouble(SampleDraw(key, slot + 1 + i)));
+        }
+        f->offsets[s + 1] = (s + 1) * k;
+      }
+      return;
+    }
     if (k == 1) {
       f->ids.resize(n);
       for (int64_t s = 0; s < n; ++s) {
@@ -326,6 +340,7 @@ class SyntheticSource final : public BatchSource {
   const int num_dense_;
   std::vector<ZipfSampler> zipf_;
   std::vector<int> multi_hot_;
+  std::vector<bool> fixed_;  // per table: MULTI_HOT_FIXED
   std::vector<uint64_t> table_slot_;
   std::vector<DenseSpec> dense_;
   uint64_t zero_slot_ = 0;
@@ -535,6 +550,11 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeSyntheticSource(
       return absl::InvalidArgumentError(absl::StrCat(
           "tables[", t, "] (", table.name(), ").rows = ", table.rows(),
           " must be positive; pass a normalised ModelConfig"));
+    }
+    if (!MultiHotDistribution_IsValid(table.multi_hot_distribution())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tables[", t, "] (", table.name(),
+                       ").multi_hot_distribution is invalid"));
     }
     if (table.multi_hot_size() < 0) {
       return absl::InvalidArgumentError(

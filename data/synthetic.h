@@ -108,14 +108,16 @@ class Teacher {
 };
 
 // An endless (or num_samples long) synthetic stream for `config` (a
-// normalised ModelConfig: tables, rows, multi_hot_size, pooling).
+// normalised ModelConfig: tables, rows, multi_hot_size,
+// multi_hot_distribution, pooling).
 // Sample i is a pure function of (sample_seed, i): its random numbers are
 // the outputs of Rng(HashKey(sample_seed, 0, i)), each feature at fixed
 // positions of that stream (so batch boundaries never change a sample):
 // - for each table, a bag of 1..multi_hot_size ids (exactly 1 when
-//   multi_hot_size is 1, else a uniform length); each id = floor(r) - 1 with
-//   rank r from the inverse CDF of the continuous power law r^-zipf_alpha on
-//   [1, rows + 1), so id 0 is the hottest;
+//   multi_hot_size is 1, else a uniform length; exactly multi_hot_size
+//   under MULTI_HOT_FIXED, whose first ids are the uniform bag's); each
+//   id = floor(r) - 1 with rank r from the inverse CDF of the continuous
+//   power law r^-zipf_alpha on [1, rows + 1), so id 0 is the hottest;
 // - dense feature j is 0 with a fixed probability in [0.05, 0.4], else
 //   log1p(floor(exp(m_j + s_j g))), g standard normal (Box-Muller, features
 //   2p and 2p+1 sharing a pair), m_j in [0.5, 3.5] and s_j in [0.5, 1.2]
@@ -123,7 +125,8 @@ class Teacher {
 //   transform;
 // - the label is Bernoulli(p) with p from Teacher(config, teacher_seed).
 // Generates over 1M kaggle-shaped samples/s on one core. InvalidArgument for
-// bad options or a config without tables or with a table without rows.
+// bad options, a config without tables, a table without rows or with an
+// invalid multi_hot_distribution.
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeSyntheticSource(
     const ModelConfig& config, SyntheticOptions options);
 

@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Train a DLRM in-process and evaluate it."};
   app.add_option("--config", f.config,
-                 "Model config: a preset (tiny, kaggle, kaggle-full) or a "
+                 "Model config: a preset (tiny, kaggle, kaggle-full, "
+                 "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
                  "text-format ModelConfig file")
       ->capture_default_str();
   app.add_option("--device", f.device,

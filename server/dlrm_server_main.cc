@@ -827,8 +827,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--config", f.config,
                  "Model config: a preset (tiny, kaggle, kaggle-full, "
-                 "mlperf-dlrm-v1, xl-113b) or a text-format ModelConfig "
-                 "file (ignored with --restore)")
+                 "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
+                 "text-format ModelConfig file (ignored with --restore)")
       ->capture_default_str();
   app.add_option("--device", f.device,
                  "Where the dense part (MLPs, interaction, loss) runs: cpu "

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
@@ -41,6 +42,66 @@ TEST(ConfigTest, KaggleFullPresetHasTheKaggleVocabularies) {
   for (const auto& t : c->tables()) rows += t.rows();
   EXPECT_EQ(rows, 33762577);
   EXPECT_EQ(c->tables(2).rows(), 10131227);
+}
+
+// The MLPerf DLRM-DCNv2 preset: the reference's vocabularies, fixed
+// multi-hot bags of 214 ids per sample, DCN 3 x 512, Adagrad.
+TEST(ConfigTest, MlperfDcnv2PresetHasTheReferenceShape) {
+  auto c = LoadModelConfig("mlperf-dlrm-dcnv2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_dense_features(), 13);
+  ASSERT_EQ(c->tables_size(), 26);
+  const int kSizes[26] = {3, 2, 1, 2, 6, 1, 1,  1,   1,  7,  3, 8, 1,
+                          6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1};
+  int lookups = 0;
+  int64_t rows = 0;
+  for (int i = 0; i < 26; ++i) {
+    const TableConfig& t = c->tables(i);
+    EXPECT_EQ(t.dim(), 128) << t.name();
+    EXPECT_EQ(t.pooling(), POOLING_SUM) << t.name();
+    EXPECT_EQ(t.multi_hot_distribution(), MULTI_HOT_FIXED) << t.name();
+    EXPECT_EQ(t.multi_hot_size(), kSizes[i]) << t.name();
+    EXPECT_LE(t.rows(), 40000000) << t.name();
+    lookups += t.multi_hot_size();
+    rows += t.rows();
+  }
+  EXPECT_EQ(lookups, 214);
+  EXPECT_EQ(rows, 204184588);
+  EXPECT_EQ(c->tables(0).rows(), 40000000);
+  EXPECT_EQ(c->tables(1).rows(), 39060);
+  EXPECT_EQ(c->tables(25).rows(), 36);
+  EXPECT_EQ(c->interaction(), INTERACTION_DCN);
+  EXPECT_EQ(c->dcn_num_layers(), 3);
+  EXPECT_EQ(c->dcn_low_rank_dim(), 512);
+  EXPECT_EQ(std::vector<int>(c->bottom_mlp().begin(), c->bottom_mlp().end()),
+            (std::vector<int>{512, 256, 128}));
+  EXPECT_EQ(std::vector<int>(c->top_mlp().begin(), c->top_mlp().end()),
+            (std::vector<int>{1024, 1024, 512, 256, 1}));
+  EXPECT_EQ(InteractionOutputDim(*c), 27 * 128);
+  EXPECT_EQ(EmbeddingParameterCount(*c), int64_t{204184588} * 128);
+  EXPECT_EQ(DenseParameterCount(*c), 16044545);
+  for (const OptimizerConfig& o :
+       {c->dense_optimizer(), c->sparse_optimizer()}) {
+    EXPECT_EQ(o.type(), OptimizerConfig::ADAGRAD);
+    EXPECT_FLOAT_EQ(o.learning_rate(), 0.005f);
+    EXPECT_FLOAT_EQ(o.eps(), 1e-10f);
+  }
+}
+
+// multi_hot_distribution outside the enum (as a binary proto may carry) is
+// refused, naming the field.
+TEST(ConfigTest, InvalidMultiHotDistributionIsRefused) {
+  auto c = ParseModelConfigText(R"(
+    embedding_dim: 4 tables { name: "a" rows: 10 multi_hot_size: 2 }
+    bottom_mlp: [4] top_mlp: [1])");
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->mutable_tables(0)->set_multi_hot_distribution(
+      static_cast<MultiHotDistribution>(7));
+  auto n = NormalizeModelConfig(*c);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("multi_hot_distribution"),
+            std::string::npos)
+      << n.status();
 }
 
 TEST(ConfigTest, MaxRowsPerTableCapsTables) {

@@ -856,6 +856,57 @@ TEST(SyntheticTest, IdsInRangeAndBagSizesWithinMultiHot) {
   }
 }
 
+// MULTI_HOT_FIXED: every bag of every table holds exactly multi_hot_size
+// ids (the MLPerf DLRM-DCNv2 preset, rows shrunk), in range; each fixed
+// bag starts with the ids of the same sample's uniform bag.
+TEST(SyntheticTest, FixedMultiHotBagsHoldExactlyMultiHotSizeIds) {
+  ModelConfig config = Preset("mlperf-dlrm-dcnv2");
+  std::vector<int64_t> rows;
+  for (TableConfig& t : *config.mutable_tables()) {
+    t.set_rows(std::min<int64_t>(t.rows(), 5000));
+    rows.push_back(t.rows());
+  }
+  ModelConfig uniform = config;
+  for (TableConfig& t : *uniform.mutable_tables()) {
+    t.set_multi_hot_distribution(MULTI_HOT_UNIFORM);
+  }
+  auto fixed_source = MakeSyntheticSource(config, SyntheticOptions{});
+  auto uniform_source = MakeSyntheticSource(uniform, SyntheticOptions{});
+  ASSERT_TRUE(fixed_source.ok()) << fixed_source.status();
+  ASSERT_TRUE(uniform_source.ok()) << uniform_source.status();
+  Batch batch, uniform_batch;
+  ASSERT_TRUE(*(*fixed_source)->Next(300, &batch));
+  ASSERT_TRUE(*(*uniform_source)->Next(300, &uniform_batch));
+  ASSERT_TRUE(batch.Validate(config.num_dense_features(), rows).ok())
+      << batch.Validate(config.num_dense_features(), rows);
+  int64_t lookups = 0;
+  for (int t = 0; t < config.tables_size(); ++t) {
+    const int k = config.tables(t).multi_hot_size();
+    const SparseFeature& f = batch.sparse[t];
+    const SparseFeature& u = uniform_batch.sparse[t];
+    ASSERT_EQ(f.num_bags(), batch.size);
+    for (int64_t s = 0; s < batch.size; ++s) {
+      ASSERT_EQ(f.bag_size(s), k) << "table " << t << " sample " << s;
+      for (int64_t i = 0; i < u.bag_size(s); ++i) {
+        ASSERT_EQ(f.ids[f.offsets[s] + i], u.ids[u.offsets[s] + i])
+            << "table " << t << " sample " << s;
+      }
+    }
+    lookups += static_cast<int64_t>(f.ids.size());
+  }
+  EXPECT_EQ(lookups, 214 * batch.size);
+  // The dense features do not depend on the bag lengths.
+  EXPECT_EQ(batch.dense, uniform_batch.dense);
+}
+
+TEST(SyntheticTest, InvalidMultiHotDistributionIsRefused) {
+  ModelConfig config = Preset("tiny");
+  config.mutable_tables(0)->set_multi_hot_distribution(
+      static_cast<MultiHotDistribution>(5));
+  auto source = MakeSyntheticSource(config, SyntheticOptions{});
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SyntheticTest, IdsAreZipfSkewed) {
   const ModelConfig config = Preset("kaggle");
   auto source = MakeSyntheticSource(config, SyntheticOptions{});

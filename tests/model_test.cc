@@ -324,6 +324,38 @@ TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesCat) {
     seed: 5)");
 }
 
+// The MLPerf DLRM-DCNv2 preset with its rows divided by 20000 (as
+// dlrm_bench --table-scale does; dims, bags, DCN and MLPs kept) trains a
+// few small steps on its fixed multi-hot bags.
+TEST(ModelTest, ScaledMlperfDcnv2PresetTrains) {
+  auto loaded = LoadModelConfig("mlperf-dlrm-dcnv2");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ModelConfig c = *loaded;
+  for (TableConfig& t : *c.mutable_tables()) {
+    t.set_rows(std::max<int64_t>(1, (t.rows() + 19999) / 20000));
+  }
+  auto normalized = NormalizeModelConfig(c);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  auto m = Model::Create(*normalized);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto src = data::MakeSyntheticSource(*normalized, data::SyntheticOptions{});
+  ASSERT_TRUE(src.ok()) << src.status();
+  const uint64_t before = (*m)->WeightChecksum().value();
+  data::Batch b;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(*(*src)->Next(16, &b));
+    int64_t ids = 0;
+    for (const auto& f : b.sparse) ids += static_cast<int64_t>(f.ids.size());
+    EXPECT_EQ(ids, 214 * 16);
+    auto r = (*m)->TrainStep(b);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(std::isfinite(r->loss)) << "step " << step;
+    EXPECT_GT(r->loss, 0.0);
+  }
+  EXPECT_EQ((*m)->steps(), 3);
+  EXPECT_NE((*m)->WeightChecksum().value(), before);
+}
+
 TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
   ModelConfig c = Tiny();
   std::vector<double> losses[2];
