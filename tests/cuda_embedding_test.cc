@@ -43,42 +43,9 @@ OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
   return o;
 }
 
-struct Shape {
-  int dim;
-  Pooling pooling;
-  // Bags hold 0..max_hot ids (one in eight empty) when max_hot > 1.
-  int max_hot;
-  int64_t bags;
-  int64_t rows;
-  // Output / gradient stride is dim + pad.
-  int pad;
-};
-
-std::string Name(const Shape& s) {
-  return absl::StrCat("d", s.dim, s.pooling == POOLING_MEAN ? "_mean" : "_sum",
-                      "_hot", s.max_hot, "_bags", s.bags, "_rows", s.rows,
-                      "_pad", s.pad);
-}
-
-void PrintTo(const Shape& s, std::ostream* os) { *os << Name(s); }
-
-// Ids skewed towards small values (many duplicates), the largest id
-// rows - 1 always present, empty bags when multi-hot.
-data::SparseFeature RandomIds(Rng& rng, const Shape& s) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t b = 0; b < s.bags; ++b) {
-    int64_t n = 1;
-    if (s.max_hot > 1) n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(s.max_hot);
-    for (int64_t i = 0; i < n; ++i) {
-      const double u = rng.Uniform();
-      f.ids.push_back(std::min<int64_t>(s.rows - 1, u * u * s.rows));
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  if (!f.ids.empty()) f.ids[rng.Below(f.ids.size())] = s.rows - 1;
-  return f;
-}
+using dlrm::testing::BagShape;
+using dlrm::testing::RandomIds;
+using Shape = BagShape;
 
 // Pools `ids` on the device from `table`'s weights; the returned rows are
 // s * stride apart, with the padding columns still holding the poison.
@@ -251,7 +218,7 @@ INSTANTIATE_TEST_SUITE_P(
         Shape{16, POOLING_SUM, 1, 0, 10, 0},
         Shape{8, POOLING_MEAN, 1, 1, 1, 0}),
     [](const ::testing::TestParamInfo<Shape>& info) {
-      return Name(info.param);
+      return dlrm::testing::Name(info.param);
     });
 
 TEST(CudaEmbeddingEdgeTest, EmptyBagsGiveZerosAndNoUpdate) {

@@ -8,13 +8,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/device.h"
 #include "core/random.h"
+#include "data/batch.h"
+#include "dlrm/config.pb.h"
 
 // Skips the test, saying why, when this process sees no CUDA device; CI
 // machines have none and compile and link these tests only. With
@@ -127,6 +131,45 @@ inline void ExpectBitwiseEqual(std::span<const float> a,
     }
   }
   EXPECT_EQ(failures, 0) << what << ": elements differ";
+}
+
+// The shape of a batch of bags for one embedding table in the CUDA
+// embedding tests.
+struct BagShape {
+  int dim;
+  Pooling pooling;
+  // Bags hold 0..max_hot ids (one in eight empty) when max_hot > 1.
+  int max_hot;
+  int64_t bags;
+  int64_t rows;
+  // Output / gradient stride is dim + pad.
+  int pad;
+};
+
+inline std::string Name(const BagShape& s) {
+  return absl::StrCat("d", s.dim, s.pooling == POOLING_MEAN ? "_mean" : "_sum",
+                      "_hot", s.max_hot, "_bags", s.bags, "_rows", s.rows,
+                      "_pad", s.pad);
+}
+
+inline void PrintTo(const BagShape& s, std::ostream* os) { *os << Name(s); }
+
+// Ids skewed towards small values (many repeats, also inside a bag), the
+// largest id rows - 1 always present, empty bags when multi-hot.
+inline data::SparseFeature RandomIds(Rng& rng, const BagShape& s) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t b = 0; b < s.bags; ++b) {
+    int64_t n = 1;
+    if (s.max_hot > 1) n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(s.max_hot);
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = rng.Uniform();
+      f.ids.push_back(std::min<int64_t>(s.rows - 1, u * u * s.rows));
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  if (!f.ids.empty()) f.ids[rng.Below(f.ids.size())] = s.rows - 1;
+  return f;
 }
 
 }  // namespace dlrm::testing
