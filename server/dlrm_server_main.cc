@@ -68,6 +68,8 @@ struct Flags {
   std::string coordinator;
   int64_t memory_budget_mb = 0;
   double comm_timeout_s = 120;
+  // How long a rank waits for every rank to join the job.
+  double comm_connect_timeout_s = 120;
   bool overlap_allreduce = false;
   // Address or hostname this rank's Gloo transport binds to; every other
   // rank dials it, so across containers or hosts it must be reachable.
@@ -189,6 +191,9 @@ comm::CoordinatorServerOptions CoordinatorServerFrom(const Flags& f) {
   o.tls.key_file = f.coordinator_tls_key;
   if (f.coordinator_tls_mutual) o.tls.client_ca_file = f.coordinator_tls_ca;
   o.coordinator.join_token = f.join_token;
+  // A rank's rendezvous call may wait as long as it waits to connect.
+  o.coordinator.max_wait_seconds =
+      std::max(o.coordinator.max_wait_seconds, f.comm_connect_timeout_s);
   return o;
 }
 
@@ -313,9 +318,11 @@ absl::Status ValidateFlags(const Flags& f) {
     return absl::InvalidArgumentError(
         "--inference-only serves on one rank only");
   }
-  if (!(f.comm_timeout_s > 0) || f.memory_budget_mb < 0) {
+  if (!(f.comm_timeout_s > 0) || !(f.comm_connect_timeout_s > 0) ||
+      f.memory_budget_mb < 0) {
     return absl::InvalidArgumentError(
-        "--comm-timeout-s must be positive and --memory-budget-mb >= 0");
+        "--comm-timeout-s and --comm-connect-timeout-s must be positive and "
+        "--memory-budget-mb >= 0");
   }
   return ValidateControlPlane(f);
 }
@@ -618,6 +625,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   comm_options.bind_address = f.comm_bind_address;
   comm_options.job_id = "dlrm-server";
   comm_options.op_timeout_seconds = f.comm_timeout_s;
+  comm_options.connect_timeout_seconds = f.comm_connect_timeout_s;
   spdlog::info("connecting rank {} of {} through {}", f.rank, f.world_size,
                f.coordinator);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
@@ -923,6 +931,11 @@ int main(int argc, char** argv) {
   app.add_option("--comm-timeout-s", f.comm_timeout_s,
                  "Longest a collective between ranks waits for a peer "
                  "before the job is declared broken, in seconds")
+      ->capture_default_str();
+  app.add_option("--comm-connect-timeout-s", f.comm_connect_timeout_s,
+                 "Longest a rank waits at start for every rank to join the "
+                 "job (pods or tasks that start minutes apart need more), in "
+                 "seconds")
       ->capture_default_str();
   // Any flag may also come from a TOML or INI file (key = the flag's long
   // name); the command line wins over the file, an unknown key is an error.

@@ -675,6 +675,29 @@ TEST_F(LaunchTest, TlsAndJoinTokenGuardTheControlPlane) {
   StopRanks();
 }
 
+// A rank whose peers never come gives up after --comm-connect-timeout-s
+// with an error, instead of the default two minutes.
+TEST_F(LaunchTest, ConnectTimeoutEndsARankWhosePeersNeverCome) {
+  const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
+  const auto start = std::chrono::steady_clock::now();
+  Proc p = Spawn(
+      {ServerPath(), "--config", config_path_.string(), "--listen",
+       "127.0.0.1:0", "--metrics-listen", "", "--world-size", "2", "--rank",
+       "1", "--coordinator", coordinator, "--comm-connect-timeout-s", "2"},
+      dir_ / "rank-1.log");
+  ranks_.push_back(p);
+  const int code = WaitExit(p.pid, 30);
+  ranks_.back().pid = -1;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -2) << "still waiting after 30 s";
+  EXPECT_LT(seconds, 20);
+  const std::string log = ReadText(dir_ / "rank-1.log");
+  EXPECT_NE(log.find(coordinator), std::string::npos) << log;
+}
+
 TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
   const fs::path ckpt = dir_ / "ckpt";
   std::vector<float> before;
@@ -1119,7 +1142,8 @@ class CrossHostLaunchTest : public LaunchTest {
       }
     }
     ASSERT_FALSE(root_leg_.empty()) << "no free root-namespace leg";
-    ASSERT_EQ(access(LinkEmulatorPath().c_str(), X_OK), 0) << LinkEmulatorPath();
+    ASSERT_EQ(access(LinkEmulatorPath().c_str(), X_OK), 0)
+        << LinkEmulatorPath();
     std::vector<std::string> args = {ip_,
                                      "netns",
                                      "exec",
@@ -1261,7 +1285,7 @@ TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
   Connect(2, 0, 0);
   const fs::path ckpt = dir_ / "ckpt";
   const std::vector<std::string> flags = {
-      "--comm-timeout-s", "3", "--checkpoint-dir", ckpt.string(),
+      "--comm-timeout-s",         "3", "--checkpoint-dir", ckpt.string(),
       "--checkpoint-every-steps", "1"};
   int64_t committed = 0;
   {
