@@ -16,6 +16,8 @@ packages=(
   clang-14 libclang-rt-14-dev
   libdnnl-dev ocl-icd-opencl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml docker-compose
+  # The Python client package and its venv install test (python_package_test).
+  python3-numpy python3-venv python3-setuptools python3-pip
   # Launchers the tests start jobs with (tests/launch_test.cc).
   openmpi-bin slurm-wlm munge
 )

@@ -1,17 +1,31 @@
 """A small, friendly wrapper over the dlrm-server gRPC stubs.
 
-Samples are plain Python sequences (lists, tuples, array.array); no numpy.
-Every failed call raises DlrmError with the server's status code and message.
+Samples are numpy arrays (batch_from_arrays, Client.train_arrays, predict,
+evaluate) or plain row-major Python sequences (make_batch). Every failed
+call raises DlrmError with the server's status code and message.
 """
+
+from __future__ import annotations
 
 import random
 import threading
 import time
+from typing import (Callable, Iterable, List, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
+import numpy as np
 
-from dlrm import service_pb2
-from dlrm import service_pb2_grpc
+from dlrm_client.proto import config_pb2
+from dlrm_client.proto import service_pb2
+from dlrm_client.proto import service_pb2_grpc
+
+# One table's ids for batch_from_arrays: a 1-D array (one id per sample), a
+# 2-D array [n, k] (k ids per sample), a list of n 1-D arrays (bags of any
+# size), or (offsets, ids) with offsets of length n (bag starts, like
+# torch.nn.EmbeddingBag) or n + 1 (boundaries, CSR).
+TableIds = Union[np.ndarray, Sequence[Sequence[int]],
+                 Tuple[Sequence[int], Sequence[int]]]
 
 JobStatus = service_pb2.JobStatus
 
@@ -20,19 +34,23 @@ JOB_TERMINAL_STATES = frozenset(
 
 
 class DlrmError(Exception):
-    """A failed RPC: `code` is a grpc.StatusCode, `message` the server's."""
+    """A failed RPC: `code` is a grpc.StatusCode (e.g.
+    grpc.StatusCode.INVALID_ARGUMENT), `message` the server's text."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__("%s: %s" % (code.name, message))
         self.code = code
         self.message = message
 
     @classmethod
-    def from_rpc_error(cls, error):
+    def from_rpc_error(cls, error: grpc.RpcError) -> "DlrmError":
         return cls(error.code(), error.details() or "")
 
 
-def make_batch(dense, sparse, labels=None):
+def make_batch(dense: Sequence[Sequence[float]],
+               sparse: Sequence[Sequence[Union[int, Sequence[int]]]],
+               labels: Optional[Sequence[float]] = None
+               ) -> service_pb2.Batch:
     """Builds a dlrm.Batch from row-major samples.
 
     dense: one sequence of floats per sample (already transformed, e.g.
@@ -75,7 +93,8 @@ def make_batch(dense, sparse, labels=None):
     return batch
 
 
-def random_batch(config, size, seed=0):
+def random_batch(config: config_pb2.ModelConfig, size: int,
+                 seed: int = 0) -> service_pb2.Batch:
     """A random batch shaped for `config` (a dlrm.ModelConfig) with a planted,
     learnable rule: the label is 1 when dense[0] plus a per-id effect of the
     first table is positive. For examples and tests.
@@ -100,8 +119,9 @@ def random_batch(config, size, seed=0):
     return make_batch(dense, sparse, labels)
 
 
-def synthetic_dataset(num_samples, zipf_alpha=0.0, teacher_seed=0,
-                      sample_seed=0):
+def synthetic_dataset(num_samples: int, zipf_alpha: float = 0.0,
+                      teacher_seed: int = 0,
+                      sample_seed: int = 0) -> service_pb2.DatasetSpec:
     """A DatasetSpec for data the server generates (0 = the server's
     defaults; num_samples 0 is endless)."""
     return service_pb2.DatasetSpec(synthetic=service_pb2.SyntheticData(
@@ -109,15 +129,166 @@ def synthetic_dataset(num_samples, zipf_alpha=0.0, teacher_seed=0,
         teacher_seed=teacher_seed, sample_seed=sample_seed))
 
 
-def criteo_dataset(paths, hash_ids=False):
+def criteo_dataset(paths: Iterable[str],
+                   hash_ids: bool = False) -> service_pb2.DatasetSpec:
     """A DatasetSpec for Criteo TSV files on the server."""
     return service_pb2.DatasetSpec(criteo_tsv=service_pb2.CriteoFiles(
         paths=list(paths), hash_ids=hash_ids))
 
 
-def binary_dataset(path):
+def binary_dataset(path: str) -> service_pb2.DatasetSpec:
     """A DatasetSpec for one binary Criteo file on the server."""
     return service_pb2.DatasetSpec(criteo_binary=path)
+
+
+def _table_lengths_ids(table: int, entry: TableIds,
+                       size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(lengths int32 [size], ids int64) of one table's ids; see TableIds."""
+    if isinstance(entry, tuple):
+        if len(entry) != 2:
+            raise ValueError("table %d: give (offsets, ids)" % table)
+        offsets = np.asarray(entry[0], dtype=np.int64).reshape(-1)
+        ids = np.asarray(entry[1], dtype=np.int64).reshape(-1)
+        if offsets.size == size:
+            offsets = np.append(offsets, ids.size)
+        if offsets.size != size + 1:
+            raise ValueError("table %d: %d offsets for %d samples" %
+                             (table, offsets.size, size))
+        if size and (offsets[0] != 0 or offsets[-1] != ids.size or
+                     np.any(np.diff(offsets) < 0)):
+            raise ValueError("table %d: offsets must rise from 0 to %d" %
+                             (table, ids.size))
+        return np.diff(offsets).astype(np.int32), ids
+    if isinstance(entry, np.ndarray):
+        if entry.ndim not in (1, 2) or entry.shape[0] != size:
+            raise ValueError("table %d: ids of shape %s for %d samples" %
+                             (table, entry.shape, size))
+        ids = entry.astype(np.int64, copy=False)
+        width = 1 if ids.ndim == 1 else ids.shape[1]
+        return np.full(size, width, dtype=np.int32), ids.reshape(-1)
+    if len(entry) != size:
+        raise ValueError("table %d: %d bags for %d samples" %
+                         (table, len(entry), size))
+    bags = [np.asarray(bag, dtype=np.int64).reshape(-1) for bag in entry]
+    lengths = np.array([b.size for b in bags], dtype=np.int32)
+    ids = np.concatenate(bags) if bags else np.zeros(0, dtype=np.int64)
+    return lengths, ids
+
+
+def batch_from_arrays(dense: np.ndarray, sparse: Sequence[TableIds],
+                      labels: Optional[np.ndarray] = None
+                      ) -> service_pb2.Batch:
+    """Builds a dlrm.Batch from column-major numpy data.
+
+    dense: float32 [n, num_dense_features] (already transformed, e.g.
+      log(1 + x) for raw Criteo counts).
+    sparse: one entry per table, in the model's table order (see TableIds):
+      ids [n], ids [n, k], a list of n id arrays, or (offsets, ids).
+    labels: optional 0/1 values [n] (needed to train or evaluate).
+    Raises ValueError when the shapes disagree; the server checks the rest
+    (feature and table counts, id ranges) and answers INVALID_ARGUMENT.
+    """
+    dense = np.asarray(dense, dtype=np.float32)
+    if dense.ndim != 2:
+        raise ValueError("dense must be [samples, features], got shape %s" %
+                         (dense.shape,))
+    size = dense.shape[0]
+    batch = service_pb2.Batch(size=size)
+    batch.dense.extend(dense.reshape(-1).tolist())
+    for t, entry in enumerate(sparse):
+        lengths, ids = _table_lengths_ids(t, entry, size)
+        batch.sparse.add(lengths=lengths.tolist(), ids=ids.tolist())
+    if labels is not None:
+        labels = np.asarray(labels, dtype=np.float32).reshape(-1)
+        if labels.size != size:
+            raise ValueError("labels has %d values for %d samples" %
+                             (labels.size, size))
+        batch.labels.extend(labels.tolist())
+    return batch
+
+
+def array_batches(dense: np.ndarray, sparse: Sequence[TableIds],
+                  labels: Optional[np.ndarray] = None,
+                  batch_size: int = 256, epochs: int = 1,
+                  shuffle_seed: Optional[int] = None
+                  ) -> Iterable[service_pb2.Batch]:
+    """Yields dlrm.Batch messages of batch_size samples (the last one may be
+    smaller) over `epochs` passes of the arrays batch_from_arrays takes.
+    shuffle_seed: shuffle the sample order each epoch (None = keep it)."""
+    dense = np.asarray(dense, dtype=np.float32)
+    if dense.ndim != 2:
+        raise ValueError("dense must be [samples, features], got shape %s" %
+                         (dense.shape,))
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    size = dense.shape[0]
+    if labels is not None:
+        labels = np.asarray(labels, dtype=np.float32).reshape(-1)
+    # Every table as CSR: bounds [size + 1] into ids.
+    tables = []
+    for t, entry in enumerate(sparse):
+        lengths, ids = _table_lengths_ids(t, entry, size)
+        tables.append((np.concatenate([[0], np.cumsum(lengths)]), ids))
+    rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
+    for _ in range(epochs):
+        if rng is None:
+            for start in range(0, size, batch_size):
+                stop = min(start + batch_size, size)
+                yield batch_from_arrays(
+                    dense[start:stop],
+                    [(bounds[start:stop + 1] - bounds[start],
+                      ids[bounds[start]:bounds[stop]])
+                     for bounds, ids in tables],
+                    None if labels is None else labels[start:stop])
+        else:
+            order = rng.permutation(size)
+            for start in range(0, size, batch_size):
+                index = order[start:start + batch_size]
+                yield batch_from_arrays(
+                    dense[index],
+                    [[ids[bounds[i]:bounds[i + 1]] for i in index]
+                     for bounds, ids in tables],
+                    None if labels is None else labels[index])
+
+
+_HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING",
+                  3: "SERVICE_UNKNOWN"}
+
+
+def _health_request(service: str) -> bytes:
+    """grpc.health.v1.HealthCheckRequest{service} by hand: Debian has no
+    grpcio-health-checking."""
+    data = service.encode("utf-8")
+    if not data:
+        return b""
+    length, header = len(data), bytearray(b"\x0a")
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        header.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(header) + data
+
+
+def _health_status(data: bytes) -> str:
+    """The status name of a grpc.health.v1.HealthCheckResponse."""
+    status, i = 0, 0
+    while i < len(data):
+        key = data[i]
+        i += 1
+        value, shift = 0, 0
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if key == 0x08:
+            status = value
+        elif key & 7 == 2:
+            i += value
+    return _HEALTH_STATUS.get(status, "UNKNOWN")
 
 
 def _read_file(path):
@@ -147,9 +318,14 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor,
 class Client:
     """A connection to one dlrm-server. Thread-safe like a grpc.Channel."""
 
-    def __init__(self, address="127.0.0.1:50051", connect_timeout=10.0,
-                 max_message_bytes=256 << 20, call_timeout=60.0, tls=False,
-                 tls_ca=None, tls_cert=None, tls_key=None, auth_token=None):
+    def __init__(self, address: str = "127.0.0.1:50051",
+                 connect_timeout: float = 10.0,
+                 max_message_bytes: int = 256 << 20,
+                 call_timeout: Optional[float] = 60.0, tls: bool = False,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None,
+                 auth_token: Optional[str] = None,
+                 tls_server_name: Optional[str] = None):
         """Opens a channel, over TLS when tls is true or a tls_* file is
         given; waits up to connect_timeout seconds for the server (0 = do
         not wait) and raises DlrmError(UNAVAILABLE) if it does not answer.
@@ -157,7 +333,10 @@ class Client:
         tls_ca: PEM file of the CAs that sign the server's certificate
         (None = the system's roots); tls_cert, tls_key: PEM client
         certificate and key, for servers that require one. auth_token: the
-        server's bearer token (see docs/server.md "Security")."""
+        server's bearer token (see docs/server.md "Security").
+        tls_server_name: the name to check the server's certificate against
+        (and to send as SNI) instead of the host in `address`, e.g. when
+        connecting by IP to a server whose certificate names a host."""
         self.address = address
         self._call_timeout = call_timeout or None
         options = [
@@ -166,7 +345,9 @@ class Client:
         ]
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
-        if tls or tls_ca or tls_cert:
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls or tls_ca or tls_cert or tls_server_name:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read_file(tls_ca) if tls_ca else None,
                 private_key=_read_file(tls_key) if tls_key else None,
@@ -192,14 +373,19 @@ class Client:
         self._trainer = service_pb2_grpc.TrainerStub(stub_channel)
         self._predictor = service_pb2_grpc.PredictorStub(stub_channel)
         self._admin = service_pb2_grpc.AdminStub(stub_channel)
+        self._health = stub_channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=_health_request,
+            response_deserializer=_health_status)
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the channel; calls after this fail."""
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     def _call(self, method, request, timeout=None):
@@ -208,33 +394,49 @@ class Client:
         except grpc.RpcError as e:
             raise DlrmError.from_rpc_error(e) from None
 
+    # ------------------------------------------------------------ Health
+
+    def health(self, service: str = "") -> str:
+        """The standard gRPC health check (grpc.health.v1.Health/Check) of
+        `service` ("" = the whole server, or "dlrm.Trainer",
+        "dlrm.Predictor", "dlrm.Admin"): "SERVING", "NOT_SERVING",
+        "UNKNOWN" or "SERVICE_UNKNOWN". An unknown service raises
+        DlrmError(NOT_FOUND)."""
+        return self._call(self._health, service, self._call_timeout)
+
     # ------------------------------------------------------------- Admin
 
-    def info(self):
-        """The dlrm.ModelInfo: config, parameter counts, steps, plan."""
-        return self._call(self._admin.GetModelInfo,
-                          service_pb2.ModelInfoRequest(), self._call_timeout)
+    def info(self, include_weight_checksum: bool = False
+             ) -> service_pb2.ModelInfo:
+        """The dlrm.ModelInfo: config, parameter counts, steps, plan,
+        memory, world size (and a checksum of the weights when asked)."""
+        return self._call(
+            self._admin.GetModelInfo,
+            service_pb2.ModelInfoRequest(
+                include_weight_checksum=include_weight_checksum),
+            self._call_timeout)
 
-    def config(self):
+    def config(self) -> config_pb2.ModelConfig:
         """The server's dlrm.ModelConfig."""
         return self.info().config
 
-    def metrics(self):
+    def metrics(self) -> str:
         """The server's metrics in the Prometheus text format."""
         return self._call(self._admin.GetMetrics, service_pb2.MetricsRequest(),
                           self._call_timeout).prometheus_text
 
-    def save_checkpoint(self, path):
+    def save_checkpoint(self, path: str) -> service_pb2.CheckpointResponse:
         """Saves to a directory on the server; the CheckpointResponse."""
         return self._call(self._admin.SaveCheckpoint,
                           service_pb2.CheckpointRequest(path=path))
 
-    def restore_checkpoint(self, path):
-        """Restores from a directory on the server."""
+    def restore_checkpoint(self, path: str
+                           ) -> service_pb2.CheckpointResponse:
+        """Restores from a directory on the server; the CheckpointResponse."""
         return self._call(self._admin.RestoreCheckpoint,
                           service_pb2.CheckpointRequest(path=path))
 
-    def export_weights(self, path):
+    def export_weights(self, path: str) -> service_pb2.ExportResponse:
         """Writes the weights as a safetensors file on the server (names in
         docs/server.md "Weights export"); the ExportResponse."""
         return self._call(self._admin.ExportWeights,
@@ -244,7 +446,9 @@ class Client:
 
     make_batch = staticmethod(make_batch)
 
-    def train(self, batches, callback=None, max_in_flight=4):
+    def train(self, batches: Iterable[service_pb2.Batch],
+              callback: Optional[Callable[[service_pb2.StepResult], None]]
+              = None, max_in_flight: int = 4) -> List[service_pb2.StepResult]:
         """Streams `batches` (dlrm.Batch messages, e.g. from make_batch) to
         the server, at most max_in_flight unanswered at a time. Calls
         callback(step_result) for each answer, in order, and returns the
@@ -288,8 +492,24 @@ class Client:
             raise source_error[0]
         return results
 
-    def start_job(self, train, eval_data=None, batch_size=0, epochs=0,
-                  max_steps=0, eval_interval=0, eval_samples=0):
+    def train_arrays(self, dense: np.ndarray, sparse: Sequence[TableIds],
+                     labels: np.ndarray, batch_size: int = 256,
+                     epochs: int = 1, shuffle_seed: Optional[int] = None,
+                     callback: Optional[
+                         Callable[[service_pb2.StepResult], None]] = None,
+                     max_in_flight: int = 4) -> List[service_pb2.StepResult]:
+        """Trains on numpy arrays (as batch_from_arrays takes them) over a
+        Train stream: batch_size samples a step, `epochs` passes, shuffled
+        each epoch when shuffle_seed is given. Returns the StepResults."""
+        return self.train(array_batches(dense, sparse, labels, batch_size,
+                                        epochs, shuffle_seed),
+                          callback=callback, max_in_flight=max_in_flight)
+
+    def start_job(self, train: service_pb2.DatasetSpec,
+                  eval_data: Optional[service_pb2.DatasetSpec] = None,
+                  batch_size: int = 0, epochs: int = 0, max_steps: int = 0,
+                  eval_interval: int = 0,
+                  eval_samples: int = 0) -> service_pb2.JobStatus:
         """Starts a job on server datasets (see synthetic_dataset,
         criteo_dataset, binary_dataset) and returns its JobStatus; 0 means
         the server's default (2048 per step, 1 epoch, no step cap, eval at
@@ -303,23 +523,28 @@ class Client:
             request.eval.CopyFrom(eval_data)
         return self._call(self._trainer.StartJob, request, self._call_timeout)
 
-    def get_job(self, job_id):
+    def get_job(self, job_id: str) -> service_pb2.JobStatus:
+        """A job's JobStatus (state, steps, loss, eval metrics, error);
+        DlrmError(NOT_FOUND) for an unknown id."""
         return self._call(self._trainer.GetJob, service_pb2.JobId(id=job_id),
                           self._call_timeout)
 
-    def cancel_job(self, job_id):
+    def cancel_job(self, job_id: str) -> service_pb2.JobStatus:
+        """Asks a job to stop; its JobStatus (wait_job for the end)."""
         return self._call(self._trainer.CancelJob,
                           service_pb2.JobId(id=job_id), self._call_timeout)
 
-    def list_jobs(self):
+    def list_jobs(self) -> List[service_pb2.JobStatus]:
         """The running job and the most recent finished ones, oldest first
         (a list of JobStatus)."""
         return list(self._call(self._trainer.ListJobs,
                                service_pb2.ListJobsRequest(),
                                self._call_timeout).jobs)
 
-    def wait_job(self, job_id, poll_interval=0.5, timeout=None,
-                 callback=None):
+    def wait_job(self, job_id: str, poll_interval: float = 0.5,
+                 timeout: Optional[float] = None,
+                 callback: Optional[Callable[[service_pb2.JobStatus], None]]
+                 = None) -> service_pb2.JobStatus:
         """Polls until the job ends and returns its final JobStatus (check
         .state: SUCCEEDED, FAILED or CANCELLED). callback(status) sees every
         poll. Raises DlrmError(DEADLINE_EXCEEDED) after `timeout` seconds."""
@@ -337,24 +562,44 @@ class Client:
                     (job_id, JobStatus.State.Name(status.state), timeout))
             time.sleep(poll_interval)
 
-    def evaluate(self, batches=None, dataset=None, max_samples=0):
-        """Evaluates on inline `batches` (labelled dlrm.Batch messages) or a
-        server `dataset`; returns the EvaluateResponse (.metrics: auc,
-        log_loss, accuracy, ctr, samples; .reference for synthetic data)."""
+    def evaluate(self, batches: Optional[Iterable[service_pb2.Batch]] = None,
+                 dataset: Optional[service_pb2.DatasetSpec] = None,
+                 max_samples: int = 0, dense: Optional[np.ndarray] = None,
+                 sparse: Optional[Sequence[TableIds]] = None,
+                 labels: Optional[np.ndarray] = None
+                 ) -> service_pb2.EvaluateResponse:
+        """Evaluates on inline `batches` (labelled dlrm.Batch messages), on
+        numpy `dense`, `sparse`, `labels` (as batch_from_arrays takes them),
+        or on a server `dataset`; returns the EvaluateResponse (.metrics:
+        auc, log_loss, accuracy, ctr, samples; .reference for synthetic
+        data)."""
         request = service_pb2.EvaluateRequest(max_samples=max_samples)
         if batches is not None:
             request.batches.extend(batches)
+        if dense is not None:
+            if sparse is None or labels is None:
+                raise ValueError("evaluate needs dense, sparse and labels")
+            request.batches.append(batch_from_arrays(dense, sparse, labels))
         if dataset is not None:
             request.dataset.CopyFrom(dataset)
         return self._call(self._trainer.Evaluate, request)
 
     # --------------------------------------------------------- Predictor
 
-    def predict(self, dense=None, sparse=None, batch=None):
-        """Click probabilities, one float per sample, in order: of the
-        samples given as make_batch takes them, or of a dlrm.Batch."""
+    def predict(self, dense: Union[np.ndarray, Sequence[Sequence[float]],
+                                   None] = None,
+                sparse: Optional[Sequence] = None,
+                batch: Optional[service_pb2.Batch] = None) -> np.ndarray:
+        """Click probabilities, float32 [n], in sample order: of a numpy
+        `dense` [n, d] with per-table `sparse` (as batch_from_arrays takes
+        them), of row-major lists (as make_batch takes them), or of a
+        dlrm.Batch. A wrong feature or table count raises
+        DlrmError(INVALID_ARGUMENT)."""
         if batch is None:
-            batch = make_batch(dense, sparse)
+            if isinstance(dense, np.ndarray):
+                batch = batch_from_arrays(dense, sparse)
+            else:
+                batch = make_batch(dense, sparse)
         else:
             # Labels are ignored by Predict; do not send them.
             batch = service_pb2.Batch(size=batch.size, dense=batch.dense,
@@ -362,4 +607,4 @@ class Client:
         response = self._call(self._predictor.Predict,
                               service_pb2.PredictRequest(batch=batch),
                               self._call_timeout)
-        return list(response.probabilities)
+        return np.array(response.probabilities, dtype=np.float32)

@@ -3,7 +3,7 @@
 predicts click probabilities, through the Python client.
 
     # against a running server
-    PYTHONPATH=build/clients/python:clients/python \
+    PYTHONPATH=build/clients/python-package \
         /usr/bin/python3 clients/python/examples/train_and_predict.py \
         --server 127.0.0.1:50051
     # or start one (the tiny model) for the run

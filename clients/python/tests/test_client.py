@@ -13,7 +13,7 @@ import unittest
 
 import grpc
 
-from dlrm import service_pb2
+from dlrm_client import service_pb2
 from dlrm_client import (Client, DlrmError, LocalServer, make_batch,
                          random_batch, synthetic_dataset)
 

@@ -99,6 +99,18 @@ class TlsTest(unittest.TestCase):
             Client(self.server.address, connect_timeout=1)
         self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
 
+    def test_server_name_override(self):
+        # The certificate names localhost and 127.0.0.1: checking it as
+        # "localhost" passes, as another name fails the handshake.
+        ca = os.path.join(self.tmp, "ca.pem")
+        with Client(self.server.address, tls_ca=ca,
+                    tls_server_name="localhost") as client:
+            self.assertEqual(client.health(), "SERVING")
+        with self.assertRaises(DlrmError) as e:
+            Client(self.server.address, tls_ca=ca, connect_timeout=1,
+                   tls_server_name="elsewhere.example")
+        self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+
 
 if __name__ == "__main__":
     unittest.main()
