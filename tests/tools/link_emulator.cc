@@ -85,8 +85,8 @@ int OpenPort(const std::string& name) {
   packet_mreq mreq{};
   mreq.mr_ifindex = static_cast<int>(index);
   mreq.mr_type = PACKET_MR_PROMISC;
-  if (setsockopt(fd, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq,
-                 sizeof(mreq)) != 0) {
+  if (setsockopt(fd, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq, sizeof(mreq)) !=
+      0) {
     std::perror("link_emulator: PACKET_MR_PROMISC");
     return -1;
   }
@@ -129,10 +129,10 @@ int main(int argc, char** argv) {
   std::mt19937_64 random(seed);
   std::uniform_real_distribution<double> uniform(0, 1);
   const int64_t delay_ns = static_cast<int64_t>(delay_ms * 1e6);
-  std::printf("link_emulator: forwarding between %zu ports, delay %g ms, "
-              "loss %g, seed %llu\n",
-              ports.size(), delay_ms, loss,
-              static_cast<unsigned long long>(seed));
+  std::printf(
+      "link_emulator: forwarding between %zu ports, delay %g ms, "
+      "loss %g, seed %llu\n",
+      ports.size(), delay_ms, loss, static_cast<unsigned long long>(seed));
   std::fflush(stdout);
 
   // A GSO frame is up to 64 KiB; room for a larger gso_max_size too.
@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
         const int64_t due = NowNs() + delay_ns;
         for (size_t j = 0; j < ports.size(); ++j) {
           if (j == i) continue;
-          ports[j].out.push_back(
-              Pending{due, std::vector<char>(buffer.data(), buffer.data() + n)});
+          ports[j].out.push_back(Pending{
+              due, std::vector<char>(buffer.data(), buffer.data() + n)});
         }
         ++forwarded;
       }
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "link_emulator: stopped, %llu frames forwarded, %llu dropped\n",
-              static_cast<unsigned long long>(forwarded),
-              static_cast<unsigned long long>(dropped));
+               static_cast<unsigned long long>(forwarded),
+               static_cast<unsigned long long>(dropped));
   return 0;
 }
