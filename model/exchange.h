@@ -70,6 +70,7 @@ class ShardExchange {
   // The step's local batch sizes, every rank's (rank order, agreed by all
   // ranks), before the output and backward dists.
   void SetBatchSizes(const std::vector<int64_t>& sizes);
+  const std::vector<int64_t>& sizes() const { return sizes_; }
   int64_t global_size() const { return starts_.back(); }
   // Where rank r's samples start in the global batch.
   int64_t start(int r) const { return starts_[r]; }

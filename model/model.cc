@@ -387,11 +387,11 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
                            next_size};
   std::vector<int64_t> all(3 * world_);
   RETURN_IF_ERROR(comm_->AllGather(mine, 3, all.data(), DataType::kInt64));
-  sizes_.assign(world_, 0);
+  std::vector<int64_t> sizes(world_, 0);
   next_sizes_.assign(world_, 0);
   int bad_rank = -1;
   for (int r = 0; r < world_; ++r) {
-    sizes_[r] = all[3 * r];
+    sizes[r] = all[3 * r];
     next_sizes_[r] = all[3 * r + 2];
     if (all[3 * r + 1] != 0 && bad_rank < 0) bad_rank = r;
   }
@@ -400,12 +400,10 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch rejected: rank ", bad_rank, "'s local batch is invalid"));
   }
-  global_size_ = 0;
-  for (const int64_t size : sizes_) global_size_ += size;
-  if (global_size_ == 0) {
+  exchange_->SetBatchSizes(sizes);
+  if (exchange_->global_size() == 0) {
     return absl::InvalidArgumentError("batch: the global batch is empty");
   }
-  exchange_->SetBatchSizes(sizes_);
   return absl::OkStatus();
 }
 
@@ -522,8 +520,8 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
       out.push_back(&ls.global_ids);
       ls.ids = &ls.global_ids;
     }
-    RETURN_IF_ERROR(exchange_->DistributeIds(batch, sizes_, exchange_->owned(),
-                                             out, times));
+    RETURN_IF_ERROR(exchange_->DistributeIds(batch, exchange_->sizes(),
+                                             exchange_->owned(), out, times));
   }
   clock.Mark(StageTimes::kInputDist);
 
@@ -578,7 +576,7 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
     // On RocksDB the store pools only the batch it prepared (the global
     // one, which the update needs): pool it all, keep this rank's rows.
     const int dim = config_.tables(k).dim();
-    float* all = Sized(replica_out_, global_size_ * dim);
+    float* all = Sized(replica_out_, exchange_->global_size() * dim);
     RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
     const int64_t start = exchange_->start(rank_);
     for (int64_t l = 0; l < n; ++l) {
@@ -618,7 +616,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
                                             const data::Batch* next) {
   RETURN_IF_ERROR(AgreeOnBatch(batch, next));
   StepResult result;
-  result.samples = global_size_;
+  result.samples = exchange_->global_size();
   StageTimes& times = result.times;
   const int64_t n = batch.size;
 
@@ -643,9 +641,10 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   clock.Mark(StageTimes::kTopForward);
   // Every rank scales by the global batch, so the all-reduced gradient is
   // the global mean's.
-  ASSIGN_OR_RETURN(const double local_mean,
-                   dense_->Loss(batch.labels.data(), n,
-                                1.0f / static_cast<float>(global_size_)));
+  ASSIGN_OR_RETURN(
+      const double local_mean,
+      dense_->Loss(batch.labels.data(), n,
+                   1.0f / static_cast<float>(exchange_->global_size())));
   clock.Mark(StageTimes::kLoss);
   RETURN_IF_ERROR(dense_->TopBackward(n));
   clock.Mark(StageTimes::kTopBackward);
@@ -680,7 +679,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
     RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, &loss_sum));
   }
   times.bytes_sent[StageTimes::kDense] += world_ > 1 ? dense_bytes_ : 0;
-  result.loss = loss_sum / static_cast<double>(global_size_);
+  result.loss = loss_sum / static_cast<double>(exchange_->global_size());
   clock.Mark(StageTimes::kAllReduce);
   RETURN_IF_ERROR(dense_->Update());
   clock.Mark(StageTimes::kDenseUpdate);

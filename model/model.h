@@ -361,10 +361,9 @@ class Model {
   int64_t steps_ = 0;
   bool communicator_failed_ = false;
 
-  // Per step: every rank's local batch size, the global batch's, and every
-  // rank's next batch size (prefetch).
-  std::vector<int64_t> sizes_, next_sizes_;
-  int64_t global_size_ = 0;
+  // Per step: every rank's next batch size (prefetch); the local and
+  // global sizes of the batch itself are exchange_'s.
+  std::vector<int64_t> next_sizes_;
   // A data-parallel replica on RocksDB pools the global batch here.
   AlignedVector<float> replica_out_;
 };

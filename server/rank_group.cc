@@ -468,7 +468,8 @@ absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
     // The next share's ids steer the prefetch of rows on RocksDB: read it
     // before the step. One that cannot be read only misses its prefetch;
     // the step that trains on it reads it again and reports the error.
-    if (data_->Read(Share(*next).begin, Share(*next).size, &ahead_).ok()) {
+    const SampleRange share = Share(*next);
+    if (data_->Read(share.begin, share.size, &ahead_).ok()) {
       ahead_range_ = *next;
       next_share = &ahead_;
     }

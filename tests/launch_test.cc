@@ -1339,8 +1339,18 @@ TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
          model::ListCheckpoints(ckpt.string())) {
       if (e.manifest.ok()) committed = std::max(committed, e.manifest->step);
     }
-    // Every step the client saw answered was checkpointed first.
-    EXPECT_GE(committed, steps) << "client saw " << steps << " steps";
+    // Every step the client saw answered was checkpointed first, except
+    // that a step whose exchanges finished just before the cut loses its
+    // periodic save to the partition: a failed save does not fail the step
+    // (docs/checkpoints.md), and rank 0 logs it.
+    const std::string log0 = ReadText(dir_ / "rank-0.log");
+    if (committed < steps) {
+      EXPECT_EQ(committed, steps - 1) << "client saw " << steps << " steps";
+      EXPECT_NE(log0.find(absl::StrCat("periodic checkpoint at step ", steps,
+                                       " failed")),
+                std::string::npos)
+          << log0;
+    }
   }
   SetLink(1, true);
   const std::string address = StartRanksAcrossHosts(2, flags);
