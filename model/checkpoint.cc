@@ -277,12 +277,16 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
                  staged.status().ToString());
   }
   RETURN_IF_ERROR(model.Agree(staged.status()));
-  staged->tables->Apply();
-  for (const StagedRestore::Copy& c : staged->dense) {
-    std::copy(c.from.begin(), c.from.end(), c.to);
+  {
+    // Readers on other threads see the old weights or the new, never a mix.
+    Model::WeightsWriter writing(model);
+    staged->tables->Apply();
+    for (const StagedRestore::Copy& c : staged->dense) {
+      std::copy(c.from.begin(), c.from.end(), c.to);
+    }
+    if (!weights_only) model.dense_optimizer().set_step(staged->dense_step);
+    model.set_steps(staged->step);
   }
-  if (!weights_only) model.dense_optimizer().set_step(staged->dense_step);
-  model.set_steps(staged->step);
   CheckpointInfo info;
   info.step = staged->step;
   for (const ManifestFile& f : staged->manifest.files) info.bytes += f.bytes;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <optional>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,22 @@ class OverlappedReduce {
 };
 
 }  // namespace
+
+absl::Status ValidateBatch(const ModelConfig& config,
+                           const data::Batch& batch) {
+  if (batch.size > 0) {
+    std::vector<int64_t> rows;
+    for (const TableConfig& t : config.tables()) rows.push_back(t.rows());
+    return batch.Validate(config.num_dense_features(), rows);
+  }
+  if (batch.size < 0 ||
+      static_cast<int>(batch.sparse.size()) != config.tables_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch: size ", batch.size, " with ", batch.sparse.size(),
+        " sparse features (the model has ", config.tables_size(), ")"));
+  }
+  return absl::OkStatus();
+}
 
 Model::Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
              comm::Communicator* comm,
@@ -365,17 +382,8 @@ void Model::SwapInRows(std::unique_ptr<StagedRows> staged) {
 
 absl::Status Model::AgreeOnBatch(const data::Batch& batch,
                                  const data::Batch* next) {
-  std::vector<int64_t> rows;
-  for (const auto& t : config_.tables()) rows.push_back(t.rows());
-  auto validate = [&](const data::Batch& b) -> absl::Status {
-    if (b.size > 0) return b.Validate(config_.num_dense_features(), rows);
-    if (b.size < 0 ||
-        static_cast<int>(b.sparse.size()) != config_.tables_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch: size ", b.size, " with ", b.sparse.size(),
-          " sparse features (the model has ", config_.tables_size(), ")"));
-    }
-    return absl::OkStatus();
+  auto validate = [this](const data::Batch& b) {
+    return ValidateBatch(config_, b);
   };
   const absl::Status status = validate(batch);
   // The next batch only steers a prefetch: a bad one is simply left out
@@ -669,6 +677,9 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
     });
   }
 
+  // From here to the dense update the step writes weights: readers on
+  // other threads wait (weights_mutex()).
+  std::optional<WeightsWriter> writing(std::in_place, *this);
   RETURN_IF_ERROR(UpdateShards(batch, dt, &clock));
   clock.Mark(StageTimes::kEmbeddingUpdate);
 
@@ -684,6 +695,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   RETURN_IF_ERROR(dense_->Update());
   clock.Mark(StageTimes::kDenseUpdate);
   ++steps_;
+  writing.reset();
   result.stores = store_stats_;
   return result;
 }

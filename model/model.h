@@ -5,8 +5,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -49,11 +52,17 @@ struct StepResult {
   std::vector<RankTableStore> stores;
 };
 
+// OK when `batch` is a batch a model of `config` takes: Batch::Validate
+// against its dense width and table rows (InvalidArgument naming the field
+// and the sample), or an empty batch with one sparse feature per table.
+absl::Status ValidateBatch(const ModelConfig& config, const data::Batch& batch);
+
 // One rank's part of a DLRM: replicas of the MLPs, the embedding shards the
 // plan gives this rank, and replicas of data-parallel tables. Every rank
 // calls TrainStep / Predict / GatherTable / WeightChecksum together, each
 // with its own local batch (any sizes, 0 included); on one rank these are
-// plain calls. Not thread-safe.
+// plain calls. Not thread-safe, except that readers of the weights on other
+// threads may run beside it under weights_mutex() (model/predictor.h).
 //
 // Every shard (and replica) is an EmbeddingStore: a HostStore for
 // STORAGE_HOST tables, a RocksDbCachedStore for STORAGE_ROCKSDB tables, all
@@ -138,6 +147,36 @@ class Model {
   // weights whatever the rank count, plan or tiers; for tests that a
   // rejected batch changes nothing and that R ranks equal one process.
   absl::StatusOr<uint64_t> WeightChecksum();
+
+  // The lock of the weights' readers on other threads (SnapshotPredictor):
+  // they hold it shared while they read embedding rows or copy the dense
+  // parameters. The model holds it exclusively only while it writes weights:
+  // in TrainStep from the sparse update to the end of the dense update, and
+  // in a checkpoint restore (WeightsWriter), so a reader sees the weights of
+  // one step, never a mix.
+  std::shared_mutex& weights_mutex() const { return weights_mu_; }
+  // Bumped once each time the weights have changed (a step, a restore):
+  // readers compare it to know whether their copies are current. Read it
+  // under weights_mutex() (shared) for a value that matches the weights.
+  uint64_t weights_generation() const { return weights_generation_.load(); }
+  // Exclusive access to the weights for as long as it lives, for code that
+  // writes them from outside the step (a restore); bumps the generation on
+  // destruction.
+  class WeightsWriter {
+   public:
+    explicit WeightsWriter(Model& model)
+        : model_(model), lock_(model.weights_mu_) {}
+    ~WeightsWriter() { ++model_.weights_generation_; }
+    WeightsWriter(const WeightsWriter&) = delete;
+    WeightsWriter& operator=(const WeightsWriter&) = delete;
+
+   private:
+    Model& model_;
+    std::unique_lock<std::shared_mutex> lock_;
+  };
+  // Table k's columns in a row of the interaction input (after the bottom
+  // MLP's output, in table order).
+  int64_t table_column(int k) const { return table_offset_[k]; }
 
   const ModelConfig& config() const { return config_; }
   const embedding::ShardingPlan& plan() const { return plan_; }
@@ -360,6 +399,9 @@ class Model {
   std::vector<RankTableStore> store_stats_;
   int64_t steps_ = 0;
   bool communicator_failed_ = false;
+  // Readers of the weights on other threads (weights_mutex()).
+  mutable std::shared_mutex weights_mu_;
+  std::atomic<uint64_t> weights_generation_{0};
 
   // Per step: every rank's next batch size (prefetch); the local and
   // global sizes of the batch itself are exchange_'s.

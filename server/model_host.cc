@@ -121,8 +121,40 @@ ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
       config_(group->config()),
       shape_(ShapeOf(config_)),
       group_(std::move(group)),
+      serving_(MakeServing(group_)),
       steps_(group_->steps()),
       last_checkpoint_time_(Now()) {}
+
+std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
+    std::shared_ptr<RankGroup> group) {
+  auto serving = std::make_shared<Serving>();
+  serving->group = std::move(group);
+  if (serving->group->world_size() == 1) {
+    absl::StatusOr<std::unique_ptr<model::SnapshotPredictor>> predictor =
+        model::SnapshotPredictor::Create(serving->group->local_model());
+    if (predictor.ok()) {
+      serving->predictor = std::move(*predictor);
+    } else {
+      spdlog::info("predictions run between training steps: {}",
+                   std::string(predictor.status().message()));
+    }
+  } else {
+    spdlog::info(
+        "predictions run between training steps: the model runs on {} "
+        "ranks",
+        serving->group->world_size());
+  }
+  return serving;
+}
+
+std::shared_ptr<ModelHost::Serving> ModelHost::CurrentServing() {
+  std::lock_guard<std::mutex> lock(serving_mu_);
+  return serving_;
+}
+
+bool ModelHost::predictions_beside_training() {
+  return CurrentServing()->predictor != nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
     std::unique_ptr<RankGroup> group, ModelHostOptions options) {
@@ -305,10 +337,22 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::SaveLocked(
 }
 
 absl::Status ModelHost::Predict(const data::Batch& batch,
-                                std::vector<float>* probs) {
-  std::lock_guard<std::mutex> lock(model_mu_);
+                                std::vector<float>* probs, int64_t* step) {
+  if (shut_down_.load()) {
+    return absl::UnavailableError("the server's ranks are shut down");
+  }
+  const std::shared_ptr<Serving> serving = CurrentServing();
   UseComputeThreads();
-  return group_->Predict(batch, probs);
+  int64_t at = 0;
+  if (serving->predictor != nullptr) {
+    RETURN_IF_ERROR(serving->predictor->Predict(batch, probs, &at));
+  } else {
+    std::lock_guard<std::mutex> lock(model_mu_);
+    RETURN_IF_ERROR(group_->Predict(batch, probs));
+    at = group_->steps();
+  }
+  if (step != nullptr) *step = at;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<model::EvalResult> ModelHost::Evaluate(
@@ -386,10 +430,16 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.is_regular_file(ec)) info.bytes += entry.file_size(ec);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
+  ASSIGN_OR_RETURN(std::shared_ptr<RankGroup> group,
                    GroupOfOne(std::move(loaded)));
+  std::shared_ptr<Serving> serving = MakeServing(group);
+  std::shared_ptr<Serving> old;  // released after the locks
   std::lock_guard<std::mutex> lock(model_mu_);
   group_ = std::move(group);
+  {
+    std::lock_guard<std::mutex> serving_lock(serving_mu_);
+    old = std::exchange(serving_, std::move(serving));
+  }
   steps_.store(group_->steps());
   return info;
 }
@@ -402,6 +452,7 @@ void ModelHost::StopTraining() {
 absl::Status ModelHost::ShutdownRanks() {
   std::lock_guard<std::mutex> lock(model_mu_);
   training_stopped_ = true;
+  shut_down_.store(true);
   return group_->Shutdown();
 }
 

@@ -1,9 +1,12 @@
 // ModelHost: the one place the server touches the model. It owns the
-// leader's RankGroup (of one rank or several) and serialises everything that
-// reads or writes the model (training steps, inference, evaluation,
-// checkpoints) behind one mutex, so inference never sees a half-updated row and
-// a prediction runs between two training steps rather than during one. Services
-// and jobs only talk to this class.
+// leader's RankGroup (of one rank or several) and serialises what reads or
+// writes the model through it (training steps, checkpoints, exports)
+// behind one mutex. Predictions on a one-process CPU model with every table
+// in host memory run beside a training step instead, on a
+// model::SnapshotPredictor, from the weights of the last completed step;
+// elsewhere they take the mutex and run between two steps. Either way a
+// prediction never sees a half-updated row. Services and jobs only talk to
+// this class.
 #pragma once
 
 #include <atomic>
@@ -23,6 +26,7 @@
 #include "data/wire.h"
 #include "dlrm/config.pb.h"
 #include "model/checkpoint.h"
+#include "model/predictor.h"
 #include "model/trainer.h"
 #include "server/rank_group.h"
 
@@ -181,9 +185,16 @@ class ModelHost {
       const std::function<std::string()>& job = nullptr,
       const SampleRange* next = nullptr);
 
-  // Click probabilities of every sample of `batch` into `probs` (resized).
-  // InvalidArgument for a batch that does not fit.
-  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs);
+  // Click probabilities of every sample of `batch` into `probs` (resized),
+  // and into *step (when not null) the number of training steps of the
+  // weights that gave them. Beside a running step when predictions_beside_
+  // training(), else between two steps. InvalidArgument for a batch that
+  // does not fit; Unavailable after ShutdownRanks().
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
+                       int64_t* step = nullptr);
+  // Whether Predict runs beside training steps (model::SnapshotPredictor)
+  // rather than waiting for the step in progress.
+  bool predictions_beside_training();
 
   // Scores up to options.max_samples samples of `source` (rewound first),
   // taking the lock per batch so predictions interleave. `reference` may be
@@ -255,14 +266,28 @@ class ModelHost {
   absl::StatusOr<model::CheckpointInfo> SaveLocked(const std::string& dir,
                                                    const std::string& job);
 
+  // What predictions read: the group (kept alive while a prediction uses
+  // its model, even after an inference-only restore replaced it) and, when
+  // its model allows, the predictor that reads it beside the step.
+  struct Serving {
+    std::shared_ptr<RankGroup> group;
+    std::unique_ptr<model::SnapshotPredictor> predictor;  // may be null
+  };
+  // The Serving of `group`, with a predictor when its model allows one.
+  static std::shared_ptr<Serving> MakeServing(std::shared_ptr<RankGroup> group);
+  std::shared_ptr<Serving> CurrentServing();
+
   const ModelHostOptions options_;
   const ModelConfig config_;
   const data::BatchShape shape_;
 
   std::mutex model_mu_;  // guards group_
   // The leader of the job's ranks (which takes its own lock per operation).
-  std::unique_ptr<RankGroup> group_;
-  bool training_stopped_ = false;  // guarded by model_mu_
+  std::shared_ptr<RankGroup> group_;
+  std::mutex serving_mu_;               // guards serving_ (the pointer)
+  std::shared_ptr<Serving> serving_;    // over group_
+  std::atomic<bool> shut_down_{false};  // ShutdownRanks() was called
+  bool training_stopped_ = false;       // guarded by model_mu_
   // group_->steps(), readable without waiting for a step to end.
   std::atomic<int64_t> steps_{0};
   // When the last periodic checkpoint (or the host's start) was; guarded

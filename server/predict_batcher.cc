@@ -39,7 +39,7 @@ void PredictBatcher::Submit(data::Batch batch, Done done) {
       return;
     }
   }
-  done(absl::UnavailableError("the server is shutting down"), {});
+  done(absl::UnavailableError("the server is shutting down"), {}, 0);
 }
 
 void PredictBatcher::Stop() {
@@ -82,16 +82,18 @@ void PredictBatcher::Run() {
 
 void PredictBatcher::RunGroup(std::vector<Request>& requests) {
   std::vector<float> probs;
+  int64_t step = 0;
   if (requests.size() == 1) {
-    const absl::Status status = host_->Predict(requests[0].batch, &probs);
+    const absl::Status status =
+        host_->Predict(requests[0].batch, &probs, &step);
     metrics_->RecordPredictBatch(requests[0].batch.size, 1);
-    requests[0].done(status,
-                     status.ok() ? std::move(probs) : std::vector<float>());
+    requests[0].done(
+        status, status.ok() ? std::move(probs) : std::vector<float>(), step);
     return;
   }
   data::Batch joined;
   for (const Request& r : requests) joined.Append(r.batch);
-  const absl::Status status = host_->Predict(joined, &probs);
+  const absl::Status status = host_->Predict(joined, &probs, &step);
   metrics_->RecordPredictBatch(joined.size,
                                static_cast<int64_t>(requests.size()));
   int64_t offset = 0;
@@ -99,9 +101,10 @@ void PredictBatcher::RunGroup(std::vector<Request>& requests) {
     if (status.ok()) {
       r.done(absl::OkStatus(),
              std::vector<float>(probs.begin() + offset,
-                                probs.begin() + offset + r.batch.size));
+                                probs.begin() + offset + r.batch.size),
+             step);
     } else {
-      r.done(status, {});
+      r.done(status, {}, step);
     }
     offset += r.batch.size;
   }

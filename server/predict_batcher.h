@@ -34,8 +34,10 @@ struct PredictBatcherOptions {
 // on it, so they must be quick (finishing an RPC is).
 class PredictBatcher {
  public:
-  // Called with the request's probabilities (one per sample) or the error.
-  using Done = std::function<void(absl::Status, std::vector<float>)>;
+  // Called with the request's probabilities (one per sample) and the
+  // training steps of the weights that gave them, or the error.
+  using Done =
+      std::function<void(absl::Status, std::vector<float>, int64_t step)>;
 
   // `host` and `metrics` are borrowed and must outlive the batcher.
   // Starts the worker thread. `options` must be valid.

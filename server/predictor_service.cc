@@ -53,10 +53,12 @@ grpc::ServerUnaryReactor* PredictorService::Predict(
   ServerMetrics* metrics = metrics_;
   batcher_->Submit(std::move(batch), [reactor, response, metrics, start](
                                          absl::Status status,
-                                         std::vector<float> probs) {
+                                         std::vector<float> probs,
+                                         int64_t step) {
     if (status.ok()) {
       PredictResponse reply;
       reply.mutable_probabilities()->Add(probs.begin(), probs.end());
+      reply.set_model_step(step);
       status = SerializeRaw(reply, response);
     }
     metrics->RecordPredictLatency(

@@ -69,6 +69,10 @@ class RankGroup {
   const embedding::ShardingPlan& plan() const { return model_->plan(); }
   // Steps taken; does not wait for a running operation.
   int64_t steps() const;
+  // This rank's model, for readers on other threads that synchronise
+  // through its weights_mutex() (model::SnapshotPredictor); every other use
+  // goes through the methods here.
+  model::Model* local_model() { return model_.get(); }
 
   // Leader: one training step on the global `batch` (split by sample over
   // the ranks). InvalidArgument for a batch that does not fit, and

@@ -623,6 +623,58 @@ TEST_F(ServerTest, PredictEqualsModelPredictions) {
   }
 }
 
+// Predictions during a Train stream run beside its steps and say which
+// step's weights answered: never past the stream's last step, never going
+// back, and after the stream the final step's weights.
+TEST_F(ServerTest, PredictCarriesTheStepOfItsWeights) {
+  const data::Batch probe = SyntheticBatch(Tiny(), 16, 9);
+  PredictResponse response;
+  ASSERT_TRUE(Predict(ToWire(probe, /*labels=*/false), &response).ok());
+  EXPECT_EQ(response.model_step(), 0);
+
+  const std::vector<Batch> batches = TrainBatches(40, 256, /*seed=*/11);
+  std::atomic<bool> done{false};
+  std::vector<int64_t> steps;
+  std::thread predicting([&] {
+    while (!done.load()) {
+      PredictResponse r;
+      const grpc::Status s = Predict(ToWire(probe, /*labels=*/false), &r);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      steps.push_back(r.model_step());
+    }
+  });
+  StreamOutcome out = RunTrainStream(trainer_.get(), batches);
+  done.store(true);
+  predicting.join();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_FALSE(steps.empty());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_LE(steps[i], 40);
+    if (i > 0) EXPECT_GE(steps[i], steps[i - 1]);
+  }
+
+  // The final weights: the in-process model's after the same 40 steps.
+  auto local = model::Model::Create(Tiny());
+  ASSERT_TRUE(local.ok());
+  data::SyntheticOptions o;
+  o.teacher_seed = Tiny().seed();
+  o.sample_seed = 11;
+  auto source = data::MakeSyntheticSource(Tiny(), o);
+  ASSERT_TRUE(source.ok());
+  data::Batch b;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(*(*source)->Next(256, &b));
+    ASSERT_TRUE((*local)->TrainStep(b).ok());
+  }
+  ASSERT_TRUE(Predict(ToWire(probe, /*labels=*/false), &response).ok());
+  EXPECT_EQ(response.model_step(), 40);
+  const std::vector<float> want = LocalPredict(**local, probe);
+  ASSERT_EQ(response.probabilities_size(), probe.size);
+  for (int i = 0; i < probe.size; ++i) {
+    EXPECT_NEAR(response.probabilities(i), want[i], 1e-5) << "sample " << i;
+  }
+}
+
 TEST_F(ServerTest, ConcurrentPredictsAreMicroBatched) {
   auto local = model::Model::Create(Tiny());
   ASSERT_TRUE(local.ok());

@@ -1,0 +1,66 @@
+// SnapshotPredictor: predictions from a one-process model on another thread
+// while it trains, from the weights of its last completed step
+// (docs/server.md "Predictions beside training").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "dense/backend.h"
+#include "embedding/embedding_table.h"
+#include "model/model.h"
+
+namespace dlrm::model {
+
+// The model's probabilities for a batch, computed beside its training step
+// rather than between two steps: the embedding rows are pooled straight
+// from the model's host tables, and the dense part runs on a copy of the
+// model's dense parameters in a backend of its own, refreshed when the
+// model's weights have changed. Both are read under the model's
+// weights_mutex() held shared, so a prediction sees the weights of exactly
+// one completed step (or restore), and waits at most for the weight writes
+// in progress (a step's sparse and dense updates, a restore's copy), never
+// for a step's forward, backward or exchanges.
+//
+// Thread-safe; predictions run one at a time (the dense copy is their
+// workspace). Borrows the model, which must outlive the predictor.
+class SnapshotPredictor {
+ public:
+  // FailedPrecondition naming why when the model's weights cannot be read
+  // beside its step: several ranks (a prediction is then collective), a
+  // table not in host memory (a RocksDB cache changes as it is read), or a
+  // dense part not on the CPU. Other errors as dense::CreateDenseBackend.
+  static absl::StatusOr<std::unique_ptr<SnapshotPredictor>> Create(
+      Model* model);
+
+  // Click probabilities of every sample of `batch` into `probs` (resized),
+  // and into *step (not null) the number of the step whose weights gave
+  // them (Model::steps() then). InvalidArgument naming the field and the
+  // sample for a batch the model does not take, or an empty one (nothing
+  // is read then).
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
+                       int64_t* step);
+
+ private:
+  SnapshotPredictor(Model* model, std::unique_ptr<dense::DenseBackend> dense,
+                    std::vector<const embedding::EmbeddingTable*> tables);
+
+  Model* const model_;
+  // Table k's rows, whole, in the model's host memory.
+  const std::vector<const embedding::EmbeddingTable*> tables_;
+
+  std::mutex mu_;  // one prediction at a time
+  // The dense part's copy and workspace; guarded by mu_.
+  std::unique_ptr<dense::DenseBackend> dense_;
+  // The model's weights_generation() dense_'s parameters were copied at;
+  // guarded by mu_.
+  uint64_t generation_ = 0;
+  bool copied_ = false;  // guarded by mu_
+};
+
+}  // namespace dlrm::model
