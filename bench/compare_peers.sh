@@ -24,11 +24,11 @@
 #   PRECISIONS    [fp32 bf16]
 #   PEERS         [torchrec torch-eager]
 #   PEER_THREADS  [1 and the number of cores]
-#   OUR_THREADS   [the number of cores]
+#   OUR_THREADS   [the number of cores; "1 2" measures ours at both too]
 #   KAGGLE_ROWS / KAGGLE_MAX_ROWS, DCN_ROWS / DCN_MAX_ROWS
 #                 --rows (every table) / --max-rows (a cap) of each shape,
 #                 passed to the peers and applied to our config alike
-#                 [100000 / none, none / 1000000]
+#                 [100000 / none, none / 1000000; set one empty to drop it]
 #   KAGGLE_ITERS KAGGLE_WARMUP DCN_ITERS DCN_WARMUP REPEATS
 #                 timed steps per repetition, warm-up steps, repetitions
 #                 (median reported) of every run [30 5 5 2 3]

@@ -33,9 +33,52 @@ def _strip_comments(text):
     return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
 
 
+def _spans(text, name):
+    """(start, body start, end) of each top-level `name { ... }` message,
+    nested messages included in its body."""
+    spans = []
+    depth = 0
+    i = 0
+    pattern = re.compile(r"\b" + name + r"\s*:?\s*\{")
+    while i < len(text):
+        if depth == 0:
+            m = pattern.match(text, i)
+            if m and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+                level, j = 1, m.end()
+                while j < len(text) and level:
+                    level += {"{": 1, "}": -1}.get(text[j], 0)
+                    j += 1
+                spans.append((i, m.end(), j))
+                i = j
+                continue
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    return spans
+
+
 def _blocks(text, name):
-    """Bodies of the top-level `name { ... }` messages (no nesting inside)."""
-    return re.findall(r"\b" + name + r"\s*\{([^{}]*)\}", text)
+    """Bodies of the top-level `name { ... }` messages."""
+    return [text[b:e - 1] for _, b, e in _spans(text, name)]
+
+
+def _without(text, name):
+    """`text` without its top-level `name { ... }` messages."""
+    for start, _, end in reversed(_spans(text, name)):
+        text = text[:start] + text[end:]
+    return text
+
+
+def _top_level(text):
+    """`text` without anything inside braces: the fields of the message itself."""
+    out, depth = [], 0
+    for c in text:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
 
 
 def _scalar(text, name, default=None):
@@ -55,6 +98,7 @@ def _int_list(text, name):
 def _optimizer(body):
     if body is None:
         return {"type": "SGD", "lr": 0.01, "eps": 1e-10}
+    body = _top_level(body)
     return {"type": _scalar(body, "type", "SGD"),
             "lr": float(_scalar(body, "learning_rate", "0.01")),
             "eps": float(_scalar(body, "eps", "1e-10"))}
@@ -74,10 +118,10 @@ def load_shape(path):
             "pooling": _scalar(body, "pooling", "POOLING_SUM"),
         })
     # Drop the tables' bodies so table-level fields cannot shadow top-level ones.
-    top_text = re.sub(r"\btables\s*\{[^{}]*\}", "", text)
+    top_text = _without(text, "tables")
     opt_bodies = {name: (_blocks(top_text, name) or [None])[0]
                   for name in ("dense_optimizer", "sparse_optimizer")}
-    top_text = re.sub(r"\b(dense|sparse)_optimizer\s*\{[^{}]*\}", "", top_text)
+    top_text = _top_level(top_text)
     interaction = _scalar(top_text, "interaction", "INTERACTION_DOT")
     shape = {
         "config": path,
