@@ -169,7 +169,11 @@ import collections, json, statistics, sys
 runs = collections.defaultdict(dict)  # (shape, precision, side, threads) -> round -> rate
 for line in open(sys.argv[1]):
     side, shape, precision, threads, rnd, js = line.rstrip("\n").split("\t", 5)
-    runs[(shape, precision, side, int(threads))][int(rnd)] = json.loads(js)["samples_per_s"]
+    j = json.loads(js)
+    if j.get("precision", precision) != precision:
+        print(f"# warning: {side} {shape} round {rnd} asked for {precision}, "
+              f"ran {j['precision']}", file=sys.stderr)
+    runs[(shape, precision, side, int(threads))][int(rnd)] = j["samples_per_s"]
 if not runs:
     sys.exit("no run produced a JSON line")
 
