@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""CTest for the benchmark peers (label `peers`): runs each peer for 2 timed
-steps on tiny tables in both shapes and both precisions, and checks that its
+"""CTest for the benchmark peers (label `peers`): checks that the two peers'
+models give the same logits from the same weights (check_same_model.py),
+then runs each peer for 2 timed steps on tiny tables in both shapes and both
+precisions, and checks that its
 JSON line parses, names what ran, has the config's layer sizes, and a positive
 samples/s (never a timing beyond that). With --compare BENCH it also runs
 bench/compare_peers.sh for one tiny round against that dlrm_bench_train and
@@ -74,6 +76,12 @@ def check_line(line, peer, shape, precision):
 
 
 def run_peers(py):
+    # The two peers' models compute the same logits from the same weights.
+    cmd = [py, os.path.join(HERE, "check_same_model.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    print(p.stdout, end="")
+    if p.returncode != 0:
+        fail(f"check_same_model.py exited {p.returncode}:\n{p.stderr[-3000:]}")
     for script, peer, shape, precision, extra in RUNS:
         cmd = [py, os.path.join(HERE, script), "--shape", shape, "--rows", "50",
                "--precision", precision] + TINY + extra
