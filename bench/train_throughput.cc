@@ -1,6 +1,6 @@
 // dlrm_bench_train: training samples/s of the in-process DLRM step on
-// pre-generated synthetic batches (the same protocol as the PyTorch peer in
-// shared/peers: a few batches rotated, warm-up, then timed steps). Prints a
+// pre-generated synthetic batches (the same protocol as the peers in
+// bench/peers: a few batches rotated, warm-up, then timed steps). Prints a
 // JSON line per repetition's median and per-stage times.
 #include <omp.h>
 
@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
                  "config's device, cpu unless it sets one)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--rows", f.rows,
-                 "Override every table's rows (the peer uses 100000)");
+                 "Override every table's rows (bench/compare_peers.sh: 100000 "
+                 "for kaggle)");
   app.add_option("--batch", f.batch, "Samples per step")->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
   app.add_option("--iters", f.iters, "Timed steps per repetition")

@@ -4,7 +4,9 @@
 # here: the build uses /usr/local/cuda when nvcc is found there.
 #
 # Usage: scripts/install-deps.sh [--peers]
-#   --peers  also install the benchmark peer (Debian's python3-torch).
+#   --peers  also build the benchmark peers' Python venv from PyPI
+#            (bench/peers/setup_venv.sh: torch, torchrec, fbgemm-gpu-cpu;
+#            ~/.cache/dlrm-peers-venv, returns at once when it is ready).
 set -euo pipefail
 
 packages=(
@@ -21,9 +23,15 @@ packages=(
   # Launchers the tests start jobs with (tests/launch_test.cc).
   openmpi-bin slurm-wlm munge
 )
+peers=0
 if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(python3-torch)
+  peers=1
 fi
+setup_peers() {
+  if ((peers)); then
+    "$(dirname "$0")/../bench/peers/setup_venv.sh"
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -31,7 +39,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -eq 0 ]]; then
+  setup_peers
+  exit 0
+fi
 
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
@@ -39,3 +50,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+setup_peers
