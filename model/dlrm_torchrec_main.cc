@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/config.h"
 #include "core/status.h"
@@ -102,6 +103,10 @@ int main(int argc, char** argv) {
     s = dlrm::Export(f);
   } else {
     s = dlrm::Names(f);
+  }
+  if (absl::IsAlreadyExists(s)) {
+    s = absl::AlreadyExistsError(
+        absl::StrCat(s.message(), ", or pass --overwrite to replace it"));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "dlrm_torchrec: %s\n", s.ToString().c_str());

@@ -179,26 +179,32 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
   std::set<std::string> expected;
   for (const TorchRecTensor& t : tensors) {
     expected.insert(t.torchrec_name);
-    if (!file.Has(t.torchrec_name)) {
+    const absl::StatusOr<std::vector<int64_t>> shape =
+        file.Shape(t.torchrec_name);
+    if (!shape.ok()) {
       problems.push_back(absl::StrCat("missing tensor ", t.torchrec_name, " ",
                                       Shape(t.shape), " (our ", t.name, ")"));
-      continue;
-    }
-    const absl::StatusOr<std::span<const float>> got =
-        file.Get(t.torchrec_name, t.shape);
-    if (!got.ok()) {
-      // Get's message names the tensor, its shape and the expected one.
-      problems.push_back(
-          absl::StrCat(got.status().message(), " (our ", t.name, ")"));
+    } else if (*shape != t.shape) {
+      problems.push_back(absl::StrCat("tensor ", t.torchrec_name, " has shape ",
+                                      Shape(*shape), ", expected ",
+                                      Shape(t.shape), " (our ", t.name, ")"));
     }
   }
   for (const std::string& name : file.Names()) {
-    if (expected.count(name) == 0) {
-      problems.push_back(
-          absl::StrCat("unexpected tensor ", name, ": a TorchRec DLRM",
-                       config.interaction() == INTERACTION_DCN ? "_DCN" : "",
-                       " of this config has no such key"));
+    if (expected.count(name) > 0) continue;
+    std::string problem =
+        absl::StrCat("unexpected tensor ", name, ": a TorchRec DLRM",
+                     config.interaction() == INTERACTION_DCN ? "_DCN" : "",
+                     " of this config has no such key");
+    for (const std::string& e : expected) {
+      if (name.size() > e.size() && name.ends_with("." + e)) {
+        absl::StrAppend(&problem, " (", e,
+                        " with a prefix: scripts/torchrec_convert.py drops "
+                        "\"module.\" and \"_orig_mod.\")");
+        break;
+      }
     }
+    problems.push_back(std::move(problem));
   }
   if (problems.empty()) return absl::OkStatus();
   const size_t listed = std::min(problems.size(), kMaxListed);
@@ -366,7 +372,7 @@ absl::StatusOr<CheckpointInfo> ImportTorchRecCheckpoint(
     const std::string& dir, const TorchRecImportOptions& options) {
   if (!options.overwrite && fs::exists(dir)) {
     return absl::AlreadyExistsError(
-        absl::StrCat(dir, " exists; choose a new directory or overwrite it"));
+        absl::StrCat(dir, " exists; choose a new directory"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                    SafetensorsFile::Open(state_dict));

@@ -335,14 +335,13 @@ TEST_P(TorchRecTest, BadStateDictsAreRefusedNamingTheTensor) {
          }
        },
        {"missing tensor " + bottom + " [4, 8] (our bottom_mlp.1.weight)",
-        "unexpected tensor module." + bottom}},
+        "unexpected tensor module." + bottom, "(" + bottom + " with a prefix"}},
       {"shape",
        [](std::vector<TensorSpec>* s) {
          (*s)[1].shape = {12, 4};  // t1 has 11 rows
        },
-       {"sparse_arch.embedding_bag_collection.embedding_bags.t1.weight has "
-        "shape [12, 4], expected [11, 4]",
-        "(our embedding_bags.t1.weight)"}},
+       {"tensor sparse_arch.embedding_bag_collection.embedding_bags.t1.weight "
+        "has shape [12, 4], expected [11, 4] (our embedding_bags.t1.weight)"}},
       {"missing",
        [](std::vector<TensorSpec>* s) { s->pop_back(); },
        {"missing tensor over_arch.model.1.bias [1] (our top_mlp."}},
