@@ -66,10 +66,11 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
                                     const ModelConfig& config);
 
 // Sets every weight of `model` from the TorchRec state_dict in `file`
-// (checked first with CheckTorchRecStateDict against model.config(): on an
-// error nothing changes). The optimizer state and the step count are left
-// as they are. FailedPrecondition when `model` is not one process holding
-// every table whole (Model::Create(config)); a table store's write errors.
+// (checked first with CheckTorchRecStateDict against model.config(): on
+// those errors nothing changes). The optimizer state and the step count are
+// left as they are. FailedPrecondition when `model` is not one process
+// holding every table whole (Model::Create(config)); a table store's read
+// and write errors, after which the model holds a part of the weights.
 absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model);
 
 // Writes the weights of `model` (one process, every table whole) as a

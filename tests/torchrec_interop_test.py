@@ -216,8 +216,11 @@ def check_interop(tool, check, server, client, source_dir, work):
         st = os.path.join(work, f"{kind}_torchrec.safetensors")
         torchrec_convert.write_safetensors(
             torchrec_convert.to_float32_tensors(theirs.state_dict()), st)
+        # As a training script might save it: wrapped, under DDP's prefix.
         pt = os.path.join(work, f"{kind}_torchrec.pt")
-        torch.save(theirs.state_dict(), pt)
+        torch.save({"state_dict": {f"module.{k}": v for k, v in
+                                   theirs.state_dict().items()},
+                    "epoch": 3}, pt)
         converted = os.path.join(work, f"{kind}_from_pt.safetensors")
         run([sys.executable, os.path.join(source_dir, "scripts",
                                           "torchrec_convert.py"),

@@ -39,14 +39,12 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   return j;
 }
 
-absl::Status Predict(const std::string& dir, const std::string& inputs,
-                     const std::string& out) {
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<model::Model> m,
-      model::LoadCheckpointOn(dir, /*weights_only=*/true, DEVICE_CPU));
-  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJson(inputs));
-  data::Batch batch;
-  batch.Reset(m->config().num_dense_features(), m->config().tables_size());
+// The batch of the inputs `j` (see the top of the file) for `config`;
+// json exceptions for another layout.
+absl::Status FillBatch(const nlohmann::json& j, const ModelConfig& config,
+                       data::Batch* out) {
+  data::Batch& batch = *out;
+  batch.Reset(config.num_dense_features(), config.tables_size());
   batch.size = static_cast<int64_t>(j.at("dense").size());
   for (const auto& row : j.at("dense")) {
     for (const auto& v : row) batch.dense.push_back(v.get<float>());
@@ -61,6 +59,22 @@ absl::Status Predict(const std::string& dir, const std::string& inputs,
         j.at("sparse")[k].at("ids").get<std::vector<int64_t>>();
   }
   batch.labels.assign(batch.size, 0.0f);  // ignored by Predict
+  return absl::OkStatus();
+}
+
+absl::Status Predict(const std::string& dir, const std::string& inputs,
+                     const std::string& out) {
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<model::Model> m,
+      model::LoadCheckpointOn(dir, /*weights_only=*/true, DEVICE_CPU));
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJson(inputs));
+  data::Batch batch;
+  try {
+    RETURN_IF_ERROR(FillBatch(j, m->config(), &batch));
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(inputs, ": not the expected layout: ", e.what()));
+  }
   std::vector<float> probs;
   RETURN_IF_ERROR(m->Predict(batch, &probs));
   std::ofstream o(out);
