@@ -241,6 +241,15 @@ absl::StatusOr<std::span<const float>> SafetensorsFile::GetFlat(
       reinterpret_cast<const float*>(data_ + it->second.begin), count);
 }
 
+absl::StatusOr<std::vector<int64_t>> SafetensorsFile::Shape(
+    const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
+  }
+  return it->second.shape;
+}
+
 std::vector<std::string> SafetensorsFile::Names() const {
   std::vector<std::string> names;
   for (const auto& [name, e] : tensors_) names.push_back(name);

@@ -92,6 +92,8 @@ class SafetensorsFile {
   absl::StatusOr<std::span<const float>> GetFlat(const std::string& name,
                                                  int64_t count) const;
   bool Has(const std::string& name) const { return tensors_.count(name) > 0; }
+  // The shape of tensor `name`; NotFound if absent.
+  absl::StatusOr<std::vector<int64_t>> Shape(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const {
     return metadata_;
   }
