@@ -880,7 +880,13 @@ absl::Status Run(Flags& f) {
 
   if (f.threads > 0) omp_set_num_threads(f.threads);
   if (f.world_size != 1) return RunRank(f, signals);
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, MakeModel(f, signals));
+  absl::StatusOr<std::unique_ptr<model::Model>> made = MakeModel(f, signals);
+  if (absl::IsCancelled(made.status())) {
+    // A replica stopped before it had anything to serve: an orderly stop.
+    spdlog::info("{}", std::string(made.status().message()));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, std::move(made));
   const ModelConfig& config = model->config();
   spdlog::info(
       "model: {} tables, {} embedding and {} dense parameters, step {}, "

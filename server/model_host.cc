@@ -466,12 +466,12 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
     std::lock_guard<std::mutex> serving_lock(serving_mu_);
     old = std::exchange(serving_, std::move(serving));
   }
-  steps_.store(group_->steps());
   served.step = info.step;
   {
     std::lock_guard<std::mutex> served_lock(served_mu_);
     served_ = std::move(served);
   }
+  steps_.store(group_->steps());
   return info;
 }
 

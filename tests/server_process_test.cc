@@ -645,6 +645,24 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
             std::string::npos)
       << ReadText(log);
 
+  {
+    // SIGTERM while waiting is an orderly stop.
+    Proc waiting;
+    ASSERT_TRUE(
+        waiting.Spawn({ServerPath(), "--inference-only", "--follow",
+                       root_.string(), "--follow-poll-seconds", "0.1",
+                       "--listen", "127.0.0.1:0", "--metrics-listen", ""},
+                      dir_ / "waiting.log"));
+    for (int i = 0; i < 600 && ReadText(dir_ / "waiting.log")
+                                       .find("waiting for a complete "
+                                             "checkpoint") == std::string::npos;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(waiting.pid, SIGTERM);
+    EXPECT_EQ(waiting.WaitExit(30), 0) << ReadText(dir_ / "waiting.log");
+  }
+
   auto config = LoadModelConfig("tiny");
   ASSERT_TRUE(config.ok());
   auto trainer = model::Model::Create(*config);
