@@ -588,6 +588,7 @@ absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
     }
     spdlog::info("resuming from {} at step {}", e.dir, (*model)->steps());
     f.server.resume_job = e.manifest->job;
+    f.server.loaded_from = e.dir;
     return model;
   }
   return NothingToResume(root);
