@@ -260,6 +260,11 @@ absl::Status Info(Client& client, const Flags& f) {
   std::printf("steps: %lld  world size: %d%s\n",
               static_cast<long long>(info.steps()), info.world_size(),
               info.inference_only() ? "  inference only" : "");
+  if (!info.served_checkpoint().empty()) {
+    std::printf("served checkpoint: %s (step %lld)\n",
+                info.served_checkpoint().c_str(),
+                static_cast<long long>(info.served_checkpoint_step()));
+  }
   for (const auto& [tier, bytes] : info.memory_bytes()) {
     std::printf("memory %s: %lld bytes\n", tier.c_str(),
                 static_cast<long long>(bytes));

@@ -40,6 +40,8 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
   response->set_world_size(s.world_size);
   response->set_inference_only(s.inference_only);
   response->set_weight_checksum(s.weight_checksum);
+  response->set_served_checkpoint(s.served.dir);
+  response->set_served_checkpoint_step(s.served.step);
   FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", absl::OkStatus());
   return reactor;
 }
@@ -140,7 +142,8 @@ grpc::ServerUnaryReactor* AdminService::GetMetrics(
     FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", auth);
     return reactor;
   }
-  response->set_prometheus_text(metrics_->Render(host_->steps()));
+  response->set_prometheus_text(
+      metrics_->Render(host_->steps(), host_->served_checkpoint()));
   FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", absl::OkStatus());
   return reactor;
 }

@@ -129,6 +129,14 @@ absl::Status ServerOptions::Validate() const {
         bad.message(), " (--tls-cert, --tls-key, --tls-client-ca)"));
   }
   RETURN_IF_ERROR(auth.Validate());
+  if (!follow_dir.empty()) {
+    if (!inference_only) {
+      return absl::InvalidArgumentError(
+          "following checkpoints (--follow) needs an inference-only server "
+          "(--inference-only): a training server writes its own");
+    }
+    RETURN_IF_ERROR(FollowerOptionsFrom(*this).Validate());
+  }
   RETURN_IF_ERROR(HostOptionsFrom(*this).Validate());
   RETURN_IF_ERROR(DataPathsFrom(*this).Validate());
   return absl::OkStatus();
@@ -149,6 +157,14 @@ ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
   o.checkpoint_every_seconds = options.checkpoint_every_seconds;
   o.keep_checkpoints = options.keep_checkpoints;
   o.compute_threads = options.compute_threads;
+  o.loaded_from = options.loaded_from;
+  return o;
+}
+
+CheckpointFollowerOptions FollowerOptionsFrom(const ServerOptions& options) {
+  CheckpointFollowerOptions o;
+  o.dir = options.follow_dir;
+  o.poll_seconds = options.follow_poll_seconds;
   return o;
 }
 
@@ -257,6 +273,11 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
     for (const char* name : kServices) health->SetServingStatus(name, true);
   }
   RETURN_IF_ERROR(s->StartMetricsHttp());
+  if (!o.follow_dir.empty()) {
+    ASSIGN_OR_RETURN(s->follower_,
+                     CheckpointFollower::Start(s->host_.get(), &s->metrics_,
+                                               FollowerOptionsFrom(o)));
+  }
   spdlog::info("serving on {} (metrics {}), {}", s->address_,
                s->metrics_address_.empty() ? "off" : s->metrics_address_,
                o.inference_only ? "inference only" : "training and inference");
@@ -307,7 +328,7 @@ absl::Status DlrmServer::StartMetricsHttp() {
 }
 
 std::string DlrmServer::MetricsText() {
-  return metrics_.Render(host_->steps());
+  return metrics_.Render(host_->steps(), host_->served_checkpoint());
 }
 
 void DlrmServer::Shutdown(double grace_seconds) {
@@ -319,6 +340,8 @@ void DlrmServer::Shutdown(double grace_seconds) {
     }
     shut_down_ = true;
   }
+  // No swap starts once shutting down (one in progress finishes first).
+  if (follower_ != nullptr) follower_->Stop();
   if (server_ != nullptr) {
     grpc::HealthCheckServiceInterface* health =
         server_->GetHealthCheckService();

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
+#include "server/checkpoint_follower.h"
 #include "server/datasets.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
@@ -55,6 +56,16 @@ struct ServerOptions {
   std::vector<std::string> allowed_data_dirs;
   // Serve predictions only (see ModelHostOptions). Default: false.
   bool inference_only = false;
+  // With inference_only: follow the checkpoints a training server writes
+  // into this directory, swapping each newer complete one in
+  // (CheckpointFollower, --follow). Default: empty (off).
+  std::string follow_dir;
+  // Seconds between two looks into follow_dir. Default: 5.
+  double follow_poll_seconds = 5;
+  // The checkpoint directory the model was loaded from (--restore, or the
+  // one --follow started from), reported as the served checkpoint (see
+  // ModelHostOptions::loaded_from). Default: empty.
+  std::string loaded_from;
   // Periodic checkpoints under checkpoint_dir (see ModelHostOptions):
   // every N steps, every S seconds (0 = off), keeping the K newest.
   // Defaults: 0, 0, 3.
@@ -125,6 +136,8 @@ class DlrmServer {
   int port() const { return port_; }
 
   ModelHost* host() { return host_.get(); }
+  // The checkpoint follower, or null without options.follow_dir.
+  CheckpointFollower* follower() { return follower_.get(); }
   ServerMetrics* metrics() { return &metrics_; }
   // The Prometheus text (as /metrics and Admin.GetMetrics serve it).
   std::string MetricsText();
@@ -156,6 +169,7 @@ class DlrmServer {
   std::unique_ptr<TrainerService> trainer_;
   std::unique_ptr<PredictorService> predictor_;
   std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<CheckpointFollower> follower_;
   std::unique_ptr<grpc::Server> server_;
   // gRPC calls in progress (counted by an interceptor per call). gRPC 1.51's
   // Shutdown waits out its whole deadline while any client keeps a channel
@@ -176,6 +190,9 @@ class DlrmServer {
 // The ModelHost options that `options` ask for (inference-only, periodic
 // checkpoints).
 ModelHostOptions HostOptionsFrom(const ServerOptions& options);
+
+// The checkpoint follower options that `options` ask for (follow_dir).
+CheckpointFollowerOptions FollowerOptionsFrom(const ServerOptions& options);
 
 // The directories dataset files may be read from, as `options` set them.
 DataPathOptions DataPathsFrom(const ServerOptions& options);

@@ -6,7 +6,10 @@
 // flags, the model config and the sharding plan and prints them;
 // --health-check HOST:PORT is a container health probe (TLS too).
 // With --checkpoint-dir it resumes from the newest valid checkpoint there
-// unless --no-resume or --restore (docs/checkpoints.md).
+// unless --no-resume or --restore (docs/checkpoints.md). With
+// --inference-only --follow DIR it is a replica that serves the newest
+// checkpoint a training server wrote into DIR (docs/server.md "Replicas
+// that follow training").
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <omp.h>
@@ -24,6 +27,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -290,6 +294,16 @@ absl::Status ValidateFlags(const Flags& f) {
     return absl::InvalidArgumentError(
         "--checkpoint-on-exit needs --checkpoint-dir and a training server");
   }
+  if (!f.server.follow_dir.empty() && !f.server.inference_only) {
+    return absl::InvalidArgumentError(
+        "--follow needs --inference-only: a replica that follows training "
+        "serves predictions only");
+  }
+  if (!f.server.follow_dir.empty() && !f.restore.empty()) {
+    return absl::InvalidArgumentError(
+        "--follow and --restore exclude each other: a replica starts from "
+        "the newest checkpoint in the --follow directory");
+  }
   if (f.rank < 0 || f.rank >= f.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--rank ", f.rank, " is not in [0, --world-size ", f.world_size, ")"));
@@ -361,12 +375,32 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModel(const Flags& f,
 // would do; binds, dials and allocates nothing. Errors as a run's.
 absl::Status DryRun(const Flags& f) {
   RETURN_IF_ERROR(ValidateFlags(f));
-  ASSIGN_OR_RETURN(ModelConfig config, RunConfig(f));
+  // A replica's model is the newest checkpoint in --follow's directory;
+  // there may be none yet.
+  std::string model_spec = f.restore.empty() ? f.config : f.restore;
+  std::optional<ModelConfig> config;
+  if (f.server.follow_dir.empty()) {
+    ASSIGN_OR_RETURN(config, RunConfig(f));
+  } else {
+    model_spec.clear();
+    for (const model::CheckpointEntry& e :
+         model::ListCheckpoints(f.server.follow_dir)) {
+      if (!e.manifest.ok()) continue;
+      model_spec = e.dir;
+      ASSIGN_OR_RETURN(
+          config,
+          ConfigOnDevice(
+              f, (std::filesystem::path(e.dir) / "config.textproto").string()));
+      break;
+    }
+  }
   embedding::PlannerOptions po;
   po.world_size = f.world_size;
   po.memory_budget_bytes = f.memory_budget_mb << 20;
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(config, po));
+  embedding::ShardingPlan plan;
+  if (config.has_value()) {
+    ASSIGN_OR_RETURN(plan, embedding::PlanSharding(*config, po));
+  }
   const auto or_none = [](const std::string& s) {
     return s.empty() ? std::string("(none)") : s;
   };
@@ -388,13 +422,24 @@ absl::Status DryRun(const Flags& f) {
   } else {
     std::printf("serves nothing (follows rank 0)\n");
   }
-  std::printf("model %s: %d tables, %lld embedding and %lld dense parameters\n",
-              f.restore.empty() ? f.config.c_str() : f.restore.c_str(),
-              config.tables_size(),
-              static_cast<long long>(EmbeddingParameterCount(config)),
-              static_cast<long long>(DenseParameterCount(config)));
-  std::printf("device %s (the dense part; embeddings in host memory)\n",
-              DeviceName(config.device()));
+  if (!f.server.follow_dir.empty()) {
+    std::printf(
+        "follow %s every %g s (serves its newest complete checkpoint; "
+        "listens once there is one)\n",
+        f.server.follow_dir.c_str(), f.server.follow_poll_seconds);
+  }
+  if (config.has_value()) {
+    std::printf(
+        "model %s: %d tables, %lld embedding and %lld dense parameters\n",
+        model_spec.c_str(), config->tables_size(),
+        static_cast<long long>(EmbeddingParameterCount(*config)),
+        static_cast<long long>(DenseParameterCount(*config)));
+    std::printf("device %s (the dense part; embeddings in host memory)\n",
+                DeviceName(config->device()));
+  } else {
+    std::printf("model: none yet (no complete checkpoint in %s)\n",
+                f.server.follow_dir.c_str());
+  }
   std::printf("gRPC %s, auth token %s\n",
               f.server.tls.enabled() ? (f.server.tls.client_ca_file.empty()
                                             ? "TLS"
@@ -429,8 +474,10 @@ absl::Status DryRun(const Flags& f) {
         static_cast<long long>(f.server.checkpoint_every_steps),
         f.server.checkpoint_every_seconds, f.server.keep_checkpoints);
   }
-  std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
-              plan.ToString(config).c_str());
+  if (config.has_value()) {
+    std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
+                plan.ToString(*config).c_str());
+  }
   return absl::OkStatus();
 }
 
@@ -541,12 +588,58 @@ absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
     }
     spdlog::info("resuming from {} at step {}", e.dir, (*model)->steps());
     f.server.resume_job = e.manifest->job;
+    f.server.loaded_from = e.dir;
     return model;
   }
   return NothingToResume(root);
 }
 
-absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(Flags& f) {
+// --follow: the model of the newest checkpoint under --follow's directory
+// that loads (checksums verified), the others skipped with a warning;
+// waits, looking every --follow-poll-seconds, until one does. Sets
+// f.server.loaded_from. Cancelled when one of `signals` (blocked) arrives
+// meanwhile.
+absl::StatusOr<std::unique_ptr<model::Model>> FirstFollowedModel(
+    Flags& f, const sigset_t& signals) {
+  CheckpointPicker picker(f.server.follow_dir);
+  bool told = false;
+  while (true) {
+    int skipped = 0;
+    for (const model::CheckpointEntry& e :
+         picker.Candidates(ServedCheckpoint(), &skipped)) {
+      absl::StatusOr<std::unique_ptr<model::Model>> model =
+          LoadModel(f, e.dir, /*weights_only=*/true);
+      if (!model.ok()) {
+        picker.Failed(e, model.status());
+        continue;
+      }
+      spdlog::info("serving checkpoint {} (step {})", e.dir, (*model)->steps());
+      f.server.loaded_from = e.dir;
+      return model;
+    }
+    if (!told) {
+      spdlog::info(
+          "waiting for a complete checkpoint in {} (looking every {} s); "
+          "the server listens once it has one",
+          f.server.follow_dir, f.server.follow_poll_seconds);
+      told = true;
+    }
+    const double s = f.server.follow_poll_seconds;
+    timespec wait;
+    wait.tv_sec = static_cast<time_t>(s);
+    wait.tv_nsec = static_cast<long>((s - wait.tv_sec) * 1e9);
+    const int received = sigtimedwait(&signals, nullptr, &wait);
+    if (received > 0) {
+      return absl::CancelledError(absl::StrCat(
+          "signal ", received, " while waiting for a checkpoint in ",
+          f.server.follow_dir));
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(
+    Flags& f, const sigset_t& signals) {
+  if (!f.server.follow_dir.empty()) return FirstFollowedModel(f, signals);
   if (Resumes(f)) {
     ASSIGN_OR_RETURN(std::unique_ptr<model::Model> resumed, ResumeModel(f));
     if (resumed != nullptr) return resumed;
@@ -555,11 +648,13 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(Flags& f) {
     spdlog::info("loading {} from {}",
                  f.server.inference_only ? "weights" : "the checkpoint",
                  f.restore);
+    f.server.loaded_from = f.restore;
     return LoadModel(f, f.restore, /*weights_only=*/f.server.inference_only);
   }
   if (f.server.inference_only) {
     return absl::InvalidArgumentError(
-        "--inference-only needs --restore (the weights to serve)");
+        "--inference-only needs --restore or --follow (the weights to "
+        "serve)");
   }
   ASSIGN_OR_RETURN(ModelConfig config, ConfigOnDevice(f, f.config));
   return model::Model::Create(config);
@@ -786,7 +881,13 @@ absl::Status Run(Flags& f) {
 
   if (f.threads > 0) omp_set_num_threads(f.threads);
   if (f.world_size != 1) return RunRank(f, signals);
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, MakeModel(f));
+  absl::StatusOr<std::unique_ptr<model::Model>> made = MakeModel(f, signals);
+  if (absl::IsCancelled(made.status())) {
+    // A replica stopped before it had anything to serve: an orderly stop.
+    spdlog::info("{}", std::string(made.status().message()));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, std::move(made));
   const ModelConfig& config = model->config();
   spdlog::info(
       "model: {} tables, {} embedding and {} dense parameters, step {}, "
@@ -856,7 +957,16 @@ int main(int argc, char** argv) {
   app.add_option("--restore", f.restore,
                  "Start from the checkpoint in this directory (its config)");
   app.add_flag("--inference-only", o.inference_only,
-               "With --restore: load weights only and refuse training");
+               "With --restore or --follow: load weights only and refuse "
+               "training");
+  app.add_option("--follow", o.follow_dir,
+                 "With --inference-only: serve the newest complete "
+                 "checkpoint a training server writes into this directory, "
+                 "swapping newer ones in as they appear (waits for the "
+                 "first before listening)");
+  app.add_option("--follow-poll-seconds", o.follow_poll_seconds,
+                 "Seconds between two looks into the --follow directory")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--checkpoint-on-exit", f.checkpoint_on_exit,
                "On SIGINT/SIGTERM, save a checkpoint to "
                "<checkpoint-dir>/final");

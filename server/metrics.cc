@@ -134,12 +134,50 @@ void ServerMetrics::RecordRpc(absl::string_view method, absl::StatusCode code) {
   ++rpcs_[{std::string(method), absl::StatusCodeToString(code)}];
 }
 
-std::string ServerMetrics::Render(int64_t model_steps) const {
+void ServerMetrics::RecordCheckpointSwap() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++checkpoint_swaps_;
+}
+
+void ServerMetrics::RecordCheckpointSwapFailure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++checkpoint_swap_failures_;
+}
+
+std::string ServerMetrics::Render(int64_t model_steps,
+                                  const ServedCheckpoint& served) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   Header(&out, "dlrm_model_steps", "gauge",
          "Training steps the served model has taken (restored ones included).");
   Sample(&out, "dlrm_model_steps", static_cast<double>(model_steps));
+  if (!served.dir.empty()) {
+    Header(&out, "dlrm_served_step", "gauge",
+           "Step of the checkpoint whose weights are served, labelled with "
+           "its directory.");
+    // Directories are the server's own paths; a quote or backslash in one
+    // is escaped as the exposition format asks.
+    std::string dir;
+    for (const char c : served.dir) {
+      if (c == '\n') {
+        dir += "\\n";
+        continue;
+      }
+      if (c == '"' || c == '\\') dir += '\\';
+      dir += c;
+    }
+    Sample(&out, "dlrm_served_step", static_cast<double>(served.step),
+           absl::StrCat("checkpoint=\"", dir, "\""));
+  }
+  Header(&out, "dlrm_checkpoint_swaps_total", "counter",
+         "Newer checkpoints a follower (--follow) swapped in.");
+  Sample(&out, "dlrm_checkpoint_swaps_total",
+         static_cast<double>(checkpoint_swaps_));
+  Header(&out, "dlrm_checkpoint_swap_failures_total", "counter",
+         "Checkpoints a follower (--follow) skipped with a warning: damaged, "
+         "half-written or of another architecture.");
+  Sample(&out, "dlrm_checkpoint_swap_failures_total",
+         static_cast<double>(checkpoint_swap_failures_));
 
   Header(&out, "dlrm_train_steps_total", "counter",
          "Training steps run by this process.");

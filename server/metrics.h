@@ -61,9 +61,17 @@ class ServerMetrics {
   void RecordPredictBatch(int64_t samples, int64_t requests);
   // A finished RPC; `method` is the full name ("/dlrm.Predictor/Predict").
   void RecordRpc(absl::string_view method, absl::StatusCode code);
+  // A checkpoint follower (server/checkpoint_follower.h) swapped a newer
+  // checkpoint in.
+  void RecordCheckpointSwap();
+  // A checkpoint follower skipped a checkpoint (damaged, half-written, of
+  // another architecture), counted once per state of its files.
+  void RecordCheckpointSwapFailure();
 
-  // The text exposition; `model_steps` is the model's step count.
-  std::string Render(int64_t model_steps) const;
+  // The text exposition; `model_steps` is the model's step count and
+  // `served` the checkpoint it serves.
+  std::string Render(int64_t model_steps,
+                     const ServedCheckpoint& served = ServedCheckpoint()) const;
 
  private:
   mutable std::mutex mu_;
@@ -83,6 +91,9 @@ class ServerMetrics {
   int64_t checkpoints_saved_ = 0;
   int64_t checkpoints_failed_ = 0;
   int64_t last_checkpoint_step_ = -1;
+  // Checkpoints a follower swapped in and skipped.
+  int64_t checkpoint_swaps_ = 0;
+  int64_t checkpoint_swap_failures_ = 0;
   int64_t queue_depth_ = 0;
   int64_t queue_depth_max_ = 0;
   int64_t queue_capacity_ = 0;

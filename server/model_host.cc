@@ -70,6 +70,16 @@ absl::StatusOr<std::unique_ptr<RankGroup>> GroupOfOne(
                            RankGroupOptions());
 }
 
+// The served-checkpoint record of `dir`, restored at `step`.
+ServedCheckpoint ServedFrom(const std::string& dir, int64_t step) {
+  ServedCheckpoint served;
+  served.dir = dir;
+  served.step = step;
+  absl::StatusOr<model::Manifest> manifest = model::ReadManifest(dir);
+  if (manifest.ok()) served.created_ms = manifest->created_ms;
+  return served;
+}
+
 }  // namespace
 
 absl::Status ModelHostOptions::Validate() const {
@@ -123,7 +133,11 @@ ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
       group_(std::move(group)),
       serving_(MakeServing(group_)),
       steps_(group_->steps()),
-      last_checkpoint_time_(Now()) {}
+      last_checkpoint_time_(Now()) {
+  if (!options_.loaded_from.empty()) {
+    served_ = ServedFrom(options_.loaded_from, steps_.load());
+  }
+}
 
 std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
     std::shared_ptr<RankGroup> group) {
@@ -154,6 +168,11 @@ std::shared_ptr<ModelHost::Serving> ModelHost::CurrentServing() {
 
 bool ModelHost::predictions_beside_training() {
   return CurrentServing()->predictor != nullptr;
+}
+
+ServedCheckpoint ModelHost::served_checkpoint() {
+  std::lock_guard<std::mutex> lock(served_mu_);
+  return served_;
 }
 
 absl::StatusOr<std::unique_ptr<ModelHost>> ModelHost::Create(
@@ -413,10 +432,17 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
     UseComputeThreads();
     absl::StatusOr<model::CheckpointInfo> info = group_->RestoreCheckpoint(dir);
     steps_.store(group_->steps());
+    if (info.ok()) {
+      std::lock_guard<std::mutex> served_lock(served_mu_);
+      served_ = ServedFrom(dir, info->step);
+    }
     return info;
   }
   // Weights only (one rank): load a fresh model outside the model lock
-  // (predictions go on meanwhile), then swap it in.
+  // (predictions go on meanwhile), then swap it in. The manifest is read
+  // first: a checkpoint replaced during the load is then recorded as older
+  // than it is, and a follower loads it again rather than never.
+  ServedCheckpoint served = ServedFrom(dir, 0);
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
                    model::LoadCheckpoint(dir, /*weights_only=*/true));
   if (!SameArchitecture(config_, loaded->config())) {
@@ -439,6 +465,11 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   {
     std::lock_guard<std::mutex> serving_lock(serving_mu_);
     old = std::exchange(serving_, std::move(serving));
+  }
+  served.step = info.step;
+  {
+    std::lock_guard<std::mutex> served_lock(served_mu_);
+    served_ = std::move(served);
   }
   steps_.store(group_->steps());
   return info;
@@ -471,6 +502,7 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     s.steps = group_->steps();
   }
   s.sharding_plan = plan.ToString(config_);
+  s.served = served_checkpoint();
   // Every rank's embedding shards in host memory (a shard on RocksDB: its
   // cache; its rows count under "rocksdb") and one dense replica per rank
   // with its optimizer state.

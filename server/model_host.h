@@ -54,6 +54,11 @@ struct ModelHostOptions {
   // per thread, so setting it once in main() reaches none of them. 0 leaves
   // each thread's own (the OpenMP default: all cores). Default: 0.
   int compute_threads = 0;
+  // The checkpoint directory the model given to Create was loaded from,
+  // reported as the served checkpoint (ServedCheckpoint) until a restore
+  // replaces the weights; empty when it came from no checkpoint. Default:
+  // empty.
+  std::string loaded_from;
 
   absl::Status Validate() const;
   bool periodic() const {
@@ -95,6 +100,19 @@ struct TrainStepOutcome {
   std::vector<TableStoreStats> stores;
 };
 
+// The checkpoint whose weights the host serves: the last one restored (or
+// the one the model was loaded from). The version an inference replica
+// reports (Admin.GetModelInfo, /metrics).
+struct ServedCheckpoint {
+  // Its directory; empty when the weights came from no checkpoint.
+  std::string dir;
+  // The step its weights were saved at.
+  int64_t step = 0;
+  // Its manifest's commit time (model::Manifest::created_ms); -1 when
+  // unknown (no checkpoint, or its manifest could not be read).
+  int64_t created_ms = -1;
+};
+
 // What Admin.GetModelInfo reports.
 struct ModelSummary {
   ModelConfig config;
@@ -110,6 +128,7 @@ struct ModelSummary {
   bool inference_only = false;
   // WeightChecksum() when asked for (0 otherwise, or when it failed).
   uint64_t weight_checksum = 0;
+  ServedCheckpoint served;
 };
 
 // Thread-safe: every method may be called from any thread.
@@ -223,9 +242,14 @@ class ModelHost {
   absl::StatusOr<model::ExportInfo> ExportWeights(const std::string& path);
 
   // Replaces weights (and optimizer state unless inference-only) from the
-  // checkpoint in `dir`. FailedPrecondition while training is reserved or
-  // when the checkpoint's architecture differs; NotFound when `dir` holds
-  // no checkpoint. On error the model is unchanged.
+  // checkpoint in `dir`, which becomes the served checkpoint. On an
+  // inference-only host the new model is loaded beside the served one and
+  // swapped in, so predictions in flight finish on the old weights and
+  // none waits for the load. FailedPrecondition while training is reserved
+  // or when the checkpoint's architecture differs; NotFound when `dir`
+  // holds no checkpoint; DataLoss naming the file when a file it reads
+  // differs from the manifest's size or CRC-32C. On error the model (and
+  // the served checkpoint) is unchanged.
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 
@@ -242,6 +266,8 @@ class ModelHost {
   ModelSummary Summary(bool with_checksum = false);
   // Steps the model has taken; does not wait for a running step.
   int64_t steps() const { return steps_.load(); }
+  // The checkpoint served now; does not wait for a running step.
+  ServedCheckpoint served_checkpoint();
   // model::Model::WeightChecksum over every rank: equal for equal weights
   // whatever the rank count and plan. Unavailable when the job is broken.
   absl::StatusOr<uint64_t> WeightChecksum();
@@ -293,6 +319,9 @@ class ModelHost {
   // When the last periodic checkpoint (or the host's start) was; guarded
   // by model_mu_.
   double last_checkpoint_time_ = 0;
+
+  std::mutex served_mu_;     // guards served_
+  ServedCheckpoint served_;  // what served_checkpoint() returns
 
   std::mutex lease_mu_;          // guards training_holder_
   std::string training_holder_;  // empty = free

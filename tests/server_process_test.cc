@@ -609,6 +609,113 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
   EXPECT_EQ((*fresh_client)->GetModelInfo()->steps(), 0);
 }
 
+// A replica (--inference-only --follow DIR) as a real process: it waits
+// for the first checkpoint before it listens, then serves it, swaps a
+// newer one in, and exits 0 on SIGTERM. --follow without --inference-only
+// is refused at start-up.
+TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
+  fs::create_directories(root_);
+  {
+    Proc refused;
+    ASSERT_TRUE(
+        refused.Spawn({ServerPath(), "--follow", root_.string(), "--listen",
+                       "127.0.0.1:0", "--metrics-listen", ""},
+                      dir_ / "refused.log"));
+    EXPECT_EQ(refused.WaitExit(30), 1);
+    EXPECT_NE(
+        ReadText(dir_ / "refused.log").find("--follow needs --inference-only"),
+        std::string::npos)
+        << ReadText(dir_ / "refused.log");
+  }
+  const fs::path log = dir_ / "replica.log";
+  Proc replica;
+  ASSERT_TRUE(
+      replica.Spawn({ServerPath(), "--inference-only", "--follow",
+                     root_.string(), "--follow-poll-seconds", "0.1", "--listen",
+                     "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
+                    log));
+  // It says it waits (and does not listen: nothing to serve yet).
+  for (int i = 0;
+       i < 600 && ReadText(log).find("waiting for a complete "
+                                     "checkpoint") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(ReadText(log).find("waiting for a complete checkpoint"),
+            std::string::npos)
+      << ReadText(log);
+
+  {
+    // SIGTERM while waiting is an orderly stop.
+    Proc waiting;
+    ASSERT_TRUE(
+        waiting.Spawn({ServerPath(), "--inference-only", "--follow",
+                       root_.string(), "--follow-poll-seconds", "0.1",
+                       "--listen", "127.0.0.1:0", "--metrics-listen", ""},
+                      dir_ / "waiting.log"));
+    for (int i = 0; i < 600 && ReadText(dir_ / "waiting.log")
+                                       .find("waiting for a complete "
+                                             "checkpoint") == std::string::npos;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(waiting.pid, SIGTERM);
+    EXPECT_EQ(waiting.WaitExit(30), 0) << ReadText(dir_ / "waiting.log");
+  }
+
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok());
+  auto trainer = model::Model::Create(*config);
+  ASSERT_TRUE(trainer.ok());
+  data::SyntheticOptions so;
+  so.teacher_seed = config->seed();
+  auto source = data::MakeSyntheticSource(*config, so);
+  ASSERT_TRUE(source.ok());
+  data::Batch batch;
+  auto train_to = [&](int64_t step) {
+    while ((*trainer)->steps() < step) {
+      ASSERT_TRUE(*(*source)->Next(32, &batch));
+      ASSERT_TRUE((*trainer)->TrainStep(batch).ok());
+    }
+    ASSERT_TRUE(
+        model::SaveCheckpoint(
+            **trainer, (root_ / model::PeriodicCheckpointName(step)).string())
+            .ok());
+  };
+  train_to(2);
+  const std::string address = replica.WaitListening(120);
+  ASSERT_FALSE(address.empty()) << ReadText(log);
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->inference_only());
+  EXPECT_EQ(info->steps(), 2);
+  EXPECT_EQ(info->served_checkpoint(), (root_ / "ckpt-2").string());
+
+  train_to(4);
+  int64_t served = 0;
+  for (int i = 0; i < 1200 && served != 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = (*client)->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    served = info->served_checkpoint_step();
+  }
+  EXPECT_EQ(served, 4) << ReadText(log);
+  EXPECT_EQ(info->served_checkpoint(), (root_ / "ckpt-4").string());
+  ASSERT_TRUE(*(*source)->Next(8, &batch));
+  std::vector<float> want;
+  ASSERT_TRUE((*trainer)->Predict(batch, &want).ok());
+  auto got = (*client)->Predict(batch);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR((*got)[i], want[i], 1e-6f) << i;
+  }
+  kill(replica.pid, SIGTERM);
+  EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(log);
+}
+
 // --health-check against a TLS server: with the CA it gets SERVING; without
 // it (plaintext, or TLS not trusting the CA) it fails; mutual TLS needs the
 // client certificate too.

@@ -10,7 +10,9 @@ topology as processes with deploy/launch_local.sh, trains, predicts and
 stops it the way `docker-compose stop` does. KubernetesTest renders the
 manifests of deploy/k8s (kubectl kustomize, or this file's own renderer
 where no kubectl can), checks their topology and runs every rank's command
-line and environment through `dlrm_server --dry-run`.
+line and environment through `dlrm_server --dry-run`. ReplicaTest checks
+the inference replicas (docker-compose.replicas.yml, deploy/k8s/replicas)
+follow the job's checkpoint directory and pass `--dry-run`.
 
 Environment: DLRM_SERVER, DLRM_CLIENT (the built binaries; set by CTest).
 """
@@ -738,6 +740,140 @@ class KubernetesTest(unittest.TestCase):
             with self.subTest(bad[-1]):
                 out, _, _, _ = self.dry_run(job, 1, bad)
                 self.assertNotEqual(out.returncode, 0, out.stdout)
+
+
+REPLICAS_FILE = "docker-compose.replicas.yml"
+K8S_REPLICAS = "replicas"
+
+
+def load_replicas_compose():
+    """docker-compose.replicas.yml with its variables resolved."""
+    env = read_env()
+    with open(os.path.join(DEPLOY, REPLICAS_FILE)) as f:
+        raw = yaml.safe_load(f)
+
+    def walk(node):
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, str):
+            return interpolate(node, env)
+        return node
+    return walk(raw)
+
+
+class ReplicaTest(unittest.TestCase):
+    """Inference replicas that follow training: the compose override and
+    deploy/k8s/replicas, checked as the job's files are (docs/server.md
+    "Replicas that follow training")."""
+
+    def dry_run(self, args, follow_dir):
+        args = [("--follow=" + follow_dir) if a.startswith("--follow=") else a
+                for a in args]
+        cmd = [SERVER, "--dry-run"] + host_command(args)
+        return subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=30, env=clean_env({})), cmd
+
+    def check_follows_the_job(self, args, mounts, job_checkpoint_dir):
+        f = flags(args)
+        self.assertIn("--inference-only", f)
+        # Follows the directory the job checkpoints into, mounted read-only.
+        self.assertEqual(f["--follow"], job_checkpoint_dir)
+        self.assertIn((job_checkpoint_dir, True), mounts)
+        # Listens where its health probe asks.
+        self.assertEqual(port_of(f["--listen"]), 50051)
+        with tempfile.TemporaryDirectory() as empty:
+            out, cmd = self.dry_run(args, empty)
+            self.assertEqual(out.returncode, 0,
+                             f"{cmd}\n{out.stdout}{out.stderr}")
+            self.assertIn("follow " + empty, out.stdout)
+            self.assertIn("model: none yet", out.stdout)
+        # Without --inference-only the same command is refused.
+        bad = [a for a in args if a != "--inference-only"]
+        out, _ = self.dry_run(bad, "/nonexistent")
+        self.assertNotEqual(out.returncode, 0, out.stdout)
+        self.assertIn("--follow needs --inference-only", out.stderr)
+
+    def test_compose_replicas_follow_the_jobs_checkpoints(self):
+        replicas = load_replicas_compose()["services"]
+        self.assertEqual(list(replicas), ["replica"])
+        svc = replicas["replica"]
+        self.assertGreaterEqual(int(svc["deploy"]["replicas"]), 2)
+        # N containers: no host port (they cannot share one).
+        self.assertNotIn("ports", svc)
+        mounts = []
+        for v in svc["volumes"]:
+            parts = v.split(":")
+            mounts.append((parts[1], parts[2:] == ["ro"]))
+        self.assertEqual(svc["healthcheck"]["test"],
+                         ["CMD", "dlrm_server", "--health-check",
+                          "127.0.0.1:50051"])
+        for kind in COMPOSE_FILES:
+            with self.subTest(kind):
+                job = load_compose(kind)
+                volume = svc["volumes"][0].split(":")[0]
+                self.assertIn(volume, job["volumes"])
+                rank0 = ranks(job)[0][1]
+                self.assertIn(f"{volume}:{server_toml()['checkpoint-dir']}",
+                              rank0["volumes"])
+                self.check_follows_the_job(svc["command"], mounts,
+                                           server_toml()["checkpoint-dir"])
+
+    def test_docker_compose_config_accepts_the_override(self):
+        tool = shutil.which("docker-compose")
+        if tool is None:
+            self.skipTest("docker-compose is not installed (install-deps.sh)")
+        for kind, name in COMPOSE_FILES.items():
+            with self.subTest(kind):
+                out = subprocess.run(
+                    [tool, "-f", os.path.join(DEPLOY, name), "-f",
+                     os.path.join(DEPLOY, REPLICAS_FILE), "config"],
+                    capture_output=True, text=True, timeout=60)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                resolved = yaml.safe_load(out.stdout)
+                self.assertEqual(
+                    resolved["services"]["replica"]["command"],
+                    load_replicas_compose()["services"]["replica"]["command"])
+
+    def test_kubernetes_replicas_follow_the_jobs_checkpoints(self):
+        objects = render_k8s(K8S_REPLICAS)
+        deployment = by_kind(objects, "Deployment")["dlrm-replica"]
+        service = by_kind(objects, "Service")["dlrm-predict"]
+        pod = deployment["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        self.assertEqual(deployment["spec"]["selector"]["matchLabels"],
+                         labels)
+        # Headless, over the replicas only: DNS names every Ready replica.
+        self.assertEqual(service["spec"]["clusterIP"], "None")
+        self.assertEqual(service["spec"]["selector"], labels)
+        self.assertNotEqual(labels["app.kubernetes.io/component"], "rank")
+        self.assertGreaterEqual(deployment["spec"]["replicas"], 2)
+        container = pod["spec"]["containers"][0]
+        claims = by_kind(render_k8s(K8S_STORAGE), "PersistentVolumeClaim")
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts = []
+        for m in container["volumeMounts"]:
+            claim = volumes[m["name"]]["persistentVolumeClaim"]["claimName"]
+            self.assertIn("ReadWriteMany", claims[claim]["spec"]["accessModes"])
+            mounts.append((m["mountPath"], m.get("readOnly", False)))
+        job = the_job(render_k8s("cpu"))
+        job_mounts = {m["mountPath"]: m["name"]
+                      for m in rank_container(job)["volumeMounts"]}
+        job_volumes = {v["name"]: v for v in
+                       job["spec"]["template"]["spec"]["volumes"]}
+        checkpoint_dir = server_toml()["checkpoint-dir"]
+        self.assertEqual(
+            job_volumes[job_mounts[checkpoint_dir]]["persistentVolumeClaim"]
+            ["claimName"],
+            volumes[[m["name"] for m in container["volumeMounts"]
+                     if m["mountPath"] == checkpoint_dir][0]]
+            ["persistentVolumeClaim"]["claimName"])
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            self.assertEqual(container[probe]["exec"]["command"],
+                             ["dlrm_server", "--health-check",
+                              "127.0.0.1:50051"])
+        self.check_follows_the_job(container["args"], mounts, checkpoint_dir)
 
 
 if __name__ == "__main__":
