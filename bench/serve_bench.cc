@@ -63,6 +63,9 @@ struct Flags {
   // grows past `max_rss_growth_mb` over its RSS at the start (0 = no bound).
   bool load = false;
   int load_clients = 64;
+  // The load test without the Train stream: Predict clients alone, the
+  // baseline the latency beside training is compared with.
+  bool load_idle = false;
   double max_rss_growth_mb = 0;
 };
 
@@ -310,14 +313,17 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
     }
   });
 
-  absl::StatusOr<clients::TrainSummary> train_summary;
-  std::thread train_thread([&] {
-    UntilStopped source(&batches, &stop);
-    clients::TrainOptions options;
-    options.batch_size = f.batch;
-    options.max_in_flight = f.in_flight;
-    train_summary = trainer->Train(source, options, nullptr);
-  });
+  absl::StatusOr<clients::TrainSummary> train_summary = clients::TrainSummary();
+  std::thread train_thread;
+  if (!f.load_idle) {
+    train_thread = std::thread([&] {
+      UntilStopped source(&batches, &stop);
+      clients::TrainOptions options;
+      options.batch_size = f.batch;
+      options.max_in_flight = f.in_flight;
+      train_summary = trainer->Train(source, options, nullptr);
+    });
+  }
 
   std::vector<std::vector<double>> latencies(n);
   std::vector<int64_t> errors(n, 0);
@@ -347,7 +353,7 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
   const double elapsed =
       std::chrono::duration<double>(Clock::now() - start).count();
   stop = true;
-  train_thread.join();
+  if (train_thread.joinable()) train_thread.join();
   sampler.join();
   // After the load: what the server keeps once every call has finished.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -369,17 +375,19 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
   const double requests_done = static_cast<double>(all.size());
   const int64_t train_steps = train_summary.ok() ? train_summary->steps : 0;
   std::printf(
-      "{\"bench\": \"serve_load\", \"config\": %s, \"server_args\": %s, "
+      "{\"bench\": \"serve_load\", \"training\": %s, \"config\": %s, "
+      "\"server_args\": %s, "
       "\"threads\": %d, \"predict_clients\": %d, \"request_samples\": %lld, "
       "\"train_batch\": %lld, \"seconds\": %.2f, \"predict_requests\": %zu, "
       "\"predict_requests_per_s\": %.0f, \"train_steps\": %lld, "
       "\"train_samples_per_s\": %.0f, \"errors\": %lld, "
       "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
       "\"server_rss_mb\": {\"start\": %.1f, \"peak\": %.1f, \"end\": %.1f}}\n",
-      JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
-      omp_get_max_threads(), n, static_cast<long long>(f.request_size),
-      static_cast<long long>(f.batch), elapsed, all.size(),
-      requests_done / elapsed, static_cast<long long>(train_steps),
+      f.load_idle ? "false" : "true", JsonString({f.config}).c_str(),
+      JsonString(f.server_args).c_str(), omp_get_max_threads(), n,
+      static_cast<long long>(f.request_size), static_cast<long long>(f.batch),
+      elapsed, all.size(), requests_done / elapsed,
+      static_cast<long long>(train_steps),
       static_cast<double>(train_steps * f.batch) / elapsed,
       static_cast<long long>(total_errors), 1e3 * Quantile(all, 0.5),
       1e3 * Quantile(all, 0.99), all.empty() ? 0 : 1e3 * all.back(), rss_start,
@@ -389,7 +397,7 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
     return absl::InternalError(absl::StrCat(
         "load test: ", total_errors, " errors, e.g. ", an_error.ToString()));
   }
-  if (train_steps == 0) {
+  if (train_steps == 0 && !f.load_idle) {
     return absl::InternalError("load test: the Train stream took no step");
   }
   if (f.max_rss_growth_mb > 0 &&
@@ -556,6 +564,8 @@ int main(int argc, char** argv) {
   app.add_flag("--load", f.load,
                "Load test: --load-clients Predict clients while a Train "
                "stream runs, for --duration seconds; fails on any error");
+  app.add_flag("--load-idle", f.load_idle,
+               "With --load: no Train stream, Predict clients alone");
   app.add_option("--load-clients", f.load_clients,
                  "Concurrent Predict clients of the load test")
       ->capture_default_str();
