@@ -67,12 +67,44 @@ void InteractionInfer(const InteractionShape& shape, const float* t,
 // Output width of the dot interaction.
 inline int DotInteractionDim(int n, int d) { return d + n * (n - 1) / 2; }
 
-// t: [batch x n x d]; z: [batch x DotInteractionDim(n, d)].
+// The two CPU implementations of the dot interaction, equal up to float
+// summation order: kLoops, register-blocked loops over one sample at a
+// time; kGemm, batched GEMMs (oneDNN matmul over chunks of samples: Z = T
+// T^T, then its strict lower triangle; dT = (G + G^T) T with G the output
+// gradient scattered into the strict lower triangle).
+enum class DotImpl { kLoops, kGemm };
+
+// The pass of the dot interaction an implementation is chosen for.
+enum class DotPass { kForward, kBackward };
+
+// The implementation DotInteractionForward / Backward use for `batch`
+// samples of n vectors of width d, from interleaved timings of both
+// (bench/interaction_bench.cc): kGemm where batch x d >= 512 (below, its
+// fixed cost per call, a few microseconds, is more than the loops' whole
+// run) and, forward, n >= 8 and d >= 8, backward, n >= 16 and d >= 24;
+// kLoops elsewhere. So the Kaggle shape (n 27, d 16) runs the GEMM forward
+// and the loops' backward, MLPerf v1 (n 27, d 128) GEMMs both ways.
+DotImpl ChooseDotImpl(DotPass pass, int64_t batch, int n, int d);
+
+// t: [batch x n x d]; z: [batch x DotInteractionDim(n, d)]. Runs
+// ChooseDotImpl(kForward, batch, n, d)'s implementation. Thread-safe
+// (calls may overlap); threaded with OpenMP.
 void DotInteractionForward(const float* t, int64_t batch, int n, int d,
                            float* z);
 // dz: [batch x DotInteractionDim]; writes dt [batch x n x d] (overwrites).
+// Runs ChooseDotImpl(kBackward, batch, n, d)'s implementation;
+// thread-safe.
 void DotInteractionBackward(const float* t, const float* dz, int64_t batch,
                             int n, int d, float* dt);
+
+// The same with the implementation named. kGemm builds its oneDNN
+// primitives on first use of a shape and keeps them for the process; a
+// oneDNN error is a programming error (the shapes are checked by the
+// caller) and aborts naming the call.
+void DotInteractionForward(DotImpl impl, const float* t, int64_t batch, int n,
+                           int d, float* z);
+void DotInteractionBackward(DotImpl impl, const float* t, const float* dz,
+                            int64_t batch, int n, int d, float* dt);
 
 // Plain loops: the reference the optimized kernels are tested against.
 namespace reference {

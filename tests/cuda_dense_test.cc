@@ -409,8 +409,8 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
                            nullptr, false, nullptr, nullptr, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  // 200 vectors of 64 floats: 51 KiB of shared memory, over the 48 KiB
-  // the kernels ask for.
+  // 200 vectors of 64 floats (rows padded to 65 in the forward): over
+  // 50 KiB of shared memory, more than the 48 KiB the kernels ask for.
   EXPECT_EQ(DotInteractionForward(nullptr, 1, 200, 64, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DotInteractionBackward(nullptr, nullptr, 1, 0, 16, nullptr, nullptr)

@@ -464,6 +464,121 @@ TEST(InteractionTest, Deterministic) {
   EXPECT_TRUE(BitwiseEqual(dt1.data(), dt2.data(), dt1.size()));
 }
 
+// Each implementation of the dot interaction against the reference, on
+// random shapes: n 2..27, d 1..128, batches 0, 1, and sizes that end in a
+// partial GEMM chunk. Tolerance: the float error bound of the two summation
+// orders, |a - b| <= 2 m eps sum|terms| + 1e-30 for a sum of m products (m =
+// d for a dot, n for a gradient element); sum|terms| is the reference run
+// on |t| and |dz|.
+class DotImplTest : public ::testing::TestWithParam<DotImpl> {};
+
+TEST_P(DotImplTest, MatchesReferenceOnRandomShapes) {
+  Rng rng = SeededRng(44);
+  struct Shape {
+    int n, d;
+    int64_t batch;
+  };
+  std::vector<Shape> shapes = {{27, 16, 0},   {27, 16, 1},   {27, 128, 1},
+                               {27, 16, 257}, {27, 128, 45}, {27, 64, 130},
+                               {2, 1, 3},     {3, 127, 2},   {26, 33, 9}};
+  for (int r = 0; r < 30; ++r) {
+    const int64_t batches[] = {0, 1, 2 + static_cast<int64_t>(rng.Below(300))};
+    shapes.push_back({2 + static_cast<int>(rng.Below(26)),
+                      1 + static_cast<int>(rng.Below(128)), batches[r % 3]});
+  }
+  const float eps = std::numeric_limits<float>::epsilon();
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message()
+                 << "n " << s.n << " d " << s.d << " batch " << s.batch);
+    const int dim = DotInteractionDim(s.n, s.d);
+    const int64_t nd = s.batch * s.n * s.d;
+    std::vector<float> t = RandomVector(&rng, nd);
+    std::vector<float> dz = RandomVector(&rng, s.batch * dim);
+    std::vector<float> abs_t(t.size()), abs_dz(dz.size());
+    std::transform(t.begin(), t.end(), abs_t.begin(),
+                   [](float x) { return std::fabs(x); });
+    std::transform(dz.begin(), dz.end(), abs_dz.begin(),
+                   [](float x) { return std::fabs(x); });
+    // Guard values after the outputs catch writes past the end.
+    std::vector<float> z(s.batch * dim + 1, 7.0f), zr(s.batch * dim),
+        zmag(s.batch * dim);
+    DotInteractionForward(GetParam(), t.data(), s.batch, s.n, s.d, z.data());
+    reference::DotInteractionForward(t.data(), s.batch, s.n, s.d, zr.data());
+    reference::DotInteractionForward(abs_t.data(), s.batch, s.n, s.d,
+                                     zmag.data());
+    EXPECT_EQ(z.back(), 7.0f);
+    for (size_t i = 0; i < zr.size(); ++i) {
+      ASSERT_NEAR(z[i], zr[i], 2 * s.d * eps * zmag[i] + 1e-30) << "z " << i;
+    }
+    std::vector<float> dt(nd + 1, 7.0f), dtr(nd), dtmag(nd);
+    DotInteractionBackward(GetParam(), t.data(), dz.data(), s.batch, s.n, s.d,
+                           dt.data());
+    reference::DotInteractionBackward(t.data(), dz.data(), s.batch, s.n, s.d,
+                                      dtr.data());
+    reference::DotInteractionBackward(abs_t.data(), abs_dz.data(), s.batch, s.n,
+                                      s.d, dtmag.data());
+    EXPECT_EQ(dt.back(), 7.0f);
+    for (size_t i = 0; i < dtr.size(); ++i) {
+      ASSERT_NEAR(dt[i], dtr[i], 2 * s.n * eps * dtmag[i] + 1e-30)
+          << "dt " << i;
+    }
+  }
+}
+
+// The GEMM path splits a batch into chunks run on several threads; each
+// sample's arithmetic does not depend on the split, so the thread count
+// does not change a bit.
+TEST_P(DotImplTest, SameBitsForAnyThreadCount) {
+  Rng rng = SeededRng(45);
+  const int n = 27;
+  const int64_t batch = 301;
+  for (int d : {16, 128}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    const int dim = DotInteractionDim(n, d);
+    std::vector<float> t = RandomVector(&rng, batch * n * d);
+    std::vector<float> dz = RandomVector(&rng, batch * dim);
+    std::vector<float> z[2], dt[2];
+    const int threads[2] = {1, 2};
+    const int saved = omp_get_max_threads();
+    for (int k = 0; k < 2; ++k) {
+      omp_set_num_threads(threads[k]);
+      z[k].resize(batch * dim);
+      dt[k].resize(batch * n * d);
+      DotInteractionForward(GetParam(), t.data(), batch, n, d, z[k].data());
+      DotInteractionBackward(GetParam(), t.data(), dz.data(), batch, n, d,
+                             dt[k].data());
+    }
+    omp_set_num_threads(saved);
+    EXPECT_TRUE(BitwiseEqual(z[0].data(), z[1].data(), z[0].size()));
+    EXPECT_TRUE(BitwiseEqual(dt[0].data(), dt[1].data(), dt[0].size()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Impls, DotImplTest,
+                         ::testing::Values(DotImpl::kLoops, DotImpl::kGemm),
+                         [](const ::testing::TestParamInfo<DotImpl>& info) {
+                           return info.param == DotImpl::kGemm ? "Gemm"
+                                                               : "Loops";
+                         });
+
+// The rule of ChooseDotImpl on the shapes the presets use.
+TEST(InteractionTest, ChoosesGemmWhereItMeasuredFaster) {
+  // Kaggle: n 27, d 16; the GEMMs from 32 samples on.
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 2048, 27, 16), DotImpl::kGemm);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 32, 27, 16), DotImpl::kGemm);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 31, 27, 16), DotImpl::kLoops);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kBackward, 2048, 27, 16), DotImpl::kLoops);
+  // MLPerf DLRM v1: n 27, d 128.
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 2048, 27, 128), DotImpl::kGemm);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kBackward, 2048, 27, 128), DotImpl::kGemm);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 4, 27, 128), DotImpl::kGemm);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 3, 27, 128), DotImpl::kLoops);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 0, 27, 128), DotImpl::kLoops);
+  // tiny: n 4, d 4.
+  EXPECT_EQ(ChooseDotImpl(DotPass::kForward, 2048, 4, 4), DotImpl::kLoops);
+  EXPECT_EQ(ChooseDotImpl(DotPass::kBackward, 2048, 4, 4), DotImpl::kLoops);
+}
+
 // ---------------------------------------------------------------- CrossNet
 
 // A cross network with random parameters, biases included (Init leaves

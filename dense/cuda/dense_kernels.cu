@@ -115,17 +115,27 @@ __device__ __forceinline__ int PairIndex(int i, int j) {
   return i * (i - 1) / 2 + j;
 }
 
-// One block per sample: the sample's n x d vectors in shared memory, one
-// thread per output dot (in k order from 0, as the reference).
+// Shared-memory row stride of DotForwardKernel: d rounded up to odd. A
+// warp's threads read element k of up to 32 consecutive rows j at once; at
+// a stride of d = 128 (any multiple of 32) those all sit in one bank and
+// the reads serialise 32 ways, at an odd stride they fall in 32 banks.
+__host__ __device__ __forceinline__ int DotRowStride(int d) { return d | 1; }
+
+// One block per sample: the sample's n x d vectors in shared memory (rows
+// DotRowStride(d) apart), one thread per output dot (in k order from 0, as
+// the reference).
 __global__ void DotForwardKernel(const float* __restrict__ t, int n, int d,
                                  float* __restrict__ z) {
   extern __shared__ float ts[];
   const int64_t b = blockIdx.x;
   const int nd = n * d;
+  const int ds = DotRowStride(d);
   const int zdim = d + n * (n - 1) / 2;
   const float* tb = t + b * nd;
   float* zb = z + b * zdim;
-  for (int x = threadIdx.x; x < nd; x += blockDim.x) ts[x] = tb[x];
+  for (int x = threadIdx.x; x < nd; x += blockDim.x) {
+    ts[(x / d) * ds + x % d] = tb[x];
+  }
   __syncthreads();
   for (int x = threadIdx.x; x < d; x += blockDim.x) zb[x] = ts[x];
   const int pairs = n * (n - 1) / 2;
@@ -137,7 +147,7 @@ __global__ void DotForwardKernel(const float* __restrict__ t, int n, int d,
     const int j = p - PairIndex(i, 0);
     float dot = 0.0f;
     for (int k = 0; k < d; ++k) {
-      dot = __fadd_rn(dot, __fmul_rn(ts[i * d + k], ts[j * d + k]));
+      dot = __fadd_rn(dot, __fmul_rn(ts[i * ds + k], ts[j * ds + k]));
     }
     zb[d + p] = dot;
   }
@@ -303,7 +313,7 @@ absl::Status CrossBackwardElementwise(const float* g, const float* x0,
 
 absl::Status DotInteractionForward(const float* t, int64_t batch, int n, int d,
                                    float* z, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * n * d;
+  const size_t smem = sizeof(float) * n * DotRowStride(d);
   RETURN_IF_ERROR(CheckInteraction("DotInteractionForward", batch, n, d, smem));
   return LaunchKernel("DotForwardKernel", DotForwardKernel,
                       dim3(static_cast<unsigned>(batch)), dim3(128), smem,
