@@ -69,6 +69,8 @@ class RankGroup {
   const embedding::ShardingPlan& plan() const { return model_->plan(); }
   // Steps taken; does not wait for a running operation.
   int64_t steps() const;
+  // Model::dense_precision() of this rank's model.
+  DensePrecision dense_precision() const { return model_->dense_precision(); }
 
   // Leader: one training step on the global `batch` (split by sample over
   // the ranks). InvalidArgument for a batch that does not fit, and
