@@ -24,6 +24,8 @@ struct Flags {
   std::string config = "kaggle";
   // "cpu" or "cuda"; empty keeps the config's device.
   std::string device;
+  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
+  std::string precision;
   int64_t rows = 0;
   int64_t batch = 2048;
   int warmup = 5;
@@ -42,6 +44,7 @@ struct Flags {
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
+  RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &config));
   if (f.rows > 0) {
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
     // Or the config's cap (kaggle: 100k) would shrink the tables again when
@@ -122,15 +125,17 @@ absl::Status Run(const Flags& f) {
   const double median = sorted[sorted.size() / 2];
   std::printf(
       "{\"bench\": \"dlrm-server-cpu\", \"config\": \"%s\", "
-      "\"device\": \"%s\", \"rows\": %lld, \"batch\": %lld, \"threads\": %d, "
+      "\"device\": \"%s\", \"precision\": \"%s\", \"rows\": %lld, \"batch\": "
+      "%lld, \"threads\": %d, "
       "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
       "\"rocksdb_tables\": %d, \"cache_fraction\": %.3f, "
       "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
       f.config.c_str(), DeviceName(model->config().device()),
-      static_cast<long long>(max_rows), static_cast<long long>(f.batch),
-      omp_get_max_threads(), f.iters, f.repeats, num_batches, rocksdb_tables,
+      PrecisionName(model->dense_precision()), static_cast<long long>(max_rows),
+      static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
+      f.repeats, num_batches, rocksdb_tables,
       rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
       sorted.front(), sorted.back());
@@ -155,6 +160,11 @@ int main(int argc, char** argv) {
                  "Where the dense part runs: cpu or cuda (default: the "
                  "config's device, cpu unless it sets one)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", f.precision,
+                 "Precision of the dense GEMMs: fp32 or bf16 (default: the "
+                 "config's dense_precision, fp32 unless it sets one; bf16 "
+                 "runs fp32 on a CPU without bf16 instructions)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--rows", f.rows,
                  "Override every table's rows (bench/compare_peers.sh: 100000 "
                  "for kaggle)");

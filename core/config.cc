@@ -351,6 +351,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!ComputeDevice_IsValid(c.device())) {
     return absl::InvalidArgumentError("device is invalid");
   }
+  if (!DensePrecision_IsValid(c.dense_precision())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_precision = ", c.dense_precision(),
+                     " is invalid (PRECISION_FP32 or PRECISION_BF16)"));
+  }
   if (c.max_rows_per_table() < 0) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
   }
@@ -417,6 +422,23 @@ absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config) {
+  if (flag.empty()) return absl::OkStatus();
+  if (flag == "fp32") {
+    config->set_dense_precision(PRECISION_FP32);
+  } else if (flag == "bf16") {
+    config->set_dense_precision(PRECISION_BF16);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--precision must be fp32 or bf16, got '", std::string(flag), "'"));
+  }
+  return absl::OkStatus();
+}
+
+const char* PrecisionName(DensePrecision precision) {
+  return precision == PRECISION_BF16 ? "bf16" : "fp32";
 }
 
 int InteractionOutputDim(const ModelConfig& c) {

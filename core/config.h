@@ -36,10 +36,10 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
 // ending at the embedding dim (dot), top MLP ending at 1, the DCN fields set
-// under INTERACTION_DCN only, rocksdb.path and cache sizes where a table
-// uses STORAGE_ROCKSDB, the optimizers and their schedules (optim::Validate;
-// the tables' optimizer by optim::ValidateSparse, which refuses the
-// layer-wise LAMB and LARS).
+// under INTERACTION_DCN only, a known dense_precision, rocksdb.path and cache
+// sizes where a table uses STORAGE_ROCKSDB, the optimizers and their schedules
+// (optim::Validate; the tables' optimizer by optim::ValidateSparse, which
+// refuses the layer-wise LAMB and LARS).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Puts the tables named in `tables` (or every table, for the one name
@@ -70,6 +70,13 @@ const char* DeviceName(ComputeDevice device);
 // the config's own. InvalidArgument for another name, or naming the table
 // field when a STORAGE_DEVICE table then lacks DEVICE_CUDA.
 absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
+
+// Sets config->dense_precision from a binary's --precision flag: "fp32"
+// or "bf16"; an empty flag keeps the config's. InvalidArgument naming the
+// flag otherwise.
+absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config);
+// "fp32" or "bf16".
+const char* PrecisionName(DensePrecision precision);
 
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, d + the sum of the

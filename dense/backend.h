@@ -56,6 +56,9 @@ class DenseBackend {
 
   // The config's device.
   virtual ComputeDevice device() const = 0;
+  // The precision the GEMMs run at: the config's dense_precision, or
+  // PRECISION_FP32 where the CPU has no bf16 instructions (dense/bf16.h).
+  virtual DensePrecision precision() const = 0;
   const InteractionShape& interaction() const { return interaction_; }
 
   // The host buffer [batch x interaction().input_width] the caller fills
@@ -153,8 +156,9 @@ struct HostDenseParams {
 // The backend of config.device() (`config` normalised). FailedPrecondition
 // naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no
 // driver, no device); Unimplemented for a layer-wise dense optimizer
-// (LAMB, LARS) on DEVICE_CUDA; InvalidArgument as DenseOptimizer::Create;
-// Internal on a CUDA error while setting up.
+// (LAMB, LARS) or dense_precision PRECISION_BF16 on DEVICE_CUDA;
+// InvalidArgument as DenseOptimizer::Create; Internal on a CUDA error while
+// setting up.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config);
 

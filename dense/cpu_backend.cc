@@ -7,6 +7,7 @@
 
 #include "core/aligned.h"
 #include "core/status.h"
+#include "dense/bf16.h"
 #include "dense/loss.h"
 
 namespace dlrm::dense {
@@ -31,18 +32,26 @@ void CopyColumns(const float* src, int64_t src_stride, float* dst,
 class CpuDenseBackend final : public DenseBackend {
  public:
   CpuDenseBackend(const InteractionShape& shape,
-                  std::unique_ptr<HostDenseParams> params)
+                  std::unique_ptr<HostDenseParams> params,
+                  DensePrecision precision)
       : DenseBackend(shape),
         p_(std::move(params)),
-        identity_(InteractionIsIdentity(shape.kind)) {}
+        identity_(InteractionIsIdentity(shape.kind)),
+        precision_(precision) {
+    p_->bottom.SetPrecision(precision);
+    p_->top.SetPrecision(precision);
+    p_->cross.SetPrecision(precision);
+  }
 
   ComputeDevice device() const override { return DEVICE_CPU; }
+  DensePrecision precision() const override { return precision_; }
 
   absl::StatusOr<float*> InteractionInput(int64_t batch) override {
     return Sized(t_, batch * interaction().input_width);
   }
 
   absl::Status BottomForward(const float* x, int64_t batch) override {
+    SyncIfStale();
     const InteractionShape& s = interaction();
     const float* out = p_->bottom.Forward(x, batch);
     CopyColumns(out, s.dim, t_.data(), s.input_width, batch, s.dim);
@@ -95,10 +104,12 @@ class CpuDenseBackend final : public DenseBackend {
 
   absl::Status Update() override {
     p_->optimizer->Step();
+    SyncBf16Weights();
     return absl::OkStatus();
   }
 
   absl::Status Predict(const float* x, int64_t batch, float* probs) override {
+    SyncIfStale();
     const InteractionShape& s = interaction();
     float* bottom_out = Sized(infer_bottom_, batch * s.dim);
     p_->bottom.Infer(x, batch, bottom_out, &infer_scratch_);
@@ -141,12 +152,37 @@ class CpuDenseBackend final : public DenseBackend {
     return absl::OkStatus();
   }
 
-  Mlp& bottom() override { return p_->bottom; }
-  Mlp& top() override { return p_->top; }
-  const std::vector<ParamRef>& params() override { return p_->params; }
-  DenseOptimizer& optimizer() override { return *p_->optimizer; }
+  Mlp& bottom() override {
+    stale_ = true;
+    return p_->bottom;
+  }
+  Mlp& top() override {
+    stale_ = true;
+    return p_->top;
+  }
+  const std::vector<ParamRef>& params() override {
+    stale_ = true;
+    return p_->params;
+  }
+  DenseOptimizer& optimizer() override {
+    stale_ = true;
+    return *p_->optimizer;
+  }
 
  private:
+  // Rewrites the bf16 copies of the weights (nothing at PRECISION_FP32).
+  void SyncBf16Weights() {
+    p_->bottom.SyncBf16Weights();
+    p_->top.SyncBf16Weights();
+    p_->cross.SyncBf16Weights();
+    stale_ = false;
+  }
+  // The host view was handed out since the last sync and may have been
+  // written (a restore): the bf16 copies follow it.
+  void SyncIfStale() {
+    if (stale_) SyncBf16Weights();
+  }
+
   // The top bucket has a buffer of its own: it is all-reduced on another
   // thread while the bottom MLP's backward runs.
   AlignedVector<float>& Flat(GradBucket bucket) {
@@ -155,6 +191,9 @@ class CpuDenseBackend final : public DenseBackend {
 
   std::unique_ptr<HostDenseParams> p_;
   const bool identity_;
+  const DensePrecision precision_;
+  // The host view was handed out since the bf16 weights were last written.
+  bool stale_ = false;
   // The interaction's output and input gradient: z_ / dt_, or t_ / dz_ for
   // an identity interaction.
   float* z_at_ = nullptr;
@@ -172,8 +211,9 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCpuDenseBackend(
     const ModelConfig& config) {
   ASSIGN_OR_RETURN(std::unique_ptr<HostDenseParams> params,
                    HostDenseParams::Create(config));
-  return std::make_unique<CpuDenseBackend>(MakeInteractionShape(config),
-                                           std::move(params));
+  return std::make_unique<CpuDenseBackend>(
+      MakeInteractionShape(config), std::move(params),
+      EffectiveCpuPrecision(config.dense_precision()));
 }
 
 }  // namespace dlrm::dense

@@ -1,6 +1,7 @@
 // DCNv2's low-rank cross network on the CPU: each layer's two maps on
-// oneDNN's sgemm, the bias, product and residual in one pass over the rows
-// (plain loops the compiler vectorises), and the reference in double.
+// oneDNN's sgemm (or bf16 matmul), the bias, product, residual and bf16
+// roundings in one pass over the rows (plain loops the compiler
+// vectorises), and the reference in double.
 #include "dense/cross_net.h"
 
 #include <algorithm>
@@ -21,7 +22,8 @@ constexpr int64_t kRowBlock = 64;
 constexpr int64_t kParallelFloats = 1 << 14;
 
 // Grows `v` to at least `n` elements (never shrinks) and returns its data.
-float* Sized(AlignedVector<float>& v, int64_t n) {
+template <typename T>
+T* Sized(AlignedVector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   return v.data();
 }
@@ -31,11 +33,11 @@ int64_t Blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 // One layer's forward on `batch` rows of width n: p = x_l V^T, q = p W^T +
 // b, x_next = x0 * q + x_l. Training and inference both run it, so they
 // compute the same bits.
-void LayerForward(const float* v, const float* w, const float* b, int n, int r,
-                  const float* x0, const float* xl, int64_t batch, float* p,
-                  float* q, float* x_next) {
-  Sgemm('N', 'T', batch, r, n, xl, n, v, n, 0.0f, p, r);
-  Sgemm('N', 'T', batch, n, r, p, r, w, r, 0.0f, q, n);
+// The elementwise part of a layer's forward: q += b, x_next = x0 * q + x_l,
+// and x_next's bf16 copy into x_next_bf16 unless null.
+void BiasProductResidual(const float* b, int n, const float* x0,
+                         const float* xl, int64_t batch, float* q,
+                         float* x_next, Bf16* x_next_bf16) {
   const int64_t blocks = Blocks(batch);
 #pragma omp parallel for schedule(static) if (batch * n >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -51,18 +53,45 @@ void LayerForward(const float* v, const float* w, const float* b, int n, int r,
         qr[c] = qv;
         xr[c] = x0r[c] * qv + xlr[c];
       }
+      if (x_next_bf16 != nullptr) {
+        Bf16* __restrict__ xb = x_next_bf16 + at;
+        for (int c = 0; c < n; ++c) xb[c] = ToBf16(xr[c]);
+      }
     }
   }
 }
+
+void LayerForward(const float* v, const float* w, const float* b, int n, int r,
+                  const float* x0, const float* xl, int64_t batch, float* p,
+                  float* q, float* x_next) {
+  Sgemm('N', 'T', batch, r, n, xl, n, v, n, 0.0f, p, r);
+  Sgemm('N', 'T', batch, n, r, p, r, w, r, 0.0f, q, n);
+  BiasProductResidual(b, n, x0, xl, batch, q, x_next, nullptr);
+}
+
+// LayerForward at PRECISION_BF16: p = x_l V^T in bf16 (fp32 sums rounded
+// once), q = p W^T + b in fp32; x_l's bf16 copy in xl_bf16, x_next's
+// written to x_next_bf16 unless null.
+void LayerForwardBf16(const Bf16* vb, const Bf16* wb, const float* b, int n,
+                      int r, const float* x0, const float* xl,
+                      const Bf16* xl_bf16, int64_t batch, Bf16* p, float* q,
+                      float* x_next, Bf16* x_next_bf16) {
+  BgemmToBf16('N', 'T', batch, r, n, xl_bf16, n, vb, n, p, r);
+  Bgemm('N', 'T', batch, n, r, p, r, wb, r, 0.0f, q, n);
+  BiasProductResidual(b, n, x0, xl, batch, q, x_next, x_next_bf16);
+}
+
+inline void Put(float* p, float v) { *p = v; }
+inline void Put(Bf16* p, float v) { *p = ToBf16(v); }
 
 // Rows [begin, end) of one layer's elementwise backward, from g (the
 // gradient wrt x_{l+1}): h = g * x0 (W's output gradient), dx0 += g * q
 // (dx0 = g * q on the first layer visited, kFirst), and the gradient wrt
 // x_l's direct path: g copied to g_next, or added to dx0 on layer 0
 // (kLast, whose x_l is x_0). Writes h's column sums over the rows to `sum`.
-template <bool kFirst, bool kLast>
+template <bool kFirst, bool kLast, typename H>
 void BackwardRows(const float* g, const float* x0, const float* q,
-                  int64_t begin, int64_t end, int n, float* h, float* dx0,
+                  int64_t begin, int64_t end, int n, H* h, float* dx0,
                   float* g_next, float* __restrict__ sum) {
   std::fill(sum, sum + n, 0.0f);
   for (int64_t row = begin; row < end; ++row) {
@@ -70,13 +99,13 @@ void BackwardRows(const float* g, const float* x0, const float* q,
     const float* __restrict__ gr = g + at;
     const float* __restrict__ x0r = x0 + at;
     const float* __restrict__ qr = q + at;
-    float* __restrict__ hr = h + at;
+    H* __restrict__ hr = h + at;
     float* __restrict__ dxr = dx0 + at;
     float* __restrict__ gn = kLast ? nullptr : g_next + at;
     for (int c = 0; c < n; ++c) {
       const float gv = gr[c];
       const float hv = gv * x0r[c];
-      hr[c] = hv;
+      Put(hr + c, hv);
       sum[c] += hv;
       float d = gv * qr[c];
       if constexpr (!kFirst) d = dxr[c] + d;
@@ -90,16 +119,42 @@ void BackwardRows(const float* g, const float* x0, const float* q,
   }
 }
 
-template <bool kFirst, bool kLast>
+template <bool kFirst, bool kLast, typename H>
 void BackwardPass(const float* g, const float* x0, const float* q,
-                  int64_t batch, int n, float* h, float* dx0, float* g_next,
+                  int64_t batch, int n, H* h, float* dx0, float* g_next,
                   float* partial) {
   const int64_t blocks = Blocks(batch);
 #pragma omp parallel for schedule(static) if (batch * n >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    BackwardRows<kFirst, kLast>(g, x0, q, blk * kRowBlock,
-                                std::min(batch, (blk + 1) * kRowBlock), n, h,
-                                dx0, g_next, partial + blk * n);
+    BackwardRows<kFirst, kLast, H>(g, x0, q, blk * kRowBlock,
+                                   std::min(batch, (blk + 1) * kRowBlock), n, h,
+                                   dx0, g_next, partial + blk * n);
+  }
+}
+
+// BackwardPass for layer l of `num`, visited from the last.
+template <typename H>
+void BackwardPassOf(int l, int num, const float* g, const float* x0,
+                    const float* q, int64_t batch, int n, H* h, float* dx0,
+                    float* g_next, float* partial) {
+  const bool first = l == num - 1, last = l == 0;
+  if (first && last) {
+    BackwardPass<true, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
+  } else if (first) {
+    BackwardPass<true, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
+  } else if (last) {
+    BackwardPass<false, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
+  } else {
+    BackwardPass<false, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
+  }
+}
+
+// db = the sum of `blocks` block sums of n floats, in order.
+void SumBlocks(const float* partial, int64_t blocks, int n, float* db) {
+  std::copy(partial, partial + n, db);
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    const float* sum = partial + blk * n;
+    for (int c = 0; c < n; ++c) db[c] += sum[c];
   }
 }
 
@@ -130,12 +185,114 @@ void CrossNet::Init(Rng* rng) {
     for (float& x : l.w) x = static_cast<float>(rng->Normal() * stddev);
     std::fill(l.b.begin(), l.b.end(), 0.0f);
   }
+  SyncBf16Weights();
+}
+
+void CrossNet::SetPrecision(DensePrecision precision) {
+  precision_ = precision;
+  const size_t num = precision == PRECISION_BF16 ? layers_.size() : 0;
+  x_bf16_.resize(num);
+  p_bf16_.resize(num);
+  SyncBf16Weights();
+}
+
+void CrossNet::SyncBf16Weights() {
+  if (precision_ != PRECISION_BF16) return;
+  for (Layer& l : layers_) {
+    l.vb.resize(l.v.size());
+    l.wb.resize(l.w.size());
+    ToBf16(l.v.data(), static_cast<int64_t>(l.v.size()), l.vb.data());
+    ToBf16(l.w.data(), static_cast<int64_t>(l.w.size()), l.wb.data());
+  }
+}
+
+void CrossNet::ForwardBf16(const float* x0, int64_t batch, float* out) {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  ToBf16(x0, batch * n, Sized(x_bf16_[0], batch * n));
+  const float* xl = x0;
+  for (int l = 0; l < num; ++l) {
+    const bool last = l + 1 == num;
+    float* q = Sized(q_[l], batch * n);
+    float* x_next = last ? out : Sized(x_[l], batch * n);
+    Bf16* x_next_bf16 = last ? nullptr : Sized(x_bf16_[l + 1], batch * n);
+    const Layer& layer = layers_[l];
+    LayerForwardBf16(layer.vb.data(), layer.wb.data(), layer.b.data(), n, r, x0,
+                     xl, x_bf16_[l].data(), batch, Sized(p_bf16_[l], batch * r),
+                     q, x_next, x_next_bf16);
+    xl = x_next;
+  }
+}
+
+void CrossNet::BackwardBf16(const float* x0, const float* dout, int64_t batch,
+                            float* dx0) {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  const int64_t blocks = Blocks(batch);
+  Bf16* h = Sized(h_bf16_, batch * n);
+  Bf16* dp = Sized(dp_bf16_, batch * r);
+  float* partial = Sized(partial_, blocks * n);
+  float* buffers[2] = {Sized(g_a_, num > 1 ? batch * n : 0),
+                       Sized(g_b_, num > 2 ? batch * n : 0)};
+  const float* g = dout;
+  for (int l = num - 1; l >= 0; --l) {
+    Layer& layer = layers_[l];
+    const Bf16* xl = x_bf16_[l].data();
+    const Bf16* p = p_bf16_[l].data();
+    const float* q = q_[l].data();
+    float* g_next = l == 0 ? nullptr : buffers[(num - 1 - l) % 2];
+    const bool last = l == 0;
+    BackwardPassOf(l, num, g, x0, q, batch, n, h, dx0, g_next, partial);
+    SumBlocks(partial, blocks, n, layer.db.data());
+    // As Backward's four products, on the bf16 copies.
+    Bgemm('T', 'N', n, r, batch, h, n, p, r, 0.0f, layer.dw.data(), r);
+    BgemmToBf16('N', 'N', batch, r, n, h, n, layer.wb.data(), r, dp, r);
+    Bgemm('T', 'N', r, n, batch, dp, r, xl, n, 0.0f, layer.dv.data(), n);
+    Bgemm('N', 'N', batch, n, r, dp, r, layer.vb.data(), n, 1.0f,
+          last ? dx0 : g_next, n);
+    g = g_next;
+  }
+}
+
+void CrossNet::InferBf16(const float* x0, int64_t batch, float* out,
+                         AlignedVector<float>* scratch) const {
+  const int n = width_, r = rank_;
+  const int num = num_layers();
+  const int64_t rows = batch * n;
+  // fp32: q and (from two layers on) x_l in turns; bf16: x_0, x_l in turns,
+  // p.
+  const int64_t xs = num > 1 ? 2 : 0;
+  if (static_cast<int64_t>(scratch->size()) < (1 + xs) * rows) {
+    scratch->resize((1 + xs) * rows);
+  }
+  if (static_cast<int64_t>(infer_bf16_.size()) < 3 * rows + batch * r) {
+    infer_bf16_.resize(3 * rows + batch * r);
+  }
+  float* q = scratch->data();
+  float* x[2] = {q + rows, q + 2 * rows};
+  Bf16* xb[3] = {infer_bf16_.data(), infer_bf16_.data() + rows,
+                 infer_bf16_.data() + 2 * rows};
+  Bf16* p = infer_bf16_.data() + 3 * rows;
+  ToBf16(x0, rows, xb[0]);
+  const float* xl = x0;
+  const Bf16* xlb = xb[0];
+  for (int l = 0; l < num; ++l) {
+    const bool last = l + 1 == num;
+    float* x_next = last ? out : x[l % 2];
+    Bf16* x_next_bf16 = last ? nullptr : xb[1 + l % 2];
+    const Layer& layer = layers_[l];
+    LayerForwardBf16(layer.vb.data(), layer.wb.data(), layer.b.data(), n, r, x0,
+                     xl, xlb, batch, p, q, x_next, x_next_bf16);
+    xl = x_next;
+    xlb = x_next_bf16;
+  }
 }
 
 void CrossNet::Forward(const float* x0, int64_t batch, float* out) {
   const int n = width_, r = rank_;
   const int num = num_layers();
   if (batch <= 0 || num == 0) return;
+  if (precision_ == PRECISION_BF16) return ForwardBf16(x0, batch, out);
   const float* xl = x0;
   for (int l = 0; l < num; ++l) {
     float* p = Sized(p_[l], batch * r);
@@ -161,6 +318,7 @@ void CrossNet::Backward(const float* x0, const float* dout, int64_t batch,
     return;
   }
   if (num == 0) return;
+  if (precision_ == PRECISION_BF16) return BackwardBf16(x0, dout, batch, dx0);
   const int64_t blocks = Blocks(batch);
   float* h = Sized(h_, batch * n);
   float* dp = Sized(dp_, batch * r);
@@ -174,22 +332,9 @@ void CrossNet::Backward(const float* x0, const float* dout, int64_t batch,
     const float* p = p_[l].data();
     const float* q = q_[l].data();
     float* g_next = l == 0 ? nullptr : buffers[(num - 1 - l) % 2];
-    const bool first = l == num - 1, last = l == 0;
-    if (first && last) {
-      BackwardPass<true, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
-    } else if (first) {
-      BackwardPass<true, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
-    } else if (last) {
-      BackwardPass<false, true>(g, x0, q, batch, n, h, dx0, g_next, partial);
-    } else {
-      BackwardPass<false, false>(g, x0, q, batch, n, h, dx0, g_next, partial);
-    }
-    float* db = layer.db.data();
-    std::copy(partial, partial + n, db);
-    for (int64_t blk = 1; blk < blocks; ++blk) {
-      const float* sum = partial + blk * n;
-      for (int c = 0; c < n; ++c) db[c] += sum[c];
-    }
+    const bool last = l == 0;
+    BackwardPassOf(l, num, g, x0, q, batch, n, h, dx0, g_next, partial);
+    SumBlocks(partial, blocks, n, layer.db.data());
     // dW [N x r] = h^T p; dp [batch x r] = h W; dV [r x N] = dp^T x_l.
     Sgemm('T', 'N', n, r, batch, h, n, p, r, 0.0f, layer.dw.data(), r);
     Sgemm('N', 'N', batch, r, n, h, n, layer.w.data(), r, 0.0f, dp, r);
@@ -206,6 +351,7 @@ void CrossNet::Infer(const float* x0, int64_t batch, float* out,
   const int n = width_, r = rank_;
   const int num = num_layers();
   if (batch <= 0 || num == 0) return;
+  if (precision_ == PRECISION_BF16) return InferBf16(x0, batch, out, scratch);
   const int64_t rows = batch * n;
   // p, q and (from two layers on) x_l in turns.
   const int64_t xs = num > 1 ? 2 : 0;

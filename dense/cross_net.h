@@ -1,6 +1,7 @@
 // The low-rank cross network of DCNv2 (INTERACTION_DCN) on the CPU: its
 // parameters, gradients and activations, the forward, backward and
-// inference passes on oneDNN's sgemm (dense/linear.h), and a plain-loop
+// inference passes on oneDNN's sgemm (dense/linear.h) or, under
+// PRECISION_BF16, its bf16 matmul (dense/bf16.h), and a plain-loop
 // reference in double.
 //
 // What it matches, checked against TorchRec's LowRankCrossNet
@@ -32,12 +33,18 @@
 
 #include "core/aligned.h"
 #include "core/random.h"
+#include "dense/bf16.h"
 #include "dense/linear.h"
+#include "dlrm/config.pb.h"
 
 namespace dlrm::dense {
 
 // L cross layers over rows of width N with rank r. Row-major throughout:
-// inputs and outputs [batch x N]. Not thread-safe.
+// inputs and outputs [batch x N]. At PRECISION_BF16 the four products of a
+// layer (V x_l, W p and, backward, their three gradients) take bf16 inputs
+// (bf16 copies of V, W, x_l, p and the gradients flowing into them) and
+// accumulate in fp32; the bias, the product with x_0, the residual, every
+// output and every gradient stay fp32. Not thread-safe.
 class CrossNet {
  public:
   // `width` N >= 1, `num_layers` L >= 0 (0: no parameters; the other
@@ -47,6 +54,14 @@ class CrossNet {
   // Xavier-normal V_l then W_l, layer by layer, each row-major, from `rng`;
   // zero biases.
   void Init(Rng* rng);
+
+  // Sets the precision of the passes below; PRECISION_BF16 also writes the
+  // bf16 weights (SyncBf16Weights).
+  void SetPrecision(DensePrecision precision);
+  DensePrecision precision() const { return precision_; }
+  // Under PRECISION_BF16, rewrites the bf16 copies of V and W from the fp32
+  // master weights; call after they change. Does nothing at PRECISION_FP32.
+  void SyncBf16Weights();
 
   // Training forward: writes x_L [batch x N] to `out` from x0 [batch x N]
   // and keeps what Backward needs. x0 is borrowed: it must be unchanged
@@ -87,9 +102,17 @@ class CrossNet {
  private:
   struct Layer {
     AlignedVector<float> v, w, b, dv, dw, db;
+    AlignedVector<Bf16> vb, wb;  // PRECISION_BF16's copies of v and w
   };
 
+  void ForwardBf16(const float* x0, int64_t batch, float* out);
+  void BackwardBf16(const float* x0, const float* dout, int64_t batch,
+                    float* dx0);
+  void InferBf16(const float* x0, int64_t batch, float* out,
+                 AlignedVector<float>* scratch) const;
+
   int width_, rank_;
+  DensePrecision precision_ = PRECISION_FP32;
   std::vector<Layer> layers_;
   // The last Forward's activations: x_[l - 1] = x_l for l in [1, L) (x_0 is
   // the caller's, x_L the output); for every layer l, p_[l] = V_l x_l
@@ -98,6 +121,12 @@ class CrossNet {
   // Backward's: the gradient wrt x_l (two, in turn), W_l's output gradient
   // x_0 * g, p_l's gradient, and the bias gradient's block sums.
   AlignedVector<float> g_a_, g_b_, h_, dp_, partial_;
+  // PRECISION_BF16's: x_l in bf16 for l in [0, L) (x_0 the input's copy),
+  // p_l in bf16 (p_ stays empty), and the backward's h and dp in bf16.
+  std::vector<AlignedVector<Bf16>> x_bf16_, p_bf16_;
+  AlignedVector<Bf16> h_bf16_, dp_bf16_;
+  // InferBf16's x_0, x_l (two, in turn) and p in bf16.
+  mutable AlignedVector<Bf16> infer_bf16_;
 };
 
 // Plain loops in double: the reference the optimized passes are tested

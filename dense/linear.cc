@@ -1,5 +1,6 @@
-// Linear layers and MLPs on oneDNN's sgemm, with the bias, ReLU and bias
-// gradient fused into single passes over the activations.
+// Linear layers and MLPs on oneDNN's sgemm (or its bf16 matmul,
+// dense/bf16.h), with the bias, ReLU, bias gradient and bf16 roundings
+// fused into single passes over the activations.
 #include "dense/linear.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -45,10 +46,24 @@ void AddBiasAct(float* y, const float* b, int64_t rows, int out, bool relu) {
   }
 }
 
+// The same, also writing y's bf16 copy to yb.
+void AddBiasActBf16(float* y, Bf16* yb, const float* b, int64_t rows, int out,
+                    bool relu) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* __restrict__ row = y + r * out;
+    Bf16* __restrict__ rowb = yb + r * out;
+    for (int c = 0; c < out; ++c) {
+      const float v = relu ? Relu(row[c] + b[c]) : row[c] + b[c];
+      row[c] = v;
+      rowb[c] = ToBf16(v);
+    }
+  }
+}
+
 // Applies the ReLU mask to rows [begin, end) of dy and writes their column
-// sums to `sum`.
+// sums to `sum`, and the masked rows' bf16 copy to dyb unless null.
 void MaskAndSum(float* dy, const float* y, int64_t begin, int64_t end, int out,
-                bool relu, float* sum) {
+                bool relu, float* sum, Bf16* dyb) {
   std::fill(sum, sum + out, 0.0f);
   for (int64_t r = begin; r < end; ++r) {
     float* g = dy + r * out;
@@ -61,7 +76,18 @@ void MaskAndSum(float* dy, const float* y, int64_t begin, int64_t end, int out,
     } else {
       for (int c = 0; c < out; ++c) sum[c] += g[c];
     }
+    if (dyb != nullptr) {
+      Bf16* __restrict__ gb = dyb + r * out;
+      for (int c = 0; c < out; ++c) gb[c] = ToBf16(g[c]);
+    }
   }
+}
+
+// Grows `v` to at least `n` elements (never shrinks) and returns its data.
+template <typename T>
+T* Sized(AlignedVector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
 }
 
 }  // namespace
@@ -118,23 +144,50 @@ void Linear::Forward(const float* x, int64_t batch, float* y) const {
   }
 }
 
-void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
-                      float* dx) {
+void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
+                         Bf16* y_bf16) const {
+  if (batch <= 0) return;
+  Bgemm('N', 'T', batch, out_, in_, x, in_, wb_.data(), in_, 0.0f, y, out_);
+  const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
+  const float* b = b_.data();
+  const int out = out_;
+  const bool relu = relu_;
+#pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t r0 = blk * kRowBlock;
+    const int64_t rows = std::min(kRowBlock, batch - r0);
+    if (y_bf16 == nullptr) {
+      AddBiasAct(y + r0 * out, b, rows, out, relu);
+    } else {
+      AddBiasActBf16(y + r0 * out, y_bf16 + r0 * out, b, rows, out, relu);
+    }
+  }
+}
+
+void Linear::SyncBf16Weights() {
+  wb_.resize(w_.size());
+  ToBf16(w_.data(), static_cast<int64_t>(w_.size()), wb_.data());
+}
+
+// dy's ReLU mask and the bias gradient in one pass over dy, summed in fixed
+// blocks of rows; with dyb, dy's bf16 copy too. False for an empty batch,
+// after zeroing the weight and bias gradients.
+bool Linear::MaskAndBiasGrad(const float* y, float* dy, int64_t batch,
+                             Bf16* dyb) {
   if (batch <= 0) {
     std::fill(dw_.begin(), dw_.end(), 0.0f);
     std::fill(db_.begin(), db_.end(), 0.0f);
-    return;
+    return false;
   }
   const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
   partial_.resize(std::max<size_t>(partial_.size(), blocks * out_));
   float* partial = partial_.data();
   const int out = out_;
   const bool relu = relu_;
-  // One pass over dy applies the ReLU mask and sums each block of rows.
 #pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     MaskAndSum(dy, y, blk * kRowBlock, std::min(batch, (blk + 1) * kRowBlock),
-               out, relu, partial + blk * out);
+               out, relu, partial + blk * out, dyb);
   }
   float* db = db_.data();
   std::copy(partial, partial + out, db);
@@ -142,6 +195,23 @@ void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
     const float* sum = partial + blk * out;
     for (int c = 0; c < out; ++c) db[c] += sum[c];
   }
+  return true;
+}
+
+void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
+                          int64_t batch, float* dx, Bf16* dy_bf16) {
+  if (!MaskAndBiasGrad(y, dy, batch, dy_bf16)) return;
+  Bgemm('T', 'N', out_, in_, batch, dy_bf16, out_, x, in_, 0.0f, dw_.data(),
+        in_);
+  if (dx != nullptr) {
+    Bgemm('N', 'N', batch, in_, out_, dy_bf16, out_, wb_.data(), in_, 0.0f, dx,
+          in_);
+  }
+}
+
+void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
+                      float* dx) {
+  if (!MaskAndBiasGrad(y, dy, batch, /*dyb=*/nullptr)) return;
   // dW [out x in] = dy^T [out x batch] x [batch x in].
   Sgemm('T', 'N', out_, in_, batch, dy, out_, x, in_, 0.0f, dw_.data(), in_);
   // dx [batch x in] = dy [batch x out] x W [out x in].
@@ -163,9 +233,41 @@ Mlp::Mlp(int in, std::span<const int> widths, bool relu_last) : in_(in) {
 
 void Mlp::Init(Rng* rng) {
   for (Linear& layer : layers_) layer.Init(rng);
+  SyncBf16Weights();
+}
+
+void Mlp::SetPrecision(DensePrecision precision) {
+  precision_ = precision;
+  acts_bf16_.resize(precision == PRECISION_BF16 ? layers_.size() : 0);
+  SyncBf16Weights();
+}
+
+void Mlp::SyncBf16Weights() {
+  if (precision_ != PRECISION_BF16) return;
+  for (Linear& layer : layers_) layer.SyncBf16Weights();
+}
+
+size_t Mlp::WidestHidden() const {
+  size_t widest = 0;
+  for (size_t i = 0; i + 1 < layers_.size(); ++i) {
+    widest = std::max<size_t>(widest, layers_[i].out());
+  }
+  return widest;
 }
 
 const float* Mlp::Forward(const float* x, int64_t batch) {
+  if (precision_ == PRECISION_BF16) {
+    const Bf16* in = Sized(x_bf16_, batch * in_);
+    ToBf16(x, batch * in_, x_bf16_.data());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const int64_t need = batch * layers_[i].out();
+      float* y = Sized(acts_[i], need);
+      Bf16* yb = i + 1 < layers_.size() ? Sized(acts_bf16_[i], need) : nullptr;
+      layers_[i].ForwardBf16(in, batch, y, yb);
+      in = yb;
+    }
+    return acts_.back().data();
+  }
   const float* in = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const size_t need = static_cast<size_t>(batch) * layers_[i].out();
@@ -181,12 +283,25 @@ void Mlp::Infer(const float* x, int64_t batch, float* out,
                 AlignedVector<float>* scratch) const {
   const size_t n = layers_.size();
   if (n == 0) return;
-  size_t widest = 0;
-  for (size_t i = 0; i + 1 < n; ++i) {
-    widest = std::max<size_t>(widest, layers_[i].out());
-  }
-  const size_t half = static_cast<size_t>(batch) * widest;
+  const size_t half = static_cast<size_t>(batch) * WidestHidden();
   if (scratch->size() < 2 * half) scratch->resize(2 * half);
+  if (precision_ == PRECISION_BF16) {
+    // The input, then the layers' outputs in turns.
+    const size_t input = static_cast<size_t>(batch) * in_;
+    if (infer_bf16_.size() < input + 2 * half) {
+      infer_bf16_.resize(input + 2 * half);
+    }
+    ToBf16(x, batch * in_, infer_bf16_.data());
+    const Bf16* in = infer_bf16_.data();
+    for (size_t i = 0; i < n; ++i) {
+      const bool last = i + 1 == n;
+      float* y = last ? out : scratch->data() + (i % 2) * half;
+      Bf16* yb = last ? nullptr : infer_bf16_.data() + input + (i % 2) * half;
+      layers_[i].ForwardBf16(in, batch, y, yb);
+      in = yb;
+    }
+    return;
+  }
   const float* in = x;
   for (size_t i = 0; i < n; ++i) {
     float* y = i + 1 == n ? out : scratch->data() + (i % 2) * half;
@@ -198,19 +313,25 @@ void Mlp::Infer(const float* x, int64_t batch, float* out,
 void Mlp::Backward(const float* x, float* dy, int64_t batch, float* dx) {
   const size_t n = layers_.size();
   if (n == 0) return;
-  size_t widest = 0;
-  for (size_t i = 0; i + 1 < n; ++i) {
-    widest = std::max<size_t>(widest, layers_[i].out());
-  }
-  const size_t need = static_cast<size_t>(batch) * widest;
+  const size_t need = static_cast<size_t>(batch) * WidestHidden();
   if (grad_a_.size() < need) grad_a_.resize(need);
   if (grad_b_.size() < need) grad_b_.resize(need);
+  const bool bf16 = precision_ == PRECISION_BF16;
+  if (bf16) {
+    Sized(dy_bf16_, batch * std::max<int64_t>(WidestHidden(), out()));
+  }
   float* grad = dy;
   for (size_t i = n; i-- > 0;) {
-    const float* layer_in = i == 0 ? x : acts_[i - 1].data();
     float* layer_dx =
         i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? grad_a_.data() : grad_b_.data());
-    layers_[i].Backward(layer_in, acts_[i].data(), grad, batch, layer_dx);
+    if (bf16) {
+      const Bf16* layer_in = i == 0 ? x_bf16_.data() : acts_bf16_[i - 1].data();
+      layers_[i].BackwardBf16(layer_in, acts_[i].data(), grad, batch, layer_dx,
+                              dy_bf16_.data());
+    } else {
+      const float* layer_in = i == 0 ? x : acts_[i - 1].data();
+      layers_[i].Backward(layer_in, acts_[i].data(), grad, batch, layer_dx);
+    }
     grad = layer_dx;
   }
 }

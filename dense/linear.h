@@ -1,6 +1,7 @@
-// Fully connected layers and MLPs on the CPU (oneDNN sgemm), with the
-// DLRM reference's initialisation. Row-major throughout: activations are
-// [batch x features], weights [out x in] as in PyTorch.
+// Fully connected layers and MLPs on the CPU (oneDNN sgemm, or bf16 GEMMs
+// with fp32 accumulation under PRECISION_BF16), with the DLRM reference's
+// initialisation. Row-major throughout: activations are [batch x
+// features], weights [out x in] as in PyTorch.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 
 #include "core/aligned.h"
 #include "core/random.h"
+#include "dense/bf16.h"
+#include "dlrm/config.pb.h"
 
 namespace dlrm::dense {
 
@@ -49,6 +52,21 @@ class Linear {
   void Backward(const float* x, const float* y, float* dy, int64_t batch,
                 float* dx);
 
+  // The bf16 passes (PRECISION_BF16), after SyncBf16Weights: the GEMMs take
+  // bf16 inputs and accumulate in fp32; the bias, ReLU, their gradients and
+  // every output stay fp32. Forward: y [batch x out] from x [batch x in]
+  // rounded to bf16, and y's bf16 copy into y_bf16 unless null (the next
+  // layer's input).
+  void ForwardBf16(const Bf16* x, int64_t batch, float* y, Bf16* y_bf16) const;
+  // As Backward, with x the bf16 copy of the forward's input; dy's masked
+  // values are also written as bf16 to dy_bf16 ([batch x out], scratch),
+  // which the weight and input gradients' GEMMs read.
+  void BackwardBf16(const Bf16* x, const float* y, float* dy, int64_t batch,
+                    float* dx, Bf16* dy_bf16);
+  // Writes the bf16 copy of the weights the bf16 passes read; call after
+  // the weights change.
+  void SyncBf16Weights();
+
   int in() const { return in_; }
   int out() const { return out_; }
   bool relu() const { return relu_; }
@@ -60,13 +78,19 @@ class Linear {
   float* bias_grad() { return db_.data(); }
 
  private:
+  // Backward's first pass (linear.cc).
+  bool MaskAndBiasGrad(const float* y, float* dy, int64_t batch, Bf16* dyb);
+
   int in_, out_;
   bool relu_;
   AlignedVector<float> w_, b_, dw_, db_;
   AlignedVector<float> partial_;  // bias-gradient sums per block of rows
+  AlignedVector<Bf16> wb_;        // w_ in bf16 (SyncBf16Weights)
 };
 
-// A stack of Linear layers holding its own activations for backward.
+// A stack of Linear layers holding its own activations for backward, at
+// PRECISION_FP32 (the default) or PRECISION_BF16 (Linear's bf16 passes, the
+// activations also kept in bf16 for the next layer and the backward).
 // Not thread-safe.
 class Mlp {
  public:
@@ -75,6 +99,15 @@ class Mlp {
   Mlp(int in, std::span<const int> widths, bool relu_last);
 
   void Init(Rng* rng);
+
+  // Sets the precision of the passes below; PRECISION_BF16 also writes the
+  // bf16 weights (SyncBf16Weights).
+  void SetPrecision(DensePrecision precision);
+  DensePrecision precision() const { return precision_; }
+  // Under PRECISION_BF16, rewrites the bf16 copy of every layer's weights
+  // from the fp32 master weights; call after they change (an optimizer
+  // step, a restore). Does nothing at PRECISION_FP32.
+  void SyncBf16Weights();
 
   // Runs all layers on x [batch x in]; returns the output [batch x out],
   // valid until the next Forward.
@@ -99,10 +132,20 @@ class Mlp {
   const std::vector<Linear>& layers() const { return layers_; }
 
  private:
+  // The widest output of the layers before the last.
+  size_t WidestHidden() const;
+
   int in_;
+  DensePrecision precision_ = PRECISION_FP32;
   std::vector<Linear> layers_;
   std::vector<AlignedVector<float>> acts_;  // output of each layer
   AlignedVector<float> grad_a_, grad_b_;    // ping-pong gradient buffers
+  // PRECISION_BF16: the input and every layer's output but the last in bf16,
+  // and the output gradient's bf16 copy (scratch of the backward).
+  std::vector<AlignedVector<Bf16>> acts_bf16_;
+  AlignedVector<Bf16> x_bf16_, dy_bf16_;
+  // Infer's bf16 input and outputs (it keeps no activations).
+  mutable AlignedVector<Bf16> infer_bf16_;
 };
 
 }  // namespace dlrm::dense

@@ -24,6 +24,8 @@ struct Flags {
   std::string config = "kaggle";
   // "cpu" or "cuda"; empty keeps the config's device.
   std::string device;
+  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
+  std::string precision;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
   int64_t eval_samples = 65536;
@@ -110,6 +112,7 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
   RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &loaded));
+  RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &loaded));
   ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -173,6 +176,7 @@ absl::Status Run(const Flags& f) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
+  std::printf("dense precision: %s\n", PrecisionName(model->dense_precision()));
 
   model::TrainOptions to;
   to.batch_size = f.batch_size;
@@ -240,6 +244,11 @@ int main(int argc, char** argv) {
                  "Where the dense part runs: cpu or cuda (default: the "
                  "config's device, cpu unless it sets one)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", f.precision,
+                 "Precision of the dense GEMMs: fp32 or bf16 (default: the "
+                 "config's dense_precision, fp32 unless it sets one; bf16 "
+                 "runs fp32 on a CPU without bf16 instructions)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--train", f.train_files,
                  "Training data: Criteo TSV files, or one .bin file "
                  "(default: synthetic)");

@@ -209,6 +209,9 @@ class Model {
   dense::DenseOptimizer& dense_optimizer() { return dense_->optimizer(); }
   dense::Mlp& bottom() { return dense_->bottom(); }
   dense::Mlp& top() { return dense_->top(); }
+  // The precision the dense GEMMs run at: config().dense_precision(), or
+  // PRECISION_FP32 where the CPU has no bf16 instructions.
+  DensePrecision dense_precision() const { return dense_->precision(); }
 
   // The store of table `k` when this rank holds it whole (a table-wise
   // shard or a replica), else null. Borrowed; a restore of the RocksDB tier

@@ -42,7 +42,10 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
 SnapshotPredictor::SnapshotPredictor(
     Model* model, std::unique_ptr<dense::DenseBackend> dense,
     std::vector<const embedding::EmbeddingTable*> tables)
-    : model_(model), tables_(std::move(tables)), dense_(std::move(dense)) {}
+    : model_(model),
+      model_params_(model->dense_params()),
+      tables_(std::move(tables)),
+      dense_(std::move(dense)) {}
 
 absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
                                         std::vector<float>* probs,
@@ -58,7 +61,7 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
     std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
     const uint64_t generation = model_->weights_generation();
     if (!copied_ || generation != generation_) {
-      const std::vector<dense::ParamRef>& from = model_->dense_params();
+      const std::vector<dense::ParamRef>& from = model_params_;
       const std::vector<dense::ParamRef>& to = dense_->params();
       for (size_t i = 0; i < from.size(); ++i) {
         std::copy_n(from[i].value, from[i].size, to[i].value);

@@ -51,6 +51,11 @@ class SnapshotPredictor {
                     std::vector<const embedding::EmbeddingTable*> tables);
 
   Model* const model_;
+  // The model's dense parameters, taken once at creation: asking its
+  // backend again from this thread would race with the step (the CPU
+  // backend marks its bf16 copies stale when asked); the pointers stay
+  // valid for the model's life.
+  const std::vector<dense::ParamRef> model_params_;
   // Table k's rows, whole, in the model's host memory.
   const std::vector<const embedding::EmbeddingTable*> tables_;
 

@@ -891,9 +891,10 @@ absl::Status Run(Flags& f) {
   const ModelConfig& config = model->config();
   spdlog::info(
       "model: {} tables, {} embedding and {} dense parameters, step {}, "
-      "{} compute threads",
+      "{} compute threads, dense precision {}",
       config.tables_size(), EmbeddingParameterCount(config),
-      DenseParameterCount(config), model->steps(), omp_get_max_threads());
+      DenseParameterCount(config), model->steps(), omp_get_max_threads(),
+      PrecisionName(model->dense_precision()));
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(model), f.server));
 

@@ -500,6 +500,7 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     plan = group_->plan();
     s.world_size = group_->world_size();
     s.steps = group_->steps();
+    s.dense_precision = group_->dense_precision();
   }
   s.sharding_plan = plan.ToString(config_);
   s.served = served_checkpoint();

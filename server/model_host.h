@@ -126,6 +126,8 @@ struct ModelSummary {
   std::map<std::string, int64_t> memory_bytes;
   int world_size = 1;
   bool inference_only = false;
+  // The precision the dense GEMMs run at (Model::dense_precision()).
+  DensePrecision dense_precision = PRECISION_FP32;
   // WeightChecksum() when asked for (0 otherwise, or when it failed).
   uint64_t weight_checksum = 0;
   ServedCheckpoint served;

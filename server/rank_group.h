@@ -73,6 +73,8 @@ class RankGroup {
   // through its weights_mutex() (model::SnapshotPredictor); every other use
   // goes through the methods here.
   model::Model* local_model() { return model_.get(); }
+  // Model::dense_precision() of this rank's model.
+  DensePrecision dense_precision() const { return model_->dense_precision(); }
 
   // Leader: one training step on the global `batch` (split by sample over
   // the ranks). InvalidArgument for a batch that does not fit, and

@@ -335,6 +335,35 @@ TEST(ConfigTest, DcnDefaultsChecksAndCounts) {
   }
 }
 
+// dense_precision: PRECISION_FP32 unless set, PRECISION_BF16 parses and
+// survives normalisation; a value outside the enum (as a binary proto may
+// carry, or a number in the text) is refused naming the field.
+TEST(ConfigTest, DensePrecision) {
+  const std::string base =
+      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
+      "top_mlp: [1] ";
+  auto load = [&](const std::string& extra) {
+    auto parsed = ParseModelConfigText(base + extra);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
+  };
+  auto plain = load("");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dense_precision(), PRECISION_FP32);
+  auto bf16 = load("dense_precision: PRECISION_BF16");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->dense_precision(), PRECISION_BF16);
+  for (const char* bad : {"dense_precision: 7", "dense_precision: -1"}) {
+    auto n = load(bad);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad << ": " << n.status();
+    EXPECT_NE(n.status().message().find("dense_precision"), std::string::npos)
+        << n.status();
+  }
+  EXPECT_FALSE(
+      ParseModelConfigText(base + "dense_precision: PRECISION_FP8").ok());
+}
+
 // The device: "cpu" / "cuda" from a flag, DEVICE_CPU unless the config
 // says otherwise, an empty flag keeps the config's.
 TEST(ConfigTest, Device) {

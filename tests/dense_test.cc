@@ -1,7 +1,8 @@
 // Tests for dense/: Linear and Mlp (naive loops and finite differences), the
 // dot interaction (against its reference), DCN's cross network (against its
 // double reference and its finite differences), BCE loss, the optimizers,
-// and the CPU dense backend (against the layers composed by hand).
+// the CPU dense backend (against the layers composed by hand), and the
+// bf16 GEMMs, layers and step (against double loops and the fp32 ones).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -19,6 +21,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "dense/backend.h"
+#include "dense/bf16.h"
 #include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
@@ -1235,6 +1238,7 @@ TEST(LayerWiseOptimizerTest, DeterministicAcrossThreadCounts) {
 using dlrm::testing::DenseBackendConfig;
 using dlrm::testing::DenseStepInputs;
 using dlrm::testing::DenseStepResult;
+using dlrm::testing::FillInteractionInput;
 using dlrm::testing::RandomDenseStep;
 using dlrm::testing::RunDenseStep;
 
@@ -1547,6 +1551,528 @@ TEST(DenseBackendTest, CudaRefusesTheLayerWiseOptimizers) {
         << backend.status();
 #endif
   }
+}
+
+// ---------------------------------------------------------------- bf16
+
+// bf16's unit roundoff: 8 significant bits, so rounding moves a value by at
+// most 2^-8 of itself (half an ulp of 2^-7).
+constexpr double kBf16U = 1.0 / 256;
+
+// The relative bound on one product of two inputs each rounded to bf16
+// once: (1 + u)^2 - 1 = 2u + u^2 (the product itself is exact in fp32: 8 x
+// 8 significant bits), plus fp32 accumulation over k terms (k * 2^-24).
+double Bf16ProductBound(int64_t k) {
+  return 2 * kBf16U + kBf16U * kBf16U + static_cast<double>(k) * 0x1p-24;
+}
+
+// ||a - b|| / ||b||.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+TEST(Bf16Test, ConversionRoundsToNearestEven) {
+  EXPECT_EQ(ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(ToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(FromBf16(ToBf16(0.0f)), 0.0f);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: to the even mantissa, 1.
+  EXPECT_EQ(FromBf16(ToBf16(1.0f + 0x1p-8f)), 1.0f);
+  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  EXPECT_EQ(FromBf16(ToBf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  // Just above the halfway point rounds up.
+  EXPECT_EQ(FromBf16(ToBf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  EXPECT_TRUE(std::isnan(FromBf16(ToBf16(std::nanf("")))));
+  EXPECT_EQ(FromBf16(ToBf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
+  // Every value moves by at most u of itself, and the array form agrees.
+  Rng rng = SeededRng(90);
+  const std::vector<float> v = RandomVector(&rng, 100000, 10.0);
+  std::vector<Bf16> b(v.size());
+  ToBf16(v.data(), static_cast<int64_t>(v.size()), b.data());
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(b[i], ToBf16(v[i])) << i;
+    ASSERT_LE(std::fabs(FromBf16(b[i]) - v[i]), kBf16U * std::fabs(v[i])) << i;
+  }
+}
+
+// Bgemm on inputs that are bf16 already, against double loops: products of
+// bf16 values are exact in fp32, so only the fp32 accumulation differs, by
+// at most k * 2^-24 * sum |a b| (plus one rounding of the output for
+// BgemmToBf16). Every transposition, beta 0 and 1, leading dimensions
+// wider than the rows, k of 0.
+TEST(Bf16Test, BgemmMatchesDoubleLoopsOnEveryTransposition) {
+  Rng rng = SeededRng(91);
+  for (auto [m, n, k] : {std::tuple{37, 19, 11}, std::tuple{130, 70, 300},
+                         std::tuple{1, 1, 1}, std::tuple{5, 3, 0}}) {
+    for (char ta : {'N', 'T'}) {
+      for (char tb : {'N', 'T'}) {
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k << " "
+                                            << ta << tb << " beta " << beta);
+          // op(A) [m x k] stored [m x k] or [k x m], with 3 spare columns.
+          const int64_t a_rows = ta == 'N' ? m : k, a_cols = ta == 'N' ? k : m;
+          const int64_t b_rows = tb == 'N' ? k : n, b_cols = tb == 'N' ? n : k;
+          const int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = n + 3;
+          std::vector<Bf16> a(a_rows * lda), b(b_rows * ldb);
+          for (Bf16& x : a) x = ToBf16(static_cast<float>(rng.Normal()));
+          for (Bf16& x : b) x = ToBf16(static_cast<float>(rng.Normal()));
+          const std::vector<float> c0 = RandomVector(&rng, m * ldc);
+          std::vector<float> c = c0;
+          std::vector<Bf16> cb(m * ldc, 0x7777);
+          Bgemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, beta, c.data(),
+                ldc);
+          BgemmToBf16(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, cb.data(),
+                      ldc);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double sum = 0, abs = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                const double x =
+                    FromBf16(ta == 'N' ? a[i * lda + p] : a[p * lda + i]);
+                const double y =
+                    FromBf16(tb == 'N' ? b[p * ldb + j] : b[j * ldb + p]);
+                sum += x * y;
+                abs += std::fabs(x * y);
+              }
+              const double want = sum + beta * c0[i * ldc + j];
+              const double bound = k * 0x1p-24 * abs + 1e-6 * std::fabs(want);
+              ASSERT_NEAR(c[i * ldc + j], want, bound) << i << "," << j;
+              ASSERT_NEAR(FromBf16(cb[i * ldc + j]), sum,
+                          bound + kBf16U * std::fabs(sum))
+                  << i << "," << j;
+            }
+            // The spare columns are left alone.
+            for (int64_t j = n; j < ldc; ++j) {
+              ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+              ASSERT_EQ(cb[i * ldc + j], 0x7777);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Where the CPU has bf16 instructions, the products run oneDNN's native
+// kernels (brgemm for avx512_core_bf16, or AMX), not its reference
+// implementation, for every transposition the layers use, at the MLPs' and
+// the cross network's shapes.
+TEST(Bf16Test, GemmsRunNativeBf16Kernels) {
+  if (!CpuHasBf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  for (auto [m, n, k] : {std::tuple{2048, 512, 367}, std::tuple{512, 367, 2048},
+                         std::tuple{2048, 512, 3456},
+                         std::tuple{3456, 512, 2048}, std::tuple{7, 13, 5}}) {
+    for (const char* t : {"NT", "TN", "NN"}) {
+      const std::string impl = BgemmImplementation(t[0], t[1], m, n, k);
+      SCOPED_TRACE(::testing::Message()
+                   << t << " " << m << "x" << n << "x" << k << ": " << impl);
+      EXPECT_EQ(impl.find("ref"), std::string::npos);
+      EXPECT_TRUE(impl.find("bf16") != std::string::npos ||
+                  impl.find("amx") != std::string::npos);
+    }
+  }
+}
+
+// Linear's bf16 passes against double loops on the fp32 inputs: each
+// product's error is bounded by Bf16ProductBound(k) * |x w| (the inputs
+// rounded once each), so |y - ref| <= Bf16ProductBound(in) * sum |x w|;
+// the bias and ReLU add nothing (exact in fp32, ReLU 1-Lipschitz). The
+// backward's GEMMs likewise, on the masked output gradient (mask from the
+// layer's own y); the bias gradient is summed in fp32 as at fp32.
+TEST(Bf16Test, LinearMatchesDoubleLoopsWithinTheBf16Bound) {
+  Rng rng = SeededRng(92);
+  for (bool relu : {false, true}) {
+    const int in = 70, out = 300, batch = 131;
+    Linear l(in, out, relu);
+    l.Init(&rng);
+    l.SyncBf16Weights();
+    const std::vector<float> x = RandomVector(&rng, batch * in);
+    std::vector<Bf16> xb(x.size());
+    ToBf16(x.data(), static_cast<int64_t>(x.size()), xb.data());
+    std::vector<float> y(batch * out), dx(batch * in);
+    std::vector<Bf16> yb(batch * out);
+    l.ForwardBf16(xb.data(), batch, y.data(), yb.data());
+    const float* w = l.weight();
+    for (int64_t r = 0; r < batch; ++r) {
+      for (int o = 0; o < out; ++o) {
+        double s = l.bias()[o], abs = 0;
+        for (int i = 0; i < in; ++i) {
+          s += static_cast<double>(x[r * in + i]) * w[o * in + i];
+          abs += std::fabs(static_cast<double>(x[r * in + i]) * w[o * in + i]);
+        }
+        const double want = relu ? std::max(s, 0.0) : s;
+        const float got = y[r * out + o];
+        ASSERT_NEAR(got, want, Bf16ProductBound(in) * abs + 1e-6)
+            << "relu " << relu << " y " << r << "," << o;
+        ASSERT_EQ(yb[r * out + o], ToBf16(got));
+      }
+    }
+    const std::vector<float> dy = RandomVector(&rng, batch * out);
+    std::vector<float> g = dy;
+    std::vector<Bf16> gb(batch * out);
+    l.BackwardBf16(xb.data(), y.data(), g.data(), batch, dx.data(), gb.data());
+    std::vector<double> gm(batch * out);
+    for (size_t i = 0; i < gm.size(); ++i) {
+      gm[i] = !relu || y[i] > 0 ? dy[i] : 0.0;
+      ASSERT_EQ(g[i], gm[i]) << i;
+    }
+    for (int o = 0; o < out; ++o) {
+      double db = 0;
+      for (int r = 0; r < batch; ++r) db += gm[r * out + o];
+      ASSERT_NEAR(l.bias_grad()[o], db, 1e-4 * (1 + std::fabs(db))) << o;
+      for (int i = 0; i < in; ++i) {
+        double dw = 0, abs = 0;
+        for (int r = 0; r < batch; ++r) {
+          dw += gm[r * out + o] * x[r * in + i];
+          abs += std::fabs(gm[r * out + o] * x[r * in + i]);
+        }
+        ASSERT_NEAR(l.weight_grad()[o * in + i], dw,
+                    Bf16ProductBound(batch) * abs + 1e-6)
+            << "dW " << o << "," << i;
+      }
+    }
+    for (int r = 0; r < batch; ++r) {
+      for (int i = 0; i < in; ++i) {
+        double s = 0, abs = 0;
+        for (int o = 0; o < out; ++o) {
+          s += gm[r * out + o] * w[o * in + i];
+          abs += std::fabs(gm[r * out + o] * w[o * in + i]);
+        }
+        ASSERT_NEAR(dx[r * in + i], s, Bf16ProductBound(out) * abs + 1e-6)
+            << "dx " << r << "," << i;
+      }
+    }
+  }
+}
+
+// A bf16 MLP against its fp32 twin (the same weights): through three
+// layers each output is within a few Bf16ProductBound of the fp32 one
+// relative to the magnitudes summed; 2e-2 in norm leaves ~3x headroom over
+// what these shapes measure (~6e-3). Infer runs Forward's arithmetic
+// bitwise, and SyncBf16Weights is what makes new weights count.
+TEST(Bf16Test, MlpTracksItsFp32TwinAndSyncsWeights) {
+  Rng rng = SeededRng(93);
+  const std::vector<int> widths = {256, 128, 16};
+  const int in = 64;
+  const int64_t batch = 200;
+  Mlp fp32(in, widths, /*relu_last=*/true);
+  fp32.Init(&rng);
+  Mlp bf16 = fp32;
+  bf16.SetPrecision(PRECISION_BF16);
+  EXPECT_EQ(bf16.precision(), PRECISION_BF16);
+  const std::vector<float> x = RandomVector(&rng, batch * in);
+  const float* a = fp32.Forward(x.data(), batch);
+  const std::vector<float> want(a, a + batch * 16);
+  const float* b = bf16.Forward(x.data(), batch);
+  const std::vector<float> got(b, b + batch * 16);
+  const double forward_error = RelativeError(got, want);
+  EXPECT_LT(forward_error, 2e-2);
+  EXPECT_GT(forward_error, 0.0);  // it did run in bf16
+  std::vector<float> infer(batch * 16);
+  AlignedVector<float> scratch;
+  bf16.Infer(x.data(), batch, infer.data(), &scratch);
+  EXPECT_TRUE(BitwiseEqual(infer.data(), got.data(), got.size()));
+
+  // Backward is its layers' bf16 backward composed, bit for bit (each
+  // layer is held to the bound by LinearMatchesDoubleLoopsWithinTheBf16Bound;
+  // against the fp32 MLP the gradients also differ where a ReLU took the
+  // other branch, which the dense step's tests below allow for).
+  const std::vector<float> dy = RandomVector(&rng, batch * 16);
+  std::vector<float> g = dy, dx(batch * in);
+  bf16.Backward(x.data(), g.data(), batch, dx.data());
+  std::vector<Linear> layers = bf16.layers();
+  std::vector<std::vector<float>> ys;
+  std::vector<std::vector<Bf16>> ins(1, std::vector<Bf16>(batch * in));
+  ToBf16(x.data(), batch * in, ins[0].data());
+  for (Linear& l : layers) {
+    ys.emplace_back(batch * l.out());
+    ins.emplace_back(batch * l.out());
+    l.ForwardBf16(ins[ins.size() - 2].data(), batch, ys.back().data(),
+                  ins.back().data());
+  }
+  std::vector<float> grad = dy;
+  for (size_t i = layers.size(); i-- > 0;) {
+    std::vector<float> layer_dx(batch * layers[i].in());
+    std::vector<Bf16> scratch_bf16(batch * layers[i].out());
+    layers[i].BackwardBf16(ins[i].data(), ys[i].data(), grad.data(), batch,
+                           layer_dx.data(), scratch_bf16.data());
+    grad = layer_dx;
+  }
+  EXPECT_TRUE(BitwiseEqual(dx.data(), grad.data(), dx.size()));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Linear& want = layers[i];
+    Linear& got = bf16.layers()[i];
+    EXPECT_TRUE(BitwiseEqual(got.weight_grad(), want.weight_grad(),
+                             want.in() * want.out()))
+        << i;
+    EXPECT_TRUE(BitwiseEqual(got.bias_grad(), want.bias_grad(), want.out()))
+        << i;
+  }
+
+  // New fp32 weights reach the bf16 passes only through SyncBf16Weights
+  // (the biases are read in fp32 directly, so they are left alone here).
+  for (Linear& l : bf16.layers()) {
+    for (int64_t i = 0; i < int64_t{l.in()} * l.out(); ++i) {
+      l.weight()[i] *= -1.0f;
+    }
+  }
+  std::vector<float> stale(batch * 16), fresh(batch * 16);
+  bf16.Infer(x.data(), batch, stale.data(), &scratch);
+  EXPECT_TRUE(BitwiseEqual(stale.data(), got.data(), got.size()));
+  bf16.SyncBf16Weights();
+  bf16.Infer(x.data(), batch, fresh.data(), &scratch);
+  EXPECT_FALSE(BitwiseEqual(fresh.data(), got.data(), got.size()));
+}
+
+// The cross network in bf16 against the double reference (forward) and
+// its fp32 twin (gradients), for one and several layers and row blocks.
+// Each layer's two products carry Bf16ProductBound-sized errors relative
+// to the magnitudes summed, compounded over the layers: 3e-2 in norm is
+// ~3x what these shapes measure. Infer runs Forward's arithmetic bitwise.
+TEST(Bf16Test, CrossNetTracksTheReferenceAndItsFp32Twin) {
+  Rng rng = SeededRng(94);
+  struct Shape {
+    int n, layers, r;
+    int64_t batch;
+  };
+  for (Shape s : {Shape{64, 3, 16, 200}, Shape{40, 1, 64, 130},
+                  Shape{16, 2, 4, 37}, Shape{8, 2, 4, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
+                                      << " r " << s.r << " batch " << s.batch);
+    CrossNet fp32 = RandomCrossNet(s.n, s.layers, s.r, &rng);
+    CrossNet bf16 = fp32;
+    bf16.SetPrecision(PRECISION_BF16);
+    const std::vector<float> x0 = RandomVector(&rng, s.batch * s.n);
+    std::vector<float> out(s.batch * s.n + 1, 7.0f),
+        infer(s.batch * s.n + 1, 7.0f);
+    bf16.Forward(x0.data(), s.batch, out.data());
+    AlignedVector<float> scratch;
+    bf16.Infer(x0.data(), s.batch, infer.data(), &scratch);
+    EXPECT_EQ(out.back(), 7.0f);
+    EXPECT_EQ(infer.back(), 7.0f);
+    EXPECT_TRUE(BitwiseEqual(out.data(), infer.data(), s.batch * s.n));
+    const std::vector<double> ref =
+        reference::CrossNetForward(fp32, x0.data(), s.batch);
+    const std::vector<float> want(ref.begin(), ref.end());
+    out.pop_back();
+    EXPECT_LT(RelativeError(out, want), 3e-2);
+
+    std::vector<float> out_fp32(s.batch * s.n);
+    fp32.Forward(x0.data(), s.batch, out_fp32.data());
+    const std::vector<float> dout = RandomVector(&rng, s.batch * s.n);
+    std::vector<float> dx_a(s.batch * s.n), dx_b(s.batch * s.n);
+    fp32.Backward(x0.data(), dout.data(), s.batch, dx_a.data());
+    bf16.Backward(x0.data(), dout.data(), s.batch, dx_b.data());
+    if (s.batch == 0) {
+      for (float g : CrossGrads(bf16)) ASSERT_EQ(g, 0.0f);
+      continue;
+    }
+    EXPECT_LT(RelativeError(dx_b, dx_a), 3e-2);
+    const std::vector<ParamRef> pa = fp32.Parameters("x"),
+                                pb = bf16.Parameters("x");
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const std::vector<float> ga(pa[i].grad, pa[i].grad + pa[i].size);
+      const std::vector<float> gb(pb[i].grad, pb[i].grad + pb[i].size);
+      EXPECT_LT(RelativeError(gb, ga), 3e-2) << pa[i].name;
+    }
+  }
+}
+
+// A dense config with widths where bf16 rounding shows: 8 tables of dim
+// 16, bottom 13-64-16, top -128-64-1, DCN of 2 layers of rank 32.
+ModelConfig Bf16BackendConfig(
+    Interaction interaction, DensePrecision p,
+    OptimizerConfig::Type optimizer = OptimizerConfig::ADAGRAD) {
+  ModelConfig c;
+  c.set_num_dense_features(13);
+  c.set_embedding_dim(16);
+  for (int i = 0; i < 8; ++i) {
+    TableConfig* t = c.add_tables();
+    t->set_name("t" + std::to_string(i));
+    t->set_rows(10);
+  }
+  for (int w : {64, 16}) c.add_bottom_mlp(w);
+  for (int w : {128, 64, 1}) c.add_top_mlp(w);
+  c.set_interaction(interaction);
+  if (interaction == INTERACTION_DCN) {
+    c.set_dcn_num_layers(2);
+    c.set_dcn_low_rank_dim(32);
+  }
+  c.mutable_dense_optimizer()->set_type(optimizer);
+  c.mutable_dense_optimizer()->set_learning_rate(0.05f);
+  c.set_dense_precision(p);
+  c.set_seed(7);
+  absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return n.ok() ? *n : c;
+}
+
+// The mean loss of one forward of `b` on `in` (no backward).
+double ForwardLoss(DenseBackend& b, const DenseStepInputs& in) {
+  EXPECT_TRUE(FillInteractionInput(b, in).ok());
+  EXPECT_TRUE(b.BottomForward(in.x.data(), in.batch).ok());
+  EXPECT_TRUE(b.InteractionForward(in.batch).ok());
+  EXPECT_TRUE(b.TopForward(in.batch).ok());
+  absl::StatusOr<double> loss =
+      b.Loss(in.labels.data(), in.batch, 1.0f / in.batch);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  return loss.value_or(0.0);
+}
+
+// The whole dense step at PRECISION_BF16 against the same step at fp32 from
+// the same weights, three SGD steps running (each backend on its own
+// weights, so differences compound; SGD, because Adagrad's first steps are
+// lr * sign(g) and turn a tiny gradient's rounding into a full step). The
+// loss, the probabilities and the updated parameters are continuous in the
+// roundings: loss within 1e-3 relative (measured <= 2.5e-4), parameters
+// within 1e-3 in norm (measured <= 1.4e-4), probabilities within 1e-2. The
+// gradients are not: where a pre-activation lies within bf16's rounding of
+// 0 its ReLU takes the other branch and that unit's whole gradient changes,
+// so they are held to 0.1 (parameters', measured <= 0.035) and 0.2 (the
+// interaction input's, which passes through the top MLP's first mask;
+// measured <= 0.082) in norm; the per-layer bounds and
+// GradientMatchesFiniteDifferencesOfTheFp32Loss check them closely. The dot
+// interaction itself runs fp32 in both.
+TEST(Bf16Test, DenseStepTracksTheFp32Step) {
+  if (!CpuHasBf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT, INTERACTION_DCN}) {
+    SCOPED_TRACE(Interaction_Name(kind));
+    auto fp32 = CreateDenseBackend(
+        Bf16BackendConfig(kind, PRECISION_FP32, OptimizerConfig::SGD));
+    auto bf16 = CreateDenseBackend(
+        Bf16BackendConfig(kind, PRECISION_BF16, OptimizerConfig::SGD));
+    ASSERT_TRUE(fp32.ok() && bf16.ok());
+    EXPECT_EQ((*fp32)->precision(), PRECISION_FP32);
+    EXPECT_EQ((*bf16)->precision(), PRECISION_BF16);
+    const ModelConfig config =
+        Bf16BackendConfig(kind, PRECISION_FP32, OptimizerConfig::SGD);
+    Rng rng = SeededRng(95);
+    for (int step = 0; step < 3; ++step) {
+      const DenseStepInputs in = RandomDenseStep(config, 150 + step, rng);
+      auto want = RunDenseStep(**fp32, in);
+      auto got = RunDenseStep(**bf16, in);
+      ASSERT_TRUE(want.ok() && got.ok());
+      std::printf(
+          "step %d: loss %.6f (fp32 %.6f), relative error of gradients %.4f, "
+          "of dt %.4f, of parameters %.6f\n",
+          step, got->loss, want->loss, RelativeError(got->grads, want->grads),
+          RelativeError(got->dt, want->dt),
+          RelativeError(got->params, want->params));
+      EXPECT_NEAR(got->loss, want->loss, 1e-3 * want->loss);
+      EXPECT_LT(RelativeError(got->params, want->params), 1e-3);
+      EXPECT_LT(RelativeError(got->grads, want->grads), 0.1);
+      EXPECT_LT(RelativeError(got->dt, want->dt), 0.2);
+      for (int64_t l = 0; l < in.batch; ++l) {
+        ASSERT_NEAR(got->probs[l], want->probs[l], 1e-2) << l;
+      }
+    }
+  }
+}
+
+// Gradient check of the bf16 step: its gradient along a random direction
+// of every dense parameter against the central difference of the fp32
+// loss (the true function it approximates). The step h = 1e-2 of a unit
+// direction keeps the difference's own truncation error below 1e-4
+// relative; bf16's rounding of the gradient is the rest: within 3e-2.
+TEST(Bf16Test, GradientMatchesFiniteDifferencesOfTheFp32Loss) {
+  if (!CpuHasBf16()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_DCN}) {
+    SCOPED_TRACE(Interaction_Name(kind));
+    const ModelConfig config = Bf16BackendConfig(kind, PRECISION_FP32);
+    auto fp32 = CreateDenseBackend(config);
+    auto bf16 = CreateDenseBackend(Bf16BackendConfig(kind, PRECISION_BF16));
+    ASSERT_TRUE(fp32.ok() && bf16.ok());
+    Rng rng = SeededRng(96);
+    const DenseStepInputs in = RandomDenseStep(config, 256, rng);
+    // The bf16 gradient, packed in parameter order.
+    DenseBackend& b = **bf16;
+    ForwardLoss(b, in);
+    ASSERT_TRUE(b.TopBackward(in.batch).ok());
+    ASSERT_TRUE(b.InteractionBackward(in.batch).ok());
+    ASSERT_TRUE(b.BottomBackward(in.x.data(), in.batch).ok());
+    auto flat = b.PackGradients(GradBucket::kAll, 0);
+    ASSERT_TRUE(flat.ok());
+    const std::vector<float> grad(flat->begin(), flat->end());
+    std::vector<float> dir = RandomVector(&rng, grad.size());
+    double norm = 0;
+    for (float d : dir) norm += static_cast<double>(d) * d;
+    for (float& d : dir) d = static_cast<float>(d / std::sqrt(norm));
+    double analytic = 0;
+    for (size_t i = 0; i < grad.size(); ++i) {
+      analytic += static_cast<double>(grad[i]) * dir[i];
+    }
+    const double h = 1e-2;
+    auto shifted_loss = [&](double sign) {
+      size_t at = 0;
+      std::vector<std::vector<float>> saved;
+      for (const ParamRef& p : (*fp32)->params()) {
+        saved.emplace_back(p.value, p.value + p.size);
+        for (int64_t i = 0; i < p.size; ++i) {
+          p.value[i] += static_cast<float>(sign * h * dir[at++]);
+        }
+      }
+      const double loss = ForwardLoss(**fp32, in);
+      size_t k = 0;
+      for (const ParamRef& p : (*fp32)->params()) {
+        std::copy(saved[k].begin(), saved[k].end(), p.value);
+        ++k;
+      }
+      return loss;
+    };
+    const double numeric = (shifted_loss(1) - shifted_loss(-1)) / (2 * h);
+    std::printf("directional derivative: bf16 %.6f, fp32 difference %.6f\n",
+                analytic, numeric);
+    EXPECT_NEAR(analytic, numeric, 3e-2 * std::fabs(numeric) + 1e-5);
+  }
+}
+
+// Without bf16 instructions (a CPU without avx512_bf16, or
+// ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16: the CTest entry
+// dense_test_without_bf16 runs this test so, with DLRM_EXPECT_NO_BF16=1)
+// PRECISION_BF16 runs the fp32 step, bit for bit.
+TEST(Bf16FallbackTest, WithoutBf16InstructionsTheStepIsFp32) {
+  if (std::getenv("DLRM_EXPECT_NO_BF16") != nullptr) {
+    ASSERT_FALSE(CpuHasBf16());
+  }
+  EXPECT_EQ(EffectiveCpuPrecision(PRECISION_FP32), PRECISION_FP32);
+  EXPECT_EQ(EffectiveCpuPrecision(PRECISION_BF16),
+            CpuHasBf16() ? PRECISION_BF16 : PRECISION_FP32);
+  auto bf16 =
+      CreateDenseBackend(Bf16BackendConfig(INTERACTION_DCN, PRECISION_BF16));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*bf16)->precision(), EffectiveCpuPrecision(PRECISION_BF16));
+  if (CpuHasBf16()) return;
+  const ModelConfig config = Bf16BackendConfig(INTERACTION_DCN, PRECISION_FP32);
+  auto fp32 = CreateDenseBackend(config);
+  ASSERT_TRUE(fp32.ok());
+  Rng rng = SeededRng(97);
+  const DenseStepInputs in = RandomDenseStep(config, 70, rng);
+  auto want = RunDenseStep(**fp32, in);
+  auto got = RunDenseStep(**bf16, in);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->loss, want->loss);
+  EXPECT_EQ(got->grads, want->grads);
+  EXPECT_EQ(got->params, want->params);
+  EXPECT_EQ(got->probs, want->probs);
+}
+
+// The CUDA backend refuses PRECISION_BF16 before it looks for a device, so
+// the answer is the same on every machine and build.
+TEST(Bf16Test, CudaRefusesBf16NamingTheField) {
+  ModelConfig config = Bf16BackendConfig(INTERACTION_DOT, PRECISION_BF16);
+  config.set_device(DEVICE_CUDA);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented)
+      << backend.status();
+  const std::string message(backend.status().message());
+  EXPECT_NE(message.find("dense_precision PRECISION_BF16"), std::string::npos)
+      << message;
 }
 
 }  // namespace

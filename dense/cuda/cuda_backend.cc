@@ -250,6 +250,8 @@ class CudaDenseBackend final : public DenseBackend {
     return copy_stream_.Synchronize();
   }
 
+  DensePrecision precision() const override { return PRECISION_FP32; }
+
   Mlp& bottom() override {
     HostAccess();
     return host_->bottom;

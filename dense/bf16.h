@@ -1,0 +1,62 @@
+// bf16 arithmetic for the dense part's PRECISION_BF16
+// (proto/dlrm/config.proto): conversions from fp32, GEMMs with bf16 inputs and
+// fp32 accumulation on oneDNN's matmul, and whether this CPU runs them
+// natively.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <string>
+
+#include "dlrm/config.pb.h"
+
+namespace dlrm::dense {
+
+// The bits of a bfloat16: the upper half of an fp32 (8 exponent bits, 7
+// stored mantissa bits, unit roundoff 2^-8).
+using Bf16 = uint16_t;
+
+// x rounded to the nearest bf16, ties to even; NaN stays NaN.
+inline Bf16 ToBf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16>(u >> 16 | 64);
+  return static_cast<Bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float FromBf16(Bf16 x) {
+  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
+}
+
+// out[i] = ToBf16(in[i]) for i in [0, n), threaded with OpenMP for large n.
+void ToBf16(const float* in, int64_t n, Bf16* out);
+
+// Row-major C [m x n] = op(A) [m x k] op(B) [k x n] + beta * C with bf16 A
+// and B, accumulated in fp32, as Sgemm (dense/linear.h): op 'N' or 'T',
+// nothing for m or n of 0, k of 0 gives beta * C. On oneDNN's matmul
+// (avx512_core_bf16 or AMX kernels where the CPU has them), primitives
+// cached per shape and thread. A oneDNN error is a programming error: it
+// aborts naming the call.
+void Bgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+           const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb, float beta,
+           float* c, int64_t ldc);
+// The same with C written as bf16 (C = op(A) op(B), the fp32 sum rounded
+// once).
+void BgemmToBf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
+                 const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb,
+                 Bf16* c, int64_t ldc);
+
+// The oneDNN implementation Bgemm runs for this shape (dense operands),
+// e.g. "brg:avx512_core_bf16"; "ref:any" would be the slow reference path.
+std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,
+                                int64_t n, int64_t k);
+
+// Whether this CPU has bf16 dot-product instructions (avx512_bf16; AMX
+// CPUs have them too) and oneDNN may use them (ONEDNN_MAX_CPU_ISA below
+// AVX512_CORE_BF16 forbids it).
+bool CpuHasBf16();
+
+// The precision the CPU backend runs for `requested`: PRECISION_FP32 for
+// PRECISION_BF16 where CpuHasBf16() is false (oneDNN would emulate bf16,
+// slower than fp32), which it logs once per process to stderr.
+DensePrecision EffectiveCpuPrecision(DensePrecision requested);
+
+}  // namespace dlrm::dense
