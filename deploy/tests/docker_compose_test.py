@@ -13,9 +13,12 @@ and the job resumed from `final` and train on. Then `docker-compose down -v`.
 The daemon: the one DOCKER_HOST or /var/run/docker.sock names when it
 answers, else one this test starts as root (Debian's dockerd, its own
 --data-root, so that images and build layers stay cached between runs) and
-stops at the end. The base images: present ones are kept; missing ones are
-pulled, and when no registry answers, made with debootstrap from the mirror
-apt uses (the root file system cached as a tarball under ~/.cache).
+stops at the end; one that an earlier, killed run left is used and stopped,
+and emptied of its containers, volumes and networks (one run at a time:
+the others wait on a lock). The base images: present ones are kept;
+missing ones are pulled, and when no registry answers, made with
+debootstrap from the mirror apt uses (the root file system cached as a
+tarball under ~/.cache).
 
 Exit status: 0 passed, 1 failed, 77 skipped (no daemon can run here: not
 root and none reachable, or dockerd or a container fails to start; the
@@ -27,6 +30,7 @@ DLRM_DOCKER_DATA_ROOT (the started daemon's --data-root, default
 folder, default ~/.cache/dlrm-server), DLRM_DEBIAN_MIRROR (debootstrap's
 mirror; default: the one apt uses for bookworm).
 """
+import fcntl
 import json
 import os
 import re
@@ -53,6 +57,8 @@ DATA_ROOT = os.environ.get("DLRM_DOCKER_DATA_ROOT",
                            "/var/lib/dlrm-docker-test")
 EXEC_ROOT = "/run/dlrm-docker-test"
 SOCKET = "/run/dlrm-docker-test.sock"
+# Held for the whole run: one run at a time uses (and stops) that daemon.
+LOCK = "/run/dlrm-docker-test.lock"
 CACHE = os.environ.get("DLRM_DOCKER_CACHE",
                        os.path.expanduser("~/.cache/dlrm-server"))
 # Seconds: a cold image build compiles dlrm_server on the machine's cores.
@@ -121,6 +127,13 @@ class Daemon:
         self.docker = docker_binary()
         self.host = None       # the DOCKER_HOST value the clients use
         self.process = None    # the dockerd this test started, if any
+        self.left_pid = None   # one an earlier, killed run left running
+        self.log_path = os.path.join(work, "dockerd.log")
+
+    @property
+    def ours(self):
+        """Whether this test started the daemon (and may clean it up)."""
+        return self.process is not None or self.left_pid is not None
 
     def env(self):
         return dict(os.environ, DOCKER_HOST=self.host)
@@ -135,11 +148,17 @@ class Daemon:
         return out.returncode == 0
 
     def start(self):
-        for host in (os.environ.get("DOCKER_HOST"),
-                     "unix:///var/run/docker.sock", f"unix://{SOCKET}"):
+        for host in (os.environ.get("DOCKER_HOST"), f"unix://{SOCKET}",
+                     "unix:///var/run/docker.sock"):
             if host and self.answers(host):
                 self.host = host
-                log(f"using the running Docker daemon at {host}")
+                if host == f"unix://{SOCKET}":
+                    with open(os.path.join(EXEC_ROOT, "dockerd.pid")) as f:
+                        self.left_pid = int(f.read())
+                    log(f"dockerd {self.left_pid}, left running by an "
+                        "earlier run of this test: used, then stopped")
+                else:
+                    log(f"using the running Docker daemon at {host}")
                 return
         if os.geteuid() != 0:
             raise Skip("no Docker daemon answers (DOCKER_HOST, "
@@ -153,7 +172,6 @@ class Daemon:
                           "docker.io (scripts/install-deps.sh does)")
         os.makedirs(DATA_ROOT, exist_ok=True)
         os.makedirs(EXEC_ROOT, exist_ok=True)
-        self.log_path = os.path.join(self.work, "dockerd.log")
         self.host = f"unix://{SOCKET}"
         cmd = [dockerd, "--data-root", DATA_ROOT, "--exec-root", EXEC_ROOT,
                "--pidfile", os.path.join(EXEC_ROOT, "dockerd.pid"),
@@ -186,8 +204,29 @@ class Daemon:
         except OSError:
             return ""
 
+    def remove_leftovers(self):
+        """Empties this test's own daemon of what a killed earlier run left
+        (containers, volumes, networks); its images stay as the cache."""
+        if not self.ours:
+            return
+        env = self.env()
+        containers = run([self.docker, "ps", "-aq"], 60, env=env,
+                         quiet=True).stdout.split()
+        if containers:
+            run([self.docker, "rm", "-f"] + containers, 120, env=env)
+        run([self.docker, "volume", "prune", "-f"], 120, env=env)
+        run([self.docker, "network", "prune", "-f"], 120, env=env)
+
     def stop(self):
         """Stops the daemon this test started (none otherwise)."""
+        if self.left_pid is not None:
+            log(f"stopping dockerd {self.left_pid}")
+            os.kill(self.left_pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while (os.path.exists(f"/proc/{self.left_pid}") and
+                   time.monotonic() < deadline):
+                time.sleep(0.5)
+            return
         if self.process is None or self.process.poll() is not None:
             return
         log(f"stopping dockerd {self.process.pid}")
@@ -517,11 +556,19 @@ def exercise(compose):
 
 
 def main():
+    if os.geteuid() == 0:
+        lock = open(LOCK, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another run holds {LOCK}: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
     work = tempfile.mkdtemp(prefix="docker-compose-test-")
     daemon = Daemon(work)
     compose = None
     try:
         daemon.start()
+        daemon.remove_leftovers()
         ensure_base_images(daemon)
         build_image(daemon, work)
         check_image_user(daemon)
