@@ -3,30 +3,45 @@
 # Idempotent and quiet when everything is present. CUDA is not installed
 # here: the build uses /usr/local/cuda when nvcc is found there.
 #
-# Usage: scripts/install-deps.sh [--peers]
+# Usage: scripts/install-deps.sh [--build | --peers]
+#   --build  only what building needs (deploy/Dockerfile's build stage).
 #   --peers  also build the benchmark peers' Python venv from PyPI
 #            (bench/peers/setup_venv.sh: torch, torchrec, fbgemm-gpu-cpu;
 #            ~/.cache/dlrm-peers-venv, returns at once when it is ready).
 set -euo pipefail
 
-packages=(
+# Building dlrm_server, dlrm_client and the tests (CMake requires GTest and
+# benchmark at configure time).
+build_packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
   librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-14 libclang-rt-14-dev
   libdnnl-dev ocl-icd-opencl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
-  python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml docker-compose
+)
+# Running the tests, the fuzz targets and the scripts.
+test_packages=(
+  clang-14 libclang-rt-14-dev
+  python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml
   # The Python client package and its venv install test (python_package_test).
   python3-numpy python3-venv python3-setuptools python3-pip
   # Launchers the tests start jobs with (tests/launch_test.cc).
   openmpi-bin slurm-wlm munge
+  # The container deployment test (deploy/tests/docker_compose_test.py): the
+  # engine, Compose v1 and what makes the base images without a registry.
+  docker.io docker-compose debootstrap
 )
+packages=("${build_packages[@]}")
 peers=0
-if [[ "${1:-}" == "--peers" ]]; then
-  peers=1
-fi
+case "${1:-}" in
+  --build) ;;
+  --peers)
+    packages+=("${test_packages[@]}")
+    peers=1
+    ;;
+  *) packages+=("${test_packages[@]}") ;;
+esac
 setup_peers() {
   if ((peers)); then
     "$(dirname "$0")/../bench/peers/setup_venv.sh"

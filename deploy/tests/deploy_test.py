@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks of deploy/: the compose files, the image recipe and the binary agree.
 
-No Docker engine runs in CI, so nothing here starts a container. Instead:
+Nothing here needs a Docker engine or starts a container (the image and
+the CPU compose file run for real in docker_compose_test.py). Instead:
 ComposeTest validates both compose files (docker-compose config, and the
 topology: ranks, GPUs, ports, health, volumes); DryRunTest runs every
 service's exact command line through `dlrm_server --dry-run` and checks the
