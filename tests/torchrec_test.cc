@@ -6,7 +6,9 @@
 #include "model/torchrec.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -82,12 +84,14 @@ std::vector<float> Predictions(Model& m) {
 class TorchRecTest : public ::testing::TestWithParam<Interaction> {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat("torchrec_",
-                        ::testing::UnitTest::GetInstance()
-                            ->current_test_info()
-                            ->test_suite_name(),
-                        "_", GetParam());
+    // CTest runs the cases in parallel processes: the directory is the
+    // case's and the process's own.
+    const ::testing::TestInfo* info =
+        ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = absl::StrCat("torchrec_", info->test_suite_name(), "_",
+                                    info->name(), "_", ::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::path(::testing::TempDir()) / name;
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -211,7 +215,9 @@ TEST(TorchRecNamesTest, ConfigsWithoutATorchRecCounterpartAreRefused) {
   auto m = Model::Create(*NormalizeModelConfig(cat));
   ASSERT_TRUE(m.ok());
   const std::string path =
-      (fs::path(::testing::TempDir()) / "torchrec_cat.safetensors").string();
+      (fs::path(::testing::TempDir()) /
+       absl::StrCat("torchrec_cat_", ::getpid(), ".safetensors"))
+          .string();
   EXPECT_EQ(ExportTorchRec(**m, path).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(fs::exists(path));
