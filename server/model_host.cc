@@ -377,7 +377,7 @@ absl::Status ModelHost::Predict(const data::Batch& batch,
 absl::StatusOr<model::EvalResult> ModelHost::Evaluate(
     data::BatchSource& source, const model::EvalOptions& options,
     const model::ReferenceScorer& reference, const std::atomic<bool>* cancel) {
-  // The lock is taken per batch, so predictions interleave.
+  // One Predict per batch, so other predictions interleave.
   return model::Evaluate(
       [this](const data::Batch& batch, std::vector<float>* probs) {
         return Predict(batch, probs);

@@ -218,7 +218,7 @@ class ModelHost {
   bool predictions_beside_training();
 
   // Scores up to options.max_samples samples of `source` (rewound first),
-  // taking the lock per batch so predictions interleave. `reference` may be
+  // one Predict per batch, so other predictions interleave. `reference` may be
   // null. Stops with Cancelled when `cancel` (may be null) becomes true;
   // FailedPrecondition for an empty source; reading errors as the source's.
   absl::StatusOr<model::EvalResult> Evaluate(
