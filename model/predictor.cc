@@ -60,14 +60,13 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
   {
     std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
     const uint64_t generation = model_->weights_generation();
-    if (!copied_ || generation != generation_) {
+    if (generation != generation_) {
       const std::vector<dense::ParamRef>& from = model_params_;
       const std::vector<dense::ParamRef>& to = dense_->params();
       for (size_t i = 0; i < from.size(); ++i) {
         std::copy_n(from[i].value, from[i].size, to[i].value);
       }
       generation_ = generation;
-      copied_ = true;
     }
     *step = model_->steps();
 #pragma omp parallel for schedule(dynamic, 1)

@@ -62,10 +62,10 @@ class SnapshotPredictor {
   std::mutex mu_;  // one prediction at a time
   // The dense part's copy and workspace; guarded by mu_.
   std::unique_ptr<dense::DenseBackend> dense_;
-  // The model's weights_generation() dense_'s parameters were copied at;
-  // guarded by mu_.
-  uint64_t generation_ = 0;
-  bool copied_ = false;  // guarded by mu_
+  // The model's weights_generation() dense_'s parameters were copied at,
+  // kNeverCopied before the first copy; guarded by mu_.
+  static constexpr uint64_t kNeverCopied = ~uint64_t{0};
+  uint64_t generation_ = kNeverCopied;
 };
 
 }  // namespace dlrm::model

@@ -166,10 +166,6 @@ std::shared_ptr<ModelHost::Serving> ModelHost::CurrentServing() {
   return serving_;
 }
 
-bool ModelHost::predictions_beside_training() {
-  return CurrentServing()->predictor != nullptr;
-}
-
 ServedCheckpoint ModelHost::served_checkpoint() {
   std::lock_guard<std::mutex> lock(served_mu_);
   return served_;

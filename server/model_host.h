@@ -208,14 +208,11 @@ class ModelHost {
 
   // Click probabilities of every sample of `batch` into `probs` (resized),
   // and into *step (when not null) the number of training steps of the
-  // weights that gave them. Beside a running step when predictions_beside_
-  // training(), else between two steps. InvalidArgument for a batch that
-  // does not fit; Unavailable after ShutdownRanks().
+  // weights that gave them. Beside a running step where the model allows it
+  // (model::SnapshotPredictor), else between two steps. InvalidArgument for a
+  // batch that does not fit; Unavailable after ShutdownRanks().
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
                        int64_t* step = nullptr);
-  // Whether Predict runs beside training steps (model::SnapshotPredictor)
-  // rather than waiting for the step in progress.
-  bool predictions_beside_training();
 
   // Scores up to options.max_samples samples of `source` (rewound first),
   // one Predict per batch, so other predictions interleave. `reference` may be
