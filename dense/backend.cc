@@ -64,6 +64,46 @@ std::pair<size_t, size_t> HostDenseParams::Range(GradBucket bucket) const {
   return {0, params.size()};
 }
 
+absl::Status DenseBackend::SetDeviceColumns(std::vector<ColumnRange> columns) {
+  if (columns.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "the CPU dense backend has no device memory for embedding columns: "
+      "tables with storage STORAGE_DEVICE need device: DEVICE_CUDA");
+}
+
+absl::StatusOr<float*> DenseBackend::DeviceInteractionInput(int64_t /*batch*/,
+                                                            bool /*predict*/) {
+  return absl::UnimplementedError(
+      "the CPU dense backend has no device interaction input");
+}
+
+absl::Status CheckDeviceColumns(const InteractionShape& shape,
+                                std::span<const ColumnRange> columns) {
+  int last = shape.dim;
+  for (const ColumnRange& c : columns) {
+    if (c.begin < last || c.end <= c.begin || c.end > shape.input_width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device columns [", c.begin, ", ", c.end,
+          ") are not sorted, disjoint and within the embedding columns [",
+          shape.dim, ", ", shape.input_width, ") of the interaction input"));
+    }
+    last = c.end;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
+                                     std::span<const ColumnRange> device) {
+  std::vector<ColumnRange> host;
+  int at = shape.dim;
+  for (const ColumnRange& c : device) {
+    if (c.begin > at) host.push_back({at, c.begin});
+    at = c.end;
+  }
+  if (shape.input_width > at) host.push_back({at, shape.input_width});
+  return host;
+}
+
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config) {
   if (config.device() != DEVICE_CUDA) return CreateCpuDenseBackend(config);

@@ -6,11 +6,14 @@
 // dense/cuda/, dense/cuda/cuda_backend.h). The model calls only this
 // interface and never asks which one it holds.
 //
-// The embedding part stays in host memory for now: the model writes the
-// pooled vectors into the host buffer InteractionInput returns and reads
-// their gradients from the host buffer InteractionBackward returns. The
-// CUDA backend copies what it needs to the device (the interaction input,
-// the dense features, the labels) and the interaction gradient back.
+// The model writes the pooled vectors of tables in host memory into the
+// host buffer InteractionInput returns and reads their gradients from the
+// host buffer InteractionBackward returns. The CUDA backend copies what it
+// needs to the device (those columns of the interaction input, the dense
+// features, the labels) through pinned staging, and those gradients back.
+// Tables in the CUDA device's memory (STORAGE_DEVICE) pool into, and
+// update from, the backend's device buffers directly (SetDeviceColumns,
+// DeviceInteractionInput, DeviceInteractionGradient), on its stream.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +39,12 @@ namespace dlrm::dense {
 // while kTop's all-reduce may be in flight, so they wait for kBottom's).
 // kAll is both, in parameter order: bottom MLP, cross network, top MLP.
 enum class GradBucket { kBottom, kTop, kAll };
+
+// Columns [begin, end) of a row of the interaction input.
+struct ColumnRange {
+  int begin = 0;
+  int end = 0;
+};
 
 // One model's dense part. The training step calls, in order, with the same
 // `batch` (samples, >= 0): InteractionInput, BottomForward,
@@ -88,6 +97,31 @@ class DenseBackend {
   virtual absl::Status BottomBackward(const float* x, int64_t batch) = 0;
   // One dense optimizer step from the gradients.
   virtual absl::Status Update() = 0;
+
+  // For embedding stores in the backend's device memory (memory_space()
+  // kDevice). The CPU backend has none: SetDeviceColumns with a column is
+  // Unimplemented there, the others return null.
+  //
+  // From now on columns `columns` of the interaction input (sorted,
+  // disjoint, within [interaction().dim, input_width); InvalidArgument
+  // otherwise) are written on the device, into DeviceInteractionInput, and
+  // their gradient read there: BottomForward and Predict copy only the other
+  // columns of the host buffer up, and InteractionBackward copies only the
+  // other columns' gradient down (nothing, and without waiting for the
+  // device, when every embedding column is on it). Default: none.
+  virtual absl::Status SetDeviceColumns(std::vector<ColumnRange> columns);
+  // The cudaStream_t every call queues its device work on, for the stores
+  // to queue theirs (so pooling runs before the interaction and updates
+  // after the gradient without a host wait); null on the CPU.
+  virtual void* cuda_stream() const { return nullptr; }
+  // The device interaction input [batch x input_width] of the next training
+  // step (read by BottomForward and what follows) or, when `predict`, of
+  // the next Predict; valid until the next call with the same `predict`.
+  virtual absl::StatusOr<float*> DeviceInteractionInput(int64_t batch,
+                                                        bool predict);
+  // The gradient of the device interaction input (rows of input_width) once
+  // InteractionBackward has been queued; valid until the next step.
+  virtual const float* DeviceInteractionGradient() const { return nullptr; }
 
   // Click probabilities of the batch into probs[0, batch) (host memory):
   // the inference path, which keeps no activations, from the dense
@@ -152,6 +186,16 @@ struct HostDenseParams {
  private:
   explicit HostDenseParams(const ModelConfig& config);
 };
+
+// OK when `columns` are sorted, disjoint and within [shape.dim,
+// shape.input_width) (DenseBackend::SetDeviceColumns); InvalidArgument
+// naming the first bad range otherwise.
+absl::Status CheckDeviceColumns(const InteractionShape& shape,
+                                std::span<const ColumnRange> columns);
+// The embedding columns [shape.dim, shape.input_width) not in `device`
+// (checked), in order: what the host fills.
+std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
+                                     std::span<const ColumnRange> device);
 
 // The backend of config.device() (`config` normalised). FailedPrecondition
 // naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no

@@ -394,6 +394,26 @@ std::vector<TableTensor> TableTensors(const std::string& base,
 
 namespace {
 
+// A host-memory copy of `store`'s rows, optimizer state and step (a shard
+// in device memory, written like one in host memory).
+absl::StatusOr<std::unique_ptr<embedding::HostStore>> HostCopy(
+    embedding::EmbeddingStore& store) {
+  const embedding::TableSpec& spec = store.spec();
+  auto copy = std::make_unique<embedding::HostStore>(spec);
+  const int64_t floats =
+      spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
+  constexpr int64_t kChunkRows = 4096;
+  std::vector<float> records;
+  for (int64_t begin = 0; begin < spec.rows; begin += kChunkRows) {
+    const int64_t count = std::min(kChunkRows, spec.rows - begin);
+    records.resize(count * floats);
+    RETURN_IF_ERROR(store.ReadRows(begin, count, records.data()));
+    RETURN_IF_ERROR(copy->WriteRows(begin, count, records.data()));
+  }
+  copy->set_step(store.step());
+  return copy;
+}
+
 // This rank's part of a checkpoint, into the directory `tmp`: its shards in
 // host memory (a data-parallel table's copy on rank 0 only) in
 // rank-<r>.safetensors and its shards on RocksDB as a checkpoint of its
@@ -406,18 +426,26 @@ absl::Status WritePart(Model& model, const fs::path& tmp,
   std::vector<TensorToWrite> tensors;
   std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
                                              {"rank", std::to_string(rank)}};
+  // Host copies of the shards in device memory, alive until written.
+  std::vector<std::unique_ptr<embedding::HostStore>> copies;
   for (const Model::ShardState& s : model.LocalShards()) {
-    if (s.storage == nullptr) continue;  // on RocksDB: below
     if (model.plan().tables[s.table].kind == SHARDING_DATA_PARALLEL &&
         rank != 0) {
       continue;
     }
+    embedding::EmbeddingTable* rows = s.storage;
+    if (rows == nullptr) {
+      // On RocksDB: below.
+      if (s.store->memory_space() != MemorySpace::kDevice) continue;
+      ASSIGN_OR_RETURN(copies.emplace_back(), HostCopy(*s.store));
+      rows = &copies.back()->table();
+    }
     const std::string base = ShardBase(config, s.table, s.shard);
     for (const TableTensor& t :
-         TableTensors(base, *s.storage, /*with_weight=*/true)) {
+         TableTensors(base, *rows, /*with_weight=*/true)) {
       tensors.push_back({t.name, t.shape, t.data});
     }
-    meta["table_step." + base] = std::to_string(s.storage->step());
+    meta["table_step." + base] = std::to_string(rows->step());
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / RankFileName(rank)).string(), tensors,
                                    meta, file_system));
@@ -554,6 +582,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
       file_system));
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
   if (device.has_value()) config.set_device(*device);
+  // Tables that lived in the GPU's memory live in host memory on the CPU.
+  if (config.device() != DEVICE_CUDA) {
+    for (TableConfig& t : *config.mutable_tables()) {
+      if (t.storage() == STORAGE_DEVICE) t.set_storage(STORAGE_HOST);
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
   RETURN_IF_ERROR(Restore(*model, fs::absolute(dir).lexically_normal(),
                           weights_only, file_system)

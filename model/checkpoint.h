@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(
     FileSystem* file_system = DefaultFileSystem());
 // As LoadCheckpoint, with the model's dense part on `device` when given
 // (the device is no part of a checkpoint's architecture: a checkpoint
-// restores on either).
+// restores on either; on the CPU, tables saved from device memory,
+// STORAGE_DEVICE, are restored into host memory).
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
     const std::string& dir, bool weights_only,
     std::optional<ComputeDevice> device,

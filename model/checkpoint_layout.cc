@@ -310,9 +310,9 @@ struct TableRestore::Target {
   embedding::EmbeddingStore* store;
   std::vector<const Source*> sources;
   int64_t step = 0;
-  // Host-memory shards: written by Apply, from `buffer` when a source is on
-  // RocksDB (read by Stage, as such reads can fail), else straight from the
-  // mapped tensors.
+  // Host- and device-memory shards: written by Apply, from `buffer` when a
+  // source is on RocksDB (read by Stage, as such reads can fail), else
+  // straight from the mapped tensors.
   bool host = false;
   std::vector<float> buffer;
 };
@@ -498,7 +498,10 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
     auto t = std::make_unique<Target>();
     t->table = k;
     t->block = BlockOf(model.plan().tables[k].shards[st.shard]);
-    t->host = st.storage != nullptr;
+    // Host and device memory take the rows in place at Apply (through the
+    // store); RocksDB shards get fresh staged stores.
+    t->host = st.storage != nullptr ||
+              st.store->memory_space() == MemorySpace::kDevice;
     if (!t->host && same_plan) continue;  // the database copy holds it
     t->store = t->host ? st.store : r->staged_rows_->stores[j].get();
     bool from_rocksdb = false;
@@ -607,7 +610,8 @@ void TableRestore::Apply() {
         const int64_t count = std::min(kChunkRows, rows - begin);
         chunk.resize(count *
                      (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
-        // Mapped tensors and a host store: nothing here can fail.
+        // Mapped tensors and a host store: nothing here can fail (a device
+        // store only on a CUDA error, which is logged below).
         s = Assemble(*t, begin, count, chunk.data());
         if (s.ok()) s = t->store->WriteRows(begin, count, chunk.data());
       }

@@ -142,15 +142,25 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
           comm::MemorySpaceName(c->memory_space()), " buffers"));
     }
   }
-  // The step pools into, and updates from, host buffers: a store in device
-  // memory has no place in it until the GPU step takes device buffers.
+  // A table in device memory pools straight into the dense backend's
+  // device interaction input and updates from its gradient there: the step
+  // does that where it exchanges nothing (one rank, no row-wise table).
+  // Across ranks the exchanges still move host buffers.
+  const bool exchanges = plan.world_size > 1 ||
+                         std::any_of(plan.tables.begin(), plan.tables.end(),
+                                     [](const embedding::TablePlacement& p) {
+                                       return p.kind == SHARDING_ROW_WISE;
+                                     });
   for (int k = 0; k < config.tables_size(); ++k) {
-    if (config.tables(k).storage() == STORAGE_DEVICE) {
+    if (config.tables(k).storage() == STORAGE_DEVICE && exchanges) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", config.tables(k).name(),
-          ": storage STORAGE_DEVICE is not trained by this build's step, "
-          "which keeps pooled vectors in host memory; use STORAGE_HOST or "
-          "STORAGE_ROCKSDB (the dense part still runs on CUDA)"));
+          ": storage STORAGE_DEVICE trains on one rank without row-wise "
+          "sharding for now (this plan has ",
+          plan.world_size,
+          " ranks or a row-wise table, and the step exchanges pooled vectors "
+          "in host memory); use STORAGE_HOST or STORAGE_ROCKSDB (the dense "
+          "part still runs on CUDA)"));
     }
   }
   // The dense part on config.device; FailedPrecondition here, before any
@@ -208,6 +218,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       // Its store comes below, once the database is open.
       m->rocksdb_locals_.push_back(j);
       mine_on_rocksdb = true;
+    } else if (config.tables(ref.table).storage() == STORAGE_DEVICE) {
+      // On the dense backend's device, its work on the backend's stream.
+      embedding::StoreOptions o;
+      o.kind = embedding::StoreKind::kDevice;
+      o.cuda_stream = m->dense_->cuda_stream();
+      ASSIGN_OR_RETURN(ls.store, embedding::CreateEmbeddingStore(
+                                     m->SpecOf(ref), o, /*db=*/nullptr));
     } else {
       auto host = std::make_unique<embedding::HostStore>(m->SpecOf(ref));
       ls.host = &host->table();
@@ -237,11 +254,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       m->local_[j].store = std::move(cached[j]);
     }
   }
-  m->in_place_ =
-      m->world_ == 1 && std::none_of(plan.tables.begin(), plan.tables.end(),
-                                     [](const embedding::TablePlacement& p) {
-                                       return p.kind == SHARDING_ROW_WISE;
-                                     });
+  m->in_place_ = !exchanges;
+  // The device tables' columns of the interaction input are the device's.
+  std::vector<dense::ColumnRange> device_columns;
+  for (const LocalShard& ls : m->local_) {
+    if (ls.store->memory_space() != MemorySpace::kDevice) continue;
+    const int begin = static_cast<int>(m->TColumn(ls));
+    device_columns.push_back({begin, begin + ls.store->spec().dim});
+    m->any_device_ = true;
+  }
+  std::sort(device_columns.begin(), device_columns.end(),
+            [](const dense::ColumnRange& a, const dense::ColumnRange& b) {
+              return a.begin < b.begin;
+            });
+  RETURN_IF_ERROR(m->dense_->SetDeviceColumns(std::move(device_columns)));
   return m;
 }
 
@@ -516,7 +542,8 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
   return absl::OkStatus();
 }
 
-absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
+absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
+                                 StageTimes* times) {
   StageClock clock(times);
   const int64_t n = batch.size;
 
@@ -541,12 +568,21 @@ absl::Status Model::EmbedForward(const data::Batch& batch, StageTimes* times) {
   const int num_local = static_cast<int>(local_.size());
   if (in_place_) {
     // Every shard's columns of the interaction input, for this rank's (the
-    // whole) batch.
+    // whole) batch: in host memory, or on the device for stores there
+    // (queued on the dense backend's stream, ahead of the interaction).
     ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
+    float* device_t = nullptr;
+    if (any_device_) {
+      ASSIGN_OR_RETURN(device_t, dense_->DeviceInteractionInput(n, predict));
+    }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < num_local; ++j) {
       LocalShard& ls = local_[j];
-      ls.status = ls.store->Forward(*ls.prepared, t + TColumn(ls), t_width_);
+      float* out =
+          ls.store->memory_space() == MemorySpace::kDevice ? device_t : t;
+      // (An empty batch may have no buffer at all.)
+      ls.status = ls.store->Forward(
+          *ls.prepared, out == nullptr ? nullptr : out + TColumn(ls), t_width_);
     }
     for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
     clock.Mark(StageTimes::kLookup);
@@ -628,7 +664,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   StageTimes& times = result.times;
   const int64_t n = batch.size;
 
-  RETURN_IF_ERROR(EmbedForward(batch, &times));
+  RETURN_IF_ERROR(EmbedForward(batch, /*predict=*/false, &times));
   StageClock clock(&times);
   // The next batch's rows load in the background while this step computes
   // (every rank takes this branch or none: next_sizes_ is agreed).
@@ -704,12 +740,18 @@ absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
                                  internal::StageClock<StageTimes>* clock) {
   const int num_local = static_cast<int>(local_.size());
   if (in_place_) {
-    // Each shard reads its columns of the interaction gradient in place.
+    // Each shard reads its columns of the interaction gradient in place: the
+    // host copy, or for stores on the device the backend's device gradient
+    // (their updates queue on its stream, after the gradient).
+    const float* device_dt = dense_->DeviceInteractionGradient();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < num_local; ++j) {
       LocalShard& ls = local_[j];
-      ls.status =
-          ls.store->BackwardUpdate(*ls.prepared, dt + TColumn(ls), t_width_);
+      const float* grad =
+          ls.store->memory_space() == MemorySpace::kDevice ? device_dt : dt;
+      ls.status = ls.store->BackwardUpdate(
+          *ls.prepared, grad == nullptr ? nullptr : grad + TColumn(ls),
+          t_width_);
     }
   } else {
     ASSIGN_OR_RETURN(const float* grads,
@@ -744,7 +786,7 @@ absl::Status Model::Predict(const data::Batch& batch,
                             std::vector<float>* probs) {
   RETURN_IF_ERROR(AgreeOnBatch(batch, nullptr));
   StageTimes times;
-  RETURN_IF_ERROR(EmbedForward(batch, &times));
+  RETURN_IF_ERROR(EmbedForward(batch, /*predict=*/true, &times));
   probs->resize(batch.size);
   return dense_->Predict(batch.dense.data(), batch.size, probs->data());
 }
@@ -805,13 +847,21 @@ absl::Status Model::GatherTable(int k, std::vector<float>* table) {
       }
       continue;
     }
+    // Through the store (RocksDB, device memory), a chunk of rows a call.
     const embedding::TableSpec& spec = ls.store->spec();
-    record.resize(spec.dim +
-                  embedding::StateFloatsPerRow(spec.optimizer, spec.dim));
-    for (int64_t r = 0; r < s.row_count && local.ok(); ++r) {
-      local = ls.store->ReadRow(r, record.data());
-      std::memcpy(table->data() + (s.row_begin + r) * dim + s.col_begin,
-                  record.data(), sizeof(float) * s.col_count);
+    const int64_t floats =
+        spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
+    constexpr int64_t kChunkRows = 4096;
+    for (int64_t begin = 0; begin < s.row_count && local.ok();
+         begin += kChunkRows) {
+      const int64_t count = std::min(kChunkRows, s.row_count - begin);
+      record.resize(count * floats);
+      local = ls.store->ReadRows(begin, count, record.data());
+      for (int64_t r = 0; r < count && local.ok(); ++r) {
+        std::memcpy(
+            table->data() + (s.row_begin + begin + r) * dim + s.col_begin,
+            record.data() + r * floats, sizeof(float) * s.col_count);
+      }
     }
   }
   if (replica_[k] >= 0) return local;

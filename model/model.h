@@ -327,9 +327,12 @@ class Model {
   // null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, dense::GradBucket bucket,
                             double* loss_sum);
-  // Input dist, prepare, lookup and output dist; fills t_ for the local
-  // batch and leaves the shards' prepared ids in place for the backward.
-  absl::Status EmbedForward(const data::Batch& batch, StageTimes* times);
+  // Input dist, prepare, lookup and output dist; fills the interaction
+  // input for the local batch (the training step's, or Predict's when
+  // `predict`: they differ on the device) and leaves the shards' prepared
+  // ids in place for the backward.
+  absl::Status EmbedForward(const data::Batch& batch, bool predict,
+                            StageTimes* times);
   // Each shard's fused sparse backward and optimizer step from the
   // interaction gradient `dt` (this rank's samples, rows of t_width_): in
   // place on one rank without row-wise tables, else after the backward
@@ -370,6 +373,9 @@ class Model {
   // so shards prepare the batch's own ids, pool straight into t_ and update
   // from the interaction gradient in place (no staging buffers, no copies).
   bool in_place_ = false;
+  // Whether a local shard is in device memory (STORAGE_DEVICE; only where
+  // in_place_).
+  bool any_device_ = false;
   // The local shard's columns in a row of t_.
   int64_t TColumn(const LocalShard& ls) const {
     return table_offset_[ls.table] +

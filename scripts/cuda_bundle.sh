@@ -8,7 +8,8 @@
 # Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test)
+tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test
+       cuda_model_test)
 out=build-gpu
 
 case "${1:-}" in
@@ -25,6 +26,8 @@ case "${1:-}" in
         grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so|libcublas' |
         xargs -r -I{} cp -L -n {} "$out/lib/"
     done
+    # Symbols are of no use there and would double the carried bytes.
+    find "$out" -type f -exec strip --strip-unneeded {} +
     du -sh "$out"
     ;;
   run | bench)

@@ -503,23 +503,32 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
   // Every rank's embedding shards in host memory (a shard on RocksDB: its
   // cache; its rows count under "rocksdb") and one dense replica per rank
   // with its optimizer state.
-  int64_t bytes = 0, rocksdb_bytes = 0;
+  int64_t bytes = 0, rocksdb_bytes = 0, device_bytes = 0;
   for (const int64_t rank_bytes :
        embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
     bytes += rank_bytes;
   }
+  // Shards on RocksDB count their rows under "rocksdb", shards in GPU
+  // memory (STORAGE_DEVICE) under "device".
   for (int k = 0; k < config_.tables_size(); ++k) {
-    if (config_.tables(k).storage() != STORAGE_ROCKSDB) continue;
+    const StorageTier storage = config_.tables(k).storage();
+    if (storage == STORAGE_HOST) continue;
+    int64_t& tier = storage == STORAGE_ROCKSDB ? rocksdb_bytes : device_bytes;
     for (const embedding::Shard& shard : plan.tables[k].shards) {
-      rocksdb_bytes += embedding::ShardBytes(shard, config_.sparse_optimizer());
+      tier += embedding::ShardBytes(shard, config_.sparse_optimizer());
     }
   }
   const int64_t dense_floats =
       1 + optim::DenseStateFloatsPerElement(config_.dense_optimizer());
-  bytes += s.world_size * dense_floats * static_cast<int64_t>(sizeof(float)) *
-           s.dense_parameters;
+  const int64_t dense_bytes = s.world_size * dense_floats *
+                              static_cast<int64_t>(sizeof(float)) *
+                              s.dense_parameters;
+  // The CUDA backend keeps the dense replica on the device and its host
+  // view in host memory.
+  bytes += dense_bytes;
+  if (config_.device() == DEVICE_CUDA) device_bytes += dense_bytes;
   s.memory_bytes["host"] = bytes;
-  s.memory_bytes["device"] = 0;
+  s.memory_bytes["device"] = device_bytes;
   s.memory_bytes["rocksdb"] = rocksdb_bytes;
   if (with_checksum) {
     absl::StatusOr<uint64_t> checksum = WeightChecksum();

@@ -190,14 +190,21 @@ TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
       << m.status();
 }
 
-// A table on the device tier is refused by the step (it pools into host
-// buffers) with an error naming the table, on any machine, before anything
-// is allocated.
-TEST(ModelTest, DeviceTierTableIsFailedPreconditionNamingTheTable) {
+// Where the step exchanges pooled vectors (several ranks, or a row-wise
+// table), it does so in host memory: a table on the device tier is refused
+// there with an error naming the table, on any machine, before the dense
+// backend or a store is made.
+TEST(ModelTest, DeviceTierTableIsFailedPreconditionWhereTheStepExchanges) {
   ModelConfig config = Tiny();
   config.set_device(DEVICE_CUDA);
   config.mutable_tables(0)->set_storage(STORAGE_DEVICE);
-  auto m = Model::Create(config);
+  embedding::ShardingPlan plan = embedding::WholeTablesPlan(config);
+  const int dim = config.tables(2).dim();
+  plan.tables[2].kind = SHARDING_ROW_WISE;
+  plan.tables[2].shards = {{0, 0, 60, 0, dim}, {0, 60, 40, 0, dim}};
+  ASSERT_TRUE(plan.Validate(config).ok());
+  auto comm = comm::MakeSingleRankCommunicator();
+  auto m = Model::Create(config, plan, comm.get());
   ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
   EXPECT_NE(m.status().message().find(config.tables(0).name()),
@@ -228,6 +235,15 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
       Model::Create(config, embedding::WholeTablesPlan(config), comm.get());
   EXPECT_EQ(ranked.status().code(), absl::StatusCode::kFailedPrecondition)
       << ranked.status();
+  // So is one with a table in device memory, which one rank trains.
+  ModelConfig device_table = config;
+  device_table.mutable_tables(0)->set_storage(STORAGE_DEVICE);
+  auto with_table = Model::Create(device_table);
+  ASSERT_EQ(with_table.status().code(), absl::StatusCode::kFailedPrecondition)
+      << with_table.status();
+  EXPECT_NE(with_table.status().message().find(CudaUnavailableReason()),
+            std::string::npos)
+      << with_table.status();
   // The same config on the CPU is fine.
   config.set_device(DEVICE_CPU);
   auto cpu = Model::Create(config);

@@ -162,6 +162,61 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Page-locked host memory from cudaMallocHost, grown on demand: the
+// staging a stream-ordered cudaMemcpyAsync needs to overlap and to be
+// asynchronous at all (a copy from pageable memory stages through a driver
+// buffer and returns only once the source has been read).
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+      Release();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { Release(); }
+
+  T* data() const { return ptr_; }
+  size_t size() const { return size_; }
+  // Makes room for at least `size` elements, reallocating (contents lost)
+  // only when it must grow. The caller makes sure no queued copy still
+  // uses the old memory (cudaFreeHost waits for the device only on some
+  // platforms). ResourceExhausted when the host cannot pin that much.
+  absl::Status Reserve(size_t size) {
+    if (size <= size_) return absl::OkStatus();
+    Release();
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocHost(&p, size * sizeof(T));
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cudaMallocHost(", size * sizeof(T), " bytes): cannot pin memory"));
+    }
+    CUDA_RETURN_IF_ERROR(err);
+    ptr_ = static_cast<T*>(p);
+    size_ = size;
+    return absl::OkStatus();
+  }
+
+ private:
+  void Release() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
 // A cuBLAS handle bound to one stream. Thread-compatible (cuBLAS handles
 // must not be shared between threads that call at the same time).
 class CublasHandle {

@@ -45,6 +45,15 @@ absl::StatusOr<float*> Sized(DeviceBuffer<float>& b, int64_t n) {
   return b.data();
 }
 
+// Grows the pinned `b` to at least `n` elements (contents lost when it
+// grows) and returns its data. Called only while no copy from or to it is
+// queued: every call that queues one waits for the stream before it
+// returns.
+absl::StatusOr<float*> Sized(dlrm::cuda::PinnedBuffer<float>& b, int64_t n) {
+  RETURN_IF_ERROR(b.Reserve(static_cast<size_t>(n)));
+  return b.data();
+}
+
 // One Linear layer on the device: weights, gradients and its last training
 // forward's output.
 struct DeviceLayer {
@@ -69,16 +78,28 @@ absl::Status CopyAsync(void* dst, const void* src, int64_t floats,
   return absl::OkStatus();
 }
 
-// Copies `width` floats of each of `rows` rows between device buffers of
-// different row strides.
+// Copies `width` floats of each of `rows` rows between buffers of
+// different row strides (device to device unless `kind` says otherwise).
 absl::Status CopyColumns(const float* src, int64_t src_stride, float* dst,
                          int64_t dst_stride, int64_t rows, int width,
-                         cudaStream_t stream) {
-  if (rows <= 0) return absl::OkStatus();
+                         cudaStream_t stream,
+                         cudaMemcpyKind kind = cudaMemcpyDeviceToDevice) {
+  if (rows <= 0 || width <= 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
       dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride,
-      sizeof(float) * width, static_cast<size_t>(rows),
-      cudaMemcpyDeviceToDevice, stream));
+      sizeof(float) * width, static_cast<size_t>(rows), kind, stream));
+  return absl::OkStatus();
+}
+
+// Copies columns `columns` of `rows` rows of `width` floats between two
+// buffers of that row width (host and device, as `kind` says).
+absl::Status CopyRanges(const float* src, float* dst, int width, int64_t rows,
+                        std::span<const ColumnRange> columns,
+                        cudaMemcpyKind kind, cudaStream_t stream) {
+  for (const ColumnRange& c : columns) {
+    RETURN_IF_ERROR(CopyColumns(src + c.begin, width, dst + c.begin, width,
+                                rows, c.end - c.begin, stream, kind));
+  }
   return absl::OkStatus();
 }
 
@@ -93,16 +114,27 @@ class CudaDenseBackend final : public DenseBackend {
     return Sized(t_host_, batch * interaction().input_width);
   }
 
+  absl::Status SetDeviceColumns(std::vector<ColumnRange> columns) override {
+    RETURN_IF_ERROR(CheckDeviceColumns(interaction(), columns));
+    host_columns_ = HostColumns(interaction(), columns);
+    return absl::OkStatus();
+  }
+
+  void* cuda_stream() const override { return stream_.get(); }
+
+  absl::StatusOr<float*> DeviceInteractionInput(int64_t batch,
+                                                bool predict) override {
+    return Sized(predict ? infer_t_ : t_, batch * interaction().input_width);
+  }
+
+  const float* DeviceInteractionGradient() const override { return dt_at_; }
+
   absl::Status BottomForward(const float* x, int64_t batch) override {
     RETURN_IF_ERROR(Ready());
     const InteractionShape& s = interaction();
-    const int64_t features = bottom_.front().in;
-    ASSIGN_OR_RETURN(float* x_dev, Sized(x_, batch * features));
+    ASSIGN_OR_RETURN(const float* x_dev, UploadDense(x, batch, x_));
     ASSIGN_OR_RETURN(float* t, Sized(t_, batch * s.input_width));
-    RETURN_IF_ERROR(CopyAsync(x_dev, x, batch * features,
-                              cudaMemcpyHostToDevice, stream()));
-    RETURN_IF_ERROR(CopyAsync(t, t_host_.data(), batch * s.input_width,
-                              cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(UploadHostColumns(t, batch));
     ASSIGN_OR_RETURN(const float* out, TrainForward(bottom_, x_dev, batch));
     return CopyColumns(out, s.dim, t, s.input_width, batch, s.dim, stream());
   }
@@ -126,15 +158,18 @@ class CudaDenseBackend final : public DenseBackend {
                               float grad_scale) override {
     ASSIGN_OR_RETURN(float* labels_dev, Sized(labels_, batch));
     ASSIGN_OR_RETURN(float* dlogits, Sized(dlogits_, batch));
+    ASSIGN_OR_RETURN(float* staged, Sized(labels_host_, batch));
+    std::copy(labels, labels + batch, staged);
     RETURN_IF_ERROR(
-        CopyAsync(labels_dev, labels, batch, cudaMemcpyHostToDevice, stream()));
+        CopyAsync(labels_dev, staged, batch, cudaMemcpyHostToDevice, stream()));
     RETURN_IF_ERROR(BceWithLogits(top_.back().y.data(), labels_dev, batch,
                                   grad_scale, dlogits, loss_.data(), stream()));
-    double loss = 0;
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, loss_.data(), sizeof(double),
+    ASSIGN_OR_RETURN(double* loss, SizedLoss());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(loss, loss_.data(), sizeof(double),
                                          cudaMemcpyDeviceToHost, stream()));
+    // The step's one wait for the device: the loss is read here.
     RETURN_IF_ERROR(stream_.Synchronize());
-    return loss;
+    return *loss;
   }
 
   absl::Status TopBackward(int64_t batch) override {
@@ -152,9 +187,13 @@ class CudaDenseBackend final : public DenseBackend {
       RETURN_IF_ERROR(cuda::InteractionBackward(
           blas_.get(), s, t_.data(), dz_.data(), batch, dt_at_, cross_.get()));
     }
-    float* host = Sized(dt_host_, batch * s.input_width);
-    RETURN_IF_ERROR(CopyAsync(host, dt_at_, batch * s.input_width,
-                              cudaMemcpyDeviceToHost, stream()));
+    ASSIGN_OR_RETURN(float* host, Sized(dt_host_, batch * s.input_width));
+    // Only the host tables' columns go down; with every table on the device
+    // nothing does, and the step does not wait here.
+    if (host_columns_.empty() || batch == 0) return host;
+    RETURN_IF_ERROR(CopyRanges(dt_at_, host, s.input_width, batch,
+                               host_columns_, cudaMemcpyDeviceToHost,
+                               stream()));
     RETURN_IF_ERROR(stream_.Synchronize());
     return host;
   }
@@ -186,15 +225,11 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status Predict(const float* x, int64_t batch, float* probs) override {
     RETURN_IF_ERROR(Ready());
     const InteractionShape& s = interaction();
-    const int64_t features = bottom_.front().in;
-    ASSIGN_OR_RETURN(float* x_dev, Sized(infer_x_, batch * features));
+    ASSIGN_OR_RETURN(const float* x_dev, UploadDense(x, batch, infer_x_));
     ASSIGN_OR_RETURN(float* t, Sized(infer_t_, batch * s.input_width));
     ASSIGN_OR_RETURN(float* bottom_out, Sized(infer_bottom_, batch * s.dim));
     ASSIGN_OR_RETURN(float* logits, Sized(infer_logits_, batch));
-    RETURN_IF_ERROR(CopyAsync(x_dev, x, batch * features,
-                              cudaMemcpyHostToDevice, stream()));
-    RETURN_IF_ERROR(CopyAsync(t, t_host_.data(), batch * s.input_width,
-                              cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(UploadHostColumns(t, batch));
     RETURN_IF_ERROR(Infer(bottom_, x_dev, batch, bottom_out));
     RETURN_IF_ERROR(CopyColumns(bottom_out, s.dim, t, s.input_width, batch,
                                 s.dim, stream()));
@@ -205,11 +240,12 @@ class CudaDenseBackend final : public DenseBackend {
                                              *cross_, &infer_cross_));
     }
     RETURN_IF_ERROR(Infer(top_, z, batch, logits));
+    ASSIGN_OR_RETURN(float* staged, Sized(probs_host_, batch));
     RETURN_IF_ERROR(
-        CopyAsync(probs, logits, batch, cudaMemcpyDeviceToHost, stream()));
+        CopyAsync(staged, logits, batch, cudaMemcpyDeviceToHost, stream()));
     RETURN_IF_ERROR(stream_.Synchronize());
     // The CPU's sigmoid, on the host: the same function either way.
-    for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(probs[l]);
+    for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(staged[l]);
     return absl::OkStatus();
   }
 
@@ -275,9 +311,36 @@ class CudaDenseBackend final : public DenseBackend {
       : DenseBackend(MakeInteractionShape(config)),
         host_(std::move(host)),
         identity_(InteractionIsIdentity(interaction().kind)),
-        optimizer_config_(config.dense_optimizer()) {}
+        optimizer_config_(config.dense_optimizer()),
+        host_columns_(HostColumns(interaction(), {})) {}
 
   cudaStream_t stream() const { return stream_.get(); }
+
+  // The dense features x (host memory) on the device, in `dev`, through the
+  // pinned staging buffer.
+  absl::StatusOr<const float*> UploadDense(const float* x, int64_t batch,
+                                           DeviceBuffer<float>& dev) {
+    const int64_t floats = batch * bottom_.front().in;
+    ASSIGN_OR_RETURN(float* x_dev, Sized(dev, floats));
+    ASSIGN_OR_RETURN(float* staged, Sized(x_host_, floats));
+    std::copy(x, x + floats, staged);
+    RETURN_IF_ERROR(
+        CopyAsync(x_dev, staged, floats, cudaMemcpyHostToDevice, stream()));
+    return x_dev;
+  }
+
+  // The host tables' columns of the interaction input the caller filled
+  // (InteractionInput) into the device's `t`.
+  absl::Status UploadHostColumns(float* t, int64_t batch) {
+    return CopyRanges(t_host_.data(), t, interaction().input_width, batch,
+                      host_columns_, cudaMemcpyHostToDevice, stream());
+  }
+
+  // The pinned word the loss is read into.
+  absl::StatusOr<double*> SizedLoss() {
+    RETURN_IF_ERROR(loss_host_.Reserve(1));
+    return loss_host_.data();
+  }
 
   AlignedVector<float>& Flat(GradBucket bucket) {
     return bucket == GradBucket::kTop ? flat_top_ : flat_;
@@ -491,9 +554,20 @@ class CudaDenseBackend final : public DenseBackend {
   // Predict's.
   DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
       infer_logits_, infer_scratch_, infer_cross_;
-  // Host staging: the interaction input the caller fills, its gradient, and
-  // the all-reduce buckets.
-  AlignedVector<float> t_host_, dt_host_, flat_, flat_top_;
+  // Pinned host staging: the interaction input the caller fills (the
+  // columns of host_columns_ are copied up), its gradient, the dense
+  // features, labels and predictions, the loss. One buffer each suffices:
+  // every call that queues a copy from or to one waits for the stream
+  // before it returns (Loss, InteractionBackward, Predict), so no copy is
+  // in flight when the caller writes the next batch's.
+  dlrm::cuda::PinnedBuffer<float> t_host_, dt_host_, x_host_, labels_host_,
+      probs_host_;
+  dlrm::cuda::PinnedBuffer<double> loss_host_;
+  // The embedding columns the host fills: all of them, or those that
+  // SetDeviceColumns left.
+  std::vector<ColumnRange> host_columns_;
+  // The all-reduce buckets.
+  AlignedVector<float> flat_, flat_top_;
 };
 
 absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
