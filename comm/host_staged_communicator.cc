@@ -22,13 +22,19 @@
 namespace dlrm::comm {
 namespace {
 
+#if defined(DLRM_WITH_CUDA)
+constexpr bool kCanPin = true;
+#else
+constexpr bool kCanPin = false;  // no page-locked memory without CUDA
+#endif
+
 // Host memory a collective is staged in: page-locked when `pinned` (CUDA
 // copies to and from it are synchronous and run at full speed), else 64-byte
 // aligned. Grows to the largest Reserve and never shrinks; its contents are
 // lost when it grows. Not copyable.
 class StagingBuffer {
  public:
-  explicit StagingBuffer(bool pinned) : pinned_(pinned) {}
+  explicit StagingBuffer(bool pinned) : pinned_(pinned && kCanPin) {}
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
   ~StagingBuffer() { Release(); }
