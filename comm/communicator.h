@@ -1,7 +1,7 @@
 // Collectives between the ranks of one job: the interface the hybrid-parallel
 // step is written against. Host communicators (Gloo, single-rank) take host
-// buffers, device communicators (NCCL, single-rank device) CUDA device
-// buffers; comm/factory.h picks one. Every rank must call the same
+// buffers, device communicators (NCCL, single-rank device, host-staged)
+// CUDA device buffers; comm/factory.h picks one. Every rank must call the same
 // collectives in the same order with matching sizes.
 #pragma once
 
@@ -51,7 +51,8 @@ class Communicator {
   virtual int world_size() const = 0;
 
   // kHost: every buffer is host memory. kDevice: every buffer is memory of
-  // the communicator's CUDA device (InvalidArgument otherwise).
+  // the communicator's CUDA device (InvalidArgument otherwise), or host
+  // memory for a host-staged communicator over the CPU Device.
   virtual MemorySpace memory_space() const = 0;
 
   // Device communicators: every later collective reads its input after the

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collective_args.h"
 #include "comm/gloo_communicator.h"
+#include "comm/host_staged_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "core/status.h"
 
@@ -19,6 +20,8 @@ const char* CommBackendName(CommBackend backend) {
       return "gloo";
     case CommBackend::kNccl:
       return "nccl";
+    case CommBackend::kHostStaged:
+      return "host-staged";
   }
   return "?";
 }
@@ -61,7 +64,8 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
                      options.world_size));
   }
   if ((backend == CommBackend::kGloo && !host) ||
-      (backend == CommBackend::kNccl && host)) {
+      ((backend == CommBackend::kNccl || backend == CommBackend::kHostStaged) &&
+       host)) {
     return absl::InvalidArgumentError(
         absl::StrCat("CommOptions: ", CommBackendName(backend), " takes ",
                      host ? "device" : "host", " buffers, not ",
@@ -85,6 +89,25 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
   return backend;
 }
 
+namespace {
+
+// The Gloo communicator's options (Gloo itself, or under host-staged).
+GlooOptions GlooOptionsFrom(const CommOptions& options) {
+  GlooOptions gloo;
+  gloo.rank = options.rank;
+  gloo.world_size = options.world_size;
+  gloo.coordinator_address = options.coordinator_address;
+  gloo.coordinator_client = options.coordinator_client;
+  gloo.job_id = options.job_id;
+  gloo.generation = options.generation;
+  gloo.bind_address = options.bind_address;
+  gloo.connect_timeout_seconds = options.connect_timeout_seconds;
+  gloo.op_timeout_seconds = options.op_timeout_seconds;
+  return gloo;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
     const CommOptions& options) {
   ASSIGN_OR_RETURN(const CommBackend backend, ResolveBackend(options));
@@ -100,18 +123,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
         return MakeSingleRankCommunicator();
       }
       return MakeSingleRankDeviceCommunicator(options.device);
-    case CommBackend::kGloo: {
-      GlooOptions gloo;
-      gloo.rank = options.rank;
-      gloo.world_size = options.world_size;
-      gloo.coordinator_address = options.coordinator_address;
-      gloo.coordinator_client = options.coordinator_client;
-      gloo.job_id = options.job_id;
-      gloo.generation = options.generation;
-      gloo.bind_address = options.bind_address;
-      gloo.connect_timeout_seconds = options.connect_timeout_seconds;
-      gloo.op_timeout_seconds = options.op_timeout_seconds;
-      return ConnectGloo(gloo);
+    case CommBackend::kGloo:
+      return ConnectGloo(GlooOptionsFrom(options));
+    case CommBackend::kHostStaged: {
+      ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host,
+                       ConnectGloo(GlooOptionsFrom(options)));
+      return MakeHostStagedCommunicator(std::move(host), DeviceKind::kCuda,
+                                        options.device);
     }
     case CommBackend::kNccl: {
       NcclOptions nccl;

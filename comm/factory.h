@@ -1,7 +1,8 @@
 // Picks and connects a Communicator at start-up from options: single-rank,
-// Gloo (host buffers) or NCCL (device buffers). A job with GPU ranks makes
-// two: a device one for the model's exchanges and a host one (Gloo) for
-// control traffic (which checkpoint to resume, shutdown, heartbeats).
+// Gloo (host buffers), NCCL or host-staged Gloo (device buffers). A job with
+// GPU ranks makes two: a device one for the model's exchanges and a host one
+// (Gloo) for control traffic (which checkpoint to resume, shutdown,
+// heartbeats).
 #pragma once
 
 #include <cstdint>
@@ -20,18 +21,21 @@ enum class CommBackend {
                 // (device)
   kSingleRank,  // world_size 1 only: every collective a copy
   kGloo,        // host buffers, any world_size (connects even for 1)
-  kNccl,        // device buffers, any world_size
+  kNccl,        // device buffers, any world_size; one GPU per rank
+  kHostStaged,  // device buffers, any world_size: Gloo on host copies
+                // (MakeHostStagedCommunicator); ranks may share a GPU
 };
 
-// "auto", "single-rank", "gloo" or "nccl".
+// "auto", "single-rank", "gloo", "nccl" or "host-staged".
 const char* CommBackendName(CommBackend backend);
 
 struct CommOptions {
   // Where the buffers of the collectives live: host or one CUDA device.
   // Default: kHost.
   MemorySpace memory_space = MemorySpace::kHost;
-  // Which implementation; kAuto chooses from memory_space and world_size.
-  // A named one must fit both (InvalidArgument otherwise). Default: kAuto.
+  // Which implementation; kAuto chooses from memory_space and world_size
+  // (never kHostStaged: name it for ranks that share a GPU). A named one
+  // must fit both (InvalidArgument otherwise). Default: kAuto.
   CommBackend backend = CommBackend::kAuto;
   // This process's rank, in [0, world_size). Default: 0.
   int rank = 0;
@@ -49,11 +53,11 @@ struct CommOptions {
   // Grows with every (re)start of the job, so the coordinator refuses a
   // stale rank (GlooOptions::generation). Default: 0.
   int64_t generation = 0;
-  // Address this rank's Gloo TCP device binds to and peers dial (Gloo
-  // only). Default: "127.0.0.1".
+  // Address this rank's Gloo TCP device binds to and peers dial (Gloo and
+  // host-staged only). Default: "127.0.0.1".
   std::string bind_address = "127.0.0.1";
-  // CUDA device of a device communicator (ignored for host ones).
-  // Default: 0.
+  // CUDA device of a device communicator (ignored for host ones); ranks of
+  // a host-staged one may name the same device. Default: 0.
   int device = 0;
   // How long connecting may take, in seconds. Default: 120.
   double connect_timeout_seconds = 120;
@@ -75,7 +79,8 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options);
 // InvalidArgument for bad options; FailedPrecondition naming why for a
 // device communicator without a usable CUDA device (built without CUDA, no
 // driver, no device) -- never an abort; then the chosen implementation's
-// (ConnectGloo, ConnectNccl, MakeSingleRankDeviceCommunicator).
+// (ConnectGloo, ConnectNccl, MakeSingleRankDeviceCommunicator,
+// MakeHostStagedCommunicator).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
     const CommOptions& options);
 

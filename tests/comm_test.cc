@@ -1,8 +1,9 @@
 // Tests for comm/: the single-rank communicators, the factory, the
 // coordinator service, the Gloo communicator with real rank processes on
-// loopback, and the NCCL communicator (GPU tests: they skip without a
-// device, or fail with DLRM_REQUIRE_CUDA=1). The binary re-executes itself
-// as a child rank (kChildFlag; see main at the bottom).
+// loopback, the host-staged communicator (over the CPU Device everywhere,
+// against Gloo), and the NCCL and CUDA host-staged communicators (GPU tests:
+// they skip without a device, or fail with DLRM_REQUIRE_CUDA=1). The binary
+// re-executes itself as a child rank (kChildFlag; see main at the bottom).
 #include <gloo/common/error.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +22,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -34,6 +38,7 @@
 #include "comm/coordinator.h"
 #include "comm/factory.h"
 #include "comm/gloo_communicator.h"
+#include "comm/host_staged_communicator.h"
 #include "comm/launcher_env.h"
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
@@ -231,6 +236,124 @@ absl::Status CheckCollectives(Communicator& comm, int64_t n, uint64_t seed) {
   return comm.Barrier();
 }
 
+// Runs every collective on `plain` (a Gloo communicator) and on `staged` (a
+// host-staged one, seen through host buffers) with the same inputs, each
+// output poisoned first, and requires bitwise equal results: AllReduceSum
+// of both summable types, AllToAllV of every type with two uneven splits
+// (SplitCount's, with empty pairs, and everything to rank 0), AllGather and
+// Broadcast from every root. With `in_place` (staged takes host buffers
+// directly) it also gathers in place (send inside recv) on `staged`.
+absl::Status CompareWithGloo(Communicator& plain, Communicator& staged,
+                             int64_t n, uint64_t seed, bool in_place) {
+  const int rank = plain.rank();
+  const int world = plain.world_size();
+  if (staged.rank() != rank || staged.world_size() != world) {
+    return absl::InternalError(
+        absl::StrCat("staged is rank ", staged.rank(), " of ",
+                     staged.world_size(), ", Gloo rank ", rank, " of ", world));
+  }
+  const std::string where =
+      absl::StrCat("rank ", rank, " of ", world, ", n ", n, ", staged vs Gloo");
+  // Streams apart from CheckCollectives' (same seed, other data).
+  const auto stream = [](Op op, DataType type, int src, int dst = 0) {
+    return Stream(op, type, src, dst) ^ (uint64_t{1} << 62);
+  };
+  using Call = std::function<absl::Status(Communicator&, std::vector<uint8_t>&,
+                                          std::vector<uint8_t>&)>;
+  // `call(comm, data, out)` on each communicator with its own copy of
+  // `data` and an `out` of `out_bytes`; both must come out the same.
+  const auto both = [&](const std::string& what,
+                        const std::vector<uint8_t>& data, size_t out_bytes,
+                        const Call& call) -> absl::Status {
+    std::vector<uint8_t> plain_data = data, plain_out(out_bytes, 0xab);
+    std::vector<uint8_t> staged_data = data, staged_out(out_bytes, 0xcd);
+    RETURN_IF_ERROR(call(plain, plain_data, plain_out));
+    RETURN_IF_ERROR(call(staged, staged_data, staged_out));
+    RETURN_IF_ERROR(CompareBytes(staged_data, plain_data,
+                                 absl::StrCat(where, ": ", what, " data")));
+    return CompareBytes(staged_out, plain_out,
+                        absl::StrCat(where, ": ", what, " output"));
+  };
+
+  for (DataType type : {DataType::kFloat32, DataType::kInt64}) {
+    RETURN_IF_ERROR(
+        both(absl::StrCat("AllReduceSum ", TypeName(type)),
+             Pattern(type, seed, stream(Op::kAllReduce, type, rank), n), 0,
+             [&](Communicator& comm, std::vector<uint8_t>& data,
+                 std::vector<uint8_t>&) {
+               return comm.AllReduceSum(data.data(), n, type);
+             }));
+  }
+
+  const auto to_rank0 = [](int src, int dst, int64_t n) -> int64_t {
+    return dst == 0 ? n + src : 0;
+  };
+  for (DataType type : kAllTypes) {
+    const size_t element = ElementSize(type);
+    for (int split = 0; split < 2; ++split) {
+      const auto count = [&](int src, int dst) {
+        return split == 0 ? SplitCount(src, dst, n) : to_rank0(src, dst, n);
+      };
+      std::vector<int64_t> send_counts(world), recv_counts(world);
+      std::vector<uint8_t> send;
+      int64_t recv_total = 0;
+      for (int r = 0; r < world; ++r) {
+        send_counts[r] = count(rank, r);
+        recv_counts[r] = count(r, rank);
+        recv_total += recv_counts[r];
+        const auto out = Pattern(
+            type, seed, stream(Op::kAllToAll, type, rank, r), send_counts[r]);
+        send.insert(send.end(), out.begin(), out.end());
+      }
+      RETURN_IF_ERROR(
+          both(absl::StrCat("AllToAllV ", TypeName(type), " split ", split),
+               send, recv_total * element,
+               [&](Communicator& comm, std::vector<uint8_t>& data,
+                   std::vector<uint8_t>& out) {
+                 return comm.AllToAllV(data.data(), send_counts, out.data(),
+                                       recv_counts, type);
+               }));
+    }
+
+    const auto mine =
+        Pattern(type, seed, stream(Op::kAllGather, type, rank), n);
+    RETURN_IF_ERROR(both(
+        absl::StrCat("AllGather ", TypeName(type)), mine, mine.size() * world,
+        [&](Communicator& comm, std::vector<uint8_t>& data,
+            std::vector<uint8_t>& out) {
+          return comm.AllGather(data.data(), n, out.data(), type);
+        }));
+    if (in_place) {
+      // This rank's input already at its place in the output.
+      std::vector<uint8_t> plain_out(mine.size() * world, 0xab);
+      RETURN_IF_ERROR(plain.AllGather(mine.data(), n, plain_out.data(), type));
+      std::vector<uint8_t> staged_out(mine.size() * world, 0xcd);
+      std::copy(mine.begin(), mine.end(),
+                staged_out.begin() + mine.size() * rank);
+      RETURN_IF_ERROR(staged.AllGather(staged_out.data() + mine.size() * rank,
+                                       n, staged_out.data(), type));
+      RETURN_IF_ERROR(CompareBytes(
+          staged_out, plain_out,
+          absl::StrCat(where, ": AllGather in place ", TypeName(type))));
+    }
+
+    for (int root = 0; root < world; ++root) {
+      const auto data =
+          rank == root
+              ? Pattern(type, seed, stream(Op::kBroadcast, type, root), n)
+              : std::vector<uint8_t>(n * element, 0xef);
+      RETURN_IF_ERROR(both(
+          absl::StrCat("Broadcast ", TypeName(type), " from ", root), data, 0,
+          [&](Communicator& comm, std::vector<uint8_t>& d,
+              std::vector<uint8_t>&) {
+            return comm.Broadcast(d.data(), n, type, root);
+          }));
+    }
+  }
+  RETURN_IF_ERROR(plain.Barrier());
+  return staged.Barrier();
+}
+
 #if defined(DLRM_WITH_NCCL)
 // Holds a stream back for a moment from the host, so that a collective that
 // is not ordered after the stream's work reads its input too early.
@@ -247,9 +370,9 @@ void CUDART_CB HoldStream(void*) {
 // after the stream, or a stream not waiting for the collective, gives wrong
 // bytes. Arguments the device communicator must refuse are passed through
 // as they are.
-class StagedCommunicator final : public Communicator {
+class HostBufferAdapter final : public Communicator {
  public:
-  StagedCommunicator(Communicator* device, cudaStream_t stream)
+  HostBufferAdapter(Communicator* device, cudaStream_t stream)
       : device_(device), stream_(stream) {}
 
   int rank() const override { return device_->rank(); }
@@ -357,14 +480,14 @@ class StagedCommunicator final : public Communicator {
 absl::Status CheckDeviceCollectives(Communicator& comm, int64_t n,
                                     uint64_t seed) {
   {
-    StagedCommunicator staged(&comm, nullptr);
-    RETURN_IF_ERROR(CheckCollectives(staged, n, seed));
+    HostBufferAdapter host_view(&comm, nullptr);
+    RETURN_IF_ERROR(CheckCollectives(host_view, n, seed));
   }
   ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CudaStream::Create());
   RETURN_IF_ERROR(comm.SetStream(stream.get()));
   {
-    StagedCommunicator staged(&comm, stream.get());
-    RETURN_IF_ERROR(CheckCollectives(staged, n, seed));
+    HostBufferAdapter host_view(&comm, stream.get());
+    RETURN_IF_ERROR(CheckCollectives(host_view, n, seed));
   }
   RETURN_IF_ERROR(comm.SetStream(nullptr));
   return comm.Synchronize();
@@ -470,6 +593,64 @@ absl::Status LoopUntilError(Communicator& comm, const std::string& ready_path) {
   return absl::InternalError("no collective failed within 60 s");
 }
 
+// Connects a plain Gloo communicator and a host-staged one of the same
+// ranks, then checks the staged one against Gloo (bitwise) and against the
+// reference. --staged=cpu stages through the CPU Device (straight to
+// MakeHostStagedCommunicator), --staged=cuda through CUDA device 0 for
+// every rank (the factory's kHostStaged), without and with a stream.
+absl::Status RunStagedVsGloo(const ChildFlags& flags, GlooOptions options) {
+  const int64_t n = flags.Int("count");
+  const uint64_t seed = flags.Int("seed");
+  const bool cuda = flags.Str("staged") == "cuda";
+  const std::string job = options.job_id;
+  options.job_id = job + "-plain";
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> plain, ConnectGloo(options));
+  options.job_id = job + "-staged";
+  std::unique_ptr<Communicator> staged;
+  if (cuda) {
+    CommOptions co;
+    co.memory_space = MemorySpace::kDevice;
+    co.backend = CommBackend::kHostStaged;
+    co.rank = options.rank;
+    co.world_size = options.world_size;
+    co.coordinator_address = options.coordinator_address;
+    co.job_id = options.job_id;
+    co.generation = options.generation;
+    co.device = 0;  // every rank on one GPU
+    co.connect_timeout_seconds = options.connect_timeout_seconds;
+    co.op_timeout_seconds = options.op_timeout_seconds;
+    ASSIGN_OR_RETURN(staged, CreateCommunicator(co));
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host, ConnectGloo(options));
+    ASSIGN_OR_RETURN(
+        staged, MakeHostStagedCommunicator(std::move(host), DeviceKind::kCpu));
+  }
+  if (staged->memory_space() != MemorySpace::kDevice) {
+    return absl::InternalError("the host-staged communicator is not kDevice");
+  }
+  if (!cuda) {
+    RETURN_IF_ERROR(CompareWithGloo(*plain, *staged, n, seed, true));
+    RETURN_IF_ERROR(CheckCollectives(*staged, n, seed));
+    return staged->Synchronize();
+  }
+#if defined(DLRM_WITH_NCCL)
+  {
+    HostBufferAdapter host_view(staged.get(), nullptr);
+    RETURN_IF_ERROR(CompareWithGloo(*plain, host_view, n, seed, false));
+  }
+  ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CudaStream::Create());
+  RETURN_IF_ERROR(staged->SetStream(stream.get()));
+  {
+    HostBufferAdapter host_view(staged.get(), stream.get());
+    RETURN_IF_ERROR(CompareWithGloo(*plain, host_view, n, seed, false));
+  }
+  RETURN_IF_ERROR(staged->SetStream(nullptr));
+  return CheckDeviceCollectives(*staged, n, seed);
+#else
+  return absl::InternalError("--staged=cuda in a binary without CUDA");
+#endif
+}
+
 absl::Status RunChildScenario(const ChildFlags& flags) {
   const std::string scenario = flags.Str("scenario");
   GlooOptions options;
@@ -494,6 +675,7 @@ absl::Status RunChildScenario(const ChildFlags& flags) {
     }
     options.coordinator_address = ReadFile(address_file);
   }
+  if (scenario == "staged_vs_gloo") return RunStagedVsGloo(flags, options);
 
   // --space=host|device goes through the factory, no --space straight to
   // ConnectGloo.
@@ -518,6 +700,22 @@ absl::Status RunChildScenario(const ChildFlags& flags) {
       return absl::InternalError("the factory made the wrong memory space");
     }
   }
+  if (scenario == "loop" && flags.Str("staged") == "cpu") {
+    // The host-staged communicator passes the host's failure on, then
+    // refuses further work.
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> staged,
+        MakeHostStagedCommunicator(std::move(comm), DeviceKind::kCpu));
+    const absl::Status status = LoopUntilError(*staged, flags.Str("ready"));
+    for (const absl::Status& after :
+         {staged->Barrier(), staged->Synchronize()}) {
+      if (after.code() != absl::StatusCode::kFailedPrecondition) {
+        return absl::InternalError(
+            absl::StrCat("after ", status.ToString(), ": ", after.ToString()));
+      }
+    }
+    return status;
+  }
   if (comm->memory_space() == MemorySpace::kDevice) {
 #if defined(DLRM_WITH_NCCL)
     if (scenario == "loop") {
@@ -526,8 +724,8 @@ absl::Status RunChildScenario(const ChildFlags& flags) {
       // (a hang here makes the parent report this rank as hung).
       void* probe = nullptr;
       CUDA_RETURN_IF_ERROR(cudaMalloc(&probe, 1 << 20));
-      StagedCommunicator staged(comm.get(), nullptr);
-      const absl::Status status = LoopUntilError(staged, flags.Str("ready"));
+      HostBufferAdapter host_view(comm.get(), nullptr);
+      const absl::Status status = LoopUntilError(host_view, flags.Str("ready"));
       CUDA_RETURN_IF_ERROR(cudaFree(probe));
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       return status;
@@ -682,13 +880,16 @@ class CommProcessTest : public ::testing::Test {
 
   // Runs the collectives check on `world` rank processes against the
   // coordinator at `coordinator`, expecting every rank to pass; `space`
-  // "host" or "device" connects through the factory.
+  // "host" or "device" connects through the factory; `extra` flags are
+  // added (and may name another scenario).
   void RunCollectives(int world, int64_t count, const std::string& coordinator,
-                      const std::string& job, const std::string& space = "") {
+                      const std::string& job, const std::string& space = "",
+                      const std::map<std::string, std::string>& extra = {}) {
     RankProcesses ranks(dir_);
     auto flags = BaseFlags("collectives", world, coordinator, job);
     flags["count"] = std::to_string(count);
     if (!space.empty()) flags["space"] = space;
+    for (const auto& [key, value] : extra) flags[key] = value;
     for (int r = 0; r < world; ++r) ranks.Start(r, flags);
     ASSERT_TRUE(ranks.WaitAll(40).ok());
     for (int r = 0; r < world; ++r) {
@@ -1510,6 +1711,10 @@ TEST(CommFactoryTest, ResolvesTheBackendFromSpaceAndWorldSize) {
       {MemorySpace::kDevice, CommBackend::kNccl, 1, CommBackend::kNccl},
       {MemorySpace::kDevice, CommBackend::kSingleRank, 1,
        CommBackend::kSingleRank},
+      {MemorySpace::kDevice, CommBackend::kHostStaged, 1,
+       CommBackend::kHostStaged},
+      {MemorySpace::kDevice, CommBackend::kHostStaged, 4,
+       CommBackend::kHostStaged},
   };
   for (const Case& c : cases) {
     CommOptions o = HostOptions(c.world, "127.0.0.1:1");
@@ -1540,9 +1745,18 @@ TEST(CommFactoryTest, RefusesOptionsThatDoNotFit) {
   EXPECT_NE(CreateCommunicator(o).status().message().find("gloo takes host"),
             std::string::npos)
       << CreateCommunicator(o).status();
+  o.backend = CommBackend::kHostStaged;
+  o.memory_space = MemorySpace::kHost;  // device buffers only
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      CreateCommunicator(o).status().message().find("host-staged takes device"),
+      std::string::npos)
+      << CreateCommunicator(o).status();
   o = HostOptions(2);  // Gloo without a coordinator
   EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
   o.memory_space = MemorySpace::kDevice;  // NCCL without a coordinator
+  EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
+  o.backend = CommBackend::kHostStaged;  // Gloo underneath needs one too
   EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
   o = HostOptions(2, "127.0.0.1:1");
   o.rank = 2;
@@ -1602,18 +1816,27 @@ TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
   }
   const std::string why = CudaUnavailableReason();
   ASSERT_FALSE(why.empty());
-  for (int world : {1, 2}) {
-    CommOptions o =
-        HostOptions(world, absl::StrCat("127.0.0.1:", UnusedPort()));
-    o.memory_space = MemorySpace::kDevice;
-    const Clock::time_point start = Clock::now();
-    const absl::Status status = CreateCommunicator(o).status();
-    EXPECT_LT(SecondsSince(start), 5.0) << "it tried to connect";
-    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_NE(status.message().find(why), std::string::npos) << status;
+  for (CommBackend backend : {CommBackend::kAuto, CommBackend::kHostStaged}) {
+    for (int world : {1, 2}) {
+      CommOptions o =
+          HostOptions(world, absl::StrCat("127.0.0.1:", UnusedPort()));
+      o.memory_space = MemorySpace::kDevice;
+      o.backend = backend;
+      const Clock::time_point start = Clock::now();
+      const absl::Status status = CreateCommunicator(o).status();
+      EXPECT_LT(SecondsSince(start), 5.0) << "it tried to connect";
+      EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+      EXPECT_NE(status.message().find(why), std::string::npos) << status;
+    }
   }
   const absl::Status single = MakeSingleRankDeviceCommunicator(0).status();
   EXPECT_EQ(single.code(), absl::StatusCode::kFailedPrecondition) << single;
+  const absl::Status staged =
+      MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                 DeviceKind::kCuda, 0)
+          .status();
+  EXPECT_EQ(staged.code(), absl::StatusCode::kFailedPrecondition) << staged;
+  EXPECT_NE(staged.message().find(why), std::string::npos) << staged;
   // A named object: GCC 12 warns (wrongly) that a temporary's strings may
   // be destroyed uninitialised.
   const NcclOptions defaults;
@@ -1628,6 +1851,11 @@ TEST(CommFactoryTest, AbsentDeviceIsFailedPrecondition) {
   const absl::Status status = CreateCommunicator(o).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_EQ(MakeSingleRankDeviceCommunicator(o.device).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                       DeviceKind::kCuda, o.device)
+                .status()
+                .code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -1646,6 +1874,133 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CommFactoryRanksTest,
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("world", info.param);
                          });
+
+// ----------------------------------------------------------- host-staged
+
+// Over the CPU Device "device memory" is host memory, and the staging runs
+// through the same Device calls as on CUDA: these run on any machine.
+std::unique_ptr<Communicator> StagedOverSingleRankOnCpu() {
+  auto comm = MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                         DeviceKind::kCpu);
+  EXPECT_TRUE(comm.ok()) << comm.status();
+  return comm.ok() ? std::move(comm).value() : nullptr;
+}
+
+TEST(CommHostStagedTest, OverTheSingleRankCommunicatorMatchesReference) {
+  std::unique_ptr<Communicator> comm = StagedOverSingleRankOnCpu();
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->memory_space(), MemorySpace::kDevice);
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->world_size(), 1);
+  for (int64_t n : {0, 1, 5, 1031, 300007}) {
+    const absl::Status status = CheckCollectives(*comm, n, TestSeed());
+    EXPECT_TRUE(status.ok()) << "n " << n << ": " << status;
+  }
+  // Over the CPU there is no stream to follow; calls are done on return.
+  EXPECT_TRUE(comm->SetStream(nullptr).ok());
+  int not_a_stream = 0;
+  const absl::Status stream = comm->SetStream(&not_a_stream);
+  EXPECT_EQ(stream.code(), absl::StatusCode::kInvalidArgument) << stream;
+  EXPECT_NE(stream.message().find("SetStream"), std::string::npos) << stream;
+  EXPECT_TRUE(comm->Synchronize().ok());
+}
+
+// The whole input is staged before any output is written, so send and
+// recv may overlap.
+TEST(CommHostStagedTest, SendAndRecvMayOverlap) {
+  std::unique_ptr<Communicator> comm = StagedOverSingleRankOnCpu();
+  ASSERT_NE(comm, nullptr);
+  std::vector<float> v = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int64_t four[] = {4};
+  ASSERT_TRUE(
+      comm->AllToAllV(v.data(), four, v.data() + 2, four, DataType::kFloat32)
+          .ok());
+  EXPECT_EQ(v, (std::vector<float>{0, 1, 0, 1, 2, 3, 6, 7}));
+  ASSERT_TRUE(
+      comm->AllGather(v.data() + 1, 4, v.data(), DataType::kFloat32).ok());
+  EXPECT_EQ(v, (std::vector<float>{1, 0, 1, 2, 2, 3, 6, 7}));
+}
+
+TEST(CommHostStagedTest, RefusesBadArgumentsNamingThem) {
+  const auto refused = [](const absl::Status& status,
+                          const std::string& names) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(names), std::string::npos)
+        << status << " does not name " << names;
+  };
+  refused(MakeHostStagedCommunicator(nullptr, DeviceKind::kCpu).status(),
+          "host is null");
+  refused(MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                     DeviceKind::kCuda, -1)
+              .status(),
+          "device must be >= 0");
+
+  std::unique_ptr<Communicator> comm = StagedOverSingleRankOnCpu();
+  ASSERT_NE(comm, nullptr);
+  Communicator& c = *comm;
+  std::vector<float> buf(16);
+  float* b = buf.data();
+  const int64_t four[] = {4};
+  const int64_t five[] = {5};
+  const int64_t minus_one[] = {-1};
+  const int64_t two_ranks[] = {4, 4};
+  const DataType f32 = DataType::kFloat32;
+  refused(c.AllReduceSum(b, 4, DataType::kUint8), "AllReduceSum");
+  refused(c.AllReduceSum(nullptr, 4, f32), "AllReduceSum: data");
+  refused(c.AllReduceSum(b, -1, f32), "AllReduceSum: element count -1");
+  refused(c.AllToAllV(b, two_ranks, b + 8, four, f32),
+          "AllToAllV: send_counts");
+  refused(c.AllToAllV(b, four, b + 8, minus_one, f32),
+          "AllToAllV: recv_counts[0]");
+  refused(c.AllToAllV(b, four, b + 8, five, f32), "sends itself 4");
+  refused(c.AllToAllV(nullptr, four, b + 8, four, f32), "AllToAllV: send");
+  refused(c.AllToAllV(b, four, nullptr, four, f32), "AllToAllV: recv");
+  refused(c.AllGather(nullptr, 4, b, f32), "AllGather: send");
+  refused(c.AllGather(b, 4, nullptr, f32), "AllGather: recv");
+  refused(
+      c.AllGather(b, std::numeric_limits<int64_t>::max(), b, DataType::kInt64),
+      "AllGather");
+  refused(c.Broadcast(b, 4, f32, 1), "root 1");
+  refused(c.Broadcast(nullptr, 4, f32, 0), "Broadcast: data");
+  // Refused arguments leave it usable.
+  EXPECT_TRUE(c.Synchronize().ok());
+  const absl::Status status = CheckCollectives(c, 33, TestSeed());
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// A host-staged communicator over the CPU Device on rank processes, against
+// a plain Gloo communicator of the same ranks (bitwise) and the reference;
+// world size x base element count (the AllToAllV splits are uneven around
+// it, with empty pairs).
+class CommHostStagedRanksTest
+    : public CommProcessTest,
+      public ::testing::WithParamInterface<std::tuple<int, int64_t>> {};
+
+TEST_P(CommHostStagedRanksTest, CpuDeviceMatchesGlooBitwise) {
+  const auto [world, count] = GetParam();
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  RunCollectives(world, count, server->address(), "staged-cpu", "",
+                 {{"scenario", "staged_vs_gloo"}, {"staged", "cpu"}});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndCounts, CommHostStagedRanksTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values<int64_t>(0, 1, 1031, 100003)),
+    [](const ::testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+      return absl::StrCat("world", std::get<0>(info.param), "_count",
+                          std::get<1>(info.param));
+    });
+
+// A killed peer: the survivors' staged collectives fail as Gloo's do, and
+// their later calls are FailedPrecondition (checked in the child).
+TEST_F(CommProcessTest, KilledRankMakesTheStagedOthersFail) {
+  auto flags = BaseFlags("loop", 3, "", "staged-killed");
+  flags["staged"] = "cpu";
+  flags["op_timeout"] = "3";
+  ExpectPeerFailureDetected(dir_, flags, 3, SIGKILL, 6);
+}
 
 #if defined(DLRM_WITH_NCCL)
 // ------------------------------------------------- device communicators
@@ -1699,6 +2054,87 @@ TEST(CommDeviceSingleRankTest, RefusesHostAndOverlappingBuffers) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*comm)->Barrier().ok());
 }
+
+// ------------------------------------------- host-staged on a CUDA device
+
+TEST(CommDeviceHostStagedTest, SingleRankCollectivesMatchReference) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto comm = MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                         DeviceKind::kCuda, 0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->memory_space(), MemorySpace::kDevice);
+  for (int64_t n : {0, 1, 5, 1031, 300007}) {
+    const absl::Status status = CheckDeviceCollectives(**comm, n, TestSeed());
+    EXPECT_TRUE(status.ok()) << "n " << n << ": " << status;
+  }
+}
+
+TEST(CommDeviceHostStagedTest, RefusesHostBuffersAndStagesOverlaps) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto device_comm = MakeSingleRankDeviceCommunicator(0);
+  ASSERT_TRUE(device_comm.ok()) << device_comm.status();
+  const absl::Status nested =
+      MakeHostStagedCommunicator(std::move(device_comm).value(),
+                                 DeviceKind::kCuda, 0)
+          .status();
+  EXPECT_EQ(nested.code(), absl::StatusCode::kInvalidArgument) << nested;
+
+  auto comm = MakeHostStagedCommunicator(MakeSingleRankCommunicator(),
+                                         DeviceKind::kCuda, 0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> host(16);
+  DeviceBytes device(64 * sizeof(float));
+  float* d = static_cast<float*>(device.data());
+  const absl::Status host_data =
+      (*comm)->AllReduceSum(host.data(), 4, DataType::kFloat32);
+  EXPECT_EQ(host_data.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(host_data.message().find("AllReduceSum: data"), std::string::npos)
+      << host_data;
+  EXPECT_EQ((*comm)->AllGather(host.data(), 4, d, DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Overlapping device buffers are staged like any others.
+  const std::vector<float> init = {0, 1, 2, 3, 4, 5, 6, 7};
+  ASSERT_EQ(cudaMemcpy(d, init.data(), init.size() * sizeof(float),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const int64_t four[] = {4};
+  ASSERT_TRUE(
+      (*comm)->AllToAllV(d, four, d + 2, four, DataType::kFloat32).ok());
+  std::vector<float> got(init.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), d, got.size() * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got, (std::vector<float>{0, 1, 0, 1, 2, 3, 6, 7}));
+  int not_a_stream = 0;
+  EXPECT_EQ((*comm)->SetStream(&not_a_stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*comm)->Barrier().ok());
+}
+
+// Rank processes sharing CUDA device 0 through the factory's kHostStaged,
+// against plain Gloo (bitwise) and the reference, without and with a
+// caller stream.
+class CommDeviceHostStagedRanksTest
+    : public CommProcessTest,
+      public ::testing::WithParamInterface<std::tuple<int, int64_t>> {};
+
+TEST_P(CommDeviceHostStagedRanksTest, SharedGpuMatchesGlooBitwise) {
+  const auto [world, count] = GetParam();
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto server = StartCoordinator();
+  ASSERT_NE(server, nullptr);
+  RunCollectives(world, count, server->address(), "staged-cuda", "",
+                 {{"scenario", "staged_vs_gloo"}, {"staged", "cuda"}});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndCounts, CommDeviceHostStagedRanksTest,
+    ::testing::Combine(::testing::Values(2, 3, 4),
+                       ::testing::Values<int64_t>(0, 5, 300007)),
+    [](const ::testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+      return absl::StrCat("world", std::get<0>(info.param), "_count",
+                          std::get<1>(info.param));
+    });
 
 // ------------------------------------------------------------------ NCCL
 
@@ -1763,11 +2199,11 @@ class CommNcclFaultTest : public ::testing::Test {
   absl::StatusOr<std::vector<float>> Gather(const std::vector<float>& values,
                                             bool with_stream) {
     RETURN_IF_ERROR(comm_->SetStream(with_stream ? stream_.get() : nullptr));
-    StagedCommunicator staged(comm_.get(),
-                              with_stream ? stream_.get() : nullptr);
+    HostBufferAdapter host_view(comm_.get(),
+                                with_stream ? stream_.get() : nullptr);
     std::vector<float> out(values.size(), -1.0f);
-    RETURN_IF_ERROR(staged.AllGather(values.data(), values.size(), out.data(),
-                                     DataType::kFloat32));
+    RETURN_IF_ERROR(host_view.AllGather(values.data(), values.size(),
+                                        out.data(), DataType::kFloat32));
     return out;
   }
 
