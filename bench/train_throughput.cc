@@ -36,6 +36,8 @@ struct Flags {
   int batches = 4;
   std::string rocksdb_dir;
   std::vector<std::string> tables_on_rocksdb;
+  // Tables in GPU memory (STORAGE_DEVICE): "all" or names.
+  std::vector<std::string> tables_on_device;
   double cache_fraction = 0.1;
   bool prefetch = true;
   int64_t host_budget_mb = 0;
@@ -61,6 +63,23 @@ absl::Status Run(const Flags& f) {
     r.set_cache_fraction(f.cache_fraction);
     ASSIGN_OR_RETURN(config, PlaceTablesOnRocksDb(std::move(config),
                                                   f.tables_on_rocksdb, r));
+  }
+  if (!f.tables_on_device.empty()) {
+    const bool all = f.tables_on_device == std::vector<std::string>{"all"};
+    int placed = 0;
+    for (TableConfig& t : *config.mutable_tables()) {
+      if (all || std::find(f.tables_on_device.begin(),
+                           f.tables_on_device.end(),
+                           t.name()) != f.tables_on_device.end()) {
+        t.set_storage(STORAGE_DEVICE);
+        ++placed;
+      }
+    }
+    if (!all && placed != static_cast<int>(f.tables_on_device.size())) {
+      return absl::InvalidArgumentError(
+          "--tables-on-device names a table the config does not have");
+    }
+    ASSIGN_OR_RETURN(config, NormalizeModelConfig(config));
   }
   if (f.host_budget_mb > 0) {
     embedding::TierPlanOptions plan;
@@ -114,10 +133,11 @@ absl::Status Run(const Flags& f) {
   const int64_t lookups = hits + timed.misses - warm.misses;
   const double hit_rate =
       lookups > 0 ? static_cast<double>(hits) / lookups : 1.0;
-  int rocksdb_tables = 0;
+  int rocksdb_tables = 0, device_tables = 0;
   int64_t max_rows = 0;
   for (const auto& t : model->config().tables()) {
     rocksdb_tables += t.storage() == STORAGE_ROCKSDB;
+    device_tables += t.storage() == STORAGE_DEVICE;
     max_rows = std::max(max_rows, t.rows());
   }
   std::vector<double> sorted = rates;
@@ -128,6 +148,7 @@ absl::Status Run(const Flags& f) {
       "\"device\": \"%s\", \"precision\": \"%s\", \"rows\": %lld, \"batch\": "
       "%lld, \"threads\": %d, "
       "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
+      "\"device_tables\": %d, "
       "\"rocksdb_tables\": %d, \"cache_fraction\": %.3f, "
       "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, "
@@ -135,7 +156,7 @@ absl::Status Run(const Flags& f) {
       f.config.c_str(), DeviceName(model->config().device()),
       PrecisionName(model->dense_precision()), static_cast<long long>(max_rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
-      f.repeats, num_batches, rocksdb_tables,
+      f.repeats, num_batches, device_tables, rocksdb_tables,
       rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
       sorted.front(), sorted.back());
@@ -183,6 +204,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
                  "Tables in RocksDB behind a row cache: 'all' or names")
+      ->delimiter(',');
+  app.add_option("--tables-on-device", f.tables_on_device,
+                 "Tables in GPU memory (STORAGE_DEVICE, with --device cuda): "
+                 "'all' or names")
       ->delimiter(',');
   app.add_option("--rocksdb-dir", f.rocksdb_dir,
                  "Scratch directory for the RocksDB tier");

@@ -3,54 +3,83 @@
 # gRPC/Protobuf/abseil packages there, nothing to fetch): `bundle` (here)
 # builds the CUDA test binaries and copies them with their shared libraries,
 # except the big CUDA libraries the GPU machine has, into build-gpu/;
-# `run` (on the GPU machine, with build-gpu/ carried there) runs them, and
-# `bench` runs the kernel timings (dlrm_bench_cuda).
-# Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench
+# `run` (on the GPU machine, with build-gpu/ carried there) runs them,
+# `bench` runs the kernel timings (dlrm_bench_cuda) and `train` the model's
+# training throughput on the GPU (dlrm_bench_train: tables in device
+# memory, and in host memory with the dense part on the GPU).
+# Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench | train
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test
        cuda_model_test)
 out=build-gpu
+# What is carried: one xz archive of the stripped binaries and libraries
+# (about 18 MB of 75; the carry limit is 64 MiB with the source tree),
+# unpacked into $bin on the GPU machine at the first run.
+archive=$out/bundle.tar.xz
+bin=$out/unpacked
 
 case "${1:-}" in
   bundle)
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build build --parallel 2 --target "${tests[@]}" dlrm_bench_cuda
-    rm -rf "$out" && mkdir -p "$out/lib"
-    for bin in "${tests[@]/#/build/tests/}" build/bench/dlrm_bench_cuda; do
-      cp "$bin" "$out/"
+    cmake --build build --parallel 2 --target "${tests[@]}" dlrm_bench_cuda \
+      dlrm_bench_train
+    rm -rf "$out" && mkdir -p "$bin/lib"
+    for b in "${tests[@]/#/build/tests/}" build/bench/dlrm_bench_cuda \
+             build/bench/dlrm_bench_train; do
+      cp "$b" "$bin/"
       # Every resolved library except glibc's and the cuBLAS ones (hundreds
       # of MB; the GPU machine's CUDA 13 has them). cudart is small and
       # carried, so the runtime matches the one the tests were built with.
-      ldd "$bin" | awk '$3 ~ /^\// {print $3}' |
+      ldd "$b" | awk '$3 ~ /^\// {print $3}' |
         grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so|libcublas' |
-        xargs -r -I{} cp -L -n {} "$out/lib/"
+        xargs -r -I{} cp -L -n {} "$bin/lib/"
     done
     # Symbols are of no use there and would double the carried bytes.
-    find "$out" -type f -exec strip --strip-unneeded {} +
-    du -sh "$out"
+    find "$bin" -type f -exec strip --strip-unneeded {} +
+    XZ_OPT="-6 -T2" tar -C "$bin" -cJf "$archive" .
+    rm -rf "$bin"
+    du -sh "$archive"
     ;;
-  run | bench)
+  run | bench | train)
+    if [[ ! -d $bin ]]; then
+      mkdir -p "$bin"
+      # python3's tarfile where tar has no xz.
+      tar -C "$bin" -xJf "$archive" 2>/dev/null ||
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+          "$archive" "$bin"
+    fi
     # cuBLAS: the toolkit's, else the pip wheel's next to PyTorch.
     cublas_dirs=/usr/local/cuda/lib64
     for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu*/lib \
              /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib; do
       [[ -d $d ]] && cublas_dirs="$cublas_dirs:$d"
     done
-    export LD_LIBRARY_PATH="$PWD/$out/lib:$cublas_dirs:${LD_LIBRARY_PATH:-}"
+    export LD_LIBRARY_PATH="$PWD/$bin/lib:$cublas_dirs:${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-    if [[ $1 == bench ]]; then exec "$out/dlrm_bench_cuda"; fi
+    if [[ $1 == bench ]]; then exec "$bin/dlrm_bench_cuda"; fi
+    if [[ $1 == train ]]; then
+      t=("$bin/dlrm_bench_train" --device cuda --warmup 5 --iters 20 --repeats 3)
+      "${t[@]}" --config kaggle --batch 16384 --tables-on-device all
+      "${t[@]}" --config mlperf-dlrm-v1 --rows 4000000 --batch 65536 \
+        --tables-on-device all
+      "${t[@]}" --config mlperf-dlrm-dcnv2 --rows 4000000 --batch 65536 \
+        --tables-on-device all
+      # The embeddings in host memory, the dense part on the GPU.
+      "${t[@]}" --config mlperf-dlrm-v1 --rows 4000000 --batch 65536
+      exit 0
+    fi
     status=0
     for t in "${tests[@]}"; do
-      if ldd "$out/$t" | grep 'not found'; then
+      if ldd "$bin/$t" | grep 'not found'; then
         echo "$t: missing libraries (above)"; status=1; continue
       fi
-      "$out/$t" --gtest_filter="${2:-*}" --gtest_brief=1 || status=1
+      "$bin/$t" --gtest_filter="${2:-*}" --gtest_brief=1 || status=1
     done
     exit $status
     ;;
   *)
-    echo "usage: $0 bundle | run [gtest filter] | bench" >&2
+    echo "usage: $0 bundle | run [gtest filter] | bench | train" >&2
     exit 2
     ;;
 esac
