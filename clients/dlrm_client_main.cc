@@ -104,7 +104,6 @@ absl::StatusOr<ModelConfig> ResolveConfig(Client& client,
   return NormalizeModelConfig(info.config());
 }
 
-
 // A local source of samples: synthetic, stdin ('-'), one .bin file, or TSV
 // files; `total` is its sample count per epoch when known (else 0).
 struct LocalData {
@@ -135,7 +134,8 @@ absl::StatusOr<LocalData> OpenLocalData(const DataFlags& flags,
     return absl::InvalidArgumentError(
         "no data: give --data FILE... or --synthetic N");
   }
-  const data::CriteoOptions options = data::CriteoOptionsForModel(config, flags.hash_ids);
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(config, flags.hash_ids);
   if (flags.files.size() == 1 && flags.files[0] == "-") {
     ASSIGN_OR_RETURN(local.source,
                      OpenCriteoStream(&std::cin, "stdin", options));
@@ -415,7 +415,8 @@ absl::Status Eval(Client& client, const Flags& f) {
 
 absl::Status Predict(Client& client, const Flags& f) {
   ASSIGN_OR_RETURN(const ModelConfig config, ResolveConfig(client, f.config));
-  const data::CriteoOptions options = data::CriteoOptionsForModel(config, f.data.hash_ids);
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(config, f.data.hash_ids);
   std::ifstream file;
   std::istream* in = &std::cin;
   std::string name = "stdin";

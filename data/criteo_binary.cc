@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -221,8 +222,8 @@ class CriteoBinarySource final : public BatchSource {
       const int k = options_.MultiHotSize(bad_table);
       const int64_t rows = options_.table_rows[bad_table];
       const int64_t* bag = ids_[bad_table] + s * k;
-      const int64_t id = *std::find_if(
-          bag, bag + k, [rows](int64_t i) { return i >= rows; });
+      const int64_t id =
+          *std::find_if(bag, bag + k, [rows](int64_t i) { return i >= rows; });
       batch->Reset(num_dense, num_sparse);
       return absl::InvalidArgumentError(
           absl::StrCat(where, "table ", bad_table, ": id ", id,
@@ -323,8 +324,7 @@ class TempFile {
 // holding options.MultiHotSize(t) ids below 2^32) after `header` and
 // `tables` to `out_path`, each bag's ids as uint32; returns the count.
 absl::StatusOr<int64_t> WriteBinary(BatchSource* source,
-                                    const std::string& out_path,
-                                    Header header,
+                                    const std::string& out_path, Header header,
                                     const std::vector<TableEntry>& tables,
                                     const CriteoOptions& options) {
   TempFile out(absl::StrCat(out_path, ".tmp.", getpid()));
@@ -415,9 +415,9 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
           " rows (CriteoOptions.table_rows[", t,
           "]); the binary format's uint32 ids index at most 2^32"));
     }
-    tables.push_back(
-        TableEntry{static_cast<uint64_t>(rows),
-                   static_cast<uint32_t>(options.MultiHotSize(t)), 0});
+    tables.push_back(TableEntry{static_cast<uint64_t>(rows),
+                                static_cast<uint32_t>(options.MultiHotSize(t)),
+                                0});
   }
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
                    OpenCriteoTsv(tsv_files, options));
@@ -491,8 +491,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
                                "version-2 file"));
     }
     if ((header.flags & ~kFlagHashIds) != 0) {
-      return fail(absl::StrCat("unknown flags ", header.flags,
-                               " in the header"));
+      return fail(
+          absl::StrCat("unknown flags ", header.flags, " in the header"));
     }
     const bool hashed = (header.flags & kFlagHashIds) != 0;
     if (hashed != options.hash_ids) {
@@ -505,16 +505,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
       TableEntry table;
       std::memcpy(&table, base + sizeof(Header) + sizeof(TableEntry) * t,
                   sizeof(table));
-      if (table.multi_hot_size != static_cast<uint32_t>(options.MultiHotSize(t))) {
-        return fail(absl::StrCat(
-            "table ", t, ": file's bags hold ", table.multi_hot_size,
-            " ids, the options expect multi_hot_sizes[", t,
-            "] = ", options.MultiHotSize(t)));
+      if (table.multi_hot_size !=
+          static_cast<uint32_t>(options.MultiHotSize(t))) {
+        return fail(absl::StrCat("table ", t, ": file's bags hold ",
+                                 table.multi_hot_size,
+                                 " ids, the options expect multi_hot_sizes[", t,
+                                 "] = ", options.MultiHotSize(t)));
       }
       if (table.rows != static_cast<uint64_t>(options.table_rows[t])) {
-        return fail(absl::StrCat("table ", t, ": file's ids index ",
-                                 table.rows, " rows, the options expect ",
-                                 "table_rows[", t,
+        return fail(absl::StrCat("table ", t, ": file's ids index ", table.rows,
+                                 " rows, the options expect ", "table_rows[", t,
                                  "] = ", options.table_rows[t]));
       }
       if (table.reserved != 0) {

@@ -205,15 +205,16 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
                                      spec.criteo_tsv().paths().end());
       ASSIGN_OR_RETURN(
           out.source,
-          data::OpenCriteoTsv(
-              std::move(files),
-              data::CriteoOptionsForModel(config, spec.criteo_tsv().hash_ids())));
+          data::OpenCriteoTsv(std::move(files),
+                              data::CriteoOptionsForModel(
+                                  config, spec.criteo_tsv().hash_ids())));
       return out;
     }
     case DatasetSpec::kCriteoBinary: {
-      ASSIGN_OR_RETURN(out.source,
-                       data::OpenCriteoBinary(spec.criteo_binary(),
-                                              data::CriteoOptionsForModel(config, false)));
+      ASSIGN_OR_RETURN(
+          out.source,
+          data::OpenCriteoBinary(spec.criteo_binary(),
+                                 data::CriteoOptionsForModel(config, false)));
       return out;
     }
     case DatasetSpec::kSynthetic: {

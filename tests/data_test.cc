@@ -783,15 +783,24 @@ TEST(CriteoBinaryTest, EmptyInputGivesAnEmptyDataset) {
 // --- Multi-hot bags from one-hot data ---------------------------------------
 
 // MLPerf DLRM-DCNv2's multi-hot sizes (configs/mlperf-dlrm-dcnv2.textproto).
-const std::vector<int> kDcnV2Sizes = {3, 2, 1, 2,  6,   1,  1,  1, 1,
-                                      7, 3, 8, 1,  6,   9,  5,  1, 1,
+const std::vector<int> kDcnV2Sizes = {3, 2,  1,   2,  6,  1, 1, 1, 1,
+                                      7, 3,  8,   1,  6,  9, 5, 1, 1,
                                       1, 12, 100, 27, 10, 3, 1, 1};
 
 // 26 row counts: every reduction path (1, 2^31 + 1, 2^32) and random ones;
 // `max_rows` caps them (2^32 for a version-2 file).
 std::vector<int64_t> MultiHotRows(Rng* rng, int64_t max_rows) {
-  std::vector<int64_t> rows = {1, 2, 3, 7, 100000, 1460, 24, 10131227,
-                               (1LL << 31) + 1, (1LL << 32) - 1, 1LL << 32,
+  std::vector<int64_t> rows = {1,
+                               2,
+                               3,
+                               7,
+                               100000,
+                               1460,
+                               24,
+                               10131227,
+                               (1LL << 31) + 1,
+                               (1LL << 32) - 1,
+                               1LL << 32,
                                1LL << 40};
   for (int64_t& r : rows) r = std::min(r, max_rows);
   while (rows.size() < 26) rows.push_back(1 + rng->Below(1 << 20));
@@ -815,8 +824,8 @@ Batch ReferenceBatch(const std::string& text, const CriteoOptions& options) {
     ++line_number;
     if (line.empty() || line == "\r") continue;
     CriteoRecord r;
-    const absl::Status parsed = ParseCriteoLine(
-        line, options.num_dense, num_sparse, "reference", &r);
+    const absl::Status parsed =
+        ParseCriteoLine(line, options.num_dense, num_sparse, "reference", &r);
     EXPECT_TRUE(parsed.ok()) << "line " << line_number << ": " << parsed;
     b.labels.push_back(r.label);
     b.dense.insert(b.dense.end(), r.dense.begin(), r.dense.end());
@@ -848,9 +857,8 @@ TEST(MultiHotTest, BagIsTheRowThenHashedIdsInRange) {
   const uint64_t seed = 8080;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   Rng rng(seed);
-  const std::vector<int64_t> row_counts = {1,         2,       3,
-                                           40000000,  1LL << 32,
-                                           1LL << 40, (1LL << 62) + 5};
+  const std::vector<int64_t> row_counts = {
+      1, 2, 3, 40000000, 1LL << 32, 1LL << 40, (1LL << 62) + 5};
   for (int i = 0; i < 2000; ++i) {
     const int64_t rows = row_counts[rng.Below(row_counts.size())];
     const int size = 1 + static_cast<int>(rng.Below(120));
@@ -863,9 +871,10 @@ TEST(MultiHotTest, BagIsTheRowThenHashedIdsInRange) {
     ASSERT_EQ(bag[0], row);
     for (int j = 1; j < size; ++j) {
       const uint64_t bits = HashKey(table_seed, static_cast<uint64_t>(row), j);
-      const int64_t expected = static_cast<int64_t>(
-          (static_cast<unsigned __int128>(bits) * static_cast<uint64_t>(rows)) >>
-          64);
+      const int64_t expected =
+          static_cast<int64_t>((static_cast<unsigned __int128>(bits) *
+                                static_cast<uint64_t>(rows)) >>
+                               64);
       ASSERT_EQ(bag[j], expected) << "rows " << rows << " row " << row;
       ASSERT_GE(bag[j], 0);
       ASSERT_LT(bag[j], rows);
@@ -910,11 +919,10 @@ TEST(MultiHotTest, OptionsValidateTheSizes) {
   EXPECT_EQ(options.MultiHotSize(1), 3);
   options.multi_hot_sizes.clear();
   EXPECT_EQ(options.MultiHotSize(1), 1);
-  ExpectInvalid(
-      OpenCriteoTsv({"x"}, CriteoOptions{.table_rows = {5},
-                                         .multi_hot_sizes = {-1}})
-          .status(),
-      "multi_hot_sizes[0] = -1");
+  ExpectInvalid(OpenCriteoTsv({"x"}, CriteoOptions{.table_rows = {5},
+                                                   .multi_hot_sizes = {-1}})
+                    .status(),
+                "multi_hot_sizes[0] = -1");
 }
 
 TEST(MultiHotTest, OptionsForModelTakeTheTablesMultiHotSizes) {
@@ -1128,8 +1136,9 @@ TEST(CriteoBinaryTest, VersionTwoRejectsHeadersUnlikeTheOptions) {
   CriteoOptions other = options;
   other.multi_hot_sizes[4] = 5;
   ExpectInvalid(OpenCriteoBinary(bin, other).status(),
-                bin + ": table 4: file's bags hold 6 ids, the options expect "
-                      "multi_hot_sizes[4] = 5");
+                bin +
+                    ": table 4: file's bags hold 6 ids, the options expect "
+                    "multi_hot_sizes[4] = 5");
   other.multi_hot_sizes.clear();
   ExpectInvalid(OpenCriteoBinary(bin, other).status(),
                 "table 0: file's bags hold 3 ids, the options expect "
@@ -1137,8 +1146,9 @@ TEST(CriteoBinaryTest, VersionTwoRejectsHeadersUnlikeTheOptions) {
   other = options;
   other.table_rows[7] = 11;
   ExpectInvalid(OpenCriteoBinary(bin, other).status(),
-                bin + ": table 7: file's ids index 10 rows, the options "
-                      "expect table_rows[7] = 11");
+                bin +
+                    ": table 7: file's ids index 10 rows, the options "
+                    "expect table_rows[7] = 11");
   other = options;
   other.hash_ids = true;
   ExpectInvalid(OpenCriteoBinary(bin, other).status(),
@@ -1154,16 +1164,17 @@ TEST(CriteoBinaryTest, VersionTwoRejectsHeadersUnlikeTheOptions) {
   std::filesystem::copy_file(bin, bad,
                              std::filesystem::copy_options::overwrite_existing);
   std::filesystem::resize_file(bad, header + 3 * record - 4);
-  ExpectInvalid(OpenCriteoBinary(bad, options).status(),
-                absl::StrCat(bad, ": file has ", header + 3 * record - 4,
-                             " bytes, which does not match its header's 3 "
-                             "records of ",
-                             record, " bytes after the ", header,
-                             "-byte header"));
+  ExpectInvalid(
+      OpenCriteoBinary(bad, options).status(),
+      absl::StrCat(bad, ": file has ", header + 3 * record - 4,
+                   " bytes, which does not match its header's 3 "
+                   "records of ",
+                   record, " bytes after the ", header, "-byte header"));
   std::filesystem::resize_file(bad, 100);
   ExpectInvalid(OpenCriteoBinary(bad, options).status(),
-                bad + ": file has 100 bytes, fewer than the 448-byte header "
-                      "and table list");
+                bad +
+                    ": file has 100 bytes, fewer than the 448-byte header "
+                    "and table list");
   const uint32_t three = 3;
   CopyAndPatch(bin, bad, 8, &three, sizeof(three));
   ExpectInvalid(OpenCriteoBinary(bad, options).status(),
@@ -1186,8 +1197,9 @@ TEST(CriteoBinaryTest, VersionTwoRejectsHeadersUnlikeTheOptions) {
   Batch batch;
   ASSERT_TRUE(*(*source)->Next(1, &batch));
   ExpectInvalid((*source)->Next(2, &batch).status(),
-                bad + ": record 1: table 1: id 10 is not below the table's "
-                      "10 rows");
+                bad +
+                    ": record 1: table 1: id 10 is not below the table's "
+                    "10 rows");
   ASSERT_TRUE(*(*source)->Next(2, &batch));
   EXPECT_EQ(batch.size, 1);
   EXPECT_TRUE(batch.Validate(13, options.table_rows).ok());
@@ -1201,14 +1213,12 @@ TEST(CriteoBinaryTest, VersionTwoConversionRefusesTablesBeyondUint32) {
   CriteoOptions options;
   options.table_rows = CriteoRows(10);
   options.table_rows[2] = (int64_t{1} << 32) + 1;
-  ExpectInvalid(
-      ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
-      "table 2 has 4294967297 rows (CriteoOptions.table_rows[2])");
+  ExpectInvalid(ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
+                "table 2 has 4294967297 rows (CriteoOptions.table_rows[2])");
   options.table_rows[2] = 10;
   options.multi_hot_sizes = {2};
-  ExpectInvalid(
-      ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
-      "multi_hot_sizes has 1 entries");
+  ExpectInvalid(ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
+                "multi_hot_sizes has 1 entries");
   EXPECT_FALSE(std::filesystem::exists(bin));
 }
 
@@ -1241,8 +1251,8 @@ TEST(ConvertToolTest, ConfigFlagWritesTheConfigsBags) {
   std::string text;
   for (int i = 0; i < 40; ++i) {
     text += absl::StrCat(i % 3 == 0 ? "1" : "0", "\t", i, "\t\t", 2 * i,
-                         "\t7\t", absl::Hex(i * 7919), "\t", absl::Hex(i),
-                         "\t", absl::Hex(i * 31), "\n");
+                         "\t7\t", absl::Hex(i * 7919), "\t", absl::Hex(i), "\t",
+                         absl::Hex(i * 31), "\n");
   }
   WriteFile(tsv, text);
   const std::string v2 = TempPath("tool_v2.bin");
@@ -1783,7 +1793,10 @@ std::vector<SourceKind> EverySourceKind(Rng* rng) {
       {"binary", [=] { return std::move(*OpenCriteoBinary(bin, criteo)); },
        241},
       {"multi-hot tsv",
-       [=] { return std::move(*OpenCriteoTsv({a, b}, multi_hot)); }, 241},
+       [=] {
+         return std::move(*OpenCriteoTsv({a, b}, multi_hot));
+       },
+       241},
       {"multi-hot binary v1",
        [=] { return std::move(*OpenCriteoBinary(bin, multi_hot)); }, 241},
       {"multi-hot binary v2",
