@@ -1670,6 +1670,11 @@ class DatasetJobTest : public LaunchTest {
       while (*(*source)->Next(kBatch, &batch)) batches.push_back(batch);
     }
     EXPECT_EQ(batches.size(), static_cast<size_t>(kDataSteps));
+    // t1 and t2 read multi-hot bags derived from the one-hot rows.
+    if (!batches.empty()) {
+      EXPECT_EQ(batches[0].sparse[1].bag_size(0), 3);
+      EXPECT_EQ(batches[0].sparse[2].bag_size(0), 2);
+    }
     return batches;
   }
 
