@@ -122,7 +122,8 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
     const std::string& path, CriteoOptions options);
 
-// The record count in a binary file's header. NotFound for a missing file,
+// The record count in a binary file's header (either version). NotFound for
+// a missing file, PermissionDenied for one that cannot be opened otherwise,
 // InvalidArgument for one shorter than the header or with a bad magic.
 absl::StatusOr<int64_t> ReadCriteoBinaryCount(const std::string& path);
 

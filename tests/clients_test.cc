@@ -207,7 +207,11 @@ TEST(ClientTsvInputTest, MultiHotBagsEqualTheFileReaders) {
       EXPECT_EQ(b.sparse[t].offsets, expected.sparse[t].offsets) << t;
       EXPECT_EQ(b.sparse[t].ids, expected.sparse[t].ids) << t;
     }
-    if (with_labels) EXPECT_EQ(b.labels, expected.labels);
+    if (with_labels) {
+      EXPECT_EQ(b.labels, expected.labels);
+    } else {
+      EXPECT_EQ(b.labels, std::vector<float>(30, 0.0f));
+    }
     EXPECT_TRUE(b.Validate(4, options.table_rows).ok());
   }
 }
