@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iostream>
@@ -105,28 +104,6 @@ absl::StatusOr<ModelConfig> ResolveConfig(Client& client,
   return NormalizeModelConfig(info.config());
 }
 
-data::CriteoOptions CriteoOptionsFor(const ModelConfig& config, bool hash_ids) {
-  data::CriteoOptions options;
-  options.num_dense = config.num_dense_features();
-  options.hash_ids = hash_ids;
-  for (const TableConfig& t : config.tables()) {
-    options.table_rows.push_back(t.rows());
-  }
-  return options;
-}
-
-// Records in a binary Criteo file, from its size (the layout is fixed:
-// a 32-byte header, then records of 4 + 4 num_dense + 4 num_sparse bytes);
-// 0 when the size cannot be read.
-int64_t BinaryRecordCount(const std::string& path, const ModelConfig& config) {
-  std::error_code error;
-  const auto bytes = std::filesystem::file_size(path, error);
-  if (error || bytes < 32) return 0;
-  const int64_t record =
-      4 * (1 + config.num_dense_features() + config.tables_size());
-  return static_cast<int64_t>(bytes - 32) / record;
-}
-
 // A local source of samples: synthetic, stdin ('-'), one .bin file, or TSV
 // files; `total` is its sample count per epoch when known (else 0).
 struct LocalData {
@@ -157,7 +134,8 @@ absl::StatusOr<LocalData> OpenLocalData(const DataFlags& flags,
     return absl::InvalidArgumentError(
         "no data: give --data FILE... or --synthetic N");
   }
-  const data::CriteoOptions options = CriteoOptionsFor(config, flags.hash_ids);
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(config, flags.hash_ids);
   if (flags.files.size() == 1 && flags.files[0] == "-") {
     ASSIGN_OR_RETURN(local.source,
                      OpenCriteoStream(&std::cin, "stdin", options));
@@ -166,7 +144,8 @@ absl::StatusOr<LocalData> OpenLocalData(const DataFlags& flags,
   if (flags.files.size() == 1 && EndsWith(flags.files[0], ".bin")) {
     ASSIGN_OR_RETURN(local.source,
                      data::OpenCriteoBinary(flags.files[0], options));
-    local.total = BinaryRecordCount(flags.files[0], config);
+    // The opened file's header holds the count (0: unknown).
+    local.total = data::ReadCriteoBinaryCount(flags.files[0]).value_or(0);
     return local;
   }
   ASSIGN_OR_RETURN(local.source, data::OpenCriteoTsv(flags.files, options));
@@ -436,7 +415,8 @@ absl::Status Eval(Client& client, const Flags& f) {
 
 absl::Status Predict(Client& client, const Flags& f) {
   ASSIGN_OR_RETURN(const ModelConfig config, ResolveConfig(client, f.config));
-  const data::CriteoOptions options = CriteoOptionsFor(config, f.data.hash_ids);
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(config, f.data.hash_ids);
   std::ifstream file;
   std::istream* in = &std::cin;
   std::string name = "stdin";

@@ -40,16 +40,7 @@ class StreamSource final : public data::BatchSource {
         RETURN_IF_ERROR(data::ParseCriteoLine(line_, num_dense, num_sparse,
                                               where, &record_));
       }
-      batch->labels.push_back(record_.label);
-      batch->dense.insert(batch->dense.end(), record_.dense.begin(),
-                          record_.dense.end());
-      for (int t = 0; t < num_sparse; ++t) {
-        data::SparseFeature& f = batch->sparse[t];
-        f.ids.push_back(data::CriteoRow(record_.cats[t], options_.table_rows[t],
-                                        options_.hash_ids));
-        f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-      }
-      ++batch->size;
+      data::AppendCriteoRecord(record_, options_, batch);
     }
     if (in_->bad()) {
       return absl::DataLossError(

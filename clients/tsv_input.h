@@ -16,7 +16,8 @@ namespace dlrm::clients {
 // A BatchSource over Criteo TSV lines read from `in` (borrowed; must
 // outlive the source). A line holds 1 + num_dense + num_sparse columns
 // (label first) or num_dense + num_sparse (no label: the sample gets label
-// 0); blank lines are skipped; values are reduced as data/criteo.h says.
+// 0); blank lines are skipped; values are reduced to rows, and expanded to
+// multi-hot bags where options.multi_hot_sizes says, as data/criteo.h says.
 // `name` names the stream in errors ("stdin:3: ..."). Next returns
 // InvalidArgument for a malformed line. Rewind seeks back to the start, or
 // is FailedPrecondition for a stream that cannot seek (a pipe).

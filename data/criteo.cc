@@ -15,6 +15,7 @@
 #include "core/escape.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "data/multi_hot.h"
 
 namespace dlrm::data {
 namespace {
@@ -159,16 +160,7 @@ class CriteoTsvSource final : public BatchSource {
       if (line.empty() || line == "\r") continue;
       RETURN_IF_ERROR(ParseCriteoLine(line, options_.num_dense, num_sparse,
                                       Where(), &record_));
-      batch->labels.push_back(record_.label);
-      batch->dense.insert(batch->dense.end(), record_.dense.begin(),
-                          record_.dense.end());
-      for (int t = 0; t < num_sparse; ++t) {
-        SparseFeature& f = batch->sparse[t];
-        f.ids.push_back(CriteoRow(record_.cats[t], options_.table_rows[t],
-                                  options_.hash_ids));
-        f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-      }
-      ++batch->size;
+      AppendCriteoRecord(record_, options_, batch);
     }
     return batch->size > 0;
   }
@@ -245,7 +237,30 @@ absl::Status CriteoOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "CriteoOptions.num_dense = ", num_dense, " must not be negative"));
   }
+  if (!multi_hot_sizes.empty() && multi_hot_sizes.size() != table_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CriteoOptions.multi_hot_sizes has ", multi_hot_sizes.size(),
+        " entries, table_rows ", table_rows.size(), " (one per table)"));
+  }
+  for (size_t t = 0; t < multi_hot_sizes.size(); ++t) {
+    if (multi_hot_sizes[t] < 1 || multi_hot_sizes[t] > kMaxMultiHotSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CriteoOptions.multi_hot_sizes[", t, "] = ", multi_hot_sizes[t],
+          " must be in [1, ", kMaxMultiHotSize, "]"));
+    }
+  }
   return absl::OkStatus();
+}
+
+CriteoOptions CriteoOptionsForModel(const ModelConfig& config, bool hash_ids) {
+  CriteoOptions options;
+  options.num_dense = config.num_dense_features();
+  options.hash_ids = hash_ids;
+  for (const TableConfig& t : config.tables()) {
+    options.table_rows.push_back(t.rows());
+    options.multi_hot_sizes.push_back(std::max(t.multi_hot_size(), 1));
+  }
+  return options;
 }
 
 absl::Status ParseCriteoLine(std::string_view line, int num_dense,
@@ -322,6 +337,29 @@ absl::Status ParseCriteoLine(std::string_view line, int num_dense,
 int64_t CriteoRow(uint32_t value, int64_t rows, bool hash_ids) {
   const uint64_t v = hash_ids ? Mix64(value) : value;
   return static_cast<int64_t>(v % static_cast<uint64_t>(rows));
+}
+
+void AppendCriteoRecord(const CriteoRecord& record,
+                        const CriteoOptions& options, Batch* batch) {
+  batch->labels.push_back(record.label);
+  batch->dense.insert(batch->dense.end(), record.dense.begin(),
+                      record.dense.end());
+  const int num_sparse = static_cast<int>(options.table_rows.size());
+  for (int t = 0; t < num_sparse; ++t) {
+    SparseFeature& f = batch->sparse[t];
+    const int64_t rows = options.table_rows[t];
+    const int64_t row = CriteoRow(record.cats[t], rows, options.hash_ids);
+    const int k = options.MultiHotSize(t);
+    if (k == 1) {
+      f.ids.push_back(row);
+    } else {
+      const size_t at = f.ids.size();
+      f.ids.resize(at + k);
+      DeriveMultiHotBag(row, rows, k, MultiHotTableSeed(t), f.ids.data() + at);
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  ++batch->size;
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoTsv(

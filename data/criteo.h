@@ -5,9 +5,11 @@
 // A TSV line is: label, 13 integer features, 26 categorical features as
 // 8-digit hex, tab-separated; any feature may be empty. Dense values become
 // log(1 + max(x, 0)); a categorical value v becomes row v % rows (or
-// Mix64(v) % rows with hash_ids); an empty one is 0. Both formats hold one
-// value per categorical column, so every bag the readers yield holds one id
-// (TableConfig.multi_hot_size shapes synthetic data only).
+// Mix64(v) % rows with hash_ids); an empty one is 0. A TSV line and a
+// version-1 binary record hold one value per categorical column: a table
+// whose multi-hot size k is 1 gets that row as its bag, a larger k the
+// bag of k ids data/multi_hot.h derives from it. A version-2 binary file
+// holds the derived bags themselves.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "data/batch.h"
 #include "data/source.h"
+#include "dlrm/config.pb.h"
 
 namespace dlrm::data {
 
@@ -30,9 +34,25 @@ struct CriteoOptions {
   // Reduce categorical values by Mix64(v) % rows instead of v % rows.
   // Default: false (the DLRM reference's modulo).
   bool hash_ids = false;
+  // Ids per bag of each table, one per categorical column, each in
+  // [1, kMaxMultiHotSize]: a table of size k > 1 gets, for one-hot row v,
+  // the bag of k ids data/multi_hot.h derives (v first).
+  // Default: empty (1 for every table: one id per bag).
+  std::vector<int> multi_hot_sizes;
+
+  // Ids per bag of table `table`: multi_hot_sizes[table], or 1 when empty.
+  int MultiHotSize(int table) const {
+    return multi_hot_sizes.empty() ? 1 : multi_hot_sizes[table];
+  }
 
   absl::Status Validate() const;
 };
+
+// Options for reading Criteo data into `config`'s model: its
+// num_dense_features, and per table its rows and multi_hot_size (0 counts as
+// 1; multi_hot_distribution shapes synthetic data only, Criteo bags always
+// hold exactly multi_hot_size ids).
+CriteoOptions CriteoOptionsForModel(const ModelConfig& config, bool hash_ids);
 
 // One parsed sample with raw (unreduced) categorical values.
 struct CriteoRecord {
@@ -50,27 +70,61 @@ absl::Status ParseCriteoLine(std::string_view line, int num_dense,
 // Row for a raw categorical value under `options`.
 int64_t CriteoRow(uint32_t value, int64_t rows, bool hash_ids);
 
+// Appends `record` (as ParseCriteoLine fills it, with options.num_dense dense
+// values and one raw value per table) to `batch` as one sample: its label,
+// dense values and per table the bag of options.MultiHotSize(t) ids derived
+// from its row. `batch` is shaped for `options` (Reset) and `options` valid.
+void AppendCriteoRecord(const CriteoRecord& record,
+                        const CriteoOptions& options, Batch* batch);
+
 // Reads TSV files in order, one pass per epoch; blank lines are skipped.
 // NotFound for a missing file (checked up front), InvalidArgument from Next
 // for a malformed line, naming file and line; a later Next goes on after it.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoTsv(
     std::vector<std::string> files, CriteoOptions options);
 
-// Binary format: a 32-byte header (magic "DLRMBIN1", version, num_dense,
-// num_sparse, record count) then fixed-width records of float label,
-// float dense[num_dense] (transformed), uint32 cats[num_sparse] (raw).
-// Converts TSV files to one binary file (written to a temporary file, then
-// renamed, so `out_path` never holds a partial file); returns the record
-// count. Errors as OpenCriteoTsv's, or naming `out_path` when writing fails.
+// Binary format, little-endian: a 32-byte header (magic "DLRMBIN1",
+// uint32 version, num_dense, num_sparse, flags, uint64 record count), then
+// - version 1: fixed-width records of float label, float dense[num_dense]
+//   (transformed), uint32 cats[num_sparse] (raw values; rows, hashing and
+//   multi-hot bags are applied when reading, so one file serves any config);
+// - version 2 (materialised multi-hot bags): after the header one 16-byte
+//   entry per table (uint64 rows, uint32 multi-hot size k, uint32 0), then
+//   fixed-width records of float label, float dense[num_dense], and per
+//   table its k uint32 ids (rows of that table, the bag as the readers
+//   derive it). Flags bit 0: the first ids were reduced with hash_ids.
+//   Version 1 has flags 0.
+//
+// Converts TSV files to one version-1 binary file (written to a temporary
+// file, then renamed, so `out_path` never holds a partial file); returns the
+// record count. Errors as OpenCriteoTsv's, or naming `out_path` when writing
+// fails.
 absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     int num_dense = 13, int num_sparse = 26);
 
-// Memory-maps a binary file. InvalidArgument for a bad header, a size that
-// does not match the record count, or a column count unlike `options`; from
-// Next, InvalidArgument naming the file and record for a label other than
-// 0 or 1 or a non-finite dense value (a later Next goes on after it).
+// Converts TSV files to one version-2 binary file holding the bags that
+// OpenCriteoTsv(tsv_files, options) yields, written as above; returns the
+// record count. InvalidArgument for invalid options or a table of more than
+// 2^32 rows (its ids do not fit the format), naming the table; other errors
+// as ConvertCriteoTsvToBinary's.
+absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
+    const std::vector<std::string>& tsv_files, const std::string& out_path,
+    const CriteoOptions& options);
+
+// Memory-maps a binary file of either version. InvalidArgument for a bad
+// header, a size that does not match the record count, or a column count
+// unlike `options`; for version 2 also for a table whose rows, multi-hot
+// size or hashing differ from `options` (naming the table). From Next,
+// InvalidArgument naming the file and record for a label other than 0 or 1,
+// a non-finite dense value or (version 2) an id outside its table (a later
+// Next goes on after it).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
     const std::string& path, CriteoOptions options);
+
+// The record count in a binary file's header (either version). NotFound for
+// a missing file, PermissionDenied for one that cannot be opened otherwise,
+// InvalidArgument for one shorter than the header or with a bad magic.
+absl::StatusOr<int64_t> ReadCriteoBinaryCount(const std::string& path);
 
 }  // namespace dlrm::data

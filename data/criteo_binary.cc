@@ -1,11 +1,13 @@
-// The binary Criteo format: conversion from TSV and a memory-mapped reader.
-// Fixed-width records make reading a copy loop, so data loading is never the
-// bottleneck of a training step.
+// The binary Criteo format (version 1: raw one-hot values; version 2:
+// materialised multi-hot bags): conversion from TSV and a memory-mapped
+// reader. Fixed-width records make reading a copy loop, so data loading is
+// never the bottleneck of a training step.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "data/criteo.h"
+#include "data/multi_hot.h"
 
 namespace dlrm::data {
 namespace {
@@ -24,21 +27,45 @@ static_assert(std::endian::native == std::endian::little,
               "the binary Criteo format is little-endian");
 
 constexpr char kMagic[8] = {'D', 'L', 'R', 'M', 'B', 'I', 'N', '1'};
-constexpr uint32_t kVersion = 1;
+// Raw one-hot values, reduced (and expanded to bags) when read.
+constexpr uint32_t kVersionOneHot = 1;
+// Materialised bags, a table list after the header.
+constexpr uint32_t kVersionMultiHot = 2;
+// Header flags (version 2): the first id of each bag is Mix64(v) % rows.
+constexpr uint32_t kFlagHashIds = 1;
 
 struct Header {
   char magic[8];
   uint32_t version;
   uint32_t num_dense;
   uint32_t num_sparse;
-  uint32_t reserved;
+  uint32_t flags;
   uint64_t count;
 };
 static_assert(sizeof(Header) == 32);
 
-size_t RecordBytes(int num_dense, int num_sparse) {
+// One per table after a version-2 header.
+struct TableEntry {
+  uint64_t rows;
+  uint32_t multi_hot_size;
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(TableEntry) == 16);
+
+// A record: float label, float dense[num_dense], uint32 ids[ids]
+// (num_sparse raw values in version 1, every table's bag in version 2).
+size_t RecordBytes(int num_dense, int64_t ids) {
   return sizeof(float) * (1 + static_cast<size_t>(num_dense)) +
-         sizeof(uint32_t) * static_cast<size_t>(num_sparse);
+         sizeof(uint32_t) * static_cast<size_t>(ids);
+}
+
+// Stored ids per record of a version-2 file under `options`.
+int64_t BagIdsPerRecord(const CriteoOptions& options) {
+  int64_t ids = 0;
+  for (size_t t = 0; t < options.table_rows.size(); ++t) {
+    ids += options.MultiHotSize(static_cast<int>(t));
+  }
+  return ids;
 }
 
 std::string ErrnoText() { return std::strerror(errno); }
@@ -66,15 +93,24 @@ class RowReducer {
   uint64_t magic_;
 };
 
+// Reads records of either version; `records` is where the first record
+// starts (after the header, and in version 2 the table list).
 class CriteoBinarySource final : public BatchSource {
  public:
   CriteoBinarySource(std::string path, const char* base, size_t bytes,
-                     int64_t count, CriteoOptions options)
+                     size_t records, int64_t count, uint32_t version,
+                     CriteoOptions options)
       : path_(std::move(path)),
         base_(base),
         bytes_(bytes),
+        records_(records),
         count_(count),
-        options_(std::move(options)) {
+        materialised_(version == kVersionMultiHot),
+        options_(std::move(options)),
+        record_bytes_(RecordBytes(
+            options_.num_dense,
+            materialised_ ? BagIdsPerRecord(options_)
+                          : static_cast<int64_t>(options_.table_rows.size()))) {
     for (int64_t rows : options_.table_rows) reducers_.emplace_back(rows);
   }
   ~CriteoBinarySource() override { munmap(const_cast<char*>(base_), bytes_); }
@@ -111,17 +147,17 @@ class CriteoBinarySource final : public BatchSource {
     ids_.resize(num_sparse);
     for (int t = 0; t < num_sparse; ++t) {
       SparseFeature& f = batch->sparse[t];
+      const int k = options_.MultiHotSize(t);
       f.offsets.resize(n + 1);
-      for (int64_t s = 0; s <= n; ++s) f.offsets[s] = s;
-      f.ids.resize(n);
+      for (int64_t s = 0; s <= n; ++s) f.offsets[s] = s * k;
+      f.ids.resize(n * k);
       ids_[t] = f.ids.data();
     }
-    const size_t record_bytes = RecordBytes(num_dense, num_sparse);
-    const char* record = base_ + sizeof(Header) + next_ * record_bytes;
+    const char* record = base_ + records_ + next_ * record_bytes_;
     float* labels = batch->labels.data();
     float* dense = batch->dense.data();
     const bool hash = options_.hash_ids;
-    for (int64_t s = 0; s < n; ++s, record += record_bytes) {
+    for (int64_t s = 0; s < n; ++s, record += record_bytes_) {
       std::memcpy(&labels[s], record, sizeof(float));
       // With no dense features `dense` may be null, and memcpy from or to
       // null is undefined even for 0 bytes.
@@ -131,45 +167,95 @@ class CriteoBinarySource final : public BatchSource {
       }
       const char* cats = record + sizeof(float) * (1 + num_dense);
       for (int t = 0; t < num_sparse; ++t) {
+        const int k = options_.MultiHotSize(t);
+        int64_t* bag = ids_[t] + s * k;
+        if (materialised_) {
+          for (int j = 0; j < k; ++j, cats += sizeof(uint32_t)) {
+            uint32_t id;
+            std::memcpy(&id, cats, sizeof(id));
+            bag[j] = id;
+          }
+          continue;
+        }
         uint32_t value;
-        std::memcpy(&value, cats + sizeof(uint32_t) * t, sizeof(value));
-        ids_[t][s] = hash ? CriteoRow(value, options_.table_rows[t], true)
-                          : reducers_[t](value);
+        std::memcpy(&value, cats, sizeof(value));
+        cats += sizeof(uint32_t);
+        const int64_t rows = options_.table_rows[t];
+        const int64_t row =
+            hash ? CriteoRow(value, rows, true) : reducers_[t](value);
+        if (k == 1) {
+          bag[0] = row;
+        } else {
+          DeriveMultiHotBag(row, rows, k, MultiHotTableSeed(t), bag);
+        }
       }
     }
-    // The converter writes labels 0/1 and finite log(1+x) values; anything
-    // else is a corrupt or foreign file, named here by record rather than
-    // left for the model to reject without a place.
+    // The converter writes labels 0/1, finite log(1+x) values and ids
+    // within their tables; anything else is a corrupt or foreign file,
+    // named here by record rather than left for the model to reject
+    // without a place.
     for (int64_t s = 0; s < n; ++s) {
       const float* x = dense + s * num_dense;
       const bool label_ok = labels[s] == 0.0f || labels[s] == 1.0f;
       bool dense_ok = true;
       for (int i = 0; i < num_dense; ++i) dense_ok &= std::isfinite(x[i]);
-      if (label_ok && dense_ok) continue;
+      const int bad_table = materialised_ ? TableWithBadId(s) : -1;
+      if (label_ok && dense_ok && bad_table < 0) continue;
       const int64_t record_index = next_ + s;
       next_ = record_index + 1;  // a later Next goes on after it
-      batch->Reset(num_dense, num_sparse);
+      const std::string where =
+          absl::StrCat(path_, ": record ", record_index, ": ");
       if (!label_ok) {
+        const float label = labels[s];
+        batch->Reset(num_dense, num_sparse);
         return absl::InvalidArgumentError(
-            absl::StrCat(path_, ": record ", record_index, ": label ",
-                         labels[s], " must be 0 or 1"));
+            absl::StrCat(where, "label ", label, " must be 0 or 1"));
       }
-      int bad = 0;
-      while (std::isfinite(x[bad])) ++bad;
+      if (!dense_ok) {
+        int bad = 0;
+        while (std::isfinite(x[bad])) ++bad;
+        const bool nan = std::isnan(x[bad]);
+        batch->Reset(num_dense, num_sparse);
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "dense ", bad, " is ", nan ? "NaN" : "infinite"));
+      }
+      const int k = options_.MultiHotSize(bad_table);
+      const int64_t rows = options_.table_rows[bad_table];
+      const int64_t* bag = ids_[bad_table] + s * k;
+      const int64_t id =
+          *std::find_if(bag, bag + k, [rows](int64_t i) { return i >= rows; });
+      batch->Reset(num_dense, num_sparse);
       return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": record ", record_index, ": dense ", bad,
-                       " is ", std::isnan(x[bad]) ? "NaN" : "infinite"));
+          absl::StrCat(where, "table ", bad_table, ": id ", id,
+                       " is not below the table's ", rows, " rows"));
     }
     next_ += n;
     return true;
   }
 
  private:
+  // The first table whose bag in sample `s` of the batch being read holds
+  // an id outside the table, or -1.
+  int TableWithBadId(int64_t s) const {
+    for (size_t t = 0; t < ids_.size(); ++t) {
+      const int k = options_.MultiHotSize(static_cast<int>(t));
+      const int64_t rows = options_.table_rows[t];
+      const int64_t* bag = ids_[t] + s * k;
+      for (int j = 0; j < k; ++j) {
+        if (bag[j] >= rows) return static_cast<int>(t);
+      }
+    }
+    return -1;
+  }
+
   const std::string path_;
   const char* const base_;
   const size_t bytes_;
+  const size_t records_;
   const int64_t count_;
+  const bool materialised_;
   const CriteoOptions options_;
+  const size_t record_bytes_;
   std::vector<RowReducer> reducers_;
   std::vector<int64_t*> ids_;
   int64_t next_ = 0;
@@ -234,6 +320,66 @@ class TempFile {
   bool committed_ = false;
 };
 
+// Writes the samples of `source` (shaped by `options`, every bag of table t
+// holding options.MultiHotSize(t) ids below 2^32) after `header` and
+// `tables` to `out_path`, each bag's ids as uint32; returns the count.
+absl::StatusOr<int64_t> WriteBinary(BatchSource* source,
+                                    const std::string& out_path, Header header,
+                                    const std::vector<TableEntry>& tables,
+                                    const CriteoOptions& options) {
+  TempFile out(absl::StrCat(out_path, ".tmp.", getpid()));
+  RETURN_IF_ERROR(out.Open());
+  RETURN_IF_ERROR(out.Write(&header, sizeof(header)));
+  if (!tables.empty()) {
+    RETURN_IF_ERROR(
+        out.Write(tables.data(), sizeof(TableEntry) * tables.size()));
+  }
+  const int num_dense = options.num_dense;
+  const int num_sparse = static_cast<int>(options.table_rows.size());
+  const size_t record_bytes = RecordBytes(num_dense, BagIdsPerRecord(options));
+  std::vector<char> buffer;
+  Batch batch;
+  int64_t count = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(bool more, source->Next(1 << 16, &batch));
+    if (!more) break;
+    buffer.resize(batch.size * record_bytes);
+    char* record = buffer.data();
+    for (int64_t s = 0; s < batch.size; ++s, record += record_bytes) {
+      std::memcpy(record, &batch.labels[s], sizeof(float));
+      if (num_dense > 0) {
+        std::memcpy(record + sizeof(float), &batch.dense[s * num_dense],
+                    sizeof(float) * num_dense);
+      }
+      char* ids = record + sizeof(float) * (1 + num_dense);
+      for (int t = 0; t < num_sparse; ++t) {
+        const SparseFeature& f = batch.sparse[t];
+        const int k = options.MultiHotSize(t);
+        for (int j = 0; j < k; ++j, ids += sizeof(uint32_t)) {
+          const uint32_t id = static_cast<uint32_t>(f.ids[f.offsets[s] + j]);
+          std::memcpy(ids, &id, sizeof(id));
+        }
+      }
+    }
+    RETURN_IF_ERROR(out.Write(buffer.data(), buffer.size()));
+    count += batch.size;
+  }
+  header.count = static_cast<uint64_t>(count);
+  RETURN_IF_ERROR(out.Seek(0));
+  RETURN_IF_ERROR(out.Write(&header, sizeof(header)));
+  RETURN_IF_ERROR(out.CommitAs(out_path));
+  return count;
+}
+
+Header MakeHeader(uint32_t version, const CriteoOptions& options) {
+  Header header{};
+  std::memcpy(header.magic, kMagic, sizeof(kMagic));
+  header.version = version;
+  header.num_dense = static_cast<uint32_t>(options.num_dense);
+  header.num_sparse = static_cast<uint32_t>(options.table_rows.size());
+  return header;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
@@ -252,45 +398,32 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
   raw.table_rows.assign(num_sparse, int64_t{1} << 32);
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
                    OpenCriteoTsv(tsv_files, raw));
+  return WriteBinary(source.get(), out_path, MakeHeader(kVersionOneHot, raw),
+                     {}, raw);
+}
 
-  TempFile out(absl::StrCat(out_path, ".tmp.", getpid()));
-  RETURN_IF_ERROR(out.Open());
-  Header header{};
-  std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.version = kVersion;
-  header.num_dense = static_cast<uint32_t>(num_dense);
-  header.num_sparse = static_cast<uint32_t>(num_sparse);
-  RETURN_IF_ERROR(out.Write(&header, sizeof(header)));
-
-  const size_t record_bytes = RecordBytes(num_dense, num_sparse);
-  std::vector<char> buffer;
-  Batch batch;
-  int64_t count = 0;
-  while (true) {
-    ASSIGN_OR_RETURN(bool more, source->Next(1 << 16, &batch));
-    if (!more) break;
-    buffer.resize(batch.size * record_bytes);
-    char* record = buffer.data();
-    for (int64_t s = 0; s < batch.size; ++s, record += record_bytes) {
-      std::memcpy(record, &batch.labels[s], sizeof(float));
-      if (num_dense > 0) {
-        std::memcpy(record + sizeof(float), &batch.dense[s * num_dense],
-                    sizeof(float) * num_dense);
-      }
-      char* cats = record + sizeof(float) * (1 + num_dense);
-      for (int t = 0; t < num_sparse; ++t) {
-        const uint32_t value = static_cast<uint32_t>(batch.sparse[t].ids[s]);
-        std::memcpy(cats + sizeof(uint32_t) * t, &value, sizeof(value));
-      }
+absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
+    const std::vector<std::string>& tsv_files, const std::string& out_path,
+    const CriteoOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::vector<TableEntry> tables;
+  for (size_t t = 0; t < options.table_rows.size(); ++t) {
+    const int64_t rows = options.table_rows[t];
+    if (rows > int64_t{1} << 32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "converting to ", out_path, ": table ", t, " has ", rows,
+          " rows (CriteoOptions.table_rows[", t,
+          "]); the binary format's uint32 ids index at most 2^32"));
     }
-    RETURN_IF_ERROR(out.Write(buffer.data(), buffer.size()));
-    count += batch.size;
+    tables.push_back(TableEntry{static_cast<uint64_t>(rows),
+                                static_cast<uint32_t>(options.MultiHotSize(t)),
+                                0});
   }
-  header.count = static_cast<uint64_t>(count);
-  RETURN_IF_ERROR(out.Seek(0));
-  RETURN_IF_ERROR(out.Write(&header, sizeof(header)));
-  RETURN_IF_ERROR(out.CommitAs(out_path));
-  return count;
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
+                   OpenCriteoTsv(tsv_files, options));
+  Header header = MakeHeader(kVersionMultiHot, options);
+  if (options.hash_ids) header.flags |= kFlagHashIds;
+  return WriteBinary(source.get(), out_path, header, tables, options);
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
@@ -335,9 +468,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) {
     return fail("bad magic: not a DLRMBIN1 Criteo binary file");
   }
-  if (header.version != kVersion) {
+  if (header.version != kVersionOneHot && header.version != kVersionMultiHot) {
     return fail(absl::StrCat("unsupported version ", header.version,
-                             " (this build reads version ", kVersion, ")"));
+                             " (this build reads versions ", kVersionOneHot,
+                             " and ", kVersionMultiHot, ")"));
   }
   const int num_sparse = static_cast<int>(options.table_rows.size());
   if (header.num_dense != static_cast<uint32_t>(options.num_dense) ||
@@ -347,19 +481,85 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
                              " sparse features, the options expect ",
                              options.num_dense, " and ", num_sparse));
   }
-  const size_t record_bytes = RecordBytes(options.num_dense, num_sparse);
-  const size_t payload = bytes - sizeof(Header);
+  size_t records = sizeof(Header);
+  int64_t ids_per_record = num_sparse;
+  if (header.version == kVersionMultiHot) {
+    records += sizeof(TableEntry) * num_sparse;
+    if (bytes < records) {
+      return fail(absl::StrCat("file has ", bytes, " bytes, fewer than the ",
+                               records, "-byte header and table list of a ",
+                               "version-2 file"));
+    }
+    if ((header.flags & ~kFlagHashIds) != 0) {
+      return fail(
+          absl::StrCat("unknown flags ", header.flags, " in the header"));
+    }
+    const bool hashed = (header.flags & kFlagHashIds) != 0;
+    if (hashed != options.hash_ids) {
+      return fail(absl::StrCat("file's ids were reduced ",
+                               hashed ? "with" : "without",
+                               " hash_ids, the options read them ",
+                               options.hash_ids ? "with" : "without"));
+    }
+    for (int t = 0; t < num_sparse; ++t) {
+      TableEntry table;
+      std::memcpy(&table, base + sizeof(Header) + sizeof(TableEntry) * t,
+                  sizeof(table));
+      if (table.multi_hot_size !=
+          static_cast<uint32_t>(options.MultiHotSize(t))) {
+        return fail(absl::StrCat("table ", t, ": file's bags hold ",
+                                 table.multi_hot_size,
+                                 " ids, the options expect multi_hot_sizes[", t,
+                                 "] = ", options.MultiHotSize(t)));
+      }
+      if (table.rows != static_cast<uint64_t>(options.table_rows[t])) {
+        return fail(absl::StrCat("table ", t, ": file's ids index ", table.rows,
+                                 " rows, the options expect ", "table_rows[", t,
+                                 "] = ", options.table_rows[t]));
+      }
+      if (table.reserved != 0) {
+        return fail(absl::StrCat("table ", t, ": reserved field is ",
+                                 table.reserved, ", not 0"));
+      }
+    }
+    ids_per_record = BagIdsPerRecord(options);
+  }
+  const size_t record_bytes = RecordBytes(options.num_dense, ids_per_record);
+  const size_t payload = bytes - records;
   if (header.count > payload / record_bytes ||
       header.count * record_bytes != payload) {
     return fail(absl::StrCat(
         "file has ", bytes, " bytes, which does not match its header's ",
-        header.count, " records of ", record_bytes,
-        " bytes after the 32-byte header: the file is truncated or corrupt"));
+        header.count, " records of ", record_bytes, " bytes after the ",
+        records, "-byte header: the file is truncated or corrupt"));
   }
   madvise(map, bytes, MADV_SEQUENTIAL);
   return std::unique_ptr<BatchSource>(std::make_unique<CriteoBinarySource>(
-      path, base, bytes, static_cast<int64_t>(header.count),
-      std::move(options)));
+      path, base, bytes, records, static_cast<int64_t>(header.count),
+      header.version, std::move(options)));
+}
+
+absl::StatusOr<int64_t> ReadCriteoBinaryCount(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    const int error = errno;
+    const std::string message = absl::StrCat("cannot open Criteo binary file ",
+                                             path, ": ", std::strerror(error));
+    if (error == ENOENT) return absl::NotFoundError(message);
+    return absl::PermissionDeniedError(message);
+  }
+  Header header;
+  const size_t got = std::fread(&header, 1, sizeof(header), file);
+  std::fclose(file);
+  if (got != sizeof(header)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": file has ", got, " bytes, fewer than the 32-byte header"));
+  }
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad magic: not a DLRMBIN1 Criteo binary file"));
+  }
+  return static_cast<int64_t>(header.count);
 }
 
 }  // namespace dlrm::data

@@ -1,10 +1,13 @@
 // dlrm_convert: converts Criteo TSV files into the binary format that the
-// trainer memory-maps (see data/criteo.h).
+// trainer memory-maps (see data/criteo.h): version 1 (raw one-hot values),
+// or with --config version 2, the multi-hot bags of that config's tables
+// materialised.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "data/criteo.h"
 
 int main(int argc, char** argv) {
@@ -14,21 +17,46 @@ int main(int argc, char** argv) {
   std::string out;
   int num_dense = 13;
   int num_sparse = 26;
+  std::string config_spec;
   std::vector<std::string> inputs;
   app.add_option("--out", out, "Binary file to write")->required();
-  app.add_option("--num-dense", num_dense, "Integer columns per line")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--num-sparse", num_sparse, "Categorical columns per line")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  CLI::Option* dense_flag =
+      app.add_option("--num-dense", num_dense, "Integer columns per line")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
+  CLI::Option* sparse_flag =
+      app.add_option("--num-sparse", num_sparse, "Categorical columns per line")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+  app.add_option("--config", config_spec,
+                 "Preset name or text-format ModelConfig: write version 2, "
+                 "each table's bags of multi_hot_size ids derived from its "
+                 "rows (data/multi_hot.h) and stored; the columns follow the "
+                 "config")
+      ->excludes(dense_flag)
+      ->excludes(sparse_flag);
   app.add_option("inputs", inputs, "TSV files, read in order")
       ->required()
       ->expected(1, -1);
   CLI11_PARSE(app, argc, argv);
 
-  const absl::StatusOr<int64_t> count =
-      dlrm::data::ConvertCriteoTsvToBinary(inputs, out, num_dense, num_sparse);
+  absl::StatusOr<int64_t> count;
+  if (config_spec.empty()) {
+    count = dlrm::data::ConvertCriteoTsvToBinary(inputs, out, num_dense,
+                                                 num_sparse);
+  } else {
+    const absl::StatusOr<dlrm::ModelConfig> config =
+        dlrm::LoadModelConfig(config_spec);
+    if (!config.ok()) {
+      std::fprintf(stderr, "dlrm_convert: --config %s: %s\n",
+                   config_spec.c_str(),
+                   std::string(config.status().message()).c_str());
+      return 1;
+    }
+    count = dlrm::data::ConvertCriteoTsvToMultiHotBinary(
+        inputs, out,
+        dlrm::data::CriteoOptionsForModel(*config, /*hash_ids=*/false));
+  }
   if (!count.ok()) {
     std::fprintf(stderr, "dlrm_convert: %s\n",
                  std::string(count.status().message()).c_str());

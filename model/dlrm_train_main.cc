@@ -54,10 +54,8 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 absl::StatusOr<std::unique_ptr<data::BatchSource>> OpenFiles(
     const std::vector<std::string>& files, const ModelConfig& config,
     bool hash_ids) {
-  data::CriteoOptions options;
-  options.num_dense = config.num_dense_features();
-  options.hash_ids = hash_ids;
-  for (const auto& t : config.tables()) options.table_rows.push_back(t.rows());
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(config, hash_ids);
   if (files.size() == 1 && EndsWith(files[0], ".bin")) {
     return data::OpenCriteoBinary(files[0], options);
   }

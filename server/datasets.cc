@@ -26,16 +26,6 @@ bool Within(const fs::path& root, const fs::path& path) {
   return true;
 }
 
-data::CriteoOptions CriteoOptionsFor(const ModelConfig& config, bool hash_ids) {
-  data::CriteoOptions options;
-  options.num_dense = config.num_dense_features();
-  options.hash_ids = hash_ids;
-  for (const TableConfig& t : config.tables()) {
-    options.table_rows.push_back(t.rows());
-  }
-  return options;
-}
-
 // `field = "path"` for a message, the path escaped.
 std::string Named(absl::string_view field, const std::string& path) {
   return absl::StrCat(field, " = \"", EscapeForMessage(path), "\"");
@@ -215,15 +205,16 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
                                      spec.criteo_tsv().paths().end());
       ASSIGN_OR_RETURN(
           out.source,
-          data::OpenCriteoTsv(
-              std::move(files),
-              CriteoOptionsFor(config, spec.criteo_tsv().hash_ids())));
+          data::OpenCriteoTsv(std::move(files),
+                              data::CriteoOptionsForModel(
+                                  config, spec.criteo_tsv().hash_ids())));
       return out;
     }
     case DatasetSpec::kCriteoBinary: {
-      ASSIGN_OR_RETURN(out.source,
-                       data::OpenCriteoBinary(spec.criteo_binary(),
-                                              CriteoOptionsFor(config, false)));
+      ASSIGN_OR_RETURN(
+          out.source,
+          data::OpenCriteoBinary(spec.criteo_binary(),
+                                 data::CriteoOptionsForModel(config, false)));
       return out;
     }
     case DatasetSpec::kSynthetic: {

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "clients/client.h"
 #include "clients/grpc_status.h"
 #include "clients/progress.h"
@@ -41,6 +42,7 @@
 #include "clients/tsv_input.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "data/criteo.h"
 #include "data/synthetic.h"
 
 extern char** environ;
@@ -164,6 +166,54 @@ TEST(ClientTsvInputTest, ReadsLinesWithAndWithoutLabels) {
   source = OpenCriteoStream(&bad, "bad.tsv", options);
   ASSERT_TRUE(source.ok());
   ExpectInvalid((*source)->Next(10, &b).status(), "bad.tsv:1");
+}
+
+// With the tiny model's multi-hot sizes the stream reader yields the bags
+// the file reader (data/criteo.h) derives from the same lines, labelled or
+// not.
+TEST(ClientTsvInputTest, MultiHotBagsEqualTheFileReaders) {
+  std::string labelled, unlabelled;
+  for (int i = 0; i < 30; ++i) {
+    const std::string features =
+        absl::StrCat(i, "\t\t", 3 * i, "\t1\t", absl::Hex(i * 7919), "\t",
+                     absl::Hex(i * 13), "\t", i % 4 == 0 ? "" : "ff");
+    labelled += absl::StrCat(i % 2, "\t", features, "\n");
+    unlabelled += features + "\n";
+  }
+  const fs::path dir = fs::path(testing::TempDir()) / "clients_multi_hot";
+  fs::create_directories(dir);
+  const std::string file = (dir / "day.tsv").string();
+  std::ofstream(file) << labelled;
+  absl::StatusOr<ModelConfig> config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const data::CriteoOptions options =
+      data::CriteoOptionsForModel(*config, /*hash_ids=*/false);
+  auto from_file = data::OpenCriteoTsv({file}, options);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  data::Batch expected;
+  ASSERT_TRUE(*(*from_file)->Next(100, &expected));
+  ASSERT_EQ(expected.size, 30);
+  EXPECT_EQ(expected.sparse[1].ids.size(), 30u * 3);
+  EXPECT_EQ(expected.sparse[2].ids.size(), 30u * 2);
+  for (bool with_labels : {true, false}) {
+    std::istringstream in(with_labels ? labelled : unlabelled);
+    auto source = OpenCriteoStream(&in, "mem", options);
+    ASSERT_TRUE(source.ok()) << source.status();
+    data::Batch b;
+    ASSERT_TRUE(*(*source)->Next(100, &b));
+    ASSERT_EQ(b.size, expected.size);
+    EXPECT_EQ(b.dense, expected.dense);
+    for (size_t t = 0; t < b.sparse.size(); ++t) {
+      EXPECT_EQ(b.sparse[t].offsets, expected.sparse[t].offsets) << t;
+      EXPECT_EQ(b.sparse[t].ids, expected.sparse[t].ids) << t;
+    }
+    if (with_labels) {
+      EXPECT_EQ(b.labels, expected.labels);
+    } else {
+      EXPECT_EQ(b.labels, std::vector<float>(30, 0.0f));
+    }
+    EXPECT_TRUE(b.Validate(4, options.table_rows).ok());
+  }
 }
 
 // --- end to end against dlrm_server -----------------------------------------

@@ -1,12 +1,14 @@
 // Tests for data/: Batch validation and slicing, the Criteo TSV and binary
-// readers, the TSV -> binary conversion, the synthetic generator, and
-// skipping and reading sample ranges of each.
+// readers, the multi-hot derivation, the TSV -> binary conversion (and
+// dlrm_convert), the synthetic generator, and skipping and reading sample
+// ranges of each.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,10 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/random.h"
 #include "data/batch.h"
 #include "data/criteo.h"
+#include "data/multi_hot.h"
 #include "data/range_reader.h"
 #include "data/synthetic.h"
 #include "data/wire.h"
@@ -776,6 +780,515 @@ TEST(CriteoBinaryTest, EmptyInputGivesAnEmptyDataset) {
   EXPECT_TRUE(ReadAll(source->get(), 10).empty());
 }
 
+// --- Multi-hot bags from one-hot data ---------------------------------------
+
+// MLPerf DLRM-DCNv2's multi-hot sizes (configs/mlperf-dlrm-dcnv2.textproto).
+const std::vector<int> kDcnV2Sizes = {3, 2,  1,   2,  6,  1, 1, 1, 1,
+                                      7, 3,  8,   1,  6,  9, 5, 1, 1,
+                                      1, 12, 100, 27, 10, 3, 1, 1};
+
+// 26 row counts: every reduction path (1, 2^31 + 1, 2^32) and random ones;
+// `max_rows` caps them (2^32 for a version-2 file).
+std::vector<int64_t> MultiHotRows(Rng* rng, int64_t max_rows) {
+  std::vector<int64_t> rows = {1,
+                               2,
+                               3,
+                               7,
+                               100000,
+                               1460,
+                               24,
+                               10131227,
+                               (1LL << 31) + 1,
+                               (1LL << 32) - 1,
+                               1LL << 32,
+                               1LL << 40};
+  for (int64_t& r : rows) r = std::min(r, max_rows);
+  while (rows.size() < 26) rows.push_back(1 + rng->Below(1 << 20));
+  return rows;
+}
+
+// The batch a Criteo reader should yield for the lines of `text` under
+// `options`, built line by line: ParseCriteoLine, CriteoRow, then the bag
+// DeriveMultiHotBag gives for that row with the table's seed.
+Batch ReferenceBatch(const std::string& text, const CriteoOptions& options) {
+  const int num_sparse = static_cast<int>(options.table_rows.size());
+  Batch b;
+  b.Reset(options.num_dense, num_sparse);
+  size_t begin = 0;
+  int line_number = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_number;
+    if (line.empty() || line == "\r") continue;
+    CriteoRecord r;
+    const absl::Status parsed =
+        ParseCriteoLine(line, options.num_dense, num_sparse, "reference", &r);
+    EXPECT_TRUE(parsed.ok()) << "line " << line_number << ": " << parsed;
+    b.labels.push_back(r.label);
+    b.dense.insert(b.dense.end(), r.dense.begin(), r.dense.end());
+    for (int t = 0; t < num_sparse; ++t) {
+      const int64_t rows = options.table_rows[t];
+      const int k = options.MultiHotSize(t);
+      std::vector<int64_t> bag(k);
+      DeriveMultiHotBag(CriteoRow(r.cats[t], rows, options.hash_ids), rows, k,
+                        MultiHotTableSeed(t), bag.data());
+      b.sparse[t].ids.insert(b.sparse[t].ids.end(), bag.begin(), bag.end());
+      b.sparse[t].offsets.push_back(
+          static_cast<int64_t>(b.sparse[t].ids.size()));
+    }
+    ++b.size;
+  }
+  return b;
+}
+
+// All samples of `source` in one batch (read in batches of `batch_size`).
+Batch ReadWhole(BatchSource* source, int64_t batch_size) {
+  Batch all;
+  for (const Batch& batch : ReadAll(source, batch_size)) all.Append(batch);
+  return all;
+}
+
+// The derivation against its documented formula, on random rows, sizes and
+// seeds: first id the row, the others HashKey(seed, row, j) scaled to rows.
+TEST(MultiHotTest, BagIsTheRowThenHashedIdsInRange) {
+  const uint64_t seed = 8080;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::vector<int64_t> row_counts = {
+      1, 2, 3, 40000000, 1LL << 32, 1LL << 40, (1LL << 62) + 5};
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t rows = row_counts[rng.Below(row_counts.size())];
+    const int size = 1 + static_cast<int>(rng.Below(120));
+    const uint64_t table_seed = rng.Below(30);
+    const int64_t row = static_cast<int64_t>(rng.Below(rows));
+    std::vector<int64_t> bag(size, -1), again(size, -2);
+    DeriveMultiHotBag(row, rows, size, table_seed, bag.data());
+    DeriveMultiHotBag(row, rows, size, table_seed, again.data());
+    EXPECT_EQ(bag, again);
+    ASSERT_EQ(bag[0], row);
+    for (int j = 1; j < size; ++j) {
+      const uint64_t bits = HashKey(table_seed, static_cast<uint64_t>(row), j);
+      const int64_t expected =
+          static_cast<int64_t>((static_cast<unsigned __int128>(bits) *
+                                static_cast<uint64_t>(rows)) >>
+                               64);
+      ASSERT_EQ(bag[j], expected) << "rows " << rows << " row " << row;
+      ASSERT_GE(bag[j], 0);
+      ASSERT_LT(bag[j], rows);
+    }
+  }
+  // Another table's seed gives another bag for the same row.
+  std::vector<int64_t> t0(100), t1(100);
+  DeriveMultiHotBag(12345, 40000000, 100, MultiHotTableSeed(0), t0.data());
+  DeriveMultiHotBag(12345, 40000000, 100, MultiHotTableSeed(1), t1.data());
+  EXPECT_EQ(t0[0], t1[0]);
+  EXPECT_NE(t0, t1);
+  EXPECT_EQ(MultiHotTableSeed(3), kMultiHotSeed + 3);
+}
+
+// The added ids are uniform over the table: the bags of the 10 rows of a
+// table hold 100,000 added ids, each row about 10,000 times (standard
+// deviation 95; the bounds are 6 of it).
+TEST(MultiHotTest, AddedIdsAreUniform) {
+  std::vector<int64_t> counts(10, 0);
+  std::vector<int64_t> bag(10001);
+  for (int64_t row = 0; row < 10; ++row) {
+    DeriveMultiHotBag(row, 10, 10001, MultiHotTableSeed(4), bag.data());
+    for (size_t j = 1; j < bag.size(); ++j) ++counts[bag[j]];
+  }
+  for (int64_t r = 0; r < 10; ++r) {
+    EXPECT_GT(counts[r], 9430) << "row " << r;
+    EXPECT_LT(counts[r], 10570) << "row " << r;
+  }
+}
+
+TEST(MultiHotTest, OptionsValidateTheSizes) {
+  CriteoOptions options;
+  options.table_rows = {10, 20};
+  options.multi_hot_sizes = {1};
+  ExpectInvalid(options.Validate(), "multi_hot_sizes has 1 entries");
+  options.multi_hot_sizes = {1, 0};
+  ExpectInvalid(options.Validate(), "multi_hot_sizes[1] = 0 must be in [1, ");
+  options.multi_hot_sizes = {kMaxMultiHotSize + 1, 1};
+  ExpectInvalid(options.Validate(), "multi_hot_sizes[0] = 65537");
+  options.multi_hot_sizes = {kMaxMultiHotSize, 3};
+  EXPECT_TRUE(options.Validate().ok());
+  EXPECT_EQ(options.MultiHotSize(1), 3);
+  options.multi_hot_sizes.clear();
+  EXPECT_EQ(options.MultiHotSize(1), 1);
+  ExpectInvalid(OpenCriteoTsv({"x"}, CriteoOptions{.table_rows = {5},
+                                                   .multi_hot_sizes = {-1}})
+                    .status(),
+                "multi_hot_sizes[0] = -1");
+}
+
+TEST(MultiHotTest, OptionsForModelTakeTheTablesMultiHotSizes) {
+  const CriteoOptions dcn =
+      CriteoOptionsForModel(Preset("mlperf-dlrm-dcnv2"), false);
+  EXPECT_EQ(dcn.num_dense, 13);
+  EXPECT_FALSE(dcn.hash_ids);
+  EXPECT_EQ(dcn.multi_hot_sizes, kDcnV2Sizes);
+  ASSERT_EQ(dcn.table_rows.size(), 26u);
+  EXPECT_EQ(dcn.table_rows[0], 40000000);
+  EXPECT_EQ(dcn.table_rows[5], 3);
+  const CriteoOptions tiny = CriteoOptionsForModel(Preset("tiny"), true);
+  EXPECT_EQ(tiny.num_dense, 4);
+  EXPECT_TRUE(tiny.hash_ids);
+  EXPECT_EQ(tiny.table_rows, (std::vector<int64_t>{50, 20, 100}));
+  EXPECT_EQ(tiny.multi_hot_sizes, (std::vector<int>{1, 3, 2}));
+  // multi_hot_size 0 (an unnormalised config) counts as 1.
+  ModelConfig raw;
+  raw.add_tables()->set_rows(9);
+  EXPECT_EQ(CriteoOptionsForModel(raw, false).multi_hot_sizes,
+            (std::vector<int>{1}));
+}
+
+// The TSV reader with multi-hot sizes against the reference built line by
+// line, with and without hash_ids; sizes all 1 give today's one-hot batches.
+TEST(CriteoTsvTest, MultiHotBagsAreTheDerivationOfEachRow) {
+  const uint64_t seed = 5150;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::string a = TempPath("mh_a.txt");
+  const std::string b = TempPath("mh_b.txt");
+  const std::string text_a = RandomTsv(&rng, 300);
+  std::string text_b = "\n";  // a blank line first
+  text_b += RandomTsv(&rng, 157);
+  WriteFile(a, text_a);
+  WriteFile(b, text_b);
+  for (bool hash : {false, true}) {
+    SCOPED_TRACE(hash ? "hash_ids" : "modulo");
+    CriteoOptions options;
+    options.table_rows = MultiHotRows(&rng, int64_t{1} << 40);
+    options.hash_ids = hash;
+    options.multi_hot_sizes = kDcnV2Sizes;
+    auto source = OpenCriteoTsv({a, b}, options);
+    ASSERT_TRUE(source.ok()) << source.status();
+    const Batch expected = ReferenceBatch(text_a + text_b, options);
+    ASSERT_EQ(expected.size, 457);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      const Batch whole = ReadWhole(source->get(), 100);
+      ExpectBatchesEqual(whole, expected);
+      EXPECT_TRUE(whole.Validate(13, options.table_rows).ok());
+      for (int t = 0; t < 26; ++t) {
+        for (int64_t s = 0; s < whole.size; ++s) {
+          ASSERT_EQ(whole.sparse[t].bag_size(s), kDcnV2Sizes[t]);
+        }
+      }
+      ASSERT_TRUE((*source)->Rewind().ok());
+    }
+
+    // Sizes all 1, given or left empty: one id per bag, the one-hot row.
+    CriteoOptions one_hot = options;
+    one_hot.multi_hot_sizes.clear();
+    CriteoOptions all_ones = options;
+    all_ones.multi_hot_sizes.assign(26, 1);
+    auto plain = OpenCriteoTsv({a, b}, one_hot);
+    auto ones = OpenCriteoTsv({a, b}, all_ones);
+    ASSERT_TRUE(plain.ok() && ones.ok());
+    const Batch plain_whole = ReadWhole(plain->get(), 64);
+    ExpectBatchesEqual(plain_whole, ReadWhole(ones->get(), 64));
+    ExpectBatchesEqual(plain_whole, ReferenceBatch(text_a + text_b, one_hot));
+    // Each multi-hot bag starts with the one-hot row.
+    const Batch multi = ReferenceBatch(text_a + text_b, options);
+    for (int t = 0; t < 26; ++t) {
+      for (int64_t s = 0; s < multi.size; ++s) {
+        ASSERT_EQ(multi.sparse[t].ids[multi.sparse[t].offsets[s]],
+                  plain_whole.sparse[t].ids[s]);
+      }
+    }
+  }
+}
+
+// A version-1 file (raw one-hot values) read with multi-hot sizes gives the
+// TSV reader's bags; with sizes all 1 the batches of the default options.
+TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
+  const uint64_t seed = 6160;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::string a = TempPath("mh_v1.txt");
+  WriteFile(a, RandomTsv(&rng, 411));
+  const std::string bin = TempPath("mh_v1.bin");
+  ASSERT_TRUE(ConvertCriteoTsvToBinary({a}, bin).ok());
+  for (bool hash : {false, true}) {
+    SCOPED_TRACE(hash ? "hash_ids" : "modulo");
+    CriteoOptions options;
+    options.table_rows = MultiHotRows(&rng, int64_t{1} << 40);
+    options.hash_ids = hash;
+    for (int t = 0; t < 26; ++t) {
+      options.multi_hot_sizes.push_back(1 + static_cast<int>(rng.Below(9)));
+    }
+    auto tsv = OpenCriteoTsv({a}, options);
+    auto binary = OpenCriteoBinary(bin, options);
+    ASSERT_TRUE(tsv.ok()) << tsv.status();
+    ASSERT_TRUE(binary.ok()) << binary.status();
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 128);
+      std::vector<Batch> from_binary = ReadAll(binary->get(), 128);
+      ASSERT_EQ(from_tsv.size(), 4u);
+      ASSERT_EQ(from_binary.size(), from_tsv.size());
+      for (size_t i = 0; i < from_tsv.size(); ++i) {
+        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
+        EXPECT_TRUE(from_binary[i].Validate(13, options.table_rows).ok());
+      }
+      ASSERT_TRUE((*tsv)->Rewind().ok());
+      ASSERT_TRUE((*binary)->Rewind().ok());
+    }
+    CriteoOptions all_ones = options;
+    all_ones.multi_hot_sizes.assign(26, 1);
+    CriteoOptions one_hot = options;
+    one_hot.multi_hot_sizes.clear();
+    ExpectBatchesEqual(ReadWhole(OpenCriteoBinary(bin, all_ones)->get(), 50),
+                       ReadWhole(OpenCriteoBinary(bin, one_hot)->get(), 50));
+  }
+}
+
+// Version 2: the converted file holds the TSV reader's bags, read back
+// without deriving them (the same batches, Skip included), for the DCNv2
+// sizes and random ones, with and without hash_ids.
+TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
+  const uint64_t seed = 7170;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  const std::string a = TempPath("mh_v2_a.txt");
+  const std::string b = TempPath("mh_v2_b.txt");
+  WriteFile(a, RandomTsv(&rng, 250));
+  WriteFile(b, RandomTsv(&rng, 123));
+  const std::string bin = TempPath("mh_v2.bin");
+  for (int trial = 0; trial < 3; ++trial) {
+    CriteoOptions options;
+    options.table_rows = MultiHotRows(&rng, int64_t{1} << 32);
+    options.hash_ids = trial == 1;
+    if (trial == 2) {
+      for (int t = 0; t < 26; ++t) {
+        options.multi_hot_sizes.push_back(1 + static_cast<int>(rng.Below(5)));
+      }
+    } else {
+      options.multi_hot_sizes = kDcnV2Sizes;
+    }
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    absl::StatusOr<int64_t> count =
+        ConvertCriteoTsvToMultiHotBinary({a, b}, bin, options);
+    ASSERT_TRUE(count.ok()) << count.status();
+    EXPECT_EQ(*count, 373);
+    int64_t ids = 0;
+    for (int t = 0; t < 26; ++t) ids += options.MultiHotSize(t);
+    EXPECT_EQ(std::filesystem::file_size(bin),
+              static_cast<uintmax_t>(32 + 16 * 26 + 373 * 4 * (1 + 13 + ids)));
+    EXPECT_EQ(*ReadCriteoBinaryCount(bin), 373);
+
+    auto tsv = OpenCriteoTsv({a, b}, options);
+    auto binary = OpenCriteoBinary(bin, options);
+    ASSERT_TRUE(tsv.ok()) << tsv.status();
+    ASSERT_TRUE(binary.ok()) << binary.status();
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 100);
+      std::vector<Batch> from_binary = ReadAll(binary->get(), 100);
+      ASSERT_EQ(from_tsv.size(), 4u);
+      ASSERT_EQ(from_binary.size(), from_tsv.size());
+      for (size_t i = 0; i < from_tsv.size(); ++i) {
+        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
+        EXPECT_TRUE(from_binary[i].Validate(13, options.table_rows).ok());
+      }
+      ASSERT_TRUE((*tsv)->Rewind().ok());
+      ASSERT_TRUE((*binary)->Rewind().ok());
+    }
+    // Skipping moves over whole records of every table's bags.
+    Batch whole, after_skip, expected;
+    ASSERT_TRUE(*(*tsv)->Next(373, &whole));
+    ASSERT_EQ(*(*binary)->Skip(200), 200);
+    ASSERT_TRUE(*(*binary)->Next(10, &after_skip));
+    whole.Slice(200, 210, &expected);
+    ExpectBatchesEqual(after_skip, expected);
+  }
+}
+
+// Copies `from` to `to` and overwrites `bytes` at `offset`.
+void CopyAndPatch(const std::string& from, const std::string& to,
+                  std::streamoff offset, const void* bytes, size_t size) {
+  std::filesystem::copy_file(from, to,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::fstream f(to, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(offset);
+  f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(size));
+  ASSERT_TRUE(f.good()) << to;
+}
+
+TEST(CriteoBinaryTest, VersionTwoRejectsHeadersUnlikeTheOptions) {
+  const std::string tsv = TempPath("mh_small.txt");
+  WriteFile(tsv, Line("1", {"1"}, {"a", "b"}) + "\n" +
+                     Line("0", {"2"}, {"c", "d"}) + "\n" +
+                     Line("1", {"3"}, {"e", "f"}) + "\n");
+  const std::string bin = TempPath("mh_small.bin");
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  options.multi_hot_sizes = kDcnV2Sizes;
+  ASSERT_TRUE(ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).ok());
+  ASSERT_TRUE(OpenCriteoBinary(bin, options).ok());
+  const size_t header = 32 + 16 * 26;
+  const size_t record = 4 * (1 + 13 + 214);
+  EXPECT_EQ(std::filesystem::file_size(bin), header + 3 * record);
+
+  // Sizes, rows, hashing and columns must be the options'.
+  CriteoOptions other = options;
+  other.multi_hot_sizes[4] = 5;
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                bin +
+                    ": table 4: file's bags hold 6 ids, the options expect "
+                    "multi_hot_sizes[4] = 5");
+  other.multi_hot_sizes.clear();
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                "table 0: file's bags hold 3 ids, the options expect "
+                "multi_hot_sizes[0] = 1");
+  other = options;
+  other.table_rows[7] = 11;
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                bin +
+                    ": table 7: file's ids index 10 rows, the options "
+                    "expect table_rows[7] = 11");
+  other = options;
+  other.hash_ids = true;
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                "file's ids were reduced without hash_ids");
+  other = options;
+  other.num_dense = 12;
+  ExpectInvalid(OpenCriteoBinary(bin, other).status(),
+                "file has 13 dense and 26 sparse features");
+
+  // Truncated records, a truncated table list, an unknown version, flag
+  // or reserved field.
+  const std::string bad = TempPath("mh_bad.bin");
+  std::filesystem::copy_file(bin, bad,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(bad, header + 3 * record - 4);
+  ExpectInvalid(
+      OpenCriteoBinary(bad, options).status(),
+      absl::StrCat(bad, ": file has ", header + 3 * record - 4,
+                   " bytes, which does not match its header's 3 "
+                   "records of ",
+                   record, " bytes after the ", header, "-byte header"));
+  std::filesystem::resize_file(bad, 100);
+  ExpectInvalid(OpenCriteoBinary(bad, options).status(),
+                bad +
+                    ": file has 100 bytes, fewer than the 448-byte header "
+                    "and table list");
+  const uint32_t three = 3;
+  CopyAndPatch(bin, bad, 8, &three, sizeof(three));
+  ExpectInvalid(OpenCriteoBinary(bad, options).status(),
+                bad + ": unsupported version 3");
+  const uint32_t flags = 6;
+  CopyAndPatch(bin, bad, 20, &flags, sizeof(flags));
+  ExpectInvalid(OpenCriteoBinary(bad, options).status(),
+                bad + ": unknown flags 6");
+  const uint32_t reserved = 1;
+  CopyAndPatch(bin, bad, 32 + 16 * 2 + 12, &reserved, sizeof(reserved));
+  ExpectInvalid(OpenCriteoBinary(bad, options).status(),
+                bad + ": table 2: reserved field is 1");
+
+  // An id outside its table names the record and table; reading goes on.
+  const uint32_t ten = 10;
+  CopyAndPatch(bin, bad, header + record + 4 * (1 + 13 + 3 + 1), &ten,
+               sizeof(ten));  // record 1, table 1's second id
+  auto source = OpenCriteoBinary(bad, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  Batch batch;
+  ASSERT_TRUE(*(*source)->Next(1, &batch));
+  ExpectInvalid((*source)->Next(2, &batch).status(),
+                bad +
+                    ": record 1: table 1: id 10 is not below the table's "
+                    "10 rows");
+  ASSERT_TRUE(*(*source)->Next(2, &batch));
+  EXPECT_EQ(batch.size, 1);
+  EXPECT_TRUE(batch.Validate(13, options.table_rows).ok());
+}
+
+TEST(CriteoBinaryTest, VersionTwoConversionRefusesTablesBeyondUint32) {
+  const std::string tsv = TempPath("mh_huge.txt");
+  WriteFile(tsv, Line("1", {}, {}) + "\n");
+  const std::string bin = TempPath("mh_huge.bin");
+  std::filesystem::remove(bin);
+  CriteoOptions options;
+  options.table_rows = CriteoRows(10);
+  options.table_rows[2] = (int64_t{1} << 32) + 1;
+  ExpectInvalid(ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
+                "table 2 has 4294967297 rows (CriteoOptions.table_rows[2])");
+  options.table_rows[2] = 10;
+  options.multi_hot_sizes = {2};
+  ExpectInvalid(ConvertCriteoTsvToMultiHotBinary({tsv}, bin, options).status(),
+                "multi_hot_sizes has 1 entries");
+  EXPECT_FALSE(std::filesystem::exists(bin));
+}
+
+TEST(CriteoBinaryTest, ReadCountFromEitherVersion) {
+  const std::string tsv = TempPath("count.txt");
+  WriteFile(tsv, Line("1", {}, {}) + "\n" + Line("0", {}, {}) + "\n");
+  const std::string v1 = TempPath("count_v1.bin");
+  const std::string v2 = TempPath("count_v2.bin");
+  ASSERT_TRUE(ConvertCriteoTsvToBinary({tsv}, v1).ok());
+  CriteoOptions options;
+  options.table_rows = CriteoRows(5);
+  options.multi_hot_sizes = kDcnV2Sizes;
+  ASSERT_TRUE(ConvertCriteoTsvToMultiHotBinary({tsv}, v2, options).ok());
+  EXPECT_EQ(*ReadCriteoBinaryCount(v1), 2);
+  EXPECT_EQ(*ReadCriteoBinaryCount(v2), 2);
+  const std::string missing = TempPath("count_missing.bin");
+  EXPECT_EQ(ReadCriteoBinaryCount(missing).status().code(),
+            absl::StatusCode::kNotFound);
+  ExpectInvalid(ReadCriteoBinaryCount(tsv).status(), tsv + ": bad magic");
+  const std::string short_file = TempPath("count_short.bin");
+  WriteFile(short_file, "DLRMBIN1");
+  ExpectInvalid(ReadCriteoBinaryCount(short_file).status(),
+                short_file + ": file has 8 bytes");
+}
+
+// dlrm_convert --config writes version 2 with the config's bags; without
+// it, version 1 as before.
+TEST(ConvertToolTest, ConfigFlagWritesTheConfigsBags) {
+  const std::string tsv = TempPath("tool.txt");
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    text += absl::StrCat(i % 3 == 0 ? "1" : "0", "\t", i, "\t\t", 2 * i,
+                         "\t7\t", absl::Hex(i * 7919), "\t", absl::Hex(i), "\t",
+                         absl::Hex(i * 31), "\n");
+  }
+  WriteFile(tsv, text);
+  const std::string v2 = TempPath("tool_v2.bin");
+  const std::string v1 = TempPath("tool_v1.bin");
+  const std::string tool = DLRM_CONVERT_BINARY;
+  ASSERT_EQ(std::system((tool + " --config tiny --out " + v2 + " " + tsv +
+                         " > /dev/null")
+                            .c_str()),
+            0);
+  ASSERT_EQ(std::system((tool + " --num-dense 4 --num-sparse 3 --out " + v1 +
+                         " " + tsv + " > /dev/null")
+                            .c_str()),
+            0);
+  const CriteoOptions options = CriteoOptionsForModel(Preset("tiny"), false);
+  auto from_v2 = OpenCriteoBinary(v2, options);
+  auto from_v1 = OpenCriteoBinary(v1, options);
+  auto from_tsv = OpenCriteoTsv({tsv}, options);
+  ASSERT_TRUE(from_v2.ok()) << from_v2.status();
+  ASSERT_TRUE(from_v1.ok()) << from_v1.status();
+  ASSERT_TRUE(from_tsv.ok()) << from_tsv.status();
+  const Batch expected = ReadWhole(from_tsv->get(), 16);
+  ASSERT_EQ(expected.size, 40);
+  EXPECT_EQ(expected.sparse[1].ids.size(), 120u);
+  ExpectBatchesEqual(ReadWhole(from_v2->get(), 16), expected);
+  ExpectBatchesEqual(ReadWhole(from_v1->get(), 16), expected);
+  // --config fixes the columns: --num-dense beside it is refused.
+  EXPECT_NE(std::system((tool + " --config tiny --num-dense 4 --out " + v2 +
+                         " " + tsv + " 2> /dev/null")
+                            .c_str()),
+            0);
+  EXPECT_NE(std::system((tool + " --config no-such-preset --out " + v2 + " " +
+                         tsv + " 2> /dev/null")
+                            .c_str()),
+            0);
+}
+
 // --- Synthetic
 // -----------------------------------------------------------------
 
@@ -1258,6 +1771,12 @@ std::vector<SourceKind> EverySourceKind(Rng* rng) {
   EXPECT_EQ(*ConvertCriteoTsvToBinary({a, b}, bin), 241);
   CriteoOptions criteo;
   criteo.table_rows = CriteoRows(1000);
+  // The same lines with the DCNv2 multi-hot sizes: bags derived from the
+  // TSV and the version-1 file, and stored in a version-2 file.
+  CriteoOptions multi_hot = criteo;
+  multi_hot.multi_hot_sizes = kDcnV2Sizes;
+  const std::string bin2 = TempPath("range_v2.bin");
+  EXPECT_EQ(*ConvertCriteoTsvToMultiHotBinary({a, b}, bin2, multi_hot), 241);
   const ModelConfig config = Preset("tiny");
   auto synthetic = [config](int64_t n) {
     SyntheticOptions o;
@@ -1273,6 +1792,15 @@ std::vector<SourceKind> EverySourceKind(Rng* rng) {
        241},
       {"binary", [=] { return std::move(*OpenCriteoBinary(bin, criteo)); },
        241},
+      {"multi-hot tsv",
+       [=] {
+         return std::move(*OpenCriteoTsv({a, b}, multi_hot));
+       },
+       241},
+      {"multi-hot binary v1",
+       [=] { return std::move(*OpenCriteoBinary(bin, multi_hot)); }, 241},
+      {"multi-hot binary v2",
+       [=] { return std::move(*OpenCriteoBinary(bin2, multi_hot)); }, 241},
       {"synthetic", [=] { return synthetic(300); }, 300},
       {"endless synthetic", [=] { return synthetic(0); }, 400, true},
   };

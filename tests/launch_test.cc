@@ -1657,14 +1657,11 @@ class DatasetJobTest : public LaunchTest {
     ASSERT_EQ(*count, kDataSamples);
   }
 
-  // The job's global batches, as the leader read and scattered them.
+  // The job's global batches, as the leader read and scattered them (with
+  // the multi-hot bags of config_'s tables of multi_hot_size 3 and 2).
   std::vector<data::Batch> Batches() {
-    data::CriteoOptions o;
-    o.num_dense = 4;
-    for (const TableConfig& t : config_.tables()) {
-      o.table_rows.push_back(t.rows());
-    }
-    auto source = data::OpenCriteoBinary(bin_, o);
+    auto source = data::OpenCriteoBinary(
+        bin_, data::CriteoOptionsForModel(config_, /*hash_ids=*/false));
     EXPECT_TRUE(source.ok()) << source.status();
     std::vector<data::Batch> batches;
     data::Batch batch;
@@ -1673,6 +1670,11 @@ class DatasetJobTest : public LaunchTest {
       while (*(*source)->Next(kBatch, &batch)) batches.push_back(batch);
     }
     EXPECT_EQ(batches.size(), static_cast<size_t>(kDataSteps));
+    // t1 and t2 read multi-hot bags derived from the one-hot rows.
+    if (!batches.empty()) {
+      EXPECT_EQ(batches[0].sparse[1].bag_size(0), 3);
+      EXPECT_EQ(batches[0].sparse[2].bag_size(0), 2);
+    }
     return batches;
   }
 

@@ -14,7 +14,8 @@
 namespace {
 
 // The first input byte picks the reader's options (column counts, table
-// sizes, hashing), so one corpus reaches every mode.
+// sizes, hashing, one-hot or multi-hot bags), so one corpus reaches every
+// mode.
 dlrm::data::CriteoOptions OptionsFrom(uint8_t byte) {
   dlrm::data::CriteoOptions options;
   options.hash_ids = (byte & 1) != 0;
@@ -25,6 +26,8 @@ dlrm::data::CriteoOptions OptionsFrom(uint8_t byte) {
     // 1 row, a few rows, and 2^32 rows (the converter's identity reduction).
     const int64_t rows = (byte & 4) != 0 ? (int64_t{1} << 32) : 1 + t * 7;
     options.table_rows.push_back(rows);
+    // Multi-hot bags of 1..4 ids derived from each row.
+    if ((byte & 8) != 0) options.multi_hot_sizes.push_back(1 + t % 4);
   }
   return options;
 }
