@@ -11,6 +11,8 @@
 #include <cmath>
 #include <memory>
 #include <ostream>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,137 @@ TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
                   .ok());
   EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
   EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+}
+
+// One Linear shape called again and again with its pointers offset by
+// 0 to 8 floats into larger buffers (alignments 256 down to 4 bytes): each
+// new alignment makes one plan, a repeat makes none, and every result
+// matches dense::Linear.
+TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  constexpr int64_t kBatch = 37;
+  constexpr int kIn = 24, kOut = 40;
+  constexpr int kPad = 8;
+  Rng rng(kCudaTestSeed + 17);
+  Linear cpu(kIn, kOut, /*relu=*/true);
+  cpu.Init(&rng);
+  const std::vector<float> x = RandomFloats(rng, kBatch * kIn);
+  std::vector<float> y(kBatch * kOut);
+  cpu.Forward(x.data(), kBatch, y.data());
+
+  auto ctx = BlasContext::Create(nullptr, Options(false, true));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  // One buffer per operand with kPad floats of room before it.
+  auto padded = [&](std::span<const float> v) {
+    std::vector<float> host(kPad + v.size() + kPad, 0.0f);
+    std::copy(v.begin(), v.end(), host.begin());
+    return host;
+  };
+  auto x_d = ToDevice(padded(x));
+  auto w_d =
+      ToDevice(padded(std::span<const float>(cpu.weight(), kIn * kOut)));
+  auto b_d = ToDevice(padded(std::span<const float>(cpu.bias(), kOut)));
+  auto y_d = Poisoned(kPad + y.size());
+  const std::vector<int> offsets = {0, 1, 2, 4, 8, 3};
+  std::set<internal::LtPlanKey> keys;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int o : offsets) {
+      // Each operand at its own offset, so they are aligned differently.
+      const int ox = o, ow = offsets[(o + 1) % offsets.size()],
+                ob = offsets[(o + 2) % offsets.size()], oy = (o + 3) % kPad;
+      SCOPED_TRACE(::testing::Message() << "pass " << pass << " offsets x "
+                                        << ox << " w " << ow << " b " << ob
+                                        << " y " << oy);
+      // Moves x, w and b to their offsets in place.
+      ASSERT_EQ(cudaMemcpy(x_d.data() + ox, x.data(), sizeof(float) * x.size(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(w_d.data() + ow, cpu.weight(),
+                           sizeof(float) * kIn * kOut, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b_d.data() + ob, cpu.bias(), sizeof(float) * kOut,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_TRUE(LinearForward(ctx->get(), x_d.data() + ox, kBatch, kIn, kOut,
+                                w_d.data() + ow, b_d.data() + ob, true,
+                                y_d.data() + oy)
+                      .ok());
+      std::vector<float> got(y.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), y_d.data() + oy,
+                           sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ExpectCloseToScale(got, y, 2e-5, "y");
+      keys.insert(internal::LinearForwardKey(
+          x_d.data() + ox, kBatch, kIn, kOut, w_d.data() + ow,
+          b_d.data() + ob, true, false, y_d.data() + oy));
+      EXPECT_EQ((*ctx)->lt_plan_count(), keys.size());
+    }
+  }
+}
+
+// The plan key's alignments come from the real pointers: the largest power
+// of two up to 256 that divides the address. Runs everywhere.
+TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
+  using internal::PointerAlignment;
+  auto at = [](uintptr_t address) {
+    return reinterpret_cast<const void*>(address);
+  };
+  EXPECT_EQ(PointerAlignment(nullptr), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1000)), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1100)), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1080)), 128);
+  EXPECT_EQ(PointerAlignment(at(0x1010)), 16);
+  EXPECT_EQ(PointerAlignment(at(0x1008)), 8);
+  EXPECT_EQ(PointerAlignment(at(0x1004)), 4);
+  EXPECT_EQ(PointerAlignment(at(0x1002)), 2);
+  EXPECT_EQ(PointerAlignment(at(0x1001)), 1);
+
+  auto f = [](uintptr_t address) { return reinterpret_cast<float*>(address); };
+  const internal::LtPlanKey key = internal::LinearForwardKey(
+      f(0x10000), 64, 13, 512, f(0x20010), f(0x30008), true, false,
+      f(0x40004));
+  // Column-major D [out x batch] = W^T x^T.
+  EXPECT_EQ(key.m, 512);
+  EXPECT_EQ(key.n, 64);
+  EXPECT_EQ(key.k, 13);
+  EXPECT_EQ(key.lda, 13);
+  EXPECT_EQ(key.ldb, 13);
+  EXPECT_EQ(key.ldd, 512);
+  EXPECT_TRUE(key.trans_a);
+  EXPECT_FALSE(key.trans_b);
+  EXPECT_FALSE(key.tf32);
+  EXPECT_EQ(key.align_b, 256);  // x
+  EXPECT_EQ(key.align_a, 16);   // W
+  EXPECT_EQ(key.align_bias, 8);
+  EXPECT_EQ(key.align_d, 4);  // y
+  auto same = [&](const internal::LtPlanKey& other) { return other == key; };
+  EXPECT_TRUE(same(internal::LinearForwardKey(f(0x50000), 64, 13, 512,
+                                              f(0x60010), f(0x70008), true,
+                                              false, f(0x80004))));
+  // Anything that changes the plan changes the key.
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 65, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30008), false,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), nullptr, true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               true, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10004), 64, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30010), true,
+                                               false, f(0x40004))));
+  EXPECT_EQ(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
+                                       nullptr, false, false, f(0x40004))
+                .align_bias,
+            0);
 }
 
 struct InteractionCase {
