@@ -584,7 +584,8 @@ class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {};
 // initial weights on the same random inputs, step after step: forward
 // (loss, predictions), backward (the interaction input's gradient, every
 // parameter's gradient) and the update (parameters, optimizer state), with
-// a batch of 0 in between. Float GEMMs in another order: a tolerance.
+// a batch of 0 in between. Float GEMMs (TF32 off) in another order: a
+// tolerance.
 TEST_P(CudaBackendTest, MatchesCpuBackend) {
   DLRM_SKIP_WITHOUT_CUDA();
   const BackendCase c = GetParam();
@@ -594,6 +595,8 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
   auto cpu = CreateDenseBackend(config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   config.set_device(DEVICE_CUDA);
+  // Float GEMMs (TF32 is the GPU default): the tolerances below are float's.
+  config.set_gpu_disable_tf32(true);
   auto gpu = CreateDenseBackend(config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->device(), DEVICE_CUDA);

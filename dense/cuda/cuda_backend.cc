@@ -521,7 +521,9 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
       new CudaDenseBackend(config, std::move(host)));
   ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
   ASSIGN_OR_RETURN(b->copy_stream_, CudaStream::Create());
-  ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get()));
+  GemmOptions gemm;
+  gemm.allow_tf32 = !config.gpu_disable_tf32();
+  ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get(), gemm));
   ASSIGN_OR_RETURN(b->top_ready_, CudaEvent::Create());
   ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
   RETURN_IF_ERROR(b->Allocate());

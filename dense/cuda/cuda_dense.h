@@ -25,7 +25,8 @@ struct GemmOptions {
   // Let float GEMMs run on the tensor cores in TF32 (10-bit mantissa
   // products, float accumulation): several times faster on A100/H100, with
   // relative errors near 1e-3 instead of 1e-6. Default: false (results
-  // match the CPU backend within float tolerance).
+  // match the CPU backend within float tolerance); the CUDA dense backend
+  // sets it from ModelConfig.gpu_disable_tf32, which leaves it on.
   bool allow_tf32 = false;
   // Use cuBLASLt with the bias/ReLU epilogue for Linear forward; false runs
   // cuBLAS plus a separate bias/ReLU kernel. Default: true.
