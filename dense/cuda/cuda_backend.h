@@ -20,12 +20,11 @@
 
 namespace dlrm::dense::cuda {
 
-// The CUDA backend for `config` (normalised). Unimplemented for a
-// layer-wise dense optimizer (LAMB, LARS), whatever the machine;
+// The CUDA backend for `config` (normalised; every dense optimizer type).
 // FailedPrecondition naming why when no CUDA device is usable (no driver,
-// no device); InvalidArgument as
-// DenseOptimizer::Create; Internal (or ResourceExhausted for device memory)
-// on CUDA / cuBLAS errors while setting up.
+// no device); InvalidArgument as DenseOptimizer::Create; Internal (or
+// ResourceExhausted for device memory) on CUDA / cuBLAS errors while
+// setting up.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCudaDenseBackend(
     const ModelConfig& config);
 

@@ -1,9 +1,10 @@
 // Dense layers on CUDA: Linear forward/backward through cuBLASLt (bias and
 // ReLU fused into the GEMM epilogue) with a cuBLAS fallback, the DLRM dot
-// interaction, DCN's cross network and BCE-with-logits. Each is the device
-// twin of the CPU function named in its comment, with the same layouts
-// (row-major, weights [out x in]). All pointers are device pointers; work is
-// queued on the context's stream. Built when CUDA is enabled (DLRM_WITH_CUDA).
+// interaction, DCN's cross network, BCE-with-logits and the dense
+// optimizers. Each is the device twin of the CPU function named in its
+// comment, with the same layouts (row-major, weights [out x in]). All
+// pointers are device pointers; work is queued on the context's stream.
+// Built when CUDA is enabled (DLRM_WITH_CUDA).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -206,6 +207,23 @@ absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,
                                   cudaStream_t stream);
+
+// dense::DenseOptimizer::Step for one parameter of n floats under a
+// layer-wise rule (LAMB, LARS; constants from optim::MakeLayerStep), as one
+// layer: when `adapt` (AdaptsLayerWise) ||param|| and the norm of the
+// rule's NormTerm in double, summed in a fixed order (not the CPU's:
+// agreement within double rounding); the tensor's constants by the rule's
+// MakeLayer on the device; then LayerElement per element. No host
+// synchronisation. `scratch` (device memory) grows to
+// LayerScratchDoubles(n) if smaller, and may be shared by the calls of one
+// stream. InvalidArgument for n < 0 or a null scratch.
+absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
+                                  float* param, const float* grad,
+                                  float* state1, float* state2, int64_t n,
+                                  dlrm::cuda::DeviceBuffer<double>* scratch,
+                                  cudaStream_t stream);
+// Doubles of scratch LayerOptimizerUpdate needs for a parameter of n floats.
+int64_t LayerScratchDoubles(int64_t n);
 
 namespace internal {
 
