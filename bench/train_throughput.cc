@@ -26,6 +26,9 @@ struct Flags {
   std::string device;
   // "fp32" or "bf16" (dense_precision); empty keeps the config's.
   std::string precision;
+  // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
+  // empty keeps the config's.
+  std::string tf32;
   int64_t rows = 0;
   int64_t batch = 2048;
   int warmup = 5;
@@ -47,6 +50,7 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
   RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
   RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &config));
+  RETURN_IF_ERROR(ApplyTf32Flag(f.tf32, &config));
   if (f.rows > 0) {
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
     // Or the config's cap (kaggle: 100k) would shrink the tables again when
@@ -186,6 +190,11 @@ int main(int argc, char** argv) {
                  "config's dense_precision, fp32 unless it sets one; bf16 "
                  "runs fp32 on a CPU without bf16 instructions)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--tf32", f.tf32,
+                 "device cuda: on runs the float GEMMs on the tensor cores "
+                 "in TF32, off keeps them in float (default: the config's "
+                 "gpu_disable_tf32, on unless it sets it)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--rows", f.rows,
                  "Override every table's rows (bench/compare_peers.sh: 100000 "
                  "for kaggle)");

@@ -441,6 +441,16 @@ const char* PrecisionName(DensePrecision precision) {
   return precision == PRECISION_BF16 ? "bf16" : "fp32";
 }
 
+absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config) {
+  if (flag.empty()) return absl::OkStatus();
+  if (flag != "on" && flag != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tf32 must be on or off, got '", std::string(flag), "'"));
+  }
+  config->set_gpu_disable_tf32(flag == "off");
+  return absl::OkStatus();
+}
+
 int InteractionOutputDim(const ModelConfig& c) {
   const int d = c.bottom_mlp(c.bottom_mlp_size() - 1);
   if (c.interaction() == INTERACTION_DOT) {

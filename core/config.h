@@ -78,6 +78,11 @@ absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config);
 // "fp32" or "bf16".
 const char* PrecisionName(DensePrecision precision);
 
+// Sets config->gpu_disable_tf32 from a binary's --tf32 flag: "on" (TF32
+// GEMMs on a GPU, the default) clears it, "off" sets it; an empty flag
+// keeps the config's. InvalidArgument naming the flag otherwise.
+absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config);
+
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, d + the sum of the
 // tables' dims for cat and DCN (the cross network keeps its input's width).

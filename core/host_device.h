@@ -68,4 +68,38 @@ DLRM_HOST_DEVICE inline float RnSqrt(float a) {
 #endif
 }
 
+// The same in double, for the per-tensor constants the layer-wise
+// optimizers compute from their norms (optim/rules.h).
+DLRM_HOST_DEVICE inline double RnAdd(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+DLRM_HOST_DEVICE inline double RnMul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+DLRM_HOST_DEVICE inline double RnDiv(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+DLRM_HOST_DEVICE inline double RnSqrt(double a) {
+#if defined(__CUDA_ARCH__)
+  return __dsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
 }  // namespace dlrm

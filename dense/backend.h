@@ -199,10 +199,9 @@ std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
 
 // The backend of config.device() (`config` normalised). FailedPrecondition
 // naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no
-// driver, no device); Unimplemented for a layer-wise dense optimizer
-// (LAMB, LARS) or dense_precision PRECISION_BF16 on DEVICE_CUDA;
-// InvalidArgument as DenseOptimizer::Create; Internal on a CUDA error while
-// setting up.
+// driver, no device); Unimplemented for dense_precision PRECISION_BF16 on
+// DEVICE_CUDA; InvalidArgument as DenseOptimizer::Create; Internal on a
+// CUDA error while setting up.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config);
 

@@ -8,7 +8,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "optim/optimizer.h"
@@ -93,6 +92,10 @@ void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
 
 }  // namespace
 
+bool AdaptsLayerWise(std::string_view name) {
+  return !name.ends_with(".bias");
+}
+
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     const OptimizerConfig& config, std::vector<ParamRef> params) {
   RETURN_IF_ERROR(optim::Validate(config, "dense_optimizer"));
@@ -110,7 +113,7 @@ DenseOptimizer::DenseOptimizer(const OptimizerConfig& config,
     for (const ParamRef& p : params_) state_[k].emplace_back(p.size, initial);
   }
   for (const ParamRef& p : params_) {
-    adapt_.push_back(!absl::EndsWith(p.name, ".bias"));
+    adapt_.push_back(AdaptsLayerWise(p.name));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,13 +14,18 @@
 
 namespace dlrm::dense {
 
+// True when the layer-wise rules (LAMB, LARS) give the parameter named
+// `name` weight decay and a trust ratio: every one but a "*.bias"
+// (optim/rules.h). The CPU and CUDA dense optimizers both ask this.
+bool AdaptsLayerWise(std::string_view name);
+
 // Applies one update per Step() to every parameter from its grad. Owns the
 // optimizer state (optim::DenseState: Adagrad's sum, Adam's and LAMB's
 // moments, LARS's momentum buffer). Update number t (step() after it, 1 for
 // the first) runs at the schedule's rate for t. The layer-wise rules (LAMB,
 // LARS) take each parameter as one layer; a parameter whose name ends in
-// ".bias" gets no weight decay and a trust ratio of 1 (optim/rules.h). Not
-// thread-safe.
+// ".bias" gets no weight decay and a trust ratio of 1 (AdaptsLayerWise).
+// Not thread-safe.
 class DenseOptimizer {
  public:
   // `config` must be normalised (see core/config.h); ROWWISE_ADAGRAD means

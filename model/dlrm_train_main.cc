@@ -26,6 +26,9 @@ struct Flags {
   std::string device;
   // "fp32" or "bf16" (dense_precision); empty keeps the config's.
   std::string precision;
+  // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
+  // empty keeps the config's.
+  std::string tf32;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
   int64_t eval_samples = 65536;
@@ -111,6 +114,7 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
   RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &loaded));
   RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &loaded));
+  RETURN_IF_ERROR(ApplyTf32Flag(f.tf32, &loaded));
   ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -175,6 +179,9 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
   std::printf("dense precision: %s\n", PrecisionName(model->dense_precision()));
+  if (config.device() == DEVICE_CUDA) {
+    std::printf("tf32 GEMMs: %s\n", config.gpu_disable_tf32() ? "off" : "on");
+  }
 
   model::TrainOptions to;
   to.batch_size = f.batch_size;
@@ -247,6 +254,11 @@ int main(int argc, char** argv) {
                  "config's dense_precision, fp32 unless it sets one; bf16 "
                  "runs fp32 on a CPU without bf16 instructions)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--tf32", f.tf32,
+                 "device cuda: on runs the float GEMMs on the tensor cores "
+                 "in TF32, off keeps them in float (default: the config's "
+                 "gpu_disable_tf32, on unless it sets it)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--train", f.train_files,
                  "Training data: Criteo TSV files, or one .bin file "
                  "(default: synthetic)");

@@ -113,6 +113,25 @@ absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step) {
   return constants;
 }
 
+absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
+                                           int64_t step) {
+  AnyLayerStep constants;
+  bool made = false;
+  Visit(config.type(), [&](auto rule) {
+    if constexpr (decltype(rule)::kLayerWise) {
+      constants = decltype(rule)::MakeStep(config, step);
+      made = true;
+    }
+  });
+  if (!made) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer type ", OptimizerConfig::Type_Name(config.type()), " (",
+        static_cast<int>(config.type()),
+        ") has no layer-wise rule (element-wise or not implemented)"));
+  }
+  return constants;
+}
+
 void SetDefaults(OptimizerConfig* config) {
   if (config->learning_rate() == 0) {
     Visit(config->type(), [&](auto rule) {

@@ -65,6 +65,10 @@ bool VisitElementWise(OptimizerConfig::Type type, Fn&& fn) {
 // schedule's at that step. InvalidArgument for a layer-wise type (LAMB,
 // LARS) or one no rule implements.
 absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step);
+// The same for a layer-wise type (LAMB, LARS): InvalidArgument for an
+// element-wise type or one no rule implements.
+absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
+                                           int64_t step);
 
 // Fills the fields `config` leaves 0 with their defaults: the rule's
 // learning rate, eps 1e-8, beta1 0.9, beta2 0.999; for LARS,

@@ -44,6 +44,8 @@
 //                         the tensor's constants (struct Layer): its weight
 //                         decay and its learning rate times its trust ratio;
 //                         adapt false (biases) means no decay and ratio 1.
+//                         Host and device (the CUDA kernel makes it from
+//                         norms it reduced), with Rn* double operations.
 //   LayerElement(step, layer, g, p, s1, s2, i)
 //                         updates p[i], s1[i], s2[i].
 // Every float operation goes through RnAdd / RnMul / ... so nothing is fused
@@ -265,8 +267,9 @@ struct Adam {
 //   torch-optimizer), so a zero-initialised tensor still moves and a zero
 //   update divides nothing by 0. No clipping of the ratio or of ||w||.
 // - Norms are sums of squares in double, reduced in a fixed order
-//   (DenseOptimizer); the ratio is computed in double and the tensor's rate
-//   lr x ratio rounded once to float.
+//   (DenseOptimizer; the CUDA kernels in another fixed order, so the norms
+//   agree within double rounding); the ratio is computed in double and the
+//   tensor's rate lr x ratio rounded once to float.
 
 // LAMB (You et al. 2019, Algorithm 2, with Adam's bias correction as apex
 // and TF Addons apply it): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
@@ -335,14 +338,16 @@ struct Lamb {
                   SecondMoment(s, g, s2[i]), p[i]);
   }
 
-  static Layer MakeLayer(const Step& s, bool adapt, double weight_norm,
-                         double update_norm) {
+  DLRM_HOST_DEVICE static Layer MakeLayer(const Step& s, bool adapt,
+                                          double weight_norm,
+                                          double update_norm) {
     Layer l;
     l.weight_decay = adapt ? s.weight_decay : 0.0f;
     const double ratio = adapt && weight_norm > 0 && update_norm > 0
-                             ? weight_norm / update_norm
+                             ? RnDiv(weight_norm, update_norm)
                              : 1.0;
-    l.learning_rate = static_cast<float>(s.learning_rate * ratio);
+    l.learning_rate =
+        static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));
     return l;
   }
 
@@ -400,16 +405,18 @@ struct Lars {
     return g;
   }
 
-  static Layer MakeLayer(const Step& s, bool adapt, double weight_norm,
-                         double grad_norm) {
+  DLRM_HOST_DEVICE static Layer MakeLayer(const Step& s, bool adapt,
+                                          double weight_norm,
+                                          double grad_norm) {
     Layer l;
     l.weight_decay = adapt ? s.weight_decay : 0.0f;
     const double ratio =
         adapt && weight_norm > 0 && grad_norm > 0
-            ? s.trust_coefficient * weight_norm /
-                  (grad_norm + double{s.weight_decay} * weight_norm)
+            ? RnDiv(RnMul(double{s.trust_coefficient}, weight_norm),
+                    RnAdd(grad_norm, RnMul(double{s.weight_decay}, weight_norm)))
             : 1.0;
-    l.learning_rate = static_cast<float>(s.learning_rate * ratio);
+    l.learning_rate =
+        static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));
     return l;
   }
 
@@ -425,9 +432,11 @@ struct Lars {
 
 // One step's constants of any element-wise rule: what the CUDA entry points
 // take, made on the host by optim::MakeStep (optimizer.h). std::visit on it
-// gives the Step, and Step::Rule its rule. The layer-wise rules are not in
-// it: the CUDA backends refuse them.
+// gives the Step, and Step::Rule its rule.
 using AnyStep = std::variant<Sgd::Step, Adagrad::Step, Adam::Step>;
+// The same for the layer-wise rules (optim::MakeLayerStep), which the CUDA
+// dense optimizer runs per tensor: norms, MakeLayer, LayerElement.
+using AnyLayerStep = std::variant<Lamb::Step, Lars::Step>;
 
 // One embedding row's update from its summed gradient g[0, dim): w points
 // at the row's weights, s1 / s2 at the row's part of state1 / state2 (may be

@@ -401,6 +401,45 @@ TEST(ConfigTest, Device) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// gpu_disable_tf32: false unless set (TF32 on for GPU GEMMs), survives
+// normalisation either way, on either device; --tf32 on|off sets it and
+// any other value is refused naming the flag, the config unchanged.
+TEST(ConfigTest, GpuDisableTf32) {
+  const std::string base =
+      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
+      "top_mlp: [1] ";
+  auto load = [&](const std::string& extra) {
+    auto parsed = ParseModelConfigText(base + extra);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
+  };
+  auto plain = load("");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->gpu_disable_tf32());
+  for (const char* device : {"DEVICE_CPU", "DEVICE_CUDA"}) {
+    auto off = load(absl::StrCat("gpu_disable_tf32: true device: ", device));
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_TRUE(off->gpu_disable_tf32()) << device;
+  }
+
+  ModelConfig c = *plain;
+  ASSERT_TRUE(ApplyTf32Flag("", &c).ok());
+  EXPECT_FALSE(c.gpu_disable_tf32());
+  ASSERT_TRUE(ApplyTf32Flag("off", &c).ok());
+  EXPECT_TRUE(c.gpu_disable_tf32());
+  ASSERT_TRUE(ApplyTf32Flag("", &c).ok());
+  EXPECT_TRUE(c.gpu_disable_tf32());
+  for (const char* bad : {"true", "OFF", "0", "tf32"}) {
+    const absl::Status st = ApplyTf32Flag(bad, &c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("--tf32 must be on or off"), std::string::npos)
+        << st;
+    EXPECT_TRUE(c.gpu_disable_tf32()) << bad;
+  }
+  ASSERT_TRUE(ApplyTf32Flag("on", &c).ok());
+  EXPECT_FALSE(c.gpu_disable_tf32());
+}
+
 // A table in device memory needs the model on CUDA, whether the config or
 // the --device flag says where the model runs.
 TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {

@@ -1,8 +1,8 @@
 // Tests for dense/cuda/: Linear forward/backward through cuBLASLt and
-// cuBLAS, the dot interaction, DCN's cross network and BCE-with-logits
-// against the CPU layers on random inputs; the CUDA dense backend against
-// the CPU one. Skipped without
-// a CUDA device, except the argument checks.
+// cuBLAS (and its plan cache), the dot interaction, DCN's cross network,
+// BCE-with-logits and the dense optimizers against the CPU on random
+// inputs; the CUDA dense backend against the CPU one. Skipped without a
+// CUDA device, except the argument and plan-key checks.
 #include "dense/cuda/cuda_dense.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,8 @@
 #include <cmath>
 #include <memory>
 #include <ostream>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,137 @@ TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
                   .ok());
   EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
   EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+}
+
+// One Linear shape called again and again with its pointers offset by
+// 0 to 8 floats into larger buffers (alignments 256 down to 4 bytes): each
+// new alignment makes one plan, a repeat makes none, and every result
+// matches dense::Linear.
+TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  constexpr int64_t kBatch = 37;
+  constexpr int kIn = 24, kOut = 40;
+  constexpr int kPad = 8;
+  Rng rng(kCudaTestSeed + 17);
+  Linear cpu(kIn, kOut, /*relu=*/true);
+  cpu.Init(&rng);
+  const std::vector<float> x = RandomFloats(rng, kBatch * kIn);
+  std::vector<float> y(kBatch * kOut);
+  cpu.Forward(x.data(), kBatch, y.data());
+
+  auto ctx = BlasContext::Create(nullptr, Options(false, true));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  // One buffer per operand with kPad floats of room before it.
+  auto padded = [&](std::span<const float> v) {
+    std::vector<float> host(kPad + v.size() + kPad, 0.0f);
+    std::copy(v.begin(), v.end(), host.begin());
+    return host;
+  };
+  auto x_d = ToDevice(padded(x));
+  auto w_d =
+      ToDevice(padded(std::span<const float>(cpu.weight(), kIn * kOut)));
+  auto b_d = ToDevice(padded(std::span<const float>(cpu.bias(), kOut)));
+  auto y_d = Poisoned(kPad + y.size());
+  const std::vector<int> offsets = {0, 1, 2, 4, 8, 3};
+  std::set<internal::LtPlanKey> keys;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int o : offsets) {
+      // Each operand at its own offset, so they are aligned differently.
+      const int ox = o, ow = offsets[(o + 1) % offsets.size()],
+                ob = offsets[(o + 2) % offsets.size()], oy = (o + 3) % kPad;
+      SCOPED_TRACE(::testing::Message() << "pass " << pass << " offsets x "
+                                        << ox << " w " << ow << " b " << ob
+                                        << " y " << oy);
+      // Moves x, w and b to their offsets in place.
+      ASSERT_EQ(cudaMemcpy(x_d.data() + ox, x.data(), sizeof(float) * x.size(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(w_d.data() + ow, cpu.weight(),
+                           sizeof(float) * kIn * kOut, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b_d.data() + ob, cpu.bias(), sizeof(float) * kOut,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_TRUE(LinearForward(ctx->get(), x_d.data() + ox, kBatch, kIn, kOut,
+                                w_d.data() + ow, b_d.data() + ob, true,
+                                y_d.data() + oy)
+                      .ok());
+      std::vector<float> got(y.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), y_d.data() + oy,
+                           sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ExpectCloseToScale(got, y, 2e-5, "y");
+      keys.insert(internal::LinearForwardKey(
+          x_d.data() + ox, kBatch, kIn, kOut, w_d.data() + ow,
+          b_d.data() + ob, true, false, y_d.data() + oy));
+      EXPECT_EQ((*ctx)->lt_plan_count(), keys.size());
+    }
+  }
+}
+
+// The plan key's alignments come from the real pointers: the largest power
+// of two up to 256 that divides the address. Runs everywhere.
+TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
+  using internal::PointerAlignment;
+  auto at = [](uintptr_t address) {
+    return reinterpret_cast<const void*>(address);
+  };
+  EXPECT_EQ(PointerAlignment(nullptr), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1000)), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1100)), 256);
+  EXPECT_EQ(PointerAlignment(at(0x1080)), 128);
+  EXPECT_EQ(PointerAlignment(at(0x1010)), 16);
+  EXPECT_EQ(PointerAlignment(at(0x1008)), 8);
+  EXPECT_EQ(PointerAlignment(at(0x1004)), 4);
+  EXPECT_EQ(PointerAlignment(at(0x1002)), 2);
+  EXPECT_EQ(PointerAlignment(at(0x1001)), 1);
+
+  auto f = [](uintptr_t address) { return reinterpret_cast<float*>(address); };
+  const internal::LtPlanKey key = internal::LinearForwardKey(
+      f(0x10000), 64, 13, 512, f(0x20010), f(0x30008), true, false,
+      f(0x40004));
+  // Column-major D [out x batch] = W^T x^T.
+  EXPECT_EQ(key.m, 512);
+  EXPECT_EQ(key.n, 64);
+  EXPECT_EQ(key.k, 13);
+  EXPECT_EQ(key.lda, 13);
+  EXPECT_EQ(key.ldb, 13);
+  EXPECT_EQ(key.ldd, 512);
+  EXPECT_TRUE(key.trans_a);
+  EXPECT_FALSE(key.trans_b);
+  EXPECT_FALSE(key.tf32);
+  EXPECT_EQ(key.align_b, 256);  // x
+  EXPECT_EQ(key.align_a, 16);   // W
+  EXPECT_EQ(key.align_bias, 8);
+  EXPECT_EQ(key.align_d, 4);  // y
+  auto same = [&](const internal::LtPlanKey& other) { return other == key; };
+  EXPECT_TRUE(same(internal::LinearForwardKey(f(0x50000), 64, 13, 512,
+                                              f(0x60010), f(0x70008), true,
+                                              false, f(0x80004))));
+  // Anything that changes the plan changes the key.
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 65, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30008), false,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), nullptr, true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               true, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10004), 64, 13, 512,
+                                               f(0x20010), f(0x30008), true,
+                                               false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
+                                               f(0x20010), f(0x30010), true,
+                                               false, f(0x40004))));
+  EXPECT_EQ(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
+                                       nullptr, false, false, f(0x40004))
+                .align_bias,
+            0);
 }
 
 struct InteractionCase {
@@ -399,6 +532,132 @@ TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
   }
 }
 
+// LayerOptimizerUpdate (LAMB, LARS) against DenseOptimizer over several
+// tensors as one optimizer would see them: a weight over several norm
+// chunks and not a multiple of one, exactly two chunks, one element, a
+// bias (no decay, ratio 1) and an all-zero weight (ratio 1), four steps of
+// a warm-up schedule. The norms are summed in another order than the
+// CPU's (equal within double rounding; the tensor's rate is rounded to
+// float from them, so it can move by an ulp): 1e-5 of scale. A second run
+// on the device gives the same bits.
+TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  struct Tensor {
+    std::string name;
+    int64_t size;
+    bool zero;
+  };
+  const std::vector<Tensor> tensors = {{"l0.weight", 70001, false},
+                                       {"l0.bias", 513, false},
+                                       {"l1.weight", 8192, false},
+                                       {"l1.bias", 1, false},
+                                       {"l2.weight", 1, false},
+                                       {"zero.weight", 300, true}};
+  for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    Rng rng(kCudaTestSeed + type);
+    OptimizerConfig config;
+    config.set_type(type);
+    config.set_learning_rate(type == OptimizerConfig::LAMB ? 0.01f : 0.5f);
+    config.set_eps(1e-6f);
+    config.set_beta1(0.9f);
+    config.set_beta2(0.999f);
+    config.set_weight_decay(0.01f);
+    if (type == OptimizerConfig::LARS) {
+      config.set_momentum(0.9f);
+      config.set_trust_coefficient(0.001f);
+    }
+    config.mutable_schedule()->set_warmup_steps(3);
+    config.mutable_schedule()->set_warmup_start_factor(0.5f);
+    ASSERT_TRUE(optim::Validate(config, "dense_optimizer").ok());
+
+    std::vector<std::vector<float>> params, grads;
+    std::vector<ParamRef> refs;
+    for (const Tensor& t : tensors) {
+      params.push_back(t.zero ? std::vector<float>(t.size, 0.0f)
+                              : RandomFloats(rng, t.size));
+      grads.emplace_back(t.size);
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      refs.push_back({tensors[i].name, params[i].data(), grads[i].data(),
+                      tensors[i].size});
+    }
+    const std::vector<std::vector<float>> initial = params;
+    auto opt = DenseOptimizer::Create(config, refs);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    constexpr int kSteps = 4;
+    std::vector<std::vector<std::vector<float>>> step_grads(kSteps);
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        step_grads[step].push_back(RandomFloats(rng, tensors[i].size));
+        std::copy(step_grads[step][i].begin(), step_grads[step][i].end(),
+                  grads[i].begin());
+      }
+      (*opt)->Step();
+    }
+    const std::vector<ParamRef> cpu_state = (*opt)->State();
+    const size_t arrays = optim::DenseState(config).size();
+    ASSERT_EQ(cpu_state.size(), arrays * tensors.size());
+
+    // The device's parameters and state after the same steps, from the
+    // same initial values.
+    struct DeviceResult {
+      std::vector<std::vector<float>> params, state;
+    };
+    auto run = [&]() {
+      DeviceResult r;
+      std::vector<dlrm::cuda::DeviceBuffer<float>> p_d, g_d, s1_d, s2_d;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        p_d.push_back(ToDevice(initial[i]));
+        g_d.push_back(Poisoned(tensors[i].size));
+        s1_d.push_back(ToDevice(std::vector<float>(tensors[i].size, 0.0f)));
+        s2_d.push_back(ToDevice(std::vector<float>(tensors[i].size, 0.0f)));
+      }
+      dlrm::cuda::DeviceBuffer<double> scratch;
+      for (int step = 0; step < kSteps; ++step) {
+        auto constants = optim::MakeLayerStep(config, step + 1);
+        EXPECT_TRUE(constants.ok()) << constants.status();
+        if (!constants.ok()) return r;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          EXPECT_TRUE(g_d[i]
+                          .CopyFromHost(std::span<const float>(
+                              step_grads[step][i]))
+                          .ok());
+          const absl::Status st = LayerOptimizerUpdate(
+              *constants, AdaptsLayerWise(tensors[i].name), p_d[i].data(),
+              g_d[i].data(), s1_d[i].data(),
+              arrays > 1 ? s2_d[i].data() : nullptr, tensors[i].size,
+              &scratch, nullptr);
+          EXPECT_TRUE(st.ok()) << st;
+        }
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        r.params.push_back(ToHost(p_d[i], tensors[i].size));
+        r.state.push_back(ToHost(s1_d[i], tensors[i].size));
+        if (arrays > 1) r.state.push_back(ToHost(s2_d[i], tensors[i].size));
+      }
+      return r;
+    };
+    const DeviceResult got = run();
+    ASSERT_EQ(got.params.size(), tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      SCOPED_TRACE(tensors[i].name);
+      ExpectCloseToScale(got.params[i], params[i], 1e-5, "param");
+      for (size_t k = 0; k < arrays; ++k) {
+        const ParamRef& want = cpu_state[i * arrays + k];
+        ExpectCloseToScale(got.state[i * arrays + k],
+                           std::span<const float>(want.value, want.size), 1e-5,
+                           want.name);
+      }
+    }
+    const DeviceResult again = run();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      ExpectBitwiseEqual(again.params[i], got.params[i], "second run");
+    }
+  }
+}
+
 // Argument checks run before any CUDA call, so they hold on every machine.
 TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
   EXPECT_EQ(
@@ -424,6 +683,25 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
                                  nullptr, -1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  dlrm::cuda::DeviceBuffer<double> scratch;
+  EXPECT_EQ(LayerOptimizerUpdate(optim::Lamb::Step{}, true, nullptr, nullptr,
+                                 nullptr, nullptr, -1, &scratch, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LayerOptimizerUpdate(optim::Lars::Step{}, true, nullptr, nullptr,
+                                 nullptr, nullptr, 10, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A parameter of no elements queues nothing.
+  EXPECT_TRUE(LayerOptimizerUpdate(optim::Lars::Step{}, true, nullptr, nullptr,
+                                   nullptr, nullptr, 0, &scratch, nullptr)
+                  .ok());
+  // Partial sums of w^2 and of the norm term per 4096-element chunk, and
+  // the tensor's constants.
+  EXPECT_EQ(LayerScratchDoubles(0), 1);
+  EXPECT_EQ(LayerScratchDoubles(1), 3);
+  EXPECT_EQ(LayerScratchDoubles(4096), 3);
+  EXPECT_EQ(LayerScratchDoubles(4097), 5);
   OptimizerConfig bad;
   bad.set_type(static_cast<OptimizerConfig::Type>(99));
   EXPECT_EQ(optim::MakeStep(bad, 1).status().code(),
@@ -451,7 +729,8 @@ class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {};
 // initial weights on the same random inputs, step after step: forward
 // (loss, predictions), backward (the interaction input's gradient, every
 // parameter's gradient) and the update (parameters, optimizer state), with
-// a batch of 0 in between. Float GEMMs in another order: a tolerance.
+// a batch of 0 in between. Float GEMMs (TF32 off) in another order: a
+// tolerance.
 TEST_P(CudaBackendTest, MatchesCpuBackend) {
   DLRM_SKIP_WITHOUT_CUDA();
   const BackendCase c = GetParam();
@@ -461,6 +740,8 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
   auto cpu = CreateDenseBackend(config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   config.set_device(DEVICE_CUDA);
+  // Float GEMMs (TF32 is the GPU default): the tolerances below are float's.
+  config.set_gpu_disable_tf32(true);
   auto gpu = CreateDenseBackend(config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->device(), DEVICE_CUDA);
@@ -509,7 +790,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{INTERACTION_CAT, OptimizerConfig::ADAM},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::SGD},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::ADAGRAD},
-                      BackendCase{INTERACTION_DCN, OptimizerConfig::ADAM}),
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::ADAM},
+                      BackendCase{INTERACTION_DOT, OptimizerConfig::LAMB},
+                      BackendCase{INTERACTION_DOT, OptimizerConfig::LARS},
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::LAMB},
+                      BackendCase{INTERACTION_DCN, OptimizerConfig::LARS}),
     [](const ::testing::TestParamInfo<BackendCase>& info) {
       return Name(info.param);
     });

@@ -419,7 +419,7 @@ TEST(StepTest, MakeStepPicksEachTypesRule) {
   bad.set_type(static_cast<OptimizerConfig::Type>(42));
   EXPECT_EQ(MakeStep(bad, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // The layer-wise rules have no AnyStep: the CUDA kernels do not run them.
+  // The layer-wise rules have no AnyStep, but an AnyLayerStep.
   for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     EXPECT_EQ(MakeStep(Config(type), 1).status().code(),
               absl::StatusCode::kInvalidArgument)
@@ -428,7 +428,38 @@ TEST(StepTest, MakeStepPicksEachTypesRule) {
   }
   for (OptimizerConfig::Type type : kTypes) {
     EXPECT_TRUE(VisitElementWise(type, [](auto) {}));
+    EXPECT_EQ(MakeLayerStep(Config(type), 1).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << OptimizerConfig::Type_Name(type);
   }
+  EXPECT_EQ(MakeLayerStep(bad, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// MakeLayerStep gives the layer-wise rule's own MakeStep, the scheduled
+// rate included.
+TEST(StepTest, MakeLayerStepPicksTheLayerWiseRule) {
+  OptimizerConfig lamb = Config(OptimizerConfig::LAMB);
+  lamb.set_weight_decay(0.01f);
+  lamb.mutable_schedule()->set_warmup_steps(4);
+  lamb.mutable_schedule()->set_warmup_start_factor(0.25f);
+  auto l = MakeLayerStep(lamb, 2);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_TRUE(std::holds_alternative<Lamb::Step>(*l));
+  const Lamb::Step want = Lamb::MakeStep(lamb, 2);
+  EXPECT_EQ(std::get<Lamb::Step>(*l).learning_rate, want.learning_rate);
+  EXPECT_NE(want.learning_rate, lamb.learning_rate());
+  EXPECT_EQ(std::get<Lamb::Step>(*l).bias2, want.bias2);
+  EXPECT_EQ(std::get<Lamb::Step>(*l).weight_decay, 0.01f);
+
+  OptimizerConfig lars = Config(OptimizerConfig::LARS);
+  lars.set_momentum(0.9f);
+  auto r = MakeLayerStep(lars, 5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(std::holds_alternative<Lars::Step>(*r));
+  EXPECT_EQ(std::get<Lars::Step>(*r).momentum, 0.9f);
+  EXPECT_EQ(std::get<Lars::Step>(*r).trust_coefficient,
+            Lars::MakeStep(lars, 5).trust_coefficient);
 }
 
 // A new enum value without a rule fails here.

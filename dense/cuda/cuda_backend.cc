@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "dense/cuda/cuda_dense.h"
 #include "dense/loss.h"
+#include "dense/optimizer.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::dense::cuda {
@@ -68,6 +69,9 @@ struct DeviceParam {
   float* grad = nullptr;
   int64_t size = 0;
   DeviceBuffer<float> state[2];
+  // Takes weight decay and a trust ratio under a layer-wise optimizer
+  // (AdaptsLayerWise of its host name).
+  bool adapt = true;
 };
 
 absl::Status CopyAsync(void* dst, const void* src, int64_t floats,
@@ -211,12 +215,22 @@ class CudaDenseBackend final : public DenseBackend {
 
   absl::Status Update() override {
     ++step_;
-    ASSIGN_OR_RETURN(const optim::AnyStep constants,
-                     optim::MakeStep(optimizer_config_, step_));
-    for (DeviceParam& p : params_) {
-      RETURN_IF_ERROR(DenseOptimizerUpdate(constants, p.value, p.grad,
-                                           p.state[0].data(), p.state[1].data(),
-                                           p.size, stream()));
+    if (layer_wise_) {
+      ASSIGN_OR_RETURN(const optim::AnyLayerStep constants,
+                       optim::MakeLayerStep(optimizer_config_, step_));
+      for (DeviceParam& p : params_) {
+        RETURN_IF_ERROR(LayerOptimizerUpdate(
+            constants, p.adapt, p.value, p.grad, p.state[0].data(),
+            p.state[1].data(), p.size, &layer_scratch_, stream()));
+      }
+    } else {
+      ASSIGN_OR_RETURN(const optim::AnyStep constants,
+                       optim::MakeStep(optimizer_config_, step_));
+      for (DeviceParam& p : params_) {
+        RETURN_IF_ERROR(DenseOptimizerUpdate(
+            constants, p.value, p.grad, p.state[0].data(), p.state[1].data(),
+            p.size, stream()));
+      }
     }
     host_stale_ = true;
     return absl::OkStatus();
@@ -312,6 +326,8 @@ class CudaDenseBackend final : public DenseBackend {
         host_(std::move(host)),
         identity_(InteractionIsIdentity(interaction().kind)),
         optimizer_config_(config.dense_optimizer()),
+        layer_wise_(!optim::VisitElementWise(optimizer_config_.type(),
+                                             [](auto) {})),
         host_columns_(HostColumns(interaction(), {})) {}
 
   cudaStream_t stream() const { return stream_.get(); }
@@ -405,6 +421,16 @@ class CudaDenseBackend final : public DenseBackend {
       return absl::InternalError(absl::StrCat(
           "CUDA backend: ", params_.size(), " device parameters for ",
           host_->params.size(), " host ones"));
+    }
+    int64_t largest = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].adapt = AdaptsLayerWise(host_->params[i].name);
+      largest = std::max(largest, params_[i].size);
+    }
+    if (layer_wise_) {
+      ASSIGN_OR_RETURN(layer_scratch_,
+                       DeviceBuffer<double>::Allocate(static_cast<size_t>(
+                           LayerScratchDoubles(largest))));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
     return absl::OkStatus();
@@ -528,6 +554,8 @@ class CudaDenseBackend final : public DenseBackend {
   std::unique_ptr<HostDenseParams> host_;
   const bool identity_;
   const OptimizerConfig optimizer_config_;
+  // LAMB or LARS: Update runs LayerOptimizerUpdate.
+  const bool layer_wise_;
   int64_t step_ = 0;
   // The host view is older than the device (an Update since the last
   // download) / was handed out since the last upload / a download's error
@@ -545,6 +573,8 @@ class CudaDenseBackend final : public DenseBackend {
   std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
   std::vector<DeviceParam> params_;        // host_->params' order
   DeviceBuffer<double> loss_;
+  // LayerOptimizerUpdate's, sized for the largest parameter.
+  DeviceBuffer<double> layer_scratch_;
   // The step's device buffers; z_at_ / dt_at_ point at z_ / dt_, or at
   // t_ / dz_ for an identity interaction.
   DeviceBuffer<float> x_, t_, z_, dz_, dt_, labels_, dlogits_, dbottom_,
@@ -572,15 +602,6 @@ class CudaDenseBackend final : public DenseBackend {
 
 absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
     const ModelConfig& config) {
-  // Checked before the device, so the answer is the same on every machine.
-  const OptimizerConfig::Type type = config.dense_optimizer().type();
-  if (!optim::VisitElementWise(type, [](auto) {})) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device cuda: dense_optimizer.type ", OptimizerConfig::Type_Name(type),
-        " is layer-wise and the CUDA dense backend runs element-wise "
-        "optimizers only (SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM); train it "
-        "with device: DEVICE_CPU (--device cpu)"));
-  }
   // FailedPrecondition naming why when there is no usable device; makes
   // the device current for this thread.
   absl::StatusOr<std::unique_ptr<Device>> device = CreateCudaDevice(kOrdinal);
@@ -595,7 +616,9 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
       new CudaDenseBackend(config, std::move(host)));
   ASSIGN_OR_RETURN(b->stream_, CudaStream::Create());
   ASSIGN_OR_RETURN(b->copy_stream_, CudaStream::Create());
-  ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get()));
+  GemmOptions gemm;
+  gemm.allow_tf32 = !config.gpu_disable_tf32();
+  ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get(), gemm));
   ASSIGN_OR_RETURN(b->top_ready_, CudaEvent::Create());
   ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
   RETURN_IF_ERROR(b->Allocate());

@@ -1,7 +1,8 @@
 // The CUDA dense backend: the MLPs through cuBLASLt / cuBLAS
 // (cuda_linear.cc), the interactions, BCE and the dense optimizer as the
 // kernels of dense_kernels.cu, on CUDA device 0, one stream. Built when
-// CUDA is enabled (DLRM_WITH_CUDA).
+// CUDA is enabled (DLRM_WITH_CUDA). The float GEMMs run in TF32 unless
+// the config's gpu_disable_tf32 is set (GemmOptions::allow_tf32).
 //
 // Memory: parameters, gradients, optimizer state and activations live on
 // the device. The embeddings stay in host memory, so each step copies the
@@ -19,12 +20,11 @@
 
 namespace dlrm::dense::cuda {
 
-// The CUDA backend for `config` (normalised). Unimplemented for a
-// layer-wise dense optimizer (LAMB, LARS), whatever the machine;
+// The CUDA backend for `config` (normalised; every dense optimizer type).
 // FailedPrecondition naming why when no CUDA device is usable (no driver,
-// no device); InvalidArgument as
-// DenseOptimizer::Create; Internal (or ResourceExhausted for device memory)
-// on CUDA / cuBLAS errors while setting up.
+// no device); InvalidArgument as DenseOptimizer::Create; Internal (or
+// ResourceExhausted for device memory) on CUDA / cuBLAS errors while
+// setting up.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCudaDenseBackend(
     const ModelConfig& config);
 

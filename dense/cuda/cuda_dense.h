@@ -1,13 +1,15 @@
 // Dense layers on CUDA: Linear forward/backward through cuBLASLt (bias and
 // ReLU fused into the GEMM epilogue) with a cuBLAS fallback, the DLRM dot
-// interaction, DCN's cross network and BCE-with-logits. Each is the device
-// twin of the CPU function named in its comment, with the same layouts
-// (row-major, weights [out x in]). All pointers are device pointers; work is
-// queued on the context's stream. Built when CUDA is enabled (DLRM_WITH_CUDA).
+// interaction, DCN's cross network, BCE-with-logits and the dense
+// optimizers. Each is the device twin of the CPU function named in its
+// comment, with the same layouts (row-major, weights [out x in]). All
+// pointers are device pointers; work is queued on the context's stream.
+// Built when CUDA is enabled (DLRM_WITH_CUDA).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <compare>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -24,7 +26,8 @@ struct GemmOptions {
   // Let float GEMMs run on the tensor cores in TF32 (10-bit mantissa
   // products, float accumulation): several times faster on A100/H100, with
   // relative errors near 1e-3 instead of 1e-6. Default: false (results
-  // match the CPU backend within float tolerance).
+  // match the CPU backend within float tolerance); the CUDA dense backend
+  // sets it from ModelConfig.gpu_disable_tf32, which leaves it on.
   bool allow_tf32 = false;
   // Use cuBLASLt with the bias/ReLU epilogue for Linear forward; false runs
   // cuBLAS plus a separate bias/ReLU kernel. Default: true.
@@ -35,10 +38,18 @@ struct GemmOptions {
   absl::Status Validate() const;
 };
 
-// The handles and scratch one stream's dense work needs. Not thread-safe:
-// one per stream (per rank's compute stream).
+namespace internal {
+class LtPlanCache;
+}  // namespace internal
+
+// The handles and scratch one stream's dense work needs, and the cuBLASLt
+// plans LinearForward has made (one per shape and pointer alignments, see
+// internal::LtPlanKey). Not thread-safe: one per stream (per rank's compute
+// stream).
 class BlasContext {
  public:
+  ~BlasContext();
+
   // Handles bound to `stream` (borrowed; must outlive the context).
   // InvalidArgument for bad options; Internal on CUDA/cuBLAS errors.
   static absl::StatusOr<std::unique_ptr<BlasContext>> Create(
@@ -52,15 +63,21 @@ class BlasContext {
   // Reusable float scratch of at least `floats` elements (valid until the
   // next call).
   absl::StatusOr<float*> Scratch(size_t floats);
+  // The cuBLASLt plans made so far (cuda_linear.cc).
+  internal::LtPlanCache& lt_plans() { return *lt_plans_; }
+  // How many plans are cached: LinearForward adds one per new key, up to
+  // internal::kMaxLtPlans.
+  size_t lt_plan_count() const;
 
  private:
-  BlasContext() = default;
+  BlasContext();
   cudaStream_t stream_ = nullptr;
   GemmOptions options_;
   dlrm::cuda::CublasHandle cublas_;
   dlrm::cuda::CublasLtHandle lt_;
   dlrm::cuda::RawDeviceBuffer workspace_;
   dlrm::cuda::DeviceBuffer<float> scratch_;
+  std::unique_ptr<internal::LtPlanCache> lt_plans_;
 };
 
 // dense::Linear::Forward: y [batch x out] = act(x [batch x in] W^T + b),
@@ -191,8 +208,59 @@ absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
                                   float* state2, int64_t n,
                                   cudaStream_t stream);
 
-// Kernels the GEMM code uses (dense_kernels.cu).
+// dense::DenseOptimizer::Step for one parameter of n floats under a
+// layer-wise rule (LAMB, LARS; constants from optim::MakeLayerStep), as one
+// layer: when `adapt` (AdaptsLayerWise) ||param|| and the norm of the
+// rule's NormTerm in double, summed in a fixed order (not the CPU's:
+// agreement within double rounding); the tensor's constants by the rule's
+// MakeLayer on the device; then LayerElement per element. No host
+// synchronisation. `scratch` (device memory) grows to
+// LayerScratchDoubles(n) if smaller, and may be shared by the calls of one
+// stream. InvalidArgument for n < 0 or a null scratch.
+absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
+                                  float* param, const float* grad,
+                                  float* state1, float* state2, int64_t n,
+                                  dlrm::cuda::DeviceBuffer<double>* scratch,
+                                  cudaStream_t stream);
+// Doubles of scratch LayerOptimizerUpdate needs for a parameter of n floats.
+int64_t LayerScratchDoubles(int64_t n);
+
 namespace internal {
+
+// What a cuBLASLt plan (matmul descriptor, layouts, algorithm) depends on:
+// a column-major D [m x n] = op(A) [m x k] op(B) [k x n] (+ bias) with its
+// leading dimensions, transposes, epilogue (a cublasLtEpilogue_t) and
+// compute type, and the alignment in bytes of the A, B, C/D and bias
+// pointers (PointerAlignment; 0 for no bias). The algorithm the heuristic
+// picks for some alignments may need them, so each alignment gets its own.
+struct LtPlanKey {
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  bool trans_a = false, trans_b = false;
+  int epilogue = 0;
+  bool tf32 = false;
+  int align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+
+  auto operator<=>(const LtPlanKey&) const = default;
+};
+
+// The largest power of two <= kMaxPointerAlignment that divides the
+// address; kMaxPointerAlignment for null.
+constexpr int kMaxPointerAlignment = 256;
+int PointerAlignment(const void* p);
+
+// Plans a BlasContext keeps; LinearForward makes a plan it uses once and
+// drops for a key beyond them.
+constexpr size_t kMaxLtPlans = 512;
+
+// The key of LinearForward's cuBLASLt call for y [batch x out] = act(x
+// [batch x in] W^T + b) (row-major; no bias when b is null): column-major D
+// [out x batch] = W^T x^T, A = W (transposed), B = x, D = y.
+LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
+                           const float* w, const float* b, bool relu,
+                           bool tf32, float* y);
+
+// Kernels the GEMM code uses (dense_kernels.cu).
 // y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`; b may be null
 // (no bias).
 absl::Status AddBiasAct(float* y, const float* b, int64_t rows, int out,

@@ -3,7 +3,11 @@
 // y^T = W x^T in cuBLAS's terms: A = W stored [in x out] used transposed,
 // B = x stored [in x batch], D = y stored [out x batch]. The bias then runs
 // along D's rows, which is what the cuBLASLt BIAS epilogue broadcasts.
+// Each cuBLASLt call's descriptor, layouts and algorithm are made once per
+// shape and pointer alignments and kept in the BlasContext.
 #include <climits>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -14,6 +18,9 @@
 
 namespace dlrm::dense::cuda {
 namespace {
+
+using internal::LinearForwardKey;
+using internal::LtPlanKey;
 
 // Owners of cuBLASLt descriptors, freed however the call ends.
 struct MatmulDescDeleter {
@@ -53,65 +60,183 @@ absl::Status CheckDims(const char* what, int64_t batch, int in, int out) {
   return absl::OkStatus();
 }
 
-// y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call. Returns
-// NotFound when cuBLASLt has no algorithm for the shape, so the caller falls
-// back to cuBLAS.
-absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
-                       int out, const float* w, const float* b, bool relu,
-                       float* y) {
-  const cublasComputeType_t compute = ctx->options().allow_tf32
-                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                          : CUBLAS_COMPUTE_32F;
+// One cuBLASLt GEMM set up: the descriptor (its bias pointer is set again
+// on each call), the layouts and the heuristic's algorithm, if it found one.
+struct LtPlan {
+  MatmulDesc desc;
+  Layout a, b, d;
+  bool found = false;
+  cublasLtMatmulAlgo_t algo = {};
+};
+
+cublasLtEpilogue_t Epilogue(bool bias, bool relu) {
+  return bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+              : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+}
+
+// The plan of `key`: its descriptor, layouts, and the heuristic's best
+// algorithm for a workspace of `workspace` bytes and pointers aligned as
+// the key says (`bias` is the bias pointer the heuristic sees, null
+// without one).
+absl::StatusOr<LtPlan> MakePlan(cublasLtHandle_t lt, const LtPlanKey& key,
+                                const float* bias, size_t workspace) {
+  LtPlan plan;
+  const cublasComputeType_t compute =
+      key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublasLtMatmulDesc_t raw_desc = nullptr;
   CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescCreate(&raw_desc, compute, CUDA_R_32F));
-  MatmulDesc desc(raw_desc);
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  plan.desc.reset(raw_desc);
+  const cublasOperation_t trans_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t trans_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-  const cublasLtEpilogue_t epilogue =
-      b == nullptr
-          ? (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT)
-          : (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
+  const auto epilogue = static_cast<cublasLtEpilogue_t>(key.epilogue);
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  if (b != nullptr) {
+  if (bias != nullptr) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
+        raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-
-  ASSIGN_OR_RETURN(Layout a, MakeLayout(in, out, in));
-  ASSIGN_OR_RETURN(Layout bl, MakeLayout(in, batch, in));
-  ASSIGN_OR_RETURN(Layout d, MakeLayout(out, batch, out));
+  // Stored shapes: op(A) [m x k] is A [k x m] when transposed.
+  ASSIGN_OR_RETURN(plan.a, key.trans_a ? MakeLayout(key.k, key.m, key.lda)
+                                       : MakeLayout(key.m, key.k, key.lda));
+  ASSIGN_OR_RETURN(plan.b, key.trans_b ? MakeLayout(key.n, key.k, key.ldb)
+                                       : MakeLayout(key.k, key.n, key.ldb));
+  ASSIGN_OR_RETURN(plan.d, MakeLayout(key.m, key.n, key.ldd));
 
   cublasLtMatmulPreference_t raw_pref = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
   Preference pref(raw_pref);
-  const size_t workspace = ctx->options().workspace_bytes;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
       sizeof(workspace)));
+  // The real pointers' alignments, so the heuristic may pick the kernels
+  // that need them (it assumes only the element size otherwise).
+  const uint32_t align_a = key.align_a, align_b = key.align_b,
+                 align_d = key.align_d;
+  for (auto [attribute, value] :
+       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d}}) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        raw_pref, attribute, value, sizeof(*value)));
+  }
   cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
-      ctx->lt(), raw_desc, a.get(), bl.get(), d.get(), d.get(), raw_pref, 1,
-      &result, &found);
+      lt, raw_desc, plan.a.get(), plan.b.get(), plan.d.get(), plan.d.get(),
+      raw_pref, 1, &result, &found);
   // cuBLASLt says "no algorithm" either way, depending on the shape.
   if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED ||
       (heuristic == CUBLAS_STATUS_SUCCESS && found == 0)) {
-    return absl::NotFoundError("cuBLASLt: no algorithm for this shape");
+    return plan;
   }
   CUBLAS_RETURN_IF_ERROR(heuristic);
+  plan.found = true;
+  plan.algo = result.algo;
+  return plan;
+}
+
+}  // namespace
+
+namespace internal {
+
+int PointerAlignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  int alignment = kMaxPointerAlignment;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
+                           const float* w, const float* b, bool relu,
+                           bool tf32, float* y) {
+  LtPlanKey key;
+  key.m = out;
+  key.n = batch;
+  key.k = in;
+  key.lda = in;
+  key.ldb = in;
+  key.ldd = out;
+  key.trans_a = true;
+  key.trans_b = false;
+  key.epilogue = Epilogue(b != nullptr, relu);
+  key.tf32 = tf32;
+  key.align_a = PointerAlignment(w);
+  key.align_b = PointerAlignment(x);
+  key.align_d = PointerAlignment(y);
+  key.align_bias = b == nullptr ? 0 : PointerAlignment(b);
+  return key;
+}
+
+// The plans of one BlasContext, by key; at most kMaxLtPlans, after which
+// Find makes a plan per call and keeps none.
+class LtPlanCache {
+ public:
+  // The plan of `key`, made when not cached (MakePlan). The pointer is
+  // valid until the next Find. Internal on cuBLAS errors.
+  absl::StatusOr<const LtPlan*> Find(cublasLtHandle_t lt, const LtPlanKey& key,
+                                     const float* bias, size_t workspace) {
+    if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+    ASSIGN_OR_RETURN(LtPlan plan, MakePlan(lt, key, bias, workspace));
+    if (plans_.size() >= kMaxLtPlans) {
+      uncached_ = std::move(plan);
+      return &uncached_;
+    }
+    return &plans_.emplace(key, std::move(plan)).first->second;
+  }
+
+  size_t size() const { return plans_.size(); }
+
+ private:
+  std::map<LtPlanKey, LtPlan> plans_;
+  // The last plan made past the cap.
+  LtPlan uncached_;
+};
+
+}  // namespace internal
+
+namespace {
+
+// y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call, with
+// the context's plan for the call's key (made on first use). Returns
+// NotFound when cuBLASLt has no algorithm for it, so the caller falls back
+// to cuBLAS.
+absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
+                       int out, const float* w, const float* b, bool relu,
+                       float* y) {
+  const LtPlanKey key = LinearForwardKey(x, batch, in, out, w, b, relu,
+                                         ctx->options().allow_tf32, y);
+  const size_t workspace = ctx->options().workspace_bytes;
+  ASSIGN_OR_RETURN(const LtPlan* plan,
+                   ctx->lt_plans().Find(ctx->lt(), key, b, workspace));
+  if (!plan->found) {
+    return absl::NotFoundError("cuBLASLt: no algorithm for this shape");
+  }
+  if (b != nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
+  }
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-      ctx->lt(), raw_desc, &alpha, w, a.get(), x, bl.get(), &beta, y, d.get(),
-      y, d.get(), &result.algo, ctx->lt_workspace(), workspace, ctx->stream()));
+      ctx->lt(), plan->desc.get(), &alpha, w, plan->a.get(), x, plan->b.get(),
+      &beta, y, plan->d.get(), y, plan->d.get(), &plan->algo,
+      ctx->lt_workspace(), workspace, ctx->stream()));
   return absl::OkStatus();
 }
 
 }  // namespace
+
+BlasContext::BlasContext()
+    : lt_plans_(std::make_unique<internal::LtPlanCache>()) {}
+
+BlasContext::~BlasContext() = default;
+
+size_t BlasContext::lt_plan_count() const { return lt_plans_->size(); }
 
 absl::Status GemmOptions::Validate() const {
   if (use_lt_epilogue && workspace_bytes == 0) {

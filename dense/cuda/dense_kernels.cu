@@ -1,6 +1,7 @@
 // Element-wise and per-sample kernels of the dense layers: bias + ReLU,
 // ReLU mask + bias gradient, the dot interaction, the cross network's
-// elementwise passes, BCE-with-logits, and the interaction dispatchers.
+// elementwise passes, BCE-with-logits, the dense optimizers (element-wise
+// and layer-wise) and the interaction dispatchers.
 // Float operations use the non-fusing round-to-nearest intrinsics in the
 // CPU kernels' order: sums (the bias gradient) and elementwise products
 // match the CPU bitwise; where the host compiler fuses multiply-adds
@@ -229,6 +230,101 @@ __global__ void DenseOptimizerKernel(typename Rule::Step step,
   Rule::DenseElement(step, g[k], p, s1, s2, k);
 }
 
+// The layer-wise optimizers' norms: block b of kNormThreads threads sums
+// the squares of elements [b kNormChunk, (b + 1) kNormChunk), thread t
+// those at t, t + kNormThreads, ... in order, then a shared-memory tree;
+// one block of kFinishThreads adds the blocks' sums the same way. A fixed
+// order for a given n, whatever the GPU: the same bits every run.
+constexpr int kNormThreads = 256;
+constexpr int kNormPerThread = 16;
+constexpr int64_t kNormChunk = int64_t{kNormThreads} * kNormPerThread;
+constexpr int kFinishThreads = 1024;
+
+// Adds sums_a[i + half] into sums_a[i] (and b) for half = blockDim.x / 2,
+// ..., 1; blockDim.x a power of two. Leaves the totals at index 0.
+__device__ void TreeSum(double* sums_a, double* sums_b) {
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sums_a[threadIdx.x] =
+          __dadd_rn(sums_a[threadIdx.x], sums_a[threadIdx.x + half]);
+      sums_b[threadIdx.x] =
+          __dadd_rn(sums_b[threadIdx.x], sums_b[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+}
+
+// Per block: the sums of w^2 and of the rule's NormTerm^2 over the block's
+// chunk, in double (float squares are exact in double), to partials[2 b]
+// and partials[2 b + 1].
+template <typename Rule>
+__global__ void LayerNormPartialsKernel(typename Rule::Step step,
+                                        const float* __restrict__ p,
+                                        const float* __restrict__ g,
+                                        const float* __restrict__ s1,
+                                        const float* __restrict__ s2, int64_t n,
+                                        double* __restrict__ partials) {
+  __shared__ double w2s[kNormThreads];
+  __shared__ double t2s[kNormThreads];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNormChunk;
+  double w2 = 0.0, t2 = 0.0;
+  for (int j = 0; j < kNormPerThread; ++j) {
+    const int64_t k = begin + int64_t{j} * kNormThreads + threadIdx.x;
+    if (k >= n) break;
+    const double w = p[k];
+    const double t =
+        Rule::NormTerm(step, step.weight_decay, g[k], p, s1, s2, k);
+    w2 = __dadd_rn(w2, __dmul_rn(w, w));
+    t2 = __dadd_rn(t2, __dmul_rn(t, t));
+  }
+  w2s[threadIdx.x] = w2;
+  t2s[threadIdx.x] = t2;
+  TreeSum(w2s, t2s);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = w2s[0];
+    partials[2 * blockIdx.x + 1] = t2s[0];
+  }
+}
+
+// One block: adds the `blocks` partial sums, takes the square roots and
+// writes the tensor's constants, Rule::MakeLayer (the CPU's function), to
+// *layer. With blocks = 0 the norms are 0 (a tensor without adaptation).
+template <typename Rule>
+__global__ void LayerFinishKernel(typename Rule::Step step, bool adapt,
+                                  const double* __restrict__ partials,
+                                  int64_t blocks,
+                                  typename Rule::Layer* __restrict__ layer) {
+  __shared__ double w2s[kFinishThreads];
+  __shared__ double t2s[kFinishThreads];
+  double w2 = 0.0, t2 = 0.0;
+  for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+    w2 = __dadd_rn(w2, partials[2 * b]);
+    t2 = __dadd_rn(t2, partials[2 * b + 1]);
+  }
+  w2s[threadIdx.x] = w2;
+  t2s[threadIdx.x] = t2;
+  TreeSum(w2s, t2s);
+  if (threadIdx.x == 0) {
+    *layer = Rule::MakeLayer(step, adapt, __dsqrt_rn(w2s[0]),
+                             __dsqrt_rn(t2s[0]));
+  }
+}
+
+// One element per thread: the rule's LayerElement with the tensor's
+// constants from LayerFinishKernel.
+template <typename Rule>
+__global__ void LayerElementKernel(typename Rule::Step step,
+                                   const typename Rule::Layer* __restrict__ layer,
+                                   float* __restrict__ p,
+                                   const float* __restrict__ g,
+                                   float* __restrict__ s1,
+                                   float* __restrict__ s2, int64_t n) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  Rule::LayerElement(step, *layer, g[k], p, s1, s2, k);
+}
+
 constexpr int kSmemLimit = 48 * 1024;
 
 absl::Status CheckInteraction(const char* what, int64_t batch, int n, int d,
@@ -392,6 +488,52 @@ absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
             "DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
             dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
             stream, constants, param, grad, state1, state2, n);
+      },
+      step);
+}
+
+int64_t LayerScratchDoubles(int64_t n) {
+  return 2 * CeilDiv<int64_t>(std::max<int64_t>(n, 0), kNormChunk) + 1;
+}
+
+absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
+                                  float* param, const float* grad,
+                                  float* state1, float* state2, int64_t n,
+                                  dlrm::cuda::DeviceBuffer<double>* scratch,
+                                  cudaStream_t stream) {
+  if (n < 0 || scratch == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LayerOptimizerUpdate: n ", n,
+                     " must be >= 0 and scratch non-null"));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t blocks = adapt ? CeilDiv<int64_t>(n, kNormChunk) : 0;
+  const size_t doubles = static_cast<size_t>(LayerScratchDoubles(n));
+  if (scratch->size() < doubles) RETURN_IF_ERROR(scratch->Resize(doubles));
+  double* partials = scratch->data();
+  return std::visit(
+      [&](const auto& constants) -> absl::Status {
+        using Rule = typename std::decay_t<decltype(constants)>::Rule;
+        using Layer = typename Rule::Layer;
+        static_assert(sizeof(Layer) <= sizeof(double) &&
+                      alignof(Layer) <= alignof(double));
+        // The double after the partial sums holds the tensor's constants.
+        auto* layer = reinterpret_cast<Layer*>(partials + 2 * blocks);
+        RETURN_IF_ERROR(LaunchKernel(
+            "LayerNormPartialsKernel", LayerNormPartialsKernel<Rule>,
+            dim3(static_cast<unsigned>(blocks)), dim3(kNormThreads), 0, stream,
+            constants, static_cast<const float*>(param), grad,
+            static_cast<const float*>(state1),
+            static_cast<const float*>(state2), n, partials));
+        RETURN_IF_ERROR(LaunchKernel(
+            "LayerFinishKernel", LayerFinishKernel<Rule>, dim3(1),
+            dim3(kFinishThreads), 0, stream, constants, adapt,
+            static_cast<const double*>(partials), blocks, layer));
+        return LaunchKernel(
+            "LayerElementKernel", LayerElementKernel<Rule>,
+            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256),
+            0, stream, constants, static_cast<const Layer*>(layer), param,
+            grad, state1, state2, n);
       },
       step);
 }
