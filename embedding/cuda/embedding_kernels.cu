@@ -619,6 +619,9 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
   // than a chunk holds; then the chunk steps are left out.
   const bool may_split = n > kSparseChunk;
   const int64_t max_chunks = MaxSplitChunks(n);
+  // The chunk scan's n + 1 entries (2^31 at most: unsigned, so CUB still
+  // picks 32-bit offsets).
+  const uint32_t scan_items = static_cast<uint32_t>(n) + 1u;
   RETURN_IF_ERROR(ws->keys.Resize(n));
   RETURN_IF_ERROR(ws->sorted_keys.Resize(n));
   RETURN_IF_ERROR(ws->unique_keys.Resize(n));
@@ -648,7 +651,7 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
   if (may_split) {
     CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
         nullptr, chunk_scan_bytes, ws->chunk_counts.data(),
-        ws->chunk_starts.data(), num + 1, stream));
+        ws->chunk_starts.data(), scan_items, stream));
   }
   RETURN_IF_ERROR(ws->cub_temp.Reserve(
       std::max({sort_bytes, rle_bytes, scan_bytes, chunk_scan_bytes})));
@@ -701,7 +704,7 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
     temp_bytes = ws->cub_temp.bytes();
     CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
         temp, temp_bytes, ws->chunk_counts.data(), ws->chunk_starts.data(),
-        num + 1, stream));
+        scan_items, stream));
     const int64_t grid = std::min<int64_t>(
         CeilDiv<int64_t>(max_chunks, groups_per_block), max_blocks);
     RETURN_IF_ERROR(LaunchPartialsForShape(s, grid, dim, mean, bags, grad,
