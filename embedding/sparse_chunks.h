@@ -15,11 +15,11 @@ namespace dlrm::embedding {
 // Most occurrences one chunk sums. A run of at most this many is one serial
 // sum in bag order, as the CPU table sums it (the same bits); a longer run
 // is cut into chunks of kSparseChunk occurrences, the last one shorter.
-// Why 64: a run costs about kSparseChunk dependent rounds (bag index, then
-// gradient row) in the chunk kernel plus count / kSparseChunk loads in the
-// combine, which are independent and unrolled by 4; for Criteo's tiny
-// tables (3-155 rows, 10^4-10^5 hits of a row per batch) the two halves
-// balance near 64 (reasoned, not timed: no GPU has run it).
+// Why 64: a run costs about kSparseChunk dependent rounds (bag index, bag
+// size, gradient row) in the chunk kernel plus count / kSparseChunk loads
+// in the combine, which are independent (about four in flight); for
+// Criteo's tiny tables (3-155 rows, 10^4-10^5 hits of a row per batch) the
+// two halves balance at 40-90 (reasoned, not timed: no GPU has run it).
 inline constexpr int32_t kSparseChunk = 64;
 
 // Chunks a run of `count` occurrences is cut into: 0 when it is summed

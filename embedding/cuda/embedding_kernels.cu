@@ -322,9 +322,11 @@ __global__ void SparseUpdateKernel(
       } else {
         const float* p =
             partials + static_cast<int64_t>(chunk_starts[k]) * dim;
-        // Unrolled so that several chunks' loads are in flight; the adds
-        // stay in chunk order.
-#pragma unroll 4
+        // Unrolled so that about four units' loads per lane are in flight
+        // (several chunks' when a lane holds fewer units; more would cost
+        // registers that wide rows need); the adds stay in chunk order.
+        constexpr int kCombineUnroll = kPerLane >= 4 ? 1 : 4 / kPerLane;
+#pragma unroll(kCombineUnroll)
         for (int32_t c = 0; c < chunks; ++c) {
 #pragma unroll
           for (int v = 0; v < kPerLane; ++v) {
