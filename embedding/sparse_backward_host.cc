@@ -20,10 +20,9 @@ namespace {
 // [begin, end) in order: grad row s times 1 / bag size when `mean` (1
 // otherwise), one rounded multiply and one rounded add per column, as the
 // device kernels do.
-void AddOccurrences(const SparseBackwardProducts& p, int64_t begin,
-                    int64_t end, int dim, bool mean,
-                    const std::vector<int64_t>& offsets, const float* grad,
-                    int64_t grad_stride, float* acc) {
+void AddOccurrences(const SparseBackwardProducts& p, int64_t begin, int64_t end,
+                    int dim, bool mean, const std::vector<int64_t>& offsets,
+                    const float* grad, int64_t grad_stride, float* acc) {
   for (int64_t e = begin; e < end; ++e) {
     const int64_t s = p.sorted_bags[e];
     const float scale =
@@ -52,9 +51,9 @@ absl::Status CheckArgs(const char* what, int64_t rows, int dim,
   const int64_t n = num_bags == 0 ? 0 : bags.offsets[num_bags];
   if (n > std::numeric_limits<int32_t>::max() ||
       num_bags > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", n, " ids in ", num_bags,
-        " bags; at most 2^31 - 1 of each per call"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", n, " ids in ", num_bags,
+                     " bags; at most 2^31 - 1 of each per call"));
   }
   return absl::OkStatus();
 }
@@ -163,9 +162,8 @@ absl::Status SparseBackwardUpdateHost(float* weights, float* state1,
                                       const data::SparseFeature& bags,
                                       const float* grad, int64_t grad_stride,
                                       SparseBackwardProducts* products) {
-  RETURN_IF_ERROR(
-      SparseBackwardGradients(rows, dim, mean, bags, grad, grad_stride,
-                              products));
+  RETURN_IF_ERROR(SparseBackwardGradients(rows, dim, mean, bags, grad,
+                                          grad_stride, products));
   const int64_t u = static_cast<int64_t>(products->unique_keys.size());
   std::visit(
       [&](const auto& constants) {

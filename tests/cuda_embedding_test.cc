@@ -252,10 +252,8 @@ TEST_P(CudaTinyTableTest, ChunkedUpdateMatchesHostStandIn) {
                            kCudaTestSeed);
     std::vector<float> weights(initial.weights(),
                                initial.weights() + s.rows * s.dim);
-    std::vector<float> state1(initial.state1().begin(),
-                              initial.state1().end());
-    std::vector<float> state2(initial.state2().begin(),
-                              initial.state2().end());
+    std::vector<float> state1(initial.state1().begin(), initial.state1().end());
+    std::vector<float> state2(initial.state2().begin(), initial.state2().end());
     auto gpu = CudaEmbeddingTable::FromHost(initial);
     auto again = CudaEmbeddingTable::FromHost(initial);
     ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -804,9 +804,8 @@ TEST(SparseChunksTest, PlanArithmetic) {
     int64_t left = n, chunks = 0;
     while (left > 0) {
       // Runs just over a chunk (the worst case), or of any length.
-      const int64_t len =
-          std::min<int64_t>(left, trial % 2 == 0 ? c + 1 + rng.Below(3)
-                                                 : 1 + rng.Below(4 * c));
+      const int64_t len = std::min<int64_t>(
+          left, trial % 2 == 0 ? c + 1 + rng.Below(3) : 1 + rng.Below(4 * c));
       chunks += SplitChunks(static_cast<int32_t>(len));
       left -= len;
     }
@@ -827,8 +826,8 @@ void ExpectCloseToScale(const std::vector<float>& got, const float* want,
     const double scale = std::max<double>(std::fabs(want[i]), rms);
     const double err = std::fabs(double{got[i]} - want[i]);
     if (!(err <= rel * scale) && failures++ < 5) {
-      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs "
-                    << want[i] << " (rms " << rms << ")";
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i]
+                    << " (rms " << rms << ")";
     }
     if (scale > 0) worst = std::max(worst, err / scale);
   }
@@ -845,8 +844,8 @@ void ExpectCloseToScale(const std::vector<float>& got, const float* want,
 // largest of many columns. Never below 1e-5, the tolerance of the
 // optimizer tests.
 double LongRunTolerance(int64_t longest) {
-  return std::max(1e-5, 8 * std::ldexp(1.0, -24) *
-                            std::sqrt(static_cast<double>(longest)));
+  return std::max(
+      1e-5, 8 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(longest)));
 }
 
 // A copy of `t`'s weights and state, for the stand-in to update.
@@ -917,15 +916,14 @@ std::string CaseName(const StandInCase& c) {
 // in a chunk (the same sums in the same order, the same rule functions);
 // with longer runs the sums are chunked, and the results agree within
 // LongRunTolerance.
-class SparseBackwardHostTest : public ::testing::TestWithParam<StandInCase> {
-};
+class SparseBackwardHostTest : public ::testing::TestWithParam<StandInCase> {};
 
 TEST_P(SparseBackwardHostTest, MatchesCpuTable) {
   const StandInCase& c = GetParam();
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
                     OptimizerConfig::ADAM}) {
-    SCOPED_TRACE(::testing::Message() << OptimizerConfig::Type_Name(type)
-                                      << " seed " << kSeed);
+    SCOPED_TRACE(::testing::Message()
+                 << OptimizerConfig::Type_Name(type) << " seed " << kSeed);
     OptimizerConfig optimizer = MakeOptimizer(type);
     optimizer.mutable_schedule()->set_warmup_steps(3);
     optimizer.mutable_schedule()->set_warmup_start_factor(0.5f);
@@ -937,17 +935,16 @@ TEST_P(SparseBackwardHostTest, MatchesCpuTable) {
     int32_t longest = 0;
     for (int step = 1; step <= 3; ++step) {
       const data::SparseFeature ids = RandomIds(rng, c.rows, c.batch);
-      const std::vector<float> grad =
-          RandomGrad(rng, ids.num_bags(), stride);
+      const std::vector<float> grad = RandomGrad(rng, ids.num_bags(), stride);
       cpu.BackwardUpdate(ids, grad.data(), stride);
       auto constants = optim::MakeStep(optimizer, step);
       ASSERT_TRUE(constants.ok()) << constants.status();
-      ASSERT_TRUE(SparseBackwardUpdateHost(
-                      host.weights.data(), host.state1.data(),
-                      host.state2.data(), c.rows, c.dim,
-                      c.pooling == POOLING_MEAN, *constants, ids, grad.data(),
-                      stride, &products)
-                      .ok());
+      ASSERT_TRUE(
+          SparseBackwardUpdateHost(host.weights.data(), host.state1.data(),
+                                   host.state2.data(), c.rows, c.dim,
+                                   c.pooling == POOLING_MEAN, *constants, ids,
+                                   grad.data(), stride, &products)
+              .ok());
       ExpectPlanTilesRuns(products, c.rows);
       longest = std::max(longest, LongestRun(products));
     }
@@ -956,10 +953,10 @@ TEST_P(SparseBackwardHostTest, MatchesCpuTable) {
     const size_t n = host.weights.size();
     if (!long_runs) {
       ExpectBitwise(host.weights.data(), cpu.weights(), n, "weights");
-      ExpectBitwise(host.state1.data(), cpu.state1().data(),
-                    host.state1.size(), "state1");
-      ExpectBitwise(host.state2.data(), cpu.state2().data(),
-                    host.state2.size(), "state2");
+      ExpectBitwise(host.state1.data(), cpu.state1().data(), host.state1.size(),
+                    "state1");
+      ExpectBitwise(host.state2.data(), cpu.state2().data(), host.state2.size(),
+                    "state2");
     } else {
       const double tol = LongRunTolerance(longest);
       ExpectCloseToScale(host.weights, cpu.weights(), tol, "weights");
@@ -1046,12 +1043,11 @@ TEST(SparseBackwardHostLongRunTest, TinyTableSumsWithinTheRoundingBound) {
       cpu.BackwardUpdate(ids, grad.data(), dim);
       auto constants = optim::MakeStep(optimizer, 1);
       ASSERT_TRUE(constants.ok());
-      ASSERT_TRUE(SparseBackwardUpdateHost(host.weights.data(),
-                                           host.state1.data(),
-                                           host.state2.data(), rows, dim, mean,
-                                           *constants, ids, grad.data(), dim,
-                                           &p)
-                      .ok());
+      ASSERT_TRUE(
+          SparseBackwardUpdateHost(host.weights.data(), host.state1.data(),
+                                   host.state2.data(), rows, dim, mean,
+                                   *constants, ids, grad.data(), dim, &p)
+              .ok());
       const double tol = LongRunTolerance(LongestRun(p));
       ExpectCloseToScale(host.weights, cpu.weights(), tol, "weights");
       ExpectCloseToScale(host.state1, cpu.state1().data(), tol, "state1");
@@ -1169,10 +1165,9 @@ TEST(SparseBackwardHostTest, EmptyBatchesChangeNothingAndBadArgsAreNamed) {
   data::SparseFeature empty, none;
   empty.offsets = {0, 0, 0, 0};
   for (const data::SparseFeature* f : {&empty, &none}) {
-    ASSERT_TRUE(SparseBackwardUpdateHost(host.weights.data(),
-                                         host.state1.data(),
-                                         host.state2.data(), 7, 4, true,
-                                         *constants, *f, grad.data(), 4, &p)
+    ASSERT_TRUE(SparseBackwardUpdateHost(
+                    host.weights.data(), host.state1.data(), host.state2.data(),
+                    7, 4, true, *constants, *f, grad.data(), 4, &p)
                     .ok());
     EXPECT_TRUE(p.unique_keys.empty());
     EXPECT_TRUE(p.chunks.empty());
@@ -1191,9 +1186,8 @@ TEST(SparseBackwardHostTest, EmptyBatchesChangeNothingAndBadArgsAreNamed) {
   };
   for (const Bad& b : {Bad{7, 0, 4, "dim"}, Bad{7, 4, 3, "grad_stride"},
                        Bad{-1, 4, 4, "rows"}}) {
-    const absl::Status st =
-        SparseBackwardGradients(b.rows, b.dim, false, one, grad.data(),
-                                b.stride, &p);
+    const absl::Status st = SparseBackwardGradients(b.rows, b.dim, false, one,
+                                                    grad.data(), b.stride, &p);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.names;
     EXPECT_NE(st.message().find(b.names), std::string::npos) << st;
   }

@@ -247,9 +247,8 @@ __global__ void ChunkPartialKernel(
     float g[kPerLane * kW];
 #pragma unroll
     for (int i = 0; i < kPerLane * kW; ++i) g[i] = 0.0f;
-    AddOccurrences<kVec4, kPerLane>(g, r.begin, r.end, lane, group, units,
-                                    mean, offsets, grad, grad_stride,
-                                    sorted_bags);
+    AddOccurrences<kVec4, kPerLane>(g, r.begin, r.end, lane, group, units, mean,
+                                    offsets, grad, grad_stride, sorted_bags);
     float* out = partials + j * dim;
 #pragma unroll
     for (int v = 0; v < kPerLane; ++v) {
@@ -257,8 +256,8 @@ __global__ void ChunkPartialKernel(
       if (u < units) {
         if constexpr (kVec4) {
           StoreUnit<true>(out, u,
-                          make_float4(g[v * 4 + 0], g[v * 4 + 1],
-                                      g[v * 4 + 2], g[v * 4 + 3]));
+                          make_float4(g[v * 4 + 0], g[v * 4 + 1], g[v * 4 + 2],
+                                      g[v * 4 + 3]));
         } else {
           StoreUnit<false>(out, u, g[v]);
         }
@@ -316,12 +315,11 @@ __global__ void SparseUpdateKernel(
       const int32_t count = counts[k];
       const int32_t chunks = SplitChunks(count);
       if (chunks == 0) {
-        AddOccurrences<kVec4, kPerLane>(g, starts[k], int64_t{starts[k]} + count,
-                                        lane, group, units, mean, offsets, grad,
-                                        grad_stride, sorted_bags);
+        AddOccurrences<kVec4, kPerLane>(
+            g, starts[k], int64_t{starts[k]} + count, lane, group, units, mean,
+            offsets, grad, grad_stride, sorted_bags);
       } else {
-        const float* p =
-            partials + static_cast<int64_t>(chunk_starts[k]) * dim;
+        const float* p = partials + static_cast<int64_t>(chunk_starts[k]) * dim;
         // Unrolled so that about four units' loads per lane are in flight
         // (several chunks' when a lane holds fewer units; more would cost
         // registers that wide rows need); the adds stay in chunk order.
@@ -500,16 +498,15 @@ absl::Status LaunchPartials(int64_t grid, int dim, bool mean,
                             const DeviceBags& bags, const float* grad,
                             int64_t grad_stride, BackwardWorkspace* ws,
                             int64_t n, int group, cudaStream_t stream) {
-  return LaunchKernel(
-      "ChunkPartialKernel", ChunkPartialKernel<kVec4, kPerLane>,
-      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0, stream, dim, mean,
-      bags.offsets, grad, grad_stride,
-      static_cast<const int32_t*>(ws->counts.data()),
-      static_cast<const int32_t*>(ws->starts.data()),
-      static_cast<const int32_t*>(ws->sorted_bags.data()),
-      static_cast<const int32_t*>(ws->num_unique.data()),
-      static_cast<const int32_t*>(ws->chunk_starts.data()), n, group,
-      ws->partials.data());
+  return LaunchKernel("ChunkPartialKernel", ChunkPartialKernel<kVec4, kPerLane>,
+                      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
+                      stream, dim, mean, bags.offsets, grad, grad_stride,
+                      static_cast<const int32_t*>(ws->counts.data()),
+                      static_cast<const int32_t*>(ws->starts.data()),
+                      static_cast<const int32_t*>(ws->sorted_bags.data()),
+                      static_cast<const int32_t*>(ws->num_unique.data()),
+                      static_cast<const int32_t*>(ws->chunk_starts.data()), n,
+                      group, ws->partials.data());
 }
 
 // The chunk kernel instance for `shape` (the update kernel's unit layout).
@@ -518,10 +515,9 @@ absl::Status LaunchPartialsForShape(const RowShape& shape, int64_t grid,
                                     const float* grad, int64_t grad_stride,
                                     BackwardWorkspace* ws, int64_t n,
                                     cudaStream_t stream) {
-#define DLRM_LAUNCH_PARTIALS(vec, per_lane)                                 \
-  return LaunchPartials<vec, per_lane>(grid, dim, mean, bags, grad,         \
-                                       grad_stride, ws, n, shape.group, \
-                                       stream)
+#define DLRM_LAUNCH_PARTIALS(vec, per_lane) \
+  return LaunchPartials<vec, per_lane>(     \
+      grid, dim, mean, bags, grad, grad_stride, ws, n, shape.group, stream)
   if (shape.vec4) {
     switch (shape.per_lane) {
       case 1:
