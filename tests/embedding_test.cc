@@ -10,12 +10,16 @@
 #include <map>
 #include <set>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/random.h"
 #include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
+#include "embedding/sparse_backward_host.h"
+#include "embedding/sparse_chunks.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -762,6 +766,432 @@ TEST(ShardingTest, ValidateCatchesPlansThatDoNotTileTheTable) {
   EXPECT_TRUE(plan.Validate(c).ok());
   plan.tables[0].shards[1].rank = 2;
   EXPECT_EQ(plan.Validate(c).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The host stand-in of the CUDA sparse backward pass (sparse_chunks.h,
+// sparse_backward_host.h): its chunk plan, and its results against the CPU
+// table.
+
+TEST(SparseChunksTest, PlanArithmetic) {
+  const int32_t c = kSparseChunk;
+  EXPECT_EQ(SplitChunks(0), 0);
+  EXPECT_EQ(SplitChunks(1), 0);
+  EXPECT_EQ(SplitChunks(c), 0);
+  EXPECT_EQ(SplitChunks(c + 1), 2);
+  EXPECT_EQ(SplitChunks(2 * c), 2);
+  EXPECT_EQ(SplitChunks(2 * c + 1), 3);
+  EXPECT_EQ(SplitChunks(50000), (50000 + c - 1) / c);
+  // Chunks of a run tile it in order, all full but the last.
+  const ChunkRange first = ChunkOccurrences(100, 2 * c + 5, 0);
+  EXPECT_EQ(first.begin, 100);
+  EXPECT_EQ(first.end, 100 + c);
+  const ChunkRange last = ChunkOccurrences(100, 2 * c + 5, 2);
+  EXPECT_EQ(last.begin, 100 + 2 * c);
+  EXPECT_EQ(last.end, 100 + 2 * c + 5);
+  // Runs without chunks share their start with the next run; the search
+  // passes them.
+  const std::vector<int32_t> starts = {0, 0, 3, 3, 3, 5};  // 6 runs
+  const int64_t want[] = {1, 1, 1, 4, 4};
+  for (int64_t j = 0; j < 5; ++j) {
+    EXPECT_EQ(RunOfChunk(starts.data(), 6, j), want[j]) << "chunk " << j;
+  }
+  // MaxSplitChunks bounds the chunks of any split of n occurrences into
+  // runs.
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t n = 1 + rng.Below(20 * c);
+    int64_t left = n, chunks = 0;
+    while (left > 0) {
+      // Runs just over a chunk (the worst case), or of any length.
+      const int64_t len = std::min<int64_t>(
+          left, trial % 2 == 0 ? c + 1 + rng.Below(3) : 1 + rng.Below(4 * c));
+      chunks += SplitChunks(static_cast<int32_t>(len));
+      left -= len;
+    }
+    ASSERT_LE(chunks, MaxSplitChunks(n)) << "n " << n;
+  }
+}
+
+// |got[i] - want[i]| <= rel * max(|want[i]|, rms(want)) for every i; NaN
+// never passes. Prints the largest error in those units.
+void ExpectCloseToScale(const std::vector<float>& got, const float* want,
+                        double rel, const std::string& what) {
+  double sum_sq = 0;
+  for (size_t i = 0; i < got.size(); ++i) sum_sq += double{want[i]} * want[i];
+  const double rms = got.empty() ? 0.0 : std::sqrt(sum_sq / got.size());
+  int failures = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double scale = std::max<double>(std::fabs(want[i]), rms);
+    const double err = std::fabs(double{got[i]} - want[i]);
+    if (!(err <= rel * scale) && failures++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i]
+                    << " (rms " << rms << ")";
+    }
+    if (scale > 0) worst = std::max(worst, err / scale);
+  }
+  std::printf("%s: largest error %.3g of scale (tolerance %.3g)\n",
+              what.c_str(), worst, rel);
+}
+
+// The tolerance, relative to the values' scale, of results built on row
+// gradients whose longest run has `longest` occurrences, when runs longer
+// than kSparseChunk are summed in chunks on one side and serially on the
+// other (docs/cuda.md "Numerics"): the serial sum's rounding error on
+// gradients of random sign grows like 2^-24 sqrt(n) of the sum; 8 times
+// that covers Adam's squared moment (twice the gradient's error) and the
+// largest of many columns. Never below 1e-5, the tolerance of the
+// optimizer tests.
+double LongRunTolerance(int64_t longest) {
+  return std::max(
+      1e-5, 8 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(longest)));
+}
+
+// A copy of `t`'s weights and state, for the stand-in to update.
+struct TableCopy {
+  std::vector<float> weights, state1, state2;
+  explicit TableCopy(const EmbeddingTable& t)
+      : weights(t.weights(), t.weights() + t.rows() * t.dim()),
+        state1(t.state1().begin(), t.state1().end()),
+        state2(t.state2().begin(), t.state2().end()) {}
+};
+
+int32_t LongestRun(const SparseBackwardProducts& p) {
+  int32_t longest = 0;
+  for (int32_t c : p.counts) longest = std::max(longest, c);
+  return longest;
+}
+
+// Checks the chunk list against the runs: each split run (in range, longer
+// than kSparseChunk) is tiled in order by its chunks, each at most
+// kSparseChunk long and all full but the last; no other run has chunks.
+void ExpectPlanTilesRuns(const SparseBackwardProducts& p, int64_t rows) {
+  const int64_t u = static_cast<int64_t>(p.unique_keys.size());
+  ASSERT_EQ(p.chunk_starts.size(), static_cast<size_t>(u + 1));
+  ASSERT_EQ(static_cast<int64_t>(p.chunks.size()), p.chunk_starts[u]);
+  ASSERT_LE(static_cast<int64_t>(p.chunks.size()),
+            MaxSplitChunks(static_cast<int64_t>(p.sorted_keys.size())));
+  for (int64_t k = 0; k < u; ++k) {
+    const bool split = p.unique_keys[k] < static_cast<uint64_t>(rows) &&
+                       p.counts[k] > kSparseChunk;
+    const int32_t chunks = p.chunk_starts[k + 1] - p.chunk_starts[k];
+    ASSERT_EQ(chunks > 0, split) << "run " << k;
+    int64_t next = p.starts[k];
+    for (int32_t i = 0; i < chunks; ++i) {
+      const SparseChunk& c = p.chunks[p.chunk_starts[k] + i];
+      EXPECT_EQ(c.run, k);
+      EXPECT_EQ(c.begin, next);
+      EXPECT_LE(c.end - c.begin, kSparseChunk);
+      if (i + 1 < chunks) {
+        EXPECT_EQ(c.end - c.begin, kSparseChunk);
+      }
+      next = c.end;
+    }
+    if (split) {
+      EXPECT_EQ(next, p.starts[k] + p.counts[k]) << "run " << k;
+    }
+  }
+}
+
+struct StandInCase {
+  int dim;
+  Pooling pooling;
+  int64_t rows;
+  BatchShape batch;
+  int pad;
+  // Whether a run longer than kSparseChunk occurs (checked, so that each
+  // case tests what it says).
+  bool long_runs;
+};
+
+std::string CaseName(const StandInCase& c) {
+  return absl::StrCat("d", c.dim, c.pooling == POOLING_MEAN ? "_mean" : "_sum",
+                      "_rows", c.rows, "_bags", c.batch.bags, "_hot",
+                      c.batch.max_hot, "_pad", c.pad);
+}
+
+// Three steps of the CPU table and the stand-in on the same batches: the
+// stand-in's weights and state equal the table's bitwise when every run fits
+// in a chunk (the same sums in the same order, the same rule functions);
+// with longer runs the sums are chunked, and the results agree within
+// LongRunTolerance.
+class SparseBackwardHostTest : public ::testing::TestWithParam<StandInCase> {};
+
+TEST_P(SparseBackwardHostTest, MatchesCpuTable) {
+  const StandInCase& c = GetParam();
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(::testing::Message()
+                 << OptimizerConfig::Type_Name(type) << " seed " << kSeed);
+    OptimizerConfig optimizer = MakeOptimizer(type);
+    optimizer.mutable_schedule()->set_warmup_steps(3);
+    optimizer.mutable_schedule()->set_warmup_start_factor(0.5f);
+    EmbeddingTable cpu(1, c.rows, c.dim, c.pooling, optimizer, kSeed);
+    TableCopy host(cpu);
+    SparseBackwardProducts products;
+    Rng rng(kSeed + c.dim + type);
+    const int64_t stride = c.dim + c.pad;
+    int32_t longest = 0;
+    for (int step = 1; step <= 3; ++step) {
+      const data::SparseFeature ids = RandomIds(rng, c.rows, c.batch);
+      const std::vector<float> grad = RandomGrad(rng, ids.num_bags(), stride);
+      cpu.BackwardUpdate(ids, grad.data(), stride);
+      auto constants = optim::MakeStep(optimizer, step);
+      ASSERT_TRUE(constants.ok()) << constants.status();
+      ASSERT_TRUE(
+          SparseBackwardUpdateHost(host.weights.data(), host.state1.data(),
+                                   host.state2.data(), c.rows, c.dim,
+                                   c.pooling == POOLING_MEAN, *constants, ids,
+                                   grad.data(), stride, &products)
+              .ok());
+      ExpectPlanTilesRuns(products, c.rows);
+      longest = std::max(longest, LongestRun(products));
+    }
+    const bool long_runs = longest > kSparseChunk;
+    EXPECT_EQ(long_runs, c.long_runs) << "the case's batches";
+    const size_t n = host.weights.size();
+    if (!long_runs) {
+      ExpectBitwise(host.weights.data(), cpu.weights(), n, "weights");
+      ExpectBitwise(host.state1.data(), cpu.state1().data(), host.state1.size(),
+                    "state1");
+      ExpectBitwise(host.state2.data(), cpu.state2().data(), host.state2.size(),
+                    "state2");
+    } else {
+      const double tol = LongRunTolerance(longest);
+      ExpectCloseToScale(host.weights, cpu.weights(), tol, "weights");
+      ExpectCloseToScale(host.state1, cpu.state1().data(), tol, "state1");
+      ExpectCloseToScale(host.state2, cpu.state2().data(), tol, "state2");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SparseBackwardHostTest,
+    ::testing::Values(
+        // One-hot over a big table: every run short.
+        StandInCase{16, POOLING_SUM, 20000, {1000, 1, 0}, 0, false},
+        // Multi-hot with empty bags, a padded stride, odd dims.
+        StandInCase{3, POOLING_MEAN, 5000, {200, 5, 0}, 2, false},
+        StandInCase{33, POOLING_SUM, 5000, {300, 4, 0}, 0, false},
+        // No bags; all bags of a small table.
+        StandInCase{8, POOLING_MEAN, 10, {0, 1, 0}, 0, false},
+        // Skewed small tables: hot rows longer than a chunk (the first two
+        // like the hottest shapes of tests/cuda_embedding_test.cc).
+        StandInCase{4, POOLING_SUM, 10, {257, 3, 0}, 0, true},
+        StandInCase{16, POOLING_MEAN, 300, {500, 20, 0}, 0, true},
+        StandInCase{16, POOLING_SUM, 40, {2000, 3, 0}, 0, true},
+        StandInCase{16, POOLING_MEAN, 155, {5000, 4, 0}, 3, true},
+        StandInCase{5, POOLING_MEAN, 3, {3000, 2, 0}, 0, true}),
+    [](const ::testing::TestParamInfo<StandInCase>& info) {
+      return CaseName(info.param);
+    });
+
+// A 3-row table with 50 000 hits: each run's gradient (a chunked sum)
+// against the CPU table's sequential sum of the same terms, within the
+// rounding error bound of both orders; the updated rows against the CPU
+// table within LongRunTolerance.
+TEST(SparseBackwardHostLongRunTest, TinyTableSumsWithinTheRoundingBound) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  const int64_t rows = 3;
+  const int dim = 16;
+  for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
+    const bool mean = pooling == POOLING_MEAN;
+    Rng rng(kSeed + pooling);
+    // 29 000 bags of 0..3 ids (one in eight empty, 1.75 on average): about
+    // 50 000 hits, 29 000 of them on row 0.
+    const data::SparseFeature ids = RandomIds(rng, rows, {29000, 3, 0});
+    ASSERT_GT(ids.ids.size(), 48000u);
+    const std::vector<float> grad = RandomGrad(rng, ids.num_bags(), dim);
+    SparseBackwardProducts p;
+    ASSERT_TRUE(
+        SparseBackwardGradients(rows, dim, mean, ids, grad.data(), dim, &p)
+            .ok());
+    ExpectPlanTilesRuns(p, rows);
+    ASSERT_EQ(p.unique_keys.size(), 3u);
+    for (int64_t k = 0; k < 3; ++k) {
+      ASSERT_GT(p.counts[k], 100 * kSparseChunk) << "row " << k;
+      // The CPU table's order: every term in bag order from 0. Each sum's
+      // error is at most (additions a term goes through) * 2^-24 * sum |x|
+      // (to first order): n - 1 for the serial sum, at most kSparseChunk
+      // inside a chunk plus the chunks for the chunked one.
+      const int64_t chunks = SplitChunks(p.counts[k]);
+      const double u = std::ldexp(1.0, -24);
+      const double adds = p.counts[k] + kSparseChunk + chunks;
+      for (int col = 0; col < dim; ++col) {
+        float serial = 0.0f;
+        double abs_sum = 0;
+        for (int64_t e = p.starts[k]; e < p.starts[k] + p.counts[k]; ++e) {
+          const int64_t s = p.sorted_bags[e];
+          const float scale =
+              mean ? 1.0f / static_cast<float>(ids.bag_size(s)) : 1.0f;
+          const float term = grad[s * dim + col] * scale;
+          serial += term;
+          abs_sum += std::fabs(term);
+        }
+        const float chunked = p.row_grads[k * dim + col];
+        EXPECT_LE(std::fabs(double{chunked} - serial), adds * u * abs_sum)
+            << "row " << k << " column " << col;
+      }
+    }
+    // The updates built on those sums.
+    for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+                      OptimizerConfig::ADAM}) {
+      SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+      const OptimizerConfig optimizer = MakeOptimizer(type);
+      EmbeddingTable cpu(0, rows, dim, pooling, optimizer, kSeed);
+      TableCopy host(cpu);
+      cpu.BackwardUpdate(ids, grad.data(), dim);
+      auto constants = optim::MakeStep(optimizer, 1);
+      ASSERT_TRUE(constants.ok());
+      ASSERT_TRUE(
+          SparseBackwardUpdateHost(host.weights.data(), host.state1.data(),
+                                   host.state2.data(), rows, dim, mean,
+                                   *constants, ids, grad.data(), dim, &p)
+              .ok());
+      const double tol = LongRunTolerance(LongestRun(p));
+      ExpectCloseToScale(host.weights, cpu.weights(), tol, "weights");
+      ExpectCloseToScale(host.state1, cpu.state1().data(), tol, "state1");
+      ExpectCloseToScale(host.state2, cpu.state2().data(), tol, "state2");
+    }
+  }
+}
+
+TEST(SparseBackwardHostLongRunTest, ChunkingIsDeterministic) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed);
+  const int dim = 12;
+  const data::SparseFeature ids = RandomIds(rng, 155, {20000, 3, 0});
+  const std::vector<float> grad = RandomGrad(rng, ids.num_bags(), dim);
+  SparseBackwardProducts a, b;
+  ASSERT_TRUE(
+      SparseBackwardGradients(155, dim, true, ids, grad.data(), dim, &a).ok());
+  // b is reused: a second batch first, then the same one.
+  const data::SparseFeature other = RandomIds(rng, 155, {100, 2, 0});
+  ASSERT_TRUE(
+      SparseBackwardGradients(155, dim, true, other, grad.data(), dim, &b)
+          .ok());
+  ASSERT_TRUE(
+      SparseBackwardGradients(155, dim, true, ids, grad.data(), dim, &b).ok());
+  ASSERT_GT(a.chunks.size(), 0u);
+  EXPECT_EQ(a.sorted_keys, b.sorted_keys);
+  EXPECT_EQ(a.sorted_bags, b.sorted_bags);
+  EXPECT_EQ(a.unique_keys, b.unique_keys);
+  EXPECT_EQ(a.counts, b.counts);
+  EXPECT_EQ(a.starts, b.starts);
+  EXPECT_EQ(a.chunk_starts, b.chunk_starts);
+  ASSERT_EQ(a.chunks.size(), b.chunks.size());
+  for (size_t j = 0; j < a.chunks.size(); ++j) {
+    EXPECT_EQ(a.chunks[j].run, b.chunks[j].run);
+    EXPECT_EQ(a.chunks[j].begin, b.chunks[j].begin);
+    EXPECT_EQ(a.chunks[j].end, b.chunks[j].end);
+  }
+  ASSERT_EQ(a.partials.size(), b.partials.size());
+  ExpectBitwise(a.partials.data(), b.partials.data(), a.partials.size(),
+                "partials");
+  ASSERT_EQ(a.row_grads.size(), b.row_grads.size());
+  ExpectBitwise(a.row_grads.data(), b.row_grads.data(), a.row_grads.size(),
+                "row gradients");
+}
+
+// Ids outside [0, rows) sort last as one run of key `rows`, which gets no
+// chunks and no update; the rows in range are updated as if the bad ids
+// were not there (sum pooling; under mean pooling they still count in the
+// bag's size, as on the device).
+TEST(SparseBackwardHostTest, OutOfRangeIdsAreSkipped) {
+  const int64_t rows = 6;
+  const int dim = 4;
+  data::SparseFeature bad, good;
+  bad.offsets = {0};
+  good.offsets = {0};
+  // 150 bags: bag s holds s % 3 and, in most bags, an id out of range
+  // (runs of 50 in range, so the sums are the CPU table's).
+  for (int s = 0; s < 150; ++s) {
+    good.ids.push_back(s % 3);
+    bad.ids.push_back(s % 3);
+    if (s % 5 != 0) bad.ids.push_back(s % 2 == 0 ? rows : -1 - s);
+    bad.offsets.push_back(static_cast<int64_t>(bad.ids.size()));
+    good.offsets.push_back(static_cast<int64_t>(good.ids.size()));
+  }
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed);
+  const std::vector<float> grad = RandomGrad(rng, 150, dim);
+  const OptimizerConfig optimizer = MakeOptimizer(OptimizerConfig::ADAM);
+  EmbeddingTable cpu(0, rows, dim, POOLING_SUM, optimizer, kSeed);
+  TableCopy host(cpu);
+  cpu.BackwardUpdate(good, grad.data(), dim);
+  auto constants = optim::MakeStep(optimizer, 1);
+  ASSERT_TRUE(constants.ok());
+  SparseBackwardProducts p;
+  ASSERT_TRUE(SparseBackwardUpdateHost(host.weights.data(), host.state1.data(),
+                                       host.state2.data(), rows, dim, false,
+                                       *constants, bad, grad.data(), dim, &p)
+                  .ok());
+  ASSERT_EQ(p.unique_keys.size(), 4u);
+  EXPECT_EQ(p.unique_keys.back(), static_cast<uint64_t>(rows));
+  EXPECT_EQ(p.counts.back(), 120);  // Longer than a chunk: still no chunks.
+  EXPECT_EQ(p.chunk_starts[4] - p.chunk_starts[3], 0);
+  for (int c = 0; c < dim; ++c) EXPECT_EQ(p.row_grads[3 * dim + c], 0.0f);
+  ExpectPlanTilesRuns(p, rows);
+  ExpectBitwise(host.weights.data(), cpu.weights(), rows * dim, "weights");
+  ExpectBitwise(host.state1.data(), cpu.state1().data(), rows * dim, "m");
+  ExpectBitwise(host.state2.data(), cpu.state2().data(), rows * dim, "v");
+
+  // Mean pooling: bag {2, rows} gives row 2 half the bag's gradient.
+  data::SparseFeature one;
+  one.offsets = {0, 2};
+  one.ids = {2, rows};
+  const OptimizerConfig sgd = MakeOptimizer(OptimizerConfig::SGD);
+  auto sgd_step = optim::MakeStep(sgd, 1);
+  ASSERT_TRUE(sgd_step.ok());
+  std::vector<float> w(rows * dim, 1.0f);
+  const std::vector<float> g = {2.0f, 4.0f, -2.0f, 0.0f};
+  ASSERT_TRUE(SparseBackwardUpdateHost(w.data(), nullptr, nullptr, rows, dim,
+                                       true, *sgd_step, one, g.data(), dim, &p)
+                  .ok());
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    const float want = i / dim == 2 ? 1.0f - 0.1f * (0.5f * g[i % dim]) : 1.0f;
+    EXPECT_EQ(w[i], want) << "element " << i;
+  }
+}
+
+TEST(SparseBackwardHostTest, EmptyBatchesChangeNothingAndBadArgsAreNamed) {
+  const OptimizerConfig optimizer = MakeOptimizer(OptimizerConfig::ADAM);
+  auto constants = optim::MakeStep(optimizer, 1);
+  ASSERT_TRUE(constants.ok());
+  EmbeddingTable cpu(0, 7, 4, POOLING_MEAN, optimizer, kSeed);
+  TableCopy host(cpu);
+  const std::vector<float> grad(12, 1.0f);
+  SparseBackwardProducts p;
+  data::SparseFeature empty, none;
+  empty.offsets = {0, 0, 0, 0};
+  for (const data::SparseFeature* f : {&empty, &none}) {
+    ASSERT_TRUE(SparseBackwardUpdateHost(
+                    host.weights.data(), host.state1.data(), host.state2.data(),
+                    7, 4, true, *constants, *f, grad.data(), 4, &p)
+                    .ok());
+    EXPECT_TRUE(p.unique_keys.empty());
+    EXPECT_TRUE(p.chunks.empty());
+  }
+  ExpectBitwise(host.weights.data(), cpu.weights(), 28, "weights");
+  ExpectBitwise(host.state1.data(), cpu.state1().data(), 28, "m");
+
+  data::SparseFeature one;
+  one.offsets = {0, 1};
+  one.ids = {0};
+  struct Bad {
+    int64_t rows;
+    int dim;
+    int64_t stride;
+    const char* names;
+  };
+  for (const Bad& b : {Bad{7, 0, 4, "dim"}, Bad{7, 4, 3, "grad_stride"},
+                       Bad{-1, 4, 4, "rows"}}) {
+    const absl::Status st = SparseBackwardGradients(b.rows, b.dim, false, one,
+                                                    grad.data(), b.stride, &p);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.names;
+    EXPECT_NE(st.message().find(b.names), std::string::npos) << st;
+  }
 }
 
 }  // namespace

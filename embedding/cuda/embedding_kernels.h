@@ -3,7 +3,8 @@
 // optimizer (ids deduplicated by a radix sort, each touched row updated once
 // by one thread group, no atomics, no dense gradient). They compute what
 // EmbeddingTable's CPU kernels compute (embedding_table.h), in the same
-// order of float operations: see docs/cuda.md.
+// order of float operations except where a hot row's gradient is summed in
+// chunks: see docs/cuda.md.
 // All pointers are device pointers; work is queued on `stream`.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "core/cuda/cuda_raii.h"
+#include "embedding/sparse_chunks.h"
 #include "optim/rules.h"
 
 namespace dlrm::embedding::cuda {
@@ -42,11 +44,17 @@ absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
                          cudaStream_t stream);
 
 // Scratch device memory of SparseBackwardUpdate, grown to the largest batch
-// seen and reused. Not thread-safe: one per stream.
+// seen and reused. Not thread-safe: one per stream. For n ids: the sort's
+// keys and bags, the runs (unique_keys, counts, starts: n each), and when
+// n > kSparseChunk the chunk plan (chunk_counts, chunk_starts: n + 1 each)
+// and the chunks' partial sums (MaxSplitChunks(n) x dim floats, n * dim / 32
+// at most: sparse_chunks.h).
 struct BackwardWorkspace {
   dlrm::cuda::DeviceBuffer<uint64_t> keys, sorted_keys, unique_keys;
   dlrm::cuda::DeviceBuffer<int32_t> bags, sorted_bags, counts, starts;
   dlrm::cuda::DeviceBuffer<int32_t> num_unique;
+  dlrm::cuda::DeviceBuffer<int32_t> chunk_counts, chunk_starts;
+  dlrm::cuda::DeviceBuffer<float> partials;
   dlrm::cuda::RawDeviceBuffer cub_temp;
 };
 
@@ -54,7 +62,10 @@ struct BackwardWorkspace {
 // optim::MakeStep; the rule's functions in optim/rules.h) to every row of
 // `weights` (rows x dim) that occurs in `bags`, with the row's gradient: the
 // sum over its occurrences (in bag order) of grad row s (grad + s *
-// grad_stride), scaled by 1 / bag size when `mean`. state1/state2 as
+// grad_stride), scaled by 1 / bag size when `mean`; a row with more than
+// kSparseChunk occurrences sums them in chunks of kSparseChunk, then adds
+// the chunks' sums in chunk order (sparse_chunks.h; the host stand-in
+// sparse_backward_host.h computes the same sums). state1/state2 as
 // EmbeddingTable (the rule's kSparseState arrays; one the rule lacks may be
 // null). Ids outside [0, rows) are skipped. Deterministic: the same inputs
 // give the same bits. InvalidArgument for a dim over MaxDim(dim), over 256
