@@ -86,6 +86,26 @@ std::vector<Batch> ReadAll(BatchSource* source, int64_t batch_size) {
   return batches;
 }
 
+// Two epochs of `got` and `want` (rewound in between), `batch_size` samples
+// a batch: `batches` equal batches each epoch, valid for `rows` (13 dense
+// features).
+void ExpectSameEpochs(BatchSource* got, BatchSource* want, int64_t batch_size,
+                      size_t batches, const std::vector<int64_t>& rows) {
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    SCOPED_TRACE(::testing::Message() << "epoch " << epoch);
+    std::vector<Batch> expected = ReadAll(want, batch_size);
+    std::vector<Batch> actual = ReadAll(got, batch_size);
+    ASSERT_EQ(expected.size(), batches);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ExpectBatchesEqual(actual[i], expected[i]);
+      EXPECT_TRUE(actual[i].Validate(13, rows).ok());
+    }
+    ASSERT_TRUE(want->Rewind().ok());
+    ASSERT_TRUE(got->Rewind().ok());
+  }
+}
+
 std::string TempPath(const std::string& name) {
   return (std::filesystem::path(testing::TempDir()) / name).string();
 }
@@ -695,18 +715,8 @@ TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    for (int epoch = 0; epoch < 2; ++epoch) {
-      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 128);
-      std::vector<Batch> from_binary = ReadAll(binary->get(), 128);
-      ASSERT_EQ(from_tsv.size(), 9u);
-      ASSERT_EQ(from_tsv.size(), from_binary.size());
-      for (size_t i = 0; i < from_tsv.size(); ++i) {
-        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
-        EXPECT_TRUE(from_binary[i].Validate(13, rows).ok());
-      }
-      ASSERT_TRUE((*tsv)->Rewind().ok());
-      ASSERT_TRUE((*binary)->Rewind().ok());
-    }
+    ExpectSameEpochs(binary->get(), tsv->get(), 128, 9,
+                     rows);
   }
 }
 
@@ -1025,18 +1035,8 @@ TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    for (int epoch = 0; epoch < 2; ++epoch) {
-      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 128);
-      std::vector<Batch> from_binary = ReadAll(binary->get(), 128);
-      ASSERT_EQ(from_tsv.size(), 4u);
-      ASSERT_EQ(from_binary.size(), from_tsv.size());
-      for (size_t i = 0; i < from_tsv.size(); ++i) {
-        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
-        EXPECT_TRUE(from_binary[i].Validate(13, options.table_rows).ok());
-      }
-      ASSERT_TRUE((*tsv)->Rewind().ok());
-      ASSERT_TRUE((*binary)->Rewind().ok());
-    }
+    ExpectSameEpochs(binary->get(), tsv->get(), 128, 4,
+                     options.table_rows);
     CriteoOptions all_ones = options;
     all_ones.multi_hot_sizes.assign(26, 1);
     CriteoOptions one_hot = options;
@@ -1084,18 +1084,8 @@ TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    for (int epoch = 0; epoch < 2; ++epoch) {
-      std::vector<Batch> from_tsv = ReadAll(tsv->get(), 100);
-      std::vector<Batch> from_binary = ReadAll(binary->get(), 100);
-      ASSERT_EQ(from_tsv.size(), 4u);
-      ASSERT_EQ(from_binary.size(), from_tsv.size());
-      for (size_t i = 0; i < from_tsv.size(); ++i) {
-        ExpectBatchesEqual(from_binary[i], from_tsv[i]);
-        EXPECT_TRUE(from_binary[i].Validate(13, options.table_rows).ok());
-      }
-      ASSERT_TRUE((*tsv)->Rewind().ok());
-      ASSERT_TRUE((*binary)->Rewind().ok());
-    }
+    ExpectSameEpochs(binary->get(), tsv->get(), 100, 4,
+                     options.table_rows);
     // Skipping moves over whole records of every table's bags.
     Batch whole, after_skip, expected;
     ASSERT_TRUE(*(*tsv)->Next(373, &whole));
