@@ -715,8 +715,7 @@ TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    ExpectSameEpochs(binary->get(), tsv->get(), 128, 9,
-                     rows);
+    ExpectSameEpochs(binary->get(), tsv->get(), 128, 9, rows);
   }
 }
 
@@ -1035,8 +1034,7 @@ TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    ExpectSameEpochs(binary->get(), tsv->get(), 128, 4,
-                     options.table_rows);
+    ExpectSameEpochs(binary->get(), tsv->get(), 128, 4, options.table_rows);
     CriteoOptions all_ones = options;
     all_ones.multi_hot_sizes.assign(26, 1);
     CriteoOptions one_hot = options;
@@ -1084,8 +1082,7 @@ TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
-    ExpectSameEpochs(binary->get(), tsv->get(), 100, 4,
-                     options.table_rows);
+    ExpectSameEpochs(binary->get(), tsv->get(), 100, 4, options.table_rows);
     // Skipping moves over whole records of every table's bags.
     Batch whole, after_skip, expected;
     ASSERT_TRUE(*(*tsv)->Next(373, &whole));
