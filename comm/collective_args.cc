@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/device.h"
+#include "core/status.h"
 
 namespace dlrm::comm::internal {
 
@@ -91,6 +92,18 @@ absl::Status CheckCudaDevice(int device, absl::string_view who) {
                      count == 1 ? " device" : " devices", ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<AllToAllVBytes> CheckAllToAllVCounts(
+    std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
+    int world_size, int rank, DataType type) {
+  AllToAllVBytes bytes;
+  ASSIGN_OR_RETURN(bytes.send, BytesOfCounts(send_counts, world_size, type,
+                                             "AllToAllV: send_counts"));
+  ASSIGN_OR_RETURN(bytes.recv, BytesOfCounts(recv_counts, world_size, type,
+                                             "AllToAllV: recv_counts"));
+  RETURN_IF_ERROR(CheckSelfCounts(send_counts, recv_counts, rank));
+  return bytes;
 }
 
 }  // namespace dlrm::comm::internal

@@ -43,4 +43,14 @@ absl::Status CheckCudaDevice(int device, absl::string_view who);
 absl::Status CheckSelfCounts(std::span<const int64_t> send_counts,
                              std::span<const int64_t> recv_counts, int rank);
 
+// AllToAllV's send and recv bytes from its counts: BytesOfCounts of each
+// (naming "AllToAllV: send_counts" / "recv_counts") and CheckSelfCounts.
+struct AllToAllVBytes {
+  size_t send = 0;
+  size_t recv = 0;
+};
+absl::StatusOr<AllToAllVBytes> CheckAllToAllVCounts(
+    std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
+    int world_size, int rank, DataType type);
+
 }  // namespace dlrm::comm::internal

@@ -141,21 +141,17 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    const int world = world_size();
-    ASSIGN_OR_RETURN(size_t send_bytes,
-                     internal::BytesOfCounts(send_counts, world, type,
-                                             "AllToAllV: send_counts"));
-    ASSIGN_OR_RETURN(size_t recv_bytes,
-                     internal::BytesOfCounts(recv_counts, world, type,
-                                             "AllToAllV: recv_counts"));
-    RETURN_IF_ERROR(
-        internal::CheckSelfCounts(send_counts, recv_counts, rank()));
+    ASSIGN_OR_RETURN(const internal::AllToAllVBytes bytes,
+                     internal::CheckAllToAllVCounts(
+                         send_counts, recv_counts, world_size(), rank(), type));
+    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
     RETURN_IF_ERROR(internal::CheckBuffer(send, send_bytes, "AllToAllV: send"));
     RETURN_IF_ERROR(internal::CheckBuffer(recv, recv_bytes, "AllToAllV: recv"));
     RETURN_IF_ERROR(CheckUsable());
     // The exchange only moves bytes, so it runs on bytes for every type
     // (the checks above keep every byte count within int64).
     const int64_t element = static_cast<int64_t>(ElementSize(type));
+    const int world = world_size();
     std::vector<int64_t> send_sizes(world), recv_sizes(world);
     for (int r = 0; r < world; ++r) {
       send_sizes[r] = send_counts[r] * element;

@@ -147,15 +147,10 @@ class HostStagedCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    const int world = world_size();
-    ASSIGN_OR_RETURN(size_t send_bytes,
-                     internal::BytesOfCounts(send_counts, world, type,
-                                             "AllToAllV: send_counts"));
-    ASSIGN_OR_RETURN(size_t recv_bytes,
-                     internal::BytesOfCounts(recv_counts, world, type,
-                                             "AllToAllV: recv_counts"));
-    RETURN_IF_ERROR(
-        internal::CheckSelfCounts(send_counts, recv_counts, rank()));
+    ASSIGN_OR_RETURN(const internal::AllToAllVBytes bytes,
+                     internal::CheckAllToAllVCounts(
+                         send_counts, recv_counts, world_size(), rank(), type));
+    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
     RETURN_IF_ERROR(CheckDeviceBuffer(send, send_bytes, "AllToAllV: send"));
     RETURN_IF_ERROR(CheckDeviceBuffer(recv, recv_bytes, "AllToAllV: recv"));
     RETURN_IF_ERROR(CheckUsable());

@@ -67,13 +67,10 @@ class SingleRankDeviceCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t send_bytes,
-                     internal::BytesOfCounts(send_counts, 1, type,
-                                             "AllToAllV: send_counts"));
-    ASSIGN_OR_RETURN(size_t recv_bytes,
-                     internal::BytesOfCounts(recv_counts, 1, type,
-                                             "AllToAllV: recv_counts"));
-    RETURN_IF_ERROR(internal::CheckSelfCounts(send_counts, recv_counts, 0));
+    ASSIGN_OR_RETURN(
+        const internal::AllToAllVBytes bytes,
+        internal::CheckAllToAllVCounts(send_counts, recv_counts, 1, 0, type));
+    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
     RETURN_IF_ERROR(internal::CheckDeviceBuffer(send, send_bytes, device_,
                                                 "AllToAllV: send"));
     RETURN_IF_ERROR(internal::CheckDeviceBuffer(recv, recv_bytes, device_,
