@@ -72,8 +72,7 @@ absl::Status Run(const Flags& f) {
     const bool all = f.tables_on_device == std::vector<std::string>{"all"};
     int placed = 0;
     for (TableConfig& t : *config.mutable_tables()) {
-      if (all || std::find(f.tables_on_device.begin(),
-                           f.tables_on_device.end(),
+      if (all || std::find(f.tables_on_device.begin(), f.tables_on_device.end(),
                            t.name()) != f.tables_on_device.end()) {
         t.set_storage(STORAGE_DEVICE);
         ++placed;

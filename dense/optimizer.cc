@@ -92,9 +92,7 @@ void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
 
 }  // namespace
 
-bool AdaptsLayerWise(std::string_view name) {
-  return !name.ends_with(".bias");
-}
+bool AdaptsLayerWise(std::string_view name) { return !name.ends_with(".bias"); }
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     const OptimizerConfig& config, std::vector<ParamRef> params) {

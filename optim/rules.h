@@ -412,8 +412,9 @@ struct Lars {
     l.weight_decay = adapt ? s.weight_decay : 0.0f;
     const double ratio =
         adapt && weight_norm > 0 && grad_norm > 0
-            ? RnDiv(RnMul(double{s.trust_coefficient}, weight_norm),
-                    RnAdd(grad_norm, RnMul(double{s.weight_decay}, weight_norm)))
+            ? RnDiv(
+                  RnMul(double{s.trust_coefficient}, weight_norm),
+                  RnAdd(grad_norm, RnMul(double{s.weight_decay}, weight_norm)))
             : 1.0;
     l.learning_rate =
         static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));

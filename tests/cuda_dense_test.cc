@@ -179,8 +179,7 @@ TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
     return host;
   };
   auto x_d = ToDevice(padded(x));
-  auto w_d =
-      ToDevice(padded(std::span<const float>(cpu.weight(), kIn * kOut)));
+  auto w_d = ToDevice(padded(std::span<const float>(cpu.weight(), kIn * kOut)));
   auto b_d = ToDevice(padded(std::span<const float>(cpu.bias(), kOut)));
   auto y_d = Poisoned(kPad + y.size());
   const std::vector<int> offsets = {0, 1, 2, 4, 8, 3};
@@ -190,9 +189,9 @@ TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
       // Each operand at its own offset, so they are aligned differently.
       const int ox = o, ow = offsets[(o + 1) % offsets.size()],
                 ob = offsets[(o + 2) % offsets.size()], oy = (o + 3) % kPad;
-      SCOPED_TRACE(::testing::Message() << "pass " << pass << " offsets x "
-                                        << ox << " w " << ow << " b " << ob
-                                        << " y " << oy);
+      SCOPED_TRACE(::testing::Message()
+                   << "pass " << pass << " offsets x " << ox << " w " << ow
+                   << " b " << ob << " y " << oy);
       // Moves x, w and b to their offsets in place.
       ASSERT_EQ(cudaMemcpy(x_d.data() + ox, x.data(), sizeof(float) * x.size(),
                            cudaMemcpyHostToDevice),
@@ -212,9 +211,9 @@ TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
                            sizeof(float) * y.size(), cudaMemcpyDeviceToHost),
                 cudaSuccess);
       ExpectCloseToScale(got, y, 2e-5, "y");
-      keys.insert(internal::LinearForwardKey(
-          x_d.data() + ox, kBatch, kIn, kOut, w_d.data() + ow,
-          b_d.data() + ob, true, false, y_d.data() + oy));
+      keys.insert(internal::LinearForwardKey(x_d.data() + ox, kBatch, kIn, kOut,
+                                             w_d.data() + ow, b_d.data() + ob,
+                                             true, false, y_d.data() + oy));
       EXPECT_EQ((*ctx)->lt_plan_count(), keys.size());
     }
   }
@@ -239,8 +238,7 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
 
   auto f = [](uintptr_t address) { return reinterpret_cast<float*>(address); };
   const internal::LtPlanKey key = internal::LinearForwardKey(
-      f(0x10000), 64, 13, 512, f(0x20010), f(0x30008), true, false,
-      f(0x40004));
+      f(0x10000), 64, 13, 512, f(0x20010), f(0x30008), true, false, f(0x40004));
   // Column-major D [out x batch] = W^T x^T.
   EXPECT_EQ(key.m, 512);
   EXPECT_EQ(key.n, 64);
@@ -256,28 +254,27 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
   EXPECT_EQ(key.align_bias, 8);
   EXPECT_EQ(key.align_d, 4);  // y
   auto same = [&](const internal::LtPlanKey& other) { return other == key; };
-  EXPECT_TRUE(same(internal::LinearForwardKey(f(0x50000), 64, 13, 512,
-                                              f(0x60010), f(0x70008), true,
-                                              false, f(0x80004))));
+  EXPECT_TRUE(
+      same(internal::LinearForwardKey(f(0x50000), 64, 13, 512, f(0x60010),
+                                      f(0x70008), true, false, f(0x80004))));
   // Anything that changes the plan changes the key.
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 65, 13, 512,
-                                               f(0x20010), f(0x30008), true,
-                                               false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
-                                               f(0x20010), f(0x30008), false,
-                                               false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
-                                               f(0x20010), nullptr, true,
-                                               false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
-                                               f(0x20010), f(0x30008), true,
-                                               true, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10004), 64, 13, 512,
-                                               f(0x20010), f(0x30008), true,
-                                               false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(f(0x10000), 64, 13, 512,
-                                               f(0x20010), f(0x30010), true,
-                                               false, f(0x40004))));
+  EXPECT_FALSE(
+      same(internal::LinearForwardKey(f(0x10000), 65, 13, 512, f(0x20010),
+                                      f(0x30008), true, false, f(0x40004))));
+  EXPECT_FALSE(
+      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
+                                      f(0x30008), false, false, f(0x40004))));
+  EXPECT_FALSE(same(internal::LinearForwardKey(
+      f(0x10000), 64, 13, 512, f(0x20010), nullptr, true, false, f(0x40004))));
+  EXPECT_FALSE(
+      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
+                                      f(0x30008), true, true, f(0x40004))));
+  EXPECT_FALSE(
+      same(internal::LinearForwardKey(f(0x10004), 64, 13, 512, f(0x20010),
+                                      f(0x30008), true, false, f(0x40004))));
+  EXPECT_FALSE(
+      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
+                                      f(0x30010), true, false, f(0x40004))));
   EXPECT_EQ(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
                                        nullptr, false, false, f(0x40004))
                 .align_bias,
@@ -548,12 +545,10 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
     int64_t size;
     bool zero;
   };
-  const std::vector<Tensor> tensors = {{"l0.weight", 70001, false},
-                                       {"l0.bias", 513, false},
-                                       {"l1.weight", 8192, false},
-                                       {"l1.bias", 1, false},
-                                       {"l2.weight", 1, false},
-                                       {"zero.weight", 300, true}};
+  const std::vector<Tensor> tensors = {
+      {"l0.weight", 70001, false}, {"l0.bias", 513, false},
+      {"l1.weight", 8192, false},  {"l1.bias", 1, false},
+      {"l2.weight", 1, false},     {"zero.weight", 300, true}};
   for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
@@ -620,15 +615,15 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
         EXPECT_TRUE(constants.ok()) << constants.status();
         if (!constants.ok()) return r;
         for (size_t i = 0; i < tensors.size(); ++i) {
-          EXPECT_TRUE(g_d[i]
-                          .CopyFromHost(std::span<const float>(
-                              step_grads[step][i]))
-                          .ok());
-          const absl::Status st = LayerOptimizerUpdate(
-              *constants, AdaptsLayerWise(tensors[i].name), p_d[i].data(),
-              g_d[i].data(), s1_d[i].data(),
-              arrays > 1 ? s2_d[i].data() : nullptr, tensors[i].size,
-              &scratch, nullptr);
+          EXPECT_TRUE(
+              g_d[i]
+                  .CopyFromHost(std::span<const float>(step_grads[step][i]))
+                  .ok());
+          const absl::Status st =
+              LayerOptimizerUpdate(*constants, AdaptsLayerWise(tensors[i].name),
+                                   p_d[i].data(), g_d[i].data(), s1_d[i].data(),
+                                   arrays > 1 ? s2_d[i].data() : nullptr,
+                                   tensors[i].size, &scratch, nullptr);
           EXPECT_TRUE(st.ok()) << st;
         }
       }

@@ -264,8 +264,8 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
 
 // With a GPU, device cuda runs the dense part on the CUDA backend (the
 // embeddings in host stores): the same steps as the CPU model within float
-// tolerance (GEMMs sum in another order; TF32 off). Skipped without a device; fails
-// without one under DLRM_REQUIRE_CUDA=1.
+// tolerance (GEMMs sum in another order; TF32 off). Skipped without a device;
+// fails without one under DLRM_REQUIRE_CUDA=1.
 TEST(ModelTest, CudaDenseStepMatchesCpu) {
   if (CudaDeviceCount() == 0) {
     const char* required = std::getenv("DLRM_REQUIRE_CUDA");

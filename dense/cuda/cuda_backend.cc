@@ -227,9 +227,9 @@ class CudaDenseBackend final : public DenseBackend {
       ASSIGN_OR_RETURN(const optim::AnyStep constants,
                        optim::MakeStep(optimizer_config_, step_));
       for (DeviceParam& p : params_) {
-        RETURN_IF_ERROR(DenseOptimizerUpdate(
-            constants, p.value, p.grad, p.state[0].data(), p.state[1].data(),
-            p.size, stream()));
+        RETURN_IF_ERROR(
+            DenseOptimizerUpdate(constants, p.value, p.grad, p.state[0].data(),
+                                 p.state[1].data(), p.size, stream()));
       }
     }
     host_stale_ = true;
@@ -326,8 +326,8 @@ class CudaDenseBackend final : public DenseBackend {
         host_(std::move(host)),
         identity_(InteractionIsIdentity(interaction().kind)),
         optimizer_config_(config.dense_optimizer()),
-        layer_wise_(!optim::VisitElementWise(optimizer_config_.type(),
-                                             [](auto) {})),
+        layer_wise_(
+            !optim::VisitElementWise(optimizer_config_.type(), [](auto) {})),
         host_columns_(HostColumns(interaction(), {})) {}
 
   cudaStream_t stream() const { return stream_.get(); }
@@ -429,8 +429,8 @@ class CudaDenseBackend final : public DenseBackend {
     }
     if (layer_wise_) {
       ASSIGN_OR_RETURN(layer_scratch_,
-                       DeviceBuffer<double>::Allocate(static_cast<size_t>(
-                           LayerScratchDoubles(largest))));
+                       DeviceBuffer<double>::Allocate(
+                           static_cast<size_t>(LayerScratchDoubles(largest))));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
     return absl::OkStatus();

@@ -257,8 +257,8 @@ constexpr size_t kMaxLtPlans = 512;
 // [batch x in] W^T + b) (row-major; no bias when b is null): column-major D
 // [out x batch] = W^T x^T, A = W (transposed), B = x, D = y.
 LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
-                           const float* w, const float* b, bool relu,
-                           bool tf32, float* y);
+                           const float* w, const float* b, bool relu, bool tf32,
+                           float* y);
 
 // Kernels the GEMM code uses (dense_kernels.cu).
 // y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`; b may be null

@@ -153,8 +153,8 @@ int PointerAlignment(const void* p) {
 }
 
 LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
-                           const float* w, const float* b, bool relu,
-                           bool tf32, float* y) {
+                           const float* w, const float* b, bool relu, bool tf32,
+                           float* y) {
   LtPlanKey key;
   key.m = out;
   key.n = batch;

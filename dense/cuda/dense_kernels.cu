@@ -306,20 +306,18 @@ __global__ void LayerFinishKernel(typename Rule::Step step, bool adapt,
   t2s[threadIdx.x] = t2;
   TreeSum(w2s, t2s);
   if (threadIdx.x == 0) {
-    *layer = Rule::MakeLayer(step, adapt, __dsqrt_rn(w2s[0]),
-                             __dsqrt_rn(t2s[0]));
+    *layer =
+        Rule::MakeLayer(step, adapt, __dsqrt_rn(w2s[0]), __dsqrt_rn(t2s[0]));
   }
 }
 
 // One element per thread: the rule's LayerElement with the tensor's
 // constants from LayerFinishKernel.
 template <typename Rule>
-__global__ void LayerElementKernel(typename Rule::Step step,
-                                   const typename Rule::Layer* __restrict__ layer,
-                                   float* __restrict__ p,
-                                   const float* __restrict__ g,
-                                   float* __restrict__ s1,
-                                   float* __restrict__ s2, int64_t n) {
+__global__ void LayerElementKernel(
+    typename Rule::Step step, const typename Rule::Layer* __restrict__ layer,
+    float* __restrict__ p, const float* __restrict__ g, float* __restrict__ s1,
+    float* __restrict__ s2, int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   Rule::LayerElement(step, *layer, g[k], p, s1, s2, k);
@@ -502,9 +500,8 @@ absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
                                   dlrm::cuda::DeviceBuffer<double>* scratch,
                                   cudaStream_t stream) {
   if (n < 0 || scratch == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LayerOptimizerUpdate: n ", n,
-                     " must be >= 0 and scratch non-null"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LayerOptimizerUpdate: n ", n, " must be >= 0 and scratch non-null"));
   }
   if (n == 0) return absl::OkStatus();
   const int64_t blocks = adapt ? CeilDiv<int64_t>(n, kNormChunk) : 0;
@@ -525,15 +522,15 @@ absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
             constants, static_cast<const float*>(param), grad,
             static_cast<const float*>(state1),
             static_cast<const float*>(state2), n, partials));
-        RETURN_IF_ERROR(LaunchKernel(
-            "LayerFinishKernel", LayerFinishKernel<Rule>, dim3(1),
-            dim3(kFinishThreads), 0, stream, constants, adapt,
-            static_cast<const double*>(partials), blocks, layer));
+        RETURN_IF_ERROR(
+            LaunchKernel("LayerFinishKernel", LayerFinishKernel<Rule>, dim3(1),
+                         dim3(kFinishThreads), 0, stream, constants, adapt,
+                         static_cast<const double*>(partials), blocks, layer));
         return LaunchKernel(
             "LayerElementKernel", LayerElementKernel<Rule>,
-            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256),
-            0, stream, constants, static_cast<const Layer*>(layer), param,
-            grad, state1, state2, n);
+            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
+            stream, constants, static_cast<const Layer*>(layer), param, grad,
+            state1, state2, n);
       },
       step);
 }
