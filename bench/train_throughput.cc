@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/dense_flags.h"
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
@@ -22,13 +23,8 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // "cpu" or "cuda"; empty keeps the config's device.
-  std::string device;
-  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
-  std::string precision;
-  // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
-  // empty keeps the config's.
-  std::string tf32;
+  // --device, --precision, --tf32.
+  DenseFlags dense;
   int64_t rows = 0;
   int64_t batch = 2048;
   int warmup = 5;
@@ -48,9 +44,7 @@ struct Flags {
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
-  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
-  RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &config));
-  RETURN_IF_ERROR(ApplyTf32Flag(f.tf32, &config));
+  RETURN_IF_ERROR(f.dense.Apply(&config));
   if (f.rows > 0) {
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
     // Or the config's cap (kaggle: 100k) would shrink the tables again when
@@ -180,20 +174,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Training throughput of the in-process DLRM step."};
   app.add_option("--config", f.config, "Preset or config file")
       ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "Where the dense part runs: cpu or cuda (default: the "
-                 "config's device, cpu unless it sets one)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--precision", f.precision,
-                 "Precision of the dense GEMMs: fp32 or bf16 (default: the "
-                 "config's dense_precision, fp32 unless it sets one; bf16 "
-                 "runs fp32 on a CPU without bf16 instructions)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--tf32", f.tf32,
-                 "device cuda: on runs the float GEMMs on the tensor cores "
-                 "in TF32, off keeps them in float (default: the config's "
-                 "gpu_disable_tf32, on unless it sets it)")
-      ->check(CLI::IsMember({"on", "off"}));
+  f.dense.AddTo(app);
   app.add_option("--rows", f.rows,
                  "Override every table's rows (bench/compare_peers.sh: 100000 "
                  "for kaggle)");

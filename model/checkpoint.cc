@@ -52,30 +52,16 @@ std::string TableWeightName(const TableConfig& table) {
   return absl::StrCat("embedding_bags.", table.name(), ".weight");
 }
 
-// Weights [rows, dim] of table `k`, read row by row through its store.
-absl::Status ReadTableWeights(Model& m, int k, std::vector<float>* out) {
-  embedding::EmbeddingStore& store = *m.WholeStore(k);
-  const embedding::TableSpec& spec = store.spec();
-  std::vector<float> record(
-      spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim));
-  out->resize(spec.rows * spec.dim);
-  for (int64_t row = 0; row < spec.rows; ++row) {
-    RETURN_IF_ERROR(store.ReadRow(row, record.data()));
-    std::memcpy(out->data() + row * spec.dim, record.data(),
-                sizeof(float) * spec.dim);
-  }
-  return absl::OkStatus();
-}
-
-// WriteWeights' tables of a one-process model: host tables in place,
-// RocksDB-tier ones read through their store.
+// WriteWeights' tables of a one-process model: host tables in place, the
+// others (RocksDB, device memory) gathered through their store.
 TableWeightsFn ModelTables(Model& m) {
   return
       [&m](int k, std::vector<float>* scratch) -> absl::StatusOr<const float*> {
         if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
           return t->weights();
         }
-        RETURN_IF_ERROR(ReadTableWeights(m, k, scratch));
+        // One rank: no collective behind the gather.
+        RETURN_IF_ERROR(m.GatherTable(k, scratch));
         return scratch->data();
       };
 }

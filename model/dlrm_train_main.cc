@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/dense_flags.h"
 #include "core/status.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
@@ -22,13 +23,8 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // "cpu" or "cuda"; empty keeps the config's device.
-  std::string device;
-  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
-  std::string precision;
-  // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
-  // empty keeps the config's.
-  std::string tf32;
+  // --device, --precision, --tf32.
+  DenseFlags dense;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
   int64_t eval_samples = 65536;
@@ -112,9 +108,7 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
-  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &loaded));
-  RETURN_IF_ERROR(ApplyPrecisionFlag(f.precision, &loaded));
-  RETURN_IF_ERROR(ApplyTf32Flag(f.tf32, &loaded));
+  RETURN_IF_ERROR(f.dense.Apply(&loaded));
   ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
@@ -245,20 +239,7 @@ int main(int argc, char** argv) {
                  "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
                  "text-format ModelConfig file")
       ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "Where the dense part runs: cpu or cuda (default: the "
-                 "config's device, cpu unless it sets one)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--precision", f.precision,
-                 "Precision of the dense GEMMs: fp32 or bf16 (default: the "
-                 "config's dense_precision, fp32 unless it sets one; bf16 "
-                 "runs fp32 on a CPU without bf16 instructions)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--tf32", f.tf32,
-                 "device cuda: on runs the float GEMMs on the tensor cores "
-                 "in TF32, off keeps them in float (default: the config's "
-                 "gpu_disable_tf32, on unless it sets it)")
-      ->check(CLI::IsMember({"on", "off"}));
+  f.dense.AddTo(app);
   app.add_option("--train", f.train_files,
                  "Training data: Criteo TSV files, or one .bin file "
                  "(default: synthetic)");

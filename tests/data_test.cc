@@ -679,6 +679,26 @@ std::string RandomTsv(Rng* rng, int lines) {
   return text;
 }
 
+// 26 row counts: every reduction path (1, 2^31 + 1, 2^32) and random ones;
+// `max_rows` caps them (2^32 for a version-2 file).
+std::vector<int64_t> TableRowsForTests(Rng* rng, int64_t max_rows) {
+  std::vector<int64_t> rows = {1,
+                               2,
+                               3,
+                               7,
+                               100000,
+                               1460,
+                               24,
+                               10131227,
+                               (1LL << 31) + 1,
+                               (1LL << 32) - 1,
+                               1LL << 32,
+                               1LL << 40};
+  for (int64_t& r : rows) r = std::min(r, max_rows);
+  while (rows.size() < 26) rows.push_back(1 + rng->Below(1 << 20));
+  return rows;
+}
+
 TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
   const uint64_t seed = 424242;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -694,19 +714,7 @@ TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
   EXPECT_EQ(std::filesystem::file_size(bin), 32u + 1033u * 4 * (1 + 13 + 26));
 
   // Row counts that exercise every reduction path, including 1 and >= 2^32.
-  std::vector<int64_t> rows = {1,
-                               2,
-                               3,
-                               7,
-                               100000,
-                               1460,
-                               24,
-                               10131227,
-                               (1LL << 31) + 1,
-                               (1LL << 32) - 1,
-                               1LL << 32,
-                               1LL << 40};
-  while (rows.size() < 26) rows.push_back(1 + rng.Below(1 << 20));
+  const std::vector<int64_t> rows = TableRowsForTests(&rng, int64_t{1} << 40);
   for (bool hash : {false, true}) {
     CriteoOptions options;
     options.table_rows = rows;
@@ -795,26 +803,6 @@ TEST(CriteoBinaryTest, EmptyInputGivesAnEmptyDataset) {
 const std::vector<int> kDcnV2Sizes = {3, 2,  1,   2,  6,  1, 1, 1, 1,
                                       7, 3,  8,   1,  6,  9, 5, 1, 1,
                                       1, 12, 100, 27, 10, 3, 1, 1};
-
-// 26 row counts: every reduction path (1, 2^31 + 1, 2^32) and random ones;
-// `max_rows` caps them (2^32 for a version-2 file).
-std::vector<int64_t> MultiHotRows(Rng* rng, int64_t max_rows) {
-  std::vector<int64_t> rows = {1,
-                               2,
-                               3,
-                               7,
-                               100000,
-                               1460,
-                               24,
-                               10131227,
-                               (1LL << 31) + 1,
-                               (1LL << 32) - 1,
-                               1LL << 32,
-                               1LL << 40};
-  for (int64_t& r : rows) r = std::min(r, max_rows);
-  while (rows.size() < 26) rows.push_back(1 + rng->Below(1 << 20));
-  return rows;
-}
 
 // The batch a Criteo reader should yield for the lines of `text` under
 // `options`, built line by line: ParseCriteoLine, CriteoRow, then the bag
@@ -971,7 +959,7 @@ TEST(CriteoTsvTest, MultiHotBagsAreTheDerivationOfEachRow) {
   for (bool hash : {false, true}) {
     SCOPED_TRACE(hash ? "hash_ids" : "modulo");
     CriteoOptions options;
-    options.table_rows = MultiHotRows(&rng, int64_t{1} << 40);
+    options.table_rows = TableRowsForTests(&rng, int64_t{1} << 40);
     options.hash_ids = hash;
     options.multi_hot_sizes = kDcnV2Sizes;
     auto source = OpenCriteoTsv({a, b}, options);
@@ -1025,7 +1013,7 @@ TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
   for (bool hash : {false, true}) {
     SCOPED_TRACE(hash ? "hash_ids" : "modulo");
     CriteoOptions options;
-    options.table_rows = MultiHotRows(&rng, int64_t{1} << 40);
+    options.table_rows = TableRowsForTests(&rng, int64_t{1} << 40);
     options.hash_ids = hash;
     for (int t = 0; t < 26; ++t) {
       options.multi_hot_sizes.push_back(1 + static_cast<int>(rng.Below(9)));
@@ -1058,7 +1046,7 @@ TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
   const std::string bin = TempPath("mh_v2.bin");
   for (int trial = 0; trial < 3; ++trial) {
     CriteoOptions options;
-    options.table_rows = MultiHotRows(&rng, int64_t{1} << 32);
+    options.table_rows = TableRowsForTests(&rng, int64_t{1} << 32);
     options.hash_ids = trial == 1;
     if (trial == 2) {
       for (int t = 0; t < 26; ++t) {

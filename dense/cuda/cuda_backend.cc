@@ -168,7 +168,7 @@ class CudaDenseBackend final : public DenseBackend {
         CopyAsync(labels_dev, staged, batch, cudaMemcpyHostToDevice, stream()));
     RETURN_IF_ERROR(BceWithLogits(top_.back().y.data(), labels_dev, batch,
                                   grad_scale, dlogits, loss_.data(), stream()));
-    ASSIGN_OR_RETURN(double* loss, SizedLoss());
+    double* loss = loss_host_.data();
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(loss, loss_.data(), sizeof(double),
                                          cudaMemcpyDeviceToHost, stream()));
     // The step's one wait for the device: the loss is read here.
@@ -352,12 +352,6 @@ class CudaDenseBackend final : public DenseBackend {
                       host_columns_, cudaMemcpyHostToDevice, stream());
   }
 
-  // The pinned word the loss is read into.
-  absl::StatusOr<double*> SizedLoss() {
-    RETURN_IF_ERROR(loss_host_.Reserve(1));
-    return loss_host_.data();
-  }
-
   AlignedVector<float>& Flat(GradBucket bucket) {
     return bucket == GradBucket::kTop ? flat_top_ : flat_;
   }
@@ -433,6 +427,7 @@ class CudaDenseBackend final : public DenseBackend {
                            static_cast<size_t>(LayerScratchDoubles(largest))));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
+    RETURN_IF_ERROR(loss_host_.Reserve(1));
     return absl::OkStatus();
   }
 

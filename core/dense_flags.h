@@ -1,0 +1,51 @@
+// The flags of the binaries that train in-process (dlrm_train,
+// dlrm_bench_train) that say where and how the dense part runs:
+// --device, --precision and --tf32 (core/config.h's Apply*Flag).
+// Header-only, so that core does not link CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "core/config.h"
+#include "core/status.h"
+#include "dlrm/config.pb.h"
+
+namespace dlrm {
+
+struct DenseFlags {
+  // "cpu" or "cuda"; empty keeps the config's device.
+  std::string device;
+  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
+  std::string precision;
+  // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
+  // empty keeps the config's.
+  std::string tf32;
+
+  // Adds the three options to `app`.
+  void AddTo(CLI::App& app) {
+    app.add_option("--device", device,
+                   "Where the dense part runs: cpu or cuda (default: the "
+                   "config's device, cpu unless it sets one)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--precision", precision,
+                   "Precision of the dense GEMMs: fp32 or bf16 (default: the "
+                   "config's dense_precision, fp32 unless it sets one; bf16 "
+                   "runs fp32 on a CPU without bf16 instructions)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
+    app.add_option("--tf32", tf32,
+                   "device cuda: on runs the float GEMMs on the tensor cores "
+                   "in TF32, off keeps them in float (default: the config's "
+                   "gpu_disable_tf32, on unless it sets it)")
+        ->check(CLI::IsMember({"on", "off"}));
+  }
+
+  // Sets them in `config` (InvalidArgument as the Apply*Flag functions).
+  absl::Status Apply(ModelConfig* config) const {
+    RETURN_IF_ERROR(ApplyDeviceFlag(device, config));
+    RETURN_IF_ERROR(ApplyPrecisionFlag(precision, config));
+    return ApplyTf32Flag(tf32, config);
+  }
+};
+
+}  // namespace dlrm
