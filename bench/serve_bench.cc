@@ -2,7 +2,9 @@
 // C++ client library: streaming-training samples/s over gRPC beside the
 // in-process step on the same batches, and Predict latency at several client
 // concurrencies; or (--load) a load test of many Predict clients while a
-// Train stream runs. Prints one JSON line per measurement.
+// Train stream runs, on that server or (--load-replica) on an inference
+// replica that follows its checkpoints. Prints one JSON line per
+// measurement.
 #include <omp.h>
 #include <unistd.h>
 
@@ -67,6 +69,16 @@ struct Flags {
   // baseline the latency beside training is compared with.
   bool load_idle = false;
   double max_rss_growth_mb = 0;
+  // The load test's Predict clients call an inference replica
+  // (dlrm_server --inference-only --follow DIR) instead of the training
+  // server, which writes a checkpoint into DIR every
+  // `replica_checkpoint_seconds` while it trains; the replica looks every
+  // `replica_poll_seconds` and swaps each new one in. `replica_threads`
+  // compute threads for the replica (0 = as --threads).
+  bool load_replica = false;
+  double replica_checkpoint_seconds = 5;
+  double replica_poll_seconds = 1;
+  int replica_threads = 0;
 };
 
 double Median(std::vector<double> values) {
@@ -281,10 +293,12 @@ class UntilStopped final : public data::BatchSource {
 };
 
 // The load test: f.load_clients Predict clients (one connection each) call
-// back to back for f.duration seconds while one Train stream trains on
-// rotating batches; a sampler reads the server's RSS every 50 ms. Every
-// error is counted (calls go on after one), not returned early.
-absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
+// `server` back to back for f.duration seconds while one Train stream trains
+// `trained` on rotating batches (the same server, or the training server a
+// replica `server` follows); a sampler reads `server`'s RSS every 50 ms.
+// Every error is counted (calls go on after one), not returned early.
+absl::Status RunLoad(clients::ServerProcess& server,
+                     clients::ServerProcess& trained, const ModelConfig& config,
                      const Flags& f) {
   ASSIGN_OR_RETURN(const std::vector<data::Batch> requests,
                    MakeBatches(config, 64, f.request_size, f.alpha, 3));
@@ -298,7 +312,11 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
     connections.push_back(std::move(client));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> trainer,
-                   clients::Client::Connect(server.address()));
+                   clients::Client::Connect(trained.address()));
+  // The checkpoint step the predictions start on (a replica's, or the
+  // server's own step).
+  ASSIGN_OR_RETURN(const ModelInfo info_start,
+                   connections[0]->GetModelInfo());
 
   const double rss_start = RssMiB(server.pid());
   std::atomic<double> rss_peak{rss_start};
@@ -358,6 +376,12 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
   // After the load: what the server keeps once every call has finished.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const double rss_end = RssMiB(server.pid());
+  ASSIGN_OR_RETURN(const ModelInfo info_end, connections[0]->GetModelInfo());
+  // What answered the predictions: the step of the served checkpoint on a
+  // replica, of the model itself on the training server.
+  auto served_step = [&](const ModelInfo& info) {
+    return f.load_replica ? info.served_checkpoint_step() : info.steps();
+  };
 
   std::vector<double> all;
   int64_t total_errors = 0;
@@ -382,7 +406,8 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
       "\"predict_requests_per_s\": %.0f, \"train_steps\": %lld, "
       "\"train_samples_per_s\": %.0f, \"errors\": %lld, "
       "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
-      "\"server_rss_mb\": {\"start\": %.1f, \"peak\": %.1f, \"end\": %.1f}}\n",
+      "\"server_rss_mb\": {\"start\": %.1f, \"peak\": %.1f, \"end\": %.1f}, "
+      "\"replica\": %s, \"served_step\": {\"start\": %lld, \"end\": %lld}}\n",
       f.load_idle ? "false" : "true", JsonString({f.config}).c_str(),
       JsonString(f.server_args).c_str(), omp_get_max_threads(), n,
       static_cast<long long>(f.request_size), static_cast<long long>(f.batch),
@@ -391,7 +416,9 @@ absl::Status RunLoad(clients::ServerProcess& server, const ModelConfig& config,
       static_cast<double>(train_steps * f.batch) / elapsed,
       static_cast<long long>(total_errors), 1e3 * Quantile(all, 0.5),
       1e3 * Quantile(all, 0.99), all.empty() ? 0 : 1e3 * all.back(), rss_start,
-      rss_peak.load(), rss_end);
+      rss_peak.load(), rss_end, f.load_replica ? "true" : "false",
+      static_cast<long long>(served_step(info_start)),
+      static_cast<long long>(served_step(info_end)));
   std::fflush(stdout);
   if (total_errors > 0) {
     return absl::InternalError(absl::StrCat(
@@ -422,6 +449,15 @@ absl::Status Validate(const Flags& f) {
   if (f.load_clients <= 0 || f.max_rss_growth_mb < 0) {
     return absl::InvalidArgumentError(
         "--load-clients must be positive, --max-rss-growth-mb >= 0");
+  }
+  if (f.load_replica && !f.load) {
+    return absl::InvalidArgumentError("--load-replica needs --load");
+  }
+  if (!(f.replica_checkpoint_seconds > 0) || !(f.replica_poll_seconds > 0) ||
+      f.replica_threads < 0) {
+    return absl::InvalidArgumentError(
+        "--replica-checkpoint-seconds and --replica-poll-seconds must be "
+        "positive, --replica-threads >= 0");
   }
   for (const int c : f.concurrency) {
     if (c <= 0) {
@@ -458,6 +494,25 @@ absl::Status Run(Flags& f) {
                                    "--threads",
                                    std::to_string(threads)};
   args.insert(args.end(), f.server_args.begin(), f.server_args.end());
+  std::string follow_dir;
+  if (f.load_replica) {
+    char dir_template[] = "/tmp/dlrm_bench_replica.XXXXXX";
+    if (mkdtemp(dir_template) == nullptr) {
+      return absl::InternalError("mkdtemp for the replica's checkpoints");
+    }
+    follow_dir = dir_template;
+    args.insert(args.end(), {"--checkpoint-dir", follow_dir,
+                             "--checkpoint-every-seconds",
+                             absl::StrCat(f.replica_checkpoint_seconds)});
+  }
+  // Removes the replica's checkpoints whichever way Run returns.
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      if (!dir.empty()) fs::remove_all(dir, ignored);
+    }
+  } remove_follow_dir{follow_dir};
   clients::ServerProcess server;
   RETURN_IF_ERROR(server.Start(args, 120));
   clients::ClientOptions client_options;
@@ -468,8 +523,25 @@ absl::Status Run(Flags& f) {
   ASSIGN_OR_RETURN(const ModelConfig config,
                    NormalizeModelConfig(info.config()));
 
+  if (f.load && f.load_replica) {
+    // A first checkpoint for the replica to start from, then the replica;
+    // the training server writes the next ones while the Train stream runs.
+    RETURN_IF_ERROR(client->SaveCheckpoint("initial").status());
+    clients::ServerProcess replica;
+    RETURN_IF_ERROR(replica.Start(
+        {f.server, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+         "--log-level", "warn", "--threads",
+         std::to_string(f.replica_threads > 0 ? f.replica_threads : threads),
+         "--inference-only", "--follow", follow_dir, "--follow-poll-seconds",
+         absl::StrCat(f.replica_poll_seconds)},
+        120));
+    RETURN_IF_ERROR(RunLoad(replica, server, config, f));
+    RETURN_IF_ERROR(replica.Stop());
+    client.reset();
+    return server.Stop();
+  }
   if (f.load) {
-    RETURN_IF_ERROR(RunLoad(server, config, f));
+    RETURN_IF_ERROR(RunLoad(server, server, config, f));
     client.reset();
     return server.Stop();
   }
@@ -568,6 +640,20 @@ int main(int argc, char** argv) {
                "With --load: no Train stream, Predict clients alone");
   app.add_option("--load-clients", f.load_clients,
                  "Concurrent Predict clients of the load test")
+      ->capture_default_str();
+  app.add_flag("--load-replica", f.load_replica,
+               "With --load: Predict clients call an inference replica "
+               "(--inference-only --follow) of the training server, which "
+               "writes a checkpoint every --replica-checkpoint-seconds");
+  app.add_option("--replica-checkpoint-seconds", f.replica_checkpoint_seconds,
+                 "--load-replica: the training server's checkpoint interval")
+      ->capture_default_str();
+  app.add_option("--replica-poll-seconds", f.replica_poll_seconds,
+                 "--load-replica: the replica's --follow-poll-seconds")
+      ->capture_default_str();
+  app.add_option("--replica-threads", f.replica_threads,
+                 "--load-replica: the replica's compute threads (0 = as "
+                 "--threads)")
       ->capture_default_str();
   app.add_option("--max-rss-growth-mb", f.max_rss_growth_mb,
                  "Load test: fail when the server's peak RSS exceeds its "
