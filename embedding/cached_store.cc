@@ -50,7 +50,7 @@ CachedStore::CachedStore(const TableSpec& spec, const CacheOptions& options,
       slots_(std::move(slots)),
       backing_(std::move(backing)),
       manager_(spec.table_index, spec.rows, options.cache_rows,
-               options.eviction) {}
+               options.eviction, "the cache", "CacheOptions.cache_rows") {}
 
 CachedStore::~CachedStore() {
   if (slots_ != nullptr) slots_->Synchronize().IgnoreError();

@@ -9,10 +9,13 @@
 namespace dlrm::embedding {
 
 SlotManager::SlotManager(int table_index, int64_t rows, int64_t capacity,
-                         EvictionPolicy policy)
+                         EvictionPolicy policy, std::string cache_name,
+                         std::string capacity_field)
     : table_index_(table_index),
       rows_(rows),
       policy_(policy),
+      cache_name_(std::move(cache_name)),
+      capacity_field_(std::move(capacity_field)),
       slots_(static_cast<size_t>(capacity)) {
   free_.reserve(capacity);
   // Slot 0 is taken first.
@@ -108,10 +111,10 @@ absl::Status SlotManager::Plan(const data::SparseFeature& ids) {
   }
   const int64_t unique = static_cast<int64_t>(plan_.rows.size());
   if (unique > capacity()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("table ", table_index_, ": batch has ", unique,
-                     " unique ids but the cache holds ", capacity(),
-                     " rows; use smaller batches or a bigger cache"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table ", table_index_, ": batch has ", unique, " unique ids but ",
+        cache_name_, " holds ", capacity(), " rows (", capacity_field_,
+        "); use smaller batches or a bigger cache"));
   }
 
   // Hits keep their slot and are pinned (no victims of this plan); misses

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -39,10 +40,13 @@ struct SlotPlan {
 // chosen as victims. Not thread-safe.
 class SlotManager {
  public:
-  // `capacity` slots (> 0) for a table of `rows` rows (> 0) named
-  // `table_index` in errors, replaced by `policy`.
+  // `capacity` slots (> 0) for a table of `rows` rows (> 0), replaced by
+  // `policy`. Errors name the table by `table_index`, and a batch over
+  // capacity names the cache (`cache_name`, e.g. "the row cache") and the
+  // option that sizes it (`capacity_field`).
   SlotManager(int table_index, int64_t rows, int64_t capacity,
-              EvictionPolicy policy);
+              EvictionPolicy policy, std::string cache_name,
+              std::string capacity_field);
 
   // Plans `ids`: InvalidArgument naming the table for malformed offsets
   // (offsets[0] != 0, decreasing, or the last not ids.size()) or an id
@@ -103,6 +107,7 @@ class SlotManager {
   int table_index_;
   int64_t rows_;
   EvictionPolicy policy_;
+  std::string cache_name_, capacity_field_;
   std::vector<Slot> slots_;
   absl::flat_hash_map<int64_t, int64_t> slot_of_;
   // Free slots; the last is taken first.

@@ -146,7 +146,7 @@ SlotPlan PlanAndCommit(SlotManager& m, const data::SparseFeature& ids) {
 }
 
 TEST(SlotManagerTest, MissesTakeFreeSlotsThenHitsKeepThem) {
-  SlotManager m(5, 100, 4, EvictionPolicy::kLru);
+  SlotManager m(5, 100, 4, EvictionPolicy::kLru, "the cache", "cache_rows");
   const SlotPlan first = PlanAndCommit(m, Bag({7, 3, 7}));
   EXPECT_EQ(first.rows, (std::vector<int64_t>{7, 3}));
   EXPECT_EQ(first.slots, (std::vector<int64_t>{0, 1}));
@@ -165,7 +165,7 @@ TEST(SlotManagerTest, MissesTakeFreeSlotsThenHitsKeepThem) {
 }
 
 TEST(SlotManagerTest, LruEvictsTheLeastRecentlyUsedRow) {
-  SlotManager m(5, 100, 3, EvictionPolicy::kLru);
+  SlotManager m(5, 100, 3, EvictionPolicy::kLru, "the cache", "cache_rows");
   PlanAndCommit(m, Bag({0}));
   PlanAndCommit(m, Bag({1}));
   PlanAndCommit(m, Bag({2}));
@@ -179,7 +179,7 @@ TEST(SlotManagerTest, LruEvictsTheLeastRecentlyUsedRow) {
 }
 
 TEST(SlotManagerTest, LfuEvictsTheLeastFrequentlyUsedRowTiesByRecency) {
-  SlotManager m(5, 100, 3, EvictionPolicy::kLfu);
+  SlotManager m(5, 100, 3, EvictionPolicy::kLfu, "the cache", "cache_rows");
   PlanAndCommit(m, Bag({0}));
   PlanAndCommit(m, Bag({0}));
   PlanAndCommit(m, Bag({1}));
@@ -194,7 +194,7 @@ TEST(SlotManagerTest, LfuEvictsTheLeastFrequentlyUsedRowTiesByRecency) {
 }
 
 TEST(SlotManagerTest, RowsOfThePlannedBatchAreNeverVictims) {
-  SlotManager m(5, 100, 2, EvictionPolicy::kLru);
+  SlotManager m(5, 100, 2, EvictionPolicy::kLru, "the cache", "cache_rows");
   PlanAndCommit(m, Bag({0}));
   PlanAndCommit(m, Bag({1}));
   // Row 0 heads the LRU order but is in the batch: row 1 goes.
@@ -206,7 +206,7 @@ TEST(SlotManagerTest, RowsOfThePlannedBatchAreNeverVictims) {
 }
 
 TEST(SlotManagerTest, DirtyVictimsArePlannedForWriteBackInRowOrder) {
-  SlotManager m(5, 100, 4, EvictionPolicy::kLru);
+  SlotManager m(5, 100, 4, EvictionPolicy::kLru, "the cache", "cache_rows");
   PlanAndCommit(m, Bag({40, 10}));
   m.MarkBatchDirty();
   PlanAndCommit(m, Bag({20, 30}));  // Clean.
@@ -222,7 +222,7 @@ TEST(SlotManagerTest, DirtyVictimsArePlannedForWriteBackInRowOrder) {
 }
 
 TEST(SlotManagerTest, RefusedBatchesChangeNothing) {
-  SlotManager m(5, 100, 2, EvictionPolicy::kLru);
+  SlotManager m(5, 100, 2, EvictionPolicy::kLru, "the cache", "cache_rows");
   PlanAndCommit(m, Bag({0, 1}));
   m.MarkBatchDirty();
 
@@ -235,7 +235,10 @@ TEST(SlotManagerTest, RefusedBatchesChangeNothing) {
 
   st = m.Plan(Bag({2, 3, 4}));
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  EXPECT_NE(st.message().find("table 5"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("table 5: batch has 3 unique ids but the cache "
+                              "holds 2 rows (cache_rows)"),
+            std::string::npos)
+      << st;
 
   data::SparseFeature bad = Bag({1, 2});
   bad.offsets = {0, 3};
@@ -275,7 +278,7 @@ TEST(SlotManagerTest, RandomBatchesKeepTheInvariants) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
     Rng rng(seed);
-    SlotManager m(5, 500, 40, policy);
+    SlotManager m(5, 500, 40, policy, "the cache", "cache_rows");
     std::vector<int64_t> holder(40, -1);
     std::vector<bool> dirty(40, false);
     int64_t resident = 0;
@@ -319,7 +322,9 @@ TEST(SlotManagerTest, RandomBatchesKeepTheInvariants) {
       }
       for (int64_t s = 0; s < 40; ++s) {
         ASSERT_EQ(m.RowOf(s), holder[s]);
-        if (holder[s] >= 0) ASSERT_EQ(m.SlotOf(holder[s]), s);
+        if (holder[s] >= 0) {
+          ASSERT_EQ(m.SlotOf(holder[s]), s);
+        }
         ASSERT_EQ(m.IsDirty(s), static_cast<bool>(dirty[s]));
       }
     }
@@ -349,11 +354,15 @@ void TrainAndCompare(const TableSpec& spec, CachedStore& store, int steps,
   std::vector<float> out_ref(bags * dim), out_store(bags * dim);
   for (int i = 0; i < steps; ++i) {
     const data::SparseFeature& ids = batches[i];
-    if (prefetch == 2) ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    if (prefetch == 2) {
+      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    }
     absl::StatusOr<const data::SparseFeature*> prepared = store.Prepare(ids);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     ASSERT_NE(*prepared, &ids);
-    if (prefetch == 1) ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    if (prefetch == 1) {
+      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
+    }
     ASSERT_TRUE(reference.Forward(ids, out_ref.data(), dim).ok());
     ASSERT_TRUE(store.Forward(**prepared, out_store.data(), dim).ok());
     ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
@@ -409,8 +418,11 @@ TEST_P(CachedStoreEquivalenceTest, TwentyFiveTimesOverCapacityIsBitwise) {
     EXPECT_GT(m.rows_written, 0);
     EXPECT_GT(m.rows_read, 0);
     EXPECT_GT(m.hits, 0);
-    if (prefetch > 0) EXPECT_GT(m.prefetch_hits, 0);
-    if (prefetch == 0) EXPECT_EQ(m.prefetch_hits, 0);
+    if (prefetch > 0) {
+      EXPECT_GT(m.prefetch_hits, 0);
+    } else {
+      EXPECT_EQ(m.prefetch_hits, 0);
+    }
   }
 }
 

@@ -227,9 +227,12 @@ absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
     const TableSpec& spec, const CacheOptions& cache, void* stream) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(cache.Validate());
+  // More slots than rows could never be used.
+  CacheOptions options = cache;
+  options.cache_rows = std::min(cache.cache_rows, spec.rows);
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceSlots> slots,
-                   DeviceSlots::Create(spec, cache.cache_rows, stream));
-  return CachedStore::Create(spec, cache, std::move(slots),
+                   DeviceSlots::Create(spec, options.cache_rows, stream));
+  return CachedStore::Create(spec, options, std::move(slots),
                              std::make_unique<HostStore>(spec));
 }
 

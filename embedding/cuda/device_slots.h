@@ -67,10 +67,10 @@ class DeviceSlots final : public SlotStorage {
   std::unique_ptr<Impl> impl_;
 };
 
-// The device tier with a cache (StoreOptions::device_cache_rows > 0): a
-// CachedStore of `cache` over DeviceSlots on `stream` (as DeviceSlots::
-// Create) and a HostStore of `spec` holding every row. Errors as
-// DeviceSlots::Create and CachedStore::Create.
+// The device tier with a cache (StoreOptions::device_cache.cache_rows >
+// 0): a CachedStore of `cache` (at most spec.rows slots) over DeviceSlots
+// on `stream` (as DeviceSlots::Create) and a HostStore of `spec` holding
+// every row. Errors as DeviceSlots::Create and CachedStore::Create.
 absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
     const TableSpec& spec, const CacheOptions& cache, void* stream = nullptr);
 
