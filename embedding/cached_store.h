@@ -117,9 +117,13 @@ class CachedStore final : public EmbeddingStore {
 
   const TableSpec& spec() const override { return spec_; }
   MemorySpace memory_space() const override { return slots_->memory_space(); }
-  // Errors as SlotManager::Plan, then the slots' and the backing store's;
-  // a failed Prepare leaves every row's value unchanged (a dirty victim may
-  // already be written back, and stays resident and dirty).
+  // Errors as SlotManager::Plan, then the slots' and the backing store's.
+  // A Prepare that fails before its misses are copied into their slots
+  // (bad ids, a full cache, a backing store's read or write error) leaves
+  // every row's value unchanged (a dirty victim may already be written
+  // back, and stays resident and dirty); one that fails in that copy or
+  // the batch's upload (a device fault) leaves the misses' slots
+  // undefined.
   absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) override;
   // FailedPrecondition when `prepared` is not the last successful
