@@ -145,9 +145,10 @@ class EmbeddingStore {
   // return (host memory, RocksDB).
   virtual absl::Status Synchronize() = 0;
 
-  // Starts loading the rows of the next batch that are not resident, in the
-  // background, so the next Prepare finds them staged. Only the latest
-  // call's rows are staged. Optional: Prepare is correct without it.
+  // Starts loading the rows of the next batch that are not resident (in the
+  // background, or at once while the device works: CachedStore), so the
+  // next Prepare finds them staged. Only the latest call's rows are staged.
+  // Optional: Prepare is correct without it.
   virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
 
   // Copies the records of rows [begin, begin + count) into `out`, one after
@@ -273,8 +274,8 @@ struct RocksDbStoreOptions {
   absl::Status Validate() const;
 };
 
-// Options of a cache of rows in device slots in front of a backing store
-// (CachedStore, cached_store.h).
+// Options of a cache of rows in slots (host or device memory) in front of
+// a backing store (CachedStore, cached_store.h).
 struct CacheOptions {
   // Slots: rows resident in the cache, and the most unique ids one batch
   // may hold. Default: 0 (invalid).

@@ -1,7 +1,8 @@
 // The bookkeeping of a cache of rows in a fixed number of slots, apart from
 // where the slots live: row -> slot map, LRU or LFU order, dirty bits, and
 // per batch the plan of which rows to load and which dirty rows to write
-// back. CachedStore (cached_store.h) drives it over host or device slots.
+// back. RocksDbCachedStore (rocksdb_store.h) drives it over its host slots,
+// CachedStore (cached_store.h) over host or device slots.
 #pragma once
 
 #include <cstdint>
