@@ -108,13 +108,32 @@ bool UsesRocksDb(const ModelConfig& c) {
 }
 
 // InvalidArgument naming the field when table `i` keeps its rows in device
-// memory (STORAGE_DEVICE) but the model does not run on CUDA.
+// memory (STORAGE_DEVICE) but the model does not run on CUDA, or sets
+// device_cache_rows negative or without STORAGE_DEVICE.
 absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   if (t.storage() == STORAGE_DEVICE && c.device() != DEVICE_CUDA) {
     return absl::InvalidArgumentError(
         absl::StrCat("tables[", i, "].storage (", t.name(),
                      ") is STORAGE_DEVICE, which needs device: DEVICE_CUDA"));
+  }
+  if (t.device_cache_rows() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].device_cache_rows (", t.name(),
+                     ") must be >= 0, got ", t.device_cache_rows()));
+  }
+  if (t.device_cache_rows() > 0 && t.storage() != STORAGE_DEVICE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].device_cache_rows (", t.name(),
+                     ") is set but the table's storage is ",
+                     StorageTier_Name(t.storage()), ", not STORAGE_DEVICE"));
+  }
+  // The device cache evicts by the row caches' policy.
+  if (t.device_cache_rows() > 0 &&
+      !RocksDbConfig::Eviction_IsValid(c.rocksdb().eviction())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rocksdb.eviction is invalid (tables[", i, "] (", t.name(),
+                     ") evicts its device cache by it)"));
   }
   return absl::OkStatus();
 }

@@ -121,6 +121,18 @@ absl::Status RocksDbStoreOptions::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status CacheOptions::Validate() const {
+  if (cache_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CacheOptions.cache_rows must be positive, got ", cache_rows));
+  }
+  if (eviction != EvictionPolicy::kLru && eviction != EvictionPolicy::kLfu) {
+    return absl::InvalidArgumentError(
+        "CacheOptions.eviction is neither LRU nor LFU");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StoreOptions::Validate() const {
   switch (kind) {
     case StoreKind::kHost:
@@ -128,7 +140,8 @@ absl::Status StoreOptions::Validate() const {
     case StoreKind::kRocksDbCache:
       return rocksdb.Validate();
     case StoreKind::kDevice:
-      return absl::OkStatus();
+      return device_cache.cache_rows == 0 ? absl::OkStatus()
+                                          : device_cache.Validate();
   }
   return absl::InvalidArgumentError("StoreOptions.kind is unknown");
 }

@@ -96,7 +96,8 @@ struct StoreMetrics {
 // kernels over them. A batch is first Prepare()d, which makes its rows
 // resident and gives the ids the kernels take; Forward and BackwardUpdate
 // then run on that prepared batch. Implementations: HostStore (every row
-// resident, no remapping), RocksDbCachedStore (rocksdb_store.h) and, in
+// resident, no remapping), RocksDbCachedStore (rocksdb_store.h),
+// CachedStore (cached_store.h, slots in front of a backing store) and, in
 // builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
 // background prefetch, which it synchronises itself).
@@ -144,9 +145,10 @@ class EmbeddingStore {
   // return (host memory, RocksDB).
   virtual absl::Status Synchronize() = 0;
 
-  // Starts loading the rows of the next batch that are not resident, in the
-  // background, so the next Prepare finds them staged. Only the latest
-  // call's rows are staged. Optional: Prepare is correct without it.
+  // Starts loading the rows of the next batch that are not resident (in the
+  // background, or at once while the device works: CachedStore), so the
+  // next Prepare finds them staged. Only the latest call's rows are staged.
+  // Optional: Prepare is correct without it.
   virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
 
   // Copies the records of rows [begin, begin + count) into `out`, one after
@@ -221,8 +223,9 @@ enum class StoreKind {
   kHost,
   // RocksDB behind a host cache of rows (RocksDbCachedStore).
   kRocksDbCache,
-  // Every row in the memory of CUDA device 0 (cuda::CudaStore); needs a
-  // build with CUDA and a device.
+  // Every row in the memory of CUDA device 0 (cuda::CudaStore), or the hot
+  // rows there in front of every row in host memory
+  // (StoreOptions::device_cache); needs a build with CUDA and a device.
   kDevice,
 };
 
@@ -271,6 +274,19 @@ struct RocksDbStoreOptions {
   absl::Status Validate() const;
 };
 
+// Options of a cache of rows in slots (host or device memory) in front of
+// a backing store (CachedStore, cached_store.h).
+struct CacheOptions {
+  // Slots: rows resident in the cache, and the most unique ids one batch
+  // may hold. Default: 0 (invalid).
+  int64_t cache_rows = 0;
+  // Which resident row a miss replaces. Default: kLru.
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+
+  // InvalidArgument naming the field when one is out of range.
+  absl::Status Validate() const;
+};
+
 // Which tier, and its options.
 struct StoreOptions {
   // Tier of the table's rows. Default: kHost.
@@ -282,6 +298,12 @@ struct StoreOptions {
   // on, borrowed; it must outlive the store. Null: the store creates a
   // stream of its own. Default: null.
   void* cuda_stream = nullptr;
+  // Used when kind is kDevice: with cache_rows > 0, only that many rows and
+  // their optimizer state (slots) live in device memory, a cache in front
+  // of the whole table in host memory (cuda::CreateDeviceCachedStore);
+  // cache_rows 0 keeps every row in device memory (cuda::CudaStore).
+  // Default: cache_rows 0.
+  CacheOptions device_cache;
 
   // InvalidArgument when the chosen tier's options are invalid.
   absl::Status Validate() const;

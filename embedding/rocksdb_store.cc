@@ -302,17 +302,13 @@ RocksDbCachedStore::RocksDbCachedStore(const TableSpec& spec,
       options_(options),
       db_(db),
       family_(family),
-      state_floats_(StateFloatsPerRow(spec.optimizer, spec.dim)) {
-  // More slots than rows could never be used.
-  const int64_t capacity = std::min(options.cache_rows, spec.rows);
-  slots_ = EmbeddingTable::SlotArray(spec.table_index, capacity, spec.dim,
-                                     spec.pooling, spec.optimizer);
-  slot_info_.resize(capacity);
-  free_slots_.reserve(capacity);
-  // Popped from the back: slots fill in order 0, 1, 2, ...
-  for (int64_t s = capacity - 1; s >= 0; --s) free_slots_.push_back(s);
-  slot_of_.reserve(capacity);
-}
+      state_floats_(StateFloatsPerRow(spec.optimizer, spec.dim)),
+      // More slots than rows could never be used.
+      slots_(EmbeddingTable::SlotArray(spec.table_index,
+                                       std::min(options.cache_rows, spec.rows),
+                                       spec.dim, spec.pooling, spec.optimizer)),
+      manager_(spec.table_index, spec.rows, slots_->rows(), options.eviction,
+               "the row cache", "RocksDbStoreOptions.cache_rows") {}
 
 RocksDbCachedStore::~RocksDbCachedStore() {
   // The jobs use this store; their errors have no one left to go to.
@@ -322,57 +318,8 @@ RocksDbCachedStore::~RocksDbCachedStore() {
 }
 
 bool RocksDbCachedStore::IsDirty(int64_t row) const {
-  const auto it = slot_of_.find(row);
-  return it != slot_of_.end() && slot_info_[it->second].dirty;
-}
-
-RocksDbCachedStore::SlotList& RocksDbCachedStore::ListOf(int64_t uses) {
-  return lists_[options_.eviction == EvictionPolicy::kLfu ? uses : 0];
-}
-
-void RocksDbCachedStore::Unlink(int64_t slot) {
-  Slot& info = slot_info_[slot];
-  const int64_t key = options_.eviction == EvictionPolicy::kLfu ? info.uses : 0;
-  const auto it = lists_.find(key);
-  SlotList& list = it->second;
-  if (info.prev >= 0) {
-    slot_info_[info.prev].next = info.next;
-  } else {
-    list.head = info.next;
-  }
-  if (info.next >= 0) {
-    slot_info_[info.next].prev = info.prev;
-  } else {
-    list.tail = info.prev;
-  }
-  info.prev = info.next = -1;
-  // Empty use-count lists go, so the victim walk never visits them.
-  if (list.head < 0 && key != 0) lists_.erase(it);
-}
-
-void RocksDbCachedStore::Append(int64_t slot) {
-  Slot& info = slot_info_[slot];
-  SlotList& list = ListOf(info.uses);
-  info.prev = list.tail;
-  info.next = -1;
-  if (list.tail >= 0) {
-    slot_info_[list.tail].next = slot;
-  } else {
-    list.head = slot;
-  }
-  list.tail = slot;
-}
-
-void RocksDbCachedStore::PickVictims(int64_t needed) {
-  victims_.clear();
-  for (const auto& [uses, list] : lists_) {
-    for (int64_t slot = list.head;
-         slot >= 0 && static_cast<int64_t>(victims_.size()) < needed;
-         slot = slot_info_[slot].next) {
-      if (slot_info_[slot].batch != prepares_) victims_.push_back(slot);
-    }
-    if (static_cast<int64_t>(victims_.size()) >= needed) return;
-  }
+  const int64_t slot = manager_.SlotOf(row);
+  return slot >= 0 && manager_.IsDirty(slot);
 }
 
 void RocksDbCachedStore::CopySlotToRecord(int64_t slot, float* record) const {
@@ -542,68 +489,30 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
     const data::SparseFeature& ids) {
   prepared_ = false;
   RETURN_IF_ERROR(WaitForJobs());
-  const int64_t bags = ids.num_bags();
-  const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
-
-  // Unique rows in first-occurrence order; nothing changes until all checks
-  // and reads have passed.
-  batch_index_.clear();
-  batch_rows_.clear();
-  unique_of_pos_.resize(total);
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t row = ids.ids[p];
-    if (row < 0 || row >= spec_.rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", spec_.table_index, ": id ", row,
-                       " at position ", p, " outside [0, ", spec_.rows, ")"));
-    }
-    const auto [it, inserted] =
-        batch_index_.try_emplace(row, static_cast<int64_t>(batch_rows_.size()));
-    if (inserted) batch_rows_.push_back(row);
-    unique_of_pos_[p] = it->second;
-  }
-  const int64_t unique = static_cast<int64_t>(batch_rows_.size());
-  if (unique > capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table ", spec_.table_index, ": batch has ", unique,
-        " unique ids but the row cache holds ", capacity(),
-        " rows (RocksDbStoreOptions.cache_rows); use smaller batches or a "
-        "bigger cache"));
-  }
-
-  // Hits keep their slot (and are marked as this batch's, so they are no
-  // victims); misses take free slots, then victims.
-  ++prepares_;
-  batch_slots_.assign(unique, -1);
-  misses_.clear();
-  for (int64_t k = 0; k < unique; ++k) {
-    const auto it = slot_of_.find(batch_rows_[k]);
-    if (it != slot_of_.end()) {
-      batch_slots_[k] = it->second;
-      slot_info_[it->second].batch = prepares_;
-    } else {
-      misses_.push_back(k);
-    }
-  }
-  const int64_t needed = static_cast<int64_t>(misses_.size()) -
-                         static_cast<int64_t>(free_slots_.size());
-  PickVictims(needed);
+  // The plan checks the ids and picks the slots (hits keep theirs, misses
+  // take free slots, then victims'); nothing changes until all checks and
+  // reads have passed.
+  RETURN_IF_ERROR(manager_.Plan(ids));
+  const SlotPlan& plan = manager_.plan();
+  const int64_t unique = static_cast<int64_t>(plan.rows.size());
+  const size_t misses = plan.misses.size();
 
   // Records of the misses: staged by a prefetch, or read now. (The dirty
   // victims are written after the commit, in the background; no miss is a
   // victim, and every read waits for the writes queued before it.)
   const int record_floats = RecordFloats();
-  miss_record_.resize(misses_.size());
+  miss_record_.resize(misses);
   to_read_.clear();
   to_read_miss_.clear();
   int64_t prefetch_hits = 0;
-  for (size_t i = 0; i < misses_.size(); ++i) {
-    const auto it = staged_index_.find(batch_rows_[misses_[i]]);
+  for (size_t i = 0; i < misses; ++i) {
+    const int64_t row = plan.rows[plan.misses[i]];
+    const auto it = staged_index_.find(row);
     if (it != staged_index_.end()) {
       miss_record_[i] = staged_records_.data() + it->second * record_floats;
       ++prefetch_hits;
     } else {
-      to_read_.push_back(batch_rows_[misses_[i]]);
+      to_read_.push_back(row);
       to_read_miss_.push_back(i);
     }
   }
@@ -614,52 +523,23 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
   }
 
   // Commit: nothing below fails. Dirty victims are copied out (in row order,
-  // which RocksDB inserts fastest) for the background write.
-  writeback_order_.clear();
-  for (const int64_t slot : victims_) {
-    if (slot_info_[slot].dirty) {
-      writeback_order_.emplace_back(slot_info_[slot].row, slot);
-    }
-  }
-  std::sort(writeback_order_.begin(), writeback_order_.end());
-  writeback_rows_.resize(writeback_order_.size());
-  writeback_records_.resize(writeback_order_.size() * record_floats);
-  for (size_t i = 0; i < writeback_order_.size(); ++i) {
-    writeback_rows_[i] = writeback_order_[i].first;
-    CopySlotToRecord(writeback_order_[i].second,
+  // which RocksDB inserts fastest) for the background write before the
+  // misses take their slots.
+  writeback_rows_ = plan.writeback_rows;
+  writeback_records_.resize(writeback_rows_.size() * record_floats);
+  for (size_t i = 0; i < writeback_rows_.size(); ++i) {
+    CopySlotToRecord(plan.writeback_slots[i],
                      writeback_records_.data() + i * record_floats);
   }
-  for (const int64_t slot : victims_) {
-    Unlink(slot);
-    slot_of_.erase(slot_info_[slot].row);
-    slot_info_[slot] = Slot{};
-    free_slots_.push_back(slot);
+  manager_.Commit();
+  metrics_.evictions += plan.evictions;
+  for (size_t i = 0; i < misses; ++i) {
+    const int64_t k = plan.misses[i];
+    CopyRecordToSlot(miss_record_[i], plan.slots[k]);
+    staged_index_.erase(plan.rows[k]);
   }
-  metrics_.evictions += static_cast<int64_t>(victims_.size());
-  for (size_t i = 0; i < misses_.size(); ++i) {
-    const int64_t row = batch_rows_[misses_[i]];
-    const int64_t slot = free_slots_.back();
-    free_slots_.pop_back();
-    Slot& info = slot_info_[slot];
-    info = Slot{};
-    info.row = row;
-    info.batch = prepares_;
-    slot_of_.emplace(row, slot);
-    CopyRecordToSlot(miss_record_[i], slot);
-    staged_index_.erase(row);
-    batch_slots_[misses_[i]] = slot;
-  }
-  // Every row of the batch becomes the most recent of its use count, in
-  // first-occurrence order.
-  for (int64_t k = 0; k < unique; ++k) {
-    const int64_t slot = batch_slots_[k];
-    Slot& info = slot_info_[slot];
-    if (info.uses > 0) Unlink(slot);
-    ++info.uses;
-    Append(slot);
-  }
-  metrics_.hits += unique - static_cast<int64_t>(misses_.size());
-  metrics_.misses += static_cast<int64_t>(misses_.size());
+  metrics_.hits += unique - static_cast<int64_t>(misses);
+  metrics_.misses += static_cast<int64_t>(misses);
   metrics_.prefetch_hits += prefetch_hits;
   if (!writeback_rows_.empty()) {
     metrics_.rows_written += static_cast<int64_t>(writeback_rows_.size());
@@ -675,19 +555,13 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
       }
     });
   }
-
-  remapped_.offsets = ids.offsets;
-  remapped_.ids.resize(total);
-  for (int64_t p = 0; p < total; ++p) {
-    remapped_.ids[p] = batch_slots_[unique_of_pos_[p]];
-  }
   prepared_ = true;
-  return &remapped_;
+  return &plan.remapped;
 }
 
 absl::Status RocksDbCachedStore::CheckPrepared(
     const data::SparseFeature& prepared) const {
-  if (&prepared != &remapped_ || !prepared_) {
+  if (&prepared != &manager_.plan().remapped || !prepared_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "table ", spec_.table_index,
         ": the batch is not the result of the last successful Prepare"));
@@ -707,7 +581,7 @@ absl::Status RocksDbCachedStore::BackwardUpdate(
     int64_t grad_stride) {
   RETURN_IF_ERROR(CheckPrepared(prepared));
   slots_->BackwardUpdate(prepared, grad, grad_stride);
-  for (const int64_t slot : batch_slots_) slot_info_[slot].dirty = true;
+  manager_.MarkBatchDirty();
   return absl::OkStatus();
 }
 
@@ -716,8 +590,8 @@ absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
   // Prepare may still run, and this read is queued behind it.
   RETURN_IF_ERROR(WaitForReads());
   // The scan for rows to stage runs on the worker too (off the step's
-  // critical path): nothing changes slot_of_ until the next Prepare, which
-  // waits for this job.
+  // critical path): nothing changes the slot map until the next Prepare,
+  // which waits for this job.
   const int64_t bags = next_ids.num_bags();
   const int64_t total = bags > 0 ? next_ids.offsets[bags] : 0;
   prefetch_ids_.assign(next_ids.ids.begin(), next_ids.ids.begin() + total);
@@ -733,7 +607,7 @@ absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
     }
     for (const int64_t row : prefetch_ids_) {
       // Bad ids are Prepare's to report.
-      if (row < 0 || row >= spec_.rows || slot_of_.contains(row)) continue;
+      if (row < 0 || row >= spec_.rows || manager_.SlotOf(row) >= 0) continue;
       if (staged_index_
               .try_emplace(row, static_cast<int64_t>(staged_rows_.size()))
               .second) {
@@ -757,8 +631,8 @@ absl::Status RocksDbCachedStore::ReadRows(int64_t begin, int64_t count,
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = begin + i;
     float* record = out + i * floats;
-    if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
-      CopySlotToRecord(it->second, record);
+    if (const int64_t slot = manager_.SlotOf(row); slot >= 0) {
+      CopySlotToRecord(slot, record);
     } else if (const auto st = staged_index_.find(row);
                st != staged_index_.end()) {
       std::memcpy(record, staged_records_.data() + st->second * floats,
@@ -788,9 +662,9 @@ absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = begin + i;
     const float* record = records + i * floats;
-    if (const auto it = slot_of_.find(row); it != slot_of_.end()) {
-      CopyRecordToSlot(record, it->second);
-      slot_info_[it->second].dirty = true;
+    if (const int64_t slot = manager_.SlotOf(row); slot >= 0) {
+      CopyRecordToSlot(record, slot);
+      manager_.SetDirty(slot, true);
       continue;
     }
     staged_index_.erase(row);
@@ -810,10 +684,7 @@ absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
 
 absl::Status RocksDbCachedStore::Flush() {
   RETURN_IF_ERROR(WaitForJobs());
-  std::vector<int64_t> dirty;
-  for (int64_t slot = 0; slot < capacity(); ++slot) {
-    if (slot_info_[slot].dirty) dirty.push_back(slot);
-  }
+  const std::vector<int64_t> dirty = manager_.DirtySlots();
   // The last chunk (possibly empty) carries the step counter.
   const int record_floats = RecordFloats();
   std::vector<int64_t> rows;
@@ -824,13 +695,13 @@ absl::Status RocksDbCachedStore::Flush() {
     rows.resize(end - begin);
     records.resize(rows.size() * record_floats);
     for (size_t i = begin; i < end; ++i) {
-      rows[i - begin] = slot_info_[dirty[i]].row;
+      rows[i - begin] = manager_.RowOf(dirty[i]);
       CopySlotToRecord(dirty[i], records.data() + (i - begin) * record_floats);
     }
     RETURN_IF_ERROR(WriteRecordsRetrying(rows.data(), records.data(),
                                          rows.size(),
                                          /*with_step=*/end == dirty.size()));
-    for (size_t i = begin; i < end; ++i) slot_info_[dirty[i]].dirty = false;
+    for (size_t i = begin; i < end; ++i) manager_.SetDirty(dirty[i], false);
     metrics_.rows_written += static_cast<int64_t>(rows.size());
     metrics_.bytes_written +=
         static_cast<int64_t>(rows.size() * record_floats * sizeof(float));

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +18,7 @@
 #include "core/status.h"
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
+#include "embedding/slot_manager.h"
 
 namespace rocksdb {
 class ColumnFamilyHandle;
@@ -154,7 +154,7 @@ class RocksDbCachedStore final : public EmbeddingStore {
   StoreMetrics metrics() const override { return metrics_; }
 
   // Whether `row` is in a slot now.
-  bool IsResident(int64_t row) const { return slot_of_.contains(row); }
+  bool IsResident(int64_t row) const { return manager_.SlotOf(row) >= 0; }
   // Whether `row` is resident and updated since it was last written back.
   bool IsDirty(int64_t row) const;
   int64_t capacity() const { return slots_->rows(); }
@@ -163,37 +163,8 @@ class RocksDbCachedStore final : public EmbeddingStore {
   EmbeddingTable& slot_array() { return *slots_; }
 
  private:
-  struct Slot {
-    // Row held, -1 when free.
-    int64_t row = -1;
-    bool dirty = false;
-    // Batches that used the row since it became resident (LFU).
-    int64_t uses = 0;
-    // Number of the last Prepare whose batch holds the row (never a victim
-    // of that Prepare).
-    int64_t batch = 0;
-    // Neighbours in the slot's eviction list (-1: none).
-    int64_t prev = -1, next = -1;
-  };
-  // A doubly linked list of slots threaded through Slot::prev/next; the
-  // head goes first.
-  struct SlotList {
-    int64_t head = -1, tail = -1;
-  };
-
   RocksDbCachedStore(const TableSpec& spec, const RocksDbStoreOptions& options,
                      RowDatabase* db, rocksdb::ColumnFamilyHandle* family);
-
-  // Eviction order, O(1) per row under LRU (one list, least recent first)
-  // and O(log distinct use counts) under LFU (one list per use count, each
-  // least recent first): the order of (uses, last use) that the policies
-  // define, without a search tree.
-  SlotList& ListOf(int64_t uses);
-  void Unlink(int64_t slot);
-  void Append(int64_t slot);
-  // Appends up to `needed` victims, in eviction order, to victims_, skipping
-  // rows of the batch being prepared.
-  void PickVictims(int64_t needed);
 
   // Floats of one record: dim weights + state.
   int RecordFloats() const { return spec_.dim + state_floats_; }
@@ -230,25 +201,15 @@ class RocksDbCachedStore final : public EmbeddingStore {
   RowDatabase* db_;
   rocksdb::ColumnFamilyHandle* family_;
   int state_floats_;
-  // The slot array the kernels run on.
+  // The slot array the kernels run on, and which row each slot holds (the
+  // eviction order, dirty bits and each batch's plan: slot_manager.h).
   std::unique_ptr<EmbeddingTable> slots_;
-  std::vector<Slot> slot_info_;
-  absl::flat_hash_map<int64_t, int64_t> slot_of_;
-  std::vector<int64_t> free_slots_;
-  // LRU: lists_[0] only; LFU: one list per use count.
-  std::map<int64_t, SlotList> lists_;
-  int64_t prepares_ = 0;
+  SlotManager manager_;
   StoreMetrics metrics_;
-
-  // The last prepared batch: its remapped ids and its unique slots.
-  data::SparseFeature remapped_;
+  // Whether manager_.plan().remapped is the last Prepare's result.
   bool prepared_ = false;
-  std::vector<int64_t> batch_slots_;
-  // Prepare's scratch, reused: row -> unique index, unique rows in
-  // first-occurrence order, the unique index of every id, misses (unique
-  // indices), victims, records of the misses, loaded records.
-  absl::flat_hash_map<int64_t, int64_t> batch_index_;
-  std::vector<int64_t> batch_rows_, unique_of_pos_, misses_, victims_;
+  // Prepare's scratch, reused: the rows to read, their misses, the records
+  // of the misses, loaded records.
   std::vector<int64_t> to_read_;
   std::vector<size_t> to_read_miss_;
   std::vector<const float*> miss_record_;
@@ -259,7 +220,7 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // before it. While a write is pending only it touches writeback_*; while
   // a read is pending only it touches prefetch_ids_, staged_*,
   // prefetch_status_ and job_metrics_ (and reads writeback_rows_, after the
-  // writes before it, and slot_of_, which only Prepare changes).
+  // writes before it, and manager_'s slot map, which only Prepare changes).
   // A staged row is never resident and RocksDB (after the queued writes)
   // holds its staged value: rows reach RocksDB only from slots, and a staged
   // row leaves the staging area when it enters a slot.
@@ -271,7 +232,6 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // them in key order), waiting to be written; kept until written.
   std::vector<int64_t> writeback_rows_;
   std::vector<float> writeback_records_;
-  std::vector<std::pair<int64_t, int64_t>> writeback_order_;
   // Ids of the last Prefetch, the rows staged from them, their records, and
   // row -> index into staged_rows_ (erased when consumed). staged_valid_ is
   // false when the read was skipped because the write-back before it

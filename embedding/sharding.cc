@@ -231,8 +231,14 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
           host.row_count = CachedRows(config.rocksdb(), s.row_count);
         }
         if (on_device) {
-          device[s.rank] += ShardBytes(s, config.sparse_optimizer());
-          host.row_count = 0;
+          // Cached: the slots on the device, every row in host memory.
+          Shard slots = s;
+          if (t.device_cache_rows() > 0) {
+            slots.row_count = std::min(s.row_count, t.device_cache_rows());
+          } else {
+            host.row_count = 0;
+          }
+          device[s.rank] += ShardBytes(slots, config.sparse_optimizer());
         }
         bytes[s.rank] += ShardBytes(host, config.sparse_optimizer());
         cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
@@ -473,7 +479,9 @@ absl::Status TierPlanOptions::Validate() const {
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
-  if (t.storage() == STORAGE_DEVICE) return 0;
+  // A device table has no host copy unless it is cached (the whole table
+  // then stays in host memory behind the device's slots).
+  if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) return 0;
   Shard shard;
   shard.row_count =
       t.storage() == STORAGE_ROCKSDB ? CachedRows(rocksdb, t.rows()) : t.rows();
@@ -487,7 +495,9 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
     const StorageTier tier = config.tables(k).storage();
-    if (tier == STORAGE_DEVICE) continue;
+    if (tier == STORAGE_DEVICE && config.tables(k).device_cache_rows() == 0) {
+      continue;
+    }
     for (Shard shard : plan.tables[k].shards) {
       if (tier == STORAGE_ROCKSDB) {
         shard.row_count = CachedRows(rocksdb, shard.row_count);

@@ -94,14 +94,15 @@ struct TierPlanOptions {
 
 // Host bytes of table `k` of a normalised config under `rocksdb`: the whole
 // table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
-// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE.
+// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (the whole table when its
+// device_cache_rows keeps every row in host memory behind the device).
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 
 // Host bytes of embedding rows each rank holds under `plan` (valid for the
 // normalised `config`): STORAGE_HOST shards whole, the row cache of each
 // STORAGE_ROCKSDB shard (CachedRows of the shard's rows under `rocksdb`);
-// STORAGE_DEVICE shards count nothing.
+// STORAGE_DEVICE shards count nothing, or whole with device_cache_rows.
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const ShardingPlan& plan,
                                       const RocksDbConfig& rocksdb);

@@ -12,6 +12,7 @@
 
 #if defined(DLRM_WITH_CUDA)
 #include "embedding/cuda/cuda_store.h"
+#include "embedding/cuda/device_slots.h"
 #endif
 
 namespace dlrm::embedding {
@@ -25,6 +26,12 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
   }
   if (options.kind == StoreKind::kDevice) {
 #if defined(DLRM_WITH_CUDA)
+    if (options.device_cache.cache_rows > 0) {
+      ASSIGN_OR_RETURN(std::unique_ptr<CachedStore> cached,
+                       cuda::CreateDeviceCachedStore(spec, options.device_cache,
+                                                     options.cuda_stream));
+      return std::unique_ptr<EmbeddingStore>(std::move(cached));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaStore> store,
                      cuda::CudaStore::Create(spec, options.cuda_stream));
     return std::unique_ptr<EmbeddingStore>(std::move(store));

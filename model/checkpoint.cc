@@ -571,7 +571,10 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
   // Tables that lived in the GPU's memory live in host memory on the CPU.
   if (config.device() != DEVICE_CUDA) {
     for (TableConfig& t : *config.mutable_tables()) {
-      if (t.storage() == STORAGE_DEVICE) t.set_storage(STORAGE_HOST);
+      if (t.storage() == STORAGE_DEVICE) {
+        t.set_storage(STORAGE_HOST);
+        t.clear_device_cache_rows();
+      }
     }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));

@@ -219,10 +219,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       m->rocksdb_locals_.push_back(j);
       mine_on_rocksdb = true;
     } else if (config.tables(ref.table).storage() == STORAGE_DEVICE) {
-      // On the dense backend's device, its work on the backend's stream.
+      // On the dense backend's device, its work on the backend's stream;
+      // with device_cache_rows, a cache of hot rows there in front of the
+      // whole table in host memory.
       embedding::StoreOptions o;
       o.kind = embedding::StoreKind::kDevice;
       o.cuda_stream = m->dense_->cuda_stream();
+      o.device_cache.cache_rows = config.tables(ref.table).device_cache_rows();
+      o.device_cache.eviction =
+          config.rocksdb().eviction() == RocksDbConfig::LFU
+              ? embedding::EvictionPolicy::kLfu
+              : embedding::EvictionPolicy::kLru;
       ASSIGN_OR_RETURN(ls.store, embedding::CreateEmbeddingStore(
                                      m->SpecOf(ref), o, /*db=*/nullptr));
     } else {
@@ -634,8 +641,10 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
 
 absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
   if (in_place_) {
-    for (const int j : rocksdb_locals_) {
-      RETURN_IF_ERROR(local_[j].store->Prefetch(next->sparse[local_[j].table]));
+    // Every store (those without a cache return at once): the device
+    // tier's cache stages its next misses while the queued kernels run.
+    for (LocalShard& ls : local_) {
+      RETURN_IF_ERROR(ls.store->Prefetch(next->sparse[ls.table]));
     }
     return absl::OkStatus();
   }

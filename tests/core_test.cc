@@ -469,6 +469,37 @@ TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {
   EXPECT_TRUE(ApplyDeviceFlag("cuda", &c).ok());
 }
 
+// device_cache_rows: a STORAGE_DEVICE table's option, never negative; the
+// errors name the table's field and the table.
+TEST(ConfigTest, DeviceCacheRowsIsCheckedNamingTheTable) {
+  auto parsed = ParseModelConfigText(
+      "device: DEVICE_CUDA tables { name: \"a\" rows: 5 } "
+      "tables { name: \"b\" rows: 500 storage: STORAGE_DEVICE "
+      "device_cache_rows: 50 } embedding_dim: 4 bottom_mlp: [4] "
+      "top_mlp: [1]");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto ok = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->tables(1).device_cache_rows(), 50);
+
+  ModelConfig c = *parsed;
+  c.mutable_tables(1)->set_device_cache_rows(-1);
+  absl::Status st = NormalizeModelConfig(c).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tables[1].device_cache_rows (b)"),
+            std::string::npos)
+      << st;
+
+  c = *parsed;
+  c.mutable_tables(0)->set_device_cache_rows(3);
+  st = NormalizeModelConfig(c).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tables[0].device_cache_rows (a)"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("STORAGE_HOST"), std::string::npos) << st;
+}
+
 TEST(RandomTest, HashIsAPureFunction) {
   EXPECT_EQ(HashKey(1, 2, 3), HashKey(1, 2, 3));
   EXPECT_NE(HashKey(1, 2, 3), HashKey(1, 2, 4));

@@ -1,6 +1,7 @@
 // The model's step on a GPU with its tables in device memory
-// (STORAGE_DEVICE: embedding::cuda::CudaStore pooling into, and updating
-// from, the CUDA dense backend's device buffers on its stream) against the
+// (STORAGE_DEVICE: embedding::cuda::CudaStore, or the device cache with
+// device_cache_rows, pooling into, and updating from, the CUDA dense
+// backend's device buffers on its stream) against the
 // same model on the CPU, and checkpoints between the two. Skipped without
 // a CUDA device (fails instead under DLRM_REQUIRE_CUDA=1). The checks that
 // run on any machine (a device table refused where the step exchanges, or
@@ -31,6 +32,10 @@ struct DeviceCase {
   // Every other table stays in host memory (STORAGE_HOST): both kinds of
   // columns in one interaction input.
   bool mixed;
+  // When > 0, the device tables' TableConfig.device_cache_rows: the device
+  // cache in front of the tables in host memory (the 1000-row table
+  // evicts; the others fit).
+  int64_t device_cache_rows = 0;
 };
 
 // Four tables of dim 16 (the kernels' float4 path): one-hot, multi-hot
@@ -98,6 +103,7 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
   for (int k = 0; k < gpu_config.tables_size(); ++k) {
     if (!c.mixed || k % 2 == 0) {
       gpu_config.mutable_tables(k)->set_storage(STORAGE_DEVICE);
+      gpu_config.mutable_tables(k)->set_device_cache_rows(c.device_cache_rows);
     }
   }
   auto cpu = Model::Create(cpu_config);
@@ -174,7 +180,11 @@ INSTANTIATE_TEST_SUITE_P(
                    true},
         DeviceCase{"CatSgdMixed", INTERACTION_CAT, OptimizerConfig::SGD, true},
         DeviceCase{"DcnAdagrad", INTERACTION_DCN, OptimizerConfig::ADAGRAD,
-                   false}),
+                   false},
+        // 480 slots: more than the unique ids of one table in the 512
+        // batch, fewer than the one-hot table's 1000 rows.
+        DeviceCase{"DotAdamCached", INTERACTION_DOT, OptimizerConfig::ADAM,
+                   true, 480}),
     [](const ::testing::TestParamInfo<DeviceCase>& info) {
       return info.param.name;
     });

@@ -2,7 +2,9 @@
 // (the CPU reference) through the EmbeddingStore interface on random
 // batches (every optimizer, sum and mean, multi-hot bags with repeats and
 // empty bags, several steps), record round trips, the step counter, a
-// caller's stream, and the argument checks. Skipped without a CUDA device.
+// caller's stream, and the argument checks; the device tier's cache
+// (device_slots.h) against the same table whole on the device and in host
+// memory. Skipped without a CUDA device.
 // Stores are made with CudaStore::Create, not CreateEmbeddingStore, so the
 // binary does not link RocksDB (scripts/cuda_bundle.sh carries it to GPU
 // machines under a size limit); tests/embedding_store_test.cc covers the
@@ -22,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/random.h"
+#include "embedding/cached_store.h"
+#include "embedding/cuda/device_slots.h"
 #include "embedding/embedding_store.h"
 #include "tests/cuda_test_util.h"
 
@@ -433,6 +437,228 @@ TEST(CudaStoreEdgeTest, WideRowsOverTheKernelLimitAreRefused) {
   DLRM_SKIP_WITHOUT_CUDA();
   const TableSpec spec = MakeSpec(2, 1028, POOLING_SUM, OptimizerConfig::SGD);
   EXPECT_EQ(CudaStore::Create(spec).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------- the device tier's cache
+
+// Records moved into and out of device slots (DeviceSlots: GatherRows and
+// ScatterRows through pinned staging) against host slots (HostSlots, the
+// CPU reference): random records written to every slot in a random order,
+// read back for a random subset of slots, bitwise on both sides; with wide
+// Adam records the copies span several 16 MiB staging chunks.
+TEST(DeviceSlotsTest, ReadAndWriteSlotsMatchHostSlots) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  struct Case {
+    int dim;
+    OptimizerConfig::Type type;
+    int64_t slots;
+  };
+  for (const Case c : {Case{16, OptimizerConfig::SGD, 300},
+                       Case{3, OptimizerConfig::ROWWISE_ADAGRAD, 257},
+                       Case{8, OptimizerConfig::ADAGRAD, 64},
+                       Case{1024, OptimizerConfig::ADAM, 3000}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " "
+                                      << OptimizerConfig::Type_Name(c.type));
+    const TableSpec spec = MakeSpec(10 * c.slots, c.dim, POOLING_SUM, c.type);
+    const int64_t floats = c.dim + StateFloatsPerRow(spec.optimizer, c.dim);
+    auto device = DeviceSlots::Create(spec, c.slots);
+    ASSERT_TRUE(device.ok()) << device.status();
+    EXPECT_EQ((*device)->slots(), c.slots);
+    HostSlots host(spec, c.slots);
+    Rng rng(kCudaTestSeed + c.dim);
+    std::vector<int64_t> order(c.slots);
+    for (int64_t i = 0; i < c.slots; ++i) order[i] = i;
+    for (int64_t i = c.slots - 1; i > 0; --i) {
+      std::swap(order[i], order[rng.Below(i + 1)]);
+    }
+    const std::vector<float> records = RandomFloats(rng, c.slots * floats);
+    ASSERT_TRUE(
+        (*device)->WriteSlots(order.data(), c.slots, records.data()).ok());
+    ASSERT_TRUE(host.WriteSlots(order.data(), c.slots, records.data()).ok());
+    std::vector<int64_t> some;
+    for (int64_t i = 0; i < c.slots; ++i) {
+      if (rng.Below(3) == 0) some.push_back(rng.Below(c.slots));
+    }
+    const int64_t n = static_cast<int64_t>(some.size());
+    std::vector<float> got(n * floats, std::nanf("")), want(n * floats);
+    ASSERT_TRUE((*device)->ReadSlots(some.data(), n, got.data()).ok());
+    ASSERT_TRUE(host.ReadSlots(some.data(), n, want.data()).ok());
+    ExpectBitwiseEqual(got, want, "slots read back");
+    // And each is the record written to that slot.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k =
+          std::find(order.begin(), order.end(), some[i]) - order.begin();
+      ASSERT_EQ(
+          std::memcmp(got.data() + i * floats, records.data() + k * floats,
+                      sizeof(float) * floats),
+          0)
+          << "slot " << some[i];
+    }
+  }
+}
+
+// Skewed ids (most from a hot set) as a cache sees them.
+data::SparseFeature SkewedIds(Rng& rng, int64_t rows, int64_t bags,
+                              int max_hot) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t s = 0; s < bags; ++s) {
+    const int64_t n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(max_hot);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t u = rng.Below(100);
+      f.ids.push_back(u < 60   ? rng.Below(std::min<int64_t>(32, rows))
+                      : u < 85 ? rng.Below(std::min<int64_t>(332, rows))
+                               : rng.Below(rows));
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  return f;
+}
+
+// The device tier's cache (a tenth of the table in device slots in front
+// of the table in host memory) against the whole table in device memory
+// (CudaStore) and in host memory (HostStore, the CPU reference): the same
+// kernels on the same rows in the same order, so pooled outputs and
+// records equal CudaStore's bitwise, and HostStore's within kTolerance (as
+// CudaStore's do), over every embedding optimizer and both policies, with
+// the next batch prefetched as the model does, records read and written
+// midway, and flushes to the host tier.
+TEST(CudaCachedStoreTest, TrainsLikeTheWholeTableOnTheDevice) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  for (const EvictionPolicy eviction :
+       {EvictionPolicy::kLru, EvictionPolicy::kLfu}) {
+    for (auto type :
+         {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
+          OptimizerConfig::ROWWISE_ADAGRAD, OptimizerConfig::ADAM}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "optimizer " << OptimizerConfig::Type_Name(type)
+                   << (eviction == EvictionPolicy::kLru ? " LRU" : " LFU")
+                   << " seed " << kCudaTestSeed);
+      const int dim = 16;
+      const int64_t rows = 3000, bags = 24;
+      const TableSpec spec = MakeSpec(rows, dim, POOLING_MEAN, type);
+      CacheOptions cache;
+      cache.cache_rows = rows / 10;
+      cache.eviction = eviction;
+      auto cached = CreateDeviceCachedStore(spec, cache);
+      ASSERT_TRUE(cached.ok()) << cached.status();
+      CachedStore& store = **cached;
+      EXPECT_EQ(store.memory_space(), MemorySpace::kDevice);
+      std::unique_ptr<EmbeddingStore> whole = DeviceStore(spec);
+      ASSERT_NE(whole, nullptr);
+      HostStore host(spec);
+      Rng rng(kCudaTestSeed + 7 * type);
+      std::vector<data::SparseFeature> batches;
+      for (int i = 0; i <= 20; ++i) {
+        batches.push_back(SkewedIds(rng, rows, bags, 4));
+      }
+      std::vector<bool> touched(rows, false);
+      for (int step = 0; step < 20; ++step) {
+        SCOPED_TRACE(::testing::Message() << "step " << step);
+        const data::SparseFeature& ids = batches[step];
+        auto p_cached = store.Prepare(ids);
+        auto p_whole = whole->Prepare(ids);
+        auto p_host = host.Prepare(ids);
+        ASSERT_TRUE(p_cached.ok()) << p_cached.status();
+        ASSERT_TRUE(p_whole.ok()) << p_whole.status();
+        ASSERT_TRUE(p_host.ok()) << p_host.status();
+        ASSERT_TRUE(store.Prefetch(batches[step + 1]).ok());
+        const std::vector<float> got = DeviceForward(store, **p_cached, dim);
+        ExpectBitwiseEqual(got, DeviceForward(*whole, **p_whole, dim),
+                           "pooled vs CudaStore");
+        ExpectCloseToScale(got, HostForward(host, **p_host, dim), kTolerance,
+                           "pooled vs HostStore");
+        const std::vector<float> grad =
+            RandomFloats(rng, std::max<int64_t>(1, ids.num_bags() * dim));
+        auto grad_device = ToDevice(grad);
+        ASSERT_TRUE(
+            store.BackwardUpdate(**p_cached, grad_device.data(), dim).ok());
+        ASSERT_TRUE(
+            whole->BackwardUpdate(**p_whole, grad_device.data(), dim).ok());
+        ASSERT_TRUE(host.BackwardUpdate(**p_host, grad.data(), dim).ok());
+        ASSERT_TRUE(store.Synchronize().ok());
+        ASSERT_TRUE(whole->Synchronize().ok());
+        for (const int64_t id : ids.ids) touched[id] = true;
+        if (step == 10) {
+          ExpectBitwiseEqual(AllRecords(store), AllRecords(*whole),
+                             "records midway");
+          ASSERT_TRUE(store.Flush().ok());
+          ExpectBitwiseEqual(AllRecords(store.backing()), AllRecords(*whole),
+                             "host tier after Flush");
+          // Hot rows (resident) and the last rows (likely not) rewritten.
+          const int64_t floats = dim + StateFloatsPerRow(spec.optimizer, dim);
+          std::vector<float> records(6 * floats);
+          for (float& x : records) {
+            x = static_cast<float>(rng.Uniform(0.1, 0.2));
+          }
+          for (const int64_t begin : {int64_t{0}, rows - 6}) {
+            ASSERT_TRUE(store.WriteRows(begin, 6, records.data()).ok());
+            ASSERT_TRUE(whole->WriteRows(begin, 6, records.data()).ok());
+            ASSERT_TRUE(host.WriteRows(begin, 6, records.data()).ok());
+            for (int64_t r = begin; r < begin + 6; ++r) touched[r] = true;
+          }
+        }
+      }
+      EXPECT_EQ(store.step(), whole->step());
+      ExpectBitwiseEqual(AllRecords(store), AllRecords(*whole), "records");
+      ExpectRecordsMatch(store, host, touched);
+      ASSERT_TRUE(store.Flush().ok());
+      ExpectBitwiseEqual(AllRecords(store.backing()), AllRecords(*whole),
+                         "host tier after the last Flush");
+      EXPECT_EQ(store.backing().step(), whole->step());
+      const StoreMetrics m = store.metrics();
+      EXPECT_GT(m.evictions, 0);
+      EXPECT_GT(m.rows_written, 0);
+      EXPECT_GT(m.prefetch_hits, 0);
+    }
+  }
+}
+
+// The cache's work on the caller's stream, and its refusals: host memory
+// for `out`, too many unique ids, a stale batch.
+TEST(CudaCachedStoreTest, CallersStreamAndRefusals) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto stream = dlrm::cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int dim = 8;
+  const TableSpec spec = MakeSpec(100, dim, POOLING_SUM, OptimizerConfig::SGD);
+  CacheOptions cache;
+  cache.cache_rows = 4;
+  auto cached = CreateDeviceCachedStore(spec, cache, stream->get());
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  CachedStore& store = **cached;
+  HostStore host(spec);
+  Rng rng(kCudaTestSeed);
+  // Ids in [0, 4): never more unique ids than the 4 slots.
+  const data::SparseFeature ids =
+      RandomIds(rng, Shape{dim, POOLING_SUM, 1, 3, 4, 0});
+  auto p = store.Prepare(ids);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto out = Poisoned(3 * dim);
+  ASSERT_TRUE(store.Forward(**p, out.data(), dim).ok());
+  std::vector<float> got(3 * dim);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), out.data(), got.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream->get()),
+            cudaSuccess);
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ExpectBitwiseEqual(got, HostForward(host, ids, dim), "pooled");
+
+  std::vector<float> host_out(3 * dim);
+  EXPECT_EQ(store.Forward(**p, host_out.data(), dim).code(),
+            absl::StatusCode::kInvalidArgument);
+  data::SparseFeature wide;
+  wide.offsets = {0, 5};
+  wide.ids = {1, 2, 3, 4, 5};
+  EXPECT_EQ(store.Prepare(wide).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.Forward(**p, out.data(), dim).code(),
+            absl::StatusCode::kFailedPrecondition);
+  data::SparseFeature bad;
+  bad.offsets = {0, 1};
+  bad.ids = {100};
+  EXPECT_EQ(store.Prepare(bad).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -648,6 +648,25 @@ TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
   EXPECT_EQ(moved->tables(2).storage(), STORAGE_HOST);
 }
 
+// A device table with a cache keeps every row in host memory behind its
+// device slots: the planner counts the whole table on the host, the plan
+// its slots on the device.
+TEST(ShardingTest, CachedDeviceTablesCountTheirHostRows) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+      "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
+      "device_cache_rows: 4000 }");
+  EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 1280000);
+  const ShardingPlan plan = WholeTablesPlan(c);
+  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{1312000}));
+  const std::string text = plan.ToString(c);
+  EXPECT_NE(text.find("rank 0: 1.3 MiB in host memory, 0.1 MiB in device "
+                      "memory"),
+            std::string::npos)
+      << text;
+}
+
 TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
   // Four big one-hot tables over two ranks: two each. A tiny one is
   // replicated.

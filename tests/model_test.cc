@@ -212,6 +212,14 @@ TEST(ModelTest, DeviceTierTableIsFailedPreconditionWhereTheStepExchanges) {
       << m.status();
   EXPECT_NE(m.status().message().find("STORAGE_DEVICE"), std::string::npos)
       << m.status();
+  // The same with the table's rows cached on the device.
+  config.mutable_tables(0)->set_device_cache_rows(8);
+  auto cached = Model::Create(config, plan, comm.get());
+  ASSERT_EQ(cached.status().code(), absl::StatusCode::kFailedPrecondition)
+      << cached.status();
+  EXPECT_NE(cached.status().message().find(config.tables(0).name()),
+            std::string::npos)
+      << cached.status();
 }
 
 // device cuda on a machine without a usable GPU: a FailedPrecondition that
@@ -244,6 +252,13 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
   EXPECT_NE(with_table.status().message().find(CudaUnavailableReason()),
             std::string::npos)
       << with_table.status();
+  device_table.mutable_tables(0)->set_device_cache_rows(8);
+  auto with_cache = Model::Create(device_table);
+  ASSERT_EQ(with_cache.status().code(), absl::StatusCode::kFailedPrecondition)
+      << with_cache.status();
+  EXPECT_NE(with_cache.status().message().find(CudaUnavailableReason()),
+            std::string::npos)
+      << with_cache.status();
   // The same config on the CPU is fine.
   config.set_device(DEVICE_CPU);
   auto cpu = Model::Create(config);

@@ -165,6 +165,39 @@ absl::Status CudaEmbeddingTable::WriteRowRange(int64_t begin, int64_t count,
   return absl::OkStatus();
 }
 
+absl::Status CudaEmbeddingTable::GatherRows(const int64_t* index, int64_t n,
+                                            float* weights, float* state1,
+                                            float* state2,
+                                            cudaStream_t stream) const {
+  RETURN_IF_ERROR(cuda::GatherRows(weights_.data(), rows_, dim_, index, n,
+                                   weights, stream));
+  float* packed[2] = {state1, state2};
+  const float* table[2] = {state1_.data(), state2_.data()};
+  for (int k = 0; k < 2; ++k) {
+    if (state_floats_[k] == 0) continue;
+    RETURN_IF_ERROR(cuda::GatherRows(table[k], rows_, state_floats_[k], index,
+                                     n, packed[k], stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEmbeddingTable::ScatterRows(const int64_t* index, int64_t n,
+                                             const float* weights,
+                                             const float* state1,
+                                             const float* state2,
+                                             cudaStream_t stream) {
+  RETURN_IF_ERROR(cuda::ScatterRows(weights, index, n, dim_, weights_.data(),
+                                    rows_, stream));
+  const float* packed[2] = {state1, state2};
+  float* table[2] = {state1_.data(), state2_.data()};
+  for (int k = 0; k < 2; ++k) {
+    if (state_floats_[k] == 0) continue;
+    RETURN_IF_ERROR(cuda::ScatterRows(packed[k], index, n, state_floats_[k],
+                                      table[k], rows_, stream));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaEmbeddingTable::CopyToHost(EmbeddingTable* table) const {
   if (table->rows() != rows_ || table->dim() != dim_ ||
       table->state1().size() != state1_.size() ||

@@ -92,6 +92,20 @@ class CudaEmbeddingTable {
                              const float* state1, const float* state2,
                              cudaStream_t stream);
 
+  // Copies rows index[0, n) (device memory, distinct, in [0, rows); one
+  // outside is skipped) into packed device arrays: `weights` n x dim,
+  // `state1` / `state2` n x state_floats(0 / 1) (null where that is 0).
+  // Queued on `stream`; InvalidArgument for n < 0, Internal on a launch
+  // error.
+  absl::Status GatherRows(const int64_t* index, int64_t n, float* weights,
+                          float* state1, float* state2,
+                          cudaStream_t stream) const;
+  // Sets rows index[0, n) from packed device arrays laid out as GatherRows
+  // writes them; queued and checked as GatherRows.
+  absl::Status ScatterRows(const int64_t* index, int64_t n,
+                           const float* weights, const float* state1,
+                           const float* state2, cudaStream_t stream);
+
   int64_t rows() const { return rows_; }
   int dim() const { return dim_; }
   // Floats per row of state array k (0 or 1): the optimizer's kSparseState

@@ -28,9 +28,8 @@ cudaStream_t AsStream(void* stream) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// InvalidArgument unless `ptr` is memory of a CUDA device (or managed
-// memory): a kernel given a host pointer would fault, and the fault would
-// end every later CUDA call of the process.
+}  // namespace
+
 absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
                                 const char* what) {
   if (ptr == nullptr) {
@@ -53,8 +52,6 @@ absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 CudaStore::CudaStore(const TableSpec& spec) : spec_(spec) {}
 

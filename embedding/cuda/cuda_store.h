@@ -23,6 +23,12 @@ namespace dlrm::embedding::cuda {
 class CudaEmbeddingTable;
 class DeviceSparseFeature;
 
+// InvalidArgument naming `spec`'s table and `what` unless `ptr` is memory
+// of a CUDA device (or managed memory): a kernel given a host pointer would
+// fault, and the fault would end every later CUDA call of the process.
+absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
+                                const char* what);
+
 // Rows in device memory, behaving as a HostStore of the same spec: the same
 // initial rows, the same records (ReadRows / WriteRows), the same step
 // counter; pooled values and updates equal the CPU's up to float rounding

@@ -140,6 +140,30 @@ __global__ void PoolForwardKernel(const float* __restrict__ weights,
   }
 }
 
+// Row copies between a table and a packed array (GatherRows, ScatterRows):
+// element e of the packed array is column e % width of packed row
+// e / width; `src_index` / `dst_index` (null: the packed side) map packed
+// row i to a table row. A grid-stride loop over n * width elements with
+// 64-bit indices; table rows outside [0, table_rows) are skipped.
+__global__ void CopyRowsKernel(const float* __restrict__ src,
+                               const int64_t* __restrict__ src_index,
+                               float* __restrict__ dst,
+                               const int64_t* __restrict__ dst_index, int64_t n,
+                               int64_t width, int64_t table_rows) {
+  const int64_t total = n * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       e < total; e += stride) {
+    const int64_t i = e / width;
+    const int64_t c = e - i * width;
+    const int64_t s = src_index != nullptr ? src_index[i] : i;
+    const int64_t d = dst_index != nullptr ? dst_index[i] : i;
+    const int64_t table_row = src_index != nullptr ? s : d;
+    if (table_row < 0 || table_row >= table_rows) continue;
+    dst[d * width + c] = src[s * width + c];
+  }
+}
+
 // Backward step 1: the sort keys (row id, or `rows` for an id out of range,
 // so it sorts last and is skipped) and the bag of every id occurrence.
 __global__ void ExpandKernel(const int64_t* __restrict__ offsets,
@@ -721,6 +745,43 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                           grad_stride, ws, partials, stream);
       },
       step);
+}
+
+namespace {
+
+// Launches CopyRowsKernel over n rows of `width` floats: at most 2^16
+// blocks, each thread looping over the rest.
+absl::Status LaunchCopyRows(const char* name, const float* src,
+                            const int64_t* src_index, float* dst,
+                            const int64_t* dst_index, int64_t n, int64_t width,
+                            int64_t table_rows, cudaStream_t stream) {
+  if (n < 0 || width < 0 || table_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": negative size (n ", n, ", width ", width,
+                     ", table rows ", table_rows, ")"));
+  }
+  if (n == 0 || width == 0) return absl::OkStatus();
+  const int64_t grid = std::min<int64_t>(CeilDiv<int64_t>(n * width, kThreads),
+                                         int64_t{1} << 16);
+  return LaunchKernel(name, CopyRowsKernel, dim3(static_cast<unsigned>(grid)),
+                      dim3(kThreads), 0, stream, src, src_index, dst, dst_index,
+                      n, width, table_rows);
+}
+
+}  // namespace
+
+absl::Status GatherRows(const float* table, int64_t table_rows, int64_t width,
+                        const int64_t* index, int64_t n, float* packed,
+                        cudaStream_t stream) {
+  return LaunchCopyRows("GatherRows", table, index, packed, nullptr, n, width,
+                        table_rows, stream);
+}
+
+absl::Status ScatterRows(const float* packed, const int64_t* index, int64_t n,
+                         int64_t width, float* table, int64_t table_rows,
+                         cudaStream_t stream) {
+  return LaunchCopyRows("ScatterRows", packed, nullptr, table, index, n, width,
+                        table_rows, stream);
 }
 
 }  // namespace dlrm::embedding::cuda

@@ -79,4 +79,17 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                   int64_t grad_stride, BackwardWorkspace* ws,
                                   cudaStream_t stream);
 
+// Copies whole rows of `width` floats between `table` (table_rows x width,
+// row-major) and a packed array of n rows: GatherRows sets packed row i to
+// table row index[i], ScatterRows sets table row index[i] to packed row i
+// (indices distinct), for i in [0, n). An index outside [0, table_rows) is
+// skipped. 64-bit indexing throughout. InvalidArgument for a negative
+// size; Internal on a launch error.
+absl::Status GatherRows(const float* table, int64_t table_rows, int64_t width,
+                        const int64_t* index, int64_t n, float* packed,
+                        cudaStream_t stream);
+absl::Status ScatterRows(const float* packed, const int64_t* index, int64_t n,
+                         int64_t width, float* table, int64_t table_rows,
+                         cudaStream_t stream);
+
 }  // namespace dlrm::embedding::cuda

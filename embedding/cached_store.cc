@@ -1,0 +1,289 @@
+// CachedStore: moving records between the backing store and the slots
+// around each batch, and HostSlots.
+#include "embedding/cached_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace dlrm::embedding {
+
+HostSlots::HostSlots(const TableSpec& spec, int64_t slots)
+    : table_(EmbeddingTable::SlotArray(spec.table_index, slots, spec.dim,
+                                       spec.pooling, spec.optimizer)),
+      record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)) {}
+
+absl::Status HostSlots::ReadSlots(const int64_t* slots, int64_t n,
+                                  float* records) {
+  for (int64_t i = 0; i < n; ++i) {
+    table_->ReadRecord(slots[i], records + i * record_floats_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostSlots::WriteSlots(const int64_t* slots, int64_t n,
+                                   const float* records) {
+  for (int64_t i = 0; i < n; ++i) {
+    table_->WriteRecord(slots[i], records + i * record_floats_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostSlots::Forward(float* out, int64_t out_stride) const {
+  table_->Forward(*batch_, out, out_stride);
+  return absl::OkStatus();
+}
+
+absl::Status HostSlots::BackwardUpdate(const float* grad, int64_t grad_stride) {
+  table_->BackwardUpdate(*batch_, grad, grad_stride);
+  return absl::OkStatus();
+}
+
+CachedStore::CachedStore(const TableSpec& spec, const CacheOptions& options,
+                         std::unique_ptr<SlotStorage> slots,
+                         std::unique_ptr<EmbeddingStore> backing)
+    : spec_(spec),
+      record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)),
+      slots_(std::move(slots)),
+      backing_(std::move(backing)),
+      manager_(spec.table_index, spec.rows, options.cache_rows,
+               options.eviction, "the cache", "CacheOptions.cache_rows") {}
+
+CachedStore::~CachedStore() {
+  if (slots_ != nullptr) slots_->Synchronize().IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<CachedStore>> CachedStore::Create(
+    const TableSpec& spec, const CacheOptions& options,
+    std::unique_ptr<SlotStorage> slots,
+    std::unique_ptr<EmbeddingStore> backing) {
+  RETURN_IF_ERROR(spec.Validate());
+  RETURN_IF_ERROR(options.Validate());
+  if (slots == nullptr || backing == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.table_index,
+                     ": a cached store needs slots and a backing store"));
+  }
+  const TableSpec& b = backing->spec();
+  if (b.rows != spec.rows || b.dim != spec.dim ||
+      StateFloatsPerRow(b.optimizer, b.dim) !=
+          StateFloatsPerRow(spec.optimizer, spec.dim) ||
+      b.optimizer.type() != spec.optimizer.type()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": the backing store holds ", b.rows, " x ",
+        b.dim, " rows of another optimizer, not the cached table's ", spec.rows,
+        " x ", spec.dim));
+  }
+  if (slots->slots() != options.cache_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.table_index, ": ", slots->slots(),
+                     " slots for a cache of ", options.cache_rows, " rows"));
+  }
+  slots->set_step(backing->step());
+  return std::unique_ptr<CachedStore>(
+      new CachedStore(spec, options, std::move(slots), std::move(backing)));
+}
+
+bool CachedStore::IsDirty(int64_t row) const {
+  const int64_t slot = manager_.SlotOf(row);
+  return slot >= 0 && manager_.IsDirty(slot);
+}
+
+absl::Status CachedStore::WriteBack(const std::vector<int64_t>& rows,
+                                    const std::vector<int64_t>& slots) {
+  if (rows.empty()) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  records_.resize(n * RecordFloats());
+  RETURN_IF_ERROR(slots_->ReadSlots(slots.data(), n, records_.data()));
+  // Runs of consecutive rows go in one call.
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && rows[j] == rows[j - 1] + 1) ++j;
+    RETURN_IF_ERROR(backing_->WriteRows(rows[i], j - i,
+                                        records_.data() + i * RecordFloats()));
+    i = j;
+  }
+  metrics_.rows_written += n;
+  metrics_.bytes_written += n * RecordFloats() * int64_t{sizeof(float)};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const data::SparseFeature*> CachedStore::Prepare(
+    const data::SparseFeature& ids) {
+  prepared_ = false;
+  RETURN_IF_ERROR(manager_.Plan(ids));
+  const SlotPlan& plan = manager_.plan();
+
+  // Dirty victims to the backing store while they still hold their slots
+  // (the slots' reads wait for the last batch's update).
+  RETURN_IF_ERROR(WriteBack(plan.writeback_rows, plan.writeback_slots));
+
+  // The misses' records: staged by the last Prefetch, or read now.
+  const int64_t misses = static_cast<int64_t>(plan.misses.size());
+  const int64_t floats = RecordFloats();
+  records_.resize(misses * floats);
+  miss_slots_.resize(misses);
+  int64_t prefetch_hits = 0, rows_read = 0;
+  for (int64_t i = 0; i < misses; ++i) {
+    const int64_t k = plan.misses[i];
+    const int64_t row = plan.rows[k];
+    miss_slots_[i] = plan.slots[k];
+    float* record = records_.data() + i * floats;
+    if (const auto it = staged_index_.find(row); it != staged_index_.end()) {
+      std::memcpy(record, staged_records_.data() + it->second * floats,
+                  floats * sizeof(float));
+      ++prefetch_hits;
+    } else {
+      RETURN_IF_ERROR(backing_->ReadRow(row, record));
+      ++rows_read;
+    }
+  }
+
+  // Commit: the misses enter their slots.
+  manager_.Commit();
+  for (int64_t i = 0; i < misses; ++i) {
+    staged_index_.erase(plan.rows[plan.misses[i]]);
+  }
+  RETURN_IF_ERROR(
+      slots_->WriteSlots(miss_slots_.data(), misses, records_.data()));
+  RETURN_IF_ERROR(slots_->SetBatch(plan.remapped));
+  const int64_t unique = static_cast<int64_t>(plan.rows.size());
+  metrics_.hits += unique - misses;
+  metrics_.misses += misses;
+  metrics_.prefetch_hits += prefetch_hits;
+  metrics_.evictions += plan.evictions;
+  metrics_.rows_read += rows_read;
+  metrics_.bytes_read += rows_read * floats * int64_t{sizeof(float)};
+  prepared_ = true;
+  return &plan.remapped;
+}
+
+absl::Status CachedStore::CheckPrepared(
+    const data::SparseFeature& prepared) const {
+  if (!prepared_ || &prepared != &manager_.plan().remapped) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec_.table_index,
+        ": the batch is not the result of the last successful Prepare"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachedStore::Forward(const data::SparseFeature& prepared,
+                                  float* out, int64_t out_stride) const {
+  RETURN_IF_ERROR(CheckPrepared(prepared));
+  return slots_->Forward(out, out_stride);
+}
+
+absl::Status CachedStore::BackwardUpdate(const data::SparseFeature& prepared,
+                                         const float* grad,
+                                         int64_t grad_stride) {
+  RETURN_IF_ERROR(CheckPrepared(prepared));
+  RETURN_IF_ERROR(slots_->BackwardUpdate(grad, grad_stride));
+  manager_.MarkBatchDirty();
+  return absl::OkStatus();
+}
+
+absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
+  staged_index_.clear();
+  std::vector<int64_t> rows;
+  for (const int64_t row : next_ids.ids) {
+    if (row < 0 || row >= spec_.rows || manager_.SlotOf(row) >= 0) continue;
+    if (staged_index_.try_emplace(row, static_cast<int64_t>(rows.size()))
+            .second) {
+      rows.push_back(row);
+    }
+  }
+  const int64_t floats = RecordFloats();
+  staged_records_.resize(rows.size() * floats);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const absl::Status status =
+        backing_->ReadRow(rows[i], staged_records_.data() + i * floats);
+    if (!status.ok()) {
+      staged_index_.clear();
+      return status;
+    }
+  }
+  metrics_.rows_read += static_cast<int64_t>(rows.size());
+  metrics_.bytes_read +=
+      static_cast<int64_t>(rows.size()) * floats * int64_t{sizeof(float)};
+  return absl::OkStatus();
+}
+
+absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  RETURN_IF_ERROR(backing_->ReadRows(begin, count, out));
+  // The resident rows of the range, found from whichever side is smaller.
+  std::vector<int64_t> at, slots;
+  if (count <= manager_.capacity()) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t slot = manager_.SlotOf(begin + i);
+      if (slot < 0) continue;
+      at.push_back(i);
+      slots.push_back(slot);
+    }
+  } else {
+    for (int64_t slot = 0; slot < manager_.capacity(); ++slot) {
+      const int64_t row = manager_.RowOf(slot);
+      if (row < begin || row >= begin + count) continue;
+      at.push_back(row - begin);
+      slots.push_back(slot);
+    }
+  }
+  if (slots.empty()) return absl::OkStatus();
+  const int64_t floats = RecordFloats();
+  std::vector<float> records(slots.size() * floats);
+  RETURN_IF_ERROR(slots_->ReadSlots(
+      slots.data(), static_cast<int64_t>(slots.size()), records.data()));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::memcpy(out + at[i] * floats, records.data() + i * floats,
+                floats * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachedStore::WriteRows(int64_t begin, int64_t count,
+                                    const float* records) {
+  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  RETURN_IF_ERROR(backing_->WriteRows(begin, count, records));
+  const int64_t floats = RecordFloats();
+  std::vector<int64_t> slots;
+  std::vector<float> resident;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = begin + i;
+    staged_index_.erase(row);
+    const int64_t slot = manager_.SlotOf(row);
+    if (slot < 0) continue;
+    slots.push_back(slot);
+    resident.insert(resident.end(), records + i * floats,
+                    records + (i + 1) * floats);
+  }
+  if (slots.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(slots_->WriteSlots(
+      slots.data(), static_cast<int64_t>(slots.size()), resident.data()));
+  for (const int64_t slot : slots) manager_.SetDirty(slot, true);
+  return absl::OkStatus();
+}
+
+absl::Status CachedStore::Flush() {
+  const std::vector<int64_t> dirty = manager_.DirtySlots();
+  // In row order, so that runs of rows go to the backing store together.
+  std::vector<std::pair<int64_t, int64_t>> order;
+  order.reserve(dirty.size());
+  for (const int64_t slot : dirty)
+    order.emplace_back(manager_.RowOf(slot), slot);
+  std::sort(order.begin(), order.end());
+  std::vector<int64_t> rows(order.size()), slots(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    rows[i] = order[i].first;
+    slots[i] = order[i].second;
+  }
+  RETURN_IF_ERROR(WriteBack(rows, slots));
+  for (const int64_t slot : slots) manager_.SetDirty(slot, false);
+  backing_->set_step(slots_->step());
+  return backing_->Flush();
+}
+
+}  // namespace dlrm::embedding

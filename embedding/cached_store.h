@@ -1,0 +1,193 @@
+// A cache of hot rows and their optimizer state in a fixed number of slots
+// in front of a backing store that holds every row: the slots in host
+// memory (HostSlots) or in device memory (cuda::DeviceSlots,
+// cuda/device_slots.h), one SlotManager (slot_manager.h) deciding what
+// moves. The device tier's cache (TableConfig.device_cache_rows) is a
+// CachedStore over device slots and a HostStore.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "data/batch.h"
+#include "embedding/embedding_store.h"
+#include "embedding/embedding_table.h"
+#include "embedding/slot_manager.h"
+
+namespace dlrm::embedding {
+
+// Where a cache's slots live: a slot array with EmbeddingTable's kernels
+// over slot numbers, and copies of whole records (weights then optimizer
+// state, as EmbeddingStore::ReadRows lays them out) in and out of given
+// slots. Records are host memory; Forward's `out` and BackwardUpdate's
+// `grad` are in memory_space(). Not thread-safe.
+class SlotStorage {
+ public:
+  virtual ~SlotStorage() = default;
+
+  virtual MemorySpace memory_space() const = 0;
+  // Number of slots.
+  virtual int64_t slots() const = 0;
+
+  // Copies the records of `slots[0, n)` into `records` (host memory, one
+  // record after another), after every update queued before; done on
+  // return. Slots must be in [0, slots()). The storage's errors otherwise.
+  virtual absl::Status ReadSlots(const int64_t* slots, int64_t n,
+                                 float* records) = 0;
+  // Sets `slots[0, n)` (distinct, in [0, slots())) from `records` laid out
+  // as ReadSlots writes them, ordered after the work queued before and
+  // before the work queued after; `records` may be reused on return.
+  virtual absl::Status WriteSlots(const int64_t* slots, int64_t n,
+                                  const float* records) = 0;
+
+  // Takes the batch the next Forward and BackwardUpdate run on: `slot_ids`
+  // holds slot numbers in [0, slots()) and well-formed offsets, and must
+  // stay valid and unchanged until the next SetBatch. Waits for work still
+  // using the previous batch.
+  virtual absl::Status SetBatch(const data::SparseFeature& slot_ids) = 0;
+  // EmbeddingTable::Forward / BackwardUpdate on the batch of the last
+  // SetBatch; done on return, or queued (Synchronize).
+  virtual absl::Status Forward(float* out, int64_t out_stride) const = 0;
+  virtual absl::Status BackwardUpdate(const float* grad,
+                                      int64_t grad_stride) = 0;
+  // Waits for queued work; returns the first error it met.
+  virtual absl::Status Synchronize() = 0;
+
+  // Updates applied (counted when queued).
+  virtual int64_t step() const = 0;
+  virtual void set_step(int64_t step) = 0;
+};
+
+// Slots in host memory: an EmbeddingTable::SlotArray and its kernels.
+class HostSlots final : public SlotStorage {
+ public:
+  // `slots` slots of `spec`'s dim, pooling and optimizer.
+  HostSlots(const TableSpec& spec, int64_t slots);
+
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  int64_t slots() const override { return table_->rows(); }
+  absl::Status ReadSlots(const int64_t* slots, int64_t n,
+                         float* records) override;
+  absl::Status WriteSlots(const int64_t* slots, int64_t n,
+                          const float* records) override;
+  absl::Status SetBatch(const data::SparseFeature& slot_ids) override {
+    batch_ = &slot_ids;
+    return absl::OkStatus();
+  }
+  absl::Status Forward(float* out, int64_t out_stride) const override;
+  absl::Status BackwardUpdate(const float* grad, int64_t grad_stride) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  int64_t step() const override { return table_->step(); }
+  void set_step(int64_t step) override { table_->set_step(step); }
+
+ private:
+  std::unique_ptr<EmbeddingTable> table_;
+  int record_floats_;
+  const data::SparseFeature* batch_ = nullptr;
+};
+
+// A fixed number of slots (a SlotStorage) caching rows of `backing`, a
+// store of the same spec holding every row. Prepare writes the dirty rows
+// it evicts back to `backing` (ReadSlots, then backing WriteRows), loads
+// its misses (from the last Prefetch's staging, else backing ReadRows) into
+// their slots (WriteSlots) and hands the storage the batch remapped to
+// slots; the kernels then run on the slots. Trains like `backing` would on
+// its own: bitwise when the slots are host memory (HostSlots), within the
+// device kernels' rounding otherwise. The step counter is the slots'; Flush
+// writes every dirty row and the step to `backing` and flushes it.
+// memory_space() is the slots'. Thread safety as EmbeddingStore.
+class CachedStore final : public EmbeddingStore {
+ public:
+  // InvalidArgument for a bad spec or options, a backing store whose spec
+  // has other rows, dim or optimizer, or slots that are not
+  // options.cache_rows of spec's record size; the backing store's step
+  // becomes the slots' step.
+  static absl::StatusOr<std::unique_ptr<CachedStore>> Create(
+      const TableSpec& spec, const CacheOptions& options,
+      std::unique_ptr<SlotStorage> slots,
+      std::unique_ptr<EmbeddingStore> backing);
+
+  // Waits for the slots' queued work. Dirty rows not flushed are dropped.
+  ~CachedStore() override;
+
+  const TableSpec& spec() const override { return spec_; }
+  MemorySpace memory_space() const override { return slots_->memory_space(); }
+  // Errors as SlotManager::Plan, then the slots' and the backing store's.
+  // A Prepare that fails before its misses are copied into their slots
+  // (bad ids, a full cache, a backing store's read or write error) leaves
+  // every row's value unchanged (a dirty victim may already be written
+  // back, and stays resident and dirty); one that fails in that copy or
+  // the batch's upload (a device fault) leaves the misses' slots
+  // undefined.
+  absl::StatusOr<const data::SparseFeature*> Prepare(
+      const data::SparseFeature& ids) override;
+  // FailedPrecondition when `prepared` is not the last successful
+  // Prepare's result; the slots' errors otherwise (device: `out` / `grad`
+  // must be device memory).
+  absl::Status Forward(const data::SparseFeature& prepared, float* out,
+                       int64_t out_stride) const override;
+  absl::Status BackwardUpdate(const data::SparseFeature& prepared,
+                              const float* grad, int64_t grad_stride) override;
+  absl::Status Synchronize() override { return slots_->Synchronize(); }
+  // Reads the records of the rows of `next_ids` that are not resident from
+  // the backing store into a host staging area now (so that on the device
+  // it overlaps the queued kernels), replacing the last call's. Ids outside
+  // [0, rows) are left for Prepare to report. The backing store's errors.
+  absl::Status Prefetch(const data::SparseFeature& next_ids) override;
+  // The backing store's records, with resident rows' taken from their
+  // slots.
+  absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
+  // Writes the records to the backing store, and into the slots of
+  // resident rows (which become dirty); drops staged copies of the rows.
+  absl::Status WriteRows(int64_t begin, int64_t count,
+                         const float* records) override;
+  absl::Status Flush() override;
+  int64_t step() const override { return slots_->step(); }
+  void set_step(int64_t step) override { slots_->set_step(step); }
+  // hits, misses, prefetch_hits, evictions; rows_read / rows_written count
+  // records read from and written to the backing store.
+  StoreMetrics metrics() const override { return metrics_; }
+
+  int64_t capacity() const { return manager_.capacity(); }
+  // Whether `row` is in a slot now, and dirty there.
+  bool IsResident(int64_t row) const { return manager_.SlotOf(row) >= 0; }
+  bool IsDirty(int64_t row) const;
+  EmbeddingStore& backing() { return *backing_; }
+
+ private:
+  CachedStore(const TableSpec& spec, const CacheOptions& options,
+              std::unique_ptr<SlotStorage> slots,
+              std::unique_ptr<EmbeddingStore> backing);
+
+  int64_t RecordFloats() const { return record_floats_; }
+  // FailedPrecondition unless `prepared` is the last successful Prepare's.
+  absl::Status CheckPrepared(const data::SparseFeature& prepared) const;
+  // Reads the slots' records of `slots` and writes them to `rows` of the
+  // backing store.
+  absl::Status WriteBack(const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& slots);
+
+  TableSpec spec_;
+  int64_t record_floats_;
+  std::unique_ptr<SlotStorage> slots_;
+  std::unique_ptr<EmbeddingStore> backing_;
+  SlotManager manager_;
+  StoreMetrics metrics_;
+  bool prepared_ = false;
+  // Records staged by the last Prefetch (row -> index into staged_records_;
+  // a row leaves when it enters a slot or is written). A staged row is
+  // never resident, and its staged record is the backing store's.
+  absl::flat_hash_map<int64_t, int64_t> staged_index_;
+  std::vector<float> staged_records_;
+  // Prepare's scratch: records of the write-back and of the misses, the
+  // misses' slots.
+  std::vector<float> records_;
+  std::vector<int64_t> miss_slots_;
+};
+
+}  // namespace dlrm::embedding

@@ -1,0 +1,77 @@
+// A cache's slots in device memory (SlotStorage over a CudaEmbeddingTable
+// whose rows are slots), and the device tier's cached store: those slots in
+// front of the whole table in host memory (CachedStore over a HostStore).
+// Built when CUDA is enabled (DLRM_WITH_CUDA); this header itself needs no
+// CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "embedding/cached_store.h"
+#include "embedding/embedding_store.h"
+
+namespace dlrm::embedding::cuda {
+
+// Slots in the memory of CUDA device 0, driven by the CUDA kernels
+// (embedding_kernels.h) on one stream, the one given at creation or one of
+// its own. ReadSlots / WriteSlots move records through pinned host staging
+// and device packing buffers in chunks of at most 16 MiB, with the
+// GatherRows / ScatterRows kernels, and return once their copies are done.
+// SetBatch waits for the stream, then uploads the slot ids. Forward and
+// BackwardUpdate only queue their kernels, as CudaStore's do: `out` and
+// `grad` are device memory (InvalidArgument otherwise). Not thread-safe.
+class DeviceSlots final : public SlotStorage {
+ public:
+  // `slots` slots of `spec`'s dim, pooling and optimizer, uninitialised
+  // (CachedStore writes a slot before anything reads it). `stream` (a
+  // cudaStream_t of device 0) is borrowed until the slots are destroyed; null:
+  // they create their own. InvalidArgument for a bad spec, slots not positive
+  // or a dim over the kernels' MaxDim; FailedPrecondition naming
+  // CudaUnavailableReason() without a device; ResourceExhausted when device
+  // memory runs out; Internal on other CUDA errors.
+  static absl::StatusOr<std::unique_ptr<DeviceSlots>> Create(
+      const TableSpec& spec, int64_t slots, void* stream = nullptr);
+
+  // Waits for the stream's work before the device memory goes.
+  ~DeviceSlots() override;
+
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
+  int64_t slots() const override;
+  absl::Status ReadSlots(const int64_t* slots, int64_t n,
+                         float* records) override;
+  absl::Status WriteSlots(const int64_t* slots, int64_t n,
+                          const float* records) override;
+  // InvalidArgument for more than 2^31 - 1 ids or bags (the kernels'
+  // limit); Internal on CUDA errors, also an earlier kernel's fault.
+  absl::Status SetBatch(const data::SparseFeature& slot_ids) override;
+  absl::Status Forward(float* out, int64_t out_stride) const override;
+  absl::Status BackwardUpdate(const float* grad, int64_t grad_stride) override;
+  absl::Status Synchronize() override;
+  int64_t step() const override;
+  void set_step(int64_t step) override;
+
+ private:
+  struct Impl;
+  explicit DeviceSlots(const TableSpec& spec);
+  // Rows of one staging chunk.
+  int64_t ChunkRows() const;
+  // Sizes the staging for `rows` rows and copies slots[0, rows) to the
+  // device index buffer (queued).
+  absl::Status StageIndex(const int64_t* slots, int64_t rows);
+
+  TableSpec spec_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The device tier with a cache (StoreOptions::device_cache.cache_rows >
+// 0): a CachedStore of `cache` (at most spec.rows slots) over DeviceSlots
+// on `stream` (as DeviceSlots::Create) and a HostStore of `spec` holding
+// every row. Errors as DeviceSlots::Create and CachedStore::Create.
+absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
+    const TableSpec& spec, const CacheOptions& cache, void* stream = nullptr);
+
+}  // namespace dlrm::embedding::cuda
