@@ -446,8 +446,10 @@ absl::Status RocksDbCachedStore::WriteRecords(const int64_t* rows,
                   reinterpret_cast<const char*>(records + i * RecordFloats()),
                   record_bytes));
   }
-  const int64_t step = slots_->step();
+  // Only Flush, on the caller's thread, writes the step: the write-backs on
+  // the worker leave the counter (which BackwardUpdate changes) alone.
   if (with_step) {
+    const int64_t step = slots_->step();
     batch.Put(
         family_, kStepKey,
         rocksdb::Slice(reinterpret_cast<const char*>(&step), sizeof(step)));
@@ -539,18 +541,15 @@ absl::Status RocksDbCachedStore::WaitForJobs() {
   return WaitForReads();
 }
 
-absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
-    const data::SparseFeature& ids) {
-  prepared_ = false;
-  RETURN_IF_ERROR(WaitForJobs());
+absl::Status RocksDbCachedStore::UniqueRows(
+    const data::SparseFeature& ids,
+    absl::flat_hash_map<int64_t, int64_t>* index, std::vector<int64_t>* rows,
+    std::vector<int64_t>* unique_of_pos) const {
   const int64_t bags = ids.num_bags();
   const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
-
-  // Unique rows in first-occurrence order; nothing changes until all checks
-  // and reads have passed.
-  batch_index_.clear();
-  batch_rows_.clear();
-  unique_of_pos_.resize(total);
+  index->clear();
+  rows->clear();
+  unique_of_pos->resize(total);
   for (int64_t p = 0; p < total; ++p) {
     const int64_t row = ids.ids[p];
     if (row < 0 || row >= spec_.rows) {
@@ -559,10 +558,23 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
                        " at position ", p, " outside [0, ", spec_.rows, ")"));
     }
     const auto [it, inserted] =
-        batch_index_.try_emplace(row, static_cast<int64_t>(batch_rows_.size()));
-    if (inserted) batch_rows_.push_back(row);
-    unique_of_pos_[p] = it->second;
+        index->try_emplace(row, static_cast<int64_t>(rows->size()));
+    if (inserted) rows->push_back(row);
+    (*unique_of_pos)[p] = it->second;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
+    const data::SparseFeature& ids) {
+  prepared_ = false;
+  RETURN_IF_ERROR(WaitForJobs());
+  const int64_t bags = ids.num_bags();
+  const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
+
+  // Nothing changes until all checks and reads have passed.
+  RETURN_IF_ERROR(
+      UniqueRows(ids, &batch_index_, &batch_rows_, &unique_of_pos_));
   const int64_t unique = static_cast<int64_t>(batch_rows_.size());
   if (unique > capacity()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -756,26 +768,13 @@ absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
 absl::Status RocksDbCachedStore::PoolReadOnly(const data::SparseFeature& ids,
                                               float* out,
                                               int64_t out_stride) const {
-  const int64_t bags = ids.num_bags();
-  const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
-  // The batch over its unique rows, k-th in first-occurrence order.
+  // The batch over its unique rows: id p becomes the index of its row in
+  // `rows`, which the rows gathered below are laid out in.
   absl::flat_hash_map<int64_t, int64_t> index;
   std::vector<int64_t> rows;
   data::SparseFeature local;
   local.offsets = ids.offsets;
-  local.ids.resize(total);
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t row = ids.ids[p];
-    if (row < 0 || row >= spec_.rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", spec_.table_index, ": id ", row,
-                       " at position ", p, " outside [0, ", spec_.rows, ")"));
-    }
-    const auto [it, inserted] =
-        index.try_emplace(row, static_cast<int64_t>(rows.size()));
-    if (inserted) rows.push_back(row);
-    local.ids[p] = it->second;
-  }
+  RETURN_IF_ERROR(UniqueRows(ids, &index, &rows, &local.ids));
 
   // Why this is each row's value after the caller's last BackwardUpdate:
   // values change only in BackwardUpdate and WriteRows, which never run

@@ -223,6 +223,14 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Counts the retries in metrics_.
   absl::Status WriteRecordsRetrying(const int64_t* rows, const float* records,
                                     size_t count, bool with_step);
+  // The unique rows of `ids` into *rows in first-occurrence order, the
+  // index of every id's row in *rows into *unique_of_pos, with *index (row
+  // -> that index) as the scratch map. InvalidArgument naming the table, the
+  // id and its position for an id outside [0, rows).
+  absl::Status UniqueRows(const data::SparseFeature& ids,
+                          absl::flat_hash_map<int64_t, int64_t>* index,
+                          std::vector<int64_t>* rows,
+                          std::vector<int64_t>* unique_of_pos) const;
   // FailedPrecondition unless `prepared` is the last successful Prepare's.
   absl::Status CheckPrepared(const data::SparseFeature& prepared) const;
   // Waits for this store's background reads and returns a failed one's

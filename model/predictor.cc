@@ -70,6 +70,8 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
       generation_ = generation;
     }
     *step = model_->steps();
+    // The stores are asked for under the lock: a restore replaces those of
+    // tables on RocksDB.
 #pragma omp parallel for schedule(dynamic, 1)
     for (int k = 0; k < num_tables; ++k) {
       pooled_[k] = model_->WholeStore(k)->PoolReadOnly(

@@ -57,9 +57,6 @@ class SnapshotPredictor {
   // backend marks its bf16 copies stale when asked); the pointers stay
   // valid for the model's life.
   const std::vector<dense::ParamRef> model_params_;
-  // Table k's store is asked for (Model::WholeStore) at each prediction,
-  // under weights_mutex(): a restore replaces the stores of tables on
-  // RocksDB.
 
   std::mutex mu_;  // one prediction at a time
   // The dense part's copy and workspace, and each table's pooling status;
