@@ -269,35 +269,45 @@ TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
   EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
 }
 
-TEST(SnapshotPredictorTest, SeesARestoreWhole) {
-  const ModelConfig c = FastLearning(OptimizerConfig::SGD);
+// A predictor made before a checkpoint restore predicts with the restored
+// weights afterwards. With `rocksdb` the model's tables are on RocksDB, whose
+// stores the restore replaces under the predictor.
+void CheckRestore(bool rocksdb) {
+  const ScratchDir db_dir(rocksdb ? "restore_db" : "restore_unused");
+  const ModelConfig c =
+      rocksdb ? OnRocksDb(BiggerTables(FastLearning(OptimizerConfig::SGD)),
+                          db_dir.path())
+              : FastLearning(OptimizerConfig::SGD);
   const std::vector<data::Batch> train = Batches(c, 5, 64, 3);
   const data::Batch probe = Batches(c, 1, 16, 99)[0];
   auto trained = Model::Create(c);
   ASSERT_TRUE(trained.ok());
   for (const data::Batch& b : train) ASSERT_TRUE((*trained)->TrainStep(b).ok());
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("predictor_test_" + std::to_string(::getpid())))
-                              .string();
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(SaveCheckpoint(**trained, dir).ok());
+  const ScratchDir dir("restore");
+  ASSERT_TRUE(SaveCheckpoint(**trained, dir.path()).ok());
   std::vector<float> want;
   ASSERT_TRUE((*trained)->Predict(probe, &want).ok());
 
   auto fresh = Model::Create(c);
   ASSERT_TRUE(fresh.ok());
+  ASSERT_EQ((*fresh)->HasRocksDbShards(), rocksdb);
   auto predictor = SnapshotPredictor::Create(fresh->get());
   ASSERT_TRUE(predictor.ok());
   std::vector<float> before, after;
   int64_t step = -1;
   ASSERT_TRUE((*predictor)->Predict(probe, &before, &step).ok());
   EXPECT_EQ(step, 0);
-  ASSERT_TRUE(RestoreCheckpoint(**fresh, dir).ok());
+  ASSERT_TRUE(RestoreCheckpoint(**fresh, dir.path()).ok());
   ASSERT_TRUE((*predictor)->Predict(probe, &after, &step).ok());
   EXPECT_EQ(step, 5);
   EXPECT_LT(MaxDiff(after, want), 1e-6);
   EXPECT_GT(MaxDiff(after, before), 1e-4);
-  std::filesystem::remove_all(dir);
+}
+
+TEST(SnapshotPredictorTest, SeesARestoreWhole) { CheckRestore(false); }
+
+TEST(SnapshotPredictorTest, SeesARestoreOfTablesOnRocksDbWhole) {
+  CheckRestore(true);
 }
 
 // A model with a table on RocksDB behind a cache of 6 rows (of 20) is
