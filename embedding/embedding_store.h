@@ -100,7 +100,8 @@ struct StoreMetrics {
 // CachedStore (cached_store.h, slots in front of a backing store) and, in
 // builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
-// background prefetch, which it synchronises itself).
+// background prefetch, which it synchronises itself), except PoolReadOnly,
+// which other threads may call beside that caller (see there).
 class EmbeddingStore {
  public:
   virtual ~EmbeddingStore() = default;
@@ -151,6 +152,21 @@ class EmbeddingStore {
   // Optional: Prepare is correct without it.
   virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
 
+  // Pools each bag of `ids` (table row ids, not a prepared batch) into host
+  // memory at out + s * out_stride from every row's current value, wherever
+  // the row lives, bitwise as Forward on the prepared batch would; changes
+  // nothing in the store (no row becomes resident, no eviction order,
+  // staging or counter moves), so the caller's results are the same with or
+  // without it. Thread-safe beside every other call on the store, its
+  // background jobs included, except the calls that change a row's value
+  // (BackwardUpdate, WriteRows), which the callers keep apart (Model's
+  // weights_mutex()). InvalidArgument naming the table for an id outside
+  // [0, rows) where the tier checks ids (the host tier, like its Prepare,
+  // does not); FailedPrecondition on tiers that cannot read beside their
+  // caller (the device tier); RocksDB failures as Prepare.
+  virtual absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
+                                    int64_t out_stride) const = 0;
+
   // Copies the records of rows [begin, begin + count) into `out`, one after
   // another: each row's dim weights then its StateFloatsPerRow state
   // floats, wherever the row lives; does not make rows resident.
@@ -199,6 +215,12 @@ class HostStore final : public EmbeddingStore {
                               const float* grad, int64_t grad_stride) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status Prefetch(const data::SparseFeature& next_ids) override {
+    return absl::OkStatus();
+  }
+  // EmbeddingTable::Forward on the table itself (it only reads).
+  absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
+                            int64_t out_stride) const override {
+    table_.Forward(ids, out, out_stride);
     return absl::OkStatus();
   }
   absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;

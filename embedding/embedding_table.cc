@@ -244,14 +244,18 @@ void EmbeddingTable::WriteRecord(int64_t row, const float* record) {
 
 void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,
                              int64_t out_stride) const {
+  PoolRows(weights_.data(), dim_, pooling_, ids, out, out_stride);
+}
+
+void PoolRows(const float* weights, int dim, Pooling pooling,
+              const data::SparseFeature& ids, float* out, int64_t out_stride) {
   const int64_t bags = ids.num_bags();
   if (bags == 0) return;
   const int64_t* offsets = ids.offsets.data();
   const int64_t* id = ids.ids.data();
   const int64_t total = offsets[bags];
-  const float* w = weights_.data();
-  const int dim = dim_;
-  const bool mean = pooling_ == POOLING_MEAN;
+  const float* w = weights;
+  const bool mean = pooling == POOLING_MEAN;
 
   auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
     switch (dim) {

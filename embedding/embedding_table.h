@@ -136,6 +136,13 @@ class EmbeddingTable {
   int64_t Deduplicate(const data::SparseFeature& ids);
 };
 
+// EmbeddingTable::Forward's kernel over any rows x dim weight array (ids
+// index its rows, and must be in range): each bag of `ids` pooled into
+// out + s * out_stride, bitwise as reference::PoolForward. For tiers that
+// gather rows into a buffer of their own before pooling.
+void PoolRows(const float* weights, int dim, Pooling pooling,
+              const data::SparseFeature& ids, float* out, int64_t out_stride);
+
 // Plain loops: the references the optimized kernels are tested against.
 namespace reference {
 

@@ -393,8 +393,10 @@ absl::Status RocksDbCachedStore::WriteRecords(const int64_t* rows,
                   reinterpret_cast<const char*>(records + i * RecordFloats()),
                   record_bytes));
   }
-  const int64_t step = slots_->step();
+  // Only Flush, on the caller's thread, writes the step: the write-backs on
+  // the worker leave the counter (which BackwardUpdate changes) alone.
   if (with_step) {
+    const int64_t step = slots_->step();
     batch.Put(
         family_, kStepKey,
         rocksdb::Slice(reinterpret_cast<const char*>(&step), sizeof(step)));
@@ -480,9 +482,34 @@ absl::Status RocksDbCachedStore::WaitForJobs() {
       WaitForReads().IgnoreError();
       return status;
     }
+    std::lock_guard<std::mutex> lock(cache_mu_);
     writeback_rows_.clear();
   }
   return WaitForReads();
+}
+
+absl::Status RocksDbCachedStore::UniqueRows(
+    const data::SparseFeature& ids,
+    absl::flat_hash_map<int64_t, int64_t>* index, std::vector<int64_t>* rows,
+    std::vector<int64_t>* unique_of_pos) const {
+  const int64_t bags = ids.num_bags();
+  const int64_t total = bags > 0 ? ids.offsets[bags] : 0;
+  index->clear();
+  rows->clear();
+  unique_of_pos->resize(total);
+  for (int64_t p = 0; p < total; ++p) {
+    const int64_t row = ids.ids[p];
+    if (row < 0 || row >= spec_.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", spec_.table_index, ": id ", row,
+                       " at position ", p, " outside [0, ", spec_.rows, ")"));
+    }
+    const auto [it, inserted] =
+        index->try_emplace(row, static_cast<int64_t>(rows->size()));
+    if (inserted) rows->push_back(row);
+    (*unique_of_pos)[p] = it->second;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
@@ -524,7 +551,11 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
 
   // Commit: nothing below fails. Dirty victims are copied out (in row order,
   // which RocksDB inserts fastest) for the background write before the
-  // misses take their slots.
+  // misses take their slots. Where rows live changes under cache_mu_, in one
+  // piece for PoolReadOnly: a dirty victim is in the write-back buffer
+  // before it leaves the slot map, and a miss is in its slot when it enters
+  // the map.
+  std::unique_lock<std::mutex> moving(cache_mu_);
   writeback_rows_ = plan.writeback_rows;
   writeback_records_.resize(writeback_rows_.size() * record_floats);
   for (size_t i = 0; i < writeback_rows_.size(); ++i) {
@@ -538,6 +569,7 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
     CopyRecordToSlot(miss_record_[i], plan.slots[k]);
     staged_index_.erase(plan.rows[k]);
   }
+  moving.unlock();
   metrics_.hits += unique - static_cast<int64_t>(misses);
   metrics_.misses += static_cast<int64_t>(misses);
   metrics_.prefetch_hits += prefetch_hits;
@@ -551,6 +583,7 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
       if (WriteRecords(writeback_rows_.data(), writeback_records_.data(),
                        writeback_rows_.size(), /*with_step=*/false)
               .ok()) {
+        std::lock_guard<std::mutex> lock(cache_mu_);
         writeback_rows_.clear();
       }
     });
@@ -618,6 +651,66 @@ absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
     prefetch_status_ =
         ReadRecords(staged_rows_, staged_records_.data(), &job_metrics_);
   });
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbCachedStore::PoolReadOnly(const data::SparseFeature& ids,
+                                              float* out,
+                                              int64_t out_stride) const {
+  // The batch over its unique rows: id p becomes the index of its row in
+  // `rows`, which the rows gathered below are laid out in.
+  absl::flat_hash_map<int64_t, int64_t> index;
+  std::vector<int64_t> rows;
+  data::SparseFeature local;
+  local.offsets = ids.offsets;
+  RETURN_IF_ERROR(UniqueRows(ids, &index, &rows, &local.ids));
+
+  // Why this is each row's value after the caller's last BackwardUpdate:
+  // values change only in BackwardUpdate and WriteRows, which never run
+  // beside this (the contract). Prepare, the write-back and Flush only move
+  // values: Prepare puts a dirty victim into the write-back buffer and takes
+  // it out of the map in one piece under cache_mu_, and the buffer is
+  // emptied, under cache_mu_, only after RocksDB holds it. So under the lock
+  // a row is in a slot, or in the buffer, or RocksDB holds its value (or
+  // lacks it, and it is InitialValue); in the last case RocksDB keeps that
+  // value after the lock is released, since any later write of the row
+  // (evicted again, flushed) carries the same value. The staging area is
+  // not read: it only holds copies of RocksDB's values.
+  const int dim = spec_.dim;
+  const int floats = RecordFloats();
+  std::vector<float> weights(rows.size() * dim);
+  std::vector<int64_t> stored, stored_at;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const float* from = nullptr;
+      if (const int64_t slot = manager_.SlotOf(rows[k]); slot >= 0) {
+        from = slots_->weights() + slot * dim;
+      } else if (const auto wb = std::lower_bound(
+                     writeback_rows_.begin(), writeback_rows_.end(), rows[k]);
+                 wb != writeback_rows_.end() && *wb == rows[k]) {
+        from =
+            writeback_records_.data() + (wb - writeback_rows_.begin()) * floats;
+      }
+      if (from != nullptr) {
+        std::copy_n(from, dim, weights.data() + k * dim);
+      } else {
+        stored.push_back(rows[k]);
+        stored_at.push_back(static_cast<int64_t>(k));
+      }
+    }
+  }
+  if (!stored.empty()) {
+    std::vector<float> records(stored.size() * floats);
+    // The store's counters are its caller's: this read is not counted.
+    StoreMetrics uncounted;
+    RETURN_IF_ERROR(ReadRecords(stored, records.data(), &uncounted));
+    for (size_t j = 0; j < stored.size(); ++j) {
+      std::copy_n(records.data() + j * floats, dim,
+                  weights.data() + stored_at[j] * dim);
+    }
+  }
+  PoolRows(weights.data(), dim, spec_.pooling, local, out, out_stride);
   return absl::OkStatus();
 }
 

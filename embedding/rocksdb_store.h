@@ -115,7 +115,9 @@ std::string ColumnFamilyName(const TableSpec& spec);
 // ReadRow record, little-endian floats), under its 8-byte big-endian row
 // number; rows never written are initialised from InitialValue. Trains
 // bitwise like a HostStore of the same spec. Thread safety as
-// EmbeddingStore.
+// EmbeddingStore: PoolReadOnly may run on other threads beside the
+// caller's Prepare, Prefetch, ReadRows, Flush and the background jobs (it
+// synchronises with them through cache_mu_).
 class RocksDbCachedStore final : public EmbeddingStore {
  public:
   // `db` is borrowed and must outlive the store. Reads the step counter a
@@ -143,6 +145,13 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // last Prepare. A failed background read or write is returned by the next
   // call that waits for it (Prepare, ReadRow, Flush, Prefetch).
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
+  // Each row from its slot, else from the write-back buffer (evicted dirty
+  // rows not yet in RocksDB, or whose write failed), else from RocksDB (or
+  // InitialValue); reads no staging area and changes nothing, so the step
+  // beside it trains bitwise as without it. InvalidArgument naming the table,
+  // the id and its position for an id outside [0, rows).
+  absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
+                            int64_t out_stride) const override;
   absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
   // Waits for the background jobs; rows staged by a prefetch are dropped
   // from the staging area (RocksDB gets their new value).
@@ -173,6 +182,7 @@ class RocksDbCachedStore final : public EmbeddingStore {
   void InitialRecord(int64_t row, float* record) const;
   // Reads `rows` from RocksDB into records (RecordFloats() apart),
   // initialising rows never written; counts rows/bytes read into `metrics`.
+  // Thread-safe (PoolReadOnly reads through it with metrics of its own).
   absl::Status ReadRecords(const std::vector<int64_t>& rows, float* records,
                            StoreMetrics* metrics) const;
   // Writes `count` records (rows[i] from records + i * RecordFloats()), and
@@ -184,6 +194,14 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Counts the retries in metrics_.
   absl::Status WriteRecordsRetrying(const int64_t* rows, const float* records,
                                     size_t count, bool with_step);
+  // The unique rows of `ids` into *rows in first-occurrence order, the
+  // index of every id's row in *rows into *unique_of_pos, with *index (row
+  // -> that index) as the scratch map. InvalidArgument naming the table, the
+  // id and its position for an id outside [0, rows).
+  absl::Status UniqueRows(const data::SparseFeature& ids,
+                          absl::flat_hash_map<int64_t, int64_t>* index,
+                          std::vector<int64_t>* rows,
+                          std::vector<int64_t>* unique_of_pos) const;
   // FailedPrecondition unless `prepared` is the last successful Prepare's.
   absl::Status CheckPrepared(const data::SparseFeature& prepared) const;
   // Waits for this store's background reads and returns a failed one's
@@ -205,6 +223,14 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // eviction order, dirty bits and each batch's plan: slot_manager.h).
   std::unique_ptr<EmbeddingTable> slots_;
   SlotManager manager_;
+  // Keeps PoolReadOnly's lookups apart from the changes to where rows live:
+  // held by the caller's thread while it changes manager_'s slot map
+  // (Commit), copies records into slots (Prepare's commit) or fills or
+  // empties writeback_rows_, and by the worker while it empties
+  // writeback_rows_; the caller reads these without it (it is their only
+  // writer; manager_.Plan changes no slot map). Never held across a RocksDB
+  // call.
+  mutable std::mutex cache_mu_;
   StoreMetrics metrics_;
   // Whether manager_.plan().remapped is the last Prepare's result.
   bool prepared_ = false;
@@ -217,7 +243,8 @@ class RocksDbCachedStore final : public EmbeddingStore {
 
   // Background jobs on db_'s worker (write-back of dirty victims, prefetch
   // reads), in submission order, so a read always sees the writes submitted
-  // before it. While a write is pending only it touches writeback_*; while
+  // before it. While a write is pending only it touches writeback_* (and
+  // PoolReadOnly reads them, under cache_mu_); while
   // a read is pending only it touches prefetch_ids_, staged_*,
   // prefetch_status_ and job_metrics_ (and reads writeback_rows_, after the
   // writes before it, and manager_'s slot map, which only Prepare changes).
@@ -229,7 +256,8 @@ class RocksDbCachedStore final : public EmbeddingStore {
   int pending_reads_ = 0;
   int pending_writes_ = 0;
   // Dirty victims of the last Prepare, sorted by row (so RocksDB inserts
-  // them in key order), waiting to be written; kept until written.
+  // them in key order), waiting to be written; kept until written, and
+  // emptied (under cache_mu_) only once RocksDB holds them.
   std::vector<int64_t> writeback_rows_;
   std::vector<float> writeback_records_;
   // Ids of the last Prefetch, the rows staged from them, their records, and

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/device.h"
 #include "core/status.h"
+#include "embedding/embedding_store.h"
 
 namespace dlrm::model {
 
@@ -23,29 +25,28 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
         "the dense part is not on the CPU: its weights are not read beside "
         "the step");
   }
-  std::vector<const embedding::EmbeddingTable*> tables;
+  // One rank holds every table whole; the host tiers (memory, RocksDB)
+  // pool beside the step, the device tier does not.
   for (int k = 0; k < config.tables_size(); ++k) {
-    const embedding::EmbeddingTable* table = model->WholeHostTable(k);
-    if (table == nullptr) {
+    const embedding::EmbeddingStore* store = model->WholeStore(k);
+    if (store == nullptr || store->memory_space() != MemorySpace::kHost) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", config.tables(k).name(),
-          " is not whole in host memory: its store changes as it is read"));
+          " is in GPU memory: its rows are read through the step's stream"));
     }
-    tables.push_back(table);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<dense::DenseBackend> dense,
                    dense::CreateDenseBackend(config));
   return std::unique_ptr<SnapshotPredictor>(
-      new SnapshotPredictor(model, std::move(dense), std::move(tables)));
+      new SnapshotPredictor(model, std::move(dense)));
 }
 
-SnapshotPredictor::SnapshotPredictor(
-    Model* model, std::unique_ptr<dense::DenseBackend> dense,
-    std::vector<const embedding::EmbeddingTable*> tables)
+SnapshotPredictor::SnapshotPredictor(Model* model,
+                                     std::unique_ptr<dense::DenseBackend> dense)
     : model_(model),
       model_params_(model->dense_params()),
-      tables_(std::move(tables)),
-      dense_(std::move(dense)) {}
+      dense_(std::move(dense)),
+      pooled_(model->config().tables_size()) {}
 
 absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
                                         std::vector<float>* probs,
@@ -56,7 +57,7 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
   const int64_t width = dense_->interaction().input_width;
-  const int num_tables = static_cast<int>(tables_.size());
+  const int num_tables = static_cast<int>(pooled_.size());
   {
     std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
     const uint64_t generation = model_->weights_generation();
@@ -69,9 +70,20 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
       generation_ = generation;
     }
     *step = model_->steps();
+    // The stores are asked for under the lock: a restore replaces those of
+    // tables on RocksDB.
 #pragma omp parallel for schedule(dynamic, 1)
     for (int k = 0; k < num_tables; ++k) {
-      tables_[k]->Forward(batch.sparse[k], t + model_->table_column(k), width);
+      pooled_[k] = model_->WholeStore(k)->PoolReadOnly(
+          batch.sparse[k], t + model_->table_column(k), width);
+    }
+  }
+  for (int k = 0; k < num_tables; ++k) {
+    if (!pooled_[k].ok()) {
+      return absl::Status(
+          pooled_[k].code(),
+          absl::StrCat("table ", model_->config().tables(k).name(), ": ",
+                       pooled_[k].message()));
     }
   }
   // The rest reads only this predictor's copy.

@@ -12,20 +12,22 @@
 #include "absl/status/statusor.h"
 #include "data/batch.h"
 #include "dense/backend.h"
-#include "embedding/embedding_table.h"
 #include "model/model.h"
 
 namespace dlrm::model {
 
 // The model's probabilities for a batch, computed beside its training step
 // rather than between two steps: the embedding rows are pooled straight
-// from the model's host tables, and the dense part runs on a copy of the
-// model's dense parameters in a backend of its own, refreshed when the
-// model's weights have changed. Both are read under the model's
-// weights_mutex() held shared, so a prediction sees the weights of exactly
-// one completed step (or restore), and waits at most for the weight writes
-// in progress (a step's sparse and dense updates, a restore's copy), never
-// for a step's forward, backward or exchanges.
+// from the model's stores with EmbeddingStore::PoolReadOnly (a table in
+// host memory in place; a table on RocksDB from its cache slots, its
+// write-back buffer or the database, without changing the cache), and the
+// dense part runs on a copy of the model's dense parameters in a backend of
+// its own, refreshed when the model's weights have changed. Both are read
+// under the model's weights_mutex() held shared, so a prediction sees the
+// weights of exactly one completed step (or restore), and waits at most for
+// the weight writes in progress (a step's sparse and dense updates, a
+// restore's copy), never for a step's forward, backward, exchanges or cache
+// loads; the step trains bitwise as without it.
 //
 // Thread-safe; predictions run one at a time (the dense copy is their
 // workspace). Borrows the model, which must outlive the predictor.
@@ -33,8 +35,8 @@ class SnapshotPredictor {
  public:
   // FailedPrecondition naming why when the model's weights cannot be read
   // beside its step: several ranks (a prediction is then collective), a
-  // table not in host memory (a RocksDB cache changes as it is read), or a
-  // dense part not on the CPU. Other errors as dense::CreateDenseBackend.
+  // table in GPU memory (read through the step's stream), or a dense part
+  // not on the CPU. Other errors as dense::CreateDenseBackend.
   static absl::StatusOr<std::unique_ptr<SnapshotPredictor>> Create(
       Model* model);
 
@@ -42,13 +44,12 @@ class SnapshotPredictor {
   // and into *step (not null) the number of the step whose weights gave
   // them (Model::steps() then). InvalidArgument naming the field and the
   // sample for a batch the model does not take, or an empty one (nothing
-  // is read then).
+  // is read then); a RocksDB read's error as EmbeddingStore::PoolReadOnly.
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
                        int64_t* step);
 
  private:
-  SnapshotPredictor(Model* model, std::unique_ptr<dense::DenseBackend> dense,
-                    std::vector<const embedding::EmbeddingTable*> tables);
+  SnapshotPredictor(Model* model, std::unique_ptr<dense::DenseBackend> dense);
 
   Model* const model_;
   // The model's dense parameters, taken once at creation: asking its
@@ -56,12 +57,12 @@ class SnapshotPredictor {
   // backend marks its bf16 copies stale when asked); the pointers stay
   // valid for the model's life.
   const std::vector<dense::ParamRef> model_params_;
-  // Table k's rows, whole, in the model's host memory.
-  const std::vector<const embedding::EmbeddingTable*> tables_;
 
   std::mutex mu_;  // one prediction at a time
-  // The dense part's copy and workspace; guarded by mu_.
+  // The dense part's copy and workspace, and each table's pooling status;
+  // guarded by mu_.
   std::unique_ptr<dense::DenseBackend> dense_;
+  std::vector<absl::Status> pooled_;
   // The model's weights_generation() dense_'s parameters were copied at,
   // kNeverCopied before the first copy; guarded by mu_.
   static constexpr uint64_t kNeverCopied = ~uint64_t{0};

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -551,6 +552,21 @@ int HealthCheck(const std::string& target, const Flags& f, double timeout_s) {
   return serving == 1 ? 0 : 1;
 }
 
+// Reads the tokens of --auth-token-file and --join-token-file, where given,
+// into f->server.auth.token and f->join_token; ReadSecretFile's errors,
+// naming the flag.
+absl::Status ReadSecrets(Flags* f) {
+  if (!f->auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(f->server.auth.token,
+                     ReadSecretFile(f->auth_token_file, "--auth-token-file"));
+  }
+  if (!f->join_token_file.empty()) {
+    ASSIGN_OR_RETURN(f->join_token,
+                     ReadSecretFile(f->join_token_file, "--join-token-file"));
+  }
+  return absl::OkStatus();
+}
+
 // True when the run resumes from a checkpoint under --checkpoint-dir.
 bool Resumes(const Flags& f) {
   return f.resume && f.restore.empty() && !f.server.inference_only &&
@@ -658,6 +674,34 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(
   }
   ASSIGN_OR_RETURN(ModelConfig config, ConfigOnDevice(f, f.config));
   return model::Model::Create(config);
+}
+
+// Serves until a signal: prints the "listening" line the launchers wait
+// for, waits for `wait_for_signal` to return the signal, then stops the
+// services after the current step and, with --checkpoint-on-exit, saves
+// <checkpoint-dir>/final with the interrupted job. The save's errors.
+absl::Status ServeUntilSignal(const Flags& f, DlrmServer& server,
+                              const std::function<int()>& wait_for_signal) {
+  std::printf(
+      "dlrm_server: listening on %s metrics %s\n", server.address().c_str(),
+      server.metrics_address().empty() ? "off"
+                                       : server.metrics_address().c_str());
+  std::fflush(stdout);
+  const int signal = wait_for_signal();
+  spdlog::info("{}: finishing the current step and shutting down",
+               signal == SIGINT ? "SIGINT" : "SIGTERM");
+  server.Shutdown();
+  if (f.checkpoint_on_exit) {
+    const std::string dir =
+        (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
+            .string();
+    ASSIGN_OR_RETURN(
+        model::CheckpointInfo info,
+        server.host()->SaveCheckpoint(dir, server.InterruptedJob()));
+    spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
+                 info.bytes);
+  }
+  return absl::OkStatus();
 }
 
 // Rank `f.rank` of a job of several: rank 0 hosts the coordinator at
@@ -824,32 +868,14 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(host), f.server));
-  // From here a signal means the orderly shutdown below, also one that
-  // arrives as soon as the line below is read.
+  // From here a signal means the orderly shutdown, also one that arrives
+  // as soon as the "listening" line is read.
   serving.store(true);
-  std::printf(
-      "dlrm_server: listening on %s metrics %s\n", server->address().c_str(),
-      server->metrics_address().empty() ? "off"
-                                        : server->metrics_address().c_str());
-  std::fflush(stdout);
-
-  {
+  RETURN_IF_ERROR(ServeUntilSignal(f, *server, [] {
     std::unique_lock<std::mutex> lock(signal_mu);
     signal_cv.wait(lock, [] { return signal != 0; });
-  }
-  spdlog::info("{}: finishing the current step and shutting down",
-               signal == SIGINT ? "SIGINT" : "SIGTERM");
-  server->Shutdown();
-  if (f.checkpoint_on_exit) {
-    const std::string dir =
-        (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
-            .string();
-    ASSIGN_OR_RETURN(
-        model::CheckpointInfo info,
-        server->host()->SaveCheckpoint(dir, server->InterruptedJob()));
-    spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
-                 info.bytes);
-  }
+    return signal;
+  }));
   const absl::Status stopped = server->host()->ShutdownRanks();
   if (!stopped.ok()) {
     spdlog::warn("could not shut the other ranks down: {}",
@@ -897,29 +923,11 @@ absl::Status Run(Flags& f) {
       PrecisionName(model->dense_precision()));
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(model), f.server));
-
-  std::printf(
-      "dlrm_server: listening on %s metrics %s\n", server->address().c_str(),
-      server->metrics_address().empty() ? "off"
-                                        : server->metrics_address().c_str());
-  std::fflush(stdout);
-
-  int signal = 0;
-  sigwait(&signals, &signal);
-  spdlog::info("{}: finishing the current step and shutting down",
-               signal == SIGINT ? "SIGINT" : "SIGTERM");
-  server->Shutdown();
-  if (f.checkpoint_on_exit) {
-    const std::string dir =
-        (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
-            .string();
-    ASSIGN_OR_RETURN(
-        model::CheckpointInfo info,
-        server->host()->SaveCheckpoint(dir, server->InterruptedJob()));
-    spdlog::info("saved checkpoint to {} at step {} ({} bytes)", dir, info.step,
-                 info.bytes);
-  }
-  return absl::OkStatus();
+  return ServeUntilSignal(f, *server, [&signals] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    return signal;
+  });
 }
 
 }  // namespace
@@ -1131,25 +1139,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   f.server.max_message_bytes = f.max_message_mb << 20;
-  if (!f.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        dlrm::ReadSecretFile(f.auth_token_file, "--auth-token-file");
-    if (!token.ok()) {
-      std::fprintf(stderr, "dlrm_server: %s\n",
-                   token.status().ToString().c_str());
-      return 1;
-    }
-    f.server.auth.token = *std::move(token);
-  }
-  if (!f.join_token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        dlrm::ReadSecretFile(f.join_token_file, "--join-token-file");
-    if (!token.ok()) {
-      std::fprintf(stderr, "dlrm_server: %s\n",
-                   token.status().ToString().c_str());
-      return 1;
-    }
-    f.join_token = *std::move(token);
+  if (const absl::Status read = dlrm::server::ReadSecrets(&f); !read.ok()) {
+    std::fprintf(stderr, "dlrm_server: %s\n", read.ToString().c_str());
+    return 1;
   }
   const absl::Status s =
       f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::Run(f);

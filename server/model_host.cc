@@ -148,6 +148,12 @@ std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
         model::SnapshotPredictor::Create(serving->group->local_model());
     if (predictor.ok()) {
       serving->predictor = std::move(*predictor);
+      spdlog::info(
+          "predictions run beside training steps, on the weights of the last "
+          "completed one{}",
+          serving->group->local_model()->HasRocksDbShards()
+              ? " (tables on RocksDB read through their caches, unchanged)"
+              : "");
     } else {
       spdlog::info("predictions run between training steps: {}",
                    std::string(predictor.status().message()));

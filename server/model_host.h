@@ -1,8 +1,8 @@
 // ModelHost: the one place the server touches the model. It owns the
 // leader's RankGroup (of one rank or several) and serialises what reads or
 // writes the model through it (training steps, checkpoints, exports)
-// behind one mutex. Predictions on a one-process CPU model with every table
-// in host memory run beside a training step instead, on a
+// behind one mutex. Predictions on a one-process CPU model with its tables
+// in host memory or on RocksDB run beside a training step instead, on a
 // model::SnapshotPredictor, from the weights of the last completed step;
 // elsewhere they take the mutex and run between two steps. Either way a
 // prediction never sees a half-updated row. Services and jobs only talk to

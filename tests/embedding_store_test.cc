@@ -11,14 +11,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -787,6 +796,325 @@ TEST_F(StoreTest, FlushedRowsSurviveReopen) {
 
 // ---------------------------------------------------------------- faults
 
+// ------------------------------------------------- reading beside the step
+
+// Every row of a table, one per bag: pooled, each bag is its row's weights.
+data::SparseFeature EveryRow(int64_t rows) {
+  data::SparseFeature f;
+  f.offsets.resize(rows + 1);
+  f.ids.resize(rows);
+  for (int64_t r = 0; r <= rows; ++r) f.offsets[r] = r;
+  for (int64_t r = 0; r < rows; ++r) f.ids[r] = r;
+  return f;
+}
+
+// A job on the database's worker that holds it until Release() (or the
+// gate's end): the store jobs queued behind it stay pending meanwhile.
+class WorkerGate {
+ public:
+  explicit WorkerGate(RowDatabase& db) : state_(std::make_shared<State>()) {
+    db.Submit([state = state_] {
+      std::unique_lock<std::mutex> lock(state->mu);
+      state->cv.wait(lock, [&] { return state->open; });
+    });
+  }
+  ~WorkerGate() { Release(); }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->open = true;
+    }
+    state_->cv.notify_all();
+  }
+
+ private:
+  // Shared with the job, which may still run after the gate is gone.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  std::shared_ptr<State> state_;
+};
+
+bool SameMetrics(const StoreMetrics& a, const StoreMetrics& b) {
+  for (const auto field : StoreMetrics::kFields) {
+    if (a.*field != b.*field) return false;
+  }
+  return true;
+}
+
+std::vector<bool> ResidentRows(const RocksDbCachedStore& store, int64_t rows) {
+  std::vector<bool> resident(rows);
+  for (int64_t r = 0; r < rows; ++r) resident[r] = store.IsResident(r);
+  return resident;
+}
+
+// PoolReadOnly against an in-memory table trained on the same batches:
+// between a Prepare and its BackwardUpdate, with the write-back of the
+// Prepare's dirty victims held pending on the worker (every other step) and
+// a prefetch queued behind it, every row (one per bag) and random bags pool
+// bitwise as the table does, whether the row is resident, evicted dirty and
+// not yet written, or only in RocksDB (written back, or never written). The
+// reads change no counter and no resident row.
+class ReadOnlyTest
+    : public StoreTest,
+      public testing::WithParamInterface<
+          std::tuple<OptimizerConfig::Type, Pooling, EvictionPolicy>> {};
+
+TEST_P(ReadOnlyTest, PoolsEveryRowWhereverItLivesWithoutChangingTheCache) {
+  const auto [type, pooling, eviction] = GetParam();
+  const TableSpec spec = MakeSpec(4, 400, 16, pooling, type);
+  const uint64_t seed = kSeed + 200 + static_cast<int>(type);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  auto db = RowDatabase::Open(Options(40, eviction));
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto made =
+      RocksDbCachedStore::Create(spec, Options(40, eviction), db->get());
+  ASSERT_TRUE(made.ok()) << made.status();
+  RocksDbCachedStore& store = **made;
+  EmbeddingTable reference(spec.table_index, spec.rows, spec.dim, spec.pooling,
+                           spec.optimizer, spec.seed, spec.slice);
+  Rng rng(seed);
+  const int dim = spec.dim;
+  const data::SparseFeature every = EveryRow(spec.rows);
+  std::vector<float> want(spec.rows * dim), got(spec.rows * dim);
+  std::vector<bool> written(spec.rows, false);
+  int64_t resident = 0, pending = 0, stored_written = 0, never_written = 0;
+  data::SparseFeature ids = RandomIds(rng, spec.rows, 8, 4);
+  for (int step = 0; step < 40; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    const data::SparseFeature next = RandomIds(rng, spec.rows, 8, 4);
+    std::vector<bool> dirty_before(spec.rows);
+    for (int64_t r = 0; r < spec.rows; ++r) dirty_before[r] = store.IsDirty(r);
+    const bool hold = step % 2 == 0;
+    std::optional<WorkerGate> gate;
+    if (hold) gate.emplace(**db);
+    absl::StatusOr<const data::SparseFeature*> prepared = store.Prepare(ids);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    ASSERT_TRUE(store.Prefetch(next).ok());
+    const StoreMetrics metrics = store.metrics();
+    const std::vector<bool> cached = ResidentRows(store, spec.rows);
+
+    ASSERT_TRUE(store.PoolReadOnly(every, got.data(), dim).ok());
+    reference.Forward(every, want.data(), dim);
+    ASSERT_TRUE(BitwiseEqual(want, got));
+    const data::SparseFeature bags = RandomIds(rng, spec.rows, 24, 6);
+    std::vector<float> bag_want(24 * dim), bag_got(24 * dim, -1.0f);
+    ASSERT_TRUE(store.PoolReadOnly(bags, bag_got.data(), dim).ok());
+    reference.Forward(bags, bag_want.data(), dim);
+    ASSERT_TRUE(BitwiseEqual(bag_want, bag_got));
+    EXPECT_TRUE(SameMetrics(metrics, store.metrics()));
+    EXPECT_EQ(cached, ResidentRows(store, spec.rows));
+    for (int64_t r = 0; r < spec.rows; ++r) {
+      if (cached[r]) {
+        ++resident;
+      } else if (dirty_before[r]) {
+        // Evicted dirty by this Prepare: pending while the gate holds.
+        written[r] = true;
+        if (hold) ++pending;
+      } else if (written[r]) {
+        ++stored_written;
+      } else {
+        ++never_written;
+      }
+    }
+    if (gate.has_value()) gate->Release();
+
+    const std::vector<float> grad = RandomGrad(rng, 8, dim);
+    reference.BackwardUpdate(ids, grad.data(), dim);
+    ASSERT_TRUE(store.BackwardUpdate(**prepared, grad.data(), dim).ok());
+    ids = next;
+  }
+  std::printf(
+      "rows read: %lld resident, %lld pending write-back, %lld "
+      "written back, %lld never written\n",
+      static_cast<long long>(resident), static_cast<long long>(pending),
+      static_cast<long long>(stored_written),
+      static_cast<long long>(never_written));
+  EXPECT_GT(resident, 0);
+  EXPECT_GT(pending, 0);
+  EXPECT_GT(stored_written, 0);
+  EXPECT_GT(never_written, 0);
+
+  // A bad id is refused, naming the table, the id and its position.
+  const absl::Status bad =
+      store.PoolReadOnly(Bag({3, spec.rows}), got.data(), dim);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("table 4: id 400 at position 1"),
+            std::string::npos)
+      << bad;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ReadOnlyTest,
+    testing::Values(std::make_tuple(OptimizerConfig::SGD, POOLING_SUM,
+                                    EvictionPolicy::kLru),
+                    std::make_tuple(OptimizerConfig::ADAGRAD, POOLING_MEAN,
+                                    EvictionPolicy::kLfu),
+                    std::make_tuple(OptimizerConfig::ADAM, POOLING_SUM,
+                                    EvictionPolicy::kLru)),
+    EquivalenceName);
+
+// What one training run of a cached store gave: the pooled output of every
+// step, every row's final record, the counters and the resident rows.
+struct RunResult {
+  std::vector<std::vector<float>> outputs;
+  std::vector<float> records;
+  StoreMetrics metrics;
+  std::vector<bool> resident;
+};
+
+// Trains a fresh cached store (prefetching the next batch every step) on
+// `batches`, with `grads`. With `reader`, another thread pools `probe`
+// with PoolReadOnly for as long as the training runs, under a shared lock
+// the step takes exclusively only around BackwardUpdate (as the model's
+// weights_mutex()), and records which step's values it read
+// (`completed` steps when it took the lock); the trainer waits for a read
+// every 4 steps so the reads span the run.
+RunResult TrainBesideReader(
+    const TableSpec& spec, const RocksDbStoreOptions& options,
+    const std::vector<data::SparseFeature>& batches,
+    const std::vector<std::vector<float>>& grads,
+    const data::SparseFeature* probe,
+    std::vector<std::pair<int, std::vector<float>>>* reads) {
+  RunResult result;
+  auto db = RowDatabase::Open(options);
+  EXPECT_TRUE(db.ok()) << db.status();
+  auto store = RocksDbCachedStore::Create(spec, options, db->get());
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!db.ok() || !store.ok()) return result;
+  const int dim = spec.dim;
+  const int steps = static_cast<int>(grads.size());
+
+  std::shared_mutex weights;
+  int completed = 0;  // guarded by `weights`
+  std::atomic<bool> done{false};
+  std::atomic<int> read_count{0};
+  std::thread reader;
+  if (probe != nullptr) {
+    reader = std::thread([&] {
+      while (!done.load()) {
+        std::vector<float> out(probe->num_bags() * dim);
+        int at;
+        absl::Status st;
+        {
+          std::shared_lock<std::shared_mutex> lock(weights);
+          at = completed;
+          st = (*store)->PoolReadOnly(*probe, out.data(), dim);
+        }
+        EXPECT_TRUE(st.ok()) << st;
+        if (!st.ok()) break;
+        reads->emplace_back(at, std::move(out));
+        ++read_count;
+      }
+    });
+  }
+  for (int i = 0; i < steps; ++i) {
+    if (probe != nullptr && i % 4 == 0) {
+      const int before = read_count.load();
+      while (read_count.load() == before && !done.load()) {
+        std::this_thread::yield();
+      }
+    }
+    absl::StatusOr<const data::SparseFeature*> prepared =
+        (*store)->Prepare(batches[i]);
+    EXPECT_TRUE(prepared.ok()) << prepared.status();
+    if (!prepared.ok()) break;
+    EXPECT_TRUE((*store)->Prefetch(batches[i + 1]).ok());
+    std::vector<float> out(batches[i].num_bags() * dim);
+    EXPECT_TRUE((*store)->Forward(**prepared, out.data(), dim).ok());
+    result.outputs.push_back(std::move(out));
+    std::unique_lock<std::shared_mutex> writing(weights);
+    EXPECT_TRUE(
+        (*store)->BackwardUpdate(**prepared, grads[i].data(), dim).ok());
+    ++completed;
+  }
+  done.store(true);
+  if (reader.joinable()) reader.join();
+  result.metrics = (*store)->metrics();
+  result.resident = ResidentRows(**store, spec.rows);
+  result.records.resize(spec.rows *
+                        (dim + StateFloatsPerRow(spec.optimizer, dim)));
+  EXPECT_TRUE((*store)->ReadRows(0, spec.rows, result.records.data()).ok());
+  return result;
+}
+
+// Reads on another thread beside the training: each equals, bitwise, the
+// in-memory table's pool after exactly the steps completed when it took
+// the lock (never a row of another step, wherever the row was), and the
+// training gives bitwise the same outputs, rows, counters and resident
+// rows as the same training without the reader.
+TEST_F(StoreTest, ReadOnlyPoolBesideTrainingSeesOneStepAndChangesNothing) {
+  const TableSpec spec =
+      MakeSpec(6, 600, 16, POOLING_SUM, OptimizerConfig::ADAGRAD);
+  const uint64_t seed = kSeed + 300;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  constexpr int kSteps = 60;
+  constexpr int64_t kBags = 10;
+  std::vector<data::SparseFeature> batches;
+  std::vector<std::vector<float>> grads;
+  for (int i = 0; i <= kSteps; ++i) {
+    batches.push_back(RandomIds(rng, spec.rows, kBags, 4));
+  }
+  for (int i = 0; i < kSteps; ++i) {
+    grads.push_back(RandomGrad(rng, kBags, spec.dim));
+  }
+  // Every row, then random bags.
+  data::SparseFeature probe = EveryRow(spec.rows);
+  const data::SparseFeature bags = RandomIds(rng, spec.rows, 32, 6);
+  for (int64_t s = 0; s < bags.num_bags(); ++s) {
+    probe.ids.insert(probe.ids.end(), bags.ids.begin() + bags.offsets[s],
+                     bags.ids.begin() + bags.offsets[s + 1]);
+    probe.offsets.push_back(static_cast<int64_t>(probe.ids.size()));
+  }
+
+  // The in-memory table's pool of the probe after each step.
+  EmbeddingTable reference(spec.table_index, spec.rows, spec.dim, spec.pooling,
+                           spec.optimizer, spec.seed, spec.slice);
+  std::vector<std::vector<float>> expected(kSteps + 1);
+  for (int s = 0; s <= kSteps; ++s) {
+    expected[s].resize(probe.num_bags() * spec.dim);
+    reference.Forward(probe, expected[s].data(), spec.dim);
+    if (s < kSteps) {
+      reference.BackwardUpdate(batches[s], grads[s].data(), spec.dim);
+    }
+  }
+
+  std::vector<std::pair<int, std::vector<float>>> reads;
+  const RunResult alone =
+      TrainBesideReader(spec, Options(48, EvictionPolicy::kLru, "alone"),
+                        batches, grads, nullptr, nullptr);
+  const RunResult beside =
+      TrainBesideReader(spec, Options(48, EvictionPolicy::kLru, "beside"),
+                        batches, grads, &probe, &reads);
+
+  ASSERT_EQ(alone.outputs.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(beside.outputs.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_TRUE(BitwiseEqual(alone.outputs[i], beside.outputs[i]))
+        << "step " << i;
+  }
+  EXPECT_TRUE(BitwiseEqual(alone.records, beside.records));
+  EXPECT_TRUE(SameMetrics(alone.metrics, beside.metrics));
+  EXPECT_EQ(alone.resident, beside.resident);
+  EXPECT_GT(beside.metrics.evictions, 0);
+  EXPECT_GT(beside.metrics.prefetch_hits, 0);
+
+  ASSERT_FALSE(reads.empty());
+  std::set<int> steps_seen;
+  for (const auto& [at, out] : reads) {
+    ASSERT_LE(at, kSteps);
+    steps_seen.insert(at);
+    ASSERT_TRUE(BitwiseEqual(out, expected[at]))
+        << "a read after " << at << " steps is not that step's";
+  }
+  std::printf("%zu reads over %zu steps\n", reads.size(), steps_seen.size());
+  // At least the steps the trainer waited at (every 4th).
+  EXPECT_GE(steps_seen.size(), static_cast<size_t>(kSteps / 4));
+}
+
 // The tier over a disk that fails RocksDB's flushes: its write-backs fail
 // once RocksDB stops taking writes, and the store either recovers (retrying
 // the write) or stops with the error. Small memtables make flushes happen
@@ -920,6 +1248,13 @@ TEST_F(StoreFaultTest, FullDiskStopsTheStepUntilThereIsRoom) {
         // Still full: the retry fails the same way.
         EXPECT_EQ(store_->Prepare(Bag({1})).status().code(),
                   absl::StatusCode::kResourceExhausted);
+        // The rows whose write-back failed are read from its buffer.
+        const data::SparseFeature every = EveryRow(spec_.rows);
+        std::vector<float> want(spec_.rows * spec_.dim),
+            got(spec_.rows * spec_.dim);
+        reference_->Forward(every, want.data(), spec_.dim);
+        EXPECT_TRUE(store_->PoolReadOnly(every, got.data(), spec_.dim).ok());
+        EXPECT_TRUE(BitwiseEqual(want, got));
         fs_->Reset();
         return true;
       });

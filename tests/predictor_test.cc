@@ -1,6 +1,6 @@
 // Tests for model/predictor.h: predictions beside a running training step
-// read the weights of exactly one completed step (never a mix), and models
-// whose weights cannot be read beside the step are refused with the reason.
+// read the weights of exactly one completed step (never a mix), with tables
+// in host memory or on RocksDB, and leave the step's results unchanged.
 #include "model/predictor.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -42,6 +43,43 @@ ModelConfig FastLearning(OptimizerConfig::Type type) {
   return *normalised;
 }
 
+// A scratch directory for the test's RocksDB databases, removed at the end.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name)
+      : path_((std::filesystem::temp_directory_path() /
+               ("predictor_test_" + name + "_" + std::to_string(::getpid())))
+                  .string()) {
+    std::filesystem::remove_all(path_);
+  }
+  ~ScratchDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// `c` with tables of 1000, 400 and 2000 rows: big enough that a cache of
+// 200 rows (which a batch of 64 samples always fits in) evicts every step.
+ModelConfig BiggerTables(ModelConfig c) {
+  c.mutable_tables(0)->set_rows(1000);
+  c.mutable_tables(1)->set_rows(400);
+  c.mutable_tables(2)->set_rows(2000);
+  auto normalised = NormalizeModelConfig(c);
+  EXPECT_TRUE(normalised.ok()) << normalised.status();
+  return *normalised;
+}
+
+// `c` with every table on RocksDB under `dir`, behind caches of 200 rows.
+ModelConfig OnRocksDb(const ModelConfig& c, const std::string& dir) {
+  RocksDbConfig r;
+  r.set_path(dir);
+  r.set_cache_rows(200);
+  auto placed = PlaceTablesOnRocksDb(c, {"all"}, r);
+  EXPECT_TRUE(placed.ok()) << placed.status();
+  return *placed;
+}
+
 std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
                                  uint64_t seed) {
   data::SyntheticOptions o;
@@ -67,12 +105,22 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // Every prediction taken while another thread trains equals, within float
 // noise, the replayed model's prediction after exactly the step it reports,
 // and is far from the steps before and after it: the predictor never saw
-// rows of one step with dense weights (or other rows) of another.
-void CheckSnapshots(OptimizerConfig::Type type) {
-  const ModelConfig c = FastLearning(type);
+// rows of one step with dense weights (or other rows) of another. With
+// `rocksdb`, the model's tables are on RocksDB behind caches that evict
+// every step (each step prefetching the next batch), replayed by the same
+// model in host memory; the training beside the predictions then ends with
+// the replay's weights and with the cache counters of the same training
+// without predictions.
+void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb) {
+  const ModelConfig c =
+      rocksdb ? BiggerTables(FastLearning(type)) : FastLearning(type);
+  const ScratchDir dir(std::string("snapshots_") +
+                       (type == OptimizerConfig::SGD ? "sgd" : "adagrad"));
+  const ModelConfig trained_config = rocksdb ? OnRocksDb(c, dir.path()) : c;
   const int kSteps = 60;
   const std::vector<data::Batch> train = Batches(c, kSteps, 64, 3);
   const data::Batch probe = Batches(c, 1, 32, 99)[0];
+  auto next = [&](int s) { return s + 1 < kSteps ? &train[s + 1] : nullptr; };
 
   // The replay: the model's own prediction after each step.
   auto replay_model = Model::Create(c);
@@ -80,15 +128,18 @@ void CheckSnapshots(OptimizerConfig::Type type) {
   std::vector<std::vector<float>> expected(kSteps + 1);
   for (int s = 0; s <= kSteps; ++s) {
     ASSERT_TRUE((*replay_model)->Predict(probe, &expected[s]).ok());
-    if (s < kSteps) ASSERT_TRUE((*replay_model)->TrainStep(train[s]).ok());
+    if (s < kSteps) {
+      ASSERT_TRUE((*replay_model)->TrainStep(train[s]).ok());
+    }
   }
   for (int s = 0; s < kSteps; ++s) {
     ASSERT_GT(MaxDiff(expected[s], expected[s + 1]), 1e-4)
         << "steps " << s << " and " << s + 1 << " predict alike";
   }
 
-  auto model = Model::Create(c);
+  auto model = Model::Create(trained_config);
   ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->HasRocksDbShards(), rocksdb);
   auto predictor = SnapshotPredictor::Create(model->get());
   ASSERT_TRUE(predictor.ok()) << predictor.status();
 
@@ -112,7 +163,7 @@ void CheckSnapshots(OptimizerConfig::Type type) {
       const int before = predictions.load();
       while (predictions.load() == before) std::this_thread::yield();
     }
-    ASSERT_TRUE((*model)->TrainStep(train[s]).ok());
+    ASSERT_TRUE((*model)->TrainStep(train[s], next(s)).ok());
   }
   done.store(true);
   reader.join();
@@ -128,8 +179,12 @@ void CheckSnapshots(OptimizerConfig::Type type) {
     const double d = MaxDiff(probs, expected[step]);
     EXPECT_LT(d, 1e-6) << "prediction at step " << step
                        << " is not that step's";
-    if (step > 0) EXPECT_GT(MaxDiff(probs, expected[step - 1]), 1e-5);
-    if (step < kSteps) EXPECT_GT(MaxDiff(probs, expected[step + 1]), 1e-5);
+    if (step > 0) {
+      EXPECT_GT(MaxDiff(probs, expected[step - 1]), 1e-5);
+    }
+    if (step < kSteps) {
+      EXPECT_GT(MaxDiff(probs, expected[step + 1]), 1e-5);
+    }
   }
   // After training the predictor reads the final weights.
   std::vector<float> final_probs;
@@ -140,14 +195,46 @@ void CheckSnapshots(OptimizerConfig::Type type) {
   // Predictions really ran while the model trained (they saw more than one
   // step's weights).
   EXPECT_GT(per_step.size(), 1u) << seen.size() << " predictions";
+  if (!rocksdb) return;
+
+  // The caches really moved rows, and the predictions moved none of them:
+  // the weights are the replay's, and the counters (hits, misses,
+  // evictions, prefetch hits, rows read and written) those of the same
+  // training without predictions.
+  const embedding::StoreMetrics beside = (*model)->RocksDbMetrics();
+  EXPECT_GT(beside.evictions, 0);
+  EXPECT_GT(beside.rows_written, 0);
+  EXPECT_GT(beside.prefetch_hits, 0);
+  auto alone = Model::Create(trained_config);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  for (int s = 0; s < kSteps; ++s) {
+    ASSERT_TRUE((*alone)->TrainStep(train[s], next(s)).ok());
+  }
+  const embedding::StoreMetrics without = (*alone)->RocksDbMetrics();
+  for (const auto field : embedding::StoreMetrics::kFields) {
+    EXPECT_EQ(beside.*field, without.*field);
+  }
+  auto want_sum = (*replay_model)->WeightChecksum();
+  auto got_sum = (*model)->WeightChecksum();
+  ASSERT_TRUE(want_sum.ok() && got_sum.ok());
+  EXPECT_EQ(*got_sum, *want_sum);
 }
 
 TEST(SnapshotPredictorTest, PredictionsBesideTrainingSeeOneStepSgd) {
-  CheckSnapshots(OptimizerConfig::SGD);
+  CheckSnapshots(OptimizerConfig::SGD, /*rocksdb=*/false);
 }
 
 TEST(SnapshotPredictorTest, PredictionsBesideTrainingSeeOneStepAdagrad) {
-  CheckSnapshots(OptimizerConfig::ADAGRAD);
+  CheckSnapshots(OptimizerConfig::ADAGRAD, /*rocksdb=*/false);
+}
+
+TEST(SnapshotPredictorTest, PredictionsBesideTrainingOnRocksDbSeeOneStepSgd) {
+  CheckSnapshots(OptimizerConfig::SGD, /*rocksdb=*/true);
+}
+
+TEST(SnapshotPredictorTest,
+     PredictionsBesideTrainingOnRocksDbSeeOneStepAdagrad) {
+  CheckSnapshots(OptimizerConfig::ADAGRAD, /*rocksdb=*/true);
 }
 
 TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
@@ -182,52 +269,86 @@ TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
   EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
 }
 
-TEST(SnapshotPredictorTest, SeesARestoreWhole) {
-  const ModelConfig c = FastLearning(OptimizerConfig::SGD);
+// A predictor made before a checkpoint restore predicts with the restored
+// weights afterwards. With `rocksdb` the model's tables are on RocksDB, whose
+// stores the restore replaces under the predictor.
+void CheckRestore(bool rocksdb) {
+  const ScratchDir db_dir(rocksdb ? "restore_db" : "restore_unused");
+  const ModelConfig c =
+      rocksdb ? OnRocksDb(BiggerTables(FastLearning(OptimizerConfig::SGD)),
+                          db_dir.path())
+              : FastLearning(OptimizerConfig::SGD);
   const std::vector<data::Batch> train = Batches(c, 5, 64, 3);
   const data::Batch probe = Batches(c, 1, 16, 99)[0];
   auto trained = Model::Create(c);
   ASSERT_TRUE(trained.ok());
   for (const data::Batch& b : train) ASSERT_TRUE((*trained)->TrainStep(b).ok());
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("predictor_test_" + std::to_string(::getpid())))
-                              .string();
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(SaveCheckpoint(**trained, dir).ok());
+  const ScratchDir dir("restore");
+  ASSERT_TRUE(SaveCheckpoint(**trained, dir.path()).ok());
   std::vector<float> want;
   ASSERT_TRUE((*trained)->Predict(probe, &want).ok());
 
   auto fresh = Model::Create(c);
   ASSERT_TRUE(fresh.ok());
+  ASSERT_EQ((*fresh)->HasRocksDbShards(), rocksdb);
   auto predictor = SnapshotPredictor::Create(fresh->get());
   ASSERT_TRUE(predictor.ok());
   std::vector<float> before, after;
   int64_t step = -1;
   ASSERT_TRUE((*predictor)->Predict(probe, &before, &step).ok());
   EXPECT_EQ(step, 0);
-  ASSERT_TRUE(RestoreCheckpoint(**fresh, dir).ok());
+  ASSERT_TRUE(RestoreCheckpoint(**fresh, dir.path()).ok());
   ASSERT_TRUE((*predictor)->Predict(probe, &after, &step).ok());
   EXPECT_EQ(step, 5);
   EXPECT_LT(MaxDiff(after, want), 1e-6);
   EXPECT_GT(MaxDiff(after, before), 1e-4);
-  std::filesystem::remove_all(dir);
 }
 
-TEST(SnapshotPredictorTest, RefusesTablesOnRocksDb) {
-  ModelConfig c = Tiny();
+TEST(SnapshotPredictorTest, SeesARestoreWhole) { CheckRestore(false); }
+
+TEST(SnapshotPredictorTest, SeesARestoreOfTablesOnRocksDbWhole) {
+  CheckRestore(true);
+}
+
+// A model with a table on RocksDB behind a cache of 6 rows (of 20) is
+// predicted beside its step, also for batches with more unique ids than its
+// cache holds; its predictions equal those of the same model in host
+// memory, and a bad id is refused naming the field before any store is
+// read.
+TEST(SnapshotPredictorTest, ServesTablesOnRocksDb) {
+  const ModelConfig host = Tiny();
+  ModelConfig c = host;
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
-  c.mutable_rocksdb()->set_path(
-      (std::filesystem::temp_directory_path() /
-       ("predictor_test_db_" + std::to_string(::getpid())))
-          .string());
+  const ScratchDir dir("db");
+  c.mutable_rocksdb()->set_path(dir.path());
+  c.mutable_rocksdb()->set_cache_rows(6);
   auto normalised = NormalizeModelConfig(c);
   ASSERT_TRUE(normalised.ok()) << normalised.status();
   auto model = Model::Create(*normalised);
   ASSERT_TRUE(model.ok()) << model.status();
+  auto in_memory = Model::Create(host);
+  ASSERT_TRUE(in_memory.ok()) << in_memory.status();
   auto predictor = SnapshotPredictor::Create(model->get());
-  EXPECT_EQ(predictor.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(predictor.status().message().find("t1"), std::string::npos)
-      << predictor.status();
+  ASSERT_TRUE(predictor.ok()) << predictor.status();
+  // Two samples a step: at most 6 ids of the table on RocksDB.
+  for (const data::Batch& b : Batches(host, 8, 2, 5)) {
+    ASSERT_TRUE((*model)->TrainStep(b).ok());
+    ASSERT_TRUE((*in_memory)->TrainStep(b).ok());
+  }
+  EXPECT_GT((*model)->RocksDbMetrics().evictions, 0);
+  const data::Batch batch = Batches(host, 1, 40, 8)[0];
+  std::vector<float> want, got;
+  int64_t step = -1;
+  ASSERT_TRUE((*predictor)->Predict(batch, &got, &step).ok());
+  ASSERT_TRUE((*in_memory)->Predict(batch, &want).ok());
+  EXPECT_EQ(step, 8);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(MaxDiff(got, want), 1e-6);
+  data::Batch bad = batch;
+  bad.sparse[1].ids[0] = -1;
+  const absl::Status st = (*predictor)->Predict(bad, &got, &step);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
 }
 
 }  // namespace

@@ -228,6 +228,13 @@ absl::Status CudaStore::ReadRows(int64_t begin, int64_t count, float* out) {
   return absl::OkStatus();
 }
 
+absl::Status CudaStore::PoolReadOnly(const data::SparseFeature& ids, float* out,
+                                     int64_t out_stride) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "table ", spec_.table_index,
+      ": rows in GPU memory are not read beside the store's stream"));
+}
+
 absl::Status CudaStore::WriteRows(int64_t begin, int64_t count,
                                   const float* records) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));

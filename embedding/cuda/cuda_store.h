@@ -89,6 +89,10 @@ class CudaStore final : public EmbeddingStore {
   absl::Status Prefetch(const data::SparseFeature& next_ids) override {
     return absl::OkStatus();
   }
+  // FailedPrecondition: the rows are read through the stream, which the
+  // store's caller owns; they are not read beside it.
+  absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
+                            int64_t out_stride) const override;
   absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
   absl::Status WriteRows(int64_t begin, int64_t count,
                          const float* records) override;
