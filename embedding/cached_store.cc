@@ -212,6 +212,14 @@ absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
   return absl::OkStatus();
 }
 
+absl::Status CachedStore::PoolReadOnly(const data::SparseFeature& ids,
+                                       float* out, int64_t out_stride) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "table ", spec_.table_index,
+      ": a cached table's rows are not read beside the caller that prepares "
+      "its batches"));
+}
+
 absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
   RETURN_IF_ERROR(backing_->ReadRows(begin, count, out));

@@ -139,6 +139,11 @@ class CachedStore final : public EmbeddingStore {
   // it overlaps the queued kernels), replacing the last call's. Ids outside
   // [0, rows) are left for Prepare to report. The backing store's errors.
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
+  // FailedPrecondition: the slot map and the slots change as the caller
+  // prepares batches, unguarded (predictions read such tables between
+  // steps).
+  absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
+                            int64_t out_stride) const override;
   // The backing store's records, with resident rows' taken from their
   // slots.
   absl::Status ReadRows(int64_t begin, int64_t count, float* out) override;
