@@ -136,9 +136,10 @@ class RankGroup {
       const std::string& dir, const std::string& job = "");
 
   // Leader: every rank takes part in model::RestoreCheckpoint of `dir`,
-  // which reads a checkpoint of any rank count and plan. NotFound when `dir`
-  // holds no checkpoint; FailedPrecondition when its architecture differs
-  // from the job's; on error no rank changes.
+  // which reads a checkpoint of any rank count and plan; predictions beside
+  // training (ranks_predictor()) wait for it. NotFound when `dir` holds no
+  // checkpoint; FailedPrecondition when its architecture differs from the
+  // job's; on error no rank changes.
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 

@@ -35,6 +35,7 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
+#include "server/model_host.h"
 #include "server/rank_group.h"
 
 extern char** environ;
@@ -150,7 +151,9 @@ struct WorkerArgs {
   // "train": kSteps steps through server::RankGroup while rank 0 predicts
   // on another thread; "blocked": rank 0 predicts while its step waits for
   // rank 1, which joins the step only after those predictions; "skewed":
-  // rank 1's step count differs, so no prediction agrees on a step.
+  // rank 1's step count differs, so no prediction agrees on a step;
+  // "fallback": the same through server::ModelHost, which then predicts
+  // between steps.
   std::string mode;
   std::string kind;
   int world = 2;
@@ -335,6 +338,21 @@ absl::Status RunWorker(const WorkerArgs& a) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
                    Model::Create(c, plan, comm.get()));
   const std::vector<data::Batch> batches = GlobalBatches(c);
+  if (a.mode == "fallback") {
+    if (a.rank != 0) m->set_steps(100);
+    server::RankGroupOptions ro;
+    ro.heartbeat_seconds = 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<server::RankGroup> group,
+                     server::RankGroup::Create(std::move(comm), std::move(m),
+                                               ro, std::move(predict_comm)));
+    if (a.rank != 0) return group->Follow();
+    ASSIGN_OR_RETURN(std::unique_ptr<server::ModelHost> host,
+                     server::ModelHost::Create(std::move(group), {}));
+    Record r;
+    RETURN_IF_ERROR(host->Predict(Probe(batches), &r.probs, &r.step));
+    RETURN_IF_ERROR(host->ShutdownRanks());
+    return WriteRecords({r}, a.out);
+  }
   if (a.mode == "train") {
     server::RankGroupOptions ro;
     ro.heartbeat_seconds = 1;
@@ -530,6 +548,21 @@ TEST_P(RanksPredictorSkewedTest, GivesUpAfterItsAttempts) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorSkewedTest,
                          testing::Values(Case{"row", 2}), CaseName);
+
+class RanksPredictorFallbackTest : public RanksPredictorTest {};
+
+// Through server::ModelHost, a prediction whose ranks never agree on a step
+// runs between two steps instead, with the leader's step count.
+TEST_P(RanksPredictorFallbackTest, PredictsBetweenStepsInstead) {
+  const std::vector<Record> records = Run("fallback");
+  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].step, 0);
+  EXPECT_LE(MaxDiff(records[0].probs, want[0]), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorFallbackTest,
+                         testing::Values(Case{"column", 2}), CaseName);
 
 TEST(RanksPredictorCreateTest, OneRankIsSnapshotPredictorsCase) {
   auto m = Model::Create(TestConfig());
