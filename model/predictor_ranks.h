@@ -84,7 +84,8 @@ class RanksPredictor {
 
   // Leader: no prediction reads weights on any rank while the returned lock
   // is held (for a checkpoint restore, which may set every rank's step
-  // count back).
+  // count back). Predict and Stop wait for it: the holder must not call
+  // them.
   std::unique_lock<std::mutex> Pause();
 
   // Leader: tells the followers' Serve loops to return; later Predicts

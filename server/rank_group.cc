@@ -173,7 +173,9 @@ absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
     spdlog::error("{}", std::string(broken_.message()));
     // A broken job serves no prediction either: the followers' prediction
     // loops end (unless the prediction communicator failed too).
-    if (rank_ == 0 && predictor_ != nullptr) predictor_->Stop().IgnoreError();
+    if (rank_ == 0 && predictor_ != nullptr && !predictions_paused_) {
+      predictor_->Stop().IgnoreError();
+    }
   }
   return broken_;
 }
@@ -702,14 +704,22 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   // otherwise agree on a step number of weights from before and after it.
   std::unique_lock<std::mutex> no_predictions;
   if (predictor_ != nullptr) no_predictions = predictor_->Pause();
-  std::string path = fs::absolute(dir_name).lexically_normal().string();
-  if (world_ > 1) {
-    RETURN_IF_ERROR(
-        SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
-    RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
-  }
+  predictions_paused_ = true;
   model::CheckpointInfo info;
-  RETURN_IF_ERROR(RunCheckpoint(/*save=*/false, path, "", &info));
+  std::string path = fs::absolute(dir_name).lexically_normal().string();
+  absl::Status s;
+  if (world_ > 1) {
+    s = SendCommand(kRestore, static_cast<int64_t>(path.size()), {});
+    if (s.ok()) s = BroadcastString(&path, static_cast<int64_t>(path.size()));
+  }
+  if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", &info);
+  predictions_paused_ = false;
+  if (no_predictions.owns_lock()) no_predictions.unlock();
+  // Broke() left the prediction loops to this, as their lock was held.
+  if (!broken_.ok() && predictor_ != nullptr) {
+    predictor_->Stop().IgnoreError();
+  }
+  RETURN_IF_ERROR(s);
   return info;
 }
 

@@ -275,6 +275,9 @@ class RankGroup {
   mutable std::mutex mu_;  // guards everything below and the collectives
   absl::Status broken_;    // first communicator error
   bool shut_down_ = false;
+  // The leader holds ranks_predictor()'s Pause() (a restore): Broke() then
+  // leaves stopping the prediction loops to the restore.
+  bool predictions_paused_ = false;
   std::chrono::steady_clock::time_point last_command_;
   std::condition_variable heartbeat_cv_;
   bool stop_heartbeat_ = false;

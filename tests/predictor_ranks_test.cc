@@ -153,7 +153,7 @@ struct WorkerArgs {
   // rank 1, which joins the step only after those predictions; "skewed":
   // rank 1's step count differs, so no prediction agrees on a step;
   // "fallback": the same through server::ModelHost, which then predicts
-  // between steps.
+  // between steps; "restore": predictions beside a checkpoint restore.
   std::string mode;
   std::string kind;
   int world = 2;
@@ -228,6 +228,52 @@ absl::Status LeadTraining(server::RankGroup& group,
   RETURN_IF_ERROR(predicted);
   std::printf("rank 0: %zu predictions beside %d steps, %d aborted\n",
               records.size(), kSteps, aborted);
+  RETURN_IF_ERROR(group.Shutdown());
+  return WriteRecords(records, out);
+}
+
+// "restore": rank 0 trains 2 steps, saves a checkpoint, trains 2 more,
+// then restores it (back to step 2) and trains the same 2 steps again while
+// another thread predicts; right after the restore this thread predicts
+// too (the first record).
+absl::Status LeadRestore(server::RankGroup& group,
+                         const std::vector<data::Batch>& batches,
+                         const std::string& out) {
+  RanksPredictor* predictor = group.ranks_predictor();
+  if (predictor == nullptr) {
+    return absl::InternalError("the group has no predictor beside training");
+  }
+  const std::string ckpt = out + ".ckpt";
+  for (int i = 0; i < 4; ++i) {
+    if (i == 2) RETURN_IF_ERROR(group.SaveCheckpoint(ckpt).status());
+    RETURN_IF_ERROR(group.TrainStep(batches[i]).status());
+  }
+  const data::Batch probe = Probe(batches);
+  std::atomic<bool> done{false};
+  std::vector<Record> records(1);
+  absl::Status predicted;
+  std::thread predicting([&] {
+    while (!done.load()) {
+      Record r;
+      const absl::Status s = predictor->Predict(probe, &r.probs, &r.step);
+      if (absl::IsAborted(s)) continue;  // never a mix
+      if (!s.ok()) {
+        predicted = s;
+        return;
+      }
+      records.push_back(std::move(r));
+    }
+  });
+  absl::Status s = group.RestoreCheckpoint(ckpt).status();
+  if (s.ok())
+    s = predictor->Predict(probe, &records[0].probs, &records[0].step);
+  for (int i = 2; i < 4 && s.ok(); ++i) {
+    s = group.TrainStep(batches[i]).status();
+  }
+  done.store(true);
+  predicting.join();
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(predicted);
   RETURN_IF_ERROR(group.Shutdown());
   return WriteRecords(records, out);
 }
@@ -362,6 +408,15 @@ absl::Status RunWorker(const WorkerArgs& a) {
     if (a.rank != 0) return group->Follow();
     return LeadTraining(*group, batches, a.out);
   }
+  if (a.mode == "restore") {
+    server::RankGroupOptions ro;
+    ro.heartbeat_seconds = 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<server::RankGroup> group,
+                     server::RankGroup::Create(std::move(comm), std::move(m),
+                                               ro, std::move(predict_comm)));
+    if (a.rank != 0) return group->Follow();
+    return LeadRestore(*group, batches, a.out);
+  }
   RanksPredictorOptions o;
   o.max_attempts = 3;
   o.heartbeat_seconds = 1;
@@ -478,6 +533,7 @@ class RanksPredictorTest : public testing::TestWithParam<Case> {
     std::vector<Record> records = ReadRecords(out);
     std::filesystem::remove(out);
     std::filesystem::remove(out + ".flag");
+    std::filesystem::remove_all(out + ".ckpt");
     return records;
   }
 };
@@ -547,6 +603,26 @@ TEST_P(RanksPredictorSkewedTest, GivesUpAfterItsAttempts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorSkewedTest,
+                         testing::Values(Case{"row", 2}), CaseName);
+
+class RanksPredictorRestoreTest : public RanksPredictorTest {};
+
+// Predictions beside a restore that sets the ranks back two steps, and the
+// steps trained again after it, are each of one step: the replay's.
+TEST_P(RanksPredictorRestoreTest, PredictionsBesideARestoreSeeOneStep) {
+  const std::vector<Record> records = Run("restore");
+  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records[0].step, 2);
+  for (size_t i = 0; i < records.size(); ++i) {
+    ASSERT_GE(records[i].step, 2) << "prediction " << i;
+    ASSERT_LE(records[i].step, 4) << "prediction " << i;
+    ASSERT_LE(MaxDiff(records[i].probs, want[records[i].step]), kTolerance)
+        << "prediction " << i << " reports step " << records[i].step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorRestoreTest,
                          testing::Values(Case{"row", 2}), CaseName);
 
 class RanksPredictorFallbackTest : public RanksPredictorTest {};
