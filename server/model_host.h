@@ -211,8 +211,8 @@ class ModelHost {
   // and into *step (when not null) the number of training steps of the
   // weights that gave them. Beside a running step where the model allows it
   // (model::SnapshotPredictor, model::RanksPredictor), else between two
-  // steps. InvalidArgument for a
-  // batch that does not fit; Unavailable after ShutdownRanks().
+  // steps. InvalidArgument for a batch that does not fit; Unavailable after
+  // ShutdownRanks().
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
                        int64_t* step = nullptr);
 
