@@ -636,6 +636,7 @@ absl::Status RankGroup::FollowCommands() {
       case kRestore:
         s = BroadcastString(&path, command[1]);
         if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", nullptr);
+        if (broken_.ok()) RestoreDone().IgnoreError();
         break;
       case kChecksum:
         s = RunChecksum(nullptr);
@@ -713,6 +714,8 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
     if (s.ok()) s = BroadcastString(&path, static_cast<int64_t>(path.size()));
   }
   if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", &info);
+  // Every rank has applied the checkpoint before a prediction reads again.
+  if (world_ > 1 && broken_.ok()) RestoreDone().IgnoreError();
   predictions_paused_ = false;
   if (no_predictions.owns_lock()) no_predictions.unlock();
   // Broke() left the prediction loops to this, as their lock was held.
@@ -721,6 +724,18 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   }
   RETURN_IF_ERROR(s);
   return info;
+}
+
+absl::Status RankGroup::RestoreDone() {
+  // A rank applies a checkpoint after the restore's last agreement, so the
+  // leader may be done before the others have even started: this
+  // all-gather ends only once every rank has.
+  const int64_t done = 1;
+  std::vector<int64_t> all(world_);
+  const absl::Status s =
+      comm_->AllGather(&done, 1, all.data(), comm::DataType::kInt64);
+  if (!s.ok()) return Broke(s, "the end of a restore");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(

@@ -220,6 +220,9 @@ class RankGroup {
   absl::Status RunCheckpoint(bool save, const std::string& dir,
                              const std::string& job,
                              model::CheckpointInfo* info);
+  // Every rank, after a restore that did not break the group: returns once
+  // every rank has applied it (an all-gather). Errors break the group.
+  absl::Status RestoreDone();
   // Follower: its part of ExportWeights (the gathers, then the agreement).
   absl::Status FollowExport();
   // Every rank: all-gathers whether `local` is OK and returns `local`'s
