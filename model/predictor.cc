@@ -16,9 +16,9 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
     Model* model) {
   const ModelConfig& config = model->config();
   if (model->world_size() != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the model runs on ", model->world_size(),
-        " ranks: a prediction is collective and runs between steps"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the model runs on ", model->world_size(),
+                     " ranks: model::RanksPredictor predicts beside its step"));
   }
   if (config.device() != DEVICE_CPU) {
     return absl::FailedPreconditionError(

@@ -34,7 +34,7 @@ namespace dlrm::model {
 class SnapshotPredictor {
  public:
   // FailedPrecondition naming why when the model's weights cannot be read
-  // beside its step: several ranks (a prediction is then collective), a
+  // beside its step: several ranks (model::RanksPredictor's case), a
   // table in GPU memory (read through the step's stream), or a dense part
   // not on the CPU. Other errors as dense::CreateDenseBackend.
   static absl::StatusOr<std::unique_ptr<SnapshotPredictor>> Create(

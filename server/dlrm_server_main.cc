@@ -816,13 +816,22 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     comm_options.job_id = "dlrm-server-dense";
     ASSIGN_OR_RETURN(dense_comm, comm::CreateCommunicator(comm_options));
   }
+  // Predictions beside training on several ranks (docs/server.md
+  // "Predictions beside training") talk on a communicator of their own, so
+  // that their collectives never interleave with a step's.
+  std::unique_ptr<comm::Communicator> predict_comm;
+  if (f.world_size > 1) {
+    comm_options.job_id = "dlrm-server-predict";
+    ASSIGN_OR_RETURN(predict_comm, comm::CreateCommunicator(comm_options));
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<model::Model> model,
       model::Model::Create(config, plan, comm.get(), dense_comm.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
-                   RankGroup::Create(std::move(comm), std::move(model), ro));
+                   RankGroup::Create(std::move(comm), std::move(model), ro,
+                                     std::move(predict_comm)));
 
   if (f.rank != 0) {
     // A follower stops when rank 0 says so; a signal ends it at once.

@@ -159,10 +159,11 @@ std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
                    std::string(predictor.status().message()));
     }
   } else {
-    spdlog::info(
-        "predictions run between training steps: the model runs on {} "
-        "ranks",
-        serving->group->world_size());
+    serving->ranks = serving->group->ranks_predictor();
+    if (serving->ranks != nullptr) {
+      spdlog::info("predictions run beside training on {} ranks",
+                   serving->group->world_size());
+    }
   }
   return serving;
 }
@@ -368,9 +369,26 @@ absl::Status ModelHost::Predict(const data::Batch& batch,
   if (serving->predictor != nullptr) {
     RETURN_IF_ERROR(serving->predictor->Predict(batch, probs, &at));
   } else {
-    std::lock_guard<std::mutex> lock(model_mu_);
-    RETURN_IF_ERROR(group_->Predict(batch, probs));
-    at = group_->steps();
+    absl::Status beside = absl::UnavailableError("no predictor");
+    if (serving->ranks != nullptr) {
+      beside = serving->ranks->Predict(batch, probs, &at);
+      // Aborted: the ranks kept reporting different steps; Unavailable: its
+      // communicator failed or the group broke. Either way the prediction
+      // runs between two steps below (which fails too for a broken group).
+      if (!beside.ok() && !absl::IsAborted(beside) &&
+          !absl::IsUnavailable(beside)) {
+        return beside;
+      }
+      if (!beside.ok()) {
+        spdlog::debug("prediction between steps: {}",
+                      std::string(beside.message()));
+      }
+    }
+    if (!beside.ok()) {
+      std::lock_guard<std::mutex> lock(model_mu_);
+      RETURN_IF_ERROR(group_->Predict(batch, probs));
+      at = group_->steps();
+    }
   }
   if (step != nullptr) *step = at;
   return absl::OkStatus();

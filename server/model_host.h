@@ -1,9 +1,11 @@
 // ModelHost: the one place the server touches the model. It owns the
 // leader's RankGroup (of one rank or several) and serialises what reads or
 // writes the model through it (training steps, checkpoints, exports)
-// behind one mutex. Predictions on a one-process CPU model with its tables
-// in host memory or on RocksDB run beside a training step instead, on a
-// model::SnapshotPredictor, from the weights of the last completed step;
+// behind one mutex. Predictions on a CPU model run beside a training step
+// instead, from the weights of the last completed step: on one process a
+// model::SnapshotPredictor (tables in host memory or on RocksDB), on several
+// ranks the group's model::RanksPredictor (every table in host memory; it
+// falls back to the mutex when the ranks do not agree on a step);
 // elsewhere they take the mutex and run between two steps. Either way a
 // prediction never sees a half-updated row. Services and jobs only talk to
 // this class.
@@ -209,8 +211,9 @@ class ModelHost {
   // Click probabilities of every sample of `batch` into `probs` (resized),
   // and into *step (when not null) the number of training steps of the
   // weights that gave them. Beside a running step where the model allows it
-  // (model::SnapshotPredictor), else between two steps. InvalidArgument for a
-  // batch that does not fit; Unavailable after ShutdownRanks().
+  // (model::SnapshotPredictor, model::RanksPredictor), else between two
+  // steps. InvalidArgument for a batch that does not fit; Unavailable after
+  // ShutdownRanks().
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
                        int64_t* step = nullptr);
 
@@ -297,6 +300,9 @@ class ModelHost {
   struct Serving {
     std::shared_ptr<RankGroup> group;
     std::unique_ptr<model::SnapshotPredictor> predictor;  // may be null
+    // On several ranks: the group's predictor beside training (may be
+    // null); borrowed from `group`.
+    model::RanksPredictor* ranks = nullptr;
   };
   // The Serving of `group`, with a predictor when its model allows one.
   static std::shared_ptr<Serving> MakeServing(std::shared_ptr<RankGroup> group);

@@ -84,10 +84,12 @@ std::vector<int64_t> SplitSamples(int64_t total, int world) {
 }
 
 RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
+                     std::unique_ptr<comm::Communicator> predict_comm,
                      std::unique_ptr<model::Model> model,
                      RankGroupOptions options)
     : options_(std::move(options)),
       comm_(std::move(comm)),
+      predict_comm_(std::move(predict_comm)),
       model_(std::move(model)),
       rank_(comm_->rank()),
       world_(comm_->world_size()),
@@ -101,14 +103,33 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
 
 absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     std::unique_ptr<comm::Communicator> comm,
-    std::unique_ptr<model::Model> model, RankGroupOptions options) {
+    std::unique_ptr<model::Model> model, RankGroupOptions options,
+    std::unique_ptr<comm::Communicator> predict_comm) {
   if (comm == nullptr || model == nullptr) {
     return absl::InvalidArgumentError(
         "RankGroup needs a communicator and a model");
   }
   RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<RankGroup> g(
-      new RankGroup(std::move(comm), std::move(model), std::move(options)));
+  std::unique_ptr<RankGroup> g(new RankGroup(
+      std::move(comm), std::move(predict_comm), std::move(model), options));
+  if (g->world_ > 1 && g->predict_comm_ != nullptr) {
+    // Every rank has the same config, so every rank decides alike.
+    model::RanksPredictorOptions po;
+    po.heartbeat_seconds = options.heartbeat_seconds;
+    absl::StatusOr<std::unique_ptr<model::RanksPredictor>> predictor =
+        model::RanksPredictor::Create(g->model_.get(), g->predict_comm_.get(),
+                                      po);
+    if (predictor.ok()) {
+      g->predictor_ = std::move(*predictor);
+    } else if (absl::IsFailedPrecondition(predictor.status())) {
+      if (g->rank_ == 0) {
+        spdlog::info("predictions run between training steps: {}",
+                     std::string(predictor.status().message()));
+      }
+    } else {
+      return predictor.status();
+    }
+  }
   if (g->rank_ == 0 && g->world_ > 1) {
     g->heartbeat_ = std::thread([p = g.get()] { p->HeartbeatLoop(); });
   }
@@ -150,6 +171,11 @@ absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
         absl::StrCat("communicator of rank ", rank_, " of ", world_,
                      " failed during ", what, ": ", status.message()));
     spdlog::error("{}", std::string(broken_.message()));
+    // A broken job serves no prediction either: the followers' prediction
+    // loops end (unless the prediction communicator failed too).
+    if (rank_ == 0 && predictor_ != nullptr && !predictions_paused_) {
+      predictor_->Stop().IgnoreError();
+    }
   }
   return broken_;
 }
@@ -538,6 +564,16 @@ absl::Status RankGroup::RunChecksum(uint64_t* checksum) {
 absl::Status RankGroup::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return absl::OkStatus();
+  if (predictor_ != nullptr) {
+    // First, so that a follower's prediction loop has ended by the time
+    // its Follow() returns. A broken prediction communicator leaves that
+    // loop to its own error.
+    const absl::Status stopped = predictor_->Stop();
+    if (!stopped.ok()) {
+      spdlog::warn("could not stop the ranks' prediction loops: {}",
+                   std::string(stopped.message()));
+    }
+  }
   RETURN_IF_ERROR(CheckUsable());
   shut_down_ = true;
   if (world_ == 1) return absl::OkStatus();
@@ -548,6 +584,23 @@ absl::Status RankGroup::Follow() {
   if (rank_ == 0) {
     return absl::FailedPreconditionError("rank 0 leads; it does not follow");
   }
+  if (predictor_ == nullptr) return FollowCommands();
+  std::thread predictions([this] {
+    const absl::Status s = predictor_->Serve();
+    if (!s.ok()) {
+      spdlog::error("rank {}: predictions beside training ended: {}", rank_,
+                    std::string(s.message()));
+    }
+  });
+  const absl::Status s = FollowCommands();
+  // The leader stops the prediction loop before it says Shutdown; when the
+  // leader is gone, the loop's communicator fails too (at the latest after
+  // its op timeout).
+  predictions.join();
+  return s;
+}
+
+absl::Status RankGroup::FollowCommands() {
   std::vector<int64_t> command(kHeader + world_);
   data::Batch slice, next_slice;
   std::string path;
@@ -583,6 +636,7 @@ absl::Status RankGroup::Follow() {
       case kRestore:
         s = BroadcastString(&path, command[1]);
         if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", nullptr);
+        if (broken_.ok()) RestoreDone().IgnoreError();
         break;
       case kChecksum:
         s = RunChecksum(nullptr);
@@ -647,15 +701,41 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
     const std::string& dir_name) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckUsable());
-  std::string path = fs::absolute(dir_name).lexically_normal().string();
-  if (world_ > 1) {
-    RETURN_IF_ERROR(
-        SendCommand(kRestore, static_cast<int64_t>(path.size()), {}));
-    RETURN_IF_ERROR(BroadcastString(&path, static_cast<int64_t>(path.size())));
-  }
+  // A restore may set the ranks' step counts back, so a prediction could
+  // otherwise agree on a step number of weights from before and after it.
+  std::unique_lock<std::mutex> no_predictions;
+  if (predictor_ != nullptr) no_predictions = predictor_->Pause();
+  predictions_paused_ = true;
   model::CheckpointInfo info;
-  RETURN_IF_ERROR(RunCheckpoint(/*save=*/false, path, "", &info));
+  std::string path = fs::absolute(dir_name).lexically_normal().string();
+  absl::Status s;
+  if (world_ > 1) {
+    s = SendCommand(kRestore, static_cast<int64_t>(path.size()), {});
+    if (s.ok()) s = BroadcastString(&path, static_cast<int64_t>(path.size()));
+  }
+  if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", &info);
+  // Every rank has applied the checkpoint before a prediction reads again.
+  if (world_ > 1 && broken_.ok()) RestoreDone().IgnoreError();
+  predictions_paused_ = false;
+  if (no_predictions.owns_lock()) no_predictions.unlock();
+  // Broke() left the prediction loops to this, as their lock was held.
+  if (!broken_.ok() && predictor_ != nullptr) {
+    predictor_->Stop().IgnoreError();
+  }
+  RETURN_IF_ERROR(s);
   return info;
+}
+
+absl::Status RankGroup::RestoreDone() {
+  // A rank applies a checkpoint after the restore's last agreement, so the
+  // leader may be done before the others have even started: this
+  // all-gather ends only once every rank has.
+  const int64_t done = 1;
+  std::vector<int64_t> all(world_);
+  const absl::Status s =
+      comm_->AllGather(&done, 1, all.data(), comm::DataType::kInt64);
+  if (!s.ok()) return Broke(s, "the end of a restore");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(

@@ -26,6 +26,7 @@
 #include "dlrm/service.pb.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "model/predictor_ranks.h"
 
 namespace dlrm::server {
 
@@ -56,9 +57,15 @@ class RankGroup {
   // Takes ownership of `comm` and `model` (built over a communicator of the
   // same ranks: `comm` itself, or for one rank any single-rank one). On
   // rank 0 of a job with several ranks, starts the heartbeat thread.
+  // `predict_comm` (may be null; used only on several ranks): a third
+  // communicator of the same ranks, for predictions beside training
+  // (model::RanksPredictor) when the model allows them; every rank must
+  // pass one or none. Then the leader's ranks_predictor() predicts, and a
+  // follower's Follow() serves its predictions on a thread of its own.
   static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
       std::unique_ptr<comm::Communicator> comm,
-      std::unique_ptr<model::Model> model, RankGroupOptions options);
+      std::unique_ptr<model::Model> model, RankGroupOptions options,
+      std::unique_ptr<comm::Communicator> predict_comm = nullptr);
 
   // Leader: Shutdown() (if not done yet), then stops the heartbeat.
   ~RankGroup();
@@ -73,6 +80,10 @@ class RankGroup {
   // through its weights_mutex() (model::SnapshotPredictor); every other use
   // goes through the methods here.
   model::Model* local_model() { return model_.get(); }
+  // Leader: the predictor that runs predictions beside training on several
+  // ranks, or null (one rank, no prediction communicator, or a model whose
+  // weights cannot be read beside the step). Lives as long as the group.
+  model::RanksPredictor* ranks_predictor() { return predictor_.get(); }
   // Model::dense_precision() of this rank's model.
   DensePrecision dense_precision() const { return model_->dense_precision(); }
 
@@ -125,9 +136,10 @@ class RankGroup {
       const std::string& dir, const std::string& job = "");
 
   // Leader: every rank takes part in model::RestoreCheckpoint of `dir`,
-  // which reads a checkpoint of any rank count and plan. NotFound when `dir`
-  // holds no checkpoint; FailedPrecondition when its architecture differs
-  // from the job's; on error no rank changes.
+  // which reads a checkpoint of any rank count and plan; predictions beside
+  // training (ranks_predictor()) wait for it. NotFound when `dir` holds no
+  // checkpoint; FailedPrecondition when its architecture differs from the
+  // job's; on error no rank changes.
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 
@@ -143,17 +155,23 @@ class RankGroup {
   // failed; Unavailable once the group is broken.
   absl::StatusOr<model::ExportInfo> ExportWeights(const std::string& path);
 
-  // Leader: tells the followers to exit after the current operation. Later
+  // Leader: tells the followers' prediction loops (ranks_predictor()) to
+  // stop, then the followers to exit after the current operation. Later
   // calls return Unavailable. Idempotent.
   absl::Status Shutdown();
 
   // Follower: obeys the leader's commands until it says Shutdown (OK) or the
-  // communicator fails (that error).
+  // communicator fails (that error); meanwhile serves the leader's
+  // predictions beside training on another thread, and returns once that
+  // loop has ended too (told to stop, or its communicator failed).
   absl::Status Follow();
 
  private:
   RankGroup(std::unique_ptr<comm::Communicator> comm,
+            std::unique_ptr<comm::Communicator> predict_comm,
             std::unique_ptr<model::Model> model, RankGroupOptions options);
+  // Follower: obeys the leader's commands (Follow without the predictions).
+  absl::Status FollowCommands();
 
   // Leader, with mu_ held: OK, or Unavailable once broken or shut down.
   absl::Status CheckUsable() const;
@@ -202,6 +220,9 @@ class RankGroup {
   absl::Status RunCheckpoint(bool save, const std::string& dir,
                              const std::string& job,
                              model::CheckpointInfo* info);
+  // Every rank, after a restore that did not break the group: returns once
+  // every rank has applied it (an all-gather). Errors break the group.
+  absl::Status RestoreDone();
   // Follower: its part of ExportWeights (the gathers, then the agreement).
   absl::Status FollowExport();
   // Every rank: all-gathers whether `local` is OK and returns `local`'s
@@ -238,6 +259,8 @@ class RankGroup {
 
   const RankGroupOptions options_;
   std::unique_ptr<comm::Communicator> comm_;
+  // Declared before the model and the predictor, which borrow it.
+  std::unique_ptr<comm::Communicator> predict_comm_;
   std::unique_ptr<model::Model> model_;
   const int rank_, world_;
   std::vector<int64_t> table_rows_;
@@ -255,11 +278,17 @@ class RankGroup {
   mutable std::mutex mu_;  // guards everything below and the collectives
   absl::Status broken_;    // first communicator error
   bool shut_down_ = false;
+  // The leader holds ranks_predictor()'s Pause() (a restore): Broke() then
+  // leaves stopping the prediction loops to the restore.
+  bool predictions_paused_ = false;
   std::chrono::steady_clock::time_point last_command_;
   std::condition_variable heartbeat_cv_;
   bool stop_heartbeat_ = false;
   std::thread heartbeat_;
   std::atomic<int64_t> steps_{0};
+  // Predictions beside training (may be null); declared last so that it
+  // goes first, before the model and communicator it borrows.
+  std::unique_ptr<model::RanksPredictor> predictor_;
 };
 
 // The sizes of `world` contiguous parts of `total` samples: the first

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -36,6 +38,8 @@
 #include "data/rotating_source.h"
 #include "data/source.h"
 #include "data/synthetic.h"
+#include "data/wire.h"
+#include "dlrm/service.grpc.pb.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -584,6 +588,70 @@ TEST_F(LaunchTest, TwoRanksTrainAndPredictLikeOneProcess) {
 
 TEST_F(LaunchTest, ThreeRanksTrainAndPredictLikeOneProcess) {
   CheckAgainstOneProcess(3);
+}
+
+// Predict on two ranks while a Train stream runs: every answer equals a
+// one-process model's after exactly the step its model_step names (the
+// ranks' predictions run beside the step, docs/server.md "Predictions
+// beside training"), and the job still stops cleanly on SIGTERM.
+TEST_F(LaunchTest, TwoRanksPredictBesideATrainStream) {
+  const std::string address = StartRanks(2);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const data::Batch eval = EvalBatch();
+  PredictRequest request;
+  data::BatchToProto(eval, /*labels=*/false, request.mutable_batch());
+  auto stub = Predictor::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::atomic<bool> trained{false};
+  std::vector<double> losses;
+  std::thread training([&] {
+    losses = Train(**client);
+    trained.store(true);
+  });
+  std::vector<PredictResponse> answers;
+  for (bool last = false; !last;) {
+    last = trained.load();
+    grpc::ClientContext context;
+    PredictResponse response;
+    const grpc::Status status = stub->Predict(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    answers.push_back(response);
+  }
+  training.join();
+
+  // The reference: one process, the eval batch's probabilities after each
+  // of Train()'s steps.
+  auto model = model::Model::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto source = Source(11, kBatch * kSteps);
+  std::vector<std::vector<float>> want(kSteps + 1);
+  data::Batch batch;
+  for (int64_t s = 0; s <= kSteps; ++s) {
+    ASSERT_TRUE((*model)->Predict(eval, &want[s]).ok());
+    if (s == kSteps) break;
+    ASSERT_TRUE(*source->Next(kBatch, &batch));
+    ASSERT_TRUE((*model)->TrainStep(batch).ok());
+  }
+  int64_t last_step = 0;
+  for (size_t a = 0; a < answers.size(); ++a) {
+    const PredictResponse& r = answers[a];
+    ASSERT_GE(r.model_step(), last_step) << "answer " << a;
+    ASSERT_LE(r.model_step(), kSteps) << "answer " << a;
+    ASSERT_EQ(r.probabilities_size(), static_cast<int>(eval.size));
+    for (int i = 0; i < r.probabilities_size(); ++i) {
+      ASSERT_NEAR(r.probabilities(i), want[r.model_step()][i], 2e-5)
+          << "answer " << a << " at step " << r.model_step() << ", sample "
+          << i;
+    }
+    last_step = r.model_step();
+  }
+  EXPECT_EQ(answers.back().model_step(), kSteps);
+  EXPECT_NE(ReadText(dir_ / "rank-0.log")
+                .find("predictions run beside training on 2 ranks"),
+            std::string::npos);
+  StopRanks();
 }
 
 // Ranks started by a launcher take their identity from its variables alone

@@ -1,0 +1,349 @@
+// RanksPredictor: the prediction command loop, the pooling of every rank's
+// shards under its shared weights lock, and the agreement on the step.
+#include "model/predictor_ranks.h"
+
+#include <algorithm>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrm::model {
+namespace {
+
+// A command is two words: the op and its argument (kPredict: the batch's
+// sample count).
+enum Op : int64_t { kHeartbeat = 1, kPredict = 2, kStop = 3 };
+constexpr int64_t kCommandWords = 2;
+
+}  // namespace
+
+absl::Status RanksPredictorOptions::Validate() const {
+  if (max_attempts < 1) {
+    return absl::InvalidArgumentError("max_attempts must be at least 1");
+  }
+  if (!(heartbeat_seconds > 0)) {
+    return absl::InvalidArgumentError("heartbeat_seconds must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
+    Model* model, comm::Communicator* comm, RanksPredictorOptions options) {
+  RETURN_IF_ERROR(options.Validate());
+  if (model == nullptr || comm == nullptr) {
+    return absl::InvalidArgumentError(
+        "RanksPredictor needs a model and a communicator");
+  }
+  const ModelConfig& config = model->config();
+  if (model->world_size() == 1) {
+    return absl::FailedPreconditionError(
+        "the model runs on one rank: no prediction is collective");
+  }
+  if (comm->world_size() != model->world_size() ||
+      comm->rank() != model->rank() ||
+      comm->memory_space() != comm::MemorySpace::kHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prediction communicator (rank ", comm->rank(), " of ",
+                     comm->world_size(),
+                     ") must take host memory and match the model's "
+                     "rank ",
+                     model->rank(), " of ", model->world_size()));
+  }
+  if (config.device() != DEVICE_CPU) {
+    return absl::FailedPreconditionError(
+        "the dense part is not on the CPU: its weights are not read beside "
+        "the step");
+  }
+  for (const TableConfig& t : config.tables()) {
+    if (t.storage() != STORAGE_HOST) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", t.name(),
+          " is not in host memory: its store changes as it is read"));
+    }
+  }
+  // LocalShards() is in table then shard order, the exchange's owned()
+  // order for this rank.
+  std::vector<const embedding::EmbeddingTable*> shards;
+  const embedding::ShardingPlan& plan = model->plan();
+  std::vector<ShardRef> owned;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    for (int i = 0; i < static_cast<int>(plan.tables[k].shards.size()); ++i) {
+      if (plan.tables[k].shards[i].rank == model->rank())
+        owned.push_back({k, i});
+    }
+  }
+  const std::vector<Model::ShardState> local = model->LocalShards();
+  if (local.size() != owned.size()) {
+    return absl::InternalError(
+        absl::StrCat("rank ", model->rank(), " holds ", local.size(),
+                     " shards, its plan gives it ", owned.size()));
+  }
+  for (size_t j = 0; j < local.size(); ++j) {
+    if (local[j].table != owned[j].table || local[j].shard != owned[j].shard ||
+        local[j].storage == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", model->rank(), ": local shard ", j, " (table ",
+          config.tables(local[j].table).name(), " shard ", local[j].shard,
+          ") is not the plan's or not in host memory"));
+    }
+    shards.push_back(local[j].storage);
+  }
+  std::unique_ptr<dense::DenseBackend> dense;
+  if (model->rank() == 0) {
+    ASSIGN_OR_RETURN(dense, dense::CreateDenseBackend(config));
+  }
+  std::unique_ptr<RanksPredictor> p(new RanksPredictor(
+      model, comm, std::move(options), std::move(shards), std::move(dense)));
+  if (p->rank_ == 0) {
+    if (p->dense_->interaction().input_width != p->t_width_) {
+      return absl::InternalError(
+          absl::StrCat("the dense copy's interaction input is ",
+                       p->dense_->interaction().input_width,
+                       " wide, the model's ", p->t_width_));
+    }
+    p->heartbeat_ = std::thread([q = p.get()] { q->HeartbeatLoop(); });
+  }
+  return p;
+}
+
+namespace {
+
+// A row of the interaction input: the bottom MLP's output, then every
+// table's pooled vector.
+int InteractionWidth(const Model& model) {
+  const ModelConfig& config = model.config();
+  if (config.tables_size() == 0) return 0;
+  const int last = config.tables_size() - 1;
+  return static_cast<int>(model.table_column(last)) + config.tables(last).dim();
+}
+
+std::vector<int> TableColumns(const Model& model) {
+  std::vector<int> columns;
+  for (int k = 0; k < model.config().tables_size(); ++k) {
+    columns.push_back(static_cast<int>(model.table_column(k)));
+  }
+  return columns;
+}
+
+}  // namespace
+
+RanksPredictor::RanksPredictor(
+    Model* model, comm::Communicator* comm, RanksPredictorOptions options,
+    std::vector<const embedding::EmbeddingTable*> shards,
+    std::unique_ptr<dense::DenseBackend> dense)
+    : model_(model),
+      comm_(comm),
+      options_(std::move(options)),
+      rank_(comm->rank()),
+      world_(comm->world_size()),
+      t_width_(InteractionWidth(*model)),
+      shards_(std::move(shards)),
+      model_params_(model->rank() == 0 ? model->dense_params()
+                                       : std::vector<dense::ParamRef>{}),
+      exchange_(model->config(), model->plan(), comm, TableColumns(*model),
+                t_width_),
+      dense_(std::move(dense)),
+      last_command_(std::chrono::steady_clock::now()) {
+  const ModelConfig& config = model->config();
+  model_parallel_ = exchange_.Restricted([&](int k) {
+    return model->plan().tables[k].kind != SHARDING_DATA_PARALLEL;
+  });
+  for (const ShardRef& ref : exchange_.owned()[rank_]) {
+    const bool replica =
+        model->plan().tables[ref.table].kind == SHARDING_DATA_PARALLEL;
+    ids_index_.push_back(replica ? -1 : static_cast<int>(ids_.size()));
+    if (!replica) ids_.emplace_back();
+  }
+  none_.Reset(config.num_dense_features(), config.tables_size());
+  none_.size = 0;
+}
+
+RanksPredictor::~RanksPredictor() {
+  if (rank_ == 0) Stop().IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_heartbeat_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+absl::Status RanksPredictor::Broke(const absl::Status& status,
+                                   const char* what) {
+  if (broken_.ok()) {
+    broken_ = absl::UnavailableError(
+        absl::StrCat("prediction communicator of rank ", rank_, " of ", world_,
+                     " failed during ", what, ": ", status.message()));
+    spdlog::error("{}", std::string(broken_.message()));
+  }
+  return broken_;
+}
+
+absl::Status RanksPredictor::SendCommand(int64_t op, int64_t arg) {
+  int64_t command[kCommandWords] = {op, arg};
+  last_command_ = std::chrono::steady_clock::now();
+  const absl::Status s =
+      comm_->Broadcast(command, kCommandWords, comm::DataType::kInt64, 0);
+  if (!s.ok()) return Broke(s, "a prediction command");
+  return absl::OkStatus();
+}
+
+void RanksPredictor::HeartbeatLoop() {
+  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(options_.heartbeat_seconds));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_heartbeat_) {
+    heartbeat_cv_.wait_for(lock, period / 2);
+    if (stop_heartbeat_ || stopped_ || !broken_.ok()) continue;
+    if (std::chrono::steady_clock::now() - last_command_ >= period) {
+      // An error is recorded in broken_ and logged by Broke().
+      SendCommand(kHeartbeat, 0).IgnoreError();
+    }
+  }
+}
+
+std::unique_lock<std::mutex> RanksPredictor::Pause() {
+  return std::unique_lock<std::mutex>(mu_);
+}
+
+absl::Status RanksPredictor::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return absl::OkStatus();
+  stopped_ = true;
+  RETURN_IF_ERROR(broken_);
+  return SendCommand(kStop, 0);
+}
+
+absl::Status RanksPredictor::Predict(const data::Batch& batch,
+                                     std::vector<float>* probs, int64_t* step) {
+  if (rank_ != 0) {
+    return absl::FailedPreconditionError(
+        "only rank 0 starts a prediction; the others Serve");
+  }
+  RETURN_IF_ERROR(ValidateBatch(model_->config(), batch));
+  const int64_t n = batch.size;
+  if (n == 0) return absl::InvalidArgumentError("batch: the batch is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(broken_);
+  if (stopped_) {
+    return absl::UnavailableError("predictions beside training were stopped");
+  }
+  ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
+  RETURN_IF_ERROR(SendCommand(kPredict, n));
+  return Run(batch, n, t, probs, step);
+}
+
+absl::Status RanksPredictor::Serve() {
+  if (rank_ == 0) {
+    return absl::FailedPreconditionError("rank 0 leads; it does not Serve");
+  }
+  int64_t command[kCommandWords];
+  for (;;) {
+    const absl::Status s =
+        comm_->Broadcast(command, kCommandWords, comm::DataType::kInt64, 0);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", rank_,
+                       " lost the leader (rank 0) while waiting for a "
+                       "prediction: ",
+                       s.message()));
+    }
+    switch (command[0]) {
+      case kHeartbeat:
+        break;
+      case kPredict: {
+        // Aborted (no agreed step) leaves every rank ready for the next
+        // command; only a communicator error ends the loop.
+        const absl::Status done =
+            Run(none_, command[1], nullptr, nullptr, nullptr);
+        if (!broken_.ok()) return broken_;
+        if (!done.ok() && !absl::IsAborted(done)) {
+          spdlog::warn("rank {}: prediction failed: {}", rank_,
+                       std::string(done.message()));
+        }
+        break;
+      }
+      case kStop:
+        return absl::OkStatus();
+      default:
+        return absl::InternalError(absl::StrCat(
+            "rank ", rank_, ": unknown prediction command ", command[0]));
+    }
+  }
+}
+
+int64_t RanksPredictor::PoolShards(const data::Batch& batch, float* t) {
+  std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
+  const int64_t step = model_->steps();
+  if (rank_ == 0) {
+    const uint64_t generation = model_->weights_generation();
+    if (generation != generation_) {
+      const std::vector<dense::ParamRef>& to = dense_->params();
+      for (size_t i = 0; i < model_params_.size(); ++i) {
+        std::copy_n(model_params_[i].value, model_params_[i].size, to[i].value);
+      }
+      generation_ = generation;
+    }
+  }
+  float* send = exchange_.PooledBuffer();
+  const int64_t stride = exchange_.pooled_stride();
+  const std::vector<ShardRef>& mine = exchange_.owned()[rank_];
+  const int num_local = static_cast<int>(mine.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int j = 0; j < num_local; ++j) {
+    const int k = mine[j].table;
+    if (ids_index_[j] >= 0) {
+      shards_[j]->Forward(ids_[ids_index_[j]], send + exchange_.PooledColumn(j),
+                          stride);
+    } else if (batch.size > 0) {
+      // A replica pools the leader's samples straight into the interaction
+      // input, as the step's data-parallel tables do.
+      shards_[j]->Forward(batch.sparse[k], t + model_->table_column(k),
+                          t_width_);
+    }
+  }
+  return step;
+}
+
+absl::Status RanksPredictor::Run(const data::Batch& batch, int64_t n, float* t,
+                                 std::vector<float>* probs, int64_t* step) {
+  // Every sample is the leader's: the shards pool the whole batch for it.
+  std::vector<int64_t> sizes(world_, 0);
+  sizes[0] = n;
+  exchange_.SetBatchSizes(sizes);
+  std::vector<data::SparseFeature*> out;
+  for (data::SparseFeature& f : ids_) out.push_back(&f);
+  StageTimes times;
+  absl::Status s =
+      exchange_.DistributeIds(batch, sizes, model_parallel_, out, &times);
+  if (!s.ok()) return Broke(s, "a prediction's ids");
+  std::vector<int64_t> steps(world_);
+  int64_t low = 0, high = 0;
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    const int64_t mine = PoolShards(batch, t);
+    s = comm_->AllGather(&mine, 1, steps.data(), comm::DataType::kInt64);
+    if (!s.ok()) return Broke(s, "a prediction's steps");
+    low = *std::min_element(steps.begin(), steps.end());
+    high = *std::max_element(steps.begin(), steps.end());
+    // A rank behind is inside that step's weight writes, or just past its
+    // collectives: its next pooling waits for the writes (its shared lock)
+    // and most likely sees the step the others saw.
+    if (low != high) continue;
+    s = exchange_.GatherPooled(batch, t, &times);
+    if (!s.ok()) return Broke(s, "a prediction's pooled vectors");
+    if (rank_ != 0) return absl::OkStatus();
+    probs->resize(n);
+    *step = low;
+    return dense_->Predict(batch.dense.data(), n, probs->data());
+  }
+  return absl::AbortedError(
+      absl::StrCat("the ranks' weights were of different steps in each of ",
+                   options_.max_attempts, " attempts (last: steps ", low,
+                   " to ", high, ")"));
+}
+
+}  // namespace dlrm::model
