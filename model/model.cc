@@ -180,6 +180,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
                    dense::CreateDenseBackend(config));
   std::unique_ptr<Model> m(new Model(config, plan, comm, std::move(dense)));
   m->dense_comm_ = dense_comm;
+  m->device_comm_ = device_comm;
 
   // The output and backward dists: over device_comm in the CUDA backend's
   // memory, on its stream (or host memory on the CPU backend: a host-staged
@@ -790,7 +791,9 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   // Dense gradients and the loss sum: the top bucket (and the loss) may
   // already be in flight on the dense communicator.
   RETURN_IF_ERROR(overlap.Finish());
-  if (!overlapped) {
+  if (!overlapped && device_comm_ != nullptr) {
+    RETURN_IF_ERROR(ReduceOnDevice(&loss_sum));
+  } else if (!overlapped) {
     RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, &loss_sum));
   }
   times.bytes_sent[StageTimes::kDense] += world_ > 1 ? dense_bytes_ : 0;
@@ -864,6 +867,26 @@ absl::Status Model::ReduceBucket(comm::Communicator* comm,
       flat.data(), static_cast<int64_t>(flat.size()), DataType::kFloat32));
   if (loss_sum != nullptr) *loss_sum = flat.back();
   return dense_->UnpackGradients(bucket);
+}
+
+absl::Status Model::ReduceOnDevice(double* loss_sum) {
+  if (world_ == 1) return absl::OkStatus();
+  // The flat buffer is in the exchange's memory (the backend's device
+  // memory on CUDA, host memory on the CPU backend): the loss goes in and
+  // out of its last float through the exchange memory's copies.
+  ASSIGN_OR_RETURN(const std::span<float> flat,
+                   dense_->PackDeviceGradients(dense::GradBucket::kAll, 1));
+  const int64_t count = static_cast<int64_t>(flat.size());
+  float* loss_at = flat.data() + count - 1;
+  const float loss = static_cast<float>(*loss_sum);
+  ExchangeMemory& memory = exchange_->memory();
+  RETURN_IF_ERROR(memory.Upload(&loss, 1, loss_at, 1, 1, 1));
+  RETURN_IF_ERROR(
+      device_comm_->AllReduceSum(flat.data(), count, DataType::kFloat32));
+  float summed = 0;
+  RETURN_IF_ERROR(memory.Download(&summed, loss_at, 1));
+  *loss_sum = summed;
+  return dense_->UnpackDeviceGradients(dense::GradBucket::kAll);
 }
 
 absl::Status Model::Predict(const data::Batch& batch,

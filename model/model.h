@@ -109,7 +109,8 @@ class Model {
   //
   // With `device_comm` (a device communicator over the same ranks,
   // borrowed likewise: NCCL, single-rank device, or host-staged), the output
-  // and backward dists move device buffers over it: on the CUDA dense
+  // and backward dists, and without `dense_comm` the dense all-reduce, move
+  // device buffers over it: on the CUDA dense
   // backend, device memory, the communicator set to the backend's stream
   // (SetStream) and every model-parallel table's columns of the
   // interaction input written on the device; on the CPU backend, host
@@ -348,6 +349,9 @@ class Model {
   // null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, dense::GradBucket bucket,
                             double* loss_sum);
+  // All-reduces every dense gradient and *loss_sum over device_comm_, in
+  // the dense backend's device memory (PackDeviceGradients).
+  absl::Status ReduceOnDevice(double* loss_sum);
   // Input dist, prepare, lookup and output dist; fills the interaction
   // input for the local batch (the training step's, or Predict's when
   // `predict`: they differ on the device) and leaves the shards' prepared
@@ -378,6 +382,9 @@ class Model {
   std::unique_ptr<comm::Communicator> owned_comm_;
   comm::Communicator* comm_;
   comm::Communicator* dense_comm_ = nullptr;  // optional, for overlap
+  // Optional: the output and backward dists' and, without dense_comm_, the
+  // dense all-reduce's.
+  comm::Communicator* device_comm_ = nullptr;
   int rank_;
   int world_;
 
