@@ -130,10 +130,10 @@ class ShardExchange {
 
   // Backward dist of `dt`, the interaction input's gradient for this
   // rank's samples (in memory(), rows of t_width): returns (in memory())
-  // this rank's shards' gradients
-  // for the global batch, shard i's from GradientOffset(i), one row of its
-  // columns per sample in global order (a row-wise shard of a mean table:
-  // already divided by the bag length). Valid until the next call.
+  // this rank's shards' gradients for the global batch, shard i's from
+  // GradientOffset(i), one row of its columns per sample in global order
+  // (a row-wise shard of a mean table: already divided by the bag length).
+  // Valid until the next call.
   absl::StatusOr<const float*> ScatterGradients(const data::Batch& batch,
                                                 const float* dt,
                                                 StageTimes* times);
@@ -155,8 +155,8 @@ class ShardExchange {
   absl::StatusOr<const float*> AllToAllVectors(
       const float* send, const std::vector<int64_t>& send_counts,
       const std::vector<int64_t>& recv_counts);
-  // Uploads factors_[t x n] (one row of n per entry of `tables`) into
-  // memory()'s kScale buffer: row i of its result scales tables[i].
+  // Copies factors_ (`tables` rows of n per-sample factors) into
+  // memory()'s kScale buffer and returns it.
   absl::StatusOr<const float*> UploadFactors(int64_t n, size_t tables);
 
   ModelConfig config_;

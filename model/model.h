@@ -101,17 +101,17 @@ class Model {
   // One rank of R: `config` normalised; `plan` valid for it with
   // plan.world_size == comm->world_size(). `comm` is borrowed and must
   // outlive the model; it carries the control traffic, the input dist and
-  // (without `dense_comm`) the dense all-reduce; it and `dense_comm` take
-  // host memory (FailedPrecondition otherwise). With `dense_comm` (a second
-  // communicator over the same ranks, also borrowed), dense gradients are
-  // all-reduced in two buckets on a background thread, overlapped with the
-  // rest of the backward pass.
+  // the dense all-reduce (unless dense_comm or device_comm does); it and
+  // `dense_comm` take host memory (FailedPrecondition otherwise). With
+  // `dense_comm` (a second communicator over the same ranks, also
+  // borrowed), dense gradients are all-reduced in two buckets on a
+  // background thread, overlapped with the rest of the backward pass.
   //
   // With `device_comm` (a device communicator over the same ranks,
   // borrowed likewise: NCCL, single-rank device, or host-staged), the output
   // and backward dists, and without `dense_comm` the dense all-reduce, move
-  // device buffers over it: on the CUDA dense
-  // backend, device memory, the communicator set to the backend's stream
+  // device buffers over it: on the CUDA dense backend, device memory, the
+  // communicator set to the backend's stream
   // (SetStream) and every model-parallel table's columns of the
   // interaction input written on the device; on the CPU backend, host
   // memory (then `device_comm` must be host-staged over the CPU Device).
