@@ -135,6 +135,20 @@ class DenseBackend {
                                                          int extra) = 0;
   // Writes PackGradients' buffer (all-reduced) back into the gradients.
   virtual absl::Status UnpackGradients(GradBucket bucket) = 0;
+  // As PackGradients, but the flat buffer is in the memory the backend's
+  // device interaction input lives in, for an all-reduce over a device
+  // communicator on cuda_stream(): on CUDA a device buffer, complete when
+  // this returns; on the CPU, PackGradients' host buffer. Valid until
+  // UnpackDeviceGradients(bucket), which writes it back into the gradients
+  // (on CUDA queued on cuda_stream(), so after the all-reduce queued there
+  // and before Update). From the step's thread only, after BottomBackward.
+  virtual absl::StatusOr<std::span<float>> PackDeviceGradients(
+      GradBucket bucket, int extra) {
+    return PackGradients(bucket, extra);
+  }
+  virtual absl::Status UnpackDeviceGradients(GradBucket bucket) {
+    return UnpackGradients(bucket);
+  }
 
   // The host view of the parameters, for checkpoints, exports and tests:
   // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /

@@ -37,23 +37,19 @@ std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
   return starts;
 }
 
-DataType TypeOf(const float*) { return DataType::kFloat32; }
-DataType TypeOf(const int64_t*) { return DataType::kInt64; }
-
-// One all-to-all: the blocks this rank received, rank after rank
-// (recv_counts), in `recv` (grown as needed). On one rank the block it
-// sends itself is the one it receives: no copy.
-template <typename Vec>
-absl::StatusOr<const typename Vec::value_type*> AllToAll(
-    comm::Communicator* comm, const typename Vec::value_type* send,
-    const std::vector<int64_t>& send_counts, Vec& recv,
+// One all-to-all of the input dist (host memory): the blocks this rank
+// received, rank after rank (recv_counts), in `recv` (grown as needed). On
+// one rank the block it sends itself is the one it receives: no copy.
+absl::StatusOr<const int64_t*> AllToAll(
+    comm::Communicator* comm, const int64_t* send,
+    const std::vector<int64_t>& send_counts, std::vector<int64_t>& recv,
     const std::vector<int64_t>& recv_counts) {
   if (comm->world_size() == 1) return send;
   int64_t total = 0;
   for (const int64_t c : recv_counts) total += c;
-  typename Vec::value_type* out = Sized(recv, total);
+  int64_t* out = Sized(recv, total);
   RETURN_IF_ERROR(
-      comm->AllToAllV(send, send_counts, out, recv_counts, TypeOf(send)));
+      comm->AllToAllV(send, send_counts, out, recv_counts, DataType::kInt64));
   return out;
 }
 
@@ -62,10 +58,14 @@ absl::StatusOr<const typename Vec::value_type*> AllToAll(
 ShardExchange::ShardExchange(const ModelConfig& config,
                              const embedding::ShardingPlan& plan,
                              comm::Communicator* comm,
-                             std::vector<int> table_column, int t_width)
+                             std::vector<int> table_column, int t_width,
+                             comm::Communicator* vectors,
+                             std::unique_ptr<ExchangeMemory> memory)
     : config_(config),
       plan_(plan),
       comm_(comm),
+      vectors_(vectors != nullptr ? vectors : comm),
+      memory_(memory != nullptr ? std::move(memory) : MakeHostExchangeMemory()),
       rank_(comm->rank()),
       world_(comm->world_size()),
       table_column_(std::move(table_column)),
@@ -195,11 +195,50 @@ absl::Status ShardExchange::DistributeIds(
   return absl::OkStatus();
 }
 
-float* ShardExchange::PooledBuffer() {
+absl::StatusOr<float*> ShardExchange::PooledBuffer() {
   // Rank r's block is [its samples x all model-parallel columns] and starts
   // at start(r) x stride, so pooling the global batch at that stride puts
   // every sample's vector in its rank's block.
-  return Sized(send_f_, global_size() * pooled_stride());
+  return memory_->Buffer(ExchangeMemory::kSend,
+                         global_size() * pooled_stride());
+}
+
+float* ShardExchange::HostPooledBuffer() {
+  return Sized(host_pooled_, global_size() * pooled_stride());
+}
+
+absl::Status ShardExchange::UploadPooled(std::span<const int> shards) {
+  if (shards.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(float* send, PooledBuffer());
+  const int64_t stride = pooled_stride();
+  for (const int i : shards) {
+    const int64_t col = pooled_col_[i];
+    RETURN_IF_ERROR(memory_->Upload(host_pooled_.data() + col, stride,
+                                    send + col, stride, global_size(),
+                                    pooled_col_[i + 1] - col));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> ShardExchange::AllToAllVectors(
+    const float* send, const std::vector<int64_t>& send_counts,
+    const std::vector<int64_t>& recv_counts) {
+  if (world_ == 1) return send;
+  int64_t total = 0;
+  for (const int64_t c : recv_counts) total += c;
+  ASSIGN_OR_RETURN(float* out, memory_->Buffer(ExchangeMemory::kRecv, total));
+  RETURN_IF_ERROR(vectors_->AllToAllV(send, send_counts, out, recv_counts,
+                                      DataType::kFloat32));
+  return out;
+}
+
+absl::StatusOr<const float*> ShardExchange::UploadFactors(int64_t n,
+                                                          size_t tables) {
+  const int64_t count = n * static_cast<int64_t>(tables);
+  ASSIGN_OR_RETURN(float* out, memory_->Buffer(ExchangeMemory::kScale, count));
+  RETURN_IF_ERROR(memory_->Upload(factors_.data(), count, out, count,
+                                  count > 0 ? 1 : 0, count));
+  return out;
 }
 
 absl::Status ShardExchange::GatherPooled(const data::Batch& batch, float* t,
@@ -211,17 +250,37 @@ absl::Status ShardExchange::GatherPooled(const data::Batch& batch, float* t,
     out_recv[r] = n * model_stride_[r];
   }
   const std::vector<int64_t> out_recv_at = Prefix(out_recv);
-  ASSIGN_OR_RETURN(const float* recv, AllToAll(comm_, send_f_.data(), out_send,
-                                               recv_f_, out_recv));
+  ASSIGN_OR_RETURN(float* send, PooledBuffer());
+  ASSIGN_OR_RETURN(const float* recv,
+                   AllToAllVectors(send, out_send, out_recv));
   times->bytes_sent[StageTimes::kPooled] += BytesToOthers(out_send, rank_, 4);
 
-  // Column blocks side by side, row-wise partial sums added.
+  // Only the sample's rank knows a whole bag's length: it applies the mean
+  // of row-wise tables (a factor of 1 leaves an empty bag's zeros as they
+  // are).
+  std::vector<int> mean_tables;
+  factors_.clear();
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    if (!IsRowWise(k) || config_.tables(k).pooling() != POOLING_MEAN) continue;
+    mean_tables.push_back(k);
+    for (int64_t l = 0; l < n; ++l) {
+      const int64_t len = batch.sparse[k].bag_size(l);
+      factors_.push_back(len == 0 ? 1.0f : 1.0f / static_cast<float>(len));
+    }
+  }
+  ASSIGN_OR_RETURN(const float* factors, UploadFactors(n, mean_tables.size()));
+
+  // Row-wise tables' columns zeroed, every shard's column block in place
+  // (row-wise partial sums added), then the means.
+  blocks_.clear();
   for (int k = 0; k < config_.tables_size(); ++k) {
     if (!IsRowWise(k)) continue;
-    const int dim = config_.tables(k).dim();
-    for (int64_t l = 0; l < n; ++l) {
-      std::fill_n(t + l * t_width_ + table_column_[k], dim, 0.0f);
-    }
+    ColumnBlock b;
+    b.dst = t + table_column_[k];
+    b.dst_stride = t_width_;
+    b.rows = n;
+    b.cols = config_.tables(k).dim();
+    blocks_.push_back(b);
   }
   for (int o = 0; o < world_; ++o) {
     const float* block = recv + out_recv_at[o];
@@ -229,33 +288,31 @@ absl::Status ShardExchange::GatherPooled(const data::Batch& batch, float* t,
     for (const ShardRef& ref : owned_[o]) {
       if (IsDataParallel(ref.table)) continue;
       const embedding::Shard& s = ShardOf(ref);
-      const bool row_wise = IsRowWise(ref.table);
-      for (int64_t l = 0; l < n; ++l) {
-        const float* src = block + l * model_stride_[o] + col;
-        float* dst = t + l * t_width_ + table_column_[ref.table] + s.col_begin;
-        if (row_wise) {
-          for (int c = 0; c < s.col_count; ++c) dst[c] += src[c];
-        } else {
-          std::memcpy(dst, src, sizeof(float) * s.col_count);
-        }
-      }
+      ColumnBlock b;
+      b.src = block + col;
+      b.src_stride = model_stride_[o];
+      b.dst = t + table_column_[ref.table] + s.col_begin;
+      b.dst_stride = t_width_;
+      b.rows = n;
+      b.cols = s.col_count;
+      b.accumulate = IsRowWise(ref.table);
+      blocks_.push_back(b);
       col += s.col_count;
     }
   }
-  // Only the sample's rank knows a whole bag's length: it applies the mean
-  // of row-wise tables.
-  for (int k = 0; k < config_.tables_size(); ++k) {
-    if (!IsRowWise(k) || config_.tables(k).pooling() != POOLING_MEAN) continue;
-    const int dim = config_.tables(k).dim();
-    for (int64_t l = 0; l < n; ++l) {
-      const int64_t len = batch.sparse[k].bag_size(l);
-      if (len == 0) continue;
-      const float scale = 1.0f / static_cast<float>(len);
-      float* v = t + l * t_width_ + table_column_[k];
-      for (int c = 0; c < dim; ++c) v[c] *= scale;
-    }
+  for (size_t i = 0; i < mean_tables.size(); ++i) {
+    const int k = mean_tables[i];
+    ColumnBlock b;
+    b.src = t + table_column_[k];
+    b.src_stride = t_width_;
+    b.dst = t + table_column_[k];
+    b.dst_stride = t_width_;
+    b.rows = n;
+    b.cols = config_.tables(k).dim();
+    b.row_scale = factors + static_cast<int64_t>(i) * n;
+    blocks_.push_back(b);
   }
-  return absl::OkStatus();
+  return memory_->Columns(blocks_);
 }
 
 absl::StatusOr<const float*> ShardExchange::ScatterGradients(
@@ -278,45 +335,66 @@ absl::StatusOr<const float*> ShardExchange::ScatterGradients(
   }
   const std::vector<int64_t> g_send_at = Prefix(g_send);
   const std::vector<int64_t> g_recv_at = Prefix(g_recv);
-  float* send = Sized(send_f_, g_send_at[world_]);
+  // The same factors the single-rank backward multiplies by, per row-wise
+  // mean table: row i of `factors` is table mean_row[k]'s.
+  std::vector<int> mean_row(config_.tables_size(), -1);
+  int mean_tables = 0;
+  factors_.clear();
+  for (int k = 0; k < config_.tables_size(); ++k) {
+    if (!IsRowWise(k) || config_.tables(k).pooling() != POOLING_MEAN) continue;
+    mean_row[k] = mean_tables++;
+    for (int64_t l = 0; l < n; ++l) {
+      const int64_t len = batch.sparse[k].bag_size(l);
+      factors_.push_back(len > 0 ? 1.0f / static_cast<float>(len) : 0.0f);
+    }
+  }
+  ASSIGN_OR_RETURN(const float* factors, UploadFactors(n, mean_tables));
+  ASSIGN_OR_RETURN(float* send,
+                   memory_->Buffer(ExchangeMemory::kSend, g_send_at[world_]));
+  blocks_.clear();
   for (int o = 0; o < world_; ++o) {
     float* dst = send + g_send_at[o];
     for (const ShardRef& ref : owned_[o]) {
       const embedding::Shard& s = ShardOf(ref);
-      const bool scale = IsRowWise(ref.table) &&
-                         config_.tables(ref.table).pooling() == POOLING_MEAN;
-      for (int64_t l = 0; l < n; ++l) {
-        const float* g =
-            dt + l * t_width_ + table_column_[ref.table] + s.col_begin;
-        if (scale) {
-          const int64_t len = batch.sparse[ref.table].bag_size(l);
-          // The same factor the single-rank backward multiplies by.
-          const float f = len > 0 ? 1.0f / static_cast<float>(len) : 0.0f;
-          for (int c = 0; c < s.col_count; ++c) dst[c] = g[c] * f;
-        } else {
-          std::memcpy(dst, g, sizeof(float) * s.col_count);
-        }
-        dst += s.col_count;
+      ColumnBlock b;
+      b.src = dt + table_column_[ref.table] + s.col_begin;
+      b.src_stride = t_width_;
+      b.dst = dst;
+      b.dst_stride = s.col_count;
+      b.rows = n;
+      b.cols = s.col_count;
+      if (mean_row[ref.table] >= 0) {
+        b.row_scale = factors + static_cast<int64_t>(mean_row[ref.table]) * n;
       }
+      blocks_.push_back(b);
+      dst += n * s.col_count;
     }
   }
-  ASSIGN_OR_RETURN(const float* recv,
-                   AllToAll(comm_, send, g_send, recv_f_, g_recv));
+  RETURN_IF_ERROR(memory_->Columns(blocks_));
+  ASSIGN_OR_RETURN(const float* recv, AllToAllVectors(send, g_send, g_recv));
   times->bytes_sent[StageTimes::kGradients] += BytesToOthers(g_send, rank_, 4);
   // On one rank the received block is already in the shards' layout (shard
   // after shard, every sample).
   if (world_ == 1) return recv;
-  float* regrouped = Sized(regrouped_, grad_at_.back());
+  ASSIGN_OR_RETURN(float* regrouped, memory_->Buffer(ExchangeMemory::kRegrouped,
+                                                     grad_at_.back()));
+  blocks_.clear();
   for (int r = 0; r < world_; ++r) {
     const float* in = recv + g_recv_at[r];
     for (size_t i = 0; i < mine.size(); ++i) {
       const int dim = ShardOf(mine[i]).col_count;
-      const int64_t count = sizes_[r] * dim;
-      std::memcpy(regrouped + grad_at_[i] + starts_[r] * dim, in,
-                  sizeof(float) * count);
-      in += count;
+      ColumnBlock b;
+      b.src = in;
+      b.src_stride = dim;
+      b.dst = regrouped + grad_at_[i] + starts_[r] * dim;
+      b.dst_stride = dim;
+      b.rows = sizes_[r];
+      b.cols = dim;
+      blocks_.push_back(b);
+      in += sizes_[r] * dim;
     }
   }
+  RETURN_IF_ERROR(memory_->Columns(blocks_));
   return regrouped;
 }
 

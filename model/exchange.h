@@ -10,10 +10,15 @@
 //     to every shard (data-parallel replicas included).
 // Every exchange has one layout: what rank a sends rank b is, for each
 // shard b holds (table then shard order), a's local samples in order.
+// The input dist moves host buffers (ids start in the host batch and every
+// store prepares them on the host); the output and backward dists move
+// buffers of an ExchangeMemory (host or CUDA device memory,
+// model/exchange_memory.h), the same layout code for both.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,6 +29,7 @@
 #include "data/batch.h"
 #include "dlrm/config.pb.h"
 #include "embedding/sharding.h"
+#include "model/exchange_memory.h"
 #include "model/stage_times.h"
 
 namespace dlrm::model {
@@ -43,13 +49,26 @@ using ShardLayout = std::vector<std::vector<ShardRef>>;
 class ShardExchange {
  public:
   // `plan` valid for `config`, with plan.world_size == comm->world_size()
-  // (both copied); `comm` (host memory) is borrowed and must outlive the
-  // exchange. A row
-  // of the interaction input is `t_width` floats, table k's pooled vector
-  // from column table_column[k].
+  // (both copied); `comm` (host memory, borrowed, must outlive the
+  // exchange) carries the input dist. `vectors` (borrowed likewise, over the
+  // same ranks) carries the output and backward dists in `memory`'s
+  // buffers; null: `comm`, in host memory. A device communicator takes
+  // CUDA exchange memory, or host exchange memory when it is host-staged
+  // over the CPU Device. A row of the interaction input is `t_width`
+  // floats, table k's pooled vector from column table_column[k].
   ShardExchange(const ModelConfig& config, const embedding::ShardingPlan& plan,
                 comm::Communicator* comm, std::vector<int> table_column,
-                int t_width);
+                int t_width, comm::Communicator* vectors = nullptr,
+                std::unique_ptr<ExchangeMemory> memory = nullptr);
+
+  // The memory space of the output and backward dists' communicator: a
+  // store in this space pools into PooledBuffer and updates from
+  // ScatterGradients' result directly, any other through host copies
+  // (HostPooledBuffer, UploadPooled, memory().Download).
+  MemorySpace memory_space() const { return vectors_->memory_space(); }
+  // Where PooledBuffer, GatherPooled's `t`, ScatterGradients' `dt` and its
+  // result live.
+  ExchangeMemory& memory() { return *memory_; }
 
   // Every shard of every rank (data-parallel replicas included): the layout
   // of the step's exchanges. This rank's shards are owned()[rank], its
@@ -85,28 +104,36 @@ class ShardExchange {
                              std::span<data::SparseFeature* const> out,
                              StageTimes* times);
 
-  // Output dist, first half: the buffer this rank's model-parallel shards
-  // pool the global batch into, shard i (of owned()[rank]) from column
-  // PooledColumn(i) at row stride pooled_stride(); valid until the next
-  // PooledBuffer. Data-parallel replicas have no columns there (they pool
-  // this rank's samples into the interaction input themselves).
-  float* PooledBuffer();
+  // Output dist, first half: the buffer (in memory()) this rank's
+  // model-parallel shards pool the global batch into, shard i (of
+  // owned()[rank]) from column PooledColumn(i) at row stride
+  // pooled_stride(); valid until the next PooledBuffer. Data-parallel
+  // replicas have no columns there (they pool this rank's samples into the
+  // interaction input themselves). ResourceExhausted when memory() cannot
+  // hold it.
+  absl::StatusOr<float*> PooledBuffer();
+  // The same layout in host memory, for shards whose store is not in
+  // memory_space(); UploadPooled(shards) then copies their columns into
+  // PooledBuffer's. Valid until the next HostPooledBuffer.
+  float* HostPooledBuffer();
+  absl::Status UploadPooled(std::span<const int> shards);
   int64_t PooledColumn(int i) const { return pooled_col_[i]; }
   int64_t pooled_stride() const { return pooled_col_.back(); }
 
   // Output dist, second half: sends the pooled vectors to their samples'
-  // ranks and writes this rank's into the interaction input `t`
-  // (batch.size rows): every model-parallel table's columns, row-wise
-  // shards' partial sums added and divided by the bag length for mean
-  // pooling. Columns of data-parallel tables are left as they are.
+  // ranks and writes this rank's into the interaction input `t` (in
+  // memory(), batch.size rows): every model-parallel table's columns,
+  // row-wise shards' partial sums added and divided by the bag length for
+  // mean pooling. Columns of data-parallel tables are left as they are.
   absl::Status GatherPooled(const data::Batch& batch, float* t,
                             StageTimes* times);
 
   // Backward dist of `dt`, the interaction input's gradient for this
-  // rank's samples (rows of t_width): returns this rank's shards' gradients
-  // for the global batch, shard i's from GradientOffset(i), one row of its
-  // columns per sample in global order (a row-wise shard of a mean table:
-  // already divided by the bag length). Valid until the next call.
+  // rank's samples (in memory(), rows of t_width): returns (in memory())
+  // this rank's shards' gradients for the global batch, shard i's from
+  // GradientOffset(i), one row of its columns per sample in global order
+  // (a row-wise shard of a mean table: already divided by the bag length).
+  // Valid until the next call.
   absl::StatusOr<const float*> ScatterGradients(const data::Batch& batch,
                                                 const float* dt,
                                                 StageTimes* times);
@@ -122,10 +149,21 @@ class ShardExchange {
   bool IsRowWise(int table) const {
     return plan_.tables[table].kind == SHARDING_ROW_WISE;
   }
+  // The output or backward dist's all-to-all over vectors_: the blocks
+  // received, rank after rank, in memory()'s kRecv buffer; on one rank the
+  // block this rank sends itself (no copy).
+  absl::StatusOr<const float*> AllToAllVectors(
+      const float* send, const std::vector<int64_t>& send_counts,
+      const std::vector<int64_t>& recv_counts);
+  // Copies factors_ (`tables` rows of n per-sample factors) into
+  // memory()'s kScale buffer and returns it.
+  absl::StatusOr<const float*> UploadFactors(int64_t n, size_t tables);
 
   ModelConfig config_;
   embedding::ShardingPlan plan_;
   comm::Communicator* comm_;
+  comm::Communicator* vectors_;
+  std::unique_ptr<ExchangeMemory> memory_;
   int rank_, world_;
   std::vector<int> table_column_;
   int t_width_;
@@ -138,9 +176,11 @@ class ShardExchange {
   // Per step.
   std::vector<int64_t> sizes_, starts_{0};
   std::vector<int64_t> grad_at_;
-  // Buffers, grown on demand.
+  // Host buffers, grown on demand (the rest are memory_'s).
   std::vector<int64_t> send_i64_, recv_i64_, send_ids_, recv_ids_;
-  AlignedVector<float> send_f_, recv_f_, regrouped_;
+  AlignedVector<float> host_pooled_;
+  std::vector<float> factors_;
+  std::vector<ColumnBlock> blocks_;
 };
 
 // docs/hybrid.md's formula: the bytes `rank` sends to other ranks in one

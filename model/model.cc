@@ -116,7 +116,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     const ModelConfig& requested, const embedding::ShardingPlan& plan,
-    comm::Communicator* comm, comm::Communicator* dense_comm) {
+    comm::Communicator* comm, comm::Communicator* dense_comm,
+    comm::Communicator* device_comm) {
   RETURN_IF_ERROR(plan.Validate(requested));
   // Tiers from rocksdb.host_budget_bytes (per rank), when set: every rank
   // plans the same from the same config and plan.
@@ -127,40 +128,50 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
         absl::StrCat("sharding plan is for ", plan.world_size,
                      " ranks, the communicator has ", comm->world_size()));
   }
-  if (dense_comm != nullptr &&
-      (dense_comm->world_size() != comm->world_size() ||
-       dense_comm->rank() != comm->rank())) {
-    return absl::InvalidArgumentError(
-        "the dense communicator must join the same ranks as the main one");
+  for (const comm::Communicator* c : {dense_comm, device_comm}) {
+    if (c != nullptr &&
+        (c->world_size() != comm->world_size() || c->rank() != comm->rank())) {
+      return absl::InvalidArgumentError(
+          "the dense and device communicators must join the same ranks as "
+          "the main one");
+    }
   }
-  // The step keeps its exchange buffers in host memory (the CUDA step is
-  // not written yet).
+  // Control traffic, ids and the dense all-reduce move host buffers; only
+  // the pooled vectors and their gradients may move device ones.
   for (const comm::Communicator* c : {comm, dense_comm}) {
     if (c != nullptr && c->memory_space() != comm::MemorySpace::kHost) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the model's step exchanges host memory; the communicator takes ",
-          comm::MemorySpaceName(c->memory_space()), " buffers"));
+          "the model's main and dense communicators take host memory; this "
+          "one takes ",
+          comm::MemorySpaceName(c->memory_space()),
+          " buffers (pass a device communicator as device_comm)"));
     }
   }
-  // A table in device memory pools straight into the dense backend's
-  // device interaction input and updates from its gradient there: the step
-  // does that where it exchanges nothing (one rank, no row-wise table).
-  // Across ranks the exchanges still move host buffers.
+  if (device_comm != nullptr &&
+      device_comm->memory_space() != comm::MemorySpace::kDevice) {
+    return absl::FailedPreconditionError(
+        "device_comm takes host memory; it must be a device communicator");
+  }
+  // A table in device memory pools into, and updates from, device memory:
+  // in place where the step exchanges nothing (one rank, no row-wise
+  // table), else through the exchanges over a device communicator.
   const bool exchanges = plan.world_size > 1 ||
                          std::any_of(plan.tables.begin(), plan.tables.end(),
                                      [](const embedding::TablePlacement& p) {
                                        return p.kind == SHARDING_ROW_WISE;
                                      });
   for (int k = 0; k < config.tables_size(); ++k) {
-    if (config.tables(k).storage() == STORAGE_DEVICE && exchanges) {
+    if (config.tables(k).storage() == STORAGE_DEVICE && exchanges &&
+        device_comm == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", config.tables(k).name(),
-          ": storage STORAGE_DEVICE trains on one rank without row-wise "
-          "sharding for now (this plan has ",
+          ": storage STORAGE_DEVICE where the step exchanges pooled vectors "
+          "(this plan has ",
           plan.world_size,
-          " ranks or a row-wise table, and the step exchanges pooled vectors "
-          "in host memory); use STORAGE_HOST or STORAGE_ROCKSDB (the dense "
-          "part still runs on CUDA)"));
+          " ranks or a row-wise table) needs a device communicator for the "
+          "exchanges (NCCL, or host-staged for ranks sharing a GPU); without "
+          "one use STORAGE_HOST or STORAGE_ROCKSDB (the dense part still "
+          "runs on CUDA)"));
     }
   }
   // The dense part on config.device; FailedPrecondition here, before any
@@ -169,9 +180,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
                    dense::CreateDenseBackend(config));
   std::unique_ptr<Model> m(new Model(config, plan, comm, std::move(dense)));
   m->dense_comm_ = dense_comm;
+  m->device_comm_ = device_comm;
 
-  m->exchange_ = std::make_unique<ShardExchange>(config, plan, comm,
-                                                 m->table_offset_, m->t_width_);
+  // The output and backward dists: over device_comm in the CUDA backend's
+  // memory, on its stream (or host memory on the CPU backend: a host-staged
+  // communicator over the CPU Device), else over comm in host memory.
+  std::unique_ptr<ExchangeMemory> memory;
+  if (device_comm != nullptr && m->dense_->cuda_stream() != nullptr) {
+    ASSIGN_OR_RETURN(memory, MakeCudaExchangeMemory(m->dense_->cuda_stream()));
+    RETURN_IF_ERROR(device_comm->SetStream(m->dense_->cuda_stream()));
+    m->exchange_on_device_ = true;
+  }
+  m->exchange_ = std::make_unique<ShardExchange>(
+      config, plan, comm, m->table_offset_, m->t_width_, device_comm,
+      std::move(memory));
   m->replica_.assign(config.tables_size(), -1);
   m->owned_rocksdb_ =
       m->exchange_->Restricted([&m](int k) { return m->OnRocksDb(k); });
@@ -262,13 +284,28 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     }
   }
   m->in_place_ = !exchanges;
-  // The device tables' columns of the interaction input are the device's.
+  // The columns of the interaction input written on the device: in place,
+  // the device tables' shards'; through device exchanges, every
+  // model-parallel table's and the device replicas'.
   std::vector<dense::ColumnRange> device_columns;
   for (const LocalShard& ls : m->local_) {
     if (ls.store->memory_space() != MemorySpace::kDevice) continue;
+    m->any_device_ = true;
+    if (!m->in_place_) continue;
     const int begin = static_cast<int>(m->TColumn(ls));
     device_columns.push_back({begin, begin + ls.store->spec().dim});
-    m->any_device_ = true;
+  }
+  if (!m->in_place_ && m->exchange_on_device_) {
+    for (int k = 0; k < config.tables_size(); ++k) {
+      const int replica = m->replica_[k];
+      if (m->IsDataParallel(k) &&
+          (replica < 0 ||
+           m->local_[replica].store->memory_space() != MemorySpace::kDevice)) {
+        continue;
+      }
+      const int begin = static_cast<int>(m->table_offset_[k]);
+      device_columns.push_back({begin, begin + config.tables(k).dim()});
+    }
   }
   std::sort(device_columns.begin(), device_columns.end(),
             [](const dense::ColumnRange& a, const dense::ColumnRange& b) {
@@ -596,26 +633,41 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
     return absl::OkStatus();
   }
 
-  // Lookup: each model-parallel shard pools the global batch, straight into
-  // the output dist's send buffer.
-  float* send = exchange_->PooledBuffer();
+  // Lookup: each model-parallel shard pools the global batch into the
+  // output dist's send buffer: straight there when its store is in the
+  // exchange's memory space, else into the host copy, uploaded after.
+  ASSIGN_OR_RETURN(float* send, exchange_->PooledBuffer());
+  std::vector<int> uploads;
+  for (int j = 0; j < num_local; ++j) {
+    if (!IsDataParallel(local_[j].table) && !InExchangeSpace(local_[j])) {
+      uploads.push_back(j);
+    }
+  }
+  float* host_send = uploads.empty() ? nullptr : exchange_->HostPooledBuffer();
   const int64_t stride = exchange_->pooled_stride();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
     LocalShard& ls = local_[j];
+    float* out = InExchangeSpace(ls) ? send : host_send;
     ls.status =
         IsDataParallel(ls.table)
             ? absl::OkStatus()
-            : ls.store->Forward(*ls.prepared, send + exchange_->PooledColumn(j),
+            : ls.store->Forward(*ls.prepared, out + exchange_->PooledColumn(j),
                                 stride);
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
+  RETURN_IF_ERROR(exchange_->UploadPooled(uploads));
   clock.Mark(StageTimes::kLookup);
 
-  // This rank's pooled vectors from every shard, then data-parallel tables
-  // pooled locally.
+  // This rank's pooled vectors from every shard (into the device
+  // interaction input when the exchanges run on the device), then
+  // data-parallel tables pooled locally.
   ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
-  RETURN_IF_ERROR(exchange_->GatherPooled(batch, t, times));
+  float* exchange_t = t;
+  if (exchange_on_device_) {
+    ASSIGN_OR_RETURN(exchange_t, dense_->DeviceInteractionInput(n, predict));
+  }
+  RETURN_IF_ERROR(exchange_->GatherPooled(batch, exchange_t, times));
   for (int k = 0; k < config_.tables_size(); ++k) {
     if (replica_[k] < 0 || n == 0) continue;
     LocalShard& ls = local_[replica_[k]];
@@ -624,12 +676,29 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
       ls.host->Forward(batch.sparse[k], t + table_offset_[k], t_width_);
       continue;
     }
+    const int dim = config_.tables(k).dim();
+    const int64_t start = exchange_->start(rank_);
+    if (ls.store->memory_space() == MemorySpace::kDevice) {
+      // In device memory (the exchanges are there too): pool the global
+      // batch it prepared into scratch, keep this rank's rows.
+      ASSIGN_OR_RETURN(float* all, exchange_->memory().Buffer(
+                                       ExchangeMemory::kScratch,
+                                       exchange_->global_size() * dim));
+      RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
+      ColumnBlock mine;
+      mine.src = all + start * dim;
+      mine.src_stride = dim;
+      mine.dst = exchange_t + table_offset_[k];
+      mine.dst_stride = t_width_;
+      mine.rows = n;
+      mine.cols = dim;
+      RETURN_IF_ERROR(exchange_->memory().Columns({&mine, 1}));
+      continue;
+    }
     // On RocksDB the store pools only the batch it prepared (the global
     // one, which the update needs): pool it all, keep this rank's rows.
-    const int dim = config_.tables(k).dim();
     float* all = Sized(replica_out_, exchange_->global_size() * dim);
     RETURN_IF_ERROR(ls.store->Forward(*ls.prepared, all, dim));
-    const int64_t start = exchange_->start(rank_);
     for (int64_t l = 0; l < n; ++l) {
       std::memcpy(t + l * t_width_ + table_offset_[k], all + (start + l) * dim,
                   sizeof(float) * dim);
@@ -731,7 +800,9 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   // Dense gradients and the loss sum: the top bucket (and the loss) may
   // already be in flight on the dense communicator.
   RETURN_IF_ERROR(overlap.Finish());
-  if (!overlapped) {
+  if (!overlapped && device_comm_ != nullptr) {
+    RETURN_IF_ERROR(ReduceOnDevice(&loss_sum));
+  } else if (!overlapped) {
     RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, &loss_sum));
   }
   times.bytes_sent[StageTimes::kDense] += world_ > 1 ? dense_bytes_ : 0;
@@ -763,15 +834,31 @@ absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
           t_width_);
     }
   } else {
-    ASSIGN_OR_RETURN(const float* grads,
-                     exchange_->ScatterGradients(batch, dt, clock->times()));
+    // From the device interaction gradient when the exchanges run on the
+    // device.
+    const float* exchange_dt =
+        exchange_on_device_ ? dense_->DeviceInteractionGradient() : dt;
+    ASSIGN_OR_RETURN(
+        const float* grads,
+        exchange_->ScatterGradients(batch, exchange_dt, clock->times()));
+    // Shards outside the exchange's memory space take theirs to host memory.
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
+      if (InExchangeSpace(ls)) continue;
+      const int64_t count = exchange_->global_size() * ls.store->spec().dim;
+      RETURN_IF_ERROR(exchange_->memory().Download(
+          Sized(ls.host_grads, count), grads + exchange_->GradientOffset(j),
+          count));
+    }
     clock->Mark(StageTimes::kBackwardDist);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < num_local; ++j) {
       LocalShard& ls = local_[j];
-      ls.status = ls.store->BackwardUpdate(*ls.prepared,
-                                           grads + exchange_->GradientOffset(j),
-                                           ls.store->spec().dim);
+      const float* g = InExchangeSpace(ls)
+                           ? grads + exchange_->GradientOffset(j)
+                           : ls.host_grads.data();
+      ls.status =
+          ls.store->BackwardUpdate(*ls.prepared, g, ls.store->spec().dim);
     }
   }
   for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
@@ -789,6 +876,26 @@ absl::Status Model::ReduceBucket(comm::Communicator* comm,
       flat.data(), static_cast<int64_t>(flat.size()), DataType::kFloat32));
   if (loss_sum != nullptr) *loss_sum = flat.back();
   return dense_->UnpackGradients(bucket);
+}
+
+absl::Status Model::ReduceOnDevice(double* loss_sum) {
+  if (world_ == 1) return absl::OkStatus();
+  // The flat buffer is in the exchange's memory (the backend's device
+  // memory on CUDA, host memory on the CPU backend): the loss goes in and
+  // out of its last float through the exchange memory's copies.
+  ASSIGN_OR_RETURN(const std::span<float> flat,
+                   dense_->PackDeviceGradients(dense::GradBucket::kAll, 1));
+  const int64_t count = static_cast<int64_t>(flat.size());
+  float* loss_at = flat.data() + count - 1;
+  const float loss = static_cast<float>(*loss_sum);
+  ExchangeMemory& memory = exchange_->memory();
+  RETURN_IF_ERROR(memory.Upload(&loss, 1, loss_at, 1, 1, 1));
+  RETURN_IF_ERROR(
+      device_comm_->AllReduceSum(flat.data(), count, DataType::kFloat32));
+  float summed = 0;
+  RETURN_IF_ERROR(memory.Download(&summed, loss_at, 1));
+  *loss_sum = summed;
+  return dense_->UnpackDeviceGradients(dense::GradBucket::kAll);
 }
 
 absl::Status Model::Predict(const data::Batch& batch,

@@ -74,7 +74,11 @@ absl::Status ValidateBatch(const ModelConfig& config, const data::Batch& batch);
 //
 // The dense part (MLPs, interaction, loss, dense optimizer) runs on the
 // dense backend of config.device (dense/backend.h): the CPU, or CUDA device
-// 0 with the embeddings still in host memory.
+// 0. STORAGE_DEVICE tables live in that device's memory: on one rank
+// without row-wise tables they pool into, and update from, the backend's
+// device interaction input and gradient in place; otherwise the step needs
+// a device communicator (Create's `device_comm`), whose output and
+// backward dists move device buffers (model/exchange.h).
 //
 // Equivalence: R ranks and one rank with the concatenated global batch take
 // the same step up to float summation order: dense gradients are summed per
@@ -96,16 +100,31 @@ class Model {
 
   // One rank of R: `config` normalised; `plan` valid for it with
   // plan.world_size == comm->world_size(). `comm` is borrowed and must
-  // outlive the model; both communicators take host memory
-  // (FailedPrecondition otherwise). With `dense_comm` (a second communicator
-  // over the same ranks, also borrowed), dense gradients are all-reduced in two
-  // buckets on a background thread, overlapped with the rest of the
-  // backward pass. Initial weights equal Create(config)'s. Opening this
-  // rank's database fails with RocksDB's error when its directory cannot be
-  // made.
+  // outlive the model; it carries the control traffic, the input dist and
+  // the dense all-reduce (unless dense_comm or device_comm does); it and
+  // `dense_comm` take host memory (FailedPrecondition otherwise). With
+  // `dense_comm` (a second communicator over the same ranks, also
+  // borrowed), dense gradients are all-reduced in two buckets on a
+  // background thread, overlapped with the rest of the backward pass.
+  //
+  // With `device_comm` (a device communicator over the same ranks,
+  // borrowed likewise: NCCL, single-rank device, or host-staged), the output
+  // and backward dists, and without `dense_comm` the dense all-reduce, move
+  // device buffers over it: on the CUDA dense backend, device memory, the
+  // communicator set to the backend's stream
+  // (SetStream) and every model-parallel table's columns of the
+  // interaction input written on the device; on the CPU backend, host
+  // memory (then `device_comm` must be host-staged over the CPU Device).
+  // STORAGE_DEVICE tables that need an exchange (several ranks, or a
+  // row-wise table) need it on CUDA: FailedPrecondition naming the table
+  // otherwise. InvalidArgument when a communicator joins other ranks.
+  //
+  // Initial weights equal Create(config)'s. Opening this rank's database
+  // fails with RocksDB's error when its directory cannot be made.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const ModelConfig& config, const embedding::ShardingPlan& plan,
-      comm::Communicator* comm, comm::Communicator* dense_comm = nullptr);
+      comm::Communicator* comm, comm::Communicator* dense_comm = nullptr,
+      comm::Communicator* device_comm = nullptr);
 
   // Closes the stores and the database, then removes the database's
   // directory.
@@ -290,6 +309,9 @@ class Model {
     const data::SparseFeature* ids = nullptr;
     // Ids of the next global batch (prefetch; RocksDB shards only).
     data::SparseFeature next_ids;
+    // The shard's gradients for the global batch in host memory, when the
+    // backward dist delivers them in another memory space.
+    AlignedVector<float> host_grads;
     absl::Status status;  // scratch of parallel loops
   };
   Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
@@ -327,6 +349,9 @@ class Model {
   // null) over `comm`, in place.
   absl::Status ReduceBucket(comm::Communicator* comm, dense::GradBucket bucket,
                             double* loss_sum);
+  // All-reduces every dense gradient and *loss_sum over device_comm_, in
+  // the dense backend's device memory (PackDeviceGradients).
+  absl::Status ReduceOnDevice(double* loss_sum);
   // Input dist, prepare, lookup and output dist; fills the interaction
   // input for the local batch (the training step's, or Predict's when
   // `predict`: they differ on the device) and leaves the shards' prepared
@@ -357,6 +382,9 @@ class Model {
   std::unique_ptr<comm::Communicator> owned_comm_;
   comm::Communicator* comm_;
   comm::Communicator* dense_comm_ = nullptr;  // optional, for overlap
+  // Optional: the output and backward dists' and, without dense_comm_, the
+  // dense all-reduce's.
+  comm::Communicator* device_comm_ = nullptr;
   int rank_;
   int world_;
 
@@ -373,9 +401,17 @@ class Model {
   // so shards prepare the batch's own ids, pool straight into t_ and update
   // from the interaction gradient in place (no staging buffers, no copies).
   bool in_place_ = false;
-  // Whether a local shard is in device memory (STORAGE_DEVICE; only where
-  // in_place_).
+  // Whether a local shard is in device memory (STORAGE_DEVICE).
   bool any_device_ = false;
+  // Whether the output and backward dists run in the dense backend's
+  // device memory (a device communicator on the CUDA backend): then the
+  // exchanges read and write its device interaction input and gradient.
+  bool exchange_on_device_ = false;
+  // Whether local shard `ls` pools and updates in the exchange's memory
+  // space (else through the exchange's host copies).
+  bool InExchangeSpace(const LocalShard& ls) const {
+    return ls.store->memory_space() == exchange_->memory_space();
+  }
   // The local shard's columns in a row of t_.
   int64_t TColumn(const LocalShard& ls) const {
     return table_offset_[ls.table] +

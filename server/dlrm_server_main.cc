@@ -76,6 +76,10 @@ struct Flags {
   // How long a rank waits for every rank to join the job.
   double comm_connect_timeout_s = 120;
   bool overlap_allreduce = false;
+  // The device communicator of a CUDA job with STORAGE_DEVICE tables (the
+  // pooled vectors' exchanges): "auto" (NCCL, one process per GPU),
+  // "nccl" or "host-staged" (Gloo on host copies; ranks may share a GPU).
+  std::string device_comm = "auto";
   // Address or hostname this rank's Gloo transport binds to; every other
   // rank dials it, so across containers or hosts it must be reachable.
   std::string comm_bind_address = "127.0.0.1";
@@ -332,6 +336,12 @@ absl::Status ValidateFlags(const Flags& f) {
   if (f.server.inference_only) {
     return absl::InvalidArgumentError(
         "--inference-only serves on one rank only");
+  }
+  if (f.device_comm != "auto" && f.device_comm != "nccl" &&
+      f.device_comm != "host-staged") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device-comm ", f.device_comm,
+                     ": expected auto, nccl or host-staged"));
   }
   if (!(f.comm_timeout_s > 0) || !(f.comm_connect_timeout_s > 0) ||
       f.memory_budget_mb < 0) {
@@ -821,12 +831,28 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   // that their collectives never interleave with a step's.
   std::unique_ptr<comm::Communicator> predict_comm;
   if (f.world_size > 1) {
-    comm_options.job_id = "dlrm-server-predict";
-    ASSIGN_OR_RETURN(predict_comm, comm::CreateCommunicator(comm_options));
+    comm::CommOptions predict_options = comm_options;
+    predict_options.job_id = "dlrm-server-predict";
+    ASSIGN_OR_RETURN(predict_comm, comm::CreateCommunicator(predict_options));
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<model::Model> model,
-      model::Model::Create(config, plan, comm.get(), dense_comm.get()));
+  // Tables in GPU memory exchange their pooled vectors in device memory.
+  std::unique_ptr<comm::Communicator> device_comm;
+  if (config.device() == DEVICE_CUDA &&
+      std::any_of(
+          config.tables().begin(), config.tables().end(),
+          [](const TableConfig& t) { return t.storage() == STORAGE_DEVICE; })) {
+    comm::CommOptions device_options = comm_options;
+    device_options.memory_space = comm::MemorySpace::kDevice;
+    device_options.backend = f.device_comm == "nccl" ? comm::CommBackend::kNccl
+                             : f.device_comm == "host-staged"
+                                 ? comm::CommBackend::kHostStaged
+                                 : comm::CommBackend::kAuto;
+    device_options.job_id = "dlrm-server-device";
+    ASSIGN_OR_RETURN(device_comm, comm::CreateCommunicator(device_options));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Create(config, plan, comm.get(),
+                                        dense_comm.get(), device_comm.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
@@ -1056,6 +1082,12 @@ int main(int argc, char** argv) {
                "With several ranks: all-reduce dense gradients on a second "
                "communicator, overlapped with the backward pass (pays when "
                "ranks have idle cores; see bench/RESULTS.md)");
+  app.add_option("--device-comm", f.device_comm,
+                 "With --world-size > 1, device cuda and STORAGE_DEVICE "
+                 "tables: the communicator of the pooled vectors' exchanges: "
+                 "auto or nccl (one process per GPU), host-staged (Gloo on "
+                 "host copies, for ranks sharing a GPU)")
+      ->capture_default_str();
   app.add_option("--comm-timeout-s", f.comm_timeout_s,
                  "Longest a collective between ranks waits for a peer "
                  "before the job is declared broken, in seconds")

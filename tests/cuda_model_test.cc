@@ -1,24 +1,44 @@
 // The model's step on a GPU with its tables in device memory
 // (STORAGE_DEVICE: embedding::cuda::CudaStore, or the device cache with
 // device_cache_rows, pooling into, and updating from, the CUDA dense
-// backend's device buffers on its stream) against the
-// same model on the CPU, and checkpoints between the two. Skipped without
-// a CUDA device (fails instead under DLRM_REQUIRE_CUDA=1). The checks that
-// run on any machine (a device table refused where the step exchanges, or
-// without a GPU) are in model_test.
+// backend's device buffers on its stream) against the same model on the
+// CPU, and checkpoints between the two; the exchanges' CUDA column copies
+// against their CPU reference; and the step across rank processes sharing
+// the GPU through a host-staged communicator, and on one rank over the
+// one-GPU communicator, against one CPU process. Skipped without a CUDA
+// device (fails instead under DLRM_REQUIRE_CUDA=1). The checks that run on
+// any machine (a device table refused without a device communicator, or
+// without a GPU; the exchanges staged over the CPU Device) are in
+// model_test and hybrid_test.
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "comm/coordinator.h"
+#include "comm/gloo_communicator.h"
+#include "comm/host_staged_communicator.h"
 #include "core/config.h"
 #include "core/device.h"
+#include "core/status.h"
 #include "cuda_test_util.h"
 #include "data/synthetic.h"
+#include "embedding/sharding.h"
 #include "model/checkpoint.h"
+#include "model/exchange_memory.h"
 #include "model/model.h"
+
+extern char** environ;
 
 namespace dlrm::model {
 namespace {
@@ -119,7 +139,9 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
     auto got = (*gpu)->TrainStep(b);
     ASSERT_TRUE(got.ok()) << got.status();
     ++steps;
-    if (n > 0) EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss);
+    if (n > 0) {
+      EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss);
+    }
   }
   EXPECT_EQ((*gpu)->steps(), steps);
   for (int k = 0; k < cpu_config.tables_size(); ++k) {
@@ -189,5 +211,352 @@ INSTANTIATE_TEST_SUITE_P(
       return info.param.name;
     });
 
+// ------------------------------------------------ the exchanges' copies
+
+// Random column blocks (copies, sums, scaled rows, zeros, in place, odd
+// strides) through the CUDA exchange memory equal the CPU reference
+// bitwise: both round each multiply and add on its own.
+TEST(CudaExchangeMemoryTest, ColumnsMatchTheCpuReferenceBitwise) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto stream = cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto gpu = MakeCudaExchangeMemory(stream->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::unique_ptr<ExchangeMemory> cpu = MakeHostExchangeMemory();
+  std::printf("seed %llu\n",
+              static_cast<unsigned long long>(dlrm::testing::kCudaTestSeed));
+  Rng rng(dlrm::testing::kCudaTestSeed);
+  constexpr int64_t kRows = 37, kWidth = 29, kSize = kRows * kWidth;
+  const std::vector<float> a = dlrm::testing::RandomFloats(rng, kSize);
+  const std::vector<float> b = dlrm::testing::RandomFloats(rng, kSize);
+  std::vector<float> scale = dlrm::testing::RandomFloats(rng, kRows);
+  scale[3] = 0.0f;
+  // The same buffers in both memories: kSend holds a, kRecv b, kScale the
+  // row factors.
+  std::vector<float*> g(3), c(3);
+  const ExchangeMemory::Slot slots[] = {
+      ExchangeMemory::kSend, ExchangeMemory::kRecv, ExchangeMemory::kScale};
+  const std::vector<float>* init[] = {&a, &b, &scale};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = static_cast<int64_t>(init[i]->size());
+    g[i] = (*gpu)->Buffer(slots[i], n).value();
+    c[i] = cpu->Buffer(slots[i], n).value();
+    ASSERT_TRUE((*gpu)->Upload(init[i]->data(), n, g[i], n, 1, n).ok());
+    ASSERT_TRUE(cpu->Upload(init[i]->data(), n, c[i], n, 1, n).ok());
+  }
+  auto blocks = [](const std::vector<float*>& m) {
+    std::vector<ColumnBlock> out;
+    ColumnBlock copy{m[0] + 2, kWidth, m[1] + 5, kWidth, kRows, 7};
+    ColumnBlock sum{m[0] + 11, kWidth, m[1] + 5, kWidth, kRows, 7};
+    sum.accumulate = true;
+    ColumnBlock scaled{m[1] + 5, kWidth, m[1] + 5, kWidth, kRows, 7};
+    scaled.row_scale = m[2];
+    ColumnBlock zeros{nullptr, 0, m[1] + 20, kWidth, kRows - 1, 9};
+    ColumnBlock packed{m[0] + 1, kWidth, m[0] + kSize - 3 * 13, 13, 3, 13};
+    ColumnBlock none{m[0], kWidth, m[1], kWidth, 0, 4};
+    return std::vector<ColumnBlock>{copy, sum, scaled, zeros, packed, none};
+  };
+  ASSERT_TRUE((*gpu)->Columns(blocks(g)).ok());
+  ASSERT_TRUE(cpu->Columns(blocks(c)).ok());
+  // Columns of a host matrix into a strided block.
+  ASSERT_TRUE(
+      (*gpu)->Upload(b.data() + 3, kWidth, g[0] + 4, kWidth, 5, 6).ok());
+  ASSERT_TRUE(cpu->Upload(b.data() + 3, kWidth, c[0] + 4, kWidth, 5, 6).ok());
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> got(kSize), want(kSize);
+    ASSERT_TRUE((*gpu)->Download(got.data(), g[i], kSize).ok());
+    ASSERT_TRUE(cpu->Download(want.data(), c[i], kSize).ok());
+    dlrm::testing::ExpectBitwiseEqual(got, want, absl::StrCat("buffer ", i));
+  }
+  ColumnBlock bad{g[0], 3, g[1], kWidth, 2, 4};
+  EXPECT_EQ((*gpu)->Columns({&bad, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------- the step across device ranks
+
+// A model whose every table (or, with `host_tables`, every other one) is
+// in device memory, sharded as `kind` says over `world` ranks: "table",
+// "column", "row", "mixed" (table-, column-, row-wise and data-parallel),
+// or "none" (the plan decides).
+ModelConfig RanksConfig(const std::string& kind, int world, bool host_tables,
+                        bool on_gpu) {
+  ModelConfig c =
+      CaseConfig({"ranks", INTERACTION_DOT, OptimizerConfig::ADAGRAD, false});
+  if (on_gpu) {
+    c.set_device(DEVICE_CUDA);
+    c.set_gpu_disable_tf32(true);
+  }
+  for (int k = 0; k < c.tables_size(); ++k) {
+    TableConfig* t = c.mutable_tables(k);
+    if (on_gpu && (!host_tables || k % 2 == 0)) {
+      t->set_storage(STORAGE_DEVICE);
+    }
+    if (kind == "table") {
+      t->set_sharding(SHARDING_TABLE_WISE);
+      t->add_shard_ranks((k + 1) % world);
+    } else if (kind == "column") {
+      t->set_sharding(SHARDING_COLUMN_WISE);
+      for (int r = world - 1; r >= 0; --r) t->add_shard_ranks(r);
+    } else if (kind == "row") {
+      t->set_sharding(SHARDING_ROW_WISE);
+    } else if (kind == "mixed") {
+      const ShardingKind kinds[] = {SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE,
+                                    SHARDING_ROW_WISE, SHARDING_DATA_PARALLEL};
+      t->set_sharding(kinds[k]);
+      if (k == 0) t->add_shard_ranks(world - 1);
+    }
+  }
+  return c;
+}
+
+constexpr int64_t kRanksBatches[] = {64, 7, 131, 40};
+
+// What rank 0 reports: every step's loss, the dense weights, then every
+// table gathered whole.
+struct RanksReport {
+  std::vector<double> losses;
+  std::vector<float> dense;
+  std::vector<std::vector<float>> tables;
+};
+
+absl::Status Collect(Model& m, RanksReport* r) {
+  for (const dense::ParamRef& p : m.dense_params()) {
+    r->dense.insert(r->dense.end(), p.value, p.value + p.size);
+  }
+  for (int k = 0; k < m.config().tables_size(); ++k) {
+    r->tables.emplace_back();
+    RETURN_IF_ERROR(m.GatherTable(k, &r->tables.back()));
+  }
+  return absl::OkStatus();
+}
+
+void WriteFloats(std::ofstream& f, const std::vector<float>& v) {
+  const uint64_t n = v.size();
+  f.write(reinterpret_cast<const char*>(&n), sizeof(n));
+  f.write(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
+}
+
+std::vector<float> ReadFloats(std::ifstream& f) {
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), sizeof(n));
+  std::vector<float> v(n);
+  f.read(reinterpret_cast<char*>(v.data()), n * sizeof(float));
+  return v;
+}
+
+// One rank process: `kind`/`host_tables` as RanksConfig, the output and
+// backward dists over a host-staged communicator on CUDA device 0 (which
+// every rank shares), control and ids over Gloo.
+absl::Status RunRank(const std::string& kind, bool host_tables, int world,
+                     int rank, const std::string& coordinator,
+                     const std::string& out) {
+  const ModelConfig c = RanksConfig(kind, world, host_tables, true);
+  embedding::PlannerOptions po;
+  po.world_size = world;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
+                   embedding::PlanSharding(c, po));
+  comm::GlooOptions go;
+  go.rank = rank;
+  go.world_size = world;
+  go.coordinator_address = coordinator;
+  go.job_id = "control";
+  go.connect_timeout_seconds = 60;
+  go.op_timeout_seconds = 60;
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
+                   comm::ConnectGloo(go));
+  go.job_id = "staged";
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> host,
+                   comm::ConnectGloo(go));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<comm::Communicator> device_comm,
+      comm::MakeHostStagedCommunicator(std::move(host), DeviceKind::kCuda, 0));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> m,
+      Model::Create(c, plan, comm.get(), nullptr, device_comm.get()));
+  RanksReport report;
+  uint64_t seed = 300;
+  for (const int64_t n : kRanksBatches) {
+    const data::Batch global = Batch(c, n, seed++);
+    data::Batch local;
+    global.Slice(n * rank / world, n * (rank + 1) / world, &local);
+    ASSIGN_OR_RETURN(StepResult r, m->TrainStep(local));
+    report.losses.push_back(r.loss);
+  }
+  RETURN_IF_ERROR(Collect(*m, &report));
+  if (rank != 0) return absl::OkStatus();
+  std::ofstream f(out, std::ios::binary);
+  WriteFloats(f, {report.losses.begin(), report.losses.end()});
+  WriteFloats(f, report.dense);
+  for (const auto& t : report.tables) WriteFloats(f, t);
+  return f ? absl::OkStatus() : absl::InternalError("cannot write " + out);
+}
+
+// The single-process CPU model (host tables) on the same global batches.
+RanksReport CpuReference(const std::string& kind, int world) {
+  const ModelConfig c = RanksConfig(kind, world, false, false);
+  auto m = Model::Create(c);
+  EXPECT_TRUE(m.ok()) << m.status();
+  RanksReport r;
+  if (!m.ok()) return r;
+  uint64_t seed = 300;
+  for (const int64_t n : kRanksBatches) {
+    auto step = (*m)->TrainStep(Batch(c, n, seed++));
+    EXPECT_TRUE(step.ok()) << step.status();
+    r.losses.push_back(step.ok() ? step->loss : 0);
+  }
+  EXPECT_TRUE(Collect(**m, &r).ok());
+  return r;
+}
+
+// Tolerance as DeviceTablesTrainLikeTheCpu's (1e-4 of each tensor's
+// scale): the GPU's GEMM and kernel sums, the ranks' dense all-reduce and
+// row-wise shards' partial sums all reorder float sums.
+void ExpectLikeReference(const RanksReport& got, const RanksReport& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-4 * want.losses[i])
+        << "step " << i;
+  }
+  ExpectCloseToScale(got.dense, want.dense, 1e-4, "dense weights");
+  ASSERT_EQ(got.tables.size(), want.tables.size());
+  for (size_t k = 0; k < want.tables.size(); ++k) {
+    ExpectCloseToScale(got.tables[k], want.tables[k], 1e-4,
+                       absl::StrCat("table ", k));
+  }
+}
+
+struct RanksCase {
+  const char* kind;
+  bool host_tables;
+  int world;
+};
+
+class CudaRanksTest : public ::testing::TestWithParam<RanksCase> {};
+
+// 2-3 rank processes on one GPU, their pooled vectors and gradients
+// exchanged through a host-staged communicator over CUDA, train like one
+// CPU process.
+TEST_P(CudaRanksTest, SharedGpuRanksTrainLikeOneProcess) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const RanksCase p = GetParam();
+  comm::CoordinatorServerOptions so;
+  auto coordinator = comm::CoordinatorServer::Start(so);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string out =
+      (std::filesystem::temp_directory_path() /
+       absl::StrCat("cuda_ranks_", ::getpid(), "_", p.kind, ".bin"))
+          .string();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < p.world; ++r) {
+    std::vector<std::string> args = {self,
+                                     "--cuda-rank-worker",
+                                     p.kind,
+                                     p.host_tables ? "1" : "0",
+                                     std::to_string(p.world),
+                                     std::to_string(r),
+                                     (*coordinator)->address(),
+                                     out};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    ASSERT_EQ(
+        posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    pids.push_back(pid);
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  for (size_t r = 0; r < pids.size(); ++r) {
+    int status = 0;
+    while (waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " failed";
+  }
+  RanksReport got;
+  {
+    std::ifstream f(out, std::ios::binary);
+    const std::vector<float> losses = ReadFloats(f);
+    got.losses.assign(losses.begin(), losses.end());
+    got.dense = ReadFloats(f);
+    for (int k = 0; k < 4; ++k) got.tables.push_back(ReadFloats(f));
+    ASSERT_TRUE(f.good()) << "short report " << out;
+  }
+  std::filesystem::remove(out);
+  RanksReport want = CpuReference(p.kind, p.world);
+  // The report holds float losses.
+  for (double& l : want.losses) l = static_cast<float>(l);
+  ExpectLikeReference(got, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaRanksTest,
+                         ::testing::Values(RanksCase{"table", false, 2},
+                                           RanksCase{"column", false, 3},
+                                           RanksCase{"row", false, 2},
+                                           RanksCase{"mixed", false, 3},
+                                           RanksCase{"mixed", true, 2}),
+                         [](const ::testing::TestParamInfo<RanksCase>& info) {
+                           return absl::StrCat(
+                               info.param.kind,
+                               info.param.host_tables ? "_host_tables" : "",
+                               "_r", info.param.world);
+                         });
+
+// One rank over the one-GPU device communicator with row-wise tables (two
+// shards on the rank, so the exchanges run, in device memory; a device
+// table and a host one): like one CPU process. On one rank the exchanges
+// call no collective, so NCCL (whose library this bundled binary does not
+// link) would run the same step; its collectives are comm_test's.
+TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+  embedding::ShardingPlan plan = embedding::WholeTablesPlan(c);
+  for (int k : {0, 1}) {
+    const int64_t rows = c.tables(k).rows();
+    const int dim = c.tables(k).dim();
+    plan.tables[k].kind = SHARDING_ROW_WISE;
+    plan.tables[k].shards = {{0, 0, rows / 2, 0, dim},
+                             {0, rows / 2, rows - rows / 2, 0, dim}};
+  }
+  ASSERT_TRUE(plan.Validate(c).ok());
+  auto device_comm = comm::MakeSingleRankDeviceCommunicator(0);
+  ASSERT_TRUE(device_comm.ok()) << device_comm.status();
+  auto host = comm::MakeSingleRankCommunicator();
+  auto m = Model::Create(c, plan, host.get(), nullptr, device_comm->get());
+  ASSERT_TRUE(m.ok()) << m.status();
+  RanksReport got;
+  uint64_t seed = 300;
+  for (const int64_t n : kRanksBatches) {
+    auto step = (*m)->TrainStep(Batch(c, n, seed++));
+    ASSERT_TRUE(step.ok()) << step.status();
+    got.losses.push_back(step->loss);
+  }
+  ASSERT_TRUE(Collect(**m, &got).ok());
+  ExpectLikeReference(got, CpuReference("none", 1));
+}
+
 }  // namespace
 }  // namespace dlrm::model
+
+int main(int argc, char** argv) {
+  if (argc == 8 && std::strcmp(argv[1], "--cuda-rank-worker") == 0) {
+    const absl::Status s = dlrm::model::RunRank(
+        argv[2], std::strcmp(argv[3], "1") == 0, std::atoi(argv[4]),
+        std::atoi(argv[5]), argv[6], argv[7]);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank %s: %s\n", argv[5], s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

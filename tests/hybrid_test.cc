@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
+#include "comm/host_staged_communicator.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "data/synthetic.h"
@@ -81,12 +82,16 @@ ModelConfig TestConfig() {
 // - dcn: the DCN interaction (2 cross layers of rank 6 over the 80-wide
 //   input) instead of dot;
 // - dense_adagrad, dense_adam: that optimizer for the dense parameters
-//   instead of SGD.
+//   instead of SGD;
+// - staged: the output and backward dists over a host-staged device
+//   communicator (comm/host_staged_communicator.h) over the CPU Device:
+//   the device step's exchange layout, host copies of host tables and
+//   staging, run in host memory (Model::Create's device_comm).
 struct Scenario {
   std::string kind;
-  bool overlap = false, host = false, rocksdb = false, prefetch = false,
-       prefetch0 = false, overcap = false, ckpt = false, resume = false,
-       adagrad = false, lamb = false, lars = false, dcn = false,
+  bool staged = false, overlap = false, host = false, rocksdb = false,
+       prefetch = false, prefetch0 = false, overcap = false, ckpt = false,
+       resume = false, adagrad = false, lamb = false, lars = false, dcn = false,
        dense_adagrad = false, dense_adam = false;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
@@ -100,6 +105,7 @@ Scenario ParseScenario(const std::string& text) {
     const size_t next = text.find('+', at + 1);
     const std::string mod = text.substr(at + 1, next - at - 1);
     s.overlap |= mod == "overlap";
+    s.staged |= mod == "staged";
     s.host |= mod == "host";
     s.rocksdb |= mod == "rocksdb";
     s.prefetch |= mod == "prefetch" || mod == "prefetch0";
@@ -465,8 +471,17 @@ absl::Status RunWorker(const WorkerArgs& a) {
     go.job_id = a.scenario + "-dense";
     ASSIGN_OR_RETURN(dense_comm, comm::ConnectGloo(go));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
-                   Model::Create(c, plan, comm.get(), dense_comm.get()));
+  std::unique_ptr<comm::Communicator> device_comm;
+  if (sc.staged) {
+    go.job_id = a.scenario + "-staged";
+    ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> host,
+                     comm::ConnectGloo(go));
+    ASSIGN_OR_RETURN(device_comm, comm::MakeHostStagedCommunicator(
+                                      std::move(host), DeviceKind::kCpu));
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> m,
+      Model::Create(c, plan, comm.get(), dense_comm.get(), device_comm.get()));
   if (sc.ckpt || sc.resume) {
     return RunGroupWorker(a, sc, c, std::move(comm), std::move(m));
   }
@@ -727,6 +742,16 @@ std::vector<Case> Cases() {
   cases.push_back({"table+dcn+dense_adam", 1, 37});
   cases.push_back({"mixed+dcn+dense_adam+overlap", 4, 37});
   cases.push_back({"mixed+dcn", 4, 3});
+  // The device step's exchanges, staged through host memory: every kind,
+  // one rank included (row-wise: the exchanges run; the others: in place).
+  for (const char* s : {"table+staged", "column+staged", "data+staged"}) {
+    for (int world : {2, 3}) cases.push_back({s, world, 37});
+  }
+  for (int world : {1, 2, 3}) cases.push_back({"row+staged", world, 37});
+  for (int world : {1, 2, 4}) cases.push_back({"mixed+staged", world, 37});
+  cases.push_back({"mixed+staged", 4, 3});
+  cases.push_back({"mixed+staged+overlap", 3, 37});
+  cases.push_back({"mixed+dcn+staged", 3, 37});
   return cases;
 }
 
@@ -824,6 +849,32 @@ INSTANTIATE_TEST_SUITE_P(Shards, HybridRocksDbTest,
                                          "mixed+rocksdb+prefetch0",
                                          "table+rocksdb+overcap",
                                          "row+rocksdb+overcap"),
+                         StoreCaseName);
+
+class HybridStagedTest : public testing::TestWithParam<std::string> {};
+
+// The device step's exchanges staged through host memory (a host-staged
+// communicator over the CPU Device) move the same floats in the same order
+// as the host step's over Gloo: the two jobs are bitwise equal, whatever
+// the tables' tier (host memory, or RocksDB through the exchange's host
+// copies).
+TEST_P(HybridStagedTest, EqualsTheGlooJobBitwise) {
+  const std::string scenario = GetParam();
+  const std::string staged = scenario + "+staged";
+  const std::string out = JobOut(staged), gloo_out = JobOut(scenario);
+  ASSERT_TRUE(RunJob(staged, 3, 37, out));
+  ASSERT_TRUE(RunJob(scenario, 3, 37, gloo_out));
+  const Report got = ReadReport(out), want = ReadReport(gloo_out);
+  std::filesystem::remove(out);
+  std::filesystem::remove(gloo_out);
+  std::filesystem::remove_all(RocksDbDir(out));
+  std::filesystem::remove_all(RocksDbDir(gloo_out));
+  ExpectBitwiseEqual(got, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, HybridStagedTest,
+                         testing::Values("mixed", "row", "mixed+rocksdb",
+                                         "row+rocksdb+prefetch"),
                          StoreCaseName);
 
 class HybridRocksDbCheckpointTest : public testing::TestWithParam<std::string> {

@@ -23,12 +23,14 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/host_staged_communicator.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
+#include "model/exchange_memory.h"
 #include "model/metrics.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
@@ -172,28 +174,57 @@ void CheckWholeModelGradient(const std::string& config_text) {
   EXPECT_LT(kinks * 10, checked);
 }
 
-// The step exchanges host memory: a device-memory communicator (the real
-// one-GPU one) is refused with FailedPrecondition, not used wrongly.
-TEST(ModelTest, RefusesADeviceMemoryCommunicator) {
-  auto device_comm = comm::MakeSingleRankDeviceCommunicator(0);
-  if (!device_comm.ok()) {
-    const char* required = std::getenv("DLRM_REQUIRE_CUDA");
-    if (required != nullptr && std::string(required) == "1") {
-      FAIL() << "DLRM_REQUIRE_CUDA=1 but " << device_comm.status();
-    }
-    GTEST_SKIP() << "no CUDA device: " << device_comm.status();
-  }
+// The control traffic moves host buffers: a device-memory communicator
+// (host-staged over the CPU Device) as the main one is refused with
+// FailedPrecondition, as is a host one as device_comm.
+TEST(ModelTest, RefusesCommunicatorsInTheWrongMemorySpace) {
+  auto staged = comm::MakeHostStagedCommunicator(
+      comm::MakeSingleRankCommunicator(), DeviceKind::kCpu);
+  ASSERT_TRUE(staged.ok()) << staged.status();
   const ModelConfig config = Tiny();
-  auto m = Model::Create(config, embedding::WholeTablesPlan(config),
-                         device_comm->get());
+  const embedding::ShardingPlan plan = embedding::WholeTablesPlan(config);
+  auto m = Model::Create(config, plan, staged->get());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
+  auto host = comm::MakeSingleRankCommunicator();
+  auto other = comm::MakeSingleRankCommunicator();
+  auto d = Model::Create(config, plan, host.get(), nullptr, other.get());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition)
+      << d.status();
+  EXPECT_NE(d.status().message().find("device_comm"), std::string::npos)
+      << d.status();
+  // With the right spaces it trains.
+  auto ok = Model::Create(config, plan, host.get(), nullptr, staged->get());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)->TrainStep(SyntheticBatch(config, 16, 3)).ok());
+}
+
+// The exchanges' column blocks are checked before anything is written:
+// InvalidArgument naming the field, never a crash.
+TEST(ModelTest, ColumnBlockChecksItsShape) {
+  std::unique_ptr<ExchangeMemory> memory = MakeHostExchangeMemory();
+  std::vector<float> buf(64, 1.0f);
+  ColumnBlock negative{buf.data(), 4, buf.data() + 32, 4, -1, 4};
+  ColumnBlock narrow{buf.data(), 2, buf.data() + 32, 4, 3, 4};
+  ColumnBlock no_dst{buf.data(), 4, nullptr, 4, 2, 4};
+  ColumnBlock both{buf.data(), 4, buf.data() + 32, 4, 2, 4, buf.data(), true};
+  for (const ColumnBlock& b : {negative, narrow, no_dst, both}) {
+    EXPECT_EQ(memory->Columns({&b, 1}).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(memory->Buffer(ExchangeMemory::kSend, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A refused list writes nothing, even its good blocks.
+  ColumnBlock good{nullptr, 0, buf.data(), 4, 2, 4};
+  const ColumnBlock list[] = {good, narrow};
+  EXPECT_FALSE(memory->Columns(list).ok());
+  EXPECT_EQ(buf[0], 1.0f);
 }
 
 // Where the step exchanges pooled vectors (several ranks, or a row-wise
-// table), it does so in host memory: a table on the device tier is refused
-// there with an error naming the table, on any machine, before the dense
-// backend or a store is made.
+// table) without a device communicator, it does so in host memory: a table
+// on the device tier is refused there with an error naming the table, on
+// any machine, before the dense backend or a store is made.
 TEST(ModelTest, DeviceTierTableIsFailedPreconditionWhereTheStepExchanges) {
   ModelConfig config = Tiny();
   config.set_device(DEVICE_CUDA);

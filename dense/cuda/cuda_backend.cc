@@ -300,6 +300,45 @@ class CudaDenseBackend final : public DenseBackend {
     return copy_stream_.Synchronize();
   }
 
+  absl::StatusOr<std::span<float>> PackDeviceGradients(GradBucket bucket,
+                                                       int extra) override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    const auto [begin, end] = host_->Range(bucket);
+    int64_t total = extra;
+    for (size_t i = begin; i < end; ++i) total += params_[i].size;
+    // The last step's unpack (on the compute stream) may still read the
+    // buffer: growing it (cudaFree) waits for the device anyway, and the
+    // copies below wait for this step's backward, queued after it.
+    ASSIGN_OR_RETURN(float* flat, Sized(flat_device_, total));
+    const CudaEvent& ready =
+        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      RETURN_IF_ERROR(CopyAsync(flat + at, params_[i].grad, params_[i].size,
+                                cudaMemcpyDeviceToDevice, copy_stream_.get()));
+      at += params_[i].size;
+    }
+    // Complete on return, so an all-reduce queued on the compute stream
+    // afterwards reads it whole.
+    RETURN_IF_ERROR(copy_stream_.Synchronize());
+    return std::span<float>(flat, total);
+  }
+
+  absl::Status UnpackDeviceGradients(GradBucket bucket) override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    const auto [begin, end] = host_->Range(bucket);
+    const float* flat = flat_device_.data();
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      // On the compute stream: after the all-reduce, before Update.
+      RETURN_IF_ERROR(CopyAsync(params_[i].grad, flat + at, params_[i].size,
+                                cudaMemcpyDeviceToDevice, stream()));
+      at += params_[i].size;
+    }
+    return absl::OkStatus();
+  }
+
   DensePrecision precision() const override { return PRECISION_FP32; }
 
   Mlp& bottom() override {
@@ -591,8 +630,9 @@ class CudaDenseBackend final : public DenseBackend {
   // The embedding columns the host fills: all of them, or those that
   // SetDeviceColumns left.
   std::vector<ColumnRange> host_columns_;
-  // The all-reduce buckets.
+  // The all-reduce buckets, and PackDeviceGradients' one.
   AlignedVector<float> flat_, flat_top_;
+  DeviceBuffer<float> flat_device_;
 };
 
 absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
