@@ -276,7 +276,9 @@ absl::Status RanksPredictor::Serve() {
   }
 }
 
-int64_t RanksPredictor::PoolShards(const data::Batch& batch, float* t) {
+absl::StatusOr<int64_t> RanksPredictor::PoolShards(const data::Batch& batch,
+                                                   float* t) {
+  ASSIGN_OR_RETURN(float* send, exchange_.PooledBuffer());
   std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
   const int64_t step = model_->steps();
   if (rank_ == 0) {
@@ -289,7 +291,6 @@ int64_t RanksPredictor::PoolShards(const data::Batch& batch, float* t) {
       generation_ = generation;
     }
   }
-  float* send = exchange_.PooledBuffer();
   const int64_t stride = exchange_.pooled_stride();
   const std::vector<ShardRef>& mine = exchange_.owned()[rank_];
   const int num_local = static_cast<int>(mine.size());
@@ -324,7 +325,9 @@ absl::Status RanksPredictor::Run(const data::Batch& batch, int64_t n, float* t,
   std::vector<int64_t> steps(world_);
   int64_t low = 0, high = 0;
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
-    const int64_t mine = PoolShards(batch, t);
+    const absl::StatusOr<int64_t> pooled = PoolShards(batch, t);
+    if (!pooled.ok()) return Broke(pooled.status(), "a prediction's pooling");
+    const int64_t mine = *pooled;
     s = comm_->AllGather(&mine, 1, steps.data(), comm::DataType::kInt64);
     if (!s.ok()) return Broke(s, "a prediction's steps");
     low = *std::min_element(steps.begin(), steps.end());

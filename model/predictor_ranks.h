@@ -117,7 +117,8 @@ class RanksPredictor {
   // Under the shared weights lock: this rank's step, its model-parallel
   // shards' pools of the global batch into the exchange's buffer, and on
   // the leader the dense copy refreshed and the replicas pooled into `t`.
-  int64_t PoolShards(const data::Batch& batch, float* t);
+  // The exchange's error when it has no pooled buffer.
+  absl::StatusOr<int64_t> PoolShards(const data::Batch& batch, float* t);
 
   Model* const model_;
   comm::Communicator* const comm_;
