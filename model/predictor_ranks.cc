@@ -59,15 +59,14 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
         "the step");
   }
   for (const TableConfig& t : config.tables()) {
-    if (t.storage() != STORAGE_HOST) {
+    if (t.storage() != STORAGE_HOST && t.storage() != STORAGE_ROCKSDB) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", t.name(),
-          " is not in host memory: its store changes as it is read"));
+          " is in GPU memory: its rows are read through the step's stream"));
     }
   }
   // LocalShards() is in table then shard order, the exchange's owned()
   // order for this rank.
-  std::vector<const embedding::EmbeddingTable*> shards;
   const embedding::ShardingPlan& plan = model->plan();
   std::vector<ShardRef> owned;
   for (int k = 0; k < config.tables_size(); ++k) {
@@ -83,21 +82,19 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
                      " shards, its plan gives it ", owned.size()));
   }
   for (size_t j = 0; j < local.size(); ++j) {
-    if (local[j].table != owned[j].table || local[j].shard != owned[j].shard ||
-        local[j].storage == nullptr) {
+    if (local[j].table != owned[j].table || local[j].shard != owned[j].shard) {
       return absl::InternalError(absl::StrCat(
           "rank ", model->rank(), ": local shard ", j, " (table ",
           config.tables(local[j].table).name(), " shard ", local[j].shard,
-          ") is not the plan's or not in host memory"));
+          ") is not the plan's"));
     }
-    shards.push_back(local[j].storage);
   }
   std::unique_ptr<dense::DenseBackend> dense;
   if (model->rank() == 0) {
     ASSIGN_OR_RETURN(dense, dense::CreateDenseBackend(config));
   }
   std::unique_ptr<RanksPredictor> p(new RanksPredictor(
-      model, comm, std::move(options), std::move(shards), std::move(dense)));
+      model, comm, std::move(options), std::move(dense)));
   if (p->rank_ == 0) {
     if (p->dense_->interaction().input_width != p->t_width_) {
       return absl::InternalError(
@@ -133,7 +130,6 @@ std::vector<int> TableColumns(const Model& model) {
 
 RanksPredictor::RanksPredictor(
     Model* model, comm::Communicator* comm, RanksPredictorOptions options,
-    std::vector<const embedding::EmbeddingTable*> shards,
     std::unique_ptr<dense::DenseBackend> dense)
     : model_(model),
       comm_(comm),
@@ -141,7 +137,6 @@ RanksPredictor::RanksPredictor(
       rank_(comm->rank()),
       world_(comm->world_size()),
       t_width_(InteractionWidth(*model)),
-      shards_(std::move(shards)),
       model_params_(model->rank() == 0 ? model->dense_params()
                                        : std::vector<dense::ParamRef>{}),
       exchange_(model->config(), model->plan(), comm, TableColumns(*model),
@@ -294,17 +289,30 @@ absl::StatusOr<int64_t> RanksPredictor::PoolShards(const data::Batch& batch,
   const int64_t stride = exchange_.pooled_stride();
   const std::vector<ShardRef>& mine = exchange_.owned()[rank_];
   const int num_local = static_cast<int>(mine.size());
+  // The stores are asked for under the lock: a restore replaces those of
+  // tables on RocksDB. PoolReadOnly reads a RocksDB shard's rows wherever
+  // they are (cache slot, write-back buffer, database) and changes nothing.
+  const std::vector<Model::ShardState> local = model_->LocalShards();
+  pooled_.assign(num_local, absl::OkStatus());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
     const int k = mine[j].table;
     if (ids_index_[j] >= 0) {
-      shards_[j]->Forward(ids_[ids_index_[j]], send + exchange_.PooledColumn(j),
-                          stride);
+      pooled_[j] = local[j].store->PoolReadOnly(
+          ids_[ids_index_[j]], send + exchange_.PooledColumn(j), stride);
     } else if (batch.size > 0) {
       // A replica pools the leader's samples straight into the interaction
       // input, as the step's data-parallel tables do.
-      shards_[j]->Forward(batch.sparse[k], t + model_->table_column(k),
-                          t_width_);
+      pooled_[j] = local[j].store->PoolReadOnly(
+          batch.sparse[k], t + model_->table_column(k), t_width_);
+    }
+  }
+  for (int j = 0; j < num_local; ++j) {
+    if (!pooled_[j].ok()) {
+      return absl::Status(
+          pooled_[j].code(),
+          absl::StrCat("table ", model_->config().tables(mine[j].table).name(),
+                       ": ", pooled_[j].message()));
     }
   }
   return step;
@@ -325,9 +333,16 @@ absl::Status RanksPredictor::Run(const data::Batch& batch, int64_t n, float* t,
   std::vector<int64_t> steps(world_);
   int64_t low = 0, high = 0;
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    // A rank whose stores could not be read (a RocksDB read failed) offers
+    // step -1, which no rank agrees with: every rank tries again, and after
+    // the attempts the prediction runs between steps, where the error is
+    // reported if it persists.
     const absl::StatusOr<int64_t> pooled = PoolShards(batch, t);
-    if (!pooled.ok()) return Broke(pooled.status(), "a prediction's pooling");
-    const int64_t mine = *pooled;
+    if (!pooled.ok()) {
+      spdlog::warn("rank {}: a prediction's pooling failed (tried again): {}",
+                   rank_, pooled.status().ToString());
+    }
+    const int64_t mine = pooled.ok() ? *pooled : -1;
     s = comm_->AllGather(&mine, 1, steps.data(), comm::DataType::kInt64);
     if (!s.ok()) return Broke(s, "a prediction's steps");
     low = *std::min_element(steps.begin(), steps.end());

@@ -39,10 +39,11 @@ struct RanksPredictorOptions {
 // The leader (rank 0) owns the whole prediction: it sends the command and
 // the batch's ids to the shards, gets their pooled vectors back, and runs
 // the dense part on its own copy of the dense parameters; the followers
-// (Serve) only pool their shards. Every rank pools under its model's
-// weights_mutex() held shared, tagged with its Model::steps(), and never
-// holds that lock across a collective (a step holds it exclusively across
-// its own collectives). The ranks then all-gather their steps: when they
+// (Serve) only pool their shards, in host memory or on RocksDB
+// (EmbeddingStore::PoolReadOnly, which changes no cache). Every rank pools
+// under its model's weights_mutex() held shared, tagged with its
+// Model::steps(), and never holds that lock across a collective (a step
+// holds it exclusively across its own collectives). The ranks then all-gather their steps: when they
 // agree, the pooled vectors are gathered and the prediction is of that
 // step on every rank; when they differ (a rank finished the step's update
 // before another), every rank pools again, up to max_attempts times.
@@ -59,8 +60,8 @@ struct RanksPredictorOptions {
 class RanksPredictor {
  public:
   // FailedPrecondition naming why when the weights cannot be read beside
-  // the step: one rank (SnapshotPredictor's case), a table not in host
-  // memory, or a dense part not on the CPU. InvalidArgument for bad options
+  // the step: one rank (SnapshotPredictor's case), a table in GPU memory,
+  // or a dense part not on the CPU. InvalidArgument for bad options
   // or a communicator of another world size than the model's. On rank 0
   // starts the heartbeat thread.
   static absl::StatusOr<std::unique_ptr<RanksPredictor>> Create(
@@ -99,7 +100,6 @@ class RanksPredictor {
  private:
   RanksPredictor(Model* model, comm::Communicator* comm,
                  RanksPredictorOptions options,
-                 std::vector<const embedding::EmbeddingTable*> shards,
                  std::unique_ptr<dense::DenseBackend> dense);
 
   // Leader, with mu_ held: broadcasts a command.
@@ -125,9 +125,6 @@ class RanksPredictor {
   const RanksPredictorOptions options_;
   const int rank_, world_;
   const int t_width_;  // a row of the interaction input
-  // This rank's shards in the exchange's owned()[rank] order (replicas
-  // included), their rows in host memory.
-  const std::vector<const embedding::EmbeddingTable*> shards_;
   // The model's dense parameters, taken once at creation (leader only; see
   // SnapshotPredictor::model_params_).
   const std::vector<dense::ParamRef> model_params_;
@@ -141,6 +138,8 @@ class RanksPredictor {
   // replica.
   std::vector<data::SparseFeature> ids_;
   std::vector<int> ids_index_;
+  // Each local shard's PoolReadOnly result, in owned()[rank] order.
+  std::vector<absl::Status> pooled_;
   data::Batch none_;  // a follower's share of every prediction: no sample
   // Leader: the dense part's copy and workspace, and the model's
   // weights_generation() it was copied at; guarded by mu_.

@@ -4,8 +4,8 @@
 // behind one mutex. Predictions on a CPU model run beside a training step
 // instead, from the weights of the last completed step: on one process a
 // model::SnapshotPredictor (tables in host memory or on RocksDB), on several
-// ranks the group's model::RanksPredictor (every table in host memory; it
-// falls back to the mutex when the ranks do not agree on a step);
+// ranks the group's model::RanksPredictor (the same tables; it falls back
+// to the mutex when the ranks do not agree on a step);
 // elsewhere they take the mutex and run between two steps. Either way a
 // prediction never sees a half-updated row. Services and jobs only talk to
 // this class.

@@ -1013,9 +1013,10 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
       over.sparse[2].ids[p] = i;
     }
   }
-  auto refused = (*client)->Predict(over);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
-      << refused.status();
+  // A prediction reads the rows beside the step (PoolReadOnly), through no
+  // cache, so it takes the batch; training on it is refused.
+  auto predicted = (*client)->Predict(over);
+  EXPECT_TRUE(predicted.ok()) << predicted.status();
   OneBatch one(over, config_.num_dense_features());
   clients::TrainOptions o;
   o.batch_size = over.size;

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
@@ -67,8 +68,13 @@ ModelConfig TestConfig() {
 }
 
 // Every table sharded `kind`-wise over `world` ranks ("mixed": one table of
-// each kind, the data-parallel one included).
-ModelConfig KindConfig(const std::string& kind, int world) {
+// each kind, the data-parallel one included); a "+rocksdb" suffix is the
+// ranks' tier only (RankConfig), so the one-process replay of such a kind
+// keeps its tables in memory (the RocksDB tier trains bitwise alike).
+ModelConfig KindConfig(std::string kind, int world) {
+  if (absl::EndsWith(kind, "+rocksdb")) {
+    kind.resize(kind.size() - std::string("+rocksdb").size());
+  }
   ModelConfig c = TestConfig();
   for (int k = 0; k < c.tables_size(); ++k) {
     TableConfig* t = c.mutable_tables(k);
@@ -363,8 +369,23 @@ absl::Status RunSkewed(const WorkerArgs& a, Model& m, RanksPredictor& p,
   return WriteRecords({}, a.out);
 }
 
+// KindConfig for the rank processes: with "+rocksdb", every table on
+// RocksDB under `dir` (each rank's database in its rank_<r> folder) behind
+// a cache as large as the table, so rows a batch has not loaded yet are
+// read from the database (or their initial value) by predictions.
+absl::StatusOr<ModelConfig> RankConfig(const std::string& kind, int world,
+                                       const std::string& dir) {
+  ModelConfig c = KindConfig(kind, world);
+  if (!absl::EndsWith(kind, "+rocksdb")) return c;
+  RocksDbConfig r;
+  r.set_path(dir);
+  r.set_cache_fraction(1.0);
+  return PlaceTablesOnRocksDb(c, {"all"}, r);
+}
+
 absl::Status RunWorker(const WorkerArgs& a) {
-  const ModelConfig c = KindConfig(a.kind, a.world);
+  ASSIGN_OR_RETURN(const ModelConfig c,
+                   RankConfig(a.kind, a.world, a.out + ".rocksdb"));
   embedding::PlannerOptions po;
   po.world_size = a.world;
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
@@ -534,6 +555,7 @@ class RanksPredictorTest : public testing::TestWithParam<Case> {
     std::filesystem::remove(out);
     std::filesystem::remove(out + ".flag");
     std::filesystem::remove_all(out + ".ckpt");
+    std::filesystem::remove_all(out + ".rocksdb");
     return records;
   }
 };
@@ -565,14 +587,18 @@ TEST_P(RanksPredictorTest, EachPredictionIsOfOneStep) {
 }
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
-  return info.param.kind + "_r" + std::to_string(info.param.world);
+  std::string name = info.param.kind + "_r" + std::to_string(info.param.world);
+  std::replace(name.begin(), name.end(), '+', '_');
+  return name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorTest,
                          testing::Values(Case{"table", 2}, Case{"column", 2},
                                          Case{"row", 2}, Case{"mixed", 2},
                                          Case{"table", 3}, Case{"column", 3},
-                                         Case{"row", 3}, Case{"mixed", 3}),
+                                         Case{"row", 3}, Case{"mixed", 3},
+                                         Case{"mixed+rocksdb", 2},
+                                         Case{"row+rocksdb", 3}),
                          CaseName);
 
 class RanksPredictorBlockedTest : public RanksPredictorTest {};
