@@ -83,18 +83,18 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
   }
   for (size_t j = 0; j < local.size(); ++j) {
     if (local[j].table != owned[j].table || local[j].shard != owned[j].shard) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", model->rank(), ": local shard ", j, " (table ",
-          config.tables(local[j].table).name(), " shard ", local[j].shard,
-          ") is not the plan's"));
+      return absl::InternalError(
+          absl::StrCat("rank ", model->rank(), ": local shard ", j, " (table ",
+                       config.tables(local[j].table).name(), " shard ",
+                       local[j].shard, ") is not the plan's"));
     }
   }
   std::unique_ptr<dense::DenseBackend> dense;
   if (model->rank() == 0) {
     ASSIGN_OR_RETURN(dense, dense::CreateDenseBackend(config));
   }
-  std::unique_ptr<RanksPredictor> p(new RanksPredictor(
-      model, comm, std::move(options), std::move(dense)));
+  std::unique_ptr<RanksPredictor> p(
+      new RanksPredictor(model, comm, std::move(options), std::move(dense)));
   if (p->rank_ == 0) {
     if (p->dense_->interaction().input_width != p->t_width_) {
       return absl::InternalError(
@@ -128,9 +128,9 @@ std::vector<int> TableColumns(const Model& model) {
 
 }  // namespace
 
-RanksPredictor::RanksPredictor(
-    Model* model, comm::Communicator* comm, RanksPredictorOptions options,
-    std::unique_ptr<dense::DenseBackend> dense)
+RanksPredictor::RanksPredictor(Model* model, comm::Communicator* comm,
+                               RanksPredictorOptions options,
+                               std::unique_ptr<dense::DenseBackend> dense)
     : model_(model),
       comm_(comm),
       options_(std::move(options)),

@@ -43,10 +43,11 @@ struct RanksPredictorOptions {
 // (EmbeddingStore::PoolReadOnly, which changes no cache). Every rank pools
 // under its model's weights_mutex() held shared, tagged with its
 // Model::steps(), and never holds that lock across a collective (a step
-// holds it exclusively across its own collectives). The ranks then all-gather their steps: when they
-// agree, the pooled vectors are gathered and the prediction is of that
-// step on every rank; when they differ (a rank finished the step's update
-// before another), every rank pools again, up to max_attempts times.
+// holds it exclusively across its own collectives). The ranks then all-gather
+// their steps: when they agree, the pooled vectors are gathered and the
+// prediction is of that step on every rank; when they differ (a rank finished
+// the step's update before another), every rank pools again, up to max_attempts
+// times.
 //
 // Why leader-centred: the leader's batch is the global batch (sizes
 // {n, 0, ..., 0} to ShardExchange), so the followers need no dense copy, no
