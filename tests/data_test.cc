@@ -3,6 +3,7 @@
 // dlrm_convert), the synthetic generator, and skipping and reading sample
 // ranges of each.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -106,8 +107,13 @@ void ExpectSameEpochs(BatchSource* got, BatchSource* want, int64_t batch_size,
   }
 }
 
+// `name` in the temp directory, made unique to this process: CTest runs
+// each test in a process of its own, several at once, and tests that share
+// a file name must not write each other's files.
 std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(testing::TempDir()) / name).string();
+  return (std::filesystem::path(testing::TempDir()) /
+          (std::to_string(getpid()) + "_" + name))
+      .string();
 }
 
 void WriteFile(const std::string& path, const std::string& text) {
