@@ -315,8 +315,7 @@ absl::Status RunLoad(clients::ServerProcess& server,
                    clients::Client::Connect(trained.address()));
   // The checkpoint step the predictions start on (a replica's, or the
   // server's own step).
-  ASSIGN_OR_RETURN(const ModelInfo info_start,
-                   connections[0]->GetModelInfo());
+  ASSIGN_OR_RETURN(const ModelInfo info_start, connections[0]->GetModelInfo());
 
   const double rss_start = RssMiB(server.pid());
   std::atomic<double> rss_peak{rss_start};
@@ -501,9 +500,9 @@ absl::Status Run(Flags& f) {
       return absl::InternalError("mkdtemp for the replica's checkpoints");
     }
     follow_dir = dir_template;
-    args.insert(args.end(), {"--checkpoint-dir", follow_dir,
-                             "--checkpoint-every-seconds",
-                             absl::StrCat(f.replica_checkpoint_seconds)});
+    args.insert(args.end(),
+                {"--checkpoint-dir", follow_dir, "--checkpoint-every-seconds",
+                 absl::StrCat(f.replica_checkpoint_seconds)});
   }
   // Removes the replica's checkpoints whichever way Run returns.
   struct RemoveDir {
