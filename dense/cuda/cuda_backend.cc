@@ -267,35 +267,23 @@ class CudaDenseBackend final : public DenseBackend {
                                                  int extra) override {
     // May run on the all-reduce thread, whose current device is its own.
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const auto [begin, end] = host_->Range(bucket);
-    int64_t total = extra;
-    for (size_t i = begin; i < end; ++i) total += params_[i].size;
+    const int64_t total = BucketFloats(bucket) + extra;
     float* flat = Sized(Flat(bucket), total);
     // The bucket's gradients are final once the backward that wrote them
     // has run: the copies wait for it on the copy stream.
     const CudaEvent& ready =
         bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    int64_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      RETURN_IF_ERROR(CopyAsync(flat + at, params_[i].grad, params_[i].size,
-                                cudaMemcpyDeviceToHost, copy_stream_.get()));
-      at += params_[i].size;
-    }
+    RETURN_IF_ERROR(CopyBucket(bucket, flat, /*to_flat=*/true,
+                               cudaMemcpyDeviceToHost, copy_stream_.get()));
     RETURN_IF_ERROR(copy_stream_.Synchronize());
     return std::span<float>(flat, total);
   }
 
   absl::Status UnpackGradients(GradBucket bucket) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const auto [begin, end] = host_->Range(bucket);
-    const float* flat = Flat(bucket).data();
-    int64_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      RETURN_IF_ERROR(CopyAsync(params_[i].grad, flat + at, params_[i].size,
-                                cudaMemcpyHostToDevice, copy_stream_.get()));
-      at += params_[i].size;
-    }
+    RETURN_IF_ERROR(CopyBucket(bucket, Flat(bucket).data(), /*to_flat=*/false,
+                               cudaMemcpyHostToDevice, copy_stream_.get()));
     // Update (on the compute stream) runs after this returns.
     return copy_stream_.Synchronize();
   }
@@ -303,9 +291,7 @@ class CudaDenseBackend final : public DenseBackend {
   absl::StatusOr<std::span<float>> PackDeviceGradients(GradBucket bucket,
                                                        int extra) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const auto [begin, end] = host_->Range(bucket);
-    int64_t total = extra;
-    for (size_t i = begin; i < end; ++i) total += params_[i].size;
+    const int64_t total = BucketFloats(bucket) + extra;
     // The last step's unpack (on the compute stream) may still read the
     // buffer: growing it (cudaFree) waits for the device anyway, and the
     // copies below wait for this step's backward, queued after it.
@@ -313,12 +299,8 @@ class CudaDenseBackend final : public DenseBackend {
     const CudaEvent& ready =
         bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    int64_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      RETURN_IF_ERROR(CopyAsync(flat + at, params_[i].grad, params_[i].size,
-                                cudaMemcpyDeviceToDevice, copy_stream_.get()));
-      at += params_[i].size;
-    }
+    RETURN_IF_ERROR(CopyBucket(bucket, flat, /*to_flat=*/true,
+                               cudaMemcpyDeviceToDevice, copy_stream_.get()));
     // Complete on return, so an all-reduce queued on the compute stream
     // afterwards reads it whole.
     RETURN_IF_ERROR(copy_stream_.Synchronize());
@@ -327,16 +309,9 @@ class CudaDenseBackend final : public DenseBackend {
 
   absl::Status UnpackDeviceGradients(GradBucket bucket) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const auto [begin, end] = host_->Range(bucket);
-    const float* flat = flat_device_.data();
-    int64_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      // On the compute stream: after the all-reduce, before Update.
-      RETURN_IF_ERROR(CopyAsync(params_[i].grad, flat + at, params_[i].size,
-                                cudaMemcpyDeviceToDevice, stream()));
-      at += params_[i].size;
-    }
-    return absl::OkStatus();
+    // On the compute stream: after the all-reduce, before Update.
+    return CopyBucket(bucket, flat_device_.data(), /*to_flat=*/false,
+                      cudaMemcpyDeviceToDevice, stream());
   }
 
   DensePrecision precision() const override { return PRECISION_FP32; }
@@ -359,6 +334,28 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
  private:
+  // Floats of the gradients of `bucket`'s parameters.
+  int64_t BucketFloats(GradBucket bucket) const {
+    const auto [begin, end] = host_->Range(bucket);
+    int64_t total = 0;
+    for (size_t i = begin; i < end; ++i) total += params_[i].size;
+    return total;
+  }
+  // Copies the gradients of `bucket`'s parameters into `flat` back to back
+  // (to_flat) or from it into the parameters, as `kind`, on `stream`.
+  absl::Status CopyBucket(GradBucket bucket, float* flat, bool to_flat,
+                          cudaMemcpyKind kind, cudaStream_t stream) {
+    const auto [begin, end] = host_->Range(bucket);
+    int64_t at = 0;
+    for (size_t i = begin; i < end; ++i) {
+      float* grad = params_[i].grad;
+      RETURN_IF_ERROR(
+          to_flat ? CopyAsync(flat + at, grad, params_[i].size, kind, stream)
+                  : CopyAsync(grad, flat + at, params_[i].size, kind, stream));
+      at += params_[i].size;
+    }
+    return absl::OkStatus();
+  }
   CudaDenseBackend(const ModelConfig& config,
                    std::unique_ptr<HostDenseParams> host)
       : DenseBackend(MakeInteractionShape(config)),
