@@ -101,14 +101,10 @@ absl::StatusOr<LtPlan> MakePlan(cublasLtHandle_t lt, const LtPlanKey& key,
   if (bias != nullptr) {
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    // fp32, whatever A and B are (D's type, the default, said outright).
-    const int32_t bias_type = CUDA_R_32F;
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-        sizeof(bias_type)));
   }
   // Stored shapes: op(A) [m x k] is A [k x m] when transposed. A and B
-  // have the key's type; C and D are fp32 (as the bias, by default).
+  // have the key's type; C and D are fp32, and so is the bias (cuBLASLt's
+  // default bias type is D's, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
   const auto type = static_cast<cudaDataType_t>(key.data_type);
   ASSIGN_OR_RETURN(plan.a, key.trans_a
                                ? MakeLayout(type, key.k, key.m, key.lda)
