@@ -313,6 +313,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.rocksdb().host_budget_bytes() < 0) {
     return absl::InvalidArgumentError("rocksdb.host_budget_bytes must be >= 0");
   }
+  if (c.device_budget_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_budget_bytes must be >= 0, got ", c.device_budget_bytes()));
+  }
   if (c.rocksdb().host_budget_bytes() > 0 && c.rocksdb().path().empty()) {
     return absl::InvalidArgumentError(
         "rocksdb.host_budget_bytes is set but rocksdb.path is empty (where "

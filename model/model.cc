@@ -119,10 +119,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     comm::Communicator* comm, comm::Communicator* dense_comm,
     comm::Communicator* device_comm) {
   RETURN_IF_ERROR(plan.Validate(requested));
-  // Tiers from rocksdb.host_budget_bytes (per rank), when set: every rank
-  // plans the same from the same config and plan.
+  // Tiers from device_budget_bytes and rocksdb.host_budget_bytes (per
+  // rank), when set: every rank plans the same from the same config and
+  // plan.
   ASSIGN_OR_RETURN(const ModelConfig config,
-                   embedding::ApplyHostBudget(requested, &plan));
+                   embedding::ApplyMemoryBudgets(requested, &plan));
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,

@@ -24,6 +24,9 @@
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
 #include "comm/host_staged_communicator.h"
+#if defined(DLRM_TEST_NCCL)
+#include "comm/factory.h"
+#endif
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
@@ -486,14 +489,31 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaRanksTest,
                                "_r", info.param.world);
                          });
 
-// One rank over the one-GPU device communicator with row-wise tables (two
-// shards on the rank, so the exchanges run, in device memory; a device
-// table and a host one): like one CPU process. On one rank the exchanges
-// call no collective, so NCCL (whose library this bundled binary does not
-// link) would run the same step; its collectives are comm_test's.
-TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
-  DLRM_SKIP_WITHOUT_CUDA();
-  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+// One process of RanksConfig("none", 1, host_tables) on the GPU over
+// `plan`, its device exchanges on `device_comm` (null: no communicator,
+// Model::Create(config)); what it reports after kRanksBatches.
+absl::Status TrainOneRank(const ModelConfig& c,
+                          const embedding::ShardingPlan* plan,
+                          comm::Communicator* device_comm, RanksReport* got) {
+  std::unique_ptr<comm::Communicator> host = comm::MakeSingleRankCommunicator();
+  std::unique_ptr<Model> m;
+  if (plan == nullptr) {
+    ASSIGN_OR_RETURN(m, Model::Create(c));
+  } else {
+    ASSIGN_OR_RETURN(m,
+                     Model::Create(c, *plan, host.get(), nullptr, device_comm));
+  }
+  uint64_t seed = 300;
+  for (const int64_t n : kRanksBatches) {
+    ASSIGN_OR_RETURN(const StepResult step, m->TrainStep(Batch(c, n, seed++)));
+    got->losses.push_back(step.loss);
+  }
+  return Collect(*m, got);
+}
+
+// RanksConfig("none", 1, host tables)'s plan with tables 0 and 1 row-wise
+// in two shards on rank 0, so that the exchanges run, in device memory.
+embedding::ShardingPlan OneRankRowWisePlan(const ModelConfig& c) {
   embedding::ShardingPlan plan = embedding::WholeTablesPlan(c);
   for (int k : {0, 1}) {
     const int64_t rows = c.tables(k).rows();
@@ -502,22 +522,65 @@ TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
     plan.tables[k].shards = {{0, 0, rows / 2, 0, dim},
                              {0, rows / 2, rows - rows / 2, 0, dim}};
   }
+  return plan;
+}
+
+// One rank over the one-GPU device communicator with row-wise tables (two
+// shards on the rank, so the exchanges run, in device memory; a device
+// table and a host one): like one CPU process.
+TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+  const embedding::ShardingPlan plan = OneRankRowWisePlan(c);
   ASSERT_TRUE(plan.Validate(c).ok());
   auto device_comm = comm::MakeSingleRankDeviceCommunicator(0);
   ASSERT_TRUE(device_comm.ok()) << device_comm.status();
-  auto host = comm::MakeSingleRankCommunicator();
-  auto m = Model::Create(c, plan, host.get(), nullptr, device_comm->get());
-  ASSERT_TRUE(m.ok()) << m.status();
   RanksReport got;
-  uint64_t seed = 300;
-  for (const int64_t n : kRanksBatches) {
-    auto step = (*m)->TrainStep(Batch(c, n, seed++));
-    ASSERT_TRUE(step.ok()) << step.status();
-    got.losses.push_back(step->loss);
-  }
-  ASSERT_TRUE(Collect(**m, &got).ok());
+  ASSERT_TRUE(TrainOneRank(c, &plan, device_comm->get(), &got).ok());
   ExpectLikeReference(got, CpuReference("none", 1));
 }
+
+#if defined(DLRM_TEST_NCCL)
+// Built into cuda_model_nccl_test only (tests/CMakeLists.txt): it links
+// libnccl, which scripts/cuda_bundle.sh does not carry.
+//
+// NCCL at world size 1 (one GPU cannot host two NCCL ranks): the model's
+// step over a real one-rank NCCL communicator trains like one process
+// without a communicator (whole tables: on one rank the step calls no
+// collective) and like the single-rank device communicator (row-wise
+// tables, the exchanges in device memory), within ExpectLikeReference's
+// tolerance (GPU sums are not promised to be bitwise reproducible run to
+// run). NCCL's own collectives at world size 1 are comm_test's
+// CommNcclTest.SingleRankCollectivesMatchReference.
+TEST(CudaRanksTest, OneRankOverNcclTrainsLikeOneProcess) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+  comm::CommOptions o;
+  o.world_size = 1;
+  o.memory_space = comm::MemorySpace::kDevice;
+  o.backend = comm::CommBackend::kNccl;
+  auto nccl = comm::CreateCommunicator(o);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+
+  RanksReport alone, over_nccl;
+  ASSERT_TRUE(TrainOneRank(c, nullptr, nullptr, &alone).ok());
+  const embedding::ShardingPlan whole = embedding::WholeTablesPlan(c);
+  absl::Status s = TrainOneRank(c, &whole, nccl->get(), &over_nccl);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectLikeReference(over_nccl, alone);
+
+  const embedding::ShardingPlan rows = OneRankRowWisePlan(c);
+  auto single = comm::MakeSingleRankDeviceCommunicator(0);
+  ASSERT_TRUE(single.ok()) << single.status();
+  RanksReport row_nccl, row_single;
+  s = TrainOneRank(c, &rows, nccl->get(), &row_nccl);
+  ASSERT_TRUE(s.ok()) << s;
+  s = TrainOneRank(c, &rows, single->get(), &row_single);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectLikeReference(row_nccl, row_single);
+  ExpectLikeReference(row_nccl, CpuReference("none", 1));
+}
+#endif  // DLRM_TEST_NCCL
 
 }  // namespace
 }  // namespace dlrm::model
