@@ -50,6 +50,12 @@ absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
     ModelConfig config, const std::vector<std::string>& tables,
     const RocksDbConfig& rocksdb);
 
+// Whether a table's rows are stored in RocksDB: STORAGE_ROCKSDB, or a
+// STORAGE_DEVICE table whose device cache (device_cache_rows > 0) is backed
+// by RocksDB (device_cache_backing STORAGE_ROCKSDB). Its host memory is
+// then its RocksDB row cache (CachedRows).
+bool RowsOnRocksDb(const TableConfig& table);
+
 // Rows of table `table` (STORAGE_ROCKSDB) kept in its cache, for a
 // normalised config: rocksdb.cache_rows, or cache_fraction of the table's
 // rows rounded up, clamped to [1, rows].

@@ -81,8 +81,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
 // Tier choice from a host-memory budget (docs/storage.md "Planner").
 struct TierPlanOptions {
   // Bytes of embedding rows (weights and optimizer state) one rank's host
-  // memory may hold: its STORAGE_HOST shards whole, plus the row cache of
-  // each of its STORAGE_ROCKSDB shards (STORAGE_DEVICE shards take none).
+  // memory may hold: as HostBytesPerRank counts them.
   // 0 means unlimited (no table moves). Default: 0.
   int64_t host_budget_bytes = 0;
   // The RocksDB tier of the tables that move (ModelConfig.rocksdb); its
@@ -94,15 +93,17 @@ struct TierPlanOptions {
 
 // Host bytes of table `k` of a normalised config under `rocksdb`: the whole
 // table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
-// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (the whole table when its
-// device_cache_rows keeps every row in host memory behind the device).
+// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (with device_cache_rows, what is
+// behind the device: the whole table, or its row cache when
+// device_cache_backing is STORAGE_ROCKSDB).
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 
 // Host bytes of embedding rows each rank holds under `plan` (valid for the
 // normalised `config`): STORAGE_HOST shards whole, the row cache of each
 // STORAGE_ROCKSDB shard (CachedRows of the shard's rows under `rocksdb`);
-// STORAGE_DEVICE shards count nothing, or whole with device_cache_rows.
+// STORAGE_DEVICE shards count nothing, or with device_cache_rows what is
+// behind the device (whole, or the row cache of a RocksDB backing).
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const ShardingPlan& plan,
                                       const RocksDbConfig& rocksdb);
@@ -111,12 +112,14 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
 // (bytes of weights and state) first, ties by config order, until every
 // rank's host bytes (HostBytesPerRank) fit options.host_budget_bytes; a
 // table moves only while it has a shard on a rank still over the budget.
-// Only STORAGE_HOST tables move: tables already on RocksDB or the device
-// stay there, and ModelConfig.rocksdb becomes options.rocksdb when a table
-// uses the tier. `plan` null means one process holding every table whole.
-// InvalidArgument for bad options (naming the field); ResourceExhausted, naming
-// the rank, the budget and the bytes still needed, when even every table on
-// RocksDB does not fit.
+// STORAGE_HOST tables move to STORAGE_ROCKSDB; STORAGE_DEVICE tables with
+// a device cache backed by host memory get device_cache_backing
+// STORAGE_ROCKSDB (their slots stay on the device); other tables stay, and
+// ModelConfig.rocksdb becomes options.rocksdb when a table uses the tier.
+// `plan` null means one process holding every table whole. InvalidArgument for
+// bad options (naming the field); ResourceExhausted, naming the rank, the
+// budget and the bytes still needed, when even every table on RocksDB does not
+// fit.
 absl::StatusOr<ModelConfig> PlanStorageTiers(
     const ModelConfig& config, const TierPlanOptions& options,
     const ShardingPlan* plan = nullptr);
