@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -69,8 +70,7 @@ void CachedStore::PrefetchLoop() {
   std::unique_lock<std::mutex> lock(read_mu_);
   while (true) {
     read_cv_.wait(lock, [this] { return read_queued_ || stopping_; });
-    // A queued read runs even when stopping (the destructor joined it
-    // first anyway).
+    // Stops only with no read queued: a queued read runs first.
     if (!read_queued_) return;
     read_queued_ = false;
     lock.unlock();
@@ -265,6 +265,14 @@ absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
   }
   if (staged_rows_.empty()) return absl::OkStatus();
   staged_records_.resize(staged_rows_.size() * RecordFloats());
+  if (background_prefetch_ && !worker_.joinable()) {
+    try {
+      worker_ = std::thread([this] { PrefetchLoop(); });
+    } catch (const std::system_error&) {
+      // No thread to be had: this store reads on the caller's thread.
+      background_prefetch_ = false;
+    }
+  }
   if (!background_prefetch_) {
     ReadStaged();
     return WaitForPrefetch();
@@ -274,7 +282,6 @@ absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
     read_queued_ = true;
     read_pending_ = true;
   }
-  if (!worker_.joinable()) worker_ = std::thread([this] { PrefetchLoop(); });
   read_cv_.notify_all();
   return absl::OkStatus();
 }

@@ -223,7 +223,8 @@ class CachedStore final : public EmbeddingStore {
   std::vector<int64_t> staged_rows_;
   absl::Status read_status_;
   int64_t read_rows_ = 0;
-  // The prefetch thread (started by the first background Prefetch) and its
+  // The prefetch thread (started by the first background Prefetch; when
+  // none can be started the store reads on the caller's thread) and its
   // hand-over: read_queued_ until it starts the read, read_pending_ until
   // it is done.
   std::thread worker_;
