@@ -242,7 +242,8 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
   for (size_t k = 0; k < tables.size(); ++k) {
     const TableConfig& t = config.tables(k);
     const TablePlacement& p = tables[k];
-    const bool on_rocksdb = t.storage() == STORAGE_ROCKSDB;
+    // Rows stored in RocksDB: the table's, or its device cache's backing.
+    const bool on_rocksdb = RowsOnRocksDb(t);
     const bool on_device = t.storage() == STORAGE_DEVICE;
     any_rocksdb = any_rocksdb || on_rocksdb;
     any_device = any_device || on_device;
@@ -256,7 +257,8 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
           host.row_count = CachedRows(config.rocksdb(), s.row_count);
         }
         if (on_device) {
-          // Cached: the slots on the device, every row in host memory.
+          // Cached: the slots on the device, every row in host memory (or
+          // on RocksDB behind its row cache, above).
           if (t.device_cache_rows() == 0) host.row_count = 0;
           device[s.rank] += DeviceShardBytes(t, s, config.sparse_optimizer());
         }
@@ -531,11 +533,11 @@ int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
   // A device table has no host copy unless it is cached (the whole table
-  // then stays in host memory behind the device's slots).
+  // then stays in host memory behind the device's slots, or its RocksDB
+  // row cache does).
   if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) return 0;
   Shard shard;
-  shard.row_count =
-      t.storage() == STORAGE_ROCKSDB ? CachedRows(rocksdb, t.rows()) : t.rows();
+  shard.row_count = RowsOnRocksDb(t) ? CachedRows(rocksdb, t.rows()) : t.rows();
   shard.col_count = t.dim();
   return ShardBytes(shard, config.sparse_optimizer());
 }
@@ -545,12 +547,12 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const RocksDbConfig& rocksdb) {
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
-    const StorageTier tier = config.tables(k).storage();
-    if (tier == STORAGE_DEVICE && config.tables(k).device_cache_rows() == 0) {
+    const TableConfig& t = config.tables(k);
+    if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) {
       continue;
     }
     for (Shard shard : plan.tables[k].shards) {
-      if (tier == STORAGE_ROCKSDB) {
+      if (RowsOnRocksDb(t)) {
         shard.row_count = CachedRows(rocksdb, shard.row_count);
       }
       used[shard.rank] += ShardBytes(shard, config.sparse_optimizer());
@@ -661,6 +663,7 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
         [](TableConfig* t) {
           t->set_storage(STORAGE_HOST);
           t->clear_device_cache_rows();
+          t->clear_device_cache_backing();
         },
         &used);
   }
@@ -670,15 +673,29 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
       [&](const ModelConfig& m) {
         return HostBytesPerRank(m, p, options.rocksdb);
       },
+      // Host tables, and device caches backed by host memory (their
+      // backing moves to RocksDB; the slots stay on the device).
       [&](int k) -> int64_t {
-        if (c.tables(k).storage() != STORAGE_HOST) return -1;
+        const TableConfig& t = c.tables(k);
+        if (t.storage() != STORAGE_HOST &&
+            !(t.storage() == STORAGE_DEVICE && t.device_cache_rows() > 0 &&
+              t.device_cache_backing() == STORAGE_HOST)) {
+          return -1;
+        }
         int64_t bytes = 0;
         for (const Shard& shard : p.tables[k].shards) {
           bytes += ShardBytes(shard, opt);
         }
         return bytes;
       },
-      [](TableConfig* t) { t->set_storage(STORAGE_ROCKSDB); }, &used);
+      [](TableConfig* t) {
+        if (t->storage() == STORAGE_DEVICE) {
+          t->set_device_cache_backing(STORAGE_ROCKSDB);
+        } else {
+          t->set_storage(STORAGE_ROCKSDB);
+        }
+      },
+      &used);
   for (int r = 0; r < p.world_size; ++r) {
     if (used[r] <= options.host_budget_bytes) continue;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -690,7 +707,7 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
   }
   bool any_rocksdb = false;
   for (const TableConfig& t : c.tables()) {
-    any_rocksdb = any_rocksdb || t.storage() == STORAGE_ROCKSDB;
+    any_rocksdb = any_rocksdb || RowsOnRocksDb(t);
   }
   if (!any_rocksdb) return c;
   if (options.rocksdb.path().empty() && !moved.empty()) {

@@ -103,8 +103,7 @@ struct TierPlanOptions {
   // Default: 0.
   int64_t device_budget_bytes = 0;
   // Bytes of embedding rows (weights and optimizer state) one rank's host
-  // memory may hold: its STORAGE_HOST shards whole, plus the row cache of
-  // each of its STORAGE_ROCKSDB shards (STORAGE_DEVICE shards take none).
+  // memory may hold: as HostBytesPerRank counts them.
   // 0 means unlimited (no table moves). Default: 0.
   int64_t host_budget_bytes = 0;
   // The RocksDB tier of the tables that move (ModelConfig.rocksdb); its
@@ -116,15 +115,17 @@ struct TierPlanOptions {
 
 // Host bytes of table `k` of a normalised config under `rocksdb`: the whole
 // table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
-// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (the whole table when its
-// device_cache_rows keeps every row in host memory behind the device).
+// STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (with device_cache_rows, what is
+// behind the device: the whole table, or its row cache when
+// device_cache_backing is STORAGE_ROCKSDB).
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 
 // Host bytes of embedding rows each rank holds under `plan` (valid for the
 // normalised `config`): STORAGE_HOST shards whole, the row cache of each
 // STORAGE_ROCKSDB shard (CachedRows of the shard's rows under `rocksdb`);
-// STORAGE_DEVICE shards count nothing, or whole with device_cache_rows.
+// STORAGE_DEVICE shards count nothing, or with device_cache_rows what is
+// behind the device (whole, or the row cache of a RocksDB backing).
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const ShardingPlan& plan,
                                       const RocksDbConfig& rocksdb);
@@ -137,17 +138,20 @@ std::vector<int64_t> DeviceBytesPerRank(const ModelConfig& config,
 // `config` (normalised) with tables moved between tiers to fit the budgets,
 // in two passes; `plan` null means one process holding every table whole.
 // First the device: STORAGE_DEVICE tables (cached or not) move to
-// STORAGE_HOST (device_cache_rows cleared), largest device bytes first,
-// ties by config order, until every rank's DeviceBytesPerRank fits
-// options.device_budget_bytes; this always ends within it. Then the host:
-// STORAGE_HOST tables (those just moved too) move to STORAGE_ROCKSDB,
-// largest (bytes of weights and state) first, ties by config order, until
-// every rank's host bytes (HostBytesPerRank) fit options.host_budget_bytes.
-// In either pass a table moves only while it has a shard on a rank still
-// over that budget. ModelConfig.rocksdb becomes options.rocksdb when a
-// table uses the tier. InvalidArgument for bad options (naming the field);
-// ResourceExhausted, naming the rank, the budget and the bytes still needed,
-// when even every table on RocksDB does not fit the host budget.
+// STORAGE_HOST (device_cache_rows and device_cache_backing cleared),
+// largest device bytes first, ties by config order, until every rank's
+// DeviceBytesPerRank fits options.device_budget_bytes; this always ends
+// within it. Then the host, largest (bytes of weights and state) first,
+// ties by config order, until every rank's host bytes (HostBytesPerRank)
+// fit options.host_budget_bytes: STORAGE_HOST tables (those just moved
+// too) move to STORAGE_ROCKSDB, and STORAGE_DEVICE tables with a device
+// cache backed by host memory get device_cache_backing STORAGE_ROCKSDB
+// (their slots stay on the device). In either pass a table moves only
+// while it has a shard on a rank still over that budget.
+// ModelConfig.rocksdb becomes options.rocksdb when a table uses the tier.
+// InvalidArgument for bad options (naming the field); ResourceExhausted,
+// naming the rank, the budget and the bytes still needed, when even every
+// table it can move on RocksDB does not fit the host budget.
 absl::StatusOr<ModelConfig> PlanStorageTiers(
     const ModelConfig& config, const TierPlanOptions& options,
     const ShardingPlan* plan = nullptr);

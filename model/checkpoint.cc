@@ -581,12 +581,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointWith(
       file_system));
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
   RETURN_IF_ERROR(adjust(&config));
-  // Tables that lived in the GPU's memory live in host memory on the CPU.
+  // Tables that lived in the GPU's memory live in host memory on the CPU,
+  // or on RocksDB when their device cache was backed by it; the device
+  // cache's fields go (the config refuses them off STORAGE_DEVICE).
   if (config.device() != DEVICE_CUDA) {
     for (TableConfig& t : *config.mutable_tables()) {
       if (t.storage() == STORAGE_DEVICE) {
-        t.set_storage(STORAGE_HOST);
+        t.set_storage(RowsOnRocksDb(t) ? STORAGE_ROCKSDB : STORAGE_HOST);
         t.clear_device_cache_rows();
+        t.clear_device_cache_backing();
       }
     }
   }

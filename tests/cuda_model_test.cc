@@ -1,10 +1,10 @@
 // The model's step on a GPU with its tables in device memory
 // (STORAGE_DEVICE: embedding::cuda::CudaStore, or the device cache with
-// device_cache_rows, pooling into, and updating from, the CUDA dense
-// backend's device buffers on its stream) against the same model on the
-// CPU, and checkpoints between the two; the exchanges' CUDA column copies
-// against their CPU reference; and the step across rank processes sharing
-// the GPU through a host-staged communicator, and on one rank over the
+// device_cache_rows over host memory or RocksDB, pooling into, and updating
+// from, the CUDA dense backend's device buffers on its stream) against the same
+// model on the CPU, and checkpoints between the two; the exchanges' CUDA column
+// copies against their CPU reference; and the step across rank processes
+// sharing the GPU through a host-staged communicator, and on one rank over the
 // one-GPU communicator, against one CPU process. Skipped without a CUDA
 // device (fails instead under DLRM_REQUIRE_CUDA=1). The checks that run on
 // any machine (a device table refused without a device communicator, or
@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -54,6 +55,10 @@ struct DeviceCase {
   // cache in front of the tables in host memory (the 1000-row table
   // evicts; the others fit).
   int64_t device_cache_rows = 0;
+  // With device_cache_rows: the caches backed by RocksDB
+  // (device_cache_backing STORAGE_ROCKSDB) behind a row cache of 100 rows,
+  // not by host memory.
+  bool over_rocksdb = false;
 };
 
 // Four tables of dim 16 (the kernels' float4 path): one-hot, multi-hot
@@ -122,26 +127,61 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
     if (!c.mixed || k % 2 == 0) {
       gpu_config.mutable_tables(k)->set_storage(STORAGE_DEVICE);
       gpu_config.mutable_tables(k)->set_device_cache_rows(c.device_cache_rows);
+      if (c.over_rocksdb) {
+        gpu_config.mutable_tables(k)->set_device_cache_backing(STORAGE_ROCKSDB);
+      }
     }
+  }
+  const std::string rows_dir =
+      (std::filesystem::temp_directory_path() /
+       ("cuda_model_test_rows_" + std::to_string(::getpid()) + "_" + c.name))
+          .string();
+  if (c.over_rocksdb) {
+    gpu_config.mutable_rocksdb()->set_path(rows_dir);
+    gpu_config.mutable_rocksdb()->set_cache_rows(100);
+    auto normalized = NormalizeModelConfig(gpu_config);
+    ASSERT_TRUE(normalized.ok()) << normalized.status();
+    gpu_config = *normalized;
   }
   auto cpu = Model::Create(cpu_config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto gpu = Model::Create(gpu_config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   int steps = 0;
-  for (const int64_t n : {64, 0, 131, 7, 512}) {
+  const std::vector<int64_t> sizes = {64, 0, 131, 7, 512};
+  StepResult last;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
     SCOPED_TRACE(::testing::Message() << "batch " << n);
     const data::Batch b = Batch(cpu_config, n, 100 + n);
+    // The next batch is prefetched on the GPU model (the device caches
+    // stage its rows in the background while the step computes).
+    const data::Batch next =
+        Batch(cpu_config, i + 1 < sizes.size() ? sizes[i + 1] : 0,
+              i + 1 < sizes.size() ? 100 + sizes[i + 1] : 0);
     auto want = (*cpu)->TrainStep(b);
     ASSERT_TRUE(want.ok()) << want.status();
-    auto got = (*gpu)->TrainStep(b);
+    auto got = (*gpu)->TrainStep(b, &next);
     ASSERT_TRUE(got.ok()) << got.status();
     ++steps;
     if (n > 0) {
       EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss);
     }
+    last = *std::move(got);
   }
   EXPECT_EQ((*gpu)->steps(), steps);
+  if (c.device_cache_rows > 0) {
+    // Every device-cached table's counters, as of the last prepare.
+    ASSERT_FALSE(last.stores.empty());
+    int64_t misses = 0;
+    for (const RankTableStore& s : last.stores) {
+      EXPECT_TRUE(s.device) << s.table;
+      EXPECT_EQ(s.cache_rows, std::min(c.device_cache_rows,
+                                       cpu_config.tables(s.table).rows()));
+      misses += s.metrics.misses;
+    }
+    EXPECT_GT(misses, 0);
+  }
   for (int k = 0; k < cpu_config.tables_size(); ++k) {
     std::vector<float> want, got;
     ASSERT_TRUE((*cpu)->GatherTable(k, &want).ok());
@@ -188,6 +228,10 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
   EXPECT_EQ((*on_gpu)->WeightChecksum().value(),
             (*gpu)->WeightChecksum().value());
   std::filesystem::remove_all(dir);
+  on_cpu->reset();
+  on_gpu->reset();
+  gpu->reset();
+  std::filesystem::remove_all(rows_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -204,7 +248,10 @@ INSTANTIATE_TEST_SUITE_P(
         // 480 slots: more than the unique ids of one table in the 512
         // batch, fewer than the one-hot table's 1000 rows.
         DeviceCase{"DotAdamCached", INTERACTION_DOT, OptimizerConfig::ADAM,
-                   true, 480}),
+                   true, 480},
+        // The same caches over RocksDB, itself behind a 100-row host cache.
+        DeviceCase{"DotAdagradCachedOverRocksDb", INTERACTION_DOT,
+                   OptimizerConfig::ROWWISE_ADAGRAD, true, 480, true}),
     [](const ::testing::TestParamInfo<DeviceCase>& info) {
       return info.param.name;
     });

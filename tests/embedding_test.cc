@@ -868,6 +868,44 @@ TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
   EXPECT_NE(normalised.status().message().find("device_budget_bytes"),
             std::string::npos)
       << normalised.status();
+
+// RocksDB under a device cache: the host holds only its row cache, RocksDB
+// the table; over a host budget the planner moves a device cache's host
+// backing to RocksDB (the slots stay on the device) before the smaller
+// host table. SGD, dim 8: 32 bytes a row.
+TEST(ShardingTest, DeviceCacheOverRocksDbCountsItsRowCache) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+      "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
+      "device_cache_rows: 4000 device_cache_backing: STORAGE_ROCKSDB } "
+      "rocksdb { path: '/tmp/unused' cache_rows: 2000 }");
+  EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 64000);
+  const ShardingPlan plan = WholeTablesPlan(c);
+  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{96000}));
+  const std::string text = plan.ToString(c);
+  EXPECT_NE(text.find("on rocksdb with a cache of 2000 rows; in device memory"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 0: 0.1 MiB in host memory, 1.2 MiB on rocksdb, "
+                      "0.1 MiB in device memory"),
+            std::string::npos)
+      << text;
+
+  ModelConfig host_backed = c;
+  host_backed.mutable_tables(1)->clear_device_cache_backing();
+  host_backed.clear_rocksdb();
+  TierPlanOptions options;
+  options.rocksdb.set_path("/tmp/unused");
+  options.rocksdb.set_cache_rows(2000);
+  options.host_budget_bytes = 100000;
+  auto moved = PlanStorageTiers(host_backed, options);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->tables(1).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(moved->tables(1).device_cache_backing(), STORAGE_ROCKSDB);
+  EXPECT_EQ(moved->tables(1).device_cache_rows(), 4000);
+  EXPECT_EQ(moved->tables(0).storage(), STORAGE_HOST);
+  EXPECT_EQ(moved->rocksdb().path(), "/tmp/unused");
 }
 
 TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
