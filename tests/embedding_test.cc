@@ -868,6 +868,7 @@ TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
   EXPECT_NE(normalised.status().message().find("device_budget_bytes"),
             std::string::npos)
       << normalised.status();
+}
 
 // RocksDB under a device cache: the host holds only its row cache, RocksDB
 // the table; over a host budget the planner moves a device cache's host
