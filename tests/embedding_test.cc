@@ -821,7 +821,9 @@ TEST(ShardingTest, TierPlannerMovesTheLargestDeviceTablesToTheHost) {
   }
 
   // Then the host budget counts the moved table (640000 bytes) beside the
-  // cached table's host rows (1600000) and sends it on to RocksDB.
+  // cached table's host rows (1600000); the larger, the cached table's
+  // host backing, moves to RocksDB (its slots stay on the device), leaving
+  // its row cache (5000 rows) and big in host memory.
   const std::string dir = ::testing::TempDir() + "/device_budget_rocksdb";
   o.device_budget_bytes = 600000;
   o.host_budget_bytes = 1700000;
@@ -829,9 +831,22 @@ TEST(ShardingTest, TierPlannerMovesTheLargestDeviceTablesToTheHost) {
   o.rocksdb.set_cache_fraction(0.1);
   auto both = PlanStorageTiers(c, o, &whole);
   ASSERT_TRUE(both.ok()) << both.status();
-  EXPECT_EQ(both->tables(1).storage(), STORAGE_ROCKSDB);
+  EXPECT_EQ(both->tables(1).storage(), STORAGE_HOST);
+  EXPECT_EQ(both->tables(2).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(both->tables(2).device_cache_backing(), STORAGE_ROCKSDB);
   EXPECT_EQ(HostBytesPerRank(*both, whole, both->rocksdb()),
-            (std::vector<int64_t>{2000 * 32 + 50000 * 32}));
+            (std::vector<int64_t>{20000 * 32 + 5000 * 32}));
+  // With the cached table's backing already on RocksDB, the moved table
+  // is the one that goes.
+  ModelConfig rocks_backed = c;
+  rocks_backed.mutable_tables(2)->set_device_cache_backing(STORAGE_ROCKSDB);
+  *rocks_backed.mutable_rocksdb() = o.rocksdb;
+  o.host_budget_bytes = 300000;
+  auto then = PlanStorageTiers(rocks_backed, o, &whole);
+  ASSERT_TRUE(then.ok()) << then.status();
+  EXPECT_EQ(then->tables(1).storage(), STORAGE_ROCKSDB);
+  EXPECT_EQ(HostBytesPerRank(*then, whole, then->rocksdb()),
+            (std::vector<int64_t>{2000 * 32 + 5000 * 32}));
 
   // The config's own budget.
   ModelConfig from_config = c;
