@@ -23,7 +23,7 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // --device, --precision, --tf32.
+  // --device, --precision, --tf32, --cuda-graphs.
   DenseFlags dense;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
@@ -175,6 +175,7 @@ absl::Status Run(const Flags& f) {
   std::printf("dense precision: %s\n", PrecisionName(model->dense_precision()));
   if (config.device() == DEVICE_CUDA) {
     std::printf("tf32 GEMMs: %s\n", config.gpu_disable_tf32() ? "off" : "on");
+    std::printf("cuda graphs: %s\n", config.gpu_cuda_graphs() ? "on" : "off");
   }
 
   model::TrainOptions to;
