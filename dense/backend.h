@@ -41,6 +41,19 @@ namespace dlrm::dense {
 // kAll is both, in parameter order: bottom MLP, cross network, top MLP.
 enum class GradBucket { kBottom, kTop, kAll };
 
+// What a backend's CUDA graphs (ModelConfig.gpu_cuda_graphs) have done
+// since it was created (core/graph_replay.h): launch sequences captured,
+// graphs replayed, captures that failed (those sequences run plainly) and
+// the last failure, and how often a larger batch dropped every graph. All
+// zero where no graphs run (the CPU backend, graphs off).
+struct GraphCounts {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t failed_captures = 0;
+  absl::Status last_failure;
+  int64_t invalidations = 0;
+};
+
 // Columns [begin, end) of a row of the interaction input.
 struct ColumnRange {
   int begin = 0;
@@ -164,6 +177,9 @@ class DenseBackend {
   virtual absl::Status UnpackDeviceGradients(GradBucket bucket) {
     return UnpackGradients(bucket);
   }
+
+  // See GraphCounts.
+  virtual GraphCounts graph_counts() const { return {}; }
 
   // The host view of the parameters, for checkpoints, exports and tests:
   // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /

@@ -238,6 +238,11 @@ class Model {
   // The precision the dense GEMMs run at: config().dense_precision(), or
   // PRECISION_FP32 where the CPU has no bf16 instructions.
   DensePrecision dense_precision() const { return dense_->precision(); }
+  // What the dense backend's CUDA graphs have done (dense::GraphCounts; all
+  // zero on the CPU or with gpu_cuda_graphs off).
+  dense::GraphCounts dense_graph_counts() const {
+    return dense_->graph_counts();
+  }
 
   // The store of table `k` when this rank holds it whole (a table-wise
   // shard or a replica), else null. Borrowed; a restore of the RocksDB tier

@@ -318,6 +318,7 @@ struct RunReport {
   std::vector<double> losses;  // NaN where not read
   std::vector<float> dense;
   std::vector<std::vector<float>> tables;
+  dense::GraphCounts graphs;
 };
 
 // Trains kGraphBatches on a model of `config`, reading the loss of step i
@@ -347,6 +348,7 @@ RunReport TrainGraphRun(const ModelConfig& config, int read_every) {
     r.tables.emplace_back();
     EXPECT_TRUE((*m)->GatherTable(k, &r.tables.back()).ok());
   }
+  r.graphs = (*m)->dense_graph_counts();
   return r;
 }
 
@@ -376,6 +378,15 @@ TEST_P(CudaGraphsTest, GraphsTrainLikePlainLaunches) {
   const RunReport plain = TrainGraphRun(GraphConfig(c, false), 1);
   const RunReport graphs = TrainGraphRun(GraphConfig(c, true), 1);
   ExpectSameBits(graphs, plain);
+  // The graphs did run: per graphed call, captures at 64, 131, 64 again
+  // and 7 (4), replays 2 + 1 + 1 + 1 (5), one drop at 131; none failed.
+  const dense::GraphCounts& g = graphs.graphs;
+  EXPECT_EQ(g.failed_captures, 0) << g.last_failure;
+  EXPECT_GE(g.captures, 4 * 4);
+  EXPECT_EQ(g.captures % 4, 0);
+  EXPECT_EQ(g.replays * 4, g.captures * 5);
+  EXPECT_EQ(g.invalidations, 1);
+  EXPECT_EQ(plain.graphs.captures + plain.graphs.replays, 0);
 }
 
 // Reading the loss only every third step (the step then does not wait for

@@ -397,6 +397,17 @@ class CudaDenseBackend final : public DenseBackend {
 
   DensePrecision precision() const override { return PRECISION_FP32; }
 
+  GraphCounts graph_counts() const override {
+    GraphCounts c;
+    if (!graphs_.enabled()) return c;
+    c.captures = graphs_.captures();
+    c.replays = graphs_.replays();
+    c.failed_captures = graphs_.failed_captures();
+    c.last_failure = graphs_.last_failure();
+    c.invalidations = graphs_.invalidations();
+    return c;
+  }
+
   Mlp& bottom() override {
     HostAccess();
     return host_->bottom;
