@@ -176,6 +176,8 @@ absl::Status Run(const Flags& f) {
   if (config.device() == DEVICE_CUDA) {
     std::printf("tf32 GEMMs: %s\n", config.gpu_disable_tf32() ? "off" : "on");
     std::printf("cuda graphs: %s\n", config.gpu_cuda_graphs() ? "on" : "off");
+  } else if (config.gpu_cuda_graphs()) {
+    std::printf("cuda graphs: ignored (the dense part runs on the CPU)\n");
   }
 
   model::TrainOptions to;
