@@ -3,8 +3,13 @@
 // events: warm-up, then the median of timed runs, rotating among several
 // input sets so repeated runs do not just measure the L2. Prints one table
 // row per case: time, logical bytes (each input read once, each output
-// written once) and GB/s, or TFLOP/s for GEMMs. Without a device it says so
-// and exits 0.
+// written once) and GB/s, or TFLOP/s for GEMMs; the embedding rows also as
+// a percentage of the device's measured device-to-device copy bandwidth
+// (bytes read plus bytes written, timed first; issue 16's goals are 70%
+// forward and 30% backward + optimizer). Without a device it says so and
+// exits 0.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +18,7 @@
 #include <vector>
 
 #include "core/cuda/cuda_raii.h"
+#include "core/cuda_status.h"
 #include "core/device.h"
 #include "core/random.h"
 #include "core/status.h"
@@ -49,11 +55,37 @@ absl::StatusOr<double> TimeMs(cudaStream_t stream,
   return ms[ms.size() / 2];
 }
 
-void Row(const std::string& name, double ms, double bytes, double flops) {
+// One table row; `copy_gbs` > 0 adds the GB/s as a percentage of it.
+void Row(const std::string& name, double ms, double bytes, double flops,
+         double copy_gbs = 0) {
   std::printf("%-52s %9.4f ms", name.c_str(), ms);
   if (bytes > 0) std::printf(" %9.1f GB/s", bytes / ms / 1e6);
+  if (bytes > 0 && copy_gbs > 0) {
+    std::printf(" %5.1f%% of copy", 100 * bytes / ms / 1e6 / copy_gbs);
+  }
   if (flops > 0) std::printf(" %9.1f TFLOP/s", flops / ms / 1e9);
   std::printf("\n");
+}
+
+// The device-to-device copy bandwidth, GB/s of bytes read plus bytes
+// written: cudaMemcpyAsync of 1 GiB between two buffers, timed as the
+// kernels are.
+absl::StatusOr<double> CopyBandwidth(cudaStream_t stream) {
+  constexpr size_t kFloats = size_t{1} << 28;
+  ASSIGN_OR_RETURN(auto a, cuda::DeviceBuffer<float>::Allocate(kFloats));
+  ASSIGN_OR_RETURN(auto b, cuda::DeviceBuffer<float>::Allocate(kFloats));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data(), 1, kFloats * 4, stream));
+  ASSIGN_OR_RETURN(
+      double ms, TimeMs(stream, [&](int i) -> absl::Status {
+        float* src = i % 2 == 0 ? a.data() : b.data();
+        float* dst = i % 2 == 0 ? b.data() : a.data();
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, kFloats * 4,
+                                             cudaMemcpyDeviceToDevice, stream));
+        return absl::OkStatus();
+      }));
+  const double bytes = 2.0 * kFloats * 4;
+  Row("device-to-device copy 1 GiB (read + written)", ms, bytes, 0);
+  return bytes / ms / 1e6;
 }
 
 data::SparseFeature UniformIds(Rng& rng, int64_t bags, int hot, int64_t rows) {
@@ -65,8 +97,8 @@ data::SparseFeature UniformIds(Rng& rng, int64_t bags, int hot, int64_t rows) {
   return f;
 }
 
-absl::Status BenchEmbedding(cudaStream_t stream, int64_t rows, int dim,
-                            int64_t bags, int hot, Pooling pooling) {
+absl::Status BenchEmbedding(cudaStream_t stream, double copy_gbs, int64_t rows,
+                            int dim, int64_t bags, int hot, Pooling pooling) {
   Rng rng(7);
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
                     OptimizerConfig::ADAM}) {
@@ -98,7 +130,7 @@ absl::Status BenchEmbedding(cudaStream_t stream, int64_t rows, int dim,
                                                stream);
                        }));
       Row("forward " + shape, fwd,
-          ids * (8 + 4.0 * dim) + 8.0 * bags + 4.0 * bags * dim, 0);
+          ids * (8 + 4.0 * dim) + 8.0 * bags + 4.0 * bags * dim, 0, copy_gbs);
     }
     // Ids read, each touched row read and written with its optimizer state
     // (the expected number of distinct rows among uniform ids), gradients
@@ -112,7 +144,8 @@ absl::Status BenchEmbedding(cudaStream_t stream, int64_t rows, int dim,
                                                     dim, stream);
                      }));
     Row("backward+" + OptimizerConfig::Type_Name(type) + " " + shape, bwd,
-        ids * 8 + touched * 2 * 4.0 * (dim + state) + 4.0 * bags * dim, 0);
+        ids * 8 + touched * 2 * 4.0 * (dim + state) + 4.0 * bags * dim, 0,
+        copy_gbs);
   }
   return absl::OkStatus();
 }
@@ -188,15 +221,17 @@ absl::Status Run() {
   std::printf("device %s\n", device->name().c_str());
   ASSIGN_OR_RETURN(cuda::CudaStream stream, cuda::CudaStream::Create());
   const cudaStream_t s = stream.get();
+  ASSIGN_OR_RETURN(const double copy, CopyBandwidth(s));
   // Kaggle-like one-hot lookups and a multi-hot mean, on tables far larger
   // than the L2 so rows come from HBM.
-  RETURN_IF_ERROR(BenchEmbedding(s, 4000000, 16, 65536, 1, POOLING_SUM));
-  RETURN_IF_ERROR(BenchEmbedding(s, 4000000, 64, 65536, 1, POOLING_SUM));
-  RETURN_IF_ERROR(BenchEmbedding(s, 4000000, 128, 16384, 20, POOLING_MEAN));
+  RETURN_IF_ERROR(BenchEmbedding(s, copy, 4000000, 16, 65536, 1, POOLING_SUM));
+  RETURN_IF_ERROR(BenchEmbedding(s, copy, 4000000, 64, 65536, 1, POOLING_SUM));
+  RETURN_IF_ERROR(
+      BenchEmbedding(s, copy, 4000000, 128, 16384, 20, POOLING_MEAN));
   // Criteo's tiny tables: every row tens of thousands of times a batch, so
   // the backward sums each row in chunks.
-  RETURN_IF_ERROR(BenchEmbedding(s, 3, 16, 65536, 1, POOLING_SUM));
-  RETURN_IF_ERROR(BenchEmbedding(s, 155, 16, 65536, 1, POOLING_SUM));
+  RETURN_IF_ERROR(BenchEmbedding(s, copy, 3, 16, 65536, 1, POOLING_SUM));
+  RETURN_IF_ERROR(BenchEmbedding(s, copy, 155, 16, 65536, 1, POOLING_SUM));
   for (bool tf32 : {false, true}) {
     RETURN_IF_ERROR(BenchLinear(s, 65536, 512, 512, tf32));
     RETURN_IF_ERROR(BenchLinear(s, 65536, 367, 512, tf32));

@@ -107,13 +107,6 @@ std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config) {
   if (config.device() != DEVICE_CUDA) return CreateCpuDenseBackend(config);
-  // Checked before the device, so the answer is the same on every machine.
-  if (config.dense_precision() == PRECISION_BF16) {
-    return absl::UnimplementedError(
-        "device cuda: dense_precision PRECISION_BF16 runs on the CPU only "
-        "for now; set dense_precision: PRECISION_FP32 or train with device: "
-        "DEVICE_CPU (--device cpu)");
-  }
 #if defined(DLRM_WITH_CUDA)
   absl::StatusOr<std::unique_ptr<DenseBackend>> backend =
       cuda::CreateCudaDenseBackend(config);

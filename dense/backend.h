@@ -80,8 +80,9 @@ class DenseBackend {
 
   // The config's device.
   virtual ComputeDevice device() const = 0;
-  // The precision the GEMMs run at: the config's dense_precision, or
-  // PRECISION_FP32 where the CPU has no bf16 instructions (dense/bf16.h).
+  // The precision the GEMMs run at: the config's dense_precision, or, on
+  // the CPU backend, PRECISION_FP32 where the CPU has no bf16 instructions
+  // (dense/bf16.h). The CUDA backend runs what the config says.
   virtual DensePrecision precision() const = 0;
   const InteractionShape& interaction() const { return interaction_; }
 
@@ -244,9 +245,8 @@ std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
 
 // The backend of config.device() (`config` normalised). FailedPrecondition
 // naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no
-// driver, no device); Unimplemented for dense_precision PRECISION_BF16 on
-// DEVICE_CUDA; InvalidArgument as DenseOptimizer::Create; Internal on a
-// CUDA error while setting up.
+// driver, no device); InvalidArgument as DenseOptimizer::Create; Internal
+// on a CUDA error while setting up.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config);
 

@@ -1,30 +1,17 @@
 // bf16 arithmetic for the dense part's PRECISION_BF16
-// (proto/dlrm/config.proto): conversions from fp32, GEMMs with bf16 inputs and
-// fp32 accumulation on oneDNN's matmul, and whether this CPU runs them
-// natively.
+// (proto/dlrm/config.proto) on the CPU: array conversions from fp32 (the
+// scalar rounding, ToBf16, is dense/bf16_round.h's, shared with the CUDA
+// kernels), GEMMs with bf16 inputs and fp32 accumulation on oneDNN's
+// matmul, and whether this CPU runs them natively.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <string>
 
+#include "dense/bf16_round.h"
 #include "dlrm/config.pb.h"
 
 namespace dlrm::dense {
-
-// The bits of a bfloat16: the upper half of an fp32 (8 exponent bits, 7
-// stored mantissa bits, unit roundoff 2^-8).
-using Bf16 = uint16_t;
-
-// x rounded to the nearest bf16, ties to even; NaN stays NaN.
-inline Bf16 ToBf16(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16>(u >> 16 | 64);
-  return static_cast<Bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-inline float FromBf16(Bf16 x) {
-  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
-}
 
 // out[i] = ToBf16(in[i]) for i in [0, n), threaded with OpenMP for large n.
 void ToBf16(const float* in, int64_t n, Bf16* out);

@@ -173,8 +173,12 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
   std::printf("dense precision: %s\n", PrecisionName(model->dense_precision()));
-  if (config.device() == DEVICE_CUDA) {
+  // TF32 applies to fp32 GEMMs only; under bf16 every GEMM takes bf16.
+  if (config.device() == DEVICE_CUDA &&
+      model->dense_precision() == PRECISION_FP32) {
     std::printf("tf32 GEMMs: %s\n", config.gpu_disable_tf32() ? "off" : "on");
+  }
+  if (config.device() == DEVICE_CUDA) {
     std::printf("cuda graphs: %s\n", config.gpu_cuda_graphs() ? "on" : "off");
   } else if (config.gpu_cuda_graphs()) {
     std::printf("cuda graphs: ignored (the dense part runs on the CPU)\n");

@@ -6,8 +6,12 @@
 # `run` (on the GPU machine, with build-gpu/ carried there) runs them,
 # `bench` runs the kernel timings (dlrm_bench_cuda) and `train` the model's
 # training throughput on the GPU (dlrm_bench_train: tables in device
-# memory, and in host memory with the dense part on the GPU).
-# Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench | train
+# memory, and in host memory with the dense part on the GPU); `sanitize`
+# runs compute-sanitizer's memcheck and racecheck over the embedding
+# kernels' tests (cuda_embedding_test, and the device cache's slots in
+# cuda_store_test) and fails on any report.
+# Usage: scripts/cuda_bundle.sh bundle | run [gtest filter] | bench | train |
+#        sanitize [gtest filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test
@@ -41,7 +45,7 @@ case "${1:-}" in
     rm -rf "$bin"
     du -sh "$archive"
     ;;
-  run | bench | train)
+  run | bench | train | sanitize)
     if [[ ! -d $bin ]]; then
       mkdir -p "$bin"
       # python3's tarfile where tar has no xz.
@@ -70,6 +74,23 @@ case "${1:-}" in
       exit 0
     fi
     status=0
+    if [[ $1 == sanitize ]]; then
+      sanitizer=$(command -v compute-sanitizer ||
+                  echo /usr/local/cuda/bin/compute-sanitizer)
+      # The 8 GiB table of CudaLargeTableTest would take hours under the
+      # tools; its kernels are the ones the other shapes run.
+      filter=${2:-*:-CudaLargeTableTest.*}
+      for tool in memcheck racecheck; do
+        for t in cuda_embedding_test cuda_store_test; do
+          f=$filter
+          [[ $t == cuda_store_test && -z ${2:-} ]] && f='DeviceSlots*:CudaCachedStore*'
+          echo "== $tool $t $f"
+          "$sanitizer" --tool "$tool" --error-exitcode 1 "$bin/$t" \
+            --gtest_filter="$f" --gtest_brief=1 || status=1
+        done
+      done
+      exit $status
+    fi
     for t in "${tests[@]}"; do
       if ldd "$bin/$t" | grep 'not found'; then
         echo "$t: missing libraries (above)"; status=1; continue
@@ -79,7 +100,7 @@ case "${1:-}" in
     exit $status
     ;;
   *)
-    echo "usage: $0 bundle | run [gtest filter] | bench | train" >&2
+    echo "usage: $0 bundle | run [gtest filter] | bench | train | sanitize [gtest filter]" >&2
     exit 2
     ;;
 esac

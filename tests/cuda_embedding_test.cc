@@ -326,6 +326,117 @@ INSTANTIATE_TEST_SUITE_P(
       return dlrm::testing::Name(info.param);
     });
 
+// A table of more than 2^31 elements (2^25 + 3 rows of 64 floats, 8 GiB of
+// weights; with Adam 24 GiB in all): the rows at and past element 2^31
+// pool and train like a CPU table holding only the rows the batches use
+// (each device id mapped to its index there), so no row offset wraps in
+// 32 bits. Every row the batches touch is written first; one more written
+// row, never in a batch, must keep its bits.
+TEST(CudaLargeTableTest, RowsPastTwoToThe31ElementsTrainLikeTheCpu) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  constexpr int kDim = 64;
+  constexpr int64_t kRows = (int64_t{1} << 25) + 3;
+  static_assert(kRows * kDim > (int64_t{1} << 31));
+  const std::vector<int64_t> used = {0,
+                                     1,
+                                     (int64_t{1} << 25) - 1,
+                                     int64_t{1} << 25,
+                                     (int64_t{1} << 25) + 1,
+                                     (int64_t{1} << 25) + 2};
+  const int64_t bystander = (int64_t{1} << 25) - 2;
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAM}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    size_t free_bytes = 0, total_bytes = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+    const int arrays = type == OptimizerConfig::ADAM ? 3 : 1;
+    const size_t need =
+        static_cast<size_t>(arrays) * kRows * kDim * sizeof(float) +
+        (size_t{1} << 30);
+    if (free_bytes < need) {
+      GTEST_SKIP() << "needs " << (need >> 20) << " MiB of device memory, "
+                   << (free_bytes >> 20) << " MiB free";
+    }
+    const OptimizerConfig optimizer = MakeOptimizer(type);
+    // The rows the batches use, and the bystander, as a small CPU table.
+    const int64_t n = static_cast<int64_t>(used.size());
+    EmbeddingTable cpu(0, n + 1, kDim, POOLING_SUM, optimizer, kCudaTestSeed);
+    auto gpu =
+        CudaEmbeddingTable::Create(0, kRows, kDim, POOLING_SUM, optimizer);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const int w1 = (*gpu)->state_floats(0), w2 = (*gpu)->state_floats(1);
+    auto write_row = [&](int64_t device_row, int64_t cpu_row) {
+      const absl::Status st = (*gpu)->WriteRowRange(
+          device_row, 1, cpu.weights() + cpu_row * kDim,
+          w1 > 0 ? cpu.state1().data() + cpu_row * w1 : nullptr,
+          w2 > 0 ? cpu.state2().data() + cpu_row * w2 : nullptr, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    };
+    for (int64_t k = 0; k < n; ++k) write_row(used[k], k);
+    write_row(bystander, n);
+    Rng rng(kCudaTestSeed + type);
+    for (int step = 0; step < 3; ++step) {
+      // 40 bags of 0 to 4 ids drawn from `used` (repeats within a bag).
+      data::SparseFeature device_ids, cpu_ids;
+      device_ids.offsets = {0};
+      cpu_ids.offsets = {0};
+      for (int b = 0; b < 40; ++b) {
+        const int len = static_cast<int>(rng.Below(5));
+        for (int i = 0; i < len; ++i) {
+          const int64_t k = static_cast<int64_t>(rng.Below(n));
+          device_ids.ids.push_back(used[k]);
+          cpu_ids.ids.push_back(k);
+        }
+        device_ids.offsets.push_back(device_ids.ids.size());
+        cpu_ids.offsets.push_back(cpu_ids.ids.size());
+      }
+      std::vector<float> want(40 * kDim);
+      reference::PoolForward(cpu.weights(), kDim, POOLING_SUM, cpu_ids,
+                             want.data(), kDim);
+      ExpectBitwiseEqual(DeviceForward(**gpu, device_ids, kDim), want,
+                         "pooled");
+      const std::vector<float> grad = RandomFloats(rng, 40 * kDim);
+      cpu.BackwardUpdate(cpu_ids, grad.data(), kDim);
+      DeviceSparseFeature feature;
+      ASSERT_TRUE(feature.Upload(device_ids).ok());
+      auto grad_device = ToDevice(grad);
+      const absl::Status st = (*gpu)->BackwardUpdate(
+          feature.bags(), grad_device.data(), kDim, /*stream=*/nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    EXPECT_EQ((*gpu)->step(), cpu.step());
+    // Within 1e-5 of scale, as BackwardUpdateMatchesCpuTable; the
+    // bystander bitwise.
+    for (int64_t k = 0; k <= n; ++k) {
+      const int64_t row = k < n ? used[k] : bystander;
+      SCOPED_TRACE(::testing::Message() << "device row " << row);
+      std::vector<float> w(kDim), s1(std::max(w1, 1)), s2(std::max(w2, 1));
+      ASSERT_TRUE((*gpu)
+                      ->ReadRowRange(row, 1, w.data(),
+                                     w1 > 0 ? s1.data() : nullptr,
+                                     w2 > 0 ? s2.data() : nullptr, nullptr)
+                      .ok());
+      const std::span<const float> want_w(cpu.weights() + k * kDim, kDim);
+      if (k == n) {
+        ExpectBitwiseEqual(w, want_w, "bystander weights");
+        continue;
+      }
+      ExpectCloseToScale(w, want_w, 1e-5, "weights");
+      if (w1 > 0) {
+        ExpectCloseToScale(
+            std::span<const float>(s1.data(), w1),
+            std::span<const float>(cpu.state1().data() + k * w1, w1), 1e-5,
+            "state1");
+      }
+      if (w2 > 0) {
+        ExpectCloseToScale(
+            std::span<const float>(s2.data(), w2),
+            std::span<const float>(cpu.state2().data() + k * w2, w2), 1e-5,
+            "state2");
+      }
+    }
+  }
+}
+
 TEST(CudaEmbeddingEdgeTest, EmptyBagsGiveZerosAndNoUpdate) {
   DLRM_SKIP_WITHOUT_CUDA();
   const int dim = 8;

@@ -11,11 +11,8 @@
 // without a GPU; the exchanges staged over the CPU Device) are in
 // model_test and hybrid_test.
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,7 +20,6 @@
 #include <fstream>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +35,7 @@
 #include "model/checkpoint.h"
 #include "model/exchange_memory.h"
 #include "model/model.h"
-
-extern char** environ;
+#include "rank_processes.h"
 
 namespace dlrm::model {
 namespace {
@@ -594,39 +589,20 @@ TEST_P(CudaRanksTest, SharedGpuRanksTrainLikeOneProcess) {
       (std::filesystem::temp_directory_path() /
        absl::StrCat("cuda_ranks_", ::getpid(), "_", p.kind, ".bin"))
           .string();
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  std::vector<pid_t> pids;
-  for (int r = 0; r < p.world; ++r) {
-    std::vector<std::string> args = {self,
-                                     "--cuda-rank-worker",
-                                     p.kind,
-                                     p.host_tables ? "1" : "0",
-                                     std::to_string(p.world),
-                                     std::to_string(r),
-                                     (*coordinator)->address(),
-                                     out};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    ASSERT_EQ(
-        posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
-  }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  for (size_t r = 0; r < pids.size(); ++r) {
-    int status = 0;
-    while (waitpid(pids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "rank " << r << " failed";
+  const std::vector<int> codes = test::RunRanks(
+      p.world,
+      [&](int r) -> std::vector<std::string> {
+        return {"--cuda-rank-worker",
+                p.kind,
+                p.host_tables ? "1" : "0",
+                std::to_string(p.world),
+                std::to_string(r),
+                (*coordinator)->address(),
+                out};
+      },
+      300);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    ASSERT_EQ(codes[r], 0) << "rank " << r << " failed";
   }
   RanksReport got;
   {

@@ -1,11 +1,12 @@
 // Shared by the dense backend tests (dense_test, cuda_dense_test): random
 // inputs for one dense step and a driver that runs a DenseBackend through
 // the step as model::Model does, collecting what it produced in host
-// memory.
+// memory; the inputs and the reference of the bf16 rounding tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -127,6 +128,72 @@ inline absl::StatusOr<DenseStepResult> RunDenseStep(dense::DenseBackend& b,
   r.probs.resize(n);
   RETURN_IF_ERROR(b.Predict(in.x.data(), n, r.probs.data()));
   return r;
+}
+
+// Floats that probe fp32 -> bf16 rounding: the special values (signed
+// zeros, infinities, quiet and signalling NaNs, the smallest and largest
+// denormals and normals, the values next to the overflow threshold), then
+// `random` values alternating among uniformly random bit patterns (every
+// exponent, denormals and NaN payloads included), exact ties (low half
+// 0x8000 above odd and even bf16s), one bit either side of a tie, and
+// denormals.
+inline std::vector<float> Bf16RoundingInputs(Rng& rng, size_t random) {
+  std::vector<uint32_t> bits = {
+      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+      0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x00000001u,
+      0x80000001u, 0x007fffffu, 0x807fffffu, 0x00008000u, 0x00018000u,
+      0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu, 0x7f7f8000u,
+      0x7f7f8001u, 0x7f7effffu, 0x3f808000u, 0x3f818000u, 0x3f807fffu};
+  for (size_t i = 0; i < random; ++i) {
+    const uint32_t r = static_cast<uint32_t>(rng.NextU64());
+    switch (i % 5) {
+      case 0:
+        bits.push_back(r);
+        break;
+      case 1:
+        bits.push_back((r & 0xffff0000u) | 0x8000u);
+        break;
+      case 2:
+        bits.push_back((r & 0xffff0000u) | 0x7fffu);
+        break;
+      case 3:
+        bits.push_back((r & 0xffff0000u) | 0x8001u);
+        break;
+      default:
+        bits.push_back(r & 0x807fffffu);
+        break;  // a denormal
+    }
+  }
+  std::vector<float> v(bits.size());
+  std::memcpy(v.data(), bits.data(), sizeof(float) * bits.size());
+  return v;
+}
+
+// x rounded to bf16 from the definition, apart from ToBf16's bit
+// arithmetic: the bf16 neighbours of |x| below (its upper half) and above
+// (the next bf16, 2^128 past the largest, which is infinity) are compared
+// by their distances to |x| in double (exact: every float is a double), a
+// tie to the one with the even last bit. A NaN keeps its sign and upper
+// payload bits and is made quiet (bit 6 of the bf16).
+inline uint16_t ReferenceBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if (std::isnan(x)) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  const uint32_t sign = u & 0x80000000u, mag = u & 0x7fffffffu;
+  const uint32_t below = mag & 0xffff0000u;
+  if (below == mag) return static_cast<uint16_t>((sign | mag) >> 16);
+  const uint32_t above = below + 0x10000u;
+  auto value = [](uint32_t b) {
+    if (b == 0x7f800000u) return std::ldexp(1.0, 128);
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return static_cast<double>(f);
+  };
+  const double a = std::fabs(static_cast<double>(x));
+  const double to_below = a - value(below), to_above = value(above) - a;
+  uint32_t pick = to_below < to_above ? below : above;
+  if (to_below == to_above) pick = (below & 0x10000u) == 0 ? below : above;
+  return static_cast<uint16_t>((sign | pick) >> 16);
 }
 
 }  // namespace dlrm::testing

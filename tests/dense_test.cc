@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1597,6 +1598,41 @@ TEST(Bf16Test, ConversionRoundsToNearestEven) {
   }
 }
 
+// ToBf16 (dense/bf16_round.h: the one rounding function of the CPU and of
+// the CUDA conversion kernel) against ReferenceBf16, the rounding written
+// from its definition, bitwise on Bf16RoundingInputs: the special values,
+// random bit patterns, exact ties above odd and even bf16s, one bit either
+// side of them, and denormals. The array form gives the same bits.
+TEST(Bf16Test, SharedRoundingMatchesTheDefinitionBitwise) {
+  Rng rng = SeededRng(98);
+  const std::vector<float> v = dlrm::testing::Bf16RoundingInputs(rng, 200000);
+  std::vector<Bf16> array(v.size());
+  ToBf16(v.data(), static_cast<int64_t>(v.size()), array.data());
+  int ties = 0, nans = 0, denormals = 0, infinities = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], sizeof(u));
+    const Bf16 want = dlrm::testing::ReferenceBf16(v[i]);
+    ASSERT_EQ(ToBf16(v[i]), want) << std::hex << "bits 0x" << u;
+    ASSERT_EQ(array[i], want) << std::hex << "bits 0x" << u;
+    ties += !std::isnan(v[i]) && (u & 0xffffu) == 0x8000u;
+    nans += std::isnan(v[i]);
+    denormals += std::fpclassify(v[i]) == FP_SUBNORMAL;
+    infinities += std::isinf(FromBf16(want)) && !std::isinf(v[i]);
+  }
+  // The inputs reached every case.
+  EXPECT_GT(ties, 1000);
+  EXPECT_GT(nans, 100);
+  EXPECT_GT(denormals, 1000);
+  EXPECT_GE(infinities, 2);  // 0x7f7f8000 (a tie) and 0x7f7fffff overflow
+  // A few by hand: a tie above an odd bf16 goes up, above an even one down;
+  // a signalling NaN comes out quiet; the smallest denormal rounds to 0.
+  EXPECT_EQ(ToBf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);
+  EXPECT_EQ(ToBf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);
+  EXPECT_EQ(ToBf16(std::bit_cast<float>(0x7f800001u)), 0x7fc0);
+  EXPECT_EQ(ToBf16(std::bit_cast<float>(0x80000001u)), 0x8000);
+}
+
 // Bgemm on inputs that are bf16 already, against double loops: products of
 // bf16 values are exact in fp32, so only the fp32 accumulation differs, by
 // at most k * 2^-24 * sum |a b| (plus one rounding of the output for
@@ -2058,17 +2094,23 @@ TEST(Bf16FallbackTest, WithoutBf16InstructionsTheStepIsFp32) {
   EXPECT_EQ(got->probs, want->probs);
 }
 
-// The CUDA backend refuses PRECISION_BF16 before it looks for a device, so
-// the answer is the same on every machine and build.
-TEST(Bf16Test, CudaRefusesBf16NamingTheField) {
+// DEVICE_CUDA takes PRECISION_BF16: with a device the backend runs it (its
+// precision() says so; cuda_dense_test checks its step against the CPU's),
+// without one the answer is the missing device's, not the precision's.
+TEST(Bf16Test, CudaTakesBf16) {
   ModelConfig config = Bf16BackendConfig(INTERACTION_DOT, PRECISION_BF16);
   config.set_device(DEVICE_CUDA);
   auto backend = CreateDenseBackend(config);
-  ASSERT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented)
+  if (CudaDeviceCount() > 0) {
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->precision(), PRECISION_BF16);
+    return;
+  }
+  ASSERT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
       << backend.status();
   const std::string message(backend.status().message());
-  EXPECT_NE(message.find("dense_precision PRECISION_BF16"), std::string::npos)
-      << message;
+  EXPECT_EQ(message.find("dense_precision"), std::string::npos) << message;
+  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -6,9 +6,6 @@
 // over-capacity batches, prefetch, and multi-rank checkpoints through
 // server::RankGroup).
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,9 +28,8 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
+#include "rank_processes.h"
 #include "server/rank_group.h"
-
-extern char** environ;
 
 namespace dlrm::model {
 namespace {
@@ -558,63 +553,16 @@ absl::Status RunWorker(const WorkerArgs& a) {
   return absl::OkStatus();
 }
 
-std::string SelfPath() {
-  return std::filesystem::read_symlink("/proc/self/exe");
-}
-
 // Starts `world` ranks of `scenario`; returns their pids.
 std::vector<pid_t> SpawnRanks(const WorkerArgs& base) {
   std::vector<pid_t> pids;
   for (int r = 0; r < base.world; ++r) {
-    std::vector<std::string> args = {SelfPath(),
-                                     "--hybrid-worker",
-                                     base.scenario,
-                                     std::to_string(base.world),
-                                     std::to_string(r),
-                                     base.coordinator,
-                                     base.out,
-                                     std::to_string(base.global_batch),
-                                     std::to_string(base.die_at_step)};
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(
-        posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
+    pids.push_back(test::SpawnSelf(
+        {"--hybrid-worker", base.scenario, std::to_string(base.world),
+         std::to_string(r), base.coordinator, base.out,
+         std::to_string(base.global_batch), std::to_string(base.die_at_step)}));
   }
   return pids;
-}
-
-// Waits for every pid for at most `seconds`; kills what is left. Returns
-// the exit codes (-1 for killed or crashed).
-std::vector<int> WaitAll(const std::vector<pid_t>& pids, double seconds) {
-  std::vector<int> codes(pids.size(), -2);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  size_t done = 0;
-  while (done < pids.size()) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (codes[i] != -2) continue;
-      int status = 0;
-      if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        ++done;
-      }
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (size_t i = 0; i < pids.size(); ++i) {
-        if (codes[i] == -2) {
-          kill(pids[i], SIGKILL);
-          waitpid(pids[i], nullptr, 0);
-          codes[i] = -1;
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return codes;
 }
 
 // The single-process reference on the same global batches.
@@ -671,7 +619,7 @@ TEST_P(HybridEquivalenceTest, MatchesOneProcess) {
                           "_" + std::to_string(getpid()) + ".bin";
   WorkerArgs a{p.scenario, p.world,       0, (*coordinator)->address(),
                out,        p.global_batch};
-  const std::vector<int> codes = WaitAll(SpawnRanks(a), 120);
+  const std::vector<int> codes = test::WaitAll(SpawnRanks(a), 120);
   for (size_t r = 0; r < codes.size(); ++r) {
     ASSERT_EQ(codes[r], 0) << "rank " << r;
   }
@@ -768,7 +716,7 @@ bool RunJob(const std::string& scenario, int world, int64_t global_batch,
   if (!coordinator.ok()) return false;
   WorkerArgs a{scenario, world,       0, (*coordinator)->address(),
                out,      global_batch};
-  const std::vector<int> codes = WaitAll(SpawnRanks(a), 120);
+  const std::vector<int> codes = test::WaitAll(SpawnRanks(a), 120);
   bool ok = true;
   for (size_t r = 0; r < codes.size(); ++r) {
     EXPECT_EQ(codes[r], 0) << scenario << ": rank " << r;
@@ -1011,7 +959,7 @@ TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
                37,
                /*die_at_step=*/2};
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<int> codes = WaitAll(SpawnRanks(a), 60);
+  const std::vector<int> codes = test::WaitAll(SpawnRanks(a), 60);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

@@ -308,11 +308,14 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
   std::filesystem::remove_all(dir);
 }
 
-// With a GPU, device cuda runs the dense part on the CUDA backend (the
-// embeddings in host stores): the same steps as the CPU model within float
-// tolerance (GEMMs sum in another order; TF32 off). Skipped without a device;
-// fails without one under DLRM_REQUIRE_CUDA=1.
-TEST(ModelTest, CudaDenseStepMatchesCpu) {
+// The tiny model at `precision` on the CPU and with device cuda (the dense
+// part on the CUDA backend, the embeddings in host stores, TF32 off):
+// five SGD steps, then predictions and the dense weights. `loss` is the
+// relative tolerance of each step's loss, `value` the absolute one of the
+// predictions and weights. Skipped without a device; fails without one
+// under DLRM_REQUIRE_CUDA=1.
+void ExpectCudaDenseStepMatchesCpu(DensePrecision precision, double loss,
+                                   double value) {
   if (CudaDeviceCount() == 0) {
     const char* required = std::getenv("DLRM_REQUIRE_CUDA");
     if (required != nullptr && std::string(required) == "1") {
@@ -322,20 +325,26 @@ TEST(ModelTest, CudaDenseStepMatchesCpu) {
     GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();
   }
   ModelConfig config = Tiny();
+  config.set_dense_precision(precision);
   auto cpu = Model::Create(config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
+  if ((*cpu)->dense_precision() != precision) {
+    GTEST_SKIP() << "this CPU runs " << PrecisionName(precision) << " as "
+                 << PrecisionName((*cpu)->dense_precision());
+  }
   config.set_device(DEVICE_CUDA);
-  // Float GEMMs: TF32's 1e-3 would not hold the tolerance below.
+  // Float GEMMs: TF32's 1e-3 would not hold the fp32 tolerance.
   config.set_gpu_disable_tf32(true);
   auto gpu = Model::Create(config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->dense_precision(), precision);
   for (int step = 0; step < 5; ++step) {
     const data::Batch b = SyntheticBatch(config, 64 + step, 100 + step);
     auto want = (*cpu)->TrainStep(b);
     auto got = (*gpu)->TrainStep(b);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss) << "step " << step;
+    EXPECT_NEAR(got->loss, want->loss, loss * want->loss) << "step " << step;
   }
   const data::Batch b = SyntheticBatch(config, 50, 200);
   std::vector<float> want, got;
@@ -343,7 +352,7 @@ TEST(ModelTest, CudaDenseStepMatchesCpu) {
   ASSERT_TRUE((*gpu)->Predict(b, &got).ok());
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], 1e-4) << "sample " << i;
+    EXPECT_NEAR(got[i], want[i], value) << "sample " << i;
   }
   const std::vector<dense::ParamRef>& pw = (*cpu)->dense_params();
   const std::vector<dense::ParamRef>& pg = (*gpu)->dense_params();
@@ -351,10 +360,26 @@ TEST(ModelTest, CudaDenseStepMatchesCpu) {
   for (size_t i = 0; i < pw.size(); ++i) {
     EXPECT_EQ(pg[i].name, pw[i].name);
     for (int64_t k = 0; k < pw[i].size; ++k) {
-      ASSERT_NEAR(pg[i].value[k], pw[i].value[k], 1e-4) << pw[i].name;
+      ASSERT_NEAR(pg[i].value[k], pw[i].value[k], value) << pw[i].name;
     }
   }
   EXPECT_EQ((*gpu)->dense_optimizer().step(), 5);
+}
+
+// fp32: the GEMMs sum in another order, float tolerance.
+TEST(ModelTest, CudaDenseStepMatchesCpu) {
+  ExpectCudaDenseStepMatchesCpu(PRECISION_FP32, 1e-4, 1e-4);
+}
+
+// PRECISION_BF16 on both (where this CPU has bf16 instructions): the same
+// roundings of the same values, the sums in another order; where two fp32
+// sums straddle a bf16 rounding boundary one operand of the next GEMM
+// differs by a bf16 ulp (2^-7 of itself at most), which moves a logit or a
+// gradient by at most 2^-7 of one of its terms: 1e-3 of the loss, 2e-3 on
+// probabilities and weights (cuda_dense_test's CudaBf16BackendTest holds
+// the backend's step to the derived bound).
+TEST(ModelTest, CudaBf16StepMatchesCpuBf16) {
+  ExpectCudaDenseStepMatchesCpu(PRECISION_BF16, 1e-3, 2e-3);
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {

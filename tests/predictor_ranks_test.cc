@@ -7,9 +7,6 @@
 #include "model/predictor_ranks.h"
 
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,10 +33,9 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
+#include "rank_processes.h"
 #include "server/model_host.h"
 #include "server/rank_group.h"
-
-extern char** environ;
 
 namespace dlrm::model {
 namespace {
@@ -447,55 +443,18 @@ absl::Status RunWorker(const WorkerArgs& a) {
   return RunSkewed(a, *m, *p, batches);
 }
 
-std::string SelfPath() {
-  return std::filesystem::read_symlink("/proc/self/exe");
-}
-
 // Runs `a.world` ranks of `a` (rank set per process) to their exit, killing
 // what is left after `seconds`; returns the exit codes (-1: killed or
 // crashed).
-std::vector<int> RunRanks(WorkerArgs a, double seconds) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < a.world; ++r) {
-    std::vector<std::string> args = {SelfPath(),
-                                     "--ranks-worker",
-                                     a.mode,
-                                     a.kind,
-                                     std::to_string(a.world),
-                                     std::to_string(r),
-                                     a.coordinator,
-                                     a.out};
-    std::vector<char*> argv;
-    for (std::string& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(
-        posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
-  }
-  std::vector<int> codes(pids.size(), -2);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (size_t left = pids.size(); left > 0;) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      int status = 0;
-      if (codes[i] == -2 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (size_t i = 0; i < pids.size(); ++i) {
-        if (codes[i] != -2) continue;
-        kill(pids[i], SIGKILL);
-        waitpid(pids[i], nullptr, 0);
-        codes[i] = -1;
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return codes;
+std::vector<int> RunRanks(const WorkerArgs& a, double seconds) {
+  return test::RunRanks(
+      a.world,
+      [&](int r) -> std::vector<std::string> {
+        return {
+            "--ranks-worker",  a.mode,        a.kind, std::to_string(a.world),
+            std::to_string(r), a.coordinator, a.out};
+      },
+      seconds);
 }
 
 // The one-process replay: the probe's probabilities after 0, 1, ...,

@@ -1,5 +1,6 @@
 // The CUDA dense backend: device twins of the CPU backend's buffers, the
-// MLPs layer by layer through cuda_linear.cc, the interaction (DCN's cross
+// MLPs layer by layer through cuda_linear.cc (fp32, or PRECISION_BF16's
+// bf16 layers with bf16 copies of the weights), the interaction (DCN's cross
 // network through cuda_cross_net.cc), loss and optimizer kernels of
 // dense_kernels.cu, and the host view kept in step lazily
 // (dense/backend.h); double-buffered pinned staging and the CUDA graphs of
@@ -42,7 +43,8 @@ float* Sized(AlignedVector<float>& v, int64_t n) {
 
 // Grows `b` to at least `n` elements (contents lost when it grows) and
 // returns its data.
-absl::StatusOr<float*> Sized(DeviceBuffer<float>& b, int64_t n) {
+template <typename T>
+absl::StatusOr<T*> Sized(DeviceBuffer<T>& b, int64_t n) {
   if (static_cast<int64_t>(b.size()) < n) {
     RETURN_IF_ERROR(b.Resize(static_cast<size_t>(n)));
   }
@@ -59,11 +61,21 @@ absl::StatusOr<float*> Sized(dlrm::cuda::PinnedBuffer<float>& b, int64_t n) {
 }
 
 // One Linear layer on the device: weights, gradients and its last training
-// forward's output.
+// forward's output; at PRECISION_BF16 also the weights' bf16 copy and the
+// output's (the next layer's input; not kept for the last layer).
 struct DeviceLayer {
   int in = 0, out = 0;
   bool relu = false;
   DeviceBuffer<float> w, b, dw, db, y;
+  DeviceBuffer<Bf16> wb, yb;
+};
+
+// An MLP on the device: its layers and, at PRECISION_BF16, its input's
+// bf16 copy from the last training forward (the first layer's backward
+// reads it).
+struct DeviceMlp {
+  std::vector<DeviceLayer> layers;
+  DeviceBuffer<Bf16> x_bf16;
 };
 
 // A parameter (pointers into its layer's buffers) and its optimizer state.
@@ -225,8 +237,9 @@ class CudaDenseBackend final : public DenseBackend {
     std::copy(labels, labels + batch, staged);
     RETURN_IF_ERROR(
         CopyAsync(labels_dev, staged, batch, cudaMemcpyHostToDevice, stream()));
-    RETURN_IF_ERROR(BceWithLogits(top_.back().y.data(), labels_dev, batch,
-                                  grad_scale, dlogits, loss_.data(), stream()));
+    RETURN_IF_ERROR(BceWithLogits(top_.layers.back().y.data(), labels_dev,
+                                  batch, grad_scale, dlogits, loss_.data(),
+                                  stream()));
     RETURN_IF_ERROR(set.loss.Reserve(1));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(set.loss.data(), loss_.data(),
                                          sizeof(double), cudaMemcpyDeviceToHost,
@@ -312,7 +325,7 @@ class CudaDenseBackend final : public DenseBackend {
       }
     }
     host_stale_ = true;
-    return absl::OkStatus();
+    return SyncBf16Weights();
   }
 
   absl::Status Predict(const float* x, int64_t batch, float* probs) override {
@@ -395,7 +408,7 @@ class CudaDenseBackend final : public DenseBackend {
                       cudaMemcpyDeviceToDevice, stream());
   }
 
-  DensePrecision precision() const override { return PRECISION_FP32; }
+  DensePrecision precision() const override { return precision_; }
 
   GraphCounts graph_counts() const override {
     GraphCounts c;
@@ -454,6 +467,7 @@ class CudaDenseBackend final : public DenseBackend {
         host_(std::move(host)),
         identity_(InteractionIsIdentity(interaction().kind)),
         optimizer_config_(config.dense_optimizer()),
+        precision_(config.dense_precision()),
         layer_wise_(
             !optim::VisitElementWise(optimizer_config_.type(), [](auto) {})),
         graph_ops_{&stream_},
@@ -479,7 +493,7 @@ class CudaDenseBackend final : public DenseBackend {
   // current staging set.
   absl::StatusOr<const float*> UploadDense(const float* x, int64_t batch,
                                            DeviceBuffer<float>& dev) {
-    const int64_t floats = batch * bottom_.front().in;
+    const int64_t floats = batch * bottom_.layers.front().in;
     ASSIGN_OR_RETURN(float* x_dev, Sized(dev, floats));
     ASSIGN_OR_RETURN(float* staged, Sized(staging_[set_].x, floats));
     std::copy(x, x + floats, staged);
@@ -502,8 +516,8 @@ class CudaDenseBackend final : public DenseBackend {
   // Allocates the device twins of the host view's layers, cross network
   // and optimizer state.
   absl::Status Allocate() {
-    for (auto [mlp, layers] :
-         {std::pair{&host_->bottom, &bottom_}, std::pair{&host_->top, &top_}}) {
+    for (auto [mlp, layers] : {std::pair{&host_->bottom, &bottom_.layers},
+                               std::pair{&host_->top, &top_.layers}}) {
       layers->resize(mlp->layers().size());
       for (size_t i = 0; i < layers->size(); ++i) {
         const Linear& l = mlp->layers()[i];
@@ -516,12 +530,15 @@ class CudaDenseBackend final : public DenseBackend {
         ASSIGN_OR_RETURN(d.dw, DeviceBuffer<float>::Allocate(weights));
         ASSIGN_OR_RETURN(d.b, DeviceBuffer<float>::Allocate(l.out()));
         ASSIGN_OR_RETURN(d.db, DeviceBuffer<float>::Allocate(l.out()));
+        if (bf16()) {
+          ASSIGN_OR_RETURN(d.wb, DeviceBuffer<Bf16>::Allocate(weights));
+        }
       }
     }
     const CrossNet& cross = host_->cross;
     ASSIGN_OR_RETURN(cross_,
                      DeviceCrossNet::Create(cross.width(), cross.num_layers(),
-                                            cross.rank()));
+                                            cross.rank(), precision_));
     // Parameters in the host view's order: the bottom MLP's (weight, bias
     // per layer), the cross network's (V, W, bias per layer), the top MLP's.
     const size_t arrays = optim::DenseState(optimizer_config_).size();
@@ -545,7 +562,7 @@ class CudaDenseBackend final : public DenseBackend {
       }
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(add_mlp(bottom_));
+    RETURN_IF_ERROR(add_mlp(bottom_.layers));
     const int64_t matrix = static_cast<int64_t>(cross.width()) * cross.rank();
     for (int l = 0; l < cross_->num_layers(); ++l) {
       RETURN_IF_ERROR(add(cross_->v(l), cross_->v_grad(l), matrix));
@@ -553,7 +570,7 @@ class CudaDenseBackend final : public DenseBackend {
       RETURN_IF_ERROR(
           add(cross_->bias(l), cross_->bias_grad(l), cross.width()));
     }
-    RETURN_IF_ERROR(add_mlp(top_));
+    RETURN_IF_ERROR(add_mlp(top_.layers));
     if (params_.size() != host_->params.size()) {
       return absl::InternalError(absl::StrCat(
           "CUDA backend: ", params_.size(), " device parameters for ",
@@ -588,7 +605,25 @@ class CudaDenseBackend final : public DenseBackend {
       }
     }
     step_ = host_->optimizer->step();
+    RETURN_IF_ERROR(SyncBf16Weights());
     return stream_.Synchronize();
+  }
+
+  bool bf16() const { return precision_ == PRECISION_BF16; }
+
+  // At PRECISION_BF16, queues on the compute stream the rewrite of every
+  // bf16 weight copy from the fp32 weights (after an Update or an Upload,
+  // before the next forward); nothing at fp32.
+  absl::Status SyncBf16Weights() {
+    if (!bf16()) return absl::OkStatus();
+    for (DeviceMlp* mlp : {&bottom_, &top_}) {
+      for (DeviceLayer& l : mlp->layers) {
+        RETURN_IF_ERROR(RoundToBf16(l.w.data(),
+                                    static_cast<int64_t>(l.w.size()),
+                                    l.wb.data(), stream()));
+      }
+    }
+    return cross_->SyncBf16Weights(stream());
   }
 
   // Copies the device's weights, optimizer state and step to the host view.
@@ -630,9 +665,29 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
   // The training forward of an MLP from x (device memory): each layer's
-  // output in its `y`; returns the last one's.
-  absl::StatusOr<const float*> TrainForward(std::vector<DeviceLayer>& layers,
-                                            const float* x, int64_t batch) {
+  // output in its `y` (and, at PRECISION_BF16, the input's and each hidden
+  // layer's bf16 copies, as dense::Mlp::Forward); returns the last one's.
+  absl::StatusOr<const float*> TrainForward(DeviceMlp& mlp, const float* x,
+                                            int64_t batch) {
+    std::vector<DeviceLayer>& layers = mlp.layers;
+    if (bf16()) {
+      const int64_t in_floats = batch * layers.front().in;
+      ASSIGN_OR_RETURN(Bf16 * in, Sized(mlp.x_bf16, in_floats));
+      RETURN_IF_ERROR(RoundToBf16(x, in_floats, in, stream()));
+      for (size_t i = 0; i < layers.size(); ++i) {
+        DeviceLayer& l = layers[i];
+        ASSIGN_OR_RETURN(float* y, Sized(l.y, batch * l.out));
+        Bf16* yb = nullptr;
+        if (i + 1 < layers.size()) {
+          ASSIGN_OR_RETURN(yb, Sized(l.yb, batch * l.out));
+        }
+        RETURN_IF_ERROR(LinearForwardBf16(blas_.get(), in, batch, l.in, l.out,
+                                          l.wb.data(), l.b.data(), l.relu, y,
+                                          yb));
+        in = yb;
+      }
+      return layers.back().y.data();
+    }
     const float* in = x;
     for (DeviceLayer& l : layers) {
       ASSIGN_OR_RETURN(float* y, Sized(l.y, batch * l.out));
@@ -643,44 +698,82 @@ class CudaDenseBackend final : public DenseBackend {
     return in;
   }
 
-  // The backward of TrainForward(layers, x, batch): dy is the gradient wrt
+  // The backward of TrainForward(mlp, x, batch): dy is the gradient wrt
   // the output (overwritten); fills every layer's gradients, and dx [batch x
-  // in] unless null.
-  absl::Status TrainBackward(std::vector<DeviceLayer>& layers, const float* x,
-                             float* dy, int64_t batch, float* dx) {
-    int widest = 0;
-    for (size_t i = 0; i + 1 < layers.size(); ++i) {
-      widest = std::max(widest, layers[i].out);
+  // in] unless null. At PRECISION_BF16 the layers' bf16 backward, reading
+  // the forward's bf16 copies (x is then not read).
+  absl::Status TrainBackward(DeviceMlp& mlp, const float* x, float* dy,
+                             int64_t batch, float* dx) {
+    std::vector<DeviceLayer>& layers = mlp.layers;
+    int widest = 0, widest_out = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (i + 1 < layers.size()) widest = std::max(widest, layers[i].out);
+      widest_out = std::max(widest_out, layers[i].out);
     }
     ASSIGN_OR_RETURN(float* a, Sized(grad_a_, batch * widest));
     ASSIGN_OR_RETURN(float* b, Sized(grad_b_, batch * widest));
+    Bf16* dy_bf16 = nullptr;
+    if (bf16()) {
+      ASSIGN_OR_RETURN(dy_bf16, Sized(dy_bf16_, batch * widest_out));
+    }
     const size_t n = layers.size();
     float* grad = dy;
     for (size_t i = n; i-- > 0;) {
       DeviceLayer& l = layers[i];
-      const float* in = i == 0 ? x : layers[i - 1].y.data();
       float* layer_dx = i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? a : b);
-      RETURN_IF_ERROR(LinearBackward(blas_.get(), in, l.y.data(), grad, batch,
-                                     l.in, l.out, l.w.data(), l.relu,
-                                     l.dw.data(), l.db.data(), layer_dx));
+      if (bf16()) {
+        const Bf16* in = i == 0 ? mlp.x_bf16.data() : layers[i - 1].yb.data();
+        RETURN_IF_ERROR(LinearBackwardBf16(
+            blas_.get(), in, l.y.data(), grad, batch, l.in, l.out, l.wb.data(),
+            l.relu, l.dw.data(), l.db.data(), layer_dx, dy_bf16));
+      } else {
+        const float* in = i == 0 ? x : layers[i - 1].y.data();
+        RETURN_IF_ERROR(LinearBackward(blas_.get(), in, l.y.data(), grad, batch,
+                                       l.in, l.out, l.w.data(), l.relu,
+                                       l.dw.data(), l.db.data(), layer_dx));
+      }
       grad = layer_dx;
     }
     return absl::OkStatus();
   }
 
-  // The inference forward of an MLP into `out`, keeping no activations.
-  absl::Status Infer(const std::vector<DeviceLayer>& layers, const float* x,
-                     int64_t batch, float* out) {
+  // The inference forward of an MLP into `out`, keeping no activations;
+  // at PRECISION_BF16 the training forward's bf16 arithmetic.
+  absl::Status Infer(const DeviceMlp& mlp, const float* x, int64_t batch,
+                     float* out) {
+    const std::vector<DeviceLayer>& layers = mlp.layers;
     int widest = 0;
     for (size_t i = 0; i + 1 < layers.size(); ++i) {
       widest = std::max(widest, layers[i].out);
     }
-    ASSIGN_OR_RETURN(float* scratch, Sized(infer_scratch_, 2 * batch * widest));
+    const int64_t half = batch * widest;
+    ASSIGN_OR_RETURN(float* scratch, Sized(infer_scratch_, 2 * half));
+    if (bf16()) {
+      // The input, then the hidden outputs in turns, each at a multiple of
+      // 256 bytes (cuBLASLt's heuristic assumes operands that aligned).
+      auto aligned = [](int64_t n) { return (n + 127) / 128 * 128; };
+      const int64_t input = aligned(batch * layers.front().in);
+      const int64_t hidden = aligned(half);
+      ASSIGN_OR_RETURN(Bf16 * bf16, Sized(infer_bf16_, input + 2 * hidden));
+      RETURN_IF_ERROR(
+          RoundToBf16(x, batch * layers.front().in, bf16, stream()));
+      const Bf16* in = bf16;
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const DeviceLayer& l = layers[i];
+        const bool last = i + 1 == layers.size();
+        float* y = last ? out : scratch + (i % 2) * half;
+        Bf16* yb = last ? nullptr : bf16 + input + (i % 2) * hidden;
+        RETURN_IF_ERROR(LinearForwardBf16(blas_.get(), in, batch, l.in, l.out,
+                                          l.wb.data(), l.b.data(), l.relu, y,
+                                          yb));
+        in = yb;
+      }
+      return absl::OkStatus();
+    }
     const float* in = x;
     for (size_t i = 0; i < layers.size(); ++i) {
       const DeviceLayer& l = layers[i];
-      float* y =
-          i + 1 == layers.size() ? out : scratch + (i % 2) * batch * widest;
+      float* y = i + 1 == layers.size() ? out : scratch + (i % 2) * half;
       RETURN_IF_ERROR(LinearForward(blas_.get(), in, batch, l.in, l.out,
                                     l.w.data(), l.b.data(), l.relu, y));
       in = y;
@@ -691,6 +784,9 @@ class CudaDenseBackend final : public DenseBackend {
   std::unique_ptr<HostDenseParams> host_;
   const bool identity_;
   const OptimizerConfig optimizer_config_;
+  // The config's: PRECISION_BF16 runs the bf16 layers (every GPU this is
+  // built for, sm_80 and up, has bf16 tensor cores).
+  const DensePrecision precision_;
   // LAMB or LARS: Update runs LayerOptimizerUpdate.
   const bool layer_wise_;
   int64_t step_ = 0;
@@ -709,7 +805,7 @@ class CudaDenseBackend final : public DenseBackend {
   StreamGraphOps graph_ops_;
   GraphReplay<StreamGraphOps> graphs_;
 
-  std::vector<DeviceLayer> bottom_, top_;
+  DeviceMlp bottom_, top_;
   std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
   std::vector<DeviceParam> params_;        // host_->params' order
   DeviceBuffer<double> loss_;
@@ -724,6 +820,9 @@ class CudaDenseBackend final : public DenseBackend {
   // Predict's.
   DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
       infer_logits_, infer_scratch_, infer_cross_;
+  // PRECISION_BF16's: the backward's output-gradient copy, and Infer's
+  // input and outputs in bf16.
+  DeviceBuffer<Bf16> dy_bf16_, infer_bf16_;
   // The steps' inputs' pinned staging, double-buffered: set_ is the one
   // the current step (InteractionInput on) fills; loss_set_ holds the last
   // QueueLoss's loss (-1 before any).

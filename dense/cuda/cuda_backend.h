@@ -2,7 +2,9 @@
 // (cuda_linear.cc), the interactions, BCE and the dense optimizer as the
 // kernels of dense_kernels.cu, on CUDA device 0, one stream. Built when
 // CUDA is enabled (DLRM_WITH_CUDA). The float GEMMs run in TF32 unless
-// the config's gpu_disable_tf32 is set (GemmOptions::allow_tf32).
+// the config's gpu_disable_tf32 is set (GemmOptions::allow_tf32); under
+// dense_precision PRECISION_BF16 the MLPs' and the cross network's GEMMs
+// take bf16 inputs and accumulate in fp32, as the CPU backend's.
 //
 // Memory: parameters, gradients, optimizer state and activations live on
 // the device. Tables in host memory stay there, so each step copies their

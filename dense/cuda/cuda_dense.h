@@ -1,5 +1,6 @@
 // Dense layers on CUDA: Linear forward/backward through cuBLASLt (bias and
-// ReLU fused into the GEMM epilogue) with a cuBLAS fallback, the DLRM dot
+// ReLU fused into the GEMM epilogue) with a cuBLAS fallback, in fp32 or
+// (PRECISION_BF16) with bf16 inputs and fp32 accumulation, the DLRM dot
 // interaction, DCN's cross network, BCE-with-logits and the dense
 // optimizers. Each is the device twin of the CPU function named in its
 // comment, with the same layouts (row-major, weights [out x in]). All
@@ -17,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/cuda/cuda_raii.h"
+#include "dense/bf16_round.h"
 #include "dense/interaction.h"
+#include "dlrm/config.pb.h"
 #include "optim/rules.h"
 
 namespace dlrm::dense::cuda {
@@ -43,9 +46,9 @@ class LtPlanCache;
 }  // namespace internal
 
 // The handles and scratch one stream's dense work needs, and the cuBLASLt
-// plans LinearForward has made (one per shape and pointer alignments, see
-// internal::LtPlanKey). Not thread-safe: one per stream (per rank's compute
-// stream).
+// plans LinearForward and LinearForwardBf16 have made (one per shape, data
+// type and pointer alignments, see internal::LtPlanKey). Not thread-safe:
+// one per stream (per rank's compute stream).
 class BlasContext {
  public:
   ~BlasContext();
@@ -106,20 +109,62 @@ absl::Status Gemm(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
                   const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc);
 
+// dense::Linear::ForwardBf16: y [batch x out] = act(x W^T + b) with x
+// [batch x in] and W [out x in] in bf16, fp32 accumulation, fp32 bias and
+// output; y's bf16 copy (dense/bf16_round.h's rounding) into y_bf16 unless
+// null. cuBLASLt with CUDA_R_16BF A and B, fp32 C/D, CUBLAS_COMPUTE_32F and
+// the bias/ReLU epilogue, or cublasGemmEx plus the bias/ReLU kernel where
+// cuBLASLt has no algorithm (or use_lt_epilogue is off). Errors as
+// LinearForward.
+absl::Status LinearForwardBf16(BlasContext* ctx, const Bf16* x, int64_t batch,
+                               int in, int out, const Bf16* w, const float* b,
+                               bool relu, float* y, Bf16* y_bf16);
+
+// dense::Linear::BackwardBf16: as LinearBackward (dy masked in place, db in
+// the CPU's order from the fp32 masked dy), with the masked dy also
+// rounded into dy_bf16 ([batch x out], scratch), and dw = dy_bf16^T x, dx =
+// dy_bf16 W (unless dx is null) as GemmBf16 with x and W in bf16.
+absl::Status LinearBackwardBf16(BlasContext* ctx, const Bf16* x, const float* y,
+                                float* dy, int64_t batch, int in, int out,
+                                const Bf16* w, bool relu, float* dw, float* db,
+                                float* dx, Bf16* dy_bf16);
+
+// dense::Bgemm: row-major C [m x n] = op(A) op(B) + beta * C with bf16 A and
+// B and fp32 C, as one cublasGemmEx (CUBLAS_COMPUTE_32F: fp32
+// accumulation). Errors as Gemm.
+absl::Status GemmBf16(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
+                      int64_t n, int64_t k, const Bf16* a, int64_t lda,
+                      const Bf16* b, int64_t ldb, float beta, float* c,
+                      int64_t ldc);
+
+// out[i] = ToBf16(in[i]) (dense/bf16_round.h) for i in [0, n), on `stream`.
+// InvalidArgument for n < 0.
+absl::Status RoundToBf16(const float* in, int64_t n, Bf16* out,
+                         cudaStream_t stream);
+
 // dense::CrossNet on the device (DCN's low-rank cross network): per layer
 // V [r x N], W [N x r] and the bias [N] with their gradients, the last
 // training forward's activations and the backward's buffers. The two maps
 // of a layer are Linear layers without and with a bias (cuBLASLt), the
 // product and residual a kernel; the bias gradient is summed in the CPU's
-// block order. Not thread-safe.
+// block order. At PRECISION_BF16 the products run as dense::CrossNet's
+// bf16 passes (LinearForwardBf16, LinearBackwardBf16, GemmBf16 on bf16
+// copies of V, W, x_l, p_l and the gradients flowing into them). Not
+// thread-safe.
 class DeviceCrossNet {
  public:
   // `num_layers` layers (>= 0) of width N >= 1 and rank r >= 1,
   // parameters uninitialised (the backend uploads the host view's).
   // Internal on a CUDA error.
-  static absl::StatusOr<std::unique_ptr<DeviceCrossNet>> Create(int width,
-                                                                int num_layers,
-                                                                int rank);
+  static absl::StatusOr<std::unique_ptr<DeviceCrossNet>> Create(
+      int width, int num_layers, int rank,
+      DensePrecision precision = PRECISION_FP32);
+
+  DensePrecision precision() const { return precision_; }
+  // At PRECISION_BF16, queues on `stream` the rewrite of V's and W's bf16
+  // copies from the fp32 weights; call after they change. Nothing at
+  // PRECISION_FP32. Internal on a CUDA error.
+  absl::Status SyncBf16Weights(cudaStream_t stream);
 
   int width() const { return width_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -148,14 +193,29 @@ class DeviceCrossNet {
  private:
   struct Layer {
     dlrm::cuda::DeviceBuffer<float> v, w, b, dv, dw, db;
+    dlrm::cuda::DeviceBuffer<Bf16> vb, wb;  // PRECISION_BF16's copies
   };
   DeviceCrossNet() = default;
 
+  absl::Status ForwardBf16(BlasContext* ctx, const float* x0, int64_t batch,
+                           float* out);
+  absl::Status BackwardBf16(BlasContext* ctx, const float* x0,
+                            const float* dout, int64_t batch, float* dx0);
+  absl::Status InferBf16(BlasContext* ctx, const float* x0, int64_t batch,
+                         float* out,
+                         dlrm::cuda::DeviceBuffer<float>* scratch) const;
+
   int width_ = 0, rank_ = 0;
+  DensePrecision precision_ = PRECISION_FP32;
   std::vector<Layer> layers_;
-  // As dense::CrossNet's: x_[l - 1] = x_l for l in [1, L); p_[l], q_[l].
+  // As dense::CrossNet's: x_[l - 1] = x_l for l in [1, L); p_[l], q_[l]
+  // (at PRECISION_BF16 p_[l] is the fp32 sum p_bf16_[l] is rounded from).
   std::vector<dlrm::cuda::DeviceBuffer<float>> x_, p_, q_;
   dlrm::cuda::DeviceBuffer<float> g_[2], h_, dp_;
+  // PRECISION_BF16's, as dense::CrossNet's: x_l in bf16 for l in [0, L),
+  // p_l in bf16, the backward's h and dp in bf16.
+  std::vector<dlrm::cuda::DeviceBuffer<Bf16>> x_bf16_, p_bf16_;
+  dlrm::cuda::DeviceBuffer<Bf16> h_bf16_, dp_bf16_;
 };
 
 // dense::DotInteractionForward: t [batch x n x d] -> z [batch x
@@ -229,8 +289,10 @@ namespace internal {
 
 // What a cuBLASLt plan (matmul descriptor, layouts, algorithm) depends on:
 // a column-major D [m x n] = op(A) [m x k] op(B) [k x n] (+ bias) with its
-// leading dimensions, transposes, epilogue (a cublasLtEpilogue_t) and
-// compute type, and the alignment in bytes of the A, B, C/D and bias
+// leading dimensions, transposes, epilogue (a cublasLtEpilogue_t), compute
+// type (TF32 or not), the data type of A and B (a cudaDataType_t:
+// CUDA_R_32F, or CUDA_R_16BF for the bf16 layers; C and D are fp32 either
+// way), and the alignment in bytes of the A, B, C/D and bias
 // pointers (PointerAlignment; 0 for no bias). The algorithm the heuristic
 // picks for some alignments may need them, so each alignment gets its own.
 struct LtPlanKey {
@@ -239,6 +301,7 @@ struct LtPlanKey {
   bool trans_a = false, trans_b = false;
   int epilogue = 0;
   bool tf32 = false;
+  int data_type = CUDA_R_32F;
   int align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
 
   auto operator<=>(const LtPlanKey&) const = default;
@@ -255,10 +318,11 @@ constexpr size_t kMaxLtPlans = 512;
 
 // The key of LinearForward's cuBLASLt call for y [batch x out] = act(x
 // [batch x in] W^T + b) (row-major; no bias when b is null): column-major D
-// [out x batch] = W^T x^T, A = W (transposed), B = x, D = y.
-LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
-                           const float* w, const float* b, bool relu, bool tf32,
-                           float* y);
+// [out x batch] = W^T x^T, A = W (transposed), B = x, D = y. x and W are
+// fp32, or bf16 when `data_type` is CUDA_R_16BF (then never TF32).
+LtPlanKey LinearForwardKey(const void* x, int64_t batch, int in, int out,
+                           const void* w, const float* b, bool relu, bool tf32,
+                           float* y, cudaDataType_t data_type = CUDA_R_32F);
 
 // Kernels the GEMM code uses (dense_kernels.cu).
 // y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`; b may be null

@@ -4,7 +4,9 @@
 // B = x stored [in x batch], D = y stored [out x batch]. The bias then runs
 // along D's rows, which is what the cuBLASLt BIAS epilogue broadcasts.
 // Each cuBLASLt call's descriptor, layouts and algorithm are made once per
-// shape and pointer alignments and kept in the BlasContext.
+// shape, data type and pointer alignments and kept in the BlasContext. The
+// bf16 layers (PRECISION_BF16) take bf16 A and B and write fp32, as the
+// CPU's dense::Bgemm.
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -44,10 +46,10 @@ using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
 using Preference =
     std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
 
-absl::StatusOr<Layout> MakeLayout(uint64_t rows, uint64_t cols, int64_t ld) {
+absl::StatusOr<Layout> MakeLayout(cudaDataType_t type, uint64_t rows,
+                                  uint64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t l = nullptr;
-  CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
   return Layout(l);
 }
 
@@ -100,12 +102,17 @@ absl::StatusOr<LtPlan> MakePlan(cublasLtHandle_t lt, const LtPlanKey& key,
     CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  // Stored shapes: op(A) [m x k] is A [k x m] when transposed.
-  ASSIGN_OR_RETURN(plan.a, key.trans_a ? MakeLayout(key.k, key.m, key.lda)
-                                       : MakeLayout(key.m, key.k, key.lda));
-  ASSIGN_OR_RETURN(plan.b, key.trans_b ? MakeLayout(key.n, key.k, key.ldb)
-                                       : MakeLayout(key.k, key.n, key.ldb));
-  ASSIGN_OR_RETURN(plan.d, MakeLayout(key.m, key.n, key.ldd));
+  // Stored shapes: op(A) [m x k] is A [k x m] when transposed. A and B
+  // have the key's type; C and D are fp32, and so is the bias (cuBLASLt's
+  // default bias type is D's, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
+  const auto type = static_cast<cudaDataType_t>(key.data_type);
+  ASSIGN_OR_RETURN(plan.a, key.trans_a
+                               ? MakeLayout(type, key.k, key.m, key.lda)
+                               : MakeLayout(type, key.m, key.k, key.lda));
+  ASSIGN_OR_RETURN(plan.b, key.trans_b
+                               ? MakeLayout(type, key.n, key.k, key.ldb)
+                               : MakeLayout(type, key.k, key.n, key.ldb));
+  ASSIGN_OR_RETURN(plan.d, MakeLayout(CUDA_R_32F, key.m, key.n, key.ldd));
 
   cublasLtMatmulPreference_t raw_pref = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
@@ -152,9 +159,9 @@ int PointerAlignment(const void* p) {
   return alignment;
 }
 
-LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
-                           const float* w, const float* b, bool relu, bool tf32,
-                           float* y) {
+LtPlanKey LinearForwardKey(const void* x, int64_t batch, int in, int out,
+                           const void* w, const float* b, bool relu, bool tf32,
+                           float* y, cudaDataType_t data_type) {
   LtPlanKey key;
   key.m = out;
   key.n = batch;
@@ -165,7 +172,8 @@ LtPlanKey LinearForwardKey(const float* x, int64_t batch, int in, int out,
   key.trans_a = true;
   key.trans_b = false;
   key.epilogue = Epilogue(b != nullptr, relu);
-  key.tf32 = tf32;
+  key.tf32 = tf32 && data_type == CUDA_R_32F;
+  key.data_type = data_type;
   key.align_a = PointerAlignment(w);
   key.align_b = PointerAlignment(x);
   key.align_d = PointerAlignment(y);
@@ -203,14 +211,14 @@ class LtPlanCache {
 namespace {
 
 // y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call, with
-// the context's plan for the call's key (made on first use). Returns
-// NotFound when cuBLASLt has no algorithm for it, so the caller falls back
-// to cuBLAS.
-absl::Status LtForward(BlasContext* ctx, const float* x, int batch, int in,
-                       int out, const float* w, const float* b, bool relu,
-                       float* y) {
+// the context's plan for the call's key (made on first use); x and W of
+// `type` (fp32 or bf16). Returns NotFound when cuBLASLt has no algorithm
+// for it, so the caller falls back to cuBLAS.
+absl::Status LtForward(BlasContext* ctx, const void* x, int batch, int in,
+                       int out, const void* w, const float* b, bool relu,
+                       float* y, cudaDataType_t type) {
   const LtPlanKey key = LinearForwardKey(x, batch, in, out, w, b, relu,
-                                         ctx->options().allow_tf32, y);
+                                         ctx->options().allow_tf32, y, type);
   const size_t workspace = ctx->options().workspace_bytes;
   ASSIGN_OR_RETURN(const LtPlan* plan,
                    ctx->lt_plans().Find(ctx->lt(), key, b, workspace));
@@ -275,7 +283,8 @@ absl::Status LinearForward(BlasContext* ctx, const float* x, int64_t batch,
   if (batch == 0) return absl::OkStatus();
   const int n = static_cast<int>(batch);
   if (ctx->options().use_lt_epilogue) {
-    const absl::Status lt = LtForward(ctx, x, n, in, out, w, b, relu, y);
+    const absl::Status lt =
+        LtForward(ctx, x, n, in, out, w, b, relu, y, CUDA_R_32F);
     if (!absl::IsNotFound(lt)) return lt;
   }
   const float alpha = 1.0f, beta = 0.0f;
@@ -340,6 +349,84 @@ absl::Status LinearBackward(BlasContext* ctx, const float* x, const float* y,
                                        &beta, dx, in));
   }
   return absl::OkStatus();
+}
+
+absl::Status LinearForwardBf16(BlasContext* ctx, const Bf16* x, int64_t batch,
+                               int in, int out, const Bf16* w, const float* b,
+                               bool relu, float* y, Bf16* y_bf16) {
+  RETURN_IF_ERROR(CheckDims("LinearForwardBf16", batch, in, out));
+  if (batch == 0) return absl::OkStatus();
+  const int n = static_cast<int>(batch);
+  absl::Status lt = absl::NotFoundError("cuBLASLt not used");
+  if (ctx->options().use_lt_epilogue) {
+    lt = LtForward(ctx, x, n, in, out, w, b, relu, y, CUDA_R_16BF);
+    if (!lt.ok() && !absl::IsNotFound(lt)) return lt;
+  }
+  if (!lt.ok()) {
+    // y^T [out x batch] = W [in x out]^T x^T [in x batch], as LinearForward's
+    // cublasSgemm, then the bias and ReLU.
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_RETURN_IF_ERROR(
+        cublasGemmEx(ctx->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in,
+                     &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y,
+                     CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (b != nullptr || relu) {
+      RETURN_IF_ERROR(
+          internal::AddBiasAct(y, b, batch, out, relu, ctx->stream()));
+    }
+  }
+  if (y_bf16 == nullptr) return absl::OkStatus();
+  return RoundToBf16(y, batch * out, y_bf16, ctx->stream());
+}
+
+absl::Status GemmBf16(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
+                      int64_t n, int64_t k, const Bf16* a, int64_t lda,
+                      const Bf16* b, int64_t ldb, float beta, float* c,
+                      int64_t ldc) {
+  for (int64_t v : {m, n, k, lda, ldb, ldc}) {
+    if (v < 0 || v > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GemmBf16: sizes m ", m, " n ", n, " k ", k, " lda ", lda, " ldb ",
+          ldb, " ldc ", ldc, " must be in [0, 2^31)"));
+    }
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  // As Gemm: the row-major buffers are column-major transposes, B first.
+  const cublasOperation_t op_a = trans_a == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const float alpha = 1.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+      static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a,
+      CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+      static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status LinearBackwardBf16(BlasContext* ctx, const Bf16* x, const float* y,
+                                float* dy, int64_t batch, int in, int out,
+                                const Bf16* w, bool relu, float* dw, float* db,
+                                float* dx, Bf16* dy_bf16) {
+  RETURN_IF_ERROR(CheckDims("LinearBackwardBf16", batch, in, out));
+  if (batch == 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        dw, 0, sizeof(float) * static_cast<size_t>(in) * out, ctx->stream()));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(db, 0, sizeof(float) * out, ctx->stream()));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(
+      float* partial,
+      ctx->Scratch(static_cast<size_t>(internal::BiasGradBlocks(batch)) * out));
+  RETURN_IF_ERROR(internal::MaskAndBiasGrad(dy, y, batch, out, relu, partial,
+                                            db, ctx->stream()));
+  RETURN_IF_ERROR(RoundToBf16(dy, batch * out, dy_bf16, ctx->stream()));
+  // dense::Linear::BackwardBf16's two products, in its row-major terms.
+  RETURN_IF_ERROR(GemmBf16(ctx, 'T', 'N', out, in, batch, dy_bf16, out, x, in,
+                           0.0f, dw, in));
+  if (dx == nullptr) return absl::OkStatus();
+  return GemmBf16(ctx, 'N', 'N', batch, in, out, dy_bf16, out, w, in, 0.0f, dx,
+                  in);
 }
 
 }  // namespace dlrm::dense::cuda

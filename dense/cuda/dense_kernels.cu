@@ -1,7 +1,9 @@
 // Element-wise and per-sample kernels of the dense layers: bias + ReLU,
-// ReLU mask + bias gradient, the dot interaction, the cross network's
-// elementwise passes, BCE-with-logits, the dense optimizers (element-wise
-// and layer-wise) and the interaction dispatchers.
+// ReLU mask + bias gradient, the fp32 -> bf16 rounding of PRECISION_BF16,
+// the dot interaction, the cross network's elementwise passes,
+// BCE-with-logits, the dense optimizers (element-wise and layer-wise) and
+// the interaction dispatchers.
+//
 // Float operations use the non-fusing round-to-nearest intrinsics in the
 // CPU kernels' order: sums (the bias gradient) and elementwise products
 // match the CPU bitwise; where the host compiler fuses multiply-adds
@@ -41,6 +43,14 @@ __global__ void AddBiasActKernel(float* __restrict__ y,
   if (i >= total) return;
   const float v = b == nullptr ? y[i] : __fadd_rn(y[i], b[i % out]);
   y[i] = relu ? Relu(v) : v;
+}
+
+// out[i] = ToBf16(in[i]): dense/bf16_round.h's function, the CPU's.
+__global__ void RoundToBf16Kernel(const float* __restrict__ in, int64_t n,
+                                  Bf16* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = ToBf16(in[i]);
 }
 
 // x_next = x0 * q + xl, rounded after the product and after the sum as the
@@ -404,6 +414,18 @@ absl::Status CrossBackwardElementwise(const float* g, const float* x0,
 }
 
 }  // namespace internal
+
+absl::Status RoundToBf16(const float* in, int64_t n, Bf16* out,
+                         cudaStream_t stream) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RoundToBf16: n ", n, " is negative"));
+  }
+  if (n == 0) return absl::OkStatus();
+  return LaunchKernel("RoundToBf16Kernel", RoundToBf16Kernel,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, in, n, out);
+}
 
 absl::Status DotInteractionForward(const float* t, int64_t batch, int n, int d,
                                    float* z, cudaStream_t stream) {
