@@ -282,6 +282,9 @@ struct GraphCase {
   // As DeviceCase::mixed: every other table in host memory (the step then
   // waits for the interaction gradient, and uploads host columns).
   bool mixed;
+  // dense_precision PRECISION_BF16 (the bf16 GEMMs and conversions in the
+  // graphs).
+  bool bf16 = false;
 };
 
 ModelConfig GraphConfig(const GraphCase& c, bool graphs) {
@@ -289,6 +292,7 @@ ModelConfig GraphConfig(const GraphCase& c, bool graphs) {
       CaseConfig({c.name, c.interaction, c.optimizer, c.mixed});
   config.set_device(DEVICE_CUDA);
   config.set_gpu_cuda_graphs(graphs);
+  if (c.bf16) config.set_dense_precision(PRECISION_BF16);
   for (int k = 0; k < config.tables_size(); ++k) {
     if (!c.mixed || k % 2 == 0) {
       config.mutable_tables(k)->set_storage(STORAGE_DEVICE);
@@ -410,7 +414,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GraphCase{"dcn_adagrad_mixed", INTERACTION_DCN,
                                 OptimizerConfig::ADAGRAD, false, true},
                       GraphCase{"cat_sgd_warmup_mixed", INTERACTION_CAT,
-                                OptimizerConfig::SGD, true, true}),
+                                OptimizerConfig::SGD, true, true},
+                      GraphCase{"dot_adam_warmup_mixed_bf16", INTERACTION_DOT,
+                                OptimizerConfig::ADAM, true, true, true}),
     [](const ::testing::TestParamInfo<GraphCase>& info) {
       return std::string(info.param.name);
     });
