@@ -19,6 +19,7 @@
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
 #include "core/config.h"
+#include "core/dense_flags.h"
 #include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
@@ -31,8 +32,8 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // "cpu" or "cuda"; empty keeps the config's device.
-  std::string device;
+  // --device, --precision, --tf32.
+  DenseFlags dense;
   int64_t rows = 0;
   int64_t batch = 2048;
   int ranks = 2;
@@ -60,7 +61,7 @@ struct Flags {
 absl::Status RunRank(const Flags& f) {
   if (f.threads_per_rank > 0) omp_set_num_threads(f.threads_per_rank);
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
-  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
+  RETURN_IF_ERROR(f.dense.Apply(&config));
   if (f.rows > 0) {
     // Also lifts the preset's max_rows_per_table, which normalising the
     // config again (PlaceTablesOnRocksDb) would otherwise reapply.
@@ -151,7 +152,8 @@ absl::Status RunRank(const Flags& f) {
   const double steps = static_cast<double>(f.iters) * f.repeats;
   std::printf(
       "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
-      "\"device\": \"%s\", \"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
+      "\"device\": \"%s\", \"precision\": \"%s\", \"tf32\": %s, "
+      "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"overlap\": %s, \"iters\": %d, "
       "\"repeats\": %d, \"batches\": %d, \"rocksdb_tables\": %d, "
       "\"cache_fraction\": %.3f, \"prefetch\": %s, "
@@ -159,6 +161,8 @@ absl::Status RunRank(const Flags& f) {
       "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
       "\"stage_ms\": {",
       f.config.c_str(), DeviceName(config.device()),
+      PrecisionName(config.dense_precision()),
+      config.gpu_disable_tf32() ? "false" : "true",
       static_cast<long long>(f.rows), static_cast<long long>(f.batch), f.ranks,
       omp_get_max_threads(), f.overlap ? "true" : "false", f.iters, f.repeats,
       kBatches,
@@ -230,10 +234,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
   app.add_option("--config", f.config, "Preset or config file")
       ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "Where the dense part runs: cpu or cuda (default: the "
-                 "config's device, cpu unless it sets one)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  f.dense.AddTo(app);
   app.add_option("--rows", f.rows, "Override every table's rows");
   app.add_option("--batch", f.batch, "Global samples per step")
       ->capture_default_str();

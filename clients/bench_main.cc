@@ -1,9 +1,10 @@
 // dlrm_bench: the "CPU vs one GPU vs DGX" throughput table, reproduced on
 // the hardware at hand by driving a real dlrm_server over gRPC. Measures the
-// CPU scenarios, lists the GPU ones this build cannot run, projects an
-// N-rank accelerator node from measured stage times plus a communication
-// model (kept apart from the measurements), and writes a table (stdout), a
-// JSON file and a PNG bar chart. docs/benchmark.md describes the protocol.
+// CPU scenarios and, where a GPU is present, the GPU ones (else says why
+// they have no number), projects an N-rank accelerator node from measured
+// stage times plus a communication model (kept apart from the
+// measurements), and writes a table (stdout), a JSON file and a PNG bar
+// chart. docs/benchmark.md describes the protocol.
 #include <google/protobuf/text_format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -28,6 +30,7 @@
 #include "clients/client.h"
 #include "clients/server_process.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "core/status.h"
 #include "data/rotating_source.h"
 #include "data/synthetic.h"
@@ -39,7 +42,18 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kNoCuda[] = "not available in this build (no CUDA backend)";
+// Why the GPU rows have no number here; empty when a GPU is present.
+std::string GpuRowsUnavailable() {
+#if defined(DLRM_WITH_CUDA)
+  if (CudaDeviceCount() > 0) return "";
+  const std::string reason = CudaUnavailableReason();
+  return absl::StrCat(
+      "not measured: ",
+      reason.rfind("no CUDA device", 0) == 0 ? "" : "no CUDA device: ", reason);
+#else
+  return "not measured: not built with CUDA";
+#endif
+}
 
 struct Flags {
   // dlrm_server binary. Default: ../server/dlrm_server next to this binary.
@@ -372,55 +386,108 @@ absl::StatusOr<std::vector<double>> MeasureInProcess(
   return rates;
 }
 
-std::vector<std::string> ServerArgs(const Flags& f,
-                                    const std::string& config_path,
-                                    int threads) {
-  return {f.server,
-          "--listen",
-          "127.0.0.1:0",
-          "--metrics-listen",
-          "",
-          "--config",
-          config_path,
-          "--log-level",
-          "warn",
-          "--threads",
-          std::to_string(threads)};
-}
+// How the servers of one measured row start.
+struct Launch {
+  // The model config file they load.
+  std::string config_path;
+  // Rank processes: 1 is one process, no coordinator; more run hybrid
+  // parallel, rank 0 serving.
+  int ranks = 1;
+  // Compute threads of each process.
+  int threads = 1;
+  // More dlrm_server flags, e.g. --device-comm nccl.
+  std::vector<std::string> extra_args;
+  // Rank r sees only GPU r (CUDA_VISIBLE_DEVICES=r): one GPU per process.
+  bool gpu_per_rank = false;
+};
 
-// N rank processes (rank 0 serves), the same job protocol as one process.
-absl::StatusOr<std::vector<double>> MeasureMultiRank(
-    const Flags& f, const std::string& config_path, int cores,
-    std::map<std::string, double>* stage_ms) {
-  ASSIGN_OR_RETURN(const int port, FreePort());
-  const std::string coordinator = absl::StrCat("127.0.0.1:", port);
-  const int threads = std::max(1, cores / f.ranks);
+// Starts the ranks of `launch`, runs `measure` with a client of rank 0,
+// then stops every rank (rank 0 first: it tells the followers to exit).
+absl::Status WithServers(
+    const Flags& f, const Launch& launch,
+    const std::function<absl::Status(clients::Client&)>& measure) {
+  std::string coordinator;
+  if (launch.ranks > 1) {
+    ASSIGN_OR_RETURN(const int port, FreePort());
+    coordinator = absl::StrCat("127.0.0.1:", port);
+  }
   std::vector<std::unique_ptr<clients::ServerProcess>> ranks;
-  for (int r = f.ranks - 1; r >= 0; --r) {
-    std::vector<std::string> args = ServerArgs(f, config_path, threads);
-    args.insert(args.end(), {"--world-size", std::to_string(f.ranks), "--rank",
-                             std::to_string(r), "--coordinator", coordinator});
+  for (int r = launch.ranks - 1; r >= 0; --r) {
+    std::vector<std::string> args = {f.server,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "",
+                                     "--config",
+                                     launch.config_path,
+                                     "--log-level",
+                                     "warn",
+                                     "--threads",
+                                     std::to_string(launch.threads)};
+    args.insert(args.end(), launch.extra_args.begin(), launch.extra_args.end());
+    if (launch.ranks > 1) {
+      args.insert(args.end(),
+                  {"--world-size", std::to_string(launch.ranks), "--rank",
+                   std::to_string(r), "--coordinator", coordinator});
+    }
+    std::vector<std::string> env;
+    if (launch.gpu_per_rank) {
+      env.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", r));
+    }
     auto p = std::make_unique<clients::ServerProcess>();
     if (r == 0) {
-      RETURN_IF_ERROR(p->Start(args, 120));
+      RETURN_IF_ERROR(p->Start(args, 120, env));
     } else {
-      RETURN_IF_ERROR(p->StartDetached(args));
+      RETURN_IF_ERROR(p->StartDetached(args, env));
     }
     ranks.push_back(std::move(p));
   }
   clients::ServerProcess& leader = *ranks.back();
-  std::vector<double> rates;
   {
     clients::ClientOptions options;
     options.call_timeout_seconds = 0;
     ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
                      clients::Client::Connect(leader.address(), options));
-    ASSIGN_OR_RETURN(rates, MeasureJobs(*client, f, stage_ms));
+    RETURN_IF_ERROR(measure(*client));
   }
-  // Rank 0 first: it tells the followers to exit.
   RETURN_IF_ERROR(leader.Stop());
   for (auto& p : ranks) RETURN_IF_ERROR(p->Stop());
+  return absl::OkStatus();
+}
+
+// The server-side jobs of MeasureJobs against the servers of `launch`.
+absl::StatusOr<std::vector<double>> MeasureLaunch(
+    const Flags& f, const Launch& launch,
+    std::map<std::string, double>* stage_ms) {
+  std::vector<double> rates;
+  RETURN_IF_ERROR(WithServers(f, launch, [&](clients::Client& client) {
+    ASSIGN_OR_RETURN(rates, MeasureJobs(client, f, stage_ms));
+    return absl::OkStatus();
+  }));
   return rates;
+}
+
+// `config` with the dense part on CUDA and every table in `storage`.
+ModelConfig OnGpu(ModelConfig config, StorageTier storage) {
+  config.set_device(DEVICE_CUDA);
+  for (TableConfig& t : *config.mutable_tables()) {
+    t.set_storage(storage);
+    t.clear_device_cache_rows();
+  }
+  return config;
+}
+
+// Writes `config` as text to `path`; returns the text.
+absl::StatusOr<std::string> WriteConfig(const ModelConfig& config,
+                                        const fs::path& path) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(config, &text);
+  std::ofstream out(path);
+  out << text;
+  if (!out) {
+    return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  }
+  return text;
 }
 
 // Projection of an R-rank node (weak scaling: every rank keeps the
@@ -652,58 +719,44 @@ absl::Status Run(Flags& f, const std::vector<std::string>& argv) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", f.out));
-  std::string config_text;
-  google::protobuf::TextFormat::PrintToString(config, &config_text);
   const fs::path config_path = fs::absolute(dir / "model.textproto");
-  {
-    std::ofstream out(config_path);
-    out << config_text;
-    if (!out) {
-      return absl::InternalError(
-          absl::StrCat("cannot write ", config_path.string()));
-    }
-  }
+  ASSIGN_OR_RETURN(const std::string config_text,
+                   WriteConfig(config, config_path));
 
   const std::string cpu =
       absl::StrFormat("CPU: %s, %d cores", machine.cpu_model, machine.cores);
   std::vector<Row> measured;
-  std::map<std::string, double> stage_ms, rank_stage_ms;
-  {
-    clients::ServerProcess server;
-    RETURN_IF_ERROR(
-        server.Start(ServerArgs(f, config_path.string(), threads), 120));
-    clients::ClientOptions options;
-    options.call_timeout_seconds = 0;
-    ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
-                     clients::Client::Connect(server.address(), options));
+  std::map<std::string, double> stage_ms, rank_stage_ms, gpu_stage_ms,
+      gpu_node_stage_ms;
+  Launch one_process;
+  one_process.config_path = config_path.string();
+  one_process.threads = threads;
+  RETURN_IF_ERROR(WithServers(f, one_process, [&](clients::Client& client) {
     Row job;
     job.hardware = cpu;
     job.scenario = absl::StrCat("CPU only, 1 process, ", threads, " threads");
     job.feed = "server-side synthetic job";
-    ASSIGN_OR_RETURN(job.samples_per_s, MeasureJobs(*client, f, &stage_ms));
+    ASSIGN_OR_RETURN(job.samples_per_s, MeasureJobs(client, f, &stage_ms));
     measured.push_back(job);
-    if (f.client_stream || f.in_process) {
-      ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
-                       MakeBatches(config, f));
-      if (f.client_stream) {
-        Row stream = job;
-        stream.feed = "client stream (gRPC Train, loopback)";
-        ASSIGN_OR_RETURN(stream.samples_per_s,
-                         MeasureStream(*client, batches, f));
-        measured.push_back(stream);
-      }
-      if (f.in_process) {
-        // The server idles meanwhile: its model sits in memory untouched.
-        Row local = job;
-        local.feed = "in-process step (no server, no gRPC)";
-        ASSIGN_OR_RETURN(local.samples_per_s,
-                         MeasureInProcess(config, batches, f));
-        measured.push_back(local);
-      }
+    if (!f.client_stream && !f.in_process) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
+                     MakeBatches(config, f));
+    if (f.client_stream) {
+      Row stream = job;
+      stream.feed = "client stream (gRPC Train, loopback)";
+      ASSIGN_OR_RETURN(stream.samples_per_s, MeasureStream(client, batches, f));
+      measured.push_back(stream);
     }
-    client.reset();
-    RETURN_IF_ERROR(server.Stop());
-  }
+    if (f.in_process) {
+      // The server idles meanwhile: its model sits in memory untouched.
+      Row local = job;
+      local.feed = "in-process step (no server, no gRPC)";
+      ASSIGN_OR_RETURN(local.samples_per_s,
+                       MeasureInProcess(config, batches, f));
+      measured.push_back(local);
+    }
+    return absl::OkStatus();
+  }));
   if (f.ranks >= 2) {
     Row ranks;
     ranks.hardware = cpu;
@@ -713,23 +766,52 @@ absl::Status Run(Flags& f, const std::vector<std::string>& argv) {
                      std::max(1, cores / f.ranks),
                      cores / f.ranks > 1 ? " threads" : " thread", " each");
     ranks.feed = "server-side synthetic job";
-    ASSIGN_OR_RETURN(
-        ranks.samples_per_s,
-        MeasureMultiRank(f, config_path.string(), cores, &rank_stage_ms));
+    Launch launch = one_process;
+    launch.ranks = f.ranks;
+    launch.threads = std::max(1, cores / f.ranks);
+    ASSIGN_OR_RETURN(ranks.samples_per_s,
+                     MeasureLaunch(f, launch, &rank_stage_ms));
     measured.push_back(ranks);
   }
-  // Listed so the table has the field's three rows; never a number.
-  for (const auto& [hardware, scenario] :
-       {std::pair{"1 GPU + host memory",
-                  "one GPU, large tables in host memory"},
-        std::pair{"GPU node", "8 GPUs hybrid parallel"}}) {
-    Row row;
-    row.hardware = hardware;
-    row.scenario = scenario;
-    row.feed = "-";
-    row.note = kNoCuda;
-    measured.push_back(row);
+  // The field's two GPU rows: measured where a GPU is present, else a note
+  // saying why, never a number.
+  Row gpu_host, gpu_node;
+  gpu_host.hardware = "1 GPU + host memory";
+  gpu_host.scenario = "one GPU (dense part), tables in host memory";
+  gpu_node.hardware = "GPU node";
+  gpu_node.feed = gpu_host.feed = "server-side synthetic job";
+  const std::string unavailable = GpuRowsUnavailable();
+  if (!unavailable.empty()) {
+    gpu_node.scenario = "8 GPUs hybrid parallel";
+    for (Row* row : {&gpu_host, &gpu_node}) {
+      row->feed = "-";
+      row->note = unavailable;
+    }
+  } else {
+    const int gpus = std::min(8, CudaDeviceCount());
+    Launch host = one_process;
+    host.config_path = fs::absolute(dir / "model-gpu-host.textproto").string();
+    host.gpu_per_rank = true;
+    RETURN_IF_ERROR(
+        WriteConfig(OnGpu(config, STORAGE_HOST), host.config_path).status());
+    ASSIGN_OR_RETURN(gpu_host.samples_per_s,
+                     MeasureLaunch(f, host, &gpu_stage_ms));
+    Launch node = host;
+    node.config_path =
+        fs::absolute(dir / "model-gpu-device.textproto").string();
+    node.ranks = gpus;
+    node.threads = std::max(1, cores / gpus);
+    if (gpus > 1) node.extra_args = {"--device-comm", "nccl"};
+    RETURN_IF_ERROR(
+        WriteConfig(OnGpu(config, STORAGE_DEVICE), node.config_path).status());
+    gpu_node.scenario = absl::StrCat(
+        gpus, gpus > 1 ? " GPUs hybrid parallel (NCCL), " : " GPU, ",
+        "tables in device memory (as the device budget allows)");
+    ASSIGN_OR_RETURN(gpu_node.samples_per_s,
+                     MeasureLaunch(f, node, &gpu_node_stage_ms));
   }
+  measured.push_back(gpu_host);
+  measured.push_back(gpu_node);
 
   std::vector<Row> projected;
   for (const int r : f.project_ranks) {
@@ -798,7 +880,9 @@ absl::Status Run(Flags& f, const std::vector<std::string>& argv) {
   }
   absl::StrAppend(
       &json, "\n  ],\n  \"stage_ms\": {\"one_process\": ", JsonMap(stage_ms),
-      ", \"rank0_of_multi_rank\": ", JsonMap(rank_stage_ms), "}");
+      ", \"rank0_of_multi_rank\": ", JsonMap(rank_stage_ms),
+      ", \"gpu_host_memory\": ", JsonMap(gpu_stage_ms),
+      ", \"rank0_of_gpu_node\": ", JsonMap(gpu_node_stage_ms), "}");
   absl::StrAppend(
       &json,
       absl::StrFormat(",\n  \"projected\": {\"parameters\": {\"nvlink_gbps\": "

@@ -8,30 +8,52 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+
+extern char** environ;
 
 namespace dlrm::clients {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Forks and execs `args` with stdout on `out_fd` (in the child); the child
-// dies with its parent. Returns the pid, or -1 when fork fails.
-pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
+// Forks and execs `args` with stdout on `out_fd` (in the child) and this
+// process's environment with the NAME=VALUE entries of `env` added or
+// replacing theirs; the child dies with its parent. Returns the pid, or -1
+// when fork fails.
+pid_t Spawn(const std::vector<std::string>& args, int out_fd,
+            const std::vector<std::string>& env) {
+  // Built before the fork: the child of a threaded process may only make
+  // async-signal-safe calls.
+  std::vector<std::string> entries = env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced =
+        std::any_of(env.begin(), env.end(), [&name](const std::string& o) {
+          return o.compare(0, name.size() + 1, name + "=") == 0;
+        });
+    if (!replaced) entries.push_back(entry);
+  }
+  std::vector<char*> envp;
+  for (const std::string& e : entries)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(1);
   dup2(out_fd, 1);
-  std::vector<char*> argv;
-  for (const std::string& a : args)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
+  execve(argv[0], argv.data(), envp.data());
   _exit(127);
 }
 
@@ -46,13 +68,14 @@ ServerProcess::~ServerProcess() {
 }
 
 absl::Status ServerProcess::Start(const std::vector<std::string>& args,
-                                  double timeout_seconds) {
+                                  double timeout_seconds,
+                                  const std::vector<std::string>& env) {
   if (args.empty() || pid_ > 0) {
     return absl::InternalError("ServerProcess: no args, or already running");
   }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  pid_ = Spawn(args, fds[1]);
+  pid_ = Spawn(args, fds[1], env);
   close(fds[1]);
   out_fd_ = fds[0];
   if (pid_ < 0) return absl::InternalError("fork failed");
@@ -89,14 +112,14 @@ absl::Status ServerProcess::Start(const std::vector<std::string>& args,
       args[0], " printed no listening line within ", timeout_seconds, " s"));
 }
 
-absl::Status ServerProcess::StartDetached(
-    const std::vector<std::string>& args) {
+absl::Status ServerProcess::StartDetached(const std::vector<std::string>& args,
+                                          const std::vector<std::string>& env) {
   if (args.empty() || pid_ > 0) {
     return absl::InternalError("ServerProcess: no args, or already running");
   }
   const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (null_fd < 0) return absl::InternalError("cannot open /dev/null");
-  pid_ = Spawn(args, null_fd);
+  pid_ = Spawn(args, null_fd, env);
   close(null_fd);
   if (pid_ < 0) return absl::InternalError("fork failed");
   return absl::OkStatus();

@@ -24,14 +24,19 @@ class ServerProcess {
 
   // Runs `args` (args[0] the binary; stderr is ours) and waits for the line
   // "dlrm_server: listening on HOST:PORT ..." on its stdout (read and
-  // discarded afterwards). Unavailable if the child exits or prints no such
-  // line within `timeout_seconds`; Internal if fork or pipe fail.
+  // discarded afterwards). The child has this process's environment with
+  // the NAME=VALUE entries of `env` added or replacing theirs. Unavailable
+  // if the child exits or prints no such line within `timeout_seconds`;
+  // Internal if fork or pipe fail.
   absl::Status Start(const std::vector<std::string>& args,
-                     double timeout_seconds);
+                     double timeout_seconds,
+                     const std::vector<std::string>& env = {});
 
-  // Runs `args` with stdout on /dev/null and returns at once (a follower
-  // rank, which prints no listening line). Internal if fork fails.
-  absl::Status StartDetached(const std::vector<std::string>& args);
+  // Runs `args` (environment as Start's) with stdout on /dev/null and
+  // returns at once (a follower rank, which prints no listening line).
+  // Internal if fork fails.
+  absl::Status StartDetached(const std::vector<std::string>& args,
+                             const std::vector<std::string>& env = {});
 
   // SIGTERM, then waits up to `timeout_seconds` (SIGKILL after that).
   // OK when the child exited 0 (or was not running); Internal otherwise,

@@ -102,14 +102,16 @@ absl::Status CheckMlp(const google::protobuf::RepeatedField<int32_t>& mlp,
 
 bool UsesRocksDb(const ModelConfig& c) {
   for (const auto& t : c.tables()) {
-    if (t.storage() == STORAGE_ROCKSDB) return true;
+    if (RowsOnRocksDb(t)) return true;
   }
   return false;
 }
 
 // InvalidArgument naming the field when table `i` keeps its rows in device
-// memory (STORAGE_DEVICE) but the model does not run on CUDA, or sets
-// device_cache_rows negative or without STORAGE_DEVICE.
+// memory (STORAGE_DEVICE) but the model does not run on CUDA, sets
+// device_cache_rows negative or without STORAGE_DEVICE, or sets
+// device_cache_backing to anything but STORAGE_HOST or STORAGE_ROCKSDB,
+// without device_cache_rows, or to STORAGE_ROCKSDB without rocksdb.path.
 absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   if (t.storage() == STORAGE_DEVICE && c.device() != DEVICE_CUDA) {
@@ -127,6 +129,25 @@ absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
         absl::StrCat("tables[", i, "].device_cache_rows (", t.name(),
                      ") is set but the table's storage is ",
                      StorageTier_Name(t.storage()), ", not STORAGE_DEVICE"));
+  }
+  if (!StorageTier_IsValid(t.device_cache_backing()) ||
+      t.device_cache_backing() == STORAGE_DEVICE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].device_cache_backing (", t.name(),
+                     ") must be STORAGE_HOST or STORAGE_ROCKSDB, got ",
+                     t.device_cache_backing()));
+  }
+  if (t.device_cache_backing() != STORAGE_HOST && t.device_cache_rows() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].device_cache_backing (", t.name(),
+                     ") is ", StorageTier_Name(t.device_cache_backing()),
+                     " but device_cache_rows is 0 (no device cache to back)"));
+  }
+  if (t.device_cache_backing() == STORAGE_ROCKSDB &&
+      c.rocksdb().path().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tables[", i, "].device_cache_backing (", t.name(),
+                     ") is STORAGE_ROCKSDB but rocksdb.path is empty"));
   }
   // The device cache evicts by the row caches' policy.
   if (t.device_cache_rows() > 0 &&
@@ -313,6 +334,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.rocksdb().host_budget_bytes() < 0) {
     return absl::InvalidArgumentError("rocksdb.host_budget_bytes must be >= 0");
   }
+  if (c.device_budget_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_budget_bytes must be >= 0, got ", c.device_budget_bytes()));
+  }
   if (c.rocksdb().host_budget_bytes() > 0 && c.rocksdb().path().empty()) {
     return absl::InvalidArgumentError(
         "rocksdb.host_budget_bytes is set but rocksdb.path is empty (where "
@@ -398,6 +423,12 @@ absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
   }
   *c.mutable_rocksdb() = rocksdb;
   return NormalizeModelConfig(std::move(c));
+}
+
+bool RowsOnRocksDb(const TableConfig& t) {
+  return t.storage() == STORAGE_ROCKSDB ||
+         (t.storage() == STORAGE_DEVICE && t.device_cache_rows() > 0 &&
+          t.device_cache_backing() == STORAGE_ROCKSDB);
 }
 
 int64_t CachedRowsOfTable(const ModelConfig& c, int table) {

@@ -29,15 +29,17 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
 
 // Fills defaults for zero fields (num_dense_features 13, table dims,
 // multi_hot_size 1, dcn_num_layers 3 and dcn_low_rank_dim 512 under
-// INTERACTION_DCN, optimizer defaults, RocksDB cache defaults where a table
-// uses STORAGE_ROCKSDB), applies max_rows_per_table, then
-// validates. InvalidArgument names the offending field.
+// INTERACTION_DCN, optimizer defaults, RocksDB cache defaults where a
+// table's rows are on RocksDB: RowsOnRocksDb), applies max_rows_per_table,
+// then validates. InvalidArgument names the offending field.
 absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
 // ending at the embedding dim (dot), top MLP ending at 1, the DCN fields set
 // under INTERACTION_DCN only, a known dense_precision, rocksdb.path and cache
-// sizes where a table uses STORAGE_ROCKSDB, the optimizers and their schedules
+// sizes where a table's rows are on RocksDB (RowsOnRocksDb), the device
+// cache's fields (device_cache_rows, device_cache_backing) on
+// STORAGE_DEVICE tables only, the optimizers and their schedules
 // (optim::Validate; the tables' optimizer by optim::ValidateSparse, which
 // refuses the layer-wise LAMB and LARS).
 absl::Status ValidateModelConfig(const ModelConfig& config);
@@ -49,6 +51,12 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 absl::StatusOr<ModelConfig> PlaceTablesOnRocksDb(
     ModelConfig config, const std::vector<std::string>& tables,
     const RocksDbConfig& rocksdb);
+
+// Whether a table's rows are stored in RocksDB: STORAGE_ROCKSDB, or a
+// STORAGE_DEVICE table whose device cache (device_cache_rows > 0) is backed
+// by RocksDB (device_cache_backing STORAGE_ROCKSDB). Its host memory is
+// then its RocksDB row cache (CachedRows).
+bool RowsOnRocksDb(const TableConfig& table);
 
 // Rows of table `table` (STORAGE_ROCKSDB) kept in its cache, for a
 // normalised config: rocksdb.cache_rows, or cache_fraction of the table's

@@ -1,6 +1,6 @@
-// The flags of the binaries that train in-process (dlrm_train,
-// dlrm_bench_train) that say where and how the dense part runs:
-// --device, --precision, --tf32 and --cuda-graphs (core/config.h's
+// The flags of the binaries that train (dlrm_train, dlrm_bench_train,
+// dlrm_server, dlrm_bench_hybrid) that say where and how the dense part
+// runs: --device, --precision, --tf32 and --cuda-graphs (core/config.h's
 // Apply*Flag).
 // Header-only, so that core does not link CLI11.
 #pragma once

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,10 +51,66 @@ CachedStore::CachedStore(const TableSpec& spec, const CacheOptions& options,
       slots_(std::move(slots)),
       backing_(std::move(backing)),
       manager_(spec.table_index, spec.rows, options.cache_rows,
-               options.eviction, "the cache", "CacheOptions.cache_rows") {}
+               options.eviction, "the cache", "CacheOptions.cache_rows"),
+      background_prefetch_(options.background_prefetch) {}
 
 CachedStore::~CachedStore() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(read_mu_);
+      stopping_ = true;
+    }
+    read_cv_.notify_all();
+    worker_.join();
+  }
   if (slots_ != nullptr) slots_->Synchronize().IgnoreError();
+}
+
+void CachedStore::PrefetchLoop() {
+  std::unique_lock<std::mutex> lock(read_mu_);
+  while (true) {
+    read_cv_.wait(lock, [this] { return read_queued_ || stopping_; });
+    // Stops only with no read queued: a queued read runs first.
+    if (!read_queued_) return;
+    read_queued_ = false;
+    lock.unlock();
+    ReadStaged();
+    lock.lock();
+    read_pending_ = false;
+    read_cv_.notify_all();
+  }
+}
+
+void CachedStore::ReadStaged() {
+  const int64_t floats = RecordFloats();
+  read_status_ = absl::OkStatus();
+  read_rows_ = 0;
+  for (size_t i = 0; i < staged_rows_.size(); ++i) {
+    read_status_ =
+        backing_->ReadRow(staged_rows_[i], staged_records_.data() + i * floats);
+    if (!read_status_.ok()) return;
+    ++read_rows_;
+  }
+}
+
+void CachedStore::JoinPrefetch() {
+  std::unique_lock<std::mutex> lock(read_mu_);
+  read_cv_.wait(lock, [this] { return !read_pending_; });
+}
+
+absl::Status CachedStore::WaitForPrefetch() {
+  JoinPrefetch();
+  metrics_.rows_read += read_rows_;
+  metrics_.bytes_read += read_rows_ * RecordFloats() * int64_t{sizeof(float)};
+  read_rows_ = 0;
+  if (read_status_.ok()) return absl::OkStatus();
+  staged_index_.clear();
+  return std::exchange(read_status_, absl::OkStatus());
+}
+
+EmbeddingStore& CachedStore::backing() {
+  JoinPrefetch();
+  return *backing_;
 }
 
 absl::StatusOr<std::unique_ptr<CachedStore>> CachedStore::Create(
@@ -114,6 +171,8 @@ absl::Status CachedStore::WriteBack(const std::vector<int64_t>& rows,
 absl::StatusOr<const data::SparseFeature*> CachedStore::Prepare(
     const data::SparseFeature& ids) {
   prepared_ = false;
+  // The staging and the backing store are the caller's from here on.
+  RETURN_IF_ERROR(WaitForPrefetch());
   RETURN_IF_ERROR(manager_.Plan(ids));
   const SlotPlan& plan = manager_.plan();
 
@@ -187,28 +246,43 @@ absl::Status CachedStore::BackwardUpdate(const data::SparseFeature& prepared,
 }
 
 absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
+  // The last read is done and its staging replaced; an error it met is
+  // returned now, with nothing staged.
+  const absl::Status last = WaitForPrefetch();
   staged_index_.clear();
-  std::vector<int64_t> rows;
+  staged_rows_.clear();
+  RETURN_IF_ERROR(last);
+  // The rows to read are chosen here, on the caller's thread, which alone
+  // changes the slot map. Every write-back so far is in the backing store;
+  // a later one writes only resident rows, never these.
   for (const int64_t row : next_ids.ids) {
     if (row < 0 || row >= spec_.rows || manager_.SlotOf(row) >= 0) continue;
-    if (staged_index_.try_emplace(row, static_cast<int64_t>(rows.size()))
+    if (staged_index_
+            .try_emplace(row, static_cast<int64_t>(staged_rows_.size()))
             .second) {
-      rows.push_back(row);
+      staged_rows_.push_back(row);
     }
   }
-  const int64_t floats = RecordFloats();
-  staged_records_.resize(rows.size() * floats);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const absl::Status status =
-        backing_->ReadRow(rows[i], staged_records_.data() + i * floats);
-    if (!status.ok()) {
-      staged_index_.clear();
-      return status;
+  if (staged_rows_.empty()) return absl::OkStatus();
+  staged_records_.resize(staged_rows_.size() * RecordFloats());
+  if (background_prefetch_ && !worker_.joinable()) {
+    try {
+      worker_ = std::thread([this] { PrefetchLoop(); });
+    } catch (const std::system_error&) {
+      // No thread to be had: this store reads on the caller's thread.
+      background_prefetch_ = false;
     }
   }
-  metrics_.rows_read += static_cast<int64_t>(rows.size());
-  metrics_.bytes_read +=
-      static_cast<int64_t>(rows.size()) * floats * int64_t{sizeof(float)};
+  if (!background_prefetch_) {
+    ReadStaged();
+    return WaitForPrefetch();
+  }
+  {
+    std::lock_guard<std::mutex> lock(read_mu_);
+    read_queued_ = true;
+    read_pending_ = true;
+  }
+  read_cv_.notify_all();
   return absl::OkStatus();
 }
 
@@ -222,6 +296,7 @@ absl::Status CachedStore::PoolReadOnly(const data::SparseFeature& ids,
 
 absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  RETURN_IF_ERROR(WaitForPrefetch());
   RETURN_IF_ERROR(backing_->ReadRows(begin, count, out));
   // The resident rows of the range, found from whichever side is smaller.
   std::vector<int64_t> at, slots;
@@ -255,6 +330,7 @@ absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
 absl::Status CachedStore::WriteRows(int64_t begin, int64_t count,
                                     const float* records) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  RETURN_IF_ERROR(WaitForPrefetch());
   RETURN_IF_ERROR(backing_->WriteRows(begin, count, records));
   const int64_t floats = RecordFloats();
   std::vector<int64_t> slots;
@@ -276,6 +352,7 @@ absl::Status CachedStore::WriteRows(int64_t begin, int64_t count,
 }
 
 absl::Status CachedStore::Flush() {
+  RETURN_IF_ERROR(WaitForPrefetch());
   const std::vector<int64_t> dirty = manager_.DirtySlots();
   // In row order, so that runs of rows go to the backing store together.
   std::vector<std::pair<int64_t, int64_t>> order;

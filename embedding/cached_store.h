@@ -6,8 +6,11 @@
 // CachedStore over device slots and a HostStore.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -100,7 +103,10 @@ class HostSlots final : public SlotStorage {
 // its own: bitwise when the slots are host memory (HostSlots), within the
 // device kernels' rounding otherwise. The step counter is the slots'; Flush
 // writes every dirty row and the step to `backing` and flushes it.
-// memory_space() is the slots'. Thread safety as EmbeddingStore.
+// memory_space() is the slots'. Thread safety as EmbeddingStore: with
+// CacheOptions::background_prefetch, Prefetch's reads of `backing` run on
+// a thread of the store's own, and every call that touches `backing` or
+// the staging first waits for them, so `backing` has one caller at a time.
 class CachedStore final : public EmbeddingStore {
  public:
   // InvalidArgument for a bad spec or options, a backing store whose spec
@@ -112,7 +118,8 @@ class CachedStore final : public EmbeddingStore {
       std::unique_ptr<SlotStorage> slots,
       std::unique_ptr<EmbeddingStore> backing);
 
-  // Waits for the slots' queued work. Dirty rows not flushed are dropped.
+  // Waits for the background prefetch and the slots' queued work. Dirty
+  // rows not flushed are dropped.
   ~CachedStore() override;
 
   const TableSpec& spec() const override { return spec_; }
@@ -134,10 +141,18 @@ class CachedStore final : public EmbeddingStore {
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
   absl::Status Synchronize() override { return slots_->Synchronize(); }
-  // Reads the records of the rows of `next_ids` that are not resident from
-  // the backing store into a host staging area now (so that on the device
-  // it overlaps the queued kernels), replacing the last call's. Ids outside
-  // [0, rows) are left for Prepare to report. The backing store's errors.
+  // Reads the records of the rows of `next_ids` that are not resident now
+  // from the backing store into a host staging area, replacing the last
+  // call's: on the store's thread (background_prefetch; it returns at
+  // once, and the read overlaps the caller's compute and the device's
+  // queued kernels) or before it returns. The read sees every write-back
+  // before the call (the last Prepare's) and stages only rows no later
+  // write-back can change (they are not resident, and leave the staging
+  // when they enter a slot or are written). Ids outside [0, rows) are left
+  // for Prepare to report. The backing store's errors: of this read when
+  // not in the background, of a failed background read otherwise (the
+  // next call that waits for it returns it once: Prepare, Prefetch,
+  // ReadRows, WriteRows, Flush).
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
   // FailedPrecondition: the slot map and the slots change as the caller
   // prepares batches, unguarded (predictions read such tables between
@@ -162,7 +177,8 @@ class CachedStore final : public EmbeddingStore {
   // Whether `row` is in a slot now, and dirty there.
   bool IsResident(int64_t row) const { return manager_.SlotOf(row) >= 0; }
   bool IsDirty(int64_t row) const;
-  EmbeddingStore& backing() { return *backing_; }
+  // The backing store, once the background prefetch (if any) is done.
+  EmbeddingStore& backing();
 
  private:
   CachedStore(const TableSpec& spec, const CacheOptions& options,
@@ -176,6 +192,16 @@ class CachedStore final : public EmbeddingStore {
   // backing store.
   absl::Status WriteBack(const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& slots);
+  // Reads staged_rows_ from the backing store into staged_records_, setting
+  // read_status_ and read_rows_ (the prefetch's job, on either thread).
+  void ReadStaged();
+  // Waits until no prefetch read is queued or running.
+  void JoinPrefetch();
+  // JoinPrefetch, then counts its rows read in metrics_ and returns a
+  // failed read's error once (dropping the staging).
+  absl::Status WaitForPrefetch();
+  // The prefetch thread: runs each queued read until stopping_.
+  void PrefetchLoop();
 
   TableSpec spec_;
   int64_t record_floats_;
@@ -184,11 +210,29 @@ class CachedStore final : public EmbeddingStore {
   SlotManager manager_;
   StoreMetrics metrics_;
   bool prepared_ = false;
+  bool background_prefetch_;
   // Records staged by the last Prefetch (row -> index into staged_records_;
   // a row leaves when it enters a slot or is written). A staged row is
-  // never resident, and its staged record is the backing store's.
+  // never resident, and its staged record is the backing store's. Only the
+  // caller's thread touches staged_index_ (after WaitForPrefetch).
   absl::flat_hash_map<int64_t, int64_t> staged_index_;
   std::vector<float> staged_records_;
+  // The read of the last Prefetch: its rows, its outcome and rows read.
+  // While read_pending_ only the prefetch thread touches these,
+  // staged_records_ and backing_.
+  std::vector<int64_t> staged_rows_;
+  absl::Status read_status_;
+  int64_t read_rows_ = 0;
+  // The prefetch thread (started by the first background Prefetch; when
+  // none can be started the store reads on the caller's thread) and its
+  // hand-over: read_queued_ until it starts the read, read_pending_ until
+  // it is done.
+  std::thread worker_;
+  std::mutex read_mu_;
+  std::condition_variable read_cv_;
+  bool read_queued_ = false;
+  bool read_pending_ = false;
+  bool stopping_ = false;
   // Prepare's scratch: records of the write-back and of the misses, the
   // misses' slots.
   std::vector<float> records_;

@@ -140,8 +140,14 @@ absl::Status StoreOptions::Validate() const {
     case StoreKind::kRocksDbCache:
       return rocksdb.Validate();
     case StoreKind::kDevice:
-      return device_cache.cache_rows == 0 ? absl::OkStatus()
-                                          : device_cache.Validate();
+      if (device_cache.cache_rows == 0) return absl::OkStatus();
+      RETURN_IF_ERROR(device_cache.Validate());
+      if (device_cache_backing == StoreKind::kHost) return absl::OkStatus();
+      if (device_cache_backing == StoreKind::kRocksDbCache) {
+        return rocksdb.Validate();
+      }
+      return absl::InvalidArgumentError(
+          "StoreOptions.device_cache_backing must be kHost or kRocksDbCache");
   }
   return absl::InvalidArgumentError("StoreOptions.kind is unknown");
 }

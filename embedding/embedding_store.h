@@ -146,10 +146,10 @@ class EmbeddingStore {
   // return (host memory, RocksDB).
   virtual absl::Status Synchronize() = 0;
 
-  // Starts loading the rows of the next batch that are not resident (in the
-  // background, or at once while the device works: CachedStore), so the
-  // next Prepare finds them staged. Only the latest call's rows are staged.
-  // Optional: Prepare is correct without it.
+  // Starts loading the rows of the next batch that are not resident in the
+  // background (RocksDbCachedStore on its database's worker, CachedStore on
+  // a thread of its own), so the next Prepare finds them staged. Only the
+  // latest call's rows are staged. Optional: Prepare is correct without it.
   virtual absl::Status Prefetch(const data::SparseFeature& next_ids) = 0;
 
   // Pools each bag of `ids` (table row ids, not a prepared batch) into host
@@ -246,7 +246,7 @@ enum class StoreKind {
   // RocksDB behind a host cache of rows (RocksDbCachedStore).
   kRocksDbCache,
   // Every row in the memory of CUDA device 0 (cuda::CudaStore), or the hot
-  // rows there in front of every row in host memory
+  // rows there in front of every row in host memory or RocksDB
   // (StoreOptions::device_cache); needs a build with CUDA and a device.
   kDevice,
 };
@@ -304,6 +304,10 @@ struct CacheOptions {
   int64_t cache_rows = 0;
   // Which resident row a miss replaces. Default: kLru.
   EvictionPolicy eviction = EvictionPolicy::kLru;
+  // Whether Prefetch reads the backing store on the cache's own thread,
+  // returning at once (the next call that needs the backing store waits for
+  // it), or on the caller's before it returns. Default: true.
+  bool background_prefetch = true;
 
   // InvalidArgument naming the field when one is out of range.
   absl::Status Validate() const;
@@ -322,18 +326,24 @@ struct StoreOptions {
   void* cuda_stream = nullptr;
   // Used when kind is kDevice: with cache_rows > 0, only that many rows and
   // their optimizer state (slots) live in device memory, a cache in front
-  // of the whole table in host memory (cuda::CreateDeviceCachedStore);
-  // cache_rows 0 keeps every row in device memory (cuda::CudaStore).
-  // Default: cache_rows 0.
+  // of the whole table in the device_cache_backing tier
+  // (cuda::CreateDeviceCachedStore); cache_rows 0 keeps every row in
+  // device memory (cuda::CudaStore). Default: cache_rows 0.
   CacheOptions device_cache;
+  // Used when kind is kDevice with device_cache.cache_rows > 0: the tier of
+  // the store behind the device cache, kHost (every row in host memory) or
+  // kRocksDbCache (a RocksDbCachedStore with `rocksdb`'s options in the
+  // factory's `db`). Default: kHost.
+  StoreKind device_cache_backing = StoreKind::kHost;
 
   // InvalidArgument when the chosen tier's options are invalid.
   absl::Status Validate() const;
 };
 
 // Creates the store `options.kind` names for `spec`. `db` is used (and must
-// outlive the store) for kRocksDbCache, where it must not be null; the
-// table's rows go to its own column family there. InvalidArgument for bad
+// outlive the store) for kRocksDbCache, and for kDevice with a device cache
+// backed by kRocksDbCache, where it must not be null; the table's rows go
+// to its own column family there. InvalidArgument for bad
 // spec or options; FailedPrecondition naming CudaUnavailableReason() for
 // kDevice in a binary without CUDA or a process without a device; else the
 // tier's open errors.

@@ -2,6 +2,7 @@
 #include "embedding/sharding.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -60,31 +61,44 @@ std::vector<std::pair<int64_t, int64_t>> RowRanges(int64_t rows, int parts) {
 // Running totals of the ranks while tables are placed.
 class RankLoads {
  public:
-  RankLoads(int world_size, int64_t budget)
-      : budget_(budget), bytes_(world_size, 0), cost_(world_size, 0) {}
+  RankLoads(int world_size, int64_t budget, int64_t device_budget)
+      : budget_(budget),
+        device_budget_(device_budget),
+        bytes_(world_size, 0),
+        device_(world_size, 0),
+        cost_(world_size, 0) {}
 
-  bool Fits(int rank, int64_t bytes) const {
-    return budget_ == 0 || bytes_[rank] + bytes <= budget_;
+  // Whether `rank` can take `bytes` more within the memory budget and, when
+  // `keep_device`, `device_bytes` more within the device budget.
+  bool Fits(int rank, int64_t bytes, int64_t device_bytes,
+            bool keep_device) const {
+    if (budget_ != 0 && bytes_[rank] + bytes > budget_) return false;
+    return !keep_device || device_bytes == 0 || device_budget_ == 0 ||
+           device_[rank] + device_bytes <= device_budget_;
   }
-  void Add(int rank, int64_t bytes, double cost) {
+  void Add(int rank, int64_t bytes, int64_t device_bytes, double cost) {
     bytes_[rank] += bytes;
+    device_[rank] += device_bytes;
     cost_[rank] += cost;
   }
-  // Ranks ordered by lookup cost, then bytes held, then rank.
+  // Ranks ordered by lookup cost, then device bytes, then bytes held, then
+  // rank.
   std::vector<int> ByLoad() const {
     std::vector<int> ranks(bytes_.size());
     std::iota(ranks.begin(), ranks.end(), 0);
     std::stable_sort(ranks.begin(), ranks.end(), [this](int a, int b) {
       if (cost_[a] != cost_[b]) return cost_[a] < cost_[b];
+      if (device_[a] != device_[b]) return device_[a] < device_[b];
       return bytes_[a] < bytes_[b];
     });
     return ranks;
   }
-  int64_t bytes(int rank) const { return bytes_[rank]; }
 
  private:
   int64_t budget_;
+  int64_t device_budget_;
   std::vector<int64_t> bytes_;
+  std::vector<int64_t> device_;
   std::vector<double> cost_;
 };
 
@@ -123,10 +137,11 @@ absl::Status PlannerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("planner: world_size must be >= 1, got ", world_size));
   }
-  if (memory_budget_bytes < 0 || data_parallel_max_bytes < 0) {
+  if (memory_budget_bytes < 0 || data_parallel_max_bytes < 0 ||
+      device_budget_bytes < 0) {
     return absl::InvalidArgumentError(
-        "planner: memory_budget_bytes and data_parallel_max_bytes must be >= "
-        "0");
+        "planner: memory_budget_bytes, data_parallel_max_bytes and "
+        "device_budget_bytes must be >= 0");
   }
   return absl::OkStatus();
 }
@@ -136,6 +151,16 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer) {
       shard.col_count +
       optim::SparseStateFloatsPerRow(optimizer, shard.col_count);
   return shard.row_count * floats_per_row * 4;
+}
+
+int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
+                         const OptimizerConfig& optimizer) {
+  if (table.storage() != STORAGE_DEVICE) return 0;
+  Shard slots = shard;
+  if (table.device_cache_rows() > 0) {
+    slots.row_count = std::min(shard.row_count, table.device_cache_rows());
+  }
+  return ShardBytes(slots, optimizer);
 }
 
 absl::Status ShardingPlan::Validate(const ModelConfig& config) const {
@@ -217,7 +242,8 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
   for (size_t k = 0; k < tables.size(); ++k) {
     const TableConfig& t = config.tables(k);
     const TablePlacement& p = tables[k];
-    const bool on_rocksdb = t.storage() == STORAGE_ROCKSDB;
+    // Rows stored in RocksDB: the table's, or its device cache's backing.
+    const bool on_rocksdb = RowsOnRocksDb(t);
     const bool on_device = t.storage() == STORAGE_DEVICE;
     any_rocksdb = any_rocksdb || on_rocksdb;
     any_device = any_device || on_device;
@@ -231,14 +257,10 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
           host.row_count = CachedRows(config.rocksdb(), s.row_count);
         }
         if (on_device) {
-          // Cached: the slots on the device, every row in host memory.
-          Shard slots = s;
-          if (t.device_cache_rows() > 0) {
-            slots.row_count = std::min(s.row_count, t.device_cache_rows());
-          } else {
-            host.row_count = 0;
-          }
-          device[s.rank] += ShardBytes(slots, config.sparse_optimizer());
+          // Cached: the slots on the device, every row in host memory (or
+          // on RocksDB behind its row cache, above).
+          if (t.device_cache_rows() == 0) host.row_count = 0;
+          device[s.rank] += DeviceShardBytes(t, s, config.sparse_optimizer());
         }
         bytes[s.rank] += ShardBytes(host, config.sparse_optimizer());
         cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
@@ -318,7 +340,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   ShardingPlan plan;
   plan.world_size = world;
   plan.tables.resize(config.tables_size());
-  RankLoads loads(world, options.memory_budget_bytes);
+  RankLoads loads(world, options.memory_budget_bytes,
+                  options.device_budget_bytes);
 
   auto budget_error = [&](const TableConfig& t, const std::string& what) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -327,18 +350,25 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
         " within the per-rank budget of ", options.memory_budget_bytes,
         " bytes over ", world, " ranks"));
   };
-  // Places `t` as `kind` on `ranks` if every shard fits; returns whether.
-  auto try_place = [&](int k, ShardingKind kind,
-                       const std::vector<int>& ranks) {
+  // Places `t` as `kind` on `ranks` if every shard fits (the device budget
+  // too when `keep_device`); returns whether.
+  auto try_place = [&](int k, ShardingKind kind, const std::vector<int>& ranks,
+                       bool keep_device) {
     const TableConfig& t = config.tables(k);
     TablePlacement p = MakePlacement(kind, t, ranks);
-    std::vector<int64_t> extra(world, 0);
-    for (const Shard& s : p.shards) extra[s.rank] += ShardBytes(s, opt);
+    std::vector<int64_t> extra(world, 0), extra_device(world, 0);
+    for (const Shard& s : p.shards) {
+      extra[s.rank] += ShardBytes(s, opt);
+      extra_device[s.rank] += DeviceShardBytes(t, s, opt);
+    }
     for (int r = 0; r < world; ++r) {
-      if (extra[r] > 0 && !loads.Fits(r, extra[r])) return false;
+      if (extra[r] > 0 &&
+          !loads.Fits(r, extra[r], extra_device[r], keep_device)) {
+        return false;
+      }
     }
     for (const Shard& s : p.shards) {
-      loads.Add(s.rank, ShardBytes(s, opt),
+      loads.Add(s.rank, ShardBytes(s, opt), DeviceShardBytes(t, s, opt),
                 static_cast<double>(t.multi_hot_size()) * s.col_count);
     }
     plan.tables[k] = std::move(p);
@@ -349,12 +379,16 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     std::iota(r.begin(), r.end(), 0);
     return r;
   };
-  // The `n` least-loaded ranks that can each take `bytes` more.
-  auto least_loaded = [&](int n, int64_t bytes) {
+  // The `n` least-loaded ranks that can each take shard `s` of table `t`
+  // (within the device budget too when `keep_device`).
+  auto least_loaded = [&](int n, const TableConfig& t, const Shard& s,
+                          bool keep_device) {
+    const int64_t bytes = ShardBytes(s, opt);
+    const int64_t device_bytes = DeviceShardBytes(t, s, opt);
     std::vector<int> picked;
     for (int r : loads.ByLoad()) {
       if (static_cast<int>(picked.size()) == n) break;
-      if (loads.Fits(r, bytes)) picked.push_back(r);
+      if (loads.Fits(r, bytes, device_bytes, keep_device)) picked.push_back(r);
     }
     return picked;
   };
@@ -392,9 +426,10 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
               "tables[", k, "] (", t.name(), ").shard_ranks: table-wise takes ",
               "one rank, got ", n));
         }
-        if (n == 0)
-          ranks =
-              least_loaded(1, ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt));
+        if (n == 0) {
+          ranks = least_loaded(1, t, {0, 0, t.rows(), 0, t.dim()},
+                               /*keep_device=*/false);
+        }
         break;
       case SHARDING_COLUMN_WISE:
         if (n == 0) {
@@ -421,7 +456,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
             absl::StrCat("tables[", k, "] (", t.name(),
                          ").sharding: unknown kind ", static_cast<int>(kind)));
     }
-    if (ranks.empty() || !try_place(k, kind, ranks)) {
+    if (ranks.empty() || !try_place(k, kind, ranks, /*keep_device=*/false)) {
       return budget_error(
           t, absl::StrCat("does not fit as pinned (", KindName(kind), ")"));
     }
@@ -433,17 +468,20 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
       return LookupCost(ta) > LookupCost(tb);
     return ta.rows() * ta.dim() > tb.rows() * tb.dim();
   });
-  for (int k : automatic) {
+  // Places AUTO table `k`: replicated when small, else whole, else split
+  // by columns, else by rows; returns whether some placement fit.
+  auto place_auto = [&](int k, bool keep_device) {
     const TableConfig& t = config.tables(k);
     const Shard whole{0, 0, t.rows(), 0, t.dim()};
-    const int64_t bytes = ShardBytes(whole, opt);
-    if (world > 1 && bytes <= options.data_parallel_max_bytes &&
-        try_place(k, SHARDING_DATA_PARALLEL, all_ranks())) {
-      continue;
+    if (world > 1 &&
+        ShardBytes(whole, opt) <= options.data_parallel_max_bytes &&
+        try_place(k, SHARDING_DATA_PARALLEL, all_ranks(), keep_device)) {
+      return true;
     }
-    std::vector<int> one = least_loaded(1, bytes);
-    if (!one.empty() && try_place(k, SHARDING_TABLE_WISE, one)) continue;
-    bool placed = false;
+    std::vector<int> one = least_loaded(1, t, whole, keep_device);
+    if (!one.empty() && try_place(k, SHARDING_TABLE_WISE, one, keep_device)) {
+      return true;
+    }
     // An optimizer with per-row state (row-wise Adagrad's accumulator)
     // keeps one value per row over all its columns; column blocks would
     // each keep their own and train differently from one process, so such
@@ -451,18 +489,29 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     const int max_parts = optim::SparseStateSpansColumns(opt)
                               ? 1
                               : std::min(world, MaxColumnParts(t.dim()));
-    for (int parts = 2; parts <= max_parts && !placed; ++parts) {
+    for (int parts = 2; parts <= max_parts; ++parts) {
       // The widest block is the first; every picked rank must take it.
       const int widest = ColumnBlocks(t.dim(), parts)[0].second;
       const std::vector<int> ranks =
-          least_loaded(parts, ShardBytes({0, 0, t.rows(), 0, widest}, opt));
-      placed = static_cast<int>(ranks.size()) == parts &&
-               try_place(k, SHARDING_COLUMN_WISE, ranks);
+          least_loaded(parts, t, {0, 0, t.rows(), 0, widest}, keep_device);
+      if (static_cast<int>(ranks.size()) == parts &&
+          try_place(k, SHARDING_COLUMN_WISE, ranks, keep_device)) {
+        return true;
+      }
     }
-    if (!placed && world > 1 && t.rows() >= world) {
-      placed = try_place(k, SHARDING_ROW_WISE, all_ranks());
+    return world > 1 && t.rows() >= world &&
+           try_place(k, SHARDING_ROW_WISE, all_ranks(), keep_device);
+  };
+  for (int k : automatic) {
+    const TableConfig& t = config.tables(k);
+    // A device table first within the device budget; when nothing fits
+    // there, as if there were none (the tier planner moves tables off).
+    const bool device_limited =
+        t.storage() == STORAGE_DEVICE && options.device_budget_bytes > 0;
+    if (device_limited && place_auto(k, /*keep_device=*/true)) continue;
+    if (!place_auto(k, /*keep_device=*/false)) {
+      return budget_error(t, "fits nowhere");
     }
-    if (!placed) return budget_error(t, "fits nowhere");
   }
   RETURN_IF_ERROR(plan.Validate(config));
   return plan;
@@ -473,6 +522,10 @@ absl::Status TierPlanOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_budget_bytes must be >= 0, got ", host_budget_bytes));
   }
+  if (device_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_budget_bytes must be >= 0, got ", device_budget_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -480,11 +533,11 @@ int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
   // A device table has no host copy unless it is cached (the whole table
-  // then stays in host memory behind the device's slots).
+  // then stays in host memory behind the device's slots, or its RocksDB
+  // row cache does).
   if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) return 0;
   Shard shard;
-  shard.row_count =
-      t.storage() == STORAGE_ROCKSDB ? CachedRows(rocksdb, t.rows()) : t.rows();
+  shard.row_count = RowsOnRocksDb(t) ? CachedRows(rocksdb, t.rows()) : t.rows();
   shard.col_count = t.dim();
   return ShardBytes(shard, config.sparse_optimizer());
 }
@@ -494,15 +547,27 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const RocksDbConfig& rocksdb) {
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
-    const StorageTier tier = config.tables(k).storage();
-    if (tier == STORAGE_DEVICE && config.tables(k).device_cache_rows() == 0) {
+    const TableConfig& t = config.tables(k);
+    if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) {
       continue;
     }
     for (Shard shard : plan.tables[k].shards) {
-      if (tier == STORAGE_ROCKSDB) {
+      if (RowsOnRocksDb(t)) {
         shard.row_count = CachedRows(rocksdb, shard.row_count);
       }
       used[shard.rank] += ShardBytes(shard, config.sparse_optimizer());
+    }
+  }
+  return used;
+}
+
+std::vector<int64_t> DeviceBytesPerRank(const ModelConfig& config,
+                                        const ShardingPlan& plan) {
+  std::vector<int64_t> used(plan.world_size, 0);
+  for (int k = 0; k < config.tables_size(); ++k) {
+    for (const Shard& shard : plan.tables[k].shards) {
+      used[shard.rank] +=
+          DeviceShardBytes(config.tables(k), shard, config.sparse_optimizer());
     }
   }
   return used;
@@ -522,56 +587,117 @@ ShardingPlan OneRankPlan(const ModelConfig& config) {
   return plan;
 }
 
-}  // namespace
-
-absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
-                                             const TierPlanOptions& options,
-                                             const ShardingPlan* plan) {
-  RETURN_IF_ERROR(options.Validate());
-  if (options.host_budget_bytes == 0) return config;
-  const ShardingPlan one_rank = OneRankPlan(config);
-  const ShardingPlan& p = plan != nullptr ? *plan : one_rank;
-  ModelConfig c = config;
+// Moves tables of `c`, with `move`, largest `table_bytes` first (ties by
+// config order; a negative size: the table cannot move), while some rank's
+// bytes (`per_rank`) exceed `budget`, each only while it has a shard on
+// such a rank. Returns the names of the tables moved; `used` is left with
+// the bytes of each rank after the moves.
+std::vector<std::string> MoveUntilWithin(
+    ModelConfig& c, const ShardingPlan& p, int64_t budget,
+    const std::function<std::vector<int64_t>(const ModelConfig&)>& per_rank,
+    const std::function<int64_t(int)>& table_bytes,
+    const std::function<void(TableConfig*)>& move, std::vector<int64_t>* used) {
   // Ranks over the budget (none when everything fits).
-  auto over = [&](std::vector<int64_t>* used) {
-    *used = HostBytesPerRank(c, p, options.rocksdb);
+  auto over = [&] {
+    *used = per_rank(c);
     std::vector<bool> is_over(p.world_size, false);
     bool any = false;
     for (int r = 0; r < p.world_size; ++r) {
-      is_over[r] = (*used)[r] > options.host_budget_bytes;
+      is_over[r] = (*used)[r] > budget;
       any = any || is_over[r];
     }
     return any ? is_over : std::vector<bool>();
   };
   std::vector<std::pair<int64_t, int>> movable;  // (-bytes, index)
   for (int k = 0; k < c.tables_size(); ++k) {
-    if (c.tables(k).storage() == STORAGE_HOST) {
-      int64_t bytes = 0;
-      for (const Shard& shard : p.tables[k].shards) {
-        bytes += ShardBytes(shard, c.sparse_optimizer());
-      }
-      movable.emplace_back(-bytes, k);
-    }
+    const int64_t bytes = table_bytes(k);
+    if (bytes >= 0) movable.emplace_back(-bytes, k);
   }
   std::sort(movable.begin(), movable.end());
   std::vector<std::string> moved;
-  std::vector<int64_t> used;
   for (const auto& entry : movable) {
     const int k = entry.second;
-    const std::vector<bool> is_over = over(&used);
+    const std::vector<bool> is_over = over();
     if (is_over.empty()) break;
     bool helps = false;
     for (const Shard& shard : p.tables[k].shards) {
       helps = helps || is_over[shard.rank];
     }
     if (!helps) continue;
-    c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+    move(c.mutable_tables(k));
     moved.push_back(c.tables(k).name());
   }
-  const std::vector<bool> is_over = over(&used);
-  if (!is_over.empty()) {
-    const int r = static_cast<int>(
-        std::find(is_over.begin(), is_over.end(), true) - is_over.begin());
+  over();
+  return moved;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
+                                             const TierPlanOptions& options,
+                                             const ShardingPlan* plan) {
+  RETURN_IF_ERROR(options.Validate());
+  if (options.host_budget_bytes == 0 && options.device_budget_bytes == 0) {
+    return config;
+  }
+  const ShardingPlan one_rank = OneRankPlan(config);
+  const ShardingPlan& p = plan != nullptr ? *plan : one_rank;
+  ModelConfig c = config;
+  const OptimizerConfig& opt = c.sparse_optimizer();
+  std::vector<int64_t> used;
+  if (options.device_budget_bytes > 0) {
+    // Every device table on the host leaves 0 bytes on every device: this
+    // pass always ends within the budget.
+    MoveUntilWithin(
+        c, p, options.device_budget_bytes,
+        [&p](const ModelConfig& m) { return DeviceBytesPerRank(m, p); },
+        [&](int k) -> int64_t {
+          const TableConfig& t = c.tables(k);
+          if (t.storage() != STORAGE_DEVICE) return -1;
+          int64_t bytes = 0;
+          for (const Shard& shard : p.tables[k].shards) {
+            bytes += DeviceShardBytes(t, shard, opt);
+          }
+          return bytes;
+        },
+        [](TableConfig* t) {
+          t->set_storage(STORAGE_HOST);
+          t->clear_device_cache_rows();
+          t->clear_device_cache_backing();
+        },
+        &used);
+  }
+  if (options.host_budget_bytes == 0) return c;
+  const std::vector<std::string> moved = MoveUntilWithin(
+      c, p, options.host_budget_bytes,
+      [&](const ModelConfig& m) {
+        return HostBytesPerRank(m, p, options.rocksdb);
+      },
+      // Host tables, and device caches backed by host memory (their
+      // backing moves to RocksDB; the slots stay on the device).
+      [&](int k) -> int64_t {
+        const TableConfig& t = c.tables(k);
+        if (t.storage() != STORAGE_HOST &&
+            !(t.storage() == STORAGE_DEVICE && t.device_cache_rows() > 0 &&
+              t.device_cache_backing() == STORAGE_HOST)) {
+          return -1;
+        }
+        int64_t bytes = 0;
+        for (const Shard& shard : p.tables[k].shards) {
+          bytes += ShardBytes(shard, opt);
+        }
+        return bytes;
+      },
+      [](TableConfig* t) {
+        if (t->storage() == STORAGE_DEVICE) {
+          t->set_device_cache_backing(STORAGE_ROCKSDB);
+        } else {
+          t->set_storage(STORAGE_ROCKSDB);
+        }
+      },
+      &used);
+  for (int r = 0; r < p.world_size; ++r) {
+    if (used[r] <= options.host_budget_bytes) continue;
     return absl::ResourceExhaustedError(absl::StrCat(
         "host_budget_bytes = ", options.host_budget_bytes,
         " is too small: with every table it can move on RocksDB, rank ", r,
@@ -581,7 +707,7 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
   }
   bool any_rocksdb = false;
   for (const TableConfig& t : c.tables()) {
-    any_rocksdb = any_rocksdb || t.storage() == STORAGE_ROCKSDB;
+    any_rocksdb = any_rocksdb || RowsOnRocksDb(t);
   }
   if (!any_rocksdb) return c;
   if (options.rocksdb.path().empty() && !moved.empty()) {
@@ -593,10 +719,14 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
   return PlaceTablesOnRocksDb(std::move(c), {}, options.rocksdb);
 }
 
-absl::StatusOr<ModelConfig> ApplyHostBudget(const ModelConfig& config,
-                                            const ShardingPlan* plan) {
-  if (config.rocksdb().host_budget_bytes() == 0) return config;
+absl::StatusOr<ModelConfig> ApplyMemoryBudgets(const ModelConfig& config,
+                                               const ShardingPlan* plan) {
+  if (config.rocksdb().host_budget_bytes() == 0 &&
+      config.device_budget_bytes() == 0) {
+    return config;
+  }
   TierPlanOptions options;
+  options.device_budget_bytes = config.device_budget_bytes();
   options.host_budget_bytes = config.rocksdb().host_budget_bytes();
   options.rocksdb = config.rocksdb();
   return PlanStorageTiers(config, options, plan);

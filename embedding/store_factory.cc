@@ -27,9 +27,16 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
   if (options.kind == StoreKind::kDevice) {
 #if defined(DLRM_WITH_CUDA)
     if (options.device_cache.cache_rows > 0) {
+      // The whole table behind the slots: host memory or RocksDB.
+      StoreOptions backing_options;
+      backing_options.kind = options.device_cache_backing;
+      backing_options.rocksdb = options.rocksdb;
+      ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> backing,
+                       CreateEmbeddingStore(spec, backing_options, db));
       ASSIGN_OR_RETURN(std::unique_ptr<CachedStore> cached,
                        cuda::CreateDeviceCachedStore(spec, options.device_cache,
-                                                     options.cuda_stream));
+                                                     options.cuda_stream,
+                                                     std::move(backing)));
       return std::unique_ptr<EmbeddingStore>(std::move(cached));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaStore> store,

@@ -561,19 +561,35 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpoint(const std::string& dir,
 absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
     const std::string& dir, bool weights_only,
     std::optional<ComputeDevice> device, FileSystem* file_system) {
+  return LoadCheckpointWith(
+      dir, weights_only,
+      [device](ModelConfig* config) {
+        if (device.has_value()) config->set_device(*device);
+        return absl::OkStatus();
+      },
+      file_system);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointWith(
+    const std::string& dir, bool weights_only,
+    const std::function<absl::Status(ModelConfig*)>& adjust,
+    FileSystem* file_system) {
   // Checked before the model is allocated.
   ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(dir, file_system));
   RETURN_IF_ERROR(VerifyCheckpointFiles(
       dir, manifest, [](const std::string& p) { return p == kConfig; },
       file_system));
   ASSIGN_OR_RETURN(ModelConfig config, ReadCheckpointConfig(dir, file_system));
-  if (device.has_value()) config.set_device(*device);
-  // Tables that lived in the GPU's memory live in host memory on the CPU.
+  RETURN_IF_ERROR(adjust(&config));
+  // Tables that lived in the GPU's memory live in host memory on the CPU,
+  // or on RocksDB when their device cache was backed by it; the device
+  // cache's fields go (the config refuses them off STORAGE_DEVICE).
   if (config.device() != DEVICE_CUDA) {
     for (TableConfig& t : *config.mutable_tables()) {
       if (t.storage() == STORAGE_DEVICE) {
-        t.set_storage(STORAGE_HOST);
+        t.set_storage(RowsOnRocksDb(t) ? STORAGE_ROCKSDB : STORAGE_HOST);
         t.clear_device_cache_rows();
+        t.clear_device_cache_backing();
       }
     }
   }

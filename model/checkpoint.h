@@ -96,6 +96,14 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointOn(
     const std::string& dir, bool weights_only,
     std::optional<ComputeDevice> device,
     FileSystem* file_system = DefaultFileSystem());
+// As LoadCheckpoint, with the checkpoint's config changed by `adjust`
+// first (a binary's --device, --precision, --tf32: core/dense_flags.h);
+// `adjust`'s error is returned as is. Tables saved from device memory are
+// restored into host memory when the adjusted device is not CUDA.
+absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointWith(
+    const std::string& dir, bool weights_only,
+    const std::function<absl::Status(ModelConfig*)>& adjust,
+    FileSystem* file_system = DefaultFileSystem());
 
 // Helpers shared with the weights export of server/rank_group.h.
 // Each returns the file system's error naming the path (ResourceExhausted

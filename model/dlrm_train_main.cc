@@ -84,7 +84,7 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
     return absl::InvalidArgumentError("--host-budget-mb must be >= 0");
   }
   if (f.tables_on_rocksdb.empty() && f.host_budget_mb == 0) {
-    return embedding::ApplyHostBudget(config);
+    return embedding::ApplyMemoryBudgets(config);
   }
   if (f.rocksdb_dir.empty()) {
     return absl::InvalidArgumentError(
@@ -103,7 +103,7 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
   }
   ASSIGN_OR_RETURN(
       config, PlaceTablesOnRocksDb(std::move(config), f.tables_on_rocksdb, r));
-  return embedding::ApplyHostBudget(config);
+  return embedding::ApplyMemoryBudgets(config);
 }
 
 absl::Status Run(const Flags& f) {

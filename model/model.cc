@@ -120,10 +120,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     comm::Communicator* comm, comm::Communicator* dense_comm,
     comm::Communicator* device_comm) {
   RETURN_IF_ERROR(plan.Validate(requested));
-  // Tiers from rocksdb.host_budget_bytes (per rank), when set: every rank
-  // plans the same from the same config and plan.
+  // Tiers from device_budget_bytes and rocksdb.host_budget_bytes (per
+  // rank), when set: every rank plans the same from the same config and
+  // plan.
   ASSIGN_OR_RETURN(const ModelConfig config,
-                   embedding::ApplyHostBudget(requested, &plan));
+                   embedding::ApplyMemoryBudgets(requested, &plan));
   if (plan.world_size != comm->world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sharding plan is for ", plan.world_size,
@@ -198,14 +199,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   m->replica_.assign(config.tables_size(), -1);
   m->owned_rocksdb_ =
       m->exchange_->Restricted([&m](int k) { return m->OnRocksDb(k); });
+  auto has_cache = [&m](int k) {
+    return m->OnRocksDb(k) || m->DeviceCached(k);
+  };
+  const ShardLayout owned_cached = m->exchange_->Restricted(has_cache);
   for (int k = 0; k < config.tables_size(); ++k) {
-    m->any_rocksdb_ = m->any_rocksdb_ || m->OnRocksDb(k);
+    m->any_cache_ = m->any_cache_ || has_cache(k);
   }
   // Every rank's caches, by table, for the counters PrepareShards gathers.
   m->store_tables_.resize(m->world_);
   size_t most_tables = 0;
   for (int r = 0; r < m->world_; ++r) {
-    for (const ShardRef& ref : m->owned_rocksdb_[r]) {
+    for (const ShardRef& ref : owned_cached[r]) {
       std::vector<int>& tables = m->store_tables_[r];
       if (std::find(tables.begin(), tables.end(), ref.table) == tables.end()) {
         tables.push_back(ref.table);
@@ -220,20 +225,28 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       RankTableStore s;
       s.rank = r;
       s.table = k;
-      for (const ShardRef& ref : m->owned_rocksdb_[r]) {
+      s.device = m->DeviceCached(k);
+      for (const ShardRef& ref : owned_cached[r]) {
         if (ref.table != k) continue;
-        s.cache_rows += CachedRows(config.rocksdb(),
-                                   plan.tables[k].shards[ref.shard].row_count);
+        const int64_t rows = plan.tables[k].shards[ref.shard].row_count;
+        // A device cache has at most one slot per row of its shard.
+        s.cache_rows +=
+            s.device ? std::min(rows, config.tables(k).device_cache_rows())
+                     : CachedRows(config.rocksdb(), rows);
       }
       if (s.cache_rows > 0) m->store_stats_.push_back(s);
     }
   }
   bool mine_on_rocksdb = false;
+  // Local device caches backed by RocksDB: made once their database is
+  // open.
+  std::vector<int> device_on_rocksdb;
   for (const ShardRef& ref : m->exchange_->owned()[m->rank_]) {
     const int j = static_cast<int>(m->local_.size());
     if (plan.tables[ref.table].kind == SHARDING_DATA_PARALLEL) {
       m->replica_[ref.table] = j;
     }
+    if (has_cache(ref.table)) m->cache_locals_.push_back(j);
     LocalShard ls;
     ls.table = ref.table;
     ls.shard = ref.shard;
@@ -241,20 +254,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       // Its store comes below, once the database is open.
       m->rocksdb_locals_.push_back(j);
       mine_on_rocksdb = true;
+    } else if (RowsOnRocksDb(config.tables(ref.table))) {
+      device_on_rocksdb.push_back(j);
     } else if (config.tables(ref.table).storage() == STORAGE_DEVICE) {
-      // On the dense backend's device, its work on the backend's stream;
-      // with device_cache_rows, a cache of hot rows there in front of the
-      // whole table in host memory.
-      embedding::StoreOptions o;
-      o.kind = embedding::StoreKind::kDevice;
-      o.cuda_stream = m->dense_->cuda_stream();
-      o.device_cache.cache_rows = config.tables(ref.table).device_cache_rows();
-      o.device_cache.eviction =
-          config.rocksdb().eviction() == RocksDbConfig::LFU
-              ? embedding::EvictionPolicy::kLfu
-              : embedding::EvictionPolicy::kLru;
-      ASSIGN_OR_RETURN(ls.store, embedding::CreateEmbeddingStore(
-                                     m->SpecOf(ref), o, /*db=*/nullptr));
+      ASSIGN_OR_RETURN(ls.store, m->CreateDeviceStore(ref, /*db=*/nullptr));
     } else {
       auto host = std::make_unique<embedding::HostStore>(m->SpecOf(ref));
       ls.host = &host->table();
@@ -262,7 +265,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     }
     m->local_.push_back(std::move(ls));
   }
-  if (mine_on_rocksdb) {
+  if (mine_on_rocksdb || !device_on_rocksdb.empty()) {
     const fs::path base =
         fs::path(config.rocksdb().path()) / absl::StrCat("rank_", m->rank_);
     std::error_code ec;
@@ -271,17 +274,24 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       return absl::InternalError(absl::StrCat(
           "cannot create rocksdb.path ", base.string(), ": ", ec.message()));
     }
-    embedding::RocksDbStoreOptions db_options;
-    db_options.path = m->NewDatabaseDir();
-    db_options.block_cache_bytes = config.rocksdb().block_cache_bytes();
-    if (config.rocksdb().write_buffer_bytes() > 0) {
-      db_options.write_buffer_bytes = config.rocksdb().write_buffer_bytes();
-    }
+  }
+  if (mine_on_rocksdb) {
+    const embedding::RocksDbStoreOptions db_options = m->DatabaseOptions();
     ASSIGN_OR_RETURN(m->row_db_, embedding::RowDatabase::Open(db_options));
     m->row_db_dir_ = db_options.path;
     ASSIGN_OR_RETURN(auto cached, m->CreateCachedStores(m->row_db_.get()));
     for (const int j : m->rocksdb_locals_) {
       m->local_[j].store = std::move(cached[j]);
+    }
+  }
+  if (!device_on_rocksdb.empty()) {
+    ASSIGN_OR_RETURN(m->device_row_db_,
+                     embedding::RowDatabase::Open(m->DatabaseOptions()));
+    m->device_row_db_dir_ = m->device_row_db_->options().path;
+    for (const int j : device_on_rocksdb) {
+      LocalShard& ls = m->local_[j];
+      ASSIGN_OR_RETURN(ls.store, m->CreateDeviceStore({ls.table, ls.shard},
+                                                      m->device_row_db_.get()));
     }
   }
   m->in_place_ = !exchanges;
@@ -334,6 +344,42 @@ embedding::TableSpec Model::SpecOf(const ShardRef& ref) const {
   return spec;
 }
 
+embedding::RocksDbStoreOptions Model::DatabaseOptions() const {
+  embedding::RocksDbStoreOptions options;
+  options.path = NewDatabaseDir();
+  options.block_cache_bytes = config_.rocksdb().block_cache_bytes();
+  if (config_.rocksdb().write_buffer_bytes() > 0) {
+    options.write_buffer_bytes = config_.rocksdb().write_buffer_bytes();
+  }
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<embedding::EmbeddingStore>>
+Model::CreateDeviceStore(const ShardRef& ref, embedding::RowDatabase* db) {
+  const TableConfig& t = config_.tables(ref.table);
+  const RocksDbConfig& r = config_.rocksdb();
+  const embedding::EvictionPolicy eviction =
+      r.eviction() == RocksDbConfig::LFU ? embedding::EvictionPolicy::kLfu
+                                         : embedding::EvictionPolicy::kLru;
+  const embedding::TableSpec spec = SpecOf(ref);
+  // On the dense backend's device, its work on the backend's stream; with
+  // device_cache_rows, a cache of hot rows there in front of the whole
+  // table in host memory or on RocksDB (behind a row cache of its own).
+  embedding::StoreOptions o;
+  o.kind = embedding::StoreKind::kDevice;
+  o.cuda_stream = dense_->cuda_stream();
+  o.device_cache.cache_rows = t.device_cache_rows();
+  o.device_cache.eviction = eviction;
+  if (db != nullptr) {
+    o.device_cache_backing = embedding::StoreKind::kRocksDbCache;
+    o.rocksdb.path = db->options().path;
+    o.rocksdb.cache_rows = CachedRows(r, spec.rows);
+    o.rocksdb.eviction = eviction;
+    o.rocksdb.block_cache_bytes = r.block_cache_bytes();
+  }
+  return embedding::CreateEmbeddingStore(spec, o, db);
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
 Model::CreateCachedStores(embedding::RowDatabase* db) const {
   std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores(local_.size());
@@ -372,12 +418,14 @@ std::string Model::NewDatabaseDir() const {
 
 Model::~Model() {
   local_.clear();
-  if (row_db_ != nullptr) {
-    row_db_.reset();
+  for (auto [db, dir] : {std::pair{&row_db_, &row_db_dir_},
+                         std::pair{&device_row_db_, &device_row_db_dir_}}) {
+    if (*db == nullptr) continue;
+    db->reset();
     std::error_code ec;
-    fs::remove_all(row_db_dir_, ec);
-    // rank_<r> too, unless another model's database is still in it.
-    fs::remove(fs::path(row_db_dir_).parent_path(), ec);
+    fs::remove_all(*dir, ec);
+    // rank_<r> too, unless another database is still in it.
+    fs::remove(fs::path(*dir).parent_path(), ec);
   }
 }
 
@@ -460,7 +508,7 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
   // The next batch only steers a prefetch: a bad one is simply left out
   // (its own step rejects it).
   const int64_t next_size =
-      next != nullptr && any_rocksdb_ && validate(*next).ok() ? next->size : 0;
+      next != nullptr && any_cache_ && validate(*next).ok() ? next->size : 0;
   // One exchange settles the sizes, the verdict and the prefetch.
   const int64_t mine[3] = {status.ok() ? batch.size : 0, status.ok() ? 0 : 1,
                            next_size};
@@ -487,16 +535,16 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
 }
 
 absl::Status Model::PrepareShards() {
-  if (!any_rocksdb_) {
-    // Host stores return the ids themselves: nothing can fail, nothing to
-    // agree on, no collective.
+  if (!any_cache_) {
+    // Host stores return the ids themselves, device stores without a cache
+    // only check and upload them: nothing to agree on, no collective.
     for (LocalShard& ls : local_) {
       ASSIGN_OR_RETURN(ls.prepared, ls.store->Prepare(*ls.ids));
     }
     return absl::OkStatus();
   }
-  // Shards on RocksDB read independently (the database is thread-safe,
-  // each store has one caller).
+  // Cached shards load independently (the database is thread-safe, each
+  // store has one caller).
   const int num_local = static_cast<int>(local_.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
@@ -526,7 +574,7 @@ absl::Status Model::PrepareShards() {
   constexpr int kFields = embedding::StoreMetrics::kNumFields;
   std::vector<int64_t> mine(store_words_, 0), all;
   const std::vector<int>& tables = store_tables_[rank_];
-  for (const int j : rocksdb_locals_) {
+  for (const int j : cache_locals_) {
     const size_t at = std::find(tables.begin(), tables.end(), local_[j].table) -
                       tables.begin();
     const embedding::StoreMetrics m = local_[j].store->metrics();

@@ -31,12 +31,16 @@
 
 namespace dlrm::model {
 
-// The row caches of one rank for one table on RocksDB (its shards of the
-// table together).
+// The caches of one rank for one cached table (its shards of the table
+// together): the row caches of a table on RocksDB, or the device caches of
+// a STORAGE_DEVICE table with device_cache_rows.
 struct RankTableStore {
   int rank = 0;
   int table = 0;
   int64_t cache_rows = 0;
+  // Whether the caches are device caches (their rows_read / rows_written
+  // count records read from and written back to the tier behind them).
+  bool device = false;
   embedding::StoreMetrics metrics;
 };
 
@@ -48,7 +52,7 @@ struct StepResult {
   StageTimes times;
   // Every rank's caches, table then rank order, as of this step's prepare
   // (write-backs still queued count when they are written). Empty when no
-  // table is on RocksDB.
+  // table is on RocksDB or has a device cache.
   std::vector<RankTableStore> stores;
 };
 
@@ -340,8 +344,22 @@ class Model {
   bool OnRocksDb(int table) const {
     return config_.tables(table).storage() == STORAGE_ROCKSDB;
   }
+  // Whether table `table` has a device cache (STORAGE_DEVICE with
+  // device_cache_rows).
+  bool DeviceCached(int table) const {
+    return config_.tables(table).storage() == STORAGE_DEVICE &&
+           config_.tables(table).device_cache_rows() > 0;
+  }
   // What shard `ref`'s store holds (row-wise shards pool sums).
   embedding::TableSpec SpecOf(const ShardRef& ref) const;
+  // Options of a new database of this rank (NewDatabaseDir, the config's
+  // block cache and write buffer).
+  embedding::RocksDbStoreOptions DatabaseOptions() const;
+  // The store of STORAGE_DEVICE shard `ref`, on the dense backend's stream:
+  // its device cache (device_cache_rows) backed by a RocksDbCachedStore in
+  // `db` when `db` is not null, else by host memory.
+  absl::StatusOr<std::unique_ptr<embedding::EmbeddingStore>> CreateDeviceStore(
+      const ShardRef& ref, embedding::RowDatabase* db);
   // Validates the local batch (and `next`, if any) and agrees with every
   // rank on the verdict, the local sizes and the next batch's local sizes
   // (next_sizes_: 0 where a rank has no valid next batch).
@@ -432,13 +450,20 @@ class Model {
     return table_offset_[ls.table] +
            plan_.tables[ls.table].shards[ls.shard].col_begin;
   }
-  // Whether any table of the model is on RocksDB (the same on every rank:
-  // it decides the extra collectives).
-  bool any_rocksdb_ = false;
+  // Whether any table of the model is on RocksDB or has a device cache
+  // (the same on every rank: it decides the extra collectives: the
+  // prepare's agreed verdict and counters, the next batch's size).
+  bool any_cache_ = false;
   // This rank's database (null without shards on RocksDB) and its
   // directory; declared before local_ so that it outlives the stores.
   std::unique_ptr<embedding::RowDatabase> row_db_;
   std::string row_db_dir_;
+  // The database behind this rank's device caches backed by RocksDB
+  // (device_cache_backing), apart from row_db_: those tables checkpoint
+  // through ReadRows like every device table, and a restore swaps row_db_.
+  // Null when there is none.
+  std::unique_ptr<embedding::RowDatabase> device_row_db_;
+  std::string device_row_db_dir_;
 
   // The step's exchanges, and their layout: every shard of every rank.
   std::unique_ptr<ShardExchange> exchange_;
@@ -448,12 +473,15 @@ class Model {
   std::vector<LocalShard> local_;
   // Indices into local_ of the shards on RocksDB.
   std::vector<int> rocksdb_locals_;
+  // Indices into local_ of the shards with a cache whose counters the
+  // prepare gathers: those on RocksDB and the device-cached ones.
+  std::vector<int> cache_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
-  // store_tables_[r]: the tables on RocksDB rank r holds shards of, in
-  // order; store_words_: the counter words each rank sends (the most
-  // tables any rank has, times StoreMetrics::kNumFields); store_stats_:
-  // every rank's counters as of the last prepare.
+  // store_tables_[r]: the cached tables (on RocksDB or device-cached) rank
+  // r holds shards of, in order; store_words_: the counter words each rank
+  // sends (the most tables any rank has, times StoreMetrics::kNumFields);
+  // store_stats_: every rank's counters as of the last prepare.
   std::vector<std::vector<int>> store_tables_;
   int64_t store_words_ = 0;
   std::vector<RankTableStore> store_stats_;

@@ -40,6 +40,8 @@
 #include "comm/grpc_auth.h"
 #include "comm/launcher_env.h"
 #include "core/config.h"
+#include "core/dense_flags.h"
+#include "core/device.h"
 #include "core/secrets.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
@@ -60,8 +62,9 @@ struct Flags {
   // logged once logging is set up; else empty.
   std::string launcher_note;
   std::string config = "kaggle";
-  // "cpu" or "cuda" (--device); empty keeps the model config's device.
-  std::string device;
+  // --device, --precision, --tf32: each empty keeps the model config's
+  // (or the checkpoint's) setting.
+  DenseFlags dense;
   std::string restore;
   std::string log_level = "info";
   int threads = 0;
@@ -72,6 +75,11 @@ struct Flags {
   int rank = 0;
   std::string coordinator;
   int64_t memory_budget_mb = 0;
+  // Device memory one rank may give STORAGE_DEVICE tables, in MiB
+  // (ModelConfig.device_budget_bytes); 0 keeps the config's, and with
+  // neither a CUDA run takes it from the GPU's free memory
+  // (ApplyDeviceBudget).
+  int64_t device_memory_budget_mb = 0;
   double comm_timeout_s = 120;
   // How long a rank waits for every rank to join the job.
   double comm_connect_timeout_s = 120;
@@ -118,7 +126,8 @@ struct ExplicitRankFlags {
 // Makes CUDA device `local_rank` of those the process may use the one it
 // sees as device 0, before any CUDA call: the GPU of this rank on its host.
 // A CUDA_VISIBLE_DEVICES list the launcher set is indexed by the local
-// rank; a single entry (one GPU per task) is kept.
+// rank; a single entry (one GPU per task, as deploy/launch_local.sh --gpus
+// gives each rank) is kept.
 void SelectLocalGpu(int local_rank) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (visible == nullptr) {
@@ -323,6 +332,12 @@ absl::Status ValidateFlags(const Flags& f) {
           CheckAddress("--metrics-listen", f.server.metrics_listen));
     }
   }
+  if (f.device_memory_budget_mb < 0 ||
+      f.device_memory_budget_mb > (int64_t{1} << 43)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device-memory-budget-mb must be in [0, 2^43], got ",
+                     f.device_memory_budget_mb));
+  }
   if (f.world_size == 1) return absl::OkStatus();
   if (f.coordinator.empty()) {
     return absl::InvalidArgumentError(
@@ -352,13 +367,80 @@ absl::Status ValidateFlags(const Flags& f) {
   return ValidateControlPlane(f);
 }
 
+// Device memory the automatic device budget leaves to the dense part of
+// a model with `dense_parameters` on a GPU with `free_bytes` free: 1 GiB
+// for workspaces and activations, a tenth of the free memory, and 16 bytes
+// a dense parameter (weights, gradients, two optimizer state floats).
+int64_t DenseDeviceReserve(int64_t dense_parameters, int64_t free_bytes) {
+  return (int64_t{1} << 30) + free_bytes / 10 + 16 * dense_parameters;
+}
+
+// Sets config->device_budget_bytes: from --device-memory-budget-mb when
+// given; else the config's own; else, when the model runs STORAGE_DEVICE
+// tables on CUDA and a GPU is present (not on a dry run, which allocates
+// nothing), the free memory of this rank's GPU (device 0 of the process)
+// less DenseDeviceReserve. ResourceExhausted, naming the bytes, when the
+// reserve takes every free byte; the device's error when it cannot be
+// queried.
+absl::Status ApplyDeviceBudget(const Flags& f, ModelConfig* config) {
+  if (f.device_memory_budget_mb > 0) {
+    config->set_device_budget_bytes(f.device_memory_budget_mb << 20);
+    return absl::OkStatus();
+  }
+  const bool device_tables = std::any_of(
+      config->tables().begin(), config->tables().end(),
+      [](const TableConfig& t) { return t.storage() == STORAGE_DEVICE; });
+  if (config->device_budget_bytes() > 0 || f.dry_run ||
+      config->device() != DEVICE_CUDA || !device_tables ||
+      CudaDeviceCount() == 0) {
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateCudaDevice(0));
+  ASSIGN_OR_RETURN(const size_t free_bytes, device->FreeMemory());
+  const int64_t free = static_cast<int64_t>(free_bytes);
+  const int64_t reserve =
+      DenseDeviceReserve(DenseParameterCount(*config), free);
+  if (free <= reserve) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        device->name(), " has ", free, " bytes free, not more than the ",
+        reserve,
+        " bytes kept for the dense part and workspaces: no room for "
+        "STORAGE_DEVICE tables; give --device-memory-budget-mb or put the "
+        "tables in host memory (STORAGE_HOST)"));
+  }
+  config->set_device_budget_bytes(free - reserve);
+  spdlog::info(
+      "device memory budget {} MiB per rank: {} free less {} MiB "
+      "kept for the dense part",
+      (free - reserve) >> 20, device->name(), reserve >> 20);
+  return absl::OkStatus();
+}
+
+// The flags that change a model config, given or not: the dense flags
+// (--device, --precision, --tf32) and the device budget.
+absl::Status AdjustConfig(const Flags& f, ModelConfig* config) {
+  RETURN_IF_ERROR(f.dense.Apply(config));
+  return ApplyDeviceBudget(f, config);
+}
+
 // The model config at `spec` (a preset, a file, a checkpoint's
-// config.textproto) on the device --device names, if it names one.
+// config.textproto) adjusted by the flags (AdjustConfig).
 absl::StatusOr<ModelConfig> ConfigOnDevice(const Flags& f,
                                            const std::string& spec) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec));
-  RETURN_IF_ERROR(ApplyDeviceFlag(f.device, &config));
+  RETURN_IF_ERROR(AdjustConfig(f, &config));
   return config;
+}
+
+// The sharding planner's options of a run of `config`: --world-size, the
+// --memory-budget-mb and the config's device budget.
+embedding::PlannerOptions PlannerFrom(const Flags& f,
+                                      const ModelConfig& config) {
+  embedding::PlannerOptions po;
+  po.world_size = f.world_size;
+  po.memory_budget_bytes = f.memory_budget_mb << 20;
+  po.device_budget_bytes = config.device_budget_bytes();
+  return po;
 }
 
 // The model config a run uses: with --restore the checkpoint's, so that
@@ -371,14 +453,15 @@ absl::StatusOr<ModelConfig> RunConfig(const Flags& f) {
           : (std::filesystem::path(f.restore) / "config.textproto").string());
 }
 
-// A model from the checkpoint in `dir`, on --device's device if given (a
-// checkpoint restores on either device).
+// A model from the checkpoint in `dir`, its config adjusted by the flags
+// (AdjustConfig: a checkpoint restores on either device, in either
+// precision).
 absl::StatusOr<std::unique_ptr<model::Model>> LoadModel(const Flags& f,
                                                         const std::string& dir,
                                                         bool weights_only) {
-  if (f.device.empty()) return model::LoadCheckpoint(dir, weights_only);
-  ASSIGN_OR_RETURN(const ComputeDevice device, ParseDevice(f.device));
-  return model::LoadCheckpointOn(dir, weights_only, device);
+  return model::LoadCheckpointWith(
+      dir, weights_only,
+      [&f](ModelConfig* config) { return AdjustConfig(f, config); });
 }
 
 // --dry-run: validates what a run would (flags, the model config, the
@@ -405,12 +488,12 @@ absl::Status DryRun(const Flags& f) {
       break;
     }
   }
-  embedding::PlannerOptions po;
-  po.world_size = f.world_size;
-  po.memory_budget_bytes = f.memory_budget_mb << 20;
   embedding::ShardingPlan plan;
   if (config.has_value()) {
-    ASSIGN_OR_RETURN(plan, embedding::PlanSharding(*config, po));
+    ASSIGN_OR_RETURN(plan,
+                     embedding::PlanSharding(*config, PlannerFrom(f, *config)));
+    // The tiers the model would choose (embedding::ApplyMemoryBudgets).
+    ASSIGN_OR_RETURN(config, embedding::ApplyMemoryBudgets(*config, &plan));
   }
   const auto or_none = [](const std::string& s) {
     return s.empty() ? std::string("(none)") : s;
@@ -445,8 +528,24 @@ absl::Status DryRun(const Flags& f) {
         model_spec.c_str(), config->tables_size(),
         static_cast<long long>(EmbeddingParameterCount(*config)),
         static_cast<long long>(DenseParameterCount(*config)));
-    std::printf("device %s (the dense part; embeddings in host memory)\n",
-                DeviceName(config->device()));
+    std::printf("device %s (the dense part), dense precision %s%s\n",
+                DeviceName(config->device()),
+                PrecisionName(config->dense_precision()),
+                config->device() == DEVICE_CUDA
+                    ? (config->gpu_disable_tf32() ? ", tf32 GEMMs off"
+                                                  : ", tf32 GEMMs on")
+                    : "");
+    const bool device_tables = std::any_of(
+        config->tables().begin(), config->tables().end(),
+        [](const TableConfig& t) { return t.storage() == STORAGE_DEVICE; });
+    if (config->device_budget_bytes() > 0) {
+      std::printf("device memory budget %lld MiB per rank\n",
+                  static_cast<long long>(config->device_budget_bytes() >> 20));
+    } else if (config->device() == DEVICE_CUDA && device_tables) {
+      std::printf(
+          "device memory budget: the GPU's free memory at start less the "
+          "dense part's reserve\n");
+    }
   } else {
     std::printf("model: none yet (no complete checkpoint in %s)\n",
                 f.server.follow_dir.c_str());
@@ -814,11 +913,8 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
                        : ConfigOnDevice(f, (std::filesystem::path(resume_dir) /
                                             "config.textproto")
                                                .string()));
-  embedding::PlannerOptions po;
-  po.world_size = f.world_size;
-  po.memory_budget_bytes = f.memory_budget_mb << 20;
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(config, po));
+                   embedding::PlanSharding(config, PlannerFrom(f, config)));
   // Declared before the model and everything that owns it, so it outlives
   // them: the model borrows it.
   std::unique_ptr<comm::Communicator> dense_comm;
@@ -983,11 +1079,9 @@ int main(int argc, char** argv) {
                  "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
                  "text-format ModelConfig file (ignored with --restore)")
       ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "Where the dense part (MLPs, interaction, loss) runs: cpu "
-                 "or cuda (default: the model config's device, cpu unless it "
-                 "sets one; with --restore or a resume, the checkpoint's)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  // --device, --precision, --tf32 (with --restore or a resume, the default
+  // is the checkpoint's setting).
+  f.dense.AddTo(app);
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Checkpoint paths of Admin RPCs resolve under this "
                  "directory and may not leave it");
@@ -1077,6 +1171,15 @@ int main(int argc, char** argv) {
   app.add_option("--memory-budget-mb", f.memory_budget_mb,
                  "Embedding bytes (weights + optimizer state) one rank may "
                  "hold, for the sharding planner, in MiB (0 = unlimited)")
+      ->capture_default_str();
+  app.add_option("--device-memory-budget-mb", f.device_memory_budget_mb,
+                 "Device memory one rank may give STORAGE_DEVICE tables "
+                 "(weights + optimizer state; a cached table its cache), in "
+                 "MiB: the planner spreads device tables within it and moves "
+                 "the largest to host memory until every rank fits "
+                 "(default 0: the model config's device_budget_bytes, else "
+                 "on a GPU its free memory less a reserve for the dense "
+                 "part)")
       ->capture_default_str();
   app.add_flag("--overlap-allreduce", f.overlap_allreduce,
                "With several ranks: all-reduce dense gradients on a second "

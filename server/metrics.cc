@@ -35,9 +35,11 @@ std::vector<double> Exponential(double start, double factor, int n) {
   return b;
 }
 
-// The labels of one table's caches on one rank.
+// The labels of one table's caches on one rank (device caches marked
+// cache="device").
 std::string StoreLabels(const TableStoreStats& t) {
-  return absl::StrCat("table=\"", t.table, "\",rank=\"", t.rank, "\"");
+  return absl::StrCat("table=\"", t.table, "\",rank=\"", t.rank, "\"",
+                      t.device ? ",cache=\"device\"" : "");
 }
 
 }  // namespace
@@ -223,35 +225,49 @@ std::string ServerMetrics::Render(int64_t model_steps,
       const char* name;
       const char* help;
       int64_t embedding::StoreMetrics::*field;
+      // Only for the row caches of tables on RocksDB (a device cache's
+      // reads and writes go to the tier behind it: the two counters
+      // above count them).
+      bool rocksdb_only;
     };
     static const Counter kCounters[] = {
         {"dlrm_embedding_cache_hits_total",
          "Unique rows of prepared batches already in the table's row cache.",
-         &embedding::StoreMetrics::hits},
+         &embedding::StoreMetrics::hits, false},
         {"dlrm_embedding_cache_misses_total",
          "Unique rows of prepared batches loaded into the row cache.",
-         &embedding::StoreMetrics::misses},
+         &embedding::StoreMetrics::misses, false},
         {"dlrm_embedding_cache_prefetch_hits_total",
          "Misses served from the prefetch of the step before.",
-         &embedding::StoreMetrics::prefetch_hits},
+         &embedding::StoreMetrics::prefetch_hits, false},
         {"dlrm_embedding_cache_evictions_total",
          "Rows dropped from the row cache to make room.",
-         &embedding::StoreMetrics::evictions},
+         &embedding::StoreMetrics::evictions, false},
+        {"dlrm_embedding_cache_written_back_rows_total",
+         "Dirty rows a cache wrote to the tier behind it (evictions and "
+         "flushes).",
+         &embedding::StoreMetrics::rows_written, false},
+        {"dlrm_embedding_cache_loaded_rows_total",
+         "Rows a cache read from the tier behind it (misses and prefetches; "
+         "RocksDB row caches: rows found in RocksDB).",
+         &embedding::StoreMetrics::rows_read, false},
         {"dlrm_rocksdb_read_rows_total", "Rows read from RocksDB.",
-         &embedding::StoreMetrics::rows_read},
+         &embedding::StoreMetrics::rows_read, true},
         {"dlrm_rocksdb_read_bytes_total", "Value bytes read from RocksDB.",
-         &embedding::StoreMetrics::bytes_read},
+         &embedding::StoreMetrics::bytes_read, true},
         {"dlrm_rocksdb_written_rows_total",
          "Rows written back to RocksDB (dirty evictions and flushes).",
-         &embedding::StoreMetrics::rows_written},
+         &embedding::StoreMetrics::rows_written, true},
         {"dlrm_rocksdb_written_bytes_total", "Value bytes written to RocksDB.",
-         &embedding::StoreMetrics::bytes_written},
+         &embedding::StoreMetrics::bytes_written, true},
         {"dlrm_rocksdb_write_retries_total",
          "Writes of rows retried after RocksDB failed them (a failed flush).",
-         &embedding::StoreMetrics::write_retries},
+         &embedding::StoreMetrics::write_retries, true},
     };
-    Header(&out, "dlrm_embedding_cache_rows", "gauge",
-           "Rows the row cache of a RocksDB-tier table holds.");
+    Header(
+        &out, "dlrm_embedding_cache_rows", "gauge",
+        "Rows the row cache of a RocksDB-tier table, or the device cache of a "
+        "device-tier table, holds.");
     for (const TableStoreStats& t : stores_) {
       Sample(&out, "dlrm_embedding_cache_rows",
              static_cast<double>(t.cache_rows), StoreLabels(t));
@@ -259,6 +275,7 @@ std::string ServerMetrics::Render(int64_t model_steps,
     for (const Counter& c : kCounters) {
       Header(&out, c.name, "counter", c.help);
       for (const TableStoreStats& t : stores_) {
+        if (c.rocksdb_only && t.device) continue;
         Sample(&out, c.name, static_cast<double>(t.metrics.*c.field),
                StoreLabels(t));
       }

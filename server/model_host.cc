@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -311,7 +312,7 @@ TrainStepOutcome ModelHost::Outcome(const model::StepResult& r, double seconds,
   for (const model::RankTableStore& store : r.stores) {
     outcome.stores.push_back(TableStoreStats{config_.tables(store.table).name(),
                                              store.rank, store.cache_rows,
-                                             store.metrics});
+                                             store.device, store.metrics});
   }
   outcome.checkpoint =
       MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
@@ -532,14 +533,23 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
        embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
     bytes += rank_bytes;
   }
-  // Shards on RocksDB count their rows under "rocksdb", shards in GPU
-  // memory (STORAGE_DEVICE) under "device".
+  // Shards whose rows are on RocksDB (STORAGE_ROCKSDB, or behind a device
+  // cache) count them under "rocksdb"; shards in GPU memory
+  // (STORAGE_DEVICE) count under "device" their rows, or with
+  // device_cache_rows their slots (rows and optimizer state).
   for (int k = 0; k < config_.tables_size(); ++k) {
-    const StorageTier storage = config_.tables(k).storage();
-    if (storage == STORAGE_HOST) continue;
-    int64_t& tier = storage == STORAGE_ROCKSDB ? rocksdb_bytes : device_bytes;
+    const TableConfig& t = config_.tables(k);
     for (const embedding::Shard& shard : plan.tables[k].shards) {
-      tier += embedding::ShardBytes(shard, config_.sparse_optimizer());
+      if (RowsOnRocksDb(t)) {
+        rocksdb_bytes +=
+            embedding::ShardBytes(shard, config_.sparse_optimizer());
+      }
+      if (t.storage() != STORAGE_DEVICE) continue;
+      embedding::Shard slots = shard;
+      if (t.device_cache_rows() > 0) {
+        slots.row_count = std::min(shard.row_count, t.device_cache_rows());
+      }
+      device_bytes += embedding::ShardBytes(slots, config_.sparse_optimizer());
     }
   }
   const int64_t dense_floats =

@@ -75,6 +75,9 @@ struct TableStoreStats {
   // The rank whose caches these are (their shards of the table together).
   int rank = -1;
   int64_t cache_rows = 0;
+  // Device caches of a STORAGE_DEVICE table (device_cache_rows), not the
+  // row caches of a table on RocksDB.
+  bool device = false;
   embedding::StoreMetrics metrics;
 };
 

@@ -3,8 +3,9 @@
 // write-back plans, refused batches changing nothing), and a cache of host
 // slots (HostSlots, the CPU stand-in for the device's) much smaller than
 // its table training bitwise like the table in host memory, with skewed
-// ids, prefetch, records read and written mid-training and flushes, over a
-// HostStore and over RocksDB (a RocksDbCachedStore under it).
+// ids, prefetch (on the caller's thread and in the background), records
+// read and written mid-training and flushes, over a HostStore and over
+// RocksDB (a RocksDbCachedStore under it).
 #include "embedding/cached_store.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -114,12 +116,15 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::unique_ptr<CachedStore> HostCache(
-    const TableSpec& spec, int64_t cache_rows, EvictionPolicy eviction,
-    std::unique_ptr<EmbeddingStore> backing) {
+std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
+                                       int64_t cache_rows,
+                                       EvictionPolicy eviction,
+                                       std::unique_ptr<EmbeddingStore> backing,
+                                       bool background_prefetch = true) {
   CacheOptions options;
   options.cache_rows = cache_rows;
   options.eviction = eviction;
+  options.background_prefetch = background_prefetch;
   auto store = CachedStore::Create(
       spec, options, std::make_unique<HostSlots>(spec, cache_rows),
       std::move(backing));
@@ -129,10 +134,46 @@ std::unique_ptr<CachedStore> HostCache(
 
 std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
                                        int64_t cache_rows,
-                                       EvictionPolicy eviction) {
+                                       EvictionPolicy eviction,
+                                       bool background_prefetch = true) {
   return HostCache(spec, cache_rows, eviction,
-                   std::make_unique<HostStore>(spec));
+                   std::make_unique<HostStore>(spec), background_prefetch);
 }
+
+// A RocksDB database in a directory of the test's own, removed at the end.
+class TempDatabase {
+ public:
+  explicit TempDatabase(const std::string& name)
+      : dir_(testing::TempDir() + "/" + name + "_" +
+             std::to_string(::getpid())) {
+    std::filesystem::remove_all(dir_);
+    options_.path = dir_;
+    options_.block_cache_bytes = 1 << 20;
+    options_.write_buffer_bytes = 1 << 20;
+    auto db = RowDatabase::Open(options_);
+    EXPECT_TRUE(db.ok()) << db.status();
+    if (db.ok()) db_ = std::move(db).value();
+  }
+  ~TempDatabase() {
+    db_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  RowDatabase* db() { return db_.get(); }
+  // A RocksDB row cache of `cache_rows` rows of `spec` in the database.
+  std::unique_ptr<EmbeddingStore> Store(const TableSpec& spec,
+                                        int64_t cache_rows) {
+    RocksDbStoreOptions options = options_;
+    options.cache_rows = cache_rows;
+    auto store = RocksDbCachedStore::Create(spec, options, db_.get());
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+ private:
+  std::string dir_;
+  RocksDbStoreOptions options_;
+  std::unique_ptr<RowDatabase> db_;
+};
 
 // ------------------------------------------------------------ SlotManager
 
@@ -404,10 +445,17 @@ class CachedStoreEquivalenceTest
 // mode.
 TEST_P(CachedStoreEquivalenceTest, TwentyFiveTimesOverCapacityIsBitwise) {
   const auto [type, pooling, eviction] = GetParam();
-  for (const int prefetch : {0, 1, 2}) {
-    SCOPED_TRACE(testing::Message() << "prefetch mode " << prefetch);
+  // Prefetch modes 1 and 2 with the reads on the caller's thread and on the
+  // store's own.
+  for (const auto& [prefetch, background] :
+       {std::pair{0, false}, std::pair{1, false}, std::pair{2, false},
+        std::pair{1, true}, std::pair{2, true}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "prefetch mode " << prefetch
+                 << (background ? " in the background" : " on the caller"));
     const TableSpec spec = MakeSpec(2500, 16, pooling, type);
-    std::unique_ptr<CachedStore> store = HostCache(spec, 100, eviction);
+    std::unique_ptr<CachedStore> store =
+        HostCache(spec, 100, eviction, background);
     ASSERT_NE(store, nullptr);
     EXPECT_EQ(store->memory_space(), MemorySpace::kHost);
     TrainAndCompare(spec, *store, /*steps=*/30, /*bags=*/16, /*max_hot=*/4,
@@ -498,31 +546,125 @@ TEST(CachedStoreTest, PrefetchedRowsEvictedOrUpdatedInBetween) {
 
 // RocksDB under the host tier: the cache's backing store is a RocksDB row
 // cache (itself much smaller than the table), and the table still trains
-// bitwise like host memory; a flush reaches RocksDB.
+// bitwise like host memory, under LRU and LFU, with the prefetch's reads on
+// the caller's thread and in the background; a flush reaches RocksDB.
 TEST(CachedStoreTest, OverRocksDbIsBitwise) {
-  const std::string dir =
-      testing::TempDir() + "/cached_store_test_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  {
-    const TableSpec spec =
-        MakeSpec(2000, 16, POOLING_SUM, OptimizerConfig::ROWWISE_ADAGRAD);
-    RocksDbStoreOptions options;
-    options.path = dir;
-    options.cache_rows = 300;
-    options.block_cache_bytes = 1 << 20;
-    options.write_buffer_bytes = 1 << 20;
-    auto db = RowDatabase::Open(options);
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto rocksdb = RocksDbCachedStore::Create(spec, options, db->get());
-    ASSERT_TRUE(rocksdb.ok()) << rocksdb.status();
-    std::unique_ptr<CachedStore> store =
-        HostCache(spec, 80, EvictionPolicy::kLfu, std::move(rocksdb).value());
-    ASSERT_NE(store, nullptr);
-    TrainAndCompare(spec, *store, 30, 16, 4, 1, kSeed + 500);
-    EXPECT_GT(store->backing().metrics().rows_written, 0);
-    store.reset();
+  for (const EvictionPolicy eviction :
+       {EvictionPolicy::kLru, EvictionPolicy::kLfu}) {
+    for (const bool background : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << (eviction == EvictionPolicy::kLru ? "LRU" : "LFU")
+                   << (background ? ", background prefetch" : ""));
+      TempDatabase db("cached_store_test");
+      ASSERT_NE(db.db(), nullptr);
+      const TableSpec spec =
+          MakeSpec(2000, 16, POOLING_SUM, OptimizerConfig::ROWWISE_ADAGRAD);
+      std::unique_ptr<CachedStore> store = HostCache(
+          spec, 80, eviction, db.Store(spec, /*cache_rows=*/300), background);
+      ASSERT_NE(store, nullptr);
+      TrainAndCompare(spec, *store, 30, 16, 4, 1,
+                      kSeed + 500 + static_cast<int>(eviction));
+      EXPECT_GT(store->backing().metrics().rows_written, 0);
+      EXPECT_GT(store->metrics().prefetch_hits, 0);
+    }
   }
-  std::filesystem::remove_all(dir);
+}
+
+// Read after write across consecutive batches: a cache of 2 slots, every
+// batch's 2 rows updated, so Prepare(batch i) evicts the rows of batch i - 1
+// dirty and writes them back, and the Prefetch of batch i + 1 right after
+// it (the same rows as batch i - 1) must read those written values, not the
+// ones before. Bitwise like the table in host memory over host memory and
+// over RocksDB, LRU and LFU, background and synchronous prefetch, and every
+// miss after the first two batches comes from the staging.
+TEST(CachedStoreTest, PrefetchReadsRowsEvictedByTheBatchBefore) {
+  const TableSpec spec = MakeSpec(10, 4, POOLING_SUM, OptimizerConfig::ADAM);
+  for (const bool over_rocksdb : {false, true}) {
+    for (const EvictionPolicy eviction :
+         {EvictionPolicy::kLru, EvictionPolicy::kLfu}) {
+      for (const bool background : {false, true}) {
+        SCOPED_TRACE(testing::Message()
+                     << (over_rocksdb ? "RocksDB" : "host") << " backing, "
+                     << (eviction == EvictionPolicy::kLru ? "LRU" : "LFU")
+                     << (background ? ", background prefetch" : ""));
+        TempDatabase db("cached_store_raw_test");
+        ASSERT_NE(db.db(), nullptr);
+        std::unique_ptr<EmbeddingStore> backing =
+            over_rocksdb ? db.Store(spec, /*cache_rows=*/2)
+                         : std::make_unique<HostStore>(spec);
+        std::unique_ptr<CachedStore> store =
+            HostCache(spec, 2, eviction, std::move(backing), background);
+        ASSERT_NE(store, nullptr);
+        HostStore reference(spec);
+        const std::vector<data::SparseFeature> batches = {Bag({1, 2}),
+                                                          Bag({3, 4})};
+        std::vector<float> out_ref(4), out_store(4), grad(4);
+        constexpr int kSteps = 12;
+        for (int i = 0; i < kSteps; ++i) {
+          const data::SparseFeature& ids = batches[i % 2];
+          auto p = store->Prepare(ids);
+          ASSERT_TRUE(p.ok()) << p.status();
+          // Batch i + 1's rows were evicted by this Prepare, dirty.
+          ASSERT_TRUE(store->Prefetch(batches[(i + 1) % 2]).ok());
+          ASSERT_TRUE(reference.Forward(ids, out_ref.data(), 4).ok());
+          ASSERT_TRUE(store->Forward(**p, out_store.data(), 4).ok());
+          ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "step " << i;
+          for (int d = 0; d < 4; ++d) grad[d] = 0.25f * (i + 1) - 0.1f * d;
+          ASSERT_TRUE(reference.BackwardUpdate(ids, grad.data(), 4).ok());
+          ASSERT_TRUE(store->BackwardUpdate(**p, grad.data(), 4).ok());
+        }
+        EXPECT_TRUE(BitwiseEqual(AllRecords(*store), AllRecords(reference)));
+        const StoreMetrics m = store->metrics();
+        EXPECT_EQ(m.misses, 2 * kSteps);
+        EXPECT_EQ(m.prefetch_hits, 2 * (kSteps - 1));
+        EXPECT_EQ(m.evictions, 2 * (kSteps - 1));
+        EXPECT_EQ(m.rows_written, 2 * (kSteps - 1));
+      }
+    }
+  }
+}
+
+// A Prefetch whose batch is never prepared, followed by other batches,
+// writes and flushes: its staged rows never shadow newer values, and the
+// background read is waited for by every call that touches the backing
+// store (a store destroyed with a read in flight waits for it).
+TEST(CachedStoreTest, BackgroundPrefetchIsWaitedForEverywhere) {
+  const TableSpec spec = MakeSpec(40, 4, POOLING_MEAN, OptimizerConfig::SGD);
+  std::unique_ptr<CachedStore> store =
+      HostCache(spec, 4, EvictionPolicy::kLru, /*background_prefetch=*/true);
+  ASSERT_NE(store, nullptr);
+  HostStore reference(spec);
+  std::vector<float> grad(4, 0.5f);
+  auto step = [&](const data::SparseFeature& ids) {
+    auto p = store->Prepare(ids);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(store->BackwardUpdate(**p, grad.data(), 4).ok());
+    ASSERT_TRUE(reference.BackwardUpdate(ids, grad.data(), 4).ok());
+  };
+  const int floats = RecordFloats(spec);
+  std::vector<float> record(floats, 0.75f);
+  for (int round = 0; round < 20; ++round) {
+    const int64_t a = round % 40, b = (round * 7 + 3) % 40;
+    step(Bag({a, b}));
+    ASSERT_TRUE(store->Prefetch(Bag({(a + 1) % 40, (b + 5) % 40, 39})).ok());
+    switch (round % 4) {
+      case 0:
+        ASSERT_TRUE(store->WriteRows(39, 1, record.data()).ok());
+        ASSERT_TRUE(reference.WriteRows(39, 1, record.data()).ok());
+        break;
+      case 1:
+        ASSERT_TRUE(store->Flush().ok());
+        break;
+      case 2:
+        ASSERT_TRUE(BitwiseEqual(AllRecords(*store), AllRecords(reference)));
+        break;
+      default:
+        break;
+    }
+  }
+  EXPECT_TRUE(BitwiseEqual(AllRecords(*store), AllRecords(reference)));
+  ASSERT_TRUE(store->Prefetch(Bag({1, 2, 3, 4, 5})).ok());
+  store.reset();
 }
 
 TEST(CachedStoreTest, RefusedCallsAndUnchangedRows) {
@@ -613,12 +755,25 @@ TEST(CachedStoreTest, DeviceCacheOptionsAndFactory) {
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
   options.device_cache.eviction = EvictionPolicy::kLfu;
   EXPECT_TRUE(options.Validate().ok());
+  // RocksDB under the device cache: its options are checked; no other tier.
+  options.device_cache_backing = StoreKind::kRocksDbCache;
+  absl::Status st = options.Validate();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("RocksDbStoreOptions.path"), std::string::npos)
+      << st;
+  options.rocksdb.path = testing::TempDir() + "/unused";
+  EXPECT_TRUE(options.Validate().ok());
+  options.device_cache_backing = StoreKind::kDevice;
+  st = options.Validate();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("device_cache_backing"), std::string::npos) << st;
+  options.device_cache_backing = StoreKind::kHost;
   if (CudaDeviceCount() > 0) {
     GTEST_SKIP() << "a CUDA device is present: the device cache is tested by "
                     "cuda_store_test";
   }
   const TableSpec spec = MakeSpec(50, 4, POOLING_SUM, OptimizerConfig::SGD);
-  const absl::Status st = CreateEmbeddingStore(spec, options, nullptr).status();
+  st = CreateEmbeddingStore(spec, options, nullptr).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("table 5"), std::string::npos) << st;
 }

@@ -934,6 +934,40 @@ class ClientServerProcessTest : public testing::Test {
   fs::path dir_;
 };
 
+// The child's environment: this process's, with the given NAME=VALUE
+// entries added or replacing theirs (dlrm_bench gives each GPU rank its
+// CUDA_VISIBLE_DEVICES this way).
+TEST(ServerProcessEnvTest, ChildGetsTheGivenEnvironment) {
+  const fs::path out = fs::path(testing::TempDir()) /
+                       ("server_process_env_" + std::to_string(getpid()));
+  setenv("DLRM_ENV_TEST_KEPT", "kept", 1);
+  setenv("DLRM_ENV_TEST_REPLACED", "old", 1);
+  ServerProcess child;
+  ASSERT_TRUE(child
+                  .StartDetached(
+                      {"/bin/sh", "-c",
+                       "printf '%s %s %s' \"$DLRM_ENV_TEST_KEPT\" "
+                       "\"$DLRM_ENV_TEST_REPLACED\" \"$DLRM_ENV_TEST_NEW\" > " +
+                           out.string()},
+                      {"DLRM_ENV_TEST_REPLACED=new", "DLRM_ENV_TEST_NEW=added"})
+                  .ok());
+  // The shell writes the whole line at once; wait for it before Stop.
+  std::string got;
+  for (int i = 0; i < 500 && got.size() < 14; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream in(out);
+    got.assign(std::istreambuf_iterator<char>(in),
+               std::istreambuf_iterator<char>());
+  }
+  EXPECT_EQ(got, "kept new added");
+  // The shell may still be exiting: its status is not what this checks.
+  child.Stop(30).IgnoreError();
+  unsetenv("DLRM_ENV_TEST_KEPT");
+  unsetenv("DLRM_ENV_TEST_REPLACED");
+  std::error_code ignored;
+  fs::remove(out, ignored);
+}
+
 TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
   const std::string config =
       WriteFile("bad.toml", "listen = \"127.0.0.1:0\"\nlisten-port = 7\n");

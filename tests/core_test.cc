@@ -743,6 +743,57 @@ TEST(ConfigTest, DeviceCacheRowsIsCheckedNamingTheTable) {
   EXPECT_NE(st.message().find("STORAGE_HOST"), std::string::npos) << st;
 }
 
+// device_cache_backing: STORAGE_HOST (default) or STORAGE_ROCKSDB, only with
+// a device cache, RocksDB only with rocksdb.path; RocksDB under the device
+// cache gets the tier's defaults as a STORAGE_ROCKSDB table does.
+TEST(ConfigTest, DeviceCacheBackingIsCheckedNamingTheTable) {
+  auto parsed = ParseModelConfigText(
+      "device: DEVICE_CUDA tables { name: \"a\" rows: 5 } "
+      "tables { name: \"b\" rows: 500 storage: STORAGE_DEVICE "
+      "device_cache_rows: 50 device_cache_backing: STORAGE_ROCKSDB } "
+      "rocksdb { path: \"/tmp/rows\" } embedding_dim: 4 bottom_mlp: [4] "
+      "top_mlp: [1]");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto ok = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->tables(1).device_cache_backing(), STORAGE_ROCKSDB);
+  EXPECT_EQ(ok->tables(0).device_cache_backing(), STORAGE_HOST);
+  EXPECT_TRUE(RowsOnRocksDb(ok->tables(1)));
+  EXPECT_FALSE(RowsOnRocksDb(ok->tables(0)));
+  // The host tier between the device and RocksDB: cache_fraction 0.1.
+  EXPECT_DOUBLE_EQ(ok->rocksdb().cache_fraction(), 0.1);
+  EXPECT_EQ(CachedRowsOfTable(*ok, 1), 50);
+
+  auto expect_error = [](const ModelConfig& c, const std::string& field,
+                         const std::string& also) {
+    const absl::Status st = NormalizeModelConfig(c).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st;
+    EXPECT_NE(st.message().find(also), std::string::npos) << st;
+  };
+  ModelConfig c = *parsed;
+  c.mutable_rocksdb()->clear_path();
+  expect_error(c, "tables[1].device_cache_backing (b)", "rocksdb.path");
+  c = *parsed;
+  c.mutable_tables(1)->set_device_cache_backing(STORAGE_DEVICE);
+  expect_error(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
+  c = *parsed;
+  c.mutable_tables(1)->set_device_cache_backing(static_cast<StorageTier>(9));
+  expect_error(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
+  c = *parsed;
+  c.mutable_tables(1)->set_device_cache_rows(0);
+  expect_error(c, "tables[1].device_cache_backing (b)", "device_cache_rows");
+  // On a table without a device cache (a host table): refused too.
+  c = *parsed;
+  c.mutable_tables(0)->set_device_cache_backing(STORAGE_ROCKSDB);
+  expect_error(c, "tables[0].device_cache_backing (a)", "device_cache_rows");
+  // STORAGE_HOST behind the device cache needs no path.
+  c = *parsed;
+  c.mutable_tables(1)->set_device_cache_backing(STORAGE_HOST);
+  c.mutable_rocksdb()->clear_path();
+  EXPECT_TRUE(NormalizeModelConfig(c).ok());
+}
+
 TEST(RandomTest, HashIsAPureFunction) {
   EXPECT_EQ(HashKey(1, 2, 3), HashKey(1, 2, 3));
   EXPECT_NE(HashKey(1, 2, 3), HashKey(1, 2, 4));

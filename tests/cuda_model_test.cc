@@ -1,10 +1,10 @@
 // The model's step on a GPU with its tables in device memory
 // (STORAGE_DEVICE: embedding::cuda::CudaStore, or the device cache with
-// device_cache_rows, pooling into, and updating from, the CUDA dense
-// backend's device buffers on its stream) against the same model on the
-// CPU, and checkpoints between the two; the exchanges' CUDA column copies
-// against their CPU reference; and the step across rank processes sharing
-// the GPU through a host-staged communicator, and on one rank over the
+// device_cache_rows over host memory or RocksDB, pooling into, and updating
+// from, the CUDA dense backend's device buffers on its stream) against the same
+// model on the CPU, and checkpoints between the two; the exchanges' CUDA column
+// copies against their CPU reference; and the step across rank processes
+// sharing the GPU through a host-staged communicator, and on one rank over the
 // one-GPU communicator, against one CPU process. Skipped without a CUDA
 // device (fails instead under DLRM_REQUIRE_CUDA=1). The checks that run on
 // any machine (a device table refused without a device communicator, or
@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +27,9 @@
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
 #include "comm/host_staged_communicator.h"
+#if defined(DLRM_TEST_NCCL)
+#include "comm/factory.h"
+#endif
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
@@ -53,6 +57,10 @@ struct DeviceCase {
   // cache in front of the tables in host memory (the 1000-row table
   // evicts; the others fit).
   int64_t device_cache_rows = 0;
+  // With device_cache_rows: the caches backed by RocksDB
+  // (device_cache_backing STORAGE_ROCKSDB) behind a row cache of 100 rows,
+  // not by host memory.
+  bool over_rocksdb = false;
 };
 
 // Four tables of dim 16 (the kernels' float4 path): one-hot, multi-hot
@@ -121,26 +129,61 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
     if (!c.mixed || k % 2 == 0) {
       gpu_config.mutable_tables(k)->set_storage(STORAGE_DEVICE);
       gpu_config.mutable_tables(k)->set_device_cache_rows(c.device_cache_rows);
+      if (c.over_rocksdb) {
+        gpu_config.mutable_tables(k)->set_device_cache_backing(STORAGE_ROCKSDB);
+      }
     }
+  }
+  const std::string rows_dir =
+      (std::filesystem::temp_directory_path() /
+       ("cuda_model_test_rows_" + std::to_string(::getpid()) + "_" + c.name))
+          .string();
+  if (c.over_rocksdb) {
+    gpu_config.mutable_rocksdb()->set_path(rows_dir);
+    gpu_config.mutable_rocksdb()->set_cache_rows(100);
+    auto normalized = NormalizeModelConfig(gpu_config);
+    ASSERT_TRUE(normalized.ok()) << normalized.status();
+    gpu_config = *normalized;
   }
   auto cpu = Model::Create(cpu_config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto gpu = Model::Create(gpu_config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   int steps = 0;
-  for (const int64_t n : {64, 0, 131, 7, 512}) {
+  const std::vector<int64_t> sizes = {64, 0, 131, 7, 512};
+  StepResult last;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
     SCOPED_TRACE(::testing::Message() << "batch " << n);
     const data::Batch b = Batch(cpu_config, n, 100 + n);
+    // The next batch is prefetched on the GPU model (the device caches
+    // stage its rows in the background while the step computes).
+    const data::Batch next =
+        Batch(cpu_config, i + 1 < sizes.size() ? sizes[i + 1] : 0,
+              i + 1 < sizes.size() ? 100 + sizes[i + 1] : 0);
     auto want = (*cpu)->TrainStep(b);
     ASSERT_TRUE(want.ok()) << want.status();
-    auto got = (*gpu)->TrainStep(b);
+    auto got = (*gpu)->TrainStep(b, &next);
     ASSERT_TRUE(got.ok()) << got.status();
     ++steps;
     if (n > 0) {
       EXPECT_NEAR(got->loss, want->loss, 1e-4 * want->loss);
     }
+    last = *std::move(got);
   }
   EXPECT_EQ((*gpu)->steps(), steps);
+  if (c.device_cache_rows > 0) {
+    // Every device-cached table's counters, as of the last prepare.
+    ASSERT_FALSE(last.stores.empty());
+    int64_t misses = 0;
+    for (const RankTableStore& s : last.stores) {
+      EXPECT_TRUE(s.device) << s.table;
+      EXPECT_EQ(s.cache_rows, std::min(c.device_cache_rows,
+                                       cpu_config.tables(s.table).rows()));
+      misses += s.metrics.misses;
+    }
+    EXPECT_GT(misses, 0);
+  }
   for (int k = 0; k < cpu_config.tables_size(); ++k) {
     std::vector<float> want, got;
     ASSERT_TRUE((*cpu)->GatherTable(k, &want).ok());
@@ -187,6 +230,10 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
   EXPECT_EQ((*on_gpu)->WeightChecksum().value(),
             (*gpu)->WeightChecksum().value());
   std::filesystem::remove_all(dir);
+  on_cpu->reset();
+  on_gpu->reset();
+  gpu->reset();
+  std::filesystem::remove_all(rows_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -203,7 +250,10 @@ INSTANTIATE_TEST_SUITE_P(
         // 480 slots: more than the unique ids of one table in the 512
         // batch, fewer than the one-hot table's 1000 rows.
         DeviceCase{"DotAdamCached", INTERACTION_DOT, OptimizerConfig::ADAM,
-                   true, 480}),
+                   true, 480},
+        // The same caches over RocksDB, itself behind a 100-row host cache.
+        DeviceCase{"DotAdagradCachedOverRocksDb", INTERACTION_DOT,
+                   OptimizerConfig::ROWWISE_ADAGRAD, true, 480, true}),
     [](const ::testing::TestParamInfo<DeviceCase>& info) {
       return info.param.name;
     });
@@ -639,14 +689,31 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaRanksTest,
                                "_r", info.param.world);
                          });
 
-// One rank over the one-GPU device communicator with row-wise tables (two
-// shards on the rank, so the exchanges run, in device memory; a device
-// table and a host one): like one CPU process. On one rank the exchanges
-// call no collective, so NCCL (whose library this bundled binary does not
-// link) would run the same step; its collectives are comm_test's.
-TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
-  DLRM_SKIP_WITHOUT_CUDA();
-  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+// One process of RanksConfig("none", 1, host_tables) on the GPU over
+// `plan`, its device exchanges on `device_comm` (null: no communicator,
+// Model::Create(config)); what it reports after kRanksBatches.
+absl::Status TrainOneRank(const ModelConfig& c,
+                          const embedding::ShardingPlan* plan,
+                          comm::Communicator* device_comm, RanksReport* got) {
+  std::unique_ptr<comm::Communicator> host = comm::MakeSingleRankCommunicator();
+  std::unique_ptr<Model> m;
+  if (plan == nullptr) {
+    ASSIGN_OR_RETURN(m, Model::Create(c));
+  } else {
+    ASSIGN_OR_RETURN(m,
+                     Model::Create(c, *plan, host.get(), nullptr, device_comm));
+  }
+  uint64_t seed = 300;
+  for (const int64_t n : kRanksBatches) {
+    ASSIGN_OR_RETURN(const StepResult step, m->TrainStep(Batch(c, n, seed++)));
+    got->losses.push_back(step.loss);
+  }
+  return Collect(*m, got);
+}
+
+// RanksConfig("none", 1, host tables)'s plan with tables 0 and 1 row-wise
+// in two shards on rank 0, so that the exchanges run, in device memory.
+embedding::ShardingPlan OneRankRowWisePlan(const ModelConfig& c) {
   embedding::ShardingPlan plan = embedding::WholeTablesPlan(c);
   for (int k : {0, 1}) {
     const int64_t rows = c.tables(k).rows();
@@ -655,22 +722,65 @@ TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
     plan.tables[k].shards = {{0, 0, rows / 2, 0, dim},
                              {0, rows / 2, rows - rows / 2, 0, dim}};
   }
+  return plan;
+}
+
+// One rank over the one-GPU device communicator with row-wise tables (two
+// shards on the rank, so the exchanges run, in device memory; a device
+// table and a host one): like one CPU process.
+TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+  const embedding::ShardingPlan plan = OneRankRowWisePlan(c);
   ASSERT_TRUE(plan.Validate(c).ok());
   auto device_comm = comm::MakeSingleRankDeviceCommunicator(0);
   ASSERT_TRUE(device_comm.ok()) << device_comm.status();
-  auto host = comm::MakeSingleRankCommunicator();
-  auto m = Model::Create(c, plan, host.get(), nullptr, device_comm->get());
-  ASSERT_TRUE(m.ok()) << m.status();
   RanksReport got;
-  uint64_t seed = 300;
-  for (const int64_t n : kRanksBatches) {
-    auto step = (*m)->TrainStep(Batch(c, n, seed++));
-    ASSERT_TRUE(step.ok()) << step.status();
-    got.losses.push_back(step->loss);
-  }
-  ASSERT_TRUE(Collect(**m, &got).ok());
+  ASSERT_TRUE(TrainOneRank(c, &plan, device_comm->get(), &got).ok());
   ExpectLikeReference(got, CpuReference("none", 1));
 }
+
+#if defined(DLRM_TEST_NCCL)
+// Built into cuda_model_nccl_test only (tests/CMakeLists.txt): it links
+// libnccl, which scripts/cuda_bundle.sh does not carry.
+//
+// NCCL at world size 1 (one GPU cannot host two NCCL ranks): the model's
+// step over a real one-rank NCCL communicator trains like one process
+// without a communicator (whole tables: on one rank the step calls no
+// collective) and like the single-rank device communicator (row-wise
+// tables, the exchanges in device memory), within ExpectLikeReference's
+// tolerance (GPU sums are not promised to be bitwise reproducible run to
+// run). NCCL's own collectives at world size 1 are comm_test's
+// CommNcclTest.SingleRankCollectivesMatchReference.
+TEST(CudaRanksTest, OneRankOverNcclTrainsLikeOneProcess) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const ModelConfig c = RanksConfig("none", 1, /*host_tables=*/true, true);
+  comm::CommOptions o;
+  o.world_size = 1;
+  o.memory_space = comm::MemorySpace::kDevice;
+  o.backend = comm::CommBackend::kNccl;
+  auto nccl = comm::CreateCommunicator(o);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+
+  RanksReport alone, over_nccl;
+  ASSERT_TRUE(TrainOneRank(c, nullptr, nullptr, &alone).ok());
+  const embedding::ShardingPlan whole = embedding::WholeTablesPlan(c);
+  absl::Status s = TrainOneRank(c, &whole, nccl->get(), &over_nccl);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectLikeReference(over_nccl, alone);
+
+  const embedding::ShardingPlan rows = OneRankRowWisePlan(c);
+  auto single = comm::MakeSingleRankDeviceCommunicator(0);
+  ASSERT_TRUE(single.ok()) << single.status();
+  RanksReport row_nccl, row_single;
+  s = TrainOneRank(c, &rows, nccl->get(), &row_nccl);
+  ASSERT_TRUE(s.ok()) << s;
+  s = TrainOneRank(c, &rows, single->get(), &row_single);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectLikeReference(row_nccl, row_single);
+  ExpectLikeReference(row_nccl, CpuReference("none", 1));
+}
+#endif  // DLRM_TEST_NCCL
 
 }  // namespace
 }  // namespace dlrm::model

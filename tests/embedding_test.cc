@@ -667,6 +667,248 @@ TEST(ShardingTest, CachedDeviceTablesCountTheirHostRows) {
       << text;
 }
 
+// The device budget, on 1 to 4 ranks: device tables of equal lookup cost
+// spread so that every rank's device bytes (DeviceBytesPerRank) stay
+// within ceil(tables / ranks) tables' worth, and the tier planner then
+// moves nothing. SGD, dim 8: 32 bytes a row, 320000 bytes a table.
+TEST(ShardingTest, DeviceBudgetSpreadsDeviceTablesOnOneToFourRanks) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA "
+      "tables { name: 'g0' rows: 10000 storage: STORAGE_DEVICE } "
+      "tables { name: 'g1' rows: 10000 storage: STORAGE_DEVICE } "
+      "tables { name: 'g2' rows: 10000 storage: STORAGE_DEVICE } "
+      "tables { name: 'g3' rows: 10000 storage: STORAGE_DEVICE } "
+      "tables { name: 'h' rows: 10000 }");
+  for (int world = 1; world <= 4; ++world) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    PlannerOptions o;
+    o.world_size = world;
+    o.device_budget_bytes = (4 + world - 1) / world * int64_t{320000};
+    auto plan = PlanSharding(c, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::vector<int64_t> device = DeviceBytesPerRank(c, *plan);
+    ASSERT_EQ(device.size(), static_cast<size_t>(world));
+    int64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_LE(device[r], o.device_budget_bytes) << "rank " << r;
+      total += device[r];
+    }
+    EXPECT_EQ(total, 4 * 320000);  // the host table counts nothing
+    TierPlanOptions tiers;
+    tiers.device_budget_bytes = o.device_budget_bytes;
+    auto same = PlanStorageTiers(c, tiers, &*plan);
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_EQ(same->SerializeAsString(), c.SerializeAsString());
+  }
+}
+
+// A device table that fits no rank's device budget whole is split where a
+// split fits (columns, or rows for row-wise Adagrad); where nothing fits it
+// is placed as without the budget, and the tier planner moves it to host
+// memory.
+TEST(ShardingTest, DeviceBudgetSplitsADeviceTableOrLeavesItToTheTierPlanner) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA "
+      "tables { name: 'g' rows: 10000 storage: STORAGE_DEVICE }");
+  PlannerOptions o;
+  o.device_budget_bytes = 200000;  // the table: 320000 bytes
+  o.data_parallel_max_bytes = 0;
+  for (int world = 2; world <= 4; ++world) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    o.world_size = world;
+    auto plan = PlanSharding(c, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->tables[0].kind, SHARDING_COLUMN_WISE);
+    for (int64_t bytes : DeviceBytesPerRank(c, *plan)) {
+      EXPECT_LE(bytes, o.device_budget_bytes);
+    }
+    ModelConfig adagrad = c;
+    adagrad.mutable_sparse_optimizer()->set_type(
+        OptimizerConfig::ROWWISE_ADAGRAD);
+    auto by_rows = PlanSharding(adagrad, o);
+    ASSERT_TRUE(by_rows.ok()) << by_rows.status();
+    EXPECT_EQ(by_rows->tables[0].kind, SHARDING_ROW_WISE);
+    for (int64_t bytes : DeviceBytesPerRank(adagrad, *by_rows)) {
+      EXPECT_LE(bytes, o.device_budget_bytes);
+    }
+  }
+  // One rank: nothing fits, so the table goes whole (the budget is soft
+  // here) and the tier planner moves it off the device.
+  o.world_size = 1;
+  auto plan = PlanSharding(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tables[0].kind, SHARDING_TABLE_WISE);
+  EXPECT_EQ(DeviceBytesPerRank(c, *plan), (std::vector<int64_t>{320000}));
+  TierPlanOptions tiers;
+  tiers.device_budget_bytes = o.device_budget_bytes;
+  auto moved = PlanStorageTiers(c, tiers, &*plan);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->tables(0).storage(), STORAGE_HOST);
+  EXPECT_EQ(DeviceBytesPerRank(*moved, *plan), (std::vector<int64_t>{0}));
+}
+
+// The tier planner's device pass, on 1 to 4 ranks: device tables (a cached
+// one counted by its slots) move to STORAGE_HOST largest first, only while
+// one of their shards sits on a rank over the budget, device_cache_rows
+// cleared; the host budget then counts them and may move them on to
+// RocksDB. ApplyMemoryBudgets takes the config's device_budget_bytes.
+TEST(ShardingTest, TierPlannerMovesTheLargestDeviceTablesToTheHost) {
+  // Device bytes: big 640000, mid 320000, cached 4000 slots = 128000,
+  // small 96000.
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA "
+      "tables { name: 'small' rows: 3000 storage: STORAGE_DEVICE } "
+      "tables { name: 'big' rows: 20000 storage: STORAGE_DEVICE } "
+      "tables { name: 'cached' rows: 50000 storage: STORAGE_DEVICE "
+      "device_cache_rows: 4000 } "
+      "tables { name: 'mid' rows: 10000 storage: STORAGE_DEVICE } "
+      "rocksdb { cache_fraction: 0.1 }");
+  // One rank holding everything whole: 1184000 device bytes. Within
+  // 600000 once big (640000) has left; within 230000 once mid has too;
+  // within 100000 once cached has too.
+  const ShardingPlan whole = WholeTablesPlan(c);
+  EXPECT_EQ(DeviceBytesPerRank(c, whole), (std::vector<int64_t>{1184000}));
+  TierPlanOptions o;
+  o.device_budget_bytes = 600000;
+  auto one = PlanStorageTiers(c, o, &whole);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tables(1).storage(), STORAGE_HOST);
+  for (int k : {0, 2, 3}) EXPECT_EQ(one->tables(k).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(DeviceBytesPerRank(*one, whole), (std::vector<int64_t>{544000}));
+  o.device_budget_bytes = 230000;
+  auto two = PlanStorageTiers(c, o, &whole);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->tables(3).storage(), STORAGE_HOST);
+  EXPECT_EQ(two->tables(2).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(DeviceBytesPerRank(*two, whole), (std::vector<int64_t>{224000}));
+  // The cached table (128000 bytes of slots) goes next, and loses its
+  // device_cache_rows.
+  o.device_budget_bytes = 100000;
+  auto three = PlanStorageTiers(c, o, &whole);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->tables(2).storage(), STORAGE_HOST);
+  EXPECT_EQ(three->tables(2).device_cache_rows(), 0);
+  EXPECT_EQ(three->tables(0).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(DeviceBytesPerRank(*three, whole), (std::vector<int64_t>{96000}));
+
+  // Ranks 2 to 4, one table per rank table-wise (pinned): only the tables
+  // on a rank over the budget move, whatever their size elsewhere.
+  for (int world = 2; world <= 4; ++world) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    ModelConfig pinned = c;
+    for (int k = 0; k < pinned.tables_size(); ++k) {
+      pinned.mutable_tables(k)->set_sharding(SHARDING_TABLE_WISE);
+      pinned.mutable_tables(k)->add_shard_ranks(k % world);
+    }
+    PlannerOptions po;
+    po.world_size = world;
+    auto plan = PlanSharding(pinned, po);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    // 330000: only a rank holding big (640000), or mid with another table,
+    // is over.
+    o.device_budget_bytes = 330000;
+    auto planned = PlanStorageTiers(pinned, o, &*plan);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    for (int64_t bytes : DeviceBytesPerRank(*planned, *plan)) {
+      EXPECT_LE(bytes, o.device_budget_bytes);
+    }
+    EXPECT_EQ(planned->tables(1).storage(), STORAGE_HOST);    // big
+    EXPECT_EQ(planned->tables(0).storage(), STORAGE_DEVICE);  // small
+    // mid shares rank 1 with big on 2 ranks (big moved: fits), rank 0
+    // with small on 3 ranks (416000: over), and is alone on 4 ranks.
+    EXPECT_EQ(planned->tables(3).storage(),
+              world == 3 ? STORAGE_HOST : STORAGE_DEVICE);
+  }
+
+  // Then the host budget counts the moved table (640000 bytes) beside the
+  // cached table's host rows (1600000) and sends it on to RocksDB.
+  const std::string dir = ::testing::TempDir() + "/device_budget_rocksdb";
+  o.device_budget_bytes = 600000;
+  o.host_budget_bytes = 1700000;
+  o.rocksdb.set_path(dir);
+  o.rocksdb.set_cache_fraction(0.1);
+  auto both = PlanStorageTiers(c, o, &whole);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->tables(1).storage(), STORAGE_ROCKSDB);
+  EXPECT_EQ(HostBytesPerRank(*both, whole, both->rocksdb()),
+            (std::vector<int64_t>{2000 * 32 + 50000 * 32}));
+
+  // The config's own budget.
+  ModelConfig from_config = c;
+  from_config.set_device_budget_bytes(600000);
+  auto applied = ApplyMemoryBudgets(from_config);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->tables(1).storage(), STORAGE_HOST);
+  auto again = ApplyMemoryBudgets(*applied);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), applied->SerializeAsString());
+}
+
+// Negative device budgets are refused naming the field.
+TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
+  const ModelConfig c = ShardingConfig("tables { name: 'a' rows: 10 }");
+  PlannerOptions po;
+  po.device_budget_bytes = -1;
+  auto plan = PlanSharding(c, po);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("device_budget_bytes"),
+            std::string::npos)
+      << plan.status();
+  TierPlanOptions to;
+  to.device_budget_bytes = -1;
+  auto tiers = PlanStorageTiers(c, to);
+  EXPECT_EQ(tiers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tiers.status().message().find("device_budget_bytes"),
+            std::string::npos)
+      << tiers.status();
+  ModelConfig bad = c;
+  bad.set_device_budget_bytes(-5);
+  auto normalised = NormalizeModelConfig(bad);
+  EXPECT_EQ(normalised.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(normalised.status().message().find("device_budget_bytes"),
+            std::string::npos)
+      << normalised.status();
+}
+
+// RocksDB under a device cache: the host holds only its row cache, RocksDB
+// the table; over a host budget the planner moves a device cache's host
+// backing to RocksDB (the slots stay on the device) before the smaller
+// host table. SGD, dim 8: 32 bytes a row.
+TEST(ShardingTest, DeviceCacheOverRocksDbCountsItsRowCache) {
+  const ModelConfig c = ShardingConfig(
+      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+      "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
+      "device_cache_rows: 4000 device_cache_backing: STORAGE_ROCKSDB } "
+      "rocksdb { path: '/tmp/unused' cache_rows: 2000 }");
+  EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 64000);
+  const ShardingPlan plan = WholeTablesPlan(c);
+  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{96000}));
+  const std::string text = plan.ToString(c);
+  EXPECT_NE(text.find("on rocksdb with a cache of 2000 rows; in device memory"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 0: 0.1 MiB in host memory, 1.2 MiB on rocksdb, "
+                      "0.1 MiB in device memory"),
+            std::string::npos)
+      << text;
+
+  ModelConfig host_backed = c;
+  host_backed.mutable_tables(1)->clear_device_cache_backing();
+  host_backed.clear_rocksdb();
+  TierPlanOptions options;
+  options.rocksdb.set_path("/tmp/unused");
+  options.rocksdb.set_cache_rows(2000);
+  options.host_budget_bytes = 100000;
+  auto moved = PlanStorageTiers(host_backed, options);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->tables(1).storage(), STORAGE_DEVICE);
+  EXPECT_EQ(moved->tables(1).device_cache_backing(), STORAGE_ROCKSDB);
+  EXPECT_EQ(moved->tables(1).device_cache_rows(), 4000);
+  EXPECT_EQ(moved->tables(0).storage(), STORAGE_HOST);
+  EXPECT_EQ(moved->rocksdb().path(), "/tmp/unused");
+}
+
 TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
   // Four big one-hot tables over two ranks: two each. A tiny one is
   // replicated.

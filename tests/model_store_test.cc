@@ -539,7 +539,7 @@ TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
   EXPECT_FALSE((m->WholeHostTable(1) != nullptr));  // the largest
   EXPECT_TRUE((m->WholeHostTable(2) != nullptr));
   EXPECT_EQ(m->config().tables(1).storage(), STORAGE_ROCKSDB);
-  auto again = embedding::ApplyHostBudget(m->config());
+  auto again = embedding::ApplyMemoryBudgets(m->config());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->SerializeAsString(), m->config().SerializeAsString());
 

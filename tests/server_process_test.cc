@@ -857,6 +857,127 @@ TEST_F(ServerProcessTest, CudaWithoutAGpuExitsWithAClearError) {
   EXPECT_NE(out.find("--device: tpu not in"), std::string::npos) << out;
 }
 
+// --tf32 and --precision (core/dense_flags.h, shared with dlrm_train)
+// reach the model config a run would use: --dry-run shows them, with the
+// config's own settings when the flags are not given; a bad value fails
+// naming the flag. Needs no GPU: a dry run allocates nothing.
+TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
+  auto dry_run = [&](std::vector<std::string> extra, std::string* out) {
+    std::vector<std::string> args = {ServerPath(), "--dry-run"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Proc p;
+    if (!p.Spawn(args, dir_ / "dense.err")) return -1;
+    char chunk[4096];
+    ssize_t n;
+    out->clear();
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
+      out->append(chunk, n);
+    }
+    const int code = p.WaitExit(30);
+    out->append(ReadText(dir_ / "dense.err"));
+    return code;
+  };
+  std::string out;
+  ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda"}, &out), 0) << out;
+  EXPECT_NE(out.find("device cuda (the dense part), dense precision fp32, "
+                     "tf32 GEMMs on"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(
+      dry_run({"--config", "tiny", "--device", "cuda", "--tf32", "off"}, &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("tf32 GEMMs off"), std::string::npos) << out;
+  ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda", "--tf32", "on",
+                     "--precision", "bf16"},
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("dense precision bf16, tf32 GEMMs on"), std::string::npos)
+      << out;
+  // The config's own setting when the flag is not given.
+  std::ofstream(dir_ / "no_tf32.textproto")
+      << "num_dense_features: 4 embedding_dim: 4\n"
+         "tables { name: \"t0\" rows: 50 }\n"
+         "bottom_mlp: [8, 4] top_mlp: [8, 1]\n"
+         "device: DEVICE_CUDA gpu_disable_tf32: true\n";
+  ASSERT_EQ(dry_run({"--config", (dir_ / "no_tf32.textproto").string()}, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("tf32 GEMMs off"), std::string::npos) << out;
+  ASSERT_EQ(dry_run({"--config", (dir_ / "no_tf32.textproto").string(),
+                     "--tf32", "on"},
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("tf32 GEMMs on"), std::string::npos) << out;
+  EXPECT_NE(dry_run({"--config", "tiny", "--tf32", "maybe"}, &out), 0) << out;
+  EXPECT_NE(out.find("--tf32"), std::string::npos) << out;
+}
+
+// --device-memory-budget-mb reaches the config and the plan --dry-run
+// prints: with 2 MiB per rank, the largest device table (a, 3.2 MB) moves
+// to host memory on one rank; on two the planner splits it and b still
+// does not fit beside it, so a moves (largest first). A negative budget
+// fails naming the flag. A dry run never queries a GPU.
+TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
+  std::ofstream(dir_ / "device.textproto")
+      << "num_dense_features: 4 embedding_dim: 8 device: DEVICE_CUDA\n"
+         "tables { name: \"a\" rows: 100000 storage: STORAGE_DEVICE }\n"
+         "tables { name: \"b\" rows: 50000 storage: STORAGE_DEVICE }\n"
+         "tables { name: \"c\" rows: 1000 }\n"
+         "bottom_mlp: [8] top_mlp: [1]\n";
+  auto dry_run = [&](std::vector<std::string> extra, std::string* out) {
+    std::vector<std::string> args = {ServerPath(), "--dry-run", "--config",
+                                     (dir_ / "device.textproto").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Proc p;
+    if (!p.Spawn(args, dir_ / "budget.err")) return -1;
+    char chunk[4096];
+    ssize_t n;
+    out->clear();
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
+      out->append(chunk, n);
+    }
+    const int code = p.WaitExit(30);
+    out->append(ReadText(dir_ / "budget.err"));
+    return code;
+  };
+  std::string out;
+  ASSERT_EQ(dry_run({}, &out), 0) << out;
+  EXPECT_NE(out.find("device memory budget: the GPU's free memory at start"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("a (100000 x 8): table-wise on rank 0; in device memory"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(dry_run({"--device-memory-budget-mb", "2"}, &out), 0) << out;
+  EXPECT_NE(out.find("device memory budget 2 MiB per rank"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("a (100000 x 8): table-wise on rank 0\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("b (50000 x 8): table-wise on rank 0; in device memory"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(dry_run({"--device-memory-budget-mb", "2", "--world-size", "2",
+                     "--coordinator", "127.0.0.1:1"},
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("a (100000 x 8): column-wise, rank 0 cols [0, 4), rank 1 "
+                     "cols [4, 8)\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 1: 1.6 MiB in host memory, 0.0 MiB in device"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(dry_run({"--device-memory-budget-mb", "-1"}, &out), 1) << out;
+  EXPECT_NE(out.find("--device-memory-budget-mb must be in [0, 2^43]"),
+            std::string::npos)
+      << out;
+}
+
 // ModelHost's periodic checkpoints in-process: which steps save, by steps
 // and by time, retention, and the option checks.
 TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {

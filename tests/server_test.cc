@@ -1142,9 +1142,61 @@ TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
   EXPECT_GT(value("dlrm_rocksdb_read_rows_total"), 0);
   EXPECT_EQ(value("dlrm_rocksdb_read_bytes_total"),
             16 * value("dlrm_rocksdb_read_rows_total"));
+  // The caches' write-backs and loads: RocksDB's writes and reads.
+  EXPECT_EQ(value("dlrm_embedding_cache_written_back_rows_total"),
+            value("dlrm_rocksdb_written_rows_total"));
+  EXPECT_EQ(value("dlrm_embedding_cache_loaded_rows_total"),
+            value("dlrm_rocksdb_read_rows_total"));
   // Host tables have no cache series.
   EXPECT_TRUE(std::isnan(
       MetricValue(text, "dlrm_embedding_cache_rows{table=\"t0\",rank=\"0\"}")));
+}
+
+// A device cache's counters (a STORAGE_DEVICE table with device_cache_rows)
+// beside a RocksDB row cache's: labelled cache="device", with its hits,
+// misses, evictions, write-backs and loads, and no RocksDB series (its
+// reads and writes go to the tier behind it).
+TEST(ServerMetricsTest, DeviceCacheCountersAreLabelledApart) {
+  TrainStepOutcome step;
+  step.step = 3;
+  TableStoreStats device{"g", 0, 480, /*device=*/true, {}};
+  device.metrics.hits = 70;
+  device.metrics.misses = 30;
+  device.metrics.prefetch_hits = 12;
+  device.metrics.evictions = 9;
+  device.metrics.rows_read = 30;
+  device.metrics.rows_written = 8;
+  TableStoreStats rocksdb{"r", 0, 40, /*device=*/false, {}};
+  rocksdb.metrics.hits = 5;
+  rocksdb.metrics.rows_read = 4;
+  rocksdb.metrics.rows_written = 2;
+  step.stores = {device, rocksdb};
+  ServerMetrics metrics;
+  metrics.RecordTrainStep(step);
+  const std::string text = metrics.Render(3);
+  const std::string d = "{table=\"g\",rank=\"0\",cache=\"device\"}";
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_rows" + d), 480) << text;
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_hits_total" + d), 70);
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_misses_total" + d), 30);
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_prefetch_hits_total" + d),
+            12);
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_evictions_total" + d), 9);
+  EXPECT_EQ(
+      MetricValue(text, "dlrm_embedding_cache_written_back_rows_total" + d), 8);
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_loaded_rows_total" + d),
+            30);
+  EXPECT_DOUBLE_EQ(MetricValue(text, "dlrm_embedding_cache_hit_ratio" + d),
+                   0.7);
+  EXPECT_TRUE(
+      std::isnan(MetricValue(text, "dlrm_rocksdb_read_rows_total" + d)));
+  EXPECT_TRUE(
+      std::isnan(MetricValue(text, "dlrm_rocksdb_written_rows_total" + d)));
+  const std::string r = "{table=\"r\",rank=\"0\"}";
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_hits_total" + r), 5);
+  EXPECT_EQ(MetricValue(text, "dlrm_rocksdb_read_rows_total" + r), 4);
+  EXPECT_EQ(MetricValue(text, "dlrm_rocksdb_written_rows_total" + r), 2);
+  EXPECT_EQ(
+      MetricValue(text, "dlrm_embedding_cache_written_back_rows_total" + r), 2);
 }
 
 // A dataset job reads one batch ahead and hands it to the step, so the

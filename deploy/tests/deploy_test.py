@@ -163,8 +163,16 @@ class ComposeTest(unittest.TestCase):
                         self.assertIn("gpu", devices[0]["capabilities"])
                         self.assertIn("NCCL_SOCKET_IFNAME", svc["environment"])
                         self.assertIn("NCCL_DEBUG", svc["environment"])
+                        # One GPU per rank: the dense part on it, NCCL
+                        # between the ranks' device tables.
+                        self.assertEqual(f["--device"], "cuda", name)
+                        self.assertEqual(f["--device-comm"], "nccl", name)
+                        self.assertIn(f["--tf32"], ("on", "off"), name)
                     else:
                         self.assertIsNone(devices, name)
+                        self.assertNotEqual(f.get("--device"), "cuda", name)
+                        self.assertNotIn("--device-comm", f, name)
+                        self.assertNotIn("--tf32", f, name)
                     if rank != 0:
                         self.assertNotIn("ports", svc, name)
                         self.assertTrue(svc["healthcheck"]["disable"])
@@ -500,6 +508,122 @@ def server_toml():
 
 def port_of(address):
     return int(address.rsplit(":", 1)[1])
+
+
+# Stands in for dlrm_server under launch_local.sh: records its
+# CUDA_VISIBLE_DEVICES and arguments in $FAKE_OUT/rank-R.txt; once every
+# rank has, rank 0 ends the job (the file "done") and every rank exits 0.
+FAKE_SERVER = r"""#!/bin/bash
+# The launcher's SIGTERM is an orderly stop, as for dlrm_server.
+trap 'exit 0' TERM
+rank=0
+args=("$@")
+for ((i = 0; i < $#; i++)); do
+  [[ ${args[i]} == --rank ]] && rank=${args[i + 1]}
+done
+printf '%s\n' "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}" "$@" \
+  >"$FAKE_OUT/rank-$rank.tmp"
+mv "$FAKE_OUT/rank-$rank.tmp" "$FAKE_OUT/rank-$rank.txt"
+for _ in $(seq 600); do
+  if [[ $rank == 0 ]] &&
+    (($(ls "$FAKE_OUT" | grep -c 'txt$') >= FAKE_WORLD)); then
+    touch "$FAKE_OUT/done"
+  fi
+  [[ -e $FAKE_OUT/done ]] && exit 0
+  sleep 0.05
+done
+exit 3
+"""
+
+
+class LaunchLocalGpuTest(unittest.TestCase):
+    """launch_local.sh --gpus G: the GPU and the flags each rank process
+    gets, recorded by a stand-in for dlrm_server (needs no GPU)."""
+
+    def launch(self, launcher_args, world, server_args, visible=None):
+        work = tempfile.mkdtemp(prefix="launch-gpu-test-")
+        self.addCleanup(shutil.rmtree, work, True)
+        fake = os.path.join(work, "fake_server")
+        with open(fake, "w") as f:
+            f.write(FAKE_SERVER)
+        os.chmod(fake, 0o755)
+        os.makedirs(f"{work}/out")
+        env = dict(os.environ, DLRM_SERVER=fake, DLRM_LOG_DIR=f"{work}/logs",
+                   FAKE_OUT=f"{work}/out", FAKE_WORLD=str(world))
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        out = subprocess.run(
+            [os.path.join(DEPLOY, "launch_local.sh")] + launcher_args +
+            [str(world)] + server_args,
+            capture_output=True, text=True, env=env, timeout=60)
+        ranks = {}
+        for r in range(world):
+            path = f"{work}/out/rank-{r}.txt"
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines = f.read().splitlines()
+                ranks[r] = (lines[0].split("=", 1)[1], lines[1:])
+        return out, ranks
+
+    def test_ranks_take_gpus_in_turn_and_the_device_comm_fits(self):
+        # (G, N, expected GPUs by rank, expected --device-comm)
+        cases = [(2, 4, ["0", "1", "0", "1"], "host-staged"),
+                 (4, 2, ["0", "1"], "nccl"),
+                 (3, 3, ["0", "1", "2"], "nccl"),
+                 (1, 2, ["0", "0"], "host-staged"),
+                 (1, 1, ["0"], "nccl")]
+        for gpus, world, expected, comm in cases:
+            with self.subTest(gpus=gpus, world=world):
+                out, ranks = self.launch(["--gpus", str(gpus)], world,
+                                         ["--config", "tiny"])
+                self.assertEqual(out.returncode, 0, out.stderr)
+                self.assertEqual(sorted(ranks), list(range(world)),
+                                 out.stderr)
+                for r, (visible, args) in ranks.items():
+                    self.assertEqual(visible, expected[r], (r, args))
+                    f = dict(zip(args[::2], args[1::2]))
+                    self.assertEqual(f["--device"], "cuda")
+                    self.assertEqual(f["--device-comm"], comm)
+                    self.assertEqual(f["--rank"], str(r))
+                    self.assertEqual(f["--world-size"], str(world))
+                    self.assertEqual(f["--config"], "tiny")
+
+    def test_gpus_come_from_the_launchers_visible_devices(self):
+        out, ranks = self.launch(["--gpus", "2"], 3, [], visible="5,7,9")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual([ranks[r][0] for r in range(3)], ["5", "7", "5"])
+        out, _ = self.launch(["--gpus", "4"], 2, [], visible="5,7")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("CUDA_VISIBLE_DEVICES lists 2", out.stderr)
+
+    def test_a_named_device_comm_is_kept(self):
+        out, ranks = self.launch(
+            ["--restart-on-failure", "0", "--gpus", "2"], 2,
+            ["--device-comm", "host-staged"])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        for r, (_, args) in ranks.items():
+            self.assertEqual(args.count("--device-comm"), 1, args)
+            self.assertEqual(args[args.index("--device-comm") + 1],
+                             "host-staged")
+
+    def test_without_gpus_the_environment_is_left_alone(self):
+        out, ranks = self.launch([], 2, ["--config", "tiny"], visible="3")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        for r, (visible, args) in ranks.items():
+            self.assertEqual(visible, "3")
+            self.assertNotIn("--device", args)
+            self.assertNotIn("--device-comm", args)
+        out, ranks = self.launch([], 1, [])
+        self.assertEqual(ranks[0][0], "<unset>")
+
+    def test_bad_gpu_counts_are_refused(self):
+        for bad in (["--gpus", "0"], ["--gpus", "x"], ["--gpus"]):
+            with self.subTest(bad=bad):
+                out, ranks = self.launch(bad, 2, [])
+                self.assertEqual(out.returncode, 2, out.stderr)
+                self.assertIn("usage", out.stderr)
+                self.assertEqual(ranks, {})
 
 
 class KubernetesTest(unittest.TestCase):

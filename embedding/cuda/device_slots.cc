@@ -224,7 +224,8 @@ int64_t DeviceSlots::step() const { return impl_->table->step(); }
 void DeviceSlots::set_step(int64_t step) { impl_->table->set_step(step); }
 
 absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
-    const TableSpec& spec, const CacheOptions& cache, void* stream) {
+    const TableSpec& spec, const CacheOptions& cache, void* stream,
+    std::unique_ptr<EmbeddingStore> backing) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(cache.Validate());
   // More slots than rows could never be used.
@@ -232,8 +233,9 @@ absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
   options.cache_rows = std::min(cache.cache_rows, spec.rows);
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceSlots> slots,
                    DeviceSlots::Create(spec, options.cache_rows, stream));
+  if (backing == nullptr) backing = std::make_unique<HostStore>(spec);
   return CachedStore::Create(spec, options, std::move(slots),
-                             std::make_unique<HostStore>(spec));
+                             std::move(backing));
 }
 
 }  // namespace dlrm::embedding::cuda

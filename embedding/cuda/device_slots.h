@@ -1,6 +1,7 @@
 // A cache's slots in device memory (SlotStorage over a CudaEmbeddingTable
 // whose rows are slots), and the device tier's cached store: those slots in
-// front of the whole table in host memory (CachedStore over a HostStore).
+// front of the whole table in host memory or RocksDB (CachedStore over a
+// HostStore or a RocksDbCachedStore).
 // Built when CUDA is enabled (DLRM_WITH_CUDA); this header itself needs no
 // CUDA headers.
 #pragma once
@@ -69,9 +70,11 @@ class DeviceSlots final : public SlotStorage {
 
 // The device tier with a cache (StoreOptions::device_cache.cache_rows >
 // 0): a CachedStore of `cache` (at most spec.rows slots) over DeviceSlots
-// on `stream` (as DeviceSlots::Create) and a HostStore of `spec` holding
-// every row. Errors as DeviceSlots::Create and CachedStore::Create.
+// on `stream` (as DeviceSlots::Create) and `backing`, a store of `spec`
+// holding every row (null: a HostStore of `spec`). Errors as
+// DeviceSlots::Create and CachedStore::Create.
 absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
-    const TableSpec& spec, const CacheOptions& cache, void* stream = nullptr);
+    const TableSpec& spec, const CacheOptions& cache, void* stream = nullptr,
+    std::unique_ptr<EmbeddingStore> backing = nullptr);
 
 }  // namespace dlrm::embedding::cuda
