@@ -23,7 +23,7 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // --device, --precision, --tf32.
+  // --device, --precision, --tf32, --cuda-graphs.
   DenseFlags dense;
   int64_t rows = 0;
   int64_t batch = 2048;

@@ -501,6 +501,16 @@ absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyCudaGraphsFlag(std::string_view flag, ModelConfig* config) {
+  if (flag.empty()) return absl::OkStatus();
+  if (flag != "on" && flag != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda-graphs must be on or off, got '", std::string(flag), "'"));
+  }
+  config->set_gpu_cuda_graphs(flag == "on");
+  return absl::OkStatus();
+}
+
 int InteractionOutputDim(const ModelConfig& c) {
   const int d = c.bottom_mlp(c.bottom_mlp_size() - 1);
   if (c.interaction() == INTERACTION_DOT) {

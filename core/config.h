@@ -90,6 +90,10 @@ const char* PrecisionName(DensePrecision precision);
 // GEMMs on a GPU, the default) clears it, "off" sets it; an empty flag
 // keeps the config's. InvalidArgument naming the flag otherwise.
 absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config);
+// Sets config->gpu_cuda_graphs from a binary's --cuda-graphs flag: "on"
+// sets it, "off" clears it; an empty flag keeps the config's.
+// InvalidArgument naming the flag otherwise.
+absl::Status ApplyCudaGraphsFlag(std::string_view flag, ModelConfig* config);
 
 // Width of the interaction output (the top MLP's input) for a normalised
 // config: d + n(n-1)/2 for dot with n = tables + 1, d + the sum of the

@@ -1,6 +1,7 @@
-// The flags of the binaries that train in-process (dlrm_train,
-// dlrm_bench_train) that say where and how the dense part runs:
-// --device, --precision and --tf32 (core/config.h's Apply*Flag).
+// The flags of the binaries that train (dlrm_train, dlrm_bench_train,
+// dlrm_server, dlrm_bench_hybrid) that say where and how the dense part
+// runs: --device, --precision, --tf32 and --cuda-graphs (core/config.h's
+// Apply*Flag).
 // Header-only, so that core does not link CLI11.
 #pragma once
 
@@ -21,8 +22,11 @@ struct DenseFlags {
   // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
   // empty keeps the config's.
   std::string tf32;
+  // "on" or "off" (CUDA graphs for the dense backend's launch sequences:
+  // gpu_cuda_graphs); empty keeps the config's.
+  std::string cuda_graphs;
 
-  // Adds the three options to `app`.
+  // Adds the four options to `app`.
   void AddTo(CLI::App& app) {
     app.add_option("--device", device,
                    "Where the dense part runs: cpu or cuda (default: the "
@@ -38,13 +42,20 @@ struct DenseFlags {
                    "in TF32, off keeps them in float (default: the config's "
                    "gpu_disable_tf32, on unless it sets it)")
         ->check(CLI::IsMember({"on", "off"}));
+    app.add_option("--cuda-graphs", cuda_graphs,
+                   "device cuda: on replays the dense backend's launch "
+                   "sequences as CUDA graphs, off launches them one by one "
+                   "(default: the config's gpu_cuda_graphs, off unless it "
+                   "sets it; not yet run on a GPU)")
+        ->check(CLI::IsMember({"on", "off"}));
   }
 
   // Sets them in `config` (InvalidArgument as the Apply*Flag functions).
   absl::Status Apply(ModelConfig* config) const {
     RETURN_IF_ERROR(ApplyDeviceFlag(device, config));
     RETURN_IF_ERROR(ApplyPrecisionFlag(precision, config));
-    return ApplyTf32Flag(tf32, config);
+    RETURN_IF_ERROR(ApplyTf32Flag(tf32, config));
+    return ApplyCudaGraphsFlag(cuda_graphs, config);
   }
 };
 

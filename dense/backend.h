@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/status.h"
 #include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
@@ -40,6 +41,19 @@ namespace dlrm::dense {
 // kAll is both, in parameter order: bottom MLP, cross network, top MLP.
 enum class GradBucket { kBottom, kTop, kAll };
 
+// What a backend's CUDA graphs (ModelConfig.gpu_cuda_graphs) have done
+// since it was created (core/graph_replay.h): launch sequences captured,
+// graphs replayed, captures that failed (those sequences run plainly) and
+// the last failure, and how often a larger batch dropped every graph. All
+// zero where no graphs run (the CPU backend, graphs off).
+struct GraphCounts {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t failed_captures = 0;
+  absl::Status last_failure;
+  int64_t invalidations = 0;
+};
+
 // Columns [begin, end) of a row of the interaction input.
 struct ColumnRange {
   int begin = 0;
@@ -48,8 +62,9 @@ struct ColumnRange {
 
 // One model's dense part. The training step calls, in order, with the same
 // `batch` (samples, >= 0): InteractionInput, BottomForward,
-// InteractionForward, TopForward, Loss, TopBackward, InteractionBackward,
-// BottomBackward, then (after the gradients' all-reduce, if any) Update.
+// InteractionForward, TopForward, QueueLoss, TopBackward,
+// InteractionBackward, BottomBackward, then (after the gradients'
+// all-reduce, if any) Update; ReadLoss whenever the loss is wanted.
 // Prediction calls InteractionInput, then Predict. Not thread-safe, except
 // that PackGradients / UnpackGradients may run on another thread (the
 // overlapped all-reduce): for GradBucket::kTop from TopBackward on, while
@@ -82,11 +97,24 @@ class DenseBackend {
   virtual absl::Status BottomForward(const float* x, int64_t batch) = 0;
   virtual absl::Status InteractionForward(int64_t batch) = 0;
   virtual absl::Status TopForward(int64_t batch) = 0;
-  // BCE with logits against `labels` (host memory); the logits' gradient is
-  // scaled by `grad_scale` (1 / the global batch, so summed gradients are
-  // the global mean's). Returns the mean loss over the batch.
-  virtual absl::StatusOr<double> Loss(const float* labels, int64_t batch,
-                                      float grad_scale) = 0;
+  // BCE with logits against `labels` (host memory, read before this
+  // returns); the logits' gradient is scaled by `grad_scale` (1 / the
+  // global batch, so summed gradients are the global mean's). The mean loss
+  // over the batch is for ReadLoss: on CUDA it is copied back
+  // asynchronously and nothing here waits for the device.
+  virtual absl::Status QueueLoss(const float* labels, int64_t batch,
+                                 float grad_scale) = 0;
+  // The mean loss of the last QueueLoss. On CUDA this waits for that loss's
+  // copy to the host only (an event), not for work queued after it. May
+  // run on the all-reduce thread (PackGradients' rule). FailedPrecondition
+  // before any QueueLoss.
+  virtual absl::StatusOr<double> ReadLoss() = 0;
+  // QueueLoss, then ReadLoss.
+  absl::StatusOr<double> Loss(const float* labels, int64_t batch,
+                              float grad_scale) {
+    RETURN_IF_ERROR(QueueLoss(labels, batch, grad_scale));
+    return ReadLoss();
+  }
   // Fills the top MLP's gradients (GradBucket::kTop).
   virtual absl::Status TopBackward(int64_t batch) = 0;
   // Returns the gradient of the interaction input, [batch x input_width] in
@@ -150,6 +178,9 @@ class DenseBackend {
   virtual absl::Status UnpackDeviceGradients(GradBucket bucket) {
     return UnpackGradients(bucket);
   }
+
+  // See GraphCounts.
+  virtual GraphCounts graph_counts() const { return {}; }
 
   // The host view of the parameters, for checkpoints, exports and tests:
   // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /

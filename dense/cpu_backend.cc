@@ -3,6 +3,7 @@
 #include "dense/cpu_backend.h"
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "core/aligned.h"
@@ -72,10 +73,18 @@ class CpuDenseBackend final : public DenseBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Loss(const float* labels, int64_t batch,
-                              float grad_scale) override {
-    return BceWithLogits(logits_, labels, batch, grad_scale,
-                         Sized(dlogits_, batch));
+  absl::Status QueueLoss(const float* labels, int64_t batch,
+                         float grad_scale) override {
+    loss_ = BceWithLogits(logits_, labels, batch, grad_scale,
+                          Sized(dlogits_, batch));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> ReadLoss() override {
+    if (!loss_.has_value()) {
+      return absl::FailedPreconditionError("ReadLoss: no loss queued yet");
+    }
+    return *loss_;
   }
 
   absl::Status TopBackward(int64_t batch) override {
@@ -199,6 +208,7 @@ class CpuDenseBackend final : public DenseBackend {
   float* z_at_ = nullptr;
   float* dt_at_ = nullptr;
   const float* logits_ = nullptr;  // the top MLP's output (its activations)
+  std::optional<double> loss_;     // the last QueueLoss's mean loss
   AlignedVector<float> t_, z_, dz_, dt_, dlogits_, dbottom_, flat_, flat_top_;
   // Predict's (the MLPs' and the interaction's inference paths keep no
   // activations; each is done with the scratch when it returns).

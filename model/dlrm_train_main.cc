@@ -23,7 +23,7 @@ namespace {
 
 struct Flags {
   std::string config = "kaggle";
-  // --device, --precision, --tf32.
+  // --device, --precision, --tf32, --cuda-graphs.
   DenseFlags dense;
   std::vector<std::string> train_files, eval_files;
   int64_t train_samples = 0;
@@ -177,6 +177,11 @@ absl::Status Run(const Flags& f) {
   if (config.device() == DEVICE_CUDA &&
       model->dense_precision() == PRECISION_FP32) {
     std::printf("tf32 GEMMs: %s\n", config.gpu_disable_tf32() ? "off" : "on");
+  }
+  if (config.device() == DEVICE_CUDA) {
+    std::printf("cuda graphs: %s\n", config.gpu_cuda_graphs() ? "on" : "off");
+  } else if (config.gpu_cuda_graphs()) {
+    std::printf("cuda graphs: ignored (the dense part runs on the CPU)\n");
   }
 
   model::TrainOptions to;

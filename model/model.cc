@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <limits>
 #include <optional>
 #include <span>
 
@@ -783,7 +784,8 @@ absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
 }
 
 absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
-                                            const data::Batch* next) {
+                                            const data::Batch* next,
+                                            bool read_loss) {
   RETURN_IF_ERROR(AgreeOnBatch(batch, next));
   StepResult result;
   result.samples = exchange_->global_size();
@@ -810,23 +812,23 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   RETURN_IF_ERROR(dense_->TopForward(n));
   clock.Mark(StageTimes::kTopForward);
   // Every rank scales by the global batch, so the all-reduced gradient is
-  // the global mean's.
-  ASSIGN_OR_RETURN(
-      const double local_mean,
-      dense_->Loss(batch.labels.data(), n,
-                   1.0f / static_cast<float>(exchange_->global_size())));
+  // the global mean's. The loss is read later (ReadLoss): with the
+  // gradients on several ranks, at the end of the step on one.
+  RETURN_IF_ERROR(
+      dense_->QueueLoss(batch.labels.data(), n,
+                        1.0f / static_cast<float>(exchange_->global_size())));
   clock.Mark(StageTimes::kLoss);
   RETURN_IF_ERROR(dense_->TopBackward(n));
   clock.Mark(StageTimes::kTopBackward);
   // With a dense communicator, the top MLP's gradients (and the loss) are
   // all-reduced while the rest of the backward runs, then the bottom MLP's
   // once they exist. Nothing below touches the top MLP's gradients.
-  double loss_sum = local_mean * static_cast<double>(n);
+  double loss_sum = std::numeric_limits<double>::quiet_NaN();
   const bool overlapped = dense_comm_ != nullptr;
   OverlappedReduce overlap;
   if (overlapped) {
-    overlap.Start([this, &loss_sum] {
-      return ReduceBucket(dense_comm_, dense::GradBucket::kTop, &loss_sum);
+    overlap.Start([this, n, &loss_sum] {
+      return ReduceBucket(dense_comm_, dense::GradBucket::kTop, n, &loss_sum);
     });
   }
   ASSIGN_OR_RETURN(const float* dt, dense_->InteractionBackward(n));
@@ -834,8 +836,8 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   RETURN_IF_ERROR(dense_->BottomBackward(x, n));
   clock.Mark(StageTimes::kBottomBackward);
   if (overlapped) {
-    overlap.Then([this] {
-      return ReduceBucket(dense_comm_, dense::GradBucket::kBottom, nullptr);
+    overlap.Then([this, n] {
+      return ReduceBucket(dense_comm_, dense::GradBucket::kBottom, n, nullptr);
     });
   }
 
@@ -849,15 +851,22 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   // already be in flight on the dense communicator.
   RETURN_IF_ERROR(overlap.Finish());
   if (!overlapped && device_comm_ != nullptr) {
-    RETURN_IF_ERROR(ReduceOnDevice(&loss_sum));
+    RETURN_IF_ERROR(ReduceOnDevice(n, &loss_sum));
   } else if (!overlapped) {
-    RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, &loss_sum));
+    RETURN_IF_ERROR(ReduceBucket(comm_, dense::GradBucket::kAll, n, &loss_sum));
   }
   times.bytes_sent[StageTimes::kDense] += world_ > 1 ? dense_bytes_ : 0;
-  result.loss = loss_sum / static_cast<double>(exchange_->global_size());
   clock.Mark(StageTimes::kAllReduce);
   RETURN_IF_ERROR(dense_->Update());
   clock.Mark(StageTimes::kDenseUpdate);
+  if (world_ == 1 && read_loss) {
+    // After the whole step is queued: on CUDA this waits for the forward
+    // and the loss's copy only, while the backward and update run on.
+    ASSIGN_OR_RETURN(const double local_mean, dense_->ReadLoss());
+    loss_sum = local_mean * static_cast<double>(n);
+    clock.Mark(StageTimes::kLoss);
+  }
+  result.loss = loss_sum / static_cast<double>(exchange_->global_size());
   ++steps_;
   writing.reset();
   result.stores = store_stats_;
@@ -914,19 +923,25 @@ absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
 }
 
 absl::Status Model::ReduceBucket(comm::Communicator* comm,
-                                 dense::GradBucket bucket, double* loss_sum) {
+                                 dense::GradBucket bucket, int64_t samples,
+                                 double* loss_sum) {
   // A sum over one rank is what it holds.
   if (comm->world_size() == 1) return absl::OkStatus();
   ASSIGN_OR_RETURN(const std::span<float> flat,
                    dense_->PackGradients(bucket, loss_sum != nullptr ? 1 : 0));
-  if (loss_sum != nullptr) flat.back() = static_cast<float>(*loss_sum);
+  if (loss_sum != nullptr) {
+    // The loss was queued before this bucket's backward, whose gradients
+    // are packed: no wait in practice.
+    ASSIGN_OR_RETURN(const double local_mean, dense_->ReadLoss());
+    flat.back() = static_cast<float>(local_mean * static_cast<double>(samples));
+  }
   RETURN_IF_ERROR(comm->AllReduceSum(
       flat.data(), static_cast<int64_t>(flat.size()), DataType::kFloat32));
   if (loss_sum != nullptr) *loss_sum = flat.back();
   return dense_->UnpackGradients(bucket);
 }
 
-absl::Status Model::ReduceOnDevice(double* loss_sum) {
+absl::Status Model::ReduceOnDevice(int64_t samples, double* loss_sum) {
   if (world_ == 1) return absl::OkStatus();
   // The flat buffer is in the exchange's memory (the backend's device
   // memory on CUDA, host memory on the CPU backend): the loss goes in and
@@ -935,7 +950,9 @@ absl::Status Model::ReduceOnDevice(double* loss_sum) {
                    dense_->PackDeviceGradients(dense::GradBucket::kAll, 1));
   const int64_t count = static_cast<int64_t>(flat.size());
   float* loss_at = flat.data() + count - 1;
-  const float loss = static_cast<float>(*loss_sum);
+  ASSIGN_OR_RETURN(const double local_mean, dense_->ReadLoss());
+  const float loss =
+      static_cast<float>(local_mean * static_cast<double>(samples));
   ExchangeMemory& memory = exchange_->memory();
   RETURN_IF_ERROR(memory.Upload(&loss, 1, loss_at, 1, 1, 1));
   RETURN_IF_ERROR(

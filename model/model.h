@@ -150,8 +150,15 @@ class Model {
   // exchanges), which start reading their missing rows in the background.
   // Ranks may differ in whether they pass one (a rank without one, or with
   // an invalid one, contributes no samples to the prefetch).
+  //
+  // `read_loss` false, on one rank: result.loss is NaN and the step does
+  // not wait for the device to compute it (on CUDA the host may then fill
+  // the next step's inputs while this step's kernels run). The step itself
+  // is the same either way. On several ranks the loss is all-reduced with
+  // the gradients and always read.
   absl::StatusOr<StepResult> TrainStep(const data::Batch& local_batch,
-                                       const data::Batch* next_local = nullptr);
+                                       const data::Batch* next_local = nullptr,
+                                       bool read_loss = true);
 
   // Click probabilities of this rank's local samples (labels are ignored
   // but must be 0/1 if present). Collective; does not change the model (a
@@ -235,6 +242,11 @@ class Model {
   // The precision the dense GEMMs run at: config().dense_precision(), or
   // PRECISION_FP32 where the CPU has no bf16 instructions.
   DensePrecision dense_precision() const { return dense_->precision(); }
+  // What the dense backend's CUDA graphs have done (dense::GraphCounts; all
+  // zero on the CPU or with gpu_cuda_graphs off).
+  dense::GraphCounts dense_graph_counts() const {
+    return dense_->graph_counts();
+  }
 
   // The store of table `k` when this rank holds it whole (a table-wise
   // shard or a replica), else null. Borrowed; a restore of the RocksDB tier
@@ -363,13 +375,16 @@ class Model {
                              const std::vector<int64_t>& extra = {},
                              std::vector<int64_t>* all_extra = nullptr,
                              const char* what = "batch refused by rank");
-  // All-reduces the dense gradients of `bucket` (and *loss_sum when not
-  // null) over `comm`, in place.
+  // All-reduces the dense gradients of `bucket` over `comm`, in place; when
+  // `loss_sum` is not null, also the loss sum, into *loss_sum: this rank's
+  // is the backend's last loss (ReadLoss, read once the gradients are
+  // packed) times `samples`, its local batch. Does nothing on one rank.
   absl::Status ReduceBucket(comm::Communicator* comm, dense::GradBucket bucket,
-                            double* loss_sum);
-  // All-reduces every dense gradient and *loss_sum over device_comm_, in
-  // the dense backend's device memory (PackDeviceGradients).
-  absl::Status ReduceOnDevice(double* loss_sum);
+                            int64_t samples, double* loss_sum);
+  // As ReduceBucket for every dense gradient and the loss sum, over
+  // device_comm_, in the dense backend's device memory
+  // (PackDeviceGradients).
+  absl::Status ReduceOnDevice(int64_t samples, double* loss_sum);
   // Input dist, prepare, lookup and output dist; fills the interaction
   // input for the local batch (the training step's, or Predict's when
   // `predict`: they differ on the device) and leaves the shards' prepared

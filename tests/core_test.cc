@@ -1,10 +1,12 @@
 // Tests for core/: config parsing, presets, normalisation and validation;
-// CRC-32C; the file system and its fault-injecting layer.
+// CRC-32C; the file system and its fault-injecting layer; the CUDA graph
+// policy (GraphReplay) over recorded actions.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "core/escape.h"
 #include "core/fault_injection_file_system.h"
 #include "core/file_system.h"
+#include "core/graph_replay.h"
 #include "core/random.h"
 #include "core/status.h"
 
@@ -438,6 +441,246 @@ TEST(ConfigTest, GpuDisableTf32) {
   }
   ASSERT_TRUE(ApplyTf32Flag("on", &c).ok());
   EXPECT_FALSE(c.gpu_disable_tf32());
+}
+
+// gpu_cuda_graphs: false unless set, survives normalisation on either
+// device; --cuda-graphs on|off sets it and any other value is refused
+// naming the flag, the config unchanged.
+TEST(ConfigTest, GpuCudaGraphs) {
+  const std::string base =
+      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
+      "top_mlp: [1] ";
+  auto load = [&](const std::string& extra) {
+    auto parsed = ParseModelConfigText(base + extra);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
+  };
+  auto plain = load("");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->gpu_cuda_graphs());
+  for (const char* device : {"DEVICE_CPU", "DEVICE_CUDA"}) {
+    auto on = load(absl::StrCat("gpu_cuda_graphs: true device: ", device));
+    ASSERT_TRUE(on.ok()) << on.status();
+    EXPECT_TRUE(on->gpu_cuda_graphs()) << device;
+  }
+
+  ModelConfig c = *plain;
+  ASSERT_TRUE(ApplyCudaGraphsFlag("", &c).ok());
+  EXPECT_FALSE(c.gpu_cuda_graphs());
+  ASSERT_TRUE(ApplyCudaGraphsFlag("on", &c).ok());
+  EXPECT_TRUE(c.gpu_cuda_graphs());
+  ASSERT_TRUE(ApplyCudaGraphsFlag("", &c).ok());
+  EXPECT_TRUE(c.gpu_cuda_graphs());
+  for (const char* bad : {"true", "ON", "1", "graphs"}) {
+    const absl::Status st = ApplyCudaGraphsFlag(bad, &c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("--cuda-graphs must be on or off"),
+              std::string::npos)
+        << st;
+    EXPECT_TRUE(c.gpu_cuda_graphs()) << bad;
+  }
+  ASSERT_TRUE(ApplyCudaGraphsFlag("off", &c).ok());
+  EXPECT_FALSE(c.gpu_cuda_graphs());
+}
+
+// GraphReplay's Ops for the tests: a "stream" that records what is queued
+// on it. A launch sequence queues its name; while capturing, what is queued
+// goes into the graph being captured instead, and launching a graph queues
+// its recorded names. So `queued` is what the device would run, and the
+// tests check it is the same with and without graphs.
+struct RecordingOps {
+  struct Graph {
+    int id = 0;
+    std::vector<std::string> work;
+  };
+  std::vector<std::string> queued;
+  std::vector<std::string> actions;  // begin, end, launch <id>
+  bool capturing = false;
+  std::vector<std::string> capture;
+  int next_id = 0;
+  // Failures to inject, by the number of the BeginCapture / EndCapture
+  // call (0-based); -1 for none.
+  int fail_begin = -1, fail_end = -1;
+  int begins = 0, ends = 0;
+
+  void Queue(const std::string& work) {
+    (capturing ? capture : queued).push_back(work);
+  }
+  absl::Status BeginCapture() {
+    actions.push_back("begin");
+    if (begins++ == fail_begin) {
+      return absl::InternalError("cudaStreamBeginCapture failed");
+    }
+    capturing = true;
+    capture.clear();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Graph> EndCapture() {
+    actions.push_back("end");
+    capturing = false;
+    if (ends++ == fail_end) {
+      return absl::InternalError("cudaStreamEndCapture: capture invalidated");
+    }
+    return Graph{next_id++, std::move(capture)};
+  }
+  absl::Status Launch(Graph& g) {
+    actions.push_back(absl::StrCat("launch ", g.id));
+    queued.insert(queued.end(), g.work.begin(), g.work.end());
+    return absl::OkStatus();
+  }
+};
+
+// A call's launch sequence for the tests: queues "<name>/<batch>/<part>"
+// for a few parts, counting how often the host ran it.
+struct Sequence {
+  Sequence(RecordingOps* ops, std::string name, int64_t batch)
+      : ops(ops), name(std::move(name)), batch(batch) {}
+
+  RecordingOps* ops;
+  std::string name;
+  int64_t batch;
+  int host_runs = 0;
+  absl::Status error;  // returned after the first part when not OK
+
+  absl::Status operator()() {
+    ++host_runs;
+    ops->Queue(absl::StrCat(name, "/", batch, "/gemm"));
+    if (!error.ok()) return error;
+    ops->Queue(absl::StrCat(name, "/", batch, "/kernel"));
+    return absl::OkStatus();
+  }
+};
+
+// Runs `steps` of two calls each through `replay`, the batch of step i
+// being batches[i]; returns what was queued.
+std::vector<std::string> RunSteps(GraphReplay<RecordingOps>& replay,
+                                  RecordingOps& ops,
+                                  const std::vector<int64_t>& batches) {
+  for (const int64_t b : batches) {
+    replay.Reserve(b);
+    for (int call = 0; call < 2; ++call) {
+      Sequence seq{&ops, call == 0 ? "forward" : "backward", b};
+      EXPECT_TRUE(replay.Run({call, b}, std::ref(seq)).ok());
+    }
+  }
+  return ops.queued;
+}
+
+// Disabled: every run plain, nothing captured. Enabled: warm-up plain,
+// captured on the second run, replayed after, and the device sees the same
+// work in the same order either way.
+TEST(GraphReplayTest, WarmUpCaptureReplaySameWork) {
+  const std::vector<int64_t> batches = {64, 64, 64, 64, 64};
+  RecordingOps off_ops;
+  GraphReplay<RecordingOps> off(&off_ops, /*enabled=*/false);
+  const std::vector<std::string> plain = RunSteps(off, off_ops, batches);
+  EXPECT_EQ(off.plain_runs(), 10);
+  EXPECT_EQ(off.captures(), 0);
+  EXPECT_TRUE(off_ops.actions.empty());
+
+  RecordingOps on_ops;
+  GraphReplay<RecordingOps> on(&on_ops, /*enabled=*/true);
+  EXPECT_EQ(RunSteps(on, on_ops, batches), plain);
+  EXPECT_EQ(on.plain_runs(), 2);
+  EXPECT_EQ(on.captures(), 2);
+  EXPECT_EQ(on.replays(), 6);
+  EXPECT_EQ(on.failed_captures(), 0);
+  const std::vector<std::string> actions = {
+      "begin",    "end",      "launch 0", "begin",    "end",      "launch 1",
+      "launch 0", "launch 1", "launch 0", "launch 1", "launch 0", "launch 1"};
+  EXPECT_EQ(on_ops.actions, actions);
+}
+
+// The host runs a sequence only for the warm-up and the capture; replays
+// do not call it.
+TEST(GraphReplayTest, ReplayDoesNotRunTheHostCode) {
+  RecordingOps ops;
+  GraphReplay<RecordingOps> replay(&ops, true);
+  Sequence seq{&ops, "top", 7};
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(replay.Run({3, 7}, std::ref(seq)).ok());
+  }
+  EXPECT_EQ(seq.host_runs, 2);
+  EXPECT_EQ(ops.queued.size(), 10u);
+}
+
+// A batch size change: each size has its own graphs; a batch larger than
+// any before drops them all (its buffers may have grown), smaller ones
+// keep them; the device sees the same work as without graphs.
+TEST(GraphReplayTest, BatchSizesAndGrowth) {
+  const std::vector<int64_t> batches = {64,  64,  64, 32, 32, 32,
+                                        131, 131, 64, 64, 64, 131};
+  RecordingOps off_ops;
+  GraphReplay<RecordingOps> off(&off_ops, false);
+  const std::vector<std::string> plain = RunSteps(off, off_ops, batches);
+
+  RecordingOps ops;
+  GraphReplay<RecordingOps> replay(&ops, true);
+  EXPECT_EQ(RunSteps(replay, ops, batches), plain);
+  // 64: warm-up, capture, replay; 32: the same (no growth); 131 drops all,
+  // warm-up, capture; 64 again: warm-up, capture, replay; 131 replays.
+  EXPECT_EQ(replay.invalidations(), 1);
+  EXPECT_EQ(replay.captures(), 2 * 4);
+  EXPECT_EQ(replay.plain_runs(), 2 * 4);
+  EXPECT_EQ(replay.replays(), 2 * 4);
+}
+
+// A failed capture (at BeginCapture, in the launches, at EndCapture) falls
+// back to a plain run with the same result, and that key is never captured
+// again, not even after an Invalidate; other keys are unaffected.
+TEST(GraphReplayTest, FailedCaptureFallsBackForGood) {
+  for (const char* where : {"begin", "launches", "end"}) {
+    SCOPED_TRACE(where);
+    RecordingOps ops;
+    if (std::string(where) == "begin") ops.fail_begin = 0;
+    if (std::string(where) == "end") ops.fail_end = 0;
+    GraphReplay<RecordingOps> replay(&ops, true);
+    Sequence bad{&ops, "bad", 5};
+    Sequence good{&ops, "good", 5};
+    ASSERT_TRUE(replay.Run({0, 5}, std::ref(bad)).ok());  // warm-up
+    if (std::string(where) == "launches") {
+      bad.error = absl::InternalError("operation not permitted in capture");
+    }
+    // The capture fails; the plain run after it queues the work (and, for
+    // an error in the launches, returns it as a plain run would).
+    const absl::Status st = replay.Run({0, 5}, std::ref(bad));
+    EXPECT_EQ(replay.failed_captures(), 1);
+    EXPECT_FALSE(replay.last_failure().ok());
+    if (std::string(where) == "launches") {
+      EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+      bad.error = absl::OkStatus();
+    } else {
+      EXPECT_TRUE(st.ok()) << st;
+    }
+    EXPECT_EQ(ops.queued.back().rfind("bad/5/", 0), 0u);
+    EXPECT_FALSE(ops.capturing);
+    const size_t actions = ops.actions.size();
+    replay.Invalidate();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(replay.Run({0, 5}, std::ref(bad)).ok());
+    }
+    // Plain every time: no capture was tried again.
+    EXPECT_EQ(ops.actions.size(), actions);
+    EXPECT_EQ(replay.failed_captures(), 1);
+    // Another key still gets its graph.
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(replay.Run({1, 5}, std::ref(good)).ok());
+    }
+    EXPECT_EQ(replay.captures(), 1);
+    EXPECT_EQ(replay.replays(), 1);
+  }
+}
+
+// A bad argument (an error from the launches on their warm-up) is returned
+// as without graphs, and the key is tried no differently after.
+TEST(GraphReplayTest, WarmUpErrorIsReturned) {
+  RecordingOps ops;
+  GraphReplay<RecordingOps> replay(&ops, true);
+  Sequence seq{&ops, "x", 3};
+  seq.error = absl::InvalidArgumentError("batch: negative");
+  EXPECT_EQ(replay.Run({0, 3}, std::ref(seq)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ops.actions.empty());
 }
 
 // A table in device memory needs the model on CUDA, whether the config or

@@ -144,5 +144,49 @@ TEST(CudaRaiiTest, StreamsEventsAndHandles) {
   EXPECT_NE(lt->get(), nullptr);
 }
 
+// A captured graph replays its work (a memset and a device-to-device copy,
+// on buffers the host rewrites between launches: the graph reads them when
+// it runs); a capture invalidated by a synchronisation inside it is
+// Internal from EndCapture and leaves the stream usable.
+TEST(CudaRaiiTest, CapturedGraphReplaysAndBadCaptureFails) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto stream = cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto src = cuda::DeviceBuffer<int>::Allocate(64);
+  auto dst = cuda::DeviceBuffer<int>::Allocate(64);
+  auto zeroed = cuda::DeviceBuffer<int>::Allocate(64);
+  ASSERT_TRUE(src.ok() && dst.ok() && zeroed.ok());
+  ASSERT_TRUE(cuda::BeginCapture(stream->get()).ok());
+  ASSERT_EQ(cudaMemsetAsync(zeroed->data(), 0, 64 * sizeof(int), stream->get()),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dst->data(), src->data(), 64 * sizeof(int),
+                            cudaMemcpyDeviceToDevice, stream->get()),
+            cudaSuccess);
+  auto graph = cuda::CudaGraphExec::EndCapture(stream->get());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> in(64);
+    std::iota(in.begin(), in.end(), 100 * round);
+    ASSERT_TRUE(src->CopyFromHost(std::span<const int>(in)).ok());
+    ASSERT_TRUE(zeroed->CopyFromHost(std::span<const int>(in)).ok());
+    ASSERT_TRUE(graph->Launch(stream->get()).ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    std::vector<int> out(64), zeros(64, 1);
+    ASSERT_TRUE(dst->CopyToHost(std::span<int>(out)).ok());
+    ASSERT_TRUE(zeroed->CopyToHost(std::span<int>(zeros)).ok());
+    EXPECT_EQ(out, in) << "round " << round;
+    EXPECT_EQ(zeros, std::vector<int>(64, 0)) << "round " << round;
+  }
+
+  ASSERT_TRUE(cuda::BeginCapture(stream->get()).ok());
+  EXPECT_NE(cudaStreamSynchronize(stream->get()), cudaSuccess);
+  auto bad = cuda::CudaGraphExec::EndCapture(stream->get());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(dst->data(), 0, 64 * sizeof(int), stream->get()),
+            cudaSuccess);
+  EXPECT_TRUE(stream->Synchronize().ok());
+}
+
 }  // namespace
 }  // namespace dlrm

@@ -470,6 +470,45 @@ TEST(ModelTest, SameSeedGivesBitwiseSameLosses) {
   EXPECT_EQ(checksums[0], checksums[1]);
 }
 
+// TrainStep(read_loss = false) leaves the loss unread (NaN) and changes
+// nothing else: reading it every third step trains bitwise like reading it
+// every step, and the losses read are the same, through a warm-up schedule
+// and batch size changes. (On CUDA the unread steps also skip the wait for
+// the device: CudaGraphsTest in cuda_model_test.)
+TEST(ModelTest, LossReadEveryThirdStepTrainsLikeEveryStep) {
+  ModelConfig c = Tiny();
+  for (OptimizerConfig* o :
+       {c.mutable_dense_optimizer(), c.mutable_sparse_optimizer()}) {
+    o->set_type(OptimizerConfig::ADAM);
+    o->mutable_schedule()->set_warmup_steps(5);
+    o->mutable_schedule()->set_warmup_start_factor(0.1f);
+  }
+  const int64_t batches[] = {64, 64, 31, 128, 64, 7, 64, 64, 64};
+  std::vector<double> losses[2];
+  uint64_t checksums[2];
+  for (const int every : {1, 3}) {
+    const int run = every == 1 ? 0 : 1;
+    auto m = Model::Create(c);
+    ASSERT_TRUE(m.ok()) << m.status();
+    uint64_t seed = 40;
+    int i = 0;
+    for (const int64_t n : batches) {
+      const bool read = i++ % every == every - 1;
+      auto r = (*m)->TrainStep(SyntheticBatch(c, n, seed++), nullptr, read);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(std::isnan(r->loss), !read) << "step " << i;
+      losses[run].push_back(r->loss);
+    }
+    checksums[run] = (*m)->WeightChecksum().value();
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    if (i % 3 == 2) {
+      EXPECT_EQ(losses[1][i], losses[0][i]) << "step " << i;
+    }
+  }
+  EXPECT_EQ(checksums[1], checksums[0]);
+}
+
 TEST(ModelTest, RejectedBatchChangesNothing) {
   ModelConfig c = Tiny();
   auto m = Model::Create(c);

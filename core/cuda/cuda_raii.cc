@@ -144,4 +144,51 @@ CublasLtHandle::~CublasLtHandle() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
+absl::Status BeginCapture(cudaStream_t stream) {
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaGraphExec> CudaGraphExec::EndCapture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    // An invalidated capture's error is not sticky; clear it so that the
+    // next checked call does not report it again.
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaStreamEndCapture failed: ", cudaGetErrorName(ended),
+                     " (", cudaGetErrorString(ended), ")"));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaGraphInstantiate failed: ", cudaGetErrorName(made),
+                     " (", cudaGetErrorString(made), ")"));
+  }
+  return CudaGraphExec(exec);
+}
+
+CudaGraphExec& CudaGraphExec::operator=(CudaGraphExec&& other) noexcept {
+  if (this != &other) {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+CudaGraphExec::~CudaGraphExec() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+}
+
+absl::Status CudaGraphExec::Launch(cudaStream_t stream) const {
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  return absl::OkStatus();
+}
+
 }  // namespace dlrm::cuda

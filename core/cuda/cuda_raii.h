@@ -256,4 +256,35 @@ class CublasLtHandle {
   cublasLtHandle_t handle_ = nullptr;
 };
 
+// Starts capturing the work queued on `stream` into a graph, in
+// cudaStreamCaptureModeThreadLocal: this thread may not call what a capture
+// forbids (a synchronisation, cudaMalloc, a pageable copy: the capture is
+// invalidated and EndCapture fails), other threads may (the all-reduce
+// thread's copy stream). Internal on a runtime error.
+absl::Status BeginCapture(cudaStream_t stream);
+
+// An instantiated CUDA graph (cudaGraphExec_t). Thread-compatible.
+class CudaGraphExec {
+ public:
+  // Ends the capture BeginCapture started on `stream` and instantiates
+  // what was captured. The stream is no longer capturing afterwards either
+  // way. Internal when the capture was invalidated (something it forbids
+  // was called) or instantiation fails.
+  static absl::StatusOr<CudaGraphExec> EndCapture(cudaStream_t stream);
+  CudaGraphExec() = default;
+  CudaGraphExec(CudaGraphExec&& other) noexcept
+      : exec_(std::exchange(other.exec_, nullptr)) {}
+  CudaGraphExec& operator=(CudaGraphExec&& other) noexcept;
+  CudaGraphExec(const CudaGraphExec&) = delete;
+  CudaGraphExec& operator=(const CudaGraphExec&) = delete;
+  ~CudaGraphExec();
+
+  // Queues the graph's work on `stream`. Internal on a runtime error.
+  absl::Status Launch(cudaStream_t stream) const;
+
+ private:
+  explicit CudaGraphExec(cudaGraphExec_t e) : exec_(e) {}
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace dlrm::cuda

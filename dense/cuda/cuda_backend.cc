@@ -3,7 +3,8 @@
 // bf16 layers with bf16 copies of the weights), the interaction (DCN's cross
 // network through cuda_cross_net.cc), loss and optimizer kernels of
 // dense_kernels.cu, and the host view kept in step lazily
-// (dense/backend.h).
+// (dense/backend.h); double-buffered pinned staging and the CUDA graphs of
+// the training calls' launch sequences (docs/cuda.md "CUDA graphs").
 #include "dense/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -11,11 +12,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/aligned.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/cuda_status.h"
 #include "core/device.h"
+#include "core/graph_replay.h"
 #include "core/status.h"
 #include "dense/cuda/cuda_dense.h"
 #include "dense/loss.h"
@@ -50,8 +53,8 @@ absl::StatusOr<T*> Sized(DeviceBuffer<T>& b, int64_t n) {
 
 // Grows the pinned `b` to at least `n` elements (contents lost when it
 // grows) and returns its data. Called only while no copy from or to it is
-// queued: every call that queues one waits for the stream before it
-// returns.
+// queued: a staging set's buffers once its event has completed
+// (StagingSet), the others after a stream synchronisation.
 absl::StatusOr<float*> Sized(dlrm::cuda::PinnedBuffer<float>& b, int64_t n) {
   RETURN_IF_ERROR(b.Reserve(static_cast<size_t>(n)));
   return b.data();
@@ -119,6 +122,46 @@ absl::Status CopyRanges(const float* src, float* dst, int width, int64_t rows,
   return absl::OkStatus();
 }
 
+// GraphReplay's actions on one stream.
+struct StreamGraphOps {
+  using Graph = dlrm::cuda::CudaGraphExec;
+  const CudaStream* stream;  // borrowed
+
+  absl::Status BeginCapture() {
+    return dlrm::cuda::BeginCapture(stream->get());
+  }
+  absl::StatusOr<Graph> EndCapture() {
+    return Graph::EndCapture(stream->get());
+  }
+  absl::Status Launch(Graph& graph) { return graph.Launch(stream->get()); }
+};
+
+// The training calls whose launch sequences may run as graphs
+// (GraphKey::call).
+enum class GraphCall {
+  kBottomForward,
+  kInteractionForward,
+  kTopForward,
+  kTopBackward,
+  kInteractionBackward,
+  kBottomBackward,
+};
+
+// The pinned host staging of one training step's inputs: the interaction
+// input the caller fills (the columns of host_columns_ are copied up), the
+// dense features, the labels, and the loss copied back. Two sets, used by
+// alternate steps, so that the host fills step k + 1's while step k's
+// copies may still be queued.
+struct StagingSet {
+  dlrm::cuda::PinnedBuffer<float> t, x, labels;
+  dlrm::cuda::PinnedBuffer<double> loss;
+  // Recorded on the compute stream after each copy from or into the set
+  // is queued (BottomForward's uploads, QueueLoss's labels and loss): once
+  // it has completed nothing queued uses the set, so the host may write it
+  // (and ReadLoss read its loss). Never recorded: complete.
+  CudaEvent done;
+};
+
 class CudaDenseBackend final : public DenseBackend {
  public:
   static absl::StatusOr<std::unique_ptr<DenseBackend>> Create(
@@ -126,8 +169,13 @@ class CudaDenseBackend final : public DenseBackend {
 
   ComputeDevice device() const override { return DEVICE_CUDA; }
 
+  // Starts a step's (or a prediction's) staging: the other set than the
+  // last step's, once the device is done with it (the step before last's
+  // copies; the host waits for that set's event, not for the stream).
   absl::StatusOr<float*> InteractionInput(int64_t batch) override {
-    return Sized(t_host_, batch * interaction().input_width);
+    set_ ^= 1;
+    RETURN_IF_ERROR(staging_[set_].done.Synchronize());
+    return Sized(staging_[set_].t, batch * interaction().input_width);
   }
 
   absl::Status SetDeviceColumns(std::vector<ColumnRange> columns) override {
@@ -147,12 +195,18 @@ class CudaDenseBackend final : public DenseBackend {
 
   absl::Status BottomForward(const float* x, int64_t batch) override {
     RETURN_IF_ERROR(Ready());
+    // A larger batch than any before grows the buffers below: the graphs
+    // that point into them go.
+    graphs_.Reserve(batch);
     const InteractionShape& s = interaction();
     ASSIGN_OR_RETURN(const float* x_dev, UploadDense(x, batch, x_));
     ASSIGN_OR_RETURN(float* t, Sized(t_, batch * s.input_width));
     RETURN_IF_ERROR(UploadHostColumns(t, batch));
-    ASSIGN_OR_RETURN(const float* out, TrainForward(bottom_, x_dev, batch));
-    return CopyColumns(out, s.dim, t, s.input_width, batch, s.dim, stream());
+    RETURN_IF_ERROR(staging_[set_].done.Record(stream()));
+    return Graphed(GraphCall::kBottomForward, batch, [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(const float* out, TrainForward(bottom_, x_dev, batch));
+      return CopyColumns(out, s.dim, t, s.input_width, batch, s.dim, stream());
+    });
   }
 
   absl::Status InteractionForward(int64_t batch) override {
@@ -162,36 +216,56 @@ class CudaDenseBackend final : public DenseBackend {
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(z_at_, Sized(z_, batch * s.output_width));
-    return cuda::InteractionForward(blas_.get(), s, t_.data(), batch, z_at_,
-                                    cross_.get());
+    return Graphed(GraphCall::kInteractionForward, batch, [&] {
+      return cuda::InteractionForward(blas_.get(), s, t_.data(), batch, z_at_,
+                                      cross_.get());
+    });
   }
 
   absl::Status TopForward(int64_t batch) override {
-    return TrainForward(top_, z_at_, batch).status();
+    return Graphed(GraphCall::kTopForward, batch,
+                   [&] { return TrainForward(top_, z_at_, batch).status(); });
   }
 
-  absl::StatusOr<double> Loss(const float* labels, int64_t batch,
-                              float grad_scale) override {
+  // No graph: the labels come from this step's staging set.
+  absl::Status QueueLoss(const float* labels, int64_t batch,
+                         float grad_scale) override {
+    StagingSet& set = staging_[set_];
     ASSIGN_OR_RETURN(float* labels_dev, Sized(labels_, batch));
     ASSIGN_OR_RETURN(float* dlogits, Sized(dlogits_, batch));
-    ASSIGN_OR_RETURN(float* staged, Sized(labels_host_, batch));
+    ASSIGN_OR_RETURN(float* staged, Sized(set.labels, batch));
     std::copy(labels, labels + batch, staged);
     RETURN_IF_ERROR(
         CopyAsync(labels_dev, staged, batch, cudaMemcpyHostToDevice, stream()));
     RETURN_IF_ERROR(BceWithLogits(top_.layers.back().y.data(), labels_dev,
                                   batch, grad_scale, dlogits, loss_.data(),
                                   stream()));
-    double* loss = loss_host_.data();
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(loss, loss_.data(), sizeof(double),
-                                         cudaMemcpyDeviceToHost, stream()));
-    // The step's one wait for the device: the loss is read here.
-    RETURN_IF_ERROR(stream_.Synchronize());
-    return *loss;
+    RETURN_IF_ERROR(set.loss.Reserve(1));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(set.loss.data(), loss_.data(),
+                                         sizeof(double), cudaMemcpyDeviceToHost,
+                                         stream()));
+    RETURN_IF_ERROR(set.done.Record(stream()));
+    loss_set_ = set_;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> ReadLoss() override {
+    if (loss_set_ < 0) {
+      return absl::FailedPreconditionError("ReadLoss: no loss queued yet");
+    }
+    const StagingSet& set = staging_[loss_set_];
+    // The set's event was recorded after the loss's copy (nothing records
+    // it again before the next step but one, which waits for it first).
+    RETURN_IF_ERROR(set.done.Synchronize());
+    return *set.loss.data();
   }
 
   absl::Status TopBackward(int64_t batch) override {
     ASSIGN_OR_RETURN(float* dz, Sized(dz_, batch * interaction().output_width));
-    RETURN_IF_ERROR(TrainBackward(top_, z_at_, dlogits_.data(), batch, dz));
+    RETURN_IF_ERROR(Graphed(GraphCall::kTopBackward, batch, [&] {
+      return TrainBackward(top_, z_at_, dlogits_.data(), batch, dz);
+    }));
+    // Outside the graph: PackGradients' copy stream waits for it.
     return top_ready_.Record(stream());
   }
 
@@ -201,8 +275,10 @@ class CudaDenseBackend final : public DenseBackend {
       dt_at_ = dz_.data();
     } else {
       ASSIGN_OR_RETURN(dt_at_, Sized(dt_, batch * s.input_width));
-      RETURN_IF_ERROR(cuda::InteractionBackward(
-          blas_.get(), s, t_.data(), dz_.data(), batch, dt_at_, cross_.get()));
+      RETURN_IF_ERROR(Graphed(GraphCall::kInteractionBackward, batch, [&] {
+        return cuda::InteractionBackward(blas_.get(), s, t_.data(), dz_.data(),
+                                         batch, dt_at_, cross_.get());
+      }));
     }
     ASSIGN_OR_RETURN(float* host, Sized(dt_host_, batch * s.input_width));
     // Only the host tables' columns go down; with every table on the device
@@ -211,6 +287,8 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(CopyRanges(dt_at_, host, s.input_width, batch,
                                host_columns_, cudaMemcpyDeviceToHost,
                                stream()));
+    // A real dependency: the host tables' update reads this gradient as
+    // soon as this returns.
     RETURN_IF_ERROR(stream_.Synchronize());
     return host;
   }
@@ -219,10 +297,11 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status BottomBackward(const float* x, int64_t batch) override {
     const InteractionShape& s = interaction();
     ASSIGN_OR_RETURN(float* dbottom, Sized(dbottom_, batch * s.dim));
-    RETURN_IF_ERROR(CopyColumns(dt_at_, s.input_width, dbottom, s.dim, batch,
-                                s.dim, stream()));
-    RETURN_IF_ERROR(
-        TrainBackward(bottom_, x_.data(), dbottom, batch, /*dx=*/nullptr));
+    RETURN_IF_ERROR(Graphed(GraphCall::kBottomBackward, batch, [&] {
+      RETURN_IF_ERROR(CopyColumns(dt_at_, s.input_width, dbottom, s.dim, batch,
+                                  s.dim, stream()));
+      return TrainBackward(bottom_, x_.data(), dbottom, batch, /*dx=*/nullptr);
+    }));
     return bottom_ready_.Record(stream());
   }
 
@@ -270,6 +349,8 @@ class CudaDenseBackend final : public DenseBackend {
     ASSIGN_OR_RETURN(float* staged, Sized(probs_host_, batch));
     RETURN_IF_ERROR(
         CopyAsync(staged, logits, batch, cudaMemcpyDeviceToHost, stream()));
+    // The caller reads the probabilities on return (and this also leaves
+    // the staging set free).
     RETURN_IF_ERROR(stream_.Synchronize());
     // The CPU's sigmoid, on the host: the same function either way.
     for (int64_t l = 0; l < batch; ++l) probs[l] = Sigmoid(staged[l]);
@@ -329,6 +410,17 @@ class CudaDenseBackend final : public DenseBackend {
 
   DensePrecision precision() const override { return precision_; }
 
+  GraphCounts graph_counts() const override {
+    GraphCounts c;
+    if (!graphs_.enabled()) return c;
+    c.captures = graphs_.captures();
+    c.replays = graphs_.replays();
+    c.failed_captures = graphs_.failed_captures();
+    c.last_failure = graphs_.last_failure();
+    c.invalidations = graphs_.invalidations();
+    return c;
+  }
+
   Mlp& bottom() override {
     HostAccess();
     return host_->bottom;
@@ -378,17 +470,32 @@ class CudaDenseBackend final : public DenseBackend {
         precision_(config.dense_precision()),
         layer_wise_(
             !optim::VisitElementWise(optimizer_config_.type(), [](auto) {})),
+        graph_ops_{&stream_},
+        graphs_(&graph_ops_, config.gpu_cuda_graphs()),
         host_columns_(HostColumns(interaction(), {})) {}
 
   cudaStream_t stream() const { return stream_.get(); }
 
+  // Queues `launches` (device work only: no host synchronisation, no
+  // allocation, no copy from pageable memory, no event record) for `call`
+  // on `batch` samples, as a graph when gpu_cuda_graphs is set
+  // (GraphReplay: plain on the first run, captured on the second, replayed
+  // after). The launches must not change host state that later calls read:
+  // a replay does not run them.
+  absl::Status Graphed(GraphCall call, int64_t batch,
+                       absl::FunctionRef<absl::Status()> launches) {
+    // An empty batch queues little or nothing.
+    if (batch == 0) return launches();
+    return graphs_.Run({static_cast<int>(call), batch}, launches);
+  }
+
   // The dense features x (host memory) on the device, in `dev`, through the
-  // pinned staging buffer.
+  // current staging set.
   absl::StatusOr<const float*> UploadDense(const float* x, int64_t batch,
                                            DeviceBuffer<float>& dev) {
     const int64_t floats = batch * bottom_.layers.front().in;
     ASSIGN_OR_RETURN(float* x_dev, Sized(dev, floats));
-    ASSIGN_OR_RETURN(float* staged, Sized(x_host_, floats));
+    ASSIGN_OR_RETURN(float* staged, Sized(staging_[set_].x, floats));
     std::copy(x, x + floats, staged);
     RETURN_IF_ERROR(
         CopyAsync(x_dev, staged, floats, cudaMemcpyHostToDevice, stream()));
@@ -398,8 +505,8 @@ class CudaDenseBackend final : public DenseBackend {
   // The host tables' columns of the interaction input the caller filled
   // (InteractionInput) into the device's `t`.
   absl::Status UploadHostColumns(float* t, int64_t batch) {
-    return CopyRanges(t_host_.data(), t, interaction().input_width, batch,
-                      host_columns_, cudaMemcpyHostToDevice, stream());
+    return CopyRanges(staging_[set_].t.data(), t, interaction().input_width,
+                      batch, host_columns_, cudaMemcpyHostToDevice, stream());
   }
 
   AlignedVector<float>& Flat(GradBucket bucket) {
@@ -480,7 +587,6 @@ class CudaDenseBackend final : public DenseBackend {
                            static_cast<size_t>(LayerScratchDoubles(largest))));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
-    RETURN_IF_ERROR(loss_host_.Reserve(1));
     return absl::OkStatus();
   }
 
@@ -695,6 +801,9 @@ class CudaDenseBackend final : public DenseBackend {
   CudaStream stream_, copy_stream_;
   std::unique_ptr<BlasContext> blas_;
   CudaEvent top_ready_, bottom_ready_;
+  // The training calls' graphs on stream_ (ModelConfig.gpu_cuda_graphs).
+  StreamGraphOps graph_ops_;
+  GraphReplay<StreamGraphOps> graphs_;
 
   DeviceMlp bottom_, top_;
   std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
@@ -714,15 +823,16 @@ class CudaDenseBackend final : public DenseBackend {
   // PRECISION_BF16's: the backward's output-gradient copy, and Infer's
   // input and outputs in bf16.
   DeviceBuffer<Bf16> dy_bf16_, infer_bf16_;
-  // Pinned host staging: the interaction input the caller fills (the
-  // columns of host_columns_ are copied up), its gradient, the dense
-  // features, labels and predictions, the loss. One buffer each suffices:
-  // every call that queues a copy from or to one waits for the stream
-  // before it returns (Loss, InteractionBackward, Predict), so no copy is
-  // in flight when the caller writes the next batch's.
-  dlrm::cuda::PinnedBuffer<float> t_host_, dt_host_, x_host_, labels_host_,
-      probs_host_;
-  dlrm::cuda::PinnedBuffer<double> loss_host_;
+  // The steps' inputs' pinned staging, double-buffered: set_ is the one
+  // the current step (InteractionInput on) fills; loss_set_ holds the last
+  // QueueLoss's loss (-1 before any).
+  StagingSet staging_[2];
+  int set_ = 1;
+  int loss_set_ = -1;
+  // Pinned staging read back within the call that fills it: the
+  // interaction gradient (InteractionBackward waits for it) and the
+  // predictions (Predict waits). One buffer each suffices.
+  dlrm::cuda::PinnedBuffer<float> dt_host_, probs_host_;
   // The embedding columns the host fills: all of them, or those that
   // SetDeviceColumns left.
   std::vector<ColumnRange> host_columns_;
@@ -750,8 +860,16 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
   GemmOptions gemm;
   gemm.allow_tf32 = !config.gpu_disable_tf32();
   ASSIGN_OR_RETURN(b->blas_, BlasContext::Create(b->stream_.get(), gemm));
+  // cuBLAS gets the cuBLASLt workspace too (calls on one stream take turns
+  // with it): a capture needs cuBLAS to use a workspace it was given rather
+  // than one it allocates, and graphs on or off then run the same GEMMs.
+  CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
+      b->blas_->cublas(), b->blas_->lt_workspace(), gemm.workspace_bytes));
   ASSIGN_OR_RETURN(b->top_ready_, CudaEvent::Create());
   ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
+  for (StagingSet& set : b->staging_) {
+    ASSIGN_OR_RETURN(set.done, CudaEvent::Create());
+  }
   RETURN_IF_ERROR(b->Allocate());
   RETURN_IF_ERROR(b->Upload());
   return std::unique_ptr<DenseBackend>(std::move(b));

@@ -7,11 +7,16 @@
 // take bf16 inputs and accumulate in fp32, as the CPU backend's.
 //
 // Memory: parameters, gradients, optimizer state and activations live on
-// the device. The embeddings stay in host memory, so each step copies the
-// interaction input, the dense features and the labels in (host to
-// device) and the interaction gradient out; the loss and Predict's logits
-// come back too. The gradients' all-reduce buckets are packed into host
-// buffers on a second stream, ordered after the backward that made them.
+// the device. Tables in host memory stay there, so each step copies their
+// columns of the interaction input, the dense features and the labels in
+// (host to device) from pinned staging, double-buffered so that the host
+// fills step k + 1's while step k's copies may still be queued, and their
+// interaction gradient out; the loss (read by ReadLoss, which waits for it
+// alone) and Predict's logits come back too. The gradients' all-reduce
+// buckets are packed into host buffers on a second stream, ordered after
+// the backward that made them. With ModelConfig.gpu_cuda_graphs the
+// training calls' launch sequences run as CUDA graphs (docs/cuda.md "CUDA
+// graphs").
 #pragma once
 
 #include <memory>
