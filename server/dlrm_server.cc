@@ -158,6 +158,7 @@ ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
   o.keep_checkpoints = options.keep_checkpoints;
   o.compute_threads = options.compute_threads;
   o.loaded_from = options.loaded_from;
+  o.adjust_loaded_config = options.adjust_loaded_config;
   return o;
 }
 

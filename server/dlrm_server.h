@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +67,9 @@ struct ServerOptions {
   // one --follow started from), reported as the served checkpoint (see
   // ModelHostOptions::loaded_from). Default: empty.
   std::string loaded_from;
+  // Applied to each checkpoint an inference-only server loads by restore or
+  // by following (ModelHostOptions::adjust_loaded_config). Default: null.
+  std::function<absl::Status(ModelConfig*)> adjust_loaded_config;
   // Periodic checkpoints under checkpoint_dir (see ModelHostOptions):
   // every N steps, every S seconds (0 = off), keeping the K newest.
   // Defaults: 0, 0, 3.

@@ -1027,6 +1027,11 @@ absl::Status Run(Flags& f) {
   // Model work runs on job, stream and batcher threads too, which
   // omp_set_num_threads below (this thread's) does not reach.
   f.server.compute_threads = f.threads;
+  // A replica applies the flags to every checkpoint it swaps in, as to
+  // the first one.
+  f.server.adjust_loaded_config = [adjust = f](ModelConfig* config) {
+    return AdjustConfig(adjust, config);
+  };
 
   // Signals are taken by sigwait below; every thread started from here on
   // inherits the mask, so none of them is interrupted.

@@ -464,8 +464,12 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   // first: a checkpoint replaced during the load is then recorded as older
   // than it is, and a follower loads it again rather than never.
   ServedCheckpoint served = ServedFrom(dir, 0);
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
-                   model::LoadCheckpoint(dir, /*weights_only=*/true));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<model::Model> loaded,
+      options_.adjust_loaded_config
+          ? model::LoadCheckpointWith(dir, /*weights_only=*/true,
+                                      options_.adjust_loaded_config)
+          : model::LoadCheckpoint(dir, /*weights_only=*/true));
   if (!SameArchitecture(config_, loaded->config())) {
     return absl::FailedPreconditionError(
         absl::StrCat("the checkpoint in ", dir,

@@ -61,6 +61,11 @@ struct ModelHostOptions {
   // replaces the weights; empty when it came from no checkpoint. Default:
   // empty.
   std::string loaded_from;
+  // Inference-only hosts: applied to the config of every checkpoint
+  // RestoreCheckpoint loads (a binary's --device, --precision, --tf32,
+  // --device-memory-budget-mb; model::LoadCheckpointWith), its error
+  // returned as is. Null: each checkpoint's own settings. Default: null.
+  std::function<absl::Status(ModelConfig*)> adjust_loaded_config;
 
   absl::Status Validate() const;
   bool periodic() const {

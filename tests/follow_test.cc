@@ -341,6 +341,52 @@ TEST_F(FollowTest, SwapsNewCheckpointsInAndSkipsDamagedOnesWhileServing) {
             9);
 }
 
+// The binary's flags reach every checkpoint a replica swaps in
+// (ServerOptions::adjust_loaded_config, dlrm_server's --device, --precision,
+// --tf32 and device budget), not only the first: each load calls the
+// adjustment on the checkpoint's config, and a load it refuses is skipped
+// like a damaged checkpoint, the served model kept.
+TEST_F(FollowTest, AdjustsTheConfigOfEveryCheckpointItLoads) {
+  std::atomic<int> calls{0};
+  std::atomic<bool> refuse{false};
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.inference_only = true;
+  o.follow_dir = root_.string();
+  o.follow_poll_seconds = 3600;
+  o.adjust_loaded_config = [&](ModelConfig* config) -> absl::Status {
+    ++calls;
+    EXPECT_EQ(config->tables_size(), Tiny().tables_size());
+    if (refuse.load()) {
+      return absl::InvalidArgumentError("--precision: refused by the test");
+    }
+    config->set_gpu_disable_tf32(true);
+    return absl::OkStatus();
+  };
+  auto model = model::Model::Create(Tiny());
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto server = DlrmServer::Start(*std::move(model), o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+
+  const std::vector<float> at2 = TrainAndSave(2, root_ / "ckpt-2");
+  EXPECT_TRUE(server_->follower()->PollOnce());
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(server_->host()->steps(), 2);
+  std::vector<float> probs;
+  ASSERT_TRUE(server_->host()->Predict(batch_, &probs).ok());
+  ASSERT_EQ(probs.size(), at2.size());
+  for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(probs[i], at2[i], 1e-6);
+
+  refuse = true;
+  TrainAndSave(4, root_ / "ckpt-4");
+  EXPECT_FALSE(server_->follower()->PollOnce());
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(server_->host()->steps(), 2);
+  EXPECT_EQ(Metric("dlrm_checkpoint_swap_failures_total"), 1);
+}
+
 TEST_F(FollowTest, PollsOnItsOwnAndIgnoresWhatIsNotNewer) {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
