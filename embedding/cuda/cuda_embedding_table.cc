@@ -2,6 +2,7 @@
 // kernels take the optimizer's rule from optim/rules.h.
 #include "embedding/cuda/cuda_embedding_table.h"
 
+#include <algorithm>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,48 @@ absl::Status DeviceSparseFeature::Upload(const data::SparseFeature& feature,
 
 DeviceBags DeviceSparseFeature::bags() const {
   return DeviceBags{offsets_.data(), ids_.data(), num_bags_, num_ids_};
+}
+
+absl::Status StagedSparseFeature::Upload(const data::SparseFeature& feature,
+                                         cudaStream_t stream) {
+  const int next = current_ == 0 ? 1 : 0;
+  if (current_ >= 0) {
+    // Everything queued so far that reads the current slot comes before.
+    Slot& old = slots_[current_];
+    RETURN_IF_ERROR(old.released.Record(stream));
+    old.in_use = true;
+  }
+  current_ = -1;
+  Slot& s = slots_[next];
+  if (s.in_use) {
+    // The batch before last: normally finished long ago.
+    RETURN_IF_ERROR(s.released.Synchronize());
+    s.in_use = false;
+  }
+  if (s.released.get() == nullptr) {
+    ASSIGN_OR_RETURN(s.released, dlrm::cuda::CudaEvent::Create());
+  }
+  const int64_t offsets = static_cast<int64_t>(feature.offsets.size());
+  const int64_t ids = static_cast<int64_t>(feature.ids.size());
+  RETURN_IF_ERROR(s.staging.Reserve(static_cast<size_t>(offsets + ids)));
+  RETURN_IF_ERROR(s.offsets.Resize(offsets));
+  RETURN_IF_ERROR(s.ids.Resize(ids));
+  std::copy(feature.offsets.begin(), feature.offsets.end(), s.staging.data());
+  std::copy(feature.ids.begin(), feature.ids.end(), s.staging.data() + offsets);
+  RETURN_IF_ERROR(CopyAsync(s.offsets.data(), s.staging.data(), offsets,
+                            cudaMemcpyHostToDevice, stream));
+  RETURN_IF_ERROR(CopyAsync(s.ids.data(), s.staging.data() + offsets, ids,
+                            cudaMemcpyHostToDevice, stream));
+  s.num_bags = feature.num_bags();
+  s.num_ids = ids;
+  current_ = next;
+  return absl::OkStatus();
+}
+
+DeviceBags StagedSparseFeature::bags() const {
+  if (current_ < 0) return DeviceBags{nullptr, nullptr, 0, 0};
+  const Slot& s = slots_[current_];
+  return DeviceBags{s.offsets.data(), s.ids.data(), s.num_bags, s.num_ids};
 }
 
 absl::StatusOr<std::unique_ptr<CudaEmbeddingTable>>

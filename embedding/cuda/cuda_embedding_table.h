@@ -37,6 +37,38 @@ class DeviceSparseFeature {
   int64_t num_bags_ = 0, num_ids_ = 0;
 };
 
+// One table's ids for a sequence of batches, copied to the device without
+// the host waiting for the device: two slots, each with page-locked host
+// staging and device buffers, used in turn. A slot is refilled only once
+// the device work queued while it was last current has finished (an event
+// recorded when the other slot takes over), so the host prepares batch
+// k + 1 while batch k's kernels still read the other slot. Not
+// thread-safe.
+class StagedSparseFeature {
+ public:
+  // Copies `feature` (offsets well formed, as Batch::Validate checks) into
+  // the next slot and queues its upload on `stream`, after waiting (on the
+  // host) for the work queued while that slot was last current; returns
+  // without waiting for the upload. Work reading bags() must be queued on
+  // `stream` (or ordered after it) until the next Upload. Internal or
+  // ResourceExhausted on CUDA errors (bags() is then empty).
+  absl::Status Upload(const data::SparseFeature& feature, cudaStream_t stream);
+  // A view of the last uploaded ids, valid until the next Upload.
+  DeviceBags bags() const;
+
+ private:
+  struct Slot {
+    dlrm::cuda::PinnedBuffer<int64_t> staging;  // offsets, then ids
+    dlrm::cuda::DeviceBuffer<int64_t> offsets, ids;
+    dlrm::cuda::CudaEvent
+        released;         // recorded when the slot stops being current
+    bool in_use = false;  // `released` recorded and not waited for
+    int64_t num_bags = 0, num_ids = 0;
+  };
+  Slot slots_[2];
+  int current_ = -1;  // -1: no upload yet, or the last one failed
+};
+
 // One table (or shard) in device memory. Forward may run concurrently with
 // other Forwards on any stream; BackwardUpdate needs exclusive access (its
 // workspace is shared).

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<CudaStore>> CudaStore::Create(
     stream = store->owned_stream_->get();
   }
   store->stream_ = stream;
-  store->ids_ = std::make_unique<DeviceSparseFeature>();
+  store->ids_ = std::make_unique<StagedSparseFeature>();
   ASSIGN_OR_RETURN(store->table_, CudaEmbeddingTable::Create(
                                       spec.table_index, spec.rows, spec.dim,
                                       spec.pooling, spec.optimizer));
@@ -166,8 +166,8 @@ absl::StatusOr<const data::SparseFeature*> CudaStore::Prepare(
                        " at position ", p, " outside [0, ", spec_.rows, ")"));
     }
   }
-  // The kernels of the previous batch may still read the device ids.
-  RETURN_IF_ERROR(Synchronize());
+  // Queued behind the previous batch's kernels, which read the other slot:
+  // the host does not wait for them.
   RETURN_IF_ERROR(ids_->Upload(ids, AsStream(stream_)));
   prepared_ = &ids;
   return &ids;

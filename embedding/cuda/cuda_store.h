@@ -21,7 +21,7 @@ class CudaStream;
 namespace dlrm::embedding::cuda {
 
 class CudaEmbeddingTable;
-class DeviceSparseFeature;
+class StagedSparseFeature;
 
 // InvalidArgument naming `spec`'s table and `what` unless `ptr` is memory
 // of a CUDA device (or managed memory): a kernel given a host pointer would
@@ -37,9 +37,10 @@ absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
 //
 // Synchronisation: all work runs in order on one stream, the one given at
 // creation or one the store owns.
-// - Prepare checks the ids on the host, waits for the stream (the previous
-//   batch's kernels may still read the device copy it replaces), uploads
-//   the ids and returns when they are on the device.
+// - Prepare checks the ids on the host and queues their upload
+//   (StagedSparseFeature: two id slots used in turn, so it waits only for
+//   the batch before the previous one to be done with the slot it
+//   refills, never for the previous batch's kernels) and returns.
 // - Forward and BackwardUpdate only queue their kernels and return. `out`
 //   holds the pooled rows once the stream passes that point: after
 //   Synchronize(), or for work the caller queues later on the same stream
@@ -119,7 +120,7 @@ class CudaStore final : public EmbeddingStore {
 
   TableSpec spec_;
   std::unique_ptr<CudaEmbeddingTable> table_;
-  std::unique_ptr<DeviceSparseFeature> ids_;
+  std::unique_ptr<StagedSparseFeature> ids_;
   // The stream every call uses (a cudaStream_t); owned_stream_ when the
   // store made it.
   void* stream_ = nullptr;
