@@ -50,8 +50,8 @@ class SlotStorage {
 
   // Takes the batch the next Forward and BackwardUpdate run on: `slot_ids`
   // holds slot numbers in [0, slots()) and well-formed offsets, and must
-  // stay valid and unchanged until the next SetBatch. Waits for work still
-  // using the previous batch.
+  // stay valid and unchanged until the next SetBatch. Work still queued on
+  // the previous batch finishes on that batch's ids.
   virtual absl::Status SetBatch(const data::SparseFeature& slot_ids) = 0;
   // EmbeddingTable::Forward / BackwardUpdate on the batch of the last
   // SetBatch; done on return, or queued (Synchronize).

@@ -28,7 +28,7 @@ constexpr int64_t kChunkFloats = int64_t{1} << 22;
 
 struct DeviceSlots::Impl {
   std::unique_ptr<CudaEmbeddingTable> table;
-  DeviceSparseFeature batch;
+  StagedSparseFeature batch;
   // The stream every call uses; `owned` when the slots made it.
   cudaStream_t stream = nullptr;
   dlrm::cuda::CudaStream owned;
@@ -183,8 +183,8 @@ absl::Status DeviceSlots::SetBatch(const data::SparseFeature& slot_ids) {
         "table ", spec_.table_index, ": ", n, " ids in ", bags,
         " bags; the device tier takes at most 2^31 - 1 of each per batch"));
   }
-  // The kernels of the previous batch may still read the device ids.
-  RETURN_IF_ERROR(Synchronize());
+  // Queued behind the previous batch's kernels, which read the other id
+  // slot (StagedSparseFeature): the host does not wait for them.
   RETURN_IF_ERROR(impl_->batch.Upload(slot_ids, impl_->stream));
   impl_->has_batch = true;
   return absl::OkStatus();

@@ -22,7 +22,8 @@ namespace dlrm::embedding::cuda {
 // its own. ReadSlots / WriteSlots move records through pinned host staging
 // and device packing buffers in chunks of at most 16 MiB, with the
 // GatherRows / ScatterRows kernels, and return once their copies are done.
-// SetBatch waits for the stream, then uploads the slot ids. Forward and
+// SetBatch queues the slot ids' upload (StagedSparseFeature: it waits only
+// for the batch before the previous one to release its id slot). Forward and
 // BackwardUpdate only queue their kernels, as CudaStore's do: `out` and
 // `grad` are device memory (InvalidArgument otherwise). Not thread-safe.
 class DeviceSlots final : public SlotStorage {
