@@ -53,14 +53,12 @@ class HostExchangeMemory final : public ExchangeMemory {
 
   absl::Status Upload(const float* host_src, int64_t src_stride, float* dst,
                       int64_t dst_stride, int64_t rows, int64_t cols) override {
-    ColumnBlock b;
-    b.src = host_src;
-    b.src_stride = src_stride;
-    b.dst = dst;
-    b.dst_stride = dst_stride;
-    b.rows = rows;
-    b.cols = cols;
-    RETURN_IF_ERROR(CheckColumnBlock(b));
+    RETURN_IF_ERROR(CheckColumnBlock({.src = host_src,
+                                      .src_stride = src_stride,
+                                      .dst = dst,
+                                      .dst_stride = dst_stride,
+                                      .rows = rows,
+                                      .cols = cols}));
     for (int64_t r = 0; r < rows && cols > 0; ++r) {
       std::memmove(dst + r * dst_stride, host_src + r * src_stride,
                    sizeof(float) * cols);

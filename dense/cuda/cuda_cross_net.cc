@@ -135,46 +135,6 @@ absl::Status DeviceCrossNet::ForwardBf16(BlasContext* ctx, const float* x0,
   return absl::OkStatus();
 }
 
-absl::Status DeviceCrossNet::BackwardBf16(BlasContext* ctx, const float* x0,
-                                          const float* dout, int64_t batch,
-                                          float* dx0) {
-  const int n = width_, r = rank_, num = num_layers();
-  ASSIGN_OR_RETURN(float* h, Sized(h_, batch * n));
-  ASSIGN_OR_RETURN(float* dp, Sized(dp_, batch * r));
-  ASSIGN_OR_RETURN(Bf16 * h_bf16, Sized(h_bf16_, batch * n));
-  ASSIGN_OR_RETURN(Bf16 * dp_bf16, Sized(dp_bf16_, batch * r));
-  float* buffers[2] = {nullptr, nullptr};
-  if (num > 1) {
-    ASSIGN_OR_RETURN(buffers[0], Sized(g_[0], batch * n));
-  }
-  if (num > 2) {
-    ASSIGN_OR_RETURN(buffers[1], Sized(g_[1], batch * n));
-  }
-  const float* g = dout;
-  for (int l = num - 1; l >= 0; --l) {
-    Layer& layer = layers_[l];
-    const bool first = l == num - 1, last = l == 0;
-    float* g_next = last ? nullptr : buffers[(num - 1 - l) % 2];
-    RETURN_IF_ERROR(internal::CrossBackwardElementwise(
-        g, x0, q_[l].data(), batch * n, first, last, h, dx0, g_next,
-        ctx->stream()));
-    // As dense::CrossNet::BackwardBf16: db from the fp32 h, then h in bf16;
-    // dW = h^T p and dp = h W (its fp32 sum rounded once to bf16).
-    RETURN_IF_ERROR(
-        LinearBackwardBf16(ctx, p_bf16_[l].data(), /*y=*/nullptr, h, batch,
-                           /*in=*/r, /*out=*/n, layer.wb.data(), /*relu=*/false,
-                           layer.dw.data(), layer.db.data(), dp, h_bf16));
-    RETURN_IF_ERROR(RoundToBf16(dp, batch * r, dp_bf16, ctx->stream()));
-    // dV = dp^T x_l, and x_l's gradient through V added to g_next (or dx0).
-    RETURN_IF_ERROR(GemmBf16(ctx, 'T', 'N', r, n, batch, dp_bf16, r,
-                             x_bf16_[l].data(), n, 0.0f, layer.dv.data(), n));
-    RETURN_IF_ERROR(GemmBf16(ctx, 'N', 'N', batch, n, r, dp_bf16, r,
-                             layer.vb.data(), n, 1.0f, last ? dx0 : g_next, n));
-    g = g_next;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status DeviceCrossNet::InferBf16(BlasContext* ctx, const float* x0,
                                        int64_t batch, float* out,
                                        DeviceBuffer<float>* scratch) const {
@@ -249,11 +209,15 @@ absl::Status DeviceCrossNet::Backward(BlasContext* ctx, const float* x0,
     return absl::OkStatus();
   }
   if (num == 0) return absl::OkStatus();
-  if (precision_ == PRECISION_BF16) {
-    return BackwardBf16(ctx, x0, dout, batch, dx0);
-  }
+  const bool bf16 = precision_ == PRECISION_BF16;
   ASSIGN_OR_RETURN(float* h, Sized(h_, batch * n));
   ASSIGN_OR_RETURN(float* dp, Sized(dp_, batch * r));
+  Bf16* h_bf16 = nullptr;
+  Bf16* dp_bf16 = nullptr;
+  if (bf16) {
+    ASSIGN_OR_RETURN(h_bf16, Sized(h_bf16_, batch * n));
+    ASSIGN_OR_RETURN(dp_bf16, Sized(dp_bf16_, batch * r));
+  }
   float* buffers[2] = {nullptr, nullptr};
   if (num > 1) {
     ASSIGN_OR_RETURN(buffers[0], Sized(g_[0], batch * n));
@@ -267,21 +231,37 @@ absl::Status DeviceCrossNet::Backward(BlasContext* ctx, const float* x0,
     const float* xl = l == 0 ? x0 : x_[l - 1].data();
     const bool first = l == num - 1, last = l == 0;
     float* g_next = last ? nullptr : buffers[(num - 1 - l) % 2];
+    float* dx = last ? dx0 : g_next;
     RETURN_IF_ERROR(internal::CrossBackwardElementwise(
         g, x0, q_[l].data(), batch * n, first, last, h, dx0, g_next,
         ctx->stream()));
-    // W's map as a Linear layer (in r, out N) with output gradient h: db
-    // (the CPU's block order), dW = h^T p and dp = h W.
-    RETURN_IF_ERROR(LinearBackward(ctx, p_[l].data(), /*y=*/nullptr, h, batch,
-                                   /*in=*/r, /*out=*/n, layer.w.data(),
-                                   /*relu=*/false, layer.dw.data(),
-                                   layer.db.data(), dp));
-    // V's map: dV [r x N] = dp^T x_l, and x_l's gradient through it added
-    // to g_next (or to dx0 on layer 0).
-    RETURN_IF_ERROR(Gemm(ctx, 'T', 'N', r, n, batch, dp, r, xl, n, 0.0f,
-                         layer.dv.data(), n));
-    RETURN_IF_ERROR(Gemm(ctx, 'N', 'N', batch, n, r, dp, r, layer.v.data(), n,
-                         1.0f, last ? dx0 : g_next, n));
+    if (bf16) {
+      // As dense::CrossNet::BackwardBf16: db from the fp32 h, then h in
+      // bf16; dW = h^T p and dp = h W (its fp32 sum rounded once to bf16);
+      // dV = dp^T x_l and dx += dp V on the bf16 copies.
+      RETURN_IF_ERROR(LinearBackwardBf16(
+          ctx, p_bf16_[l].data(), /*y=*/nullptr, h, batch, /*in=*/r,
+          /*out=*/n, layer.wb.data(), /*relu=*/false, layer.dw.data(),
+          layer.db.data(), dp, h_bf16));
+      RETURN_IF_ERROR(RoundToBf16(dp, batch * r, dp_bf16, ctx->stream()));
+      RETURN_IF_ERROR(GemmBf16(ctx, 'T', 'N', r, n, batch, dp_bf16, r,
+                               x_bf16_[l].data(), n, 0.0f, layer.dv.data(), n));
+      RETURN_IF_ERROR(GemmBf16(ctx, 'N', 'N', batch, n, r, dp_bf16, r,
+                               layer.vb.data(), n, 1.0f, dx, n));
+    } else {
+      // W's map as a Linear layer (in r, out N) with output gradient h: db
+      // (the CPU's block order), dW = h^T p and dp = h W.
+      RETURN_IF_ERROR(LinearBackward(ctx, p_[l].data(), /*y=*/nullptr, h, batch,
+                                     /*in=*/r, /*out=*/n, layer.w.data(),
+                                     /*relu=*/false, layer.dw.data(),
+                                     layer.db.data(), dp));
+      // V's map: dV [r x N] = dp^T x_l, and x_l's gradient through it
+      // added to g_next (or to dx0 on layer 0).
+      RETURN_IF_ERROR(Gemm(ctx, 'T', 'N', r, n, batch, dp, r, xl, n, 0.0f,
+                           layer.dv.data(), n));
+      RETURN_IF_ERROR(Gemm(ctx, 'N', 'N', batch, n, r, dp, r, layer.v.data(), n,
+                           1.0f, dx, n));
+    }
     g = g_next;
   }
   return absl::OkStatus();

@@ -199,8 +199,6 @@ class DeviceCrossNet {
 
   absl::Status ForwardBf16(BlasContext* ctx, const float* x0, int64_t batch,
                            float* out);
-  absl::Status BackwardBf16(BlasContext* ctx, const float* x0,
-                            const float* dout, int64_t batch, float* dx0);
   absl::Status InferBf16(BlasContext* ctx, const float* x0, int64_t batch,
                          float* out,
                          dlrm::cuda::DeviceBuffer<float>* scratch) const;
