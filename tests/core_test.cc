@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@
 #include "core/fault_injection_file_system.h"
 #include "core/file_system.h"
 #include "core/graph_replay.h"
+#include "core/lru_cache.h"
 #include "core/random.h"
 #include "core/status.h"
 
@@ -681,6 +684,47 @@ TEST(GraphReplayTest, WarmUpErrorIsReturned) {
   EXPECT_EQ(replay.Run({0, 3}, std::ref(seq)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ops.actions.empty());
+}
+
+// Random finds and inserts over more keys than fit, against a plain list
+// kept in recency order: the same hits, values, size and evictions.
+TEST(LruCacheTest, MatchesARecencyListOnRandomOperations) {
+  for (const size_t capacity : {size_t{1}, size_t{3}, size_t{16}}) {
+    SCOPED_TRACE(absl::StrCat("capacity ", capacity));
+    LruCache<int, int> cache(capacity);
+    std::vector<std::pair<int, int>> model;  // most recently used first
+    size_t evictions = 0;
+    Rng rng(20261125 + capacity);
+    for (int op = 0; op < 4000; ++op) {
+      const int key = static_cast<int>(rng.Below(3 * capacity + 2));
+      auto it = std::find_if(model.begin(), model.end(),
+                             [&](const auto& e) { return e.first == key; });
+      if (rng.Below(2) == 0) {
+        int* got = cache.Find(key);
+        ASSERT_EQ(got != nullptr, it != model.end()) << "op " << op;
+        if (got == nullptr) continue;
+        EXPECT_EQ(*got, it->second) << "op " << op;
+        std::rotate(model.begin(), it, it + 1);
+      } else {
+        const int value = op;
+        EXPECT_EQ(cache.Insert(key, value), value);
+        if (it != model.end()) {
+          model.erase(it);
+        } else if (model.size() == capacity) {
+          model.pop_back();
+          ++evictions;
+        }
+        model.insert(model.begin(), {key, value});
+      }
+      ASSERT_EQ(cache.size(), model.size()) << "op " << op;
+    }
+    EXPECT_EQ(cache.evictions(), evictions);
+    EXPECT_GT(evictions, 0u);
+    for (const auto& [key, value] : model) {
+      ASSERT_NE(cache.Find(key), nullptr);
+      EXPECT_EQ(*cache.Find(key), value);
+    }
+  }
 }
 
 // A table in device memory needs the model on CUDA, whether the config or

@@ -221,6 +221,44 @@ TEST(CudaLinearPlanTest, OffsetPointersMatchCpuLinearAndReusePlans) {
   }
 }
 
+// More batch sizes than the context keeps plans for: the count stops at
+// kMaxLtPlans, and a batch size whose plan was dropped (the least recently
+// used) is planned again and still matches dense::Linear.
+TEST(CudaLinearPlanTest, PlansPastTheCapDropTheLeastRecentlyUsed) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  constexpr int kIn = 8, kOut = 16;
+  constexpr int64_t kBatches = internal::kMaxLtPlans + 8;
+  Rng rng(kCudaTestSeed + 19);
+  Linear cpu(kIn, kOut, /*relu=*/false);
+  cpu.Init(&rng);
+  const std::vector<float> x = RandomFloats(rng, kBatches * kIn);
+  auto ctx = BlasContext::Create(nullptr, Options(false, true));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto x_d = ToDevice(x);
+  auto w_d = ToDevice(std::vector<float>(cpu.weight(), cpu.weight() + kIn * kOut));
+  auto b_d = ToDevice(std::vector<float>(cpu.bias(), cpu.bias() + kOut));
+  auto y_d = Poisoned(kBatches * kOut);
+  auto check = [&](int64_t batch) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    ASSERT_TRUE(LinearForward(ctx->get(), x_d.data(), batch, kIn, kOut,
+                              w_d.data(), b_d.data(), false, y_d.data())
+                    .ok());
+    std::vector<float> want(batch * kOut);
+    cpu.Forward(x.data(), batch, want.data());
+    ExpectCloseToScale(ToHost(y_d, batch * kOut), want, 2e-5, "y");
+  };
+  for (int64_t batch = 1; batch <= kBatches; ++batch) {
+    check(batch);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ((*ctx)->lt_plan_count(),
+              std::min<size_t>(batch, internal::kMaxLtPlans));
+  }
+  // Batches 1..8 were the least recently used: dropped, planned again.
+  check(1);
+  EXPECT_EQ((*ctx)->lt_plan_count(), internal::kMaxLtPlans);
+}
+
 // The plan key's alignments come from the real pointers: the largest power
 // of two up to 256 that divides the address. Runs everywhere.
 TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {

@@ -68,8 +68,8 @@ class BlasContext {
   absl::StatusOr<float*> Scratch(size_t floats);
   // The cuBLASLt plans made so far (cuda_linear.cc).
   internal::LtPlanCache& lt_plans() { return *lt_plans_; }
-  // How many plans are cached: LinearForward adds one per new key, up to
-  // internal::kMaxLtPlans.
+  // How many plans are cached: LinearForward adds one per new key, keeping
+  // the internal::kMaxLtPlans most recently used.
   size_t lt_plan_count() const;
 
  private:
@@ -310,8 +310,8 @@ struct LtPlanKey {
 constexpr int kMaxPointerAlignment = 256;
 int PointerAlignment(const void* p);
 
-// Plans a BlasContext keeps; LinearForward makes a plan it uses once and
-// drops for a key beyond them.
+// Plans a BlasContext keeps: past this many keys, a new key's plan replaces
+// the least recently used one's.
 constexpr size_t kMaxLtPlans = 512;
 
 // The key of LinearForward's cuBLASLt call for y [batch x out] = act(x

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda_status.h"
+#include "core/lru_cache.h"
 #include "core/status.h"
 #include "dense/cuda/cuda_dense.h"
 
@@ -181,29 +182,24 @@ LtPlanKey LinearForwardKey(const void* x, int64_t batch, int in, int out,
   return key;
 }
 
-// The plans of one BlasContext, by key; at most kMaxLtPlans, after which
-// Find makes a plan per call and keeps none.
+// The plans of one BlasContext, by key: the kMaxLtPlans most recently used
+// (a server answering many batch sizes makes a plan again only for shapes
+// it has not used lately).
 class LtPlanCache {
  public:
   // The plan of `key`, made when not cached (MakePlan). The pointer is
   // valid until the next Find. Internal on cuBLAS errors.
   absl::StatusOr<const LtPlan*> Find(cublasLtHandle_t lt, const LtPlanKey& key,
                                      const float* bias, size_t workspace) {
-    if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+    if (const LtPlan* plan = plans_.Find(key)) return plan;
     ASSIGN_OR_RETURN(LtPlan plan, MakePlan(lt, key, bias, workspace));
-    if (plans_.size() >= kMaxLtPlans) {
-      uncached_ = std::move(plan);
-      return &uncached_;
-    }
-    return &plans_.emplace(key, std::move(plan)).first->second;
+    return &plans_.Insert(key, std::move(plan));
   }
 
   size_t size() const { return plans_.size(); }
 
  private:
-  std::map<LtPlanKey, LtPlan> plans_;
-  // The last plan made past the cap.
-  LtPlan uncached_;
+  LruCache<LtPlanKey, LtPlan> plans_{kMaxLtPlans};
 };
 
 }  // namespace internal
