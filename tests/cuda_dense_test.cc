@@ -236,7 +236,8 @@ TEST(CudaLinearPlanTest, PlansPastTheCapDropTheLeastRecentlyUsed) {
   auto ctx = BlasContext::Create(nullptr, Options(false, true));
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   auto x_d = ToDevice(x);
-  auto w_d = ToDevice(std::vector<float>(cpu.weight(), cpu.weight() + kIn * kOut));
+  auto w_d =
+      ToDevice(std::vector<float>(cpu.weight(), cpu.weight() + kIn * kOut));
   auto b_d = ToDevice(std::vector<float>(cpu.bias(), cpu.bias() + kOut));
   auto y_d = Poisoned(kBatches * kOut);
   auto check = [&](int64_t batch) {
