@@ -9,7 +9,6 @@
 // CPU's dense::Bgemm.
 #include <climits>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <utility>
 
