@@ -1032,9 +1032,9 @@ TEST(CudaDenseOptimizerTest, CapturedUpdateReadsEachStepsConstants) {
   const std::vector<std::string> names = {"l0.weight", "l0.bias"};
   const std::vector<int64_t> sizes = {70001, 513};
   constexpr int kSteps = 4;
-  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
-                    OptimizerConfig::ADAM, OptimizerConfig::LAMB,
-                    OptimizerConfig::LARS}) {
+  for (auto type :
+       {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD, OptimizerConfig::ADAM,
+        OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
     OptimizerConfig config;
@@ -1048,8 +1048,8 @@ TEST(CudaDenseOptimizerTest, CapturedUpdateReadsEachStepsConstants) {
     config.mutable_schedule()->set_warmup_start_factor(0.5f);
     optim::SetDefaults(&config);
     ASSERT_TRUE(optim::Validate(config, "dense_optimizer").ok());
-    const bool layer_wise = type == OptimizerConfig::LAMB ||
-                            type == OptimizerConfig::LARS;
+    const bool layer_wise =
+        type == OptimizerConfig::LAMB || type == OptimizerConfig::LARS;
     const float s1_initial =
         type == OptimizerConfig::ADAGRAD ? config.initial_accumulator() : 0.0f;
     std::vector<std::vector<float>> initial;
@@ -1084,11 +1084,10 @@ TEST(CudaDenseOptimizerTest, CapturedUpdateReadsEachStepsConstants) {
         for (size_t i = 0; i < sizes.size(); ++i) {
           RETURN_IF_ERROR(
               layer_wise
-                  ? LayerOptimizerUpdate(type, constants_d.data(),
-                                         AdaptsLayerWise(names[i]),
-                                         p_d[i].data(), g_d[i].data(),
-                                         s1_d[i].data(), s2_d[i].data(),
-                                         sizes[i], &*scratch, stream->get())
+                  ? LayerOptimizerUpdate(
+                        type, constants_d.data(), AdaptsLayerWise(names[i]),
+                        p_d[i].data(), g_d[i].data(), s1_d[i].data(),
+                        s2_d[i].data(), sizes[i], &*scratch, stream->get())
                   : DenseOptimizerUpdate(type, constants_d.data(),
                                          p_d[i].data(), g_d[i].data(),
                                          s1_d[i].data(), s2_d[i].data(),
@@ -1181,8 +1180,8 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
                                  nullptr, nullptr, nullptr, -1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::LAMB, fake_constants,
-                                 nullptr, nullptr, nullptr, nullptr, 4, nullptr)
+  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, nullptr,
+                                 nullptr, nullptr, nullptr, 4, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
@@ -1197,31 +1196,31 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
                                    nullptr, nullptr, nullptr, 0, nullptr)
                   .ok());
   dlrm::cuda::DeviceBuffer<double> scratch;
-  EXPECT_EQ(LayerOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, true,
-                                 nullptr, nullptr, nullptr, nullptr, -1,
-                                 &scratch, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerOptimizerUpdate(OptimizerConfig::LARS, fake_constants, true,
-                                 nullptr, nullptr, nullptr, nullptr, 10,
-                                 nullptr, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerOptimizerUpdate(OptimizerConfig::ADAM, fake_constants, true,
-                                 nullptr, nullptr, nullptr, nullptr, 10,
-                                 &scratch, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true, nullptr,
-                                 nullptr, nullptr, nullptr, 10, &scratch,
-                                 nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerOptimizerUpdate(OptimizerConfig::LAMB, misaligned, true,
-                                 nullptr, nullptr, nullptr, nullptr, 10,
-                                 &scratch, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, -1, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LARS, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, nullptr, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::ADAM, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LAMB, misaligned, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   // A parameter of no elements queues nothing.
   EXPECT_TRUE(LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true,
                                    nullptr, nullptr, nullptr, nullptr, 0,

@@ -501,10 +501,10 @@ class CudaDenseBackend final : public DenseBackend {
     const OptimizerConfig::Type type = optimizer_config_.type();
     for (DeviceParam& p : params_) {
       if (layer_wise_) {
-        RETURN_IF_ERROR(LayerOptimizerUpdate(
-            type, constants_.data(), p.adapt, p.value, p.grad,
-            p.state[0].data(), p.state[1].data(), p.size, &layer_scratch_,
-            stream()));
+        RETURN_IF_ERROR(LayerOptimizerUpdate(type, constants_.data(), p.adapt,
+                                             p.value, p.grad, p.state[0].data(),
+                                             p.state[1].data(), p.size,
+                                             &layer_scratch_, stream()));
       } else {
         RETURN_IF_ERROR(DenseOptimizerUpdate(
             type, constants_.data(), p.value, p.grad, p.state[0].data(),

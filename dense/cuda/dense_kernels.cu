@@ -234,8 +234,8 @@ __global__ void BceKernel(const float* __restrict__ logits,
 template <typename Rule>
 __global__ void DenseOptimizerKernel(
     const typename Rule::Step* __restrict__ constants, float* __restrict__ p,
-    const float* __restrict__ g, float* __restrict__ s1,
-    float* __restrict__ s2, int64_t n) {
+    const float* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
+    int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const typename Rule::Step step = *constants;
@@ -305,9 +305,8 @@ __global__ void LayerNormPartialsKernel(
 template <typename Rule>
 __global__ void LayerFinishKernel(
     const typename Rule::Step* __restrict__ constants, bool adapt,
-    const double* __restrict__ partials,
-                                  int64_t blocks,
-                                  typename Rule::Layer* __restrict__ layer) {
+    const double* __restrict__ partials, int64_t blocks,
+    typename Rule::Layer* __restrict__ layer) {
   __shared__ double w2s[kFinishThreads];
   __shared__ double t2s[kFinishThreads];
   double w2 = 0.0, t2 = 0.0;
@@ -330,8 +329,8 @@ template <typename Rule>
 __global__ void LayerElementKernel(
     const typename Rule::Step* __restrict__ constants,
     const typename Rule::Layer* __restrict__ layer, float* __restrict__ p,
-    const float* __restrict__ g, float* __restrict__ s1,
-    float* __restrict__ s2, int64_t n) {
+    const float* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
+    int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const typename Rule::Step step = *constants;
@@ -518,11 +517,10 @@ absl::Status ElementUpdate(const void* constants, float* param,
                            int64_t n, cudaStream_t stream) {
   using Step = typename Rule::Step;
   RETURN_IF_ERROR(CheckConstants<Step>("DenseOptimizerUpdate", constants));
-  return LaunchKernel(
-      "DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
-      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
-      stream, static_cast<const Step*>(constants), param, grad, state1, state2,
-      n);
+  return LaunchKernel("DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, static_cast<const Step*>(constants),
+                      param, grad, state1, state2, n);
 }
 
 absl::Status DenseOptimizerUpdate(OptimizerConfig::Type type,
@@ -573,18 +571,17 @@ absl::Status LayerUpdate(const void* constants, bool adapt, float* param,
   RETURN_IF_ERROR(LaunchKernel(
       "LayerNormPartialsKernel", LayerNormPartialsKernel<Rule>,
       dim3(static_cast<unsigned>(blocks)), dim3(kNormThreads), 0, stream, step,
-      static_cast<const float*>(param), grad,
-      static_cast<const float*>(state1), static_cast<const float*>(state2), n,
-      partials));
+      static_cast<const float*>(param), grad, static_cast<const float*>(state1),
+      static_cast<const float*>(state2), n, partials));
   RETURN_IF_ERROR(LaunchKernel("LayerFinishKernel", LayerFinishKernel<Rule>,
                                dim3(1), dim3(kFinishThreads), 0, stream, step,
                                adapt, static_cast<const double*>(partials),
                                blocks, layer));
-  return LaunchKernel(
-      "LayerElementKernel", LayerElementKernel<Rule>,
-      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
-      stream, step, static_cast<const Layer*>(layer), param, grad, state1,
-      state2, n);
+  return LaunchKernel("LayerElementKernel", LayerElementKernel<Rule>,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, step,
+                      static_cast<const Layer*>(layer), param, grad, state1,
+                      state2, n);
 }
 
 absl::Status LayerOptimizerUpdate(OptimizerConfig::Type type,
