@@ -44,14 +44,18 @@ enum class GradBucket { kBottom, kTop, kAll };
 // What a backend's CUDA graphs (ModelConfig.gpu_cuda_graphs) have done
 // since it was created (core/graph_replay.h): launch sequences captured,
 // graphs replayed, captures that failed (those sequences run plainly) and
-// the last failure, and how often a larger batch dropped every graph. All
-// zero where no graphs run (the CPU backend, graphs off).
+// the last failure, and how often a larger batch dropped the graphs keyed
+// by batch size; of the captures and replays, those of Update's graph
+// (one, kept whatever the batch). All zero where no graphs run (the CPU
+// backend, graphs off).
 struct GraphCounts {
   int64_t captures = 0;
   int64_t replays = 0;
   int64_t failed_captures = 0;
   absl::Status last_failure;
   int64_t invalidations = 0;
+  int64_t update_captures = 0;
+  int64_t update_replays = 0;
 };
 
 // Columns [begin, end) of a row of the interaction input.

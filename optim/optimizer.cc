@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +132,25 @@ absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
         ") has no layer-wise rule (element-wise or not implemented)"));
   }
   return constants;
+}
+
+absl::StatusOr<PackedStep> MakePackedStep(const OptimizerConfig& config,
+                                          int64_t step) {
+  PackedStep packed;
+  if (!Visit(config.type(), [&](auto rule) {
+        using Step = typename decltype(rule)::Step;
+        static_assert(std::is_trivially_copyable_v<Step>);
+        static_assert(sizeof(Step) <= PackedStep::kMaxBytes &&
+                      alignof(Step) <= alignof(PackedStep));
+        const Step constants = decltype(rule)::MakeStep(config, step);
+        std::memcpy(packed.bytes.data(), &constants, sizeof(Step));
+        packed.size = sizeof(Step);
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer type ", OptimizerConfig::Type_Name(config.type()), " (",
+        static_cast<int>(config.type()), ") is not implemented"));
+  }
+  return packed;
 }
 
 void SetDefaults(OptimizerConfig* config) {

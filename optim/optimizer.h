@@ -5,6 +5,8 @@
 // and thread-safe.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -69,6 +71,25 @@ absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step);
 // element-wise type or one no rule implements.
 absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
                                            int64_t step);
+
+// One step's constants as the bytes of its rule's Step (MakeStep's or
+// MakeLayerStep's value), for a copy into device memory: the CUDA dense
+// optimizer's kernels read them there, so that its update launches the same
+// work every step (docs/cuda.md "CUDA graphs").
+struct PackedStep {
+  // At least sizeof(Rule::Step) of every rule (checked where packed).
+  static constexpr size_t kMaxBytes = 64;
+  // The Step at bytes[0, size), zero after it.
+  alignas(8) std::array<std::byte, kMaxBytes> bytes{};
+  size_t size = 0;
+};
+
+// The constants of step number `step` of `config` (normalised, valid) for
+// any rule, element-wise or layer-wise, packed: Rule::MakeStep, the
+// function MakeStep, MakeLayerStep and the CPU's DenseOptimizer call.
+// InvalidArgument for a type no rule implements.
+absl::StatusOr<PackedStep> MakePackedStep(const OptimizerConfig& config,
+                                          int64_t step);
 
 // Fills the fields `config` leaves 0 with their defaults: the rule's
 // learning rate, eps 1e-8, beta1 0.9, beta2 0.999; for LARS,

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <span>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/random.h"
+#include "core/status.h"
 #include "dense/backend.h"
 #include "dense/bf16.h"
 #include "dense/cross_net.h"
@@ -856,6 +859,20 @@ TEST(CudaLossTest, BceMatchesCpu) {
   }
 }
 
+// Writes the packed constants of step `step` of `config` into `device`
+// (kConstantDoubles doubles of device memory), synchronously: what the
+// update kernels read.
+constexpr size_t kConstantDoubles =
+    optim::PackedStep::kMaxBytes / sizeof(double);
+absl::Status WriteConstants(const OptimizerConfig& config, int64_t step,
+                            dlrm::cuda::DeviceBuffer<double>& device) {
+  ASSIGN_OR_RETURN(const optim::PackedStep packed,
+                   optim::MakePackedStep(config, step));
+  double host[kConstantDoubles];
+  std::memcpy(host, packed.bytes.data(), sizeof(host));
+  return device.CopyFromHost(std::span<const double>(host));
+}
+
 TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
   DLRM_SKIP_WITHOUT_CUDA();
   SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
@@ -885,16 +902,18 @@ TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
         n, type == OptimizerConfig::ADAGRAD ? config.initial_accumulator()
                                             : 0.0f));
     auto s2_d = ToDevice(std::vector<float>(n, 0.0f));
+    auto constants_d = ToDevice(std::vector<double>(kConstantDoubles, 0.0));
     for (int64_t step = 1; step <= 3; ++step) {
       // In place: the optimizer holds a pointer into `grad`.
       const std::vector<float> fresh = RandomFloats(rng, n);
       std::copy(fresh.begin(), fresh.end(), grad.begin());
       (*opt)->Step();
       ASSERT_TRUE(g_d.CopyFromHost(std::span<const float>(grad)).ok());
-      auto constants = optim::MakeStep(config, step);
-      ASSERT_TRUE(constants.ok()) << constants.status();
-      ASSERT_TRUE(DenseOptimizerUpdate(*constants, p_d.data(), g_d.data(),
-                                       s1_d.data(), s2_d.data(), n, nullptr)
+      const absl::Status written = WriteConstants(config, step, constants_d);
+      ASSERT_TRUE(written.ok()) << written;
+      ASSERT_TRUE(DenseOptimizerUpdate(type, constants_d.data(), p_d.data(),
+                                       g_d.data(), s1_d.data(), s2_d.data(), n,
+                                       nullptr)
                       .ok());
     }
     // Both run the rule's DenseElement unfused, so the bits should agree;
@@ -995,20 +1014,22 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
         s2_d.push_back(ToDevice(std::vector<float>(tensors[i].size, 0.0f)));
       }
       dlrm::cuda::DeviceBuffer<double> scratch;
+      auto constants_d = ToDevice(std::vector<double>(kConstantDoubles, 0.0));
       for (int step = 0; step < kSteps; ++step) {
-        auto constants = optim::MakeLayerStep(config, step + 1);
-        EXPECT_TRUE(constants.ok()) << constants.status();
-        if (!constants.ok()) return r;
+        const absl::Status written =
+            WriteConstants(config, step + 1, constants_d);
+        EXPECT_TRUE(written.ok()) << written;
+        if (!written.ok()) return r;
         for (size_t i = 0; i < tensors.size(); ++i) {
           EXPECT_TRUE(
               g_d[i]
                   .CopyFromHost(std::span<const float>(step_grads[step][i]))
                   .ok());
-          const absl::Status st =
-              LayerOptimizerUpdate(*constants, AdaptsLayerWise(tensors[i].name),
-                                   p_d[i].data(), g_d[i].data(), s1_d[i].data(),
-                                   arrays > 1 ? s2_d[i].data() : nullptr,
-                                   tensors[i].size, &scratch, nullptr);
+          const absl::Status st = LayerOptimizerUpdate(
+              type, constants_d.data(), AdaptsLayerWise(tensors[i].name),
+              p_d[i].data(), g_d[i].data(), s1_d[i].data(),
+              arrays > 1 ? s2_d[i].data() : nullptr, tensors[i].size, &scratch,
+              nullptr);
           EXPECT_TRUE(st.ok()) << st;
         }
       }
@@ -1038,6 +1059,137 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
   }
 }
 
+// Update's launches captured once and replayed, as the CUDA backend runs
+// them with graphs on, read each step's constants from device memory: four
+// steps of a warm-up schedule (a new rate every step), the first plain, the
+// second captured, the last two replayed, give the bits of four plain
+// launches, for every dense optimizer. The constants go up with a copy on
+// the stream before each step's launches, as the backend queues them.
+TEST(CudaDenseOptimizerTest, CapturedUpdateReadsEachStepsConstants) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
+  const std::vector<std::string> names = {"l0.weight", "l0.bias"};
+  const std::vector<int64_t> sizes = {70001, 513};
+  constexpr int kSteps = 4;
+  for (auto type :
+       {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD, OptimizerConfig::ADAM,
+        OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    Rng rng(kCudaTestSeed + type);
+    OptimizerConfig config;
+    config.set_type(type);
+    config.set_initial_accumulator(0.1f);
+    if (type == OptimizerConfig::LAMB || type == OptimizerConfig::LARS) {
+      config.set_weight_decay(0.01f);
+    }
+    if (type == OptimizerConfig::LARS) config.set_momentum(0.9f);
+    config.mutable_schedule()->set_warmup_steps(3);
+    config.mutable_schedule()->set_warmup_start_factor(0.5f);
+    optim::SetDefaults(&config);
+    ASSERT_TRUE(optim::Validate(config, "dense_optimizer").ok());
+    const bool layer_wise =
+        type == OptimizerConfig::LAMB || type == OptimizerConfig::LARS;
+    const float s1_initial =
+        type == OptimizerConfig::ADAGRAD ? config.initial_accumulator() : 0.0f;
+    std::vector<std::vector<float>> initial;
+    std::vector<std::vector<std::vector<float>>> step_grads(kSteps);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      initial.push_back(RandomFloats(rng, sizes[i]));
+      for (int step = 0; step < kSteps; ++step) {
+        step_grads[step].push_back(RandomFloats(rng, sizes[i]));
+      }
+    }
+
+    // Parameters then both state arrays, per tensor, after kSteps steps.
+    auto run = [&](bool graphs) {
+      std::vector<std::vector<float>> out;
+      auto stream = dlrm::cuda::CudaStream::Create();
+      EXPECT_TRUE(stream.ok()) << stream.status();
+      if (!stream.ok()) return out;
+      std::vector<dlrm::cuda::DeviceBuffer<float>> p_d, g_d, s1_d, s2_d;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        p_d.push_back(ToDevice(initial[i]));
+        g_d.push_back(Poisoned(sizes[i]));
+        s1_d.push_back(ToDevice(std::vector<float>(sizes[i], s1_initial)));
+        s2_d.push_back(ToDevice(std::vector<float>(sizes[i], 0.0f)));
+      }
+      auto constants_d = ToDevice(std::vector<double>(kConstantDoubles, 0.0));
+      // Sized up front, as the backend does: no growth inside a capture.
+      auto scratch = dlrm::cuda::DeviceBuffer<double>::Allocate(
+          static_cast<size_t>(LayerScratchDoubles(sizes[0])));
+      EXPECT_TRUE(scratch.ok()) << scratch.status();
+      if (!scratch.ok()) return out;
+      auto launches = [&]() -> absl::Status {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          RETURN_IF_ERROR(
+              layer_wise
+                  ? LayerOptimizerUpdate(
+                        type, constants_d.data(), AdaptsLayerWise(names[i]),
+                        p_d[i].data(), g_d[i].data(), s1_d[i].data(),
+                        s2_d[i].data(), sizes[i], &*scratch, stream->get())
+                  : DenseOptimizerUpdate(type, constants_d.data(),
+                                         p_d[i].data(), g_d[i].data(),
+                                         s1_d[i].data(), s2_d[i].data(),
+                                         sizes[i], stream->get()));
+        }
+        return absl::OkStatus();
+      };
+      std::optional<dlrm::cuda::CudaGraphExec> graph;
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          EXPECT_TRUE(
+              g_d[i]
+                  .CopyFromHost(std::span<const float>(step_grads[step][i]))
+                  .ok());
+        }
+        auto packed = optim::MakePackedStep(config, step + 1);
+        EXPECT_TRUE(packed.ok()) << packed.status();
+        if (!packed.ok()) return out;
+        EXPECT_EQ(cudaMemcpyAsync(constants_d.data(), packed->bytes.data(),
+                                  packed->size, cudaMemcpyHostToDevice,
+                                  stream->get()),
+                  cudaSuccess);
+        absl::Status st;
+        if (!graphs || step == 0) {
+          st = launches();
+        } else if (step == 1) {
+          st = dlrm::cuda::BeginCapture(stream->get());
+          if (st.ok()) {
+            const absl::Status work = launches();
+            auto exec = dlrm::cuda::CudaGraphExec::EndCapture(stream->get());
+            st = work.ok() ? exec.status() : work;
+            if (st.ok()) {
+              graph = std::move(*exec);
+              st = graph->Launch(stream->get());
+            }
+          }
+        } else {
+          st = graph->Launch(stream->get());
+        }
+        EXPECT_TRUE(st.ok()) << "step " << step + 1 << ": " << st;
+        if (!st.ok()) return out;
+        EXPECT_TRUE(stream->Synchronize().ok());
+      }
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        out.push_back(ToHost(p_d[i], sizes[i]));
+        out.push_back(ToHost(s1_d[i], sizes[i]));
+        out.push_back(ToHost(s2_d[i], sizes[i]));
+      }
+      return out;
+    };
+    const std::vector<std::vector<float>> plain = run(false);
+    const std::vector<std::vector<float>> graphed = run(true);
+    ASSERT_EQ(plain.size(), 3 * sizes.size());
+    ASSERT_EQ(graphed.size(), plain.size());
+    for (size_t k = 0; k < plain.size(); ++k) {
+      ExpectBitwiseEqual(graphed[k], plain[k],
+                         absl::StrCat(names[k / 3], " array ", k % 3));
+    }
+    // The parameters moved.
+    EXPECT_NE(plain[0], initial[0]);
+  }
+}
+
 // Argument checks run before any CUDA call, so they hold on every machine.
 TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
   EXPECT_EQ(
@@ -1059,22 +1211,59 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
                                        nullptr, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(optim::Sgd::Step{}, nullptr, nullptr, nullptr,
-                                 nullptr, -1, nullptr)
+  // The optimizers: a negative size, a type of the other kind (or none), a
+  // null or misaligned constants pointer (never dereferenced here).
+  alignas(8) static const double fake_constants[kConstantDoubles] = {};
+  const auto* misaligned = reinterpret_cast<const char*>(fake_constants) + 2;
+  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::SGD, fake_constants, nullptr,
+                                 nullptr, nullptr, nullptr, -1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, nullptr,
+                                 nullptr, nullptr, nullptr, 4, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, 4, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAGRAD, misaligned, nullptr,
+                                 nullptr, nullptr, nullptr, 4, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
+                                   nullptr, nullptr, nullptr, 0, nullptr)
+                  .ok());
   dlrm::cuda::DeviceBuffer<double> scratch;
-  EXPECT_EQ(LayerOptimizerUpdate(optim::Lamb::Step{}, true, nullptr, nullptr,
-                                 nullptr, nullptr, -1, &scratch, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerOptimizerUpdate(optim::Lars::Step{}, true, nullptr, nullptr,
-                                 nullptr, nullptr, 10, nullptr, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, -1, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LARS, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, nullptr, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::ADAM, fake_constants, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerOptimizerUpdate(OptimizerConfig::LAMB, misaligned, true, nullptr,
+                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   // A parameter of no elements queues nothing.
-  EXPECT_TRUE(LayerOptimizerUpdate(optim::Lars::Step{}, true, nullptr, nullptr,
-                                   nullptr, nullptr, 0, &scratch, nullptr)
+  EXPECT_TRUE(LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true,
+                                   nullptr, nullptr, nullptr, nullptr, 0,
+                                   &scratch, nullptr)
                   .ok());
   // Partial sums of w^2 and of the norm term per 4096-element chunk, and
   // the tensor's constants.

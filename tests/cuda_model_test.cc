@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -338,8 +339,25 @@ struct GraphCase {
 };
 
 ModelConfig GraphConfig(const GraphCase& c, bool graphs) {
-  ModelConfig config =
-      CaseConfig({c.name, c.interaction, c.optimizer, c.mixed});
+  // A layer-wise optimizer (LAMB, LARS) is the dense one only; the tables
+  // then take Adagrad.
+  const bool layer_wise = c.optimizer == OptimizerConfig::LAMB ||
+                          c.optimizer == OptimizerConfig::LARS;
+  ModelConfig config = CaseConfig(
+      {c.name, c.interaction,
+       layer_wise ? OptimizerConfig::ADAGRAD : c.optimizer, c.mixed});
+  if (layer_wise) {
+    OptimizerConfig* dense = config.mutable_dense_optimizer();
+    dense->set_type(c.optimizer);
+    dense->set_weight_decay(0.01f);
+    if (c.optimizer == OptimizerConfig::LARS) {
+      dense->set_momentum(0.9f);
+      dense->set_trust_coefficient(0.001f);
+    }
+    auto normalized = NormalizeModelConfig(config);
+    EXPECT_TRUE(normalized.ok()) << normalized.status();
+    if (normalized.ok()) config = *normalized;
+  }
   config.set_device(DEVICE_CUDA);
   config.set_gpu_cuda_graphs(graphs);
   if (c.bf16) config.set_dense_precision(PRECISION_BF16);
@@ -418,9 +436,10 @@ void ExpectSameBits(const RunReport& got, const RunReport& want) {
 class CudaGraphsTest : public ::testing::TestWithParam<GraphCase> {};
 
 // gpu_cuda_graphs on trains bitwise like off: the graphs replay the same
-// kernels on the same pointers, the optimizer's changing constants (the
-// warm-up rate, Adam's bias corrections) stay outside them, and the batch
-// size change drops and remakes them.
+// kernels on the same pointers, Update's graph reads the optimizer's
+// changing constants (the warm-up rate, Adam's and LAMB's bias
+// corrections) from the device memory each step's upload rewrites, and the
+// batch size change drops and remakes the graphs keyed by batch size.
 TEST_P(CudaGraphsTest, GraphsTrainLikePlainLaunches) {
   DLRM_SKIP_WITHOUT_CUDA();
   const GraphCase c = GetParam();
@@ -428,12 +447,19 @@ TEST_P(CudaGraphsTest, GraphsTrainLikePlainLaunches) {
   const RunReport graphs = TrainGraphRun(GraphConfig(c, true), 1);
   ExpectSameBits(graphs, plain);
   // The graphs did run: per graphed call, captures at 64, 131, 64 again
-  // and 7 (4), replays 2 + 1 + 1 + 1 (5), one drop at 131; none failed.
+  // and 7 (4), replays 2 + 1 + 1 + 1 (5), one drop at 131; Update's one
+  // graph captured on the second step and replayed on every later one
+  // (the empty batch's too), never dropped; none failed.
   const dense::GraphCounts& g = graphs.graphs;
   EXPECT_EQ(g.failed_captures, 0) << g.last_failure;
-  EXPECT_GE(g.captures, 4 * 4);
-  EXPECT_EQ(g.captures % 4, 0);
-  EXPECT_EQ(g.replays * 4, g.captures * 5);
+  constexpr int64_t kSteps = std::size(kGraphBatches);
+  EXPECT_EQ(g.update_captures, 1);
+  EXPECT_EQ(g.update_replays, kSteps - 2);
+  const int64_t call_captures = g.captures - g.update_captures;
+  const int64_t call_replays = g.replays - g.update_replays;
+  EXPECT_GE(call_captures, 4 * 4);
+  EXPECT_EQ(call_captures % 4, 0);
+  EXPECT_EQ(call_replays * 4, call_captures * 5);
   EXPECT_EQ(g.invalidations, 1);
   EXPECT_EQ(plain.graphs.captures + plain.graphs.replays, 0);
 }
@@ -466,7 +492,15 @@ INSTANTIATE_TEST_SUITE_P(
                       GraphCase{"cat_sgd_warmup_mixed", INTERACTION_CAT,
                                 OptimizerConfig::SGD, true, true},
                       GraphCase{"dot_adam_warmup_mixed_bf16", INTERACTION_DOT,
-                                OptimizerConfig::ADAM, true, true, true}),
+                                OptimizerConfig::ADAM, true, true, true},
+                      GraphCase{"dcn_adagrad_warmup", INTERACTION_DCN,
+                                OptimizerConfig::ADAGRAD, true, false},
+                      GraphCase{"dot_lamb_warmup_mixed", INTERACTION_DOT,
+                                OptimizerConfig::LAMB, true, true},
+                      GraphCase{"dcn_lars_warmup", INTERACTION_DCN,
+                                OptimizerConfig::LARS, true, false},
+                      GraphCase{"dot_lamb_warmup_bf16", INTERACTION_DOT,
+                                OptimizerConfig::LAMB, true, false, true}),
     [](const ::testing::TestParamInfo<GraphCase>& info) {
       return std::string(info.param.name);
     });

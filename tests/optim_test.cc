@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -460,6 +461,52 @@ TEST(StepTest, MakeLayerStepPicksTheLayerWiseRule) {
   EXPECT_EQ(std::get<Lars::Step>(*r).momentum, 0.9f);
   EXPECT_EQ(std::get<Lars::Step>(*r).trust_coefficient,
             Lars::MakeStep(lars, 5).trust_coefficient);
+}
+
+// MakePackedStep holds the bytes of the rule's own MakeStep for every type,
+// element-wise and layer-wise, zero after them; the scheduled rate and the
+// bias corrections change from step to step, and so do the bytes.
+TEST(StepTest, PackedStepHoldsTheRulesStepBytes) {
+  const auto* values = OptimizerConfig::Type_descriptor();
+  for (int i = 0; i < values->value_count(); ++i) {
+    const auto type =
+        static_cast<OptimizerConfig::Type>(values->value(i)->number());
+    SCOPED_TRACE(values->value(i)->name());
+    OptimizerConfig config = Config(type);
+    if (type == OptimizerConfig::LAMB || type == OptimizerConfig::LARS) {
+      config.set_weight_decay(0.01f);
+    }
+    if (type == OptimizerConfig::LARS) config.set_momentum(0.9f);
+    config.mutable_schedule()->set_warmup_steps(4);
+    config.mutable_schedule()->set_warmup_start_factor(0.25f);
+    ASSERT_TRUE(Validate(config, "opt").ok()) << Validate(config, "opt");
+    std::vector<std::byte> previous;
+    for (int64_t step = 1; step <= 3; ++step) {
+      auto packed = MakePackedStep(config, step);
+      ASSERT_TRUE(packed.ok()) << packed.status();
+      Visit(type, [&](auto rule) {
+        using Step = typename decltype(rule)::Step;
+        const Step want = decltype(rule)::MakeStep(config, step);
+        ASSERT_EQ(packed->size, sizeof(Step));
+        EXPECT_EQ(std::memcmp(packed->bytes.data(), &want, sizeof(Step)), 0)
+            << "step " << step;
+        Step got;
+        std::memcpy(&got, packed->bytes.data(), sizeof(Step));
+        EXPECT_EQ(got.learning_rate, want.learning_rate);
+      });
+      for (size_t b = packed->size; b < PackedStep::kMaxBytes; ++b) {
+        EXPECT_EQ(packed->bytes[b], std::byte{0}) << "byte " << b;
+      }
+      const std::vector<std::byte> bytes(packed->bytes.begin(),
+                                         packed->bytes.end());
+      EXPECT_NE(bytes, previous) << "step " << step;
+      previous = bytes;
+    }
+  }
+  OptimizerConfig bad;
+  bad.set_type(static_cast<OptimizerConfig::Type>(42));
+  EXPECT_EQ(MakePackedStep(bad, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // A new enum value without a rule fails here.

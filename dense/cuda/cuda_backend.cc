@@ -8,6 +8,7 @@
 #include "dense/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <span>
 #include <utility>
 #include <vector>
@@ -137,7 +138,8 @@ struct StreamGraphOps {
 };
 
 // The training calls whose launch sequences may run as graphs
-// (GraphKey::call).
+// (GraphKey::call): keyed by batch size in graphs_, except kUpdate, whose
+// one graph (batch 0) is in update_graphs_.
 enum class GraphCall {
   kBottomForward,
   kInteractionForward,
@@ -145,22 +147,33 @@ enum class GraphCall {
   kTopBackward,
   kInteractionBackward,
   kBottomBackward,
+  kUpdate,
 };
 
 // The pinned host staging of one training step's inputs: the interaction
 // input the caller fills (the columns of host_columns_ are copied up), the
-// dense features, the labels, and the loss copied back. Two sets, used by
-// alternate steps, so that the host fills step k + 1's while step k's
-// copies may still be queued.
+// dense features, the labels, the loss copied back, and the optimizer's
+// constants for Update. Two sets, used by alternate steps, so that the
+// host fills step k + 1's while step k's copies may still be queued.
 struct StagingSet {
   dlrm::cuda::PinnedBuffer<float> t, x, labels;
   dlrm::cuda::PinnedBuffer<double> loss;
+  // optim::PackedStep's bytes (kConstantDoubles).
+  dlrm::cuda::PinnedBuffer<double> constants;
   // Recorded on the compute stream after each copy from or into the set
   // is queued (BottomForward's uploads, QueueLoss's labels and loss): once
   // it has completed nothing queued uses the set, so the host may write it
   // (and ReadLoss read its loss). Never recorded: complete.
   CudaEvent done;
+  // The same for `constants` (Update's upload). Apart from `done`, so that
+  // ReadLoss does not wait for the backward and the update.
+  CudaEvent constants_done;
 };
+
+// Doubles that hold an optim::PackedStep's bytes.
+constexpr size_t kConstantDoubles =
+    optim::PackedStep::kMaxBytes / sizeof(double);
+static_assert(optim::PackedStep::kMaxBytes % sizeof(double) == 0);
 
 class CudaDenseBackend final : public DenseBackend {
  public:
@@ -305,27 +318,27 @@ class CudaDenseBackend final : public DenseBackend {
     return bottom_ready_.Record(stream());
   }
 
+  // The step's constants go up through the current staging set (a plain
+  // copy); the kernels read them from constants_, so the launches (and
+  // the bf16 weight copies' refresh) are the same every step: one graph,
+  // which no batch size drops.
   absl::Status Update() override {
     ++step_;
-    if (layer_wise_) {
-      ASSIGN_OR_RETURN(const optim::AnyLayerStep constants,
-                       optim::MakeLayerStep(optimizer_config_, step_));
-      for (DeviceParam& p : params_) {
-        RETURN_IF_ERROR(LayerOptimizerUpdate(
-            constants, p.adapt, p.value, p.grad, p.state[0].data(),
-            p.state[1].data(), p.size, &layer_scratch_, stream()));
-      }
-    } else {
-      ASSIGN_OR_RETURN(const optim::AnyStep constants,
-                       optim::MakeStep(optimizer_config_, step_));
-      for (DeviceParam& p : params_) {
-        RETURN_IF_ERROR(
-            DenseOptimizerUpdate(constants, p.value, p.grad, p.state[0].data(),
-                                 p.state[1].data(), p.size, stream()));
-      }
-    }
+    ASSIGN_OR_RETURN(const optim::PackedStep packed,
+                     optim::MakePackedStep(optimizer_config_, step_));
+    StagingSet& set = staging_[set_];
+    // The last upload from this slot (the step before last's, or an Update
+    // without a step between) has run.
+    RETURN_IF_ERROR(set.constants_done.Synchronize());
+    std::memcpy(set.constants.data(), packed.bytes.data(), packed.size);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(constants_.data(),
+                                         set.constants.data(), packed.size,
+                                         cudaMemcpyHostToDevice, stream()));
+    RETURN_IF_ERROR(set.constants_done.Record(stream()));
+    RETURN_IF_ERROR(update_graphs_.Run(
+        {static_cast<int>(GraphCall::kUpdate), 0}, [&] { return Optimize(); }));
     host_stale_ = true;
-    return SyncBf16Weights();
+    return absl::OkStatus();
   }
 
   absl::Status Predict(const float* x, int64_t batch, float* probs) override {
@@ -413,10 +426,15 @@ class CudaDenseBackend final : public DenseBackend {
   GraphCounts graph_counts() const override {
     GraphCounts c;
     if (!graphs_.enabled()) return c;
-    c.captures = graphs_.captures();
-    c.replays = graphs_.replays();
-    c.failed_captures = graphs_.failed_captures();
-    c.last_failure = graphs_.last_failure();
+    c.update_captures = update_graphs_.captures();
+    c.update_replays = update_graphs_.replays();
+    c.captures = graphs_.captures() + c.update_captures;
+    c.replays = graphs_.replays() + c.update_replays;
+    c.failed_captures =
+        graphs_.failed_captures() + update_graphs_.failed_captures();
+    c.last_failure = update_graphs_.last_failure().ok()
+                         ? graphs_.last_failure()
+                         : update_graphs_.last_failure();
     c.invalidations = graphs_.invalidations();
     return c;
   }
@@ -472,9 +490,29 @@ class CudaDenseBackend final : public DenseBackend {
             !optim::VisitElementWise(optimizer_config_.type(), [](auto) {})),
         graph_ops_{&stream_},
         graphs_(&graph_ops_, config.gpu_cuda_graphs()),
+        update_graphs_(&graph_ops_, config.gpu_cuda_graphs()),
         host_columns_(HostColumns(interaction(), {})) {}
 
   cudaStream_t stream() const { return stream_.get(); }
+
+  // Update's launches, after the constants' upload: every parameter's
+  // optimizer kernels reading constants_, then the bf16 weight copies.
+  absl::Status Optimize() {
+    const OptimizerConfig::Type type = optimizer_config_.type();
+    for (DeviceParam& p : params_) {
+      if (layer_wise_) {
+        RETURN_IF_ERROR(LayerOptimizerUpdate(type, constants_.data(), p.adapt,
+                                             p.value, p.grad, p.state[0].data(),
+                                             p.state[1].data(), p.size,
+                                             &layer_scratch_, stream()));
+      } else {
+        RETURN_IF_ERROR(DenseOptimizerUpdate(
+            type, constants_.data(), p.value, p.grad, p.state[0].data(),
+            p.state[1].data(), p.size, stream()));
+      }
+    }
+    return SyncBf16Weights();
+  }
 
   // Queues `launches` (device work only: no host synchronisation, no
   // allocation, no copy from pageable memory, no event record) for `call`
@@ -587,6 +625,11 @@ class CudaDenseBackend final : public DenseBackend {
                            static_cast<size_t>(LayerScratchDoubles(largest))));
     }
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
+    ASSIGN_OR_RETURN(constants_,
+                     DeviceBuffer<double>::Allocate(kConstantDoubles));
+    for (StagingSet& set : staging_) {
+      RETURN_IF_ERROR(set.constants.Reserve(kConstantDoubles));
+    }
     return absl::OkStatus();
   }
 
@@ -801,15 +844,23 @@ class CudaDenseBackend final : public DenseBackend {
   CudaStream stream_, copy_stream_;
   std::unique_ptr<BlasContext> blas_;
   CudaEvent top_ready_, bottom_ready_;
-  // The training calls' graphs on stream_ (ModelConfig.gpu_cuda_graphs).
+  // The training calls' graphs on stream_ (ModelConfig.gpu_cuda_graphs):
+  // per (call, batch size), dropped when the batch grows; and Update's,
+  // whose pointers (parameters, state, constants_, layer_scratch_) do not
+  // depend on the batch, so it is never dropped.
   StreamGraphOps graph_ops_;
   GraphReplay<StreamGraphOps> graphs_;
+  GraphReplay<StreamGraphOps> update_graphs_;
 
   DeviceMlp bottom_, top_;
   std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
   std::vector<DeviceParam> params_;        // host_->params' order
   DeviceBuffer<double> loss_;
-  // LayerOptimizerUpdate's, sized for the largest parameter.
+  // The current step's optimizer constants (an optim::PackedStep), which
+  // Update uploads and its kernels read.
+  DeviceBuffer<double> constants_;
+  // LayerOptimizerUpdate's, sized for the largest parameter (so it never
+  // grows inside Update's graph).
   DeviceBuffer<double> layer_scratch_;
   // The step's device buffers; z_at_ / dt_at_ point at z_ / dt_, or at
   // t_ / dz_ for an identity interaction.
@@ -869,6 +920,7 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
   ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
   for (StagingSet& set : b->staging_) {
     ASSIGN_OR_RETURN(set.done, CudaEvent::Create());
+    ASSIGN_OR_RETURN(set.constants_done, CudaEvent::Create());
   }
   RETURN_IF_ERROR(b->Allocate());
   RETURN_IF_ERROR(b->Upload());

@@ -21,7 +21,6 @@
 #include "dense/bf16_round.h"
 #include "dense/interaction.h"
 #include "dlrm/config.pb.h"
-#include "optim/rules.h"
 
 namespace dlrm::dense::cuda {
 
@@ -257,25 +256,34 @@ absl::Status BceWithLogits(const float* logits, const float* labels,
                            double* loss_device, cudaStream_t stream);
 
 // dense::DenseOptimizer::Step for one parameter of n floats: applies the
-// rule of `step` (its constants, from optim::MakeStep; the rule's
-// DenseElement, optim/rules.h, the function the CPU runs) to `param` from
-// `grad`, with state1 / state2 its kDenseState arrays (null where the rule
-// has fewer). InvalidArgument for n < 0.
-absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
+// element-wise rule of `type` (its DenseElement, optim/rules.h, the
+// function the CPU runs) to `param` from `grad`, with state1 / state2 its
+// kDenseState arrays (null where the rule has fewer). The step's constants
+// are read on the device, when the kernel runs, from `constants`: device
+// memory holding the rule's Step (optim::MakePackedStep's bytes for a
+// config of this type), so the launch is the same every step and a
+// captured graph of it reads each step's constants. InvalidArgument for
+// n < 0, a type with no element-wise rule, or (n > 0) a null or misaligned
+// `constants`.
+absl::Status DenseOptimizerUpdate(OptimizerConfig::Type type,
+                                  const void* constants, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,
                                   cudaStream_t stream);
 
-// dense::DenseOptimizer::Step for one parameter of n floats under a
-// layer-wise rule (LAMB, LARS; constants from optim::MakeLayerStep), as one
-// layer: when `adapt` (AdaptsLayerWise) ||param|| and the norm of the
-// rule's NormTerm in double, summed in a fixed order (not the CPU's:
-// agreement within double rounding); the tensor's constants by the rule's
-// MakeLayer on the device; then LayerElement per element. No host
+// dense::DenseOptimizer::Step for one parameter of n floats under the
+// layer-wise rule of `type` (LAMB, LARS), as one layer: when `adapt`
+// (AdaptsLayerWise) ||param|| and the norm of the rule's NormTerm in
+// double, summed in a fixed order (not the CPU's: agreement within double
+// rounding); the tensor's constants by the rule's MakeLayer on the device;
+// then LayerElement per element. The step's constants are read on the
+// device from `constants`, as DenseOptimizerUpdate's. No host
 // synchronisation. `scratch` (device memory) grows to
 // LayerScratchDoubles(n) if smaller, and may be shared by the calls of one
-// stream. InvalidArgument for n < 0 or a null scratch.
-absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
+// stream. InvalidArgument for n < 0, a null scratch, a type with no
+// layer-wise rule, or (n > 0) a null or misaligned `constants`.
+absl::Status LayerOptimizerUpdate(OptimizerConfig::Type type,
+                                  const void* constants, bool adapt,
                                   float* param, const float* grad,
                                   float* state1, float* state2, int64_t n,
                                   dlrm::cuda::DeviceBuffer<double>* scratch,

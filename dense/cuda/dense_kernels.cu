@@ -9,13 +9,13 @@
 // match the CPU bitwise; where the host compiler fuses multiply-adds
 // (dots), results differ by ulps.
 #include <algorithm>
-#include <type_traits>
-#include <variant>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/launch.cuh"
 #include "core/status.h"
 #include "dense/cuda/cuda_dense.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::dense::cuda {
 namespace {
@@ -228,15 +228,17 @@ __global__ void BceKernel(const float* __restrict__ logits,
   }
 }
 
-// One element per thread: the rule's DenseElement, the CPU's function.
+// One element per thread: the rule's DenseElement, the CPU's function, with
+// the step's constants read from device memory (a register copy, so the
+// stores below cannot make the compiler reload them).
 template <typename Rule>
-__global__ void DenseOptimizerKernel(typename Rule::Step step,
-                                     float* __restrict__ p,
-                                     const float* __restrict__ g,
-                                     float* __restrict__ s1,
-                                     float* __restrict__ s2, int64_t n) {
+__global__ void DenseOptimizerKernel(
+    const typename Rule::Step* __restrict__ constants, float* __restrict__ p,
+    const float* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
+    int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
+  const typename Rule::Step step = *constants;
   Rule::DenseElement(step, g[k], p, s1, s2, k);
 }
 
@@ -269,14 +271,14 @@ __device__ void TreeSum(double* sums_a, double* sums_b) {
 // chunk, in double (float squares are exact in double), to partials[2 b]
 // and partials[2 b + 1].
 template <typename Rule>
-__global__ void LayerNormPartialsKernel(typename Rule::Step step,
-                                        const float* __restrict__ p,
-                                        const float* __restrict__ g,
-                                        const float* __restrict__ s1,
-                                        const float* __restrict__ s2, int64_t n,
-                                        double* __restrict__ partials) {
+__global__ void LayerNormPartialsKernel(
+    const typename Rule::Step* __restrict__ constants,
+    const float* __restrict__ p, const float* __restrict__ g,
+    const float* __restrict__ s1, const float* __restrict__ s2, int64_t n,
+    double* __restrict__ partials) {
   __shared__ double w2s[kNormThreads];
   __shared__ double t2s[kNormThreads];
+  const typename Rule::Step step = *constants;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNormChunk;
   double w2 = 0.0, t2 = 0.0;
   for (int j = 0; j < kNormPerThread; ++j) {
@@ -301,10 +303,10 @@ __global__ void LayerNormPartialsKernel(typename Rule::Step step,
 // writes the tensor's constants, Rule::MakeLayer (the CPU's function), to
 // *layer. With blocks = 0 the norms are 0 (a tensor without adaptation).
 template <typename Rule>
-__global__ void LayerFinishKernel(typename Rule::Step step, bool adapt,
-                                  const double* __restrict__ partials,
-                                  int64_t blocks,
-                                  typename Rule::Layer* __restrict__ layer) {
+__global__ void LayerFinishKernel(
+    const typename Rule::Step* __restrict__ constants, bool adapt,
+    const double* __restrict__ partials, int64_t blocks,
+    typename Rule::Layer* __restrict__ layer) {
   __shared__ double w2s[kFinishThreads];
   __shared__ double t2s[kFinishThreads];
   double w2 = 0.0, t2 = 0.0;
@@ -316,8 +318,8 @@ __global__ void LayerFinishKernel(typename Rule::Step step, bool adapt,
   t2s[threadIdx.x] = t2;
   TreeSum(w2s, t2s);
   if (threadIdx.x == 0) {
-    *layer =
-        Rule::MakeLayer(step, adapt, __dsqrt_rn(w2s[0]), __dsqrt_rn(t2s[0]));
+    *layer = Rule::MakeLayer(*constants, adapt, __dsqrt_rn(w2s[0]),
+                             __dsqrt_rn(t2s[0]));
   }
 }
 
@@ -325,11 +327,13 @@ __global__ void LayerFinishKernel(typename Rule::Step step, bool adapt,
 // constants from LayerFinishKernel.
 template <typename Rule>
 __global__ void LayerElementKernel(
-    typename Rule::Step step, const typename Rule::Layer* __restrict__ layer,
-    float* __restrict__ p, const float* __restrict__ g, float* __restrict__ s1,
-    float* __restrict__ s2, int64_t n) {
+    const typename Rule::Step* __restrict__ constants,
+    const typename Rule::Layer* __restrict__ layer, float* __restrict__ p,
+    const float* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
+    int64_t n) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
+  const typename Rule::Step step = *constants;
   Rule::LayerElement(step, *layer, g[k], p, s1, s2, k);
 }
 
@@ -493,7 +497,34 @@ absl::Status InteractionInfer(BlasContext* ctx, const InteractionShape& s,
   }
 }
 
-absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
+// InvalidArgument unless `constants` is non-null and aligned for Step.
+template <typename Step>
+absl::Status CheckConstants(const char* what, const void* constants) {
+  if (constants == nullptr ||
+      reinterpret_cast<uintptr_t>(constants) % alignof(Step) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": constants 0x",
+                     absl::Hex(reinterpret_cast<uintptr_t>(constants)),
+                     " must be non-null and aligned to ", alignof(Step)));
+  }
+  return absl::OkStatus();
+}
+
+// DenseOptimizerUpdate for the element-wise `Rule`, n > 0.
+template <typename Rule>
+absl::Status ElementUpdate(const void* constants, float* param,
+                           const float* grad, float* state1, float* state2,
+                           int64_t n, cudaStream_t stream) {
+  using Step = typename Rule::Step;
+  RETURN_IF_ERROR(CheckConstants<Step>("DenseOptimizerUpdate", constants));
+  return LaunchKernel("DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, static_cast<const Step*>(constants),
+                      param, grad, state1, state2, n);
+}
+
+absl::Status DenseOptimizerUpdate(OptimizerConfig::Type type,
+                                  const void* constants, float* param,
                                   const float* grad, float* state1,
                                   float* state2, int64_t n,
                                   cudaStream_t stream) {
@@ -501,22 +532,60 @@ absl::Status DenseOptimizerUpdate(const optim::AnyStep& step, float* param,
     return absl::InvalidArgumentError(
         absl::StrCat("DenseOptimizerUpdate: n ", n, " is negative"));
   }
-  return std::visit(
-      [&](const auto& constants) {
-        using Rule = typename std::decay_t<decltype(constants)>::Rule;
-        return LaunchKernel(
-            "DenseOptimizerKernel", DenseOptimizerKernel<Rule>,
-            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
-            stream, constants, param, grad, state1, state2, n);
-      },
-      step);
+  decltype(&ElementUpdate<optim::Sgd>) update = nullptr;
+  optim::VisitElementWise(
+      type, [&](auto rule) { update = &ElementUpdate<decltype(rule)>; });
+  if (update == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseOptimizerUpdate: type ", OptimizerConfig::Type_Name(type), " (",
+        static_cast<int>(type), ") has no element-wise rule"));
+  }
+  if (n == 0) return absl::OkStatus();
+  return update(constants, param, grad, state1, state2, n, stream);
 }
 
 int64_t LayerScratchDoubles(int64_t n) {
   return 2 * CeilDiv<int64_t>(std::max<int64_t>(n, 0), kNormChunk) + 1;
 }
 
-absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
+// LayerOptimizerUpdate for the layer-wise `Rule`: the norms' partial sums
+// per chunk, the tensor's constants, then the elements; three launches.
+template <typename Rule>
+absl::Status LayerUpdate(const void* constants, bool adapt, float* param,
+                         const float* grad, float* state1, float* state2,
+                         int64_t n, dlrm::cuda::DeviceBuffer<double>* scratch,
+                         cudaStream_t stream) {
+  using Step = typename Rule::Step;
+  using Layer = typename Rule::Layer;
+  static_assert(sizeof(Layer) <= sizeof(double) &&
+                alignof(Layer) <= alignof(double));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckConstants<Step>("LayerOptimizerUpdate", constants));
+  const auto* step = static_cast<const Step*>(constants);
+  const int64_t blocks = adapt ? CeilDiv<int64_t>(n, kNormChunk) : 0;
+  const size_t doubles = static_cast<size_t>(LayerScratchDoubles(n));
+  if (scratch->size() < doubles) RETURN_IF_ERROR(scratch->Resize(doubles));
+  double* partials = scratch->data();
+  // The double after the partial sums holds the tensor's constants.
+  auto* layer = reinterpret_cast<Layer*>(partials + 2 * blocks);
+  RETURN_IF_ERROR(LaunchKernel(
+      "LayerNormPartialsKernel", LayerNormPartialsKernel<Rule>,
+      dim3(static_cast<unsigned>(blocks)), dim3(kNormThreads), 0, stream, step,
+      static_cast<const float*>(param), grad, static_cast<const float*>(state1),
+      static_cast<const float*>(state2), n, partials));
+  RETURN_IF_ERROR(LaunchKernel("LayerFinishKernel", LayerFinishKernel<Rule>,
+                               dim3(1), dim3(kFinishThreads), 0, stream, step,
+                               adapt, static_cast<const double*>(partials),
+                               blocks, layer));
+  return LaunchKernel("LayerElementKernel", LayerElementKernel<Rule>,
+                      dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))),
+                      dim3(256), 0, stream, step,
+                      static_cast<const Layer*>(layer), param, grad, state1,
+                      state2, n);
+}
+
+absl::Status LayerOptimizerUpdate(OptimizerConfig::Type type,
+                                  const void* constants, bool adapt,
                                   float* param, const float* grad,
                                   float* state1, float* state2, int64_t n,
                                   dlrm::cuda::DeviceBuffer<double>* scratch,
@@ -525,36 +594,18 @@ absl::Status LayerOptimizerUpdate(const optim::AnyLayerStep& step, bool adapt,
     return absl::InvalidArgumentError(absl::StrCat(
         "LayerOptimizerUpdate: n ", n, " must be >= 0 and scratch non-null"));
   }
-  if (n == 0) return absl::OkStatus();
-  const int64_t blocks = adapt ? CeilDiv<int64_t>(n, kNormChunk) : 0;
-  const size_t doubles = static_cast<size_t>(LayerScratchDoubles(n));
-  if (scratch->size() < doubles) RETURN_IF_ERROR(scratch->Resize(doubles));
-  double* partials = scratch->data();
-  return std::visit(
-      [&](const auto& constants) -> absl::Status {
-        using Rule = typename std::decay_t<decltype(constants)>::Rule;
-        using Layer = typename Rule::Layer;
-        static_assert(sizeof(Layer) <= sizeof(double) &&
-                      alignof(Layer) <= alignof(double));
-        // The double after the partial sums holds the tensor's constants.
-        auto* layer = reinterpret_cast<Layer*>(partials + 2 * blocks);
-        RETURN_IF_ERROR(LaunchKernel(
-            "LayerNormPartialsKernel", LayerNormPartialsKernel<Rule>,
-            dim3(static_cast<unsigned>(blocks)), dim3(kNormThreads), 0, stream,
-            constants, static_cast<const float*>(param), grad,
-            static_cast<const float*>(state1),
-            static_cast<const float*>(state2), n, partials));
-        RETURN_IF_ERROR(
-            LaunchKernel("LayerFinishKernel", LayerFinishKernel<Rule>, dim3(1),
-                         dim3(kFinishThreads), 0, stream, constants, adapt,
-                         static_cast<const double*>(partials), blocks, layer));
-        return LaunchKernel(
-            "LayerElementKernel", LayerElementKernel<Rule>,
-            dim3(static_cast<unsigned>(CeilDiv<int64_t>(n, 256))), dim3(256), 0,
-            stream, constants, static_cast<const Layer*>(layer), param, grad,
-            state1, state2, n);
-      },
-      step);
+  decltype(&LayerUpdate<optim::Lamb>) update = nullptr;
+  optim::Visit(type, [&](auto rule) {
+    using Rule = decltype(rule);
+    if constexpr (Rule::kLayerWise) update = &LayerUpdate<Rule>;
+  });
+  if (update == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LayerOptimizerUpdate: type ", OptimizerConfig::Type_Name(type), " (",
+        static_cast<int>(type), ") has no layer-wise rule"));
+  }
+  return update(constants, adapt, param, grad, state1, state2, n, scratch,
+                stream);
 }
 
 absl::Status BceWithLogits(const float* logits, const float* labels,
