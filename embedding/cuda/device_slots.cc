@@ -1,14 +1,17 @@
 // DeviceSlots: records moved between the host's interleaved layout (weights
 // then state, per record) and the slot table's separate arrays through
-// pinned staging and the GatherRows / ScatterRows kernels; the device
-// tier's cached store.
+// pinned staging and the GatherRows / ScatterRows kernels, or between a
+// mapped host table's arrays and the slots with the LoadRecords /
+// StoreRecords kernels; the device tier's cached store.
 #include "embedding/cuda/device_slots.h"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_raii.h"
@@ -17,12 +20,26 @@
 #include "core/status.h"
 #include "embedding/cuda/cuda_embedding_table.h"
 #include "embedding/cuda/cuda_store.h"
+#include "embedding/cuda/embedding_kernels.h"
 
 namespace dlrm::embedding::cuda {
 namespace {
 
 // Floats of records one staging chunk holds (16 MiB).
 constexpr int64_t kChunkFloats = int64_t{1} << 22;
+
+// The slot table's arrays as the record kernels take them.
+RecordArrays ArraysOf(CudaEmbeddingTable& table) {
+  RecordArrays a;
+  a.weights = table.weights();
+  a.state1 = table.state(0);
+  a.state2 = table.state(1);
+  a.rows = table.rows();
+  a.dim = table.dim();
+  a.state1_floats = table.state_floats(0);
+  a.state2_floats = table.state_floats(1);
+  return a;
+}
 
 }  // namespace
 
@@ -40,6 +57,22 @@ struct DeviceSlots::Impl {
   dlrm::cuda::DeviceBuffer<float> packed;
   dlrm::cuda::DeviceBuffer<int64_t> index;
   bool has_batch = false;
+  // The mapped host table (MapHostTable), its arrays' registrations and
+  // the arrays as the kernels address them.
+  const EmbeddingTable* mapped = nullptr;
+  std::vector<dlrm::cuda::HostRegistration> registrations;
+  RecordArrays mapped_arrays;
+  // LoadRows / StoreRows' row and slot numbers, in two pinned buffers used
+  // in turn: buffer k is refilled only once `uploaded` (recorded after its
+  // last upload was queued) has passed.
+  struct IndexBuffer {
+    dlrm::cuda::PinnedBuffer<int64_t> host;
+    dlrm::cuda::DeviceBuffer<int64_t> device;
+    dlrm::cuda::CudaEvent uploaded;
+    bool pending = false;
+  };
+  IndexBuffer pairs[2];
+  int next_pairs = 0;
 };
 
 DeviceSlots::DeviceSlots(const TableSpec& spec)
@@ -73,6 +106,9 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
   ASSIGN_OR_RETURN(impl.table,
                    CudaEmbeddingTable::Create(spec.table_index, slots, spec.dim,
                                               spec.pooling, spec.optimizer));
+  for (Impl::IndexBuffer& b : impl.pairs) {
+    ASSIGN_OR_RETURN(b.uploaded, dlrm::cuda::CudaEvent::Create());
+  }
   return d;
 }
 
@@ -171,6 +207,113 @@ absl::Status DeviceSlots::WriteSlots(const int64_t* slots, int64_t n,
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl.stream));
   }
   return absl::OkStatus();
+}
+
+bool DeviceSlots::MapHostTable(EmbeddingTable& table) {
+  Impl& impl = *impl_;
+  // No queued copy may still use the arrays of a table mapped before.
+  if (!impl.registrations.empty()) {
+    cudaStreamSynchronize(impl.stream);
+  }
+  impl.registrations.clear();
+  impl.mapped = nullptr;
+  impl.mapped_arrays = RecordArrays{};
+  if (table.dim() != spec_.dim ||
+      table.state_floats(0) != impl.table->state_floats(0) ||
+      table.state_floats(1) != impl.table->state_floats(1)) {
+    return false;
+  }
+  RecordArrays arrays;
+  arrays.rows = table.rows();
+  arrays.dim = table.dim();
+  arrays.state1_floats = table.state_floats(0);
+  arrays.state2_floats = table.state_floats(1);
+  float* host[3] = {table.weights(), table.state1().data(),
+                    table.state2().data()};
+  const size_t floats[3] = {static_cast<size_t>(table.rows()) * table.dim(),
+                            table.state1().size(), table.state2().size()};
+  float** device[3] = {&arrays.weights, &arrays.state1, &arrays.state2};
+  for (int k = 0; k < 3; ++k) {
+    if (floats[k] == 0) continue;
+    absl::StatusOr<dlrm::cuda::HostRegistration> r =
+        dlrm::cuda::HostRegistration::Register(host[k],
+                                               floats[k] * sizeof(float));
+    if (!r.ok()) {
+      std::fprintf(stderr,
+                   "dlrm: table %d: the device cache's host tier cannot be "
+                   "pinned and mapped (%s); its rows move through staged "
+                   "copies\n",
+                   spec_.table_index, r.status().ToString().c_str());
+      impl.registrations.clear();
+      return false;
+    }
+    *device[k] = static_cast<float*>(r->device_pointer());
+    impl.registrations.push_back(std::move(r).value());
+  }
+  impl.mapped = &table;
+  impl.mapped_arrays = arrays;
+  return true;
+}
+
+bool DeviceSlots::host_mapped() const { return impl_->mapped != nullptr; }
+
+absl::Status DeviceSlots::CheckMapped(const EmbeddingTable& table) const {
+  if (&table != impl_->mapped) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table.table_index(),
+                     ": not the host table mapped into the device slots"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const int64_t*> DeviceSlots::UploadPairs(const int64_t* a,
+                                                        const int64_t* b,
+                                                        int64_t n) {
+  Impl& impl = *impl_;
+  Impl::IndexBuffer& buffer = impl.pairs[impl.next_pairs];
+  impl.next_pairs ^= 1;
+  if (buffer.pending) {
+    // Its last upload has read the pinned buffer: it may be refilled (or
+    // reallocated).
+    RETURN_IF_ERROR(buffer.uploaded.Synchronize());
+    buffer.pending = false;
+  }
+  const size_t count = 2 * static_cast<size_t>(n);
+  RETURN_IF_ERROR(buffer.host.Reserve(count));
+  // Grows with cudaFree / cudaMalloc, which wait for the device: no queued
+  // kernel still reads the old memory.
+  RETURN_IF_ERROR(buffer.device.Resize(count));
+  std::copy_n(a, n, buffer.host.data());
+  std::copy_n(b, n, buffer.host.data() + n);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.device.data(), buffer.host.data(),
+                                       count * sizeof(int64_t),
+                                       cudaMemcpyHostToDevice, impl.stream));
+  RETURN_IF_ERROR(buffer.uploaded.Record(impl.stream));
+  buffer.pending = true;
+  return buffer.device.data();
+}
+
+absl::Status DeviceSlots::LoadRows(const EmbeddingTable& table,
+                                   const int64_t* rows, const int64_t* slots,
+                                   int64_t n) {
+  RETURN_IF_ERROR(CheckMapped(table));
+  if (n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t* index, UploadPairs(rows, slots, n));
+  Impl& impl = *impl_;
+  const RecordArrays device_slots = ArraysOf(*impl.table);
+  return LoadRecords(impl.mapped_arrays, index, device_slots, index + n, n,
+                     impl.stream);
+}
+
+absl::Status DeviceSlots::StoreRows(const int64_t* slots, const int64_t* rows,
+                                    int64_t n, EmbeddingTable& table) {
+  RETURN_IF_ERROR(CheckMapped(table));
+  if (n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t* index, UploadPairs(slots, rows, n));
+  Impl& impl = *impl_;
+  const RecordArrays device_slots = ArraysOf(*impl.table);
+  return StoreRecords(device_slots, index, impl.mapped_arrays, index + n, n,
+                      impl.stream);
 }
 
 absl::Status DeviceSlots::SetBatch(const data::SparseFeature& slot_ids) {
