@@ -219,8 +219,9 @@ class PinnedBuffer {
 
 // Host memory someone else allocated, registered with CUDA
 // (cudaHostRegister, mapped and portable): page-locked, so copies from and
-// to it are asynchronous, and addressable by kernels of every device at
-// device_pointer(); unregistered on destruction. The memory is borrowed: it
+// to it are asynchronous, and addressable by kernels at device_pointer()
+// (under unified addressing the same address on every device);
+// unregistered on destruction. The memory is borrowed: it
 // must outlive the registration and not move. Thread-compatible.
 class HostRegistration {
  public:

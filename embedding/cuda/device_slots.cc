@@ -6,8 +6,10 @@
 #include "embedding/cuda/device_slots.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <utility>
@@ -233,11 +235,30 @@ bool DeviceSlots::MapHostTable(EmbeddingTable& table) {
   const size_t floats[3] = {static_cast<size_t>(table.rows()) * table.dim(),
                             table.state1().size(), table.state2().size()};
   float** device[3] = {&arrays.weights, &arrays.state1, &arrays.state2};
+  // The arrays' page ranges, those that share a page merged into one:
+  // cudaHostRegister refuses a page that is registered already, and the
+  // arrays are 64-byte aligned, not page-aligned.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   for (int k = 0; k < 3; ++k) {
     if (floats[k] == 0) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(host[k]);
+    const uintptr_t end = begin + floats[k] * sizeof(float);
+    ranges.emplace_back(begin / page * page, (end + page - 1) / page * page);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first < merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  for (const auto& [begin, end] : merged) {
     absl::StatusOr<dlrm::cuda::HostRegistration> r =
-        dlrm::cuda::HostRegistration::Register(host[k],
-                                               floats[k] * sizeof(float));
+        dlrm::cuda::HostRegistration::Register(reinterpret_cast<void*>(begin),
+                                               end - begin);
     if (!r.ok()) {
       std::fprintf(stderr,
                    "dlrm: table %d: the device cache's host tier cannot be "
@@ -247,8 +268,19 @@ bool DeviceSlots::MapHostTable(EmbeddingTable& table) {
       impl.registrations.clear();
       return false;
     }
-    *device[k] = static_cast<float*>(r->device_pointer());
     impl.registrations.push_back(std::move(r).value());
+  }
+  // Each array's device address: its offset in the range that holds it.
+  for (int k = 0; k < 3; ++k) {
+    if (floats[k] == 0) continue;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(host[k]);
+    for (const dlrm::cuda::HostRegistration& r : impl.registrations) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(r.host_pointer());
+      if (at >= begin && at < begin + r.bytes()) {
+        *device[k] = reinterpret_cast<float*>(
+            static_cast<char*>(r.device_pointer()) + (at - begin));
+      }
+    }
   }
   impl.mapped = &table;
   impl.mapped_arrays = arrays;

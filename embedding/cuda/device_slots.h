@@ -52,10 +52,11 @@ class DeviceSlots final : public SlotStorage {
                          float* records) override;
   absl::Status WriteSlots(const int64_t* slots, int64_t n,
                           const float* records) override;
-  // Registers the table's non-empty arrays (dlrm::cuda::HostRegistration)
+  // Registers the pages of the table's non-empty arrays
+  // (dlrm::cuda::HostRegistration; arrays that share a page as one range)
   // until the slots are destroyed or map another table. Where a
-  // registration fails (a system that will not pin that much, an array
-  // sharing a page with memory registered already) it writes one line to
+  // registration fails (a system that will not pin that much, a page
+  // registered already by another table's cache) it writes one line to
   // stderr naming the table and the error, and returns false.
   bool MapHostTable(EmbeddingTable& table) override;
   // Internal on CUDA errors, also an earlier kernel's fault;
