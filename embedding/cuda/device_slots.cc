@@ -51,13 +51,21 @@ struct DeviceSlots::Impl {
   // The stream every call uses; `owned` when the slots made it.
   cudaStream_t stream = nullptr;
   dlrm::cuda::CudaStream owned;
-  // One chunk of records, packed as the table's arrays (rows x dim weights,
-  // then rows x state_floats(0), then rows x state_floats(1)): on the host
-  // (pinned) and on the device; and the chunk's slot numbers.
-  dlrm::cuda::PinnedBuffer<float> host_packed;
-  dlrm::cuda::PinnedBuffer<int64_t> host_index;
-  dlrm::cuda::DeviceBuffer<float> packed;
-  dlrm::cuda::DeviceBuffer<int64_t> index;
+  // ReadSlots / WriteSlots' chunks of records, two used in turn: each
+  // packed as the table's arrays (rows x dim weights, then rows x
+  // state_floats(0), then rows x state_floats(1)) on the host (pinned) and
+  // on the device, with its slot numbers. `done` is recorded after the last
+  // queued work that uses the chunk's host buffers; while `pending` they
+  // are not refilled, reallocated or read before it has passed.
+  struct Chunk {
+    dlrm::cuda::PinnedBuffer<float> host_packed;
+    dlrm::cuda::PinnedBuffer<int64_t> host_index;
+    dlrm::cuda::DeviceBuffer<float> packed;
+    dlrm::cuda::DeviceBuffer<int64_t> index;
+    dlrm::cuda::CudaEvent done;
+    bool pending = false;
+  };
+  Chunk chunks[2];
   bool has_batch = false;
   // The mapped host table (MapHostTable), its arrays' registrations and
   // the arrays as the kernels address them.
@@ -111,6 +119,9 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
   for (Impl::IndexBuffer& b : impl.pairs) {
     ASSIGN_OR_RETURN(b.uploaded, dlrm::cuda::CudaEvent::Create());
   }
+  for (Impl::Chunk& c : impl.chunks) {
+    ASSIGN_OR_RETURN(c.done, dlrm::cuda::CudaEvent::Create());
+  }
   return d;
 }
 
@@ -122,19 +133,38 @@ int64_t DeviceSlots::ChunkRows() const {
   return std::max<int64_t>(1, kChunkFloats / floats);
 }
 
-absl::Status DeviceSlots::StageIndex(const int64_t* slots, int64_t rows) {
+absl::Status DeviceSlots::WaitForChunk(int k) {
+  Impl::Chunk& c = impl_->chunks[k];
+  if (c.pending) {
+    RETURN_IF_ERROR(c.done.Synchronize());
+    c.pending = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceSlots::StageIndex(int k, const int64_t* slots,
+                                     int64_t rows) {
   Impl& impl = *impl_;
+  Impl::Chunk& c = impl.chunks[k];
+  // The chunk's last use is done: its buffers may be refilled or grown.
+  RETURN_IF_ERROR(WaitForChunk(k));
   const int64_t floats =
       spec_.dim + impl.table->state_floats(0) + impl.table->state_floats(1);
   const size_t n = static_cast<size_t>(rows);
-  RETURN_IF_ERROR(impl.host_packed.Reserve(n * floats));
-  RETURN_IF_ERROR(impl.host_index.Reserve(n));
-  RETURN_IF_ERROR(impl.packed.Resize(n * floats));
-  RETURN_IF_ERROR(impl.index.Resize(n));
-  std::copy_n(slots, n, impl.host_index.data());
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      impl.index.data(), impl.host_index.data(), n * sizeof(int64_t),
-      cudaMemcpyHostToDevice, impl.stream));
+  RETURN_IF_ERROR(c.host_packed.Reserve(n * floats));
+  RETURN_IF_ERROR(c.host_index.Reserve(n));
+  // Growing frees with cudaFree, which waits for the device: no queued
+  // kernel still reads the old memory.
+  RETURN_IF_ERROR(c.packed.Resize(n * floats));
+  RETURN_IF_ERROR(c.index.Resize(n));
+  std::copy_n(slots, n, c.host_index.data());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.index.data(), c.host_index.data(),
+                                       n * sizeof(int64_t),
+                                       cudaMemcpyHostToDevice, impl.stream));
+  // Recorded again after the chunk's records are queued; this covers a call
+  // that fails in between.
+  RETURN_IF_ERROR(c.done.Record(impl.stream));
+  c.pending = true;
   return absl::OkStatus();
 }
 
@@ -146,32 +176,48 @@ absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
   const int64_t n2 = impl.table->state_floats(1);
   const int64_t floats = dim + n1 + n2;
   const int64_t chunk = ChunkRows();
-  for (int64_t done = 0; done < n; done += chunk) {
-    const int64_t rows = std::min(chunk, n - done);
-    // The previous chunk's copy out of the staging is done (synchronised
-    // below), so the staging may be reused or grown.
-    RETURN_IF_ERROR(StageIndex(slots + done, rows));
-    float* w = impl.packed.data();
-    float* s1 = w + rows * dim;
-    float* s2 = s1 + rows * n1;
-    RETURN_IF_ERROR(impl.table->GatherRows(impl.index.data(), rows, w,
-                                           n1 > 0 ? s1 : nullptr,
-                                           n2 > 0 ? s2 : nullptr, impl.stream));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(impl.host_packed.data(), w,
-                        static_cast<size_t>(rows * floats) * sizeof(float),
-                        cudaMemcpyDeviceToHost, impl.stream));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl.stream));
-    const float* hw = impl.host_packed.data();
+  // Unpacks chunk `k` (rows [begin, begin + rows) of the call) into
+  // `records` once its copy out has passed.
+  auto unpack = [&](int k, int64_t begin, int64_t rows) -> absl::Status {
+    RETURN_IF_ERROR(WaitForChunk(k));
+    const float* hw = impl.chunks[k].host_packed.data();
     const float* h1 = hw + rows * dim;
     const float* h2 = h1 + rows * n1;
     for (int64_t i = 0; i < rows; ++i) {
-      float* record = records + (done + i) * floats;
+      float* record = records + (begin + i) * floats;
       std::copy_n(hw + i * dim, dim, record);
       std::copy_n(h1 + i * n1, n1, record + dim);
       std::copy_n(h2 + i * n2, n2, record + dim + n1);
     }
+    return absl::OkStatus();
+  };
+  // Chunk j is queued, then the host unpacks chunk j - 1 while it runs.
+  int last = -1;
+  int64_t last_begin = 0, last_rows = 0;
+  for (int64_t done = 0, j = 0; done < n; done += chunk, ++j) {
+    const int k = static_cast<int>(j % 2);
+    const int64_t rows = std::min(chunk, n - done);
+    // Chunk j - 2 used these buffers and was unpacked already.
+    RETURN_IF_ERROR(StageIndex(k, slots + done, rows));
+    Impl::Chunk& c = impl.chunks[k];
+    float* w = c.packed.data();
+    float* s1 = w + rows * dim;
+    float* s2 = s1 + rows * n1;
+    RETURN_IF_ERROR(impl.table->GatherRows(c.index.data(), rows, w,
+                                           n1 > 0 ? s1 : nullptr,
+                                           n2 > 0 ? s2 : nullptr, impl.stream));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(c.host_packed.data(), w,
+                        static_cast<size_t>(rows * floats) * sizeof(float),
+                        cudaMemcpyDeviceToHost, impl.stream));
+    RETURN_IF_ERROR(c.done.Record(impl.stream));
+    c.pending = true;
+    if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
+    last = k;
+    last_begin = done;
+    last_rows = rows;
   }
+  if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
   return absl::OkStatus();
 }
 
@@ -183,12 +229,16 @@ absl::Status DeviceSlots::WriteSlots(const int64_t* slots, int64_t n,
   const int64_t n2 = impl.table->state_floats(1);
   const int64_t floats = dim + n1 + n2;
   const int64_t chunk = ChunkRows();
-  for (int64_t done = 0; done < n; done += chunk) {
+  // The host packs chunk j while chunk j - 1's copy and scatter run; the
+  // call returns once the last is queued (`records` are in the pinned
+  // chunks by then).
+  for (int64_t done = 0, j = 0; done < n; done += chunk, ++j) {
+    const int k = static_cast<int>(j % 2);
     const int64_t rows = std::min(chunk, n - done);
-    // The previous chunk's copies from the staging are done (synchronised
-    // below), so it may be refilled.
-    RETURN_IF_ERROR(StageIndex(slots + done, rows));
-    float* hw = impl.host_packed.data();
+    // Waits for chunk j - 2's copy from these buffers.
+    RETURN_IF_ERROR(StageIndex(k, slots + done, rows));
+    Impl::Chunk& c = impl.chunks[k];
+    float* hw = c.host_packed.data();
     float* h1 = hw + rows * dim;
     float* h2 = h1 + rows * n1;
     for (int64_t i = 0; i < rows; ++i) {
@@ -197,16 +247,17 @@ absl::Status DeviceSlots::WriteSlots(const int64_t* slots, int64_t n,
       std::copy_n(record + dim, n1, h1 + i * n1);
       std::copy_n(record + dim + n1, n2, h2 + i * n2);
     }
-    float* w = impl.packed.data();
+    float* w = c.packed.data();
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         w, hw, static_cast<size_t>(rows * floats) * sizeof(float),
         cudaMemcpyHostToDevice, impl.stream));
     const float* s1 = w + rows * dim;
     const float* s2 = s1 + rows * n1;
-    RETURN_IF_ERROR(impl.table->ScatterRows(
-        impl.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
-        n2 > 0 ? s2 : nullptr, impl.stream));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl.stream));
+    RETURN_IF_ERROR(
+        impl.table->ScatterRows(c.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
+                                n2 > 0 ? s2 : nullptr, impl.stream));
+    RETURN_IF_ERROR(c.done.Record(impl.stream));
+    c.pending = true;
   }
   return absl::OkStatus();
 }

@@ -20,8 +20,11 @@ namespace dlrm::embedding::cuda {
 // Slots in the memory of CUDA device 0, driven by the CUDA kernels
 // (embedding_kernels.h) on one stream, the one given at creation or one of
 // its own. ReadSlots / WriteSlots move records through pinned host staging
-// and device packing buffers in chunks of at most 16 MiB, with the
-// GatherRows / ScatterRows kernels, and return once their copies are done.
+// and device packing buffers in chunks of at most 16 MiB, two used in turn
+// (an event each), with the GatherRows / ScatterRows kernels: ReadSlots
+// unpacks chunk k while chunk k + 1's copy runs and returns once all are
+// done; WriteSlots packs chunk k + 1 while chunk k's copy runs and returns
+// once all are queued.
 // MapHostTable pins a host table's arrays and maps them for the device;
 // LoadRows / StoreRows then only queue the LoadRecords / StoreRecords
 // kernels, which read and write those arrays over the bus, after the
@@ -82,9 +85,12 @@ class DeviceSlots final : public SlotStorage {
   explicit DeviceSlots(const TableSpec& spec);
   // Rows of one staging chunk.
   int64_t ChunkRows() const;
-  // Sizes the staging for `rows` rows and copies slots[0, rows) to the
-  // device index buffer (queued).
-  absl::Status StageIndex(const int64_t* slots, int64_t rows);
+  // Waits until chunk k's (0 or 1) host buffers are no longer used by
+  // queued work.
+  absl::Status WaitForChunk(int k);
+  // WaitForChunk(k), then sizes chunk k for `rows` rows and queues the
+  // copy of slots[0, rows) to its device index buffer.
+  absl::Status StageIndex(int k, const int64_t* slots, int64_t rows);
   // FailedPrecondition unless `table` is the mapped table.
   absl::Status CheckMapped(const EmbeddingTable& table) const;
   // Queues the upload of a[0, n) then b[0, n) through the next of the two
