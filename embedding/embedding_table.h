@@ -75,7 +75,9 @@ class EmbeddingTable {
   int dim() const { return dim_; }
   Pooling pooling() const { return pooling_; }
   const OptimizerConfig& optimizer() const { return optimizer_; }
-  // rows x dim, row-major.
+  // rows x dim, row-major. This array and the state arrays are sized once,
+  // at construction, and never reallocated (a device cache pins and maps
+  // them: cuda::DeviceSlots::MapHostTable); callers must not resize them.
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
   // Optimizer state, laid out as optim::SparseState(optimizer()) says:
