@@ -33,6 +33,41 @@ absl::Status HostSlots::WriteSlots(const int64_t* slots, int64_t n,
   return absl::OkStatus();
 }
 
+bool HostSlots::MapHostTable(EmbeddingTable& table) {
+  mapped_ = nullptr;
+  if (table.dim() != table_->dim() ||
+      table.state_floats(0) != table_->state_floats(0) ||
+      table.state_floats(1) != table_->state_floats(1)) {
+    return false;
+  }
+  mapped_ = &table;
+  return true;
+}
+
+absl::Status HostSlots::CheckMapped(const EmbeddingTable& table) const {
+  if (&table != mapped_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table.table_index(),
+                     ": not the host table mapped into the slots"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostSlots::LoadRows(const EmbeddingTable& table,
+                                 const int64_t* rows, const int64_t* slots,
+                                 int64_t n) {
+  RETURN_IF_ERROR(CheckMapped(table));
+  CopyRecords(table, rows, *table_, slots, n);
+  return absl::OkStatus();
+}
+
+absl::Status HostSlots::StoreRows(const int64_t* slots, const int64_t* rows,
+                                  int64_t n, EmbeddingTable& table) {
+  RETURN_IF_ERROR(CheckMapped(table));
+  CopyRecords(*table_, slots, table, rows, n);
+  return absl::OkStatus();
+}
+
 absl::Status HostSlots::Forward(float* out, int64_t out_stride) const {
   table_->Forward(*batch_, out, out_stride);
   return absl::OkStatus();
@@ -45,11 +80,13 @@ absl::Status HostSlots::BackwardUpdate(const float* grad, int64_t grad_stride) {
 
 CachedStore::CachedStore(const TableSpec& spec, const CacheOptions& options,
                          std::unique_ptr<SlotStorage> slots,
-                         std::unique_ptr<EmbeddingStore> backing)
+                         std::unique_ptr<EmbeddingStore> backing,
+                         EmbeddingTable* host_table)
     : spec_(spec),
       record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)),
       slots_(std::move(slots)),
       backing_(std::move(backing)),
+      host_table_(host_table),
       manager_(spec.table_index, spec.rows, options.cache_rows,
                options.eviction, "the cache", "CacheOptions.cache_rows"),
       background_prefetch_(options.background_prefetch) {}
@@ -64,6 +101,8 @@ CachedStore::~CachedStore() {
     worker_.join();
   }
   if (slots_ != nullptr) slots_->Synchronize().IgnoreError();
+  // Before the backing store: device slots unregister its arrays.
+  slots_.reset();
 }
 
 void CachedStore::PrefetchLoop() {
@@ -108,8 +147,16 @@ absl::Status CachedStore::WaitForPrefetch() {
   return std::exchange(read_status_, absl::OkStatus());
 }
 
+absl::Status CachedStore::WaitForBacking() {
+  RETURN_IF_ERROR(WaitForPrefetch());
+  if (host_table_ != nullptr) RETURN_IF_ERROR(slots_->Synchronize());
+  return absl::OkStatus();
+}
+
 EmbeddingStore& CachedStore::backing() {
   JoinPrefetch();
+  // A device fault is the slots' to report again at the next Synchronize.
+  if (host_table_ != nullptr) slots_->Synchronize().IgnoreError();
   return *backing_;
 }
 
@@ -140,8 +187,16 @@ absl::StatusOr<std::unique_ptr<CachedStore>> CachedStore::Create(
                      " slots for a cache of ", options.cache_rows, " rows"));
   }
   slots->set_step(backing->step());
-  return std::unique_ptr<CachedStore>(
-      new CachedStore(spec, options, std::move(slots), std::move(backing)));
+  EmbeddingTable* host_table = nullptr;
+  if (options.direct_host_access) {
+    // The one tier whose rows are host arrays the slots can address.
+    if (auto* host = dynamic_cast<HostStore*>(backing.get());
+        host != nullptr && slots->MapHostTable(host->table())) {
+      host_table = &host->table();
+    }
+  }
+  return std::unique_ptr<CachedStore>(new CachedStore(
+      spec, options, std::move(slots), std::move(backing), host_table));
 }
 
 bool CachedStore::IsDirty(int64_t row) const {
@@ -153,15 +208,20 @@ absl::Status CachedStore::WriteBack(const std::vector<int64_t>& rows,
                                     const std::vector<int64_t>& slots) {
   if (rows.empty()) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(rows.size());
-  records_.resize(n * RecordFloats());
-  RETURN_IF_ERROR(slots_->ReadSlots(slots.data(), n, records_.data()));
-  // Runs of consecutive rows go in one call.
-  for (int64_t i = 0; i < n;) {
-    int64_t j = i + 1;
-    while (j < n && rows[j] == rows[j - 1] + 1) ++j;
-    RETURN_IF_ERROR(backing_->WriteRows(rows[i], j - i,
-                                        records_.data() + i * RecordFloats()));
-    i = j;
+  if (host_table_ != nullptr) {
+    RETURN_IF_ERROR(
+        slots_->StoreRows(slots.data(), rows.data(), n, *host_table_));
+  } else {
+    records_.resize(n * RecordFloats());
+    RETURN_IF_ERROR(slots_->ReadSlots(slots.data(), n, records_.data()));
+    // Runs of consecutive rows go in one call.
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i + 1;
+      while (j < n && rows[j] == rows[j - 1] + 1) ++j;
+      RETURN_IF_ERROR(backing_->WriteRows(
+          rows[i], j - i, records_.data() + i * RecordFloats()));
+      i = j;
+    }
   }
   metrics_.rows_written += n;
   metrics_.bytes_written += n * RecordFloats() * int64_t{sizeof(float)};
@@ -177,37 +237,47 @@ absl::StatusOr<const data::SparseFeature*> CachedStore::Prepare(
   const SlotPlan& plan = manager_.plan();
 
   // Dirty victims to the backing store while they still hold their slots
-  // (the slots' reads wait for the last batch's update).
+  // (the slots' reads, and the direct path's stores, are ordered after the
+  // last batch's update).
   RETURN_IF_ERROR(WriteBack(plan.writeback_rows, plan.writeback_slots));
 
-  // The misses' records: staged by the last Prefetch, or read now.
   const int64_t misses = static_cast<int64_t>(plan.misses.size());
   const int64_t floats = RecordFloats();
-  records_.resize(misses * floats);
+  miss_rows_.resize(misses);
   miss_slots_.resize(misses);
+  for (int64_t i = 0; i < misses; ++i) {
+    miss_rows_[i] = plan.rows[plan.misses[i]];
+    miss_slots_[i] = plan.slots[plan.misses[i]];
+  }
   int64_t prefetch_hits = 0, rows_read = 0;
-  for (int64_t i = 0; i < misses; ++i) {
-    const int64_t k = plan.misses[i];
-    const int64_t row = plan.rows[k];
-    miss_slots_[i] = plan.slots[k];
-    float* record = records_.data() + i * floats;
-    if (const auto it = staged_index_.find(row); it != staged_index_.end()) {
-      std::memcpy(record, staged_records_.data() + it->second * floats,
-                  floats * sizeof(float));
-      ++prefetch_hits;
-    } else {
-      RETURN_IF_ERROR(backing_->ReadRow(row, record));
-      ++rows_read;
+  if (host_table_ != nullptr) {
+    // Commit, then the slots load the misses from the backing table, after
+    // the victims' stores above.
+    manager_.Commit();
+    RETURN_IF_ERROR(slots_->LoadRows(*host_table_, miss_rows_.data(),
+                                     miss_slots_.data(), misses));
+    rows_read = misses;
+  } else {
+    // The misses' records: staged by the last Prefetch, or read now.
+    records_.resize(misses * floats);
+    for (int64_t i = 0; i < misses; ++i) {
+      const int64_t row = miss_rows_[i];
+      float* record = records_.data() + i * floats;
+      if (const auto it = staged_index_.find(row); it != staged_index_.end()) {
+        std::memcpy(record, staged_records_.data() + it->second * floats,
+                    floats * sizeof(float));
+        ++prefetch_hits;
+      } else {
+        RETURN_IF_ERROR(backing_->ReadRow(row, record));
+        ++rows_read;
+      }
     }
+    // Commit: the misses enter their slots.
+    manager_.Commit();
+    for (const int64_t row : miss_rows_) staged_index_.erase(row);
+    RETURN_IF_ERROR(
+        slots_->WriteSlots(miss_slots_.data(), misses, records_.data()));
   }
-
-  // Commit: the misses enter their slots.
-  manager_.Commit();
-  for (int64_t i = 0; i < misses; ++i) {
-    staged_index_.erase(plan.rows[plan.misses[i]]);
-  }
-  RETURN_IF_ERROR(
-      slots_->WriteSlots(miss_slots_.data(), misses, records_.data()));
   RETURN_IF_ERROR(slots_->SetBatch(plan.remapped));
   const int64_t unique = static_cast<int64_t>(plan.rows.size());
   metrics_.hits += unique - misses;
@@ -246,6 +316,10 @@ absl::Status CachedStore::BackwardUpdate(const data::SparseFeature& prepared,
 }
 
 absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
+  // The direct path loads misses from host memory already: nothing to
+  // stage, and no read of the backing store while the slots' copies into
+  // it may be queued.
+  if (host_table_ != nullptr) return absl::OkStatus();
   // The last read is done and its staging replaced; an error it met is
   // returned now, with nothing staged.
   const absl::Status last = WaitForPrefetch();
@@ -296,7 +370,7 @@ absl::Status CachedStore::PoolReadOnly(const data::SparseFeature& ids,
 
 absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
-  RETURN_IF_ERROR(WaitForPrefetch());
+  RETURN_IF_ERROR(WaitForBacking());
   RETURN_IF_ERROR(backing_->ReadRows(begin, count, out));
   // The resident rows of the range, found from whichever side is smaller.
   std::vector<int64_t> at, slots;
@@ -330,7 +404,7 @@ absl::Status CachedStore::ReadRows(int64_t begin, int64_t count, float* out) {
 absl::Status CachedStore::WriteRows(int64_t begin, int64_t count,
                                     const float* records) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
-  RETURN_IF_ERROR(WaitForPrefetch());
+  RETURN_IF_ERROR(WaitForBacking());
   RETURN_IF_ERROR(backing_->WriteRows(begin, count, records));
   const int64_t floats = RecordFloats();
   std::vector<int64_t> slots;
@@ -367,6 +441,8 @@ absl::Status CachedStore::Flush() {
   }
   RETURN_IF_ERROR(WriteBack(rows, slots));
   for (const int64_t slot : slots) manager_.SetDirty(slot, false);
+  // The direct path's stores are done before the backing store is used.
+  if (host_table_ != nullptr) RETURN_IF_ERROR(slots_->Synchronize());
   backing_->set_step(slots_->step());
   return backing_->Flush();
 }

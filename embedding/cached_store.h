@@ -3,7 +3,8 @@
 // memory (HostSlots) or in device memory (cuda::DeviceSlots,
 // cuda/device_slots.h), one SlotManager (slot_manager.h) deciding what
 // moves. The device tier's cache (TableConfig.device_cache_rows) is a
-// CachedStore over device slots and a HostStore.
+// CachedStore over device slots and a HostStore, whose pinned arrays the
+// device reads and writes directly.
 #pragma once
 
 #include <condition_variable>
@@ -48,6 +49,30 @@ class SlotStorage {
   virtual absl::Status WriteSlots(const int64_t* slots, int64_t n,
                                   const float* records) = 0;
 
+  // Makes `table` (host memory, of the slots' dim and optimizer: a
+  // HostStore's) one whose rows LoadRows and StoreRows copy directly, and
+  // returns whether it is (false for a table of another dim or state
+  // size): host slots always can; device slots pin and map its arrays,
+  // and where that fails log why (naming the table) and return false. One
+  // table per slots: a later call replaces the last. `table` must outlive
+  // the slots and its arrays must not be reallocated.
+  virtual bool MapHostTable(EmbeddingTable& table) = 0;
+  // Sets slots[i] (distinct, in [0, slots())) to the record of row rows[i]
+  // (in [0, table.rows())) of `table` for i in [0, n), ordered after the
+  // work queued before and before the work queued after; done on return or
+  // only queued, so the host must not write those rows of `table` until
+  // Synchronize. `rows` and `slots` may be reused on return.
+  // FailedPrecondition unless `table` is the mapped table; the storage's
+  // errors otherwise.
+  virtual absl::Status LoadRows(const EmbeddingTable& table,
+                                const int64_t* rows, const int64_t* slots,
+                                int64_t n) = 0;
+  // Sets rows[i] (distinct) of `table` to the record of slots[i] for i in
+  // [0, n), ordered and checked as LoadRows; the host must not read or
+  // write those rows of `table` until Synchronize.
+  virtual absl::Status StoreRows(const int64_t* slots, const int64_t* rows,
+                                 int64_t n, EmbeddingTable& table) = 0;
+
   // Takes the batch the next Forward and BackwardUpdate run on: `slot_ids`
   // holds slot numbers in [0, slots()) and well-formed offsets, and must
   // stay valid and unchanged until the next SetBatch. Work still queued on
@@ -78,6 +103,12 @@ class HostSlots final : public SlotStorage {
                          float* records) override;
   absl::Status WriteSlots(const int64_t* slots, int64_t n,
                           const float* records) override;
+  // Plain row copies (CopyRecords), done on return.
+  bool MapHostTable(EmbeddingTable& table) override;
+  absl::Status LoadRows(const EmbeddingTable& table, const int64_t* rows,
+                        const int64_t* slots, int64_t n) override;
+  absl::Status StoreRows(const int64_t* slots, const int64_t* rows, int64_t n,
+                         EmbeddingTable& table) override;
   absl::Status SetBatch(const data::SparseFeature& slot_ids) override {
     batch_ = &slot_ids;
     return absl::OkStatus();
@@ -89,37 +120,52 @@ class HostSlots final : public SlotStorage {
   void set_step(int64_t step) override { table_->set_step(step); }
 
  private:
+  // FailedPrecondition unless `table` is mapped_.
+  absl::Status CheckMapped(const EmbeddingTable& table) const;
+
   std::unique_ptr<EmbeddingTable> table_;
   int record_floats_;
   const data::SparseFeature* batch_ = nullptr;
+  const EmbeddingTable* mapped_ = nullptr;
 };
 
 // A fixed number of slots (a SlotStorage) caching rows of `backing`, a
 // store of the same spec holding every row. Prepare writes the dirty rows
-// it evicts back to `backing` (ReadSlots, then backing WriteRows), loads
-// its misses (from the last Prefetch's staging, else backing ReadRows) into
-// their slots (WriteSlots) and hands the storage the batch remapped to
-// slots; the kernels then run on the slots. Trains like `backing` would on
-// its own: bitwise when the slots are host memory (HostSlots), within the
-// device kernels' rounding otherwise. The step counter is the slots'; Flush
-// writes every dirty row and the step to `backing` and flushes it.
-// memory_space() is the slots'. Thread safety as EmbeddingStore: with
-// CacheOptions::background_prefetch, Prefetch's reads of `backing` run on
-// a thread of the store's own, and every call that touches `backing` or
-// the staging first waits for them, so `backing` has one caller at a time.
+// it evicts back to `backing`, loads its misses into their slots and hands
+// the storage the batch remapped to slots; the kernels then run on the
+// slots. The rows move one of two ways:
+// - direct (a HostStore backing, CacheOptions::direct_host_access, and
+//   slots that map its table: SlotStorage::MapHostTable): the slots copy
+//   victims into the table's arrays (StoreRows) and misses out of them
+//   (LoadRows), queued like the kernels; Prefetch stages nothing (the rows
+//   are in host memory already), and every call that touches `backing` on
+//   the host first waits for the slots' queued work.
+// - staged (any other backing): victims through ReadSlots and backing
+//   WriteRows, misses from the last Prefetch's staging or backing ReadRows
+//   through WriteSlots.
+// Trains like `backing` would on its own, either way: bitwise when the
+// slots are host memory (HostSlots), within the device kernels' rounding
+// otherwise. The step counter is the slots'; Flush writes every dirty row
+// and the step to `backing` and flushes it. memory_space() is the slots'.
+// Thread safety as EmbeddingStore: with CacheOptions::background_prefetch,
+// Prefetch's reads of `backing` run on a thread of the store's own, and
+// every call that touches `backing` or the staging first waits for them,
+// so `backing` has one caller at a time.
 class CachedStore final : public EmbeddingStore {
  public:
   // InvalidArgument for a bad spec or options, a backing store whose spec
   // has other rows, dim or optimizer, or slots that are not
   // options.cache_rows of spec's record size; the backing store's step
-  // becomes the slots' step.
+  // becomes the slots' step. Maps a HostStore backing's table into the
+  // slots (the direct path) when options.direct_host_access.
   static absl::StatusOr<std::unique_ptr<CachedStore>> Create(
       const TableSpec& spec, const CacheOptions& options,
       std::unique_ptr<SlotStorage> slots,
       std::unique_ptr<EmbeddingStore> backing);
 
-  // Waits for the background prefetch and the slots' queued work. Dirty
-  // rows not flushed are dropped.
+  // Waits for the background prefetch and the slots' queued work, and
+  // destroys the slots before the backing store (they may have mapped its
+  // memory). Dirty rows not flushed are dropped.
   ~CachedStore() override;
 
   const TableSpec& spec() const override { return spec_; }
@@ -141,18 +187,18 @@ class CachedStore final : public EmbeddingStore {
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
   absl::Status Synchronize() override { return slots_->Synchronize(); }
-  // Reads the records of the rows of `next_ids` that are not resident now
-  // from the backing store into a host staging area, replacing the last
-  // call's: on the store's thread (background_prefetch; it returns at
-  // once, and the read overlaps the caller's compute and the device's
-  // queued kernels) or before it returns. The read sees every write-back
-  // before the call (the last Prepare's) and stages only rows no later
-  // write-back can change (they are not resident, and leave the staging
-  // when they enter a slot or are written). Ids outside [0, rows) are left
-  // for Prepare to report. The backing store's errors: of this read when
-  // not in the background, of a failed background read otherwise (the
-  // next call that waits for it returns it once: Prepare, Prefetch,
-  // ReadRows, WriteRows, Flush).
+  // On the direct path, nothing (returns OK). Otherwise reads the records
+  // of the rows of `next_ids` that are not resident now from the backing
+  // store into a host staging area, replacing the last call's: on the store's
+  // thread (background_prefetch; it returns at once, and the read overlaps the
+  // caller's compute and the device's queued kernels) or before it returns. The
+  // read sees every write-back before the call (the last Prepare's) and stages
+  // only rows no later write-back can change (they are not resident, and leave
+  // the staging when they enter a slot or are written). Ids outside [0, rows)
+  // are left for Prepare to report. The backing store's errors: of this read
+  // when not in the background, of a failed background read otherwise (the next
+  // call that waits for it returns it once: Prepare, Prefetch, ReadRows,
+  // WriteRows, Flush).
   absl::Status Prefetch(const data::SparseFeature& next_ids) override;
   // FailedPrecondition: the slot map and the slots change as the caller
   // prepares batches, unguarded (predictions read such tables between
@@ -170,20 +216,31 @@ class CachedStore final : public EmbeddingStore {
   int64_t step() const override { return slots_->step(); }
   void set_step(int64_t step) override { slots_->set_step(step); }
   // hits, misses, prefetch_hits, evictions; rows_read / rows_written count
-  // records read from and written to the backing store.
+  // records read from and written to the backing store: on the direct path
+  // the misses loaded from its table and the dirty rows stored into it
+  // (victims and flushes, counted when queued), on the staged path the
+  // rows its reads and the prefetch's returned and the rows written back.
+  // bytes_read / bytes_written: those records' bytes.
   StoreMetrics metrics() const override { return metrics_; }
 
   int64_t capacity() const { return manager_.capacity(); }
+  // Whether rows move directly between the slots and the backing
+  // HostStore's arrays (see the class comment); for the device tier,
+  // whether its host tier is pinned and mapped.
+  bool direct() const { return host_table_ != nullptr; }
   // Whether `row` is in a slot now, and dirty there.
   bool IsResident(int64_t row) const { return manager_.SlotOf(row) >= 0; }
   bool IsDirty(int64_t row) const;
-  // The backing store, once the background prefetch (if any) is done.
+  // The backing store, once the background prefetch (if any) and, on the
+  // direct path, the slots' queued work are done (a device error that wait
+  // meets is returned by the next call that synchronises).
   EmbeddingStore& backing();
 
  private:
   CachedStore(const TableSpec& spec, const CacheOptions& options,
               std::unique_ptr<SlotStorage> slots,
-              std::unique_ptr<EmbeddingStore> backing);
+              std::unique_ptr<EmbeddingStore> backing,
+              EmbeddingTable* host_table);
 
   int64_t RecordFloats() const { return record_floats_; }
   // FailedPrecondition unless `prepared` is the last successful Prepare's.
@@ -202,11 +259,17 @@ class CachedStore final : public EmbeddingStore {
   absl::Status WaitForPrefetch();
   // The prefetch thread: runs each queued read until stopping_.
   void PrefetchLoop();
+  // WaitForPrefetch, then on the direct path the slots' queued work (which
+  // reads and writes the backing table): after it the host may use
+  // backing_.
+  absl::Status WaitForBacking();
 
   TableSpec spec_;
   int64_t record_floats_;
   std::unique_ptr<SlotStorage> slots_;
   std::unique_ptr<EmbeddingStore> backing_;
+  // The backing HostStore's table on the direct path, else null.
+  EmbeddingTable* host_table_;
   SlotManager manager_;
   StoreMetrics metrics_;
   bool prepared_ = false;
@@ -233,10 +296,10 @@ class CachedStore final : public EmbeddingStore {
   bool read_queued_ = false;
   bool read_pending_ = false;
   bool stopping_ = false;
-  // Prepare's scratch: records of the write-back and of the misses, the
-  // misses' slots.
+  // Prepare's scratch: records of the write-back and of the misses
+  // (staged path), the misses' rows (direct path) and slots.
   std::vector<float> records_;
-  std::vector<int64_t> miss_slots_;
+  std::vector<int64_t> miss_rows_, miss_slots_;
 };
 
 }  // namespace dlrm::embedding

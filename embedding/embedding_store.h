@@ -65,11 +65,12 @@ struct StoreMetrics {
   int64_t prefetch_hits = 0;
   // Resident rows dropped to make room (clean or dirty).
   int64_t evictions = 0;
-  // Rows found in RocksDB, and never-written rows initialised instead.
+  // Rows found in RocksDB, and never-written rows initialised instead
+  // (CachedStore: records read from its backing store, cached_store.h).
   int64_t rows_read = 0;
   int64_t rows_initialized = 0;
   // Rows written back to RocksDB (dirty evictions, counted when queued for
-  // the background write, and flushes).
+  // the background write, and flushes; CachedStore: to its backing store).
   int64_t rows_written = 0;
   // Value bytes read from and written to RocksDB.
   int64_t bytes_read = 0;
@@ -308,6 +309,13 @@ struct CacheOptions {
   // returning at once (the next call that needs the backing store waits for
   // it), or on the caller's before it returns. Default: true.
   bool background_prefetch = true;
+  // Whether, over a HostStore, misses are copied straight from its arrays
+  // into their slots and dirty victims straight back, queued on the slots
+  // (SlotStorage::MapHostTable: the device pins and maps the arrays), with
+  // no prefetch; false, or slots that cannot map them: records move
+  // through host buffers of the cache's own and the prefetch staging.
+  // Trains the same either way. Default: true.
+  bool direct_host_access = true;
 
   // InvalidArgument naming the field when one is out of range.
   absl::Status Validate() const;

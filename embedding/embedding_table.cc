@@ -242,6 +242,25 @@ void EmbeddingTable::WriteRecord(int64_t row, const float* record) {
   }
 }
 
+void CopyRecords(const EmbeddingTable& src, const int64_t* src_rows,
+                 EmbeddingTable& dst, const int64_t* dst_rows, int64_t n) {
+  const int64_t dim = src.dim();
+  const int64_t n1 = src.state_floats(0), n2 = src.state_floats(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = src_rows[i], d = dst_rows[i];
+    std::memcpy(dst.weights() + d * dim, src.weights() + s * dim,
+                dim * sizeof(float));
+    if (n1 > 0) {
+      std::memcpy(dst.state1().data() + d * n1, src.state1().data() + s * n1,
+                  n1 * sizeof(float));
+    }
+    if (n2 > 0) {
+      std::memcpy(dst.state2().data() + d * n2, src.state2().data() + s * n2,
+                  n2 * sizeof(float));
+    }
+  }
+}
+
 void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,
                              int64_t out_stride) const {
   PoolRows(weights_.data(), dim_, pooling_, ids, out, out_stride);

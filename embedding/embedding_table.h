@@ -75,7 +75,9 @@ class EmbeddingTable {
   int dim() const { return dim_; }
   Pooling pooling() const { return pooling_; }
   const OptimizerConfig& optimizer() const { return optimizer_; }
-  // rows x dim, row-major.
+  // rows x dim, row-major. This array and the state arrays are sized once,
+  // at construction, and never reallocated (a device cache pins and maps
+  // them: cuda::DeviceSlots::MapHostTable); callers must not resize them.
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
   // Optimizer state, laid out as optim::SparseState(optimizer()) says:
@@ -86,6 +88,9 @@ class EmbeddingTable {
   AlignedVector<float>& state2() { return state2_; }
   const AlignedVector<float>& state1() const { return state1_; }
   const AlignedVector<float>& state2() const { return state2_; }
+  // Floats per row of state1 (k = 0) or state2 (k = 1); 0 where the
+  // optimizer lacks that array.
+  int state_floats(int k) const { return state_floats_[k]; }
   // Copies row `row`'s record into `record`: its dim weights, then its
   // state arrays in order (dim + optim::SparseStateFloatsPerRow floats in
   // all). The layout the storage tiers keep rows in. `row` must be in
@@ -142,6 +147,15 @@ class EmbeddingTable {
 // gather rows into a buffer of their own before pooling.
 void PoolRows(const float* weights, int dim, Pooling pooling,
               const data::SparseFeature& ids, float* out, int64_t out_stride);
+
+// Copies whole rows (weights and optimizer state) of `src` into rows of
+// `dst`, a table of the same dim and optimizer: row src_rows[i] of `src`
+// into row dst_rows[i] of `dst` for i in [0, n), dst_rows distinct; every
+// row must be in range. HostSlots' direct path (cached_store.h), and the
+// CPU reference of the device's record kernels
+// (cuda/embedding_kernels.h LoadRecords / StoreRecords).
+void CopyRecords(const EmbeddingTable& src, const int64_t* src_rows,
+                 EmbeddingTable& dst, const int64_t* dst_rows, int64_t n);
 
 // Plain loops: the references the optimized kernels are tested against.
 namespace reference {

@@ -97,7 +97,7 @@ case "${1:-}" in
       for tool in memcheck racecheck; do
         for t in cuda_embedding_test cuda_store_test; do
           f=$filter
-          [[ $t == cuda_store_test && -z ${2:-} ]] && f='DeviceSlots*:CudaCachedStore*'
+          [[ $t == cuda_store_test && -z ${2:-} ]] && f='DeviceSlots*:RecordKernels*:CudaCachedStore*'
           echo "== $tool $t $f"
           "$sanitizer" --tool "$tool" --error-exitcode 1 "$bin/$t" \
             --gtest_filter="$f" --gtest_brief=1 || status=1

@@ -4,8 +4,10 @@
 // slots (HostSlots, the CPU stand-in for the device's) much smaller than
 // its table training bitwise like the table in host memory, with skewed
 // ids, prefetch (on the caller's thread and in the background), records
-// read and written mid-training and flushes, over a HostStore and over
-// RocksDB (a RocksDbCachedStore under it).
+// read and written mid-training and flushes, over a HostStore (rows moved
+// through the cache's records and staging, and directly between the slots
+// and the HostStore's arrays) and over RocksDB (a RocksDbCachedStore under
+// it).
 #include "embedding/cached_store.h"
 
 #include <gtest/gtest.h>
@@ -116,15 +118,18 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// `direct`: CacheOptions::direct_host_access (used over a HostStore).
 std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
                                        int64_t cache_rows,
                                        EvictionPolicy eviction,
                                        std::unique_ptr<EmbeddingStore> backing,
-                                       bool background_prefetch = true) {
+                                       bool background_prefetch = true,
+                                       bool direct = true) {
   CacheOptions options;
   options.cache_rows = cache_rows;
   options.eviction = eviction;
   options.background_prefetch = background_prefetch;
+  options.direct_host_access = direct;
   auto store = CachedStore::Create(
       spec, options, std::make_unique<HostSlots>(spec, cache_rows),
       std::move(backing));
@@ -135,9 +140,11 @@ std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
 std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
                                        int64_t cache_rows,
                                        EvictionPolicy eviction,
-                                       bool background_prefetch = true) {
+                                       bool background_prefetch = true,
+                                       bool direct = true) {
   return HostCache(spec, cache_rows, eviction,
-                   std::make_unique<HostStore>(spec), background_prefetch);
+                   std::make_unique<HostStore>(spec), background_prefetch,
+                   direct);
 }
 
 // A RocksDB database in a directory of the test's own, removed at the end.
@@ -442,7 +449,10 @@ class CachedStoreEquivalenceTest
 
 // A table 25x its cache, against the same table in host memory, for every
 // embedding optimizer, both poolings and both policies, in every prefetch
-// mode.
+// mode, with the rows moved through the cache's records and staging and
+// moved directly between the slots and the HostStore's arrays: both
+// bitwise like the table, and so like each other, with the same hits,
+// misses, evictions and write-backs.
 TEST_P(CachedStoreEquivalenceTest, TwentyFiveTimesOverCapacityIsBitwise) {
   const auto [type, pooling, eviction] = GetParam();
   // Prefetch modes 1 and 2 with the reads on the caller's thread and on the
@@ -454,23 +464,44 @@ TEST_P(CachedStoreEquivalenceTest, TwentyFiveTimesOverCapacityIsBitwise) {
                  << "prefetch mode " << prefetch
                  << (background ? " in the background" : " on the caller"));
     const TableSpec spec = MakeSpec(2500, 16, pooling, type);
-    std::unique_ptr<CachedStore> store =
-        HostCache(spec, 100, eviction, background);
-    ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->memory_space(), MemorySpace::kHost);
-    TrainAndCompare(spec, *store, /*steps=*/30, /*bags=*/16, /*max_hot=*/4,
-                    prefetch, kSeed + 10 * static_cast<int>(type) + prefetch);
-    const StoreMetrics m = store->metrics();
-    // The table really spilled: rows were evicted, written back and loaded.
-    EXPECT_GT(m.evictions, 0);
-    EXPECT_GT(m.rows_written, 0);
-    EXPECT_GT(m.rows_read, 0);
-    EXPECT_GT(m.hits, 0);
-    if (prefetch > 0) {
-      EXPECT_GT(m.prefetch_hits, 0);
-    } else {
-      EXPECT_EQ(m.prefetch_hits, 0);
+    const uint64_t seed = kSeed + 10 * static_cast<int>(type) + prefetch;
+    std::vector<float> records[2];
+    StoreMetrics metrics[2];
+    for (const bool direct : {false, true}) {
+      SCOPED_TRACE(direct ? "direct" : "staged");
+      std::unique_ptr<CachedStore> store =
+          HostCache(spec, 100, eviction, background, direct);
+      ASSERT_NE(store, nullptr);
+      EXPECT_EQ(store->memory_space(), MemorySpace::kHost);
+      EXPECT_EQ(store->direct(), direct);
+      TrainAndCompare(spec, *store, /*steps=*/30, /*bags=*/16, /*max_hot=*/4,
+                      prefetch, seed);
+      records[direct] = AllRecords(*store);
+      const StoreMetrics m = metrics[direct] = store->metrics();
+      // The table really spilled: rows were evicted, written back and
+      // loaded.
+      EXPECT_GT(m.evictions, 0);
+      EXPECT_GT(m.rows_written, 0);
+      EXPECT_GT(m.rows_read, 0);
+      EXPECT_GT(m.hits, 0);
+      if (prefetch > 0 && !direct) {
+        EXPECT_GT(m.prefetch_hits, 0);
+      } else {
+        // The direct path stages nothing: every miss is read from the
+        // backing table.
+        EXPECT_EQ(m.prefetch_hits, 0);
+      }
+      if (direct || prefetch == 0) {
+        EXPECT_EQ(m.rows_read, m.misses);
+      }
+      EXPECT_EQ(m.bytes_read, m.rows_read * RecordFloats(spec) * 4);
+      EXPECT_EQ(m.bytes_written, m.rows_written * RecordFloats(spec) * 4);
     }
+    EXPECT_TRUE(BitwiseEqual(records[0], records[1])) << "direct vs staged";
+    EXPECT_EQ(metrics[0].hits, metrics[1].hits);
+    EXPECT_EQ(metrics[0].misses, metrics[1].misses);
+    EXPECT_EQ(metrics[0].evictions, metrics[1].evictions);
+    EXPECT_EQ(metrics[0].rows_written, metrics[1].rows_written);
   }
 }
 
@@ -501,10 +532,108 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CachedStoreTest, ShardWithOddDimIsBitwise) {
   TableSpec spec = MakeSpec(700, 7, POOLING_MEAN, OptimizerConfig::ADAM);
   spec.slice = TableSlice{5000, 1200, 3};
-  std::unique_ptr<CachedStore> store =
-      HostCache(spec, 60, EvictionPolicy::kLru);
-  ASSERT_NE(store, nullptr);
-  TrainAndCompare(spec, *store, 20, 12, 4, 1, kSeed + 77);
+  for (const bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "direct" : "staged");
+    std::unique_ptr<CachedStore> store =
+        HostCache(spec, 60, EvictionPolicy::kLru, true, direct);
+    ASSERT_NE(store, nullptr);
+    TrainAndCompare(spec, *store, 20, 12, 4, 1, kSeed + 77);
+  }
+}
+
+// A cache of 8 slots under batches of up to 8 unique rows from 32 hot ones
+// and the rest of the table: most steps evict, nearly all dirty, over SGD,
+// row-wise Adagrad and Adam, LRU and LFU, with the next batch prefetched.
+// Direct and staged both train bitwise like the table, with the same
+// counters, and the direct path reads every miss from the table.
+TEST(CachedStoreTest, TinyCacheDirectAndStagedAreBitwise) {
+  for (const auto type :
+       {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+        OptimizerConfig::ADAM}) {
+    for (const EvictionPolicy eviction :
+         {EvictionPolicy::kLru, EvictionPolicy::kLfu}) {
+      SCOPED_TRACE(testing::Message()
+                   << OptimizerConfig::Type_Name(type)
+                   << (eviction == EvictionPolicy::kLru ? " LRU" : " LFU"));
+      const TableSpec spec = MakeSpec(1000, 8, POOLING_SUM, type);
+      constexpr int kSteps = 40;
+      StoreMetrics metrics[2];
+      for (const bool direct : {false, true}) {
+        SCOPED_TRACE(direct ? "direct" : "staged");
+        std::unique_ptr<CachedStore> store =
+            HostCache(spec, 8, eviction, /*background_prefetch=*/false, direct);
+        ASSERT_NE(store, nullptr);
+        TrainAndCompare(spec, *store, kSteps, /*bags=*/2, /*max_hot=*/4,
+                        /*prefetch=*/1, kSeed + 300 + static_cast<int>(type));
+        metrics[direct] = store->metrics();
+      }
+      const StoreMetrics& d = metrics[1];
+      const StoreMetrics& staged = metrics[0];
+      std::printf("misses %lld evictions %lld rows written %lld\n",
+                  static_cast<long long>(d.misses),
+                  static_cast<long long>(d.evictions),
+                  static_cast<long long>(d.rows_written));
+      EXPECT_GT(d.evictions, kSteps / 2);
+      EXPECT_GT(d.rows_written, kSteps / 2);
+      EXPECT_EQ(d.rows_read, d.misses);
+      EXPECT_EQ(d.prefetch_hits, 0);
+      EXPECT_EQ(d.hits, staged.hits);
+      EXPECT_EQ(d.misses, staged.misses);
+      EXPECT_EQ(d.evictions, staged.evictions);
+      EXPECT_EQ(d.rows_written, staged.rows_written);
+      EXPECT_GT(staged.prefetch_hits, 0);
+    }
+  }
+}
+
+// HostSlots' direct path on its own: whole records (weights and optimizer
+// state) copied from a table's rows into slots and back, equal to the
+// records ReadRecord gives; a table of another shape is not mapped, and an
+// unmapped table is refused.
+TEST(HostSlotsTest, LoadAndStoreRowsCopyWholeRecords) {
+  const TableSpec spec = MakeSpec(50, 6, POOLING_SUM, OptimizerConfig::ADAM);
+  const int floats = RecordFloats(spec);
+  HostStore backing(spec);
+  EmbeddingTable& table = backing.table();
+  Rng rng(kSeed + 5);
+  for (int64_t r = 0; r < spec.rows; ++r) {
+    std::vector<float> record(floats);
+    for (float& x : record) x = static_cast<float>(rng.Normal());
+    table.WriteRecord(r, record.data());
+  }
+  HostSlots slots(spec, 10);
+  ASSERT_TRUE(slots.MapHostTable(table));
+  const std::vector<int64_t> rows = {7, 49, 0, 13, 22};
+  const std::vector<int64_t> where = {9, 0, 4, 5, 1};
+  ASSERT_TRUE(slots.LoadRows(table, rows.data(), where.data(), 5).ok());
+  std::vector<float> got(5 * floats), want(floats);
+  ASSERT_TRUE(slots.ReadSlots(where.data(), 5, got.data()).ok());
+  for (int i = 0; i < 5; ++i) {
+    table.ReadRecord(rows[i], want.data());
+    EXPECT_EQ(std::memcmp(got.data() + i * floats, want.data(),
+                          floats * sizeof(float)),
+              0)
+        << "row " << rows[i];
+  }
+  // Slots 9 and 0 (rows 7 and 49) stored into rows 30 and 31.
+  const std::vector<int64_t> to = {30, 31};
+  ASSERT_TRUE(slots.StoreRows(where.data(), to.data(), 2, table).ok());
+  std::vector<float> stored(floats);
+  for (int i = 0; i < 2; ++i) {
+    table.ReadRecord(to[i], stored.data());
+    EXPECT_EQ(std::memcmp(stored.data(), got.data() + i * floats,
+                          floats * sizeof(float)),
+              0)
+        << "row " << to[i];
+  }
+
+  HostStore other(spec);
+  EXPECT_EQ(slots.LoadRows(other.table(), rows.data(), where.data(), 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  HostStore wider(MakeSpec(50, 8, POOLING_SUM, OptimizerConfig::ADAM));
+  EXPECT_FALSE(slots.MapHostTable(wider.table()));
+  EXPECT_EQ(slots.StoreRows(where.data(), to.data(), 1, table).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // A row staged by a prefetch must not shadow a newer value: row 9 is
@@ -513,7 +642,9 @@ TEST(CachedStoreTest, ShardWithOddDimIsBitwise) {
 // next batch must see both updates; WriteRows drops a staged copy too.
 TEST(CachedStoreTest, PrefetchedRowsEvictedOrUpdatedInBetween) {
   const TableSpec spec = MakeSpec(10, 8, POOLING_SUM, OptimizerConfig::ADAM);
-  std::unique_ptr<CachedStore> store = HostCache(spec, 3, EvictionPolicy::kLru);
+  std::unique_ptr<CachedStore> store =
+      HostCache(spec, 3, EvictionPolicy::kLru, /*background_prefetch=*/true,
+                /*direct=*/false);
   ASSERT_NE(store, nullptr);
   HostStore reference(spec);
   std::vector<float> grad(8, 0.5f);
@@ -562,6 +693,8 @@ TEST(CachedStoreTest, OverRocksDbIsBitwise) {
       std::unique_ptr<CachedStore> store = HostCache(
           spec, 80, eviction, db.Store(spec, /*cache_rows=*/300), background);
       ASSERT_NE(store, nullptr);
+      // Only a HostStore's rows are read directly.
+      EXPECT_FALSE(store->direct());
       TrainAndCompare(spec, *store, 30, 16, 4, 1,
                       kSeed + 500 + static_cast<int>(eviction));
       EXPECT_GT(store->backing().metrics().rows_written, 0);
@@ -593,7 +726,8 @@ TEST(CachedStoreTest, PrefetchReadsRowsEvictedByTheBatchBefore) {
             over_rocksdb ? db.Store(spec, /*cache_rows=*/2)
                          : std::make_unique<HostStore>(spec);
         std::unique_ptr<CachedStore> store =
-            HostCache(spec, 2, eviction, std::move(backing), background);
+            HostCache(spec, 2, eviction, std::move(backing), background,
+                      /*direct=*/false);
         ASSERT_NE(store, nullptr);
         HostStore reference(spec);
         const std::vector<data::SparseFeature> batches = {Bag({1, 2}),
@@ -631,7 +765,8 @@ TEST(CachedStoreTest, PrefetchReadsRowsEvictedByTheBatchBefore) {
 TEST(CachedStoreTest, BackgroundPrefetchIsWaitedForEverywhere) {
   const TableSpec spec = MakeSpec(40, 4, POOLING_MEAN, OptimizerConfig::SGD);
   std::unique_ptr<CachedStore> store =
-      HostCache(spec, 4, EvictionPolicy::kLru, /*background_prefetch=*/true);
+      HostCache(spec, 4, EvictionPolicy::kLru, /*background_prefetch=*/true,
+                /*direct=*/false);
   ASSERT_NE(store, nullptr);
   HostStore reference(spec);
   std::vector<float> grad(4, 0.5f);

@@ -2,10 +2,13 @@
 // present) and the CUDA RAII owners of core/cuda/.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/device.h"
 #include "tests/cuda_test_util.h"
@@ -112,6 +115,55 @@ TEST(CudaRaiiTest, DeviceBufferCopiesAndBounds) {
   // Moving hands the memory over.
   cuda::DeviceBuffer<float> moved = std::move(*buffer);
   EXPECT_EQ(moved.data(), big);
+}
+
+// Checked before any CUDA call, so it runs without a device too.
+TEST(CudaRaiiTest, HostRegistrationRefusesNothingToRegister) {
+  float x = 0;
+  EXPECT_EQ(cuda::HostRegistration::Register(nullptr, 64).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::HostRegistration::Register(&x, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Host memory registered and mapped: the device reads it and writes it
+// through device_pointer() (a device-to-device copy through the mapping);
+// a page cannot be registered twice while registered (the case the device
+// cache merges its arrays' page ranges for), and can again once the
+// registration (moved, then destroyed) has gone.
+TEST(CudaRaiiTest, HostRegistrationMapsHostMemory) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const size_t n = 3000;  // Not a whole number of pages.
+  AlignedVector<float> host(n);
+  std::iota(host.begin(), host.end(), 1.0f);
+  {
+    auto r = cuda::HostRegistration::Register(host.data(), n * sizeof(float));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_NE(r->device_pointer(), nullptr);
+    EXPECT_EQ(r->bytes(), n * sizeof(float));
+    auto again =
+        cuda::HostRegistration::Register(host.data() + 16, 64 * sizeof(float));
+    EXPECT_FALSE(again.ok());
+    cuda::HostRegistration moved = std::move(*r);
+    EXPECT_EQ(r->host_pointer(), nullptr);
+    auto device = cuda::DeviceBuffer<float>::Allocate(n);
+    ASSERT_TRUE(device.ok()) << device.status();
+    ASSERT_EQ(cudaMemcpy(device->data(), moved.device_pointer(),
+                         n * sizeof(float), cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+    std::vector<float> back(n);
+    ASSERT_TRUE(device->CopyToHost(std::span<float>(back)).ok());
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), host.begin()));
+    // And the device writes the host memory through the mapping.
+    const std::vector<float> twos(n, 2.0f);
+    ASSERT_TRUE(device->CopyFromHost(std::span<const float>(twos)).ok());
+    ASSERT_EQ(cudaMemcpy(moved.device_pointer(), device->data(),
+                         n * sizeof(float), cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+    EXPECT_TRUE(std::equal(twos.begin(), twos.end(), host.begin()));
+  }
+  auto later = cuda::HostRegistration::Register(host.data(), n * sizeof(float));
+  EXPECT_TRUE(later.ok()) << later.status();
 }
 
 TEST(CudaRaiiTest, StreamsEventsAndHandles) {

@@ -3,6 +3,8 @@
 // already be tearing down).
 #include "core/cuda/cuda_raii.h"
 
+#include <string>
+
 namespace dlrm::cuda {
 
 absl::StatusOr<CudaStream> CudaStream::Create() {
@@ -62,6 +64,57 @@ absl::StatusOr<float> CudaEvent::ElapsedMsSince(const CudaEvent& start) const {
   CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.event_, event_));
   return ms;
 }
+
+absl::StatusOr<HostRegistration> HostRegistration::Register(void* ptr,
+                                                            size_t bytes) {
+  if (ptr == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostRegistration::Register: a null pointer or 0 bytes (",
+                     bytes, " bytes)"));
+  }
+  const cudaError_t err = cudaHostRegister(
+      ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    // Not sticky: cleared, so that the next launch check does not see it.
+    cudaGetLastError();
+    const std::string call = absl::StrCat(
+        "cudaHostRegister(", bytes,
+        " bytes, mapped | portable) failed: ", cudaGetErrorString(err));
+    if (err == cudaErrorMemoryAllocation) {
+      return absl::ResourceExhaustedError(call);
+    }
+    return absl::InternalError(call);
+  }
+  void* device = nullptr;
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device, ptr, 0);
+  if (mapped != cudaSuccess) {
+    cudaGetLastError();
+    cudaHostUnregister(ptr);
+    return absl::InternalError(absl::StrCat("cudaHostGetDevicePointer failed: ",
+                                            cudaGetErrorString(mapped)));
+  }
+  return HostRegistration(ptr, device, bytes);
+}
+
+void HostRegistration::Release() {
+  if (host_ != nullptr) cudaHostUnregister(host_);
+  host_ = nullptr;
+  device_ = nullptr;
+  bytes_ = 0;
+}
+
+HostRegistration& HostRegistration::operator=(
+    HostRegistration&& other) noexcept {
+  if (this != &other) {
+    Release();
+    host_ = std::exchange(other.host_, nullptr);
+    device_ = std::exchange(other.device_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() { Release(); }
 
 absl::StatusOr<RawDeviceBuffer> RawDeviceBuffer::Allocate(size_t bytes) {
   RawDeviceBuffer buffer;

@@ -217,6 +217,43 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
+// Host memory someone else allocated, registered with CUDA
+// (cudaHostRegister, mapped and portable): page-locked, so copies from and
+// to it are asynchronous, and addressable by kernels at device_pointer()
+// (under unified addressing the same address on every device);
+// unregistered on destruction. The memory is borrowed: it
+// must outlive the registration and not move. Thread-compatible.
+class HostRegistration {
+ public:
+  // Registers [ptr, ptr + bytes). InvalidArgument for a null `ptr` or 0
+  // bytes; ResourceExhausted when the system refuses to pin that much;
+  // Internal naming the call otherwise (cudaHostRegister fails for memory
+  // that shares a page with a range already registered).
+  static absl::StatusOr<HostRegistration> Register(void* ptr, size_t bytes);
+  HostRegistration() = default;
+  HostRegistration(HostRegistration&& other) noexcept
+      : host_(std::exchange(other.host_, nullptr)),
+        device_(std::exchange(other.device_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)) {}
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+
+  // The registered memory as the host and as kernels address it.
+  void* host_pointer() const { return host_; }
+  void* device_pointer() const { return device_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  HostRegistration(void* host, void* device, size_t bytes)
+      : host_(host), device_(device), bytes_(bytes) {}
+  void Release();
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // A cuBLAS handle bound to one stream. Thread-compatible (cuBLAS handles
 // must not be shared between threads that call at the same time).
 class CublasHandle {

@@ -149,6 +149,12 @@ class CudaEmbeddingTable {
   // rows x dim, row-major, device memory.
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
+  // State array k (0 or 1): rows x state_floats(k), device memory; null
+  // where state_floats(k) is 0.
+  float* state(int k) {
+    if (state_floats_[k] == 0) return nullptr;
+    return k == 0 ? state1_.data() : state2_.data();
+  }
 
  private:
   CudaEmbeddingTable() = default;

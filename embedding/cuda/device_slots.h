@@ -20,8 +20,16 @@ namespace dlrm::embedding::cuda {
 // Slots in the memory of CUDA device 0, driven by the CUDA kernels
 // (embedding_kernels.h) on one stream, the one given at creation or one of
 // its own. ReadSlots / WriteSlots move records through pinned host staging
-// and device packing buffers in chunks of at most 16 MiB, with the
-// GatherRows / ScatterRows kernels, and return once their copies are done.
+// and device packing buffers in chunks of at most 16 MiB, two used in turn
+// (an event each), with the GatherRows / ScatterRows kernels: ReadSlots
+// unpacks chunk k while chunk k + 1's copy runs and returns once all are
+// done; WriteSlots packs chunk k + 1 while chunk k's copy runs and returns
+// once all are queued.
+// MapHostTable pins a host table's arrays and maps them for the device;
+// LoadRows / StoreRows then only queue the LoadRecords / StoreRecords
+// kernels, which read and write those arrays over the bus, after the
+// row and slot numbers' upload (two pinned index buffers used in turn, each
+// refilled only once its last upload is done).
 // SetBatch queues the slot ids' upload (StagedSparseFeature: it waits only
 // for the batch before the previous one to release its id slot). Forward and
 // BackwardUpdate only queue their kernels, as CudaStore's do: `out` and
@@ -47,6 +55,22 @@ class DeviceSlots final : public SlotStorage {
                          float* records) override;
   absl::Status WriteSlots(const int64_t* slots, int64_t n,
                           const float* records) override;
+  // Registers the pages of the table's non-empty arrays
+  // (dlrm::cuda::HostRegistration; arrays that share a page as one range)
+  // until the slots are destroyed or map another table. Where a
+  // registration fails (a system that will not pin that much, a page
+  // registered already by another table's cache) it writes one line to
+  // stderr naming the table and the error, and returns false.
+  bool MapHostTable(EmbeddingTable& table) override;
+  // Internal on CUDA errors, also an earlier kernel's fault;
+  // ResourceExhausted when the index buffers cannot grow.
+  absl::Status LoadRows(const EmbeddingTable& table, const int64_t* rows,
+                        const int64_t* slots, int64_t n) override;
+  absl::Status StoreRows(const int64_t* slots, const int64_t* rows, int64_t n,
+                         EmbeddingTable& table) override;
+  // Whether a host table is mapped (the device cache's host tier is
+  // pinned and read directly).
+  bool host_mapped() const;
   // InvalidArgument for more than 2^31 - 1 ids or bags (the kernels'
   // limit); Internal on CUDA errors, also an earlier kernel's fault.
   absl::Status SetBatch(const data::SparseFeature& slot_ids) override;
@@ -61,9 +85,19 @@ class DeviceSlots final : public SlotStorage {
   explicit DeviceSlots(const TableSpec& spec);
   // Rows of one staging chunk.
   int64_t ChunkRows() const;
-  // Sizes the staging for `rows` rows and copies slots[0, rows) to the
-  // device index buffer (queued).
-  absl::Status StageIndex(const int64_t* slots, int64_t rows);
+  // Waits until chunk k's (0 or 1) host buffers are no longer used by
+  // queued work.
+  absl::Status WaitForChunk(int k);
+  // WaitForChunk(k), then sizes chunk k for `rows` rows and queues the
+  // copy of slots[0, rows) to its device index buffer.
+  absl::Status StageIndex(int k, const int64_t* slots, int64_t rows);
+  // FailedPrecondition unless `table` is the mapped table.
+  absl::Status CheckMapped(const EmbeddingTable& table) const;
+  // Queues the upload of a[0, n) then b[0, n) through the next of the two
+  // pinned index buffers; returns the device copy (2n entries), valid for
+  // work queued on the stream before the buffer's next use.
+  absl::StatusOr<const int64_t*> UploadPairs(const int64_t* a, const int64_t* b,
+                                             int64_t n);
 
   TableSpec spec_;
   std::unique_ptr<Impl> impl_;
@@ -72,7 +106,10 @@ class DeviceSlots final : public SlotStorage {
 // The device tier with a cache (StoreOptions::device_cache.cache_rows >
 // 0): a CachedStore of `cache` (at most spec.rows slots) over DeviceSlots
 // on `stream` (as DeviceSlots::Create) and `backing`, a store of `spec`
-// holding every row (null: a HostStore of `spec`). Errors as
+// holding every row (null: a HostStore of `spec`). A HostStore's arrays
+// are pinned and mapped for the slots (the direct path) when
+// cache.direct_host_access; where that fails the store moves rows through
+// staged copies instead (DeviceSlots::MapHostTable logs why). Errors as
 // DeviceSlots::Create and CachedStore::Create.
 absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
     const TableSpec& spec, const CacheOptions& cache, void* stream = nullptr,

@@ -92,4 +92,33 @@ absl::Status ScatterRows(const float* packed, const int64_t* index, int64_t n,
                          int64_t width, float* table, int64_t table_rows,
                          cudaStream_t stream);
 
+// One table's row arrays as kernels address them: device memory, or host
+// memory mapped for the device (dlrm::cuda::HostRegistration). `rows` x
+// `dim` weights, then `rows` x state1_floats and `rows` x state2_floats of
+// optimizer state (the arrays of EmbeddingTable; null where 0 floats).
+struct RecordArrays {
+  float* weights = nullptr;
+  float* state1 = nullptr;
+  float* state2 = nullptr;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  int64_t state1_floats = 0;
+  int64_t state2_floats = 0;
+};
+
+// Copies whole records (weights and optimizer state) between a table and
+// slots of the same dim and state sizes, for i in [0, n): LoadRecords sets
+// slot slot_ids[i] to row rows[i] of `table`, StoreRecords sets row rows[i]
+// of `table` to slot slot_ids[i] (destinations distinct). `rows` and
+// `slot_ids` are device memory; a pair with either index out of range is
+// skipped. 64-bit indexing. The CPU reference is embedding::CopyRecords
+// (embedding_table.h). InvalidArgument for a negative n, shapes that differ
+// or a null array of positive width; Internal on a launch error.
+absl::Status LoadRecords(const RecordArrays& table, const int64_t* rows,
+                         const RecordArrays& slots, const int64_t* slot_ids,
+                         int64_t n, cudaStream_t stream);
+absl::Status StoreRecords(const RecordArrays& slots, const int64_t* slot_ids,
+                          const RecordArrays& table, const int64_t* rows,
+                          int64_t n, cudaStream_t stream);
+
 }  // namespace dlrm::embedding::cuda
