@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test
-       cuda_model_test model_test)
+       cuda_model_test model_test predictor_test)
 out=build-gpu
 # What is carried: one xz archive of the stripped binaries and libraries
 # (about 25 MB of 106; the carry limit is 64 MiB with the source tree),
@@ -100,6 +100,9 @@ case "${1:-}" in
       # bf16 against the CPU's); the rest reads files of the source tree by
       # the path it was built in.
       [[ $t == model_test && -z ${2:-} ]] && f='ModelTest.Cuda*'
+      # predictor_test: its GPU cases (predictions beside a CUDA model's
+      # step, a restore, the refusals).
+      [[ $t == predictor_test && -z ${2:-} ]] && f='SnapshotPredictorTest.OnCuda*'
       "$bin/$t" --gtest_filter="$f" --gtest_brief=1 || status=1
     done
     exit $status
