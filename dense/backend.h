@@ -69,7 +69,7 @@ struct ColumnRange {
 // that PackGradients / UnpackGradients may run on another thread (the
 // overlapped all-reduce): for GradBucket::kTop from TopBackward on, while
 // InteractionBackward and BottomBackward run; for the others after
-// BottomBackward, while no other call runs.
+// BottomBackward, while no other call runs; and CopyParamsTo as it says.
 //
 // Every call that returns a Status fails only on a device error (Internal,
 // naming the call) or, on CUDA, InvalidArgument for a shape its kernels
