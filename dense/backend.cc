@@ -101,10 +101,10 @@ absl::Status CheckSameParams(std::span<const ParamRef> from,
   }
   for (size_t i = 0; i < from.size(); ++i) {
     if (from[i].name != to[i].name || from[i].size != to[i].size) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "dense parameter ", i, ": the destination's is ", to[i].name, " of ",
-          to[i].size, " floats, the source's ", from[i].name, " of ",
-          from[i].size));
+      return absl::FailedPreconditionError(
+          absl::StrCat("dense parameter ", i, ": the destination's is ",
+                       to[i].name, " of ", to[i].size, " floats, the source's ",
+                       from[i].name, " of ", from[i].size));
     }
   }
   return absl::OkStatus();

@@ -176,7 +176,8 @@ inline void ExpectCopyParamsToSnapshots(const ModelConfig& config, int steps,
   auto predict = [&](dense::DenseBackend& b) {
     std::vector<float> probs(probe.batch);
     EXPECT_TRUE(FillInteractionInput(b, probe).ok());
-    const absl::Status st = b.Predict(probe.x.data(), probe.batch, probs.data());
+    const absl::Status st =
+        b.Predict(probe.x.data(), probe.batch, probs.data());
     EXPECT_TRUE(st.ok()) << st;
     return probs;
   };

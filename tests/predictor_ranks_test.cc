@@ -407,9 +407,9 @@ absl::Status RunWorker(const WorkerArgs& a) {
       SnapshotPredictor::Create(m.get());
   if (!absl::IsFailedPrecondition(snapshot.status()) ||
       !absl::StrContains(snapshot.status().message(), "RanksPredictor")) {
-    return absl::InternalError(absl::StrCat("SnapshotPredictor::Create on ",
-                                            a.world, " ranks: ",
-                                            snapshot.status().ToString()));
+    return absl::InternalError(
+        absl::StrCat("SnapshotPredictor::Create on ", a.world,
+                     " ranks: ", snapshot.status().ToString()));
   }
   const std::vector<data::Batch> batches = GlobalBatches(c);
   if (a.mode == "fallback") {

@@ -62,17 +62,17 @@ double Tolerance(Dense dense) {
 }
 
 // Skips a GPU case without a CUDA device (fails it instead under
-// DLRM_REQUIRE_CUDA=1); true when the test should go on.
-#define SKIP_WITHOUT_DEVICE(dense)                                       \
-  do {                                                                   \
-    if ((dense).device == DEVICE_CUDA && CudaDeviceCount() == 0) {       \
-      const char* required = std::getenv("DLRM_REQUIRE_CUDA");           \
-      if (required != nullptr && std::string(required) == "1") {        \
-        FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "             \
-               << CudaUnavailableReason();                               \
-      }                                                                  \
-      GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();     \
-    }                                                                    \
+// DLRM_REQUIRE_CUDA=1).
+#define SKIP_WITHOUT_DEVICE(dense)                                   \
+  do {                                                               \
+    if ((dense).device == DEVICE_CUDA && CudaDeviceCount() == 0) {   \
+      const char* required = std::getenv("DLRM_REQUIRE_CUDA");       \
+      if (required != nullptr && std::string(required) == "1") {     \
+        FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "         \
+               << CudaUnavailableReason();                           \
+      }                                                              \
+      GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason(); \
+    }                                                                \
   } while (0)
 
 // The tiny model with learning rates large enough that every step moves
@@ -228,8 +228,8 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb,
     ASSERT_LE(step, kSteps);
     ++per_step[step];
     const double d = MaxDiff(probs, expected[step]);
-    EXPECT_LT(d, tolerance) << "prediction at step " << step
-                            << " is not that step's";
+    EXPECT_LT(d, tolerance)
+        << "prediction at step " << step << " is not that step's";
     if (step > 0) {
       EXPECT_GT(MaxDiff(probs, expected[step - 1]), 1e-5);
     }
