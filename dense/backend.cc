@@ -92,6 +92,24 @@ absl::Status CheckDeviceColumns(const InteractionShape& shape,
   return absl::OkStatus();
 }
 
+absl::Status CheckSameParams(std::span<const ParamRef> from,
+                             std::span<const ParamRef> to) {
+  if (from.size() != to.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense parameters: the destination has ", to.size(),
+                     " parameters, the source ", from.size()));
+  }
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i].name != to[i].name || from[i].size != to[i].size) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dense parameter ", i, ": the destination's is ",
+                       to[i].name, " of ", to[i].size, " floats, the source's ",
+                       from[i].name, " of ", from[i].size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
                                      std::span<const ColumnRange> device) {
   std::vector<ColumnRange> host;

@@ -73,7 +73,7 @@ struct ColumnRange {
 // that PackGradients / UnpackGradients may run on another thread (the
 // overlapped all-reduce): for GradBucket::kTop from TopBackward on, while
 // InteractionBackward and BottomBackward run; for the others after
-// BottomBackward, while no other call runs.
+// BottomBackward, while no other call runs; and CopyParamsTo as it says.
 //
 // Every call that returns a Status fails only on a device error (Internal,
 // naming the call) or, on CUDA, InvalidArgument for a shape its kernels
@@ -186,6 +186,27 @@ class DenseBackend {
   // See GraphCounts.
   virtual GraphCounts graph_counts() const { return {}; }
 
+  // Copies the dense parameters (the weights, not the optimizer state) into
+  // `dst`, a backend of the same device and parameter shapes that only
+  // predicts (a SnapshotPredictor's): its next Predict runs on them, at
+  // PRECISION_BF16 on bf16 copies rewritten from them. Reads only what
+  // Update and PublishHostView write, so it may run on another thread than
+  // this backend's other calls while neither of those runs (the model's
+  // weights_mutex() held shared); writes only `dst`, which no other thread
+  // may use meanwhile. On CUDA the copy is queued on dst's stream after an
+  // event recorded behind the last queued Update (or upload) on this
+  // backend's stream and is complete on return; it waits for nothing else
+  // queued on this backend's stream and for no other stream. On the CPU a
+  // plain copy. FailedPrecondition naming the difference when `dst` is on
+  // another device or has other parameters; Internal on a device error.
+  virtual absl::Status CopyParamsTo(DenseBackend& dst) = 0;
+  // For a writer of the host view that holds CopyParamsTo's callers off (a
+  // restore, under the model's weights_mutex()): makes what CopyParamsTo
+  // reads follow the host view now. On CUDA the upload the next step or
+  // prediction would do (and a failed download's error); nothing on the
+  // CPU, whose host view is what CopyParamsTo reads.
+  virtual absl::Status PublishHostView() { return absl::OkStatus(); }
+
   // The host view of the parameters, for checkpoints, exports and tests:
   // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /
   // ".bias", then under DCN "interaction.crossnet.<layer>.V" / ".W" /
@@ -246,6 +267,12 @@ absl::Status CheckDeviceColumns(const InteractionShape& shape,
 // (checked), in order: what the host fills.
 std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
                                      std::span<const ColumnRange> device);
+
+// OK when `to` has the parameters of `from`: as many, each with the same
+// name and size (DenseBackend::CopyParamsTo's destination); FailedPrecondition
+// naming the first that differs otherwise.
+absl::Status CheckSameParams(std::span<const ParamRef> from,
+                             std::span<const ParamRef> to);
 
 // The backend of config.device() (`config` normalised). FailedPrecondition
 // naming why for DEVICE_CUDA without a usable GPU (built without CUDA, no

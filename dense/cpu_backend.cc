@@ -161,6 +161,23 @@ class CpuDenseBackend final : public DenseBackend {
     return absl::OkStatus();
   }
 
+  // Reads p_->params, not params(): that would mark this backend's bf16
+  // copies stale from the caller's thread.
+  absl::Status CopyParamsTo(DenseBackend& dst) override {
+    if (dst.device() != DEVICE_CPU) {
+      return absl::FailedPreconditionError(
+          "dense parameters: the destination backend is not on the CPU");
+    }
+    // Marks dst's bf16 copies stale: its next Predict rewrites them.
+    const std::vector<ParamRef>& to = dst.params();
+    RETURN_IF_ERROR(CheckSameParams(p_->params, to));
+    for (size_t i = 0; i < to.size(); ++i) {
+      std::memcpy(to[i].value, p_->params[i].value,
+                  sizeof(float) * p_->params[i].size);
+    }
+    return absl::OkStatus();
+  }
+
   Mlp& bottom() override {
     stale_ = true;
     return p_->bottom;

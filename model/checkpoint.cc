@@ -272,6 +272,9 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
     }
     if (!weights_only) model.dense_optimizer().set_step(staged->dense_step);
     model.set_steps(staged->step);
+    // On CUDA the dense weights go up to the device now, before readers
+    // copy them from there.
+    RETURN_IF_ERROR(model.PublishDenseParams());
   }
   CheckpointInfo info;
   info.step = staged->step;

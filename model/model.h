@@ -237,6 +237,16 @@ class Model {
     return dense_->params();
   }
   dense::DenseOptimizer& dense_optimizer() { return dense_->optimizer(); }
+  // Copies the dense weights of the last completed step (or restore) into
+  // `dst`, a prediction backend of this model's config
+  // (dense::DenseBackend::CopyParamsTo): from any thread, with
+  // weights_mutex() held shared.
+  absl::Status CopyDenseParamsTo(dense::DenseBackend& dst) const {
+    return dense_->CopyParamsTo(dst);
+  }
+  // After writing dense_params() (a restore, under a WeightsWriter): makes
+  // CopyDenseParamsTo read what was written (DenseBackend::PublishHostView).
+  absl::Status PublishDenseParams() { return dense_->PublishHostView(); }
   dense::Mlp& bottom() { return dense_->bottom(); }
   dense::Mlp& top() { return dense_->top(); }
   // The precision the dense GEMMs run at: config().dense_precision(), or

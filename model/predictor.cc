@@ -1,7 +1,6 @@
 // SnapshotPredictor: pooling and the dense part beside the training step.
 #include "model/predictor.h"
 
-#include <algorithm>
 #include <shared_mutex>
 #include <utility>
 
@@ -20,19 +19,21 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
         absl::StrCat("the model runs on ", model->world_size(),
                      " ranks: model::RanksPredictor predicts beside its step"));
   }
-  if (config.device() != DEVICE_CPU) {
+  if (config.device() == DEVICE_CUDA && config.gpu_cuda_graphs()) {
     return absl::FailedPreconditionError(
-        "the dense part is not on the CPU: its weights are not read beside "
-        "the step");
+        "the dense part replays CUDA graphs (gpu_cuda_graphs): a second "
+        "thread's device work beside their captures has not run on a device");
   }
   // One rank holds every table whole; the host tiers (memory, RocksDB)
-  // pool beside the step, the device tier does not.
+  // pool beside the step, the device tier (a table or a cache in GPU
+  // memory) does not.
   for (int k = 0; k < config.tables_size(); ++k) {
     const embedding::EmbeddingStore* store = model->WholeStore(k);
     if (store == nullptr || store->memory_space() != MemorySpace::kHost) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", config.tables(k).name(),
-          " is in GPU memory: its rows are read through the step's stream"));
+          " is in GPU memory (a device table or a device cache): its rows are "
+          "read through the step's stream, so predictions run between steps"));
     }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<dense::DenseBackend> dense,
@@ -44,7 +45,6 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
 SnapshotPredictor::SnapshotPredictor(Model* model,
                                      std::unique_ptr<dense::DenseBackend> dense)
     : model_(model),
-      model_params_(model->dense_params()),
       dense_(std::move(dense)),
       pooled_(model->config().tables_size()) {}
 
@@ -62,11 +62,7 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
     std::shared_lock<std::shared_mutex> reading(model_->weights_mutex());
     const uint64_t generation = model_->weights_generation();
     if (generation != generation_) {
-      const std::vector<dense::ParamRef>& from = model_params_;
-      const std::vector<dense::ParamRef>& to = dense_->params();
-      for (size_t i = 0; i < from.size(); ++i) {
-        std::copy_n(from[i].value, from[i].size, to[i].value);
-      }
+      RETURN_IF_ERROR(model_->CopyDenseParamsTo(*dense_));
       generation_ = generation;
     }
     *step = model_->steps();

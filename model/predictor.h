@@ -22,11 +22,15 @@ namespace dlrm::model {
 // host memory in place; a table on RocksDB from its cache slots, its
 // write-back buffer or the database, without changing the cache), and the
 // dense part runs on a copy of the model's dense parameters in a backend of
-// its own, refreshed when the model's weights have changed. Both are read
-// under the model's weights_mutex() held shared, so a prediction sees the
-// weights of exactly one completed step (or restore), and waits at most for
-// the weight writes in progress (a step's sparse and dense updates, a
-// restore's copy), never for a step's forward, backward, exchanges or cache
+// its own, made like the model's (on DEVICE_CUDA a second CUDA backend with
+// its own stream, buffers and cuBLAS handles), refreshed when the model's
+// weights have changed (Model::CopyDenseParamsTo; on CUDA a device copy
+// ordered after the model's queued dense update). Both are read under the
+// model's weights_mutex() held shared, so a prediction sees the weights of
+// exactly one completed step (or restore), and waits at most for the
+// weight writes in progress (a step's sparse and dense updates, a
+// restore's copy; on CUDA also the dense update's kernels when the weights
+// have changed), never for a step's forward, backward, exchanges or cache
 // loads; the step trains bitwise as without it.
 //
 // Thread-safe; predictions run one at a time (the dense copy is their
@@ -35,8 +39,10 @@ class SnapshotPredictor {
  public:
   // FailedPrecondition naming why when the model's weights cannot be read
   // beside its step: several ranks (model::RanksPredictor's case), a
-  // table in GPU memory (read through the step's stream), or a dense part
-  // not on the CPU. Other errors as dense::CreateDenseBackend.
+  // table in GPU memory (STORAGE_DEVICE or a device cache: read through the
+  // step's stream), or CUDA graphs (gpu_cuda_graphs: another thread's device
+  // work beside their captures has not run on a device). Other errors as
+  // dense::CreateDenseBackend (e.g. out of device memory for the copy).
   static absl::StatusOr<std::unique_ptr<SnapshotPredictor>> Create(
       Model* model);
 
@@ -52,11 +58,6 @@ class SnapshotPredictor {
   SnapshotPredictor(Model* model, std::unique_ptr<dense::DenseBackend> dense);
 
   Model* const model_;
-  // The model's dense parameters, taken once at creation: asking its
-  // backend again from this thread would race with the step (the CPU
-  // backend marks its bf16 copies stale when asked); the pointers stay
-  // valid for the model's life.
-  const std::vector<dense::ParamRef> model_params_;
 
   std::mutex mu_;  // one prediction at a time
   // The dense part's copy and workspace, and each table's pooling status;

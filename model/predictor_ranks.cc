@@ -137,8 +137,6 @@ RanksPredictor::RanksPredictor(Model* model, comm::Communicator* comm,
       rank_(comm->rank()),
       world_(comm->world_size()),
       t_width_(InteractionWidth(*model)),
-      model_params_(model->rank() == 0 ? model->dense_params()
-                                       : std::vector<dense::ParamRef>{}),
       exchange_(model->config(), model->plan(), comm, TableColumns(*model),
                 t_width_),
       dense_(std::move(dense)),
@@ -279,10 +277,7 @@ absl::StatusOr<int64_t> RanksPredictor::PoolShards(const data::Batch& batch,
   if (rank_ == 0) {
     const uint64_t generation = model_->weights_generation();
     if (generation != generation_) {
-      const std::vector<dense::ParamRef>& to = dense_->params();
-      for (size_t i = 0; i < model_params_.size(); ++i) {
-        std::copy_n(model_params_[i].value, model_params_[i].size, to[i].value);
-      }
+      RETURN_IF_ERROR(model_->CopyDenseParamsTo(*dense_));
       generation_ = generation;
     }
   }

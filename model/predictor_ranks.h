@@ -126,9 +126,6 @@ class RanksPredictor {
   const RanksPredictorOptions options_;
   const int rank_, world_;
   const int t_width_;  // a row of the interaction input
-  // The model's dense parameters, taken once at creation (leader only; see
-  // SnapshotPredictor::model_params_).
-  const std::vector<dense::ParamRef> model_params_;
 
   std::mutex mu_;  // one prediction (or command) at a time
   // The exchanges over comm_; guarded by mu_ on the leader.

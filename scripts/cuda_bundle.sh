@@ -19,10 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=(cuda_core_test cuda_embedding_test cuda_store_test cuda_dense_test
-       cuda_model_test model_test comm_test cuda_model_nccl_test)
+       cuda_model_test model_test predictor_test comm_test
+       cuda_model_nccl_test)
 out=build-gpu
 # What is carried: one xz archive of the stripped binaries and libraries
-# (about 25 MB of 106; the carry limit is 64 MiB with the source tree),
+# (about 35 MB of 150; the carry limit is 64 MiB with the source tree),
 # unpacked into $bin on the GPU machine at the first run.
 archive=$out/bundle.tar.xz
 bin=$out/unpacked
@@ -114,6 +115,9 @@ case "${1:-}" in
       # bf16 against the CPU's); the rest reads files of the source tree by
       # the path it was built in.
       [[ $t == model_test && -z ${2:-} ]] && f='ModelTest.Cuda*'
+      # predictor_test: its GPU cases (predictions beside a CUDA model's
+      # step, a restore, the refusals).
+      [[ $t == predictor_test && -z ${2:-} ]] && f='SnapshotPredictorTest.OnCuda*'
       # comm_test: the device communicators (NCCL at world size 1, the CUDA
       # host-staged one over Gloo between rank processes).
       [[ $t == comm_test && -z ${2:-} ]] && f='*CommNccl*:*CommDevice*'

@@ -149,11 +149,15 @@ std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
         model::SnapshotPredictor::Create(serving->group->local_model());
     if (predictor.ok()) {
       serving->predictor = std::move(*predictor);
+      const model::Model* m = serving->group->local_model();
       spdlog::info(
           "predictions run beside training steps, on the weights of the last "
-          "completed one{}",
-          serving->group->local_model()->HasRocksDbShards()
+          "completed one{}{}",
+          m->HasRocksDbShards()
               ? " (tables on RocksDB read through their caches, unchanged)"
+              : "",
+          m->config().device() == DEVICE_CUDA
+              ? " (the dense part on a second CUDA backend, its own stream)"
               : "");
     } else {
       spdlog::info("predictions run between training steps: {}",

@@ -1366,6 +1366,40 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
   ExpectCloseToScale(got, want, 1e-5, "predictions after a host write");
 }
 
+// CopyParamsTo between two CUDA backends (a SnapshotPredictor's refresh),
+// at fp32 (TF32 off) and bf16: the destination holds the source's weights
+// bitwise, predicts as it (the same kernels on the same inputs: 1e-6 allows
+// only for a GEMM algorithm cuBLASLt might pick for differently aligned
+// buffers, summing in another order), keeps them while the source trains on,
+// and takes the next copy; a CPU destination is refused.
+TEST_P(CudaBackendTest, CopyParamsToSnapshotsOnTheDevice) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  const BackendCase c = GetParam();
+  for (DensePrecision precision : {PRECISION_FP32, PRECISION_BF16}) {
+    SCOPED_TRACE(DensePrecision_Name(precision));
+    ModelConfig config =
+        dlrm::testing::DenseBackendConfig(c.interaction, c.optimizer);
+    config.set_device(DEVICE_CUDA);
+    config.set_gpu_disable_tf32(true);
+    config.set_dense_precision(precision);
+    dlrm::testing::ExpectCopyParamsToSnapshots(config, /*steps=*/3,
+                                               /*tolerance=*/1e-6,
+                                               kCudaTestSeed,
+                                               /*old_way=*/false);
+  }
+  ModelConfig config =
+      dlrm::testing::DenseBackendConfig(c.interaction, c.optimizer);
+  auto cpu = CreateDenseBackend(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  config.set_device(DEVICE_CUDA);
+  auto gpu = CreateDenseBackend(config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->CopyParamsTo(**cpu).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*cpu)->CopyParamsTo(**gpu).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 class CudaBf16BackendTest : public ::testing::TestWithParam<BackendCase> {};
 
 // The CUDA backend at PRECISION_BF16 against the CPU backend at

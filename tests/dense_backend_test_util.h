@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -128,6 +130,89 @@ inline absl::StatusOr<DenseStepResult> RunDenseStep(dense::DenseBackend& b,
   r.probs.resize(n);
   RETURN_IF_ERROR(b.Predict(in.x.data(), n, r.probs.data()));
   return r;
+}
+
+inline std::vector<float> ParamValues(dense::DenseBackend& b) {
+  std::vector<float> v;
+  for (const dense::ParamRef& p : b.params()) {
+    v.insert(v.end(), p.value, p.value + p.size);
+  }
+  return v;
+}
+
+inline double MaxAbsDiff(const std::vector<float>& a,
+                         const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return d;
+}
+
+// DenseBackend::CopyParamsTo on backends of `config` (CreateDenseBackend):
+// a backend that trained `steps` steps copies its weights into a fresh one
+// (whose host view was handed out first), which then holds them bitwise and
+// predicts as the source within `tolerance` (0 where the same kernels run
+// on the same inputs in the same order); the copy is a snapshot (the
+// source's next step leaves it alone) until the next copy. `old_way`, when
+// true, also checks the copy against the copy through params() that the
+// predictors made before CopyParamsTo (bitwise, predictions included).
+// Inputs from `seed`.
+inline void ExpectCopyParamsToSnapshots(const ModelConfig& config, int steps,
+                                        double tolerance, uint64_t seed,
+                                        bool old_way) {
+  auto src = dense::CreateDenseBackend(config);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto dst = dense::CreateDenseBackend(config);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  std::printf("[   seed   ] %llu\n", static_cast<unsigned long long>(seed));
+  Rng rng(seed);
+  for (int step = 0; step < steps; ++step) {
+    const DenseStepInputs in = RandomDenseStep(config, 13 + step, rng);
+    ASSERT_TRUE(RunDenseStep(**src, in).ok());
+  }
+  const DenseStepInputs probe = RandomDenseStep(config, 17, rng);
+  auto predict = [&](dense::DenseBackend& b) {
+    std::vector<float> probs(probe.batch);
+    EXPECT_TRUE(FillInteractionInput(b, probe).ok());
+    const absl::Status st =
+        b.Predict(probe.x.data(), probe.batch, probs.data());
+    EXPECT_TRUE(st.ok()) << st;
+    return probs;
+  };
+  const std::vector<float> fresh = predict(**dst);
+  // A host view handed out (and written back unchanged) before the copy
+  // must not come back over it.
+  (*dst)->params();
+  ASSERT_TRUE((*src)->CopyParamsTo(**dst).ok());
+  const std::vector<float> want = predict(**src);
+  const std::vector<float> got = predict(**dst);
+  EXPECT_LE(MaxAbsDiff(got, want), tolerance);
+  EXPECT_GT(MaxAbsDiff(got, fresh), 1e-4) << "the copy changed nothing";
+  EXPECT_EQ(ParamValues(**dst), ParamValues(**src));
+
+  if (old_way) {
+    auto old = dense::CreateDenseBackend(config);
+    ASSERT_TRUE(old.ok()) << old.status();
+    const std::vector<dense::ParamRef>& from = (*src)->params();
+    const std::vector<dense::ParamRef>& to = (*old)->params();
+    for (size_t i = 0; i < from.size(); ++i) {
+      std::copy_n(from[i].value, from[i].size, to[i].value);
+    }
+    EXPECT_EQ(predict(**old), got);
+    EXPECT_EQ(ParamValues(**old), ParamValues(**dst));
+  }
+
+  // The source trains on; the copy keeps the weights it was given.
+  const DenseStepInputs in = RandomDenseStep(config, 11, rng);
+  ASSERT_TRUE(RunDenseStep(**src, in).ok());
+  EXPECT_LE(MaxAbsDiff(predict(**dst), want), tolerance);
+  const std::vector<float> next = predict(**src);
+  EXPECT_GT(MaxAbsDiff(next, want), 1e-5) << "the step changed nothing";
+  ASSERT_TRUE((*src)->CopyParamsTo(**dst).ok());
+  EXPECT_LE(MaxAbsDiff(predict(**dst), next), tolerance);
+  EXPECT_EQ(ParamValues(**dst), ParamValues(**src));
 }
 
 // Floats that probe fp32 -> bf16 rounding: the special values (signed

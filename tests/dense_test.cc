@@ -1239,7 +1239,9 @@ TEST(LayerWiseOptimizerTest, DeterministicAcrossThreadCounts) {
 using dlrm::testing::DenseBackendConfig;
 using dlrm::testing::DenseStepInputs;
 using dlrm::testing::DenseStepResult;
+using dlrm::testing::ExpectCopyParamsToSnapshots;
 using dlrm::testing::FillInteractionInput;
+using dlrm::testing::ParamValues;
 using dlrm::testing::RandomDenseStep;
 using dlrm::testing::RunDenseStep;
 
@@ -1423,6 +1425,50 @@ TEST(DenseBackendTest, ParametersAndGradientBuckets) {
         params[i].grad[k] = static_cast<float>(k);
       }
     }
+  }
+}
+
+// CopyParamsTo on the CPU: the plain copy the predictors made through
+// params() before it, bitwise (weights and predictions), for every
+// interaction, for an optimizer with state and without, and at bf16 (the
+// destination's bf16 copies are rewritten from the copied weights; fp32
+// where the CPU has no bf16 instructions).
+TEST(DenseBackendTest, CopyParamsToIsThePlainCopy) {
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT, INTERACTION_DCN}) {
+    for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAM}) {
+      for (DensePrecision precision : {PRECISION_FP32, PRECISION_BF16}) {
+        SCOPED_TRACE(Interaction_Name(kind) + " " +
+                     OptimizerConfig::Type_Name(type) + " " +
+                     DensePrecision_Name(precision));
+        ModelConfig config = DenseBackendConfig(kind, type);
+        config.set_dense_precision(precision);
+        ExpectCopyParamsToSnapshots(config, /*steps=*/3, /*tolerance=*/0,
+                                    /*seed=*/91, /*old_way=*/true);
+      }
+    }
+  }
+}
+
+// A destination of another architecture is refused naming the parameter,
+// and nothing is copied.
+TEST(DenseBackendTest, CopyParamsToRefusesOtherShapes) {
+  const ModelConfig config =
+      DenseBackendConfig(INTERACTION_DOT, OptimizerConfig::SGD);
+  ModelConfig wider = config;
+  wider.set_bottom_mlp(0, 9);
+  ModelConfig deeper = config;
+  deeper.add_top_mlp(1);
+  deeper.set_top_mlp(2, 2);
+  auto src = CreateDenseBackend(config);
+  ASSERT_TRUE(src.ok()) << src.status();
+  for (const ModelConfig& other : {wider, deeper}) {
+    auto dst = CreateDenseBackend(other);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    const std::vector<float> before = ParamValues(**dst);
+    const absl::Status st = (*src)->CopyParamsTo(**dst);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("dense parameter"), std::string::npos) << st;
+    EXPECT_EQ(ParamValues(**dst), before);
   }
 }
 

@@ -33,6 +33,7 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
+#include "model/predictor.h"
 #include "rank_processes.h"
 #include "server/model_host.h"
 #include "server/rank_group.h"
@@ -400,6 +401,16 @@ absl::Status RunWorker(const WorkerArgs& a) {
                    comm::ConnectGloo(go));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
                    Model::Create(c, plan, comm.get()));
+  // Several ranks are RanksPredictor's case: SnapshotPredictor refuses
+  // them, saying so (the worker's exit code fails the test otherwise).
+  const absl::StatusOr<std::unique_ptr<SnapshotPredictor>> snapshot =
+      SnapshotPredictor::Create(m.get());
+  if (!absl::IsFailedPrecondition(snapshot.status()) ||
+      !absl::StrContains(snapshot.status().message(), "RanksPredictor")) {
+    return absl::InternalError(
+        absl::StrCat("SnapshotPredictor::Create on ", a.world,
+                     " ranks: ", snapshot.status().ToString()));
+  }
   const std::vector<data::Batch> batches = GlobalBatches(c);
   if (a.mode == "fallback") {
     if (a.rank != 0) m->set_steps(100);

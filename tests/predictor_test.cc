@@ -1,12 +1,15 @@
 // Tests for model/predictor.h: predictions beside a running training step
 // read the weights of exactly one completed step (never a mix), with tables
-// in host memory or on RocksDB, and leave the step's results unchanged.
+// in host memory or on RocksDB, and leave the step's results unchanged; on
+// the CPU and, with a dense part on CUDA (the GPU cases skip without a CUDA
+// device and fail instead under DLRM_REQUIRE_CUDA=1), on the GPU.
 #include "model/predictor.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/device.h"
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -27,6 +31,49 @@ ModelConfig Tiny() {
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }
+
+// Where the dense part runs: the CPU, or CUDA device 0 at `precision` with
+// float GEMMs (TF32 off), the tables in host memory or on RocksDB.
+struct Dense {
+  ComputeDevice device = DEVICE_CPU;
+  DensePrecision precision = PRECISION_FP32;
+};
+constexpr Dense kCpu;
+constexpr Dense kCuda{DEVICE_CUDA, PRECISION_FP32};
+constexpr Dense kCudaBf16{DEVICE_CUDA, PRECISION_BF16};
+
+// `c` with its dense part on `dense`.
+ModelConfig On(ModelConfig c, Dense dense) {
+  c.set_device(dense.device);
+  c.set_dense_precision(dense.precision);
+  if (dense.device == DEVICE_CUDA) c.set_gpu_disable_tf32(true);
+  return c;
+}
+
+// How far a prediction beside the step may be from the replayed model's
+// after the same step. CPU: float noise (the same oneDNN kernels on the
+// same inputs). CUDA: the predictor's backend runs the same kernels on the
+// same weights and inputs as the replay's (fp32 GEMMs with TF32 off, or the
+// same bf16 ones), so equal in practice; 1e-5 leaves room for a GEMM
+// algorithm cuBLASLt might pick for differently aligned buffers (another
+// summation order), a tenth of the 1e-4 every step moves the predictions.
+double Tolerance(Dense dense) {
+  return dense.device == DEVICE_CUDA ? 1e-5 : 1e-6;
+}
+
+// Skips a GPU case without a CUDA device (fails it instead under
+// DLRM_REQUIRE_CUDA=1).
+#define SKIP_WITHOUT_DEVICE(dense)                                   \
+  do {                                                               \
+    if ((dense).device == DEVICE_CUDA && CudaDeviceCount() == 0) {   \
+      const char* required = std::getenv("DLRM_REQUIRE_CUDA");       \
+      if (required != nullptr && std::string(required) == "1") {     \
+        FAIL() << "DLRM_REQUIRE_CUDA=1 but no CUDA device: "         \
+               << CudaUnavailableReason();                           \
+      }                                                              \
+      GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason(); \
+    }                                                                \
+  } while (0)
 
 // The tiny model with learning rates large enough that every step moves
 // every prediction measurably (so a step's predictions identify it).
@@ -102,18 +149,22 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-// Every prediction taken while another thread trains equals, within float
-// noise, the replayed model's prediction after exactly the step it reports,
-// and is far from the steps before and after it: the predictor never saw
-// rows of one step with dense weights (or other rows) of another. With
-// `rocksdb`, the model's tables are on RocksDB behind caches that evict
-// every step (each step prefetching the next batch), replayed by the same
-// model in host memory; the training beside the predictions then ends with
-// the replay's weights and with the cache counters of the same training
-// without predictions.
-void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb) {
-  const ModelConfig c =
-      rocksdb ? BiggerTables(FastLearning(type)) : FastLearning(type);
+// Every prediction taken while another thread trains equals, within
+// Tolerance(dense), the replayed model's prediction after exactly the step
+// it reports, and is far from the steps before and after it: the predictor
+// never saw rows of one step with dense weights (or other rows) of another.
+// With `rocksdb`, the model's tables are on RocksDB behind caches that
+// evict every step (each step prefetching the next batch), replayed by the
+// same model in host memory; the training beside the predictions then ends
+// with the replay's weights and with the cache counters of the same
+// training without predictions. On CUDA the model's dense update is still
+// queued on its stream when the step returns: a prediction that copies
+// the weights then must wait for that update, and for nothing later.
+void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb,
+                    Dense dense = kCpu) {
+  const ModelConfig fast = On(FastLearning(type), dense);
+  const ModelConfig c = rocksdb ? BiggerTables(fast) : fast;
+  const double tolerance = Tolerance(dense);
   const ScratchDir dir(std::string("snapshots_") +
                        (type == OptimizerConfig::SGD ? "sgd" : "adagrad"));
   const ModelConfig trained_config = rocksdb ? OnRocksDb(c, dir.path()) : c;
@@ -177,8 +228,8 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb) {
     ASSERT_LE(step, kSteps);
     ++per_step[step];
     const double d = MaxDiff(probs, expected[step]);
-    EXPECT_LT(d, 1e-6) << "prediction at step " << step
-                       << " is not that step's";
+    EXPECT_LT(d, tolerance)
+        << "prediction at step " << step << " is not that step's";
     if (step > 0) {
       EXPECT_GT(MaxDiff(probs, expected[step - 1]), 1e-5);
     }
@@ -191,7 +242,7 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb) {
   int64_t final_step = -1;
   ASSERT_TRUE((*predictor)->Predict(probe, &final_probs, &final_step).ok());
   EXPECT_EQ(final_step, kSteps);
-  EXPECT_LT(MaxDiff(final_probs, expected[kSteps]), 1e-6);
+  EXPECT_LT(MaxDiff(final_probs, expected[kSteps]), tolerance);
   // Predictions really ran while the model trained (they saw more than one
   // step's weights).
   EXPECT_GT(per_step.size(), 1u) << seen.size() << " predictions";
@@ -237,6 +288,28 @@ TEST(SnapshotPredictorTest,
   CheckSnapshots(OptimizerConfig::ADAGRAD, /*rocksdb=*/true);
 }
 
+TEST(SnapshotPredictorTest, OnCudaPredictionsBesideTrainingSeeOneStepSgd) {
+  SKIP_WITHOUT_DEVICE(kCuda);
+  CheckSnapshots(OptimizerConfig::SGD, /*rocksdb=*/false, kCuda);
+}
+
+TEST(SnapshotPredictorTest, OnCudaPredictionsBesideTrainingSeeOneStepAdagrad) {
+  SKIP_WITHOUT_DEVICE(kCuda);
+  CheckSnapshots(OptimizerConfig::ADAGRAD, /*rocksdb=*/false, kCuda);
+}
+
+// The predictor's bf16 weight copies follow each refresh of its weights.
+TEST(SnapshotPredictorTest, OnCudaBf16PredictionsBesideTrainingSeeOneStep) {
+  SKIP_WITHOUT_DEVICE(kCudaBf16);
+  CheckSnapshots(OptimizerConfig::SGD, /*rocksdb=*/false, kCudaBf16);
+}
+
+TEST(SnapshotPredictorTest,
+     OnCudaPredictionsBesideTrainingOnRocksDbSeeOneStepAdagrad) {
+  SKIP_WITHOUT_DEVICE(kCuda);
+  CheckSnapshots(OptimizerConfig::ADAGRAD, /*rocksdb=*/true, kCuda);
+}
+
 TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
   const ModelConfig c = Tiny();
   auto model = Model::Create(c);
@@ -272,12 +345,13 @@ TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
 // A predictor made before a checkpoint restore predicts with the restored
 // weights afterwards. With `rocksdb` the model's tables are on RocksDB, whose
 // stores the restore replaces under the predictor.
-void CheckRestore(bool rocksdb) {
+// On CUDA the restore's dense weights reach the device before the
+// predictor copies them from there.
+void CheckRestore(bool rocksdb, Dense dense = kCpu) {
   const ScratchDir db_dir(rocksdb ? "restore_db" : "restore_unused");
+  const ModelConfig fast = On(FastLearning(OptimizerConfig::SGD), dense);
   const ModelConfig c =
-      rocksdb ? OnRocksDb(BiggerTables(FastLearning(OptimizerConfig::SGD)),
-                          db_dir.path())
-              : FastLearning(OptimizerConfig::SGD);
+      rocksdb ? OnRocksDb(BiggerTables(fast), db_dir.path()) : fast;
   const std::vector<data::Batch> train = Batches(c, 5, 64, 3);
   const data::Batch probe = Batches(c, 1, 16, 99)[0];
   auto trained = Model::Create(c);
@@ -300,7 +374,7 @@ void CheckRestore(bool rocksdb) {
   ASSERT_TRUE(RestoreCheckpoint(**fresh, dir.path()).ok());
   ASSERT_TRUE((*predictor)->Predict(probe, &after, &step).ok());
   EXPECT_EQ(step, 5);
-  EXPECT_LT(MaxDiff(after, want), 1e-6);
+  EXPECT_LT(MaxDiff(after, want), Tolerance(dense));
   EXPECT_GT(MaxDiff(after, before), 1e-4);
 }
 
@@ -308,6 +382,60 @@ TEST(SnapshotPredictorTest, SeesARestoreWhole) { CheckRestore(false); }
 
 TEST(SnapshotPredictorTest, SeesARestoreOfTablesOnRocksDbWhole) {
   CheckRestore(true);
+}
+
+TEST(SnapshotPredictorTest, OnCudaSeesARestoreWhole) {
+  SKIP_WITHOUT_DEVICE(kCuda);
+  CheckRestore(false, kCuda);
+}
+
+TEST(SnapshotPredictorTest, OnCudaBf16SeesARestoreWhole) {
+  SKIP_WITHOUT_DEVICE(kCudaBf16);
+  CheckRestore(false, kCudaBf16);
+}
+
+// A CUDA model whose rows are read through its stream keeps predictions
+// between steps: a table in GPU memory, a device cache over host memory,
+// and any table with the dense part replaying CUDA graphs. Each refusal
+// says why (naming the table); the same model with its tables in host
+// memory is accepted.
+TEST(SnapshotPredictorTest, OnCudaRefusesDeviceTablesAndGraphs) {
+  SKIP_WITHOUT_DEVICE(kCuda);
+  const ModelConfig host = On(Tiny(), kCuda);
+  auto accepted = Model::Create(host);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(SnapshotPredictor::Create(accepted->get()).ok());
+  struct Refused {
+    const char* what;
+    ModelConfig config;
+    const char* message;
+  };
+  std::vector<Refused> cases;
+  ModelConfig device_table = host;
+  device_table.mutable_tables(1)->set_storage(STORAGE_DEVICE);
+  cases.push_back({"device table", device_table, "GPU memory"});
+  ModelConfig device_cache = device_table;
+  device_cache.mutable_tables(1)->set_device_cache_rows(8);
+  cases.push_back({"device cache", device_cache, "GPU memory"});
+  ModelConfig graphs = host;
+  graphs.set_gpu_cuda_graphs(true);
+  cases.push_back({"graphs", graphs, "gpu_cuda_graphs"});
+  for (const Refused& r : cases) {
+    SCOPED_TRACE(r.what);
+    auto normalised = NormalizeModelConfig(r.config);
+    ASSERT_TRUE(normalised.ok()) << normalised.status();
+    auto model = Model::Create(*normalised);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto predictor = SnapshotPredictor::Create(model->get());
+    ASSERT_EQ(predictor.status().code(), absl::StatusCode::kFailedPrecondition)
+        << predictor.status();
+    const std::string message(predictor.status().message());
+    EXPECT_NE(message.find(r.message), std::string::npos) << message;
+    if (r.config.tables(1).storage() == STORAGE_DEVICE) {
+      EXPECT_NE(message.find(r.config.tables(1).name()), std::string::npos)
+          << message;
+    }
+  }
 }
 
 // A model with a table on RocksDB behind a cache of 6 rows (of 20) is

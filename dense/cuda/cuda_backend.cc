@@ -338,7 +338,8 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(update_graphs_.Run(
         {static_cast<int>(GraphCall::kUpdate), 0}, [&] { return Optimize(); }));
     host_stale_ = true;
-    return absl::OkStatus();
+    // CopyParamsTo's copies wait for this, not for the stream's later work.
+    return params_written_.Record(stream());
   }
 
   absl::Status Predict(const float* x, int64_t batch, float* probs) override {
@@ -422,6 +423,42 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
   DensePrecision precision() const override { return precision_; }
+
+  // Reads only params_ (fixed since Create), params_written_ (recorded by
+  // Update and Upload) and the weights they write; host_->params for the
+  // names and sizes, which never change.
+  absl::Status CopyParamsTo(DenseBackend& dst) override {
+    if (dst.device() != DEVICE_CUDA) {
+      return absl::FailedPreconditionError(
+          "dense parameters: the destination backend is not on CUDA");
+    }
+    // The one CUDA implementation.
+    auto& to = static_cast<CudaDenseBackend&>(dst);
+    RETURN_IF_ERROR(CheckSameParams(host_->params, to.host_->params));
+    // The caller's thread (a predictor's) may have another device current.
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    // A host view of dst's handed out since its last upload goes up first,
+    // so that its next Predict does not upload it over the copy.
+    RETURN_IF_ERROR(to.Ready());
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(to.stream(), params_written_.get()));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      RETURN_IF_ERROR(CopyAsync(to.params_[i].value, params_[i].value,
+                                params_[i].size, cudaMemcpyDeviceToDevice,
+                                to.stream()));
+    }
+    // After the copy on dst's stream, before its next forward.
+    RETURN_IF_ERROR(to.SyncBf16Weights());
+    to.host_stale_ = true;
+    // The source may be overwritten by the next Update once the caller lets
+    // it run: the copy is done before this returns. dst's stream only.
+    return to.stream_.Synchronize();
+  }
+
+  absl::Status PublishHostView() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
+    return Ready();
+  }
 
   GraphCounts graph_counts() const override {
     GraphCounts c;
@@ -649,6 +686,7 @@ class CudaDenseBackend final : public DenseBackend {
     }
     step_ = host_->optimizer->step();
     RETURN_IF_ERROR(SyncBf16Weights());
+    RETURN_IF_ERROR(params_written_.Record(stream()));
     return stream_.Synchronize();
   }
 
@@ -844,6 +882,9 @@ class CudaDenseBackend final : public DenseBackend {
   CudaStream stream_, copy_stream_;
   std::unique_ptr<BlasContext> blas_;
   CudaEvent top_ready_, bottom_ready_;
+  // Recorded on stream_ after each Update's and Upload's writes of the
+  // weights: what CopyParamsTo's copies wait for.
+  CudaEvent params_written_;
   // The training calls' graphs on stream_ (ModelConfig.gpu_cuda_graphs):
   // per (call, batch size), dropped when the batch grows; and Update's,
   // whose pointers (parameters, state, constants_, layer_scratch_) do not
@@ -918,6 +959,7 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
       b->blas_->cublas(), b->blas_->lt_workspace(), gemm.workspace_bytes));
   ASSIGN_OR_RETURN(b->top_ready_, CudaEvent::Create());
   ASSIGN_OR_RETURN(b->bottom_ready_, CudaEvent::Create());
+  ASSIGN_OR_RETURN(b->params_written_, CudaEvent::Create());
   for (StagingSet& set : b->staging_) {
     ASSIGN_OR_RETURN(set.done, CudaEvent::Create());
     ASSIGN_OR_RETURN(set.constants_done, CudaEvent::Create());
