@@ -115,25 +115,6 @@ absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step) {
   return constants;
 }
 
-absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
-                                           int64_t step) {
-  AnyLayerStep constants;
-  bool made = false;
-  Visit(config.type(), [&](auto rule) {
-    if constexpr (decltype(rule)::kLayerWise) {
-      constants = decltype(rule)::MakeStep(config, step);
-      made = true;
-    }
-  });
-  if (!made) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer type ", OptimizerConfig::Type_Name(config.type()), " (",
-        static_cast<int>(config.type()),
-        ") has no layer-wise rule (element-wise or not implemented)"));
-  }
-  return constants;
-}
-
 absl::StatusOr<PackedStep> MakePackedStep(const OptimizerConfig& config,
                                           int64_t step) {
   PackedStep packed;

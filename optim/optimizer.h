@@ -63,17 +63,13 @@ bool VisitElementWise(OptimizerConfig::Type type, Fn&& fn) {
 }
 
 // The constants of step number `step` (1 for the first) of `config`
-// (normalised, valid), for the CUDA kernels; their learning rate is the
-// schedule's at that step. InvalidArgument for a layer-wise type (LAMB,
+// (normalised, valid), for the CUDA embedding kernels; their learning rate is
+// the schedule's at that step. InvalidArgument for a layer-wise type (LAMB,
 // LARS) or one no rule implements.
 absl::StatusOr<AnyStep> MakeStep(const OptimizerConfig& config, int64_t step);
-// The same for a layer-wise type (LAMB, LARS): InvalidArgument for an
-// element-wise type or one no rule implements.
-absl::StatusOr<AnyLayerStep> MakeLayerStep(const OptimizerConfig& config,
-                                           int64_t step);
 
-// One step's constants as the bytes of its rule's Step (MakeStep's or
-// MakeLayerStep's value), for a copy into device memory: the CUDA dense
+// One step's constants as the bytes of its rule's Step (of an element-wise
+// or a layer-wise rule), for a copy into device memory: the CUDA dense
 // optimizer's kernels read them there, so that its update launches the same
 // work every step (docs/cuda.md "CUDA graphs").
 struct PackedStep {
@@ -86,7 +82,7 @@ struct PackedStep {
 
 // The constants of step number `step` of `config` (normalised, valid) for
 // any rule, element-wise or layer-wise, packed: Rule::MakeStep, the
-// function MakeStep, MakeLayerStep and the CPU's DenseOptimizer call.
+// function MakeStep and the CPU's DenseOptimizer call.
 // InvalidArgument for a type no rule implements.
 absl::StatusOr<PackedStep> MakePackedStep(const OptimizerConfig& config,
                                           int64_t step);

@@ -435,9 +435,6 @@ struct Lars {
 // take, made on the host by optim::MakeStep (optimizer.h). std::visit on it
 // gives the Step, and Step::Rule its rule.
 using AnyStep = std::variant<Sgd::Step, Adagrad::Step, Adam::Step>;
-// The same for the layer-wise rules (optim::MakeLayerStep), which the CUDA
-// dense optimizer runs per tensor: norms, MakeLayer, LayerElement.
-using AnyLayerStep = std::variant<Lamb::Step, Lars::Step>;
 
 // One embedding row's update from its summed gradient g[0, dim): w points
 // at the row's weights, s1 / s2 at the row's part of state1 / state2 (may be

@@ -420,7 +420,8 @@ TEST(StepTest, MakeStepPicksEachTypesRule) {
   bad.set_type(static_cast<OptimizerConfig::Type>(42));
   EXPECT_EQ(MakeStep(bad, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // The layer-wise rules have no AnyStep, but an AnyLayerStep.
+  // The layer-wise rules have no AnyStep (their constants are packed:
+  // MakePackedStep).
   for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     EXPECT_EQ(MakeStep(Config(type), 1).status().code(),
               absl::StatusCode::kInvalidArgument)
@@ -429,37 +430,36 @@ TEST(StepTest, MakeStepPicksEachTypesRule) {
   }
   for (OptimizerConfig::Type type : kTypes) {
     EXPECT_TRUE(VisitElementWise(type, [](auto) {}));
-    EXPECT_EQ(MakeLayerStep(Config(type), 1).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << OptimizerConfig::Type_Name(type);
   }
-  EXPECT_EQ(MakeLayerStep(bad, 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
-// MakeLayerStep gives the layer-wise rule's own MakeStep, the scheduled
-// rate included.
-TEST(StepTest, MakeLayerStepPicksTheLayerWiseRule) {
+// The packed constants of a layer-wise type are its rule's own MakeStep,
+// the scheduled rate included.
+TEST(StepTest, PackedLayerStepIsTheLayerWiseRules) {
   OptimizerConfig lamb = Config(OptimizerConfig::LAMB);
   lamb.set_weight_decay(0.01f);
   lamb.mutable_schedule()->set_warmup_steps(4);
   lamb.mutable_schedule()->set_warmup_start_factor(0.25f);
-  auto l = MakeLayerStep(lamb, 2);
+  auto l = MakePackedStep(lamb, 2);
   ASSERT_TRUE(l.ok()) << l.status();
-  ASSERT_TRUE(std::holds_alternative<Lamb::Step>(*l));
+  ASSERT_EQ(l->size, sizeof(Lamb::Step));
+  Lamb::Step got_lamb;
+  std::memcpy(&got_lamb, l->bytes.data(), sizeof(Lamb::Step));
   const Lamb::Step want = Lamb::MakeStep(lamb, 2);
-  EXPECT_EQ(std::get<Lamb::Step>(*l).learning_rate, want.learning_rate);
+  EXPECT_EQ(got_lamb.learning_rate, want.learning_rate);
   EXPECT_NE(want.learning_rate, lamb.learning_rate());
-  EXPECT_EQ(std::get<Lamb::Step>(*l).bias2, want.bias2);
-  EXPECT_EQ(std::get<Lamb::Step>(*l).weight_decay, 0.01f);
+  EXPECT_EQ(got_lamb.bias2, want.bias2);
+  EXPECT_EQ(got_lamb.weight_decay, 0.01f);
 
   OptimizerConfig lars = Config(OptimizerConfig::LARS);
   lars.set_momentum(0.9f);
-  auto r = MakeLayerStep(lars, 5);
+  auto r = MakePackedStep(lars, 5);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(std::holds_alternative<Lars::Step>(*r));
-  EXPECT_EQ(std::get<Lars::Step>(*r).momentum, 0.9f);
-  EXPECT_EQ(std::get<Lars::Step>(*r).trust_coefficient,
+  ASSERT_EQ(r->size, sizeof(Lars::Step));
+  Lars::Step got_lars;
+  std::memcpy(&got_lars, r->bytes.data(), sizeof(Lars::Step));
+  EXPECT_EQ(got_lars.momentum, 0.9f);
+  EXPECT_EQ(got_lars.trust_coefficient,
             Lars::MakeStep(lars, 5).trust_coefficient);
 }
 

@@ -205,6 +205,24 @@ class LtPlanCache {
 
 namespace {
 
+// InvalidArgument naming `name` unless every size fits cuBLAS's int.
+absl::Status CheckGemmSizes(const char* name, int64_t m, int64_t n, int64_t k,
+                            int64_t lda, int64_t ldb, int64_t ldc) {
+  for (int64_t v : {m, n, k, lda, ldb, ldc}) {
+    if (v < 0 || v > INT_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": sizes m ", m, " n ", n, " k ", k, " lda ", lda,
+                       " ldb ", ldb, " ldc ", ldc, " must be in [0, 2^31)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// 'T': transposed; anything else: as is.
+cublasOperation_t CublasOp(char trans) {
+  return trans == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
 // y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call, with
 // the context's plan for the call's key (made on first use); x and W of
 // `type` (fp32 or bf16). Returns NotFound when cuBLASLt has no algorithm
@@ -294,18 +312,12 @@ absl::Status Gemm(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
                   int64_t n, int64_t k, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
-  for (int64_t v : {m, n, k, lda, ldb, ldc}) {
-    if (v < 0 || v > INT_MAX) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: sizes m ", m, " n ", n, " k ", k, " lda ", lda,
-                       " ldb ", ldb, " ldc ", ldc, " must be in [0, 2^31)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckGemmSizes("Gemm", m, n, k, lda, ldb, ldc));
   if (m == 0 || n == 0) return absl::OkStatus();
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
   // row-major buffers are the column-major transposes, so B goes first.
-  const cublasOperation_t op_a = trans_a == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = CublasOp(trans_a);
+  const cublasOperation_t op_b = CublasOp(trans_b);
   const float alpha = 1.0f;
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(
       ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
@@ -378,17 +390,11 @@ absl::Status GemmBf16(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
                       int64_t n, int64_t k, const Bf16* a, int64_t lda,
                       const Bf16* b, int64_t ldb, float beta, float* c,
                       int64_t ldc) {
-  for (int64_t v : {m, n, k, lda, ldb, ldc}) {
-    if (v < 0 || v > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GemmBf16: sizes m ", m, " n ", n, " k ", k, " lda ", lda, " ldb ",
-          ldb, " ldc ", ldc, " must be in [0, 2^31)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckGemmSizes("GemmBf16", m, n, k, lda, ldb, ldc));
   if (m == 0 || n == 0) return absl::OkStatus();
   // As Gemm: the row-major buffers are column-major transposes, B first.
-  const cublasOperation_t op_a = trans_a == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = CublasOp(trans_a);
+  const cublasOperation_t op_b = CublasOp(trans_b);
   const float alpha = 1.0f;
   CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
       ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),

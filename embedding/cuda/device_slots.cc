@@ -55,15 +55,15 @@ struct DeviceSlots::Impl {
   // packed as the table's arrays (rows x dim weights, then rows x
   // state_floats(0), then rows x state_floats(1)) on the host (pinned) and
   // on the device, with its slot numbers. `done` is recorded after the last
-  // queued work that uses the chunk's host buffers; while `pending` they
-  // are not refilled, reallocated or read before it has passed.
+  // queued work that uses the chunk's host buffers, which are not refilled,
+  // reallocated or read before it has passed (an event never recorded has
+  // passed).
   struct Chunk {
     dlrm::cuda::PinnedBuffer<float> host_packed;
     dlrm::cuda::PinnedBuffer<int64_t> host_index;
     dlrm::cuda::DeviceBuffer<float> packed;
     dlrm::cuda::DeviceBuffer<int64_t> index;
     dlrm::cuda::CudaEvent done;
-    bool pending = false;
   };
   Chunk chunks[2];
   bool has_batch = false;
@@ -79,7 +79,6 @@ struct DeviceSlots::Impl {
     dlrm::cuda::PinnedBuffer<int64_t> host;
     dlrm::cuda::DeviceBuffer<int64_t> device;
     dlrm::cuda::CudaEvent uploaded;
-    bool pending = false;
   };
   IndexBuffer pairs[2];
   int next_pairs = 0;
@@ -134,12 +133,7 @@ int64_t DeviceSlots::ChunkRows() const {
 }
 
 absl::Status DeviceSlots::WaitForChunk(int k) {
-  Impl::Chunk& c = impl_->chunks[k];
-  if (c.pending) {
-    RETURN_IF_ERROR(c.done.Synchronize());
-    c.pending = false;
-  }
-  return absl::OkStatus();
+  return impl_->chunks[k].done.Synchronize();
 }
 
 absl::Status DeviceSlots::StageIndex(int k, const int64_t* slots,
@@ -163,9 +157,7 @@ absl::Status DeviceSlots::StageIndex(int k, const int64_t* slots,
                                        cudaMemcpyHostToDevice, impl.stream));
   // Recorded again after the chunk's records are queued; this covers a call
   // that fails in between.
-  RETURN_IF_ERROR(c.done.Record(impl.stream));
-  c.pending = true;
-  return absl::OkStatus();
+  return c.done.Record(impl.stream);
 }
 
 absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
@@ -211,7 +203,6 @@ absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
                         static_cast<size_t>(rows * floats) * sizeof(float),
                         cudaMemcpyDeviceToHost, impl.stream));
     RETURN_IF_ERROR(c.done.Record(impl.stream));
-    c.pending = true;
     if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
     last = k;
     last_begin = done;
@@ -257,7 +248,6 @@ absl::Status DeviceSlots::WriteSlots(const int64_t* slots, int64_t n,
         impl.table->ScatterRows(c.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
                                 n2 > 0 ? s2 : nullptr, impl.stream));
     RETURN_IF_ERROR(c.done.Record(impl.stream));
-    c.pending = true;
   }
   return absl::OkStatus();
 }
@@ -355,12 +345,9 @@ absl::StatusOr<const int64_t*> DeviceSlots::UploadPairs(const int64_t* a,
   Impl& impl = *impl_;
   Impl::IndexBuffer& buffer = impl.pairs[impl.next_pairs];
   impl.next_pairs ^= 1;
-  if (buffer.pending) {
-    // Its last upload has read the pinned buffer: it may be refilled (or
-    // reallocated).
-    RETURN_IF_ERROR(buffer.uploaded.Synchronize());
-    buffer.pending = false;
-  }
+  // Its last upload has read the pinned buffer: it may be refilled (or
+  // reallocated).
+  RETURN_IF_ERROR(buffer.uploaded.Synchronize());
   const size_t count = 2 * static_cast<size_t>(n);
   RETURN_IF_ERROR(buffer.host.Reserve(count));
   // Grows with cudaFree / cudaMalloc, which wait for the device: no queued
@@ -372,7 +359,6 @@ absl::StatusOr<const int64_t*> DeviceSlots::UploadPairs(const int64_t* a,
                                        count * sizeof(int64_t),
                                        cudaMemcpyHostToDevice, impl.stream));
   RETURN_IF_ERROR(buffer.uploaded.Record(impl.stream));
-  buffer.pending = true;
   return buffer.device.data();
 }
 
