@@ -13,8 +13,8 @@
 
 #include "core/config.h"
 #include "core/dense_flags.h"
-#include "core/storage_flags.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/memory_plan.h"

@@ -1,8 +1,9 @@
 // The flags of the binaries that train (dlrm_train, dlrm_bench_train,
-// dlrm_server) that say where the embedding rows live: --rocksdb-dir,
-// --host-budget-mb, --tables-on-rocksdb, --cache-rows, --cache-fraction and
-// --eviction (ModelConfig.rocksdb and the tables' storage; the tier planner,
-// embedding::ApplyMemoryBudgets, then moves tables to fit the budget).
+// dlrm_server, dlrm_bench_hybrid) that say where the embedding rows live:
+// --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
+// --cache-fraction and --eviction (ModelConfig.rocksdb and the tables'
+// storage; the tier planner, embedding::ApplyMemoryBudgets, then moves
+// tables to fit the budget).
 // Header-only, so that core does not link CLI11.
 #pragma once
 

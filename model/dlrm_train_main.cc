@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
-#include "core/storage_flags.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
@@ -124,8 +124,7 @@ absl::Status Run(const Flags& f) {
     std::printf(
         "dlrm_train --dry-run: fits the %.1f MiB of host memory this machine "
         "has (%s); nothing allocated\n",
-        static_cast<double>(machine.bytes) / 1048576.0,
-        machine.source.c_str());
+        static_cast<double>(machine.bytes) / 1048576.0, machine.source.c_str());
     return absl::OkStatus();
   }
 

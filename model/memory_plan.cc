@@ -191,8 +191,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config,
       } else if (storage == STORAGE_ROCKSDB ||
                  (behind_device && RowsOnRocksDb(t))) {
         const int64_t rows = CachedRows(config.rocksdb(), s.row_count);
-        const int64_t cache =
-            RowCacheBytes(rows, s.col_count, std::min(ids, s.row_count), sparse);
+        const int64_t cache = RowCacheBytes(rows, s.col_count,
+                                            std::min(ids, s.row_count), sparse);
         entry.cache_rows += rows;
         entry.host_bytes += cache;
         entry.rocksdb_bytes += bytes;
@@ -218,7 +218,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config,
   // (on CUDA its host view; the device holds its own), the bf16 copies of
   // the weights, and the flat gradient buffers of the all-reduce.
   const int64_t params = DenseParameterCount(config);
-  const int64_t state = optim::DenseStateFloatsPerElement(config.dense_optimizer());
+  const int64_t state =
+      optim::DenseStateFloatsPerElement(config.dense_optimizer());
   const DensePrecision precision =
       cuda ? config.dense_precision()
            : dense::EffectiveCpuPrecision(config.dense_precision());
@@ -273,9 +274,9 @@ std::string MemoryPlan::ToString() const {
     if (v.size() <= 8) return absl::StrJoin(v, ",");
     return absl::StrCat(v.size(), " tables");
   };
-  std::string out = absl::StrCat(
-      "memory plan of rank ", rank, " (batch ", batch_size,
-      "): ", Mib(host_total()), " of host memory\n");
+  std::string out =
+      absl::StrCat("memory plan of rank ", rank, " (batch ", batch_size,
+                   "): ", Mib(host_total()), " of host memory\n");
   absl::StrAppend(&out, "  tables in host memory  ", Mib(host_tables), " (",
                   names(on_host), ")\n");
   if (!on_rocksdb.empty()) {
@@ -332,7 +333,8 @@ std::map<std::string, int64_t> StateBytesByTier(
   // view in host memory.
   bytes += dense_bytes;
   if (config.device() == DEVICE_CUDA) device_bytes += dense_bytes;
-  return {{"host", bytes}, {"device", device_bytes}, {"rocksdb", rocksdb_bytes}};
+  return {
+      {"host", bytes}, {"device", device_bytes}, {"rocksdb", rocksdb_bytes}};
 }
 
 namespace {
@@ -426,9 +428,9 @@ absl::Status CheckMemory(const ModelConfig& config, const MemoryPlan& plan,
   if (need <= machine.bytes) return absl::OkStatus();
   std::string message = absl::StrCat(
       "the model needs ", Mib(need), " of host memory on rank ", plan.rank,
-      " (tables ", Mib(plan.host_tables), ", row caches ",
-      Mib(plan.row_caches), ", dense part ", Mib(plan.dense),
-      ", batch buffers ", Mib(plan.batch_buffers), ", other ",
+      " (tables ", Mib(plan.host_tables), ", row caches ", Mib(plan.row_caches),
+      ", dense part ", Mib(plan.dense), ", batch buffers ",
+      Mib(plan.batch_buffers), ", other ",
       Mib(plan.rocksdb_buffers + plan.runtime), ") but this machine has ",
       Mib(machine.bytes), " (", machine.source, "), ",
       Mib(need - machine.bytes), " short; ");

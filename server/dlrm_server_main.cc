@@ -41,10 +41,10 @@
 #include "comm/launcher_env.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
-#include "core/storage_flags.h"
 #include "core/device.h"
 #include "core/secrets.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/memory_plan.h"
@@ -441,8 +441,7 @@ absl::StatusOr<model::MemoryPlan> CheckMemoryOf(
                    embedding::ApplyMemoryBudgets(config, plan));
   model::MemoryPlanOptions o;
   o.rank = f.rank;
-  ASSIGN_OR_RETURN(model::MemoryPlan memory,
-                   model::PlanMemory(tiers, plan, o));
+  ASSIGN_OR_RETURN(model::MemoryPlan memory, model::PlanMemory(tiers, plan, o));
   if (!f.dry_run) spdlog::info("{}", memory.ToString());
   ASSIGN_OR_RETURN(const model::MachineMemory machine,
                    model::AvailableMemory());

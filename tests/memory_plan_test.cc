@@ -4,6 +4,8 @@
 // preset on a (simulated) small machine before they allocate, accepting it
 // with a host budget, and a real training run's peak RSS within 10% of the
 // plan it printed.
+#include "model/memory_plan.h"
+
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -26,7 +28,6 @@
 #include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "gtest/gtest.h"
-#include "model/memory_plan.h"
 
 extern char** environ;
 
@@ -67,7 +68,7 @@ struct Ran {
 // Runs `argv` with `env` added to this process's environment, stdout and
 // stderr to files under `dir`.
 Ran RunProcess(const std::vector<std::string>& argv,
-        const std::vector<std::string>& env, const std::string& dir) {
+               const std::vector<std::string>& env, const std::string& dir) {
   const std::string out = dir + "/stdout", err = dir + "/stderr";
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -76,7 +77,8 @@ Ran RunProcess(const std::vector<std::string>& argv,
   posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_text;
   for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
@@ -86,8 +88,8 @@ Ran RunProcess(const std::vector<std::string>& argv,
   envp.push_back(nullptr);
   pid_t pid = 0;
   Ran r;
-  const int spawned = posix_spawn(&pid, args[0], &actions, nullptr,
-                                  args.data(), envp.data());
+  const int spawned =
+      posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     r.err = absl::StrCat("posix_spawn ", argv[0], ": errno ", spawned);
@@ -158,12 +160,12 @@ TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
 TEST(MemoryPlanTest, BadOptionsAreInvalidArgument) {
   MemoryPlanOptions o;
   o.batch_size = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      PlanMemory(Preset("tiny"), nullptr, o).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(PlanMemory(Preset("tiny"), nullptr, o).status()));
   o.batch_size = 1;
   o.rank = 1;
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      PlanMemory(Preset("tiny"), nullptr, o).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(PlanMemory(Preset("tiny"), nullptr, o).status()));
 }
 
 // ------------------------------------------------------------ the machine
@@ -200,8 +202,8 @@ TEST(MemoryPlanTest, DcnV2OnASmallMachineIsRefusedWithABudgetThatFits) {
   ASSERT_NE(flag, std::string::npos) << text;
   EXPECT_NE(text.find("--rocksdb-dir DIR"), std::string::npos) << text;
   int64_t budget_mb = 0;
-  const std::string number = text.substr(flag + 17, text.find(' ', flag + 17) -
-                                                        flag - 17);
+  const std::string number =
+      text.substr(flag + 17, text.find(' ', flag + 17) - flag - 17);
   ASSERT_TRUE(absl::SimpleAtoi(number, &budget_mb)) << text;
   // The budget it names fits the machine.
   ModelConfig budgeted = c;
@@ -222,10 +224,9 @@ TEST(MemoryPlanTest, DcnV2OnASmallMachineIsRefusedWithABudgetThatFits) {
 TEST(MemoryPlanTest, ShardingBudgetErrorSaysWhatTheFlagIs) {
   embedding::PlannerOptions po;
   po.memory_budget_bytes = 20 << 20;
-  const absl::StatusOr<embedding::ShardingPlan> planned =
-      ExplainShardingBudget(
-          embedding::PlanSharding(Preset("mlperf-dlrm-dcnv2"), po),
-          "--memory-budget-mb");
+  const absl::StatusOr<embedding::ShardingPlan> planned = ExplainShardingBudget(
+      embedding::PlanSharding(Preset("mlperf-dlrm-dcnv2"), po),
+      "--memory-budget-mb");
   ASSERT_TRUE(absl::IsResourceExhausted(planned.status())) << planned.status();
   const std::string text(planned.status().message());
   EXPECT_NE(text.find("fits nowhere"), std::string::npos) << text;
@@ -271,9 +272,9 @@ const std::string kMachine24 =
 
 TEST(MemoryProcessTest, DlrmTrainRefusesDcnV2BeforeAllocating) {
   const std::string dir = TempDir("train_refuses");
-  const Ran r = RunProcess({DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2",
-                     "--steps", "1"},
-                    {kSmallMachine}, dir);
+  const Ran r = RunProcess(
+      {DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2", "--steps", "1"},
+      {kSmallMachine}, dir);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("DLRM_MACHINE_MEMORY_BYTES"), std::string::npos)
@@ -287,10 +288,10 @@ TEST(MemoryProcessTest, DlrmTrainRefusesDcnV2BeforeAllocating) {
 
 TEST(MemoryProcessTest, DlrmTrainAcceptsDcnV2WithAHostBudget) {
   const std::string dir = TempDir("train_budget");
-  const Ran r = RunProcess({DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2",
-                     "--host-budget-mb", "12000", "--rocksdb-dir",
-                     dir + "/rocksdb", "--dry-run"},
-                    {kMachine24}, dir);
+  const Ran r = RunProcess(
+      {DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2", "--host-budget-mb",
+       "12000", "--rocksdb-dir", dir + "/rocksdb", "--dry-run"},
+      {kMachine24}, dir);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("dlrm_train --dry-run: fits"), std::string::npos)
       << r.out;
@@ -303,25 +304,25 @@ TEST(MemoryProcessTest, DlrmTrainAcceptsDcnV2WithAHostBudget) {
 
 TEST(MemoryProcessTest, DlrmServerDryRunRefusesAndAcceptsAsARun) {
   const std::string dir = TempDir("server");
-  Ran r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2",
-               "--dry-run"},
-              {kSmallMachine}, dir);
+  Ran r = RunProcess(
+      {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run"},
+      {kSmallMachine}, dir);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--host-budget-mb"), std::string::npos) << r.err;
-  r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run",
-           "--host-budget-mb", "12000", "--rocksdb-dir", dir + "/rocksdb"},
-          {kMachine24}, dir);
+  r = RunProcess(
+      {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run",
+       "--host-budget-mb", "12000", "--rocksdb-dir", dir + "/rocksdb"},
+      {kMachine24}, dir);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("on rocksdb"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory plan of rank 0"), std::string::npos) << r.out;
   // The old --memory-budget-mb error now says what that flag is.
-  r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run",
-           "--memory-budget-mb", "20"},
-          {}, dir);
+  r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2",
+                  "--dry-run", "--memory-budget-mb", "20"},
+                 {}, dir);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("sharding planner's limit"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("sharding planner's limit"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--host-budget-mb N --rocksdb-dir DIR"),
             std::string::npos)
       << r.err;
@@ -345,12 +346,11 @@ TEST(MemoryProcessTest, PeakRssOfATrainingRunIsWithinATenthOfThePlan) {
   // 5 tables of 400000 rows (197 MiB each with row-wise Adagrad) and 21
   // small ones (21 MiB): a budget of 700 MiB keeps three of the large ones
   // in memory and puts two on RocksDB behind caches of 40000 rows.
-  const Ran r =
-      RunProcess({DLRM_TRAIN_BINARY, "--config", config, "--host-budget-mb", "700",
-           "--rocksdb-dir", dir + "/rocksdb", "--steps", "3", "--batch-size",
-           "256", "--eval-samples", "2048", "--log-interval", "1",
-           "--threads", "2"},
-          {}, dir);
+  const Ran r = RunProcess(
+      {DLRM_TRAIN_BINARY, "--config", config, "--host-budget-mb", "700",
+       "--rocksdb-dir", dir + "/rocksdb", "--steps", "3", "--batch-size", "256",
+       "--eval-samples", "2048", "--log-interval", "1", "--threads", "2"},
+      {}, dir);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("rocksdb row caches"), std::string::npos) << r.out;
   const int64_t plan = PrintedPlanBytes(r.out);
