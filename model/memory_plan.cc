@@ -435,20 +435,25 @@ absl::Status CheckMemory(const ModelConfig& config, const MemoryPlan& plan,
       Mib(machine.bytes), " (", machine.source, "), ",
       Mib(need - machine.bytes), " short; ");
   // The largest host budget the tier planner fits in the machine with room
-  // to spare (a tenth), found by lowering it by what is still missing.
+  // to spare (a tenth), found by lowering it by what is still missing (the
+  // moved tables bring RocksDB's buffers).
   const int64_t rows_now = plan.host_tables + plan.row_caches;
   int64_t budget_mb = 0;
-  if (rows_now > 0) {
-    const int64_t target = machine.bytes - machine.bytes / 10;
-    int64_t budget = target - plan.host_without_tables() -
-                     (int64_t{256} << 20) - (int64_t{64} << 20) * 8;
+  // Whether even every table on RocksDB leaves row caches too big.
+  bool caches_too_big = false;
+  const int64_t target = machine.bytes - machine.bytes / 10;
+  if (rows_now > 0 && plan.host_without_tables() < target) {
+    int64_t budget = target - plan.host_without_tables();
     ModelConfig trial = config;
     if (trial.rocksdb().path().empty()) trial.mutable_rocksdb()->set_path("/");
     for (int i = 0; i < 8 && budget > (int64_t{1} << 20); ++i) {
       trial.mutable_rocksdb()->set_host_budget_bytes(budget);
       absl::StatusOr<ModelConfig> tiers =
           embedding::ApplyMemoryBudgets(trial, sharding);
-      if (!tiers.ok()) break;
+      if (!tiers.ok()) {
+        caches_too_big = absl::IsResourceExhausted(tiers.status());
+        break;
+      }
       MemoryPlanOptions o;
       o.rank = plan.rank;
       o.batch_size = plan.batch_size;
@@ -473,6 +478,12 @@ absl::Status CheckMemory(const ModelConfig& config, const MemoryPlan& plan,
                            " --rocksdb-dir DIR to keep the largest tables "
                            "in RocksDB under DIR behind row caches"),
         " (docs/storage.md \"Memory plan\")");
+  } else if (caches_too_big) {
+    absl::StrAppend(
+        &message,
+        "even with every table on RocksDB its row caches do not fit: give "
+        "a smaller --cache-fraction or --cache-rows (rocksdb.cache_fraction, "
+        "cache_rows) with --host-budget-mb N --rocksdb-dir DIR");
   } else {
     absl::StrAppend(
         &message,

@@ -221,6 +221,26 @@ TEST(MemoryPlanTest, DcnV2OnASmallMachineIsRefusedWithABudgetThatFits) {
       << fits->ToString();
 }
 
+TEST(MemoryPlanTest, CachesTooBigForTheMachineNameTheCacheFlags) {
+  ModelConfig c = Preset("kaggle");
+  StorageFlags flags;
+  flags.tables_on_rocksdb = {"all"};
+  flags.rocksdb_dir = "/tmp/unused";
+  flags.cache_fraction = 1.0;
+  c.mutable_rocksdb()->set_block_cache_bytes(8 << 20);
+  c.mutable_rocksdb()->set_write_buffer_bytes(4 << 20);
+  ASSERT_TRUE(flags.Apply(&c).ok());
+  absl::StatusOr<MemoryPlan> m = PlanMemory(c, nullptr, MemoryPlanOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Room for everything but half of the caches.
+  const MachineMemory machine{m->host_without_tables() + m->row_caches / 2,
+                              "a test"};
+  const absl::Status refused = CheckMemory(c, *m, machine);
+  ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find("--cache-fraction"), std::string::npos)
+      << refused;
+}
+
 TEST(MemoryPlanTest, ShardingBudgetErrorSaysWhatTheFlagIs) {
   embedding::PlannerOptions po;
   po.memory_budget_bytes = 20 << 20;
