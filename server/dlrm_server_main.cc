@@ -442,7 +442,11 @@ absl::StatusOr<model::MemoryPlan> CheckMemoryOf(
   model::MemoryPlanOptions o;
   o.rank = f.rank;
   ASSIGN_OR_RETURN(model::MemoryPlan memory, model::PlanMemory(tiers, plan, o));
-  if (!f.dry_run) spdlog::info("{}", memory.ToString());
+  if (!f.dry_run) {
+    std::string text = memory.ToString();
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    spdlog::info("{}", text);
+  }
   ASSIGN_OR_RETURN(const model::MachineMemory machine,
                    model::AvailableMemory());
   RETURN_IF_ERROR(model::CheckMemory(tiers, memory, machine, plan));
