@@ -21,6 +21,7 @@
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
@@ -47,11 +48,10 @@ struct Flags {
   bool overlap = false;
   // Distinct pre-generated batches, rotated.
   int batches = 4;
-  // Tables on RocksDB ('all' or names), their scratch directory, the cache,
-  // and whether TrainStep gets the next batch.
-  std::vector<std::string> tables_on_rocksdb;
-  std::string rocksdb_dir;
-  double cache_fraction = 0.1;
+  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
+  // --cache-fraction, --eviction (per rank), and whether TrainStep gets the
+  // next batch.
+  StorageFlags storage;
   bool prefetch = true;
   // Set on the rank processes only.
   int rank = -1;
@@ -68,21 +68,16 @@ absl::Status RunRank(const Flags& f) {
     config.set_max_rows_per_table(0);
     for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
   }
-  if (!f.tables_on_rocksdb.empty()) {
-    if (f.rocksdb_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "--tables-on-rocksdb needs --rocksdb-dir");
-    }
-    RocksDbConfig r;
-    r.set_path(f.rocksdb_dir);
-    r.set_cache_fraction(f.cache_fraction);
-    ASSIGN_OR_RETURN(config,
-                     PlaceTablesOnRocksDb(config, f.tables_on_rocksdb, r));
-  }
+  RETURN_IF_ERROR(f.storage.Apply(&config));
   embedding::PlannerOptions po;
   po.world_size = f.ranks;
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
                    embedding::PlanSharding(config, po));
+  // The tiers the model will choose (it plans the same when created).
+  ASSIGN_OR_RETURN(config, embedding::ApplyMemoryBudgets(config, &plan));
+  const int rocksdb_tables = static_cast<int>(std::count_if(
+      config.tables().begin(), config.tables().end(),
+      [](const TableConfig& t) { return t.storage() == STORAGE_ROCKSDB; }));
   if (f.rank == 0) std::fprintf(stderr, "%s", plan.ToString(config).c_str());
   comm::GlooOptions go;
   go.rank = f.rank;
@@ -101,7 +96,7 @@ absl::Status RunRank(const Flags& f) {
   so.zipf_alpha = f.alpha;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
   const int kBatches = std::max(1, f.batches);
-  const bool prefetch = f.prefetch && !f.tables_on_rocksdb.empty();
+  const bool prefetch = f.prefetch && rocksdb_tables > 0;
   std::vector<data::Batch> local(kBatches);
   std::vector<int64_t> sizes(f.ranks);
   for (int r = 0; r < f.ranks; ++r) {
@@ -165,11 +160,9 @@ absl::Status RunRank(const Flags& f) {
       config.gpu_disable_tf32() ? "false" : "true",
       static_cast<long long>(f.rows), static_cast<long long>(f.batch), f.ranks,
       omp_get_max_threads(), f.overlap ? "true" : "false", f.iters, f.repeats,
-      kBatches,
-      static_cast<int>(std::count_if(
-          config.tables().begin(), config.tables().end(),
-          [](const TableConfig& t) { return t.storage() == STORAGE_ROCKSDB; })),
-      f.cache_fraction, prefetch ? "true" : "false",
+      kBatches, rocksdb_tables,
+      rocksdb_tables > 0 ? config.rocksdb().cache_fraction() : 1.0,
+      prefetch ? "true" : "false",
       lookups > 0 ? static_cast<double>(timed.hits - warm.hits) / lookups : 0.0,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits),
       rates[rates.size() / 2], rates.front(), rates.back());
@@ -255,14 +248,7 @@ int main(int argc, char** argv) {
                  "Distinct pre-generated batches, used in rotation (more "
                  "batches: more distinct ids, so a cache misses more)")
       ->capture_default_str();
-  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
-                 "Tables in RocksDB behind a row cache: 'all' or names")
-      ->delimiter(',');
-  app.add_option("--rocksdb-dir", f.rocksdb_dir,
-                 "Scratch directory for the RocksDB tier");
-  app.add_option("--cache-fraction", f.cache_fraction,
-                 "Fraction of each RocksDB shard's rows cached")
-      ->capture_default_str();
+  f.storage.AddTo(app);
   app.add_option("--prefetch", f.prefetch,
                  "Send the next batch's ids to the RocksDB shards and "
                  "prefetch their rows during a step")

@@ -14,8 +14,10 @@
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 
 namespace dlrm {
@@ -33,13 +35,12 @@ struct Flags {
   int threads = 0;
   double alpha = 1.05;
   int batches = 4;
-  std::string rocksdb_dir;
-  std::vector<std::string> tables_on_rocksdb;
+  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
+  // --cache-fraction, --eviction.
+  StorageFlags storage;
   // Tables in GPU memory (STORAGE_DEVICE): "all" or names.
   std::vector<std::string> tables_on_device;
-  double cache_fraction = 0.1;
   bool prefetch = true;
-  int64_t host_budget_mb = 0;
 };
 
 absl::Status Run(const Flags& f) {
@@ -51,17 +52,7 @@ absl::Status Run(const Flags& f) {
     // PlaceTablesOnRocksDb normalises it, and the tiers would differ.
     config.set_max_rows_per_table(0);
   }
-  if (!f.tables_on_rocksdb.empty()) {
-    if (f.rocksdb_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "--tables-on-rocksdb needs --rocksdb-dir");
-    }
-    RocksDbConfig r;
-    r.set_path(f.rocksdb_dir);
-    r.set_cache_fraction(f.cache_fraction);
-    ASSIGN_OR_RETURN(config, PlaceTablesOnRocksDb(std::move(config),
-                                                  f.tables_on_rocksdb, r));
-  }
+  RETURN_IF_ERROR(f.storage.Apply(&config));
   if (!f.tables_on_device.empty()) {
     const bool all = f.tables_on_device == std::vector<std::string>{"all"};
     int placed = 0;
@@ -78,16 +69,22 @@ absl::Status Run(const Flags& f) {
     }
     ASSIGN_OR_RETURN(config, NormalizeModelConfig(config));
   }
-  if (f.host_budget_mb > 0) {
-    embedding::TierPlanOptions plan;
-    plan.host_budget_bytes = f.host_budget_mb << 20;
-    plan.rocksdb.set_path(f.rocksdb_dir);
-    plan.rocksdb.set_cache_fraction(f.cache_fraction);
-    ASSIGN_OR_RETURN(config, embedding::PlanStorageTiers(config, plan));
-  }
+  // The tiers the model will choose (it plans the same when created).
+  ASSIGN_OR_RETURN(config, embedding::ApplyMemoryBudgets(config));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
   }
+  // What the model will hold (on stderr: stdout is the JSON lines),
+  // checked against the machine before anything is allocated.
+  model::MemoryPlanOptions mo;
+  mo.batch_size = f.batch;
+  mo.eval_batch_size = 0;
+  ASSIGN_OR_RETURN(const model::MemoryPlan plan,
+                   model::PlanMemory(config, nullptr, mo));
+  std::fprintf(stderr, "%s", plan.ToString().c_str());
+  ASSIGN_OR_RETURN(const model::MachineMemory machine,
+                   model::AvailableMemory());
+  RETURN_IF_ERROR(model::CheckMemory(config, plan, machine));
   ASSIGN_OR_RETURN(auto model, model::Model::Create(config));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
@@ -154,7 +151,8 @@ absl::Status Run(const Flags& f) {
       PrecisionName(model->dense_precision()), static_cast<long long>(max_rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
       f.repeats, num_batches, device_tables, rocksdb_tables,
-      rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,
+      rocksdb_tables > 0 ? model->config().rocksdb().cache_fraction() : 1.0,
+      hit_rate,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
       sorted.front(), sorted.back());
   const double steps = static_cast<double>(f.iters) * f.repeats;
@@ -191,21 +189,11 @@ int main(int argc, char** argv) {
                  "Distinct pre-generated batches, used in rotation (more "
                  "batches: more distinct ids, so a cache misses more)")
       ->capture_default_str();
-  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
-                 "Tables in RocksDB behind a row cache: 'all' or names")
-      ->delimiter(',');
+  f.storage.AddTo(app);
   app.add_option("--tables-on-device", f.tables_on_device,
                  "Tables in GPU memory (STORAGE_DEVICE, with --device cuda): "
                  "'all' or names")
       ->delimiter(',');
-  app.add_option("--rocksdb-dir", f.rocksdb_dir,
-                 "Scratch directory for the RocksDB tier");
-  app.add_option("--cache-fraction", f.cache_fraction,
-                 "Fraction of each RocksDB table's rows cached")
-      ->capture_default_str();
-  app.add_option("--host-budget-mb", f.host_budget_mb,
-                 "Host memory for embedding rows: the largest tables go to "
-                 "RocksDB (--rocksdb-dir) until the rest and the caches fit");
   app.add_option("--prefetch", f.prefetch,
                  "Prefetch the next batch's rows during a step (RocksDB)")
       ->capture_default_str();

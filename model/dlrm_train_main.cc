@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,9 +13,11 @@
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/trainer.h"
 
@@ -37,12 +40,10 @@ struct Flags {
   int64_t eval_interval = 0;
   int64_t log_interval = 100;
   int threads = 0;
-  std::string rocksdb_dir;
-  std::vector<std::string> tables_on_rocksdb;
-  int64_t host_budget_mb = 0;
-  int64_t cache_rows = 0;
-  double cache_fraction = 0.1;
-  std::string eviction = "lru";
+  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
+  // --cache-fraction, --eviction.
+  StorageFlags storage;
+  bool dry_run = false;
 };
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
@@ -75,41 +76,12 @@ void PrintEval(int64_t step, const model::EvalResult& r) {
   std::fflush(stdout);
 }
 
-// Applies the RocksDB flags to `config` (no change without
-// --tables-on-rocksdb or --host-budget-mb), then the tier planner when a
-// budget is set (the model would plan the same when created).
-absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
-                                              const Flags& f) {
-  if (f.host_budget_mb < 0) {
-    return absl::InvalidArgumentError("--host-budget-mb must be >= 0");
-  }
-  if (f.tables_on_rocksdb.empty() && f.host_budget_mb == 0) {
-    return embedding::ApplyMemoryBudgets(config);
-  }
-  if (f.rocksdb_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--tables-on-rocksdb and --host-budget-mb need --rocksdb-dir");
-  }
-  RocksDbConfig r;
-  r.set_path(f.rocksdb_dir);
-  r.set_host_budget_bytes(f.host_budget_mb << 20);
-  r.set_cache_rows(f.cache_rows);
-  r.set_cache_fraction(f.cache_fraction);
-  if (f.eviction == "lfu") {
-    r.set_eviction(RocksDbConfig::LFU);
-  } else if (f.eviction != "lru") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--eviction must be lru or lfu, got '", f.eviction, "'"));
-  }
-  ASSIGN_OR_RETURN(
-      config, PlaceTablesOnRocksDb(std::move(config), f.tables_on_rocksdb, r));
-  return embedding::ApplyMemoryBudgets(config);
-}
-
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
   RETURN_IF_ERROR(f.dense.Apply(&loaded));
-  ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
+  RETURN_IF_ERROR(f.storage.Apply(&loaded));
+  // The tiers the model will choose (it plans the same when created).
+  ASSIGN_OR_RETURN(ModelConfig config, embedding::ApplyMemoryBudgets(loaded));
   if (f.threads > 0) {
     omp_set_num_threads(f.threads);
   }
@@ -132,6 +104,28 @@ absl::Status Run(const Flags& f) {
             : absl::StrCat(config.rocksdb().cache_fraction(), " of the rows");
     std::printf("storage: %d tables on RocksDB under %s, cache %s per table\n",
                 rocksdb_tables, config.rocksdb().path().c_str(), cache.c_str());
+  }
+  // What the model will hold, checked against the machine before anything
+  // is allocated.
+  model::MemoryPlanOptions mo;
+  mo.batch_size = f.batch_size;
+  const int64_t eval_batch = model::EvalOptions().batch_size;
+  mo.eval_batch_size = f.train_files.empty()
+                           ? std::min(eval_batch, f.eval_samples)
+                           : (f.eval_files.empty() ? 0 : eval_batch);
+  ASSIGN_OR_RETURN(const model::MemoryPlan plan,
+                   model::PlanMemory(config, nullptr, mo));
+  std::printf("%s", plan.ToString().c_str());
+  std::fflush(stdout);
+  ASSIGN_OR_RETURN(const model::MachineMemory machine,
+                   model::AvailableMemory());
+  RETURN_IF_ERROR(model::CheckMemory(config, plan, machine));
+  if (f.dry_run) {
+    std::printf(
+        "dlrm_train --dry-run: fits the %.1f MiB of host memory this machine "
+        "has (%s); nothing allocated\n",
+        static_cast<double>(machine.bytes) / 1048576.0, machine.source.c_str());
+    return absl::OkStatus();
   }
 
   std::unique_ptr<data::BatchSource> train, eval;
@@ -274,26 +268,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-interval", f.log_interval, "Report every N steps")
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Worker threads (0 = all cores)");
-  app.add_option("--tables-on-rocksdb", f.tables_on_rocksdb,
-                 "Tables kept in RocksDB behind a row cache: 'all' or table "
-                 "names (C3,C4,...); the others stay in host memory")
-      ->delimiter(',');
-  app.add_option("--rocksdb-dir", f.rocksdb_dir,
-                 "Directory for the RocksDB tier (scratch; the model makes "
-                 "and removes a database in it)");
-  app.add_option("--host-budget-mb", f.host_budget_mb,
-                 "Host memory for embedding rows (tables whole, caches of "
-                 "RocksDB tables); the largest tables move to RocksDB until "
-                 "the rest fit (needs --rocksdb-dir; 0 = no budget)")
-      ->capture_default_str();
-  app.add_option("--cache-rows", f.cache_rows,
-                 "Cached rows per RocksDB table (0 = --cache-fraction)")
-      ->capture_default_str();
-  app.add_option("--cache-fraction", f.cache_fraction,
-                 "Fraction of each RocksDB table's rows cached")
-      ->capture_default_str();
-  app.add_option("--eviction", f.eviction, "Cache eviction: lru or lfu")
-      ->capture_default_str();
+  f.storage.AddTo(app);
+  app.add_flag("--dry-run", f.dry_run,
+               "Print the model, its storage tiers and its memory plan, "
+               "check the plan against this machine's memory, and exit "
+               "without allocating the model");
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

@@ -44,8 +44,10 @@
 #include "core/device.h"
 #include "core/secrets.h"
 #include "core/status.h"
+#include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
@@ -65,6 +67,10 @@ struct Flags {
   // --device, --precision, --tf32: each empty keeps the model config's
   // (or the checkpoint's) setting.
   DenseFlags dense;
+  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
+  // --cache-fraction, --eviction: applied to the model config, a
+  // checkpoint's too.
+  StorageFlags storage;
   std::string restore;
   std::string log_level = "info";
   int threads = 0;
@@ -417,10 +423,42 @@ absl::Status ApplyDeviceBudget(const Flags& f, ModelConfig* config) {
 }
 
 // The flags that change a model config, given or not: the dense flags
-// (--device, --precision, --tf32) and the device budget.
+// (--device, --precision, --tf32), the storage flags and the device budget.
 absl::Status AdjustConfig(const Flags& f, ModelConfig* config) {
   RETURN_IF_ERROR(f.dense.Apply(config));
+  RETURN_IF_ERROR(f.storage.Apply(config));
   return ApplyDeviceBudget(f, config);
+}
+
+// The memory plan of this rank of `config` under `plan` (null: one process)
+// at a job's default batch of 2048 samples, logged unless on a dry run, and
+// checked against the machine's memory (model::CheckMemory) before the
+// model is allocated: the plan, or ResourceExhausted naming the fix.
+absl::StatusOr<model::MemoryPlan> CheckMemoryOf(
+    const Flags& f, const ModelConfig& config,
+    const embedding::ShardingPlan* plan) {
+  ASSIGN_OR_RETURN(const ModelConfig tiers,
+                   embedding::ApplyMemoryBudgets(config, plan));
+  model::MemoryPlanOptions o;
+  o.rank = f.rank;
+  ASSIGN_OR_RETURN(model::MemoryPlan memory, model::PlanMemory(tiers, plan, o));
+  if (!f.dry_run) {
+    std::string text = memory.ToString();
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    spdlog::info("{}", text);
+  }
+  ASSIGN_OR_RETURN(const model::MachineMemory machine,
+                   model::AvailableMemory());
+  RETURN_IF_ERROR(model::CheckMemory(tiers, memory, machine, plan));
+  return memory;
+}
+
+// AdjustConfig, then for one process CheckMemoryOf: what a config loaded
+// for a model of one process goes through.
+absl::Status AdjustAndCheck(const Flags& f, ModelConfig* config) {
+  RETURN_IF_ERROR(AdjustConfig(f, config));
+  if (f.world_size != 1) return absl::OkStatus();
+  return CheckMemoryOf(f, *config, nullptr).status();
 }
 
 // The model config at `spec` (a preset, a file, a checkpoint's
@@ -432,15 +470,17 @@ absl::StatusOr<ModelConfig> ConfigOnDevice(const Flags& f,
   return config;
 }
 
-// The sharding planner's options of a run of `config`: --world-size, the
-// --memory-budget-mb and the config's device budget.
-embedding::PlannerOptions PlannerFrom(const Flags& f,
-                                      const ModelConfig& config) {
+// The sharding plan of a run of `config`: --world-size, --memory-budget-mb
+// and the config's device budget; a table that fits nowhere says what
+// --memory-budget-mb is (model::ExplainShardingBudget).
+absl::StatusOr<embedding::ShardingPlan> PlanShardingOf(
+    const Flags& f, const ModelConfig& config) {
   embedding::PlannerOptions po;
   po.world_size = f.world_size;
   po.memory_budget_bytes = f.memory_budget_mb << 20;
   po.device_budget_bytes = config.device_budget_bytes();
-  return po;
+  return model::ExplainShardingBudget(embedding::PlanSharding(config, po),
+                                      "--memory-budget-mb");
 }
 
 // The model config a run uses: with --restore the checkpoint's, so that
@@ -461,7 +501,7 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModel(const Flags& f,
                                                         bool weights_only) {
   return model::LoadCheckpointWith(
       dir, weights_only,
-      [&f](ModelConfig* config) { return AdjustConfig(f, config); });
+      [&f](ModelConfig* config) { return AdjustAndCheck(f, config); });
 }
 
 // --dry-run: validates what a run would (flags, the model config, the
@@ -489,9 +529,11 @@ absl::Status DryRun(const Flags& f) {
     }
   }
   embedding::ShardingPlan plan;
+  std::optional<model::MemoryPlan> memory;
   if (config.has_value()) {
-    ASSIGN_OR_RETURN(plan,
-                     embedding::PlanSharding(*config, PlannerFrom(f, *config)));
+    ASSIGN_OR_RETURN(plan, PlanShardingOf(f, *config));
+    // The memory the model would take, refused as a run would.
+    ASSIGN_OR_RETURN(memory, CheckMemoryOf(f, *config, &plan));
     // The tiers the model would choose (embedding::ApplyMemoryBudgets).
     ASSIGN_OR_RETURN(config, embedding::ApplyMemoryBudgets(*config, &plan));
   }
@@ -587,6 +629,7 @@ absl::Status DryRun(const Flags& f) {
   if (config.has_value()) {
     std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
                 plan.ToString(*config).c_str());
+    std::printf("%s", memory->ToString().c_str());
   }
   return absl::OkStatus();
 }
@@ -782,6 +825,7 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(
         "serve)");
   }
   ASSIGN_OR_RETURN(ModelConfig config, ConfigOnDevice(f, f.config));
+  RETURN_IF_ERROR(CheckMemoryOf(f, config, nullptr).status());
   return model::Model::Create(config);
 }
 
@@ -913,8 +957,8 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
                        : ConfigOnDevice(f, (std::filesystem::path(resume_dir) /
                                             "config.textproto")
                                                .string()));
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(config, PlannerFrom(f, config)));
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan, PlanShardingOf(f, config));
+  RETURN_IF_ERROR(CheckMemoryOf(f, config, &plan).status());
   // Declared before the model and everything that owns it, so it outlives
   // them: the model borrows it.
   std::unique_ptr<comm::Communicator> dense_comm;
@@ -1030,7 +1074,7 @@ absl::Status Run(Flags& f) {
   // A replica applies the flags to every checkpoint it swaps in, as to
   // the first one.
   f.server.adjust_loaded_config = [adjust = f](ModelConfig* config) {
-    return AdjustConfig(adjust, config);
+    return AdjustAndCheck(adjust, config);
   };
 
   // Signals are taken by sigwait below; every thread started from here on
@@ -1174,9 +1218,13 @@ int main(int argc, char** argv) {
                  "rendezvous on and every rank dials (default: "
                  "MASTER_ADDR:MASTER_PORT, or Slurm's first node)");
   app.add_option("--memory-budget-mb", f.memory_budget_mb,
-                 "Embedding bytes (weights + optimizer state) one rank may "
-                 "hold, for the sharding planner, in MiB (0 = unlimited)")
+                 "With --world-size > 1: embedding bytes (weights + optimizer "
+                 "state, RocksDB rows too) one rank may hold, for the "
+                 "sharding planner that spreads tables over the ranks, in "
+                 "MiB (0 = unlimited); it moves nothing to disk: that is "
+                 "--host-budget-mb")
       ->capture_default_str();
+  f.storage.AddTo(app);
   app.add_option("--device-memory-budget-mb", f.device_memory_budget_mb,
                  "Device memory one rank may give STORAGE_DEVICE tables "
                  "(weights + optimizer state; a cached table its cache), in "

@@ -13,8 +13,8 @@
 #include "core/config.h"
 #include "core/status.h"
 #include "embedding/sharding.h"
+#include "model/memory_plan.h"
 #include "model/metrics.h"
-#include "optim/optimizer.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::server {
@@ -533,45 +533,7 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
   }
   s.sharding_plan = plan.ToString(config_);
   s.served = served_checkpoint();
-  // Every rank's embedding shards in host memory (a shard on RocksDB: its
-  // cache; its rows count under "rocksdb") and one dense replica per rank
-  // with its optimizer state.
-  int64_t bytes = 0, rocksdb_bytes = 0, device_bytes = 0;
-  for (const int64_t rank_bytes :
-       embedding::HostBytesPerRank(config_, plan, config_.rocksdb())) {
-    bytes += rank_bytes;
-  }
-  // Shards whose rows are on RocksDB (STORAGE_ROCKSDB, or behind a device
-  // cache) count them under "rocksdb"; shards in GPU memory
-  // (STORAGE_DEVICE) count under "device" their rows, or with
-  // device_cache_rows their slots (rows and optimizer state).
-  for (int k = 0; k < config_.tables_size(); ++k) {
-    const TableConfig& t = config_.tables(k);
-    for (const embedding::Shard& shard : plan.tables[k].shards) {
-      if (RowsOnRocksDb(t)) {
-        rocksdb_bytes +=
-            embedding::ShardBytes(shard, config_.sparse_optimizer());
-      }
-      if (t.storage() != STORAGE_DEVICE) continue;
-      embedding::Shard slots = shard;
-      if (t.device_cache_rows() > 0) {
-        slots.row_count = std::min(shard.row_count, t.device_cache_rows());
-      }
-      device_bytes += embedding::ShardBytes(slots, config_.sparse_optimizer());
-    }
-  }
-  const int64_t dense_floats =
-      1 + optim::DenseStateFloatsPerElement(config_.dense_optimizer());
-  const int64_t dense_bytes = s.world_size * dense_floats *
-                              static_cast<int64_t>(sizeof(float)) *
-                              s.dense_parameters;
-  // The CUDA backend keeps the dense replica on the device and its host
-  // view in host memory.
-  bytes += dense_bytes;
-  if (config_.device() == DEVICE_CUDA) device_bytes += dense_bytes;
-  s.memory_bytes["host"] = bytes;
-  s.memory_bytes["device"] = device_bytes;
-  s.memory_bytes["rocksdb"] = rocksdb_bytes;
+  s.memory_bytes = model::StateBytesByTier(config_, plan);
   if (with_checksum) {
     absl::StatusOr<uint64_t> checksum = WeightChecksum();
     s.weight_checksum = checksum.ok() ? *checksum : 0;
