@@ -195,11 +195,11 @@ absl::StatusOr<DatasetSpec> ServerDataset(const DataFlags& flags,
     return spec;
   }
   const bool npy =
-      flags.npy ||
-      std::all_of(flags.files.begin(), flags.files.end(),
-                  [](const std::string& f) {
-                    return EndsWith(f, ".npy") || EndsWith(f, ".npz");
-                  });
+      flags.npy || std::all_of(flags.files.begin(), flags.files.end(),
+                               [](const std::string& f) {
+                                 return EndsWith(f, ".npy") ||
+                                        EndsWith(f, ".npz");
+                               });
   if (npy) {
     CriteoNpyDays* days = spec.mutable_criteo_npy();
     for (const std::string& f : flags.files) days->add_paths(f);

@@ -1,7 +1,7 @@
 // The binary Criteo format (version 1: raw one-hot values; version 2:
 // materialised multi-hot bags): conversion from TSV and NumPy days, and a
-// memory-mapped reader. Fixed-width records make reading a copy loop, so data loading is
-// never the bottleneck of a training step.
+// memory-mapped reader. Fixed-width records make reading a copy loop, so data
+// loading is never the bottleneck of a training step.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -427,10 +427,11 @@ absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
   for (const CriteoNpyDay& day : days) {
     if (day.sparse.size() >= 4 &&
         day.sparse.compare(day.sparse.size() - 4, 4, ".npz") == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          day.sparse, ": multi-hot bags convert only to version 2 (give "
-                      "dlrm_convert --config with the tables' rows and bag "
-                      "sizes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(day.sparse,
+                       ": multi-hot bags convert only to version 2 (give "
+                       "dlrm_convert --config with the tables' rows and bag "
+                       "sizes)"));
     }
     ASSIGN_OR_RETURN(const NpyArray sparse, OpenNpy(day.sparse));
     if (sparse.item_bytes() > 4) {

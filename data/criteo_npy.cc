@@ -81,10 +81,10 @@ absl::StatusOr<Day> OpenDay(const CriteoNpyDay& files,
                                 ", not float32 (<f4) or float64 (<f8)"));
   }
   if (dense.shape().size() != 2 || dense.cols() != num_dense) {
-    return Invalid(dense.name(),
-                   absl::StrCat("shape ", ShapeText(dense), " is not (rows, ",
-                                num_dense, "): the model has ", num_dense,
-                                " dense features"));
+    return Invalid(
+        dense.name(),
+        absl::StrCat("shape ", ShapeText(dense), " is not (rows, ", num_dense,
+                     "): the model has ", num_dense, " dense features"));
   }
   day.rows = dense.rows();
   const NpyArray& labels = day.labels;
@@ -95,10 +95,10 @@ absl::StatusOr<Day> OpenDay(const CriteoNpyDay& files,
   }
   const auto same_rows = [&](const NpyArray& a) -> absl::Status {
     if (a.rows() == day.rows) return absl::OkStatus();
-    return Invalid(a.name(),
-                   absl::StrCat("has ", a.rows(), " rows, ", dense.name(),
-                                " has ", day.rows,
-                                ": a day's files must hold the same samples"));
+    return Invalid(
+        a.name(),
+        absl::StrCat("has ", a.rows(), " rows, ", dense.name(), " has ",
+                     day.rows, ": a day's files must hold the same samples"));
   };
   RETURN_IF_ERROR(same_rows(labels));
   const auto integers = [](const NpyArray& a) -> absl::Status {
@@ -151,20 +151,20 @@ absl::StatusOr<Day> OpenDay(const CriteoNpyDay& files,
     }
     for (int t = 0; t < num_sparse; ++t) {
       if (!found[t]) {
-        return Invalid(files.sparse,
-                       absl::StrCat("no member for table ", t, " (\"", t,
-                                    ".npy\"); the model has ", num_sparse,
-                                    " tables"));
+        return Invalid(
+            files.sparse,
+            absl::StrCat("no member for table ", t, " (\"", t,
+                         ".npy\"); the model has ", num_sparse, " tables"));
       }
     }
   } else {
     ASSIGN_OR_RETURN(NpyArray sparse, OpenNpy(files.sparse));
     RETURN_IF_ERROR(integers(sparse));
     if (sparse.shape().size() != 2 || sparse.cols() != num_sparse) {
-      return Invalid(sparse.name(),
-                     absl::StrCat("shape ", ShapeText(sparse),
-                                  " is not (rows, ", num_sparse,
-                                  "): the model has ", num_sparse, " tables"));
+      return Invalid(
+          sparse.name(),
+          absl::StrCat("shape ", ShapeText(sparse), " is not (rows, ",
+                       num_sparse, "): the model has ", num_sparse, " tables"));
     }
     RETURN_IF_ERROR(same_rows(sparse));
     day.sparse.push_back(std::move(sparse));
@@ -255,9 +255,9 @@ class CriteoNpySource final : public BatchSource {
       } else {
         int bad = 0;
         while (std::isfinite(x[bad])) ++bad;
-        message = absl::StrCat(days_[d].dense.name(), ": row ", row,
-                               ": dense ", bad, " is ",
-                               std::isnan(x[bad]) ? "NaN" : "infinite");
+        message =
+            absl::StrCat(days_[d].dense.name(), ": row ", row, ": dense ", bad,
+                         " is ", std::isnan(x[bad]) ? "NaN" : "infinite");
       }
       batch->Reset(num_dense, num_sparse);
       return absl::InvalidArgumentError(message);
@@ -288,7 +288,8 @@ class CriteoNpySource final : public BatchSource {
                     sizeof(float) * num_dense * take);
       } else {
         for (int64_t i = 0; i < take * num_dense; ++i) {
-          dense[i] = static_cast<float>(day.dense.DoubleAt(row * num_dense + i));
+          dense[i] =
+              static_cast<float>(day.dense.DoubleAt(row * num_dense + i));
         }
       }
     }
@@ -376,9 +377,10 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
     }
     if (matched) continue;
     if (EndsWith(p, ".npy") || EndsWith(p, ".npz")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          p, ": a NumPy day file must end in ", kDense, ", ", kLabels, ", ",
-          kSparse, " or ", kMultiHot, " (or give the day's prefix, DIR/day_0)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(p, ": a NumPy day file must end in ", kDense, ", ",
+                       kLabels, ", ", kSparse, " or ", kMultiHot,
+                       " (or give the day's prefix, DIR/day_0)"));
     }
     day_of(base, DirName(p));
   }
@@ -394,9 +396,8 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
                  : IsFile(npy)                     ? npy
                                                    : npz;
       if (!IsFile(f.sparse)) {
-        return absl::NotFoundError(
-            absl::StrCat("day ", prefix, ": neither ", npy, " nor ", npz,
-                         " exists"));
+        return absl::NotFoundError(absl::StrCat("day ", prefix, ": neither ",
+                                                npy, " nor ", npz, " exists"));
       }
     }
     for (const std::string* file : {&f.dense, &f.labels, &f.sparse}) {

@@ -245,19 +245,20 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::string_view bytes,
                              minor, " (this build reads 1.0, 2.0 and 3.0)"));
   }
   if (header_bytes > bytes.size() - text_at) {
-    return fail(absl::StrCat("header of ", header_bytes, " bytes runs past the ",
-                             bytes.size(), " bytes there are: truncated"));
+    return fail(absl::StrCat("header of ", header_bytes,
+                             " bytes runs past the ", bytes.size(),
+                             " bytes there are: truncated"));
   }
   const std::string_view text = bytes.substr(text_at, header_bytes);
   NpyHeader header;
   header.data_offset = text_at + header_bytes;
   const auto quoted = [&text] {
-    return absl::StrCat("'",
-                        EscapeForMessage(std::string(text.substr(0, 120))),
+    return absl::StrCat("'", EscapeForMessage(std::string(text.substr(0, 120))),
                         "'");
   };
   DictParser p(text);
-  if (!p.Eat('{')) return fail(absl::StrCat("header ", quoted(), " is not a dict"));
+  if (!p.Eat('{'))
+    return fail(absl::StrCat("header ", quoted(), " is not a dict"));
   bool has_descr = false, has_order = false, has_shape = false;
   bool fortran = false;
   while (!p.Eat('}')) {
@@ -267,8 +268,9 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::string_view bytes,
     }
     if (key == "descr") {
       if (p.Peek() == '[') {
-        return fail("holds a structured dtype; this reader takes arrays of "
-                    "one scalar type");
+        return fail(
+            "holds a structured dtype; this reader takes arrays of "
+            "one scalar type");
       }
       if (!p.String(&header.descr)) {
         return fail(absl::StrCat("header ", quoted(), ": bad 'descr'"));
@@ -304,8 +306,8 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::string_view bytes,
                                           : "'shape'"));
   }
   const std::string& d = header.descr;
-  const bool known_order = !d.empty() && (d[0] == '<' || d[0] == '|' ||
-                                          d[0] == '=');
+  const bool known_order =
+      !d.empty() && (d[0] == '<' || d[0] == '|' || d[0] == '=');
   const TypeInfo* info = nullptr;
   if (known_order) {
     for (const TypeInfo& t : kTypes) {
@@ -438,8 +440,9 @@ constexpr uint16_t kDeflated = 8;
 
 // Inflates raw deflate data `in` into exactly `size` bytes whose CRC-32 is
 // `crc`; errors (as text) for damage.
-absl::StatusOr<std::shared_ptr<std::vector<char>>> Inflate(
-    std::string_view in, uint64_t size, uint32_t crc) {
+absl::StatusOr<std::shared_ptr<std::vector<char>>> Inflate(std::string_view in,
+                                                           uint64_t size,
+                                                           uint32_t crc) {
   auto out = std::make_shared<std::vector<char>>(size);
   z_stream z{};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) {
@@ -477,8 +480,10 @@ absl::StatusOr<std::shared_ptr<std::vector<char>>> Inflate(
   }
   if (got != crc) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CRC-32 ", absl::Hex(got), " of the inflated data is not "
-                     "the archive's ", absl::Hex(crc)));
+        absl::StrCat("CRC-32 ", absl::Hex(got),
+                     " of the inflated data is not "
+                     "the archive's ",
+                     absl::Hex(crc)));
   }
   return out;
 }
@@ -524,8 +529,8 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
                              " bytes, too few for a ZIP archive (.npz)"));
   }
   size_t end = std::string_view::npos;
-  const size_t lowest = bytes > kEndBytes + 65535 ? bytes - kEndBytes - 65535
-                                                  : 0;
+  const size_t lowest =
+      bytes > kEndBytes + 65535 ? bytes - kEndBytes - 65535 : 0;
   for (size_t at = bytes - kEndBytes + 1; at-- > lowest;) {
     if (Le32(base + at) == kEndOfDirectory &&
         at + kEndBytes + Le16(base + at + 20) == bytes) {
@@ -534,8 +539,9 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
     }
   }
   if (end == std::string_view::npos) {
-    return fail("no ZIP end-of-central-directory record: not an .npz "
-                "archive, or truncated");
+    return fail(
+        "no ZIP end-of-central-directory record: not an .npz "
+        "archive, or truncated");
   }
   uint64_t entries = Le16(base + end + 10);
   uint64_t directory_bytes = Le32(base + end + 12);
@@ -551,7 +557,8 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
   }
   if (zip64) {
     const uint64_t at = Le64(base + end - kLocatorBytes + 8);
-    if (at > bytes - kZip64EndBytes || Le32(base + at) != kZip64EndOfDirectory) {
+    if (at > bytes - kZip64EndBytes ||
+        Le32(base + at) != kZip64EndOfDirectory) {
       return fail("bad ZIP64 end-of-central-directory record");
     }
     entries = Le64(base + at + 32);
@@ -606,8 +613,8 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": local header is missing or damaged"));
     }
-    const uint64_t data = local + kLocalBytes + Le16(base + local + 26) +
-                          Le16(base + local + 28);
+    const uint64_t data =
+        local + kLocalBytes + Le16(base + local + 26) + Le16(base + local + 28);
     if (data > bytes || packed > bytes - data) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": member data runs past the end of the file: truncated"));
@@ -626,17 +633,17 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
       absl::StatusOr<std::shared_ptr<std::vector<char>>> inflated =
           Inflate(stored, size, crc);
       if (!inflated.ok()) {
-        return absl::Status(inflated.status().code(),
-                            absl::StrCat(where, ": ",
-                                         inflated.status().message()));
+        return absl::Status(
+            inflated.status().code(),
+            absl::StrCat(where, ": ", inflated.status().message()));
       }
       const std::string_view view((*inflated)->data(), (*inflated)->size());
       ASSIGN_OR_RETURN(member.array, MakeNpyArray(*std::move(inflated), view,
                                                   where, /*exact=*/true));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": compression method ", method,
-          " is not one this reader takes (0 stored, 8 deflate)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": compression method ", method,
+                       " is not one this reader takes (0 stored, 8 deflate)"));
     }
     members.push_back(std::move(member));
   }

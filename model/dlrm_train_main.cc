@@ -1,5 +1,6 @@
 // dlrm_train: trains a DLRM in-process on Criteo TSV, the binary format,
-// NumPy days (TorchRec's .npy, MLPerf's multi-hot .npz) or synthetic data, evaluates it and prints loss, AUC and samples/s.
+// NumPy days (TorchRec's .npy, MLPerf's multi-hot .npz) or synthetic data,
+// evaluates it and prints loss, AUC and samples/s.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>

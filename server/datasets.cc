@@ -196,11 +196,12 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
       }
       absl::StatusOr<std::vector<data::CriteoNpyDay>> days =
           data::FindCriteoNpyDays(
-              resolved, data::CriteoOptionsForModel(config, false).AnyMultiHot());
+              resolved,
+              data::CriteoOptionsForModel(config, false).AnyMultiHot());
       if (!days.ok()) {
-        return absl::Status(days.status().code(),
-                            absl::StrCat(field, ".criteo_npy: ",
-                                         days.status().message()));
+        return absl::Status(
+            days.status().code(),
+            absl::StrCat(field, ".criteo_npy: ", days.status().message()));
       }
       CriteoNpyDays* r = out.mutable_criteo_npy();
       r->clear_paths();
@@ -242,9 +243,10 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field,
-      " has no source: set criteo_tsv, criteo_binary, criteo_npy or synthetic"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
+                   "or synthetic"));
 }
 
 absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
@@ -273,10 +275,9 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
       const auto& paths = spec.criteo_npy().paths();
       const data::CriteoOptions options =
           data::CriteoOptionsForModel(config, spec.criteo_npy().hash_ids());
-      ASSIGN_OR_RETURN(
-          std::vector<data::CriteoNpyDay> days,
-          data::FindCriteoNpyDays({paths.begin(), paths.end()},
-                                  options.AnyMultiHot()));
+      ASSIGN_OR_RETURN(std::vector<data::CriteoNpyDay> days,
+                       data::FindCriteoNpyDays({paths.begin(), paths.end()},
+                                               options.AnyMultiHot()));
       ASSIGN_OR_RETURN(out.source,
                        data::OpenCriteoNpy(std::move(days), options));
       return out;
@@ -305,9 +306,10 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field,
-      " has no source: set criteo_tsv, criteo_binary, criteo_npy or synthetic"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
+                   "or synthetic"));
 }
 
 std::string DatasetName(const DatasetSpec& spec) {

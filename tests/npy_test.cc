@@ -5,6 +5,8 @@
 // dlrm_train training on numpy-written days. numpy comes from a Python found
 // at run time (DLRM_TEST_PYTHON, the peers' venv, /usr/bin/python3,
 // python3); without one the tests skip, saying so.
+#include "data/npy.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "data/criteo.h"
-#include "data/npy.h"
 
 namespace dlrm::data {
 namespace {
@@ -118,10 +119,9 @@ class NpyTest : public testing::Test {
                       "install python3-numpy (scripts/install-deps.sh)";
     }
     dir_ = (fs::path(testing::TempDir()) /
-            absl::StrCat("npy_test_", getpid(), "_",
-                         testing::UnitTest::GetInstance()
-                             ->current_test_info()
-                             ->name()))
+            absl::StrCat(
+                "npy_test_", getpid(), "_",
+                testing::UnitTest::GetInstance()->current_test_info()->name()))
                .string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -354,8 +354,8 @@ TEST_F(NpyTest, TorchRecDaysReadBitForBitAgainstNumpy) {
                                      "' '", dir_, "' ", Joined(rows), " 3")
                             .c_str()),
             0);
-  absl::StatusOr<std::vector<CriteoNpyDay>> days = FindCriteoNpyDays(
-      {Path("day_0"), Path("day_1"), Path("day_2")}, false);
+  absl::StatusOr<std::vector<CriteoNpyDay>> days =
+      FindCriteoNpyDays({Path("day_0"), Path("day_1"), Path("day_2")}, false);
   ASSERT_TRUE(days.ok()) << days.status();
   ASSERT_EQ(days->size(), 3u);
   EXPECT_EQ((*days)[1].sparse, Path("day_1_sparse.npy"));
@@ -390,16 +390,16 @@ TEST_F(NpyTest, TorchRecDaysReadBitForBitAgainstNumpy) {
   ASSERT_EQ(*(*source)->Skip(130), 130);
   Batch b;
   ASSERT_TRUE(*(*source)->Next(3, &b));
-  EXPECT_EQ(b.labels, std::vector<float>(labels.begin() + 130,
-                                         labels.begin() + 133));
+  EXPECT_EQ(b.labels,
+            std::vector<float>(labels.begin() + 130, labels.begin() + 133));
   EXPECT_EQ(b.sparse[4].ids[0], ids[4 * n + 130]);
 
   // Files named one by one read the same samples; a multi-hot size derives
   // the bags from each row as the TSV reader does.
-  absl::StatusOr<std::vector<CriteoNpyDay>> named = FindCriteoNpyDays(
-      {Path("day_0_dense.npy"), Path("day_0_sparse.npy"),
-       Path("day_0_labels.npy")},
-      true);
+  absl::StatusOr<std::vector<CriteoNpyDay>> named =
+      FindCriteoNpyDays({Path("day_0_dense.npy"), Path("day_0_sparse.npy"),
+                         Path("day_0_labels.npy")},
+                        true);
   ASSERT_TRUE(named.ok()) << named.status();
   ASSERT_EQ(named->size(), 1u);
   options.multi_hot_sizes.assign(26, 1);
@@ -490,8 +490,7 @@ TEST_F(NpyTest, FindsADaysFilesFromPrefixesAndNamedFiles) {
   EXPECT_EQ((*multi_hot)[0].sparse, Path("a/day_0_sparse_multi_hot.npz"));
   // MLPerf's bags beside TorchRec's dense and labels in another directory.
   auto mixed = FindCriteoNpyDays(
-      {Path("a/day_0_dense.npy"), Path("b/day_0_sparse_multi_hot.npz")},
-      false);
+      {Path("a/day_0_dense.npy"), Path("b/day_0_sparse_multi_hot.npz")}, false);
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   ASSERT_EQ(mixed->size(), 1u);
   EXPECT_EQ((*mixed)[0].labels, Path("a/day_0_labels.npy"));
@@ -555,26 +554,28 @@ np.savez(D + '/extra_sparse_multi_hot.npz', **{'0': np.zeros((n, 1), 'i4'),
   };
   ExpectInvalid(open("rows"), Path("rows_labels.npy") + ": has 19 rows");
   ExpectInvalid(open("rows"), "must hold the same samples");
-  ExpectInvalid(open("cols"), Path("cols_dense.npy") +
-                                  ": shape (20, 12) is not (rows, 13)");
+  ExpectInvalid(open("cols"),
+                Path("cols_dense.npy") + ": shape (20, 12) is not (rows, 13)");
   ExpectInvalid(open("intdense"), "dense features are <i4, not float32");
   ExpectInvalid(open("floatsparse"), Path("floatsparse_sparse.npy") +
                                          ": sparse values are <f4, not "
                                          "integers");
   ExpectInvalid(open("sparsecols"), "shape (20, 25) is not (rows, 26)");
   ExpectInvalid(open("labelcols"), "is not (rows, 1) or (rows,)");
-  ExpectInvalid(open("fortran"), Path("fortran_dense.npy") + ": array is in "
-                                                             "Fortran");
+  ExpectInvalid(open("fortran"), Path("fortran_dense.npy") +
+                                     ": array is in "
+                                     "Fortran");
   EXPECT_EQ(open("absent").code(), absl::StatusCode::kNotFound);
 
   // Bad values are found when read, naming the file and row; reading goes
   // on after them.
   for (const char* name : {"badlabel", "nan"}) {
     SCOPED_TRACE(name);
-    auto source = OpenCriteoNpy({CriteoNpyDay{Path(absl::StrCat(name, "_dense.npy")),
-                                              Path(absl::StrCat(name, "_sparse.npy")),
-                                              Path(absl::StrCat(name, "_labels.npy"))}},
-                                options);
+    auto source =
+        OpenCriteoNpy({CriteoNpyDay{Path(absl::StrCat(name, "_dense.npy")),
+                                    Path(absl::StrCat(name, "_sparse.npy")),
+                                    Path(absl::StrCat(name, "_labels.npy"))}},
+                      options);
     ASSERT_TRUE(source.ok()) << source.status();
     Batch b;
     const absl::StatusOr<bool> more = (*source)->Next(64, &b);
@@ -641,13 +642,13 @@ TEST_F(NpyTest, ConvertToolWritesTheDaysSamples) {
   const std::string mh = (fs::path(dir_) / "mh").string();
   WriteFile(Path("mh.py"), absl::StrCat("import sys\nimport numpy as np\n",
                                         "D = sys.argv[1]\n", kMultiHotDays));
-  ASSERT_EQ(std::system(absl::StrCat("'", python_, "' '", Path("mh.py"), "' '",
-                                     mh, "'")
-                            .c_str()),
+  ASSERT_EQ(std::system(
+                absl::StrCat("'", python_, "' '", Path("mh.py"), "' '", mh, "'")
+                    .c_str()),
             0);
   const std::string v2 = Path("v2.bin");
-  ASSERT_EQ(std::system(absl::StrCat(tool, " --config tiny --out ", v2, " ",
-                                     mh, "/day_0 ", mh, "/day_1 > /dev/null")
+  ASSERT_EQ(std::system(absl::StrCat(tool, " --config tiny --out ", v2, " ", mh,
+                                     "/day_0 ", mh, "/day_1 > /dev/null")
                             .c_str()),
             0);
   const CriteoOptions tiny = CriteoOptionsForModel(Tiny(), false);
@@ -659,8 +660,9 @@ TEST_F(NpyTest, ConvertToolWritesTheDaysSamples) {
   ASSERT_TRUE(mh_source.ok()) << mh_source.status();
   ExpectBatchesEqual(ReadWhole(v2_source->get(), 30),
                      ReadWhole(mh_source->get(), 30));
-  EXPECT_NE(std::system(absl::StrCat(tool, " --num-dense 4 --num-sparse 3 "
-                                           "--out ",
+  EXPECT_NE(std::system(absl::StrCat(tool,
+                                     " --num-dense 4 --num-sparse 3 "
+                                     "--out ",
                                      Path("refused.bin"), " ", mh,
                                      "/day_0 2> /dev/null")
                             .c_str()),

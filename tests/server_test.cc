@@ -1936,11 +1936,12 @@ TEST(ResolveDatasetTest, NumpyDaysResolveToTheirFilesInsideTheAllowedDirs) {
     for (const std::string& p : paths) s.mutable_criteo_npy()->add_paths(p);
     return s;
   };
-  absl::StatusOr<DatasetSpec> resolved = ResolveDataset(
-      spec({"day_0"}), Tiny(), o, DatasetRole::kTrain, "train");
+  absl::StatusOr<DatasetSpec> resolved =
+      ResolveDataset(spec({"day_0"}), Tiny(), o, DatasetRole::kTrain, "train");
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   ASSERT_EQ(resolved->criteo_npy().paths_size(), 3);
-  EXPECT_EQ(resolved->criteo_npy().paths(0), (data / "day_0_dense.npy").string());
+  EXPECT_EQ(resolved->criteo_npy().paths(0),
+            (data / "day_0_dense.npy").string());
   EXPECT_EQ(resolved->criteo_npy().paths(1),
             (data / "day_0_sparse.npy").string());
   EXPECT_EQ(resolved->criteo_npy().paths(2),
@@ -1965,14 +1966,14 @@ TEST(ResolveDatasetTest, NumpyDaysResolveToTheirFilesInsideTheAllowedDirs) {
   EXPECT_NE(out.status().message().find("train.criteo_npy.paths[0]"),
             std::string::npos)
       << out.status();
-  absl::StatusOr<DatasetSpec> link = ResolveDataset(
-      spec({"day_1"}), Tiny(), o, DatasetRole::kTrain, "train");
+  absl::StatusOr<DatasetSpec> link =
+      ResolveDataset(spec({"day_1"}), Tiny(), o, DatasetRole::kTrain, "train");
   EXPECT_EQ(link.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(link.status().message().find("train.criteo_npy day 0"),
             std::string::npos)
       << link.status();
-  absl::StatusOr<DatasetSpec> missing = ResolveDataset(
-      spec({"day_7"}), Tiny(), o, DatasetRole::kTrain, "train");
+  absl::StatusOr<DatasetSpec> missing =
+      ResolveDataset(spec({"day_7"}), Tiny(), o, DatasetRole::kTrain, "train");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("day_7_sparse.npy"),
             std::string::npos)
