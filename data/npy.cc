@@ -443,6 +443,13 @@ constexpr uint16_t kDeflated = 8;
 absl::StatusOr<std::shared_ptr<std::vector<char>>> Inflate(std::string_view in,
                                                            uint64_t size,
                                                            uint32_t crc) {
+  // Deflate expands at most 1032:1; a larger claim is damage (and must not
+  // become an allocation of that size).
+  if (size / 1032 > in.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("claims ", size, " bytes inflated from ", in.size(),
+                     ", more than deflate can give: damaged"));
+  }
   auto out = std::make_shared<std::vector<char>>(size);
   z_stream z{};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) {

@@ -250,6 +250,17 @@ np.savez(D + '/good.npz', x=a)
 zipfile.ZipFile(D + '/notnpy.npz', 'w').writestr('readme.txt', 'hello')
 with zipfile.ZipFile(D + '/bzip2.npz', 'w', zipfile.ZIP_BZIP2) as z:
     z.writestr('x.npy', open(D + '/good.npy', 'rb').read())
+# A deflated member whose central-directory entry claims 2 GiB (found by
+# npy_fuzz: it became an allocation of that size), and one whose CRC-32 is
+# wrong.
+def patched(name, offset, value):
+    np.savez_compressed(D + '/' + name, x=a)
+    b = bytearray(open(D + '/' + name, 'rb').read())
+    cd = b.rfind(b'PK\x01\x02')
+    b[cd + offset:cd + offset + 4] = value.to_bytes(4, 'little')
+    open(D + '/' + name, 'wb').write(b)
+patched('bomb.npz', 24, 0x7fffffff)
+patched('crc.npz', 16, 12345)
 )");
   const std::string good = ReadFile(Path("good.npy"));
   WriteFile(Path("truncated_data.npy"), good.substr(0, good.size() - 4));
@@ -298,6 +309,8 @@ with zipfile.ZipFile(D + '/bzip2.npz', 'w', zipfile.ZIP_BZIP2) as z:
       {"cut_tail.npz", "end-of-central-directory"},
       {"notnpy.npz", "readme.txt: member is not an .npy array"},
       {"bzip2.npz", "x.npy: compression method 12"},
+      {"bomb.npz", "x.npy: claims 2147483647 bytes inflated from"},
+      {"crc.npz", "x.npy: CRC-32"},
       {"good.npy", "end-of-central-directory"},
   };
   for (const auto& c : archives) {
