@@ -156,9 +156,10 @@ bool IsCriteoNpy(const std::vector<std::string>& paths);
 
 // The days that `paths` name, in order of first mention. A path ending in
 // _dense.npy, _labels.npy, _sparse.npy or _sparse_multi_hot.npz names that
-// file of its day (the day being the file name before the suffix); any
-// other path is a day prefix (DIR/day_0). A day's files not named take the
-// prefix's directory (or the directory of its first named file); a sparse
+// file of its day: it joins the latest day of the same file-name prefix
+// (day_0) that lacks that file, in any directory, else starts a day. Any
+// other path is a day prefix (DIR/day_0), a day of its own. A day's files
+// not named take the prefix's directory (or its first file's); a sparse
 // file not named is PREFIX_sparse_multi_hot.npz when `prefer_multi_hot`
 // and that exists, else PREFIX_sparse.npy when that exists, else the .npz.
 // InvalidArgument for an empty list or another .npy/.npz name, naming it;

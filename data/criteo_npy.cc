@@ -343,21 +343,13 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
   if (paths.empty()) {
     return absl::InvalidArgumentError("no NumPy day files or prefixes given");
   }
-  // Per day (by file-name prefix, in order of first mention): the
-  // directory to complete it from and the files named.
+  // Per day, in order of first mention: its file-name prefix (day_0), the
+  // directory to complete it from, and the files named.
   struct Named {
     std::string key, dir;
     CriteoNpyDay files;
   };
   std::vector<Named> named;
-  const auto day_of = [&named](const std::string& key,
-                               const std::string& dir) -> Named& {
-    for (Named& n : named) {
-      if (n.key == key) return n;
-    }
-    named.push_back(Named{key, dir, {}});
-    return named.back();
-  };
   for (const std::string& p : paths) {
     const std::string base = BaseName(p);
     const std::pair<const char*, std::string CriteoNpyDay::*> roles[] = {
@@ -370,8 +362,18 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
     for (const auto& [suffix, field] : roles) {
       const std::string_view sv(suffix);
       if (!EndsWith(base, sv) || base.size() == sv.size()) continue;
-      Named& day = day_of(base.substr(0, base.size() - sv.size()), DirName(p));
-      day.files.*field = p;
+      // A named file joins the latest day of its prefix that lacks that
+      // file, else it starts a day: the three files of day_0 in two
+      // directories make one day, two dense files of day_0 two days.
+      const std::string key = base.substr(0, base.size() - sv.size());
+      auto day = std::find_if(named.rbegin(), named.rend(), [&](Named& n) {
+        return n.key == key && (n.files.*field).empty();
+      });
+      if (day == named.rend()) {
+        named.push_back(Named{key, DirName(p), {}});
+        day = named.rbegin();
+      }
+      day->files.*field = p;
       matched = true;
       break;
     }
@@ -382,7 +384,8 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
                        kLabels, ", ", kSparse, " or ", kMultiHot,
                        " (or give the day's prefix, DIR/day_0)"));
     }
-    day_of(base, DirName(p));
+    // A prefix is a day of its own.
+    named.push_back(Named{base, DirName(p), {}});
   }
   std::vector<CriteoNpyDay> days;
   for (Named& n : named) {

@@ -509,6 +509,27 @@ TEST_F(NpyTest, FindsADaysFilesFromPrefixesAndNamedFiles) {
   EXPECT_EQ((*mixed)[0].labels, Path("a/day_0_labels.npy"));
   EXPECT_EQ((*mixed)[0].sparse, Path("b/day_0_sparse_multi_hot.npz"));
 
+  // Two directories' day_0 are two days, named by prefix or by file.
+  fs::create_directories(Path("c"));
+  for (const char* f :
+       {"c/day_0_dense.npy", "c/day_0_labels.npy", "c/day_0_sparse.npy"}) {
+    WriteFile(Path(f), "");
+  }
+  auto two = FindCriteoNpyDays({Path("a/day_0"), Path("c/day_0")}, false);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[1].dense, Path("c/day_0_dense.npy"));
+  EXPECT_EQ((*two)[1].sparse, Path("c/day_0_sparse.npy"));
+  auto files = FindCriteoNpyDays(
+      {Path("a/day_0_dense.npy"), Path("a/day_0_sparse.npy"),
+       Path("a/day_0_labels.npy"), Path("c/day_0_dense.npy"),
+       Path("c/day_0_sparse.npy"), Path("c/day_0_labels.npy")},
+      false);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].labels, Path("a/day_0_labels.npy"));
+  EXPECT_EQ((*files)[1].labels, Path("c/day_0_labels.npy"));
+
   EXPECT_TRUE(IsCriteoNpy({Path("a/day_0"), Path("a/day_0_labels.npy")}));
   EXPECT_FALSE(IsCriteoNpy({Path("a/day_0_dense.npy"), Path("train.txt")}));
   WriteFile(Path("a/day_9"), "");  // a TSV day beside npy files is TSV
