@@ -3,8 +3,8 @@
 // dtype, .npz stored and deflated, TorchRec's and MLPerf's Criteo days read
 // bit for bit against numpy's own dump, malformed files, dlrm_convert, and
 // dlrm_train training on numpy-written days. numpy comes from a Python found
-// at run time (DLRM_TEST_PYTHON, the peers' venv, /usr/bin/python3,
-// python3); without one the tests skip, saying so.
+// at run time (DLRM_TEST_PYTHON alone when set, else the peers' venv,
+// /usr/bin/python3, python3); without one the tests skip, saying so.
 #include "data/npy.h"
 
 #include <gtest/gtest.h>
@@ -28,18 +28,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The first Python that imports numpy, or "".
+// The first Python that imports numpy, or "". DLRM_TEST_PYTHON, when set,
+// is the only one tried.
 std::string FindNumpyPython() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("DLRM_TEST_PYTHON")) {
     candidates.push_back(env);
-  }
-  if (const char* home = std::getenv("HOME")) {
+  } else if (const char* home = std::getenv("HOME")) {
     candidates.push_back(
         absl::StrCat(home, "/.cache/dlrm-peers-venv/bin/python"));
   }
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
+  if (std::getenv("DLRM_TEST_PYTHON") == nullptr) {
+    candidates.push_back("/usr/bin/python3");
+    candidates.push_back("python3");
+  }
   for (const std::string& python : candidates) {
     const std::string probe =
         absl::StrCat("'", python, "' -c 'import numpy' > /dev/null 2>&1");
@@ -114,9 +116,13 @@ class NpyTest : public testing::Test {
   void SetUp() override {
     python_ = FindNumpyPython();
     if (python_.empty()) {
-      GTEST_SKIP() << "no Python with numpy (tried DLRM_TEST_PYTHON, "
-                      "~/.cache/dlrm-peers-venv, /usr/bin/python3, python3): "
-                      "install python3-numpy (scripts/install-deps.sh)";
+      GTEST_SKIP() << "no Python with numpy (tried "
+                   << (std::getenv("DLRM_TEST_PYTHON") != nullptr
+                           ? absl::StrCat("DLRM_TEST_PYTHON=",
+                                          std::getenv("DLRM_TEST_PYTHON"))
+                           : "~/.cache/dlrm-peers-venv/bin/python, "
+                             "/usr/bin/python3, python3")
+                   << "): install python3-numpy (scripts/install-deps.sh)";
     }
     dir_ = (fs::path(testing::TempDir()) /
             absl::StrCat(
