@@ -46,6 +46,7 @@
 #include "model/safetensors.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
+#include "tests/npy_files.h"
 #include "tests/raw_call.h"
 
 namespace dlrm::server {
@@ -1876,22 +1877,6 @@ TEST(ResolveDataPathTest, ReadsOnlyInsideTheAllowedDirectories) {
   fs::remove_all(root);
 }
 
-// A C-order .npy file (format 1.0, as np.save writes it) of `descr` and
-// `shape` (a Python tuple) holding `bytes`.
-void WriteNpyFile(const fs::path& path, const std::string& descr,
-                  const std::string& shape, const std::string& bytes) {
-  std::string header = "{'descr': '" + descr +
-                       "', 'fortran_order': False, 'shape': " + shape + ", }";
-  header.resize((10 + header.size() + 1 + 63) / 64 * 64 - 10 - 1, ' ');
-  header += '\n';
-  const uint16_t length = static_cast<uint16_t>(header.size());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << std::string("\x93NUMPY\x01\x00", 8);
-  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
-  out << header << bytes;
-  ASSERT_TRUE(out.good()) << path;
-}
-
 // One TorchRec-style day of `n` samples for the tiny preset (4 dense, 3
 // one-hot columns) named PREFIX_{dense,sparse,labels}.npy.
 void WriteTinyNpyDay(const fs::path& prefix, int n) {
@@ -1902,17 +1887,10 @@ void WriteTinyNpyDay(const fs::path& prefix, int n) {
     for (int t = 0; t < 3; ++t) sparse[i * 3 + t] = -7 * i + t;
     labels[i] = i % 2;
   }
-  const auto bytes = [](const auto& v) {
-    return std::string(reinterpret_cast<const char*>(v.data()),
-                       v.size() * sizeof(v[0]));
-  };
   const std::string p = prefix.string();
-  WriteNpyFile(p + "_dense.npy", "<f4", absl::StrCat("(", n, ", 4)"),
-               bytes(dense));
-  WriteNpyFile(p + "_sparse.npy", "<i4", absl::StrCat("(", n, ", 3)"),
-               bytes(sparse));
-  WriteNpyFile(p + "_labels.npy", "<f4", absl::StrCat("(", n, ",)"),
-               bytes(labels));
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_dense.npy", "<f4", dense, n, 4));
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_sparse.npy", "<i4", sparse, n, 3));
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_labels.npy", "<f4", labels, n, 0));
 }
 
 TEST(ResolveDatasetTest, NumpyDaysResolveToTheirFilesInsideTheAllowedDirs) {
