@@ -163,7 +163,7 @@ bool IsCriteoNpy(const std::vector<std::string>& paths);
 // file not named is PREFIX_sparse_multi_hot.npz when `prefer_multi_hot`
 // and that exists, else PREFIX_sparse.npy when that exists, else the .npz.
 // InvalidArgument for an empty list or another .npy/.npz name, naming it;
-// NotFound naming each file of a day that is missing.
+// NotFound naming the first file of a day that is missing.
 absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
     const std::vector<std::string>& paths, bool prefer_multi_hot);
 
