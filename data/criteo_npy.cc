@@ -359,8 +359,9 @@ absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
         {kMultiHot, &CriteoNpyDay::sparse},
     };
     bool matched = false;
-    for (const auto& [suffix, field] : roles) {
-      const std::string_view sv(suffix);
+    for (const auto& role : roles) {
+      const std::string_view sv(role.first);
+      std::string CriteoNpyDay::*const field = role.second;
       if (!EndsWith(base, sv) || base.size() == sv.size()) continue;
       // A named file joins the latest day of its prefix that lacks that
       // file, else it starts a day: the three files of day_0 in two
