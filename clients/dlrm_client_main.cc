@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -37,6 +38,9 @@ struct DataFlags {
   // Synthetic samples per epoch: < 0 = not synthetic, 0 = endless.
   int64_t synthetic = -1;
   bool hash_ids = false;
+  // The files on the server are NumPy days (prefixes or files); also true
+  // when every path ends in .npy or .npz.
+  bool npy = false;
   double zipf_alpha = 1.05;
   // Teacher seed of synthetic data; 0 = the model's seed.
   uint64_t data_seed = 0;
@@ -148,11 +152,20 @@ absl::StatusOr<LocalData> OpenLocalData(const DataFlags& flags,
     local.total = data::ReadCriteoBinaryCount(flags.files[0]).value_or(0);
     return local;
   }
+  if (data::IsCriteoNpy(flags.files)) {
+    ASSIGN_OR_RETURN(
+        std::vector<data::CriteoNpyDay> days,
+        data::FindCriteoNpyDays(flags.files, options.AnyMultiHot()));
+    ASSIGN_OR_RETURN(local.source,
+                     data::OpenCriteoNpy(std::move(days), options));
+    return local;
+  }
   ASSIGN_OR_RETURN(local.source, data::OpenCriteoTsv(flags.files, options));
   return local;
 }
 
-// A dataset read by the server: synthetic, one .bin file, or TSV files.
+// A dataset read by the server: synthetic, one .bin file, NumPy days, or
+// TSV files.
 // `sample_seed_offset` is added to the teacher seed for the sample stream.
 absl::StatusOr<DatasetSpec> ServerDataset(const DataFlags& flags,
                                           const std::string& what,
@@ -179,6 +192,18 @@ absl::StatusOr<DatasetSpec> ServerDataset(const DataFlags& flags,
   }
   if (flags.files.size() == 1 && EndsWith(flags.files[0], ".bin")) {
     spec.set_criteo_binary(flags.files[0]);
+    return spec;
+  }
+  const bool npy =
+      flags.npy || std::all_of(flags.files.begin(), flags.files.end(),
+                               [](const std::string& f) {
+                                 return EndsWith(f, ".npy") ||
+                                        EndsWith(f, ".npz");
+                               });
+  if (npy) {
+    CriteoNpyDays* days = spec.mutable_criteo_npy();
+    for (const std::string& f : flags.files) days->add_paths(f);
+    days->set_hash_ids(flags.hash_ids);
     return spec;
   }
   CriteoFiles* tsv = spec.mutable_criteo_tsv();
@@ -351,6 +376,7 @@ absl::Status JobStart(Client& client, const Flags& f) {
     eval.hash_ids = f.data.hash_ids;
     eval.zipf_alpha = f.data.zipf_alpha;
     eval.data_seed = f.data.data_seed;
+    eval.npy = f.data.npy;
     ASSIGN_OR_RETURN(*request.mutable_eval(),
                      ServerDataset(eval, "evaluation", seed, 2));
   }
@@ -501,7 +527,9 @@ absl::StatusOr<ClientOptions> ConnectOptions(const Flags& f) {
 // Flags shared by the subcommands that read local samples.
 void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
   app->add_option("--data", f.data.files,
-                  "Local Criteo TSV files, one .bin file, or - for stdin");
+                  "Local Criteo TSV files, one .bin file, NumPy days "
+                  "(DIR/day_N prefixes or their .npy/.npz files), or - for "
+                  "stdin");
   if (synthetic) {
     app->add_option("--synthetic", f.data.synthetic,
                     "Generate this many synthetic samples per epoch instead "
@@ -568,7 +596,8 @@ int Main(int argc, char** argv) {
   CLI::App* job_start =
       job->add_subcommand("start", "Start a job on data the server reads");
   job_start->add_option("--data", f.data.files,
-                        "Criteo TSV files or one .bin file, on the server");
+                        "Criteo TSV files, one .bin file or NumPy day files "
+                        "(.npy/.npz), on the server");
   job_start->add_option("--synthetic", f.data.synthetic,
                         "Synthetic samples per epoch, generated on the server "
                         "(0 = endless, with --steps)");
@@ -576,6 +605,9 @@ int Main(int argc, char** argv) {
                         "Evaluation files on the server");
   job_start->add_option("--eval-synthetic", f.eval_data.synthetic,
                         "Synthetic evaluation samples");
+  job_start->add_flag("--npy", f.data.npy,
+                      "The --data and --eval-data paths are NumPy day "
+                      "prefixes (DIR/day_N) on the server");
   job_start->add_option("--zipf-alpha", f.data.zipf_alpha, "Synthetic id skew")
       ->capture_default_str();
   job_start->add_option("--data-seed", f.data.data_seed,

@@ -1,6 +1,7 @@
 // Criteo click logs: the TSV format of the Kaggle display-advertising
-// challenge (train.txt) and of the Terabyte days (day_N), and the binary
-// pre-processed format this project converts them to.
+// challenge (train.txt) and of the Terabyte days (day_N), the binary
+// pre-processed format this project converts them to, and the NumPy days
+// TorchRec and MLPerf DLRM-DCNv2 pre-process them into.
 //
 // A TSV line is: label, 13 integer features, 26 categorical features as
 // 8-digit hex, tab-separated; any feature may be empty. Dense values become
@@ -43,6 +44,14 @@ struct CriteoOptions {
   // Ids per bag of table `table`: multi_hot_sizes[table], or 1 when empty.
   int MultiHotSize(int table) const {
     return multi_hot_sizes.empty() ? 1 : multi_hot_sizes[table];
+  }
+
+  // True when some table's bags hold more than one id.
+  bool AnyMultiHot() const {
+    for (int k : multi_hot_sizes) {
+      if (k > 1) return true;
+    }
+    return false;
   }
 
   absl::Status Validate() const;
@@ -121,6 +130,71 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
 // Next goes on after it).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
     const std::string& path, CriteoOptions options);
+
+// TorchRec's pre-processed Criteo days (torchrec/datasets/criteo.py,
+// BinaryCriteoUtils): per day PREFIX_dense.npy (float32, N x num_dense,
+// already transformed: TorchRec writes log(x + 3)), PREFIX_labels.npy (N x 1
+// or N, any integer, bool or float type holding 0 or 1) and either
+// PREFIX_sparse.npy (N x num_sparse integers, one value per table) or, as
+// MLPerf DLRM-DCNv2's materialised multi-hot data,
+// PREFIX_sparse_multi_hot.npz (member "t" or "arr_t" per table t, each
+// N x k_t integers: the bags). A value becomes a row as in the TSV reader:
+// its bits as an unsigned integer of its width (an int32 -1 is 0xffffffff,
+// the hex value TorchRec's int32 wrapped) reduced v % rows, or
+// Mix64(v) % rows with hash_ids; a one-hot table of multi-hot size k > 1
+// gets the bag data/multi_hot.h derives from that row. An .npz bag's ids
+// are each reduced the same way (a no-op for MLPerf's, already in range).
+struct CriteoNpyDay {
+  std::string dense;
+  std::string sparse;  // .npy (one-hot) or .npz (multi-hot bags)
+  std::string labels;
+};
+
+// True when `paths` name NumPy days rather than TSV or binary files: every
+// path ends in .npy or .npz, or is no file itself while PATH_dense.npy is.
+bool IsCriteoNpy(const std::vector<std::string>& paths);
+
+// The days that `paths` name, in order of first mention. A path ending in
+// _dense.npy, _labels.npy, _sparse.npy or _sparse_multi_hot.npz names that
+// file of its day: it joins the latest day of the same file-name prefix
+// (day_0) that lacks that file, in any directory, else starts a day. Any
+// other path is a day prefix (DIR/day_0), a day of its own. A day's files
+// not named take the prefix's directory (or its first file's); a sparse
+// file not named is PREFIX_sparse_multi_hot.npz when `prefer_multi_hot`
+// and that exists, else PREFIX_sparse.npy when that exists, else the .npz.
+// InvalidArgument for an empty list or another .npy/.npz name, naming it;
+// NotFound naming the first file of a day that is missing.
+absl::StatusOr<std::vector<CriteoNpyDay>> FindCriteoNpyDays(
+    const std::vector<std::string>& paths, bool prefer_multi_hot);
+
+// Memory-maps the days' files and reads them in order, one pass per epoch
+// (a batch may span two days). Errors from opening, naming the file: those
+// of OpenNpy / OpenNpz, and InvalidArgument for invalid options, a dense
+// file not float32/float64 of num_dense columns, labels not one column,
+// sparse values not integers or not num_sparse columns (members), an .npz
+// bag width unlike options.MultiHotSize(t) (naming the member and the
+// table), or files of one day with different row counts. From Next,
+// InvalidArgument naming the file and row for a label other than 0 or 1 or
+// a non-finite dense value (a later Next goes on after it).
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoNpy(
+    std::vector<CriteoNpyDay> days, CriteoOptions options);
+
+// Converts NumPy days to one version-1 binary file (raw values, as
+// ConvertCriteoTsvToBinary writes them); returns the record count. The
+// sparse files must be one-hot .npy of at most 32-bit integers
+// (InvalidArgument naming the file otherwise: convert wider ids or .npz
+// bags with ConvertCriteoNpyToMultiHotBinary). Errors as OpenCriteoNpy's
+// and as the TSV conversion's for writing.
+absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
+    const std::vector<CriteoNpyDay>& days, const std::string& out_path,
+    int num_dense = 13, int num_sparse = 26);
+
+// Converts NumPy days to one version-2 binary file holding the bags that
+// OpenCriteoNpy(days, options) yields; errors as
+// ConvertCriteoTsvToMultiHotBinary's and OpenCriteoNpy's.
+absl::StatusOr<int64_t> ConvertCriteoNpyToMultiHotBinary(
+    const std::vector<CriteoNpyDay>& days, const std::string& out_path,
+    const CriteoOptions& options);
 
 // The record count in a binary file's header (either version). NotFound for
 // a missing file, PermissionDenied for one that cannot be opened otherwise,

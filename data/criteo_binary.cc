@@ -1,7 +1,7 @@
 // The binary Criteo format (version 1: raw one-hot values; version 2:
-// materialised multi-hot bags): conversion from TSV and a memory-mapped
-// reader. Fixed-width records make reading a copy loop, so data loading is
-// never the bottleneck of a training step.
+// materialised multi-hot bags): conversion from TSV and NumPy days, and a
+// memory-mapped reader. Fixed-width records make reading a copy loop, so data
+// loading is never the bottleneck of a training step.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -13,12 +13,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "data/criteo.h"
 #include "data/multi_hot.h"
+#include "data/npy.h"
+#include "data/row_reducer.h"
 
 namespace dlrm::data {
 namespace {
@@ -69,29 +70,6 @@ int64_t BagIdsPerRecord(const CriteoOptions& options) {
 }
 
 std::string ErrnoText() { return std::strerror(errno); }
-
-// value % rows without a hardware divide (Lemire's fastmod): the reader
-// reduces 26 ids per record, and a 64-bit divide would dominate the copy.
-// Gives exactly CriteoRow(value, rows, false).
-class RowReducer {
- public:
-  explicit RowReducer(int64_t rows)
-      : rows_(static_cast<uint64_t>(rows)),
-        small_(rows_ <= std::numeric_limits<uint32_t>::max()),
-        magic_(small_ ? ~uint64_t{0} / rows_ + 1 : 0) {}
-
-  int64_t operator()(uint32_t value) const {
-    if (!small_) return value;  // value < 2^32 <= rows
-    const uint64_t low = magic_ * value;
-    return static_cast<int64_t>((static_cast<unsigned __int128>(low) * rows_) >>
-                                64);
-  }
-
- private:
-  uint64_t rows_;
-  bool small_;
-  uint64_t magic_;
-};
 
 // Reads records of either version; `records` is where the first record
 // starts (after the header, and in version 2 the table list).
@@ -380,6 +358,27 @@ Header MakeHeader(uint32_t version, const CriteoOptions& options) {
   return header;
 }
 
+// The table list of a version-2 file for `options` (validated here).
+// InvalidArgument for a table of more than 2^32 rows, naming it.
+absl::StatusOr<std::vector<TableEntry>> MultiHotTables(
+    const CriteoOptions& options, const std::string& out_path) {
+  RETURN_IF_ERROR(options.Validate());
+  std::vector<TableEntry> tables;
+  for (size_t t = 0; t < options.table_rows.size(); ++t) {
+    const int64_t rows = options.table_rows[t];
+    if (rows > int64_t{1} << 32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "converting to ", out_path, ": table ", t, " has ", rows,
+          " rows (CriteoOptions.table_rows[", t,
+          "]); the binary format's uint32 ids index at most 2^32"));
+    }
+    tables.push_back(TableEntry{static_cast<uint64_t>(rows),
+                                static_cast<uint32_t>(options.MultiHotSize(t)),
+                                0});
+  }
+  return tables;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
@@ -405,22 +404,61 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
 absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     const CriteoOptions& options) {
-  RETURN_IF_ERROR(options.Validate());
-  std::vector<TableEntry> tables;
-  for (size_t t = 0; t < options.table_rows.size(); ++t) {
-    const int64_t rows = options.table_rows[t];
-    if (rows > int64_t{1} << 32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "converting to ", out_path, ": table ", t, " has ", rows,
-          " rows (CriteoOptions.table_rows[", t,
-          "]); the binary format's uint32 ids index at most 2^32"));
-    }
-    tables.push_back(TableEntry{static_cast<uint64_t>(rows),
-                                static_cast<uint32_t>(options.MultiHotSize(t)),
-                                0});
-  }
+  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
+                   MultiHotTables(options, out_path));
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
                    OpenCriteoTsv(tsv_files, options));
+  Header header = MakeHeader(kVersionMultiHot, options);
+  if (options.hash_ids) header.flags |= kFlagHashIds;
+  return WriteBinary(source.get(), out_path, header, tables, options);
+}
+
+absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
+    const std::vector<CriteoNpyDay>& days, const std::string& out_path,
+    int num_dense, int num_sparse) {
+  if (num_dense < 0 || num_sparse <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("converting to ", out_path, ": num_dense = ", num_dense,
+                     " and num_sparse = ", num_sparse,
+                     " must be non-negative and positive"));
+  }
+  // Version 1 stores each raw value as uint32: wider ids and .npz bags
+  // would not survive it.
+  for (const CriteoNpyDay& day : days) {
+    if (day.sparse.size() >= 4 &&
+        day.sparse.compare(day.sparse.size() - 4, 4, ".npz") == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(day.sparse,
+                       ": multi-hot bags convert only to version 2 (give "
+                       "dlrm_convert --config with the tables' rows and bag "
+                       "sizes)"));
+    }
+    ASSIGN_OR_RETURN(const NpyArray sparse, OpenNpy(day.sparse));
+    if (sparse.item_bytes() > 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          day.sparse, ": ", sparse.header().descr,
+          " values may not fit version 1's uint32 (give dlrm_convert "
+          "--config to store rows reduced to the tables, version 2)"));
+    }
+  }
+  // Tables of 2^32 rows make the row reduction the identity on 32-bit
+  // values, so the batches carry the raw values the format stores.
+  CriteoOptions raw;
+  raw.num_dense = num_dense;
+  raw.table_rows.assign(num_sparse, int64_t{1} << 32);
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
+                   OpenCriteoNpy(days, raw));
+  return WriteBinary(source.get(), out_path, MakeHeader(kVersionOneHot, raw),
+                     {}, raw);
+}
+
+absl::StatusOr<int64_t> ConvertCriteoNpyToMultiHotBinary(
+    const std::vector<CriteoNpyDay>& days, const std::string& out_path,
+    const CriteoOptions& options) {
+  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
+                   MultiHotTables(options, out_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
+                   OpenCriteoNpy(days, options));
   Header header = MakeHeader(kVersionMultiHot, options);
   if (options.hash_ids) header.flags |= kFlagHashIds;
   return WriteBinary(source.get(), out_path, header, tables, options);

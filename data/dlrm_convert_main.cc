@@ -1,6 +1,7 @@
-// dlrm_convert: converts Criteo TSV files into the binary format that the
-// trainer memory-maps (see data/criteo.h): version 1 (raw one-hot values),
-// or with --config version 2, the multi-hot bags of that config's tables
+// dlrm_convert: converts Criteo TSV files or NumPy days (TorchRec's .npy,
+// MLPerf's multi-hot .npz) into the binary format that the trainer
+// memory-maps (see data/criteo.h): version 1 (raw one-hot values), or with
+// --config version 2, the multi-hot bags of that config's tables
 // materialised.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -13,7 +14,9 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "Converts Criteo TSV files (label, integer and hex categorical columns)\n"
-      "into one binary file of fixed-width records."};
+      "or NumPy days (DIR/day_N for day_N_{dense,sparse,labels}.npy or\n"
+      "day_N_sparse_multi_hot.npz, or those files) into one binary file of\n"
+      "fixed-width records."};
   std::string out;
   int num_dense = 13;
   int num_sparse = 26;
@@ -35,15 +38,24 @@ int main(int argc, char** argv) {
                  "config")
       ->excludes(dense_flag)
       ->excludes(sparse_flag);
-  app.add_option("inputs", inputs, "TSV files, read in order")
+  app.add_option("inputs", inputs,
+                 "TSV files, or NumPy day prefixes or files, read in order")
       ->required()
       ->expected(1, -1);
   CLI11_PARSE(app, argc, argv);
 
+  const bool npy = dlrm::data::IsCriteoNpy(inputs);
   absl::StatusOr<int64_t> count;
   if (config_spec.empty()) {
-    count = dlrm::data::ConvertCriteoTsvToBinary(inputs, out, num_dense,
-                                                 num_sparse);
+    if (npy) {
+      const auto days = dlrm::data::FindCriteoNpyDays(inputs, false);
+      count = days.ok() ? dlrm::data::ConvertCriteoNpyToBinary(
+                              *days, out, num_dense, num_sparse)
+                        : absl::StatusOr<int64_t>(days.status());
+    } else {
+      count = dlrm::data::ConvertCriteoTsvToBinary(inputs, out, num_dense,
+                                                   num_sparse);
+    }
   } else {
     const absl::StatusOr<dlrm::ModelConfig> config =
         dlrm::LoadModelConfig(config_spec);
@@ -53,9 +65,18 @@ int main(int argc, char** argv) {
                    std::string(config.status().message()).c_str());
       return 1;
     }
-    count = dlrm::data::ConvertCriteoTsvToMultiHotBinary(
-        inputs, out,
-        dlrm::data::CriteoOptionsForModel(*config, /*hash_ids=*/false));
+    const dlrm::data::CriteoOptions options =
+        dlrm::data::CriteoOptionsForModel(*config, /*hash_ids=*/false);
+    if (npy) {
+      const auto days =
+          dlrm::data::FindCriteoNpyDays(inputs, options.AnyMultiHot());
+      count = days.ok() ? dlrm::data::ConvertCriteoNpyToMultiHotBinary(
+                              *days, out, options)
+                        : absl::StatusOr<int64_t>(days.status());
+    } else {
+      count =
+          dlrm::data::ConvertCriteoTsvToMultiHotBinary(inputs, out, options);
+    }
   }
   if (!count.ok()) {
     std::fprintf(stderr, "dlrm_convert: %s\n",

@@ -1,5 +1,5 @@
 // BatchSource: where training and evaluation batches come from (Criteo TSV,
-// the binary format, or the synthetic generator).
+// the binary format, NumPy days, or the synthetic generator).
 #pragma once
 
 #include <algorithm>
@@ -31,9 +31,9 @@ class BatchSource {
   // how many it passed, fewer than `n` only at the end of the data. The
   // samples after them are those Next would return after reading these.
   // Skipped samples are not checked (a malformed TSV line passed over is
-  // no error). The synthetic stream and the binary format skip in O(1),
-  // Criteo TSV scans the lines without parsing them; this default reads
-  // the samples with Next and drops them. InvalidArgument for n < 0;
+  // no error). The synthetic stream, the binary format and NumPy days skip
+  // in O(1), Criteo TSV scans the lines without parsing them; this default
+  // reads the samples with Next and drops them. InvalidArgument for n < 0;
   // reading errors as Next's.
   virtual absl::StatusOr<int64_t> Skip(int64_t n);
 };

@@ -1,5 +1,6 @@
-// dlrm_train: trains a DLRM in-process on Criteo TSV, the binary format or
-// synthetic data, evaluates it and prints loss, AUC and samples/s.
+// dlrm_train: trains a DLRM in-process on Criteo TSV, the binary format,
+// NumPy days (TorchRec's .npy, MLPerf's multi-hot .npz) or synthetic data,
+// evaluates it and prints loss, AUC and samples/s.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -58,6 +59,11 @@ absl::StatusOr<std::unique_ptr<data::BatchSource>> OpenFiles(
       data::CriteoOptionsForModel(config, hash_ids);
   if (files.size() == 1 && EndsWith(files[0], ".bin")) {
     return data::OpenCriteoBinary(files[0], options);
+  }
+  if (data::IsCriteoNpy(files)) {
+    ASSIGN_OR_RETURN(std::vector<data::CriteoNpyDay> days,
+                     data::FindCriteoNpyDays(files, options.AnyMultiHot()));
+    return data::OpenCriteoNpy(std::move(days), options);
   }
   return data::OpenCriteoTsv(files, options);
 }
@@ -242,7 +248,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--train", f.train_files,
-                 "Training data: Criteo TSV files, or one .bin file "
+                 "Training data: Criteo TSV files, one .bin file, or NumPy "
+                 "days: DIR/day_N prefixes (day_N_dense.npy, "
+                 "day_N_labels.npy and day_N_sparse.npy or "
+                 "day_N_sparse_multi_hot.npz) or those files "
                  "(default: synthetic)");
   app.add_option("--eval", f.eval_files, "Evaluation data (same formats)");
   app.add_option("--train-samples", f.train_samples,

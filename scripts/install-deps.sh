@@ -19,6 +19,8 @@ build_packages=(
   librocksdb-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev ocl-icd-opencl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
+  # Deflated .npz members (data/npy.cc).
+  zlib1g-dev
 )
 # Running the tests, the fuzz targets and the scripts.
 test_packages=(

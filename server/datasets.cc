@@ -56,6 +56,19 @@ absl::StatusOr<fs::path> ResolveDir(const std::string& dir) {
   return resolved;
 }
 
+// The first three of `paths` (escaped) and a count of the others.
+std::string FilesName(
+    const google::protobuf::RepeatedPtrField<std::string>& paths) {
+  std::string name;
+  for (int i = 0; i < paths.size() && i < 3; ++i) {
+    absl::StrAppend(&name, i > 0 ? ", " : "", EscapeForMessage(paths[i]));
+  }
+  if (paths.size() > 3) {
+    absl::StrAppend(&name, " and ", paths.size() - 3, " more files");
+  }
+  return name;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ResolveUnder(const std::string& root,
@@ -164,6 +177,45 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
                                        absl::StrCat(field, ".criteo_binary")));
       return out;
     }
+    case DatasetSpec::kCriteoNpy: {
+      const auto& given = spec.criteo_npy().paths();
+      if (given.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".criteo_npy.paths is empty"));
+      }
+      // Each path (a day prefix or a file) is checked before anything is
+      // looked up there, then each file of each day again (a symbolic link
+      // inside an allowed directory may lead out of it). The resolved spec
+      // names every file, so another rank finds the same days.
+      std::vector<std::string> resolved;
+      for (int i = 0; i < given.size(); ++i) {
+        ASSIGN_OR_RETURN(
+            resolved.emplace_back(),
+            ResolveDataPath(paths, given[i],
+                            absl::StrCat(field, ".criteo_npy.paths[", i, "]")));
+      }
+      absl::StatusOr<std::vector<data::CriteoNpyDay>> days =
+          data::FindCriteoNpyDays(
+              resolved,
+              data::CriteoOptionsForModel(config, false).AnyMultiHot());
+      if (!days.ok()) {
+        return absl::Status(
+            days.status().code(),
+            absl::StrCat(field, ".criteo_npy: ", days.status().message()));
+      }
+      CriteoNpyDays* r = out.mutable_criteo_npy();
+      r->clear_paths();
+      for (size_t d = 0; d < days->size(); ++d) {
+        const data::CriteoNpyDay& day = (*days)[d];
+        for (const std::string* file : {&day.dense, &day.sparse, &day.labels}) {
+          ASSIGN_OR_RETURN(
+              *r->add_paths(),
+              ResolveDataPath(paths, *file,
+                              absl::StrCat(field, ".criteo_npy day ", d)));
+        }
+      }
+      return out;
+    }
     case DatasetSpec::kSynthetic: {
       const SyntheticData& s = spec.synthetic();
       if (s.num_samples() < 0) {
@@ -191,8 +243,10 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " has no source: set criteo_tsv, criteo_binary or synthetic"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
+                   "or synthetic"));
 }
 
 absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
@@ -215,6 +269,17 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
           out.source,
           data::OpenCriteoBinary(spec.criteo_binary(),
                                  data::CriteoOptionsForModel(config, false)));
+      return out;
+    }
+    case DatasetSpec::kCriteoNpy: {
+      const auto& paths = spec.criteo_npy().paths();
+      const data::CriteoOptions options =
+          data::CriteoOptionsForModel(config, spec.criteo_npy().hash_ids());
+      ASSIGN_OR_RETURN(std::vector<data::CriteoNpyDay> days,
+                       data::FindCriteoNpyDays({paths.begin(), paths.end()},
+                                               options.AnyMultiHot()));
+      ASSIGN_OR_RETURN(out.source,
+                       data::OpenCriteoNpy(std::move(days), options));
       return out;
     }
     case DatasetSpec::kSynthetic: {
@@ -241,25 +306,20 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " has no source: set criteo_tsv, criteo_binary or synthetic"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
+                   "or synthetic"));
 }
 
 std::string DatasetName(const DatasetSpec& spec) {
   switch (spec.source_case()) {
-    case DatasetSpec::kCriteoTsv: {
-      const auto& paths = spec.criteo_tsv().paths();
-      std::string name;
-      for (int i = 0; i < paths.size() && i < 3; ++i) {
-        absl::StrAppend(&name, i > 0 ? ", " : "", EscapeForMessage(paths[i]));
-      }
-      if (paths.size() > 3) {
-        absl::StrAppend(&name, " and ", paths.size() - 3, " more files");
-      }
-      return name;
-    }
+    case DatasetSpec::kCriteoTsv:
+      return FilesName(spec.criteo_tsv().paths());
     case DatasetSpec::kCriteoBinary:
       return EscapeForMessage(spec.criteo_binary());
+    case DatasetSpec::kCriteoNpy:
+      return FilesName(spec.criteo_npy().paths());
     case DatasetSpec::kSynthetic:
       return "synthetic data";
     case DatasetSpec::SOURCE_NOT_SET:

@@ -1,7 +1,7 @@
 // Server-side data: resolving client-given paths against the server's
 // directories (dataset files only inside the allowed ones), and opening a
-// DatasetSpec (Criteo TSV, binary, synthetic) as a BatchSource for jobs and
-// evaluation.
+// DatasetSpec (Criteo TSV, binary, NumPy days, synthetic) as a BatchSource for
+// jobs and evaluation.
 #pragma once
 
 #include <cstdint>

@@ -43,6 +43,7 @@
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "tests/npy_files.h"
 #include "tests/test_certs.h"
 
 extern char** environ;
@@ -1724,6 +1725,39 @@ class DatasetJobTest : public LaunchTest {
     auto count = data::ConvertCriteoTsvToBinary({tsv_}, bin_, 4, 4);
     ASSERT_TRUE(count.ok()) << count.status();
     ASSERT_EQ(*count, kDataSamples);
+    WriteNpyDays();
+  }
+
+  // The same samples as TorchRec-style NumPy days data/day_0 (90 samples)
+  // and data/day_1 (the rest): the raw categorical values as uint32.
+  void WriteNpyDays() {
+    data::CriteoOptions raw;
+    raw.num_dense = 4;
+    raw.table_rows.assign(4, int64_t{1} << 32);
+    auto source = data::OpenCriteoBinary(bin_, raw);
+    ASSERT_TRUE(source.ok()) << source.status();
+    int64_t first = 0;
+    for (const int64_t n : {int64_t{90}, kDataSamples - int64_t{90}}) {
+      data::Batch b;
+      ASSERT_TRUE(*(*source)->Next(n, &b));
+      ASSERT_EQ(b.size, n);
+      std::vector<uint32_t> sparse(n * 4);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int t = 0; t < 4; ++t) {
+          sparse[i * 4 + t] = static_cast<uint32_t>(b.sparse[t].ids[i]);
+        }
+      }
+      const std::string prefix =
+          (dir_ / "data" / absl::StrCat("day_", first > 0 ? 1 : 0)).string();
+      ASSERT_TRUE(
+          testing_npy::WriteNpy(prefix + "_dense.npy", "<f4", b.dense, n, 4));
+      ASSERT_TRUE(
+          testing_npy::WriteNpy(prefix + "_sparse.npy", "<u4", sparse, n, 4));
+      ASSERT_TRUE(
+          testing_npy::WriteNpy(prefix + "_labels.npy", "<f4", b.labels, n, 1));
+      npy_days_.push_back(prefix);
+      first += n;
+    }
   }
 
   // The job's global batches, as the leader read and scattered them (with
@@ -1809,14 +1843,26 @@ class DatasetJobTest : public LaunchTest {
     return info.ok() ? info->weight_checksum() : 0;
   }
 
+  // The NumPy days' prefixes.
+  JobRequest NpyRequest() {
+    JobRequest request = Request(/*binary=*/true);
+    request.mutable_train()->clear_criteo_binary();
+    for (const std::string& day : npy_days_) {
+      request.mutable_train()->mutable_criteo_npy()->add_paths(day);
+    }
+    return request;
+  }
+
   std::string tsv_, bin_;
+  std::vector<std::string> npy_days_;
 };
 
 // A dataset job on 2 and 3 ranks, each reading its own share of the binary
-// file (and on 2 of the TSV file), trains bitwise like the same ranks fed
-// the same batches through the Train stream, where rank 0 reads every
-// batch and scatters the slices; a job of one rank trains bitwise like one
-// process, and 2 ranks like one process to docs/hybrid.md's tolerance.
+// file (and on 2 of the TSV file and of the same samples as NumPy days), trains
+// bitwise like the same ranks fed the same batches through the Train stream,
+// where rank 0 reads every batch and scatters the slices; a job of one rank
+// trains bitwise like one process, and 2 ranks like one process to
+// docs/hybrid.md's tolerance.
 TEST_F(DatasetJobTest, RanksReadingTheirOwnShareTrainLikeTheLeaderScatter) {
   for (int world : {2, 3}) {
     SCOPED_TRACE("world " + std::to_string(world));
@@ -1831,6 +1877,13 @@ TEST_F(DatasetJobTest, RanksReadingTheirOwnShareTrainLikeTheLeaderScatter) {
       const JobStatus from_tsv = RunJob(2, Request(/*binary=*/false), &tsv);
       ASSERT_EQ(from_tsv.state(), JobStatus::SUCCEEDED) << from_tsv.error();
       EXPECT_EQ(tsv, job);
+      // The same samples as two NumPy days: rank shares cross the days'
+      // boundary.
+      uint64_t npy = 0;
+      const JobStatus from_npy = RunJob(2, NpyRequest(), &npy);
+      ASSERT_EQ(from_npy.state(), JobStatus::SUCCEEDED) << from_npy.error();
+      EXPECT_EQ(from_npy.samples(), kDataEpochs * kDataSamples);
+      EXPECT_EQ(npy, job);
     }
   }
 

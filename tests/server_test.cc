@@ -31,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "data/synthetic.h"
 #include "data/wire.h"
@@ -45,6 +46,7 @@
 #include "model/safetensors.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
+#include "tests/npy_files.h"
 #include "tests/raw_call.h"
 
 namespace dlrm::server {
@@ -1872,6 +1874,92 @@ TEST(ResolveDataPathTest, ReadsOnlyInsideTheAllowedDirectories) {
       << nul.status();
   o.allowed_dirs.push_back("");
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  fs::remove_all(root);
+}
+
+// One TorchRec-style day of `n` samples for the tiny preset (4 dense, 3
+// one-hot columns) named PREFIX_{dense,sparse,labels}.npy.
+void WriteTinyNpyDay(const fs::path& prefix, int n) {
+  std::vector<float> dense(n * 4), labels(n);
+  std::vector<int32_t> sparse(n * 3);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < 4; ++j) dense[i * 4 + j] = 0.25f * (i + j);
+    for (int t = 0; t < 3; ++t) sparse[i * 3 + t] = -7 * i + t;
+    labels[i] = i % 2;
+  }
+  const std::string p = prefix.string();
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_dense.npy", "<f4", dense, n, 4));
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_sparse.npy", "<i4", sparse, n, 3));
+  ASSERT_TRUE(testing_npy::WriteNpy(p + "_labels.npy", "<f4", labels, n, 0));
+}
+
+TEST(ResolveDatasetTest, NumpyDaysResolveToTheirFilesInsideTheAllowedDirs) {
+  const fs::path root = MakeTempDir("npydays");
+  fs::create_directories(root / "data");
+  fs::create_directories(root / "outside");
+  WriteTinyNpyDay(root / "data" / "day_0", 9);
+  WriteTinyNpyDay(root / "outside" / "day_1", 9);
+  fs::copy_file(root / "outside" / "day_1_dense.npy",
+                root / "data" / "day_1_dense.npy");
+  fs::copy_file(root / "outside" / "day_1_sparse.npy",
+                root / "data" / "day_1_sparse.npy");
+  fs::create_symlink(root / "outside" / "day_1_labels.npy",
+                     root / "data" / "day_1_labels.npy");
+  DataPathOptions o;
+  o.data_dir = (root / "data").string();
+  const fs::path data = fs::canonical(root / "data");
+  const auto spec = [](std::vector<std::string> paths) {
+    DatasetSpec s;
+    s.mutable_criteo_npy();
+    for (const std::string& p : paths) s.mutable_criteo_npy()->add_paths(p);
+    return s;
+  };
+  absl::StatusOr<DatasetSpec> resolved =
+      ResolveDataset(spec({"day_0"}), Tiny(), o, DatasetRole::kTrain, "train");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  ASSERT_EQ(resolved->criteo_npy().paths_size(), 3);
+  EXPECT_EQ(resolved->criteo_npy().paths(0),
+            (data / "day_0_dense.npy").string());
+  EXPECT_EQ(resolved->criteo_npy().paths(1),
+            (data / "day_0_sparse.npy").string());
+  EXPECT_EQ(resolved->criteo_npy().paths(2),
+            (data / "day_0_labels.npy").string());
+  // Another rank opens the same day from the resolved spec.
+  absl::StatusOr<OpenedDataset> opened =
+      OpenResolvedDataset(*resolved, Tiny(), "train");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  data::Batch batch;
+  ASSERT_TRUE(*opened->source->Next(100, &batch));
+  EXPECT_EQ(batch.size, 9);
+  EXPECT_EQ(batch.dense[5], 0.25f * 2);
+  EXPECT_EQ(batch.labels[3], 1.0f);
+  EXPECT_TRUE(batch.Validate(4, std::vector<int64_t>{50, 20, 100}).ok());
+  // int32 -7 is 0xfffffff9: row 4294967289 % 50 = 39 of table 0.
+  EXPECT_EQ(batch.sparse[0].ids[1], 39);
+
+  // A prefix outside, and a link among a day's files that leads out.
+  absl::StatusOr<DatasetSpec> out = ResolveDataset(
+      spec({"../outside/day_1"}), Tiny(), o, DatasetRole::kTrain, "train");
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(out.status().message().find("train.criteo_npy.paths[0]"),
+            std::string::npos)
+      << out.status();
+  absl::StatusOr<DatasetSpec> link =
+      ResolveDataset(spec({"day_1"}), Tiny(), o, DatasetRole::kTrain, "train");
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(link.status().message().find("train.criteo_npy day 0"),
+            std::string::npos)
+      << link.status();
+  absl::StatusOr<DatasetSpec> missing =
+      ResolveDataset(spec({"day_7"}), Tiny(), o, DatasetRole::kTrain, "train");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("day_7_sparse.npy"),
+            std::string::npos)
+      << missing.status();
+  EXPECT_EQ(ResolveDataset(spec({}), Tiny(), o, DatasetRole::kTrain, "train")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   fs::remove_all(root);
 }
 

@@ -32,6 +32,7 @@ from dlrm_client.client import (
     binary_dataset,
     criteo_dataset,
     make_batch,
+    npy_dataset,
     random_batch,
     synthetic_dataset,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "binary_dataset",
     "criteo_dataset",
     "make_batch",
+    "npy_dataset",
     "random_batch",
     "synthetic_dataset",
 ]

@@ -141,6 +141,14 @@ def binary_dataset(path: str) -> service_pb2.DatasetSpec:
     return service_pb2.DatasetSpec(criteo_binary=path)
 
 
+def npy_dataset(paths: Iterable[str],
+                hash_ids: bool = False) -> service_pb2.DatasetSpec:
+    """A DatasetSpec for NumPy Criteo days on the server: day prefixes
+    (DIR/day_0) or their .npy/.npz files (TorchRec's and MLPerf's layout)."""
+    return service_pb2.DatasetSpec(criteo_npy=service_pb2.CriteoNpyDays(
+        paths=list(paths), hash_ids=hash_ids))
+
+
 def _table_lengths_ids(table: int, entry: TableIds,
                        size: int) -> Tuple[np.ndarray, np.ndarray]:
     """(lengths int32 [size], ids int64) of one table's ids; see TableIds."""
@@ -511,7 +519,7 @@ class Client:
                   eval_interval: int = 0,
                   eval_samples: int = 0) -> service_pb2.JobStatus:
         """Starts a job on server datasets (see synthetic_dataset,
-        criteo_dataset, binary_dataset) and returns its JobStatus; 0 means
+        criteo_dataset, binary_dataset, npy_dataset) and returns its JobStatus; 0 means
         the server's default (2048 per step, 1 epoch, no step cap, eval at
         the end, all eval samples). One job or Train stream runs at a time:
         another raises DlrmError(FAILED_PRECONDITION)."""

@@ -1,6 +1,6 @@
 """End-to-end test of the Python client against a real dlrm_server (tiny
-config): train a few batches, predict, evaluate, run a job, checkpoints,
-the weights export.
+config): train a few batches, predict, evaluate, run a job (on synthetic
+data and on numpy-written days), checkpoints, the weights export.
 The server binary comes from $DLRM_SERVER (set by CTest)."""
 
 import json
@@ -14,8 +14,10 @@ import unittest
 import grpc
 
 from dlrm_client import service_pb2
+import numpy as np
+
 from dlrm_client import (Client, DlrmError, LocalServer, make_batch,
-                         random_batch, synthetic_dataset)
+                         npy_dataset, random_batch, synthetic_dataset)
 
 
 class ClientTest(unittest.TestCase):
@@ -104,6 +106,25 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(DlrmError) as e:
             self.client.get_job("no-such-job")
         self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_job_on_numpy_days(self):
+        # MLPerf DLRM-DCNv2's layout for the tiny model: dense and labels as
+        # TorchRec writes them, the bags of each table in an .npz member.
+        rng = np.random.default_rng(3)
+        n = 300
+        np.save(os.path.join(self.tmp, "day_0_dense.npy"),
+                rng.standard_normal((n, 4)).astype(np.float32))
+        np.save(os.path.join(self.tmp, "day_0_labels.npy"),
+                rng.integers(0, 2, (n, 1), dtype=np.int32))
+        bags = {str(t): rng.integers(0, t_rows, (n, k), dtype=np.int32)
+                for t, (t_rows, k) in enumerate([(50, 1), (20, 3), (100, 2)])}
+        np.savez(os.path.join(self.tmp, "day_0_sparse_multi_hot.npz"), **bags)
+        job = self.client.start_job(train=npy_dataset(["day_0"]),
+                                    batch_size=64)
+        final = self.client.wait_job(job.id, poll_interval=0.1, timeout=60)
+        self.assertEqual(final.state, service_pb2.JobStatus.SUCCEEDED,
+                         final.error)
+        self.assertEqual(final.samples, n)
 
     def test_source_errors_are_raised_as_they_are(self):
         def broken_source():
