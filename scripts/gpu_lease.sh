@@ -86,6 +86,14 @@ pack_bundle() {
   done
   # Symbols are of no use there and would double the carried bytes.
   find "$stage" -type f -exec strip --strip-unneeded {} +
+  # What was built, for the preamble.
+  {
+    echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' (with changes)')"
+    echo "packed $(date -u +%FT%TZ)"
+    echo "nvcc $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
+    ldd "$build/tests/cuda_core_test" | awk '/libcudart/ {print $3}' | xargs -r readlink -f |
+      sed 's/^/cudart /'
+  } >"$stage/BUNDLE.txt"
   du -sb "$stage" | awk '{printf "bundle: %s bytes unpacked\n", $1}'
   mkdir -p "$(dirname "$out")"
   XZ_OPT="-$level -T2" tar -C "$stage" -cJf "$out" .
@@ -167,8 +175,8 @@ find_sanitizer() {
 # A step's result: ok; FAIL (failed cases, or a nonzero exit); SKIP (a
 # skipped case); NONE (a gtest filter that ran nothing); TIMEOUT; CRASH (a
 # signal, no XML); LIBS (a library not found); NO-TOOL; NOT-RUN (the
-# deadline came first). dry-run accepts skips, NO-TOOL and a benchmark
-# that says the device is missing.
+# deadline came first). dry-run accepts skips and a benchmark that says
+# the device is missing.
 start_phase() {
   phase=$1 budget=$2
   [[ -n ${GPU_LEASE_SECONDS:-} ]] && budget=$GPU_LEASE_SECONDS
@@ -180,7 +188,7 @@ start_phase() {
   mkdir -p "$work/logs"
   t0=$(now)
   # Packing the logs takes a few seconds; no step starts in the last 15.
-  deadline=$(awk -v t="$t0" -v b="$budget" 'BEGIN { print t + b - 15 }')
+  deadline=$(awk -v t="$t0" -v b="$budget" 'BEGIN { printf "%.3f", t + b - 15 }')
   nstep=0 failed=0
   : >"$work/rows"
   : >"$work/commands"
@@ -220,6 +228,7 @@ step() {
   [[ $kind == gtest ]] && cmd+=(--gtest_output="xml:$xml" --gtest_brief=1)
   local what="${cmd[*]}"
   what=${what//$B\//}
+  what=${what//$work\/logs\//}
   local t
   t=$(left)
   if (( t < 10 )); then
@@ -339,7 +348,7 @@ preamble() {
     echo "== nvidia-smi"; timeout 30 nvidia-smi 2>&1
     echo "== nvidia-smi -q"; timeout 30 nvidia-smi -q 2>&1
     echo "== driver"; cat /proc/driver/nvidia/version 2>&1
-    echo "== bundled runtime"; ls "$bin"/lib/libcudart* 2>&1
+    echo "== bundle"; cat "$bin/BUNDLE.txt" 2>&1
     echo "== glibc"; ldd --version 2>&1 | head -1; getconf GNU_LIBC_VERSION 2>&1
     echo "== library path"; echo "$LD_LIBRARY_PATH" | tr : '\n'
     echo "== cuBLAS and NCCL found"
@@ -350,7 +359,7 @@ preamble() {
     echo "== compute-sanitizer"
     if sanitizer=$(find_sanitizer); then echo "$sanitizer"; "$sanitizer" --version 2>&1; else echo "not found"; fi
     for b in "$bin"/*; do
-      [[ -f $b && -x $b ]] || continue
+      [[ -f $b && -x $b && $b != *.txt ]] || continue
       echo "== ldd -r $(basename "$b")"; ldd -r "$b" 2>&1 | head -200
     done
   } >"$p" 2>&1
@@ -407,15 +416,18 @@ perf_phase() {
   # memcheck on the kernels most likely to index out of bounds: the chunked
   # backward's tiny tables, the device cache's slots and the mapped-record
   # copies (its direct path).
-  local sanitizer
+  local sanitizer mc=()
   if sanitizer=$(find_sanitizer); then
-    local mc=("$sanitizer" --tool memcheck --error-exitcode 1)
+    mc=("$sanitizer" --tool memcheck --error-exitcode 1)
+  elif [[ -z ${dry:-} ]]; then
+    nstep=$((nstep + 1)); row memcheck "compute-sanitizer not found" - - - 0 - NO-TOOL
+  fi
+  # (dry-run without the tool: the same binaries and filters, plainly.)
+  if (( ${#mc[@]} > 0 )) || [[ -n ${dry:-} ]]; then
     step gtest memcheck-tiny-table 40 "${mc[@]}" "$b/cuda_embedding_test" \
       --gtest_filter='*CudaTinyTableTest*'
     step gtest memcheck-slots-records 50 "${mc[@]}" "$b/cuda_store_test" \
       --gtest_filter='DeviceSlotsTest.*:RecordKernelsTest.*:CudaCachedStoreTest.*'
-  else
-    nstep=$((nstep + 1)); row memcheck "compute-sanitizer not found" - - - 0 - NO-TOOL
   fi
   # Embedding GB/s as a share of the device's measured copy bandwidth.
   step run bench-cuda 40 "$b/dlrm_bench_cuda"
