@@ -30,7 +30,7 @@
 #       is over the limit), then runs `tests` and `perf` from it with the
 #       GPU cases skipping, and checks the size and output limits.
 #
-# Each GPU phase writes, directly under $OUT (default $lease/out-PHASE):
+# Each GPU phase writes, directly under $OUT (default build-gpu-out-PHASE):
 # 0-summary.txt (one row per step: what ran, pass/fail/skip counts,
 # seconds, exit status, result), 1-preamble.txt (tests) or 1-numbers.txt
 # (perf: the benchmarks' output), 2-failures.txt (the failing and skipping
