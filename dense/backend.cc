@@ -122,6 +122,12 @@ std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
   return host;
 }
 
+int64_t HostRowsFloats(const InteractionShape& shape,
+                       std::span<const ColumnRange> host, int64_t batch) {
+  if (host.empty() || batch <= 0) return 0;
+  return (batch - 1) * shape.input_width + host.back().end;
+}
+
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateDenseBackend(
     const ModelConfig& config) {
   if (config.device() != DEVICE_CUDA) return CreateCpuDenseBackend(config);

@@ -93,7 +93,10 @@ class DenseBackend {
   // The host buffer [batch x interaction().input_width] the caller fills
   // with the pooled embeddings (columns from interaction().dim on); the
   // backend writes the bottom MLP's output into columns [0, dim). Valid
-  // until the next call of InteractionInput.
+  // until the next call of InteractionInput. On CUDA only the columns not
+  // written on the device (SetDeviceColumns) are there, rows of
+  // input_width up to the last row's last such column (HostRowsFloats):
+  // nothing, possibly null, when every embedding column is on the device.
   virtual absl::StatusOr<float*> InteractionInput(int64_t batch) = 0;
 
   // Bottom MLP on the dense features x [batch x num_dense_features] (host
@@ -122,8 +125,9 @@ class DenseBackend {
   // Fills the top MLP's gradients (GradBucket::kTop).
   virtual absl::Status TopBackward(int64_t batch) = 0;
   // Returns the gradient of the interaction input, [batch x input_width] in
-  // host memory (columns from dim on: the pooled vectors'), valid until the
-  // next step; under DCN also fills the cross network's gradients.
+  // host memory (columns from dim on: the pooled vectors'; on CUDA only the
+  // host columns, as InteractionInput), valid until the next step; under
+  // DCN also fills the cross network's gradients.
   virtual absl::StatusOr<const float*> InteractionBackward(int64_t batch) = 0;
   // Fills the bottom MLP's gradients (with the cross network's, the
   // GradBucket::kBottom bucket); `x` as in BottomForward.
@@ -267,6 +271,12 @@ absl::Status CheckDeviceColumns(const InteractionShape& shape,
 // (checked), in order: what the host fills.
 std::vector<ColumnRange> HostColumns(const InteractionShape& shape,
                                      std::span<const ColumnRange> device);
+// The floats a host buffer of `batch` rows of shape.input_width needs to
+// hold the columns `host` (HostColumns: sorted) of every row: up to the
+// last row's last host column. 0 without host columns or rows, so a backend
+// whose tables are all on the device stages nothing on the host.
+int64_t HostRowsFloats(const InteractionShape& shape,
+                       std::span<const ColumnRange> host, int64_t batch);
 
 // OK when `to` has the parameters of `from`: as many, each with the same
 // name and size (DenseBackend::CopyParamsTo's destination); FailedPrecondition

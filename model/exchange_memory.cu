@@ -108,10 +108,14 @@ class CudaExchangeMemory final : public ExchangeMemory {
     const size_t width = sizeof(float) * cols;
     const size_t dpitch = rows == 1 ? width : sizeof(float) * dst_stride;
     const size_t spitch = rows == 1 ? width : sizeof(float) * src_stride;
-    // From pageable memory the call returns once `host_src` is staged.
     CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dpitch, host_src, spitch, width,
                                            static_cast<size_t>(rows),
                                            cudaMemcpyHostToDevice, stream_));
+    // The caller may reuse `host_src` on return (the model's loss is a
+    // stack variable, the pooled columns are refilled next step), and from
+    // pageable memory an asynchronous copy may return before it has read
+    // the source (or, pinned, before it has even started): wait for it.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 

@@ -1,6 +1,7 @@
 // Tests for core/: config parsing, presets, normalisation and validation;
 // CRC-32C; the file system and its fault-injecting layer; the CUDA graph
-// policy (GraphReplay) over recorded actions.
+// policy (GraphReplay) over recorded actions; the CUDA launch-grid
+// arithmetic (core/cuda/launch_grid.h, no CUDA needed).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/crc32c.h"
+#include "core/cuda/launch_grid.h"
 #include "core/escape.h"
 #include "core/fault_injection_file_system.h"
 #include "core/file_system.h"
@@ -1012,6 +1015,41 @@ TEST_F(FileSystemTest, CorruptReadsFlipABitOfMatchingFilesOnly) {
   EXPECT_EQ(bad->size(), 3u);
   EXPECT_EQ(*ReadFile(fs, dir_ + "/good.bin"), "abc");
   EXPECT_EQ(*ReadFile(*DefaultFileSystem(), dir_ + "/bad.bin"), "abc");
+}
+
+// The grids of the embedding kernels' launches near 2^31 items, where
+// (a + b - 1) / b in int arithmetic would overflow.
+TEST(LaunchGridTest, CeilDivDoesNotOverflowNearTheMaximum) {
+  constexpr int kMax = std::numeric_limits<int>::max();
+  EXPECT_EQ(cuda::CeilDiv(kMax, 256), 8388608);
+  EXPECT_EQ(cuda::CeilDiv(kMax - 255, 256), 8388607);
+  EXPECT_EQ(cuda::CeilDiv(kMax, 1), kMax);
+  EXPECT_EQ(cuda::CeilDiv(0, 256), 0);
+  EXPECT_EQ(cuda::CeilDiv(1, 256), 1);
+  EXPECT_EQ(cuda::CeilDiv(256, 256), 1);
+  EXPECT_EQ(cuda::CeilDiv(257, 256), 2);
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(cuda::CeilDiv<int64_t>(kMax64, 2), kMax64 / 2 + 1);
+}
+
+TEST(LaunchGridTest, GridBlocksCoversEveryItemUpToTheCap) {
+  // ExpandKernel: one thread per id, up to 2^31 - 1 ids.
+  constexpr int64_t kIds = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(cuda::GridBlocks(kIds, 1, 256), 8388608);
+  EXPECT_GE(cuda::GridBlocks(kIds, 1, 256) * 256, kIds);
+  EXPECT_EQ(cuda::GridBlocks(kIds - 255, 1, 256), 8388607);
+  // The row and record copies: n x floats items, at most 2^16 blocks.
+  EXPECT_EQ(cuda::GridBlocks(1000, 3, 256, 1 << 16), 12);
+  EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 40, 3 * 1024, 256, 1 << 16),
+            1 << 16);
+  // A product past int64's range is the cap, never an overflow.
+  EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 62, int64_t{1} << 10, 256, 4096),
+            4096);
+  EXPECT_EQ(cuda::GridBlocks(0, 5, 256), 0);
+  EXPECT_EQ(cuda::GridBlocks(5, 0, 256), 0);
+  EXPECT_EQ(cuda::GridBlocks(1, 1, 256), 1);
+  EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 30, 1, 1024), int64_t{1} << 20);
+  EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 42, 1, 1024), cuda::kMaxGridX);
 }
 
 }  // namespace

@@ -263,6 +263,27 @@ TEST(CudaLinearPlanTest, PlansPastTheCapDropTheLeastRecentlyUsed) {
   EXPECT_EQ((*ctx)->lt_plan_count(), internal::kMaxLtPlans);
 }
 
+// cuBLASLt's heuristic: its algorithm only on a success with one; "not
+// supported", none found, and every other error fall back to cublasGemmEx
+// (errors logged) rather than failing the layer. Runs everywhere.
+TEST(CudaLinearPlanTest, HeuristicErrorsFallBackToCublas) {
+  using internal::ClassifyHeuristic;
+  using internal::HeuristicAnswer;
+  EXPECT_EQ(ClassifyHeuristic(CUBLAS_STATUS_SUCCESS, 1), HeuristicAnswer::kUse);
+  EXPECT_EQ(ClassifyHeuristic(CUBLAS_STATUS_SUCCESS, 0),
+            HeuristicAnswer::kNone);
+  EXPECT_EQ(ClassifyHeuristic(CUBLAS_STATUS_NOT_SUPPORTED, 0),
+            HeuristicAnswer::kNone);
+  for (const cublasStatus_t error :
+       {CUBLAS_STATUS_INVALID_VALUE, CUBLAS_STATUS_INTERNAL_ERROR,
+        CUBLAS_STATUS_ARCH_MISMATCH, CUBLAS_STATUS_EXECUTION_FAILED,
+        CUBLAS_STATUS_ALLOC_FAILED}) {
+    EXPECT_EQ(ClassifyHeuristic(error, 0), HeuristicAnswer::kError) << error;
+    // A count left over from a failed call does not make it a success.
+    EXPECT_EQ(ClassifyHeuristic(error, 1), HeuristicAnswer::kError) << error;
+  }
+}
+
 // The plan key's alignments come from the real pointers: the largest power
 // of two up to 256 that divides the address. Runs everywhere.
 TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {

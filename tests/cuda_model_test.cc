@@ -321,6 +321,29 @@ TEST(CudaExchangeMemoryTest, ColumnsMatchTheCpuReferenceBitwise) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Upload's source may be rewritten as soon as the call returns (the
+// model's loss is a stack variable): 64 MiB of pageable memory, rewritten
+// at once, then read back as it was uploaded.
+TEST(CudaExchangeMemoryTest, UploadSourceMayBeRewrittenOnReturn) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  auto stream = cuda::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto gpu = MakeCudaExchangeMemory(stream->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  constexpr int64_t kCount = int64_t{1} << 24;
+  auto dst = (*gpu)->Buffer(ExchangeMemory::kSend, kCount);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  std::vector<float> host(kCount);
+  for (int64_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 4099);
+  const std::vector<float> want = host;
+  ASSERT_TRUE(
+      (*gpu)->Upload(host.data(), kCount, *dst, kCount, 1, kCount).ok());
+  std::fill(host.begin(), host.end(), -1.0f);
+  std::vector<float> got(kCount);
+  ASSERT_TRUE((*gpu)->Download(got.data(), *dst, kCount).ok());
+  dlrm::testing::ExpectBitwiseEqual(got, want, "uploaded");
+}
+
 // ----------------------- CUDA graphs and the double-buffered step staging
 
 struct GraphCase {
@@ -776,7 +799,7 @@ TEST(CudaRanksTest, OneRankRowWiseDeviceExchangesTrainLikeTheCpu) {
 
 #if defined(DLRM_TEST_NCCL)
 // Built into cuda_model_nccl_test only (tests/CMakeLists.txt): it links
-// libnccl, which scripts/cuda_bundle.sh does not carry.
+// libnccl, which scripts/gpu_lease.sh does not carry.
 //
 // NCCL at world size 1 (one GPU cannot host two NCCL ranks): the model's
 // step over a real one-rank NCCL communicator trains like one process

@@ -8,7 +8,7 @@
 // copies; the record kernels against their CPU reference. Skipped without
 // a CUDA device.
 // Stores are made with CudaStore::Create, not CreateEmbeddingStore, so the
-// binary does not link RocksDB (scripts/cuda_bundle.sh carries it to GPU
+// binary does not link RocksDB (scripts/gpu_lease.sh carries it to GPU
 // machines under a size limit); tests/embedding_store_test.cc covers the
 // factory's kDevice case.
 #include "embedding/cuda/cuda_store.h"

@@ -61,14 +61,21 @@ inline std::vector<float> RandomFloats(Rng& rng, size_t n, double scale = 1) {
   return v;
 }
 
-// Device copy of `host`; fails the test on error.
+// Device copy of `host`, there for any stream once this returns; fails the
+// test on error. The copy is a cudaMemcpy on the legacy stream, which does
+// not order itself with the kernels' non-blocking streams, and from
+// pageable memory it may return before the data lands: the device is
+// synchronised before (no queued kernel still uses memory the allocation
+// may reuse) and after (no kernel queued next reads it early).
 template <typename T>
 cuda::DeviceBuffer<T> ToDevice(std::span<const T> host) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto buf = cuda::DeviceBuffer<T>::Allocate(host.size());
   EXPECT_TRUE(buf.ok()) << buf.status();
   if (!buf.ok()) return {};
   const absl::Status st = buf->CopyFromHost(host);
   EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return std::move(buf).value();
 }
 template <typename T>
@@ -77,11 +84,13 @@ cuda::DeviceBuffer<T> ToDevice(const std::vector<T>& host) {
 }
 
 // A device buffer of n elements filled with a NaN pattern, so an element
-// the kernel fails to write shows up in the comparison.
+// the kernel fails to write shows up in the comparison (synchronised as
+// ToDevice).
 inline cuda::DeviceBuffer<float> Poisoned(size_t n) {
   return ToDevice(std::vector<float>(std::max<size_t>(n, 1), std::nanf("")));
 }
 
+// The first n elements of `buf` once every stream's queued work is done.
 template <typename T>
 std::vector<T> ToHost(const cuda::DeviceBuffer<T>& buf, size_t n) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -1236,6 +1236,40 @@ TEST(LayerWiseOptimizerTest, DeterministicAcrossThreadCounts) {
 
 // ------------------------------------------------------------ Dense backend
 
+// The host columns of the interaction input and the host staging they
+// need: 3 dense columns, then tables of 4, 2 and 5 columns (width 14).
+TEST(HostColumnsTest, StagingEndsAtTheLastHostColumn) {
+  InteractionShape shape;
+  shape.dim = 3;
+  shape.input_width = 14;
+  // No table on the device: every embedding column on the host, whole rows.
+  const std::vector<ColumnRange> all = HostColumns(shape, {});
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].begin, 3);
+  EXPECT_EQ(all[0].end, 14);
+  EXPECT_EQ(HostRowsFloats(shape, all, 10), 140);
+  // The last table on the device: the last row ends at column 9.
+  const std::vector<ColumnRange> last = {{9, 14}};
+  const std::vector<ColumnRange> front = HostColumns(shape, last);
+  ASSERT_EQ(front.size(), 1u);
+  EXPECT_EQ(front[0].end, 9);
+  EXPECT_EQ(HostRowsFloats(shape, front, 10), 9 * 14 + 9);
+  // The middle table on the device: two host ranges, rows still whole.
+  const std::vector<ColumnRange> middle = {{7, 9}};
+  const std::vector<ColumnRange> split = HostColumns(shape, middle);
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split[0].begin, 3);
+  EXPECT_EQ(split[0].end, 7);
+  EXPECT_EQ(split[1].begin, 9);
+  EXPECT_EQ(HostRowsFloats(shape, split, 10), 140);
+  // Every table on the device: nothing staged on the host, whatever the
+  // batch (the CUDA backend then pins nothing for the interaction input).
+  const std::vector<ColumnRange> every = {{3, 7}, {7, 9}, {9, 14}};
+  EXPECT_TRUE(HostColumns(shape, every).empty());
+  EXPECT_EQ(HostRowsFloats(shape, HostColumns(shape, every), 65536), 0);
+  EXPECT_EQ(HostRowsFloats(shape, all, 0), 0);
+}
+
 using dlrm::testing::DenseBackendConfig;
 using dlrm::testing::DenseStepInputs;
 using dlrm::testing::DenseStepResult;

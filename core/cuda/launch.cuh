@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/cuda/launch_grid.h"
 
 namespace dlrm::cuda {
 
@@ -40,12 +41,6 @@ absl::Status LaunchKernel(const char* name, void (*kernel)(KernelArgs...),
         absl::StrCat("launch of ", name, " failed: ", cudaGetErrorString(err)));
   }
   return absl::OkStatus();
-}
-
-// Ceiling of a / b for launch sizes.
-template <typename T>
-constexpr T CeilDiv(T a, T b) {
-  return (a + b - 1) / b;
 }
 
 }  // namespace dlrm::cuda

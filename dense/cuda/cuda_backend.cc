@@ -184,11 +184,13 @@ class CudaDenseBackend final : public DenseBackend {
 
   // Starts a step's (or a prediction's) staging: the other set than the
   // last step's, once the device is done with it (the step before last's
-  // copies; the host waits for that set's event, not for the stream).
+  // copies; the host waits for that set's event, not for the stream). Only
+  // the host columns are pinned (HostRowsFloats): none when every table is
+  // in device memory.
   absl::StatusOr<float*> InteractionInput(int64_t batch) override {
     set_ ^= 1;
     RETURN_IF_ERROR(staging_[set_].done.Synchronize());
-    return Sized(staging_[set_].t, batch * interaction().input_width);
+    return Sized(staging_[set_].t, HostFloats(batch));
   }
 
   absl::Status SetDeviceColumns(std::vector<ColumnRange> columns) override {
@@ -293,9 +295,10 @@ class CudaDenseBackend final : public DenseBackend {
                                          batch, dt_at_, cross_.get());
       }));
     }
-    ASSIGN_OR_RETURN(float* host, Sized(dt_host_, batch * s.input_width));
+    ASSIGN_OR_RETURN(float* host, Sized(dt_host_, HostFloats(batch)));
     // Only the host tables' columns go down; with every table on the device
-    // nothing does, and the step does not wait here.
+    // nothing does (and nothing is pinned for them), and the step does not
+    // wait here.
     if (host_columns_.empty() || batch == 0) return host;
     RETURN_IF_ERROR(CopyRanges(dt_at_, host, s.input_width, batch,
                                host_columns_, cudaMemcpyDeviceToHost,
@@ -575,6 +578,12 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(
         CopyAsync(x_dev, staged, floats, cudaMemcpyHostToDevice, stream()));
     return x_dev;
+  }
+
+  // Floats of the host staging of `batch` rows of the interaction input or
+  // its gradient: up to the last host column (none without one).
+  int64_t HostFloats(int64_t batch) const {
+    return HostRowsFloats(interaction(), host_columns_, batch);
   }
 
   // The host tables' columns of the interaction input the caller filled

@@ -330,6 +330,15 @@ LtPlanKey LinearForwardKey(const void* x, int64_t batch, int in, int out,
                            const void* w, const float* b, bool relu, bool tf32,
                            float* y, cudaDataType_t data_type = CUDA_R_32F);
 
+// What a plan does with cuBLASLt's heuristic answer (its status and how
+// many algorithms it found): kUse its algorithm only on a success with
+// one; kNone ("not supported", or a success with none: cuBLASLt says "no
+// algorithm" either way) and kError (any other status) both leave the plan
+// without an algorithm, so LinearForward falls back to cublasGemmEx, which
+// reports its own errors; kError is also logged.
+enum class HeuristicAnswer { kUse, kNone, kError };
+HeuristicAnswer ClassifyHeuristic(cublasStatus_t status, int found);
+
 // Kernels the GEMM code uses (dense_kernels.cu).
 // y[r, :] = act(y[r, :] + b) for `rows` rows of width `out`; b may be null
 // (no bias).

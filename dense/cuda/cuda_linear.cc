@@ -9,6 +9,7 @@
 // CPU's dense::Bgemm.
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <utility>
 
@@ -137,20 +138,37 @@ absl::StatusOr<LtPlan> MakePlan(cublasLtHandle_t lt, const LtPlanKey& key,
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       lt, raw_desc, plan.a.get(), plan.b.get(), plan.d.get(), plan.d.get(),
       raw_pref, 1, &result, &found);
-  // cuBLASLt says "no algorithm" either way, depending on the shape.
-  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED ||
-      (heuristic == CUBLAS_STATUS_SUCCESS && found == 0)) {
-    return plan;
+  switch (internal::ClassifyHeuristic(heuristic, found)) {
+    case internal::HeuristicAnswer::kUse:
+      plan.found = true;
+      plan.algo = result.algo;
+      break;
+    case internal::HeuristicAnswer::kNone:
+      break;
+    case internal::HeuristicAnswer::kError:
+      // Once per plan (the plan is cached): this shape runs cublasGemmEx.
+      std::fprintf(stderr,
+                   "cuBLASLt heuristic (m %lld, n %lld, k %lld): %s; falling "
+                   "back to cublasGemmEx\n",
+                   static_cast<long long>(key.m), static_cast<long long>(key.n),
+                   static_cast<long long>(key.k),
+                   cublasGetStatusString(heuristic));
+      break;
   }
-  CUBLAS_RETURN_IF_ERROR(heuristic);
-  plan.found = true;
-  plan.algo = result.algo;
   return plan;
 }
 
 }  // namespace
 
 namespace internal {
+
+HeuristicAnswer ClassifyHeuristic(cublasStatus_t status, int found) {
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    return found > 0 ? HeuristicAnswer::kUse : HeuristicAnswer::kNone;
+  }
+  return status == CUBLAS_STATUS_NOT_SUPPORTED ? HeuristicAnswer::kNone
+                                               : HeuristicAnswer::kError;
+}
 
 int PointerAlignment(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);

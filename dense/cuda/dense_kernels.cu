@@ -194,11 +194,13 @@ __global__ void DotBackwardKernel(const float* __restrict__ t,
 constexpr int kLossThreads = 1024;
 
 // One block: each thread sums its strided share of the batch in order, then
-// a shared-memory tree; a fixed order, so the same bits every run.
-__global__ void BceKernel(const float* __restrict__ logits,
-                          const float* __restrict__ labels, int64_t batch,
-                          float grad_scale, float* __restrict__ dlogits,
-                          double* __restrict__ loss) {
+// a shared-memory tree; a fixed order, so the same bits every run. Launched
+// with kLossThreads threads: the bounds hold the compiler to the registers
+// that many threads may have (tests/cuda_resource_test.sh checks them).
+__global__ void __launch_bounds__(kLossThreads)
+    BceKernel(const float* __restrict__ logits,
+              const float* __restrict__ labels, int64_t batch, float grad_scale,
+              float* __restrict__ dlogits, double* __restrict__ loss) {
   __shared__ double sums[kLossThreads];
   double total = 0.0;
   for (int64_t i = threadIdx.x; i < batch; i += blockDim.x) {
@@ -302,11 +304,13 @@ __global__ void LayerNormPartialsKernel(
 // One block: adds the `blocks` partial sums, takes the square roots and
 // writes the tensor's constants, Rule::MakeLayer (the CPU's function), to
 // *layer. With blocks = 0 the norms are 0 (a tensor without adaptation).
+// Launched with kFinishThreads threads, hence the bounds (as BceKernel's).
 template <typename Rule>
-__global__ void LayerFinishKernel(
-    const typename Rule::Step* __restrict__ constants, bool adapt,
-    const double* __restrict__ partials, int64_t blocks,
-    typename Rule::Layer* __restrict__ layer) {
+__global__ void __launch_bounds__(kFinishThreads)
+    LayerFinishKernel(const typename Rule::Step* __restrict__ constants,
+                      bool adapt, const double* __restrict__ partials,
+                      int64_t blocks,
+                      typename Rule::Layer* __restrict__ layer) {
   __shared__ double w2s[kFinishThreads];
   __shared__ double t2s[kFinishThreads];
   double w2 = 0.0, t2 = 0.0;

@@ -34,6 +34,7 @@ namespace dlrm::embedding::cuda {
 namespace {
 
 using dlrm::cuda::CeilDiv;
+using dlrm::cuda::GridBlocks;
 using dlrm::cuda::LaunchKernel;
 
 constexpr int kThreads = 256;
@@ -717,10 +718,12 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
   void* temp = ws->cub_temp.data();
   size_t temp_bytes = ws->cub_temp.bytes();
 
-  RETURN_IF_ERROR(LaunchKernel("ExpandKernel", ExpandKernel,
-                               dim3(CeilDiv(num, kThreads)), dim3(kThreads), 0,
-                               stream, bags.offsets, bags.ids, bags.num_bags, n,
-                               rows, ws->keys.data(), ws->bags.data()));
+  // In 64 bits: num + kThreads - 1 overflows an int near 2^31.
+  RETURN_IF_ERROR(
+      LaunchKernel("ExpandKernel", ExpandKernel,
+                   dim3(static_cast<unsigned>(GridBlocks(n, 1, kThreads))),
+                   dim3(kThreads), 0, stream, bags.offsets, bags.ids,
+                   bags.num_bags, n, rows, ws->keys.data(), ws->bags.data()));
   // A stable sort: each row's occurrences stay in position (= bag) order,
   // the CPU kernel's accumulation order.
   CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
@@ -786,8 +789,11 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
 
 namespace {
 
-// Launches CopyRowsKernel over n rows of `width` floats: at most 2^16
-// blocks, each thread looping over the rest.
+// Blocks of the row and record copies, whose threads loop over the rest.
+constexpr int64_t kMaxCopyBlocks = int64_t{1} << 16;
+
+// Launches CopyRowsKernel over n rows of `width` floats: at most
+// kMaxCopyBlocks blocks, each thread looping over the rest.
 absl::Status LaunchCopyRows(const char* name, const float* src,
                             const int64_t* src_index, float* dst,
                             const int64_t* dst_index, int64_t n, int64_t width,
@@ -798,8 +804,7 @@ absl::Status LaunchCopyRows(const char* name, const float* src,
                      ", table rows ", table_rows, ")"));
   }
   if (n == 0 || width == 0) return absl::OkStatus();
-  const int64_t grid = std::min<int64_t>(CeilDiv<int64_t>(n * width, kThreads),
-                                         int64_t{1} << 16);
+  const int64_t grid = GridBlocks(n, width, kThreads, kMaxCopyBlocks);
   return LaunchKernel(name, CopyRowsKernel, dim3(static_cast<unsigned>(grid)),
                       dim3(kThreads), 0, stream, src, src_index, dst, dst_index,
                       n, width, table_rows);
@@ -836,8 +841,7 @@ absl::Status LaunchCopyRecords(const char* name, const RecordArrays& src,
     return absl::InvalidArgumentError(absl::StrCat(name, ": null index"));
   }
   const int64_t floats = src.dim + src.state1_floats + src.state2_floats;
-  const int64_t grid = std::min<int64_t>(CeilDiv<int64_t>(n * floats, kThreads),
-                                         int64_t{1} << 16);
+  const int64_t grid = GridBlocks(n, floats, kThreads, kMaxCopyBlocks);
   return LaunchKernel(name, CopyRecordsKernel,
                       dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
                       stream, src, src_index, dst, dst_index, n);
