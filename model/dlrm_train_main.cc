@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
+#include "core/path_checks.h"
 #include "core/status.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
@@ -106,7 +108,19 @@ absl::StatusOr<ModelConfig> ApplyStorageFlags(ModelConfig config,
   return embedding::ApplyMemoryBudgets(config);
 }
 
+// The path flags, checked before anything is allocated, each error naming
+// its flag (core/path_checks.h, as dlrm_server's).
+absl::Status CheckPaths(const Flags& f) {
+  RETURN_IF_ERROR(CheckReadableFiles("--train", f.train_files));
+  RETURN_IF_ERROR(CheckReadableFiles("--eval", f.eval_files));
+  if (!f.rocksdb_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableDir("--rocksdb-dir", f.rocksdb_dir));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Flags& f) {
+  RETURN_IF_ERROR(CheckPaths(f));
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
   RETURN_IF_ERROR(f.dense.Apply(&loaded));
   ASSIGN_OR_RETURN(ModelConfig config, ApplyStorageFlags(loaded, f));
@@ -241,6 +255,7 @@ absl::Status Run(const Flags& f) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Train a DLRM in-process and evaluate it."};
+  dlrm::AddVersionFlag(app, "dlrm_train");
   app.add_option("--config", f.config,
                  "Model config: a preset (tiny, kaggle, kaggle-full, "
                  "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
@@ -294,7 +309,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--eviction", f.eviction, "Cache eviction: lru or lfu")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = dlrm::ParseCommandLine(app, argc, argv, "dlrm_train");
+      code >= 0) {
+    return code;
+  }
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {
     std::fprintf(stderr, "dlrm_train: %s\n", s.ToString().c_str());

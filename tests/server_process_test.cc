@@ -716,6 +716,68 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
   EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(log);
 }
 
+// A trainer whose job ends between two periodic checkpoints saves its last
+// step, and a replica following its directory serves it: it does not stay
+// at the checkpoint before. Then the trainer's stop saves `final` (with
+// more steps), which the replica serves too.
+TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
+  Proc trainer;
+  ASSERT_TRUE(trainer.Spawn(Args({"--checkpoint-every-steps", "10",
+                                  "--checkpoint-on-exit"}),
+                            dir_ / "trainer.log"));
+  const std::string trainer_address = trainer.WaitListening(120);
+  ASSERT_FALSE(trainer_address.empty()) << ReadText(dir_ / "trainer.log");
+  auto client = clients::Client::Connect(trainer_address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto job = (*client)->StartJob(Job(15));
+  ASSERT_TRUE(job.ok()) << job.status();
+  clients::WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  auto done = (*client)->WaitJob(job->id(), wait, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->DebugString();
+  EXPECT_TRUE(fs::exists(root_ / "ckpt-10"));
+  EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadText(dir_ / "trainer.log");
+
+  Proc replica;
+  ASSERT_TRUE(replica.Spawn(
+      {ServerPath(), "--inference-only", "--follow", root_.string(),
+       "--follow-poll-seconds", "0.1", "--listen", "127.0.0.1:0",
+       "--metrics-listen", "", "--threads", "1"},
+      dir_ / "replica.log"));
+  const std::string replica_address = replica.WaitListening(120);
+  ASSERT_FALSE(replica_address.empty()) << ReadText(dir_ / "replica.log");
+  auto follower = clients::Client::Connect(replica_address);
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  auto info = (*follower)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->served_checkpoint_step(), 15);
+
+  // Three more steps, then the trainer stops and saves final/ at step 18.
+  job = (*client)->StartJob(Job(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  done = (*client)->WaitJob(job->id(), wait, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  client->reset();
+  kill(trainer.pid, SIGTERM);
+  EXPECT_EQ(trainer.WaitExit(60), 0) << ReadText(dir_ / "trainer.log");
+  ASSERT_TRUE(fs::exists(root_ / "final"));
+  int64_t served = 0;
+  std::string dir;
+  for (int i = 0; i < 1200 && dir != (root_ / "final").string(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = (*follower)->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    served = info->served_checkpoint_step();
+    dir = info->served_checkpoint();
+  }
+  EXPECT_EQ(dir, (root_ / "final").string()) << ReadText(dir_ / "replica.log");
+  EXPECT_EQ(served, 18);
+  follower->reset();
+  kill(replica.pid, SIGTERM);
+  EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(dir_ / "replica.log");
+}
+
 // --health-check against a TLS server: with the CA it gets SERVING; without
 // it (plaintext, or TLS not trusting the CA) it fails; mutual TLS needs the
 // client certificate too.

@@ -17,6 +17,7 @@ follow the job's checkpoint directory and pass `--dry-run`.
 
 Environment: DLRM_SERVER, DLRM_CLIENT (the built binaries; set by CTest).
 """
+import atexit
 import functools
 import json
 import os
@@ -102,13 +103,38 @@ def flags(command):
     return out
 
 
+# The image's checkpoint and data directories (server.toml's), which
+# dlrm_server checks at start (--dry-run too), stand for these here.
+LOCAL_DIRS = {"--checkpoint-dir": "checkpoints", "--data-dir": "data"}
+
+
+@functools.lru_cache(maxsize=None)
+def local_dir(name):
+    parent = tempfile.mkdtemp(prefix="deploy-test-dirs-")
+    atexit.register(shutil.rmtree, parent, True)
+    path = os.path.join(parent, name)
+    os.makedirs(path)
+    return path
+
+
 def host_command(command):
-    """The container command with image paths mapped to the repository."""
+    """The container command with image paths mapped to the repository,
+    and the image's checkpoint and data directories (on the command line
+    or in the server config) mapped to local ones."""
     out = []
+    reads_config = False
     for arg in command:
         key, sep, value = arg.partition("=")
+        if sep and key in LOCAL_DIRS:
+            out.append(key + "=" + local_dir(LOCAL_DIRS[key]))
+            continue
+        reads_config |= key == "--server-config"
         out.append(key + sep + IMAGE_PATHS[value]
                    if sep and value in IMAGE_PATHS else arg)
+    if reads_config:
+        given = {a.partition("=")[0] for a in out}
+        out += [f"{k}={local_dir(v)}" for k, v in LOCAL_DIRS.items()
+                if k not in given]
     return out
 
 
