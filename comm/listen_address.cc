@@ -42,16 +42,16 @@ std::string BindReason(const std::string& address) {
     }
     const int yes = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    const bool bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-                       listen(fd, 1) == 0;
+    const bool bound =
+        bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1) == 0;
     if (!bound) reason = std::strerror(errno);
     close(fd);
     if (!bound) break;
   }
   freeaddrinfo(found);
   if (!reason.empty()) {
-    reason[0] = static_cast<char>(
-        std::tolower(static_cast<unsigned char>(reason[0])));
+    reason[0] =
+        static_cast<char>(std::tolower(static_cast<unsigned char>(reason[0])));
   }
   return reason;
 }

@@ -814,9 +814,8 @@ absl::Status ServeUntilSignal(const Flags& f, DlrmServer& server,
   spdlog::info("{}: finishing the current step and shutting down",
                signal == SIGINT ? "SIGINT" : "SIGTERM");
   server.Shutdown();
-  if (const std::string lost =
-          UnsavedStepsWarning(f.server, f.checkpoint_on_exit,
-                              server.host()->steps(), start_steps);
+  if (const std::string lost = UnsavedStepsWarning(
+          f.server, f.checkpoint_on_exit, server.host()->steps(), start_steps);
       !lost.empty()) {
     spdlog::warn("{}", lost);
   }

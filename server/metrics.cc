@@ -100,8 +100,7 @@ void RenderProcessMetrics(std::string* out) {
   const std::vector<std::string> stat = ProcStatFields();
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
   if (stat.size() > 21 && ticks > 0) {
-    const double cpu =
-        (std::stod(stat[11]) + std::stod(stat[12])) / ticks;
+    const double cpu = (std::stod(stat[11]) + std::stod(stat[12])) / ticks;
     Header(out, "process_cpu_seconds_total", "counter",
            "Total user and system CPU time spent in seconds.");
     Sample(out, "process_cpu_seconds_total", cpu);
@@ -123,7 +122,8 @@ void RenderProcessMetrics(std::string* out) {
     ++fds;
   }
   if (!ec) {
-    Header(out, "process_open_fds", "gauge", "Number of open file descriptors.");
+    Header(out, "process_open_fds", "gauge",
+           "Number of open file descriptors.");
     Sample(out, "process_open_fds", static_cast<double>(fds));
   }
   Header(out, "dlrm_build_info", "gauge",
@@ -188,8 +188,8 @@ void ServerMetrics::RecordCheckpoint(const std::string& dir, int64_t step,
   RecordCheckpointLocked(dir, step, failed);
 }
 
-void ServerMetrics::RecordCheckpointLocked(const std::string& dir,
-                                           int64_t step, bool failed) {
+void ServerMetrics::RecordCheckpointLocked(const std::string& dir, int64_t step,
+                                           bool failed) {
   if (!dir.empty()) {
     ++checkpoints_saved_;
     last_checkpoint_step_ = step;

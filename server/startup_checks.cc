@@ -13,7 +13,8 @@ namespace dlrm::server {
 
 absl::Status CheckServerPaths(const ServerOptions& options) {
   if (!options.checkpoint_dir.empty()) {
-    RETURN_IF_ERROR(CheckWritableDir("--checkpoint-dir", options.checkpoint_dir));
+    RETURN_IF_ERROR(
+        CheckWritableDir("--checkpoint-dir", options.checkpoint_dir));
   }
   if (!options.data_dir.empty()) {
     RETURN_IF_ERROR(CheckReadableDir("--data-dir", options.data_dir));

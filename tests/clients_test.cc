@@ -468,9 +468,8 @@ TEST_F(ClientE2ETest, InfoAndMetrics) {
   const double started = value("process_start_time_seconds");
   EXPECT_GT(started, 1.6e9);  // after 2020
   EXPECT_LE(started, static_cast<double>(std::time(nullptr)));
-  EXPECT_NE(metrics->find(absl::StrCat("\ndlrm_build_info{version=\"",
-                                       kVersion, "\",git=\"", kGitDescribe,
-                                       "\"} 1\n")),
+  EXPECT_NE(metrics->find(absl::StrCat("\ndlrm_build_info{version=\"", kVersion,
+                                       "\",git=\"", kGitDescribe, "\"} 1\n")),
             std::string::npos)
       << *metrics;
 }
@@ -841,17 +840,17 @@ TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
   posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const std::vector<std::string> args = {
-      client_path_, "--server", address_, "job",    "start", "--synthetic",
-      "0",          "--steps",  "100000000", "--batch-size", "32", "--wait",
-      "--poll",     "0.1"};
+      client_path_,  "--server", address_,  "job",       "start",
+      "--synthetic", "0",        "--steps", "100000000", "--batch-size",
+      "32",          "--wait",   "--poll",  "0.1"};
   std::vector<char*> argv;
   for (const std::string& a : args) {
     argv.push_back(const_cast<char*>(a.c_str()));
   }
   argv.push_back(nullptr);
   pid_t pid = 0;
-  ASSERT_EQ(
-      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
+            0);
   posix_spawn_file_actions_destroy(&actions);
   // The job's first line ("job job-N RUNNING ...") says it started.
   std::string id;
@@ -1094,7 +1093,8 @@ TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("listen-port"), std::string::npos) << r.err;
   // The error names the file and says what is wrong with the key.
-  EXPECT_NE(r.err.find("--server-config " + config + ": unknown key "
+  EXPECT_NE(r.err.find("--server-config " + config +
+                       ": unknown key "
                        "\"listen-port\""),
             std::string::npos)
       << r.err;
@@ -1373,9 +1373,9 @@ TEST_F(ClientServerProcessTest, SecondServerOnATakenPortFailsNamingIt) {
                   "", "--config", "tiny", "--log-level", "warn"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("--listen " + first.address() +
-                       ": address already in use"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("--listen " + first.address() + ": address already in use"),
+      std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
 
@@ -1383,9 +1383,9 @@ TEST_F(ClientServerProcessTest, SecondServerOnATakenPortFailsNamingIt) {
                   metrics, "--config", "tiny", "--log-level", "warn"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("--metrics-listen " + metrics +
-                       ": address already in use"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("--metrics-listen " + metrics + ": address already in use"),
+      std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
 
@@ -1409,7 +1409,8 @@ TEST_F(ClientServerProcessTest, PathFlagsAreCheckedAtStartNamingTheFlag) {
     std::string error;
   };
   const std::vector<Case> cases = {
-      {{"--checkpoint-dir", file}, "--checkpoint-dir " + file + " is not a directory"},
+      {{"--checkpoint-dir", file},
+       "--checkpoint-dir " + file + " is not a directory"},
       {{"--checkpoint-dir", file + "/sub"},
        "--checkpoint-dir " + file + "/sub is not a directory"},
       // Not writable even for root.
@@ -1424,9 +1425,9 @@ TEST_F(ClientServerProcessTest, PathFlagsAreCheckedAtStartNamingTheFlag) {
     for (const bool dry_run : {true, false}) {
       SCOPED_TRACE(absl::StrCat(c.flags[0], " ", c.flags[1],
                                 dry_run ? " --dry-run" : ""));
-      std::vector<std::string> args = {server_path_, "--listen", "127.0.0.1:0",
-                                       "--metrics-listen", "", "--config",
-                                       "tiny"};
+      std::vector<std::string> args = {
+          server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+          "",           "--config", "tiny"};
       args.insert(args.end(), c.flags.begin(), c.flags.end());
       if (dry_run) args.push_back("--dry-run");
       const CommandResult r = RunCommand(args, dir_);
@@ -1494,9 +1495,8 @@ TEST(VersionFlagTest, EveryBinaryPrintsTheVersion) {
 // reads the listening line while the log goes to `log`.
 std::vector<std::string> WithLog(const std::vector<std::string>& args,
                                  const fs::path& log) {
-  std::vector<std::string> out = {"/bin/sh", "-c",
-                                  "exec \"$@\" 2>\"" + log.string() + "\"",
-                                  "sh"};
+  std::vector<std::string> out = {
+      "/bin/sh", "-c", "exec \"$@\" 2>\"" + log.string() + "\"", "sh"};
   out.insert(out.end(), args.begin(), args.end());
   return out;
 }

@@ -422,6 +422,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   }
   ASSERT_GE(killed_at, 27);
   ASSERT_LT(killed_at, kSteps);
+  int64_t cancelled_at = 0;  // the model's step when job-2 was cancelled
   const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
   ASSERT_GE(newest.step, 25);
   ASSERT_LT(newest.step, kSteps);
@@ -466,6 +467,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     auto cancelled = (*client)->CancelJob("job-2");
     ASSERT_TRUE(cancelled.ok()) << cancelled.status();
     EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+    cancelled_at = kSteps + cancelled->steps();
     server.Kill9();
   }
   // Neither the finished nor the cancelled job starts again.
@@ -477,9 +479,14 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     const std::string address = server.WaitListening(30);
     ASSERT_FALSE(address.empty()) << ReadText(dir_ / "third.log");
     const std::string text = ReadText(dir_ / "third.log");
-    EXPECT_NE(text.find("job job-2 of the checkpoint had already ended "
-                        "(CANCELLED): not restarting it"),
-              std::string::npos)
+    // The cancel saved job-2's last step, recording no job
+    // (ModelHost::CheckpointStoppedTraining): the resume starts there.
+    EXPECT_NE(
+        text.find(
+            "resuming from " +
+            (root_ / model::PeriodicCheckpointName(cancelled_at)).string() +
+            " at step " + std::to_string(cancelled_at)),
+        std::string::npos)
         << text;
     EXPECT_EQ(text.find("resuming job"), std::string::npos) << text;
     auto client = clients::Client::Connect(address);
@@ -722,9 +729,9 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
 // more steps), which the replica serves too.
 TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   Proc trainer;
-  ASSERT_TRUE(trainer.Spawn(Args({"--checkpoint-every-steps", "10",
-                                  "--checkpoint-on-exit"}),
-                            dir_ / "trainer.log"));
+  ASSERT_TRUE(trainer.Spawn(
+      Args({"--checkpoint-every-steps", "10", "--checkpoint-on-exit"}),
+      dir_ / "trainer.log"));
   const std::string trainer_address = trainer.WaitListening(120);
   ASSERT_FALSE(trainer_address.empty()) << ReadText(dir_ / "trainer.log");
   auto client = clients::Client::Connect(trainer_address);
@@ -740,11 +747,11 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadText(dir_ / "trainer.log");
 
   Proc replica;
-  ASSERT_TRUE(replica.Spawn(
-      {ServerPath(), "--inference-only", "--follow", root_.string(),
-       "--follow-poll-seconds", "0.1", "--listen", "127.0.0.1:0",
-       "--metrics-listen", "", "--threads", "1"},
-      dir_ / "replica.log"));
+  ASSERT_TRUE(
+      replica.Spawn({ServerPath(), "--inference-only", "--follow",
+                     root_.string(), "--follow-poll-seconds", "0.1", "--listen",
+                     "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
+                    dir_ / "replica.log"));
   const std::string replica_address = replica.WaitListening(120);
   ASSERT_FALSE(replica_address.empty()) << ReadText(dir_ / "replica.log");
   auto follower = clients::Client::Connect(replica_address);

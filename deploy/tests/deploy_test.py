@@ -5,7 +5,9 @@ Nothing here needs a Docker engine or starts a container (the image and
 the CPU compose file run for real in docker_compose_test.py). Instead:
 ComposeTest validates both compose files (docker-compose config, and the
 topology: ranks, GPUs, ports, health, volumes); DryRunTest runs every
-service's exact command line through `dlrm_server --dry-run` and checks the
+service's exact command line (the image's checkpoint and data directories,
+which dlrm_server checks at start, mapped to local ones) through
+`dlrm_server --dry-run` and checks the
 Dockerfile's runtime packages against ldd; LauncherTest runs the CPU compose
 topology as processes with deploy/launch_local.sh, trains, predicts and
 stops it the way `docker-compose stop` does. KubernetesTest renders the
