@@ -1049,6 +1049,68 @@ TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
 
 // ModelHost's periodic checkpoints in-process: which steps save, by steps
 // and by time, retention, and the option checks.
+// Training that stops between two periodic checkpoints saves its step as
+// one (for a replica to follow), once; none after StopTraining or without
+// periodic checkpoints.
+TEST(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
+  const fs::path root = fs::temp_directory_path() /
+                        ("stopped_training_test-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok());
+  data::SyntheticOptions so;
+  auto source = data::MakeSyntheticSource(*config, so);
+  ASSERT_TRUE(source.ok());
+  data::Batch batch;
+  ASSERT_TRUE(*(*source)->Next(16, &batch));
+
+  server::ModelHostOptions o;
+  o.checkpoint_dir = root.string();
+  o.checkpoint_every_steps = 4;
+  o.keep_checkpoints = 0;
+  auto model = model::Model::Create(*config);
+  ASSERT_TRUE(model.ok());
+  auto host = server::ModelHost::Create(std::move(*model), o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto lease = (*host)->AcquireTraining("test");
+  ASSERT_TRUE(lease.ok());
+  bool failed = true;
+  // Nothing trained yet: nothing to save.
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  EXPECT_FALSE(failed);
+  for (int step = 1; step <= 4; ++step) {
+    ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  }
+  // ckpt-4 holds the step already.
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed),
+            (root / "ckpt-5").string());
+  EXPECT_FALSE(failed);
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  (*host)->StopTraining();
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  std::vector<std::string> names;
+  for (const model::CheckpointEntry& e : model::ListCheckpoints(root)) {
+    EXPECT_TRUE(e.manifest.ok()) << e.dir;
+    names.push_back(e.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-5", "ckpt-4"}));
+
+  // Without periodic checkpoints it saves nothing.
+  o.checkpoint_every_steps = 0;
+  auto other = model::Model::Create(*config);
+  ASSERT_TRUE(other.ok());
+  auto plain = server::ModelHost::Create(std::move(*other), o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto plain_lease = (*plain)->AcquireTraining("test");
+  ASSERT_TRUE(plain_lease.ok());
+  ASSERT_TRUE((*plain)->TrainStep(*plain_lease, batch).ok());
+  EXPECT_EQ((*plain)->CheckpointStoppedTraining(*plain_lease, &failed), "");
+  fs::remove_all(root);
+}
+
 TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   const fs::path root =
       fs::temp_directory_path() / ("periodic_test-" + std::to_string(getpid()));
