@@ -153,12 +153,28 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(address, credentials, args);
-  if (options.connect_timeout_seconds > 0 &&
-      !channel->WaitForConnected(
-          DeadlineAfter(options.connect_timeout_seconds))) {
-    return absl::UnavailableError(
-        absl::StrCat("could not connect to dlrm-server at ", address,
-                     " within ", options.connect_timeout_seconds, " s"));
+  if (options.connect_timeout_seconds > 0) {
+    // Waits while the channel connects; a failed attempt (refused, an
+    // unknown host, a TLS handshake that fails) ends the wait at once
+    // instead of retrying until the timeout.
+    const auto deadline = DeadlineAfter(options.connect_timeout_seconds);
+    grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY) {
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE ||
+          state == GRPC_CHANNEL_SHUTDOWN) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot connect to dlrm-server at ", address,
+            ": the connection failed (refused: is a dlrm_server listening "
+            "there? An unknown host, or a TLS handshake that failed, ends "
+            "the same way)"));
+      }
+      if (!channel->WaitForStateChange(state, deadline)) {
+        return absl::UnavailableError(
+            absl::StrCat("could not connect to dlrm-server at ", address,
+                         " within ", options.connect_timeout_seconds, " s"));
+      }
+      state = channel->GetState(/*try_to_connect=*/true);
+    }
   }
   return std::unique_ptr<Client>(
       new Client(address, options, std::move(channel)));

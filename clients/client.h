@@ -22,9 +22,10 @@ struct ClientOptions {
   // Largest message sent or received, in bytes (a kaggle-shaped batch of
   // 2048 samples is about 0.4 MB). Default: 256 MiB.
   int max_message_bytes = 256 << 20;
-  // How long Connect waits for the server to accept the connection; 0 does
-  // not wait (the first call then fails fast with Unavailable if the server
-  // is down). Default: 10.
+  // How long Connect waits for the server to accept the connection (a
+  // refused or failed attempt ends the wait at once); 0 does not wait (the
+  // first call then fails with Unavailable if the server is down).
+  // Default: 10.
   double connect_timeout_seconds = 10;
   // Deadline of each quick unary call (GetJob, StartJob, CancelJob,
   // Predict, GetModelInfo, GetMetrics); Train, Evaluate, WaitJob and the
@@ -107,8 +108,9 @@ class Client {
  public:
   // Opens a channel to `address` ("host:port"), over TLS when options.tls.
   // InvalidArgument for bad options or an empty address; NotFound when a
-  // TLS file cannot be read; Unavailable when the server does not accept
-  // the connection (TLS handshake included) within connect_timeout_seconds.
+  // TLS file cannot be read; Unavailable, naming the address, as soon as a
+  // connection attempt fails (refused, TLS handshake included) or when none
+  // succeeds within connect_timeout_seconds.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, const ClientOptions& options = {});
 

@@ -1,6 +1,7 @@
 // dlrm_client: the command-line client of dlrm-server. Trains by streaming
 // local data or by starting server-side jobs, evaluates, predicts, and runs
 // the admin calls (info, metrics, checkpoints, weights export).
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include <future>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "clients/client.h"
 #include "clients/progress.h"
 #include "clients/tsv_input.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "data/criteo.h"
@@ -47,6 +50,8 @@ struct DataFlags {
 };
 
 struct Flags {
+  // How this program was invoked (argv[0]), for the commands it suggests.
+  std::string program = "dlrm_client";
   std::string server = "127.0.0.1:50051";
   double connect_timeout = 10;
 
@@ -269,7 +274,10 @@ absl::Status Info(Client& client, const Flags& f) {
                 info.served_checkpoint().c_str(),
                 static_cast<long long>(info.served_checkpoint_step()));
   }
-  for (const auto& [tier, bytes] : info.memory_bytes()) {
+  // A proto map iterates in no fixed order: print the tiers sorted.
+  const std::map<std::string, int64_t> memory(info.memory_bytes().begin(),
+                                              info.memory_bytes().end());
+  for (const auto& [tier, bytes] : memory) {
     std::printf("memory %s: %lld bytes\n", tier.c_str(),
                 static_cast<long long>(bytes));
   }
@@ -334,9 +342,81 @@ int64_t JobTotalSamples(const JobRequest& request) {
   return total;
 }
 
+// `s` quoted for a POSIX shell when it holds anything but safe characters.
+std::string ShellQuoted(const std::string& s) {
+  const bool safe = !s.empty() && s.find_first_not_of(
+                                      "abcdefghijklmnopqrstuvwxyz"
+                                      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                      "_-./:=@,+%") == std::string::npos;
+  if (safe) return s;
+  std::string quoted = "'";
+  for (const char c : s) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+// The dlrm_client command line that reaches the same server as this one:
+// `program`, --server and the security flags given.
+std::string SameServerCommand(const std::string& program, const Flags& f) {
+  std::vector<std::string> args = {program, "--server", f.server};
+  const auto add = [&args](const char* flag, const std::string& value) {
+    if (value.empty()) return;
+    args.push_back(flag);
+    args.push_back(value);
+  };
+  if (f.tls) args.push_back("--tls");
+  add("--tls-ca", f.tls_ca);
+  add("--tls-cert", f.tls_cert);
+  add("--tls-key", f.tls_key);
+  add("--tls-server-name", f.tls_server_name);
+  add("--auth-token-file", f.auth_token_file);
+  std::string out;
+  for (const std::string& a : args) {
+    if (!out.empty()) out += ' ';
+    out += ShellQuoted(a);
+  }
+  return out;
+}
+
+// What SIGINT prints while a job is waited for; written by the handler,
+// which may call only async-signal-safe functions.
+std::string* interrupt_message = nullptr;
+
+void OnInterrupt(int) {
+  if (interrupt_message != nullptr) {
+    const ssize_t ignored = write(STDERR_FILENO, interrupt_message->data(),
+                                  interrupt_message->size());
+    (void)ignored;
+  }
+  _exit(130);  // 128 + SIGINT, as a shell reports an interrupted command
+}
+
+// From here on, Ctrl-C (SIGINT) ends the client with exit status 130 and
+// says that job `id` goes on on the server, and how to cancel it. Once per
+// process (later calls keep the first job's message).
+void TellOnInterrupt(const std::string& id, const Flags& f) {
+  if (interrupt_message != nullptr) return;
+  const std::string same = SameServerCommand(f.program, f);
+  interrupt_message = new std::string(absl::StrCat(
+      "\ndlrm_client: interrupted; job ", id,
+      " goes on on the server. Cancel it with:\n  ", same, " job cancel ", id,
+      "\nor follow it again with:\n  ", same, " job wait ", id, "\n"));
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+}
+
 // Waits for a job with a progress bar; non-OK unless it succeeded.
+// Ctrl-C ends the wait, not the job (TellOnInterrupt).
 absl::Status WaitForJob(Client& client, const std::string& id,
                         int64_t total_samples, const Flags& f) {
+  TellOnInterrupt(id, f);
   ProgressReporter progress(absl::StrCat("job ", id), total_samples,
                             StdoutProgress(), stdout);
   WaitOptions options;
@@ -386,6 +466,9 @@ absl::Status JobStart(Client& client, const Flags& f) {
   request.set_eval_interval(f.eval_interval);
   request.set_eval_samples(f.eval_samples);
   ASSIGN_OR_RETURN(const JobStatus job, client.StartJob(request));
+  // Before the job's first line, so that a Ctrl-C as soon as it shows is
+  // told of too.
+  if (f.wait) TellOnInterrupt(job.id(), f);
   PrintJob(job);
   if (!f.wait) return absl::OkStatus();
   return WaitForJob(client, job.id(), JobTotalSamples(request), f);
@@ -548,7 +631,9 @@ void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
 
 int Main(int argc, char** argv) {
   Flags f;
+  if (argc > 0) f.program = argv[0];
   CLI::App app{"Command-line client of dlrm-server."};
+  AddVersionFlag(app, "dlrm_client");
   app.require_subcommand(1);
   app.add_option("--server", f.server, "Server address HOST:PORT")
       ->capture_default_str();
@@ -691,7 +776,10 @@ int Main(int argc, char** argv) {
                    "File on the server (under its --checkpoint-dir)")
       ->required();
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = ParseCommandLine(app, argc, argv, "dlrm_client");
+      code >= 0) {
+    return code;
+  }
 
   absl::StatusOr<ClientOptions> options = ConnectOptions(f);
   absl::StatusOr<std::unique_ptr<Client>> client =
@@ -713,7 +801,10 @@ int Main(int argc, char** argv) {
     } else if (job_list->parsed()) {
       absl::StatusOr<std::vector<JobStatus>> jobs = c.ListJobs();
       status = jobs.status();
-      if (jobs.ok()) {
+      if (jobs.ok() && jobs->empty()) {
+        std::printf("no jobs on %s (start one with: job start)\n",
+                    f.server.c_str());
+      } else if (jobs.ok()) {
         for (const JobStatus& j : *jobs) PrintJob(j);
       }
     } else if (job_status->parsed()) {

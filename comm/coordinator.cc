@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "comm/listen_address.h"
 #include "core/secrets.h"
 #include "core/status.h"
 #include "spdlog/spdlog.h"
@@ -662,11 +663,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, credentials, &port);
+  // The port is this coordinator's alone: with SO_REUSEPORT (gRPC's
+  // default) a second job's rank 0 would share it and split the ranks.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("coordinator: cannot listen on ", options.listen_address));
+    return ListenFailure("--coordinator", options.listen_address);
   }
   const std::string host =
       options.listen_address.substr(0, options.listen_address.rfind(':'));

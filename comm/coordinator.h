@@ -111,7 +111,8 @@ class CoordinatorServer {
  public:
   // Starts serving. InvalidArgument for bad options or a TLS file with no
   // PEM block, NotFound for a TLS file that cannot be read, Unavailable
-  // when the address cannot be bound.
+  // when the address cannot be bound ("--coordinator ADDRESS: address
+  // already in use": the port is bound without SO_REUSEPORT).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options);
   // Answers waiting calls with UNAVAILABLE and stops the server.

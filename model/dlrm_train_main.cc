@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
+#include "core/path_checks.h"
 #include "core/status.h"
 #include "core/storage_flags.h"
 #include "data/criteo.h"
@@ -82,7 +84,24 @@ void PrintEval(int64_t step, const model::EvalResult& r) {
   std::fflush(stdout);
 }
 
+// The path flags, checked before anything is allocated, each error naming
+// its flag (core/path_checks.h, as dlrm_server's). NumPy day prefixes are
+// no files: FindCriteoNpyDays names a day's missing file.
+absl::Status CheckPaths(const Flags& f) {
+  if (!data::IsCriteoNpy(f.train_files)) {
+    RETURN_IF_ERROR(CheckReadableFiles("--train", f.train_files));
+  }
+  if (!data::IsCriteoNpy(f.eval_files)) {
+    RETURN_IF_ERROR(CheckReadableFiles("--eval", f.eval_files));
+  }
+  if (!f.storage.rocksdb_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableDir("--rocksdb-dir", f.storage.rocksdb_dir));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Flags& f) {
+  RETURN_IF_ERROR(CheckPaths(f));
   ASSIGN_OR_RETURN(ModelConfig loaded, LoadModelConfig(f.config));
   RETURN_IF_ERROR(f.dense.Apply(&loaded));
   RETURN_IF_ERROR(f.storage.Apply(&loaded));
@@ -241,6 +260,7 @@ absl::Status Run(const Flags& f) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Train a DLRM in-process and evaluate it."};
+  dlrm::AddVersionFlag(app, "dlrm_train");
   app.add_option("--config", f.config,
                  "Model config: a preset (tiny, kaggle, kaggle-full, "
                  "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
@@ -282,7 +302,10 @@ int main(int argc, char** argv) {
                "Print the model, its storage tiers and its memory plan, "
                "check the plan against this machine's memory, and exit "
                "without allocating the model");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = dlrm::ParseCommandLine(app, argc, argv, "dlrm_train");
+      code >= 0) {
+    return code;
+  }
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {
     std::fprintf(stderr, "dlrm_train: %s\n", s.ToString().c_str());

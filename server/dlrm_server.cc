@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "comm/listen_address.h"
 #include "core/status.h"
 #include "spdlog/spdlog.h"
 
@@ -242,6 +243,9 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, credentials, &s->port_);
+  // The port is this server's alone: with SO_REUSEPORT (gRPC's default) a
+  // second server on it would start and take a share of the calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   if (o.max_concurrent_streams > 0) {
@@ -259,9 +263,7 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", o.listen,
-                     " (address in use, or not an address of this host)"));
+    return comm::ListenFailure("--listen", o.listen);
   }
   std::string host;
   int unused_port = 0;
@@ -300,6 +302,12 @@ absl::Status DlrmServer::StartMetricsHttp() {
   RETURN_IF_ERROR(
       SplitHostPort(options_.metrics_listen, "metrics_listen", &host, &port));
   http_ = std::make_unique<httplib::Server>();
+  // httplib's default options add SO_REUSEPORT, which lets a second server
+  // bind the same port and take a share of the scrapes: SO_REUSEADDR only.
+  http_->set_socket_options([](int socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http_->Get("/metrics",
              [this](const httplib::Request&, httplib::Response& response) {
                response.set_content(MetricsText(),
@@ -312,8 +320,7 @@ absl::Status DlrmServer::StartMetricsHttp() {
   }
   if (port <= 0) {
     http_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
-                                               options_.metrics_listen));
+    return comm::ListenFailure("--metrics-listen", options_.metrics_listen);
   }
   metrics_address_ = JoinHostPort(host, port);
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });

@@ -120,7 +120,9 @@ class DlrmServer {
  public:
   // Serves `model` (non-null) with `options`: binds both ports, starts the
   // services. InvalidArgument for bad options; Unavailable when a port
-  // cannot be bound.
+  // cannot be bound, naming the flag, address and reason ("--listen
+  // 127.0.0.1:50051: address already in use"): neither port is bound with
+  // SO_REUSEPORT, so one another process holds is refused.
   static absl::StatusOr<std::unique_ptr<DlrmServer>> Start(
       std::unique_ptr<model::Model> model, ServerOptions options);
 

@@ -39,6 +39,7 @@
 #include "comm/factory.h"
 #include "comm/grpc_auth.h"
 #include "comm/launcher_env.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/device.h"
@@ -52,6 +53,7 @@
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "server/rank_group.h"
+#include "server/startup_checks.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -302,6 +304,7 @@ std::string ControlPlaneSummary(const Flags& f) {
 // run makes before it starts anything, shared with --dry-run so that a dry
 // run fails where a run would.
 absl::Status ValidateFlags(const Flags& f) {
+  RETURN_IF_ERROR(CheckServerPaths(f.server));
   if ((f.server.checkpoint_every_steps != 0 ||
        f.server.checkpoint_every_seconds != 0) &&
       (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
@@ -608,6 +611,10 @@ absl::Status DryRun(const Flags& f) {
               or_none(f.server.checkpoint_dir).c_str(),
               f.checkpoint_on_exit ? " (saves final/ on exit)" : "",
               or_none(f.server.data_dir).c_str());
+  if (const std::string lost = NoCheckpointDirWarning(f.server);
+      !lost.empty() && f.rank == 0) {
+    std::printf("warning: %s\n", lost.c_str());
+  }
   for (const std::string& dir : f.server.allowed_data_dirs) {
     std::printf("allow-data-path %s\n", dir.c_str());
   }
@@ -832,9 +839,16 @@ absl::StatusOr<std::unique_ptr<model::Model>> MakeModel(
 // Serves until a signal: prints the "listening" line the launchers wait
 // for, waits for `wait_for_signal` to return the signal, then stops the
 // services after the current step and, with --checkpoint-on-exit, saves
-// <checkpoint-dir>/final with the interrupted job. The save's errors.
+// <checkpoint-dir>/final with the interrupted job. Warns at start of a
+// training server without --checkpoint-dir, and at the stop of trained
+// steps no checkpoint holds (server/startup_checks.h). The save's errors.
 absl::Status ServeUntilSignal(const Flags& f, DlrmServer& server,
                               const std::function<int()>& wait_for_signal) {
+  const int64_t start_steps = server.host()->steps();
+  if (const std::string lost = NoCheckpointDirWarning(f.server);
+      !lost.empty()) {
+    spdlog::warn("{}", lost);
+  }
   std::printf(
       "dlrm_server: listening on %s metrics %s\n", server.address().c_str(),
       server.metrics_address().empty() ? "off"
@@ -844,6 +858,11 @@ absl::Status ServeUntilSignal(const Flags& f, DlrmServer& server,
   spdlog::info("{}: finishing the current step and shutting down",
                signal == SIGINT ? "SIGINT" : "SIGTERM");
   server.Shutdown();
+  if (const std::string lost = UnsavedStepsWarning(
+          f.server, f.checkpoint_on_exit, server.host()->steps(), start_steps);
+      !lost.empty()) {
+    spdlog::warn("{}", lost);
+  }
   if (f.checkpoint_on_exit) {
     const std::string dir =
         (std::filesystem::path(f.server.checkpoint_dir) / kExitCheckpoint)
@@ -1117,6 +1136,7 @@ int main(int argc, char** argv) {
   dlrm::server::Flags f;
   dlrm::server::ServerOptions& o = f.server;
   CLI::App app{"Train and serve a DLRM over gRPC."};
+  dlrm::AddVersionFlag(app, "dlrm_server");
   app.add_option("--listen", o.listen,
                  "gRPC address HOST:PORT (port 0 picks a free port)")
       ->capture_default_str();
@@ -1322,7 +1342,10 @@ int main(int argc, char** argv) {
                  "(0 = gRPC's default, no limit)")
       ->capture_default_str();
   app.allow_config_extras(CLI::config_extras_mode::error);
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = dlrm::ParseCommandLine(app, argc, argv, "dlrm_server");
+      code >= 0) {
+    return code;
+  }
   if (!f.health_check.empty()) {
     return dlrm::server::HealthCheck(f.health_check, f, /*timeout_s=*/5);
   }

@@ -515,6 +515,20 @@ void JobManager::Run(Job* job) {
   const absl::Status status = train();
   // The ranks close their files; a group already broken has none to close.
   host_->CloseTrainData(*job->lease).IgnoreError();
+  bool by_client = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    by_client = job->client_cancel;
+  }
+  if (status.ok() && (!cancelled || by_client)) {
+    // Ended for good between two periodic checkpoints: its last steps are
+    // saved for a replica to follow (not on the server's shutdown, which
+    // --checkpoint-on-exit covers).
+    bool failed = false;
+    const std::string saved =
+        host_->CheckpointStoppedTraining(*job->lease, &failed);
+    metrics_->RecordCheckpoint(saved, host_->steps(), failed);
+  }
   // Give training back before reporting the end, so a client that sees the
   // job finished can start the next one at once.
   job->lease.reset();

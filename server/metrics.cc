@@ -1,11 +1,18 @@
 // Prometheus text rendering of the server's metrics.
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/version.h"
 
 namespace dlrm::server {
 namespace {
@@ -42,7 +49,89 @@ std::string StoreLabels(const TableStoreStats& t) {
                       t.device ? ",cache=\"device\"" : "");
 }
 
+// Label value `v` escaped as the exposition format asks.
+std::string LabelValue(absl::string_view v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// This process's /proc/self/stat fields after the command name: utime is
+// [11], stime [12], starttime [19], rss [21] (0-based, proc(5)'s 14, 15,
+// 22 and 24). Empty when unreadable.
+std::vector<std::string> ProcStatFields() {
+  std::ifstream in("/proc/self/stat");
+  std::string line;
+  std::getline(in, line);
+  // The command name is in parentheses and may hold spaces.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return {};
+  std::vector<std::string> fields;
+  std::istringstream rest(line.substr(close + 1));
+  for (std::string f; rest >> f;) fields.push_back(f);
+  return fields;
+}
+
+// Seconds since the epoch the system booted at (/proc/stat's btime); 0
+// when unreadable.
+double BootTime() {
+  std::ifstream in("/proc/stat");
+  for (std::string key; in >> key;) {
+    if (key == "btime") {
+      double t = 0;
+      in >> t;
+      return t;
+    }
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
 }  // namespace
+
+void RenderProcessMetrics(std::string* out) {
+  const std::vector<std::string> stat = ProcStatFields();
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  if (stat.size() > 21 && ticks > 0) {
+    const double cpu = (std::stod(stat[11]) + std::stod(stat[12])) / ticks;
+    Header(out, "process_cpu_seconds_total", "counter",
+           "Total user and system CPU time spent in seconds.");
+    Sample(out, "process_cpu_seconds_total", cpu);
+    Header(out, "process_resident_memory_bytes", "gauge",
+           "Resident memory size in bytes.");
+    Sample(out, "process_resident_memory_bytes",
+           std::stod(stat[21]) * static_cast<double>(sysconf(_SC_PAGESIZE)));
+    if (const double boot = BootTime(); boot > 0) {
+      Header(out, "process_start_time_seconds", "gauge",
+             "Start time of the process since unix epoch in seconds.");
+      Sample(out, "process_start_time_seconds",
+             boot + std::stod(stat[19]) / ticks);
+    }
+  }
+  std::error_code ec;
+  int64_t fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++fds;
+  }
+  if (!ec) {
+    Header(out, "process_open_fds", "gauge",
+           "Number of open file descriptors.");
+    Sample(out, "process_open_fds", static_cast<double>(fds));
+  }
+  Header(out, "dlrm_build_info", "gauge",
+         "Always 1; the labels say which build this is (--version).");
+  Sample(out, "dlrm_build_info", 1,
+         absl::StrCat("version=\"", LabelValue(kVersion), "\",git=\"",
+                      LabelValue(kGitDescribe), "\""));
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -90,11 +179,22 @@ void ServerMetrics::RecordTrainStep(const TrainStepOutcome& step) {
     exchange_bytes_total_[exchange] += bytes;
   }
   if (!step.stores.empty()) stores_ = step.stores;
-  if (!step.checkpoint.empty()) {
+  RecordCheckpointLocked(step.checkpoint, step.step, step.checkpoint_failed);
+}
+
+void ServerMetrics::RecordCheckpoint(const std::string& dir, int64_t step,
+                                     bool failed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RecordCheckpointLocked(dir, step, failed);
+}
+
+void ServerMetrics::RecordCheckpointLocked(const std::string& dir, int64_t step,
+                                           bool failed) {
+  if (!dir.empty()) {
     ++checkpoints_saved_;
-    last_checkpoint_step_ = step.step;
+    last_checkpoint_step_ = step;
   }
-  if (step.checkpoint_failed) ++checkpoints_failed_;
+  if (failed) ++checkpoints_failed_;
 }
 
 void ServerMetrics::SetTrainQueueDepth(int64_t depth) {
@@ -150,26 +250,16 @@ std::string ServerMetrics::Render(int64_t model_steps,
                                   const ServedCheckpoint& served) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
+  RenderProcessMetrics(&out);
   Header(&out, "dlrm_model_steps", "gauge",
          "Training steps the served model has taken (restored ones included).");
   Sample(&out, "dlrm_model_steps", static_cast<double>(model_steps));
   if (!served.dir.empty()) {
+    // One series whatever the checkpoint: its directory is in the log and
+    // in Admin.GetModelInfo, not a label that makes a new series per swap.
     Header(&out, "dlrm_served_step", "gauge",
-           "Step of the checkpoint whose weights are served, labelled with "
-           "its directory.");
-    // Directories are the server's own paths; a quote or backslash in one
-    // is escaped as the exposition format asks.
-    std::string dir;
-    for (const char c : served.dir) {
-      if (c == '\n') {
-        dir += "\\n";
-        continue;
-      }
-      if (c == '"' || c == '\\') dir += '\\';
-      dir += c;
-    }
-    Sample(&out, "dlrm_served_step", static_cast<double>(served.step),
-           absl::StrCat("checkpoint=\"", dir, "\""));
+           "Step of the checkpoint whose weights are served.");
+    Sample(&out, "dlrm_served_step", static_cast<double>(served.step));
   }
   Header(&out, "dlrm_checkpoint_swaps_total", "counter",
          "Newer checkpoints a follower (--follow) swapped in.");

@@ -1,7 +1,8 @@
 // The server's Prometheus metrics: training throughput and loss, the train
 // stream's queue, evaluation results, prediction latency and micro-batch
 // sizes, per-stage step times, the row caches of RocksDB-tier tables and
-// requests by method and code. Rendered in
+// requests by method and code, and the process' own series (CPU, memory,
+// open files, start time, build). Rendered in
 // the Prometheus text exposition format (version 0.0.4) for /metrics and
 // Admin.GetMetrics. Series names are listed in docs/server.md.
 #pragma once
@@ -20,6 +21,13 @@
 #include "server/model_host.h"
 
 namespace dlrm::server {
+
+// Appends the standard process series of this process (from /proc:
+// process_cpu_seconds_total, process_resident_memory_bytes,
+// process_start_time_seconds, process_open_fds) and dlrm_build_info
+// {version, git} (core/version.h) to `out`. A series whose source cannot
+// be read is left out.
+void RenderProcessMetrics(std::string* out);
 
 // A Prometheus histogram with fixed bucket upper bounds (ascending; the
 // +Inf bucket is implicit). Not thread-safe (ServerMetrics locks).
@@ -48,6 +56,9 @@ class ServerMetrics {
 
   // One training step (from a stream or a job).
   void RecordTrainStep(const TrainStepOutcome& step);
+  // A periodic checkpoint at `step` saved into `dir` (or failed, with an
+  // empty `dir`), e.g. ModelHost::CheckpointStoppedTraining's.
+  void RecordCheckpoint(const std::string& dir, int64_t step, bool failed);
   // The train stream's queue: batches read and waiting for the trainer.
   void SetTrainQueueDepth(int64_t depth);
   void SetTrainQueueCapacity(int64_t capacity);
@@ -74,6 +85,10 @@ class ServerMetrics {
                      const ServedCheckpoint& served = ServedCheckpoint()) const;
 
  private:
+  // RecordCheckpoint with mu_ held.
+  void RecordCheckpointLocked(const std::string& dir, int64_t step,
+                              bool failed);
+
   mutable std::mutex mu_;
   int64_t train_steps_ = 0;
   int64_t train_samples_ = 0;

@@ -134,7 +134,8 @@ ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
       group_(std::move(group)),
       serving_(MakeServing(group_)),
       steps_(group_->steps()),
-      last_checkpoint_time_(Now()) {
+      last_checkpoint_time_(Now()),
+      last_saved_step_(steps_.load()) {
   if (!options_.loaded_from.empty()) {
     served_ = ServedFrom(options_.loaded_from, steps_.load());
   }
@@ -336,11 +337,16 @@ std::string ModelHost::MaybeCheckpoint(int64_t step,
       now - last_checkpoint_time_ >= options_.checkpoint_every_seconds;
   if (!by_steps && !by_time) return "";
   last_checkpoint_time_ = now;
+  return SavePeriodicLocked(step, job ? job() : std::string(), failed);
+}
+
+std::string ModelHost::SavePeriodicLocked(int64_t step, const std::string& job,
+                                          bool* failed) {
+  const double now = Now();
   const std::string dir = (std::filesystem::path(options_.checkpoint_dir) /
                            model::PeriodicCheckpointName(step))
                               .string();
-  absl::StatusOr<model::CheckpointInfo> info =
-      SaveLocked(dir, job ? job() : std::string());
+  absl::StatusOr<model::CheckpointInfo> info = SaveLocked(dir, job);
   if (!info.ok()) {
     spdlog::error(
         "periodic checkpoint at step {} failed (training goes on): {}", step,
@@ -348,6 +354,7 @@ std::string ModelHost::MaybeCheckpoint(int64_t step,
     *failed = true;
     return "";
   }
+  last_saved_step_ = step;
   spdlog::info("periodic checkpoint {} at step {} ({} bytes, {:.3f} s)", dir,
                step, info->bytes, Now() - now);
   const absl::Status pruned = model::PruneCheckpoints(
@@ -458,6 +465,7 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
     absl::StatusOr<model::CheckpointInfo> info = group_->RestoreCheckpoint(dir);
     steps_.store(group_->steps());
     if (info.ok()) {
+      last_saved_step_ = info->step;
       std::lock_guard<std::mutex> served_lock(served_mu_);
       served_ = ServedFrom(dir, info->step);
     }
@@ -502,6 +510,21 @@ absl::StatusOr<model::CheckpointInfo> ModelHost::RestoreCheckpoint(
   }
   steps_.store(group_->steps());
   return info;
+}
+
+std::string ModelHost::CheckpointStoppedTraining(const TrainingLease& lease,
+                                                 bool* failed) {
+  *failed = false;
+  if (lease.host_ != this || !options_.periodic()) return "";
+  std::lock_guard<std::mutex> lock(model_mu_);
+  const int64_t step = group_->steps();
+  if (training_stopped_ || step == last_saved_step_) return "";
+  spdlog::info(
+      "training stopped at step {}, after the last periodic checkpoint (step "
+      "{}): saving it",
+      step, last_saved_step_);
+  last_checkpoint_time_ = Now();
+  return SavePeriodicLocked(step, /*job=*/"", failed);
 }
 
 void ModelHost::StopTraining() {

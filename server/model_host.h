@@ -263,6 +263,18 @@ class ModelHost {
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 
+  // With periodic checkpoints on (options.checkpoint_every_steps or
+  // _seconds), when training stopped between two (a job that ran to its
+  // end or was cancelled by its client, a Train stream that ended): saves
+  // the current step as <checkpoint_dir>/ckpt-<step> unless the last
+  // periodic checkpoint holds it already, and prunes as a periodic save
+  // does, so that a replica following the directory (--follow) catches
+  // up. Returns the directory, or "" when none was due, after
+  // StopTraining(), or when the save failed (logged, *failed set; training
+  // goes on). Needs this host's `lease`.
+  std::string CheckpointStoppedTraining(const TrainingLease& lease,
+                                        bool* failed);
+
   // Refuses every later training step and reservation (server shutdown):
   // a running trainer stops at its next step boundary. Irreversible.
   void StopTraining();
@@ -298,6 +310,10 @@ class ModelHost {
   std::string MaybeCheckpoint(int64_t step,
                               const std::function<std::string()>& job,
                               bool* failed);
+  // With model_mu_ held: saves <checkpoint_dir>/ckpt-<step> with the job
+  // record `job` and prunes; its directory, or "" with *failed set.
+  std::string SavePeriodicLocked(int64_t step, const std::string& job,
+                                 bool* failed);
   // With model_mu_ held.
   absl::StatusOr<model::CheckpointInfo> SaveLocked(const std::string& dir,
                                                    const std::string& job);
@@ -332,6 +348,10 @@ class ModelHost {
   // When the last periodic checkpoint (or the host's start) was; guarded
   // by model_mu_.
   double last_checkpoint_time_ = 0;
+  // The step of the last periodic checkpoint, or of the weights the host
+  // started with or restored (held by a checkpoint, or step 0); guarded by
+  // model_mu_.
+  int64_t last_saved_step_ = 0;
 
   std::mutex served_mu_;     // guards served_
   ServedCheckpoint served_;  // what served_checkpoint() returns

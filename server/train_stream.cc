@@ -257,6 +257,15 @@ void TrainStream::Work() {
     }
     if (write != nullptr) StartWrite(write);
   }
+  if (steps > 0) {
+    // Training stopped between two periodic checkpoints: its last steps
+    // are saved for a replica to follow (none after the server's
+    // StopTraining).
+    bool failed = false;
+    const std::string saved =
+        host_->CheckpointStoppedTraining(*lease_, &failed);
+    metrics_->RecordCheckpoint(saved, host_->steps(), failed);
+  }
   // Give training back first, so a client that sees this stream end can
   // start the next trainer at once.
   lease_.reset();

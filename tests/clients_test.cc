@@ -12,18 +12,22 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,6 +35,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -42,6 +47,7 @@
 #include "clients/tsv_input.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "core/version.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
 
@@ -448,6 +454,25 @@ TEST_F(ClientE2ETest, InfoAndMetrics) {
   absl::StatusOr<std::string> metrics = client_->GetMetrics();
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_NE(metrics->find("dlrm_"), std::string::npos) << *metrics;
+  // The standard process series and the build, one sample each.
+  const auto value = [&](const std::string& series) {
+    const size_t at = metrics->find("\n" + series + " ");
+    EXPECT_NE(at, std::string::npos) << series << " in\n" << *metrics;
+    return at == std::string::npos
+               ? -1.0
+               : std::stod(metrics->substr(at + series.size() + 2));
+  };
+  EXPECT_GT(value("process_resident_memory_bytes"), 1e6);
+  EXPECT_GE(value("process_cpu_seconds_total"), 0);
+  EXPECT_GT(value("process_open_fds"), 2);
+  const double started = value("process_start_time_seconds");
+  EXPECT_GT(started, 1.6e9);  // after 2020
+  // btime and std::time are whole seconds.
+  EXPECT_LE(started, static_cast<double>(std::time(nullptr)) + 2);
+  EXPECT_NE(metrics->find(absl::StrCat("\ndlrm_build_info{version=\"", kVersion,
+                                       "\",git=\"", kGitDescribe, "\"} 1\n")),
+            std::string::npos)
+      << *metrics;
 }
 
 TEST_F(ClientE2ETest, StreamingTrainReportsOrderedFiniteSteps) {
@@ -704,6 +729,20 @@ TEST_F(ClientE2ETest, ExportWritesWeightsUnderTheCheckpointDir) {
   EXPECT_NE(r.exit_code, 0);
 }
 
+// A refused connection ends the wait at once (with an hour to wait, a
+// client that retried until the timeout would never come back), naming
+// the address.
+TEST(ClientConnectTest, RefusedConnectionFailsAtOnceNamingTheAddress) {
+  ClientOptions options;
+  options.connect_timeout_seconds = 3600;
+  const absl::Status status = Client::Connect("127.0.0.1:1", options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("at 127.0.0.1:1: the connection failed "
+                                  "(refused"),
+            std::string::npos)
+      << status;
+}
+
 TEST(ClientConnectTest, ConnectToAClosedPortIsUnavailable) {
   ClientOptions options;
   options.connect_timeout_seconds = 0.3;
@@ -767,6 +806,86 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("bad.tsv:1"), std::string::npos) << r.err;
+}
+
+// A refused connection: the CLI fails at once (with an hour to wait),
+// naming the address.
+TEST_F(ClientE2ETest, CliRefusedConnectionFailsAtOnceNamingTheAddress) {
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  const CommandResult r = RunCommand({client_path_, "--server", "127.0.0.1:1",
+                                      "--connect-timeout", "3600", "info"},
+                                     dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot connect to dlrm-server at 127.0.0.1:1"),
+            std::string::npos)
+      << r.err;
+}
+
+// Ctrl-C on `job start --wait` ends the client (exit 130), not the job:
+// it says so and prints the command that cancels it, which does.
+TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  const fs::path out = dir_ / "wait.out";
+  const fs::path err = dir_ / "wait.err";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::vector<std::string> args = {
+      client_path_,  "--server", address_,  "job",       "start",
+      "--synthetic", "0",        "--steps", "100000000", "--batch-size",
+      "32",          "--wait",   "--poll",  "0.1"};
+  std::vector<char*> argv;
+  for (const std::string& a : args) {
+    argv.push_back(const_cast<char*>(a.c_str()));
+  }
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
+            0);
+  posix_spawn_file_actions_destroy(&actions);
+  // The job's first line ("job job-N RUNNING ...") says it started.
+  std::string id;
+  for (int i = 0; i < 2400 && id.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string text = ReadFile(out);
+    const size_t at = text.find("job job-");
+    const size_t end = at == std::string::npos ? at : text.find(' ', at + 4);
+    if (end != std::string::npos) id = text.substr(at + 4, end - at - 4);
+  }
+  ASSERT_FALSE(id.empty()) << ReadFile(out) << ReadFile(err);
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string said = ReadFile(err);
+  EXPECT_NE(said.find("interrupted; job " + id + " goes on on the server"),
+            std::string::npos)
+      << said;
+  const std::string cancel =
+      client_path_ + " --server " + address_ + " job cancel " + id;
+  EXPECT_NE(said.find("\n  " + cancel + "\n"), std::string::npos) << said;
+
+  absl::StatusOr<JobStatus> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(IsTerminal(job->state())) << job->DebugString();
+  const CommandResult r = RunCommand({"/bin/sh", "-c", cancel}, dir_);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  job = client_->WaitJob(id, wait, nullptr);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), JobStatus::CANCELLED);
 }
 
 // The server reads dataset files only inside its --data-dir: a client
@@ -974,6 +1093,12 @@ TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
   CommandResult r = RunCommand({server_path_, "--server-config", config}, dir_);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("listen-port"), std::string::npos) << r.err;
+  // The error names the file and says what is wrong with the key.
+  EXPECT_NE(r.err.find("--server-config " + config +
+                       ": unknown key "
+                       "\"listen-port\""),
+            std::string::npos)
+      << r.err;
 
   r = RunCommand(
       {server_path_, "--server-config", (dir_ / "missing.toml").string()},
@@ -1208,6 +1333,270 @@ TEST_F(ClientServerProcessTest, PredictDuringTrainingSeesWholeSteps) {
   client.reset();
   const absl::Status stop_error = server.Stop(/*timeout_seconds=*/10);
   EXPECT_TRUE(stop_error.ok()) << stop_error;
+}
+
+// --- a user's first hour: ports, paths, warnings, the CLI's answers ------
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
+// closed); 0 if none could be had.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// A second dlrm_server on a port the first holds exits 1 naming the flag,
+// the address and the reason, for the gRPC port and the metrics port (both
+// used to bind with SO_REUSEPORT and share the port); the first serves on.
+TEST_F(ClientServerProcessTest, SecondServerOnATakenPortFailsNamingIt) {
+  const int metrics_port = FreePort();
+  ASSERT_GT(metrics_port, 0);
+  const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
+  ServerProcess first;
+  const absl::Status started =
+      first.Start({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+                   metrics, "--config", "tiny", "--log-level", "warn"},
+                  60);
+  ASSERT_TRUE(started.ok()) << started;
+
+  CommandResult r =
+      RunCommand({server_path_, "--listen", first.address(), "--metrics-listen",
+                  "", "--config", "tiny", "--log-level", "warn"},
+                 dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(
+      r.err.find("--listen " + first.address() + ": address already in use"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+
+  r = RunCommand({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+                  metrics, "--config", "tiny", "--log-level", "warn"},
+                 dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(
+      r.err.find("--metrics-listen " + metrics + ": address already in use"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(first.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->GetModelInfo().ok());
+  client->reset();
+  const absl::Status stopped = first.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// Every path flag is checked before anything starts, --dry-run included,
+// each error naming the flag and the path; a checkpoint directory that
+// does not exist yet but can be made passes (and is not made by a dry run).
+TEST_F(ClientServerProcessTest, PathFlagsAreCheckedAtStartNamingTheFlag) {
+  const std::string file = WriteFile("afile", "not a directory\n");
+  const std::string missing = (dir_ / "missing").string();
+  struct Case {
+    std::vector<std::string> flags;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"--checkpoint-dir", file},
+       "--checkpoint-dir " + file + " is not a directory"},
+      {{"--checkpoint-dir", file + "/sub"},
+       "--checkpoint-dir " + file + "/sub is not a directory"},
+      // Not writable even for root.
+      {{"--checkpoint-dir", "/proc/dlrm_clients_test"},
+       "--checkpoint-dir /proc/dlrm_clients_test is not writable"},
+      {{"--data-dir", missing}, "--data-dir " + missing + " does not exist"},
+      {{"--data-dir", file}, "--data-dir " + file + " is not a directory"},
+      {{"--allow-data-path", missing},
+       "--allow-data-path " + missing + " does not exist"},
+  };
+  for (const Case& c : cases) {
+    for (const bool dry_run : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(c.flags[0], " ", c.flags[1],
+                                dry_run ? " --dry-run" : ""));
+      std::vector<std::string> args = {
+          server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+          "",           "--config", "tiny"};
+      args.insert(args.end(), c.flags.begin(), c.flags.end());
+      if (dry_run) args.push_back("--dry-run");
+      const CommandResult r = RunCommand(args, dir_);
+      EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+      EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
+      EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+    }
+  }
+  const fs::path later = dir_ / "made" / "later";
+  const CommandResult r =
+      RunCommand({server_path_, "--config", "tiny", "--checkpoint-dir",
+                  later.string(), "--dry-run"},
+                 dir_);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "made"));
+}
+
+// dlrm_train checks its path flags the same way, before it allocates.
+TEST_F(ClientServerProcessTest, TrainerPathFlagsAreCheckedAtStart) {
+  const std::string train = BinaryPath("DLRM_TRAIN", "model/dlrm_train");
+  if (access(train.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_train is not built (looked for " << train << ")";
+  }
+  const std::string file = WriteFile("afile", "not a directory\n");
+  const std::string missing = (dir_ / "missing.tsv").string();
+  CommandResult r = RunCommand(
+      {train, "--config", "tiny", "--rocksdb-dir", file, "--steps", "1"}, dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("--rocksdb-dir " + file + " is not a directory"),
+            std::string::npos)
+      << r.err;
+  r = RunCommand({train, "--config", "tiny", "--train", missing}, dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("--train " + missing + " does not exist"),
+            std::string::npos)
+      << r.err;
+  r = RunCommand({train, "--config", "tiny", "--eval", dir_.string()}, dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("--eval " + dir_.string() + " is not a file"),
+            std::string::npos)
+      << r.err;
+}
+
+// Each binary's --version: the program, then the project version (and git
+// describe when the build had it), exit 0.
+TEST(VersionFlagTest, EveryBinaryPrintsTheVersion) {
+  for (const auto& [env, relative, name] :
+       std::vector<std::tuple<const char*, const char*, std::string>>{
+           {"DLRM_SERVER", "server/dlrm_server", "dlrm_server"},
+           {"DLRM_CLIENT", "clients/dlrm_client", "dlrm_client"},
+           {"DLRM_TRAIN", "model/dlrm_train", "dlrm_train"}}) {
+    const std::string path = BinaryPath(env, relative);
+    if (access(path.c_str(), X_OK) != 0) {
+      std::printf("skipped %s: not built (%s)\n", name.c_str(), path.c_str());
+      continue;
+    }
+    const fs::path dir = fs::path(testing::TempDir());
+    const CommandResult r = RunCommand({path, "--version"}, dir);
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    EXPECT_EQ(r.out, name + " " + kVersionString + "\n") << name;
+  }
+}
+
+// Runs `args` as `exec ARGS 2>LOG` under /bin/sh, so that ServerProcess
+// reads the listening line while the log goes to `log`.
+std::vector<std::string> WithLog(const std::vector<std::string>& args,
+                                 const fs::path& log) {
+  std::vector<std::string> out = {
+      "/bin/sh", "-c", "exec \"$@\" 2>\"" + log.string() + "\"", "sh"};
+  out.insert(out.end(), args.begin(), args.end());
+  return out;
+}
+
+// A training server without --checkpoint-dir says at start that trained
+// steps are lost at a stop, and at the stop how many are; one that saves
+// on exit says neither.
+TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
+  const fs::path log = dir_ / "server.log";
+  {
+    ServerProcess server;
+    const absl::Status started = server.Start(
+        WithLog({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+                 "", "--config", "tiny", "--threads", "1"},
+                log),
+        60);
+    ASSERT_TRUE(started.ok()) << started;
+    EXPECT_NE(ReadFile(log).find("no --checkpoint-dir: trained steps are "
+                                 "lost when it stops; pass --checkpoint-dir"),
+              std::string::npos)
+        << ReadFile(log);
+    std::unique_ptr<Client> client;
+    ModelConfig config;
+    const absl::Status connected =
+        ConnectAndReadConfig(server, &client, &config);
+    ASSERT_TRUE(connected.ok()) << connected;
+    BatchListSource batches(SyntheticBatches(config, 3, 32, 5));
+    TrainOptions options;
+    options.batch_size = 32;
+    ASSERT_TRUE(client->Train(batches, options, nullptr).ok());
+    client.reset();
+    const absl::Status stopped = server.Stop();
+    EXPECT_TRUE(stopped.ok()) << stopped;
+  }
+  EXPECT_NE(ReadFile(log).find("stopping with 3 trained steps (the model is "
+                               "at step 3) that no checkpoint holds: they "
+                               "are lost"),
+            std::string::npos)
+      << ReadFile(log);
+
+  ServerProcess saving;
+  const absl::Status started = saving.Start(
+      WithLog({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+               "--config", "tiny", "--threads", "1", "--checkpoint-dir",
+               (dir_ / "ckpt").string(), "--checkpoint-on-exit"},
+              log),
+      60);
+  ASSERT_TRUE(started.ok()) << started;
+  std::unique_ptr<Client> client;
+  ModelConfig config;
+  ASSERT_TRUE(ConnectAndReadConfig(saving, &client, &config).ok());
+  BatchListSource batches(SyntheticBatches(config, 2, 32, 6));
+  TrainOptions options;
+  options.batch_size = 32;
+  ASSERT_TRUE(client->Train(batches, options, nullptr).ok());
+  client.reset();
+  const absl::Status stopped = saving.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  const std::string text = ReadFile(log);
+  EXPECT_EQ(text.find("no --checkpoint-dir"), std::string::npos) << text;
+  EXPECT_EQ(text.find("they are lost"), std::string::npos) << text;
+  EXPECT_NE(text.find("saved checkpoint to"), std::string::npos) << text;
+}
+
+// `job list` on a server with no jobs says so; `info` prints its memory
+// lines sorted, the same on every call.
+TEST_F(ClientServerProcessTest, CliJobListSaysWhenEmptyAndInfoIsStable) {
+  const std::string client_path =
+      BinaryPath("DLRM_CLIENT", "clients/dlrm_client");
+  if (access(client_path.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path
+                 << ")";
+  }
+  ServerProcess server;
+  const absl::Status started =
+      server.Start({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
+                    "", "--config", "tiny", "--log-level", "warn"},
+                   60);
+  ASSERT_TRUE(started.ok()) << started;
+  CommandResult r = RunCommand(
+      {client_path, "--server", server.address(), "job", "list"}, dir_);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "no jobs on " + server.address() +
+                       " (start one with: job start)\n");
+  std::vector<std::string> first;
+  for (int call = 0; call < 3; ++call) {
+    r = RunCommand({client_path, "--server", server.address(), "info"}, dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> memory;
+    for (const std::string& line : Lines(r.out)) {
+      if (line.rfind("memory ", 0) == 0) memory.push_back(line);
+    }
+    EXPECT_FALSE(memory.empty()) << r.out;
+    EXPECT_TRUE(std::is_sorted(memory.begin(), memory.end())) << r.out;
+    if (call == 0) first = memory;
+    EXPECT_EQ(memory, first);
+  }
+  const absl::Status stopped = server.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 }  // namespace

@@ -974,6 +974,18 @@ TEST_F(CommCoordinatorTest, PicksAFreePort) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The port is the coordinator's alone (no SO_REUSEPORT): a second one on
+// it fails naming the flag, the address and the reason.
+TEST_F(CommCoordinatorTest, SecondCoordinatorOnATakenPortFailsNamingIt) {
+  CoordinatorServerOptions options;
+  options.listen_address = server_->address();
+  auto second = CoordinatorServer::Start(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(second.status().message(),
+            absl::StrCat("--coordinator ", server_->address(),
+                         ": address already in use"));
+}
+
 TEST_F(CommCoordinatorTest, SetGetAndWait) {
   const uint64_t session = Register("job", 0, 0, 1);
   ASSERT_NE(session, 0u);

@@ -422,6 +422,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   }
   ASSERT_GE(killed_at, 27);
   ASSERT_LT(killed_at, kSteps);
+  int64_t cancelled_at = 0;  // the model's step when job-2 was cancelled
   const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
   ASSERT_GE(newest.step, 25);
   ASSERT_LT(newest.step, kSteps);
@@ -466,6 +467,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     auto cancelled = (*client)->CancelJob("job-2");
     ASSERT_TRUE(cancelled.ok()) << cancelled.status();
     EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
+    cancelled_at = kSteps + cancelled->steps();
     server.Kill9();
   }
   // Neither the finished nor the cancelled job starts again.
@@ -477,9 +479,14 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     const std::string address = server.WaitListening(30);
     ASSERT_FALSE(address.empty()) << ReadText(dir_ / "third.log");
     const std::string text = ReadText(dir_ / "third.log");
-    EXPECT_NE(text.find("job job-2 of the checkpoint had already ended "
-                        "(CANCELLED): not restarting it"),
-              std::string::npos)
+    // The cancel saved job-2's last step, recording no job
+    // (ModelHost::CheckpointStoppedTraining): the resume starts there.
+    EXPECT_NE(
+        text.find(
+            "resuming from " +
+            (root_ / model::PeriodicCheckpointName(cancelled_at)).string() +
+            " at step " + std::to_string(cancelled_at)),
+        std::string::npos)
         << text;
     EXPECT_EQ(text.find("resuming job"), std::string::npos) << text;
     auto client = clients::Client::Connect(address);
@@ -714,6 +721,68 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
   }
   kill(replica.pid, SIGTERM);
   EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(log);
+}
+
+// A trainer whose job ends between two periodic checkpoints saves its last
+// step, and a replica following its directory serves it: it does not stay
+// at the checkpoint before. Then the trainer's stop saves `final` (with
+// more steps), which the replica serves too.
+TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
+  Proc trainer;
+  ASSERT_TRUE(trainer.Spawn(
+      Args({"--checkpoint-every-steps", "10", "--checkpoint-on-exit"}),
+      dir_ / "trainer.log"));
+  const std::string trainer_address = trainer.WaitListening(120);
+  ASSERT_FALSE(trainer_address.empty()) << ReadText(dir_ / "trainer.log");
+  auto client = clients::Client::Connect(trainer_address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto job = (*client)->StartJob(Job(15));
+  ASSERT_TRUE(job.ok()) << job.status();
+  clients::WaitOptions wait;
+  wait.poll_interval_seconds = 0.05;
+  auto done = (*client)->WaitJob(job->id(), wait, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->DebugString();
+  EXPECT_TRUE(fs::exists(root_ / "ckpt-10"));
+  EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadText(dir_ / "trainer.log");
+
+  Proc replica;
+  ASSERT_TRUE(
+      replica.Spawn({ServerPath(), "--inference-only", "--follow",
+                     root_.string(), "--follow-poll-seconds", "0.1", "--listen",
+                     "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
+                    dir_ / "replica.log"));
+  const std::string replica_address = replica.WaitListening(120);
+  ASSERT_FALSE(replica_address.empty()) << ReadText(dir_ / "replica.log");
+  auto follower = clients::Client::Connect(replica_address);
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  auto info = (*follower)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->served_checkpoint_step(), 15);
+
+  // Three more steps, then the trainer stops and saves final/ at step 18.
+  job = (*client)->StartJob(Job(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  done = (*client)->WaitJob(job->id(), wait, nullptr);
+  ASSERT_TRUE(done.ok()) << done.status();
+  client->reset();
+  kill(trainer.pid, SIGTERM);
+  EXPECT_EQ(trainer.WaitExit(60), 0) << ReadText(dir_ / "trainer.log");
+  ASSERT_TRUE(fs::exists(root_ / "final"));
+  int64_t served = 0;
+  std::string dir;
+  for (int i = 0; i < 1200 && dir != (root_ / "final").string(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = (*follower)->GetModelInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    served = info->served_checkpoint_step();
+    dir = info->served_checkpoint();
+  }
+  EXPECT_EQ(dir, (root_ / "final").string()) << ReadText(dir_ / "replica.log");
+  EXPECT_EQ(served, 18);
+  follower->reset();
+  kill(replica.pid, SIGTERM);
+  EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(dir_ / "replica.log");
 }
 
 // --health-check against a TLS server: with the CA it gets SERVING; without
@@ -980,6 +1049,68 @@ TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
 
 // ModelHost's periodic checkpoints in-process: which steps save, by steps
 // and by time, retention, and the option checks.
+// Training that stops between two periodic checkpoints saves its step as
+// one (for a replica to follow), once; none after StopTraining or without
+// periodic checkpoints.
+TEST(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
+  const fs::path root = fs::temp_directory_path() /
+                        ("stopped_training_test-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  auto config = LoadModelConfig("tiny");
+  ASSERT_TRUE(config.ok());
+  data::SyntheticOptions so;
+  auto source = data::MakeSyntheticSource(*config, so);
+  ASSERT_TRUE(source.ok());
+  data::Batch batch;
+  ASSERT_TRUE(*(*source)->Next(16, &batch));
+
+  server::ModelHostOptions o;
+  o.checkpoint_dir = root.string();
+  o.checkpoint_every_steps = 4;
+  o.keep_checkpoints = 0;
+  auto model = model::Model::Create(*config);
+  ASSERT_TRUE(model.ok());
+  auto host = server::ModelHost::Create(std::move(*model), o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto lease = (*host)->AcquireTraining("test");
+  ASSERT_TRUE(lease.ok());
+  bool failed = true;
+  // Nothing trained yet: nothing to save.
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  EXPECT_FALSE(failed);
+  for (int step = 1; step <= 4; ++step) {
+    ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  }
+  // ckpt-4 holds the step already.
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed),
+            (root / "ckpt-5").string());
+  EXPECT_FALSE(failed);
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+  (*host)->StopTraining();
+  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  std::vector<std::string> names;
+  for (const model::CheckpointEntry& e : model::ListCheckpoints(root)) {
+    EXPECT_TRUE(e.manifest.ok()) << e.dir;
+    names.push_back(e.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-5", "ckpt-4"}));
+
+  // Without periodic checkpoints it saves nothing.
+  o.checkpoint_every_steps = 0;
+  auto other = model::Model::Create(*config);
+  ASSERT_TRUE(other.ok());
+  auto plain = server::ModelHost::Create(std::move(*other), o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto plain_lease = (*plain)->AcquireTraining("test");
+  ASSERT_TRUE(plain_lease.ok());
+  ASSERT_TRUE((*plain)->TrainStep(*plain_lease, batch).ok());
+  EXPECT_EQ((*plain)->CheckpointStoppedTraining(*plain_lease, &failed), "");
+  fs::remove_all(root);
+}
+
 TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   const fs::path root =
       fs::temp_directory_path() / ("periodic_test-" + std::to_string(getpid()));

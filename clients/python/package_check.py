@@ -45,9 +45,18 @@ class InstalledPackageTest(unittest.TestCase):
             os.path.dirname(dlrm_client.__file__)))
 
     def test_01_notebook_example(self):
+        # Against a running server it refuses to train without being told.
+        steps_before = self.client.info().steps
+        refused = subprocess.run(
+            [sys.executable, EXAMPLE, self.server.address],
+            capture_output=True, text=True, timeout=180, check=False)
+        self.assertEqual(refused.returncode, 2,
+                         refused.stdout + refused.stderr)
+        self.assertIn("--i-know-this-trains", refused.stderr)
+        self.assertEqual(self.client.info().steps, steps_before)
         out = subprocess.run(
             [sys.executable, EXAMPLE, self.server.address, "--steps", "10",
-             "--batch-size", "64", "--json"],
+             "--batch-size", "64", "--json", "--i-know-this-trains"],
             capture_output=True, text=True, timeout=180, check=False)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         results = json.loads(out.stdout.strip().splitlines()[-1])
@@ -62,6 +71,19 @@ class InstalledPackageTest(unittest.TestCase):
         for p in results["predictions"]:
             self.assertTrue(0.0 < p < 1.0, p)
         self.assertGreaterEqual(results["steps"], 10 + 4)
+
+    def test_02_notebook_example_on_a_server_of_its_own(self):
+        steps_before = self.client.info().steps
+        out = subprocess.run(
+            [sys.executable, EXAMPLE, "--local-server", SERVER, "--steps",
+             "3", "--batch-size", "32", "--json"],
+            capture_output=True, text=True, timeout=180, check=False)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        results = json.loads(out.stdout.strip().splitlines()[-1])
+        self.assertEqual(results["stream_steps"], 3)
+        self.assertEqual(results["job_state"], "SUCCEEDED")
+        # It trained its own server, not this one.
+        self.assertEqual(self.client.info().steps, steps_before)
 
     def _arrays(self, n, seed=0):
         rng = np.random.default_rng(seed)

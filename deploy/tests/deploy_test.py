@@ -5,7 +5,9 @@ Nothing here needs a Docker engine or starts a container (the image and
 the CPU compose file run for real in docker_compose_test.py). Instead:
 ComposeTest validates both compose files (docker-compose config, and the
 topology: ranks, GPUs, ports, health, volumes); DryRunTest runs every
-service's exact command line through `dlrm_server --dry-run` and checks the
+service's exact command line (the image's checkpoint and data directories,
+which dlrm_server checks at start, mapped to local ones) through
+`dlrm_server --dry-run` and checks the
 Dockerfile's runtime packages against ldd; LauncherTest runs the CPU compose
 topology as processes with deploy/launch_local.sh, trains, predicts and
 stops it the way `docker-compose stop` does. KubernetesTest renders the
@@ -17,6 +19,7 @@ follow the job's checkpoint directory and pass `--dry-run`.
 
 Environment: DLRM_SERVER, DLRM_CLIENT (the built binaries; set by CTest).
 """
+import atexit
 import functools
 import json
 import os
@@ -102,13 +105,38 @@ def flags(command):
     return out
 
 
+# The image's checkpoint and data directories (server.toml's), which
+# dlrm_server checks at start (--dry-run too), stand for these here.
+LOCAL_DIRS = {"--checkpoint-dir": "checkpoints", "--data-dir": "data"}
+
+
+@functools.lru_cache(maxsize=None)
+def local_dir(name):
+    parent = tempfile.mkdtemp(prefix="deploy-test-dirs-")
+    atexit.register(shutil.rmtree, parent, True)
+    path = os.path.join(parent, name)
+    os.makedirs(path)
+    return path
+
+
 def host_command(command):
-    """The container command with image paths mapped to the repository."""
+    """The container command with image paths mapped to the repository,
+    and the image's checkpoint and data directories (on the command line
+    or in the server config) mapped to local ones."""
     out = []
+    reads_config = False
     for arg in command:
         key, sep, value = arg.partition("=")
+        if sep and key in LOCAL_DIRS:
+            out.append(key + "=" + local_dir(LOCAL_DIRS[key]))
+            continue
+        reads_config |= key == "--server-config"
         out.append(key + sep + IMAGE_PATHS[value]
                    if sep and value in IMAGE_PATHS else arg)
+    if reads_config:
+        given = {a.partition("=")[0] for a in out}
+        out += [f"{k}={local_dir(v)}" for k, v in LOCAL_DIRS.items()
+                if k not in given]
     return out
 
 

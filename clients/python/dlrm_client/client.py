@@ -323,6 +323,29 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor,
         return continuation(self._with_token(details), requests)
 
 
+
+def _wait_for_connection(channel, timeout):
+    """Connects `channel`: "ready", "failed" as soon as an attempt fails
+    (refused, TLS handshake), or "timeout" after `timeout` seconds."""
+    done = threading.Event()
+    outcome = []
+
+    def on_change(state):
+        if state == grpc.ChannelConnectivity.READY:
+            outcome.append("ready")
+            done.set()
+        elif state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                       grpc.ChannelConnectivity.SHUTDOWN):
+            outcome.append("failed")
+            done.set()
+
+    channel.subscribe(on_change, try_to_connect=True)
+    try:
+        done.wait(timeout)
+    finally:
+        channel.unsubscribe(on_change)
+    return outcome[0] if outcome else "timeout"
+
 class Client:
     """A connection to one dlrm-server. Thread-safe like a grpc.Channel."""
 
@@ -336,7 +359,8 @@ class Client:
                  tls_server_name: Optional[str] = None):
         """Opens a channel, over TLS when tls is true or a tls_* file is
         given; waits up to connect_timeout seconds for the server (0 = do
-        not wait) and raises DlrmError(UNAVAILABLE) if it does not answer.
+        not wait) and raises DlrmError(UNAVAILABLE) if it does not answer,
+        at once when an attempt fails (refused, a TLS handshake).
         call_timeout bounds the quick unary calls (None or 0 = no deadline).
         tls_ca: PEM file of the CAs that sign the server's certificate
         (None = the system's roots); tls_cert, tls_key: PEM client
@@ -365,15 +389,17 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         if connect_timeout:
-            try:
-                grpc.channel_ready_future(self._channel).result(
-                    timeout=connect_timeout)
-            except grpc.FutureTimeoutError:
+            outcome = _wait_for_connection(self._channel, connect_timeout)
+            if outcome != "ready":
                 self._channel.close()
                 raise DlrmError(
                     grpc.StatusCode.UNAVAILABLE,
-                    "could not connect to dlrm-server at %s within %g s" %
-                    (address, connect_timeout)) from None
+                    ("cannot connect to dlrm-server at %s: the connection "
+                     "failed (refused: is a dlrm_server listening there? An "
+                     "unknown host, or a TLS handshake that failed, ends the "
+                     "same way)" % address) if outcome == "failed" else
+                    ("could not connect to dlrm-server at %s within %g s" %
+                     (address, connect_timeout)))
         stub_channel = self._channel
         if auth_token:
             stub_channel = grpc.intercept_channel(self._channel,

@@ -3,7 +3,13 @@
 stream, a server-side job, evaluation and predictions out.
 
     pip install --no-index --no-build-isolation build/clients/python-package
-    python3 clients/python/examples/notebook_style.py 127.0.0.1:50051
+    python3 clients/python/examples/notebook_style.py \
+        --local-server build/server/dlrm_server
+
+It TRAINS the model it talks to on random data. With --local-server it
+starts a tiny dlrm_server of its own for that (and stops it at the end);
+against a running server (HOST:PORT) it refuses unless you pass
+--i-know-this-trains, so that a live model is not retrained by accident.
 
 --json prints the results as one JSON object on the last line (for tests).
 """
@@ -16,7 +22,7 @@ import sys
 import numpy as np
 
 import dlrm_client
-from dlrm_client import Client, DlrmError, synthetic_dataset
+from dlrm_client import Client, DlrmError, LocalServer, synthetic_dataset
 
 
 def make_data(config, n, seed):
@@ -94,7 +100,15 @@ def run(address, steps, batch_size, token=None, tls_ca=None,
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("server", help="HOST:PORT of a running dlrm-server")
+    parser.add_argument("server", nargs="?",
+                        help="HOST:PORT of a running dlrm-server (its model "
+                        "is trained: needs --i-know-this-trains)")
+    parser.add_argument("--local-server", metavar="DLRM_SERVER",
+                        help="start this dlrm_server binary (tiny config, a "
+                        "free port) and tour it instead")
+    parser.add_argument("--i-know-this-trains", action="store_true",
+                        help="with HOST:PORT: train that server's model on "
+                        "random data")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--token", help="the server's bearer token")
@@ -104,9 +118,21 @@ def main():
     parser.add_argument("--json", action="store_true",
                         help="print the results as JSON on the last line")
     args = parser.parse_args()
+    if (args.server is None) == (args.local_server is None):
+        parser.error("give HOST:PORT or --local-server DLRM_SERVER")
+    if args.server is not None and not args.i_know_this_trains:
+        parser.error(
+            "this example trains the model of %s on random data (%d steps "
+            "and a job): pass --i-know-this-trains if that is what you "
+            "want, or --local-server PATH/TO/dlrm_server to tour a server "
+            "of its own" % (args.server, args.steps))
     try:
-        results = run(args.server, args.steps, args.batch_size, args.token,
-                      args.tls_ca, args.tls_server_name)
+        if args.local_server is not None:
+            with LocalServer(args.local_server, config="tiny") as server:
+                results = run(server.address, args.steps, args.batch_size)
+        else:
+            results = run(args.server, args.steps, args.batch_size,
+                          args.token, args.tls_ca, args.tls_server_name)
     except DlrmError as e:
         print("error: %s" % e, file=sys.stderr)
         return 1

@@ -20,6 +20,18 @@ from dlrm_client import (Client, DlrmError, LocalServer, make_batch,
                          npy_dataset, random_batch, synthetic_dataset)
 
 
+class ConnectTest(unittest.TestCase):
+
+    def test_refused_connection_fails_at_once_naming_the_address(self):
+        # With an hour to wait, a client that retried until the timeout
+        # would never come back.
+        with self.assertRaises(DlrmError) as raised:
+            Client("127.0.0.1:1", connect_timeout=3600)
+        self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("at 127.0.0.1:1: the connection failed",
+                      str(raised.exception))
+
+
 class ClientTest(unittest.TestCase):
 
     @classmethod

@@ -1,0 +1,54 @@
+// The command-line parsing every binary shares (dlrm_server, dlrm_train,
+// dlrm_client): a --version flag, and parse errors that name the config
+// file a bad key came from. Header-only, so that core does not link CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "core/version.h"
+
+namespace dlrm {
+
+// Adds --version to `app`: prints "<program> <kVersionString>" and exits 0.
+inline void AddVersionFlag(CLI::App& app, const std::string& program) {
+  app.set_version_flag("--version", program + " " + kVersionString,
+                       "Print the version and exit");
+}
+
+// Parses argv into `app` as CLI11_PARSE does; returns -1 to go on, else the
+// exit code for main() (0 after --help or --version, which print to
+// stdout; non-zero after an error, printed to stderr as
+// "<program>: <error>"). An error in a config file (set_config) names the
+// file: "--server-config x.toml: unknown key \"listen-port\" (keys are the
+// long flag names)" rather than CLI11's "INI was not able to parse
+// listen-port".
+inline int ParseCommandLine(CLI::App& app, int argc, char** argv,
+                            const std::string& program) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    std::string file, flag = "config file";
+    if (const CLI::Option* config = app.get_config_ptr(); config != nullptr) {
+      flag = config->get_name();
+      for (const std::string& r : config->results()) {
+        file += (file.empty() ? "" : ", ") + r;
+      }
+    }
+    std::string what = e.what();
+    const std::string extras = "INI was not able to parse ";
+    if (what.rfind(extras, 0) == 0) {
+      what = "unknown key \"" + what.substr(extras.size()) +
+             "\" (keys are the long flag names; see --help)";
+    }
+    std::fprintf(stderr, "%s: %s %s: %s\n", program.c_str(), flag.c_str(),
+                 file.c_str(), what.c_str());
+    return e.get_exit_code();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return -1;
+}
+
+}  // namespace dlrm
