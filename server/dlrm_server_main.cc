@@ -43,6 +43,7 @@
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/device.h"
+#include "core/path_checks.h"
 #include "core/secrets.h"
 #include "core/status.h"
 #include "core/storage_flags.h"
@@ -305,6 +306,9 @@ std::string ControlPlaneSummary(const Flags& f) {
 // run fails where a run would.
 absl::Status ValidateFlags(const Flags& f) {
   RETURN_IF_ERROR(CheckServerPaths(f.server));
+  if (!f.storage.rocksdb_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableDir("--rocksdb-dir", f.storage.rocksdb_dir));
+  }
   if ((f.server.checkpoint_every_steps != 0 ||
        f.server.checkpoint_every_seconds != 0) &&
       (f.server.checkpoint_dir.empty() || f.server.inference_only)) {
