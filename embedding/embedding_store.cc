@@ -62,8 +62,7 @@ absl::Status CheckOptimizerChange(const TableSpec& spec,
   }
   if (optimizer.initial_accumulator() != spec.optimizer.initial_accumulator()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec.table_index,
-        ": initial_accumulator cannot change (",
+        "table ", spec.table_index, ": initial_accumulator cannot change (",
         spec.optimizer.initial_accumulator(), " -> ",
         optimizer.initial_accumulator(), ")"));
   }

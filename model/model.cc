@@ -355,9 +355,9 @@ absl::Status Model::SetOptimizers(const OptimizerConfig& dense,
   *next.mutable_sparse_optimizer() = sparse;
   for (const ConfigDifference& d : DiffConfigs(config_, next)) {
     if (d.mutability == FieldMutability::kImmutable) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          d.field, " cannot change in a trained model (", d.before, " -> ",
-          d.after, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(d.field, " cannot change in a trained model (", d.before,
+                       " -> ", d.after, ")"));
     }
   }
   WeightsWriter writer(*this);

@@ -1043,8 +1043,7 @@ TEST(ConfigChangeTest, EveryFieldOfModelConfigHasARule) {
   const std::vector<std::string> rules = ConfigFieldRulePaths();
   for (int k = 0; k < ModelConfig::descriptor()->field_count(); ++k) {
     const std::string name = ModelConfig::descriptor()->field(k)->name();
-    EXPECT_NE(std::find(rules.begin(), rules.end(), name), rules.end())
-        << name;
+    EXPECT_NE(std::find(rules.begin(), rules.end(), name), rules.end()) << name;
   }
   EXPECT_FALSE(FieldRule("no_such_field").ok());
 }
@@ -1052,9 +1051,9 @@ TEST(ConfigChangeTest, EveryFieldOfModelConfigHasARule) {
 TEST(ConfigChangeTest, TheRulesKeepTheArchitectureAndFreeTheRates) {
   for (const char* path :
        {"tables.rows", "tables.dim", "tables", "bottom_mlp", "top_mlp",
-        "interaction", "seed", "dense_optimizer.type",
-        "sparse_optimizer.type", "sparse_optimizer.initial_accumulator",
-        "embedding_dim", "dcn_low_rank_dim"}) {
+        "interaction", "seed", "dense_optimizer.type", "sparse_optimizer.type",
+        "sparse_optimizer.initial_accumulator", "embedding_dim",
+        "dcn_low_rank_dim"}) {
     EXPECT_EQ(*FieldRule(path), FieldMutability::kImmutable) << path;
   }
   for (const char* path :

@@ -925,12 +925,12 @@ TEST_F(CheckpointTest, LearningRateChangedLiveTrainsAsAResumeWithThatRate) {
   EXPECT_EQ((*a)->config().sparse_optimizer().learning_rate(), 0.05f);
 
   // The reference: the checkpoint of step 3 resumed with the new rates.
-  auto b = LoadCheckpointWith(dir_, /*weights_only=*/false,
-                              [&](ModelConfig* c) {
-                                *c->mutable_dense_optimizer() = dense;
-                                *c->mutable_sparse_optimizer() = sparse;
-                                return absl::OkStatus();
-                              });
+  auto b =
+      LoadCheckpointWith(dir_, /*weights_only=*/false, [&](ModelConfig* c) {
+        *c->mutable_dense_optimizer() = dense;
+        *c->mutable_sparse_optimizer() = sparse;
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(b.ok()) << b.status();
   // And one that keeps the old rates, which must train otherwise.
   auto old = LoadCheckpoint(dir_, /*weights_only=*/false);
