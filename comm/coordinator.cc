@@ -720,7 +720,10 @@ CoordinatorServer::CoordinatorServer(
 
 CoordinatorServer::~CoordinatorServer() {
   service_->Shutdown();
-  server_->Shutdown();
+  // A rank's heartbeat cut off mid-call (a partitioned link) would hold a
+  // Shutdown without a deadline forever; after it, calls are cancelled.
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::seconds(2));
   server_->Wait();
 }
 

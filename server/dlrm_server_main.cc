@@ -1033,7 +1033,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
     gethostname(host, sizeof(host) - 1);
     ro.send_heartbeat = [c = beat_client.get(), rank = f.rank,
                          host = std::string(host)] {
-      return c->Heartbeat(kRanksJob, rank, host, kRankHeartbeatSeconds * 5);
+      return c->Heartbeat(kRanksJob, rank, host, 2 * kRankHeartbeatSeconds);
     };
   }
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
