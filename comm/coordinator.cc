@@ -722,8 +722,7 @@ CoordinatorServer::~CoordinatorServer() {
   service_->Shutdown();
   // A rank's heartbeat cut off mid-call (a partitioned link) would hold a
   // Shutdown without a deadline forever; after it, calls are cancelled.
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::seconds(2));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
 }
 

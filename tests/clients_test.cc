@@ -27,9 +27,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
