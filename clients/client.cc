@@ -492,6 +492,19 @@ absl::StatusOr<ExportResponse> Client::ExportWeights(const std::string& path) {
   return response;
 }
 
+absl::StatusOr<SetLearningRateResponse> Client::SetLearningRate(
+    std::optional<float> dense, std::optional<float> sparse) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  SetLearningRateRequest request;
+  if (dense.has_value()) request.set_dense(*dense);
+  if (sparse.has_value()) request.set_sparse(*sparse);
+  SetLearningRateResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(admin_->SetLearningRate(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<ModelInfo> Client::GetModelInfo(bool include_weight_checksum) {
   grpc::ClientContext context;
   Authorize(&context);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,11 @@ class Client {
   absl::StatusOr<CheckpointResponse> RestoreCheckpoint(const std::string& path);
   // Writes the model's weights to a safetensors file on the server.
   absl::StatusOr<ExportResponse> ExportWeights(const std::string& path);
+  // Admin.SetLearningRate: the dense and the tables' learning rates, each
+  // where given; the server's error as is (INVALID_ARGUMENT naming the
+  // field for a rate that is not a finite number > 0).
+  absl::StatusOr<SetLearningRateResponse> SetLearningRate(
+      std::optional<float> dense, std::optional<float> sparse);
 
   // With `include_weight_checksum`, info.weight_checksum is filled (a pass
   // over every weight on the server).

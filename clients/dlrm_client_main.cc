@@ -1,6 +1,7 @@
 // dlrm_client: the command-line client of dlrm-server. Trains by streaming
 // local data or by starting server-side jobs, evaluates, predicts, and runs
-// the admin calls (info, metrics, checkpoints, weights export).
+// the admin calls (info, metrics, checkpoints, weights export, learning
+// rates).
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,9 @@ struct Flags {
 
   // export
   std::string export_path;
+
+  // set-learning-rate
+  std::optional<float> dense_rate, sparse_rate;
 
   // info
   bool config_text = false;
@@ -570,6 +575,14 @@ absl::Status Export(Client& client, const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status SetLearningRate(Client& client, const Flags& f) {
+  ASSIGN_OR_RETURN(const SetLearningRateResponse r,
+                   client.SetLearningRate(f.dense_rate, f.sparse_rate));
+  std::printf("learning rates: dense %g, sparse %g (from step %lld on)\n",
+              r.dense(), r.sparse(), static_cast<long long>(r.step() + 1));
+  return absl::OkStatus();
+}
+
 // The bearer token in `path`, without trailing whitespace (a final newline).
 // NotFound when it cannot be read, InvalidArgument when it is empty.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -776,6 +789,15 @@ int Main(int argc, char** argv) {
                    "File on the server (under its --checkpoint-dir)")
       ->required();
 
+  CLI::App* set_rate = app.add_subcommand(
+      "set-learning-rate",
+      "Change the running model's learning rates between two steps (on "
+      "every rank; the next checkpoint saves them)");
+  set_rate->add_option("--dense", f.dense_rate,
+                       "The dense optimizer's learning rate (> 0)");
+  set_rate->add_option("--sparse", f.sparse_rate,
+                       "The embedding tables' learning rate (> 0)");
+
   if (const int code = ParseCommandLine(app, argc, argv, "dlrm_client");
       code >= 0) {
     return code;
@@ -825,6 +847,8 @@ int Main(int argc, char** argv) {
       status = Checkpoint(c, f.checkpoint_dir, save->parsed());
     } else if (export_weights->parsed()) {
       status = Export(c, f.export_path);
+    } else if (set_rate->parsed()) {
+      status = SetLearningRate(c, f);
     }
   }
   std::fflush(stdout);

@@ -642,6 +642,41 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(
   return call;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
+    grpc::CallbackServerContext* context, const HeartbeatRequest* request,
+    HeartbeatResponse* response) {
+  if (auto* refused = RefuseWithoutToken(context, "Heartbeat")) {
+    return refused;
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->job_id().empty() || request->rank() < 0) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "Heartbeat: needs a job_id and a rank >= 0"));
+    return reactor;
+  }
+  {
+    std::lock_guard<std::mutex> lock(beats_mu_);
+    beats_[request->job_id()][request->rank()] =
+        Beat{request->host(), std::chrono::steady_clock::now()};
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+std::vector<RankHeartbeat> CoordinatorService::Heartbeats(
+    const std::string& job_id) const {
+  std::vector<RankHeartbeat> out;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(beats_mu_);
+  const auto job = beats_.find(job_id);
+  if (job == beats_.end()) return out;
+  for (const auto& [rank, beat] : job->second) {
+    out.push_back(RankHeartbeat{
+        rank, beat.host, std::chrono::duration<double>(now - beat.at).count()});
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ server
 
 absl::Status CoordinatorServerOptions::Validate() const {
@@ -688,7 +723,9 @@ CoordinatorServer::CoordinatorServer(
 
 CoordinatorServer::~CoordinatorServer() {
   service_->Shutdown();
-  server_->Shutdown();
+  // A rank's heartbeat cut off mid-call (a partitioned link) would hold a
+  // Shutdown without a deadline forever; after it, calls are cancelled.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
 }
 
@@ -823,6 +860,21 @@ absl::Status CoordinatorClient::StoreSet(uint64_t session_id,
   PrepareContext(context, timeout_seconds);
   const grpc::Status status = stub_->StoreSet(&context, request, &response);
   if (!status.ok()) return CallError(status, "StoreSet", timeout_seconds);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorClient::Heartbeat(std::string_view job_id, int rank,
+                                          std::string_view host,
+                                          double timeout_seconds) {
+  HeartbeatRequest request;
+  request.set_job_id(std::string(job_id));
+  request.set_rank(rank);
+  request.set_host(std::string(host));
+  HeartbeatResponse response;
+  grpc::ClientContext context;
+  PrepareContext(context, timeout_seconds);
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (!status.ok()) return CallError(status, "Heartbeat", timeout_seconds);
   return absl::OkStatus();
 }
 

@@ -13,7 +13,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +46,14 @@ struct CoordinatorOptions {
 };
 
 class CoordinatorState;
+
+// The last heartbeat of one rank (Coordinator.Heartbeat).
+struct RankHeartbeat {
+  int rank = 0;
+  std::string host;
+  // Seconds since it arrived.
+  double age_seconds = 0;
+};
 
 // The Coordinator service (proto/dlrm/coordinator.proto): register it with
 // the grpc::ServerBuilder of the server rank 0 runs. It must outlive that
@@ -79,6 +89,13 @@ class CoordinatorService final : public ::dlrm::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const ::dlrm::StoreWaitRequest* request,
       ::dlrm::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(
+      grpc::CallbackServerContext* context,
+      const ::dlrm::HeartbeatRequest* request,
+      ::dlrm::HeartbeatResponse* response) override;
+
+  // The last heartbeat of every rank of `job_id` that sent one, by rank.
+  std::vector<RankHeartbeat> Heartbeats(const std::string& job_id) const;
 
  private:
   explicit CoordinatorService(const CoordinatorOptions& options);
@@ -91,6 +108,13 @@ class CoordinatorService final : public ::dlrm::Coordinator::CallbackService {
 
   const CoordinatorOptions options_;
   std::unique_ptr<CoordinatorState> state_;
+  struct Beat {
+    std::string host;
+    std::chrono::steady_clock::time_point at;
+  };
+  mutable std::mutex beats_mu_;
+  // By job id, then rank; guarded by beats_mu_.
+  std::map<std::string, std::map<int, Beat>> beats_;
 };
 
 struct CoordinatorServerOptions {
@@ -121,6 +145,10 @@ class CoordinatorServer {
   // The host:port clients dial, with the port actually bound.
   const std::string& address() const { return address_; }
   int port() const { return port_; }
+  // CoordinatorService::Heartbeats of the service it hosts.
+  std::vector<RankHeartbeat> Heartbeats(const std::string& job_id) const {
+    return service_->Heartbeats(job_id);
+  }
 
  private:
   CoordinatorServer(std::unique_ptr<CoordinatorService> service,
@@ -183,6 +211,9 @@ class CoordinatorClient {
   absl::Status StoreWait(uint64_t session_id,
                          const std::vector<std::string>& keys,
                          double timeout_seconds);
+  // Coordinator.Heartbeat: `rank` of `job_id` on `host` is alive.
+  absl::Status Heartbeat(std::string_view job_id, int rank,
+                         std::string_view host, double timeout_seconds);
 
   const std::string& address() const { return address_; }
 

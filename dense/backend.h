@@ -224,6 +224,9 @@ class DenseBackend {
   virtual Mlp& top() = 0;
   virtual const std::vector<ParamRef>& params() = 0;
   virtual DenseOptimizer& optimizer() = 0;
+  // DenseOptimizer::SetConfig on the optimizer the next Update runs, and
+  // its errors.
+  virtual absl::Status SetOptimizerConfig(const OptimizerConfig& config) = 0;
 
  protected:
   explicit DenseBackend(const InteractionShape& interaction)

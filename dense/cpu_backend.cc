@@ -190,6 +190,9 @@ class CpuDenseBackend final : public DenseBackend {
     stale_ = true;
     return p_->params;
   }
+  absl::Status SetOptimizerConfig(const OptimizerConfig& config) override {
+    return p_->optimizer->SetConfig(config);
+  }
   DenseOptimizer& optimizer() override {
     stale_ = true;
     return *p_->optimizer;

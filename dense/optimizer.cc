@@ -115,6 +115,20 @@ DenseOptimizer::DenseOptimizer(const OptimizerConfig& config,
   }
 }
 
+absl::Status DenseOptimizer::SetConfig(const OptimizerConfig& config) {
+  if (config.type() != config_.type() ||
+      config.initial_accumulator() != config_.initial_accumulator()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense_optimizer: the type and initial_accumulator cannot change (",
+        OptimizerConfig::Type_Name(config_.type()), " ",
+        config_.initial_accumulator(), " -> ",
+        OptimizerConfig::Type_Name(config.type()), " ",
+        config.initial_accumulator(), ")"));
+  }
+  config_ = config;
+  return absl::OkStatus();
+}
+
 void DenseOptimizer::Step() {
   ++step_;
   optim::Visit(config_.type(), [&](auto rule) {

@@ -45,6 +45,13 @@ class DenseOptimizer {
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
 
+  const OptimizerConfig& config() const { return config_; }
+  // Replaces the constants (rate, schedule, eps, ...) of the next Step on
+  // (a live change, Model::SetOptimizers). `config` normalised and valid.
+  // InvalidArgument when its type or initial_accumulator differs from
+  // config()'s (the state would change meaning).
+  absl::Status SetConfig(const OptimizerConfig& config);
+
  private:
   DenseOptimizer(const OptimizerConfig& config, std::vector<ParamRef> params);
 

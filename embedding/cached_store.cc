@@ -425,6 +425,15 @@ absl::Status CachedStore::WriteRows(int64_t begin, int64_t count,
   return absl::OkStatus();
 }
 
+absl::Status CachedStore::SetOptimizer(const OptimizerConfig& optimizer) {
+  RETURN_IF_ERROR(CheckOptimizerChange(spec_, optimizer));
+  RETURN_IF_ERROR(WaitForBacking());
+  RETURN_IF_ERROR(backing_->SetOptimizer(optimizer));
+  spec_.optimizer = optimizer;
+  slots_->set_optimizer(optimizer);
+  return absl::OkStatus();
+}
+
 absl::Status CachedStore::Flush() {
   RETURN_IF_ERROR(WaitForPrefetch());
   const std::vector<int64_t> dirty = manager_.DirtySlots();

@@ -89,6 +89,9 @@ class SlotStorage {
   // Updates applied (counted when queued).
   virtual int64_t step() const = 0;
   virtual void set_step(int64_t step) = 0;
+  // The optimizer constants of the next BackwardUpdate on
+  // (EmbeddingTable::set_optimizer; the same type).
+  virtual void set_optimizer(const OptimizerConfig& optimizer) = 0;
 };
 
 // Slots in host memory: an EmbeddingTable::SlotArray and its kernels.
@@ -118,6 +121,9 @@ class HostSlots final : public SlotStorage {
   absl::Status Synchronize() override { return absl::OkStatus(); }
   int64_t step() const override { return table_->step(); }
   void set_step(int64_t step) override { table_->set_step(step); }
+  void set_optimizer(const OptimizerConfig& optimizer) override {
+    table_->set_optimizer(optimizer);
+  }
 
  private:
   // FailedPrecondition unless `table` is mapped_.
@@ -215,6 +221,9 @@ class CachedStore final : public EmbeddingStore {
   absl::Status Flush() override;
   int64_t step() const override { return slots_->step(); }
   void set_step(int64_t step) override { slots_->set_step(step); }
+  // Waits for the prefetch and the slots' queued work, then sets the
+  // slots' and the backing store's optimizer.
+  absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   // hits, misses, prefetch_hits, evictions; rows_read / rows_written count
   // records read from and written to the backing store: on the direct path
   // the misses loaded from its table and the dirty rows stored into it

@@ -2,6 +2,8 @@
 // that picks a tier is store_factory.cc).
 #include "embedding/embedding_store.h"
 
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -47,6 +49,30 @@ HostStore::HostStore(const TableSpec& spec)
 absl::Status HostStore::Forward(const data::SparseFeature& prepared, float* out,
                                 int64_t out_stride) const {
   table_.Forward(prepared, out, out_stride);
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptimizerChange(const TableSpec& spec,
+                                  const OptimizerConfig& optimizer) {
+  if (optimizer.type() != spec.optimizer.type()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": the optimizer type cannot change (",
+        OptimizerConfig::Type_Name(spec.optimizer.type()), " -> ",
+        OptimizerConfig::Type_Name(optimizer.type()), ")"));
+  }
+  if (optimizer.initial_accumulator() != spec.optimizer.initial_accumulator()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": initial_accumulator cannot change (",
+        spec.optimizer.initial_accumulator(), " -> ",
+        optimizer.initial_accumulator(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::SetOptimizer(const OptimizerConfig& optimizer) {
+  RETURN_IF_ERROR(CheckOptimizerChange(spec_, optimizer));
+  spec_.optimizer = optimizer;
+  table_.set_optimizer(optimizer);
   return absl::OkStatus();
 }
 

@@ -195,8 +195,22 @@ class EmbeddingStore {
   virtual int64_t step() const = 0;
   virtual void set_step(int64_t step) = 0;
 
+  // Replaces the optimizer's constants (learning rate, schedule, eps, ...)
+  // in spec() and the kernels, from the next BackwardUpdate on (a live
+  // change, Model::SetOptimizers). InvalidArgument naming the table when
+  // `optimizer` has another type or initial_accumulator than spec()'s
+  // (the state the rows carry would change meaning); a background job's
+  // error where the tier waits for its jobs first.
+  virtual absl::Status SetOptimizer(const OptimizerConfig& optimizer) = 0;
+
   virtual StoreMetrics metrics() const = 0;
 };
+
+// OK when a store of `spec` may take `optimizer` in SetOptimizer (the same
+// type and initial_accumulator); InvalidArgument naming the table and both
+// values otherwise.
+absl::Status CheckOptimizerChange(const TableSpec& spec,
+                                  const OptimizerConfig& optimizer);
 
 // Every row in host memory: an EmbeddingTable, today's behaviour. Prepare
 // returns the ids unchanged (no remapping, no id check, no work).
@@ -230,6 +244,7 @@ class HostStore final : public EmbeddingStore {
   absl::Status Flush() override { return absl::OkStatus(); }
   int64_t step() const override { return table_.step(); }
   void set_step(int64_t step) override { table_.set_step(step); }
+  absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   // All zero: nothing is ever missed, evicted or read.
   StoreMetrics metrics() const override { return {}; }
 

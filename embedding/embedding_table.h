@@ -75,6 +75,13 @@ class EmbeddingTable {
   int dim() const { return dim_; }
   Pooling pooling() const { return pooling_; }
   const OptimizerConfig& optimizer() const { return optimizer_; }
+  // Replaces the optimizer's constants (rate, schedule, eps, ...) from the
+  // next BackwardUpdate on; `optimizer` must have optimizer()'s type, so
+  // the state arrays keep their meaning (EmbeddingStore::SetOptimizer
+  // checks).
+  void set_optimizer(const OptimizerConfig& optimizer) {
+    optimizer_ = optimizer;
+  }
   // rows x dim, row-major. This array and the state arrays are sized once,
   // at construction, and never reallocated (a device cache pins and maps
   // them: cuda::DeviceSlots::MapHostTable); callers must not resize them.

@@ -775,6 +775,15 @@ absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
   return absl::OkStatus();
 }
 
+absl::Status RocksDbCachedStore::SetOptimizer(
+    const OptimizerConfig& optimizer) {
+  RETURN_IF_ERROR(CheckOptimizerChange(spec_, optimizer));
+  RETURN_IF_ERROR(WaitForJobs());
+  spec_.optimizer = optimizer;
+  slots_->set_optimizer(optimizer);
+  return absl::OkStatus();
+}
+
 absl::Status RocksDbCachedStore::Flush() {
   RETURN_IF_ERROR(WaitForJobs());
   const std::vector<int64_t> dirty = manager_.DirtySlots();

@@ -160,6 +160,8 @@ class RocksDbCachedStore final : public EmbeddingStore {
   absl::Status Flush() override;
   int64_t step() const override { return slots_->step(); }
   void set_step(int64_t step) override { slots_->set_step(step); }
+  // Waits for the background jobs (which read spec()), then sets it.
+  absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   StoreMetrics metrics() const override { return metrics_; }
 
   // Whether `row` is in a slot now.

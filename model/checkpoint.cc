@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -144,6 +146,27 @@ void TestOnlyDelay() {
   int ms = 0;
   if (env == nullptr || !absl::SimpleAtoi(env, &ms) || ms <= 0) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// A test hook that stands for a rank frozen in the middle of a save:
+// DLRM_TEST_CHECKPOINT_FREEZE=<rank>:<point> makes that rank stop itself
+// (SIGSTOP) at `point` of its next save: "write", before it writes its
+// part, or "commit", once its part is written and agreed on, before it
+// learns rank 0's commit (tests/launch_test.cc).
+void TestOnlyFreeze(int rank, std::string_view point) {
+  const char* env = std::getenv("DLRM_TEST_CHECKPOINT_FREEZE");
+  if (env == nullptr) return;
+  const std::string_view spec(env);
+  const size_t colon = spec.find(':');
+  int frozen = -1;
+  if (colon == std::string_view::npos ||
+      !absl::SimpleAtoi(std::string(spec.substr(0, colon)), &frozen) ||
+      frozen != rank || spec.substr(colon + 1) != point) {
+    return;
+  }
+  spdlog::warn("rank {}: DLRM_TEST_CHECKPOINT_FREEZE: stopping at {}", rank,
+               point);
+  ::raise(SIGSTOP);
 }
 
 // A restore read and checked on this rank, not yet applied.
@@ -529,22 +552,48 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
   std::vector<int64_t> pids;
   RETURN_IF_ERROR(model.Agree(made, {::getpid()}, &pids));
   const fs::path tmp = absl::StrCat(dir.string(), ".tmp-", pids[0]);
+  TestOnlyFreeze(model.rank(), "write");
   const absl::Status written = WritePart(model, tmp, file_system);
   if (!written.ok()) {
     spdlog::warn("rank {}: cannot write its part of {}: {}", model.rank(),
                  dir.string(), written.ToString());
   }
   const absl::Status agreed = model.Agree(written);
-  if (model.communicator_failed()) return agreed;
+  if (model.communicator_failed()) {
+    // Rank 0 commits nothing now, so its temporary directory goes. Another
+    // rank cannot tell whether rank 0 went on to commit (in a shared
+    // directory its part may be in the checkpoint), so it leaves its part
+    // to the next start's CleanPartialCheckpoints.
+    if (model.rank() == 0) RemoveLeftover(tmp.string(), file_system);
+    return agreed;
+  }
   absl::StatusOr<CheckpointInfo> info = CheckpointInfo{model.steps(), 0};
   if (!agreed.ok()) info = agreed;
-  if (model.rank() == 0) {
-    if (info.ok()) info = FinishSave(model, tmp, dir, job, file_system);
-    if (!info.ok()) RemoveLeftover(tmp.string(), file_system);
+  if (model.rank() == 0 && info.ok()) {
+    info = FinishSave(model, tmp, dir, job, file_system);
   }
-  // Every rank returns the outcome of the commit.
-  RETURN_IF_ERROR(
-      model.Agree(model.rank() == 0 ? info.status() : absl::OkStatus()));
+  TestOnlyFreeze(model.rank(), "commit");
+  // Every rank learns the outcome of the commit.
+  const absl::Status outcome =
+      model.Agree(model.rank() == 0 ? info.status() : absl::OkStatus());
+  if (model.communicator_failed()) {
+    // What is on disk decides: a checkpoint rank 0 committed is one, even
+    // though the ranks cannot say so to each other any more (the caller
+    // sees communicator_failed()).
+    if (model.rank() == 0 && info.ok()) return info;
+    if (model.rank() == 0) RemoveLeftover(tmp.string(), file_system);
+    return outcome;
+  }
+  if (!outcome.ok()) {
+    // Every rank knows no commit happens: rank 0 removes the temporary
+    // directory, then (in a directory of their own, on another host) the
+    // other ranks theirs; in a shared one it is gone by then.
+    if (model.rank() == 0) RemoveLeftover(tmp.string(), file_system);
+    if (model.Agree(absl::OkStatus()).ok() && model.rank() != 0) {
+      RemoveLeftover(tmp.string(), file_system);
+    }
+    return outcome;
+  }
   return info;
 }
 

@@ -21,9 +21,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/config_change.h"
 #include "core/random.h"
 #include "core/status.h"
 #include "model/step_util.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::model {
 namespace {
@@ -344,6 +346,31 @@ embedding::TableSpec Model::SpecOf(const ShardRef& ref) const {
   return spec;
 }
 
+absl::Status Model::SetOptimizers(const OptimizerConfig& dense,
+                                  const OptimizerConfig& sparse) {
+  RETURN_IF_ERROR(optim::Validate(dense, "dense_optimizer"));
+  RETURN_IF_ERROR(optim::ValidateSparse(sparse, "sparse_optimizer"));
+  ModelConfig next = config_;
+  *next.mutable_dense_optimizer() = dense;
+  *next.mutable_sparse_optimizer() = sparse;
+  for (const ConfigDifference& d : DiffConfigs(config_, next)) {
+    if (d.mutability == FieldMutability::kImmutable) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(d.field, " cannot change in a trained model (", d.before,
+                       " -> ", d.after, ")"));
+    }
+  }
+  WeightsWriter writer(*this);
+  RETURN_IF_ERROR(dense_->SetOptimizerConfig(dense));
+  for (LocalShard& ls : local_) {
+    RETURN_IF_ERROR(ls.store->SetOptimizer(sparse));
+  }
+  // Only the two messages: readers on other threads may read the rest.
+  *config_.mutable_dense_optimizer() = dense;
+  *config_.mutable_sparse_optimizer() = sparse;
+  return absl::OkStatus();
+}
+
 embedding::RocksDbStoreOptions Model::DatabaseOptions() const {
   embedding::RocksDbStoreOptions options;
   options.path = NewDatabaseDir();
@@ -614,6 +641,7 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
           comm_->AllGather(mine.data(), width, all.data(), DataType::kInt64);
       !s.ok()) {
     communicator_failed_ = true;
+    communicator_error_ = s;
     return s;
   }
   if (all_extra != nullptr && !extra.empty()) {

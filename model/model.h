@@ -209,6 +209,19 @@ class Model {
   int64_t table_column(int k) const { return table_offset_[k]; }
 
   const ModelConfig& config() const { return config_; }
+  // Replaces this rank's optimizers with `dense` and `sparse` from the next
+  // step on (the dense backend's and every shard's store's), and config()'s
+  // dense_optimizer and sparse_optimizer with them, so a checkpoint saves
+  // them. Both normalised; they may differ from config()'s only in what
+  // core/config_change.h lets change (rates, schedules, eps, ...).
+  // InvalidArgument naming the field for a value optim::Validate refuses
+  // (a negative or NaN learning rate) or a field that may not change;
+  // nothing changes then. A store's error otherwise (the model is then
+  // part changed: the caller's job breaks). Takes the weights lock. Not
+  // collective: on several ranks every rank calls it between the same two
+  // steps (server::RankGroup::SetOptimizers).
+  absl::Status SetOptimizers(const OptimizerConfig& dense,
+                             const OptimizerConfig& sparse);
   const embedding::ShardingPlan& plan() const { return plan_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
@@ -280,6 +293,8 @@ class Model {
   // Whether a collective of Agree failed in the communicator (the ranks no
   // longer agree on what happened).
   bool communicator_failed() const { return communicator_failed_; }
+  // The communicator's error that set communicator_failed() (OK before).
+  const absl::Status& communicator_error() const { return communicator_error_; }
 
   // Whether this rank holds a shard (or replica) of a STORAGE_ROCKSDB table.
   bool HasRocksDbShards() const { return row_db_ != nullptr; }
@@ -497,6 +512,7 @@ class Model {
   std::vector<RankTableStore> store_stats_;
   int64_t steps_ = 0;
   bool communicator_failed_ = false;
+  absl::Status communicator_error_;
   // Readers of the weights on other threads (weights_mutex()).
   mutable std::shared_mutex weights_mu_;
   std::atomic<uint64_t> weights_generation_{0};

@@ -1,6 +1,7 @@
 // dlrm.Admin handlers.
 #include "server/admin_service.h"
 
+#include <optional>
 #include <utility>
 
 #include "core/escape.h"
@@ -126,6 +127,41 @@ grpc::ServerUnaryReactor* AdminService::ExportWeights(
           info->step, path, info->tensors, info->bytes);
     }
     FinishUnary(reactor, metrics_, kMethod, info.status());
+  });
+  if (!queued) {
+    FinishUnary(reactor, metrics_, kMethod,
+                absl::UnavailableError("the server is shutting down"));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::SetLearningRate(
+    grpc::CallbackServerContext* context, const SetLearningRateRequest* request,
+    SetLearningRateResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  static constexpr char kMethod[] = "/dlrm.Admin/SetLearningRate";
+  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
+      !auth.ok()) {
+    FinishUnary(reactor, metrics_, kMethod, auth);
+    return reactor;
+  }
+  std::optional<float> dense, sparse;
+  if (request->has_dense()) dense = request->dense();
+  if (request->has_sparse()) sparse = request->sparse();
+  const bool queued = work_->Submit([this, reactor, response, dense, sparse] {
+    absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> set =
+        host_->SetLearningRates(dense, sparse);
+    if (set.ok()) {
+      response->set_dense(set->first.learning_rate());
+      response->set_sparse(set->second.learning_rate());
+      response->set_step(host_->steps());
+      spdlog::info(
+          "learning rates set: dense_optimizer.learning_rate {}, "
+          "sparse_optimizer.learning_rate {} (from step {} on)",
+          set->first.learning_rate(), set->second.learning_rate(),
+          host_->steps() + 1);
+    }
+    FinishUnary(reactor, metrics_, kMethod, set.status());
   });
   if (!queued) {
     FinishUnary(reactor, metrics_, kMethod,

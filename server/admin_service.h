@@ -37,6 +37,12 @@ class AdminService final : public Admin::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const MetricsRequest* request,
                                        MetricsResponse* response) override;
+  // Runs ModelHost::SetLearningRates on the work queue (it waits for the
+  // step in progress).
+  grpc::ServerUnaryReactor* SetLearningRate(
+      grpc::CallbackServerContext* context,
+      const SetLearningRateRequest* request,
+      SetLearningRateResponse* response) override;
 
  private:
   // Runs the save (or restore) of `request` on the work queue.

@@ -237,6 +237,8 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
                                              s->work_.get(), s->auth_.get(),
                                              o.checkpoint_dir);
   s->metrics_.SetTrainQueueCapacity(o.train_queue_depth);
+  s->metrics_.SetRankHealthSource(
+      [host = s->host_.get()] { return host->Health(); });
 
   // Both are process-wide settings read when a builder is made.
   grpc::EnableDefaultHealthCheckService(true);

@@ -41,6 +41,7 @@
 #include "comm/launcher_env.h"
 #include "core/cli_parse.h"
 #include "core/config.h"
+#include "core/config_change.h"
 #include "core/dense_flags.h"
 #include "core/device.h"
 #include "core/path_checks.h"
@@ -67,6 +68,10 @@ struct Flags {
   // logged once logging is set up; else empty.
   std::string launcher_note;
   std::string config = "kaggle";
+  // --config was given: on a resume it is compared with the checkpoint's
+  // config and its changes applied (ResumedConfig); otherwise the
+  // checkpoint's config is used as it is.
+  bool config_given = false;
   // --device, --precision, --tf32: each empty keeps the model config's
   // (or the checkpoint's) setting.
   DenseFlags dense;
@@ -511,6 +516,31 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModel(const Flags& f,
       [&f](ModelConfig* config) { return AdjustAndCheck(f, config); });
 }
 
+// The config a resume from the checkpoint in `dir` runs with: the
+// checkpoint's, adjusted by the flags; with --config given, that config
+// where it differs only in what a trained model may change
+// (core/config_change.h), each change put in *changes.
+// FailedPrecondition naming an immutable field that differs; the
+// checkpoint config's own errors otherwise.
+absl::StatusOr<ModelConfig> ResumedConfig(
+    const Flags& f, const std::string& dir,
+    std::vector<ConfigDifference>* changes) {
+  ASSIGN_OR_RETURN(
+      ModelConfig saved,
+      ConfigOnDevice(
+          f, (std::filesystem::path(dir) / "config.textproto").string()));
+  changes->clear();
+  if (!f.config_given) return saved;
+  ASSIGN_OR_RETURN(ModelConfig next, ConfigOnDevice(f, f.config));
+  return ResumeConfig(saved, next, changes);
+}
+
+void LogResumeChanges(const std::vector<ConfigDifference>& changes) {
+  for (const ConfigDifference& c : changes) spdlog::info("{}", c.ToString());
+}
+
+bool Resumes(const Flags& f);
+
 // --dry-run: validates what a run would (flags, the model config, the
 // sharding plan for --world-size and --memory-budget-mb) and prints what it
 // would do; binds, dials and allocates nothing. Errors as a run's.
@@ -520,9 +550,23 @@ absl::Status DryRun(const Flags& f) {
   // there may be none yet.
   std::string model_spec = f.restore.empty() ? f.config : f.restore;
   std::optional<ModelConfig> config;
-  if (f.server.follow_dir.empty()) {
+  // A resume's model is the newest checkpoint's, with --config's changes
+  // (ResumedConfig; an immutable one is this run's error too).
+  std::vector<ConfigDifference> changes;
+  std::string resume_from;
+  if (Resumes(f)) {
+    for (const model::CheckpointEntry& e :
+         model::ListCheckpoints(f.server.checkpoint_dir)) {
+      if (!e.manifest.ok()) continue;
+      ASSIGN_OR_RETURN(config, ResumedConfig(f, e.dir, &changes));
+      resume_from = absl::StrCat(e.dir, " at step ", e.manifest->step);
+      model_spec = e.dir;
+      break;
+    }
+  }
+  if (resume_from.empty() && f.server.follow_dir.empty()) {
     ASSIGN_OR_RETURN(config, RunConfig(f));
-  } else {
+  } else if (resume_from.empty()) {
     model_spec.clear();
     for (const model::CheckpointEntry& e :
          model::ListCheckpoints(f.server.follow_dir)) {
@@ -636,6 +680,15 @@ absl::Status DryRun(const Flags& f) {
             : "off",
         static_cast<long long>(f.server.checkpoint_every_steps),
         f.server.checkpoint_every_seconds, f.server.keep_checkpoints);
+    if (!resume_from.empty()) {
+      std::printf("resumes from %s%s\n", resume_from.c_str(),
+                  f.config_given && changes.empty()
+                      ? " (--config changes nothing)"
+                      : "");
+      for (const ConfigDifference& c : changes) {
+        std::printf("%s\n", c.ToString().c_str());
+      }
+    }
   }
   if (config.has_value()) {
     std::printf("sharding plan (%d ranks):\n%s\n", f.world_size,
@@ -736,6 +789,9 @@ bool Resumes(const Flags& f) {
          !f.server.checkpoint_dir.empty();
 }
 
+// The job id of the ranks' heartbeats (Coordinator.Heartbeat).
+constexpr char kRanksJob[] = "dlrm-server";
+
 absl::Status NothingToResume(const std::string& root) {
   return absl::FailedPreconditionError(absl::StrCat(
       "no checkpoint in ", root,
@@ -757,15 +813,32 @@ absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
     return nullptr;
   }
   for (const model::CheckpointEntry& e : entries) {
+    std::vector<ConfigDifference> changes;
+    absl::StatusOr<ModelConfig> config = e.manifest.ok()
+                                             ? ResumedConfig(f, e.dir, &changes)
+                                             : e.manifest.status();
+    // A config that changes what the checkpoint fixes is refused, not
+    // skipped over for an older checkpoint.
+    if (absl::IsFailedPrecondition(config.status())) return config.status();
     absl::StatusOr<std::unique_ptr<model::Model>> model =
-        e.manifest.ok() ? LoadModel(f, e.dir, /*weights_only=*/false)
-                        : e.manifest.status();
+        config.ok()
+            ? model::LoadCheckpointWith(
+                  e.dir, /*weights_only=*/false,
+                  [&](ModelConfig* c) {
+                    *c = *config;
+                    if (f.world_size != 1) return absl::OkStatus();
+                    return CheckMemoryOf(f, *c, nullptr).status();
+                  })
+            : config.status();
+    // Nor is a model too big for this machine (model::CheckMemory).
+    if (absl::IsResourceExhausted(model.status())) return model.status();
     if (!model.ok()) {
       spdlog::warn("skipping checkpoint {}: {}", e.dir,
                    model.status().ToString());
       continue;
     }
     spdlog::info("resuming from {} at step {}", e.dir, (*model)->steps());
+    LogResumeChanges(changes);
     f.server.resume_job = e.manifest->job;
     f.server.loaded_from = e.dir;
     return model;
@@ -974,12 +1047,12 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
   resume_dir.resize(size);
   RETURN_IF_ERROR(
       comm->Broadcast(resume_dir.data(), size, comm::DataType::kUint8, 0));
+  // Every rank compares its own --config (the same on every rank) with the
+  // checkpoint's, so that they plan alike; rank 0 logs the changes.
+  std::vector<ConfigDifference> changes;
   ASSIGN_OR_RETURN(ModelConfig config,
-                   resume_dir.empty()
-                       ? RunConfig(f)
-                       : ConfigOnDevice(f, (std::filesystem::path(resume_dir) /
-                                            "config.textproto")
-                                               .string()));
+                   resume_dir.empty() ? RunConfig(f)
+                                      : ResumedConfig(f, resume_dir, &changes));
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan, PlanShardingOf(f, config));
   RETURN_IF_ERROR(CheckMemoryOf(f, config, &plan).status());
   // Declared before the model and everything that owns it, so it outlives
@@ -1018,6 +1091,23 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
                                         dense_comm.get(), device_comm.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
+  // Followers' heartbeats to the coordinator name a rank that dies or
+  // freezes (RankGroup::Health).
+  std::unique_ptr<comm::CoordinatorClient> beat_client;
+  if (f.rank == 0) {
+    ro.heartbeats = [c = coordinator.get()] {
+      return c->Heartbeats(kRanksJob);
+    };
+  } else {
+    ASSIGN_OR_RETURN(beat_client, comm::CoordinatorClient::Create(
+                                      f.coordinator, CoordinatorClientFrom(f)));
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    ro.send_heartbeat = [c = beat_client.get(), rank = f.rank,
+                         host = std::string(host)] {
+      return c->Heartbeat(kRanksJob, rank, host, 2 * kRankHeartbeatSeconds);
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<RankGroup> group,
                    RankGroup::Create(std::move(comm), std::move(model), ro,
                                      std::move(predict_comm)));
@@ -1049,6 +1139,7 @@ absl::Status RunRank(Flags& f, const sigset_t& signals) {
         continue;
       }
       spdlog::info("resuming from {} at step {}", e.dir, info->step);
+      if (e.dir == resume_dir) LogResumeChanges(changes);
       f.server.resume_job = e.manifest->job;
       resumed = true;
       break;
@@ -1150,7 +1241,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", f.config,
                  "Model config: a preset (tiny, kaggle, kaggle-full, "
                  "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
-                 "text-format ModelConfig file (ignored with --restore)")
+                 "text-format ModelConfig file (ignored with --restore; on a "
+                 "resume, what it changes that a trained model may change is "
+                 "applied, the rest refused)")
       ->capture_default_str();
   // --device, --precision, --tf32 (with --restore or a resume, the default
   // is the checkpoint's setting).
@@ -1363,6 +1456,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   f.server.max_message_bytes = f.max_message_mb << 20;
+  f.config_given = app.count("--config") > 0;
   if (const absl::Status read = dlrm::server::ReadSecrets(&f); !read.ok()) {
     std::fprintf(stderr, "dlrm_server: %s\n", read.ToString().c_str());
     return 1;

@@ -246,8 +246,22 @@ void ServerMetrics::RecordCheckpointSwapFailure() {
   ++checkpoint_swap_failures_;
 }
 
+void ServerMetrics::SetRankHealthSource(
+    std::function<std::vector<RankHealth>()> source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rank_health_ = std::move(source);
+}
+
 std::string ServerMetrics::Render(int64_t model_steps,
                                   const ServedCheckpoint& served) const {
+  std::function<std::vector<RankHealth>()> source;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    source = rank_health_;
+  }
+  // Read outside mu_: it asks the ranks' group.
+  const std::vector<RankHealth> ranks =
+      source ? source() : std::vector<RankHealth>();
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   RenderProcessMetrics(&out);
@@ -451,6 +465,29 @@ std::string ServerMetrics::Render(int64_t model_steps,
     Sample(
         &out, "dlrm_grpc_requests_total", static_cast<double>(count),
         absl::StrCat("method=\"", key.first, "\",code=\"", key.second, "\""));
+  }
+
+  if (!ranks.empty()) {
+    Header(&out, "dlrm_rank_heartbeat_age_seconds", "gauge",
+           "Seconds since each rank > 0 was last heard of (its heartbeat to "
+           "rank 0's coordinator), labelled with the host it reports.");
+    for (const RankHealth& r : ranks) {
+      if (r.heartbeat_age_seconds < 0) continue;
+      std::string host;
+      for (const char c : r.host) {
+        if (c == '"' || c == '\\') host += '\\';
+        host += c == '\n' ? ' ' : c;
+      }
+      Sample(&out, "dlrm_rank_heartbeat_age_seconds", r.heartbeat_age_seconds,
+             absl::StrCat("rank=\"", r.rank, "\",host=\"", host, "\""));
+    }
+    Header(&out, "dlrm_rank_failures_total", "counter",
+           "Times the job's ranks broke with this rank named as silent (dead "
+           "or frozen: no heartbeat for a few seconds).");
+    for (const RankHealth& r : ranks) {
+      Sample(&out, "dlrm_rank_failures_total", static_cast<double>(r.failures),
+             absl::StrCat("rank=\"", r.rank, "\""));
+    }
   }
   return out;
 }

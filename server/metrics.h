@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -79,6 +80,11 @@ class ServerMetrics {
   // another architecture), counted once per state of its files.
   void RecordCheckpointSwapFailure();
 
+  // Where Render reads the ranks' heartbeats and failures from (a job of
+  // several ranks: ModelHost::Health); unset, there are none. Call
+  // before the server serves.
+  void SetRankHealthSource(std::function<std::vector<RankHealth>()> source);
+
   // The text exposition; `model_steps` is the model's step count and
   // `served` the checkpoint it serves.
   std::string Render(int64_t model_steps,
@@ -120,6 +126,7 @@ class ServerMetrics {
   Histogram predict_batch_samples_;
   Histogram predict_batch_requests_;
   std::map<std::pair<std::string, std::string>, int64_t> rpcs_;
+  std::function<std::vector<RankHealth>()> rank_health_;
 };
 
 }  // namespace dlrm::server

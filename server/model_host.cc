@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <utility>
 
@@ -348,6 +349,21 @@ std::string ModelHost::SavePeriodicLocked(int64_t step, const std::string& job,
                               .string();
   absl::StatusOr<model::CheckpointInfo> info = SaveLocked(dir, job);
   if (!info.ok()) {
+    // The outcome is what is on disk: a save that failed after its commit
+    // (the parent directory's last sync) left a complete checkpoint.
+    absl::StatusOr<model::Manifest> on_disk = model::ReadManifest(dir);
+    if (on_disk.ok() && on_disk->step == step &&
+        model::VerifyCheckpointFiles(dir, *on_disk).ok()) {
+      spdlog::warn(
+          "periodic checkpoint {} is complete on disk although its save "
+          "reported: {}",
+          dir, info.status().ToString());
+      info = model::CheckpointInfo{step, 0};
+      for (const model::ManifestFile& f : on_disk->files)
+        info->bytes += f.bytes;
+    }
+  }
+  if (!info.ok()) {
     spdlog::error(
         "periodic checkpoint at step {} failed (training goes on): {}", step,
         info.status().ToString());
@@ -539,6 +555,44 @@ absl::Status ModelHost::ShutdownRanks() {
   return group_->Shutdown();
 }
 
+absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>>
+ModelHost::SetLearningRates(std::optional<float> dense,
+                            std::optional<float> sparse) {
+  if (options_.inference_only) {
+    return absl::FailedPreconditionError(
+        "the server is inference-only: it has no optimizer to change");
+  }
+  const auto check = [](std::optional<float> rate, const char* name,
+                        const char* field) {
+    if (!rate.has_value() || (std::isfinite(*rate) && *rate > 0)) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " (", field, ") must be a finite number > 0, got ",
+                     std::isnan(*rate) ? "nan" : absl::StrCat(*rate)));
+  };
+  RETURN_IF_ERROR(check(dense, "dense", "dense_optimizer.learning_rate"));
+  RETURN_IF_ERROR(check(sparse, "sparse", "sparse_optimizer.learning_rate"));
+  if (!dense.has_value() && !sparse.has_value()) {
+    return absl::InvalidArgumentError(
+        "give dense, sparse or both: the learning rates to set");
+  }
+  std::lock_guard<std::mutex> lock(model_mu_);
+  if (shut_down_.load()) {
+    return absl::UnavailableError("the job's ranks have been shut down");
+  }
+  OptimizerConfig d = group_->config().dense_optimizer();
+  OptimizerConfig s = group_->config().sparse_optimizer();
+  if (dense.has_value()) d.set_learning_rate(*dense);
+  if (sparse.has_value()) s.set_learning_rate(*sparse);
+  RETURN_IF_ERROR(group_->SetOptimizers(d, s));
+  return std::make_pair(d, s);
+}
+
+std::vector<RankHealth> ModelHost::Health() {
+  return CurrentServing()->group->Health();
+}
+
 ModelSummary ModelHost::Summary(bool with_checksum) {
   ModelSummary s;
   s.config = config_;
@@ -553,6 +607,9 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     s.world_size = group_->world_size();
     s.steps = group_->steps();
     s.dense_precision = group_->dense_precision();
+    // SetLearningRates' changes (under this lock).
+    *s.config.mutable_dense_optimizer() = group_->config().dense_optimizer();
+    *s.config.mutable_sparse_optimizer() = group_->config().sparse_optimizer();
   }
   s.sharding_plan = plan.ToString(config_);
   s.served = served_checkpoint();

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -175,8 +176,20 @@ class ModelHost {
   // What a batch must look like for this model. Fixed for the host's life
   // (a restore must keep the architecture).
   const data::BatchShape& shape() const { return shape_; }
-  // The model's normalised config (fixed for the host's life).
+  // The model's normalised config as the host started (fixed for the
+  // host's life; the optimizers' constants SetLearningRates changes since
+  // are in Summary's).
   const ModelConfig& config() const { return config_; }
+  // Replaces the learning rate of the dense optimizer (`dense`) and of the
+  // tables' (`sparse`), each where given, on every rank between two steps
+  // (RankGroup::SetOptimizers): the next step uses them, Summary reports
+  // them and the next checkpoint saves them. A schedule multiplies the new
+  // rate as it did the old. Returns the optimizers now in force.
+  // InvalidArgument naming the field for a rate that is not a finite
+  // number > 0 (nothing changes); FailedPrecondition on an inference-only
+  // host; Unavailable once the ranks are out of service.
+  absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> SetLearningRates(
+      std::optional<float> dense, std::optional<float> sparse);
   bool inference_only() const { return options_.inference_only; }
 
   // Reserves training for `holder` (a description such as "job job-2",
@@ -286,6 +299,9 @@ class ModelHost {
 
   // What GetModelInfo reports; `with_checksum` adds WeightChecksum().
   ModelSummary Summary(bool with_checksum = false);
+  // RankGroup::Health of the group predictions read: every rank > 0's last
+  // heartbeat and failures (empty on one rank). Does not wait for a step.
+  std::vector<RankHealth> Health();
   // Steps the model has taken; does not wait for a running step.
   int64_t steps() const { return steps_.load(); }
   // The checkpoint served now; does not wait for a running step.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "dlrm/service.pb.h"
 #include "google/protobuf/text_format.h"
@@ -38,6 +39,8 @@ enum Op : int64_t {
   kExport = 8,
   kData = 9,      // argument: bytes of the dataset spec that follows; 0 closes
   kTrainAt = 10,  // argument: 1 with a next range; extra: the two ranges
+  // argument: bytes of the ModelConfig (its two optimizers) that follows
+  kSetOptimizers = 11,
 };
 constexpr int kExtra = 4;
 constexpr int kHeader = 2 + kExtra;
@@ -64,6 +67,8 @@ const char* OpName(int64_t op) {
       return "OpenData";
     case kTrainAt:
       return "TrainStepAt";
+    case kSetOptimizers:
+      return "SetOptimizers";
   }
   return "unknown";
 }
@@ -167,9 +172,9 @@ absl::Status RankGroup::CheckUsable() const {
 
 absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
   if (broken_.ok()) {
-    broken_ = absl::UnavailableError(
-        absl::StrCat("communicator of rank ", rank_, " of ", world_,
-                     " failed during ", what, ": ", status.message()));
+    broken_ = absl::UnavailableError(absl::StrCat(
+        "communicator of rank ", rank_, " of ", world_, " failed during ", what,
+        ": ", status.message(), rank_ == 0 ? SilentRanks() : std::string()));
     spdlog::error("{}", std::string(broken_.message()));
     // A broken job serves no prediction either: the followers' prediction
     // loops end (unless the prediction communicator failed too).
@@ -178,6 +183,73 @@ absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
     }
   }
   return broken_;
+}
+
+std::string RankGroup::SilentRanks() {
+  if (!options_.heartbeats || world_ < 2) return "";
+  // A rank that just died was heard of less than a heartbeat ago: wait
+  // for it to fall silent, but not longer than a silent rank takes.
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(kSilentSeconds + kRankHeartbeatSeconds);
+  for (;;) {
+    std::map<int, comm::RankHeartbeat> beats;
+    for (comm::RankHeartbeat& b : options_.heartbeats()) {
+      beats[b.rank] = std::move(b);
+    }
+    std::string silent, ages;
+    std::vector<int> named;
+    for (int r = 1; r < world_; ++r) {
+      const auto it = beats.find(r);
+      if (it == beats.end()) {
+        absl::StrAppend(&silent, "; rank ", r, ": no heartbeat ever received");
+        named.push_back(r);
+        continue;
+      }
+      const std::string age = absl::StrFormat("%.1f", it->second.age_seconds);
+      if (it->second.age_seconds >= kSilentSeconds) {
+        absl::StrAppend(&silent, "; rank ", r, " on ", it->second.host,
+                        " is silent: last heartbeat ", age, " s ago");
+        named.push_back(r);
+      } else {
+        absl::StrAppend(&ages, ages.empty() ? "" : ", ", "rank ", r, " on ",
+                        it->second.host, " ", age, " s ago");
+      }
+    }
+    if (!named.empty()) {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      for (const int r : named) ++failures_[r];
+      return silent;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::StrCat("; every rank still sends heartbeats (", ages,
+                          "): a network fault or a rank's own error");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+std::vector<RankHealth> RankGroup::Health() const {
+  std::vector<server::RankHealth> out;
+  if (!options_.heartbeats || world_ < 2) return out;
+  std::map<int, comm::RankHeartbeat> beats;
+  for (comm::RankHeartbeat& b : options_.heartbeats()) {
+    beats[b.rank] = std::move(b);
+  }
+  std::lock_guard<std::mutex> lock(health_mu_);
+  for (int r = 1; r < world_; ++r) {
+    server::RankHealth h;
+    h.rank = r;
+    if (const auto it = beats.find(r); it != beats.end()) {
+      h.host = it->second.host;
+      h.heartbeat_age_seconds = it->second.age_seconds;
+    }
+    if (const auto it = failures_.find(r); it != failures_.end()) {
+      h.failures = it->second;
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 absl::Status RankGroup::SendCommand(int64_t op, int64_t arg,
@@ -392,6 +464,41 @@ absl::Status RankGroup::CloseData() {
   return SetData("");
 }
 
+absl::Status RankGroup::SetOptimizers(const OptimizerConfig& dense,
+                                      const OptimizerConfig& sparse) {
+  ModelConfig both;
+  *both.mutable_dense_optimizer() = dense;
+  *both.mutable_sparse_optimizer() = sparse;
+  std::string bytes;
+  if (!both.SerializeToString(&bytes)) {
+    return absl::InternalError("cannot serialise the optimizers");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckUsable());
+  if (world_ > 1) {
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    RETURN_IF_ERROR(SendCommand(kSetOptimizers, size, {}));
+    RETURN_IF_ERROR(BroadcastString(&bytes, size));
+  }
+  return ApplyOptimizers(bytes);
+}
+
+absl::Status RankGroup::ApplyOptimizers(const std::string& bytes) {
+  ModelConfig both;
+  const absl::Status local =
+      both.ParseFromString(bytes)
+          ? model_->SetOptimizers(both.dense_optimizer(),
+                                  both.sparse_optimizer())
+          : absl::InternalError("the optimizers from rank 0 are garbled");
+  const absl::Status agreed = ShareVerdict(local, "setting the optimizers");
+  // A refusal (a bad value) changes no rank; anything else may have
+  // changed some ranks and not others.
+  if (!agreed.ok() && !absl::IsInvalidArgument(agreed) && broken_.ok()) {
+    return Broke(agreed, "SetOptimizers");
+  }
+  return agreed;
+}
+
 absl::Status RankGroup::SetData(const std::string& bytes) {
   WaitForReadAhead();
   data_.reset();
@@ -584,7 +691,43 @@ absl::Status RankGroup::Follow() {
   if (rank_ == 0) {
     return absl::FailedPreconditionError("rank 0 leads; it does not follow");
   }
-  if (predictor_ == nullptr) return FollowCommands();
+  // Heartbeats to rank 0's coordinator, which names this rank if it dies
+  // or freezes.
+  std::mutex beat_mu;
+  std::condition_variable beat_cv;
+  bool stop_beats = false;
+  std::thread beats;
+  if (options_.send_heartbeat) {
+    beats = std::thread([&] {
+      bool failing = false;
+      std::unique_lock<std::mutex> lock(beat_mu);
+      while (!stop_beats) {
+        lock.unlock();
+        const absl::Status s = options_.send_heartbeat();
+        if (!s.ok() && !failing) {
+          spdlog::warn("rank {}: heartbeat to rank 0 failed: {}", rank_,
+                       s.ToString());
+        }
+        failing = !s.ok();
+        lock.lock();
+        beat_cv.wait_for(lock,
+                         std::chrono::duration<double>(kRankHeartbeatSeconds));
+      }
+    });
+  }
+  const auto stop = [&] {
+    {
+      std::lock_guard<std::mutex> lock(beat_mu);
+      stop_beats = true;
+    }
+    beat_cv.notify_all();
+    if (beats.joinable()) beats.join();
+  };
+  if (predictor_ == nullptr) {
+    const absl::Status s = FollowCommands();
+    stop();
+    return s;
+  }
   std::thread predictions([this] {
     const absl::Status s = predictor_->Serve();
     if (!s.ok()) {
@@ -597,6 +740,7 @@ absl::Status RankGroup::Follow() {
   // leader is gone, the loop's communicator fails too (at the latest after
   // its op timeout).
   predictions.join();
+  stop();
   return s;
 }
 
@@ -654,6 +798,10 @@ absl::Status RankGroup::FollowCommands() {
                       command[1] == 1 ? &next : nullptr, nullptr);
         break;
       }
+      case kSetOptimizers:
+        s = BroadcastString(&path, command[1]);
+        if (s.ok()) s = ApplyOptimizers(path);
+        break;
       case kShutdown:
         return absl::OkStatus();
       default:
@@ -675,9 +823,18 @@ absl::Status RankGroup::RunCheckpoint(bool save, const std::string& dir,
       save ? model::SaveCheckpoint(*model_, dir, job)
            : model::RestoreCheckpoint(*model_, dir);
   if (model_->communicator_failed()) {
-    return Broke(done.status(), save ? "SaveCheckpoint" : "RestoreCheckpoint");
+    const absl::Status broke =
+        Broke(model_->communicator_error(),
+              save ? "SaveCheckpoint" : "RestoreCheckpoint");
+    // The save's outcome is what is on disk: rank 0 committed it.
+    if (!save || rank_ != 0 || !done.ok()) return broke;
+    spdlog::warn(
+        "checkpoint {} is committed at step {}, but the job's ranks broke "
+        "after it",
+        dir, done->step);
+  } else if (!done.ok()) {
+    return done.status();
   }
-  if (!done.ok()) return done.status();
   steps_.store(model_->steps());
   if (info != nullptr) *info = *done;
   return absl::OkStatus();

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "comm/coordinator.h"
 #include "data/batch.h"
 #include "data/range_reader.h"
 #include "dlrm/service.pb.h"
@@ -42,8 +45,34 @@ struct RankGroupOptions {
   // timeout, and a dead rank is noticed between requests. Must be below
   // that timeout. Default: 10.
   double heartbeat_seconds = 10;
+  // Followers: sends this rank's heartbeat to rank 0's coordinator
+  // (comm::CoordinatorClient::Heartbeat), every kRankHeartbeatSeconds on a
+  // thread of its own while Follow() runs; a failure is logged (once until
+  // one succeeds again). Null: none. Default: null.
+  std::function<absl::Status()> send_heartbeat;
+  // Leader: every rank's last heartbeat (comm::CoordinatorServer::
+  // Heartbeats), read when the group breaks, to name the ranks that went
+  // silent, and by RankGroup::Health(). Null: none. Default: null.
+  std::function<std::vector<comm::RankHeartbeat>()> heartbeats;
 
   absl::Status Validate() const;
+};
+
+// How often a follower sends its heartbeat (RankGroupOptions::
+// send_heartbeat), in seconds; a rank not heard of for kSilentSeconds is
+// named as silent (dead or frozen) when the group breaks.
+inline constexpr double kRankHeartbeatSeconds = 1;
+inline constexpr double kSilentSeconds = 3;
+
+// One rank of a job as the leader sees it (RankGroup::RankHealth).
+struct RankHealth {
+  int rank = 0;
+  // As the rank reported it; empty before its first heartbeat.
+  std::string host;
+  // Seconds since its last heartbeat; -1 before the first.
+  double heartbeat_age_seconds = -1;
+  // Times the group broke with this rank named as silent.
+  int64_t failures = 0;
 };
 
 // One rank of a job of R >= 1 ranks: its communicator and its Model.
@@ -143,6 +172,14 @@ class RankGroup {
   absl::StatusOr<model::CheckpointInfo> RestoreCheckpoint(
       const std::string& dir);
 
+  // Leader: every rank's model takes `dense` and `sparse` as its
+  // optimizers between two steps (model::Model::SetOptimizers; the next
+  // step on every rank uses them). InvalidArgument naming the field for a
+  // value or a change refused (no rank changes); another error breaks the
+  // group; Unavailable once the group is broken.
+  absl::Status SetOptimizers(const OptimizerConfig& dense,
+                             const OptimizerConfig& sparse);
+
   // Leader: model::Model::WeightChecksum over every rank (collective).
   // Unavailable once the group is broken; a failure to read rows breaks it.
   absl::StatusOr<uint64_t> WeightChecksum();
@@ -154,6 +191,11 @@ class RankGroup {
   // The file system's errors naming the path; Internal when another rank
   // failed; Unavailable once the group is broken.
   absl::StatusOr<model::ExportInfo> ExportWeights(const std::string& path);
+
+  // Leader: every rank > 0's last heartbeat and failures, by rank (empty
+  // on one rank or without RankGroupOptions::heartbeats). Does not wait
+  // for a running operation.
+  std::vector<RankHealth> Health() const;
 
   // Leader: tells the followers' prediction loops (ranks_predictor()) to
   // stop, then the followers to exit after the current operation. Later
@@ -180,8 +222,14 @@ class RankGroup {
   absl::Status SendCommand(int64_t op, int64_t arg,
                            const std::vector<int64_t>& per_rank,
                            const std::vector<int64_t>& extra = {});
-  // Records a communicator error, which breaks the group; returns it named.
+  // Records a communicator error, which breaks the group; returns it named,
+  // on the leader with the ranks that went silent (SilentRanks).
   absl::Status Broke(const absl::Status& status, const char* what);
+  // Leader: "; rank 1 on HOST: last heartbeat 37.2 s ago" for every rank
+  // not heard of for kSilentSeconds, waiting up to that long for a rank
+  // that just died to fall silent (counting each in failures_); else the
+  // ranks' heartbeat ages. Empty without heartbeats.
+  std::string SilentRanks();
   void HeartbeatLoop();
 
   // Leader: validates and splits `batch`, sends the command and the slices,
@@ -231,6 +279,9 @@ class RankGroup {
   absl::Status Agree(const absl::Status& local);
   // Every rank: broadcasts the leader's `text` of `size` bytes.
   absl::Status BroadcastString(std::string* text, int64_t size);
+  // Every rank: SetOptimizers' part, from the serialised ModelConfig
+  // `bytes` holding the two optimizers, agreed with ShareVerdict.
+  absl::Status ApplyOptimizers(const std::string& bytes);
   // Every rank: opens the serialised DatasetSpec `bytes` as data_ (empty:
   // none) and agrees on it with ShareVerdict.
   absl::Status SetData(const std::string& bytes);
@@ -286,6 +337,8 @@ class RankGroup {
   bool stop_heartbeat_ = false;
   std::thread heartbeat_;
   std::atomic<int64_t> steps_{0};
+  mutable std::mutex health_mu_;     // guards failures_
+  std::map<int, int64_t> failures_;  // by rank (SilentRanks)
   // Predictions beside training (may be null); declared last so that it
   // goes first, before the model and communicator it borrows.
   std::unique_ptr<model::RanksPredictor> predictor_;

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -749,6 +750,37 @@ TEST(ClientConnectTest, ConnectToAClosedPortIsUnavailable) {
   // Port 1 is privileged and never a dlrm_server here.
   EXPECT_EQ(Client::Connect("127.0.0.1:1", options).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// dlrm_client set-learning-rate: Admin.SetLearningRate, the rates in force
+// printed and shown by info's config; a negative rate is refused naming
+// the field.
+TEST_F(ClientE2ETest, CliSetLearningRate) {
+  if (access(client_path_.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
+                 << ")";
+  }
+  CommandResult r = RunCommand({client_path_, "--server", address_,
+                                "set-learning-rate", "--sparse", "0.05"},
+                               dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("learning rates: dense 0.1, sparse 0.05"),
+            std::string::npos)
+      << r.out;
+  auto client = Client::Connect(address_);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->config().sparse_optimizer().learning_rate(), 0.05f);
+  // The suite's other tests share the server: the preset's rate again.
+  ASSERT_TRUE((*client)->SetLearningRate(std::nullopt, 0.1f).ok());
+  r = RunCommand({client_path_, "--server", address_, "set-learning-rate",
+                  "--dense", "-1"},
+                 dir_);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dense_optimizer.learning_rate"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(ClientE2ETest, CliInfoTrainPredict) {

@@ -1136,6 +1136,41 @@ TEST_F(CommCoordinatorTest, GlooStoreThrowsAndKeepsTheStatus) {
   EXPECT_EQ(store.last_error().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Coordinator.Heartbeat: each rank's last heartbeat with its host, per
+// job, its age growing; a bad request is INVALID_ARGUMENT and records
+// nothing; without the join token it is refused.
+TEST(CommCoordinatorHeartbeatTest, RecordedPerJobAndRankWithTheHost) {
+  CoordinatorServerOptions options;
+  options.coordinator.join_token = "0123456789abcdef";
+  auto server = CoordinatorServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  CoordinatorClientOptions co;
+  co.join_token = "0123456789abcdef";
+  auto client = CoordinatorClient::Create((*server)->address(), co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*server)->Heartbeats("job").empty());
+  ASSERT_TRUE((*client)->Heartbeat("job", 2, "host-b", 10).ok());
+  ASSERT_TRUE((*client)->Heartbeat("job", 1, "host-a", 10).ok());
+  ASSERT_TRUE((*client)->Heartbeat("other", 1, "host-c", 10).ok());
+  EXPECT_EQ((*client)->Heartbeat("job", -1, "x", 10).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->Heartbeat("", 1, "x", 10).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto outsider = CoordinatorClient::Create((*server)->address());
+  ASSERT_TRUE(outsider.ok());
+  EXPECT_EQ((*outsider)->Heartbeat("job", 1, "intruder", 10).code(),
+            absl::StatusCode::kUnauthenticated);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<RankHeartbeat> beats = (*server)->Heartbeats("job");
+  ASSERT_EQ(beats.size(), 2u);
+  EXPECT_EQ(beats[0].rank, 1);
+  EXPECT_EQ(beats[0].host, "host-a");
+  EXPECT_EQ(beats[1].rank, 2);
+  EXPECT_EQ(beats[1].host, "host-b");
+  EXPECT_GT(beats[0].age_seconds, 0.04);
+  EXPECT_EQ((*server)->Heartbeats("other").size(), 1u);
+}
+
 // ---------------------------------------------- control-plane security
 
 TEST(CommCoordinatorOptionsTest, TokensAndTlsFilesAreValidated) {

@@ -2,6 +2,7 @@
 // CRC-32C; the file system and its fault-injecting layer; the CUDA graph
 // policy (GraphReplay) over recorded actions; the CUDA launch-grid
 // arithmetic (core/cuda/launch_grid.h, no CUDA needed).
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/config_change.h"
 #include "core/crc32c.h"
 #include "core/cuda/launch_grid.h"
 #include "core/escape.h"
@@ -1050,6 +1052,118 @@ TEST(LaunchGridTest, GridBlocksCoversEveryItemUpToTheCap) {
   EXPECT_EQ(cuda::GridBlocks(1, 1, 256), 1);
   EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 30, 1, 1024), int64_t{1} << 20);
   EXPECT_EQ(cuda::GridBlocks(int64_t{1} << 42, 1, 1024), cuda::kMaxGridX);
+}
+
+// ---- What a resumed model may change (core/config_change.h).
+
+// Every leaf field under `d`, as FieldRule's paths ("tables.rows").
+void LeafPaths(const google::protobuf::Descriptor* d, const std::string& prefix,
+               std::vector<std::string>* out) {
+  for (int k = 0; k < d->field_count(); ++k) {
+    const google::protobuf::FieldDescriptor* f = d->field(k);
+    if (f->message_type() != nullptr) {
+      LeafPaths(f->message_type(), prefix + f->name() + ".", out);
+    } else {
+      out->push_back(prefix + f->name());
+    }
+  }
+}
+
+TEST(ConfigChangeTest, EveryFieldOfModelConfigHasARule) {
+  std::vector<std::string> leaves;
+  LeafPaths(ModelConfig::descriptor(), "", &leaves);
+  ASSERT_GT(leaves.size(), 40u);
+  for (const std::string& path : leaves) {
+    EXPECT_TRUE(FieldRule(path).ok()) << path;
+  }
+  // And every top-level field is decided by an entry of its own (a new
+  // field of ModelConfig needs a decision, not an inherited default).
+  const std::vector<std::string> rules = ConfigFieldRulePaths();
+  for (int k = 0; k < ModelConfig::descriptor()->field_count(); ++k) {
+    const std::string name = ModelConfig::descriptor()->field(k)->name();
+    EXPECT_NE(std::find(rules.begin(), rules.end(), name), rules.end()) << name;
+  }
+  EXPECT_FALSE(FieldRule("no_such_field").ok());
+}
+
+TEST(ConfigChangeTest, TheRulesKeepTheArchitectureAndFreeTheRates) {
+  for (const char* path :
+       {"tables.rows", "tables.dim", "tables", "bottom_mlp", "top_mlp",
+        "interaction", "seed", "dense_optimizer.type", "sparse_optimizer.type",
+        "sparse_optimizer.initial_accumulator", "embedding_dim",
+        "dcn_low_rank_dim"}) {
+    EXPECT_EQ(*FieldRule(path), FieldMutability::kImmutable) << path;
+  }
+  for (const char* path :
+       {"dense_optimizer.learning_rate", "sparse_optimizer.learning_rate",
+        "sparse_optimizer.schedule.warmup_steps",
+        "dense_optimizer.schedule.polynomial_decay.decay_steps",
+        "dense_optimizer.beta2", "tables.storage", "rocksdb.cache_rows",
+        "device", "dense_precision"}) {
+    EXPECT_EQ(*FieldRule(path), FieldMutability::kMutable) << path;
+  }
+}
+
+TEST(ConfigChangeTest, ChangedRatesAndScheduleAreAppliedFieldByField) {
+  const ModelConfig saved = *LoadModelConfig("tiny");
+  ModelConfig next = saved;
+  next.mutable_sparse_optimizer()->set_learning_rate(0.05f);
+  next.mutable_dense_optimizer()->mutable_schedule()->set_warmup_steps(10);
+  next = *NormalizeModelConfig(next);
+  std::vector<ConfigDifference> changes;
+  absl::StatusOr<ModelConfig> resumed = ResumeConfig(saved, next, &changes);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->sparse_optimizer().learning_rate(), 0.05f);
+  EXPECT_EQ(resumed->dense_optimizer().schedule().warmup_steps(), 10);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].ToString(),
+            "resume: dense_optimizer.schedule.warmup_steps 0 -> 10");
+  EXPECT_EQ(changes[1].ToString(),
+            "resume: sparse_optimizer.learning_rate 0.1 -> 0.05");
+  // The same config changes nothing.
+  ASSERT_TRUE(ResumeConfig(saved, saved, &changes).ok());
+  EXPECT_TRUE(changes.empty());
+}
+
+TEST(ConfigChangeTest, AnImmutableChangeIsRefusedNamingTheFieldAndBothValues) {
+  const ModelConfig saved = *LoadModelConfig("tiny");
+  ModelConfig next = saved;
+  next.mutable_tables(2)->set_rows(200);
+  next.mutable_sparse_optimizer()->set_learning_rate(0.05f);
+  std::vector<ConfigDifference> changes;
+  absl::StatusOr<ModelConfig> resumed = ResumeConfig(saved, next, &changes);
+  ASSERT_EQ(resumed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(resumed.status().message().find(
+                "tables[2].rows: the checkpoint has 100, the config 200"),
+            std::string::npos)
+      << resumed.status();
+  // The learning rate alone is not what is refused.
+  EXPECT_EQ(resumed.status().message().find("learning_rate"),
+            std::string::npos);
+
+  next = saved;
+  next.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAGRAD);
+  next.add_top_mlp(1);
+  resumed = ResumeConfig(saved, next, &changes);
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_NE(resumed.status().message().find(
+                "top_mlp: the checkpoint has [8, 1], the config [8, 1, 1]"),
+            std::string::npos)
+      << resumed.status();
+  EXPECT_NE(resumed.status().message().find(
+                "sparse_optimizer.type: the checkpoint has SGD, the config "
+                "ADAGRAD"),
+            std::string::npos)
+      << resumed.status();
+
+  next = saved;
+  next.add_tables()->set_name("t3");
+  resumed = ResumeConfig(saved, next, &changes);
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_NE(resumed.status().message().find(
+                "tables: the checkpoint has 3 entries, the config 4 entries"),
+            std::string::npos)
+      << resumed.status();
 }
 
 }  // namespace

@@ -206,6 +206,12 @@ std::string FindProgram(const std::string& name) {
   return "";
 }
 
+std::string HostName() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 std::string ReadText(const fs::path& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -822,6 +828,65 @@ TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
   StopRanks();
 }
 
+// Admin.SetLearningRate on two ranks reaches every rank between two
+// steps: the steps after it train as one process whose optimizers took the
+// same rates at the same step (docs/hybrid.md tolerance), GetModelInfo
+// shows them, and a NaN or negative rate is INVALID_ARGUMENT naming the
+// field and changes nothing.
+TEST_F(LaunchTest, LearningRateSetOnRankZeroReachesEveryRank) {
+  const std::string address = StartRanks(2);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<double> first = Train(**client);
+  auto nan = (*client)->SetLearningRate(std::nanf(""), std::nullopt);
+  EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nan.status().message().find("dense_optimizer.learning_rate"),
+            std::string::npos)
+      << nan.status();
+  auto negative = (*client)->SetLearningRate(std::nullopt, -1.0f);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("sparse_optimizer.learning_rate"),
+            std::string::npos)
+      << negative.status();
+  auto set = (*client)->SetLearningRate(0.003f, 0.05f);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->dense(), 0.003f);
+  EXPECT_EQ(set->sparse(), 0.05f);
+  EXPECT_EQ(set->step(), kSteps);
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->config().dense_optimizer().learning_rate(), 0.003f);
+  EXPECT_EQ(info->config().sparse_optimizer().learning_rate(), 0.05f);
+  const std::vector<double> second = Train(**client);
+
+  auto model = model::Model::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ExpectOneProcessLosses(**model, first);
+  OptimizerConfig dense = config_.dense_optimizer();
+  OptimizerConfig sparse = config_.sparse_optimizer();
+  dense.set_learning_rate(0.003f);
+  sparse.set_learning_rate(0.05f);
+  ASSERT_TRUE((*model)->SetOptimizers(dense, sparse).ok());
+  ExpectOneProcessLosses(**model, second);
+  // The old rates would train otherwise (the check above has teeth).
+  auto unchanged = model::Model::Create(config_);
+  ASSERT_TRUE(unchanged.ok());
+  double last = 0;
+  for (int round = 0; round < 2; ++round) {
+    auto source = Source(11, kBatch * kSteps);
+    data::Batch batch;
+    for (int64_t s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(*source->Next(kBatch, &batch));
+      auto r = (*unchanged)->TrainStep(batch);
+      ASSERT_TRUE(r.ok());
+      last = r->loss;
+    }
+  }
+  EXPECT_GT(std::abs(last - second.back()), 1e-4 * std::abs(last));
+  StopRanks();
+}
+
 // The weights export `got` holds the tensors of `model`'s export `want`
 // (names, shapes, metadata) with values within docs/hybrid.md's 1e-5.
 void ExpectSameWeights(const std::string& got_path,
@@ -1085,11 +1150,25 @@ TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
       << summary.status();
   EXPECT_NE(summary.status().message().find("communicator"), std::string::npos)
       << summary.status();
-  EXPECT_LT(seconds, 10);
+  // The error names the rank that died, its host and its last heartbeat.
+  EXPECT_NE(summary.status().message().find("rank 1 on " + HostName() +
+                                            " is silent: last heartbeat "),
+            std::string::npos)
+      << summary.status();
+  EXPECT_LT(seconds, 15);
 
   // Rank 0 still answers: model info, and clear errors for model calls.
   auto info = (*client)->GetModelInfo();
   EXPECT_TRUE(info.ok()) << info.status();
+  auto metrics = (*client)->GetMetrics();
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_NE(metrics->find("dlrm_rank_failures_total{rank=\"1\"} 1"),
+            std::string::npos)
+      << *metrics;
+  EXPECT_NE(metrics->find("dlrm_rank_heartbeat_age_seconds{rank=\"1\",host=\"" +
+                          HostName() + "\"}"),
+            std::string::npos)
+      << *metrics;
   auto probs = (*client)->Predict(EvalBatch());
   EXPECT_EQ(probs.status().code(), absl::StatusCode::kUnavailable)
       << probs.status();
@@ -1097,6 +1176,90 @@ TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
   EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0);
   ranks_[0].pid = -1;
 }
+
+// A rank that freezes in the middle of a periodic save (the test hook
+// DLRM_TEST_CHECKPOINT_FREEZE stops it with SIGSTOP): at "commit", after
+// its part is written and agreed on, rank 0 commits the checkpoint and it
+// is reported as what is on disk, committed (counted saved, not failed),
+// and --keep-checkpoints prunes the older one; at "write", before its part
+// is written, the save fails and rank 0 removes its temporary directory.
+// Either way the job's error names the frozen rank, its host and its last
+// heartbeat.
+class FrozenRankTest : public LaunchTest,
+                       public testing::WithParamInterface<const char*> {};
+
+TEST_P(FrozenRankTest, SaveOutcomeIsWhatIsOnDiskAndTheRankIsNamed) {
+  const bool committed = std::string(GetParam()) == "commit";
+  const fs::path root = dir_ / "ckpt";
+  // The older checkpoint (step 0) the job resumes from.
+  {
+    auto model = model::Model::Create(config_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE(
+        model::SaveCheckpoint(**model, (root / "ckpt-0").string()).ok());
+  }
+  setenv("DLRM_TEST_CHECKPOINT_FREEZE", absl::StrCat("1:", GetParam()).c_str(),
+         1);
+  const std::string address = StartRanks(
+      2, {"--comm-timeout-s", "3", "--checkpoint-dir", root.string(),
+          "--checkpoint-every-steps", "2", "--keep-checkpoints", "1"});
+  unsetenv("DLRM_TEST_CHECKPOINT_FREEZE");
+  ASSERT_FALSE(address.empty());
+  clients::ClientOptions co;
+  co.call_timeout_seconds = 60;
+  auto client = clients::Client::Connect(address, co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto source = Source(11, kBatch * kSteps);
+  clients::TrainOptions o;
+  o.batch_size = kBatch;
+  o.max_in_flight = 1;
+  int64_t trained = 0;
+  auto summary = (*client)->Train(
+      *source, o, [&](const StepResult& r) { trained = r.step(); });
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
+      << summary.status();
+  EXPECT_NE(summary.status().message().find("rank 1 on " + HostName() +
+                                            " is silent: last heartbeat "),
+            std::string::npos)
+      << summary.status();
+  EXPECT_EQ(trained, 2) << summary.status();
+
+  auto metrics = (*client)->GetMetrics();
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const std::string log = ReadText(dir_ / "rank-0.log");
+  for (const auto& entry : fs::directory_iterator(root)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
+        << entry.path() << "\n"
+        << log;
+  }
+  if (committed) {
+    EXPECT_TRUE(fs::exists(root / "ckpt-2" / "MANIFEST.json")) << log;
+    EXPECT_FALSE(fs::exists(root / "ckpt-0")) << log;
+    EXPECT_NE(metrics->find("dlrm_checkpoints_saved_total 1"),
+              std::string::npos)
+        << *metrics;
+    EXPECT_NE(metrics->find("dlrm_checkpoints_failed_total 0"),
+              std::string::npos)
+        << *metrics;
+    EXPECT_NE(log.find("is committed at step 2"), std::string::npos) << log;
+    auto loaded = model::LoadCheckpoint((root / "ckpt-2").string(), false);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*loaded)->steps(), 2);
+  } else {
+    EXPECT_FALSE(fs::exists(root / "ckpt-2")) << log;
+    EXPECT_TRUE(fs::exists(root / "ckpt-0" / "MANIFEST.json")) << log;
+    EXPECT_NE(metrics->find("dlrm_checkpoints_failed_total 1"),
+              std::string::npos)
+        << *metrics;
+  }
+  EXPECT_NE(metrics->find("dlrm_rank_failures_total{rank=\"1\"} 1"),
+            std::string::npos)
+      << *metrics;
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, FrozenRankTest,
+                         testing::Values("commit", "write"));
 
 // ---- Ranks on hosts of their own: network namespaces on this machine.
 

@@ -878,6 +878,80 @@ TEST_F(CheckpointTest, ScheduledJobContinuesBitwiseAfterRestore) {
   }
 }
 
+// A live change of the learning rates (Model::SetOptimizers, what
+// Admin.SetLearningRate runs on every rank): the steps after it train
+// bitwise as a model resumed from a checkpoint of that step with the new
+// rates in its config; config() and the next checkpoint hold them; bad
+// values and changes of what fixes the state are refused and change
+// nothing. Adam in the tables (the RocksDB-free host tier) and the dense
+// part.
+TEST_F(CheckpointTest, LearningRateChangedLiveTrainsAsAResumeWithThatRate) {
+  auto a = Model::Create(config_);
+  ASSERT_TRUE(a.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(batches_[i]).ok());
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  const uint64_t before = (*a)->WeightChecksum().value();
+
+  OptimizerConfig dense = config_.dense_optimizer();
+  OptimizerConfig sparse = config_.sparse_optimizer();
+  // Refusals name the field and change nothing.
+  OptimizerConfig bad = dense;
+  bad.set_learning_rate(std::nanf(""));
+  absl::Status refused = (*a)->SetOptimizers(bad, sparse);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("dense_optimizer.learning_rate"),
+            std::string::npos)
+      << refused;
+  bad = sparse;
+  bad.set_learning_rate(-0.1f);
+  refused = (*a)->SetOptimizers(dense, bad);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("sparse_optimizer.learning_rate"),
+            std::string::npos)
+      << refused;
+  bad = sparse;
+  bad.set_type(OptimizerConfig::ROWWISE_ADAGRAD);
+  refused = (*a)->SetOptimizers(dense, bad);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("sparse_optimizer.type"), std::string::npos)
+      << refused;
+  EXPECT_EQ((*a)->config().sparse_optimizer().learning_rate(), 0.01f);
+  EXPECT_EQ((*a)->WeightChecksum().value(), before);
+
+  dense.set_learning_rate(0.003f);
+  sparse.set_learning_rate(0.05f);
+  ASSERT_TRUE((*a)->SetOptimizers(dense, sparse).ok());
+  EXPECT_EQ((*a)->config().dense_optimizer().learning_rate(), 0.003f);
+  EXPECT_EQ((*a)->config().sparse_optimizer().learning_rate(), 0.05f);
+
+  // The reference: the checkpoint of step 3 resumed with the new rates.
+  auto b =
+      LoadCheckpointWith(dir_, /*weights_only=*/false, [&](ModelConfig* c) {
+        *c->mutable_dense_optimizer() = dense;
+        *c->mutable_sparse_optimizer() = sparse;
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(b.ok()) << b.status();
+  // And one that keeps the old rates, which must train otherwise.
+  auto old = LoadCheckpoint(dir_, /*weights_only=*/false);
+  ASSERT_TRUE(old.ok()) << old.status();
+  for (int i = 3; i < 6; ++i) {
+    auto ra = (*a)->TrainStep(batches_[i]);
+    auto rb = (*b)->TrainStep(batches_[i]);
+    ASSERT_TRUE(ra.ok() && rb.ok() && (*old)->TrainStep(batches_[i]).ok());
+    EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
+  }
+  EXPECT_EQ((*a)->WeightChecksum().value(), (*b)->WeightChecksum().value());
+  EXPECT_NE((*a)->WeightChecksum().value(), (*old)->WeightChecksum().value());
+
+  // The next checkpoint holds the new rates.
+  ASSERT_TRUE(SaveCheckpoint(**a, dir_).ok());
+  auto c = LoadCheckpoint(dir_, /*weights_only=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->config().dense_optimizer().learning_rate(), 0.003f);
+  EXPECT_EQ((*c)->config().sparse_optimizer().learning_rate(), 0.05f);
+}
+
 TEST_F(CheckpointTest, MissingCheckpointIsNotFound) {
   auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());

@@ -25,6 +25,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "data/synthetic.h"
+#include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "server/metrics.h"
@@ -878,6 +879,99 @@ TEST_F(ServerProcessTest, CheckpointFlagsFromTheConfigFile) {
       << out;
   EXPECT_EQ(dry_run({"--checkpoint-every-steps", "5"}, &out), 1) << out;
   EXPECT_NE(out.find("need --checkpoint-dir"), std::string::npos) << out;
+}
+
+// A resume with another --config: what a trained model may change (the
+// tables' learning rate) is applied, logged field by field and reported by
+// --dry-run; what it may not (a table's rows) is refused at start and by
+// --dry-run, naming the field and both values. Without --config the
+// checkpoint's config is used as it is.
+TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
+  const ModelConfig tiny = *LoadModelConfig("tiny");
+  {
+    auto model = model::Model::Create(tiny);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto source = data::MakeSyntheticSource(tiny, data::SyntheticOptions{});
+    ASSERT_TRUE(source.ok());
+    data::Batch batch;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(*(*source)->Next(16, &batch));
+      ASSERT_TRUE((*model)->TrainStep(batch).ok());
+    }
+    ASSERT_TRUE(
+        model::SaveCheckpoint(
+            **model, (root_ / model::PeriodicCheckpointName(3)).string())
+            .ok());
+  }
+  const auto write = [&](const ModelConfig& c, const std::string& name) {
+    std::string text;
+    EXPECT_TRUE(google::protobuf::TextFormat::PrintToString(c, &text));
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  };
+  ModelConfig faster = tiny;
+  faster.mutable_sparse_optimizer()->set_learning_rate(0.05f);
+  const std::string faster_path = write(faster, "faster.textproto");
+  ModelConfig wider = tiny;
+  wider.mutable_tables(2)->set_rows(200);
+  const std::string wider_path = write(wider, "wider.textproto");
+  const auto run = [&](std::vector<std::string> args, std::string* out) {
+    Proc p;
+    if (!p.Spawn(args, dir_ / "run.err")) return -1;
+    char chunk[4096];
+    ssize_t n;
+    out->clear();
+    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
+      out->append(chunk, n);
+    const int code = p.WaitExit(60);
+    out->append(ReadText(dir_ / "run.err"));
+    return code;
+  };
+  const std::string kApplied =
+      "resume: sparse_optimizer.learning_rate 0.1 -> 0.05";
+  const std::string kRefused =
+      "tables[2].rows: the checkpoint has 100, the config 200";
+  std::string out;
+  std::vector<std::string> args = Args({"--dry-run"});
+  args[2] = faster_path;
+  ASSERT_EQ(run(args, &out), 0) << out;
+  EXPECT_NE(
+      out.find("resumes from " + (root_ / "ckpt-3").string() + " at step 3"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find(kApplied), std::string::npos) << out;
+  args[2] = wider_path;
+  EXPECT_EQ(run(args, &out), 1) << out;
+  EXPECT_NE(out.find(kRefused), std::string::npos) << out;
+  args = Args();
+  args[2] = wider_path;
+  EXPECT_EQ(run(args, &out), 1) << out;
+  EXPECT_NE(out.find(kRefused), std::string::npos) << out;
+  EXPECT_EQ(out.find("starting afresh"), std::string::npos) << out;
+
+  // Started for real: the new rate is in force and logged.
+  args = Args();
+  args[2] = faster_path;
+  Proc server;
+  ASSERT_TRUE(server.Spawn(args, dir_ / "server.err"));
+  const std::string address = server.WaitListening(60);
+  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "server.err");
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->steps(), 3);
+  EXPECT_EQ(info->config().sparse_optimizer().learning_rate(), 0.05f);
+  EXPECT_EQ(info->config().dense_optimizer().learning_rate(), 0.1f);
+  EXPECT_NE(ReadText(dir_ / "server.err").find(kApplied), std::string::npos)
+      << ReadText(dir_ / "server.err");
+  server.Kill9();
+
+  // No --config: the checkpoint's own, nothing changed or refused.
+  args = Args({"--dry-run"});
+  args.erase(args.begin() + 1, args.begin() + 3);
+  ASSERT_EQ(run(args, &out), 0) << out;
+  EXPECT_EQ(out.find("resume: "), std::string::npos) << out;
 }
 
 // --device cuda (or device = "cuda" in the --server-config file) on a

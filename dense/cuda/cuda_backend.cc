@@ -495,6 +495,13 @@ class CudaDenseBackend final : public DenseBackend {
     HostAccess();
     return *host_->optimizer;
   }
+  // The host view's optimizer keeps the config a checkpoint saves; the
+  // device's constants come from optimizer_config_ at the next Update.
+  absl::Status SetOptimizerConfig(const OptimizerConfig& config) override {
+    RETURN_IF_ERROR(host_->optimizer->SetConfig(config));
+    optimizer_config_ = config;
+    return absl::OkStatus();
+  }
 
  private:
   // Floats of the gradients of `bucket`'s parameters.
@@ -873,7 +880,7 @@ class CudaDenseBackend final : public DenseBackend {
 
   std::unique_ptr<HostDenseParams> host_;
   const bool identity_;
-  const OptimizerConfig optimizer_config_;
+  OptimizerConfig optimizer_config_;
   // The config's: PRECISION_BF16 runs the bf16 layers (every GPU this is
   // built for, sm_80 and up, has bf16 tensor cores).
   const DensePrecision precision_;

@@ -144,6 +144,11 @@ class CudaEmbeddingTable {
   // arrays as EmbeddingTable keeps them (0 where the optimizer has none).
   int state_floats(int k) const { return state_floats_[k]; }
   int64_t step() const { return step_; }
+  // As EmbeddingTable::set_optimizer: the constants of the next
+  // BackwardUpdate on (queued after the updates before).
+  void set_optimizer(const OptimizerConfig& optimizer) {
+    optimizer_ = optimizer;
+  }
   // For restores: the next BackwardUpdate is step `step` + 1.
   void set_step(int64_t step) { step_ = step; }
   // rows x dim, row-major, device memory.

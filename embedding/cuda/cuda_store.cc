@@ -260,4 +260,11 @@ int64_t CudaStore::step() const { return table_->step(); }
 
 void CudaStore::set_step(int64_t step) { table_->set_step(step); }
 
+absl::Status CudaStore::SetOptimizer(const OptimizerConfig& optimizer) {
+  RETURN_IF_ERROR(CheckOptimizerChange(spec_, optimizer));
+  spec_.optimizer = optimizer;
+  table_->set_optimizer(optimizer);
+  return absl::OkStatus();
+}
+
 }  // namespace dlrm::embedding::cuda

@@ -101,6 +101,7 @@ class CudaStore final : public EmbeddingStore {
   absl::Status Flush() override { return absl::OkStatus(); }
   int64_t step() const override;
   void set_step(int64_t step) override;
+  absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   // All zero: nothing is ever missed, evicted or read.
   StoreMetrics metrics() const override { return {}; }
 

@@ -435,6 +435,10 @@ int64_t DeviceSlots::step() const { return impl_->table->step(); }
 
 void DeviceSlots::set_step(int64_t step) { impl_->table->set_step(step); }
 
+void DeviceSlots::set_optimizer(const OptimizerConfig& optimizer) {
+  impl_->table->set_optimizer(optimizer);
+}
+
 absl::StatusOr<std::unique_ptr<CachedStore>> CreateDeviceCachedStore(
     const TableSpec& spec, const CacheOptions& cache, void* stream,
     std::unique_ptr<EmbeddingStore> backing) {

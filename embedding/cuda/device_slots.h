@@ -79,6 +79,7 @@ class DeviceSlots final : public SlotStorage {
   absl::Status Synchronize() override;
   int64_t step() const override;
   void set_step(int64_t step) override;
+  void set_optimizer(const OptimizerConfig& optimizer) override;
 
  private:
   struct Impl;

@@ -476,6 +476,20 @@ class Client:
         return self._call(self._admin.ExportWeights,
                           service_pb2.ExportRequest(path=path))
 
+    def set_learning_rate(self, dense: Optional[float] = None,
+                          sparse: Optional[float] = None
+                          ) -> service_pb2.SetLearningRateResponse:
+        """Changes the running model's learning rates (the dense
+        optimizer's, the tables', each where given) between two steps, on
+        every rank; the SetLearningRateResponse with the rates in force.
+        INVALID_ARGUMENT naming the field for a rate that is not > 0."""
+        request = service_pb2.SetLearningRateRequest()
+        if dense is not None:
+            request.dense = dense
+        if sparse is not None:
+            request.sparse = sparse
+        return self._call(self._admin.SetLearningRate, request)
+
     # ----------------------------------------------------------- Trainer
 
     make_batch = staticmethod(make_batch)

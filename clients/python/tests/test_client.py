@@ -153,6 +153,19 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(saved.step, restored.step)
         self.assertIn("dlrm_model_steps", self.client.metrics())
 
+    def test_set_learning_rate_changes_the_running_model(self):
+        answer = self.client.set_learning_rate(sparse=0.05)
+        self.assertAlmostEqual(answer.sparse, 0.05, places=6)
+        self.assertAlmostEqual(
+            self.client.config().sparse_optimizer.learning_rate, 0.05,
+            places=6)
+        with self.assertRaises(DlrmError) as e:
+            self.client.set_learning_rate(dense=float("nan"))
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("dense_optimizer.learning_rate", str(e.exception))
+        # The other tests share the server: the preset's rate again.
+        self.client.set_learning_rate(sparse=0.1)
+
     def test_export_weights_is_a_safetensors_file(self):
         exported = self.client.export_weights("py-weights.safetensors")
         self.assertEqual(exported.path,
