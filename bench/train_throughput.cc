@@ -15,6 +15,7 @@
 #include "core/dense_flags.h"
 #include "core/status.h"
 #include "data/synthetic.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
 
@@ -142,7 +143,8 @@ absl::Status Run(const Flags& f) {
   const double median = sorted[sorted.size() / 2];
   std::printf(
       "{\"bench\": \"dlrm-server-cpu\", \"config\": \"%s\", "
-      "\"device\": \"%s\", \"precision\": \"%s\", \"rows\": %lld, \"batch\": "
+      "\"device\": \"%s\", \"precision\": \"%s\", \"cpu\": \"%s\", "
+      "\"isa\": \"%s\", \"rows\": %lld, \"batch\": "
       "%lld, \"threads\": %d, "
       "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
       "\"device_tables\": %d, "
@@ -151,7 +153,9 @@ absl::Status Run(const Flags& f) {
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
       f.config.c_str(), DeviceName(model->config().device()),
-      PrecisionName(model->dense_precision()), static_cast<long long>(max_rows),
+      PrecisionName(model->dense_precision()), dense::CpuModel().c_str(),
+      dense::MatmulIsa(model->dense_precision() == PRECISION_BF16).c_str(),
+      static_cast<long long>(max_rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
       f.repeats, num_batches, device_tables, rocksdb_tables,
       rocksdb_tables > 0 ? f.cache_fraction : 1.0, hit_rate,

@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/metrics.h"
 #include "optim/optimizer.h"
@@ -532,6 +533,10 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     s.dense_precision = group_->dense_precision();
   }
   s.sharding_plan = plan.ToString(config_);
+  s.cpu_model = dense::CpuModel();
+  s.dense_isa = config_.device() == DEVICE_CUDA
+                    ? "cuda"
+                    : dense::MatmulIsa(s.dense_precision == PRECISION_BF16);
   s.served = served_checkpoint();
   // Every rank's embedding shards in host memory (a shard on RocksDB: its
   // cache; its rows count under "rocksdb") and one dense replica per rank
