@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "core/storage_flags.h"
 #include "data/synthetic.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
 
@@ -147,7 +148,8 @@ absl::Status RunRank(const Flags& f) {
   const double steps = static_cast<double>(f.iters) * f.repeats;
   std::printf(
       "{\"bench\": \"dlrm-server-hybrid-cpu\", \"config\": \"%s\", "
-      "\"device\": \"%s\", \"precision\": \"%s\", \"tf32\": %s, "
+      "\"device\": \"%s\", \"precision\": \"%s\", \"cpu\": \"%s\", "
+      "\"isa\": \"%s\", \"tf32\": %s, "
       "\"rows\": %lld, \"batch\": %lld, \"ranks\": %d, "
       "\"threads_per_rank\": %d, \"overlap\": %s, \"iters\": %d, "
       "\"repeats\": %d, \"batches\": %d, \"rocksdb_tables\": %d, "
@@ -156,7 +158,8 @@ absl::Status RunRank(const Flags& f) {
       "\"samples_per_s\": %.0f, \"min\": %.0f, \"max\": %.0f, "
       "\"stage_ms\": {",
       f.config.c_str(), DeviceName(config.device()),
-      PrecisionName(config.dense_precision()),
+      PrecisionName(model->dense_precision()), dense::CpuModel().c_str(),
+      dense::MatmulIsa(model->dense_precision() == PRECISION_BF16).c_str(),
       config.gpu_disable_tf32() ? "false" : "true",
       static_cast<long long>(f.rows), static_cast<long long>(f.batch), f.ranks,
       omp_get_max_threads(), f.overlap ? "true" : "false", f.iters, f.repeats,

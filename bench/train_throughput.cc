@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "core/storage_flags.h"
 #include "data/synthetic.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
@@ -139,7 +140,8 @@ absl::Status Run(const Flags& f) {
   const double median = sorted[sorted.size() / 2];
   std::printf(
       "{\"bench\": \"dlrm-server-cpu\", \"config\": \"%s\", "
-      "\"device\": \"%s\", \"precision\": \"%s\", \"rows\": %lld, \"batch\": "
+      "\"device\": \"%s\", \"precision\": \"%s\", \"cpu\": \"%s\", "
+      "\"isa\": \"%s\", \"rows\": %lld, \"batch\": "
       "%lld, \"threads\": %d, "
       "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
       "\"device_tables\": %d, "
@@ -148,7 +150,9 @@ absl::Status Run(const Flags& f) {
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
       f.config.c_str(), DeviceName(model->config().device()),
-      PrecisionName(model->dense_precision()), static_cast<long long>(max_rows),
+      PrecisionName(model->dense_precision()), dense::CpuModel().c_str(),
+      dense::MatmulIsa(model->dense_precision() == PRECISION_BF16).c_str(),
+      static_cast<long long>(max_rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), f.iters,
       f.repeats, num_batches, device_tables, rocksdb_tables,
       rocksdb_tables > 0 ? model->config().rocksdb().cache_fraction() : 1.0,

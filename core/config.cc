@@ -398,7 +398,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!DensePrecision_IsValid(c.dense_precision())) {
     return absl::InvalidArgumentError(
         absl::StrCat("dense_precision = ", c.dense_precision(),
-                     " is invalid (PRECISION_FP32 or PRECISION_BF16)"));
+                     " is invalid (PRECISION_AUTO, PRECISION_FP32 or PRECISION_BF16)"));
   }
   if (c.max_rows_per_table() < 0) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
@@ -476,19 +476,28 @@ absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config) {
 
 absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config) {
   if (flag.empty()) return absl::OkStatus();
-  if (flag == "fp32") {
+  if (flag == "auto") {
+    config->set_dense_precision(PRECISION_AUTO);
+  } else if (flag == "fp32") {
     config->set_dense_precision(PRECISION_FP32);
   } else if (flag == "bf16") {
     config->set_dense_precision(PRECISION_BF16);
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--precision must be fp32 or bf16, got '", std::string(flag), "'"));
+        "--precision must be auto, fp32 or bf16, got '", std::string(flag), "'"));
   }
   return absl::OkStatus();
 }
 
 const char* PrecisionName(DensePrecision precision) {
-  return precision == PRECISION_BF16 ? "bf16" : "fp32";
+  switch (precision) {
+    case PRECISION_BF16:
+      return "bf16";
+    case PRECISION_FP32:
+      return "fp32";
+    default:
+      return "auto";
+  }
 }
 
 absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config) {

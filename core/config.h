@@ -79,11 +79,11 @@ const char* DeviceName(ComputeDevice device);
 // field when a STORAGE_DEVICE table then lacks DEVICE_CUDA.
 absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
 
-// Sets config->dense_precision from a binary's --precision flag: "fp32"
-// or "bf16"; an empty flag keeps the config's. InvalidArgument naming the
+// Sets config->dense_precision from a binary's --precision flag: "auto",
+// "fp32" or "bf16"; an empty flag keeps the config's. InvalidArgument naming the
 // flag otherwise.
 absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config);
-// "fp32" or "bf16".
+// "auto", "fp32" or "bf16".
 const char* PrecisionName(DensePrecision precision);
 
 // Sets config->gpu_disable_tf32 from a binary's --tf32 flag: "on" (TF32

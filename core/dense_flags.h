@@ -17,7 +17,7 @@ namespace dlrm {
 struct DenseFlags {
   // "cpu" or "cuda"; empty keeps the config's device.
   std::string device;
-  // "fp32" or "bf16" (dense_precision); empty keeps the config's.
+  // "auto", "fp32" or "bf16" (dense_precision); empty keeps the config's.
   std::string precision;
   // "on" or "off" (TF32 GEMMs on a GPU: gpu_disable_tf32 false / true);
   // empty keeps the config's.
@@ -33,10 +33,12 @@ struct DenseFlags {
                    "config's device, cpu unless it sets one)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--precision", precision,
-                   "Precision of the dense GEMMs: fp32 or bf16 (default: the "
-                   "config's dense_precision, fp32 unless it sets one; bf16 "
-                   "runs fp32 on a CPU without bf16 instructions)")
-        ->check(CLI::IsMember({"fp32", "bf16"}));
+                   "Precision of the dense GEMMs: auto, fp32 or bf16 "
+                   "(default: the config's dense_precision, auto unless it "
+                   "sets one: bf16 where oneDNN runs AMX kernels, fp32 "
+                   "elsewhere; bf16 runs fp32 on a CPU without bf16 "
+                   "instructions)")
+        ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
     app.add_option("--tf32", tf32,
                    "device cuda: on runs the float GEMMs on the tensor cores "
                    "in TF32, off keeps them in float (default: the config's "

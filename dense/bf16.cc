@@ -13,6 +13,8 @@
 #include <string>
 #include <tuple>
 
+#include "dense/cpu_isa.h"
+
 namespace dlrm::dense {
 namespace {
 
@@ -39,11 +41,6 @@ struct Gemm {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
 };
-
-dnnl::engine& Engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
 
 [[noreturn]] void Die(const GemmKey& key, const char* what) {
   std::fprintf(stderr, "bf16 matmul(%c, %c, %lld, %lld, %lld) failed: %s\n",
@@ -75,7 +72,7 @@ dnnl::matmul::primitive_desc MakeDesc(const GemmKey& key) {
     attr.set_post_ops(ops);
   }
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr,
-                                      Engine());
+                                      CpuEngine());
 }
 
 const Gemm& Cached(const GemmKey& key) {
@@ -95,11 +92,11 @@ const Gemm& Cached(const GemmKey& key) {
 
 void Run(const GemmKey& key, const Bf16* a, const Bf16* b, void* c) {
   const Gemm& g = Cached(key);
-  thread_local dnnl::stream stream(Engine());
+  thread_local dnnl::stream stream(CpuEngine());
   try {
-    dnnl::memory am(g.pd.src_desc(), Engine(), const_cast<Bf16*>(a));
-    dnnl::memory bm(g.pd.weights_desc(), Engine(), const_cast<Bf16*>(b));
-    dnnl::memory cm(g.pd.dst_desc(), Engine(), c);
+    dnnl::memory am(g.pd.src_desc(), CpuEngine(), const_cast<Bf16*>(a));
+    dnnl::memory bm(g.pd.weights_desc(), CpuEngine(), const_cast<Bf16*>(b));
+    dnnl::memory cm(g.pd.dst_desc(), CpuEngine(), c);
     g.primitive.execute(
         stream,
         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
@@ -161,6 +158,7 @@ std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,
 
 bool CpuHasBf16() {
   static const bool has = [] {
+    EnsureCpuIsa();
     __builtin_cpu_init();
     const bool cpu = __builtin_cpu_supports("avx512bf16");
     const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
@@ -170,18 +168,6 @@ bool CpuHasBf16() {
     return cpu && (isa == 0 || (isa & bf16) == bf16);
   }();
   return has;
-}
-
-DensePrecision EffectiveCpuPrecision(DensePrecision requested) {
-  if (requested != PRECISION_BF16 || CpuHasBf16()) return requested;
-  static std::once_flag logged;
-  std::call_once(logged, [] {
-    std::fprintf(stderr,
-                 "dlrm: dense_precision PRECISION_BF16 asked for, but this "
-                 "CPU has no bf16 instructions oneDNN may use (avx512_bf16 / "
-                 "AMX); the dense part runs PRECISION_FP32\n");
-  });
-  return PRECISION_FP32;
 }
 
 }  // namespace dlrm::dense

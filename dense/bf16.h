@@ -41,9 +41,4 @@ std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,
 // AVX512_CORE_BF16 forbids it).
 bool CpuHasBf16();
 
-// The precision the CPU backend runs for `requested`: PRECISION_FP32 for
-// PRECISION_BF16 where CpuHasBf16() is false (oneDNN would emulate bf16,
-// slower than fp32), which it logs once per process to stderr.
-DensePrecision EffectiveCpuPrecision(DensePrecision requested);
-
 }  // namespace dlrm::dense

@@ -9,6 +9,7 @@
 #include "core/aligned.h"
 #include "core/status.h"
 #include "dense/bf16.h"
+#include "dense/cpu_isa.h"
 #include "dense/loss.h"
 
 namespace dlrm::dense {
@@ -243,7 +244,7 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCpuDenseBackend(
                    HostDenseParams::Create(config));
   return std::make_unique<CpuDenseBackend>(
       MakeInteractionShape(config), std::move(params),
-      EffectiveCpuPrecision(config.dense_precision()));
+      ResolveCpuPrecision(config.dense_precision()));
 }
 
 }  // namespace dlrm::dense

@@ -17,7 +17,7 @@
 namespace dlrm::dense {
 
 // The CPU backend for `config` (normalised; its device is not looked at),
-// at dense::EffectiveCpuPrecision(config.dense_precision()).
+// at dense::ResolveCpuPrecision(config.dense_precision()).
 // InvalidArgument as DenseOptimizer::Create.
 absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCpuDenseBackend(
     const ModelConfig& config);

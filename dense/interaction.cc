@@ -19,6 +19,7 @@
 
 #include "core/aligned.h"
 #include "core/config.h"
+#include "dense/cpu_isa.h"
 
 namespace dlrm::dense {
 namespace {
@@ -168,11 +169,6 @@ struct ChunkMatmul {
   dnnl::memory::desc src, weights, dst;
   size_t scratchpad_bytes = 0;
 };
-
-dnnl::engine& CpuEngine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
 
 ChunkMatmul BuildMatmul(Product product, int64_t rows, int n, int d) {
   using dims = dnnl::memory::dims;

@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "dense/cpu_isa.h"
+
 namespace dlrm::dense {
 namespace {
 
@@ -100,6 +102,8 @@ void Sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
            float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  static const bool isa_set = (EnsureCpuIsa(), true);
+  (void)isa_set;
   const dnnl_status_t st =
       dnnl_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success) {

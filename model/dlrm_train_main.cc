@@ -19,6 +19,7 @@
 #include "core/storage_flags.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
@@ -191,7 +192,10 @@ absl::Status Run(const Flags& f) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
-  std::printf("dense precision: %s\n", PrecisionName(model->dense_precision()));
+  std::printf("dense precision: %s\n",
+              dense::DescribePrecision(config.device(),
+                                       config.dense_precision())
+                  .c_str());
   // TF32 applies to fp32 GEMMs only; under bf16 every GEMM takes bf16.
   if (config.device() == DEVICE_CUDA &&
       model->dense_precision() == PRECISION_FP32) {

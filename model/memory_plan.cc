@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "core/config.h"
 #include "core/status.h"
-#include "dense/bf16.h"
+#include "dense/cpu_isa.h"
 #include "dense/interaction.h"
 #include "optim/optimizer.h"
 
@@ -221,8 +221,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config,
   const int64_t state =
       optim::DenseStateFloatsPerElement(config.dense_optimizer());
   const DensePrecision precision =
-      cuda ? config.dense_precision()
-           : dense::EffectiveCpuPrecision(config.dense_precision());
+      dense::ResolvePrecision(config.device(), config.dense_precision());
   m.dense = params * (2 + state) * kFloat;
   if (precision == PRECISION_BF16 && !cuda) m.dense += params * 2;
   if (p.world_size > 1) m.dense += params * kFloat;

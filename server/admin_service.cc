@@ -41,6 +41,8 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
   response->set_world_size(s.world_size);
   response->set_inference_only(s.inference_only);
   response->set_dense_precision(s.dense_precision);
+  response->set_cpu_model(std::move(s.cpu_model));
+  response->set_dense_isa(std::move(s.dense_isa));
   response->set_weight_checksum(s.weight_checksum);
   response->set_served_checkpoint(s.served.dir);
   response->set_served_checkpoint_step(s.served.step);

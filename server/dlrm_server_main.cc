@@ -48,6 +48,7 @@
 #include "core/secrets.h"
 #include "core/status.h"
 #include "core/storage_flags.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/memory_plan.h"
@@ -623,7 +624,9 @@ absl::Status DryRun(const Flags& f) {
         static_cast<long long>(DenseParameterCount(*config)));
     std::printf("device %s (the dense part), dense precision %s%s\n",
                 DeviceName(config->device()),
-                PrecisionName(config->dense_precision()),
+                dense::DescribePrecision(config->device(),
+                                         config->dense_precision())
+                    .c_str(),
                 config->device() == DEVICE_CUDA
                     ? (config->gpu_disable_tf32() ? ", tf32 GEMMs off"
                                                   : ", tf32 GEMMs on")
@@ -1214,7 +1217,7 @@ absl::Status Run(Flags& f) {
       "{} compute threads, dense precision {}",
       config.tables_size(), EmbeddingParameterCount(config),
       DenseParameterCount(config), model->steps(), omp_get_max_threads(),
-      PrecisionName(model->dense_precision()));
+      dense::DescribePrecision(config.device(), config.dense_precision()));
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(model), f.server));
   return ServeUntilSignal(f, *server, [&signals] {

@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "dense/cpu_isa.h"
 #include "embedding/sharding.h"
 #include "model/memory_plan.h"
 #include "model/metrics.h"
@@ -612,6 +613,10 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     *s.config.mutable_sparse_optimizer() = group_->config().sparse_optimizer();
   }
   s.sharding_plan = plan.ToString(config_);
+  s.cpu_model = dense::CpuModel();
+  s.dense_isa = config_.device() == DEVICE_CUDA
+                    ? "cuda"
+                    : dense::MatmulIsa(s.dense_precision == PRECISION_BF16);
   s.served = served_checkpoint();
   s.memory_bytes = model::StateBytesByTier(config_, plan);
   if (with_checksum) {

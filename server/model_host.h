@@ -139,6 +139,10 @@ struct ModelSummary {
   bool inference_only = false;
   // The precision the dense GEMMs run at (Model::dense_precision()).
   DensePrecision dense_precision = PRECISION_FP32;
+  // Rank 0's CPU and the oneDNN matmul its dense part runs (ModelInfo's
+  // cpu_model, dense_isa).
+  std::string cpu_model;
+  std::string dense_isa;
   // WeightChecksum() when asked for (0 otherwise, or when it failed).
   uint64_t weight_checksum = 0;
   ServedCheckpoint served;

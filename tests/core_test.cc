@@ -360,7 +360,10 @@ TEST(ConfigTest, DensePrecision) {
   };
   auto plain = load("");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->dense_precision(), PRECISION_FP32);
+  EXPECT_EQ(plain->dense_precision(), PRECISION_AUTO);
+  auto fp32 = load("dense_precision: PRECISION_FP32");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(fp32->dense_precision(), PRECISION_FP32);
   auto bf16 = load("dense_precision: PRECISION_BF16");
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->dense_precision(), PRECISION_BF16);
@@ -373,6 +376,27 @@ TEST(ConfigTest, DensePrecision) {
   }
   EXPECT_FALSE(
       ParseModelConfigText(base + "dense_precision: PRECISION_FP8").ok());
+}
+
+// --precision: auto, fp32 or bf16 set the field, empty keeps the config's,
+// anything else names the flag.
+TEST(ConfigTest, PrecisionFlag) {
+  ModelConfig config;
+  config.set_dense_precision(PRECISION_BF16);
+  ASSERT_TRUE(ApplyPrecisionFlag("", &config).ok());
+  EXPECT_EQ(config.dense_precision(), PRECISION_BF16);
+  ASSERT_TRUE(ApplyPrecisionFlag("fp32", &config).ok());
+  EXPECT_EQ(config.dense_precision(), PRECISION_FP32);
+  ASSERT_TRUE(ApplyPrecisionFlag("auto", &config).ok());
+  EXPECT_EQ(config.dense_precision(), PRECISION_AUTO);
+  ASSERT_TRUE(ApplyPrecisionFlag("bf16", &config).ok());
+  EXPECT_EQ(config.dense_precision(), PRECISION_BF16);
+  const absl::Status bad = ApplyPrecisionFlag("fp16", &config);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--precision"), std::string::npos) << bad;
+  EXPECT_STREQ(PrecisionName(PRECISION_AUTO), "auto");
+  EXPECT_STREQ(PrecisionName(PRECISION_FP32), "fp32");
+  EXPECT_STREQ(PrecisionName(PRECISION_BF16), "bf16");
 }
 
 // The device: "cpu" / "cuda" from a flag, DEVICE_CPU unless the config

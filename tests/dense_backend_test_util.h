@@ -46,6 +46,8 @@ inline ModelConfig DenseBackendConfig(Interaction interaction,
   c.mutable_dense_optimizer()->set_type(optimizer);
   c.mutable_dense_optimizer()->set_learning_rate(0.05f);
   c.set_seed(7);
+  // The fp32 step the layer references compute (bf16 has its own tests).
+  c.set_dense_precision(PRECISION_FP32);
   absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
   EXPECT_TRUE(n.ok()) << n.status();
   return n.ok() ? *n : c;

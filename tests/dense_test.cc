@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -23,6 +24,7 @@
 #include "core/random.h"
 #include "dense/backend.h"
 #include "dense/bf16.h"
+#include "dense/cpu_isa.h"
 #include "dense/cross_net.h"
 #include "dense/interaction.h"
 #include "dense/linear.h"
@@ -2144,6 +2146,93 @@ TEST(Bf16Test, GradientMatchesFiniteDifferencesOfTheFp32Loss) {
   }
 }
 
+// PRECISION_AUTO: bf16 only where the bf16 matmul runs on AMX; an explicit
+// precision is kept where the CPU can run it.
+TEST(CpuPrecisionTest, AutoIsBf16OnlyWithAmxKernels) {
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_AUTO, true, true), PRECISION_BF16);
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_AUTO, true, false), PRECISION_FP32);
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_AUTO, false, false), PRECISION_FP32);
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_BF16, true, false), PRECISION_BF16);
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_BF16, false, false), PRECISION_FP32);
+  EXPECT_EQ(ChooseCpuPrecision(PRECISION_FP32, true, true), PRECISION_FP32);
+  EXPECT_EQ(ResolvePrecision(DEVICE_CUDA, PRECISION_AUTO), PRECISION_FP32);
+  EXPECT_EQ(ResolvePrecision(DEVICE_CUDA, PRECISION_BF16), PRECISION_BF16);
+  EXPECT_EQ(ResolvePrecision(DEVICE_CPU, PRECISION_AUTO),
+            ResolveCpuPrecision(PRECISION_AUTO));
+}
+
+// AMX counts only with both CPUID bits, a tile palette with 8 tiles of
+// 1 KiB and the kernel's permission; each missing piece is named.
+TEST(AmxTest, UsableNeedsPaletteTilesAndPermission) {
+  AmxSupport good;
+  good.cpuid_tile = good.cpuid_bf16 = true;
+  good.palettes = 1;
+  good.tiles = 8;
+  good.tile_bytes = 1024;
+  good.permission = true;
+  EXPECT_TRUE(AmxUsable(good));
+  EXPECT_EQ(AmxUnusableReason(good), "");
+  EXPECT_FALSE(AmxUsable(AmxSupport()));
+  EXPECT_EQ(AmxUnusableReason(AmxSupport()), "");  // not advertised at all
+  AmxSupport no_palette = good;
+  no_palette.palettes = 0;
+  no_palette.tiles = no_palette.tile_bytes = 0;
+  EXPECT_FALSE(AmxUsable(no_palette));
+  EXPECT_NE(AmxUnusableReason(no_palette).find("palette"), std::string::npos);
+  AmxSupport few_tiles = good;
+  few_tiles.tiles = 4;
+  EXPECT_FALSE(AmxUsable(few_tiles));
+  EXPECT_NE(AmxUnusableReason(few_tiles).find("8 tiles"), std::string::npos);
+  AmxSupport refused = good;
+  refused.permission = false;
+  EXPECT_FALSE(AmxUsable(refused));
+  EXPECT_NE(AmxUnusableReason(refused).find("permission"), std::string::npos);
+  AmxSupport half = good;
+  half.cpuid_bf16 = false;
+  EXPECT_FALSE(AmxUsable(half));
+  EXPECT_NE(AmxUnusableReason(half).find("only one"), std::string::npos);
+}
+
+// This host's CPUID agrees with the kernel's flags in /proc/cpuinfo, and
+// PRECISION_AUTO follows what oneDNN actually runs. With DLRM_EXPECT_NO_AMX
+// (the CTest entry dense_test_without_amx holds oneDNN at
+// AVX512_CORE_BF16) AMX must not be used even where the CPU has it.
+TEST(AmxTest, DetectionAgreesWithTheKernelAndAutoFollowsOneDnn) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = line + " ";
+      break;
+    }
+  }
+  const AmxSupport& amx = DetectAmx();
+  std::printf("cpu %s; cpuid amx tile %d bf16 %d, palettes %d, tiles %d x %d "
+              "B, permission %d; matmul fp32 %s, bf16 %s\n",
+              CpuModel().c_str(), amx.cpuid_tile, amx.cpuid_bf16,
+              amx.palettes, amx.tiles, amx.tile_bytes, amx.permission,
+              MatmulIsa(false).c_str(), MatmulIsa(true).c_str());
+  if (!flags.empty()) {
+    EXPECT_EQ(amx.cpuid_tile, flags.find(" amx_tile ") != std::string::npos);
+    EXPECT_EQ(amx.cpuid_bf16, flags.find(" amx_bf16 ") != std::string::npos);
+  }
+  EXPECT_FALSE(CpuModel().empty());
+  EXPECT_NE(MatmulIsa(false), "none");
+  if (!AmxUsable(amx) || std::getenv("DLRM_EXPECT_NO_AMX") != nullptr) {
+    EXPECT_FALSE(MatmulUsesAmx()) << MatmulIsa(true);
+  }
+  EXPECT_EQ(ResolveCpuPrecision(PRECISION_AUTO),
+            CpuHasBf16() && MatmulUsesAmx() ? PRECISION_BF16 : PRECISION_FP32);
+  if (std::getenv("DLRM_EXPECT_NO_AMX") != nullptr) {
+    EXPECT_EQ(ResolveCpuPrecision(PRECISION_AUTO), PRECISION_FP32);
+  }
+  // The backend runs what ResolveCpuPrecision says for an unset precision.
+  ModelConfig config = Bf16BackendConfig(INTERACTION_DOT, PRECISION_AUTO);
+  auto backend = CreateDenseBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->precision(), ResolveCpuPrecision(PRECISION_AUTO));
+}
+
 // Without bf16 instructions (a CPU without avx512_bf16, or
 // ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16: the CTest entry
 // dense_test_without_bf16 runs this test so, with DLRM_EXPECT_NO_BF16=1)
@@ -2152,13 +2241,18 @@ TEST(Bf16FallbackTest, WithoutBf16InstructionsTheStepIsFp32) {
   if (std::getenv("DLRM_EXPECT_NO_BF16") != nullptr) {
     ASSERT_FALSE(CpuHasBf16());
   }
-  EXPECT_EQ(EffectiveCpuPrecision(PRECISION_FP32), PRECISION_FP32);
-  EXPECT_EQ(EffectiveCpuPrecision(PRECISION_BF16),
+  EXPECT_EQ(ResolveCpuPrecision(PRECISION_FP32), PRECISION_FP32);
+  EXPECT_EQ(ResolveCpuPrecision(PRECISION_AUTO),
+            CpuHasBf16() && MatmulUsesAmx() ? PRECISION_BF16 : PRECISION_FP32);
+  if (std::getenv("DLRM_EXPECT_NO_BF16") != nullptr) {
+    EXPECT_EQ(ResolveCpuPrecision(PRECISION_AUTO), PRECISION_FP32);
+  }
+  EXPECT_EQ(ResolveCpuPrecision(PRECISION_BF16),
             CpuHasBf16() ? PRECISION_BF16 : PRECISION_FP32);
   auto bf16 =
       CreateDenseBackend(Bf16BackendConfig(INTERACTION_DCN, PRECISION_BF16));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  EXPECT_EQ((*bf16)->precision(), EffectiveCpuPrecision(PRECISION_BF16));
+  EXPECT_EQ((*bf16)->precision(), ResolveCpuPrecision(PRECISION_BF16));
   if (CpuHasBf16()) return;
   const ModelConfig config = Bf16BackendConfig(INTERACTION_DCN, PRECISION_FP32);
   auto fp32 = CreateDenseBackend(config);

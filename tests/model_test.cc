@@ -111,6 +111,9 @@ double Loss(Model& m, const data::Batch& b) {
 // so the step's update is compared with central differences of the loss.
 void CheckWholeModelGradient(const std::string& config_text) {
   ModelConfig c = Config(config_text);
+  // Central differences need the fp32 arithmetic (PRECISION_AUTO is bf16
+  // on an AMX host; dense_test checks bf16's gradient on its own).
+  c.set_dense_precision(PRECISION_FP32);
   const data::Batch b = SyntheticBatch(c, 16, 11);
   auto before = Model::Create(c);
   auto after = Model::Create(c);
@@ -1484,6 +1487,8 @@ TEST_F(WeightsExportTest, TensorsRebuildTheModelsPredictions) {
   for (const Interaction interaction :
        {INTERACTION_DOT, INTERACTION_CAT, INTERACTION_DCN}) {
     ModelConfig c = Tiny();
+    // The rebuild is fp32, as a PyTorch user's would be.
+    c.set_dense_precision(PRECISION_FP32);
     c.set_interaction(interaction);
     if (interaction == INTERACTION_DCN) {
       c.set_dcn_num_layers(2);

@@ -21,6 +21,7 @@
 #include "core/device.h"
 #include "core/graph_replay.h"
 #include "core/status.h"
+#include "dense/cpu_isa.h"
 #include "dense/cuda/cuda_dense.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
@@ -532,7 +533,7 @@ class CudaDenseBackend final : public DenseBackend {
         host_(std::move(host)),
         identity_(InteractionIsIdentity(interaction().kind)),
         optimizer_config_(config.dense_optimizer()),
-        precision_(config.dense_precision()),
+        precision_(ResolvePrecision(DEVICE_CUDA, config.dense_precision())),
         layer_wise_(
             !optim::VisitElementWise(optimizer_config_.type(), [](auto) {})),
         graph_ops_{&stream_},
@@ -881,7 +882,7 @@ class CudaDenseBackend final : public DenseBackend {
   std::unique_ptr<HostDenseParams> host_;
   const bool identity_;
   OptimizerConfig optimizer_config_;
-  // The config's: PRECISION_BF16 runs the bf16 layers (every GPU this is
+  // PRECISION_BF16 runs the bf16 layers (every GPU this is
   // built for, sm_80 and up, has bf16 tensor cores).
   const DensePrecision precision_;
   // LAMB or LARS: Update runs LayerOptimizerUpdate.
