@@ -61,7 +61,8 @@ if [[ ! -x $bench ]]; then
   ./scripts/build.sh
 fi
 
-# Our side's precision flag, if dlrm_bench_train has one (fp32 needs none).
+# Our side's precision flag, if dlrm_bench_train has one (fp32 needs it too:
+# the default, auto, is bf16 on an AMX host).
 help=$("$bench" --help 2>&1 || true)
 our_bf16=()
 our_fp32=()

@@ -43,6 +43,10 @@ struct Flags {
   std::string config = "kaggle";
   // Compute threads of the server and of the in-process model; 0 = all.
   int threads = 0;
+  // Not a flag: the server's dense precision, oneDNN ISA and CPU as JSON
+  // members (HostJson of its ModelInfo), set once it answers, for every
+  // line printed.
+  std::string host_json;
   // Training: batches of `batch` samples, `batches` of them pre-generated
   // and rotated; `warmup` untimed steps, then `repeats` x `steps` timed.
   int64_t batch = 2048;
@@ -104,6 +108,15 @@ std::string JsonString(const std::vector<std::string>& args) {
     }
   }
   return out + "\"";
+}
+
+// ModelInfo's dense_precision, dense_isa and cpu_model as the JSON members
+// "precision", "isa", "cpu" (each line names its host).
+std::string HostJson(const ModelInfo& info) {
+  return absl::StrCat("\"precision\": ",
+                      JsonString({PrecisionName(info.dense_precision())}),
+                      ", \"isa\": ", JsonString({info.dense_isa()}),
+                      ", \"cpu\": ", JsonString({info.cpu_model()}));
 }
 
 absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
@@ -241,13 +254,13 @@ absl::Status MeasurePredict(const std::string& address, int clients,
   const double n = static_cast<double>(all.size());
   std::printf(
       "{\"bench\": \"serve_predict\", \"config\": %s, "
-      "\"server_args\": %s, \"threads\": %d, \"clients\": %d, "
+      "\"server_args\": %s, %s, \"threads\": %d, \"clients\": %d, "
       "\"request_samples\": %lld, \"requests\": %zu, \"seconds\": %.2f, "
       "\"requests_per_s\": %.0f, \"samples_per_s\": %.0f, "
       "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"mean\": %.3f, "
       "\"max\": %.3f}}\n",
       JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
-      omp_get_max_threads(), clients, static_cast<long long>(f.request_size),
+      f.host_json.c_str(), omp_get_max_threads(), clients, static_cast<long long>(f.request_size),
       all.size(), elapsed, n / elapsed,
       n * static_cast<double>(f.request_size) / elapsed,
       1e3 * Quantile(all, 0.5), 1e3 * Quantile(all, 0.99),
@@ -399,7 +412,7 @@ absl::Status RunLoad(clients::ServerProcess& server,
   const int64_t train_steps = train_summary.ok() ? train_summary->steps : 0;
   std::printf(
       "{\"bench\": \"serve_load\", \"training\": %s, \"config\": %s, "
-      "\"server_args\": %s, "
+      "\"server_args\": %s, %s, "
       "\"threads\": %d, \"predict_clients\": %d, \"request_samples\": %lld, "
       "\"train_batch\": %lld, \"seconds\": %.2f, \"predict_requests\": %zu, "
       "\"predict_requests_per_s\": %.0f, \"train_steps\": %lld, "
@@ -408,7 +421,8 @@ absl::Status RunLoad(clients::ServerProcess& server,
       "\"server_rss_mb\": {\"start\": %.1f, \"peak\": %.1f, \"end\": %.1f}, "
       "\"replica\": %s, \"served_step\": {\"start\": %lld, \"end\": %lld}}\n",
       f.load_idle ? "false" : "true", JsonString({f.config}).c_str(),
-      JsonString(f.server_args).c_str(), omp_get_max_threads(), n,
+      JsonString(f.server_args).c_str(), f.host_json.c_str(),
+      omp_get_max_threads(), n,
       static_cast<long long>(f.request_size), static_cast<long long>(f.batch),
       elapsed, all.size(), requests_done / elapsed,
       static_cast<long long>(train_steps),
@@ -519,6 +533,7 @@ absl::Status Run(Flags& f) {
   ASSIGN_OR_RETURN(std::unique_ptr<clients::Client> client,
                    clients::Client::Connect(server.address(), client_options));
   ASSIGN_OR_RETURN(ModelInfo info, client->GetModelInfo());
+  f.host_json = HostJson(info);
   ASSIGN_OR_RETURN(const ModelConfig config,
                    NormalizeModelConfig(info.config()));
 
@@ -557,14 +572,14 @@ absl::Status Run(Flags& f) {
     }
     std::printf(
         "{\"bench\": \"serve_train\", \"config\": %s, \"server_args\": %s, "
-        "\"batch\": %lld, \"threads\": %d, \"steps\": %d, \"repeats\": %d, "
+        "%s, \"batch\": %lld, \"threads\": %d, \"steps\": %d, \"repeats\": %d, "
         "\"in_flight\": %d, \"grpc_samples_per_s\": %.0f, "
         "\"grpc_min\": %.0f, \"grpc_max\": %.0f, "
         "\"server_model_samples_per_s\": %.0f, "
         "\"in_process_samples_per_s\": %.0f, \"in_process_min\": %.0f, "
         "\"in_process_max\": %.0f, \"grpc_over_in_process\": %.3f}\n",
         JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
-        static_cast<long long>(f.batch), threads, f.steps, f.repeats,
+        f.host_json.c_str(), static_cast<long long>(f.batch), threads, f.steps, f.repeats,
         f.in_flight, Median(rates.grpc),
         *std::min_element(rates.grpc.begin(), rates.grpc.end()),
         *std::max_element(rates.grpc.begin(), rates.grpc.end()),

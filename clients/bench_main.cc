@@ -122,6 +122,10 @@ struct Row {
   std::string hardware;
   std::string scenario;
   std::string feed;
+  // The precision the server's dense part ran at and its oneDNN matmul
+  // implementation (ModelInfo's dense_precision, dense_isa); empty for a
+  // row not measured here.
+  std::string precision, isa;
   std::vector<double> samples_per_s;
   bool projected = false;
   std::string note;
@@ -583,6 +587,10 @@ std::string RowJson(const Row& row, double base) {
   std::string out = absl::StrCat("{\"hardware\": ", JsonQuote(row.hardware),
                                  ", \"scenario\": ", JsonQuote(row.scenario),
                                  ", \"feed\": ", JsonQuote(row.feed));
+  if (!row.precision.empty()) {
+    absl::StrAppend(&out, ", \"precision\": ", JsonQuote(row.precision),
+                    ", \"isa\": ", JsonQuote(row.isa));
+  }
   if (!row.note.empty()) {
     absl::StrAppend(
         &out, ", \"available\": false, \"note\": ", JsonQuote(row.note), "}");
@@ -737,6 +745,9 @@ absl::Status Run(Flags& f, const std::vector<std::string>& argv) {
     job.scenario = absl::StrCat("CPU only, 1 process, ", threads, " threads");
     job.feed = "server-side synthetic job";
     ASSIGN_OR_RETURN(job.samples_per_s, MeasureJobs(client, f, &stage_ms));
+    ASSIGN_OR_RETURN(const ModelInfo info, client.GetModelInfo());
+    job.precision = PrecisionName(info.dense_precision());
+    job.isa = info.dense_isa();
     measured.push_back(job);
     if (!f.client_stream && !f.in_process) return absl::OkStatus();
     ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
@@ -760,6 +771,10 @@ absl::Status Run(Flags& f, const std::vector<std::string>& argv) {
   if (f.ranks >= 2) {
     Row ranks;
     ranks.hardware = cpu;
+    // The same binary, config and host as the one process: the same
+    // resolved precision.
+    ranks.precision = measured.front().precision;
+    ranks.isa = measured.front().isa;
     ranks.scenario =
         absl::StrCat("CPU only, ", f.ranks,
                      " rank processes hybrid parallel (Gloo loopback), ",

@@ -274,6 +274,9 @@ absl::Status Info(Client& client, const Flags& f) {
   std::printf("steps: %lld  world size: %d%s\n",
               static_cast<long long>(info.steps()), info.world_size(),
               info.inference_only() ? "  inference only" : "");
+  std::printf("dense precision: %s (%s on %s)\n",
+              PrecisionName(info.dense_precision()), info.dense_isa().c_str(),
+              info.cpu_model().c_str());
   if (!info.served_checkpoint().empty()) {
     std::printf("served checkpoint: %s (step %lld)\n",
                 info.served_checkpoint().c_str(),

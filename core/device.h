@@ -26,7 +26,7 @@ const char* MemorySpaceName(MemorySpace space);
 
 // Number of CUDA devices this process can use: 0 when the binary was built
 // without CUDA, when no driver is loaded or when the runtime reports any
-// error (DESIGN.md "Build notes": never abort for lack of a GPU).
+// error (a binary without a GPU never aborts for lack of one).
 int CudaDeviceCount();
 
 // Why CudaDeviceCount() is 0, for skip and error messages ("built without

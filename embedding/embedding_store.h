@@ -1,4 +1,4 @@
-// Storage tiers for embedding rows (DESIGN.md "Storage tiers"): where the
+// Storage tiers for embedding rows (docs/storage.md): where the
 // rows of one table or shard live, and the slot array the unchanged pooling
 // and fused-optimizer kernels of EmbeddingTable run on.
 #pragma once

@@ -1,5 +1,5 @@
 // Sharding plans: which rank holds which rows and columns of every embedding
-// table (DESIGN.md "Sharding"), the greedy planner that makes one from
+// table (docs/hybrid.md "Sharding kinds"), the greedy planner that makes one from
 // table sizes, lookups per sample and each rank's memory and device memory
 // budgets, and the tier planner that moves tables between tiers to fit them.
 #pragma once

@@ -434,24 +434,27 @@ absl::Status CheckMemory(const ModelConfig& config, const MemoryPlan& plan,
       Mib(machine.bytes), " (", machine.source, "), ",
       Mib(need - machine.bytes), " short; ");
   // The largest host budget the tier planner fits in the machine with room
-  // to spare (a tenth), found by lowering it by what is still missing (the
-  // moved tables bring RocksDB's buffers).
+  // to spare (a tenth), by bisection (the moved tables bring RocksDB's
+  // buffers and their row caches, so the fit is not the budget itself).
   const int64_t rows_now = plan.host_tables + plan.row_caches;
   int64_t budget_mb = 0;
-  // Whether even every table on RocksDB leaves row caches too big.
+  // Whether a budget was refused because the row caches alone exceed it.
   bool caches_too_big = false;
   const int64_t target = machine.bytes - machine.bytes / 10;
   if (rows_now > 0 && plan.host_without_tables() < target) {
-    int64_t budget = target - plan.host_without_tables();
+    int64_t lo = 0, hi = target - plan.host_without_tables();
     ModelConfig trial = config;
     if (trial.rocksdb().path().empty()) trial.mutable_rocksdb()->set_path("/");
-    for (int i = 0; i < 8 && budget > (int64_t{1} << 20); ++i) {
+    while (hi - lo > (int64_t{1} << 20)) {
+      const int64_t budget = lo + (hi - lo) / 2;
       trial.mutable_rocksdb()->set_host_budget_bytes(budget);
       absl::StatusOr<ModelConfig> tiers =
           embedding::ApplyMemoryBudgets(trial, sharding);
       if (!tiers.ok()) {
-        caches_too_big = absl::IsResourceExhausted(tiers.status());
-        break;
+        if (!absl::IsResourceExhausted(tiers.status())) break;
+        caches_too_big = true;  // a larger budget may leave room for them
+        lo = budget;
+        continue;
       }
       MemoryPlanOptions o;
       o.rank = plan.rank;
@@ -460,9 +463,10 @@ absl::Status CheckMemory(const ModelConfig& config, const MemoryPlan& plan,
       if (!fit.ok()) break;
       if (fit->host_total() <= target) {
         budget_mb = budget >> 20;
-        break;
+        lo = budget;
+      } else {
+        hi = budget;
       }
-      budget -= fit->host_total() - target;
     }
   }
   if (budget_mb > 0) {

@@ -239,6 +239,12 @@ absl::StatusOr<std::unique_ptr<DlrmServer>> DlrmServer::Start(
   s->metrics_.SetTrainQueueCapacity(o.train_queue_depth);
   s->metrics_.SetRankHealthSource(
       [host = s->host_.get()] { return host->Health(); });
+  {
+    ModelSummary summary = s->host_->Summary(/*include_weight_checksum=*/false);
+    s->metrics_.SetDenseInfo(summary.dense_precision,
+                             std::move(summary.dense_isa),
+                             std::move(summary.cpu_model));
+  }
 
   // Both are process-wide settings read when a builder is made.
   grpc::EnableDefaultHealthCheckService(true);

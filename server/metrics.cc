@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/config.h"
 #include "core/version.h"
 
 namespace dlrm::server {
@@ -252,6 +253,14 @@ void ServerMetrics::SetRankHealthSource(
   rank_health_ = std::move(source);
 }
 
+void ServerMetrics::SetDenseInfo(DensePrecision precision, std::string isa,
+                                 std::string cpu) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dense_precision_ = precision;
+  dense_isa_ = std::move(isa);
+  cpu_model_ = std::move(cpu);
+}
+
 std::string ServerMetrics::Render(int64_t model_steps,
                                   const ServedCheckpoint& served) const {
   std::function<std::vector<RankHealth>()> source;
@@ -265,6 +274,15 @@ std::string ServerMetrics::Render(int64_t model_steps,
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   RenderProcessMetrics(&out);
+  if (!dense_isa_.empty()) {
+    Header(&out, "dlrm_dense_info", "gauge",
+           "Always 1; the labels say the precision the dense part runs at, "
+           "the oneDNN matmul implementation (cuda on a GPU) and the CPU.");
+    Sample(&out, "dlrm_dense_info", 1,
+           absl::StrCat("precision=\"", PrecisionName(dense_precision_),
+                        "\",isa=\"", LabelValue(dense_isa_), "\",cpu=\"",
+                        LabelValue(cpu_model_), "\""));
+  }
   Header(&out, "dlrm_model_steps", "gauge",
          "Training steps the served model has taken (restored ones included).");
   Sample(&out, "dlrm_model_steps", static_cast<double>(model_steps));

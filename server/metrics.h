@@ -84,6 +84,12 @@ class ServerMetrics {
   // several ranks: ModelHost::Health); unset, there are none. Call
   // before the server serves.
   void SetRankHealthSource(std::function<std::vector<RankHealth>()> source);
+  // What Render reports as dlrm_dense_info{precision, isa, cpu}: the
+  // precision the dense part runs at, the oneDNN matmul implementation
+  // ("cuda" on a GPU) and the CPU model (ModelInfo's dense_precision,
+  // dense_isa, cpu_model). Unset, the series is left out.
+  void SetDenseInfo(DensePrecision precision, std::string isa,
+                    std::string cpu);
 
   // The text exposition; `model_steps` is the model's step count and
   // `served` the checkpoint it serves.
@@ -127,6 +133,9 @@ class ServerMetrics {
   Histogram predict_batch_requests_;
   std::map<std::pair<std::string, std::string>, int64_t> rpcs_;
   std::function<std::vector<RankHealth>()> rank_health_;
+  // SetDenseInfo's; empty isa_ until it is called.
+  DensePrecision dense_precision_ = PRECISION_AUTO;
+  std::string dense_isa_, cpu_model_;
 };
 
 }  // namespace dlrm::server

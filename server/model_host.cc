@@ -535,7 +535,11 @@ std::string ModelHost::CheckpointStoppedTraining(const TrainingLease& lease,
   if (lease.host_ != this || !options_.periodic()) return "";
   std::lock_guard<std::mutex> lock(model_mu_);
   const int64_t step = group_->steps();
-  if (training_stopped_ || step == last_saved_step_) return "";
+  // Ranks put out of service by the failure that stopped training cannot
+  // save; that is no checkpoint that failed.
+  if (training_stopped_ || step == last_saved_step_ || group_->broken()) {
+    return "";
+  }
   spdlog::info(
       "training stopped at step {}, after the last periodic checkpoint (step "
       "{}): saving it",

@@ -287,8 +287,9 @@ class ModelHost {
   // periodic checkpoint holds it already, and prunes as a periodic save
   // does, so that a replica following the directory (--follow) catches
   // up. Returns the directory, or "" when none was due, after
-  // StopTraining(), or when the save failed (logged, *failed set; training
-  // goes on). Needs this host's `lease`.
+  // StopTraining(), when the ranks are out of service (the failure that
+  // stopped training broke them), or when the save failed (logged, *failed
+  // set; training goes on). Needs this host's `lease`.
   std::string CheckpointStoppedTraining(const TrainingLease& lease,
                                         bool* failed);
 

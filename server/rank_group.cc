@@ -158,6 +158,11 @@ RankGroup::~RankGroup() {
 
 int64_t RankGroup::steps() const { return steps_.load(); }
 
+bool RankGroup::broken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !broken_.ok();
+}
+
 absl::Status RankGroup::CheckUsable() const {
   if (!broken_.ok()) {
     return absl::UnavailableError(

@@ -101,6 +101,9 @@ class RankGroup {
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  // Whether a communicator error has put the ranks out of service (every
+  // collective call answers Unavailable from then on).
+  bool broken() const;
   const ModelConfig& config() const { return model_->config(); }
   const embedding::ShardingPlan& plan() const { return model_->plan(); }
   // Steps taken; does not wait for a running operation.

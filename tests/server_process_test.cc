@@ -1042,8 +1042,8 @@ TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
   };
   std::string out;
   ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda"}, &out), 0) << out;
-  EXPECT_NE(out.find("device cuda (the dense part), dense precision fp32, "
-                     "tf32 GEMMs on"),
+  EXPECT_NE(out.find("device cuda (the dense part), dense precision fp32 "
+                     "(auto, on the GPU), tf32 GEMMs on"),
             std::string::npos)
       << out;
   ASSERT_EQ(
@@ -1056,7 +1056,9 @@ TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
                     &out),
             0)
       << out;
-  EXPECT_NE(out.find("dense precision bf16, tf32 GEMMs on"), std::string::npos)
+  EXPECT_NE(out.find("dense precision bf16 (asked for, on the GPU), tf32 GEMMs "
+                     "on"),
+            std::string::npos)
       << out;
   // The config's own setting when the flag is not given.
   std::ofstream(dir_ / "no_tf32.textproto")

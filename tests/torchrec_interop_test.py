@@ -164,6 +164,8 @@ def check_interop(tool, check, server, client, source_dir, work):
             lines.append("interaction: INTERACTION_DOT")
         lines += ["dense_optimizer { type: SGD learning_rate: 0.05 }",
                   "sparse_optimizer { type: SGD learning_rate: 0.05 }",
+                  # TorchRec's arithmetic (auto is bf16 on an AMX host).
+                  "dense_precision: PRECISION_FP32",
                   "seed: 11"]
         return "\n".join(lines) + "\n"
 
