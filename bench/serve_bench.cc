@@ -113,10 +113,10 @@ std::string JsonString(const std::vector<std::string>& args) {
 // ModelInfo's dense_precision, dense_isa and cpu_model as the JSON members
 // "precision", "isa", "cpu" (each line names its host).
 std::string HostJson(const ModelInfo& info) {
-  return absl::StrCat("\"precision\": ",
-                      JsonString({PrecisionName(info.dense_precision())}),
-                      ", \"isa\": ", JsonString({info.dense_isa()}),
-                      ", \"cpu\": ", JsonString({info.cpu_model()}));
+  return absl::StrCat(
+      "\"precision\": ", JsonString({PrecisionName(info.dense_precision())}),
+      ", \"isa\": ", JsonString({info.dense_isa()}),
+      ", \"cpu\": ", JsonString({info.cpu_model()}));
 }
 
 absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
@@ -260,8 +260,8 @@ absl::Status MeasurePredict(const std::string& address, int clients,
       "\"latency_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"mean\": %.3f, "
       "\"max\": %.3f}}\n",
       JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
-      f.host_json.c_str(), omp_get_max_threads(), clients, static_cast<long long>(f.request_size),
-      all.size(), elapsed, n / elapsed,
+      f.host_json.c_str(), omp_get_max_threads(), clients,
+      static_cast<long long>(f.request_size), all.size(), elapsed, n / elapsed,
       n * static_cast<double>(f.request_size) / elapsed,
       1e3 * Quantile(all, 0.5), 1e3 * Quantile(all, 0.99),
       all.empty() ? 0 : 1e3 * sum / n, all.empty() ? 0 : 1e3 * all.back());
@@ -422,10 +422,9 @@ absl::Status RunLoad(clients::ServerProcess& server,
       "\"replica\": %s, \"served_step\": {\"start\": %lld, \"end\": %lld}}\n",
       f.load_idle ? "false" : "true", JsonString({f.config}).c_str(),
       JsonString(f.server_args).c_str(), f.host_json.c_str(),
-      omp_get_max_threads(), n,
-      static_cast<long long>(f.request_size), static_cast<long long>(f.batch),
-      elapsed, all.size(), requests_done / elapsed,
-      static_cast<long long>(train_steps),
+      omp_get_max_threads(), n, static_cast<long long>(f.request_size),
+      static_cast<long long>(f.batch), elapsed, all.size(),
+      requests_done / elapsed, static_cast<long long>(train_steps),
       static_cast<double>(train_steps * f.batch) / elapsed,
       static_cast<long long>(total_errors), 1e3 * Quantile(all, 0.5),
       1e3 * Quantile(all, 0.99), all.empty() ? 0 : 1e3 * all.back(), rss_start,
@@ -579,8 +578,8 @@ absl::Status Run(Flags& f) {
         "\"in_process_samples_per_s\": %.0f, \"in_process_min\": %.0f, "
         "\"in_process_max\": %.0f, \"grpc_over_in_process\": %.3f}\n",
         JsonString({f.config}).c_str(), JsonString(f.server_args).c_str(),
-        f.host_json.c_str(), static_cast<long long>(f.batch), threads, f.steps, f.repeats,
-        f.in_flight, Median(rates.grpc),
+        f.host_json.c_str(), static_cast<long long>(f.batch), threads, f.steps,
+        f.repeats, f.in_flight, Median(rates.grpc),
         *std::min_element(rates.grpc.begin(), rates.grpc.end()),
         *std::max_element(rates.grpc.begin(), rates.grpc.end()),
         Median(rates.server_model), Median(rates.in_process),

@@ -396,9 +396,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError("device is invalid");
   }
   if (!DensePrecision_IsValid(c.dense_precision())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense_precision = ", c.dense_precision(),
-                     " is invalid (PRECISION_AUTO, PRECISION_FP32 or PRECISION_BF16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense_precision = ", c.dense_precision(),
+        " is invalid (PRECISION_AUTO, PRECISION_FP32 or PRECISION_BF16)"));
   }
   if (c.max_rows_per_table() < 0) {
     return absl::InvalidArgumentError("max_rows_per_table must be >= 0");
@@ -483,8 +483,9 @@ absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config) {
   } else if (flag == "bf16") {
     config->set_dense_precision(PRECISION_BF16);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--precision must be auto, fp32 or bf16, got '", std::string(flag), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision must be auto, fp32 or bf16, got '",
+                     std::string(flag), "'"));
   }
   return absl::OkStatus();
 }

@@ -80,8 +80,8 @@ const char* DeviceName(ComputeDevice device);
 absl::Status ApplyDeviceFlag(std::string_view flag, ModelConfig* config);
 
 // Sets config->dense_precision from a binary's --precision flag: "auto",
-// "fp32" or "bf16"; an empty flag keeps the config's. InvalidArgument naming the
-// flag otherwise.
+// "fp32" or "bf16"; an empty flag keeps the config's. InvalidArgument naming
+// the flag otherwise.
 absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config);
 // "auto", "fp32" or "bf16".
 const char* PrecisionName(DensePrecision precision);

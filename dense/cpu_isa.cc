@@ -129,7 +129,8 @@ void EnsureCpuIsa() {
     if (why.empty()) return;
     // Must precede every other oneDNN call: the cap is fixed once oneDNN
     // has dispatched anything.
-    const dnnl_status_t st = dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
+    const dnnl_status_t st =
+        dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
     std::fprintf(stderr,
                  "dlrm: the CPU advertises AMX but %s; oneDNN is held below "
                  "AMX%s\n",
@@ -192,8 +193,7 @@ DensePrecision ResolvePrecision(ComputeDevice device,
   return ResolveCpuPrecision(requested);
 }
 
-std::string DescribePrecision(ComputeDevice device,
-                              DensePrecision requested) {
+std::string DescribePrecision(ComputeDevice device, DensePrecision requested) {
   const DensePrecision runs = ResolvePrecision(device, requested);
   std::string out = runs == PRECISION_BF16 ? "bf16" : "fp32";
   const char* why = requested == PRECISION_AUTO ? "auto" : "asked for";

@@ -1,6 +1,6 @@
 // Sharding plans: which rank holds which rows and columns of every embedding
-// table (docs/hybrid.md "Sharding kinds"), the greedy planner that makes one from
-// table sizes, lookups per sample and each rank's memory and device memory
+// table (docs/hybrid.md "Sharding kinds"), the greedy planner that makes one
+// from table sizes, lookups per sample and each rank's memory and device memory
 // budgets, and the tier planner that moves tables between tiers to fit them.
 #pragma once
 

@@ -192,10 +192,10 @@ absl::Status Run(const Flags& f) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
-  std::printf("dense precision: %s\n",
-              dense::DescribePrecision(config.device(),
-                                       config.dense_precision())
-                  .c_str());
+  std::printf(
+      "dense precision: %s\n",
+      dense::DescribePrecision(config.device(), config.dense_precision())
+          .c_str());
   // TF32 applies to fp32 GEMMs only; under bf16 every GEMM takes bf16.
   if (config.device() == DEVICE_CUDA &&
       model->dense_precision() == PRECISION_FP32) {

@@ -622,15 +622,15 @@ absl::Status DryRun(const Flags& f) {
         model_spec.c_str(), config->tables_size(),
         static_cast<long long>(EmbeddingParameterCount(*config)),
         static_cast<long long>(DenseParameterCount(*config)));
-    std::printf("device %s (the dense part), dense precision %s%s\n",
-                DeviceName(config->device()),
-                dense::DescribePrecision(config->device(),
-                                         config->dense_precision())
-                    .c_str(),
-                config->device() == DEVICE_CUDA
-                    ? (config->gpu_disable_tf32() ? ", tf32 GEMMs off"
-                                                  : ", tf32 GEMMs on")
-                    : "");
+    std::printf(
+        "device %s (the dense part), dense precision %s%s\n",
+        DeviceName(config->device()),
+        dense::DescribePrecision(config->device(), config->dense_precision())
+            .c_str(),
+        config->device() == DEVICE_CUDA
+            ? (config->gpu_disable_tf32() ? ", tf32 GEMMs off"
+                                          : ", tf32 GEMMs on")
+            : "");
     const bool device_tables = std::any_of(
         config->tables().begin(), config->tables().end(),
         [](const TableConfig& t) { return t.storage() == STORAGE_DEVICE; });
@@ -824,15 +824,14 @@ absl::StatusOr<std::unique_ptr<model::Model>> ResumeModel(Flags& f) {
     // skipped over for an older checkpoint.
     if (absl::IsFailedPrecondition(config.status())) return config.status();
     absl::StatusOr<std::unique_ptr<model::Model>> model =
-        config.ok()
-            ? model::LoadCheckpointWith(
-                  e.dir, /*weights_only=*/false,
-                  [&](ModelConfig* c) {
-                    *c = *config;
-                    if (f.world_size != 1) return absl::OkStatus();
-                    return CheckMemoryOf(f, *c, nullptr).status();
-                  })
-            : config.status();
+        config.ok() ? model::LoadCheckpointWith(
+                          e.dir, /*weights_only=*/false,
+                          [&](ModelConfig* c) {
+                            *c = *config;
+                            if (f.world_size != 1) return absl::OkStatus();
+                            return CheckMemoryOf(f, *c, nullptr).status();
+                          })
+                    : config.status();
     // Nor is a model too big for this machine (model::CheckMemory).
     if (absl::IsResourceExhausted(model.status())) return model.status();
     if (!model.ok()) {

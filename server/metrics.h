@@ -88,8 +88,7 @@ class ServerMetrics {
   // precision the dense part runs at, the oneDNN matmul implementation
   // ("cuda" on a GPU) and the CPU model (ModelInfo's dense_precision,
   // dense_isa, cpu_model). Unset, the series is left out.
-  void SetDenseInfo(DensePrecision precision, std::string isa,
-                    std::string cpu);
+  void SetDenseInfo(DensePrecision precision, std::string isa, std::string cpu);
 
   // The text exposition; `model_steps` is the model's step count and
   // `served` the checkpoint it serves.

@@ -2207,11 +2207,12 @@ TEST(AmxTest, DetectionAgreesWithTheKernelAndAutoFollowsOneDnn) {
     }
   }
   const AmxSupport& amx = DetectAmx();
-  std::printf("cpu %s; cpuid amx tile %d bf16 %d, palettes %d, tiles %d x %d "
-              "B, permission %d; matmul fp32 %s, bf16 %s\n",
-              CpuModel().c_str(), amx.cpuid_tile, amx.cpuid_bf16,
-              amx.palettes, amx.tiles, amx.tile_bytes, amx.permission,
-              MatmulIsa(false).c_str(), MatmulIsa(true).c_str());
+  std::printf(
+      "cpu %s; cpuid amx tile %d bf16 %d, palettes %d, tiles %d x %d "
+      "B, permission %d; matmul fp32 %s, bf16 %s\n",
+      CpuModel().c_str(), amx.cpuid_tile, amx.cpuid_bf16, amx.palettes,
+      amx.tiles, amx.tile_bytes, amx.permission, MatmulIsa(false).c_str(),
+      MatmulIsa(true).c_str());
   if (!flags.empty()) {
     EXPECT_EQ(amx.cpuid_tile, flags.find(" amx_tile ") != std::string::npos);
     EXPECT_EQ(amx.cpuid_bf16, flags.find(" amx_bf16 ") != std::string::npos);
