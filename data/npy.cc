@@ -69,6 +69,12 @@ uint64_t Le64(const char* p) {
   return v;
 }
 
+// Whether `length` bytes from `offset` lie within a file of `bytes`, with
+// no unsigned wrap-around when the file is shorter than `length`.
+bool Within(uint64_t offset, uint64_t length, uint64_t bytes) {
+  return offset <= bytes && length <= bytes - offset;
+}
+
 // A cursor over the header's dict literal, e.g.
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 13), }
 class DictParser {
@@ -564,7 +570,7 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
   }
   if (zip64) {
     const uint64_t at = Le64(base + end - kLocatorBytes + 8);
-    if (at > bytes - kZip64EndBytes ||
+    if (!Within(at, kZip64EndBytes, bytes) ||
         Le32(base + at) != kZip64EndOfDirectory) {
       return fail("bad ZIP64 end-of-central-directory record");
     }
@@ -572,7 +578,7 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
     directory_bytes = Le64(base + at + 40);
     directory = Le64(base + at + 48);
   }
-  if (directory > bytes || directory_bytes > bytes - directory) {
+  if (!Within(directory, directory_bytes, bytes)) {
     return fail("central directory runs past the end of the file: truncated");
   }
   std::vector<NpzMember> members;
@@ -616,13 +622,14 @@ absl::StatusOr<std::vector<NpzMember>> OpenNpz(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": member is not an .npy array (np.savez writes NAME.npy)"));
     }
-    if (local > bytes - kLocalBytes || Le32(base + local) != kLocalHeader) {
+    if (!Within(local, kLocalBytes, bytes) ||
+        Le32(base + local) != kLocalHeader) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": local header is missing or damaged"));
     }
     const uint64_t data =
         local + kLocalBytes + Le16(base + local + 26) + Le16(base + local + 28);
-    if (data > bytes || packed > bytes - data) {
+    if (!Within(data, packed, bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": member data runs past the end of the file: truncated"));
     }

@@ -280,6 +280,14 @@ patched('crc.npz', 16, 12345)
   const std::string npz = ReadFile(Path("good.npz"));
   WriteFile(Path("truncated.npz"), npz.substr(0, npz.size() / 2));
   WriteFile(Path("cut_tail.npz"), npz.substr(0, npz.size() - 10));
+  // Found by npy_fuzz: a 52-byte file with a ZIP64 locator whose record
+  // offset passed a bounds check that wrapped around below 56 bytes.
+  const std::string short_zip64(
+      "PK\x03\x00!\x00\xb1\x11\x00\x00PK\x06\x07\x00\x00\x00\x00.\x05"
+      "\xf6\x00\x00\x00\xa0\x00\x01\x00\x00\x00PK\x05\x06\x00\x00\x00\x00"
+      "\x02\x00\x02\x00\x96\x00\x00\x00\x98\x04\x00\x00\x00\x00",
+      52);
+  WriteFile(Path("short_zip64.npz"), short_zip64);
 
   const struct {
     const char* file;
@@ -317,6 +325,7 @@ patched('crc.npz', 16, 12345)
       {"bzip2.npz", "x.npy: compression method 12"},
       {"bomb.npz", "x.npy: claims 2147483647 bytes inflated from"},
       {"crc.npz", "x.npy: CRC-32"},
+      {"short_zip64.npz", "bad ZIP64 end-of-central-directory record"},
       {"good.npy", "end-of-central-directory"},
   };
   for (const auto& c : archives) {
