@@ -29,35 +29,16 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_store.h"
 #include "embedding/slot_manager.h"
+#include "tests/support/table_spec.h"
 
 namespace dlrm::embedding {
 namespace {
 
 constexpr uint64_t kSeed = 20261124;
 
-OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
-  OptimizerConfig o;
-  o.set_type(type);
-  o.set_learning_rate(type == OptimizerConfig::SGD    ? 0.1f
-                      : type == OptimizerConfig::ADAM ? 0.01f
-                                                      : 0.05f);
-  o.set_initial_accumulator(0.1f);
-  o.set_eps(1e-8f);
-  o.set_beta1(0.9f);
-  o.set_beta2(0.999f);
-  return o;
-}
-
 TableSpec MakeSpec(int64_t rows, int dim, Pooling pooling,
                    OptimizerConfig::Type type) {
-  TableSpec spec;
-  spec.table_index = 5;
-  spec.rows = rows;
-  spec.dim = dim;
-  spec.pooling = pooling;
-  spec.optimizer = MakeOptimizer(type);
-  spec.seed = kSeed;
-  return spec;
+  return test::MakeTableSpec(5, rows, dim, pooling, type, kSeed);
 }
 
 data::SparseFeature Bag(std::vector<int64_t> ids) {

@@ -3,7 +3,6 @@
 // against a real dlrm_server (tiny config, port 0) started per test suite,
 // and server processes of their own: config file, restart from a checkpoint,
 // Predict under training.
-#include <fcntl.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/dynamic_message.h>
@@ -15,7 +14,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -51,8 +49,8 @@
 #include "core/version.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
-
-extern char** environ;
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::clients {
 namespace {
@@ -227,22 +225,13 @@ TEST(ClientTsvInputTest, MultiHotBagsEqualTheFileReaders) {
 
 // Directory of this test binary; the server and CLI are found next to it in
 // the build tree unless DLRM_SERVER / DLRM_CLIENT name them.
-fs::path BuildDir() {
-  return fs::read_symlink("/proc/self/exe").parent_path().parent_path();
-}
-
 std::string BinaryPath(const char* env, const fs::path& relative) {
-  const char* value = std::getenv(env);
-  if (value != nullptr && *value != '\0') return value;
-  return (BuildDir() / relative).string();
+  return test::BuildBinary(env, relative.string());
 }
 
 // Runs `args` with stdin from `stdin_path` (empty: /dev/null), returning the
 // exit status (-1 if it did not run) and its stdout and stderr.
-struct CommandResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using CommandResult = test::RunResult;
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
@@ -265,33 +254,7 @@ void WriteTinyTsv(const fs::path& path, int samples) {
 CommandResult RunCommand(const std::vector<std::string>& args,
                          const fs::path& dir,
                          const std::string& stdin_path = "") {
-  const fs::path out = dir / "cmd.out";
-  const fs::path err = dir / "cmd.err";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(
-      &actions, 0, stdin_path.empty() ? "/dev/null" : stdin_path.c_str(),
-      O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<char*> argv;
-  for (const std::string& a : args)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  CommandResult result;
-  pid_t pid = 0;
-  const int rc =
-      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return result;
-  int status = 0;
-  waitpid(pid, &status, 0);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.out = ReadFile(out);
-  result.err = ReadFile(err);
-  return result;
+  return test::Run(args, dir.string(), {}, stdin_path);
 }
 
 std::vector<std::string> Lines(const std::string& text) {
@@ -311,21 +274,7 @@ absl::Status ConnectAndReadConfig(const ServerProcess& server,
   return absl::OkStatus();
 }
 
-// `count` synthetic batches of `size` samples for `config`, the stream of
-// `sample_seed` cut in order.
-std::vector<data::Batch> SyntheticBatches(const ModelConfig& config, int count,
-                                          int64_t size, uint64_t sample_seed) {
-  data::SyntheticOptions options;
-  options.teacher_seed = config.seed();
-  options.sample_seed = sample_seed;
-  std::vector<data::Batch> batches(count);
-  absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
-      data::MakeSyntheticSource(config, options);
-  EXPECT_TRUE(source.ok()) << source.status();
-  if (!source.ok()) return {};
-  for (data::Batch& b : batches) EXPECT_TRUE((*source)->Next(size, &b).ok());
-  return batches;
-}
+using test::SyntheticBatches;
 
 // Yields copies of the given batches in order, then ends; Rewind starts
 // over. A batch larger than the caller's max_samples is InvalidArgument.
@@ -865,26 +814,16 @@ TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
   }
   const fs::path out = dir_ / "wait.out";
   const fs::path err = dir_ / "wait.err";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const std::vector<std::string> args = {
       client_path_,  "--server", address_,  "job",       "start",
       "--synthetic", "0",        "--steps", "100000000", "--batch-size",
       "32",          "--wait",   "--poll",  "0.1"};
-  std::vector<char*> argv;
-  for (const std::string& a : args) {
-    argv.push_back(const_cast<char*>(a.c_str()));
-  }
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
-            0);
-  posix_spawn_file_actions_destroy(&actions);
+  test::SpawnOptions options;
+  options.stdin_path = "/dev/null";
+  options.stdout_path = out.string();
+  options.stderr_path = err.string();
+  const pid_t pid = test::Spawn(args, options).pid;
+  ASSERT_NE(pid, -1);
   // The job's first line ("job job-N RUNNING ...") says it started.
   std::string id;
   for (int i = 0; i < 2400 && id.empty(); ++i) {

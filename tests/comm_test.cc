@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -44,6 +43,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "tests/support/process.h"
 #include "tests/test_certs.h"
 #if defined(DLRM_WITH_NCCL)
 #include <cuda_runtime_api.h>
@@ -52,8 +52,6 @@
 #include "tests/cuda_test_util.h"
 #include "tests/nccl_fault_injection.h"
 #endif
-
-extern char** environ;
 
 namespace dlrm::comm {
 namespace {
@@ -750,10 +748,6 @@ int ChildMain(int argc, char** argv) {
 
 // ------------------------------------------------------- parent helpers
 
-std::string SelfExe() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
-}
-
 // A port nothing listens on (bound, read back, closed again).
 int UnusedPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -794,21 +788,15 @@ class RankProcesses {
 
   // Starts `rank` running `scenario`; `flags` are passed as --key=value.
   void Start(int rank, const std::map<std::string, std::string>& flags) {
-    static const std::string exe = SelfExe();
-    std::vector<std::string> args = {exe, kChildFlag};
+    std::vector<std::string> args = {kChildFlag};
     for (const auto& [key, value] : flags) {
       args.push_back(absl::StrCat("--", key, "=", value));
     }
     args.push_back(absl::StrCat("--rank=", rank));
     args.push_back(absl::StrCat("--result=", ResultPath(rank)));
     args.push_back(absl::StrCat("--ready=", ReadyPath(rank)));
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    ASSERT_EQ(
-        posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ),
-        0);
+    const pid_t pid = test::SpawnSelf(args);
+    ASSERT_NE(pid, -1);
     pids_[rank] = pid;
   }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -436,10 +437,25 @@ TEST(ConfigTest, Device) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// gpu_disable_tf32: false unless set (TF32 on for GPU GEMMs), survives
-// normalisation either way, on either device; --tf32 on|off sets it and
-// any other value is refused naming the flag, the config unchanged.
-TEST(ConfigTest, GpuDisableTf32) {
+// A bool field of ModelConfig set by an on|off flag.
+struct OnOffField {
+  // The field's name in config text, e.g. "gpu_disable_tf32".
+  std::string field;
+  bool (ModelConfig::*get)() const;
+  absl::Status (*apply)(std::string_view flag, ModelConfig* config);
+  // The flag value that sets the field ("off" for --tf32) and the one that
+  // clears it.
+  std::string sets;
+  std::string clears;
+  // Values the flag refuses, and the refusal's text.
+  std::vector<std::string> bad;
+  std::string refusal;
+};
+
+// The field is false unless set and survives normalisation either way, on
+// either device; the flag sets it, "" leaves it, any other value is
+// refused naming the flag, the config unchanged.
+void ExpectOnOffField(const OnOffField& f) {
   const std::string base =
       "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
       "top_mlp: [1] ";
@@ -450,69 +466,54 @@ TEST(ConfigTest, GpuDisableTf32) {
   };
   auto plain = load("");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->gpu_disable_tf32());
+  EXPECT_FALSE(((*plain).*f.get)());
   for (const char* device : {"DEVICE_CPU", "DEVICE_CUDA"}) {
-    auto off = load(absl::StrCat("gpu_disable_tf32: true device: ", device));
-    ASSERT_TRUE(off.ok()) << off.status();
-    EXPECT_TRUE(off->gpu_disable_tf32()) << device;
+    auto set = load(absl::StrCat(f.field, ": true device: ", device));
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_TRUE(((*set).*f.get)()) << device;
   }
 
   ModelConfig c = *plain;
-  ASSERT_TRUE(ApplyTf32Flag("", &c).ok());
-  EXPECT_FALSE(c.gpu_disable_tf32());
-  ASSERT_TRUE(ApplyTf32Flag("off", &c).ok());
-  EXPECT_TRUE(c.gpu_disable_tf32());
-  ASSERT_TRUE(ApplyTf32Flag("", &c).ok());
-  EXPECT_TRUE(c.gpu_disable_tf32());
-  for (const char* bad : {"true", "OFF", "0", "tf32"}) {
-    const absl::Status st = ApplyTf32Flag(bad, &c);
+  ASSERT_TRUE(f.apply("", &c).ok());
+  EXPECT_FALSE((c.*f.get)());
+  ASSERT_TRUE(f.apply(f.sets, &c).ok());
+  EXPECT_TRUE((c.*f.get)());
+  ASSERT_TRUE(f.apply("", &c).ok());
+  EXPECT_TRUE((c.*f.get)());
+  for (const std::string& bad : f.bad) {
+    const absl::Status st = f.apply(bad, &c);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(st.message().find("--tf32 must be on or off"), std::string::npos)
-        << st;
-    EXPECT_TRUE(c.gpu_disable_tf32()) << bad;
+    EXPECT_NE(st.message().find(f.refusal), std::string::npos) << st;
+    EXPECT_TRUE((c.*f.get)()) << bad;
   }
-  ASSERT_TRUE(ApplyTf32Flag("on", &c).ok());
-  EXPECT_FALSE(c.gpu_disable_tf32());
+  ASSERT_TRUE(f.apply(f.clears, &c).ok());
+  EXPECT_FALSE((c.*f.get)());
+}
+
+// gpu_disable_tf32: false unless set (TF32 on for GPU GEMMs), survives
+// normalisation either way, on either device; --tf32 on|off sets it and
+// any other value is refused naming the flag, the config unchanged.
+TEST(ConfigTest, GpuDisableTf32) {
+  ExpectOnOffField({"gpu_disable_tf32",
+                    &ModelConfig::gpu_disable_tf32,
+                    &ApplyTf32Flag,
+                    "off",
+                    "on",
+                    {"true", "OFF", "0", "tf32"},
+                    "--tf32 must be on or off"});
 }
 
 // gpu_cuda_graphs: false unless set, survives normalisation on either
 // device; --cuda-graphs on|off sets it and any other value is refused
 // naming the flag, the config unchanged.
 TEST(ConfigTest, GpuCudaGraphs) {
-  const std::string base =
-      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
-      "top_mlp: [1] ";
-  auto load = [&](const std::string& extra) {
-    auto parsed = ParseModelConfigText(base + extra);
-    EXPECT_TRUE(parsed.ok()) << parsed.status();
-    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
-  };
-  auto plain = load("");
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->gpu_cuda_graphs());
-  for (const char* device : {"DEVICE_CPU", "DEVICE_CUDA"}) {
-    auto on = load(absl::StrCat("gpu_cuda_graphs: true device: ", device));
-    ASSERT_TRUE(on.ok()) << on.status();
-    EXPECT_TRUE(on->gpu_cuda_graphs()) << device;
-  }
-
-  ModelConfig c = *plain;
-  ASSERT_TRUE(ApplyCudaGraphsFlag("", &c).ok());
-  EXPECT_FALSE(c.gpu_cuda_graphs());
-  ASSERT_TRUE(ApplyCudaGraphsFlag("on", &c).ok());
-  EXPECT_TRUE(c.gpu_cuda_graphs());
-  ASSERT_TRUE(ApplyCudaGraphsFlag("", &c).ok());
-  EXPECT_TRUE(c.gpu_cuda_graphs());
-  for (const char* bad : {"true", "ON", "1", "graphs"}) {
-    const absl::Status st = ApplyCudaGraphsFlag(bad, &c);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(st.message().find("--cuda-graphs must be on or off"),
-              std::string::npos)
-        << st;
-    EXPECT_TRUE(c.gpu_cuda_graphs()) << bad;
-  }
-  ASSERT_TRUE(ApplyCudaGraphsFlag("off", &c).ok());
-  EXPECT_FALSE(c.gpu_cuda_graphs());
+  ExpectOnOffField({"gpu_cuda_graphs",
+                    &ModelConfig::gpu_cuda_graphs,
+                    &ApplyCudaGraphsFlag,
+                    "on",
+                    "off",
+                    {"true", "ON", "1", "graphs"},
+                    "--cuda-graphs must be on or off"});
 }
 
 // GraphReplay's Ops for the tests: a "stream" that records what is queued

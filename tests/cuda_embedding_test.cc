@@ -22,6 +22,7 @@
 #include "embedding/sparse_chunks.h"
 #include "optim/optimizer.h"
 #include "tests/cuda_test_util.h"
+#include "tests/support/optimizer.h"
 
 namespace dlrm::embedding::cuda {
 namespace {
@@ -34,18 +35,7 @@ using dlrm::testing::RandomFloats;
 using dlrm::testing::ToDevice;
 using dlrm::testing::ToHost;
 
-OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
-  OptimizerConfig o;
-  o.set_type(type);
-  o.set_learning_rate(type == OptimizerConfig::SGD    ? 0.1f
-                      : type == OptimizerConfig::ADAM ? 0.01f
-                                                      : 0.05f);
-  o.set_initial_accumulator(0.1f);
-  o.set_eps(1e-8f);
-  o.set_beta1(0.9f);
-  o.set_beta2(0.999f);
-  return o;
-}
+using test::MakeOptimizer;
 
 using dlrm::testing::BagShape;
 using dlrm::testing::RandomIds;

@@ -40,7 +40,7 @@
 #include "model/checkpoint.h"
 #include "model/exchange_memory.h"
 #include "model/model.h"
-#include "rank_processes.h"
+#include "tests/support/process.h"
 
 namespace dlrm::model {
 namespace {

@@ -31,6 +31,7 @@
 #include "embedding/cuda/embedding_kernels.h"
 #include "embedding/embedding_store.h"
 #include "tests/cuda_test_util.h"
+#include "tests/support/table_spec.h"
 
 namespace dlrm::embedding::cuda {
 namespace {
@@ -56,29 +57,9 @@ using dlrm::testing::ToHost;
 // pooling), step count or state array moves values by far more than 1e-3.
 constexpr double kTolerance = 1e-5;
 
-OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
-  OptimizerConfig o;
-  o.set_type(type);
-  o.set_learning_rate(type == OptimizerConfig::SGD    ? 0.1f
-                      : type == OptimizerConfig::ADAM ? 0.01f
-                                                      : 0.05f);
-  o.set_initial_accumulator(0.1f);
-  o.set_eps(1e-8f);
-  o.set_beta1(0.9f);
-  o.set_beta2(0.999f);
-  return o;
-}
-
 TableSpec MakeSpec(int64_t rows, int dim, Pooling pooling,
                    OptimizerConfig::Type type) {
-  TableSpec spec;
-  spec.table_index = 3;
-  spec.rows = rows;
-  spec.dim = dim;
-  spec.pooling = pooling;
-  spec.optimizer = MakeOptimizer(type);
-  spec.seed = kCudaTestSeed;
-  return spec;
+  return test::MakeTableSpec(3, rows, dim, pooling, type, kCudaTestSeed);
 }
 
 std::unique_ptr<EmbeddingStore> DeviceStore(const TableSpec& spec,

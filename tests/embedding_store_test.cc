@@ -6,8 +6,6 @@
 #include "embedding/embedding_store.h"
 
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,44 +33,17 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_fault_injection.h"
 #include "embedding/rocksdb_store.h"
+#include "tests/support/process.h"
+#include "tests/support/table_spec.h"
 
 namespace dlrm::embedding {
 namespace {
 
 constexpr uint64_t kSeed = 20261123;
 
-OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
-  OptimizerConfig o;
-  o.set_type(type);
-  switch (type) {
-    case OptimizerConfig::SGD:
-      o.set_learning_rate(0.1f);
-      break;
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      o.set_learning_rate(0.05f);
-      o.set_initial_accumulator(0.1f);
-      break;
-    default:
-      o.set_learning_rate(0.01f);
-      break;
-  }
-  o.set_eps(1e-8f);
-  o.set_beta1(0.9f);
-  o.set_beta2(0.999f);
-  return o;
-}
-
 TableSpec MakeSpec(int table_index, int64_t rows, int dim, Pooling pooling,
                    OptimizerConfig::Type type) {
-  TableSpec spec;
-  spec.table_index = table_index;
-  spec.rows = rows;
-  spec.dim = dim;
-  spec.pooling = pooling;
-  spec.optimizer = MakeOptimizer(type);
-  spec.seed = kSeed;
-  return spec;
+  return test::MakeTableSpec(table_index, rows, dim, pooling, type, kSeed);
 }
 
 // `bags` bags of 0..max_hot ids: half from a hot set of 64 rows, half
@@ -1388,22 +1359,12 @@ TEST(StoreMemoryTest, RssStaysWithinCacheBudget) {
   const std::string out = testing::TempDir() + "/embedding_store_memory_" +
                           std::to_string(getpid()) + ".txt";
   const std::string output = "--gtest_output=json:" + out;
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<char*> argv = {self.data(), const_cast<char*>(filter.c_str()),
-                             const_cast<char*>(output.c_str()), nullptr};
-  std::vector<std::string> env_strings = {std::string(kMemoryChildEnv) + "=1"};
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(),
-                        envp.data()),
-            0);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  test::SpawnOptions options;
+  options.env = {std::string(kMemoryChildEnv) + "=1"};
+  const pid_t pid =
+      test::Spawn({test::SelfPath(), filter, output}, options).pid;
+  ASSERT_NE(pid, -1);
+  ASSERT_EQ(test::WaitExit(pid, 240), 0);
   // The child ran the test rather than skipping it.
   std::ifstream in(out);
   std::string json((std::istreambuf_iterator<char>(in)),

@@ -21,33 +21,14 @@
 #include "embedding/sparse_backward_host.h"
 #include "embedding/sparse_chunks.h"
 #include "optim/optimizer.h"
+#include "tests/support/optimizer.h"
 
 namespace dlrm::embedding {
 namespace {
 
 constexpr uint64_t kSeed = 20261122;
 
-OptimizerConfig MakeOptimizer(OptimizerConfig::Type type) {
-  OptimizerConfig o;
-  o.set_type(type);
-  switch (type) {
-    case OptimizerConfig::SGD:
-      o.set_learning_rate(0.1f);
-      break;
-    case OptimizerConfig::ADAGRAD:
-    case OptimizerConfig::ROWWISE_ADAGRAD:
-      o.set_learning_rate(0.05f);
-      o.set_initial_accumulator(0.1f);
-      break;
-    default:
-      o.set_learning_rate(0.01f);
-      break;
-  }
-  o.set_eps(1e-8f);
-  o.set_beta1(0.9f);
-  o.set_beta2(0.999f);
-  return o;
-}
+using test::MakeOptimizer;
 
 struct BatchShape {
   int64_t bags = 0;

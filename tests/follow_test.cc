@@ -30,6 +30,7 @@
 #include "model/model.h"
 #include "server/checkpoint_follower.h"
 #include "server/dlrm_server.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::server {
 namespace {
@@ -42,18 +43,7 @@ ModelConfig Tiny() {
   return *c;
 }
 
-data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
-                           uint64_t seed) {
-  data::SyntheticOptions o;
-  o.teacher_seed = config.seed();
-  o.sample_seed = seed;
-  auto source = data::MakeSyntheticSource(config, o);
-  EXPECT_TRUE(source.ok()) << source.status();
-  data::Batch b;
-  auto more = (*source)->Next(n, &b);
-  EXPECT_TRUE(more.ok() && *more);
-  return b;
-}
+using test::SyntheticBatch;
 
 // The value of the sample line `series` (name plus labels) in Prometheus
 // text, or NaN when absent.

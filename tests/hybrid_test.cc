@@ -28,8 +28,8 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
-#include "rank_processes.h"
 #include "server/rank_group.h"
+#include "tests/support/process.h"
 
 namespace dlrm::model {
 namespace {

@@ -7,13 +7,10 @@
 // and a partition.
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,9 +41,8 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "tests/npy_files.h"
+#include "tests/support/process.h"
 #include "tests/test_certs.h"
-
-extern char** environ;
 
 namespace dlrm {
 namespace {
@@ -84,15 +80,9 @@ constexpr char kConfig[] = R"pb(
 constexpr int64_t kBatch = 37;
 constexpr int64_t kSteps = 4;
 
-fs::path BuildDir() {
-  return fs::read_symlink("/proc/self/exe").parent_path().parent_path();
-}
+fs::path BuildDir() { return test::BuildDir(); }
 
-std::string ServerPath() {
-  const char* env = std::getenv("DLRM_SERVER");
-  if (env != nullptr && *env != '\0') return env;
-  return (BuildDir() / "server" / "dlrm_server").string();
-}
+std::string ServerPath() { return test::ServerBinary(); }
 
 fs::path SourceDir() { return DLRM_SOURCE_DIR; }
 
@@ -113,82 +103,24 @@ int FreePort() {
 }
 
 // One spawned process with stdout in a pipe and stderr in a file.
-struct Proc {
-  pid_t pid = -1;
-  int out_fd = -1;
-};
+using Proc = test::Child;
 
 // `env`: extra NAME=VALUE entries on top of this process's environment.
 Proc Spawn(const std::vector<std::string>& args, const fs::path& err,
            const std::vector<std::string>& env = {}) {
-  int fds[2];
-  Proc p;
-  if (pipe(fds) != 0) return p;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<char*> argv;
-  for (const std::string& a : args)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  if (posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(),
-                  envp.data()) != 0) {
-    p.pid = -1;
-  }
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  p.out_fd = fds[0];
-  return p;
+  test::SpawnOptions options;
+  options.env = env;
+  options.stdout_pipe = true;
+  options.stderr_path = err.string();
+  return test::Spawn(args, options);
 }
 
-// Reads `fd` until it prints `prefix` and a word after it; that word, or ""
-// on timeout.
-std::string WaitForWord(int fd, const std::string& prefix, double seconds) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  std::string buffer;
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char chunk[4096];
-    const ssize_t n = read(fd, chunk, sizeof(chunk));
-    if (n <= 0) return "";
-    buffer.append(chunk, n);
-    const size_t at = buffer.find(prefix);
-    if (at == std::string::npos) continue;
-    const size_t end = buffer.find(' ', at + prefix.size());
-    if (end == std::string::npos) continue;
-    return buffer.substr(at + prefix.size(), end - at - prefix.size());
-  }
-  return "";
-}
+using test::WaitExit;
+using test::WaitForWord;
 
 // Reads `fd` until a "dlrm_server: listening on ADDR" line; "" on timeout.
 std::string WaitListening(int fd, double seconds) {
   return WaitForWord(fd, "dlrm_server: listening on ", seconds);
-}
-
-// Exit code of `pid` within `seconds`, or -2 (then it is killed).
-int WaitExit(pid_t pid, double seconds) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return -2;
 }
 
 // `name` found in PATH or the sbin directories (daemons live there); "" if
@@ -327,15 +259,8 @@ class LocalSlurm {
   // Runs `args` (a daemon that forks into the background) to its exit; ""
   // when it exits 0, else its exit status.
   static std::string Run(const std::vector<std::string>& args) {
-    std::vector<char*> argv;
-    for (const std::string& a : args)
-      argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) !=
-        0) {
-      return "cannot spawn " + args[0];
-    }
+    const pid_t pid = test::Spawn(args).pid;
+    if (pid == -1) return "cannot spawn " + args[0];
     int status = 0;
     waitpid(pid, &status, 0);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";

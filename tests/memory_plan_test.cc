@@ -6,10 +6,6 @@
 // plan it printed.
 #include "model/memory_plan.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,8 +24,7 @@
 #include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
+#include "tests/support/process.h"
 
 namespace dlrm::model {
 namespace {
@@ -50,60 +45,12 @@ std::string TempDir(const std::string& name) {
   return dir.string();
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-// A finished child process: its exit code (-1 when killed), output and
-// peak resident set (getrusage's ru_maxrss of the child).
-struct Ran {
-  int code = -1;
-  std::string out, err;
-  int64_t peak_bytes = 0;
-};
-
 // Runs `argv` with `env` added to this process's environment, stdout and
 // stderr to files under `dir`.
-Ran RunProcess(const std::vector<std::string>& argv,
-               const std::vector<std::string>& env, const std::string& dir) {
-  const std::string out = dir + "/stdout", err = dir + "/stderr";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<char*> args;
-  for (const std::string& a : argv)
-    args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<std::string> env_text;
-  for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
-  for (const std::string& e : env) env_text.push_back(e);
-  std::vector<char*> envp;
-  for (std::string& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  Ran r;
-  const int spawned =
-      posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    r.err = absl::StrCat("posix_spawn ", argv[0], ": errno ", spawned);
-    return r;
-  }
-  int status = 0;
-  rusage usage{};
-  if (wait4(pid, &status, 0, &usage) == pid && WIFEXITED(status)) {
-    r.code = WEXITSTATUS(status);
-  }
-  r.peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  r.out = ReadAll(out);
-  r.err = ReadAll(err);
-  return r;
+test::RunResult RunProcess(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& env,
+                           const std::string& dir) {
+  return test::Run(argv, dir, env);
 }
 
 // The total of the first "memory plan of rank ..." line: its MiB, in bytes.
@@ -292,10 +239,10 @@ const std::string kMachine24 =
 
 TEST(MemoryProcessTest, DlrmTrainRefusesDcnV2BeforeAllocating) {
   const std::string dir = TempDir("train_refuses");
-  const Ran r = RunProcess(
+  const test::RunResult r = RunProcess(
       {DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2", "--steps", "1"},
       {kSmallMachine}, dir);
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("DLRM_MACHINE_MEMORY_BYTES"), std::string::npos)
       << r.err;
@@ -308,11 +255,11 @@ TEST(MemoryProcessTest, DlrmTrainRefusesDcnV2BeforeAllocating) {
 
 TEST(MemoryProcessTest, DlrmTrainAcceptsDcnV2WithAHostBudget) {
   const std::string dir = TempDir("train_budget");
-  const Ran r = RunProcess(
+  const test::RunResult r = RunProcess(
       {DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2", "--host-budget-mb",
        "12000", "--rocksdb-dir", dir + "/rocksdb", "--dry-run"},
       {kMachine24}, dir);
-  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("dlrm_train --dry-run: fits"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("rocksdb row caches"), std::string::npos) << r.out;
@@ -324,24 +271,24 @@ TEST(MemoryProcessTest, DlrmTrainAcceptsDcnV2WithAHostBudget) {
 
 TEST(MemoryProcessTest, DlrmServerDryRunRefusesAndAcceptsAsARun) {
   const std::string dir = TempDir("server");
-  Ran r = RunProcess(
+  test::RunResult r = RunProcess(
       {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run"},
       {kSmallMachine}, dir);
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--host-budget-mb"), std::string::npos) << r.err;
   r = RunProcess(
       {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run",
        "--host-budget-mb", "12000", "--rocksdb-dir", dir + "/rocksdb"},
       {kMachine24}, dir);
-  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("on rocksdb"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory plan of rank 0"), std::string::npos) << r.out;
   // The old --memory-budget-mb error now says what that flag is.
   r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2",
                   "--dry-run", "--memory-budget-mb", "20"},
                  {}, dir);
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("sharding planner's limit"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--host-budget-mb N --rocksdb-dir DIR"),
             std::string::npos)
@@ -366,12 +313,12 @@ TEST(MemoryProcessTest, PeakRssOfATrainingRunIsWithinATenthOfThePlan) {
   // 5 tables of 400000 rows (197 MiB each with row-wise Adagrad) and 21
   // small ones (21 MiB): a budget of 700 MiB keeps three of the large ones
   // in memory and puts two on RocksDB behind caches of 40000 rows.
-  const Ran r = RunProcess(
+  const test::RunResult r = RunProcess(
       {DLRM_TRAIN_BINARY, "--config", config, "--host-budget-mb", "700",
        "--rocksdb-dir", dir + "/rocksdb", "--steps", "3", "--batch-size", "256",
        "--eval-samples", "2048", "--log-interval", "1", "--threads", "2"},
       {}, dir);
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("rocksdb row caches"), std::string::npos) << r.out;
   const int64_t plan = PrintedPlanBytes(r.out);
   ASSERT_GT(plan, 0) << r.out;

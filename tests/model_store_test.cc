@@ -21,6 +21,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/trainer.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -89,14 +90,7 @@ std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
   o.zipf_alpha = 1.05;
   o.teacher_seed = seed;
   o.sample_seed = seed + 1;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  std::vector<data::Batch> out(count);
-  for (auto& b : out) {
-    auto more = (*src)->Next(n, &b);
-    EXPECT_TRUE(more.ok() && *more);
-  }
-  return out;
+  return test::SyntheticBatches(c, count, n, o);
 }
 
 std::unique_ptr<Model> Make(const ModelConfig& c) {
@@ -107,6 +101,25 @@ std::unique_ptr<Model> Make(const ModelConfig& c) {
 
 // Every float of the model: dense weights, then every table's records
 // (weights and optimizer state, read through the stores) and step.
+// The seeds, for reproducing a failure.
+void PrintSeeds() {
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+}
+
+// Trains `a` and `b` on each batch in turn: both steps succeed with the
+// same loss.
+void TrainBothExpectSameLoss(Model& a, Model& b,
+                             const std::vector<data::Batch>& batches) {
+  for (const data::Batch& batch : batches) {
+    auto x = a.TrainStep(batch);
+    auto y = b.TrainStep(batch);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->loss, y->loss);
+  }
+}
+
 std::vector<float> Everything(Model& m) {
   std::vector<float> out;
   for (dense::Mlp* mlp : {&m.bottom(), &m.top()}) {
@@ -153,9 +166,7 @@ class TierEquivalenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
   const Case& p = GetParam();
-  std::printf("model seed %llu, data seed %llu\n",
-              static_cast<unsigned long long>(kModelSeed),
-              static_cast<unsigned long long>(kDataSeed));
+  PrintSeeds();
   const ModelConfig host_config = BaseConfig(p.sparse);
   const std::string dir = ScratchDir("equiv");
   const ModelConfig rocks_config =
@@ -261,13 +272,8 @@ TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
   EXPECT_EQ(mixed->WholeHostTable(0)->rows(), 2000);
   EXPECT_EQ(mixed->WholeHostTable(1), nullptr);
   EXPECT_EQ(mixed->WholeStore(1)->spec().rows, 3000);
-  const auto batches = Batches(host_config, 20, 32, kDataSeed);
-  for (const auto& b : batches) {
-    auto x = host->TrainStep(b);
-    auto y = mixed->TrainStep(b);
-    ASSERT_TRUE(x.ok() && y.ok());
-    EXPECT_EQ(x->loss, y->loss);
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainBothExpectSameLoss(
+      *host, *mixed, Batches(host_config, 20, 32, kDataSeed)));
   ExpectBitwiseEqual(Everything(*host), Everything(*mixed));
   mixed.reset();
   fs::remove_all(dir);
@@ -277,9 +283,7 @@ TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
 // `next`: the cached tables prefetch, and training stays bitwise that of
 // the in-memory model.
 TEST(ModelStoreTest, TrainLoopPrefetchesNextBatch) {
-  std::printf("model seed %llu, data seed %llu\n",
-              static_cast<unsigned long long>(kModelSeed),
-              static_cast<unsigned long long>(kDataSeed));
+  PrintSeeds();
   const ModelConfig host_config = BaseConfig(OptimizerConfig::ROWWISE_ADAGRAD);
   const std::string dir = ScratchDir("train_loop");
   auto host = Make(host_config);
@@ -358,21 +362,15 @@ TEST(ModelStoreTest, PlannerMovesLargestTablesUntilTheBudgetFits) {
   auto host = Make(host_config);
   auto mixed = Make(*planned);
   ASSERT_TRUE(host && mixed);
-  for (const auto& b : Batches(host_config, 10, 32, kDataSeed)) {
-    auto x = host->TrainStep(b);
-    auto y = mixed->TrainStep(b);
-    ASSERT_TRUE(x.ok() && y.ok());
-    EXPECT_EQ(x->loss, y->loss);
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainBothExpectSameLoss(
+      *host, *mixed, Batches(host_config, 10, 32, kDataSeed)));
   ExpectBitwiseEqual(Everything(*host), Everything(*mixed));
   mixed.reset();
   fs::remove_all(dir);
 }
 
 TEST(ModelStoreTest, OverCapacityBatchIsRejectedAndChangesNothing) {
-  std::printf("model seed %llu, data seed %llu\n",
-              static_cast<unsigned long long>(kModelSeed),
-              static_cast<unsigned long long>(kDataSeed));
+  PrintSeeds();
   const ModelConfig host_config = BaseConfig(OptimizerConfig::ADAM);
   const std::string dir = ScratchDir("capacity");
   // 16 cached rows per table: a 4-sample batch always fits, 64 samples of
@@ -411,9 +409,7 @@ TEST(ModelStoreTest, OverCapacityBatchIsRejectedAndChangesNothing) {
 }
 
 TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
-  std::printf("model seed %llu, data seed %llu\n",
-              static_cast<unsigned long long>(kModelSeed),
-              static_cast<unsigned long long>(kDataSeed));
+  PrintSeeds();
   const ModelConfig host_config = BaseConfig(OptimizerConfig::ADAM);
   const std::string dir = ScratchDir("ckpt_rows");
   const std::string ckpt = ScratchDir("ckpt");

@@ -34,6 +34,7 @@
 #include "model/metrics.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -52,15 +53,12 @@ ModelConfig Tiny() {
   return *c;
 }
 
+// The first `n` samples of stream `seed`, labelled by the default teacher
+// (seed 1) whatever `c`'s seed.
 data::Batch SyntheticBatch(const ModelConfig& c, int64_t n, uint64_t seed) {
   data::SyntheticOptions o;
   o.sample_seed = seed;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  data::Batch b;
-  auto more = (*src)->Next(n, &b);
-  EXPECT_TRUE(more.ok() && *more);
-  return b;
+  return test::SyntheticBatch(c, n, o);
 }
 
 TEST(MetricsTest, AucByHand) {

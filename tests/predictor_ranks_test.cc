@@ -34,9 +34,9 @@
 #include "embedding/sharding.h"
 #include "model/model.h"
 #include "model/predictor.h"
-#include "rank_processes.h"
 #include "server/model_host.h"
 #include "server/rank_group.h"
+#include "tests/support/process.h"
 
 namespace dlrm::model {
 namespace {

@@ -25,6 +25,7 @@
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "tests/raw_call.h"
+#include "tests/support/synthetic.h"
 #include "tests/test_certs.h"
 
 namespace dlrm::server {
@@ -78,23 +79,24 @@ clients::ClientOptions QuickClient() {
   return o;
 }
 
-std::unique_ptr<data::BatchSource> Synthetic(int64_t samples) {
+// `samples` samples of the tiny model's synthetic stream 8 (teacher 7).
+data::SyntheticOptions TinyStream(int64_t samples) {
   data::SyntheticOptions o;
   o.num_samples = samples;
   o.teacher_seed = 7;
   o.sample_seed = 8;
+  return o;
+}
+
+std::unique_ptr<data::BatchSource> Synthetic(int64_t samples) {
   absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
-      data::MakeSyntheticSource(Tiny(), o);
+      data::MakeSyntheticSource(Tiny(), TinyStream(samples));
   EXPECT_TRUE(source.ok()) << source.status();
   return *std::move(source);
 }
 
 data::Batch SyntheticBatch(int64_t n) {
-  std::unique_ptr<data::BatchSource> source = Synthetic(n);
-  data::Batch batch;
-  absl::StatusOr<bool> more = source->Next(n, &batch);
-  EXPECT_TRUE(more.ok() && *more);
-  return batch;
+  return test::SyntheticBatch(Tiny(), n, TinyStream(n));
 }
 
 absl::Status TrainTwoSteps(clients::Client& client) {

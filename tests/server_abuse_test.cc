@@ -28,6 +28,7 @@
 #include "data/wire.h"
 #include "dlrm/service.grpc.pb.h"
 #include "tests/raw_call.h"
+#include "tests/support/process.h"
 
 namespace dlrm {
 namespace {
@@ -39,13 +40,7 @@ constexpr int kMaxConcurrentStreams = 8;
 // The server's --train-idle-timeout-s.
 constexpr int kIdleSeconds = 2;
 
-std::string ServerPath() {
-  const char* env = std::getenv("DLRM_SERVER");
-  if (env != nullptr && *env != '\0') return env;
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
-          "server/dlrm_server")
-      .string();
-}
+std::string ServerPath() { return test::ServerBinary(); }
 
 // One server for the whole suite: the point is that it survives every test
 // in turn.

@@ -3,12 +3,8 @@
 // damaged checkpoints skipped on resume; the checkpoint flags; --health-check
 // over TLS (real processes on loopback, driven through the C++ client
 // library); and ModelHost's periodic checkpoints in-process.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -30,22 +26,16 @@
 #include "model/model.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
 #include "tests/test_certs.h"
-
-extern char** environ;
 
 namespace dlrm {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string ServerPath() {
-  const char* env = std::getenv("DLRM_SERVER");
-  if (env != nullptr && *env != '\0') return env;
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
-          "server" / "dlrm_server")
-      .string();
-}
+std::string ServerPath() { return test::ServerBinary(); }
 
 std::string ReadText(const fs::path& path) {
   std::ifstream in(path);
@@ -62,75 +52,26 @@ struct Proc {
   // Starts `args` with `env` added to ours. False if it cannot start.
   bool Spawn(const std::vector<std::string>& args, const fs::path& err,
              const std::vector<std::string>& env = {}) {
-    int fds[2];
-    if (pipe(fds) != 0) return false;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<char*> argv, envp;
-    for (const std::string& a : args) {
-      argv.push_back(const_cast<char*>(a.c_str()));
-    }
-    argv.push_back(nullptr);
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-    for (const std::string& e : env) {
-      envp.push_back(const_cast<char*>(e.c_str()));
-    }
-    envp.push_back(nullptr);
-    const bool ok = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(),
-                                envp.data()) == 0;
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_fd = fds[0];
-    if (!ok) pid = -1;
-    return ok;
+    test::SpawnOptions options;
+    options.env = env;
+    options.stdout_pipe = true;
+    options.stderr_path = err.string();
+    const test::Child child = test::Spawn(args, options);
+    pid = child.pid;
+    out_fd = child.out_fd;
+    return pid != -1;
   }
 
   // Reads stdout until "dlrm_server: listening on ADDR"; "" on timeout or
   // exit.
   std::string WaitListening(double seconds) {
-    const std::string prefix = "dlrm_server: listening on ";
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(seconds);
-    std::string buffer;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_fd, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = read(out_fd, chunk, sizeof(chunk));
-      if (n <= 0) return "";
-      buffer.append(chunk, n);
-      const size_t at = buffer.find(prefix);
-      if (at == std::string::npos) continue;
-      const size_t end = buffer.find(' ', at + prefix.size());
-      if (end == std::string::npos) continue;
-      return buffer.substr(at + prefix.size(), end - at - prefix.size());
-    }
-    return "";
+    return test::WaitForWord(out_fd, "dlrm_server: listening on ", seconds);
   }
 
   // Exit code within `seconds` (128 + signal when killed), or -2 (then it
   // is killed).
   int WaitExit(double seconds) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(seconds);
-    int code = -2;
-    while (pid > 0) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    const int code = pid > 0 ? test::WaitExit(pid, seconds) : -2;
     pid = -1;
     if (out_fd >= 0) close(out_fd);
     out_fd = -1;
@@ -1150,51 +1091,72 @@ TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
 }
 
 // ModelHost's periodic checkpoints in-process: which steps save, by steps
-// and by time, retention, and the option checks.
+// and by time, retention, and the option checks. Each case has a directory
+// of its own (root_, absent at the start) and 16 synthetic samples of the
+// tiny model (batch_).
+class ModelHostPeriodicTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            (std::string("model_host_periodic_test-") +
+             testing::UnitTest::GetInstance()->current_test_info()->name() +
+             "-" + std::to_string(getpid()));
+    fs::remove_all(root_);
+    auto config = LoadModelConfig("tiny");
+    ASSERT_TRUE(config.ok());
+    config_ = *config;
+    batch_ = test::SyntheticBatch(config_, 16, data::SyntheticOptions());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A ModelHost of a fresh tiny model with `o`; null (and a failure) when
+  // it cannot be made.
+  std::unique_ptr<server::ModelHost> NewHost(
+      const server::ModelHostOptions& o) {
+    auto model = model::Model::Create(config_);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return nullptr;
+    auto host = server::ModelHost::Create(std::move(*model), o);
+    EXPECT_TRUE(host.ok()) << host.status();
+    return host.ok() ? *std::move(host) : nullptr;
+  }
+
+  fs::path root_;
+  ModelConfig config_;
+  data::Batch batch_;
+};
+
 // Training that stops between two periodic checkpoints saves its step as
 // one (for a replica to follow), once; none after StopTraining or without
 // periodic checkpoints.
-TEST(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
-  const fs::path root = fs::temp_directory_path() /
-                        ("stopped_training_test-" + std::to_string(getpid()));
-  fs::remove_all(root);
-  auto config = LoadModelConfig("tiny");
-  ASSERT_TRUE(config.ok());
-  data::SyntheticOptions so;
-  auto source = data::MakeSyntheticSource(*config, so);
-  ASSERT_TRUE(source.ok());
-  data::Batch batch;
-  ASSERT_TRUE(*(*source)->Next(16, &batch));
-
+TEST_F(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
   server::ModelHostOptions o;
-  o.checkpoint_dir = root.string();
+  o.checkpoint_dir = root_.string();
   o.checkpoint_every_steps = 4;
   o.keep_checkpoints = 0;
-  auto model = model::Model::Create(*config);
-  ASSERT_TRUE(model.ok());
-  auto host = server::ModelHost::Create(std::move(*model), o);
-  ASSERT_TRUE(host.ok()) << host.status();
-  auto lease = (*host)->AcquireTraining("test");
+  auto host = NewHost(o);
+  ASSERT_NE(host, nullptr);
+  auto lease = host->AcquireTraining("test");
   ASSERT_TRUE(lease.ok());
   bool failed = true;
   // Nothing trained yet: nothing to save.
-  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed), "");
   EXPECT_FALSE(failed);
   for (int step = 1; step <= 4; ++step) {
-    ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
+    ASSERT_TRUE(host->TrainStep(*lease, batch_).ok());
   }
   // ckpt-4 holds the step already.
-  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
-  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
-  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed),
-            (root / "ckpt-5").string());
+  EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE(host->TrainStep(*lease, batch_).ok());
+  EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed),
+            (root_ / "ckpt-5").string());
   EXPECT_FALSE(failed);
-  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
-  ASSERT_TRUE((*host)->TrainStep(*lease, batch).ok());
-  (*host)->StopTraining();
-  EXPECT_EQ((*host)->CheckpointStoppedTraining(*lease, &failed), "");
+  EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed), "");
+  ASSERT_TRUE(host->TrainStep(*lease, batch_).ok());
+  host->StopTraining();
+  EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed), "");
   std::vector<std::string> names;
-  for (const model::CheckpointEntry& e : model::ListCheckpoints(root)) {
+  for (const model::CheckpointEntry& e : model::ListCheckpoints(root_)) {
     EXPECT_TRUE(e.manifest.ok()) << e.dir;
     names.push_back(e.name);
   }
@@ -1202,47 +1164,31 @@ TEST(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
 
   // Without periodic checkpoints it saves nothing.
   o.checkpoint_every_steps = 0;
-  auto other = model::Model::Create(*config);
-  ASSERT_TRUE(other.ok());
-  auto plain = server::ModelHost::Create(std::move(*other), o);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  auto plain_lease = (*plain)->AcquireTraining("test");
+  auto plain = NewHost(o);
+  ASSERT_NE(plain, nullptr);
+  auto plain_lease = plain->AcquireTraining("test");
   ASSERT_TRUE(plain_lease.ok());
-  ASSERT_TRUE((*plain)->TrainStep(*plain_lease, batch).ok());
-  EXPECT_EQ((*plain)->CheckpointStoppedTraining(*plain_lease, &failed), "");
-  fs::remove_all(root);
+  ASSERT_TRUE(plain->TrainStep(*plain_lease, batch_).ok());
+  EXPECT_EQ(plain->CheckpointStoppedTraining(*plain_lease, &failed), "");
 }
 
-TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
-  const fs::path root =
-      fs::temp_directory_path() / ("periodic_test-" + std::to_string(getpid()));
-  fs::remove_all(root);
-  auto config = LoadModelConfig("tiny");
-  ASSERT_TRUE(config.ok());
-  data::SyntheticOptions so;
-  auto source = data::MakeSyntheticSource(*config, so);
-  ASSERT_TRUE(source.ok());
-  data::Batch batch;
-  ASSERT_TRUE(*(*source)->Next(16, &batch));
-
+TEST_F(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   server::ModelHostOptions o;
-  o.checkpoint_dir = root.string();
+  o.checkpoint_dir = root_.string();
   o.checkpoint_every_steps = 3;
   o.keep_checkpoints = 2;
   {
-    auto model = model::Model::Create(*config);
-    ASSERT_TRUE(model.ok());
-    auto host = server::ModelHost::Create(std::move(*model), o);
-    ASSERT_TRUE(host.ok()) << host.status();
-    auto lease = (*host)->AcquireTraining("test");
+    auto host = NewHost(o);
+    ASSERT_NE(host, nullptr);
+    auto lease = host->AcquireTraining("test");
     ASSERT_TRUE(lease.ok());
     for (int step = 1; step <= 10; ++step) {
-      auto r = (*host)->TrainStep(*lease, batch);
+      auto r = host->TrainStep(*lease, batch_);
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(r->checkpoint.empty(), step % 3 != 0) << step;
     }
   }
-  std::vector<model::CheckpointEntry> list = model::ListCheckpoints(root);
+  std::vector<model::CheckpointEntry> list = model::ListCheckpoints(root_);
   ASSERT_EQ(list.size(), 2u);
   EXPECT_EQ(list[0].name, "ckpt-9");
   EXPECT_EQ(list[1].name, "ckpt-6");
@@ -1251,29 +1197,27 @@ TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   o.checkpoint_every_steps = 0;
   o.checkpoint_every_seconds = 0.3;
   o.keep_checkpoints = 0;
-  auto model = model::Model::Create(*config);
-  ASSERT_TRUE(model.ok());
-  auto host = server::ModelHost::Create(std::move(*model), o);
-  ASSERT_TRUE(host.ok()) << host.status();
-  auto lease = (*host)->AcquireTraining("test");
+  auto host = NewHost(o);
+  ASSERT_NE(host, nullptr);
+  auto lease = host->AcquireTraining("test");
   ASSERT_TRUE(lease.ok());
-  auto r = (*host)->TrainStep(*lease, batch);
+  auto r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->checkpoint.empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(350));
-  r = (*host)->TrainStep(*lease, batch);
+  r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->checkpoint, (root / "ckpt-2").string());
-  r = (*host)->TrainStep(*lease, batch);
+  EXPECT_EQ(r->checkpoint, (root_ / "ckpt-2").string());
+  r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->checkpoint.empty());
-  EXPECT_EQ(model::ListCheckpoints(root).size(), 3u);  // 0 keeps all
-  fs::remove_all(root);
+  EXPECT_EQ(model::ListCheckpoints(root_).size(), 3u);  // 0 keeps all
+  fs::remove_all(root_);
 
   server::ModelHostOptions bad;
   bad.checkpoint_every_steps = 5;
   EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
-  bad.checkpoint_dir = root.string();
+  bad.checkpoint_dir = root_.string();
   EXPECT_TRUE(bad.Validate().ok());
   bad.inference_only = true;
   EXPECT_EQ(bad.Validate().code(), absl::StatusCode::kInvalidArgument);
@@ -1284,35 +1228,24 @@ TEST(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
 
 // A periodic checkpoint that cannot be written (its directory is a file)
 // leaves training going and is counted on /metrics, next to the saved ones.
-TEST(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
-  const fs::path root = fs::temp_directory_path() /
-                        ("periodic_fail_test-" + std::to_string(getpid()));
-  fs::remove_all(root);
-  std::ofstream(root) << "not a directory";
-  auto config = LoadModelConfig("tiny");
-  ASSERT_TRUE(config.ok());
-  auto source = data::MakeSyntheticSource(*config, data::SyntheticOptions());
-  ASSERT_TRUE(source.ok());
-  data::Batch batch;
-  ASSERT_TRUE(*(*source)->Next(16, &batch));
+TEST_F(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
+  std::ofstream(root_) << "not a directory";
   server::ModelHostOptions o;
-  o.checkpoint_dir = root.string();
+  o.checkpoint_dir = root_.string();
   o.checkpoint_every_steps = 2;
-  auto model = model::Model::Create(*config);
-  ASSERT_TRUE(model.ok());
-  auto host = server::ModelHost::Create(std::move(*model), o);
-  ASSERT_TRUE(host.ok()) << host.status();
-  auto lease = (*host)->AcquireTraining("test");
+  auto host = NewHost(o);
+  ASSERT_NE(host, nullptr);
+  auto lease = host->AcquireTraining("test");
   ASSERT_TRUE(lease.ok());
   server::ServerMetrics metrics;
   for (int step = 1; step <= 4; ++step) {
-    auto r = (*host)->TrainStep(*lease, batch);
+    auto r = host->TrainStep(*lease, batch_);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->checkpoint.empty());
     EXPECT_EQ(r->checkpoint_failed, step % 2 == 0) << step;
     metrics.RecordTrainStep(*r);
   }
-  EXPECT_EQ((*host)->steps(), 4);
+  EXPECT_EQ(host->steps(), 4);
   const std::string text = metrics.Render(4);
   EXPECT_NE(text.find("dlrm_checkpoints_failed_total 2\n"), std::string::npos)
       << text;
@@ -1320,18 +1253,17 @@ TEST(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
   EXPECT_EQ(text.find("dlrm_checkpoint_last_step"), std::string::npos);
 
   // Once the directory can be made, saves resume and are counted.
-  fs::remove(root);
-  auto r = (*host)->TrainStep(*lease, batch);
+  fs::remove(root_);
+  auto r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
-  r = (*host)->TrainStep(*lease, batch);
+  r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->checkpoint, (root / "ckpt-6").string());
+  EXPECT_EQ(r->checkpoint, (root_ / "ckpt-6").string());
   metrics.RecordTrainStep(*r);
   const std::string after = metrics.Render(6);
   EXPECT_NE(after.find("dlrm_checkpoints_saved_total 1\n"), std::string::npos)
       << after;
   EXPECT_NE(after.find("dlrm_checkpoint_last_step 6\n"), std::string::npos);
-  fs::remove_all(root);
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <omp.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +47,8 @@
 #include "server/dlrm_server.h"
 #include "tests/npy_files.h"
 #include "tests/raw_call.h"
+#include "tests/support/process.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::server {
 namespace {
@@ -76,19 +77,7 @@ ModelConfig SlowTiny() {
   return *n;
 }
 
-// Samples [seed-th stream, first n) of synthetic data for `config`.
-data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
-                           uint64_t seed) {
-  data::SyntheticOptions o;
-  o.teacher_seed = config.seed();
-  o.sample_seed = seed;
-  auto source = data::MakeSyntheticSource(config, o);
-  EXPECT_TRUE(source.ok()) << source.status();
-  data::Batch b;
-  auto more = (*source)->Next(n, &b);
-  EXPECT_TRUE(more.ok() && *more);
-  return b;
-}
+using test::SyntheticBatch;
 
 Batch ToWire(const data::Batch& b, bool labels = true) {
   Batch out;
@@ -234,12 +223,27 @@ class ServerTest : public ::testing::Test {
     return trainer_->GetJob(&context, request, status);
   }
 
-  // Polls the job until `done` holds (or 20 s pass).
+  // Starts the job `request` describes; `started` its first status.
+  grpc::Status StartJob(const JobRequest& request, JobStatus* started) {
+    grpc::ClientContext context;
+    return trainer_->StartJob(&context, request, started);
+  }
+
+  // Polls the job until it succeeded or failed (WaitForJob's deadline).
+  JobStatus WaitForJobEnd(const std::string& id) {
+    return WaitForJob(id, [](const JobStatus& s) {
+      return s.state() == JobStatus::SUCCEEDED ||
+             s.state() == JobStatus::FAILED;
+    });
+  }
+
+  // Polls the job until `done` holds, or 120 s pass (a deadline for a
+  // loaded machine, where a step of the tiny model can take 100 ms).
   JobStatus WaitForJob(const std::string& id,
                        const std::function<bool(const JobStatus&)>& done) {
     JobStatus status;
     const auto deadline =
-        std::chrono::steady_clock::now() + milliseconds(20000);
+        std::chrono::steady_clock::now() + milliseconds(120000);
     while (std::chrono::steady_clock::now() < deadline) {
       EXPECT_TRUE(GetJob(id, &status).ok());
       if (done(status)) break;
@@ -404,10 +408,7 @@ TEST_F(ServerTest, JobStartStatusCancel) {
   request.set_max_steps(1000000000);
   request.set_eval_interval(200);
   JobStatus started;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
-  }
+  ASSERT_TRUE(StartJob(request, &started).ok());
   EXPECT_EQ(started.id(), "job-1");
   const JobStatus running = WaitForJob(started.id(), [](const JobStatus& s) {
     return s.state() == JobStatus::RUNNING && s.steps() >= 210;
@@ -464,13 +465,8 @@ TEST_F(ServerTest, JobRunsToCompletionWithEvaluation) {
   request.set_batch_size(512);
   request.set_epochs(2);
   JobStatus started;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
-  }
-  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
-    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
-  });
+  ASSERT_TRUE(StartJob(request, &started).ok());
+  const JobStatus done = WaitForJobEnd(started.id());
   ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
   EXPECT_EQ(done.steps(), 16);
   EXPECT_EQ(done.samples(), 8192);
@@ -499,13 +495,8 @@ TEST_F(ServerTest, JobReadsCriteoTsvUnderDataDir) {
   request.mutable_train()->mutable_criteo_tsv()->add_paths("day.tsv");
   request.set_batch_size(100);
   JobStatus started;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
-  }
-  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
-    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
-  });
+  ASSERT_TRUE(StartJob(request, &started).ok());
+  const JobStatus done = WaitForJobEnd(started.id());
   ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
   EXPECT_EQ(done.steps(), 3);
   EXPECT_EQ(done.samples(), 300);
@@ -1213,13 +1204,8 @@ TEST_F(ServerTest, RocksDbJobPrefetchesTheNextBatch) {
   request.mutable_train()->mutable_synthetic()->set_num_samples(12 * 16);
   request.set_batch_size(16);
   JobStatus started;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
-  }
-  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& s) {
-    return s.state() == JobStatus::SUCCEEDED || s.state() == JobStatus::FAILED;
-  });
+  ASSERT_TRUE(StartJob(request, &started).ok());
+  const JobStatus done = WaitForJobEnd(started.id());
   ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
   EXPECT_EQ(done.steps(), 12);
   const std::string text = server_->MetricsText();
@@ -1456,10 +1442,10 @@ class ServerDataPathTest : public ServerTest {
     return trainer_->Evaluate(&context, request, &response);
   }
 
+  using ServerTest::StartJob;
   grpc::Status StartJob(const JobRequest& request) {
-    grpc::ClientContext context;
     JobStatus status;
-    return trainer_->StartJob(&context, request, &status);
+    return StartJob(request, &status);
   }
 };
 
@@ -1539,13 +1525,8 @@ TEST_F(ServerDataPathTest, ParseErrorsNameFileLineAndColumnAndQuoteLittle) {
   request.mutable_train()->mutable_criteo_tsv()->add_paths("bad.tsv");
   request.set_batch_size(10);
   JobStatus started;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(trainer_->StartJob(&context, request, &started).ok());
-  }
-  const JobStatus done = WaitForJob(started.id(), [](const JobStatus& j) {
-    return j.state() == JobStatus::FAILED || j.state() == JobStatus::SUCCEEDED;
-  });
+  ASSERT_TRUE(StartJob(request, &started).ok());
+  const JobStatus done = WaitForJobEnd(started.id());
   EXPECT_EQ(done.state(), JobStatus::FAILED);
   EXPECT_NE(done.error().find("bad.tsv:2: column 0 (label)"), std::string::npos)
       << done.error();
@@ -1743,45 +1724,32 @@ TEST_F(ServerTest, UnparseablePredictIsInvalidArgument) {
 
 // ------------------------------------------------------------ the binary
 
-std::string ServerBinary() {
-  if (const char* env = std::getenv("DLRM_SERVER")) return env;
-  // build/tests/server_test -> build/server/dlrm_server
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() /
-          "server" / "dlrm_server")
-      .string();
-}
+using test::ServerBinary;
 
 TEST(ServerBinaryTest, StartsOnPortZeroAndExitsCleanlyOnSigterm) {
   const std::string binary = ServerBinary();
   ASSERT_TRUE(fs::exists(binary))
       << binary << " is missing: build the dlrm_server target";
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    execl(binary.c_str(), binary.c_str(), "--config", "tiny", "--listen",
-          "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-level",
-          "warn", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
+  test::SpawnOptions options;
+  options.stdout_pipe = true;
+  const test::Child child =
+      test::Spawn({binary, "--config", "tiny", "--listen", "127.0.0.1:0",
+                   "--metrics-listen", "127.0.0.1:0", "--log-level", "warn"},
+                  options);
+  ASSERT_NE(child.pid, -1);
   // Read the first line, with a deadline.
   std::string line;
   const auto deadline = std::chrono::steady_clock::now() + milliseconds(20000);
   while (line.find('\n') == std::string::npos &&
          std::chrono::steady_clock::now() < deadline) {
-    pollfd p{out[0], POLLIN, 0};
+    pollfd p{child.out_fd, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     char buffer[256];
-    const ssize_t n = read(out[0], buffer, sizeof(buffer));
+    const ssize_t n = read(child.out_fd, buffer, sizeof(buffer));
     if (n <= 0) break;
     line.append(buffer, n);
   }
-  close(out[0]);
+  close(child.out_fd);
   std::smatch match;
   const bool parsed = std::regex_search(
       line, match,
@@ -1799,20 +1767,12 @@ TEST(ServerBinaryTest, StartsOnPortZeroAndExitsCleanlyOnSigterm) {
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(info.config().tables_size(), 3);
   }
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
-  int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 200 && done == 0; ++i) {
-    done = waitpid(pid, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(milliseconds(50));
-  }
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "dlrm_server did not exit within 10 s of SIGTERM";
-  }
-  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_EQ(kill(child.pid, SIGTERM), 0);
+  // Its exit code (128 + the signal when one ended it), -2 when it was
+  // still running 30 s after SIGTERM (then it is killed).
+  const int code = test::WaitExit(child.pid, 30);
+  ASSERT_NE(code, -2) << "dlrm_server did not exit after SIGTERM";
+  EXPECT_EQ(code, 0);
 }
 
 // ------------------------------------------------------------ units

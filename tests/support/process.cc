@@ -1,0 +1,221 @@
+#include "tests/support/process.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <thread>
+
+extern char** environ;
+
+namespace dlrm::test {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::string SelfPath() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+std::string BuildDir() {
+  return std::filesystem::read_symlink("/proc/self/exe")
+      .parent_path()
+      .parent_path()
+      .string();
+}
+
+std::string BuildBinary(const char* env, const std::string& relative) {
+  const char* value = std::getenv(env);
+  if (value != nullptr && *value != '\0') return value;
+  return (std::filesystem::path(BuildDir()) / relative).string();
+}
+
+std::string ServerBinary() {
+  return BuildBinary("DLRM_SERVER", "server/dlrm_server");
+}
+
+Child Spawn(const std::vector<std::string>& args, const SpawnOptions& options) {
+  Child child;
+  if (args.empty()) return child;
+  int fds[2] = {-1, -1};
+  if (options.stdout_pipe && pipe(fds) != 0) return child;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!options.stdin_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 0, options.stdin_path.c_str(),
+                                     O_RDONLY, 0);
+  }
+  if (options.stdout_pipe) {
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+  } else if (!options.stdout_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, options.stdout_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  if (!options.stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  // Ours, less the names options.env gives, then options.env.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const std::string& given : options.env) {
+      replaced |= given.size() > name.size() && given[name.size()] == '=' &&
+                  std::string_view(given).substr(0, name.size()) == name;
+    }
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const std::string& e : options.env) {
+    envp.push_back(const_cast<char*>(e.c_str()));
+  }
+  envp.push_back(nullptr);
+  if (posix_spawn(&child.pid, argv[0], &actions, nullptr, argv.data(),
+                  envp.data()) != 0) {
+    child.pid = -1;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  if (options.stdout_pipe) {
+    close(fds[1]);
+    child.out_fd = fds[0];
+  }
+  return child;
+}
+
+pid_t SpawnSelf(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {SelfPath()};
+  all.insert(all.end(), args.begin(), args.end());
+  const Child child = Spawn(all);
+  EXPECT_NE(child.pid, -1) << "posix_spawn " << all[0];
+  return child.pid;
+}
+
+int WaitExit(pid_t pid, double seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -2;
+}
+
+std::vector<int> WaitAll(const std::vector<pid_t>& pids, double seconds) {
+  constexpr int kRunning = -2;
+  std::vector<int> codes(pids.size(), kRunning);
+  size_t left = 0;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] > 0) {
+      ++left;
+    } else {
+      codes[i] = -1;  // never started
+    }
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      int status = 0;
+      if (codes[i] == kRunning &&
+          waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (codes[i] != kRunning) continue;
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], nullptr, 0);
+        codes[i] = -1;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return codes;
+}
+
+std::vector<int> RunRanks(
+    int world, const std::function<std::vector<std::string>(int)>& rank_args,
+    double seconds) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) pids.push_back(SpawnSelf(rank_args(r)));
+  return WaitAll(pids, seconds);
+}
+
+std::string WaitForWord(int fd, const std::string& prefix, double seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::string buffer;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return "";
+    buffer.append(chunk, n);
+    const size_t at = buffer.find(prefix);
+    if (at == std::string::npos) continue;
+    const size_t end = buffer.find(' ', at + prefix.size());
+    if (end == std::string::npos) continue;
+    return buffer.substr(at + prefix.size(), end - at - prefix.size());
+  }
+  return "";
+}
+
+RunResult Run(const std::vector<std::string>& args, const std::string& dir,
+              const std::vector<std::string>& env,
+              const std::string& stdin_path, const std::string& name) {
+  SpawnOptions options;
+  options.env = env;
+  options.stdin_path = stdin_path.empty() ? "/dev/null" : stdin_path;
+  options.stdout_path = dir + "/" + name + ".out";
+  options.stderr_path = dir + "/" + name + ".err";
+  RunResult result;
+  const Child child = Spawn(args, options);
+  if (child.pid == -1) {
+    result.spawn_error = "posix_spawn " + (args.empty() ? "" : args[0]);
+    return result;
+  }
+  int status = 0;
+  rusage usage{};
+  if (wait4(child.pid, &status, 0, &usage) == child.pid && WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  }
+  result.peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  result.out = ReadAll(options.stdout_path);
+  result.err = ReadAll(options.stderr_path);
+  return result;
+}
+
+}  // namespace dlrm::test
