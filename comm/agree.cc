@@ -6,15 +6,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
 
 namespace dlrm::comm {
 
-absl::StatusOr<absl::Status> AgreeOnStatus(Communicator& comm,
-                                           const absl::Status& local,
-                                           const std::vector<int64_t>& extra,
-                                           std::vector<int64_t>* all_extra,
-                                           absl::string_view who) {
+Agreement AgreeOnStatus(Communicator& comm, const absl::Status& local,
+                        const std::vector<int64_t>& extra,
+                        std::vector<int64_t>* all_extra,
+                        absl::string_view who) {
   const int world = comm.world_size();
   // Word 0: the status code; word 1: the message's length; then `extra`.
   constexpr int kHead = 2;
@@ -25,8 +23,10 @@ absl::StatusOr<absl::Status> AgreeOnStatus(Communicator& comm,
   mine[1] = static_cast<int64_t>(text.size());
   std::copy(extra.begin(), extra.end(), mine.begin() + kHead);
   std::vector<int64_t> all(static_cast<size_t>(width) * world);
-  RETURN_IF_ERROR(
-      comm.AllGather(mine.data(), width, all.data(), DataType::kInt64));
+  Agreement agreed;
+  agreed.communicator =
+      comm.AllGather(mine.data(), width, all.data(), DataType::kInt64);
+  if (!agreed.communicator.ok()) return agreed;
   if (all_extra != nullptr) {
     all_extra->clear();
     for (int r = 0; r < world; ++r) {
@@ -42,14 +42,17 @@ absl::StatusOr<absl::Status> AgreeOnStatus(Communicator& comm,
     std::string message = r == comm.rank() ? std::string(text) : std::string();
     message.resize(static_cast<size_t>(theirs[1]));
     if (theirs[1] > 0) {
-      RETURN_IF_ERROR(
-          comm.Broadcast(message.data(), theirs[1], DataType::kUint8, r));
+      agreed.communicator =
+          comm.Broadcast(message.data(), theirs[1], DataType::kUint8, r);
+      if (!agreed.communicator.ok()) return agreed;
     }
-    if (!local.ok()) return local;
-    return absl::Status(static_cast<absl::StatusCode>(theirs[0]),
-                        absl::StrCat(who, " ", r, ": ", message));
+    agreed.verdict =
+        !local.ok() ? local
+                    : absl::Status(static_cast<absl::StatusCode>(theirs[0]),
+                                   absl::StrCat(who, " ", r, ": ", message));
+    return agreed;
   }
-  return absl::OkStatus();
+  return agreed;
 }
 
 }  // namespace dlrm::comm

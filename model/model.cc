@@ -628,14 +628,14 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
                                   const std::vector<int64_t>& extra,
                                   std::vector<int64_t>* all_extra,
                                   const char* what) {
-  absl::StatusOr<absl::Status> agreed =
+  comm::Agreement agreed =
       comm::AgreeOnStatus(*comm_, local, extra, all_extra, what);
-  if (!agreed.ok()) {
+  if (!agreed.communicator.ok()) {
     communicator_failed_ = true;
-    communicator_error_ = agreed.status();
-    return agreed.status();
+    communicator_error_ = agreed.communicator;
+    return agreed.communicator;
   }
-  return *agreed;
+  return agreed.verdict;
 }
 
 absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,

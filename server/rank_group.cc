@@ -549,9 +549,9 @@ absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
 
 absl::Status RankGroup::Verdict(const absl::Status& local, const char* what) {
   if (world_ == 1) return local;
-  absl::StatusOr<absl::Status> agreed = comm::AgreeOnStatus(*comm_, local);
-  if (!agreed.ok()) return Broke(agreed.status(), what);
-  return *agreed;
+  const comm::Agreement agreed = comm::AgreeOnStatus(*comm_, local);
+  if (!agreed.communicator.ok()) return Broke(agreed.communicator, what);
+  return agreed.verdict;
 }
 
 absl::StatusOr<uint64_t> RankGroup::WeightChecksum() {

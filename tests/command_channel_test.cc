@@ -59,8 +59,9 @@ absl::Status RunAgree(const WorkerArgs& a, Communicator& comm) {
                                  : absl::OkStatus();
   const std::vector<int64_t> extra = {a.rank * 10, a.rank * 10 + 1};
   std::vector<int64_t> all;
-  ASSIGN_OR_RETURN(absl::Status agreed,
-                   AgreeOnStatus(comm, local, extra, &all));
+  const Agreement agreement = AgreeOnStatus(comm, local, extra, &all);
+  RETURN_IF_ERROR(agreement.communicator);
+  const absl::Status& agreed = agreement.verdict;
   std::vector<int64_t> want;
   for (int r = 0; r < a.world; ++r) {
     want.push_back(r * 10);
@@ -79,6 +80,17 @@ absl::Status RunAgree(const WorkerArgs& a, Communicator& comm) {
           agreed.message() ==
               absl::StrCat("rank ", a.failing, ": ", LongMessage(a.failing)),
       "the failing rank's code and whole message: " + agreed.ToString());
+}
+
+// Rank 1 leaves before the agreement: rank 0 learns that the communicator
+// failed, never a verdict.
+absl::Status RunAgreeLost(const WorkerArgs& a, Communicator& comm) {
+  if (a.rank == 1) std::_Exit(0);
+  const Agreement agreed =
+      AgreeOnStatus(comm, absl::NotFoundError("mine"), {1});
+  return Expect(
+      !agreed.communicator.ok() && agreed.verdict.ok(),
+      "a communicator error, no verdict: " + agreed.communicator.ToString());
 }
 
 absl::Status RunCommands(const WorkerArgs& a, Communicator& comm) {
@@ -150,6 +162,7 @@ absl::Status RunWorker(const WorkerArgs& a) {
   go.job_id = a.mode;
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(go));
   if (a.mode == "agree") return RunAgree(a, *comm);
+  if (a.mode == "agree-lost") return RunAgreeLost(a, *comm);
   if (a.mode == "commands") return RunCommands(a, *comm);
   if (a.mode == "lost") return RunLostLeader(a, *comm);
   return absl::InvalidArgumentError("unknown mode " + a.mode);
@@ -182,18 +195,21 @@ TEST(AgreeOnStatusTest, EveryRankLearnsTheFailingRanksWholeMessage) {
   }
 }
 
+TEST(AgreeOnStatusTest, ALostRankIsACommunicatorErrorNotAVerdict) {
+  ExpectAllExitedZero(RunRanks("agree-lost", 2, -1), 2);
+}
+
 TEST(AgreeOnStatusTest, OneRankIsItsOwnVerdict) {
   std::unique_ptr<Communicator> comm = MakeSingleRankCommunicator();
   std::vector<int64_t> all;
-  absl::StatusOr<absl::Status> ok =
-      AgreeOnStatus(*comm, absl::OkStatus(), {4, 5}, &all);
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_TRUE(ok->ok());
+  const Agreement ok = AgreeOnStatus(*comm, absl::OkStatus(), {4, 5}, &all);
+  ASSERT_TRUE(ok.communicator.ok()) << ok.communicator;
+  EXPECT_TRUE(ok.verdict.ok());
   EXPECT_EQ(all, (std::vector<int64_t>{4, 5}));
   const absl::Status bad = absl::DataLossError("");
-  absl::StatusOr<absl::Status> failed = AgreeOnStatus(*comm, bad);
-  ASSERT_TRUE(failed.ok()) << failed.status();
-  EXPECT_EQ(*failed, bad);
+  const Agreement failed = AgreeOnStatus(*comm, bad);
+  ASSERT_TRUE(failed.communicator.ok()) << failed.communicator;
+  EXPECT_EQ(failed.verdict, bad);
 }
 
 TEST(CommandChannelTest, CommandsArriveInOrderAndHeartbeatsKeepFollowers) {
