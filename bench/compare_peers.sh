@@ -61,6 +61,10 @@ if [[ ! -x $bench ]]; then
   ./scripts/build.sh
 fi
 
+# The host first: every ratio below holds for this CPU and ISA only.
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $cores cores"
+echo "host ISA: $(grep -o -w 'amx_tile\|avx512_bf16\|avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+
 # Our side's precision flag, if dlrm_bench_train has one (fp32 needs it too:
 # the default, auto, is bf16 on an AMX host).
 help=$("$bench" --help 2>&1 || true)
