@@ -1,6 +1,7 @@
 // The command-line parsing every binary shares (dlrm_server, dlrm_train,
-// dlrm_client): a --version flag, and parse errors that name the config
-// file a bad key came from. Header-only, so that core does not link CLI11.
+// dlrm_client): a --version flag, parse errors that name the config file a
+// bad key came from, and the one name of each flag several binaries share.
+// Header-only, so that core does not link CLI11.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,17 @@
 #include "core/version.h"
 
 namespace dlrm {
+
+// The names of the flags for concepts several binaries share: one name each
+// (the one most binaries used), then the old spelling the others had,
+// still accepted as a deprecated alias (CLI11 takes either; --help shows
+// both). Give them to add_option as the name.
+// Samples per step (per request, per call).
+inline constexpr char kBatchFlag[] = "--batch,--batch-size";
+// Steps to run (timed steps per repetition in a benchmark).
+inline constexpr char kStepsFlag[] = "--steps,--iters";
+// The Zipf exponent of synthetic ids.
+inline constexpr char kAlphaFlag[] = "--alpha,--zipf-alpha";
 
 // Adds --version to `app`: prints "<program> <kVersionString>" and exits 0.
 inline void AddVersionFlag(CLI::App& app, const std::string& program) {

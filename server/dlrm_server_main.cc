@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   if (!f.health.target.empty()) return dlrm::server::HealthCheck(f.health);
   absl::Status s =
       dlrm::server::FinishServerFlags(app, dlrm::comm::ProcessEnv(), &f);
-  if (s.ok()) s = f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::RunServer(f);
+  if (s.ok())
+    s = f.dry_run ? dlrm::server::DryRun(f) : dlrm::server::RunServer(f);
   if (!s.ok()) {
     std::fprintf(stderr, "dlrm_server: %s\n", s.ToString().c_str());
     return 1;

@@ -146,7 +146,7 @@ comm::CommOptions ChannelOptions(const ServerFlags& f, Channel channel) {
 // the model borrows `dense` and `device`, the heartbeats borrow
 // `coordinator` and `heartbeat_client`.
 struct RankComms {
-  std::unique_ptr<comm::CoordinatorServer> coordinator;  // rank 0's
+  std::unique_ptr<comm::CoordinatorServer> coordinator;       // rank 0's
   std::unique_ptr<comm::CoordinatorClient> heartbeat_client;  // followers'
   std::unique_ptr<comm::Communicator> model;    // moved into the RankGroup
   std::unique_ptr<comm::Communicator> predict;  // moved into the RankGroup
@@ -283,13 +283,12 @@ absl::StatusOr<std::unique_ptr<model::Model>> OneProcessModel(
                 ResumedConfig(f, e.dir, changes);
             *fatal = absl::IsFailedPrecondition(config.status());
             RETURN_IF_ERROR(config.status());
-            ASSIGN_OR_RETURN(model, model::LoadCheckpointWith(
-                                        e.dir, /*weights_only=*/false,
-                                        [&](ModelConfig* c) {
-                                          *c = *config;
-                                          return CheckMemoryOf(f, *c, nullptr)
-                                              .status();
-                                        }));
+            ASSIGN_OR_RETURN(
+                model, model::LoadCheckpointWith(
+                           e.dir, /*weights_only=*/false, [&](ModelConfig* c) {
+                             *c = *config;
+                             return CheckMemoryOf(f, *c, nullptr).status();
+                           }));
             return model->steps();
           },
           &f));
@@ -331,8 +330,8 @@ absl::StatusOr<std::unique_ptr<ModelHost>> RankHost(ServerFlags& f,
   RETURN_IF_ERROR(OpenModelComms(f, config, comms));
   ASSIGN_OR_RETURN(
       std::unique_ptr<model::Model> model,
-      model::Model::Create(config, plan, comms->model.get(),
-                           comms->dense.get(), comms->device.get()));
+      model::Model::Create(config, plan, comms->model.get(), comms->dense.get(),
+                           comms->device.get()));
   RankGroupOptions ro;
   ro.heartbeat_seconds = std::min(10.0, f.comm_timeout_s / 4);
   // Followers' heartbeats to the coordinator name a rank that dies or
@@ -485,8 +484,8 @@ absl::Status RunServer(ServerFlags& f) {
         config.tables_size(), EmbeddingParameterCount(config),
         DenseParameterCount(config), model->steps(), omp_get_max_threads(),
         dense::DescribePrecision(config.device(), config.dense_precision()));
-    ASSIGN_OR_RETURN(host, ModelHost::Create(std::move(model),
-                                             HostOptionsFrom(f.server)));
+    ASSIGN_OR_RETURN(
+        host, ModelHost::Create(std::move(model), HostOptionsFrom(f.server)));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DlrmServer> server,
                    DlrmServer::Start(std::move(host), f.server));

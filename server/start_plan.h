@@ -54,8 +54,8 @@ absl::StatusOr<StartPlan> ChooseStart(const ServerFlags& f);
 // when its error must end the resume instead of trying an older
 // checkpoint (a config change the checkpoint forbids).
 using RestoreCheckpointFn = std::function<absl::StatusOr<int64_t>(
-    const model::CheckpointEntry& entry,
-    std::vector<ConfigDifference>* changes, bool* fatal)>;
+    const model::CheckpointEntry& entry, std::vector<ConfigDifference>* changes,
+    bool* fatal)>;
 
 // A resume (start.kind kResume): `restore` of each of start.candidates,
 // newest first, until one succeeds; a failed one is skipped with a
