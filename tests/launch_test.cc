@@ -1673,6 +1673,76 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   StopRanks();
 }
 
+// Checkpoints none of which has a readable manifest: a job of several
+// ranks refuses to start, as one process does, rather than train from
+// scratch and later prune them; --no-resume starts afresh.
+TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
+  const fs::path ckpt = dir_ / "ckpt";
+  const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
+                                          "--checkpoint-every-steps", "2"};
+  {
+    const std::string address = StartRanks(2, flags);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Train(**client);
+    StopRanks();
+  }
+  int damaged = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(ckpt)) {
+    const fs::path manifest = e.path() / "MANIFEST.json";
+    if (!fs::exists(manifest)) continue;
+    fs::resize_file(manifest, 10);
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
+  std::vector<std::string> args = {ServerPath(),
+                                   "--config",
+                                   config_path_.string(),
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--metrics-listen",
+                                   "",
+                                   "--threads",
+                                   "1",
+                                   "--world-size",
+                                   "2",
+                                   "--coordinator",
+                                   coordinator,
+                                   "--comm-timeout-s",
+                                   "10",
+                                   "--rank"};
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> rank_args = args;
+    rank_args.push_back(std::to_string(r));
+    rank_args.insert(rank_args.end(), flags.begin(), flags.end());
+    ranks_.push_back(
+        Spawn(rank_args, dir_ / ("refused-" + std::to_string(r) + ".log")));
+  }
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1);
+  ranks_[0].pid = -1;
+  EXPECT_NE(WaitExit(ranks_[1].pid, 60), 0);
+  ranks_[1].pid = -1;
+  const std::string rank0 = ReadText(dir_ / "refused-0.log");
+  EXPECT_NE(
+      rank0.find("no checkpoint in " + ckpt.string() + " could be loaded"),
+      std::string::npos)
+      << rank0;
+  EXPECT_EQ(rank0.find("starting afresh"), std::string::npos) << rank0;
+  for (Proc& p : ranks_) close(p.out_fd);
+  ranks_.clear();
+
+  std::vector<std::string> fresh = flags;
+  fresh.push_back("--no-resume");
+  const std::string address = StartRanks(2, fresh);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 0);
+  StopRanks();
+}
+
 // Periodic checkpoints of a 2-rank job hold every rank's part; when a rank
 // dies, the other stops the step with a clear error, and the launcher with
 // --restart-on-failure restarts the whole job, which resumes from the
