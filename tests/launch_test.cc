@@ -497,6 +497,16 @@ class LaunchTest : public testing::Test {
     return std::move(*source);
   }
 
+  // Starts `world` ranks with `extra` (StartRanks) and trains kSteps
+  // batches through rank 0 (Train); the ranks keep running.
+  void StartAndTrain(int world, const std::vector<std::string>& extra) {
+    const std::string address = StartRanks(world, extra);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Train(**client);
+  }
+
   // Trains kSteps batches through the client; returns the losses.
   std::vector<double> Train(clients::Client& client) {
     auto source = Source(11, kBatch * kSteps);
@@ -1634,11 +1644,8 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
                                           "--checkpoint-every-steps", "2"};
   {
-    const std::string address = StartRanks(2, flags);
-    ASSERT_FALSE(address.empty());
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    Train(**client);
+    StartAndTrain(2, flags);
+    if (HasFatalFailure()) return;
     for (Proc& p : ranks_) {  // the checkpoints are committed: kill -9
       kill(p.pid, SIGKILL);
       waitpid(p.pid, nullptr, 0);
@@ -1680,14 +1687,9 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
   const fs::path ckpt = dir_ / "ckpt";
   const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
                                           "--checkpoint-every-steps", "2"};
-  {
-    const std::string address = StartRanks(2, flags);
-    ASSERT_FALSE(address.empty());
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    Train(**client);
-    StopRanks();
-  }
+  StartAndTrain(2, flags);
+  if (HasFatalFailure()) return;
+  StopRanks();
   int damaged = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(ckpt)) {
     const fs::path manifest = e.path() / "MANIFEST.json";
@@ -1713,6 +1715,8 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
                                    "--comm-timeout-s",
                                    "10",
                                    "--rank"};
+  for (Proc& p : ranks_) close(p.out_fd);  // the stopped job's
+  ranks_.clear();
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> rank_args = args;
     rank_args.push_back(std::to_string(r));
@@ -1720,7 +1724,7 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
     ranks_.push_back(
         Spawn(rank_args, dir_ / ("refused-" + std::to_string(r) + ".log")));
   }
-  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadText(dir_ / "refused-0.log");
   ranks_[0].pid = -1;
   EXPECT_NE(WaitExit(ranks_[1].pid, 60), 0);
   ranks_[1].pid = -1;
@@ -1732,7 +1736,6 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
   EXPECT_EQ(rank0.find("starting afresh"), std::string::npos) << rank0;
   for (Proc& p : ranks_) close(p.out_fd);
   ranks_.clear();
-
   std::vector<std::string> fresh = flags;
   fresh.push_back("--no-resume");
   const std::string address = StartRanks(2, fresh);
