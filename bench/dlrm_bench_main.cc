@@ -934,10 +934,7 @@ int main(int argc, char** argv) {
   app.add_option("--server", f.server,
                  "dlrm_server binary (default: ../server/dlrm_server next to "
                  "this binary)");
-  app.add_option("--config", f.config,
-                 "Preset (kaggle, mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b, "
-                 "tiny, ...) or "
-                 "config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   app.add_option("--table-scale", f.table_scale,
                  "Divide every table's rows by this (per-sample work stays)")

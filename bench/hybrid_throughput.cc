@@ -229,7 +229,7 @@ absl::Status RunParent(const Flags& f, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
-  app.add_option("--config", f.config, "Preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--rows", f.rows, "Override every table's rows");

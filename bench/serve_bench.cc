@@ -614,7 +614,7 @@ int main(int argc, char** argv) {
   app.add_option("--server-arg", f.server_args,
                  "Extra dlrm_server flag, repeatable "
                  "(--server-arg=--predict-max-wait-us=200)");
-  app.add_option("--config", f.config, "Server preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "the server's")
       ->capture_default_str();
   app.add_option("--threads", f.threads,
                  "Compute threads of the server and the in-process model "

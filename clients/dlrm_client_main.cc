@@ -640,9 +640,8 @@ void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
   }
   app->add_flag("--hash-ids", f.data.hash_ids,
                 "Hash Criteo categoricals before the modulo");
-  app->add_option("--config", f.config,
-                  "Model config shaping the data: a preset or a file "
-                  "(default: the server's)");
+  dlrm::AddConfigFlag(*app, &f.config, PresetNames(),
+                      "shapes the data (default: the server's)");
 }
 
 int Main(int argc, char** argv) {
@@ -771,8 +770,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   predict->add_flag("--hash-ids", f.data.hash_ids,
                     "Hash Criteo categoricals before the modulo");
-  predict->add_option("--config", f.config,
-                      "Model config shaping the data (default: the server's)");
+  dlrm::AddConfigFlag(*predict, &f.config, PresetNames(),
+                      "shapes the data (default: the server's)");
   predict->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per request")
       ->capture_default_str();
 

@@ -265,10 +265,7 @@ int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Train a DLRM in-process and evaluate it."};
   dlrm::AddVersionFlag(app, "dlrm_train");
-  app.add_option("--config", f.config,
-                 "Model config: a preset (tiny, kaggle, kaggle-full, "
-                 "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
-                 "text-format ModelConfig file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--train", f.train_files,

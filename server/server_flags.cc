@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "comm/grpc_auth.h"
+#include "core/cli_parse.h"
+#include "core/config.h"
 #include "core/path_checks.h"
 #include "core/secrets.h"
 #include "core/status.h"
@@ -290,12 +292,9 @@ void AddServerFlags(CLI::App& app, ServerFlags* flags) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus /metrics address HOST:PORT (empty disables)")
       ->capture_default_str();
-  app.add_option("--config", f.config,
-                 "Model config: a preset (tiny, kaggle, kaggle-full, "
-                 "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
-                 "text-format ModelConfig file (ignored with --restore; on a "
-                 "resume, what it changes that a trained model may change is "
-                 "applied, the rest refused)")
+  AddConfigFlag(app, &f.config, PresetNames(),
+                "ignored with --restore; on a resume, what it changes that a "
+                "trained model may change is applied, the rest refused")
       ->capture_default_str();
   // --device, --precision, --tf32 (with --restore or a resume, the default
   // is the checkpoint's setting).
