@@ -398,6 +398,17 @@ class LaunchTest : public testing::Test {
   // variables that launcher sets (comm/launcher_env.h).
   std::string StartRanks(int world, std::vector<std::string> extra = {},
                          const std::string& launcher = "") {
+    SpawnRanks(world, std::move(extra), launcher);
+    const std::string address = WaitListening(ranks_[0].out_fd, 30);
+    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
+                                  << ReadText(dir_ / "rank-0.log");
+    return address;
+  }
+
+  // Starts the ranks as StartRanks does, without waiting for them; rank r
+  // logs to dir_/rank-r.log.
+  void SpawnRanks(int world, std::vector<std::string> extra = {},
+                  const std::string& launcher = "") {
     ranks_.clear();
     const int port = coordinator_port_ > 0 ? coordinator_port_ : FreePort();
     const std::string coordinator = "127.0.0.1:" + std::to_string(port);
@@ -461,10 +472,6 @@ class LaunchTest : public testing::Test {
       ranks_.push_back(
           Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log"), env));
     }
-    const std::string address = WaitListening(ranks_[0].out_fd, 30);
-    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
-                                  << ReadText(dir_ / "rank-0.log");
-    return address;
   }
 
   // SIGTERM to rank 0; every rank must exit 0. A launcher (mpirun, srun)
@@ -1698,44 +1705,21 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
     ++damaged;
   }
   ASSERT_GT(damaged, 0);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
-  std::vector<std::string> args = {ServerPath(),
-                                   "--config",
-                                   config_path_.string(),
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--metrics-listen",
-                                   "",
-                                   "--threads",
-                                   "1",
-                                   "--world-size",
-                                   "2",
-                                   "--coordinator",
-                                   coordinator,
-                                   "--comm-timeout-s",
-                                   "10",
-                                   "--rank"};
   for (Proc& p : ranks_) close(p.out_fd);  // the stopped job's
-  ranks_.clear();
-  for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> rank_args = args;
-    rank_args.push_back(std::to_string(r));
-    rank_args.insert(rank_args.end(), flags.begin(), flags.end());
-    ranks_.push_back(
-        Spawn(rank_args, dir_ / ("refused-" + std::to_string(r) + ".log")));
-  }
-  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadText(dir_ / "refused-0.log");
+  std::vector<std::string> refused = flags;
+  refused.insert(refused.end(), {"--comm-timeout-s", "10"});
+  SpawnRanks(2, refused);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadText(dir_ / "rank-0.log");
   ranks_[0].pid = -1;
   EXPECT_NE(WaitExit(ranks_[1].pid, 60), 0);
   ranks_[1].pid = -1;
-  const std::string rank0 = ReadText(dir_ / "refused-0.log");
+  const std::string rank0 = ReadText(dir_ / "rank-0.log");
   EXPECT_NE(
       rank0.find("no checkpoint in " + ckpt.string() + " could be loaded"),
       std::string::npos)
       << rank0;
   EXPECT_EQ(rank0.find("starting afresh"), std::string::npos) << rank0;
   for (Proc& p : ranks_) close(p.out_fd);
-  ranks_.clear();
   std::vector<std::string> fresh = flags;
   fresh.push_back("--no-resume");
   const std::string address = StartRanks(2, fresh);
