@@ -261,7 +261,7 @@ class ModelHost {
   absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
       const std::string& dir, const std::string& job = "");
 
-  // Writes the weights to the safetensors file `path` (docs/server.md
+  // Writes the weights to the safetensors file `path` (docs/export.md
   // "Weights export"), replacing it only once the new one is complete;
   // taken between steps. On several ranks the leader gathers every table.
   // Errors name the path: ResourceExhausted for a full disk, Internal for
