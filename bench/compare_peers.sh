@@ -110,11 +110,11 @@ our_config_args() {  # shape -> dlrm_bench_train flags
   [[ -n $rows ]] && printf -- '--rows %s ' "$rows"
   return 0
 }
-steps_args() {  # shape -> --iters/--warmup/--repeats
+steps_args() {  # shape -> --steps/--warmup/--repeats
   if [[ $1 == kaggle ]]; then
-    echo "--iters ${KAGGLE_ITERS:-30} --warmup ${KAGGLE_WARMUP:-5} --repeats $repeats"
+    echo "--steps ${KAGGLE_ITERS:-30} --warmup ${KAGGLE_WARMUP:-5} --repeats $repeats"
   else
-    echo "--iters ${DCN_ITERS:-5} --warmup ${DCN_WARMUP:-2} --repeats $repeats"
+    echo "--steps ${DCN_ITERS:-5} --warmup ${DCN_WARMUP:-2} --repeats $repeats"
   fi
 }
 

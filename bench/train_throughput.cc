@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/roofline.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
@@ -248,20 +249,21 @@ absl::Status Run(const Flags& f) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the in-process DLRM step."};
-  app.add_option("--config", f.config, "Preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--rows", f.rows,
                  "Override every table's rows (bench/compare_peers.sh: 100000 "
                  "for kaggle)");
-  app.add_option("--batch", f.batch, "Samples per step")->capture_default_str();
+  app.add_option(dlrm::kBatchFlag, f.batch, "Samples per step")
+      ->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
-  app.add_option("--iters", f.iters, "Timed steps per repetition")
+  app.add_option(dlrm::kStepsFlag, f.iters, "Timed steps per repetition")
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
-  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
       ->capture_default_str();
   app.add_option("--batches", f.batches,
                  "Distinct pre-generated batches, used in rotation (more "
