@@ -9,6 +9,8 @@ set -euo pipefail
 before=$1 after=$2 rounds=${3:-3}
 OUT=${OUT:-/tmp/compare_one_step}
 rm -rf "$OUT"; mkdir -p "$OUT"
+# BEFORE may predate the one flag names (core/cli_parse.h): its
+# dlrm_bench_train gets --iters, which AFTER's takes as --steps.
 rate() { grep -o '"samples_per_s": [0-9]*' "$1" | tail -1 | awk '{print $2}'; }
 for r in $(seq 1 "$rounds"); do
   for side in before after; do
@@ -17,10 +19,10 @@ for r in $(seq 1 "$rounds"); do
         --iters 30 --repeats 5 > "$OUT/train-$side-$r.json" 2>/dev/null
     echo "round $r kaggle step $side: $(rate "$OUT/train-$side-$r.json")"
   done
-  "$after/bench/dlrm_bench_hybrid" --ranks 2 --rows 100000 --iters 20 \
+  "$after/bench/dlrm_bench_hybrid" --ranks 2 --rows 100000 --steps 20 \
       --repeats 3 > "$OUT/hybrid-$r.json" 2> "$OUT/hybrid-$r.log"
   echo "round $r in-process 2 ranks: $(rate "$OUT/hybrid-$r.json")"
-  "$after/clients/dlrm_bench" --config kaggle --no-client-stream \
+  "$after/bench/dlrm_bench" --config kaggle --no-client-stream \
       --no-in-process --ranks 2 --steps 20 --repeats 3 --no-chart \
       --out "$OUT/job-$r" > "$OUT/job-$r.log" 2>&1
   echo "round $r server job 2 ranks: $(grep '2 rank processes' "$OUT/job-$r.log" | head -1 | awk -F'|' '{print $5}')"

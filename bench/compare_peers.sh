@@ -61,6 +61,10 @@ if [[ ! -x $bench ]]; then
   ./scripts/build.sh
 fi
 
+# The host first: every ratio below holds for this CPU and ISA only.
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $cores cores"
+echo "host ISA: $(grep -o -w 'amx_tile\|avx512_bf16\|avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+
 # Our side's precision flag, if dlrm_bench_train has one (fp32 needs it too:
 # the default, auto, is bf16 on an AMX host).
 help=$("$bench" --help 2>&1 || true)
@@ -106,11 +110,11 @@ our_config_args() {  # shape -> dlrm_bench_train flags
   [[ -n $rows ]] && printf -- '--rows %s ' "$rows"
   return 0
 }
-steps_args() {  # shape -> --iters/--warmup/--repeats
+steps_args() {  # shape -> --steps/--warmup/--repeats
   if [[ $1 == kaggle ]]; then
-    echo "--iters ${KAGGLE_ITERS:-30} --warmup ${KAGGLE_WARMUP:-5} --repeats $repeats"
+    echo "--steps ${KAGGLE_ITERS:-30} --warmup ${KAGGLE_WARMUP:-5} --repeats $repeats"
   else
-    echo "--iters ${DCN_ITERS:-5} --warmup ${DCN_WARMUP:-2} --repeats $repeats"
+    echo "--steps ${DCN_ITERS:-5} --warmup ${DCN_WARMUP:-2} --repeats $repeats"
   fi
 }
 

@@ -18,6 +18,7 @@
 
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
@@ -228,21 +229,21 @@ absl::Status RunParent(const Flags& f, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
-  app.add_option("--config", f.config, "Preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--rows", f.rows, "Override every table's rows");
-  app.add_option("--batch", f.batch, "Global samples per step")
+  app.add_option(dlrm::kBatchFlag, f.batch, "Global samples per step")
       ->capture_default_str();
   app.add_option("--ranks", f.ranks, "Rank processes")->capture_default_str();
   app.add_option("--threads-per-rank", f.threads_per_rank,
                  "OpenMP threads per rank (0 = all cores / ranks)");
   app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
-  app.add_option("--iters", f.iters, "Timed steps per repetition")
+  app.add_option(dlrm::kStepsFlag, f.iters, "Timed steps per repetition")
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
       ->capture_default_str();
-  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
       ->capture_default_str();
   app.add_flag("--overlap", f.overlap,
                "All-reduce dense gradients on a second communicator, "

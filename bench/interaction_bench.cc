@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/cli_parse.h"
 #include "dense/interaction.h"
 
 namespace dlrm {
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Timed repetitions (median reported)")
       ->capture_default_str();
-  app.add_option("--iters", f.iters, "Calls per repetition")
+  app.add_option(dlrm::kStepsFlag, f.iters, "Calls per repetition")
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
   CLI11_PARSE(app, argc, argv);

@@ -51,7 +51,7 @@ for round in $(seq 1 "$rounds"); do
           > "$OUT/$tag-rank$r.log" 2>&1 & ranks+=($!)
     done
     until grep -q "listening on" "$OUT/$tag-rank0.log"; do sleep 0.2; done
-    $client job start --synthetic 0 --steps "$steps" --batch-size 2048 --wait \
+    $client job start --synthetic 0 --steps "$steps" --batch 2048 --wait \
         > "$OUT/$tag-job.log" 2>&1
     $client metrics > "$OUT/$tag-metrics.txt"
     bytes=$(awk '/^dlrm_exchange_bytes_total/ { s += $2 } END { printf "%.0f", s }' \

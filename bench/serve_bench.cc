@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "clients/client.h"
 #include "clients/server_process.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "data/rotating_source.h"
@@ -613,27 +614,27 @@ int main(int argc, char** argv) {
   app.add_option("--server-arg", f.server_args,
                  "Extra dlrm_server flag, repeatable "
                  "(--server-arg=--predict-max-wait-us=200)");
-  app.add_option("--config", f.config, "Server preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "the server's")
       ->capture_default_str();
   app.add_option("--threads", f.threads,
                  "Compute threads of the server and the in-process model "
                  "(0 = all cores)")
       ->capture_default_str();
-  app.add_option("--batch", f.batch, "Training samples per step")
+  app.add_option(dlrm::kBatchFlag, f.batch, "Training samples per step")
       ->capture_default_str();
   app.add_option("--batches", f.batches,
                  "Pre-generated training batches, rotated")
       ->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed training steps")
       ->capture_default_str();
-  app.add_option("--steps", f.steps, "Timed training steps per repeat")
+  app.add_option(dlrm::kStepsFlag, f.steps, "Timed training steps per repeat")
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Training repeats (median reported)")
       ->capture_default_str();
   app.add_option("--in-flight", f.in_flight,
                  "Train stream: batches sent and not yet answered")
       ->capture_default_str();
-  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
       ->capture_default_str();
   app.add_option("--concurrency", f.concurrency,
                  "Predict client threads per level, e.g. 1,8,64")

@@ -1,7 +1,9 @@
 // dlrm_bench_train: training samples/s of the in-process DLRM step on
 // pre-generated synthetic batches (the same protocol as the peers in
 // bench/peers: a few batches rotated, warm-up, then timed steps). Prints a
-// JSON line per repetition's median and per-stage times.
+// JSON line per repetition's median and per-stage times; with --roofline a
+// second line (and a table on stderr) of each stage against the host's
+// ceilings measured in the same run (bench/roofline.h).
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/roofline.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
 #include "core/status.h"
@@ -42,7 +46,73 @@ struct Flags {
   // Tables in GPU memory (STORAGE_DEVICE): "all" or names.
   std::vector<std::string> tables_on_device;
   bool prefetch = true;
+  // Also measure the host's GEMM ceilings and copy bandwidth.
+  bool roofline = false;
 };
+
+// The roofline line: every stage against its ceiling, measured now.
+void PrintRoofline(const std::string& name, const ModelConfig& config,
+                   bool bf16, int64_t batch,
+                   const std::vector<data::Batch>& batches,
+                   const model::StageTimes& stages, double steps) {
+  const std::vector<bench::GemmShape> gemms = bench::StepGemms(config, batch);
+  std::vector<double> seconds;
+  double flops = 0, gemm_s = 0;
+  for (const bench::GemmShape& g : gemms) {
+    seconds.push_back(bench::TimeGemm(g, bf16, 5));
+    flops += g.flops();
+    gemm_s += seconds.back();
+  }
+  const double copy = bench::CopyBandwidth(int64_t{256} << 20, 5);
+  bench::EmbeddingBytes bytes;
+  for (const data::Batch& b : batches) {
+    const bench::EmbeddingBytes e = bench::StepEmbeddingBytes(config, b);
+    bytes.lookup += e.lookup / batches.size();
+    bytes.update += e.update / batches.size();
+  }
+  std::array<double, model::StageTimes::kNumStages> per_step{};
+  double step_s = 0;
+  for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
+    per_step[s] = stages.seconds[s] / steps;
+    step_s += per_step[s];
+  }
+  const std::vector<bench::StageRoof> roof =
+      bench::Roofline(per_step, gemms, seconds, bytes, copy);
+  double unbounded_ms = 0;
+  std::fprintf(stderr,
+               "roofline: GEMM ceiling %.1f GFLOP/s over the step's %zu GEMM "
+               "shapes (%s), copy %.1f GB/s\n"
+               "  %-13s %10s %10s %9s  %s\n",
+               flops / gemm_s * 1e-9, gemms.size(), bf16 ? "bf16" : "fp32",
+               copy * 1e-9, "stage", "ms/step", "ceiling", "fraction", "bound");
+  std::printf(
+      "{\"bench\": \"roofline\", \"config\": \"%s\", \"precision\": "
+      "\"%s\", \"cpu\": \"%s\", \"isa\": \"%s\", \"batch\": %lld, "
+      "\"threads\": %d, \"gemm_ceiling_gflops\": %.1f, \"copy_gb_s\": "
+      "%.2f, \"lookup_bytes\": %.0f, \"update_bytes\": %.0f, "
+      "\"stages\": [",
+      name.c_str(), bf16 ? "bf16" : "fp32", dense::CpuModel().c_str(),
+      dense::MatmulIsa(bf16).c_str(), static_cast<long long>(batch),
+      omp_get_max_threads(), flops / gemm_s * 1e-9, copy * 1e-9, bytes.lookup,
+      bytes.update);
+  for (size_t i = 0; i < roof.size(); ++i) {
+    const bench::StageRoof& r = roof[i];
+    if (r.bound.empty()) unbounded_ms += r.measured_ms;
+    std::fprintf(stderr, "  %-13s %10.3f %10.3f %9.2f  %s\n", r.stage,
+                 r.measured_ms, r.ceiling_ms, r.fraction,
+                 r.bound.empty() ? "-" : r.bound.c_str());
+    std::printf(
+        "%s{\"stage\": \"%s\", \"ms\": %.3f, \"ceiling_ms\": %.3f, "
+        "\"fraction\": %.3f, \"bound\": \"%s\"}",
+        i ? ", " : "", r.stage, r.measured_ms, r.ceiling_ms, r.fraction,
+        r.bound.c_str());
+  }
+  const double unbounded_share =
+      step_s > 0 ? unbounded_ms * 1e-3 / step_s : 0.0;
+  std::printf("], \"unbounded_share\": %.3f}\n", unbounded_share);
+  std::fprintf(stderr, "  stages with no ceiling: %.1f%% of the step\n",
+               100 * unbounded_share);
+}
 
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
@@ -165,6 +235,11 @@ absl::Status Run(const Flags& f) {
                 1e3 * stages.seconds[s] / steps);
   }
   std::printf("}}\n");
+  if (f.roofline) {
+    PrintRoofline(f.config, model->config(),
+                  model->dense_precision() == PRECISION_BF16, f.batch, batches,
+                  stages, steps);
+  }
   return absl::OkStatus();
 }
 
@@ -174,20 +249,21 @@ absl::Status Run(const Flags& f) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the in-process DLRM step."};
-  app.add_option("--config", f.config, "Preset or config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--rows", f.rows,
                  "Override every table's rows (bench/compare_peers.sh: 100000 "
                  "for kaggle)");
-  app.add_option("--batch", f.batch, "Samples per step")->capture_default_str();
+  app.add_option(dlrm::kBatchFlag, f.batch, "Samples per step")
+      ->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
-  app.add_option("--iters", f.iters, "Timed steps per repetition")
+  app.add_option(dlrm::kStepsFlag, f.iters, "Timed steps per repetition")
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
       ->capture_default_str();
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
-  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
       ->capture_default_str();
   app.add_option("--batches", f.batches,
                  "Distinct pre-generated batches, used in rotation (more "
@@ -201,6 +277,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", f.prefetch,
                  "Prefetch the next batch's rows during a step (RocksDB)")
       ->capture_default_str();
+  app.add_flag("--roofline", f.roofline,
+               "Then measure the host's GEMM ceiling at each of the step's "
+               "GEMM shapes and its copy bandwidth, and print each stage's "
+               "fraction of its ceiling");
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

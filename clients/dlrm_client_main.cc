@@ -633,16 +633,15 @@ void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
     app->add_option("--synthetic", f.data.synthetic,
                     "Generate this many synthetic samples per epoch instead "
                     "(0 = endless, with --steps)");
-    app->add_option("--zipf-alpha", f.data.zipf_alpha, "Synthetic id skew")
+    app->add_option(dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew")
         ->capture_default_str();
     app->add_option("--data-seed", f.data.data_seed,
                     "Synthetic teacher seed (0 = the model's seed)");
   }
   app->add_flag("--hash-ids", f.data.hash_ids,
                 "Hash Criteo categoricals before the modulo");
-  app->add_option("--config", f.config,
-                  "Model config shaping the data: a preset or a file "
-                  "(default: the server's)");
+  dlrm::AddConfigFlag(*app, &f.config, PresetNames(),
+                      "shapes the data (default: the server's)");
 }
 
 int Main(int argc, char** argv) {
@@ -681,11 +680,13 @@ int Main(int argc, char** argv) {
   CLI::App* train =
       app.add_subcommand("train", "Stream local samples to the server");
   AddLocalDataFlags(train, f, true);
-  train->add_option("--batch-size", f.batch_size, "Samples per step")
+  train->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
       ->capture_default_str();
   train->add_option("--epochs", f.epochs, "Passes over the data")
       ->capture_default_str();
-  train->add_option("--steps", f.steps, "Stop after this many steps (0 = all)")
+  train
+      ->add_option(dlrm::kStepsFlag, f.steps,
+                   "Stop after this many steps (0 = all)")
       ->capture_default_str();
   train
       ->add_option("--in-flight", f.in_flight,
@@ -709,17 +710,19 @@ int Main(int argc, char** argv) {
   job_start->add_flag("--npy", f.data.npy,
                       "The --data and --eval-data paths are NumPy day "
                       "prefixes (DIR/day_N) on the server");
-  job_start->add_option("--zipf-alpha", f.data.zipf_alpha, "Synthetic id skew")
+  job_start
+      ->add_option(dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew")
       ->capture_default_str();
   job_start->add_option("--data-seed", f.data.data_seed,
                         "Synthetic teacher seed (0 = the model's seed)");
   job_start->add_flag("--hash-ids", f.data.hash_ids,
                       "Hash Criteo categoricals before the modulo");
-  job_start->add_option("--batch-size", f.batch_size, "Samples per step")
+  job_start->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
       ->capture_default_str();
   job_start->add_option("--epochs", f.epochs, "Passes over the data")
       ->capture_default_str();
-  job_start->add_option("--steps", f.steps, "Stop after this many steps");
+  job_start->add_option(dlrm::kStepsFlag, f.steps,
+                        "Stop after this many steps");
   job_start->add_option("--eval-interval", f.eval_interval,
                         "Evaluate every N steps (0 = at the end)");
   job_start->add_option("--eval-samples", f.eval_samples,
@@ -749,13 +752,13 @@ int Main(int argc, char** argv) {
   eval->add_option("--synthetic", f.data.synthetic,
                    "Synthetic samples generated on the server (reports the "
                    "teacher's metrics too; 0 = endless, with --max-samples)");
-  eval->add_option("--zipf-alpha", f.data.zipf_alpha, "Synthetic id skew")
+  eval->add_option(dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew")
       ->capture_default_str();
   eval->add_option("--data-seed", f.data.data_seed,
                    "Synthetic teacher seed (0 = the model's seed)");
   eval->add_option("--max-samples", f.max_samples,
                    "Evaluate at most this many samples (0 = all)");
-  eval->add_option("--batch-size", f.batch_size,
+  eval->add_option(dlrm::kBatchFlag, f.batch_size,
                    "Samples per batch sent (local data)")
       ->capture_default_str();
 
@@ -767,9 +770,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   predict->add_flag("--hash-ids", f.data.hash_ids,
                     "Hash Criteo categoricals before the modulo");
-  predict->add_option("--config", f.config,
-                      "Model config shaping the data (default: the server's)");
-  predict->add_option("--batch-size", f.batch_size, "Samples per request")
+  dlrm::AddConfigFlag(*predict, &f.config, PresetNames(),
+                      "shapes the data (default: the server's)");
+  predict->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per request")
       ->capture_default_str();
 
   CLI::App* checkpoint =

@@ -49,7 +49,7 @@ struct GlooOptions {
 // options, DeadlineExceeded naming the ranks that did not arrive within
 // connect_timeout_seconds, FailedPrecondition for a stale generation,
 // Unauthenticated when the coordinator refuses the join token. The Gloo
-// links themselves are plaintext and unauthenticated (docs/server.md
+// links themselves are plaintext and unauthenticated (docs/security.md
 // "Security"); the TCP device binds bind_address only.
 //
 // The communicator fails a collective with Unavailable when a peer's

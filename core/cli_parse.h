@@ -1,20 +1,50 @@
 // The command-line parsing every binary shares (dlrm_server, dlrm_train,
-// dlrm_client): a --version flag, and parse errors that name the config
-// file a bad key came from. Header-only, so that core does not link CLI11.
+// dlrm_client): a --version flag, parse errors that name the config file a
+// bad key came from, the one name of each flag several binaries share and
+// the one --config.
+// Header-only, so that core does not link CLI11.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "core/version.h"
 
 namespace dlrm {
 
+// The names of the flags for concepts several binaries share: one name each
+// (the one most binaries used), then the old spelling the others had,
+// still accepted as a deprecated alias (CLI11 takes either; --help shows
+// both). Give them to add_option as the name.
+// Samples per step (per request, per call).
+inline constexpr char kBatchFlag[] = "--batch,--batch-size";
+// Steps to run (timed steps per repetition in a benchmark).
+inline constexpr char kStepsFlag[] = "--steps,--iters";
+// The Zipf exponent of synthetic ids.
+inline constexpr char kAlphaFlag[] = "--alpha,--zipf-alpha";
+
 // Adds --version to `app`: prints "<program> <kVersionString>" and exits 0.
 inline void AddVersionFlag(CLI::App& app, const std::string& program) {
   app.set_version_flag("--version", program + " " + kVersionString,
                        "Print the version and exit");
+}
+
+// Adds --config, the model config of every binary that builds or shapes a
+// model, bound to *spec: a preset, one of `presets` (core/config.h's
+// PresetNames()), or a text-format ModelConfig file (LoadModelConfig).
+// `role` ends the help with what this binary does with it. Returns the
+// option, for ->required() or ->capture_default_str().
+inline CLI::Option* AddConfigFlag(CLI::App& app, std::string* spec,
+                                  const std::vector<std::string>& presets,
+                                  const std::string& role) {
+  std::string names;
+  for (const std::string& p : presets) names += (names.empty() ? "" : ", ") + p;
+  return app.add_option("--config", *spec,
+                        "Model config: a preset (" + names +
+                            ") or a text-format ModelConfig file" +
+                            (role.empty() ? "" : "; " + role));
 }
 
 // Parses argv into `app` as CLI11_PARSE does; returns -1 to go on, else the

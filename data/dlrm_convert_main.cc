@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "data/criteo.h"
 
@@ -31,11 +32,10 @@ int main(int argc, char** argv) {
       app.add_option("--num-sparse", num_sparse, "Categorical columns per line")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
-  app.add_option("--config", config_spec,
-                 "Preset name or text-format ModelConfig: write version 2, "
-                 "each table's bags of multi_hot_size ids derived from its "
-                 "rows (data/multi_hot.h) and stored; the columns follow the "
-                 "config")
+  dlrm::AddConfigFlag(app, &config_spec, dlrm::PresetNames(),
+                      "write version 2, each table's bags of multi_hot_size "
+                      "ids derived from its rows (data/multi_hot.h) and "
+                      "stored; the columns follow the config")
       ->excludes(dense_flag)
       ->excludes(sparse_flag);
   app.add_option("inputs", inputs,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "model/torchrec.h"
@@ -69,13 +70,12 @@ int main(int argc, char** argv) {
       "Convert between a TorchRec DLRM / DLRM_DCN state_dict (safetensors) "
       "and a dlrm-server checkpoint (docs/torchrec.md)."};
   app.require_subcommand(1);
-  const std::string config_help =
-      "Model config: a preset (tiny, kaggle, ...) or a text-format "
-      "ModelConfig file describing the TorchRec model";
+  const std::string config_help = "describes the TorchRec model";
 
   CLI::App* import_cmd = app.add_subcommand(
       "import", "TorchRec state_dict -> checkpoint directory");
-  import_cmd->add_option("--config", f.config, config_help)->required();
+  dlrm::AddConfigFlag(*import_cmd, &f.config, dlrm::PresetNames(), config_help)
+      ->required();
   import_cmd->add_option("--in", f.in, "The state_dict, a .safetensors file")
       ->required();
   import_cmd->add_option("--out", f.out, "The checkpoint directory to write")
@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
 
   CLI::App* names_cmd = app.add_subcommand(
       "names", "print the TorchRec state_dict keys, shapes and our names");
-  names_cmd->add_option("--config", f.config, config_help)->required();
+  dlrm::AddConfigFlag(*names_cmd, &f.config, dlrm::PresetNames(), config_help)
+      ->required();
 
   CLI11_PARSE(app, argc, argv);
   absl::Status s;

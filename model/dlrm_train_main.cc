@@ -265,10 +265,7 @@ int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Train a DLRM in-process and evaluate it."};
   dlrm::AddVersionFlag(app, "dlrm_train");
-  app.add_option("--config", f.config,
-                 "Model config: a preset (tiny, kaggle, kaggle-full, "
-                 "mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b) or a "
-                 "text-format ModelConfig file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   f.dense.AddTo(app);
   app.add_option("--train", f.train_files,
@@ -283,17 +280,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--eval-samples", f.eval_samples, "Synthetic eval samples")
       ->capture_default_str();
-  app.add_option("--zipf-alpha", f.zipf_alpha, "Synthetic id skew")
+  app.add_option(dlrm::kAlphaFlag, f.zipf_alpha, "Synthetic id skew")
       ->capture_default_str();
   app.add_option("--data-seed", f.data_seed,
                  "Synthetic data seed (0 = the model seed)");
   app.add_flag("--hash-ids", f.hash_ids,
                "Hash Criteo categoricals before the modulo");
-  app.add_option("--steps", f.steps, "Stop after this many steps (0 = epochs)")
+  app.add_option(dlrm::kStepsFlag, f.steps,
+                 "Stop after this many steps (0 = epochs)")
       ->capture_default_str();
   app.add_option("--epochs", f.epochs, "Passes over the training data")
       ->capture_default_str();
-  app.add_option("--batch-size", f.batch_size, "Samples per step")
+  app.add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
       ->capture_default_str();
   app.add_option("--eval-interval", f.eval_interval,
                  "Evaluate every N steps (0 = at the end only)")

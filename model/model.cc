@@ -20,6 +20,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "comm/agree.h"
 #include "core/config.h"
 #include "core/config_change.h"
 #include "core/random.h"
@@ -627,40 +628,14 @@ absl::Status Model::AgreeOnStatus(const absl::Status& local,
                                   const std::vector<int64_t>& extra,
                                   std::vector<int64_t>* all_extra,
                                   const char* what) {
-  // Word 0: the status code; then the start of the message; then `extra`.
-  constexpr int kWords = 32;
-  constexpr size_t kText = (kWords - 1) * sizeof(int64_t);
-  const int64_t width = kWords + static_cast<int64_t>(extra.size());
-  std::vector<int64_t> mine(width, 0);
-  mine[0] = static_cast<int64_t>(local.code());
-  const size_t len = std::min(kText, local.message().size());
-  std::memcpy(&mine[1], local.message().data(), len);
-  std::copy(extra.begin(), extra.end(), mine.begin() + kWords);
-  std::vector<int64_t> all(static_cast<size_t>(width) * world_);
-  if (absl::Status s =
-          comm_->AllGather(mine.data(), width, all.data(), DataType::kInt64);
-      !s.ok()) {
+  comm::Agreement agreed =
+      comm::AgreeOnStatus(*comm_, local, extra, all_extra, what);
+  if (!agreed.communicator.ok()) {
     communicator_failed_ = true;
-    communicator_error_ = s;
-    return s;
+    communicator_error_ = agreed.communicator;
+    return agreed.communicator;
   }
-  if (all_extra != nullptr && !extra.empty()) {
-    all_extra->clear();
-    for (int r = 0; r < world_; ++r) {
-      const auto begin = all.begin() + width * r + kWords;
-      all_extra->insert(all_extra->end(), begin, begin + extra.size());
-    }
-  }
-  if (!local.ok()) return local;
-  for (int r = 0; r < world_; ++r) {
-    const int64_t* theirs = &all[static_cast<size_t>(width) * r];
-    if (theirs[0] == 0) continue;
-    const char* text = reinterpret_cast<const char*>(&theirs[1]);
-    return absl::Status(static_cast<absl::StatusCode>(theirs[0]),
-                        absl::StrCat(what, " ", r, ": ",
-                                     std::string(text, strnlen(text, kText))));
-  }
-  return absl::OkStatus();
+  return agreed.verdict;
 }
 
 absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,

@@ -282,8 +282,8 @@ class Model {
   // Collective: every rank learns whether every rank's `local` is OK, and
   // receives every rank's `extra` words (the same count on every rank) into
   // *all_extra in rank order when not null. Returns `local`'s error, else
-  // the first failing rank's (its code, "rank <r>: " and the start of its
-  // message), else OK; a communicator error as is, after which
+  // the first failing rank's (its code, "rank <r>: " and its message), else
+  // OK; a communicator error as is, after which
   // communicator_failed() is true.
   absl::Status Agree(const absl::Status& local,
                      const std::vector<int64_t>& extra = {},
@@ -392,10 +392,8 @@ class Model {
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
   absl::Status PrepareShards();
-  // All-gathers `local`'s code and the start of its message, and `extra`
-  // (the same length on every rank) into *all_extra (rank order) when not
-  // null; returns `local`'s error, else the first failing rank's (named
-  // after `what`: "<what> <r>: ..."), else OK.
+  // comm::AgreeOnStatus over comm_ ("<what> <r>: ..." names the first
+  // failing rank); a communicator error sets communicator_failed().
   absl::Status AgreeOnStatus(const absl::Status& local,
                              const std::vector<int64_t>& extra = {},
                              std::vector<int64_t>* all_extra = nullptr,

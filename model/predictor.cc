@@ -1,4 +1,5 @@
-// SnapshotPredictor: pooling and the dense part beside the training step.
+// SnapshotPredictor: pooling and the dense part beside the training step;
+// FallbackPredictor's choice.
 #include "model/predictor.h"
 
 #include <shared_mutex>
@@ -8,8 +9,24 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "embedding/embedding_store.h"
+#include "spdlog/spdlog.h"
 
 namespace dlrm::model {
+
+absl::Status FallbackPredictor::Predict(const data::Batch& batch,
+                                        std::vector<float>* probs,
+                                        int64_t* step) {
+  if (beside_ != nullptr) {
+    const absl::Status beside = beside_->Predict(batch, probs, step);
+    if (beside.ok() ||
+        !(absl::IsAborted(beside) || absl::IsUnavailable(beside))) {
+      return beside;
+    }
+    spdlog::debug("prediction between steps: {}",
+                  std::string(beside.message()));
+  }
+  return between_->Predict(batch, probs, step);
+}
 
 absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
     Model* model) {

@@ -1,6 +1,8 @@
-// SnapshotPredictor: predictions from a one-process model on another thread
-// while it trains, from the weights of its last completed step
-// (docs/server.md "Predictions beside training").
+// Predictor: the one interface of a prediction. SnapshotPredictor: one
+// from a one-process model on another thread while it trains, from the
+// weights of its last completed step (docs/server.md "Predictions beside
+// training"); model::RanksPredictor is its counterpart on several ranks.
+// FallbackPredictor: beside the step when it can, else between steps.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,35 @@
 #include "model/model.h"
 
 namespace dlrm::model {
+
+// Click probabilities of a batch from a model, with the step whose weights
+// gave them. Implementations say whether they are thread-safe.
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  // The probability of every sample of `batch` into `probs` (resized), and
+  // into *step (not null) the number of the step whose weights gave them.
+  // InvalidArgument naming the field and the sample for a batch the model
+  // does not take.
+  virtual absl::Status Predict(const data::Batch& batch,
+                               std::vector<float>* probs, int64_t* step) = 0;
+};
+
+// Predicts with `beside` (beside the step; may be null) and, where it
+// cannot answer now (Aborted: the ranks kept reporting different steps;
+// Unavailable: its communicator failed or it was stopped), with `between`
+// (between two steps). Thread-safe when both are. Borrows both.
+class FallbackPredictor final : public Predictor {
+ public:
+  FallbackPredictor(Predictor* beside, Predictor* between)
+      : beside_(beside), between_(between) {}
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
+                       int64_t* step) override;
+
+ private:
+  Predictor* const beside_;
+  Predictor* const between_;
+};
 
 // The model's probabilities for a batch, computed beside its training step
 // rather than between two steps: the embedding rows are pooled straight
@@ -35,7 +66,7 @@ namespace dlrm::model {
 //
 // Thread-safe; predictions run one at a time (the dense copy is their
 // workspace). Borrows the model, which must outlive the predictor.
-class SnapshotPredictor {
+class SnapshotPredictor final : public Predictor {
  public:
   // FailedPrecondition naming why when the model's weights cannot be read
   // beside its step: several ranks (model::RanksPredictor's case), a
@@ -52,7 +83,7 @@ class SnapshotPredictor {
   // sample for a batch the model does not take, or an empty one (nothing
   // is read then); a RocksDB read's error as EmbeddingStore::PoolReadOnly.
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
-                       int64_t* step);
+                       int64_t* step) override;
 
  private:
   SnapshotPredictor(Model* model, std::unique_ptr<dense::DenseBackend> dense);

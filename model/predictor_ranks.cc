@@ -16,7 +16,7 @@ namespace {
 
 // A command is two words: the op and its argument (kPredict: the batch's
 // sample count).
-enum Op : int64_t { kHeartbeat = 1, kPredict = 2, kStop = 3 };
+enum Op : int64_t { kPredict = 2, kStop = 3 };
 constexpr int64_t kCommandWords = 2;
 
 }  // namespace
@@ -102,12 +102,21 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
                        p->dense_->interaction().input_width,
                        " wide, the model's ", p->t_width_));
     }
-    p->heartbeat_ = std::thread([q = p.get()] { q->HeartbeatLoop(); });
   }
   return p;
 }
 
 namespace {
+
+comm::CommandChannelOptions ChannelOptions(
+    const RanksPredictorOptions& options) {
+  comm::CommandChannelOptions channel;
+  channel.words = kCommandWords;
+  channel.heartbeat_seconds = options.heartbeat_seconds;
+  channel.name = "prediction communicator";
+  channel.waiting_for = "a prediction";
+  return channel;
+}
 
 // A row of the interaction input: the bottom MLP's output, then every
 // table's pooled vector.
@@ -137,10 +146,10 @@ RanksPredictor::RanksPredictor(Model* model, comm::Communicator* comm,
       rank_(comm->rank()),
       world_(comm->world_size()),
       t_width_(InteractionWidth(*model)),
+      channel_(comm, ChannelOptions(options_)),
       exchange_(model->config(), model->plan(), comm, TableColumns(*model),
                 t_width_),
-      dense_(std::move(dense)),
-      last_command_(std::chrono::steady_clock::now()) {
+      dense_(std::move(dense)) {
   const ModelConfig& config = model->config();
   model_parallel_ = exchange_.Restricted([&](int k) {
     return model->plan().tables[k].kind != SHARDING_DATA_PARALLEL;
@@ -157,58 +166,18 @@ RanksPredictor::RanksPredictor(Model* model, comm::Communicator* comm,
 
 RanksPredictor::~RanksPredictor() {
   if (rank_ == 0) Stop().IgnoreError();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_heartbeat_ = true;
-  }
-  heartbeat_cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
+  channel_.StopHeartbeat();
 }
 
-absl::Status RanksPredictor::Broke(const absl::Status& status,
-                                   const char* what) {
-  if (broken_.ok()) {
-    broken_ = absl::UnavailableError(
-        absl::StrCat("prediction communicator of rank ", rank_, " of ", world_,
-                     " failed during ", what, ": ", status.message()));
-    spdlog::error("{}", std::string(broken_.message()));
-  }
-  return broken_;
-}
-
-absl::Status RanksPredictor::SendCommand(int64_t op, int64_t arg) {
-  int64_t command[kCommandWords] = {op, arg};
-  last_command_ = std::chrono::steady_clock::now();
-  const absl::Status s =
-      comm_->Broadcast(command, kCommandWords, comm::DataType::kInt64, 0);
-  if (!s.ok()) return Broke(s, "a prediction command");
-  return absl::OkStatus();
-}
-
-void RanksPredictor::HeartbeatLoop() {
-  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(options_.heartbeat_seconds));
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_heartbeat_) {
-    heartbeat_cv_.wait_for(lock, period / 2);
-    if (stop_heartbeat_ || stopped_ || !broken_.ok()) continue;
-    if (std::chrono::steady_clock::now() - last_command_ >= period) {
-      // An error is recorded in broken_ and logged by Broke().
-      SendCommand(kHeartbeat, 0).IgnoreError();
-    }
-  }
-}
-
-std::unique_lock<std::mutex> RanksPredictor::Pause() {
-  return std::unique_lock<std::mutex>(mu_);
-}
+std::unique_lock<std::mutex> RanksPredictor::Pause() { return channel_.Lock(); }
 
 absl::Status RanksPredictor::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_.Lock();
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
-  RETURN_IF_ERROR(broken_);
-  return SendCommand(kStop, 0);
+  channel_.Close();
+  RETURN_IF_ERROR(channel_.broken());
+  return channel_.Send({kStop, 0}, "a prediction command");
 }
 
 absl::Status RanksPredictor::Predict(const data::Batch& batch,
@@ -220,13 +189,13 @@ absl::Status RanksPredictor::Predict(const data::Batch& batch,
   RETURN_IF_ERROR(ValidateBatch(model_->config(), batch));
   const int64_t n = batch.size;
   if (n == 0) return absl::InvalidArgumentError("batch: the batch is empty");
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(broken_);
+  const std::unique_lock<std::mutex> lock = channel_.Lock();
+  RETURN_IF_ERROR(channel_.broken());
   if (stopped_) {
     return absl::UnavailableError("predictions beside training were stopped");
   }
   ASSIGN_OR_RETURN(float* t, dense_->InteractionInput(n));
-  RETURN_IF_ERROR(SendCommand(kPredict, n));
+  RETURN_IF_ERROR(channel_.Send({kPredict, n}, "a prediction command"));
   return Run(batch, n, t, probs, step);
 }
 
@@ -234,26 +203,16 @@ absl::Status RanksPredictor::Serve() {
   if (rank_ == 0) {
     return absl::FailedPreconditionError("rank 0 leads; it does not Serve");
   }
-  int64_t command[kCommandWords];
+  std::vector<int64_t> command;
   for (;;) {
-    const absl::Status s =
-        comm_->Broadcast(command, kCommandWords, comm::DataType::kInt64, 0);
-    if (!s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", rank_,
-                       " lost the leader (rank 0) while waiting for a "
-                       "prediction: ",
-                       s.message()));
-    }
+    RETURN_IF_ERROR(channel_.Receive(&command));
     switch (command[0]) {
-      case kHeartbeat:
-        break;
       case kPredict: {
         // Aborted (no agreed step) leaves every rank ready for the next
         // command; only a communicator error ends the loop.
         const absl::Status done =
             Run(none_, command[1], nullptr, nullptr, nullptr);
-        if (!broken_.ok()) return broken_;
+        if (absl::Status b = channel_.broken(); !b.ok()) return b;
         if (!done.ok() && !absl::IsAborted(done)) {
           spdlog::warn("rank {}: prediction failed: {}", rank_,
                        std::string(done.message()));

@@ -13,12 +13,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/command_channel.h"
 #include "comm/communicator.h"
 #include "data/batch.h"
 #include "dense/backend.h"
 #include "embedding/embedding_table.h"
 #include "model/exchange.h"
 #include "model/model.h"
+#include "model/predictor.h"
 
 namespace dlrm::model {
 
@@ -58,7 +60,7 @@ struct RanksPredictorOptions {
 // the ranks' own, used by nothing else. The leader's methods are
 // thread-safe and run one at a time; Serve is a follower's loop. Borrows
 // the model and the communicator, which must outlive the predictor.
-class RanksPredictor {
+class RanksPredictor final : public Predictor {
  public:
   // FailedPrecondition naming why when the weights cannot be read beside
   // the step: one rank (SnapshotPredictor's case), a table in GPU memory,
@@ -82,7 +84,7 @@ class RanksPredictor {
   // the next command); Unavailable once the communicator failed or after
   // Stop().
   absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
-                       int64_t* step);
+                       int64_t* step) override;
 
   // Leader: no prediction reads weights on any rank while the returned lock
   // is held (for a checkpoint restore, which may set every rank's step
@@ -103,11 +105,11 @@ class RanksPredictor {
                  RanksPredictorOptions options,
                  std::unique_ptr<dense::DenseBackend> dense);
 
-  // Leader, with mu_ held: broadcasts a command.
-  absl::Status SendCommand(int64_t op, int64_t arg);
-  // Records a communicator error (leader: with mu_ held); returns it named.
-  absl::Status Broke(const absl::Status& status, const char* what);
-  void HeartbeatLoop();
+  // Records a communicator error, which ends the predictions for good;
+  // returns it named.
+  absl::Status Broke(const absl::Status& status, const char* what) {
+    return channel_.Break(status, what);
+  }
   // Every rank: one prediction of the `n` samples of `batch` (the leader's
   // batch, its interaction input `t`; an empty batch and null on a
   // follower), the probabilities into *probs and the agreed step into *step
@@ -127,8 +129,10 @@ class RanksPredictor {
   const int rank_, world_;
   const int t_width_;  // a row of the interaction input
 
-  std::mutex mu_;  // one prediction (or command) at a time
-  // The exchanges over comm_; guarded by mu_ on the leader.
+  // The commands over comm_; its Lock() runs one prediction (or command)
+  // at a time and guards the members marked so.
+  comm::CommandChannel channel_;
+  // The exchanges over comm_; guarded by the channel's lock on the leader.
   ShardExchange exchange_;
   ShardLayout model_parallel_;  // owned() without data-parallel replicas
   // The ids each model-parallel local shard pools (model_parallel_ order),
@@ -140,16 +144,11 @@ class RanksPredictor {
   std::vector<absl::Status> pooled_;
   data::Batch none_;  // a follower's share of every prediction: no sample
   // Leader: the dense part's copy and workspace, and the model's
-  // weights_generation() it was copied at; guarded by mu_.
+  // weights_generation() it was copied at; guarded by the channel's lock.
   std::unique_ptr<dense::DenseBackend> dense_;
   static constexpr uint64_t kNeverCopied = ~uint64_t{0};
   uint64_t generation_ = kNeverCopied;
-  absl::Status broken_;  // first communicator error
-  bool stopped_ = false;
-  std::chrono::steady_clock::time_point last_command_;
-  std::condition_variable heartbeat_cv_;
-  bool stop_heartbeat_ = false;
-  std::thread heartbeat_;
+  bool stopped_ = false;  // guarded by the channel's lock
 };
 
 }  // namespace dlrm::model

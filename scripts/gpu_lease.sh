@@ -58,7 +58,7 @@ test_binaries=(cuda_core_test cuda_embedding_test cuda_dense_test
                cuda_store_test cuda_model_test model_test comm_test
                cuda_model_nccl_test predictor_test)
 bench_binaries=(bench/dlrm_bench_cuda bench/dlrm_bench_train
-                clients/dlrm_bench server/dlrm_server)
+                bench/dlrm_bench server/dlrm_server)
 
 die() { echo "gpu_lease: $*" >&2; exit 2; }
 now() { date +%s.%N; }
@@ -409,7 +409,7 @@ perf_phase() {
   # device memory, rows capped (every table gets `rows`) so it fits and
   # starts in seconds.
   local dcn=("${train[@]}" --config mlperf-dlrm-dcnv2 --rows "$rows"
-             --batch "$batch" --tables-on-device all --warmup 3 --iters 10
+             --batch "$batch" --tables-on-device all --warmup 3 --steps 10
              --repeats 3)
   step run train-dcnv2-tf32 60 "${dcn[@]}" --tf32 on
   step run train-dcnv2-bf16-graphs 60 "${dcn[@]}" --precision bf16 --cuda-graphs on
@@ -432,7 +432,7 @@ perf_phase() {
   # Embedding GB/s as a share of the device's measured copy bandwidth.
   step run bench-cuda 40 "$b/dlrm_bench_cuda"
   step run train-kaggle 30 "${train[@]}" --config kaggle --batch "$kaggle_batch" \
-    --tables-on-device all --warmup 5 --iters 20 --repeats 3
+    --tables-on-device all --warmup 5 --steps 20 --repeats 3
   # The benchmarks' numbers in one file.
   local f
   for f in "$work"/logs/*train-* "$work"/logs/*bench-cuda*; do

@@ -44,7 +44,7 @@ echo "== model"
 job_args=(--steps 1500)
 [[ $# -gt 0 ]] && job_args=("$@")
 echo "== training: a server-side job over synthetic data, batches of 2048: ${job_args[*]}"
-"${c[@]}" job start --synthetic 0 --batch-size 2048 --eval-synthetic 131072 \
+"${c[@]}" job start --synthetic 0 --batch 2048 --eval-synthetic 131072 \
   --eval-interval 500 --wait "${job_args[@]}"
 echo "== evaluation on 131072 fresh synthetic samples (the teacher's metrics are the ceiling)"
 "${c[@]}" eval --synthetic 131072

@@ -4,7 +4,7 @@
 // requests by method and code, and the process' own series (CPU, memory,
 // open files, start time, build). Rendered in
 // the Prometheus text exposition format (version 0.0.4) for /metrics and
-// Admin.GetMetrics. Series names are listed in docs/server.md.
+// Admin.GetMetrics. Series names are listed in docs/metrics.md.
 #pragma once
 
 #include <cstdint>

@@ -143,15 +143,42 @@ ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
   }
 }
 
+namespace {
+
+// Predictions between two training steps: the group's Predict under the
+// host's model lock.
+class BetweenSteps final : public model::Predictor {
+ public:
+  BetweenSteps(std::mutex* model_mu, RankGroup* group)
+      : model_mu_(model_mu), group_(group) {}
+  absl::Status Predict(const data::Batch& batch, std::vector<float>* probs,
+                       int64_t* step) override {
+    std::lock_guard<std::mutex> lock(*model_mu_);
+    RETURN_IF_ERROR(group_->Predict(batch, probs));
+    *step = group_->steps();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::mutex* const model_mu_;
+  RankGroup* const group_;
+};
+
+}  // namespace
+
 std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
     std::shared_ptr<RankGroup> group) {
   auto serving = std::make_shared<Serving>();
   serving->group = std::move(group);
+  serving->between =
+      std::make_unique<BetweenSteps>(&model_mu_, serving->group.get());
+  serving->predictor = serving->between.get();
   if (serving->group->world_size() == 1) {
     absl::StatusOr<std::unique_ptr<model::SnapshotPredictor>> predictor =
         model::SnapshotPredictor::Create(serving->group->local_model());
     if (predictor.ok()) {
-      serving->predictor = std::move(*predictor);
+      serving->snapshot = std::move(*predictor);
+      serving->predictor = serving->snapshot.get();
       const model::Model* m = serving->group->local_model();
       spdlog::info(
           "predictions run beside training steps, on the weights of the last "
@@ -167,8 +194,11 @@ std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
                    std::string(predictor.status().message()));
     }
   } else {
-    serving->ranks = serving->group->ranks_predictor();
-    if (serving->ranks != nullptr) {
+    model::RanksPredictor* ranks = serving->group->ranks_predictor();
+    if (ranks != nullptr) {
+      serving->fallback = std::make_unique<model::FallbackPredictor>(
+          ranks, serving->between.get());
+      serving->predictor = serving->fallback.get();
       spdlog::info("predictions run beside training on {} ranks",
                    serving->group->world_size());
     }
@@ -395,30 +425,7 @@ absl::Status ModelHost::Predict(const data::Batch& batch,
   const std::shared_ptr<Serving> serving = CurrentServing();
   UseComputeThreads();
   int64_t at = 0;
-  if (serving->predictor != nullptr) {
-    RETURN_IF_ERROR(serving->predictor->Predict(batch, probs, &at));
-  } else {
-    absl::Status beside = absl::UnavailableError("no predictor");
-    if (serving->ranks != nullptr) {
-      beside = serving->ranks->Predict(batch, probs, &at);
-      // Aborted: the ranks kept reporting different steps; Unavailable: its
-      // communicator failed or the group broke. Either way the prediction
-      // runs between two steps below (which fails too for a broken group).
-      if (!beside.ok() && !absl::IsAborted(beside) &&
-          !absl::IsUnavailable(beside)) {
-        return beside;
-      }
-      if (!beside.ok()) {
-        spdlog::debug("prediction between steps: {}",
-                      std::string(beside.message()));
-      }
-    }
-    if (!beside.ok()) {
-      std::lock_guard<std::mutex> lock(model_mu_);
-      RETURN_IF_ERROR(group_->Predict(batch, probs));
-      at = group_->steps();
-    }
-  }
+  RETURN_IF_ERROR(serving->predictor->Predict(batch, probs, &at));
   if (step != nullptr) *step = at;
   return absl::OkStatus();
 }

@@ -261,7 +261,7 @@ class ModelHost {
   absl::StatusOr<model::CheckpointInfo> SaveCheckpoint(
       const std::string& dir, const std::string& job = "");
 
-  // Writes the weights to the safetensors file `path` (docs/server.md
+  // Writes the weights to the safetensors file `path` (docs/export.md
   // "Weights export"), replacing it only once the new one is complete;
   // taken between steps. On several ranks the leader gathers every table.
   // Errors name the path: ResourceExhausted for a full disk, Internal for
@@ -340,17 +340,20 @@ class ModelHost {
                                                    const std::string& job);
 
   // What predictions read: the group (kept alive while a prediction uses
-  // its model, even after an inference-only restore replaced it) and, when
-  // its model allows, the predictor that reads it beside the step.
+  // its model, even after an inference-only restore replaced it) and the
+  // one predictor a prediction calls: beside the step where the model
+  // allows it (model::SnapshotPredictor on one rank, the group's
+  // model::RanksPredictor on several, falling back to between steps when
+  // the ranks cannot agree), else between steps under model_mu_.
   struct Serving {
     std::shared_ptr<RankGroup> group;
-    std::unique_ptr<model::SnapshotPredictor> predictor;  // may be null
-    // On several ranks: the group's predictor beside training (may be
-    // null); borrowed from `group`.
-    model::RanksPredictor* ranks = nullptr;
+    std::unique_ptr<model::Predictor> snapshot;  // may be null
+    std::unique_ptr<model::Predictor> between;
+    std::unique_ptr<model::Predictor> fallback;  // may be null
+    model::Predictor* predictor = nullptr;       // one of the above
   };
-  // The Serving of `group`, with a predictor when its model allows one.
-  static std::shared_ptr<Serving> MakeServing(std::shared_ptr<RankGroup> group);
+  // The Serving of `group`.
+  std::shared_ptr<Serving> MakeServing(std::shared_ptr<RankGroup> group);
   std::shared_ptr<Serving> CurrentServing();
 
   const ModelHostOptions options_;

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "comm/agree.h"
 #include "core/status.h"
 #include "dlrm/service.pb.h"
 #include "google/protobuf/text_format.h"
@@ -29,7 +30,7 @@ namespace fs = std::filesystem;
 // A command is kHeader words (op, argument, kExtra more arguments) and then
 // one word per rank: the bytes of the rank's batch slice (Train, Predict).
 enum Op : int64_t {
-  kHeartbeat = 1,
+  kHeartbeat = comm::CommandChannel::kHeartbeatOp,
   kTrain = 2,
   kPredict = 3,
   kSave = 4,
@@ -82,12 +83,6 @@ absl::Status RankGroupOptions::Validate() const {
   return absl::OkStatus();
 }
 
-std::vector<int64_t> SplitSamples(int64_t total, int world) {
-  std::vector<int64_t> sizes(world, total / world);
-  for (int r = 0; r < total % world; ++r) ++sizes[r];
-  return sizes;
-}
-
 RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
                      std::unique_ptr<comm::Communicator> predict_comm,
                      std::unique_ptr<model::Model> model,
@@ -98,8 +93,22 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
       model_(std::move(model)),
       rank_(comm_->rank()),
       world_(comm_->world_size()),
-      last_command_(std::chrono::steady_clock::now()),
+      shares_(rank_, world_),
       steps_(model_->steps()) {
+  comm::CommandChannelOptions channel;
+  channel.words = kHeader + world_;
+  channel.heartbeat_seconds = options_.heartbeat_seconds;
+  channel.describe_break = [this] { return SilentRanks(); };
+  // A broken job serves no prediction either: the followers' prediction
+  // loops end (unless the prediction communicator failed too). A restore
+  // holding the predictions' lock stops them itself.
+  channel.on_break = [this] {
+    if (rank_ == 0 && predictor_ != nullptr && !predictions_paused_) {
+      predictor_->Stop().IgnoreError();
+    }
+  };
+  channel_ =
+      std::make_unique<comm::CommandChannel>(comm_.get(), std::move(channel));
   for (const TableConfig& t : model_->config().tables()) {
     table_rows_.push_back(t.rows());
     any_rocksdb_ = any_rocksdb_ || t.storage() == STORAGE_ROCKSDB;
@@ -135,9 +144,6 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
       return predictor.status();
     }
   }
-  if (g->rank_ == 0 && g->world_ > 1) {
-    g->heartbeat_ = std::thread([p = g.get()] { p->HeartbeatLoop(); });
-  }
   return g;
 }
 
@@ -147,47 +153,24 @@ RankGroup::~RankGroup() {
     // already shut down or broken has nothing to say.
     Shutdown().IgnoreError();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_heartbeat_ = true;
-  }
-  heartbeat_cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  WaitForReadAhead();
+  channel_->StopHeartbeat();
+  shares_.Wait();
 }
 
 int64_t RankGroup::steps() const { return steps_.load(); }
 
-bool RankGroup::broken() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !broken_.ok();
-}
+bool RankGroup::broken() const { return !usable(); }
 
 absl::Status RankGroup::CheckUsable() const {
-  if (!broken_.ok()) {
+  if (const absl::Status broken = channel_->broken(); !broken.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("the job's ranks are out of service (", broken_.message(),
+        absl::StrCat("the job's ranks are out of service (", broken.message(),
                      "); restart every rank of the job"));
   }
   if (shut_down_) {
     return absl::UnavailableError("the job's ranks have been shut down");
   }
   return absl::OkStatus();
-}
-
-absl::Status RankGroup::Broke(const absl::Status& status, const char* what) {
-  if (broken_.ok()) {
-    broken_ = absl::UnavailableError(absl::StrCat(
-        "communicator of rank ", rank_, " of ", world_, " failed during ", what,
-        ": ", status.message(), rank_ == 0 ? SilentRanks() : std::string()));
-    spdlog::error("{}", std::string(broken_.message()));
-    // A broken job serves no prediction either: the followers' prediction
-    // loops end (unless the prediction communicator failed too).
-    if (rank_ == 0 && predictor_ != nullptr && !predictions_paused_) {
-      predictor_->Stop().IgnoreError();
-    }
-  }
-  return broken_;
 }
 
 std::string RankGroup::SilentRanks() {
@@ -269,26 +252,7 @@ absl::Status RankGroup::SendCommand(int64_t op, int64_t arg,
   for (size_t r = 0; r < per_rank.size() && r < size_t(world_); ++r) {
     command[kHeader + r] = per_rank[r];
   }
-  last_command_ = std::chrono::steady_clock::now();
-  const absl::Status s =
-      comm_->Broadcast(command.data(), static_cast<int64_t>(command.size()),
-                       comm::DataType::kInt64, 0);
-  if (!s.ok()) return Broke(s, OpName(op));
-  return absl::OkStatus();
-}
-
-void RankGroup::HeartbeatLoop() {
-  const auto period = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(options_.heartbeat_seconds));
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_heartbeat_) {
-    heartbeat_cv_.wait_for(lock, period / 2);
-    if (stop_heartbeat_ || !CheckUsable().ok()) continue;
-    if (std::chrono::steady_clock::now() - last_command_ >= period) {
-      // An error is recorded in broken_ and logged by Broke().
-      SendCommand(kHeartbeat, 0, {}).IgnoreError();
-    }
-  }
+  return channel_->Send(std::move(command), OpName(op));
 }
 
 absl::Status RankGroup::ScatterBatch(const std::vector<std::string>& parts,
@@ -406,7 +370,7 @@ absl::Status RankGroup::ScatterNext(const data::Batch* next,
 absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
                              bool train, std::vector<float>* probs,
                              model::StepResult* result) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   // Checked here so that the error names the sample of the whole batch.
   RETURN_IF_ERROR(
@@ -452,7 +416,7 @@ absl::Status RankGroup::OpenData(const DatasetSpec& spec) {
       !spec.SerializeToString(&bytes)) {
     return absl::InvalidArgumentError("the dataset spec has no source");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   const int64_t size = static_cast<int64_t>(bytes.size());
   if (world_ > 1) {
@@ -463,7 +427,7 @@ absl::Status RankGroup::OpenData(const DatasetSpec& spec) {
 }
 
 absl::Status RankGroup::CloseData() {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   if (world_ > 1) RETURN_IF_ERROR(SendCommand(kData, 0, {}));
   return SetData("");
@@ -478,7 +442,7 @@ absl::Status RankGroup::SetOptimizers(const OptimizerConfig& dense,
   if (!both.SerializeToString(&bytes)) {
     return absl::InternalError("cannot serialise the optimizers");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   if (world_ > 1) {
     const int64_t size = static_cast<int64_t>(bytes.size());
@@ -495,19 +459,17 @@ absl::Status RankGroup::ApplyOptimizers(const std::string& bytes) {
           ? model_->SetOptimizers(both.dense_optimizer(),
                                   both.sparse_optimizer())
           : absl::InternalError("the optimizers from rank 0 are garbled");
-  const absl::Status agreed = ShareVerdict(local, "setting the optimizers");
+  const absl::Status agreed = Verdict(local, "setting the optimizers");
   // A refusal (a bad value) changes no rank; anything else may have
   // changed some ranks and not others.
-  if (!agreed.ok() && !absl::IsInvalidArgument(agreed) && broken_.ok()) {
+  if (!agreed.ok() && !absl::IsInvalidArgument(agreed) && usable()) {
     return Broke(agreed, "SetOptimizers");
   }
   return agreed;
 }
 
 absl::Status RankGroup::SetData(const std::string& bytes) {
-  WaitForReadAhead();
-  data_.reset();
-  ahead_range_.reset();
+  shares_.Reset(nullptr);
   absl::Status local;
   if (!bytes.empty()) {
     DatasetSpec spec;
@@ -516,17 +478,17 @@ absl::Status RankGroup::SetData(const std::string& bytes) {
             ? OpenResolvedDataset(spec, model_->config(), "train")
             : absl::InternalError("the dataset spec from rank 0 is garbled");
     if (opened.ok()) {
-      data_ = std::make_unique<data::RangeReader>(
+      shares_.Reset(std::make_unique<data::RangeReader>(
           std::move(opened->source), model_->config().num_dense_features(),
-          static_cast<int>(table_rows_.size()), DatasetName(spec));
+          static_cast<int>(table_rows_.size()), DatasetName(spec)));
     } else {
       local = opened.status();
       spdlog::warn("rank {}: cannot open the job's data: {}", rank_,
                    std::string(local.message()));
     }
   }
-  const absl::Status agreed = ShareVerdict(local, "opening the job's data");
-  if (!agreed.ok()) data_.reset();
+  const absl::Status agreed = Verdict(local, "opening the job's data");
+  if (!agreed.ok()) shares_.Reset(nullptr);
   return agreed;
 }
 
@@ -538,9 +500,9 @@ absl::StatusOr<model::StepResult> RankGroup::TrainStepAt(
         absl::StrCat("sample ranges must start at >= 0 and hold >= 1 sample: [",
                      batch.begin, ", +", batch.size, ")"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
-  if (data_ == nullptr) {
+  if (!shares_.has_data()) {
     return absl::FailedPreconditionError(
         "TrainStepAt needs the job's data (OpenData)");
   }
@@ -556,64 +518,18 @@ absl::StatusOr<model::StepResult> RankGroup::TrainStepAt(
   return result;
 }
 
-SampleRange RankGroup::Share(SampleRange range) const {
-  const std::vector<int64_t> sizes = SplitSamples(range.size, world_);
-  SampleRange mine{range.begin, sizes[rank_]};
-  for (int r = 0; r < rank_; ++r) mine.begin += sizes[r];
-  return mine;
-}
-
-absl::Status RankGroup::ReadShare(SampleRange range, data::Batch* out) {
-  if (data_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_, " has no data open"));
-  }
-  const SampleRange mine = Share(range);
-  const bool ahead = ahead_range_.has_value() &&
-                     ahead_range_->begin == range.begin &&
-                     ahead_range_->size == range.size;
-  const absl::Status read_ahead =
-      ahead_read_.valid() ? ahead_read_.get() : absl::OkStatus();
-  if (ahead && read_ahead.ok()) {
-    ahead_range_.reset();
-    std::swap(*out, ahead_);
-    return absl::OkStatus();
-  }
-  // Not read ahead, or that read failed: read it now (and report its error
-  // if it fails again).
-  ahead_range_.reset();
-  return data_->Read(mine.begin, mine.size, out);
-}
-
-void RankGroup::ReadAhead(SampleRange range) {
-  WaitForReadAhead();
-  ahead_range_ = range;
-  const SampleRange mine = Share(range);
-  ahead_read_ = std::async(std::launch::async, [this, mine] {
-    return data_->Read(mine.begin, mine.size, &ahead_);
-  });
-}
-
-void RankGroup::WaitForReadAhead() {
-  if (ahead_read_.valid()) ahead_read_.get().IgnoreError();
-}
-
 absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
                                   model::StepResult* result) {
-  const absl::Status read = ReadShare(batch, &share_);
+  const absl::Status read = shares_.Read(batch, &share_);
   const data::Batch* next_share = nullptr;
   if (read.ok() && next != nullptr && any_rocksdb_) {
     // The next share's ids steer the prefetch of rows on RocksDB: read it
     // before the step. One that cannot be read only misses its prefetch;
     // the step that trains on it reads it again and reports the error.
-    const SampleRange share = Share(*next);
-    if (data_->Read(share.begin, share.size, &ahead_).ok()) {
-      ahead_range_ = *next;
-      next_share = &ahead_;
-    }
+    next_share = shares_.ReadNext(*next);
   } else if (read.ok() && next != nullptr) {
     // Generated or parsed while this step computes.
-    ReadAhead(*next);
+    shares_.ReadAhead(*next);
   }
   if (!read.ok()) {
     spdlog::warn("rank {}: cannot read its share of samples [{}, {}): {}",
@@ -626,37 +542,20 @@ absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
   }
   const absl::Status stepped =
       RunStep(share_, next_share, /*train=*/true, {}, nullptr, result);
-  if (!absl::IsInvalidArgument(stepped) || !broken_.ok()) return stepped;
-  const absl::Status why = ShareVerdict(read, "a read error's verdict");
+  if (!absl::IsInvalidArgument(stepped) || !usable()) return stepped;
+  const absl::Status why = Verdict(read, "a read error's verdict");
   return why.ok() ? stepped : why;
 }
 
-absl::Status RankGroup::ShareVerdict(const absl::Status& local,
-                                     const char* what) {
+absl::Status RankGroup::Verdict(const absl::Status& local, const char* what) {
   if (world_ == 1) return local;
-  const std::string text(local.message());
-  const int64_t mine[2] = {static_cast<int64_t>(local.code()),
-                           static_cast<int64_t>(text.size())};
-  std::vector<int64_t> all(2 * world_);
-  absl::Status s =
-      comm_->AllGather(mine, 2, all.data(), comm::DataType::kInt64);
-  if (!s.ok()) return Broke(s, what);
-  for (int r = 0; r < world_; ++r) {
-    if (all[2 * r] == 0) continue;
-    // The first rank that failed tells the others its message.
-    std::string message = r == rank_ ? text : std::string();
-    message.resize(all[2 * r + 1]);
-    s = comm_->Broadcast(message.data(), all[2 * r + 1], comm::DataType::kUint8,
-                         r);
-    if (!s.ok()) return Broke(s, what);
-    return absl::Status(static_cast<absl::StatusCode>(all[2 * r]),
-                        absl::StrCat("rank ", r, ": ", message));
-  }
-  return absl::OkStatus();
+  const comm::Agreement agreed = comm::AgreeOnStatus(*comm_, local);
+  if (!agreed.communicator.ok()) return Broke(agreed.communicator, what);
+  return agreed.verdict;
 }
 
 absl::StatusOr<uint64_t> RankGroup::WeightChecksum() {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   if (world_ > 1) RETURN_IF_ERROR(SendCommand(kChecksum, 0, {}));
   uint64_t checksum = 0;
@@ -674,7 +573,7 @@ absl::Status RankGroup::RunChecksum(uint64_t* checksum) {
 }
 
 absl::Status RankGroup::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   if (shut_down_) return absl::OkStatus();
   if (predictor_ != nullptr) {
     // First, so that a follower's prediction loop has ended by the time
@@ -689,7 +588,9 @@ absl::Status RankGroup::Shutdown() {
   RETURN_IF_ERROR(CheckUsable());
   shut_down_ = true;
   if (world_ == 1) return absl::OkStatus();
-  return SendCommand(kShutdown, 0, {});
+  const absl::Status sent = SendCommand(kShutdown, 0, {});
+  channel_->Close();
+  return sent;
 }
 
 absl::Status RankGroup::Follow() {
@@ -750,25 +651,15 @@ absl::Status RankGroup::Follow() {
 }
 
 absl::Status RankGroup::FollowCommands() {
-  std::vector<int64_t> command(kHeader + world_);
+  std::vector<int64_t> command;
   data::Batch slice, next_slice;
   std::string path;
   for (;;) {
-    absl::Status s =
-        comm_->Broadcast(command.data(), static_cast<int64_t>(command.size()),
-                         comm::DataType::kInt64, 0);
-    if (!s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", rank_,
-                       " lost the leader (rank 0) while "
-                       "waiting for a command: ",
-                       s.message()));
-    }
+    absl::Status s = channel_->Receive(&command);
+    if (!s.ok()) return s;
     const std::vector<int64_t> bytes(command.begin() + kHeader, command.end());
     const int64_t op = command[0];
     switch (op) {
-      case kHeartbeat:
-        break;
       case kTrain:
       case kPredict:
         s = ScatterBatch({}, bytes, op == kTrain, &slice);
@@ -785,7 +676,7 @@ absl::Status RankGroup::FollowCommands() {
       case kRestore:
         s = BroadcastString(&path, command[1]);
         if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", nullptr);
-        if (broken_.ok()) RestoreDone().IgnoreError();
+        if (usable()) RestoreDone().IgnoreError();
         break;
       case kChecksum:
         s = RunChecksum(nullptr);
@@ -813,7 +704,7 @@ absl::Status RankGroup::FollowCommands() {
         return absl::InternalError(
             absl::StrCat("rank ", rank_, ": unknown command ", op));
     }
-    if (!broken_.ok()) return broken_;
+    if (!usable()) return channel_->broken();
     if (!s.ok()) {
       spdlog::warn("rank {}: {} refused: {}", rank_, OpName(op),
                    std::string(s.message()));
@@ -847,7 +738,7 @@ absl::Status RankGroup::RunCheckpoint(bool save, const std::string& dir,
 
 absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
     const std::string& dir_name, const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   std::string path = fs::absolute(dir_name).lexically_normal().string();
   if (world_ > 1) {
@@ -861,7 +752,7 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::SaveCheckpoint(
 
 absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
     const std::string& dir_name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   // A restore may set the ranks' step counts back, so a prediction could
   // otherwise agree on a step number of weights from before and after it.
@@ -877,11 +768,11 @@ absl::StatusOr<model::CheckpointInfo> RankGroup::RestoreCheckpoint(
   }
   if (s.ok()) s = RunCheckpoint(/*save=*/false, path, "", &info);
   // Every rank has applied the checkpoint before a prediction reads again.
-  if (world_ > 1 && broken_.ok()) RestoreDone().IgnoreError();
+  if (world_ > 1 && usable()) RestoreDone().IgnoreError();
   predictions_paused_ = false;
   if (no_predictions.owns_lock()) no_predictions.unlock();
   // Broke() left the prediction loops to this, as their lock was held.
-  if (!broken_.ok() && predictor_ != nullptr) {
+  if (!usable() && predictor_ != nullptr) {
     predictor_->Stop().IgnoreError();
   }
   RETURN_IF_ERROR(s);
@@ -902,7 +793,7 @@ absl::Status RankGroup::RestoreDone() {
 
 absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
     const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::unique_lock<std::mutex> lock = channel_->Lock();
   RETURN_IF_ERROR(CheckUsable());
   RETURN_IF_ERROR(SendCommand(kExport, 0, {}));
   const std::string tmp = model::TemporaryPath(path);
@@ -917,17 +808,17 @@ absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
         RETURN_IF_ERROR(s);
         return table->data();
       });
-  const absl::Status agreed = Agree(gathered);
+  const absl::Status agreed = Verdict(gathered, "an export's agreement");
   if (info.ok() && !agreed.ok()) {
     info = absl::InternalError(agreed.message());
   }
-  if (info.ok() && broken_.ok()) {
+  if (info.ok() && usable()) {
     const absl::Status committed = model::CommitFile(tmp, path);
     if (!committed.ok()) info = committed;
   }
-  if (!info.ok() || !broken_.ok()) {
+  if (!info.ok() || !usable()) {
     DefaultFileSystem()->RemoveAll(tmp).IgnoreError();
-    if (!broken_.ok()) return broken_;
+    if (!usable()) return channel_->broken();
     return absl::Status(
         info.status().code(),
         absl::StrCat("export to ", path, " failed: ", info.status().message()));
@@ -946,23 +837,7 @@ absl::Status RankGroup::FollowExport() {
     spdlog::warn("rank {}: cannot read its shards for an export: {}", rank_,
                  std::string(gathered.message()));
   }
-  return Agree(gathered);
-}
-
-absl::Status RankGroup::Agree(const absl::Status& local) {
-  const int64_t mine = local.ok() ? 0 : 1;
-  std::vector<int64_t> all(world_);
-  const absl::Status s =
-      comm_->AllGather(&mine, 1, all.data(), comm::DataType::kInt64);
-  if (!s.ok()) return Broke(s, "a checkpoint's agreement");
-  if (!local.ok()) return local;
-  for (int r = 0; r < world_; ++r) {
-    if (all[r] != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", r, " failed (see its log)"));
-    }
-  }
-  return absl::OkStatus();
+  return Verdict(gathered, "an export's agreement");
 }
 
 }  // namespace dlrm::server

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/command_channel.h"
 #include "comm/communicator.h"
 #include "comm/coordinator.h"
 #include "data/batch.h"
@@ -30,14 +31,9 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/predictor_ranks.h"
+#include "server/share_reader.h"
 
 namespace dlrm::server {
-
-// Samples [begin, begin + size) of a job's data, in the data's order.
-struct SampleRange {
-  int64_t begin = 0;
-  int64_t size = 0;
-};
 
 struct RankGroupOptions {
   // While idle the leader sends a heartbeat this often, in seconds, so that
@@ -218,22 +214,26 @@ class RankGroup {
   // Follower: obeys the leader's commands (Follow without the predictions).
   absl::Status FollowCommands();
 
-  // Leader, with mu_ held: OK, or Unavailable once broken or shut down.
+  // Leader, with the channel's lock held: OK, or Unavailable once broken
+  // or shut down.
   absl::Status CheckUsable() const;
-  // Leader, with mu_ held: broadcasts a command: `op`, `arg`, one word per
-  // rank (the bytes of its batch slice) and up to four `extra` words.
+  // Leader, with the channel's lock held: broadcasts a command: `op`,
+  // `arg`, one word per rank (the bytes of its batch slice) and up to four
+  // `extra` words.
   absl::Status SendCommand(int64_t op, int64_t arg,
                            const std::vector<int64_t>& per_rank,
                            const std::vector<int64_t>& extra = {});
   // Records a communicator error, which breaks the group; returns it named,
   // on the leader with the ranks that went silent (SilentRanks).
-  absl::Status Broke(const absl::Status& status, const char* what);
+  absl::Status Broke(const absl::Status& status, const char* what) {
+    return channel_->Break(status, what);
+  }
+  bool usable() const { return channel_->broken().ok(); }
   // Leader: "; rank 1 on HOST: last heartbeat 37.2 s ago" for every rank
   // not heard of for kSilentSeconds, waiting up to that long for a rank
   // that just died to fall silent (counting each in failures_); else the
   // ranks' heartbeat ages. Empty without heartbeats.
   std::string SilentRanks();
-  void HeartbeatLoop();
 
   // Leader: validates and splits `batch`, sends the command and the slices,
   // and runs the step (train) or the prediction with every rank.
@@ -276,29 +276,14 @@ class RankGroup {
   absl::Status RestoreDone();
   // Follower: its part of ExportWeights (the gathers, then the agreement).
   absl::Status FollowExport();
-  // Every rank: all-gathers whether `local` is OK and returns `local`'s
-  // error, else FailedPrecondition naming the first rank that failed, else
-  // OK. Communicator errors break the group.
-  absl::Status Agree(const absl::Status& local);
   // Every rank: broadcasts the leader's `text` of `size` bytes.
   absl::Status BroadcastString(std::string* text, int64_t size);
   // Every rank: SetOptimizers' part, from the serialised ModelConfig
-  // `bytes` holding the two optimizers, agreed with ShareVerdict.
+  // `bytes` holding the two optimizers, agreed with Verdict.
   absl::Status ApplyOptimizers(const std::string& bytes);
-  // Every rank: opens the serialised DatasetSpec `bytes` as data_ (empty:
-  // none) and agrees on it with ShareVerdict.
+  // Every rank: opens the serialised DatasetSpec `bytes` as the shares' data
+  // (empty: none) and agrees on it with Verdict.
   absl::Status SetData(const std::string& bytes);
-  // This rank's part of `range`: SplitSamples' part for rank_.
-  SampleRange Share(SampleRange range) const;
-  // Reads this rank's share of `range` into `out`: the one read ahead when
-  // it is that range's (waiting for it if it is still being read), else
-  // from data_.
-  absl::Status ReadShare(SampleRange range, data::Batch* out);
-  // Starts reading this rank's share of `range` into ahead_ on a
-  // background thread, for the next ReadShare.
-  void ReadAhead(SampleRange range);
-  // Waits for a read ahead still running (before data_ changes or goes).
-  void WaitForReadAhead();
   // Every rank: reads its share of `batch` and trains on it while its share
   // of `next` (if any) is read in the background; with tables on RocksDB
   // the next share is read first instead, and steers the prefetch. A
@@ -306,13 +291,16 @@ class RankGroup {
   // message.
   absl::Status RunStepAt(SampleRange batch, const SampleRange* next,
                          model::StepResult* result);
-  // Every rank: `local` on one rank; on several, the first rank's error
-  // (its code, "rank r: " and its message), else OK. Communicator errors
-  // (`what` names the exchange) break the group.
-  absl::Status ShareVerdict(const absl::Status& local, const char* what);
+  // Every rank: comm::AgreeOnStatus of `local` (its own error, else the
+  // first failing rank's code, "rank r: " and its message, else OK).
+  // Communicator errors (`what` names the exchange) break the group.
+  absl::Status Verdict(const absl::Status& local, const char* what);
 
   const RankGroupOptions options_;
   std::unique_ptr<comm::Communicator> comm_;
+  // The leader's commands over comm_, its heartbeats and the broken state;
+  // its Lock() guards the members marked so and the collectives.
+  std::unique_ptr<comm::CommandChannel> channel_;
   // Declared before the model and the predictor, which borrow it.
   std::unique_ptr<comm::Communicator> predict_comm_;
   std::unique_ptr<model::Model> model_;
@@ -320,25 +308,15 @@ class RankGroup {
   std::vector<int64_t> table_rows_;
   // Whether a table is on RocksDB (then a next batch is worth sending).
   bool any_rocksdb_ = false;
-  // A dataset job's data on this rank (OpenData), the share of the last
-  // step's training batch, and the share read ahead with the range it is
-  // the share of (its read still running while ahead_read_ is valid: then
-  // only that read touches data_ and ahead_); guarded by mu_ on the leader.
-  std::unique_ptr<data::RangeReader> data_;
-  data::Batch share_, ahead_;
-  std::optional<SampleRange> ahead_range_;
-  std::future<absl::Status> ahead_read_;
+  // A dataset job's data on this rank (OpenData) and the share of the last
+  // step's training batch; guarded by the channel's lock on the leader.
+  ShareReader shares_;
+  data::Batch share_;
 
-  mutable std::mutex mu_;  // guards everything below and the collectives
-  absl::Status broken_;    // first communicator error
-  bool shut_down_ = false;
+  bool shut_down_ = false;  // guarded by the channel's lock
   // The leader holds ranks_predictor()'s Pause() (a restore): Broke() then
   // leaves stopping the prediction loops to the restore.
   bool predictions_paused_ = false;
-  std::chrono::steady_clock::time_point last_command_;
-  std::condition_variable heartbeat_cv_;
-  bool stop_heartbeat_ = false;
-  std::thread heartbeat_;
   std::atomic<int64_t> steps_{0};
   mutable std::mutex health_mu_;     // guards failures_
   std::map<int, int64_t> failures_;  // by rank (SilentRanks)
@@ -346,9 +324,5 @@ class RankGroup {
   // goes first, before the model and communicator it borrows.
   std::unique_ptr<model::RanksPredictor> predictor_;
 };
-
-// The sizes of `world` contiguous parts of `total` samples: the first
-// total % world parts get one sample more.
-std::vector<int64_t> SplitSamples(int64_t total, int world);
 
 }  // namespace dlrm::server

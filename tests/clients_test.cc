@@ -744,7 +744,7 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
       << r.out;
 
   r = RunCommand({client_path_, "--server", address_, "train", "--synthetic",
-                  "512", "--batch-size", "128"},
+                  "512", "--batch", "128"},
                  dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("train: 4 steps"), std::string::npos) << r.out;

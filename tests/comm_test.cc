@@ -1489,7 +1489,7 @@ std::vector<std::string> ListeningAddresses() {
   return addresses;
 }
 
-// Gloo's links are plaintext and unauthenticated (docs/server.md
+// Gloo's links are plaintext and unauthenticated (docs/security.md
 // "Security"), so they must listen on the bind address only, never on
 // every interface. Gloo 0.5 listens only while a rank connects, so rank 0
 // is looked at while it waits for a rank 1 that registered but never

@@ -323,6 +323,17 @@ class LaunchTest : public testing::Test {
   // variables that launcher sets (comm/launcher_env.h).
   std::string StartRanks(int world, std::vector<std::string> extra = {},
                          const std::string& launcher = "") {
+    SpawnRanks(world, std::move(extra), launcher);
+    const std::string address = WaitListening(ranks_[0].out_fd, 30);
+    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
+                                  << ReadText(dir_ / "rank-0.log");
+    return address;
+  }
+
+  // Starts the ranks as StartRanks does, without waiting for them; rank r
+  // logs to dir_/rank-r.log.
+  void SpawnRanks(int world, std::vector<std::string> extra = {},
+                  const std::string& launcher = "") {
     ranks_.clear();
     const int port = coordinator_port_ > 0 ? coordinator_port_ : FreePort();
     const std::string coordinator = "127.0.0.1:" + std::to_string(port);
@@ -386,10 +397,6 @@ class LaunchTest : public testing::Test {
       ranks_.push_back(
           Spawn(args, dir_ / ("rank-" + std::to_string(r) + ".log"), env));
     }
-    const std::string address = WaitListening(ranks_[0].out_fd, 30);
-    EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
-                                  << ReadText(dir_ / "rank-0.log");
-    return address;
   }
 
   // SIGTERM to rank 0; every rank must exit 0. A launcher (mpirun, srun)
@@ -420,6 +427,16 @@ class LaunchTest : public testing::Test {
     auto source = data::MakeSyntheticSource(config_, o);
     EXPECT_TRUE(source.ok()) << source.status();
     return std::move(*source);
+  }
+
+  // Starts `world` ranks with `extra` (StartRanks) and trains kSteps
+  // batches through rank 0 (Train); the ranks keep running.
+  void StartAndTrain(int world, const std::vector<std::string>& extra) {
+    const std::string address = StartRanks(world, extra);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    Train(**client);
   }
 
   // Trains kSteps batches through the client; returns the losses.
@@ -1543,11 +1560,8 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
                                           "--checkpoint-every-steps", "2"};
   {
-    const std::string address = StartRanks(2, flags);
-    ASSERT_FALSE(address.empty());
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    Train(**client);
+    StartAndTrain(2, flags);
+    if (HasFatalFailure()) return;
     for (Proc& p : ranks_) {  // the checkpoints are committed: kill -9
       kill(p.pid, SIGKILL);
       waitpid(p.pid, nullptr, 0);
@@ -1579,6 +1593,49 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   const std::string rank1 = ReadText(dir_ / "rank-1.log");
   EXPECT_NE(rank1.find(damaged.string() + " is corrupt"), std::string::npos)
       << rank1;
+  StopRanks();
+}
+
+// Checkpoints none of which has a readable manifest: a job of several
+// ranks refuses to start, as one process does, rather than train from
+// scratch and later prune them; --no-resume starts afresh.
+TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
+  const fs::path ckpt = dir_ / "ckpt";
+  const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
+                                          "--checkpoint-every-steps", "2"};
+  StartAndTrain(2, flags);
+  if (HasFatalFailure()) return;
+  StopRanks();
+  int damaged = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(ckpt)) {
+    const fs::path manifest = e.path() / "MANIFEST.json";
+    if (!fs::exists(manifest)) continue;
+    fs::resize_file(manifest, 10);
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  for (Proc& p : ranks_) close(p.out_fd);  // the stopped job's
+  std::vector<std::string> refused = flags;
+  refused.insert(refused.end(), {"--comm-timeout-s", "10"});
+  SpawnRanks(2, refused);
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadText(dir_ / "rank-0.log");
+  ranks_[0].pid = -1;
+  EXPECT_NE(WaitExit(ranks_[1].pid, 60), 0);
+  ranks_[1].pid = -1;
+  const std::string rank0 = ReadText(dir_ / "rank-0.log");
+  EXPECT_NE(
+      rank0.find("no checkpoint in " + ckpt.string() + " could be loaded"),
+      std::string::npos)
+      << rank0;
+  EXPECT_EQ(rank0.find("starting afresh"), std::string::npos) << rank0;
+  for (Proc& p : ranks_) close(p.out_fd);
+  std::vector<std::string> fresh = flags;
+  fresh.push_back("--no-resume");
+  const std::string address = StartRanks(2, fresh);
+  ASSERT_FALSE(address.empty());
+  auto client = clients::Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->GetModelInfo()->steps(), 0);
   StopRanks();
 }
 

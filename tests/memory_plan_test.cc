@@ -315,7 +315,7 @@ TEST(MemoryProcessTest, PeakRssOfATrainingRunIsWithinATenthOfThePlan) {
   // in memory and puts two on RocksDB behind caches of 40000 rows.
   const test::RunResult r = RunProcess(
       {DLRM_TRAIN_BINARY, "--config", config, "--host-budget-mb", "700",
-       "--rocksdb-dir", dir + "/rocksdb", "--steps", "3", "--batch-size", "256",
+       "--rocksdb-dir", dir + "/rocksdb", "--steps", "3", "--batch", "256",
        "--eval-samples", "2048", "--log-interval", "1", "--threads", "2"},
       {}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -1368,7 +1368,7 @@ TEST_F(CheckpointTest, CorruptReadsAreDataLossAndChangeNothing) {
 
 // ------------------------------------------------------------ weights export
 
-// The rows of docs/server.md's table of tensors of the `config_name`
+// The rows of docs/export.md's table of tensors of the `config_name`
 // preset (between "<!-- export-tensors:NAME -->" and
 // "<!-- /export-tensors -->"), in order: name, shape, dtype.
 struct DocTensor {
@@ -1378,7 +1378,7 @@ struct DocTensor {
 };
 
 std::vector<DocTensor> DocumentedTensors(const std::string& config_name) {
-  const fs::path docs = fs::path(DLRM_SOURCE_DIR) / "docs" / "server.md";
+  const fs::path docs = fs::path(DLRM_SOURCE_DIR) / "docs" / "export.md";
   std::ifstream in(docs);
   EXPECT_TRUE(in) << "cannot read " << docs;
   const std::string begin = "<!-- export-tensors:" + config_name + " -->";
@@ -1434,7 +1434,7 @@ class WeightsExportTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// docs/server.md's table for the default config is what an export holds:
+// docs/export.md's table for the default config is what an export holds:
 // the same names in the same file order, shapes and dtypes, and nothing
 // else.
 TEST_F(WeightsExportTest, MatchesTheTableInTheDocs) {
@@ -1479,7 +1479,7 @@ TEST_F(WeightsExportTest, MatchesTheTableInTheDocs) {
 
 // The documented layout is the one the model computes with: the click
 // probability rebuilt from the exported tensors alone, as the PyTorch
-// recipe of docs/server.md does (Linear: y = x W^T + b; EmbeddingBag sum or
+// recipe of docs/export.md does (Linear: y = x W^T + b; EmbeddingBag sum or
 // mean; the dot interaction's pair order), equals the model's.
 TEST_F(WeightsExportTest, TensorsRebuildTheModelsPredictions) {
   for (const Interaction interaction :

@@ -161,10 +161,12 @@ def parse_args(peer_name, description, extra=None):
     p.add_argument("--max-rows", type=int, default=None,
                    help="cap every table at this many rows (default: the "
                         "config's max_rows_per_table; 0: no cap)")
-    p.add_argument("--batch", type=int, default=2048, help="samples per step")
+    p.add_argument("--batch", "--batch-size", type=int, default=2048,
+                   help="samples per step (--batch-size: the old name)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads (0: torch's default, the cores)")
-    p.add_argument("--iters", type=int, default=30, help="timed steps per repetition")
+    p.add_argument("--steps", "--iters", dest="iters", type=int, default=30,
+                   help="timed steps per repetition (--iters: the old name)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=5,
                    help="repetitions; the JSON line's samples_per_s is their median")
@@ -186,9 +188,10 @@ def parse_args(peer_name, description, extra=None):
     if extra:
         extra(p)
     a = p.parse_args()
-    for name in ("batch", "iters", "repeats", "batches"):
+    for name, flag in (("batch", "batch"), ("iters", "steps"),
+                       ("repeats", "repeats"), ("batches", "batches")):
         if getattr(a, name) < 1:
-            p.error(f"--{name} must be at least 1")
+            p.error(f"--{flag} must be at least 1")
     if a.warmup < 0 or a.threads < 0 or a.rows < 0:
         p.error("--warmup, --threads and --rows must not be negative")
     path = SHAPE_CONFIGS.get(a.shape, a.shape)

@@ -49,7 +49,7 @@ print(f"torch {torch.__version__}, torchrec {torchrec.__version__}, "
 EOF
   local peer
   for peer in torch_eager_dlrm.py torchrec_dlrm.py; do
-    "$py" "$here/$peer" --rows 100 --batch 16 --iters 1 --warmup 0 --repeats 1 \
+    "$py" "$here/$peer" --rows 100 --batch 16 --steps 1 --warmup 0 --repeats 1 \
       --threads 1 >/dev/null
     echo "$peer: one training step ok"
   done

@@ -365,7 +365,7 @@ class Client:
         tls_ca: PEM file of the CAs that sign the server's certificate
         (None = the system's roots); tls_cert, tls_key: PEM client
         certificate and key, for servers that require one. auth_token: the
-        server's bearer token (see docs/server.md "Security").
+        server's bearer token (see docs/security.md "Security").
         tls_server_name: the name to check the server's certificate against
         (and to send as SNI) instead of the host in `address`, e.g. when
         connecting by IP to a server whose certificate names a host."""
@@ -472,7 +472,7 @@ class Client:
 
     def export_weights(self, path: str) -> service_pb2.ExportResponse:
         """Writes the weights as a safetensors file on the server (names in
-        docs/server.md "Weights export"); the ExportResponse."""
+        docs/export.md "Weights export"); the ExportResponse."""
         return self._call(self._admin.ExportWeights,
                           service_pb2.ExportRequest(path=path))
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "clients/client.h"
 #include "clients/server_process.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
@@ -933,23 +934,20 @@ int main(int argc, char** argv) {
   app.add_option("--server", f.server,
                  "dlrm_server binary (default: ../server/dlrm_server next to "
                  "this binary)");
-  app.add_option("--config", f.config,
-                 "Preset (kaggle, mlperf-dlrm-v1, mlperf-dlrm-dcnv2, xl-113b, "
-                 "tiny, ...) or "
-                 "config file")
+  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
   app.add_option("--table-scale", f.table_scale,
                  "Divide every table's rows by this (per-sample work stays)")
       ->capture_default_str();
-  app.add_option("--batch", f.batch, "Samples per step (per rank)")
+  app.add_option(dlrm::kBatchFlag, f.batch, "Samples per step (per rank)")
       ->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed steps per scenario")
       ->capture_default_str();
-  app.add_option("--steps", f.steps, "Timed steps per repetition")
+  app.add_option(dlrm::kStepsFlag, f.steps, "Timed steps per repetition")
       ->capture_default_str();
   app.add_option("--repeats", f.repeats, "Repetitions per scenario")
       ->capture_default_str();
-  app.add_option("--alpha", f.alpha, "Zipf exponent of synthetic ids")
+  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of synthetic ids")
       ->capture_default_str();
   app.add_option("--threads", f.threads,
                  "Threads of the 1-process server (0 = all cores)")
