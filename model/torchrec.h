@@ -13,6 +13,7 @@
 #include "core/file_system.h"
 #include "dlrm/config.pb.h"
 #include "model/checkpoint.h"
+#include "model/weights_export.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 

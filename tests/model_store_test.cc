@@ -19,6 +19,7 @@
 #include "embedding/embedding_store.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
+#include "model/weights_export.h"
 #include "model/model.h"
 #include "model/trainer.h"
 

@@ -41,6 +41,7 @@
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
+#include "model/weights_export.h"
 #include "model/metrics.h"
 #include "model/model.h"
 #include "model/safetensors.h"
