@@ -8,18 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "dense/param_names.h"
 #include "model/checkpoint_dir.h"
 
 namespace dlrm::model {
 namespace {
-
-std::string LayerName(const char* mlp, size_t layer, const char* what) {
-  return absl::StrCat(mlp, ".", layer, ".", what);
-}
-
-std::string TableWeightName(const TableConfig& table) {
-  return absl::StrCat("embedding_bags.", table.name(), ".weight");
-}
 
 // WriteWeights' tables of a one-process model: host tables in place, the
 // others (RocksDB, device memory) gathered through their store.
@@ -52,29 +45,38 @@ absl::Status CheckWholeTables(Model& model) {
 
 }  // namespace
 
+std::string TableWeightName(const TableConfig& table) {
+  return absl::StrCat("embedding_bags.", table.name(), ".weight");
+}
+
 std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
   std::vector<TensorSpec> specs;
   auto add_mlp = [&specs](const char* prefix, int64_t in,
                           const google::protobuf::RepeatedField<int32_t>& w) {
     for (int i = 0; i < w.size(); ++i) {
-      specs.push_back({LayerName(prefix, i, "weight"), {w.Get(i), in}});
-      specs.push_back({LayerName(prefix, i, "bias"), {w.Get(i)}});
+      specs.push_back(
+          {dense::ParamName(prefix, i, dense::kWeight), {w.Get(i), in}});
+      specs.push_back({dense::ParamName(prefix, i, dense::kBias), {w.Get(i)}});
       in = w.Get(i);
     }
   };
-  add_mlp("bottom_mlp", config.num_dense_features(), config.bottom_mlp());
+  add_mlp(dense::kBottomMlpPrefix, config.num_dense_features(),
+          config.bottom_mlp());
   const int64_t width = InteractionOutputDim(config);
   if (config.interaction() == INTERACTION_DCN) {
     const int64_t rank = config.dcn_low_rank_dim();
     for (int l = 0; l < config.dcn_num_layers(); ++l) {
       specs.push_back(
-          {LayerName("interaction.crossnet", l, "V"), {rank, width}});
+          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossV),
+           {rank, width}});
       specs.push_back(
-          {LayerName("interaction.crossnet", l, "W"), {width, rank}});
-      specs.push_back({LayerName("interaction.crossnet", l, "bias"), {width}});
+          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossW),
+           {width, rank}});
+      specs.push_back(
+          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kBias), {width}});
     }
   }
-  add_mlp("top_mlp", width, config.top_mlp());
+  add_mlp(dense::kTopMlpPrefix, width, config.top_mlp());
   for (const TableConfig& t : config.tables()) {
     specs.push_back({TableWeightName(t), {t.rows(), t.dim()}});
   }

@@ -20,13 +20,18 @@
 namespace dlrm::model {
 
 // The weight tensors of a model of `config` (normalised) in file order: the
-// dense parameters in the dense backend's order (each layer i of the bottom
+// dense parameters in the dense backend's order, named as it names them
+// (dense/param_names.h): each layer i of the bottom
 // MLP, "bottom_mlp.<i>.weight" [out, in] and ".bias" [out]; under DCN each
 // cross layer l, "interaction.crossnet.<l>.V" [r, N], ".W" [N, r] and
 // ".bias" [N]; the top MLP's layers as the bottom's, "top_mlp...."); then
 // each table in config order, "embedding_bags.<name>.weight" [rows, dim].
 // All float32, row-major.
 std::vector<TensorSpec> WeightSpecs(const ModelConfig& config);
+
+// The name of `table`'s weights in the export (and in TorchRecTensors):
+// "embedding_bags.<name>.weight".
+std::string TableWeightName(const TableConfig& table);
 
 // Table k's weights, rows x dim row-major: a pointer into the model (valid
 // until the next call), or into `*scratch` after filling it (rows read
