@@ -21,6 +21,7 @@
 #include "model/checkpoint_layout.h"
 #include "model/checkpoint_manifest.h"
 #include "model/safetensors.h"
+#include "optim/optimizer.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::model {
@@ -260,10 +261,11 @@ struct TableTensor {
 };
 
 // The tensors a checkpoint holds for table (or shard) `t` under `base`:
-// "<base>.weight" [rows, dim] when `with_weight`, then the optimizer state
-// it keeps: "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for
-// Adam) and "<base>.momentum2" [rows, dim] (Adam). None of the state for
-// SGD.
+// "<base>.weight" [rows, dim] when `with_weight`, then each state array of
+// its optimizer (optim::SparseState: state1, state2 in order), named and
+// shaped as the restore reads them (StateTensorName, StateTensorShape):
+// "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for Adam)
+// and "<base>.momentum2" [rows, dim] (Adam). None of the state for SGD.
 std::vector<TableTensor> TableTensors(const std::string& base,
                                       embedding::EmbeddingTable& t,
                                       bool with_weight) {
@@ -271,16 +273,12 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   if (with_weight) {
     out.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
   }
-  if (!t.state1().empty()) {
-    const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
-    out.push_back({base + ".momentum1",
-                   per_row ? std::vector<int64_t>{t.rows()}
-                           : std::vector<int64_t>{t.rows(), t.dim()},
-                   t.state1().data()});
-  }
-  if (!t.state2().empty()) {
-    out.push_back(
-        {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(t.optimizer());
+  float* const state[] = {t.state1().data(), t.state2().data()};
+  for (size_t a = 0; a < arrays.size() && a < std::size(state); ++a) {
+    out.push_back({StateTensorName(base, arrays[a]),
+                   StateTensorShape(arrays[a], t.rows(), t.dim()), state[a]});
   }
   return out;
 }
