@@ -13,9 +13,9 @@
 #include "core/file_system.h"
 #include "dlrm/config.pb.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/weights_export.h"
 
 namespace dlrm::model {
 

@@ -29,9 +29,9 @@
 #include "data/wire.h"
 #include "dlrm/config.pb.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/predictor.h"
 #include "model/trainer.h"
+#include "model/weights_export.h"
 #include "server/rank_group.h"
 
 namespace dlrm::server {

@@ -28,9 +28,9 @@
 #include "data/range_reader.h"
 #include "dlrm/service.pb.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/model.h"
 #include "model/predictor_ranks.h"
+#include "model/weights_export.h"
 
 namespace dlrm::server {
 

@@ -42,8 +42,8 @@
 #include "dlrm/service.grpc.pb.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/model.h"
+#include "model/weights_export.h"
 #include "tests/npy_files.h"
 #include "tests/test_certs.h"
 

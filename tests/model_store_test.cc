@@ -19,9 +19,9 @@
 #include "embedding/embedding_store.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/model.h"
 #include "model/trainer.h"
+#include "model/weights_export.h"
 
 namespace dlrm::model {
 namespace {

@@ -30,11 +30,11 @@
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
-#include "model/weights_export.h"
 #include "model/exchange_memory.h"
 #include "model/metrics.h"
 #include "model/safetensors.h"
 #include "model/trainer.h"
+#include "model/weights_export.h"
 
 namespace dlrm::model {
 namespace {
