@@ -1,7 +1,7 @@
 // The Coordinator gRPC service rank 0 hosts (proto/dlrm/coordinator.proto):
 // rank registration in rounds and a session-scoped key-value store, and a
 // standalone server for it. The control plane may run over TLS and require
-// a join token on every call (docs/server.md "Security"); without a token
+// a join token on every call (docs/security.md "Security"); without a token
 // anyone who reaches the port can join a job.
 #pragma once
 

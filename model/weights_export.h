@@ -1,4 +1,4 @@
-// The weights export for PyTorch (docs/server.md "Weights export"): a
+// The weights export for PyTorch (docs/export.md "Weights export"): a
 // model's dense parameters and whole tables as one safetensors file, named
 // and shaped as WeightSpecs says. Earlier versions' one-process checkpoints
 // held their weights in this format (model.safetensors, read by
