@@ -57,7 +57,7 @@ struct Flags {
   std::string server = "127.0.0.1:50051";
   double connect_timeout = 10;
 
-  // security (docs/server.md "Security")
+  // security (docs/security.md "Security")
   bool tls = false;
   std::string tls_ca, tls_cert, tls_key, tls_server_name;
   std::string auth_token_file;

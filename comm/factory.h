@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
-#include "comm/coordinator.h"
+#include "comm/coordinator_client.h"
 
 namespace dlrm::comm {
 

@@ -28,7 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/collective_args.h"
-#include "comm/coordinator.h"
+#include "comm/coordinator_store.h"
 #include "core/status.h"
 
 namespace dlrm::comm {

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/coordinator.h"
+#include "comm/coordinator_client.h"
 #include "comm/cuda_args.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/cuda_status.h"

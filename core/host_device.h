@@ -25,8 +25,8 @@ namespace dlrm {
 
 // On the device these are the _rn intrinsics, which nvcc never contracts
 // into FMA. On the host they are plain operators: host code that uses them
-// must be compiled with -ffp-contract=off (dlrm_optim gives that flag to
-// every target that links it), or GCC fuses a * b + c.
+// must be compiled with -ffp-contract=off (dlrm_core_base gives that flag
+// to every target, core/CMakeLists.txt), or GCC fuses a * b + c.
 DLRM_HOST_DEVICE inline float RnAdd(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);

@@ -8,6 +8,7 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "dense/cpu_backend.h"
+#include "dense/param_names.h"
 
 #if defined(DLRM_WITH_CUDA)
 #include "dense/cuda/cuda_backend.h"
@@ -39,12 +40,12 @@ absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
   p->bottom.Init(&rng);
   p->top.Init(&rng);
   p->cross.Init(&rng);
-  p->params = p->bottom.Parameters("bottom_mlp");
-  for (ParamRef& ref : p->cross.Parameters("interaction.crossnet")) {
+  p->params = p->bottom.Parameters(kBottomMlpPrefix);
+  for (ParamRef& ref : p->cross.Parameters(kCrossNetPrefix)) {
     p->params.push_back(std::move(ref));
   }
   p->top_begin = p->params.size();
-  for (ParamRef& ref : p->top.Parameters("top_mlp")) {
+  for (ParamRef& ref : p->top.Parameters(kTopMlpPrefix)) {
     p->params.push_back(std::move(ref));
   }
   ASSIGN_OR_RETURN(p->optimizer,

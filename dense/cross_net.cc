@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "dense/param_names.h"
+
 namespace dlrm::dense {
 namespace {
 
@@ -376,12 +378,13 @@ std::vector<ParamRef> CrossNet::Parameters(const std::string& prefix) {
   params.reserve(3 * layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
-    const std::string base = prefix + "." + std::to_string(l);
     const int64_t matrix = static_cast<int64_t>(layer.v.size());
-    params.push_back({base + ".V", layer.v.data(), layer.dv.data(), matrix});
-    params.push_back({base + ".W", layer.w.data(), layer.dw.data(), matrix});
-    params.push_back({base + ".bias", layer.b.data(), layer.db.data(),
-                      static_cast<int64_t>(layer.b.size())});
+    params.push_back({ParamName(prefix, l, kCrossV), layer.v.data(),
+                      layer.dv.data(), matrix});
+    params.push_back({ParamName(prefix, l, kCrossW), layer.w.data(),
+                      layer.dw.data(), matrix});
+    params.push_back({ParamName(prefix, l, kBias), layer.b.data(),
+                      layer.db.data(), static_cast<int64_t>(layer.b.size())});
   }
   return params;
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "dense/cpu_isa.h"
+#include "dense/param_names.h"
 
 namespace dlrm::dense {
 namespace {
@@ -345,10 +346,10 @@ std::vector<ParamRef> Mlp::Parameters(const std::string& prefix) {
   params.reserve(2 * layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     Linear& l = layers_[i];
-    const std::string base = prefix + "." + std::to_string(i);
-    params.push_back({base + ".weight", l.weight(), l.weight_grad(),
-                      static_cast<int64_t>(l.in()) * l.out()});
-    params.push_back({base + ".bias", l.bias(), l.bias_grad(), l.out()});
+    params.push_back({ParamName(prefix, i, kWeight), l.weight(),
+                      l.weight_grad(), static_cast<int64_t>(l.in()) * l.out()});
+    params.push_back(
+        {ParamName(prefix, i, kBias), l.bias(), l.bias_grad(), l.out()});
   }
   return params;
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "dense/param_names.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::dense {
@@ -92,7 +93,7 @@ void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
 
 }  // namespace
 
-bool AdaptsLayerWise(std::string_view name) { return !name.ends_with(".bias"); }
+bool AdaptsLayerWise(std::string_view name) { return !IsBias(name); }
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     const OptimizerConfig& config, std::vector<ParamRef> params) {

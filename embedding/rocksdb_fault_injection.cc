@@ -1,5 +1,5 @@
-// RocksDbFaultInjectionFs: writable files wrapped so that appends and syncs
-// check the rules first.
+// RocksDbFaultInjectionFs: writable files wrapped so that appends check the
+// rule first.
 #include "embedding/rocksdb_fault_injection.h"
 
 #include <utility>
@@ -35,7 +35,7 @@ class RocksDbFaultInjectionFs::File final
   rocksdb::IOStatus Append(const rocksdb::Slice& data,
                            const rocksdb::IOOptions& options,
                            rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/false, fname_);
+    rocksdb::IOStatus s = fs_->Check(fname_);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::Append(data, options, dbg);
   }
@@ -43,7 +43,7 @@ class RocksDbFaultInjectionFs::File final
                            const rocksdb::IOOptions& options,
                            const rocksdb::DataVerificationInfo& info,
                            rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/false, fname_);
+    rocksdb::IOStatus s = fs_->Check(fname_);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::Append(data, options, info, dbg);
   }
@@ -51,7 +51,7 @@ class RocksDbFaultInjectionFs::File final
                                      uint64_t offset,
                                      const rocksdb::IOOptions& options,
                                      rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/false, fname_);
+    rocksdb::IOStatus s = fs_->Check(fname_);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, options,
                                                         dbg);
@@ -61,29 +61,10 @@ class RocksDbFaultInjectionFs::File final
                                      const rocksdb::IOOptions& options,
                                      const rocksdb::DataVerificationInfo& info,
                                      rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/false, fname_);
+    rocksdb::IOStatus s = fs_->Check(fname_);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, options,
                                                         info, dbg);
-  }
-  rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
-                         rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/true, fname_);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Sync(options, dbg);
-  }
-  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
-                          rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/true, fname_);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Fsync(options, dbg);
-  }
-  rocksdb::IOStatus RangeSync(uint64_t offset, uint64_t nbytes,
-                              const rocksdb::IOOptions& options,
-                              rocksdb::IODebugContext* dbg) override {
-    rocksdb::IOStatus s = fs_->Check(/*sync=*/true, fname_);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::RangeSync(offset, nbytes, options, dbg);
   }
 
  private:
@@ -101,12 +82,6 @@ void RocksDbFaultInjectionFs::FailWrites(int64_t n, RocksDbFault fault,
   writes_ = Rule{name_part, n, fault};
 }
 
-void RocksDbFaultInjectionFs::FailSyncs(int64_t n, RocksDbFault fault,
-                                        const std::string& name_part) {
-  std::lock_guard<std::mutex> lock(mu_);
-  syncs_ = Rule{name_part, n, fault};
-}
-
 void RocksDbFaultInjectionFs::FailAllWrites(RocksDbFault fault,
                                             const std::string& name_part) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -116,7 +91,6 @@ void RocksDbFaultInjectionFs::FailAllWrites(RocksDbFault fault,
 void RocksDbFaultInjectionFs::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   writes_ = Rule{};
-  syncs_ = Rule{};
 }
 
 int64_t RocksDbFaultInjectionFs::injected() const {
@@ -124,10 +98,9 @@ int64_t RocksDbFaultInjectionFs::injected() const {
   return injected_;
 }
 
-rocksdb::IOStatus RocksDbFaultInjectionFs::Check(bool sync,
-                                                 const std::string& fname) {
+rocksdb::IOStatus RocksDbFaultInjectionFs::Check(const std::string& fname) {
   std::lock_guard<std::mutex> lock(mu_);
-  Rule& rule = sync ? syncs_ : writes_;
+  Rule& rule = writes_;
   if (rule.left == 0 || fname.find(rule.name_part) == std::string::npos) {
     return rocksdb::IOStatus::OK();
   }

@@ -1,5 +1,5 @@
 // A rocksdb::FileSystem for tests that forwards to another one (RocksDB's
-// default) and fails writes and syncs of chosen files, in the spirit of
+// default) and fails writes to chosen files, in the spirit of
 // RocksDB's own FaultInjectionTestFS: it makes RocksDB's flushes fail, so
 // that the RocksDB tier's handling of them (write-back retries, recovery,
 // clear errors) runs in tests. Set it as RocksDbStoreOptions::file_system.
@@ -39,9 +39,6 @@ class RocksDbFaultInjectionFs final : public rocksdb::FileSystemWrapper {
   // the table files a flush writes) fail with `fault`.
   void FailWrites(int64_t n, RocksDbFault fault,
                   const std::string& name_part = ".sst");
-  // The next `n` syncs of such files fail with `fault`.
-  void FailSyncs(int64_t n, RocksDbFault fault,
-                 const std::string& name_part = ".sst");
   // Every append to such files fails with `fault` until Reset() (a disk
   // that stays full, a device that stays broken).
   void FailAllWrites(RocksDbFault fault, const std::string& name_part = ".sst");
@@ -72,13 +69,13 @@ class RocksDbFaultInjectionFs final : public rocksdb::FileSystemWrapper {
     RocksDbFault fault = RocksDbFault::kRetryable;
   };
 
-  // The failure an append (or a sync) of `fname` gets; OK for none.
-  rocksdb::IOStatus Check(bool sync, const std::string& fname);
+  // The failure an append to `fname` gets; OK for none.
+  rocksdb::IOStatus Check(const std::string& fname);
   void Wrap(const std::string& fname,
             std::unique_ptr<rocksdb::FSWritableFile>* result);
 
   mutable std::mutex mu_;
-  Rule writes_, syncs_;
+  Rule writes_;
   int64_t injected_ = 0;
 };
 

@@ -1,7 +1,8 @@
-// The RocksDB tier: a database holding every table's rows (one column
-// family per table or shard), and a host cache of hot rows in front of each
-// table that fetches with MultiGet, evicts by LRU or LFU, writes dirty rows
-// back in batches and prefetches the next batch in the background.
+// The RocksDB tier's store: a host cache of hot rows in front of each table
+// that fetches with MultiGet, evicts by LRU or LFU, writes dirty rows back
+// in batches and prefetches the next batch in the background. The database
+// behind it (one for every table, a column family per table or shard) is
+// in embedding/row_database.h.
 #pragma once
 
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include "core/status.h"
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
+#include "embedding/row_database.h"
 #include "embedding/slot_manager.h"
 
 namespace rocksdb {
@@ -28,86 +30,6 @@ struct ColumnFamilyOptions;
 }  // namespace rocksdb
 
 namespace dlrm::embedding {
-
-// One RocksDB database, its column families, and one background worker
-// thread that runs its stores' write-back and prefetch reads in submission
-// order (one thread per database: the reads and writes of every table
-// overlap the step's compute without a thread per table). Thread-safe.
-//
-// A flush that fails (a full or failing disk) makes RocksDB refuse writes
-// until it recovers. RocksDB's own automatic recovery is off: the stores
-// ask for it (Recover) when a write fails, so that what happens under a
-// fault does not depend on the timing of a background thread.
-class RowDatabase {
- public:
-  // Opens (creating if missing) the database at options.path with every
-  // column family it already has. InvalidArgument for bad options;
-  // RocksDB's errors otherwise.
-  static absl::StatusOr<std::unique_ptr<RowDatabase>> Open(
-      const RocksDbStoreOptions& options);
-
-  // Copies the checkpoint in `checkpoint_dir` (made by Checkpoint) to
-  // options.path and opens it there, leaving the checkpoint untouched.
-  // AlreadyExists when options.path exists and is not empty; NotFound when
-  // `checkpoint_dir` is not a directory.
-  static absl::StatusOr<std::unique_ptr<RowDatabase>> RestoreCheckpoint(
-      const std::string& checkpoint_dir, const RocksDbStoreOptions& options);
-
-  ~RowDatabase();
-  RowDatabase(const RowDatabase&) = delete;
-  RowDatabase& operator=(const RowDatabase&) = delete;
-
-  // The column family `name`, created if missing. Borrowed: valid while
-  // this database lives.
-  absl::StatusOr<rocksdb::ColumnFamilyHandle*> ColumnFamily(
-      const std::string& name);
-
-  // Flushes memtables and writes a consistent hard-linked copy of the
-  // database to `dir` (which must not exist). Stores must Flush() first:
-  // rows still dirty in a cache are not in it. AlreadyExists when `dir`
-  // exists.
-  absl::Status Checkpoint(const std::string& dir);
-
-  // Asks RocksDB to recover from a background error (a failed flush): it
-  // flushes the memtables again. OK when there was none or it recovered;
-  // RocksDB's error otherwise (ResourceExhausted while the disk is full;
-  // Internal for an error RocksDB cannot recover from: then the database
-  // stays read-only).
-  absl::Status Recover();
-
-  rocksdb::DB* db() { return db_.get(); }
-  const RocksDbStoreOptions& options() const { return options_; }
-
-  // Runs `job` on the worker thread after every job submitted before it.
-  // For the stores of this database: a job must not outlive what it uses
-  // (a store waits for its jobs before it is destroyed).
-  void Submit(std::function<void()> job);
-
- private:
-  RowDatabase() = default;
-  void WorkerLoop();
-
-  RocksDbStoreOptions options_;
-  // Over options_.file_system when set; declared before db_ to outlive it.
-  std::unique_ptr<rocksdb::Env> env_;
-  std::unique_ptr<rocksdb::DB> db_;
-  // Options of every column family (shares one block cache).
-  std::unique_ptr<rocksdb::ColumnFamilyOptions> family_options_;
-  std::mutex mu_;
-  // Every handle opened or created, by name; destroyed before db_ closes.
-  std::vector<std::pair<std::string, rocksdb::ColumnFamilyHandle*>> families_;
-
-  // The worker and its FIFO; stopped (after draining) before db_ closes.
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
-};
-
-// Name of the column family that holds `spec`'s rows: one per table, or per
-// shard when the spec is a slice.
-std::string ColumnFamilyName(const TableSpec& spec);
 
 // A fixed number of slots (options.cache_rows) in host memory with the
 // layout of EmbeddingTable, an id -> slot map, and RocksDB behind it. A row
@@ -169,9 +91,6 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Whether `row` is resident and updated since it was last written back.
   bool IsDirty(int64_t row) const;
   int64_t capacity() const { return slots_->rows(); }
-  // The slot array the kernels run on (rows() == capacity(); row i is slot
-  // i, not table row i). For memory accounting and inspection only.
-  EmbeddingTable& slot_array() { return *slots_; }
 
  private:
   RocksDbCachedStore(const TableSpec& spec, const RocksDbStoreOptions& options,

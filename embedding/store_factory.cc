@@ -1,6 +1,8 @@
-// CreateEmbeddingStore: the one place that knows every tier. Apart from
-// the tiers themselves, so that code using only the host or device tier
-// (the CUDA tests) does not link RocksDB.
+// CreateEmbeddingStore: builds the store of a StoreKind (host memory,
+// RocksDB behind a host cache, device memory, a device cache over host
+// memory or RocksDB). In a file of its own, apart from the tiers, so that
+// code using only the host or device tier (the CUDA tests) does not link
+// RocksDB.
 #include <memory>
 #include <utility>
 

@@ -1,31 +1,27 @@
-// Checkpoint directories of a model on any number of ranks (each rank's
-// shards, the dense part, config, plan, layout, MANIFEST.json), restored on
-// any number of ranks (checkpoint_layout.h); manifests with checksums;
-// periodic checkpoints' housekeeping; the weights export.
+// Saving a model on any number of ranks into a checkpoint directory (each
+// rank's shards, the dense part, config, plan, layout, MANIFEST.json) and
+// restoring one on any number of ranks (model/checkpoint_layout.h).
 #include "model/checkpoint.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "core/config.h"
-#include "core/crc32c.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint_layout.h"
+#include "model/checkpoint_manifest.h"
 #include "model/safetensors.h"
+#include "optim/optimizer.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrm::model {
@@ -33,40 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kConfig[] = "config.textproto";
-// The RocksDB tier's checkpoint (rows and optimizer state of the
-// STORAGE_ROCKSDB tables), present only when a table uses it.
-constexpr char kRocksDb[] = "rocksdb";
 constexpr char kPlan[] = "plan.txt";
-
-// The directory holding `path` ("." for a bare name).
-std::string ParentOf(const std::string& path) {
-  const fs::path parent = fs::path(path).lexically_normal().parent_path();
-  return parent.empty() ? "." : parent.string();
-}
-
-std::string LayerName(const char* mlp, size_t layer, const char* what) {
-  return absl::StrCat(mlp, ".", layer, ".", what);
-}
-
-std::string TableWeightName(const TableConfig& table) {
-  return absl::StrCat("embedding_bags.", table.name(), ".weight");
-}
-
-// WriteWeights' tables of a one-process model: host tables in place, the
-// others (RocksDB, device memory) gathered through their store.
-TableWeightsFn ModelTables(Model& m) {
-  return
-      [&m](int k, std::vector<float>* scratch) -> absl::StatusOr<const float*> {
-        if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
-          return t->weights();
-        }
-        // One rank: no collective behind the gather.
-        RETURN_IF_ERROR(m.GatherTable(k, scratch));
-        return scratch->data();
-      };
-}
 
 // The parts of a config that fix the shapes of weights and state.
 absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
@@ -113,9 +77,9 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
 
 absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
                                                  FileSystem* file_system) {
-  if (!fs::exists(dir / kManifest)) {
+  if (!fs::exists(dir / kManifestFile)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir.string(),
-                                            " (no ", kManifest, ")"));
+                                            " (no ", kManifestFile, ")"));
   }
   ASSIGN_OR_RETURN(std::string text,
                    ReadFile(*file_system, (dir / kConfig).string()));
@@ -123,23 +87,6 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
   return NormalizeModelConfig(std::move(config));
 }
 
-// The one-process format holds every table whole: a model of one rank
-// whose every table is whole on it (Model::Create(config)'s plan).
-absl::Status CheckWholeTables(Model& model) {
-  for (int k = 0; k < model.config().tables_size(); ++k) {
-    if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a one-process export needs every table whole on one rank; "
-          "table ",
-          model.config().tables(k).name(), " is sharded over ",
-          model.world_size(), " rank(s)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// A test hook that stands for a slow disk: DLRM_TEST_CHECKPOINT_DELAY_MS
-// milliseconds of sleep after each file a save writes, so that a test can
 // kill the process in the middle of a save (tests/server_process_test.cc).
 void TestOnlyDelay() {
   const char* env = std::getenv("DLRM_TEST_CHECKPOINT_DELAY_MS");
@@ -305,84 +252,20 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
   return info;
 }
 
-}  // namespace
+// One tensor of a table (or shard) in a checkpoint; `data` borrows the
+// table's buffer.
+struct TableTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data;
+};
 
-absl::Status WriteTextFile(const std::string& path, const std::string& text,
-                           FileSystem* file_system) {
-  return WriteFile(*file_system, path, text);
-}
-
-absl::Status SyncDirectory(const std::string& dir, FileSystem* file_system) {
-  return file_system->SyncDirectory(dir);
-}
-
-std::string TemporaryPath(const std::string& path) {
-  return absl::StrCat(path, ".tmp-", ::getpid());
-}
-
-absl::Status CommitDirectory(const std::string& tmp_name,
-                             const std::string& dir_name,
-                             FileSystem* file_system) {
-  const fs::path tmp(tmp_name);
-  const fs::path dir = fs::path(dir_name).lexically_normal();
-  const std::string parent = ParentOf(dir.string());
-  std::error_code ec;
-  const bool replacing = fs::exists(dir, ec);
-  if (replacing) {
-    const absl::Status swapped =
-        file_system->Exchange(tmp.string(), dir.string());
-    if (swapped.ok()) {
-      // One atomic swap: `dir` is the old or the new checkpoint at every
-      // moment; `tmp` now holds the old one.
-      RETURN_IF_ERROR(file_system->SyncDirectory(parent));
-      if (const absl::Status s = file_system->RemoveAll(tmp.string());
-          !s.ok()) {
-        spdlog::warn("removing the replaced checkpoint: {}", s.ToString());
-      }
-      return absl::OkStatus();
-    }
-    if (!absl::IsUnimplemented(swapped)) return swapped;
-  }
-  // A file system without RENAME_EXCHANGE (or no old checkpoint): between
-  // the two renames `dir` is missing; the old one is put back if the second
-  // fails, or by CleanPartialCheckpoints after a crash there.
-  const std::string old = dir.string() + ".old-" + std::to_string(::getpid());
-  if (replacing) {
-    if (const absl::Status s = file_system->Rename(dir.string(), old);
-        !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("cannot move the old ", dir.string(),
-                                       " aside: ", s.message()));
-    }
-  }
-  if (const absl::Status s = file_system->Rename(tmp.string(), dir.string());
-      !s.ok()) {
-    if (replacing) {
-      if (const absl::Status back = file_system->Rename(old, dir.string());
-          !back.ok()) {
-        spdlog::error(
-            "cannot put {} back after a failed save ({}); the next start "
-            "puts it back",
-            old, back.ToString());
-      }
-    }
-    return s;
-  }
-  RETURN_IF_ERROR(file_system->SyncDirectory(parent));
-  if (replacing) {
-    if (const absl::Status s = file_system->RemoveAll(old); !s.ok()) {
-      spdlog::warn("removing the replaced checkpoint: {}", s.ToString());
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CommitFile(const std::string& tmp, const std::string& path,
-                        FileSystem* file_system) {
-  RETURN_IF_ERROR(file_system->Rename(tmp, path));
-  return file_system->SyncDirectory(ParentOf(path));
-}
-
+// The tensors a checkpoint holds for table (or shard) `t` under `base`:
+// "<base>.weight" [rows, dim] when `with_weight`, then each state array of
+// its optimizer (optim::SparseState: state1, state2 in order), named and
+// shaped as the restore reads them (StateTensorName, StateTensorShape):
+// "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for Adam)
+// and "<base>.momentum2" [rows, dim] (Adam). None of the state for SGD.
 std::vector<TableTensor> TableTensors(const std::string& base,
                                       embedding::EmbeddingTable& t,
                                       bool with_weight) {
@@ -390,21 +273,15 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   if (with_weight) {
     out.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
   }
-  if (!t.state1().empty()) {
-    const bool per_row = static_cast<int64_t>(t.state1().size()) == t.rows();
-    out.push_back({base + ".momentum1",
-                   per_row ? std::vector<int64_t>{t.rows()}
-                           : std::vector<int64_t>{t.rows(), t.dim()},
-                   t.state1().data()});
-  }
-  if (!t.state2().empty()) {
-    out.push_back(
-        {base + ".momentum2", {t.rows(), t.dim()}, t.state2().data()});
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(t.optimizer());
+  float* const state[] = {t.state1().data(), t.state2().data()};
+  for (size_t a = 0; a < arrays.size() && a < std::size(state); ++a) {
+    out.push_back({StateTensorName(base, arrays[a]),
+                   StateTensorShape(arrays[a], t.rows(), t.dim()), state[a]});
   }
   return out;
 }
-
-namespace {
 
 // A host-memory copy of `store`'s rows, optimizer state and step (a shard
 // in device memory, written like one in host memory).
@@ -524,16 +401,6 @@ absl::StatusOr<CheckpointInfo> FinishSave(Model& model, const fs::path& tmp,
   for (const ManifestFile& f : manifest.files) info.bytes += f.bytes;
   return info;
 }
-
-// Removes what a failed save left under `path`; a failure is only logged
-// (CleanPartialCheckpoints removes it at the next start).
-void RemoveLeftover(const std::string& path, FileSystem* file_system) {
-  if (const absl::Status s = file_system->RemoveAll(path); !s.ok()) {
-    spdlog::warn("cannot remove {} after a failed save: {}", path,
-                 s.ToString());
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(Model& model,
@@ -650,457 +517,6 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCheckpointWith(
                           weights_only, file_system)
                       .status());
   return model;
-}
-
-// ------------------------------------------------------------------ weights
-
-std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
-  std::vector<TensorSpec> specs;
-  auto add_mlp = [&specs](const char* prefix, int64_t in,
-                          const google::protobuf::RepeatedField<int32_t>& w) {
-    for (int i = 0; i < w.size(); ++i) {
-      specs.push_back({LayerName(prefix, i, "weight"), {w.Get(i), in}});
-      specs.push_back({LayerName(prefix, i, "bias"), {w.Get(i)}});
-      in = w.Get(i);
-    }
-  };
-  add_mlp("bottom_mlp", config.num_dense_features(), config.bottom_mlp());
-  const int64_t width = InteractionOutputDim(config);
-  if (config.interaction() == INTERACTION_DCN) {
-    const int64_t rank = config.dcn_low_rank_dim();
-    for (int l = 0; l < config.dcn_num_layers(); ++l) {
-      specs.push_back(
-          {LayerName("interaction.crossnet", l, "V"), {rank, width}});
-      specs.push_back(
-          {LayerName("interaction.crossnet", l, "W"), {width, rank}});
-      specs.push_back({LayerName("interaction.crossnet", l, "bias"), {width}});
-    }
-  }
-  add_mlp("top_mlp", width, config.top_mlp());
-  for (const TableConfig& t : config.tables()) {
-    specs.push_back({TableWeightName(t), {t.rows(), t.dim()}});
-  }
-  return specs;
-}
-
-absl::StatusOr<ExportInfo> WriteWeights(
-    const std::string& path, const ModelConfig& config,
-    const std::vector<dense::ParamRef>& dense, int64_t step,
-    const TableWeightsFn& table, FileSystem* file_system) {
-  std::vector<TensorSpec> specs = WeightSpecs(config);
-  // The dense parameters are the specs' first tensors, in their order.
-  absl::Status status;
-  if (dense.size() + config.tables_size() != specs.size()) {
-    status = absl::InternalError(
-        absl::StrCat("weights export: ", dense.size(), " dense parameters, ",
-                     specs.size() - config.tables_size(), " expected"));
-  }
-  for (size_t i = 0; status.ok() && i < dense.size(); ++i) {
-    int64_t size = 1;
-    for (const int64_t d : specs[i].shape) size *= d;
-    if (dense[i].name != specs[i].name || dense[i].size != size) {
-      status = absl::InternalError(absl::StrCat(
-          "weights export: dense parameter ", i, " is ", dense[i].name, " of ",
-          dense[i].size, " floats, expected ", specs[i].name, " of ", size));
-    }
-  }
-  ExportInfo info;
-  info.step = step;
-  info.tensors = static_cast<int64_t>(specs.size());
-  if (status.ok()) status = file_system->CreateDirectories(ParentOf(path));
-  std::unique_ptr<SafetensorsWriter> writer;
-  if (status.ok()) {
-    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> created =
-        SafetensorsWriter::Create(
-            path, std::move(specs),
-            {{"format", "dlrm-server"}, {"step", std::to_string(step)}},
-            file_system);
-    status = created.status();
-    if (status.ok()) writer = *std::move(created);
-  }
-  for (const dense::ParamRef& p : dense) {
-    if (!status.ok()) break;
-    status = writer->Append(p.value);
-  }
-  std::vector<float> scratch;
-  for (int k = 0; k < config.tables_size(); ++k) {
-    absl::StatusOr<const float*> weights = table(k, &scratch);
-    if (!status.ok()) continue;
-    status = weights.status();
-    if (status.ok()) status = writer->Append(*weights);
-  }
-  if (status.ok()) status = writer->Finish();
-  RETURN_IF_ERROR(status);
-  info.bytes = writer->bytes();
-  return info;
-}
-
-absl::StatusOr<ExportInfo> ExportSafetensors(Model& model,
-                                             const std::string& path,
-                                             FileSystem* file_system) {
-  RETURN_IF_ERROR(CheckWholeTables(model));
-  const std::string tmp = TemporaryPath(path);
-  absl::StatusOr<ExportInfo> info =
-      WriteWeights(tmp, model.config(), model.dense_params(), model.steps(),
-                   ModelTables(model), file_system);
-  if (info.ok()) {
-    const absl::Status committed = CommitFile(tmp, path, file_system);
-    if (!committed.ok()) info = committed;
-  }
-  if (!info.ok()) RemoveLeftover(tmp, file_system);
-  return info;
-}
-
-// ---------------------------------------------------------------- manifests
-
-namespace {
-
-constexpr char kManifestCrcKey[] = "manifest_crc32c";
-constexpr int kManifestVersion = 2;
-
-std::string Hex32(uint32_t v) { return absl::StrFormat("%08x", v); }
-
-// The manifest's own checksum: the CRC-32C of its JSON (2-space indent,
-// keys sorted, as nlohmann prints it) without the checksum field.
-uint32_t ManifestCrc(nlohmann::json json) {
-  json.erase(kManifestCrcKey);
-  const std::string text = json.dump(2);
-  return Crc32c(text.data(), text.size());
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-absl::StatusOr<Manifest> ParseManifest(
-    const nlohmann::json& json, const fs::path& path,
-    const std::function<absl::Status(const std::string&)>& damaged);
-
-}  // namespace
-
-absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc32c(
-    const std::string& path, FileSystem* file_system) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SequentialFile> file,
-                   file_system->NewSequentialFile(path));
-  std::vector<char> buffer(size_t{4} << 20);
-  uint32_t crc = 0;
-  int64_t bytes = 0;
-  for (;;) {
-    ASSIGN_OR_RETURN(const size_t n, file->Read(buffer.data(), buffer.size()));
-    if (n == 0) break;
-    crc = Crc32cExtend(crc, buffer.data(), n);
-    bytes += static_cast<int64_t>(n);
-  }
-  return std::make_pair(crc, bytes);
-}
-
-absl::StatusOr<Manifest> WriteManifest(const std::string& dir_name,
-                                       const Manifest& fields,
-                                       FileSystem* file_system) {
-  const fs::path dir(dir_name);
-  Manifest m = fields;
-  m.version = kManifestVersion;
-  m.created_ms = NowMs();
-  m.files.clear();
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
-    const std::string rel = it->path().lexically_relative(dir).generic_string();
-    if (rel == kManifest) continue;
-    ASSIGN_OR_RETURN(auto crc, FileCrc32c(it->path().string(), file_system));
-    m.files.push_back({rel, crc.second, crc.first, true});
-  }
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot list ", dir.string(), ": ", ec.message()));
-  }
-  std::sort(m.files.begin(), m.files.end(),
-            [](const ManifestFile& a, const ManifestFile& b) {
-              return a.path < b.path;
-            });
-  nlohmann::json json = {{"format", m.format},
-                         {"version", m.version},
-                         {"step", m.step},
-                         {"world_size", m.world_size},
-                         {"created_ms", m.created_ms},
-                         {"config", m.config_text},
-                         {"sharding_plan", m.sharding_plan},
-                         {"files", nlohmann::json::object()}};
-  for (const ManifestFile& f : m.files) {
-    json["files"][f.path] = {{"bytes", f.bytes}, {"crc32c", Hex32(f.crc32c)}};
-  }
-  if (!m.job.empty()) {
-    // Embedded as an object so the manifest stays readable; text that is
-    // not JSON is kept as a string rather than lost.
-    nlohmann::json job =
-        nlohmann::json::parse(m.job, nullptr, /*allow_exceptions=*/false);
-    json["job"] = job.is_discarded() ? nlohmann::json(m.job) : job;
-  }
-  json[kManifestCrcKey] = Hex32(ManifestCrc(json));
-  RETURN_IF_ERROR(WriteTextFile((dir / kManifest).string(), json.dump(2) + "\n",
-                                file_system));
-  RETURN_IF_ERROR(SyncDirectory(dir.string(), file_system));
-  return m;
-}
-
-absl::StatusOr<Manifest> ReadManifest(const std::string& dir_name,
-                                      FileSystem* file_system) {
-  const fs::path path = fs::path(dir_name) / kManifest;
-  if (!fs::exists(path)) {
-    return absl::NotFoundError(
-        absl::StrCat("no checkpoint in ", dir_name, " (no ", kManifest, ")"));
-  }
-  absl::StatusOr<std::string> text = ReadFile(*file_system, path.string());
-  if (!text.ok()) {
-    return absl::DataLossError(absl::StrCat("cannot read ", path.string(), ": ",
-                                            text.status().message()));
-  }
-  const nlohmann::json json =
-      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  auto damaged = [&](const std::string& why) -> absl::Status {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint manifest ", path.string(), " is damaged: ", why));
-  };
-  if (!json.is_object()) return damaged("not a JSON object");
-  // nlohmann throws on a field of the wrong type; nothing escapes.
-  try {
-    return ParseManifest(json, path, damaged);
-  } catch (const nlohmann::json::exception& e) {
-    return damaged(e.what());
-  }
-}
-
-namespace {
-
-absl::StatusOr<Manifest> ParseManifest(
-    const nlohmann::json& json, const fs::path& path,
-    const std::function<absl::Status(const std::string&)>& damaged) {
-  Manifest m;
-  m.version = json.value("version", 0);
-  if (json.contains(kManifestCrcKey)) {
-    const std::string want = json.value(kManifestCrcKey, "");
-    if (want != Hex32(ManifestCrc(json))) {
-      return damaged("its own checksum does not match");
-    }
-  } else if (m.version >= kManifestVersion) {
-    return damaged(absl::StrCat("no ", kManifestCrcKey));
-  }
-  m.format = json.value("format", "");
-  m.step = json.value("step", int64_t{0});
-  m.world_size = json.value("world_size", 1);
-  m.created_ms = json.value("created_ms", int64_t{0});
-  m.config_text = json.value("config", "");
-  m.sharding_plan = json.value("sharding_plan", "");
-  if (const auto job = json.find("job"); job != json.end()) {
-    m.job = job->is_string() ? job->get<std::string>() : job->dump();
-  }
-  if (m.format != kCheckpointFormat && m.format != kLegacyMultiRankFormat) {
-    return damaged(absl::StrCat("unknown format \"", m.format, "\""));
-  }
-  const auto files = json.find("files");
-  if (files == json.end() || !files->is_object()) return damaged("no files");
-  for (const auto& [name, entry] : files->items()) {
-    if (!entry.is_object()) return damaged(absl::StrCat("files.", name));
-    ManifestFile f;
-    f.path = name;
-    f.bytes = entry.value("bytes", int64_t{-1});
-    uint32_t crc = 0;
-    const std::string hex = entry.value("crc32c", "");
-    if (!hex.empty()) {
-      if (!absl::SimpleHexAtoi(hex, &crc)) {
-        return damaged(absl::StrCat("files.", name, ".crc32c"));
-      }
-      f.has_crc32c = true;
-      f.crc32c = crc;
-    }
-    // Version 1 listed the RocksDB directory as one entry with its total
-    // size; only regular files are checked.
-    if (m.version < kManifestVersion && name == kRocksDb) continue;
-    m.files.push_back(std::move(f));
-  }
-  if (m.created_ms == 0) {
-    std::error_code ec;
-    const auto mtime = fs::last_write_time(path, ec);
-    if (!ec) {
-      m.created_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(
-              std::chrono::file_clock::to_sys(mtime).time_since_epoch())
-              .count();
-    }
-  }
-  return m;
-}
-
-}  // namespace
-
-absl::Status VerifyCheckpointFiles(
-    const std::string& dir_name, const Manifest& manifest,
-    const std::function<bool(const std::string&)>& want,
-    FileSystem* file_system) {
-  const fs::path dir(dir_name);
-  for (const ManifestFile& f : manifest.files) {
-    if (want && !want(f.path)) continue;
-    const fs::path path = dir / f.path;
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    if (ec) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", path.string(),
-                                              " is missing: ", ec.message()));
-    }
-    if (static_cast<int64_t>(size) != f.bytes) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint file ", path.string(), " has ", size,
-                       " bytes, the manifest says ", f.bytes));
-    }
-    if (!f.has_crc32c) continue;
-    absl::StatusOr<std::pair<uint32_t, int64_t>> crc =
-        FileCrc32c(path.string(), file_system);
-    if (!crc.ok()) return absl::DataLossError(crc.status().message());
-    if (crc->first != f.crc32c || crc->second != f.bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file ", path.string(), " is corrupt: CRC-32C ",
-          Hex32(crc->first), ", the manifest says ", Hex32(f.crc32c)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// ------------------------------------------------------ periodic checkpoints
-
-namespace {
-
-constexpr char kPeriodicPrefix[] = "ckpt-";
-
-// The step of a periodic checkpoint's name "ckpt-<step>", or -1.
-int64_t PeriodicStep(const std::string& name) {
-  if (!name.starts_with(kPeriodicPrefix)) return -1;
-  const std::string digits = name.substr(sizeof(kPeriodicPrefix) - 1);
-  int64_t step = -1;
-  if (digits.empty() ||
-      !std::all_of(digits.begin(), digits.end(),
-                   [](char c) { return c >= '0' && c <= '9'; }) ||
-      !absl::SimpleAtoi(digits, &step)) {
-    return -1;
-  }
-  return step;
-}
-
-// Names of temporary directories of saves ("<name>.tmp-<pid>") and of
-// checkpoints being replaced ("<name>.old-<pid>"); `base` gets <name>.
-bool IsTemporary(const std::string& name, const char* marker,
-                 std::string* base) {
-  const size_t at = name.rfind(marker);
-  if (at == std::string::npos || at == 0) return false;
-  if (base != nullptr) *base = name.substr(0, at);
-  return true;
-}
-
-}  // namespace
-
-std::string PeriodicCheckpointName(int64_t step) {
-  return absl::StrCat(kPeriodicPrefix, step);
-}
-
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& root,
-                                             FileSystem* file_system) {
-  std::vector<CheckpointEntry> out;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(root, ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::error_code ignored;
-    if (!it->is_directory(ignored)) continue;
-    const std::string name = it->path().filename().string();
-    if (IsTemporary(name, ".tmp-", nullptr) ||
-        IsTemporary(name, ".old-", nullptr)) {
-      continue;
-    }
-    if (!fs::exists(it->path() / kManifest, ignored)) continue;
-    out.push_back({it->path().string(), name,
-                   ReadManifest(it->path().string(), file_system)});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const CheckpointEntry& a, const CheckpointEntry& b) {
-              if (a.manifest.ok() != b.manifest.ok()) return a.manifest.ok();
-              if (!a.manifest.ok()) return a.name < b.name;
-              if (a.manifest->created_ms != b.manifest->created_ms) {
-                return a.manifest->created_ms > b.manifest->created_ms;
-              }
-              if (a.manifest->step != b.manifest->step) {
-                return a.manifest->step > b.manifest->step;
-              }
-              return a.name < b.name;
-            });
-  return out;
-}
-
-void CleanPartialCheckpoints(const std::string& root, FileSystem* file_system) {
-  std::error_code ec;
-  std::vector<fs::path> entries;
-  for (auto it = fs::directory_iterator(root, ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    entries.push_back(it->path());
-  }
-  auto failure = [](const absl::Status& s) {
-    return s.ok() ? std::string() : absl::StrCat(": ", s.message());
-  };
-  for (const fs::path& path : entries) {
-    const std::string name = path.filename().string();
-    std::string base;
-    if (IsTemporary(name, ".tmp-", &base)) {
-      const absl::Status s = file_system->RemoveAll(path.string());
-      spdlog::warn(
-          "removed {}: an unfinished checkpoint or export (its save never "
-          "committed, e.g. the process was killed){}",
-          path.string(), failure(s));
-    } else if (IsTemporary(name, ".old-", &base)) {
-      const fs::path original = path.parent_path() / base;
-      std::error_code e;
-      if (!fs::exists(original, e)) {
-        const absl::Status s =
-            file_system->Rename(path.string(), original.string());
-        spdlog::warn(
-            "put {} back as {}: a crash interrupted its replacement by a "
-            "newer save{}",
-            path.string(), original.string(), failure(s));
-      } else {
-        const absl::Status s = file_system->RemoveAll(path.string());
-        spdlog::warn("removed {}: a checkpoint already replaced by {}{}",
-                     path.string(), original.string(), failure(s));
-      }
-    }
-  }
-  if (!entries.empty()) SyncDirectory(root, file_system).IgnoreError();
-}
-
-absl::Status PruneCheckpoints(const std::string& root, int keep,
-                              FileSystem* file_system) {
-  if (keep <= 0) return absl::OkStatus();
-  int kept = 0;
-  for (const CheckpointEntry& e : ListCheckpoints(root, file_system)) {
-    if (PeriodicStep(e.name) < 0) continue;
-    if (e.manifest.ok() && kept < keep) {
-      ++kept;
-      continue;
-    }
-    // Renamed first, so that a crash halfway through the removal leaves a
-    // temporary directory (cleaned at the next start), not a damaged
-    // checkpoint.
-    const std::string doomed = TemporaryPath(e.dir) + "-pruned";
-    if (const absl::Status s = file_system->Rename(e.dir, doomed); !s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("cannot remove old checkpoint ", e.dir, ": ",
-                                 s.message()));
-    }
-    if (const absl::Status s = file_system->RemoveAll(doomed); !s.ok()) {
-      spdlog::warn("removing old checkpoint {}: {}", e.dir, s.ToString());
-    }
-    spdlog::info("removed old checkpoint {} (keeping the {} newest)", e.dir,
-                 keep);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace dlrm::model

@@ -58,6 +58,17 @@ std::string ScratchDatabaseDir(const ModelConfig& config) {
 
 }  // namespace
 
+std::string StateTensorName(const std::string& base,
+                            const optim::StateArray& array) {
+  return absl::StrCat(base, ".", array.name);
+}
+
+std::vector<int64_t> StateTensorShape(const optim::StateArray& array,
+                                      int64_t rows, int64_t cols) {
+  if (array.extent == optim::Extent::kRow) return {rows};
+  return {rows, cols};
+}
+
 int64_t MetadataStep(const std::map<std::string, std::string>& meta,
                      const std::string& key) {
   auto it = meta.find(key);
@@ -441,12 +452,9 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
       if (!weights_only) {
         ASSIGN_OR_RETURN(SafetensorsFile * f, open_file(b.state_file));
         for (const optim::StateArray& a : arrays) {
-          const std::vector<int64_t> shape =
-              a.extent == optim::Extent::kRow
-                  ? std::vector<int64_t>{b.rows()}
-                  : std::vector<int64_t>{b.rows(), b.cols()};
-          const std::string name = absl::StrCat(b.base, ".", a.name);
-          absl::StatusOr<std::span<const float>> t = f->Get(name, shape);
+          absl::StatusOr<std::span<const float>> t =
+              f->Get(StateTensorName(b.base, a),
+                     StateTensorShape(a, b.rows(), b.cols()));
           if (!t.ok()) return mismatch(t.status());
           s->state.push_back(*t);
         }

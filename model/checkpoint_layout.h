@@ -18,6 +18,7 @@
 #include "dlrm/config.pb.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "optim/rules.h"
 
 namespace dlrm::model {
 
@@ -55,6 +56,15 @@ struct SavedLayout {
   // exactly.
   absl::Status Validate(const ModelConfig& config) const;
 };
+
+// The tensor of optimizer state array `array` (optim::SparseState) of a
+// block or shard of `rows` x `cols` saved under `base`: named
+// "<base>.<array.name>", shaped [rows] for a per-row array and [rows, cols]
+// for one per element. What a save writes and a restore reads.
+std::string StateTensorName(const std::string& base,
+                            const optim::StateArray& array);
+std::vector<int64_t> StateTensorShape(const optim::StateArray& array,
+                                      int64_t rows, int64_t cols);
 
 // A step count from safetensors metadata; 0 when absent or malformed.
 int64_t MetadataStep(const std::map<std::string, std::string>& meta,

@@ -300,8 +300,6 @@ class Model {
   bool HasRocksDbShards() const { return row_db_ != nullptr; }
   // Cache counters summed over this rank's shards on RocksDB.
   embedding::StoreMetrics RocksDbMetrics() const;
-  // Every rank's caches as of the last prepare (StepResult.stores).
-  const std::vector<RankTableStore>& StoreStats() const { return store_stats_; }
 
   // This rank only: flushes its shards on RocksDB and writes a checkpoint
   // of its database (rows, optimizer state, step counters) to `dir`, which

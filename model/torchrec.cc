@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "dense/param_names.h"
+#include "model/weights_export.h"
 
 namespace dlrm::model {
 namespace {
@@ -118,18 +120,22 @@ absl::StatusOr<std::vector<TorchRecTensor>> TorchRecTensors(
   std::vector<TorchRecTensor> out;
   for (const TableConfig& t : config.tables()) {
     out.push_back({absl::StrCat(kTablePrefix, t.name(), ".weight"),
-                   absl::StrCat("embedding_bags.", t.name(), ".weight"),
+                   TableWeightName(t),
                    {t.rows(), t.dim()}});
   }
-  auto linear = [&out](const std::string& theirs, const std::string& ours,
+  // Layer `layer` of our MLP `prefix`, TorchRec's Linear `theirs`.
+  auto linear = [&out](const std::string& theirs, const char* prefix, int layer,
                        int64_t o, int64_t i) {
-    out.push_back({theirs + "weight", ours + "weight", {o, i}});
-    out.push_back({theirs + "bias", ours + "bias", {o}});
+    out.push_back({theirs + "weight",
+                   dense::ParamName(prefix, layer, dense::kWeight),
+                   {o, i}});
+    out.push_back(
+        {theirs + "bias", dense::ParamName(prefix, layer, dense::kBias), {o}});
   };
   int64_t in = config.num_dense_features();
   for (int i = 0; i < config.bottom_mlp_size(); ++i) {
     linear(absl::StrCat("dense_arch.model._mlp.", i, "._linear."),
-           absl::StrCat("bottom_mlp.", i, "."), config.bottom_mlp(i), in);
+           dense::kBottomMlpPrefix, i, config.bottom_mlp(i), in);
     in = config.bottom_mlp(i);
   }
   const int64_t width = InteractionOutputDim(config);
@@ -138,18 +144,20 @@ absl::StatusOr<std::vector<TorchRecTensor>> TorchRecTensors(
     const int64_t r = config.dcn_low_rank_dim();
     const int layers = config.dcn_num_layers();
     for (int l = 0; l < layers; ++l) {
-      out.push_back({absl::StrCat("inter_arch.crossnet.W_kernels.", l),
-                     absl::StrCat("interaction.crossnet.", l, ".W"),
-                     {width, r}});
+      out.push_back(
+          {absl::StrCat("inter_arch.crossnet.W_kernels.", l),
+           dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossW),
+           {width, r}});
     }
     for (int l = 0; l < layers; ++l) {
-      out.push_back({absl::StrCat("inter_arch.crossnet.V_kernels.", l),
-                     absl::StrCat("interaction.crossnet.", l, ".V"),
-                     {r, width}});
+      out.push_back(
+          {absl::StrCat("inter_arch.crossnet.V_kernels.", l),
+           dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossV),
+           {r, width}});
     }
     for (int l = 0; l < layers; ++l) {
       out.push_back({absl::StrCat("inter_arch.crossnet.bias.", l),
-                     absl::StrCat("interaction.crossnet.", l, ".bias"),
+                     dense::ParamName(dense::kCrossNetPrefix, l, dense::kBias),
                      {width}});
     }
   }
@@ -160,12 +168,14 @@ absl::StatusOr<std::vector<TorchRecTensor>> TorchRecTensors(
     const std::string theirs =
         i + 1 < top ? absl::StrCat("over_arch.model.0._mlp.", i, "._linear.")
                     : std::string("over_arch.model.1.");
-    linear(theirs, absl::StrCat("top_mlp.", i, "."), config.top_mlp(i), in);
+    linear(theirs, dense::kTopMlpPrefix, i, config.top_mlp(i), in);
     in = config.top_mlp(i);
   }
   if (config.interaction() == INTERACTION_DOT) {
     for (TorchRecTensor& t : out) {
-      if (t.name == "top_mlp.0.weight") t.pair_columns_permuted = true;
+      if (t.name == dense::ParamName(dense::kTopMlpPrefix, 0, dense::kWeight)) {
+        t.pair_columns_permuted = true;
+      }
     }
   }
   return out;

@@ -15,6 +15,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/weights_export.h"
 
 namespace dlrm::model {
 

@@ -1,5 +1,6 @@
-// The one place a Status becomes a grpc::Status, and the common ending of
-// every RPC: count it in the metrics, log failures, finish.
+// How the public services' handlers turn a Status into a grpc::Status (the
+// coordinator's service in comm/ maps its own, unescaped), and the common
+// ending of every RPC: count it in the metrics, log failures, finish.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -31,6 +31,7 @@
 #include "model/checkpoint.h"
 #include "model/predictor.h"
 #include "model/trainer.h"
+#include "model/weights_export.h"
 #include "server/rank_group.h"
 
 namespace dlrm::server {

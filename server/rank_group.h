@@ -31,6 +31,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/predictor_ranks.h"
+#include "model/weights_export.h"
 #include "server/share_reader.h"
 
 namespace dlrm::server {

@@ -66,10 +66,10 @@ struct ServerFlags {
   // (the probe's target and TLS; a target set means probe mode).
   bool dry_run = false;
   HealthProbeOptions health;
-  // Security (docs/server.md "Security"): the token is read from this file
+  // Security (docs/security.md "Security"): the token is read from this file
   // into server.auth.token, so it never shows in a process listing.
   std::string auth_token_file;
-  // The control plane of a multi-rank job (docs/server.md "Security"):
+  // The control plane of a multi-rank job (docs/security.md "Security"):
   // TLS of the coordinator (rank 0 serves with the certificate; every rank
   // verifies it with the CA and, with `coordinator_tls_mutual`, presents
   // the certificate as its own) and the join token every rank sends it,

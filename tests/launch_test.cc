@@ -40,6 +40,7 @@
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "model/weights_export.h"
 #include "tests/npy_files.h"
 #include "tests/support/process.h"
 #include "tests/test_certs.h"

@@ -21,6 +21,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/trainer.h"
+#include "model/weights_export.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {

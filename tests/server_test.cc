@@ -43,6 +43,7 @@
 #include "model/metrics.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/weights_export.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
 #include "tests/npy_files.h"

@@ -328,8 +328,6 @@ bool DeviceSlots::MapHostTable(EmbeddingTable& table) {
   return true;
 }
 
-bool DeviceSlots::host_mapped() const { return impl_->mapped != nullptr; }
-
 absl::Status DeviceSlots::CheckMapped(const EmbeddingTable& table) const {
   if (&table != impl_->mapped) {
     return absl::FailedPreconditionError(

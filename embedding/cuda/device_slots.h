@@ -68,9 +68,6 @@ class DeviceSlots final : public SlotStorage {
                         const int64_t* slots, int64_t n) override;
   absl::Status StoreRows(const int64_t* slots, const int64_t* rows, int64_t n,
                          EmbeddingTable& table) override;
-  // Whether a host table is mapped (the device cache's host tier is
-  // pinned and read directly).
-  bool host_mapped() const;
   // InvalidArgument for more than 2^31 - 1 ids or bags (the kernels'
   // limit); Internal on CUDA errors, also an earlier kernel's fault.
   absl::Status SetBatch(const data::SparseFeature& slot_ids) override;
