@@ -34,6 +34,33 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> HealthChannel(
 
 }  // namespace
 
+grpc::Status CallHealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                             double timeout_seconds,
+                             grpc::ByteBuffer* response) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+  grpc::Slice empty("");  // HealthCheckRequest{service: ""}
+  const grpc::ByteBuffer request(&empty, 1);
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer ignored;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
+                                    request, &cq);
+  call->StartCall();
+  call->Finish(response != nullptr ? response : &ignored, &status,
+               reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
 int HealthCheck(const HealthProbeOptions& o) {
   const std::string& target = o.target;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = HealthChannel(o);
@@ -42,26 +69,9 @@ int HealthCheck(const HealthProbeOptions& o) {
                  channel.status().ToString().c_str());
     return 1;
   }
-  grpc::GenericStub stub(*channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(
-                           static_cast<int64_t>(o.timeout_seconds * 1000)));
-  grpc::Slice empty("");  // HealthCheckRequest{service: ""}
-  const grpc::ByteBuffer request(&empty, 1);
-  grpc::CompletionQueue cq;
   grpc::ByteBuffer response;
-  grpc::Status status;
-  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
-                                    request, &cq);
-  call->StartCall();
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
+  const grpc::Status status =
+      CallHealthCheck(*channel, o.timeout_seconds, &response);
   if (!status.ok()) {
     std::fprintf(stderr, "dlrm_server: health of %s: %s\n", target.c_str(),
                  status.error_message().c_str());

@@ -4,6 +4,9 @@
 // grpc_health_probe, so the call is sent as raw bytes.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
 #include <string>
 
 namespace dlrm::server {
@@ -25,6 +28,13 @@ struct HealthProbeOptions {
   // How long the call may take, in seconds. Default: 5.
   double timeout_seconds = 5;
 };
+
+// One grpc.health.v1.Health/Check call of the whole server (service "")
+// over `channel`, within `timeout_seconds`: the call's status, and the
+// raw HealthCheckResponse bytes into *response when not null.
+grpc::Status CallHealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                             double timeout_seconds,
+                             grpc::ByteBuffer* response = nullptr);
 
 // grpc.health.v1.Health/Check of the whole server (service "") at
 // options.target: prints "HOST:PORT: STATE" and returns 0 when SERVING;

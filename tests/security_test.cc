@@ -2,7 +2,6 @@
 // on the gRPC port, with mutual TLS. In-process servers on ephemeral ports
 // with the "tiny" model, driven by the C++ client library; certificates are
 // made at test time by the openssl command-line tool.
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include "model/model.h"
 #include "server/auth.h"
 #include "server/dlrm_server.h"
+#include "server/health_probe.h"
 #include "tests/raw_call.h"
 #include "tests/support/synthetic.h"
 #include "tests/test_certs.h"
@@ -109,26 +109,7 @@ absl::Status TrainTwoSteps(clients::Client& client) {
 // grpc.health.v1.Health/Check of the whole server over `channel`: the RPC
 // status (the payload is not looked at).
 grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  grpc::Slice empty("");
-  const grpc::ByteBuffer request(&empty, 1);
-  grpc::CompletionQueue cq;
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
-                                    request, &cq);
-  call->StartCall();
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return status;
+  return server::CallHealthCheck(channel, 10);
 }
 
 // ------------------------------------------------------------ unit checks
