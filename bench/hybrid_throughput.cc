@@ -130,7 +130,7 @@ absl::Status RunRank(const Flags& f) {
     return absl::OkStatus();
   };
   for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
-  const embedding::StoreMetrics warm = model->RocksDbMetrics();
+  const embedding::StoreMetrics warm = model->shards().HostCacheMetrics();
   std::vector<double> rates;
   for (int rep = 0; rep < f.repeats; ++rep) {
     RETURN_IF_ERROR(comm->Barrier());
@@ -142,7 +142,7 @@ absl::Status RunRank(const Flags& f) {
     rates.push_back(f.batch * f.iters / dt);
   }
   if (f.rank != 0) return absl::OkStatus();
-  const embedding::StoreMetrics timed = model->RocksDbMetrics();
+  const embedding::StoreMetrics timed = model->shards().HostCacheMetrics();
   const int64_t lookups =
       (timed.hits - warm.hits) + (timed.misses - warm.misses);
   std::sort(rates.begin(), rates.end());

@@ -182,7 +182,7 @@ absl::Status Run(const Flags& f) {
     return absl::OkStatus();
   };
   for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
-  const embedding::StoreMetrics warm = model->RocksDbMetrics();
+  const embedding::StoreMetrics warm = model->shards().HostCacheMetrics();
   std::vector<double> rates;
   for (int rep = 0; rep < f.repeats; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -193,7 +193,7 @@ absl::Status Run(const Flags& f) {
     rates.push_back(f.batch * f.iters / dt);
   }
   // Cache counters of the timed steps only.
-  const embedding::StoreMetrics timed = model->RocksDbMetrics();
+  const embedding::StoreMetrics timed = model->shards().HostCacheMetrics();
   const int64_t hits = timed.hits - warm.hits;
   const int64_t lookups = hits + timed.misses - warm.misses;
   const double hit_rate =

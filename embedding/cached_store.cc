@@ -434,6 +434,29 @@ absl::Status CachedStore::SetOptimizer(const OptimizerConfig& optimizer) {
   return absl::OkStatus();
 }
 
+StoreCapabilities CachedStore::capabilities() const {
+  StoreCapabilities c;
+  c.cache_rows = capacity();
+  c.device_cache = memory_space() == MemorySpace::kDevice;
+  return c;
+}
+
+StoreBytes CachedStore::MemoryBytes() const {
+  StoreBytes bytes = backing_->MemoryBytes();
+  const int64_t slot_bytes =
+      slots_->slots() *
+      (spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim)) *
+      static_cast<int64_t>(sizeof(float));
+  (memory_space() == MemorySpace::kDevice ? bytes.device : bytes.host) +=
+      slot_bytes;
+  return bytes;
+}
+
+absl::Status CachedStore::Save(RowsSink& sink) {
+  RETURN_IF_ERROR(Flush());
+  return SaveHostCopy(*this, sink);
+}
+
 absl::Status CachedStore::Flush() {
   RETURN_IF_ERROR(WaitForPrefetch());
   const std::vector<int64_t> dirty = manager_.DirtySlots();

@@ -231,6 +231,14 @@ class CachedStore final : public EmbeddingStore {
   // rows its reads and the prefetch's returned and the rows written back.
   // bytes_read / bytes_written: those records' bytes.
   StoreMetrics metrics() const override { return metrics_; }
+  // A cache of capacity() rows in the slots' memory, read through the
+  // caller only, saved as tensors (through ReadRows), taking no prefetch
+  // from the step.
+  StoreCapabilities capabilities() const override;
+  // The slots' records in their memory space, plus the backing store's.
+  StoreBytes MemoryBytes() const override;
+  // Flush, then SaveHostCopy: the same tensors whatever tier is behind.
+  absl::Status Save(RowsSink& sink) override;
 
   int64_t capacity() const { return manager_.capacity(); }
   // Whether rows move directly between the slots and the backing

@@ -2,6 +2,11 @@
 // that picks a tier is store_factory.cc).
 #include "embedding/embedding_store.h"
 
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "optim/optimizer.h"
@@ -45,6 +50,37 @@ HostStore::HostStore(const TableSpec& spec)
     : spec_(spec),
       table_(spec.table_index, spec.rows, spec.dim, spec.pooling,
              spec.optimizer, spec.seed, spec.slice) {}
+
+StoreCapabilities HostStore::capabilities() const {
+  return TierCapabilities(StoreOptions{}, spec_.rows);
+}
+
+StoreBytes HostStore::MemoryBytes() const {
+  return {.host = TableBytes(table_)};
+}
+
+int64_t TableBytes(const EmbeddingTable& table) {
+  const int64_t floats = table.rows() * table.dim() + table.state1().size() +
+                         table.state2().size();
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status SaveHostCopy(EmbeddingStore& store, RowsSink& sink) {
+  const TableSpec& spec = store.spec();
+  auto copy = std::make_unique<HostStore>(spec);
+  const int64_t floats = spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
+  constexpr int64_t kChunkRows = 4096;
+  std::vector<float> records;
+  for (int64_t begin = 0; begin < spec.rows; begin += kChunkRows) {
+    const int64_t count = std::min(kChunkRows, spec.rows - begin);
+    records.resize(count * floats);
+    RETURN_IF_ERROR(store.ReadRows(begin, count, records.data()));
+    RETURN_IF_ERROR(copy->WriteRows(begin, count, records.data()));
+  }
+  copy->set_step(store.step());
+  const EmbeddingTable& rows = copy->table();
+  return sink.Tensors(rows, std::move(copy));
+}
 
 absl::Status HostStore::Forward(const data::SparseFeature& prepared, float* out,
                                 int64_t out_stride) const {

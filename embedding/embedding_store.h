@@ -19,6 +19,7 @@ class FileSystem;
 
 namespace dlrm::embedding {
 
+class HostStore;
 class RowDatabase;
 
 // What a table (or shard) is: EmbeddingTable's constructor arguments.
@@ -91,6 +92,70 @@ struct StoreMetrics {
     for (const auto field : kFields) this->*field += other.*field;
     return *this;
   }
+};
+
+// Bytes a store holds now, by where they are.
+struct StoreBytes {
+  // Host memory: rows, optimizer state, cache slots, staging buffers.
+  int64_t host = 0;
+  // Memory of the store's CUDA device.
+  int64_t device = 0;
+  // Files on disk (RocksDB's live files for the store's rows; rows still
+  // in its memtables count under host).
+  int64_t disk = 0;
+
+  StoreBytes& operator+=(const StoreBytes& other) {
+    host += other.host;
+    device += other.device;
+    disk += other.disk;
+    return *this;
+  }
+};
+
+// How a checkpoint keeps a store's rows (EmbeddingStore::Save).
+enum class CheckpointForm {
+  // Tensors of the rank's safetensors file: the rows in host memory, in
+  // place or copied there.
+  kTensors,
+  // A checkpoint of the RowDatabase that holds the rows, copied whole.
+  kDatabase,
+};
+
+// What a tier does, for the callers that choose a path by it (the step,
+// checkpoints, the predictors, metrics). TierCapabilities(options) is what
+// a store made from `options` reports: decisions the ranks make together
+// ask it of the config, a rank's own ask its store.
+struct StoreCapabilities {
+  // The step sends the store the next batch's ids (Prefetch stages reads
+  // worth waiting for: RocksDB's).
+  bool prefetch = false;
+  // PoolReadOnly may run on another thread beside the store's caller
+  // (predictions beside a training step).
+  bool read_beside_step = false;
+  // Rows kept resident in front of the whole table (a cache's slots, at
+  // most the store's rows); 0 when every row is resident. The step gathers
+  // the counters of stores with a cache.
+  int64_t cache_rows = 0;
+  // Whether the cache is in device memory (its counters count records
+  // read from and written back to the tier behind it).
+  bool device_cache = false;
+  CheckpointForm checkpoint = CheckpointForm::kTensors;
+};
+
+// Where a checkpoint puts a store's rows: EmbeddingStore::Save calls one of
+// these with the rows in the store's checkpoint form (model/checkpoint.cc
+// writes them).
+class RowsSink {
+ public:
+  virtual ~RowsSink() = default;
+  // The store's rows, optimizer state and step counter in host memory:
+  // the store's own table (`copy` null; valid while the store lives and
+  // is not changed), or a copy, which `copy` owns and hands to the sink.
+  virtual absl::Status Tensors(const EmbeddingTable& rows,
+                               std::unique_ptr<HostStore> copy) = 0;
+  // The store's rows are in `db`, flushed (step counter included): the
+  // checkpoint copies the database, once however many stores it holds.
+  virtual absl::Status Database(RowDatabase& db) = 0;
 };
 
 // The rows of one table or shard with their optimizer state, and the
@@ -204,7 +269,28 @@ class EmbeddingStore {
   virtual absl::Status SetOptimizer(const OptimizerConfig& optimizer) = 0;
 
   virtual StoreMetrics metrics() const = 0;
+
+  // What the tier does: TierCapabilities of the options it was made from.
+  virtual StoreCapabilities capabilities() const = 0;
+
+  // Bytes the store holds now, by place (for metrics and ModelInfo; the
+  // plan before a model exists is model/memory_plan.h's).
+  virtual StoreBytes MemoryBytes() const = 0;
+
+  // The checkpoint hook: hands the rows to `sink` in the store's checkpoint
+  // form (capabilities().checkpoint), after writing back what the form
+  // needs (a database store flushes first). The sink's error, or the
+  // tier's read or flush error.
+  virtual absl::Status Save(RowsSink& sink) = 0;
 };
+
+// Bytes of `table`'s weights and optimizer state arrays.
+int64_t TableBytes(const EmbeddingTable& table);
+
+// Save for stores whose rows are not a host EmbeddingTable of their own:
+// copies them into host memory through ReadRows, a chunk at a time, with
+// the step counter, and hands the copy to sink.Tensors.
+absl::Status SaveHostCopy(EmbeddingStore& store, RowsSink& sink);
 
 // OK when a store of `spec` may take `optimizer` in SetOptimizer (the same
 // type and initial_accumulator); InvalidArgument naming the table and both
@@ -247,6 +333,13 @@ class HostStore final : public EmbeddingStore {
   absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   // All zero: nothing is ever missed, evicted or read.
   StoreMetrics metrics() const override { return {}; }
+  StoreCapabilities capabilities() const override;
+  // The table's arrays, in host memory.
+  StoreBytes MemoryBytes() const override;
+  // The table itself, as tensors (no copy).
+  absl::Status Save(RowsSink& sink) override {
+    return sink.Tensors(table_, nullptr);
+  }
 
   EmbeddingTable& table() { return table_; }
 
@@ -362,6 +455,27 @@ struct StoreOptions {
   // InvalidArgument when the chosen tier's options are invalid.
   absl::Status Validate() const;
 };
+
+// What a store CreateEmbeddingStore(spec, options, db) makes reports as
+// its capabilities(), for a spec of `rows` rows.
+StoreCapabilities TierCapabilities(const StoreOptions& options, int64_t rows);
+
+// The tier and options of a shard of `rows` rows of `table` (its storage,
+// device_cache_rows and device_cache_backing) under `rocksdb`: the row
+// cache's size (CachedRows) and eviction, the block cache. Leaves
+// rocksdb.path and cuda_stream to the caller, which owns the database and
+// the stream.
+StoreOptions StoreOptionsFor(const TableConfig& table,
+                             const RocksDbConfig& rocksdb, int64_t rows);
+
+// TierCapabilities of StoreOptionsFor(table, rocksdb, rows): what the
+// stores of a table's shards of `rows` rows do, known on every rank.
+StoreCapabilities TableCapabilities(const TableConfig& table,
+                                    const RocksDbConfig& rocksdb, int64_t rows);
+
+// Whether a store of `options` keeps its rows in the RowDatabase the
+// factory takes (kRocksDbCache, or a device cache backed by it).
+bool NeedsDatabase(const StoreOptions& options);
 
 // Creates the store `options.kind` names for `spec`. `db` is used (and must
 // outlive the store) for kRocksDbCache, and for kDevice with a device cache

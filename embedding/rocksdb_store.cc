@@ -549,6 +549,32 @@ absl::Status RocksDbCachedStore::SetOptimizer(
   return absl::OkStatus();
 }
 
+StoreCapabilities RocksDbCachedStore::capabilities() const {
+  StoreOptions options;
+  options.kind = StoreKind::kRocksDbCache;
+  options.rocksdb = options_;
+  return TierCapabilities(options, spec_.rows);
+}
+
+StoreBytes RocksDbCachedStore::MemoryBytes() const {
+  StoreBytes bytes{.host = TableBytes(*slots_)};
+  uint64_t value = 0;
+  if (db_->db()->GetIntProperty(family_, "rocksdb.cur-size-all-mem-tables",
+                                &value)) {
+    bytes.host += static_cast<int64_t>(value);
+  }
+  if (db_->db()->GetIntProperty(family_, "rocksdb.live-sst-files-size",
+                                &value)) {
+    bytes.disk = static_cast<int64_t>(value);
+  }
+  return bytes;
+}
+
+absl::Status RocksDbCachedStore::Save(RowsSink& sink) {
+  RETURN_IF_ERROR(Flush());
+  return sink.Database(*db_);
+}
+
 absl::Status RocksDbCachedStore::Flush() {
   RETURN_IF_ERROR(WaitForJobs());
   const std::vector<int64_t> dirty = manager_.DirtySlots();

@@ -85,6 +85,12 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Waits for the background jobs (which read spec()), then sets it.
   absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   StoreMetrics metrics() const override { return metrics_; }
+  StoreCapabilities capabilities() const override;
+  // Host: the slots and the column family's memtables; disk: its live
+  // files (RocksDB's properties of the family).
+  StoreBytes MemoryBytes() const override;
+  // Flush, then the database (sink.Database).
+  absl::Status Save(RowsSink& sink) override;
 
   // Whether `row` is in a slot now.
   bool IsResident(int64_t row) const { return manager_.SlotOf(row) >= 0; }

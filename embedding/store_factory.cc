@@ -1,12 +1,16 @@
-// CreateEmbeddingStore: builds the store of a StoreKind (host memory,
+// The tiers' factory: a table's StoreOptions from its config
+// (StoreOptionsFor), what each tier does (TierCapabilities), and
+// CreateEmbeddingStore, which builds the store of a StoreKind (host memory,
 // RocksDB behind a host cache, device memory, a device cache over host
 // memory or RocksDB). In a file of its own, apart from the tiers, so that
 // code using only the host or device tier (the CUDA tests) does not link
 // RocksDB.
+#include <algorithm>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
 #include "embedding/embedding_store.h"
@@ -18,6 +22,78 @@
 #endif
 
 namespace dlrm::embedding {
+
+StoreCapabilities TierCapabilities(const StoreOptions& options, int64_t rows) {
+  StoreCapabilities c;
+  switch (options.kind) {
+    case StoreKind::kHost:
+      c.read_beside_step = true;
+      return c;
+    case StoreKind::kRocksDbCache:
+      c.prefetch = true;
+      c.read_beside_step = true;
+      c.cache_rows = std::min(rows, options.rocksdb.cache_rows);
+      c.checkpoint = CheckpointForm::kDatabase;
+      return c;
+    case StoreKind::kDevice:
+      // Read through the step's stream only; a device cache is saved
+      // through ReadRows, whatever tier is behind it.
+      c.cache_rows = std::min(rows, options.device_cache.cache_rows);
+      c.device_cache = c.cache_rows > 0;
+      return c;
+  }
+  return c;
+}
+
+StoreOptions StoreOptionsFor(const TableConfig& table,
+                             const RocksDbConfig& rocksdb, int64_t rows) {
+  const EvictionPolicy eviction = rocksdb.eviction() == RocksDbConfig::LFU
+                                      ? EvictionPolicy::kLfu
+                                      : EvictionPolicy::kLru;
+  StoreOptions o;
+  // The row cache's budget applies per shard: cache_rows rows (a shard can
+  // receive every id of a batch), or cache_fraction of the rows the shard
+  // holds (so a table's caches together hold that fraction of it).
+  o.rocksdb.cache_rows = CachedRows(rocksdb, rows);
+  o.rocksdb.eviction = eviction;
+  o.rocksdb.block_cache_bytes = rocksdb.block_cache_bytes();
+  if (rocksdb.write_buffer_bytes() > 0) {
+    o.rocksdb.write_buffer_bytes = rocksdb.write_buffer_bytes();
+  }
+  switch (table.storage()) {
+    case STORAGE_ROCKSDB:
+      o.kind = StoreKind::kRocksDbCache;
+      break;
+    case STORAGE_DEVICE:
+      // With device_cache_rows, a cache of hot rows in device memory in
+      // front of the whole table in host memory or on RocksDB (behind a
+      // row cache of its own).
+      o.kind = StoreKind::kDevice;
+      o.device_cache.cache_rows = table.device_cache_rows();
+      o.device_cache.eviction = eviction;
+      o.device_cache_backing =
+          RowsOnRocksDb(table) ? StoreKind::kRocksDbCache : StoreKind::kHost;
+      break;
+    case STORAGE_HOST:
+    default:  // ValidateConfig refuses values StorageTier does not name
+      o.kind = StoreKind::kHost;
+      break;
+  }
+  return o;
+}
+
+StoreCapabilities TableCapabilities(const TableConfig& table,
+                                    const RocksDbConfig& rocksdb,
+                                    int64_t rows) {
+  return TierCapabilities(StoreOptionsFor(table, rocksdb, rows), rows);
+}
+
+bool NeedsDatabase(const StoreOptions& options) {
+  return options.kind == StoreKind::kRocksDbCache ||
+         (options.kind == StoreKind::kDevice &&
+          options.device_cache.cache_rows > 0 &&
+          options.device_cache_backing == StoreKind::kRocksDbCache);
+}
 
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {

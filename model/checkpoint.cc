@@ -257,7 +257,7 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
 struct TableTensor {
   std::string name;
   std::vector<int64_t> shape;
-  float* data;
+  const float* data;
 };
 
 // The tensors a checkpoint holds for table (or shard) `t` under `base`:
@@ -267,7 +267,7 @@ struct TableTensor {
 // "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for Adam)
 // and "<base>.momentum2" [rows, dim] (Adam). None of the state for SGD.
 std::vector<TableTensor> TableTensors(const std::string& base,
-                                      embedding::EmbeddingTable& t,
+                                      const embedding::EmbeddingTable& t,
                                       bool with_weight) {
   std::vector<TableTensor> out;
   if (with_weight) {
@@ -275,7 +275,7 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   }
   const std::span<const optim::StateArray> arrays =
       optim::SparseState(t.optimizer());
-  float* const state[] = {t.state1().data(), t.state2().data()};
+  const float* const state[] = {t.state1().data(), t.state2().data()};
   for (size_t a = 0; a < arrays.size() && a < std::size(state); ++a) {
     out.push_back({StateTensorName(base, arrays[a]),
                    StateTensorShape(arrays[a], t.rows(), t.dim()), state[a]});
@@ -283,25 +283,48 @@ std::vector<TableTensor> TableTensors(const std::string& base,
   return out;
 }
 
-// A host-memory copy of `store`'s rows, optimizer state and step (a shard
-// in device memory, written like one in host memory).
-absl::StatusOr<std::unique_ptr<embedding::HostStore>> HostCopy(
-    embedding::EmbeddingStore& store) {
-  const embedding::TableSpec& spec = store.spec();
-  auto copy = std::make_unique<embedding::HostStore>(spec);
-  const int64_t floats =
-      spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
-  constexpr int64_t kChunkRows = 4096;
-  std::vector<float> records;
-  for (int64_t begin = 0; begin < spec.rows; begin += kChunkRows) {
-    const int64_t count = std::min(kChunkRows, spec.rows - begin);
-    records.resize(count * floats);
-    RETURN_IF_ERROR(store.ReadRows(begin, count, records.data()));
-    RETURN_IF_ERROR(copy->WriteRows(begin, count, records.data()));
+// Collects what a rank's stores hand a checkpoint (EmbeddingStore::Save):
+// the tensors of its shards, with the host copies that back them, and the
+// database that holds the rows of the database form.
+class PartSink final : public embedding::RowsSink {
+ public:
+  PartSink(const ModelConfig& config, std::vector<TensorToWrite>* tensors,
+           std::map<std::string, std::string>* meta)
+      : config_(config), tensors_(tensors), meta_(meta) {}
+
+  // The next Save is of shard `shard` of table `table`.
+  void SetShard(int table, int shard) {
+    base_ = ShardBase(config_, table, shard);
   }
-  copy->set_step(store.step());
-  return copy;
-}
+  absl::Status Tensors(const embedding::EmbeddingTable& rows,
+                       std::unique_ptr<embedding::HostStore> copy) override {
+    for (const TableTensor& t :
+         TableTensors(base_, rows, /*with_weight=*/true)) {
+      tensors_->push_back({t.name, t.shape, t.data});
+    }
+    (*meta_)["table_step." + base_] = std::to_string(rows.step());
+    if (copy != nullptr) copies_.push_back(std::move(copy));
+    return absl::OkStatus();
+  }
+  absl::Status Database(embedding::RowDatabase& db) override {
+    if (database_ != nullptr && database_ != &db) {
+      return absl::InternalError(
+          "a rank's stores of the database form are in two databases");
+    }
+    database_ = &db;
+    return absl::OkStatus();
+  }
+  embedding::RowDatabase* database() const { return database_; }
+
+ private:
+  const ModelConfig& config_;
+  std::vector<TensorToWrite>* tensors_;
+  std::map<std::string, std::string>* meta_;
+  std::string base_;
+  // Host copies of the shards not in host memory, alive until written.
+  std::vector<std::unique_ptr<embedding::HostStore>> copies_;
+  embedding::RowDatabase* database_ = nullptr;
+};
 
 // This rank's part of a checkpoint, into the directory `tmp`: its shards in
 // host memory (a data-parallel table's copy on rank 0 only) in
@@ -315,35 +338,31 @@ absl::Status WritePart(Model& model, const fs::path& tmp,
   std::vector<TensorToWrite> tensors;
   std::map<std::string, std::string> meta = {{"format", "dlrm-server-rank"},
                                              {"rank", std::to_string(rank)}};
-  // Host copies of the shards in device memory, alive until written.
-  std::vector<std::unique_ptr<embedding::HostStore>> copies;
-  for (const Model::ShardState& s : model.LocalShards()) {
+  // Every store saves itself in its checkpoint form: the tensor form into
+  // rank-<r>.safetensors (a data-parallel table's copy on rank 0 only),
+  // the database form as a checkpoint of the rank's database (every copy
+  // in it: a restore on the same plan takes the database as it is).
+  PartSink sink(config, &tensors, &meta);
+  const ShardSet& shards = model.shards();
+  for (int j = 0; j < shards.size(); ++j) {
+    const ShardSet::Shard& s = shards[j];
     if (model.plan().tables[s.table].kind == SHARDING_DATA_PARALLEL &&
-        rank != 0) {
+        rank != 0 &&
+        s.store->capabilities().checkpoint ==
+            embedding::CheckpointForm::kTensors) {
       continue;
     }
-    embedding::EmbeddingTable* rows = s.storage;
-    if (rows == nullptr) {
-      // On RocksDB: below.
-      if (s.store->memory_space() != MemorySpace::kDevice) continue;
-      ASSIGN_OR_RETURN(copies.emplace_back(), HostCopy(*s.store));
-      rows = &copies.back()->table();
-    }
-    const std::string base = ShardBase(config, s.table, s.shard);
-    for (const TableTensor& t :
-         TableTensors(base, *rows, /*with_weight=*/true)) {
-      tensors.push_back({t.name, t.shape, t.data});
-    }
-    meta["table_step." + base] = std::to_string(rows->step());
+    sink.SetShard(s.table, s.shard);
+    RETURN_IF_ERROR(s.store->Save(sink));
   }
   RETURN_IF_ERROR(WriteSafetensors((tmp / RankFileName(rank)).string(), tensors,
                                    meta, file_system));
   TestOnlyDelay();
-  if (model.HasRocksDbShards()) {
+  if (sink.database() != nullptr) {
     // RocksDB's checkpoint, written through RocksDB's own file system: its
     // files are checksummed like the others.
     RETURN_IF_ERROR(
-        model.CheckpointRows((tmp / RankRocksDbDir(rank)).string()));
+        sink.database()->Checkpoint((tmp / RankRocksDbDir(rank)).string()));
     TestOnlyDelay();
   }
   if (rank != 0) return absl::OkStatus();

@@ -126,6 +126,18 @@ absl::Status SavedLayout::Validate(const ModelConfig& config) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether table k's stores save their rows as a database checkpoint
+// (embedding::CheckpointForm::kDatabase), not as tensors.
+bool InDatabase(const ModelConfig& config, int k) {
+  const TableConfig& t = config.tables(k);
+  return embedding::TableCapabilities(t, config.rocksdb(), t.rows())
+             .checkpoint == embedding::CheckpointForm::kDatabase;
+}
+
+}  // namespace
+
 SavedLayout MultiRankLayout(const ModelConfig& config,
                             const embedding::ShardingPlan& plan) {
   SavedLayout layout;
@@ -133,7 +145,7 @@ SavedLayout MultiRankLayout(const ModelConfig& config,
   layout.dense_weights_file = layout.dense_state_file = kDenseFile;
   for (int k = 0; k < config.tables_size(); ++k) {
     const embedding::TablePlacement& p = plan.tables[k];
-    const bool rocksdb = config.tables(k).storage() == STORAGE_ROCKSDB;
+    const bool rocksdb = InDatabase(config, k);
     std::vector<SavedShard>& blocks = layout.tables.emplace_back();
     // A data-parallel table's copies are equal: rank 0's is saved.
     const size_t count = p.kind == SHARDING_DATA_PARALLEL ? 1 : p.shards.size();
@@ -172,7 +184,7 @@ SavedLayout OneProcessLayout(const ModelConfig& config) {
     SavedShard b;
     b.row_end = t.rows();
     b.col_end = t.dim();
-    if (t.storage() == STORAGE_ROCKSDB) {
+    if (InDatabase(config, static_cast<int>(layout.tables.size()))) {
       b.rocksdb_dir = "rocksdb";
     } else {
       b.weights_file = layout.dense_weights_file;
@@ -483,8 +495,9 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
                   a[i].rocksdb_dir.empty() == b[i].rocksdb_dir.empty();
     }
   }
+  const ShardSet& shards = model.shards();
   std::string own_database;
-  if (same_plan) {
+  if (same_plan && shards.has_database()) {
     for (int k = 0; k < config.tables_size(); ++k) {
       for (const SavedShard& b : layout.tables[k]) {
         if (b.rank == model.rank() && !b.rocksdb_dir.empty()) {
@@ -492,26 +505,31 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
         }
       }
     }
+    // A rank whose only database shards are a data-parallel table's copy
+    // has no saved block (rank 0's copy is the table's), but saved its
+    // database all the same.
+    if (own_database.empty()) own_database = RankRocksDbDir(model.rank());
+    // Without it, the rows are assembled from the saved blocks instead.
+    same_plan = fs::is_directory(dir / own_database);
   }
 
-  if (model.HasRocksDbShards()) {
+  if (shards.has_database()) {
     ASSIGN_OR_RETURN(r->staged_rows_,
-                     model.StageRows(same_plan ? (dir / own_database).string()
-                                               : std::string()));
+                     shards.Stage(same_plan ? (dir / own_database).string()
+                                            : std::string()));
   }
-  const std::vector<Model::ShardState> shards = model.LocalShards();
-  for (size_t j = 0; j < shards.size(); ++j) {
-    const Model::ShardState& st = shards[j];
+  for (int j = 0; j < shards.size(); ++j) {
+    const ShardSet::Shard& st = shards[j];
     const int k = st.table;
     auto t = std::make_unique<Target>();
     t->table = k;
     t->block = BlockOf(model.plan().tables[k].shards[st.shard]);
-    // Host and device memory take the rows in place at Apply (through the
-    // store); RocksDB shards get fresh staged stores.
-    t->host = st.storage != nullptr ||
-              st.store->memory_space() == MemorySpace::kDevice;
+    // Stores of the tensor form take the rows in place at Apply (through
+    // WriteRows); those of the database form get fresh staged stores.
+    t->host = st.store->capabilities().checkpoint ==
+              embedding::CheckpointForm::kTensors;
     if (!t->host && same_plan) continue;  // the database copy holds it
-    t->store = t->host ? st.store : r->staged_rows_->stores[j].get();
+    t->store = t->host ? st.store.get() : r->staged_rows_->stores[j].get();
     bool from_rocksdb = false;
     for (const SavedShard& b : layout.tables[k]) {
       if (!Overlaps(t->block, b)) continue;

@@ -156,7 +156,7 @@ class TableRestore {
   std::vector<std::unique_ptr<Target>> targets_;
   // Fresh stores of this rank's RocksDB shards (filled by Stage), swapped in
   // by Apply; or a copy of the saved database when the plan is the same.
-  std::unique_ptr<Model::StagedRows> staged_rows_;
+  std::unique_ptr<ShardSet::Staged> staged_rows_;
 };
 
 }  // namespace dlrm::model

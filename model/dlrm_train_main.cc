@@ -240,8 +240,8 @@ absl::Status Run(const Flags& f) {
                 r.steps > 0 ? 1e3 * r.stage_seconds.seconds[s] / r.steps : 0.0);
   }
   std::printf("\n");
-  if (model->HasRocksDbShards()) {
-    const embedding::StoreMetrics m = model->RocksDbMetrics();
+  if (model->shards().has_database()) {
+    const embedding::StoreMetrics m = model->shards().HostCacheMetrics();
     const int64_t lookups = m.hits + m.misses;
     std::printf(
         "rocksdb cache: hit rate %.4f  hits %lld  misses %lld  prefetch hits "
@@ -255,6 +255,11 @@ absl::Status Run(const Flags& f) {
         static_cast<long long>(m.rows_initialized),
         static_cast<long long>(m.rows_written));
   }
+  const embedding::StoreBytes bytes = model->shards().MemoryBytes();
+  std::printf(
+      "embedding stores hold: host %.1f MiB  device %.1f MiB  disk "
+      "%.1f MiB\n",
+      bytes.host / 1048576.0, bytes.device / 1048576.0, bytes.disk / 1048576.0);
   return absl::OkStatus();
 }
 

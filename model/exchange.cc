@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/embedding_store.h"
 #include "model/step_util.h"
 
 namespace dlrm::model {
@@ -410,9 +411,10 @@ std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
     for (const embedding::Shard& s : p.shards) {
       const bool mp = p.kind != SHARDING_DATA_PARALLEL;
       if (s.rank != rank && next != nullptr &&
-          c.tables(k).storage() == STORAGE_ROCKSDB) {
-        // The prefetch: the next batch's lengths and ids, RocksDB shards
-        // only.
+          embedding::TableCapabilities(c.tables(k), c.rocksdb(), s.row_count)
+              .prefetch) {
+        // The prefetch: the next batch's lengths and ids, to the shards
+        // whose stores take it.
         b[StageTimes::kLengths] += 8 * next->size;
         for (int64_t id : next->sparse[k].ids) {
           b[StageTimes::kIds] += InRows(s, id) ? 8 : 0;

@@ -23,9 +23,9 @@
 #include "dlrm/config.pb.h"
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
-#include "embedding/rocksdb_store.h"
 #include "embedding/sharding.h"
 #include "model/exchange.h"
+#include "model/shard_set.h"
 #include "model/stage_times.h"
 #include "model/step_util.h"
 
@@ -68,13 +68,13 @@ absl::Status ValidateBatch(const ModelConfig& config, const data::Batch& batch);
 // plain calls. Not thread-safe, except that readers of the weights on other
 // threads may run beside it under weights_mutex() (model/predictor.h).
 //
-// Every shard (and replica) is an EmbeddingStore: a HostStore for
-// STORAGE_HOST tables, a RocksDbCachedStore for STORAGE_ROCKSDB tables, all
-// of them on one RowDatabase per rank, a fresh database in a new directory
-// under <config.rocksdb.path>/rank_<r> that the model removes when it is
-// destroyed (scratch: durability comes from checkpoints). Each shard's cache
-// holds cache_fraction of the shard's rows, or cache_rows rows (at most the
-// shard's rows) when cache_rows is set (docs/hybrid.md "Tables on RocksDB").
+// Every shard (and replica) is an EmbeddingStore of its table's tier,
+// built with the databases it needs by the rank's ShardSet
+// (model/shard_set.h); the step asks the stores and their tier's
+// capabilities what to do (prefetch, caches), never a table's storage
+// field. Each shard's RocksDB cache holds cache_fraction of the shard's
+// rows, or cache_rows rows (at most the shard's rows) when cache_rows is
+// set (docs/hybrid.md "Tables on RocksDB").
 //
 // The dense part (MLPs, interaction, loss, dense optimizer) runs on the
 // dense backend of config.device (dense/backend.h): the CPU, or CUDA device
@@ -229,19 +229,10 @@ class Model {
   // For checkpoints, which restore the step count with it.
   void set_steps(int64_t steps) { steps_ = steps; }
 
-  // A shard this rank holds, for checkpoints: the plan's table and shard
-  // index, its store, and its rows in host memory when the table is
-  // STORAGE_HOST (null on RocksDB: read its rows through `store`, and
-  // checkpoint them with CheckpointRows).
-  struct ShardState {
-    int table;
-    int shard;
-    embedding::EmbeddingTable* storage;
-    embedding::EmbeddingStore* store;
-  };
   // This rank's shards (data-parallel replicas included), in table then
-  // shard order.
-  std::vector<ShardState> LocalShards();
+  // shard order, and their stores (model/shard_set.h). A restore of the
+  // database form swaps stores (SwapInRows).
+  const ShardSet& shards() const { return *shards_; }
   // The dense parameters ("bottom_mlp.0.weight", ..., under DCN
   // "interaction.crossnet.0.V", ..., then "top_mlp....") and their
   // optimizer, in host memory: the dense backend's host view
@@ -271,14 +262,6 @@ class Model {
     return dense_->graph_counts();
   }
 
-  // The store of table `k` when this rank holds it whole (a table-wise
-  // shard or a replica), else null. Borrowed; a restore of the RocksDB tier
-  // replaces the stores of tables on RocksDB.
-  embedding::EmbeddingStore* WholeStore(int k);
-  // Table `k`'s rows in host memory when this rank holds it whole and it is
-  // STORAGE_HOST, else null.
-  embedding::EmbeddingTable* WholeHostTable(int k);
-
   // Collective: every rank learns whether every rank's `local` is OK, and
   // receives every rank's `extra` words (the same count on every rank) into
   // *all_extra in rank order when not null. Returns `local`'s error, else
@@ -296,47 +279,18 @@ class Model {
   // The communicator's error that set communicator_failed() (OK before).
   const absl::Status& communicator_error() const { return communicator_error_; }
 
-  // Whether this rank holds a shard (or replica) of a STORAGE_ROCKSDB table.
-  bool HasRocksDbShards() const { return row_db_ != nullptr; }
-  // Cache counters summed over this rank's shards on RocksDB.
-  embedding::StoreMetrics RocksDbMetrics() const;
-
-  // This rank only: flushes its shards on RocksDB and writes a checkpoint
-  // of its database (rows, optimizer state, step counters) to `dir`, which
-  // must not exist (AlreadyExists). FailedPrecondition without such shards.
-  absl::Status CheckpointRows(const std::string& dir);
-
-  // A copy of a CheckpointRows checkpoint, opened in a fresh database with
-  // this rank's stores on it, not yet in use; dropping it removes the copy.
-  struct StagedRows {
-    StagedRows() = default;
-    StagedRows(const StagedRows&) = delete;
-    StagedRows& operator=(const StagedRows&) = delete;
-    ~StagedRows();
-
-    // Declared before the stores so that it outlives them.
-    std::unique_ptr<embedding::RowDatabase> db;
-    std::string dir;
-    // By local shard (LocalShards() order); null for host-memory shards.
-    std::vector<std::unique_ptr<embedding::EmbeddingStore>> stores;
-  };
-  // This rank only, in two steps so that ranks can agree in between: opens
-  // a copy of the checkpoint in `dir` (made by CheckpointRows), or a fresh
-  // empty database when `dir` is empty, without changing the model;
-  // NotFound when `dir` is not a directory, FailedPrecondition without
-  // shards on RocksDB.
-  absl::StatusOr<std::unique_ptr<StagedRows>> StageRows(const std::string& dir);
-  // Replaces the rows of every shard on RocksDB with the staged ones and
-  // removes the old database. Cannot fail.
-  void SwapInRows(std::unique_ptr<StagedRows> staged);
+  // Puts the stores ShardSet::Stage made in place of the live ones
+  // (ShardSet::Swap) and forgets the prepared batch. Cannot fail.
+  void SwapInRows(std::unique_ptr<ShardSet::Staged> staged);
 
  private:
   // A shard this rank holds: the plan's shard index, and its rows.
   struct LocalShard {
     int table;
     int shard;
-    std::unique_ptr<embedding::EmbeddingStore> store;
-    // The rows in host memory (STORAGE_HOST), else null.
+    // shards_'s store (BindStores).
+    embedding::EmbeddingStore* store = nullptr;
+    // The rows in host memory (a HostStore), else null.
     embedding::EmbeddingTable* host = nullptr;
     // Ids of the global batch routed to this shard (row-wise: shard-local),
     // and what the store's Prepare made of them (valid until the next
@@ -346,7 +300,7 @@ class Model {
     // The ids Prepare takes: &global_ids, or the batch's own feature when
     // the exchanges are elided (in_place_).
     const data::SparseFeature* ids = nullptr;
-    // Ids of the next global batch (prefetch; RocksDB shards only).
+    // Ids of the next global batch (prefetch_locals_ only).
     data::SparseFeature next_ids;
     // The shard's gradients for the global batch in host memory, when the
     // backward dist delivers them in another memory space.
@@ -355,8 +309,9 @@ class Model {
   };
   Model(const ModelConfig& config, const embedding::ShardingPlan& plan,
         comm::Communicator* comm, std::unique_ptr<dense::DenseBackend> dense);
-  // The local shard holding table `k` whole, or -1.
-  int WholeLocal(int k) const;
+  // Points every local shard at its store in shards_ (after Create and a
+  // swap).
+  void BindStores();
 
   const embedding::Shard& ShardOf(const ShardRef& s) const {
     return plan_.tables[s.table].shards[s.shard];
@@ -364,25 +319,12 @@ class Model {
   bool IsDataParallel(int table) const {
     return plan_.tables[table].kind == SHARDING_DATA_PARALLEL;
   }
-  bool OnRocksDb(int table) const {
-    return config_.tables(table).storage() == STORAGE_ROCKSDB;
+  // What table k's stores do (the same on every rank:
+  // embedding::TableCapabilities).
+  embedding::StoreCapabilities TableCapabilities(int k) const {
+    return embedding::TableCapabilities(config_.tables(k), config_.rocksdb(),
+                                        config_.tables(k).rows());
   }
-  // Whether table `table` has a device cache (STORAGE_DEVICE with
-  // device_cache_rows).
-  bool DeviceCached(int table) const {
-    return config_.tables(table).storage() == STORAGE_DEVICE &&
-           config_.tables(table).device_cache_rows() > 0;
-  }
-  // What shard `ref`'s store holds (row-wise shards pool sums).
-  embedding::TableSpec SpecOf(const ShardRef& ref) const;
-  // Options of a new database of this rank (NewDatabaseDir, the config's
-  // block cache and write buffer).
-  embedding::RocksDbStoreOptions DatabaseOptions() const;
-  // The store of STORAGE_DEVICE shard `ref`, on the dense backend's stream:
-  // its device cache (device_cache_rows) backed by a RocksDbCachedStore in
-  // `db` when `db` is not null, else by host memory.
-  absl::StatusOr<std::unique_ptr<embedding::EmbeddingStore>> CreateDeviceStore(
-      const ShardRef& ref, embedding::RowDatabase* db);
   // Validates the local batch (and `next`, if any) and agrees with every
   // rank on the verdict, the local sizes and the next batch's local sizes
   // (next_sizes_: 0 where a rank has no valid next batch).
@@ -422,13 +364,6 @@ class Model {
   // prefetch (TrainStep with a next batch on some rank; `next` may be null
   // on this one, which then sends no samples).
   absl::Status PrefetchNext(const data::Batch* next, StageTimes* times);
-  // The stores of this rank's shards on RocksDB over `db` (null entries for
-  // host shards), in local_ order.
-  absl::StatusOr<std::vector<std::unique_ptr<embedding::EmbeddingStore>>>
-  CreateCachedStores(embedding::RowDatabase* db) const;
-  // A new, not yet existing directory for this rank's database.
-  std::string NewDatabaseDir() const;
-
   ModelConfig config_;
   embedding::ShardingPlan plan_;
   // The single-rank communicator of a one-process model (Create(config));
@@ -471,35 +406,28 @@ class Model {
     return table_offset_[ls.table] +
            plan_.tables[ls.table].shards[ls.shard].col_begin;
   }
-  // Whether any table of the model is on RocksDB or has a device cache
-  // (the same on every rank: it decides the extra collectives: the
-  // prepare's agreed verdict and counters, the next batch's size).
+  // Whether any table of the model has a cache (StoreCapabilities::
+  // cache_rows; the same on every rank: it decides the extra collectives:
+  // the prepare's agreed verdict and counters, the next batch's size).
   bool any_cache_ = false;
-  // This rank's database (null without shards on RocksDB) and its
-  // directory; declared before local_ so that it outlives the stores.
-  std::unique_ptr<embedding::RowDatabase> row_db_;
-  std::string row_db_dir_;
-  // The database behind this rank's device caches backed by RocksDB
-  // (device_cache_backing), apart from row_db_: those tables checkpoint
-  // through ReadRows like every device table, and a restore swaps row_db_.
-  // Null when there is none.
-  std::unique_ptr<embedding::RowDatabase> device_row_db_;
-  std::string device_row_db_dir_;
+  // This rank's stores and the databases they need.
+  std::unique_ptr<ShardSet> shards_;
 
   // The step's exchanges, and their layout: every shard of every rank.
   std::unique_ptr<ShardExchange> exchange_;
-  // The exchange's layout restricted to tables on RocksDB: the prefetch's.
-  ShardLayout owned_rocksdb_;
-  // This rank's shards, in exchange_->owned()[rank_] order.
+  // The exchange's layout restricted to tables whose stores take the next
+  // batch (StoreCapabilities::prefetch): the prefetch's.
+  ShardLayout owned_prefetch_;
+  // This rank's shards, in exchange_->owned()[rank_] order (shards_'s).
   std::vector<LocalShard> local_;
-  // Indices into local_ of the shards on RocksDB.
-  std::vector<int> rocksdb_locals_;
+  // Indices into local_ of the shards that take the next batch.
+  std::vector<int> prefetch_locals_;
   // Indices into local_ of the shards with a cache whose counters the
-  // prepare gathers: those on RocksDB and the device-cached ones.
+  // prepare gathers.
   std::vector<int> cache_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
-  // store_tables_[r]: the cached tables (on RocksDB or device-cached) rank
+  // store_tables_[r]: the tables with a cache rank
   // r holds shards of, in order; store_words_: the counter words each rank
   // sends (the most tables any rank has, times StoreMetrics::kNumFields);
   // store_stats_: every rank's counters as of the last prepare.

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<SnapshotPredictor>> SnapshotPredictor::Create(
   // pool beside the step, the device tier (a table or a cache in GPU
   // memory) does not.
   for (int k = 0; k < config.tables_size(); ++k) {
-    const embedding::EmbeddingStore* store = model->WholeStore(k);
+    const embedding::EmbeddingStore* store = model->shards().WholeStore(k);
     if (store == nullptr || store->memory_space() != MemorySpace::kHost) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", config.tables(k).name(),
@@ -87,7 +87,7 @@ absl::Status SnapshotPredictor::Predict(const data::Batch& batch,
     // tables on RocksDB.
 #pragma omp parallel for schedule(dynamic, 1)
     for (int k = 0; k < num_tables; ++k) {
-      pooled_[k] = model_->WholeStore(k)->PoolReadOnly(
+      pooled_[k] = model_->shards().WholeStore(k)->PoolReadOnly(
           batch.sparse[k], t + model_->table_column(k), width);
     }
   }

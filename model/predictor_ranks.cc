@@ -59,13 +59,14 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
         "the step");
   }
   for (const TableConfig& t : config.tables()) {
-    if (t.storage() != STORAGE_HOST && t.storage() != STORAGE_ROCKSDB) {
+    if (!embedding::TableCapabilities(t, config.rocksdb(), t.rows())
+             .read_beside_step) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table ", t.name(),
           " is in GPU memory: its rows are read through the step's stream"));
     }
   }
-  // LocalShards() is in table then shard order, the exchange's owned()
+  // shards() is in table then shard order, the exchange's owned()
   // order for this rank.
   const embedding::ShardingPlan& plan = model->plan();
   std::vector<ShardRef> owned;
@@ -75,13 +76,13 @@ absl::StatusOr<std::unique_ptr<RanksPredictor>> RanksPredictor::Create(
         owned.push_back({k, i});
     }
   }
-  const std::vector<Model::ShardState> local = model->LocalShards();
-  if (local.size() != owned.size()) {
+  const ShardSet& local = model->shards();
+  if (local.size() != static_cast<int>(owned.size())) {
     return absl::InternalError(
         absl::StrCat("rank ", model->rank(), " holds ", local.size(),
                      " shards, its plan gives it ", owned.size()));
   }
-  for (size_t j = 0; j < local.size(); ++j) {
+  for (int j = 0; j < local.size(); ++j) {
     if (local[j].table != owned[j].table || local[j].shard != owned[j].shard) {
       return absl::InternalError(
           absl::StrCat("rank ", model->rank(), ": local shard ", j, " (table ",
@@ -246,7 +247,7 @@ absl::StatusOr<int64_t> RanksPredictor::PoolShards(const data::Batch& batch,
   // The stores are asked for under the lock: a restore replaces those of
   // tables on RocksDB. PoolReadOnly reads a RocksDB shard's rows wherever
   // they are (cache slot, write-back buffer, database) and changes nothing.
-  const std::vector<Model::ShardState> local = model_->LocalShards();
+  const ShardSet& local = model_->shards();
   pooled_.assign(num_local, absl::OkStatus());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {

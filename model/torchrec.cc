@@ -33,7 +33,7 @@ std::string Shape(const std::vector<int64_t>& shape) {
 // A one-process model: every table whole on its one rank.
 absl::Status CheckOneProcess(Model& model, const char* what) {
   for (int k = 0; k < model.config().tables_size(); ++k) {
-    if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
+    if (model.world_size() != 1 || model.shards().WholeStore(k) == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("the TorchRec ", what,
                        " needs a one-process model holding every "
@@ -268,7 +268,7 @@ absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model) {
     const TorchRecTensor& t = tensors[k];
     ASSIGN_OR_RETURN(std::span<const float> from,
                      file.Get(t.torchrec_name, t.shape));
-    embedding::EmbeddingStore& store = *model.WholeStore(k);
+    embedding::EmbeddingStore& store = *model.shards().WholeStore(k);
     const embedding::TableSpec& spec = store.spec();
     const int64_t record =
         spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
@@ -329,11 +329,11 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
     const TorchRecTensor& t = tensors[i];
     if (static_cast<int>(i) < config.tables_size()) {
       const int k = static_cast<int>(i);
-      if (embedding::EmbeddingTable* host = model.WholeHostTable(k)) {
+      if (embedding::EmbeddingTable* host = model.shards().WholeHostTable(k)) {
         status = writer->Append(host->weights());
         continue;
       }
-      embedding::EmbeddingStore& store = *model.WholeStore(k);
+      embedding::EmbeddingStore& store = *model.shards().WholeStore(k);
       const embedding::TableSpec& spec = store.spec();
       const int64_t record =
           spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);

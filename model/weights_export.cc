@@ -19,7 +19,7 @@ namespace {
 TableWeightsFn ModelTables(Model& m) {
   return
       [&m](int k, std::vector<float>* scratch) -> absl::StatusOr<const float*> {
-        if (embedding::EmbeddingTable* t = m.WholeHostTable(k)) {
+        if (embedding::EmbeddingTable* t = m.shards().WholeHostTable(k)) {
           return t->weights();
         }
         // One rank: no collective behind the gather.
@@ -32,7 +32,7 @@ TableWeightsFn ModelTables(Model& m) {
 // every table is whole on it (Model::Create(config)'s plan).
 absl::Status CheckWholeTables(Model& model) {
   for (int k = 0; k < model.config().tables_size(); ++k) {
-    if (model.world_size() != 1 || model.WholeStore(k) == nullptr) {
+    if (model.world_size() != 1 || model.shards().WholeStore(k) == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "a one-process export needs every table whole on one rank; "
           "table ",

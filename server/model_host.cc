@@ -183,7 +183,7 @@ std::shared_ptr<ModelHost::Serving> ModelHost::MakeServing(
       spdlog::info(
           "predictions run beside training steps, on the weights of the last "
           "completed one{}{}",
-          m->HasRocksDbShards()
+          m->shards().has_database()
               ? " (tables on RocksDB read through their caches, unchanged)"
               : "",
           m->config().device() == DEVICE_CUDA

@@ -111,7 +111,10 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
       std::make_unique<comm::CommandChannel>(comm_.get(), std::move(channel));
   for (const TableConfig& t : model_->config().tables()) {
     table_rows_.push_back(t.rows());
-    any_rocksdb_ = any_rocksdb_ || t.storage() == STORAGE_ROCKSDB;
+    any_prefetch_ =
+        any_prefetch_ ||
+        embedding::TableCapabilities(t, model_->config().rocksdb(), t.rows())
+            .prefetch;
   }
 }
 
@@ -378,7 +381,7 @@ absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
   // A next batch only steers the prefetch of tables on RocksDB: sent when
   // there are such tables and it is valid.
   const bool send_next =
-      train && next != nullptr && next->size > 0 && any_rocksdb_ &&
+      train && next != nullptr && next->size > 0 && any_prefetch_ &&
       next->Validate(model_->config().num_dense_features(), table_rows_).ok();
   const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
   if (world_ == 1) {
@@ -522,7 +525,7 @@ absl::Status RankGroup::RunStepAt(SampleRange batch, const SampleRange* next,
                                   model::StepResult* result) {
   const absl::Status read = shares_.Read(batch, &share_);
   const data::Batch* next_share = nullptr;
-  if (read.ok() && next != nullptr && any_rocksdb_) {
+  if (read.ok() && next != nullptr && any_prefetch_) {
     // The next share's ids steer the prefetch of rows on RocksDB: read it
     // before the step. One that cannot be read only misses its prefetch;
     // the step that trains on it reads it again and reports the error.

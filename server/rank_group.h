@@ -307,8 +307,9 @@ class RankGroup {
   std::unique_ptr<model::Model> model_;
   const int rank_, world_;
   std::vector<int64_t> table_rows_;
-  // Whether a table is on RocksDB (then a next batch is worth sending).
-  bool any_rocksdb_ = false;
+  // Whether a table's stores take the next batch (StoreCapabilities::
+  // prefetch; then a next batch is worth sending).
+  bool any_prefetch_ = false;
   // A dataset job's data on this rank (OpenData) and the share of the last
   // step's training batch; guarded by the channel's lock on the leader.
   ShareReader shares_;

@@ -190,7 +190,8 @@ TEST_P(CudaModelTest, DeviceTablesTrainLikeTheCpu) {
     ASSERT_TRUE((*cpu)->GatherTable(k, &want).ok());
     ASSERT_TRUE((*gpu)->GatherTable(k, &got).ok());
     ExpectCloseToScale(got, want, 1e-4, cpu_config.tables(k).name());
-    EXPECT_EQ((*gpu)->WholeStore(k)->step(), (*cpu)->WholeStore(k)->step());
+    EXPECT_EQ((*gpu)->shards().WholeStore(k)->step(),
+              (*cpu)->shards().WholeStore(k)->step());
   }
   const std::vector<dense::ParamRef>& pw = (*cpu)->dense_params();
   const std::vector<dense::ParamRef>& pg = (*gpu)->dense_params();

@@ -518,10 +518,10 @@ absl::Status RunWorker(const WorkerArgs& a) {
       }
     }
   }
-  if (m->HasRocksDbShards()) {
+  if (m->shards().has_database()) {
     // The caches were too small for the rows trained: rows went to RocksDB
     // and came back.
-    const embedding::StoreMetrics metrics = m->RocksDbMetrics();
+    const embedding::StoreMetrics metrics = m->shards().HostCacheMetrics();
     if (metrics.evictions == 0 || metrics.rows_read == 0) {
       return absl::InternalError(absl::StrCat(
           "rank ", a.rank, ": no row spilled and came back (",
@@ -580,7 +580,7 @@ Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
   }
   AppendDense(**m, &r.dense);
   for (int k = 0; k < (*m)->config().tables_size(); ++k) {
-    const embedding::EmbeddingTable* t = (*m)->WholeHostTable(k);
+    const embedding::EmbeddingTable* t = (*m)->shards().WholeHostTable(k);
     r.tables.emplace_back(t->weights(), t->weights() + t->rows() * t->dim());
   }
   return r;

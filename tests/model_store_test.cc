@@ -131,7 +131,7 @@ std::vector<float> Everything(Model& m) {
     }
   }
   for (int k = 0; k < m.config().tables_size(); ++k) {
-    embedding::EmbeddingStore& s = *m.WholeStore(k);
+    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
     const int floats = s.spec().dim + embedding::StateFloatsPerRow(
                                           s.spec().optimizer, s.spec().dim);
     std::vector<float> record(floats);
@@ -178,8 +178,8 @@ TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
   auto host = Make(host_config);
   auto rocks = Make(rocks_config);
   ASSERT_TRUE(host && rocks);
-  EXPECT_FALSE(host->HasRocksDbShards());
-  EXPECT_TRUE(rocks->HasRocksDbShards());
+  EXPECT_FALSE(host->shards().has_database());
+  EXPECT_TRUE(rocks->shards().has_database());
   ExpectBitwiseEqual(Everything(*host), Everything(*rocks));
 
   // 32 samples x up to 4 ids fits the smallest cache (150 rows); 40 steps
@@ -195,7 +195,7 @@ TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(a->loss, b->loss) << "step " << i;
   }
-  const embedding::StoreMetrics m = rocks->RocksDbMetrics();
+  const embedding::StoreMetrics m = rocks->shards().HostCacheMetrics();
   EXPECT_GT(m.evictions, 0);
   EXPECT_GT(m.rows_read, 0);
   if (p.prefetch) {
@@ -269,10 +269,10 @@ TEST(ModelStoreTest, MixedTiersTrainLikeHostMemory) {
   auto mixed = Make(*mixed_config);
   ASSERT_TRUE(host && mixed);
   // The host table is whole in memory; the cached one is not.
-  ASSERT_NE(mixed->WholeHostTable(0), nullptr);
-  EXPECT_EQ(mixed->WholeHostTable(0)->rows(), 2000);
-  EXPECT_EQ(mixed->WholeHostTable(1), nullptr);
-  EXPECT_EQ(mixed->WholeStore(1)->spec().rows, 3000);
+  ASSERT_NE(mixed->shards().WholeHostTable(0), nullptr);
+  EXPECT_EQ(mixed->shards().WholeHostTable(0)->rows(), 2000);
+  EXPECT_EQ(mixed->shards().WholeHostTable(1), nullptr);
+  EXPECT_EQ(mixed->shards().WholeStore(1)->spec().rows, 3000);
   ASSERT_NO_FATAL_FAILURE(TrainBothExpectSameLoss(
       *host, *mixed, Batches(host_config, 20, 32, kDataSeed)));
   ExpectBitwiseEqual(Everything(*host), Everything(*mixed));
@@ -305,7 +305,7 @@ TEST(ModelStoreTest, TrainLoopPrefetchesNextBatch) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->steps, 30);
   }
-  const embedding::StoreMetrics m = rocks->RocksDbMetrics();
+  const embedding::StoreMetrics m = rocks->shards().HostCacheMetrics();
   EXPECT_GT(m.misses, 0);
   // Every miss after the first step was staged by the step before it.
   EXPECT_GT(m.prefetch_hits, m.misses / 2);
@@ -565,9 +565,9 @@ TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
   ASSERT_TRUE(n.ok()) << n.status();
   auto m = Make(*n);
   ASSERT_NE(m, nullptr);
-  EXPECT_TRUE((m->WholeHostTable(0) != nullptr));
-  EXPECT_FALSE((m->WholeHostTable(1) != nullptr));  // the largest
-  EXPECT_TRUE((m->WholeHostTable(2) != nullptr));
+  EXPECT_TRUE((m->shards().WholeHostTable(0) != nullptr));
+  EXPECT_FALSE((m->shards().WholeHostTable(1) != nullptr));  // the largest
+  EXPECT_TRUE((m->shards().WholeHostTable(2) != nullptr));
   EXPECT_EQ(m->config().tables(1).storage(), STORAGE_ROCKSDB);
   auto again = embedding::ApplyMemoryBudgets(m->config());
   ASSERT_TRUE(again.ok()) << again.status();

@@ -134,9 +134,9 @@ void CheckWholeModelGradient(const std::string& config_text) {
         {pb[i].name.c_str(), pb[i].value, pa[i].value, pb[i].size});
   }
   for (int k = 0; k < (*before)->config().tables_size(); ++k) {
-    auto& tb = *(*before)->WholeHostTable(k);
+    auto& tb = *(*before)->shards().WholeHostTable(k);
     params.push_back({"table", tb.weights(),
-                      (*after)->WholeHostTable(k)->weights(),
+                      (*after)->shards().WholeHostTable(k)->weights(),
                       tb.rows() * tb.dim()});
   }
   int checked = 0, kinks = 0;
@@ -1141,7 +1141,7 @@ TEST_F(CheckpointTest, ExportHasDocumentedNamesAndShapes) {
   ASSERT_TRUE(f.ok()) << f.status();
   auto w = (*f)->Get("embedding_bags.t1.weight", {20, 4});
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ((*w)[7], (*a)->WholeHostTable(1)->weights()[7]);
+  EXPECT_EQ((*w)[7], (*a)->shards().WholeHostTable(1)->weights()[7]);
   EXPECT_TRUE((*f)->Get("bottom_mlp.0.weight", {8, 4}).ok());
   EXPECT_TRUE((*f)->Get("top_mlp.1.bias", {1}).ok());
   EXPECT_EQ((*f)->Get("top_mlp.1.bias", {2}).status().code(),
@@ -1706,7 +1706,7 @@ TEST(LegacyCheckpointTest, OneProcessFormatOfEarlierVersionsLoads) {
   EXPECT_GT(m.dense_optimizer().step(), 0);
   for (int k = 0; k < m.config().tables_size(); ++k) {
     const std::string base = "embedding_bags." + m.config().tables(k).name();
-    const embedding::EmbeddingTable& t = *m.WholeHostTable(k);
+    const embedding::EmbeddingTable& t = *m.shards().WholeHostTable(k);
     expect_equal(**weights, base + ".weight", t.weights(), t.rows() * t.dim());
     expect_equal(**optimizer, base + ".momentum1", t.state1().data(),
                  t.rows() * t.dim());

@@ -190,7 +190,7 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb,
 
   auto model = Model::Create(trained_config);
   ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_EQ((*model)->HasRocksDbShards(), rocksdb);
+  ASSERT_EQ((*model)->shards().has_database(), rocksdb);
   auto predictor = SnapshotPredictor::Create(model->get());
   ASSERT_TRUE(predictor.ok()) << predictor.status();
 
@@ -252,7 +252,7 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb,
   // the weights are the replay's, and the counters (hits, misses,
   // evictions, prefetch hits, rows read and written) those of the same
   // training without predictions.
-  const embedding::StoreMetrics beside = (*model)->RocksDbMetrics();
+  const embedding::StoreMetrics beside = (*model)->shards().HostCacheMetrics();
   EXPECT_GT(beside.evictions, 0);
   EXPECT_GT(beside.rows_written, 0);
   EXPECT_GT(beside.prefetch_hits, 0);
@@ -261,7 +261,7 @@ void CheckSnapshots(OptimizerConfig::Type type, bool rocksdb,
   for (int s = 0; s < kSteps; ++s) {
     ASSERT_TRUE((*alone)->TrainStep(train[s], next(s)).ok());
   }
-  const embedding::StoreMetrics without = (*alone)->RocksDbMetrics();
+  const embedding::StoreMetrics without = (*alone)->shards().HostCacheMetrics();
   for (const auto field : embedding::StoreMetrics::kFields) {
     EXPECT_EQ(beside.*field, without.*field);
   }
@@ -364,7 +364,7 @@ void CheckRestore(bool rocksdb, Dense dense = kCpu) {
 
   auto fresh = Model::Create(c);
   ASSERT_TRUE(fresh.ok());
-  ASSERT_EQ((*fresh)->HasRocksDbShards(), rocksdb);
+  ASSERT_EQ((*fresh)->shards().has_database(), rocksdb);
   auto predictor = SnapshotPredictor::Create(fresh->get());
   ASSERT_TRUE(predictor.ok());
   std::vector<float> before, after;
@@ -463,7 +463,7 @@ TEST(SnapshotPredictorTest, ServesTablesOnRocksDb) {
     ASSERT_TRUE((*model)->TrainStep(b).ok());
     ASSERT_TRUE((*in_memory)->TrainStep(b).ok());
   }
-  EXPECT_GT((*model)->RocksDbMetrics().evictions, 0);
+  EXPECT_GT((*model)->shards().HostCacheMetrics().evictions, 0);
   const data::Batch batch = Batches(host, 1, 40, 8)[0];
   std::vector<float> want, got;
   int64_t step = -1;

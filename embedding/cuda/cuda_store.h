@@ -104,6 +104,22 @@ class CudaStore final : public EmbeddingStore {
   absl::Status SetOptimizer(const OptimizerConfig& optimizer) override;
   // All zero: nothing is ever missed, evicted or read.
   StoreMetrics metrics() const override { return {}; }
+  StoreCapabilities capabilities() const override {
+    StoreOptions options;
+    options.kind = StoreKind::kDevice;
+    return TierCapabilities(options, spec_.rows);
+  }
+  // The rows and optimizer state, in device memory.
+  StoreBytes MemoryBytes() const override {
+    return {.device =
+                spec_.rows *
+                (spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim)) *
+                static_cast<int64_t>(sizeof(float))};
+  }
+  // A host copy through ReadRows (SaveHostCopy).
+  absl::Status Save(RowsSink& sink) override {
+    return SaveHostCopy(*this, sink);
+  }
 
  private:
   explicit CudaStore(const TableSpec& spec);
