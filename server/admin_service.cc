@@ -24,9 +24,8 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     grpc::CallbackServerContext* context, const ModelInfoRequest* request,
     ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  "/dlrm.Admin/GetModelInfo")) {
     return reactor;
   }
   ModelSummary s = host_->Summary(request->include_weight_checksum());
@@ -68,9 +67,8 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const char* method =
       save ? "/dlrm.Admin/SaveCheckpoint" : "/dlrm.Admin/RestoreCheckpoint";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, method, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  method)) {
     return reactor;
   }
   absl::StatusOr<std::string> dir =
@@ -104,9 +102,8 @@ grpc::ServerUnaryReactor* AdminService::ExportWeights(
     ExportResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   static constexpr char kMethod[] = "/dlrm.Admin/ExportWeights";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kMethod, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  kMethod)) {
     return reactor;
   }
   // The same confinement as checkpoints: under --checkpoint-dir when set.
@@ -142,9 +139,8 @@ grpc::ServerUnaryReactor* AdminService::SetLearningRate(
     SetLearningRateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   static constexpr char kMethod[] = "/dlrm.Admin/SetLearningRate";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kMethod, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  kMethod)) {
     return reactor;
   }
   std::optional<float> dense, sparse;
@@ -176,9 +172,8 @@ grpc::ServerUnaryReactor* AdminService::GetMetrics(
     grpc::CallbackServerContext* context, const MetricsRequest* request,
     MetricsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  "/dlrm.Admin/GetMetrics")) {
     return reactor;
   }
   response->set_prometheus_text(

@@ -34,4 +34,14 @@ void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+bool AdmitUnary(const TokenAuth& auth,
+                const grpc::CallbackServerContext& context, RpcAccess access,
+                grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                absl::string_view method) {
+  const absl::Status allowed = auth.Check(context, access);
+  if (allowed.ok()) return true;
+  FinishUnary(reactor, metrics, method, allowed);
+  return false;
+}
+
 }  // namespace dlrm::server

@@ -114,9 +114,8 @@ grpc::ServerUnaryReactor* TrainerService::StartJob(
     grpc::CallbackServerContext* context, const JobRequest* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kStartJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kStartJob)) {
     return reactor;
   }
   absl::StatusOr<JobStatus> status = jobs_->Start(*request);
@@ -129,9 +128,8 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kGetJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kGetJob)) {
     return reactor;
   }
   absl::StatusOr<JobStatus> status = jobs_->Get(request->id());
@@ -144,9 +142,8 @@ grpc::ServerUnaryReactor* TrainerService::CancelJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kCancelJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kCancelJob)) {
     return reactor;
   }
   const std::string id = request->id();
@@ -167,9 +164,8 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(
     grpc::CallbackServerContext* context, const ListJobsRequest* request,
     ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kListJobs, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kListJobs)) {
     return reactor;
   }
   for (JobStatus& job : jobs_->List()) {
@@ -183,9 +179,8 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(
     grpc::CallbackServerContext* context, const EvaluateRequest* request,
     EvaluateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kEvaluate, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kEvaluate)) {
     return reactor;
   }
   absl::StatusOr<std::unique_ptr<EvalWork>> parsed =
