@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "data/criteo.h"
@@ -366,6 +367,20 @@ absl::StatusOr<CriteoOptions> RawOptions(const std::string& out_path,
   return raw;
 }
 
+// A conversion to version 2 (bags materialised) of `options`' tables: the
+// tables are checked first, then the samples of the source `open` opens
+// are written to `out_path`.
+absl::StatusOr<int64_t> ConvertToMultiHot(
+    const std::string& out_path, const CriteoOptions& options,
+    absl::FunctionRef<absl::StatusOr<std::unique_ptr<BatchSource>>()> open) {
+  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
+                   MultiHotTables(options, out_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, open());
+  Header header = MakeHeader(kVersionMultiHot, options);
+  if (options.hash_ids) header.flags |= kFlagHashIds;
+  return WriteBinary(source.get(), out_path, header, tables, options);
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
@@ -382,13 +397,8 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
 absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     const CriteoOptions& options) {
-  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
-                   MultiHotTables(options, out_path));
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                   OpenCriteoTsv(tsv_files, options));
-  Header header = MakeHeader(kVersionMultiHot, options);
-  if (options.hash_ids) header.flags |= kFlagHashIds;
-  return WriteBinary(source.get(), out_path, header, tables, options);
+  return ConvertToMultiHot(out_path, options,
+                           [&] { return OpenCriteoTsv(tsv_files, options); });
 }
 
 absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
@@ -424,13 +434,8 @@ absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
 absl::StatusOr<int64_t> ConvertCriteoNpyToMultiHotBinary(
     const std::vector<CriteoNpyDay>& days, const std::string& out_path,
     const CriteoOptions& options) {
-  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
-                   MultiHotTables(options, out_path));
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                   OpenCriteoNpy(days, options));
-  Header header = MakeHeader(kVersionMultiHot, options);
-  if (options.hash_ids) header.flags |= kFlagHashIds;
-  return WriteBinary(source.get(), out_path, header, tables, options);
+  return ConvertToMultiHot(out_path, options,
+                           [&] { return OpenCriteoNpy(days, options); });
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
