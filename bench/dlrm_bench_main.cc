@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -354,27 +355,26 @@ int main(int argc, char** argv) {
   app.add_option("--ranks-per-node", f.ranks_per_node,
                  "Projection: ranks sharing NVLink")
       ->capture_default_str();
-  app.add_option("--nvlink-gbps", f.nvlink_gbps,
-                 "Projection: NVLink GB/s per rank and direction")
-      ->capture_default_str();
-  app.add_option("--network-gbps", f.network_gbps,
-                 "Projection: network GB/s per rank and direction")
-      ->capture_default_str();
-  app.add_option("--latency-us", f.latency_us,
-                 "Projection: latency per collective, microseconds")
-      ->capture_default_str();
-  app.add_option("--compute-speedup", f.compute_speedup,
-                 "Projection: a rank computes this much faster than the "
-                 "measured process")
-      ->capture_default_str();
+  // The projection's links and compute (docs/benchmark.md).
+  using Parameter = std::tuple<const char*, double*, const char*>;
+  for (const auto& [name, value, help] : {
+           Parameter{"--nvlink-gbps", &f.nvlink_gbps,
+                     "NVLink GB/s per rank and direction"},
+           Parameter{"--network-gbps", &f.network_gbps,
+                     "network GB/s per rank and direction"},
+           Parameter{"--latency-us", &f.latency_us,
+                     "latency per collective, microseconds"},
+           Parameter{"--compute-speedup", &f.compute_speedup,
+                     "a rank computes this much faster than the measured "
+                     "process"},
+       }) {
+    app.add_option(name, *value, absl::StrCat("Projection: ", help))
+        ->capture_default_str();
+  }
   app.add_option("--out", f.out, "Output directory")->capture_default_str();
   app.add_flag("--no-chart", f.no_chart, "Do not draw the chart");
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s =
-      dlrm::bench::Run(f, std::vector<std::string>(argv, argv + argc));
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dlrm::ExitStatus(
+      dlrm::bench::Run(f, std::vector<std::string>(argv, argv + argc)),
+      "dlrm_bench");
 }

@@ -213,13 +213,9 @@ int main(int argc, char** argv) {
   if (f.threads_per_rank == 0) {
     f.threads_per_rank = std::max(1, omp_get_num_procs() / f.ranks);
   }
-  const absl::Status s =
+  return dlrm::ExitStatus(
       f.rank >= 0
           ? dlrm::RunRank(f)
-          : dlrm::RunParent(f, std::vector<std::string>(argv, argv + argc));
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_hybrid: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+          : dlrm::RunParent(f, std::vector<std::string>(argv, argv + argc)),
+      "dlrm_bench_hybrid");
 }

@@ -651,10 +651,5 @@ int main(int argc, char** argv) {
                  "start RSS by more than this (0 = no bound)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s = dlrm::Run(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_serve: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dlrm::ExitStatus(dlrm::Run(f), "dlrm_bench_serve");
 }

@@ -225,10 +225,5 @@ int main(int argc, char** argv) {
                "GEMM shapes and its copy bandwidth, and print each stage's "
                "fraction of its ceiling");
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s = dlrm::Run(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_train: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dlrm::ExitStatus(dlrm::Run(f), "dlrm_bench_train");
 }

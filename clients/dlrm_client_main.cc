@@ -293,11 +293,7 @@ int Main(int argc, char** argv) {
     }
   }
   std::fflush(stdout);
-  if (!status.ok()) {
-    std::fprintf(stderr, "dlrm_client: %s\n", status.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return ExitStatus(status, "dlrm_client");
 }
 
 }  // namespace
