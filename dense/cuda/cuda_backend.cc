@@ -271,16 +271,7 @@ class CudaDenseBackend final : public DenseBackend {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
     const int64_t total = params_.GradientFloats(host_->Range(bucket)) + extra;
     float* flat = Sized(Flat(bucket), total);
-    // The bucket's gradients are final once the backward that wrote them
-    // has run: the copies wait for it on the copy stream.
-    const CudaEvent& ready =
-        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    RETURN_IF_ERROR(
-        params_.CopyGradients(host_->Range(bucket), flat, /*to_flat=*/true,
-                              cudaMemcpyDeviceToHost, copy_stream_.get()));
-    RETURN_IF_ERROR(copy_stream_.Synchronize());
-    return std::span<float>(flat, total);
+    return PackInto(bucket, flat, total, cudaMemcpyDeviceToHost);
   }
 
   absl::Status UnpackGradients(GradBucket bucket) override {
@@ -300,16 +291,7 @@ class CudaDenseBackend final : public DenseBackend {
     // buffer: growing it (cudaFree) waits for the device anyway, and the
     // copies below wait for this step's backward, queued after it.
     ASSIGN_OR_RETURN(float* flat, Sized(flat_device_, total));
-    const CudaEvent& ready =
-        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    RETURN_IF_ERROR(
-        params_.CopyGradients(host_->Range(bucket), flat, /*to_flat=*/true,
-                              cudaMemcpyDeviceToDevice, copy_stream_.get()));
-    // Complete on return, so an all-reduce queued on the compute stream
-    // afterwards reads it whole.
-    RETURN_IF_ERROR(copy_stream_.Synchronize());
-    return std::span<float>(flat, total);
+    return PackInto(bucket, flat, total, cudaMemcpyDeviceToDevice);
   }
 
   absl::Status UnpackDeviceGradients(GradBucket bucket) override {
@@ -395,6 +377,22 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
  private:
+  // The packs' copies of `bucket`'s gradients into `flat` (`total`
+  // floats, as `kind`) on the copy stream, complete on return (so that an
+  // all-reduce queued afterwards on any stream reads them whole). They
+  // wait there for the backward that wrote them.
+  absl::StatusOr<std::span<float>> PackInto(GradBucket bucket, float* flat,
+                                            int64_t total,
+                                            cudaMemcpyKind kind) {
+    const CudaEvent& ready =
+        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
+    RETURN_IF_ERROR(params_.CopyGradients(host_->Range(bucket), flat,
+                                          /*to_flat=*/true, kind,
+                                          copy_stream_.get()));
+    RETURN_IF_ERROR(copy_stream_.Synchronize());
+    return std::span<float>(flat, total);
+  }
   CudaDenseBackend(const ModelConfig& config,
                    std::unique_ptr<HostDenseParams> host)
       : DenseBackend(MakeInteractionShape(config)),
