@@ -77,23 +77,22 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
     FinishUnary(reactor, metrics_, method, dir.status());
     return reactor;
   }
-  const bool queued = work_->Submit([this, reactor, response, save, method,
-                                     dir = *dir] {
-    absl::StatusOr<model::CheckpointInfo> info =
-        save ? host_->SaveCheckpoint(dir) : host_->RestoreCheckpoint(dir);
-    if (info.ok()) {
-      response->set_step(info->step);
-      response->set_bytes(info->bytes);
-      spdlog::info("{} {} at step {} ({} bytes)",
-                   save ? "saved checkpoint to" : "restored checkpoint from",
-                   EscapeForMessage(dir), info->step, info->bytes);
-    }
-    FinishUnary(reactor, metrics_, method, info.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, method,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, save, method, dir = *dir] {
+        absl::StatusOr<model::CheckpointInfo> info =
+            save ? host_->SaveCheckpoint(dir) : host_->RestoreCheckpoint(dir);
+        if (info.ok()) {
+          response->set_step(info->step);
+          response->set_bytes(info->bytes);
+          spdlog::info(
+              "{} {} at step {} ({} bytes)",
+              save ? "saved checkpoint to" : "restored checkpoint from",
+              EscapeForMessage(dir), info->step, info->bytes);
+        }
+        FinishUnary(reactor, metrics_, method, info.status());
+      },
+      reactor, metrics_, method);
   return reactor;
 }
 
@@ -113,24 +112,23 @@ grpc::ServerUnaryReactor* AdminService::ExportWeights(
     FinishUnary(reactor, metrics_, kMethod, path.status());
     return reactor;
   }
-  const bool queued = work_->Submit([this, reactor, response, path = *path] {
-    absl::StatusOr<model::ExportInfo> info = host_->ExportWeights(path);
-    if (info.ok()) {
-      response->set_path(path);
-      response->set_bytes(info->bytes);
-      response->set_tensors(info->tensors);
-      response->set_step(info->step);
-      spdlog::info(
-          "exported the weights at step {} to {} ({} tensors, {} "
-          "bytes)",
-          info->step, path, info->tensors, info->bytes);
-    }
-    FinishUnary(reactor, metrics_, kMethod, info.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kMethod,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, path = *path] {
+        absl::StatusOr<model::ExportInfo> info = host_->ExportWeights(path);
+        if (info.ok()) {
+          response->set_path(path);
+          response->set_bytes(info->bytes);
+          response->set_tensors(info->tensors);
+          response->set_step(info->step);
+          spdlog::info(
+              "exported the weights at step {} to {} ({} tensors, {} "
+              "bytes)",
+              info->step, path, info->tensors, info->bytes);
+        }
+        FinishUnary(reactor, metrics_, kMethod, info.status());
+      },
+      reactor, metrics_, kMethod);
   return reactor;
 }
 
@@ -146,25 +144,24 @@ grpc::ServerUnaryReactor* AdminService::SetLearningRate(
   std::optional<float> dense, sparse;
   if (request->has_dense()) dense = request->dense();
   if (request->has_sparse()) sparse = request->sparse();
-  const bool queued = work_->Submit([this, reactor, response, dense, sparse] {
-    absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> set =
-        host_->SetLearningRates(dense, sparse);
-    if (set.ok()) {
-      response->set_dense(set->first.learning_rate());
-      response->set_sparse(set->second.learning_rate());
-      response->set_step(host_->steps());
-      spdlog::info(
-          "learning rates set: dense_optimizer.learning_rate {}, "
-          "sparse_optimizer.learning_rate {} (from step {} on)",
-          set->first.learning_rate(), set->second.learning_rate(),
-          host_->steps() + 1);
-    }
-    FinishUnary(reactor, metrics_, kMethod, set.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kMethod,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, dense, sparse] {
+        absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> set =
+            host_->SetLearningRates(dense, sparse);
+        if (set.ok()) {
+          response->set_dense(set->first.learning_rate());
+          response->set_sparse(set->second.learning_rate());
+          response->set_step(host_->steps());
+          spdlog::info(
+              "learning rates set: dense_optimizer.learning_rate {}, "
+              "sparse_optimizer.learning_rate {} (from step {} on)",
+              set->first.learning_rate(), set->second.learning_rate(),
+              host_->steps() + 1);
+        }
+        FinishUnary(reactor, metrics_, kMethod, set.status());
+      },
+      reactor, metrics_, kMethod);
   return reactor;
 }
 

@@ -44,4 +44,13 @@ bool AdmitUnary(const TokenAuth& auth,
   return false;
 }
 
+void SubmitUnary(WorkQueue& queue, std::function<void()> work,
+                 grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                 absl::string_view method) {
+  if (!queue.Submit(std::move(work))) {
+    FinishUnary(reactor, metrics, method,
+                absl::UnavailableError("the server is shutting down"));
+  }
+}
+
 }  // namespace dlrm::server

@@ -118,9 +118,7 @@ grpc::ServerUnaryReactor* TrainerService::StartJob(
                   kStartJob)) {
     return reactor;
   }
-  absl::StatusOr<JobStatus> status = jobs_->Start(*request);
-  if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, kStartJob, status.status());
+  FinishWith(jobs_->Start(*request), response, reactor, metrics_, kStartJob);
   return reactor;
 }
 
@@ -132,9 +130,7 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(
                   kGetJob)) {
     return reactor;
   }
-  absl::StatusOr<JobStatus> status = jobs_->Get(request->id());
-  if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, kGetJob, status.status());
+  FinishWith(jobs_->Get(request->id()), response, reactor, metrics_, kGetJob);
   return reactor;
 }
 
@@ -147,16 +143,14 @@ grpc::ServerUnaryReactor* TrainerService::CancelJob(
     return reactor;
   }
   const std::string id = request->id();
-  const bool queued = work_->Submit([this, reactor, response, id] {
-    absl::StatusOr<JobStatus> status =
-        jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds));
-    if (status.ok()) *response = *std::move(status);
-    FinishUnary(reactor, metrics_, kCancelJob, status.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kCancelJob,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, id] {
+        FinishWith(
+            jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds)),
+            response, reactor, metrics_, kCancelJob);
+      },
+      reactor, metrics_, kCancelJob);
   return reactor;
 }
 
@@ -190,30 +184,30 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(
     return reactor;
   }
   std::shared_ptr<EvalWork> eval(std::move(*parsed));
-  const bool queued = work_->Submit([this, reactor, response, eval] {
-    absl::StatusOr<model::EvalResult> result;
-    if (eval->dataset.source != nullptr) {
-      model::EvalOptions options;
-      options.batch_size = options_.eval_batch_size;
-      options.max_samples = eval->max_samples;
-      result = host_->Evaluate(*eval->dataset.source, options,
-                               eval->dataset.reference);
-    } else {
-      result = host_->EvaluateBatches(eval->batches);
-    }
-    if (result.ok()) {
-      metrics_->RecordEval(result->model);
-      EvalMetricsToProto(result->model, response->mutable_metrics());
-      if (result->has_reference) {
-        EvalMetricsToProto(result->reference, response->mutable_reference());
-      }
-    }
-    FinishUnary(reactor, metrics_, kEvaluate, result.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kEvaluate,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, eval] {
+        absl::StatusOr<model::EvalResult> result;
+        if (eval->dataset.source != nullptr) {
+          model::EvalOptions options;
+          options.batch_size = options_.eval_batch_size;
+          options.max_samples = eval->max_samples;
+          result = host_->Evaluate(*eval->dataset.source, options,
+                                   eval->dataset.reference);
+        } else {
+          result = host_->EvaluateBatches(eval->batches);
+        }
+        if (result.ok()) {
+          metrics_->RecordEval(result->model);
+          EvalMetricsToProto(result->model, response->mutable_metrics());
+          if (result->has_reference) {
+            EvalMetricsToProto(result->reference,
+                               response->mutable_reference());
+          }
+        }
+        FinishUnary(reactor, metrics_, kEvaluate, result.status());
+      },
+      reactor, metrics_, kEvaluate);
   return reactor;
 }
 
