@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "bench/step_flags.h"
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
 #include "core/cli_parse.h"
@@ -33,28 +35,19 @@ extern char** environ;
 namespace dlrm {
 namespace {
 
-struct Flags {
-  std::string config = "kaggle";
-  // --device, --precision, --tf32.
-  DenseFlags dense;
-  int64_t rows = 0;
-  int64_t batch = 2048;
+// The step flags (bench/step_flags.h; fewer steps by default: every rank
+// is a process of its own) and the ranks'.
+struct Flags : bench::StepFlags {
+  Flags() {
+    warmup = 3;
+    iters = 20;
+    repeats = 3;
+  }
   int ranks = 2;
   int threads_per_rank = 0;
-  int warmup = 3;
-  int iters = 20;
-  int repeats = 3;
-  double alpha = 1.05;
   // All-reduce dense gradients on a second communicator, overlapped with
   // the backward pass.
   bool overlap = false;
-  // Distinct pre-generated batches, rotated.
-  int batches = 4;
-  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
-  // --cache-fraction, --eviction (per rank), and whether TrainStep gets the
-  // next batch.
-  StorageFlags storage;
-  bool prefetch = true;
   // Set on the rank processes only.
   int rank = -1;
   std::string coordinator;
@@ -111,38 +104,16 @@ absl::Status RunRank(const Flags& f) {
     global.Slice(f.batch * f.rank / f.ranks, f.batch * (f.rank + 1) / f.ranks,
                  &b);
   }
-  int64_t step = 0;
-  model::StageTimes total;
-  auto run_step = [&](bool record) -> absl::Status {
-    const data::Batch& batch = local[step % kBatches];
-    const data::Batch* next =
-        prefetch ? &local[(step + 1) % kBatches] : nullptr;
-    ++step;
-    ASSIGN_OR_RETURN(model::StepResult r, model->TrainStep(batch, next));
-    if (record) {
-      for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
-        total.seconds[s] += r.times.seconds[s];
-      }
-      for (int e = 0; e < model::StageTimes::kNumExchanges; ++e) {
-        total.bytes_sent[e] += r.times.bytes_sent[e];
-      }
-    }
-    return absl::OkStatus();
-  };
-  for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
-  const embedding::StoreMetrics warm = model->shards().HostCacheMetrics();
-  std::vector<double> rates;
-  for (int rep = 0; rep < f.repeats; ++rep) {
-    RETURN_IF_ERROR(comm->Barrier());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < f.iters; ++i) RETURN_IF_ERROR(run_step(true));
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    rates.push_back(f.batch * f.iters / dt);
-  }
+  // The ranks start each round together.
+  ASSIGN_OR_RETURN(
+      bench::StepTimings run,
+      bench::RunTimedSteps(*model, local, prefetch, f.warmup, f.repeats,
+                           f.iters, f.batch, [&] { return comm->Barrier(); }));
   if (f.rank != 0) return absl::OkStatus();
-  const embedding::StoreMetrics timed = model->shards().HostCacheMetrics();
+  std::vector<double>& rates = run.rates;
+  const model::StageTimes& total = run.times;
+  const embedding::StoreMetrics& warm = run.warm;
+  const embedding::StoreMetrics& timed = run.timed;
   const int64_t lookups =
       (timed.hits - warm.hits) + (timed.misses - warm.misses);
   std::sort(rates.begin(), rates.end());
@@ -229,47 +200,22 @@ absl::Status RunParent(const Flags& f, const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
-  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
-      ->capture_default_str();
-  f.dense.AddTo(app);
-  app.add_option("--rows", f.rows, "Override every table's rows");
-  app.add_option(dlrm::kBatchFlag, f.batch, "Global samples per step")
-      ->capture_default_str();
+  f.AddTo(app);
   app.add_option("--ranks", f.ranks, "Rank processes")->capture_default_str();
   app.add_option("--threads-per-rank", f.threads_per_rank,
                  "OpenMP threads per rank (0 = all cores / ranks)");
-  app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
-  app.add_option(dlrm::kStepsFlag, f.iters, "Timed steps per repetition")
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
-      ->capture_default_str();
-  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
-      ->capture_default_str();
   app.add_flag("--overlap", f.overlap,
                "All-reduce dense gradients on a second communicator, "
                "overlapped with the backward pass");
-  app.add_option("--batches", f.batches,
-                 "Distinct pre-generated batches, used in rotation (more "
-                 "batches: more distinct ids, so a cache misses more)")
-      ->capture_default_str();
-  f.storage.AddTo(app);
-  app.add_option("--prefetch", f.prefetch,
-                 "Send the next batch's ids to the RocksDB shards and "
-                 "prefetch their rows during a step")
-      ->capture_default_str();
   app.add_option("--rank", f.rank, "(internal) this process's rank");
   app.add_option("--coordinator", f.coordinator, "(internal) coordinator");
   CLI11_PARSE(app, argc, argv);
   if (f.threads_per_rank == 0) {
     f.threads_per_rank = std::max(1, omp_get_num_procs() / f.ranks);
   }
-  const absl::Status s =
+  return dlrm::ExitStatus(
       f.rank >= 0
           ? dlrm::RunRank(f)
-          : dlrm::RunParent(f, std::vector<std::string>(argv, argv + argc));
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_hybrid: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+          : dlrm::RunParent(f, std::vector<std::string>(argv, argv + argc)),
+      "dlrm_bench_hybrid");
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "clients/client.h"
 #include "clients/server_process.h"
 #include "core/cli_parse.h"
@@ -34,6 +35,9 @@ namespace dlrm {
 namespace {
 
 namespace fs = std::filesystem;
+using bench::Median;
+using bench::SyntheticBatches;
+using bench::TimedSteps;
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
@@ -86,11 +90,6 @@ struct Flags {
   int replica_threads = 0;
 };
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
-}
-
 // The value at quantile q of sorted `values` (nearest rank).
 double Quantile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
@@ -120,6 +119,7 @@ std::string HostJson(const ModelInfo& info) {
       ", \"cpu\": ", JsonString({info.cpu_model()}));
 }
 
+// `count` batches of `size` samples, ids of Zipf `alpha`.
 absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
                                                      int count, int64_t size,
                                                      double alpha,
@@ -128,14 +128,7 @@ absl::StatusOr<std::vector<data::Batch>> MakeBatches(const ModelConfig& config,
   options.zipf_alpha = alpha;
   options.teacher_seed = config.seed();
   options.sample_seed = sample_seed;
-  ASSIGN_OR_RETURN(std::unique_ptr<data::BatchSource> source,
-                   data::MakeSyntheticSource(config, options));
-  std::vector<data::Batch> batches(count);
-  for (data::Batch& b : batches) {
-    ASSIGN_OR_RETURN(const bool more, source->Next(size, &b));
-    if (!more) return absl::InternalError("synthetic source ended");
-  }
-  return batches;
+  return SyntheticBatches(config, options, count, size);
 }
 
 // Samples/s of each training repeat: over gRPC (client wall time of the
@@ -158,20 +151,14 @@ absl::StatusOr<TrainRates> MeasureTraining(
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                    model::Model::Create(config));
   int64_t local_step = 0;
-  auto train_locally = [&](int n) -> absl::Status {
-    for (int i = 0; i < n; ++i) {
-      RETURN_IF_ERROR(
-          model->TrainStep(batches[local_step++ % batches.size()]).status());
-    }
-    return absl::OkStatus();
-  };
   clients::TrainOptions options;
   options.batch_size = f.batch;
   options.max_in_flight = f.in_flight;
   if (f.warmup > 0) {
     data::RotatingSource warmup(&batches, f.warmup);
     RETURN_IF_ERROR(client.Train(warmup, options, nullptr).status());
-    RETURN_IF_ERROR(train_locally(f.warmup));
+    RETURN_IF_ERROR(
+        TimedSteps(*model, batches, f.warmup, &local_step).status());
   }
   TrainRates rates;
   for (int r = 0; r < f.repeats; ++r) {
@@ -184,10 +171,9 @@ absl::StatusOr<TrainRates> MeasureTraining(
     rates.grpc.push_back(summary.samples_per_second);
     rates.server_model.push_back(Median(model_rates));
 
-    const Clock::time_point t0 = Clock::now();
-    RETURN_IF_ERROR(train_locally(f.steps));
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    rates.in_process.push_back(static_cast<double>(f.batch) * f.steps / dt);
+    ASSIGN_OR_RETURN(const double local,
+                     TimedSteps(*model, batches, f.steps, &local_step));
+    rates.in_process.push_back(local);
   }
   return rates;
 }
@@ -495,17 +481,8 @@ absl::Status Run(Flags& f) {
   if (f.threads > 0) omp_set_num_threads(f.threads);
   const int threads = omp_get_max_threads();
 
-  std::vector<std::string> args = {f.server,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--metrics-listen",
-                                   "",
-                                   "--config",
-                                   f.config,
-                                   "--log-level",
-                                   "warn",
-                                   "--threads",
-                                   std::to_string(threads)};
+  std::vector<std::string> args =
+      clients::LoopbackServerArgs(f.server, f.config, threads);
   args.insert(args.end(), f.server_args.begin(), f.server_args.end());
   std::string follow_dir;
   if (f.load_replica) {
@@ -542,13 +519,13 @@ absl::Status Run(Flags& f) {
     // the training server writes the next ones while the Train stream runs.
     RETURN_IF_ERROR(client->SaveCheckpoint("initial").status());
     clients::ServerProcess replica;
-    RETURN_IF_ERROR(replica.Start(
-        {f.server, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-         "--log-level", "warn", "--threads",
-         std::to_string(f.replica_threads > 0 ? f.replica_threads : threads),
-         "--inference-only", "--follow", follow_dir, "--follow-poll-seconds",
-         absl::StrCat(f.replica_poll_seconds)},
-        120));
+    std::vector<std::string> replica_args = clients::LoopbackServerArgs(
+        f.server, "", f.replica_threads > 0 ? f.replica_threads : threads);
+    replica_args.insert(
+        replica_args.end(),
+        {"--inference-only", "--follow", follow_dir, "--follow-poll-seconds",
+         absl::StrCat(f.replica_poll_seconds)});
+    RETURN_IF_ERROR(replica.Start(replica_args, 120));
     RETURN_IF_ERROR(RunLoad(replica, server, config, f));
     RETURN_IF_ERROR(replica.Stop());
     client.reset();
@@ -674,10 +651,5 @@ int main(int argc, char** argv) {
                  "start RSS by more than this (0 = no bound)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s = dlrm::Run(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_serve: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dlrm::ExitStatus(dlrm::Run(f), "dlrm_bench_serve");
 }

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/roofline.h"
+#include "bench/step_flags.h"
 #include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/dense_flags.h"
@@ -28,24 +30,11 @@
 namespace dlrm {
 namespace {
 
-struct Flags {
-  std::string config = "kaggle";
-  // --device, --precision, --tf32, --cuda-graphs.
-  DenseFlags dense;
-  int64_t rows = 0;
-  int64_t batch = 2048;
-  int warmup = 5;
-  int iters = 30;
-  int repeats = 5;
+// The step flags (bench/step_flags.h) and this binary's.
+struct Flags : bench::StepFlags {
   int threads = 0;
-  double alpha = 1.05;
-  int batches = 4;
-  // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
-  // --cache-fraction, --eviction.
-  StorageFlags storage;
   // Tables in GPU memory (STORAGE_DEVICE): "all" or names.
   std::vector<std::string> tables_on_device;
-  bool prefetch = true;
   // Also measure the host's GEMM ceilings and copy bandwidth.
   bool roofline = false;
 };
@@ -159,41 +148,17 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(auto model, model::Model::Create(config));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
-  ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
   const int num_batches = std::max(f.batches, 1);
-  std::vector<data::Batch> batches(num_batches);
-  for (auto& b : batches) {
-    ASSIGN_OR_RETURN(bool more, source->Next(f.batch, &b));
-    if (!more) return absl::InternalError("synthetic source ended");
-  }
-  int64_t step = 0;
-  model::StageTimes stages;
-  auto run_step = [&](bool record) -> absl::Status {
-    const data::Batch& batch = batches[step % num_batches];
-    const data::Batch* next =
-        f.prefetch ? &batches[(step + 1) % num_batches] : nullptr;
-    ++step;
-    ASSIGN_OR_RETURN(model::StepResult r, model->TrainStep(batch, next));
-    if (record) {
-      for (int s = 0; s < model::StageTimes::kNumStages; ++s) {
-        stages.seconds[s] += r.times.seconds[s];
-      }
-    }
-    return absl::OkStatus();
-  };
-  for (int i = 0; i < f.warmup; ++i) RETURN_IF_ERROR(run_step(false));
-  const embedding::StoreMetrics warm = model->shards().HostCacheMetrics();
-  std::vector<double> rates;
-  for (int rep = 0; rep < f.repeats; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < f.iters; ++i) RETURN_IF_ERROR(run_step(true));
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    rates.push_back(f.batch * f.iters / dt);
-  }
+  ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
+                   bench::SyntheticBatches(config, so, num_batches, f.batch));
+  ASSIGN_OR_RETURN(const bench::StepTimings run,
+                   bench::RunTimedSteps(*model, batches, f.prefetch, f.warmup,
+                                        f.repeats, f.iters, f.batch));
+  const std::vector<double>& rates = run.rates;
+  const model::StageTimes& stages = run.times;
   // Cache counters of the timed steps only.
-  const embedding::StoreMetrics timed = model->shards().HostCacheMetrics();
+  const embedding::StoreMetrics& warm = run.warm;
+  const embedding::StoreMetrics& timed = run.timed;
   const int64_t hits = timed.hits - warm.hits;
   const int64_t lookups = hits + timed.misses - warm.misses;
   const double hit_rate =
@@ -249,43 +214,16 @@ absl::Status Run(const Flags& f) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the in-process DLRM step."};
-  dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
-      ->capture_default_str();
-  f.dense.AddTo(app);
-  app.add_option("--rows", f.rows,
-                 "Override every table's rows (bench/compare_peers.sh: 100000 "
-                 "for kaggle)");
-  app.add_option(dlrm::kBatchFlag, f.batch, "Samples per step")
-      ->capture_default_str();
-  app.add_option("--warmup", f.warmup, "Untimed steps")->capture_default_str();
-  app.add_option(dlrm::kStepsFlag, f.iters, "Timed steps per repetition")
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Repetitions (median reported)")
-      ->capture_default_str();
+  f.AddTo(app);
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
-  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
-      ->capture_default_str();
-  app.add_option("--batches", f.batches,
-                 "Distinct pre-generated batches, used in rotation (more "
-                 "batches: more distinct ids, so a cache misses more)")
-      ->capture_default_str();
-  f.storage.AddTo(app);
   app.add_option("--tables-on-device", f.tables_on_device,
                  "Tables in GPU memory (STORAGE_DEVICE, with --device cuda): "
                  "'all' or names")
       ->delimiter(',');
-  app.add_option("--prefetch", f.prefetch,
-                 "Prefetch the next batch's rows during a step (RocksDB)")
-      ->capture_default_str();
   app.add_flag("--roofline", f.roofline,
                "Then measure the host's GEMM ceiling at each of the step's "
                "GEMM shapes and its copy bandwidth, and print each stage's "
                "fraction of its ceiling");
   CLI11_PARSE(app, argc, argv);
-  const absl::Status s = dlrm::Run(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "dlrm_bench_train: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dlrm::ExitStatus(dlrm::Run(f), "dlrm_bench_train");
 }

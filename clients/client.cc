@@ -204,6 +204,19 @@ void Client::Authorize(grpc::ClientContext* context) const {
   }
 }
 
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> Client::Call(
+    Stub* stub,
+    grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, bool deadline) const {
+  grpc::ClientContext context;
+  Authorize(&context);
+  if (deadline) SetDeadline(&context);
+  Response response;
+  RETURN_IF_ERROR(FromGrpcStatus((stub->*rpc)(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<TrainSummary> Client::Train(data::BatchSource& source,
                                            const TrainOptions& options,
                                            const StepCallback& on_step) {
@@ -326,45 +339,28 @@ absl::StatusOr<TrainSummary> Client::Train(data::BatchSource& source,
 }
 
 absl::StatusOr<JobStatus> Client::StartJob(const JobRequest& request) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
-  JobStatus status;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(trainer_->StartJob(&context, request, &status)));
-  return status;
+  return Call(trainer_.get(), &Trainer::Stub::StartJob, request,
+              /*deadline=*/true);
 }
 
 absl::StatusOr<JobStatus> Client::GetJob(const std::string& id) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
   JobId request;
   request.set_id(id);
-  JobStatus status;
-  RETURN_IF_ERROR(FromGrpcStatus(trainer_->GetJob(&context, request, &status)));
-  return status;
+  return Call(trainer_.get(), &Trainer::Stub::GetJob, request,
+              /*deadline=*/true);
 }
 
 absl::StatusOr<JobStatus> Client::CancelJob(const std::string& id) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
   JobId request;
   request.set_id(id);
-  JobStatus status;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(trainer_->CancelJob(&context, request, &status)));
-  return status;
+  return Call(trainer_.get(), &Trainer::Stub::CancelJob, request,
+              /*deadline=*/true);
 }
 
 absl::StatusOr<std::vector<JobStatus>> Client::ListJobs() {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
-  ListJobsResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(
-      trainer_->ListJobs(&context, ListJobsRequest(), &response)));
+  ASSIGN_OR_RETURN(ListJobsResponse response,
+                   Call(trainer_.get(), &Trainer::Stub::ListJobs,
+                        ListJobsRequest(), /*deadline=*/true));
   return std::vector<JobStatus>(response.jobs().begin(), response.jobs().end());
 }
 
@@ -393,12 +389,8 @@ absl::StatusOr<JobStatus> Client::WaitJob(const std::string& id,
 
 absl::StatusOr<EvaluateResponse> Client::Evaluate(
     const EvaluateRequest& request) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  EvaluateResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(trainer_->Evaluate(&context, request, &response)));
-  return response;
+  return Call(trainer_.get(), &Trainer::Stub::Evaluate, request,
+              /*deadline=*/false);
 }
 
 absl::StatusOr<EvaluateResponse> Client::EvaluateSource(
@@ -459,71 +451,47 @@ absl::StatusOr<std::vector<float>> Client::Predict(const data::Batch& batch) {
 
 absl::StatusOr<CheckpointResponse> Client::SaveCheckpoint(
     const std::string& path) {
-  grpc::ClientContext context;
-  Authorize(&context);
   CheckpointRequest request;
   request.set_path(path);
-  CheckpointResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(admin_->SaveCheckpoint(&context, request, &response)));
-  return response;
+  return Call(admin_.get(), &Admin::Stub::SaveCheckpoint, request,
+              /*deadline=*/false);
 }
 
 absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
     const std::string& path) {
-  grpc::ClientContext context;
-  Authorize(&context);
   CheckpointRequest request;
   request.set_path(path);
-  CheckpointResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(admin_->RestoreCheckpoint(&context, request, &response)));
-  return response;
+  return Call(admin_.get(), &Admin::Stub::RestoreCheckpoint, request,
+              /*deadline=*/false);
 }
 
 absl::StatusOr<ExportResponse> Client::ExportWeights(const std::string& path) {
-  grpc::ClientContext context;
-  Authorize(&context);
   ExportRequest request;
   request.set_path(path);
-  ExportResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(admin_->ExportWeights(&context, request, &response)));
-  return response;
+  return Call(admin_.get(), &Admin::Stub::ExportWeights, request,
+              /*deadline=*/false);
 }
 
 absl::StatusOr<SetLearningRateResponse> Client::SetLearningRate(
     std::optional<float> dense, std::optional<float> sparse) {
-  grpc::ClientContext context;
-  Authorize(&context);
   SetLearningRateRequest request;
   if (dense.has_value()) request.set_dense(*dense);
   if (sparse.has_value()) request.set_sparse(*sparse);
-  SetLearningRateResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(admin_->SetLearningRate(&context, request, &response)));
-  return response;
+  return Call(admin_.get(), &Admin::Stub::SetLearningRate, request,
+              /*deadline=*/false);
 }
 
 absl::StatusOr<ModelInfo> Client::GetModelInfo(bool include_weight_checksum) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
   ModelInfoRequest request;
   request.set_include_weight_checksum(include_weight_checksum);
-  ModelInfo info;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(admin_->GetModelInfo(&context, request, &info)));
-  return info;
+  return Call(admin_.get(), &Admin::Stub::GetModelInfo, request,
+              /*deadline=*/true);
 }
 
 absl::StatusOr<std::string> Client::GetMetrics() {
-  grpc::ClientContext context;
-  Authorize(&context);
-  SetDeadline(&context);
-  MetricsResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(
-      admin_->GetMetrics(&context, MetricsRequest(), &response)));
+  ASSIGN_OR_RETURN(MetricsResponse response,
+                   Call(admin_.get(), &Admin::Stub::GetMetrics,
+                        MetricsRequest(), /*deadline=*/true));
   return std::move(*response.mutable_prometheus_text());
 }
 

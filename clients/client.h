@@ -186,6 +186,15 @@ class Client {
   void SetDeadline(grpc::ClientContext* context) const;
   // Adds the bearer token to `context` when one is configured.
   void Authorize(grpc::ClientContext* context) const;
+  // One unary call `rpc` of `stub` with `request`, its context authorised
+  // and, when `deadline`, given the unary-call deadline: the response, or
+  // the call's status.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Call(Stub* stub,
+                                grpc::Status (Stub::*rpc)(grpc::ClientContext*,
+                                                          const Request&,
+                                                          Response*),
+                                const Request& request, bool deadline) const;
 
   std::string address_;
   ClientOptions options_;

@@ -160,4 +160,14 @@ void ServerProcess::CloseOutput() {
   out_fd_ = -1;
 }
 
+std::vector<std::string> LoopbackServerArgs(const std::string& binary,
+                                            const std::string& config,
+                                            int threads) {
+  std::vector<std::string> args = {
+      binary,        "--listen", "127.0.0.1:0", "--metrics-listen",     "",
+      "--log-level", "warn",     "--threads",   std::to_string(threads)};
+  if (!config.empty()) args.insert(args.end(), {"--config", config});
+  return args;
+}
+
 }  // namespace dlrm::clients

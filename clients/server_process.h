@@ -13,6 +13,13 @@
 
 namespace dlrm::clients {
 
+// The command line of the dlrm_server `binary` on a free loopback port,
+// without /metrics, logging warnings only, with `threads` compute threads
+// and the model `config` (none when empty, e.g. a replica's).
+std::vector<std::string> LoopbackServerArgs(const std::string& binary,
+                                            const std::string& config,
+                                            int threads);
+
 // Owns one child process. The child is killed (SIGKILL) if this process
 // dies, and by the destructor if it still runs. Not thread-safe.
 class ServerProcess {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "data/source_checks.h"
 
 namespace dlrm::clients {
 namespace {
@@ -19,11 +20,8 @@ class StreamSource final : public data::BatchSource {
   absl::StatusOr<bool> Next(int64_t max_samples, data::Batch* batch) override {
     const int num_dense = options_.num_dense;
     const int num_sparse = static_cast<int>(options_.table_rows.size());
-    batch->Reset(num_dense, num_sparse);
-    if (max_samples <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_samples = ", max_samples, " must be positive"));
-    }
+    RETURN_IF_ERROR(
+        data::StartBatch(num_dense, num_sparse, max_samples, batch));
     const int64_t unlabelled_columns = num_dense + num_sparse;
     while (batch->size < max_samples && std::getline(*in_, line_)) {
       ++line_number_;

@@ -4,6 +4,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#if defined(DLRM_WITH_CUDA)
+#include "comm/cuda_args.h"
+#endif
 #include "core/device.h"
 #include "core/status.h"
 
@@ -103,6 +106,58 @@ absl::StatusOr<AllToAllVBytes> CheckAllToAllVCounts(
   ASSIGN_OR_RETURN(bytes.recv, BytesOfCounts(recv_counts, world_size, type,
                                              "AllToAllV: recv_counts"));
   RETURN_IF_ERROR(CheckSelfCounts(send_counts, recv_counts, rank));
+  return bytes;
+}
+
+absl::Status CheckMemory(const void* ptr, size_t bytes, int device,
+                         absl::string_view what) {
+#if defined(DLRM_WITH_CUDA)
+  if (device >= 0) return CheckDeviceBuffer(ptr, bytes, device, what);
+#endif
+  return CheckBuffer(ptr, bytes, what);
+}
+
+absl::StatusOr<size_t> CheckAllReduceSumArgs(const void* data, int64_t count,
+                                             DataType type, int device) {
+  RETURN_IF_ERROR(CheckSummable(type));
+  ASSIGN_OR_RETURN(const size_t bytes, BytesOf(count, type, "AllReduceSum"));
+  RETURN_IF_ERROR(CheckMemory(data, bytes, device, "AllReduceSum: data"));
+  return bytes;
+}
+
+absl::StatusOr<AllToAllVBytes> CheckAllToAllVArgs(
+    const void* send, std::span<const int64_t> send_counts, const void* recv,
+    std::span<const int64_t> recv_counts, int world_size, int rank,
+    DataType type, int device) {
+  ASSIGN_OR_RETURN(
+      const AllToAllVBytes bytes,
+      CheckAllToAllVCounts(send_counts, recv_counts, world_size, rank, type));
+  RETURN_IF_ERROR(CheckMemory(send, bytes.send, device, "AllToAllV: send"));
+  RETURN_IF_ERROR(CheckMemory(recv, bytes.recv, device, "AllToAllV: recv"));
+  return bytes;
+}
+
+absl::StatusOr<size_t> CheckAllGatherArgs(const void* send, int64_t count,
+                                          const void* recv, int world_size,
+                                          DataType type, int device) {
+  ASSIGN_OR_RETURN(const size_t bytes, BytesOf(count, type, "AllGather"));
+  const size_t world = static_cast<size_t>(world_size);
+  if (bytes >
+      static_cast<size_t>(std::numeric_limits<int64_t>::max()) / world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllGather: ", world, " x ", count, " elements overflow int64 bytes"));
+  }
+  RETURN_IF_ERROR(CheckMemory(send, bytes, device, "AllGather: send"));
+  RETURN_IF_ERROR(CheckMemory(recv, bytes * world, device, "AllGather: recv"));
+  return bytes;
+}
+
+absl::StatusOr<size_t> CheckBroadcastArgs(const void* data, int64_t count,
+                                          DataType type, int root,
+                                          int world_size, int device) {
+  RETURN_IF_ERROR(CheckRoot(root, world_size));
+  ASSIGN_OR_RETURN(const size_t bytes, BytesOf(count, type, "Broadcast"));
+  RETURN_IF_ERROR(CheckMemory(data, bytes, device, "Broadcast: data"));
   return bytes;
 }
 

@@ -53,4 +53,30 @@ absl::StatusOr<AllToAllVBytes> CheckAllToAllVCounts(
     std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
     int world_size, int rank, DataType type);
 
+// The `device` of host memory in the checks below.
+inline constexpr int kHost = -1;
+
+// A buffer argument named `what`: CheckBuffer for host memory (`device`
+// -1), else CheckDeviceBuffer (cuda_args.h) for memory of CUDA device
+// `device`.
+absl::Status CheckMemory(const void* ptr, size_t bytes, int device,
+                         absl::string_view what);
+
+// Each collective's argument checks, its buffers in the memory of `device`
+// as CheckMemory says, so that every communicator refuses the same calls
+// alike. They return the bytes the call moves: of `data`; AllToAllV's send
+// and recv; AllGather's of one rank (recv holds world_size times as many).
+absl::StatusOr<size_t> CheckAllReduceSumArgs(const void* data, int64_t count,
+                                             DataType type, int device);
+absl::StatusOr<AllToAllVBytes> CheckAllToAllVArgs(
+    const void* send, std::span<const int64_t> send_counts, const void* recv,
+    std::span<const int64_t> recv_counts, int world_size, int rank,
+    DataType type, int device);
+absl::StatusOr<size_t> CheckAllGatherArgs(const void* send, int64_t count,
+                                          const void* recv, int world_size,
+                                          DataType type, int device);
+absl::StatusOr<size_t> CheckBroadcastArgs(const void* data, int64_t count,
+                                          DataType type, int root,
+                                          int world_size, int device);
+
 }  // namespace dlrm::comm::internal

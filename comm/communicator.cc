@@ -30,10 +30,8 @@ class SingleRankCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
-    RETURN_IF_ERROR(internal::CheckSummable(type));
-    ASSIGN_OR_RETURN(size_t bytes,
-                     internal::BytesOf(count, type, "AllReduceSum"));
-    return internal::CheckBuffer(data, bytes, "AllReduceSum: data");
+    return internal::CheckAllReduceSumArgs(data, count, type, internal::kHost)
+        .status();
   }
 
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
@@ -41,10 +39,9 @@ class SingleRankCommunicator final : public Communicator {
                          DataType type) override {
     ASSIGN_OR_RETURN(
         const internal::AllToAllVBytes bytes,
-        internal::CheckAllToAllVCounts(send_counts, recv_counts, 1, 0, type));
-    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
-    RETURN_IF_ERROR(internal::CheckBuffer(send, send_bytes, "AllToAllV: send"));
-    RETURN_IF_ERROR(internal::CheckBuffer(recv, recv_bytes, "AllToAllV: recv"));
+        internal::CheckAllToAllVArgs(send, send_counts, recv, recv_counts, 1, 0,
+                                     type, internal::kHost));
+    const size_t send_bytes = bytes.send;
     // memmove: a caller may pass the same buffer for both.
     if (send_bytes > 0) std::memmove(recv, send, send_bytes);
     return absl::OkStatus();
@@ -52,18 +49,18 @@ class SingleRankCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* send, int64_t count, void* recv,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "AllGather"));
-    RETURN_IF_ERROR(internal::CheckBuffer(send, bytes, "AllGather: send"));
-    RETURN_IF_ERROR(internal::CheckBuffer(recv, bytes, "AllGather: recv"));
+    ASSIGN_OR_RETURN(const size_t bytes,
+                     internal::CheckAllGatherArgs(send, count, recv, 1, type,
+                                                  internal::kHost));
     if (bytes > 0) std::memmove(recv, send, bytes);
     return absl::OkStatus();
   }
 
   absl::Status Broadcast(void* data, int64_t count, DataType type,
                          int root) override {
-    RETURN_IF_ERROR(internal::CheckRoot(root, 1));
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "Broadcast"));
-    return internal::CheckBuffer(data, bytes, "Broadcast: data");
+    return internal::CheckBroadcastArgs(data, count, type, root, 1,
+                                        internal::kHost)
+        .status();
   }
 
   absl::Status Barrier() override { return absl::OkStatus(); }

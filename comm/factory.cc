@@ -91,18 +91,26 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
 
 namespace {
 
+// GlooOptions or NcclOptions with the fields they share from `options`:
+// the rank, the job and its coordinator, the timeouts.
+template <typename T>
+T JobOptionsFrom(const CommOptions& options) {
+  T t;
+  t.rank = options.rank;
+  t.world_size = options.world_size;
+  t.coordinator_address = options.coordinator_address;
+  t.coordinator_client = options.coordinator_client;
+  t.job_id = options.job_id;
+  t.generation = options.generation;
+  t.connect_timeout_seconds = options.connect_timeout_seconds;
+  t.op_timeout_seconds = options.op_timeout_seconds;
+  return t;
+}
+
 // The Gloo communicator's options (Gloo itself, or under host-staged).
 GlooOptions GlooOptionsFrom(const CommOptions& options) {
-  GlooOptions gloo;
-  gloo.rank = options.rank;
-  gloo.world_size = options.world_size;
-  gloo.coordinator_address = options.coordinator_address;
-  gloo.coordinator_client = options.coordinator_client;
-  gloo.job_id = options.job_id;
-  gloo.generation = options.generation;
+  GlooOptions gloo = JobOptionsFrom<GlooOptions>(options);
   gloo.bind_address = options.bind_address;
-  gloo.connect_timeout_seconds = options.connect_timeout_seconds;
-  gloo.op_timeout_seconds = options.op_timeout_seconds;
   return gloo;
 }
 
@@ -132,16 +140,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
                                         options.device);
     }
     case CommBackend::kNccl: {
-      NcclOptions nccl;
-      nccl.rank = options.rank;
-      nccl.world_size = options.world_size;
-      nccl.coordinator_address = options.coordinator_address;
-      nccl.coordinator_client = options.coordinator_client;
-      nccl.job_id = options.job_id;
-      nccl.generation = options.generation;
+      NcclOptions nccl = JobOptionsFrom<NcclOptions>(options);
       nccl.device = options.device;
-      nccl.connect_timeout_seconds = options.connect_timeout_seconds;
-      nccl.op_timeout_seconds = options.op_timeout_seconds;
       return ConnectNccl(nccl);
     }
     case CommBackend::kAuto:

@@ -117,10 +117,9 @@ class GlooCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
-    RETURN_IF_ERROR(internal::CheckSummable(type));
-    ASSIGN_OR_RETURN(size_t bytes,
-                     internal::BytesOf(count, type, "AllReduceSum"));
-    RETURN_IF_ERROR(internal::CheckBuffer(data, bytes, "AllReduceSum: data"));
+    RETURN_IF_ERROR(
+        internal::CheckAllReduceSumArgs(data, count, type, internal::kHost)
+            .status());
     RETURN_IF_ERROR(CheckUsable());
     // Every rank passes the same count, so all of them skip together.
     if (count == 0) return absl::OkStatus();
@@ -141,12 +140,10 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    ASSIGN_OR_RETURN(const internal::AllToAllVBytes bytes,
-                     internal::CheckAllToAllVCounts(
-                         send_counts, recv_counts, world_size(), rank(), type));
-    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
-    RETURN_IF_ERROR(internal::CheckBuffer(send, send_bytes, "AllToAllV: send"));
-    RETURN_IF_ERROR(internal::CheckBuffer(recv, recv_bytes, "AllToAllV: recv"));
+    RETURN_IF_ERROR(internal::CheckAllToAllVArgs(send, send_counts, recv,
+                                                 recv_counts, world_size(),
+                                                 rank(), type, internal::kHost)
+                        .status());
     RETURN_IF_ERROR(CheckUsable());
     // The exchange only moves bytes, so it runs on bytes for every type
     // (the checks above keep every byte count within int64).
@@ -168,15 +165,9 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* send, int64_t count, void* recv,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "AllGather"));
-    if (bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max()) /
-                    static_cast<size_t>(world_size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllGather: ", world_size(), " x ", count,
-                       " elements overflow int64 bytes"));
-    }
-    RETURN_IF_ERROR(internal::CheckBuffer(send, bytes, "AllGather: send"));
-    RETURN_IF_ERROR(internal::CheckBuffer(recv, bytes, "AllGather: recv"));
+    ASSIGN_OR_RETURN(const size_t bytes, internal::CheckAllGatherArgs(
+                                             send, count, recv, world_size(),
+                                             type, internal::kHost));
     RETURN_IF_ERROR(CheckUsable());
     if (count == 0) return absl::OkStatus();
     return Run("AllGather", [&] {
@@ -190,9 +181,9 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t count, DataType type,
                          int root) override {
-    RETURN_IF_ERROR(internal::CheckRoot(root, world_size()));
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "Broadcast"));
-    RETURN_IF_ERROR(internal::CheckBuffer(data, bytes, "Broadcast: data"));
+    ASSIGN_OR_RETURN(const size_t bytes, internal::CheckBroadcastArgs(
+                                             data, count, type, root,
+                                             world_size(), internal::kHost));
     RETURN_IF_ERROR(CheckUsable());
     if (count == 0) return absl::OkStatus();
     return Run("Broadcast", [&] {

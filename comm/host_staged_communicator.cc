@@ -131,10 +131,8 @@ class HostStagedCommunicator final : public Communicator {
   absl::Status Synchronize() override { return CheckUsable(); }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
-    RETURN_IF_ERROR(internal::CheckSummable(type));
-    ASSIGN_OR_RETURN(size_t bytes,
-                     internal::BytesOf(count, type, "AllReduceSum"));
-    RETURN_IF_ERROR(CheckDeviceBuffer(data, bytes, "AllReduceSum: data"));
+    ASSIGN_OR_RETURN(const size_t bytes, internal::CheckAllReduceSumArgs(
+                                             data, count, type, cuda_device_));
     RETURN_IF_ERROR(CheckUsable());
     return Staged([&]() -> absl::Status {
       RETURN_IF_ERROR(in_.Reserve(bytes));
@@ -147,12 +145,11 @@ class HostStagedCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    ASSIGN_OR_RETURN(const internal::AllToAllVBytes bytes,
-                     internal::CheckAllToAllVCounts(
-                         send_counts, recv_counts, world_size(), rank(), type));
+    ASSIGN_OR_RETURN(
+        const internal::AllToAllVBytes bytes,
+        internal::CheckAllToAllVArgs(send, send_counts, recv, recv_counts,
+                                     world_size(), rank(), type, cuda_device_));
     const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
-    RETURN_IF_ERROR(CheckDeviceBuffer(send, send_bytes, "AllToAllV: send"));
-    RETURN_IF_ERROR(CheckDeviceBuffer(recv, recv_bytes, "AllToAllV: recv"));
     RETURN_IF_ERROR(CheckUsable());
     return Staged([&]() -> absl::Status {
       RETURN_IF_ERROR(in_.Reserve(send_bytes));
@@ -166,17 +163,10 @@ class HostStagedCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* send, int64_t count, void* recv,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "AllGather"));
-    const size_t world = static_cast<size_t>(world_size());
-    if (bytes >
-        static_cast<size_t>(std::numeric_limits<int64_t>::max()) / world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllGather: ", world, " x ", count,
-                       " elements overflow int64 bytes"));
-    }
-    const size_t recv_bytes = bytes * world;
-    RETURN_IF_ERROR(CheckDeviceBuffer(send, bytes, "AllGather: send"));
-    RETURN_IF_ERROR(CheckDeviceBuffer(recv, recv_bytes, "AllGather: recv"));
+    ASSIGN_OR_RETURN(const size_t bytes,
+                     internal::CheckAllGatherArgs(
+                         send, count, recv, world_size(), type, cuda_device_));
+    const size_t recv_bytes = bytes * static_cast<size_t>(world_size());
     RETURN_IF_ERROR(CheckUsable());
     return Staged([&]() -> absl::Status {
       RETURN_IF_ERROR(in_.Reserve(bytes));
@@ -189,9 +179,9 @@ class HostStagedCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t count, DataType type,
                          int root) override {
-    RETURN_IF_ERROR(internal::CheckRoot(root, world_size()));
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "Broadcast"));
-    RETURN_IF_ERROR(CheckDeviceBuffer(data, bytes, "Broadcast: data"));
+    ASSIGN_OR_RETURN(const size_t bytes,
+                     internal::CheckBroadcastArgs(data, count, type, root,
+                                                  world_size(), cuda_device_));
     RETURN_IF_ERROR(CheckUsable());
     const bool is_root = root == rank();
     return Staged([&]() -> absl::Status {
@@ -214,18 +204,6 @@ class HostStagedCommunicator final : public Communicator {
   }
 
  private:
-  // InvalidArgument naming `what` unless `ptr` holds `bytes` of this
-  // communicator's device memory (on the CPU device: is not null).
-  absl::Status CheckDeviceBuffer(const void* ptr, size_t bytes,
-                                 absl::string_view what) const {
-#if defined(DLRM_WITH_CUDA)
-    if (cuda_device_ >= 0) {
-      return internal::CheckDeviceBuffer(ptr, bytes, cuda_device_, what);
-    }
-#endif
-    return internal::CheckBuffer(ptr, bytes, what);
-  }
-
   absl::Status CheckUsable() const {
     if (broken_.ok()) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(

@@ -291,11 +291,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
-    RETURN_IF_ERROR(internal::CheckSummable(type));
-    ASSIGN_OR_RETURN(size_t bytes,
-                     internal::BytesOf(count, type, "AllReduceSum"));
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(data, bytes, device_,
-                                                "AllReduceSum: data"));
+    RETURN_IF_ERROR(
+        internal::CheckAllReduceSumArgs(data, count, type, device_).status());
     // Every rank passes the same count, so all of them skip together.
     if (count == 0) return UsableOrError();
     return Issue("AllReduceSum", /*wait=*/false, [&]() -> absl::Status {
@@ -309,14 +306,11 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          void* recv, std::span<const int64_t> recv_counts,
                          DataType type) override {
-    ASSIGN_OR_RETURN(const internal::AllToAllVBytes bytes,
-                     internal::CheckAllToAllVCounts(send_counts, recv_counts,
-                                                    world_, rank_, type));
+    ASSIGN_OR_RETURN(
+        const internal::AllToAllVBytes bytes,
+        internal::CheckAllToAllVArgs(send, send_counts, recv, recv_counts,
+                                     world_, rank_, type, device_));
     const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(send, send_bytes, device_,
-                                                "AllToAllV: send"));
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(recv, recv_bytes, device_,
-                                                "AllToAllV: recv"));
     RETURN_IF_ERROR(internal::CheckDisjoint(send, send_bytes, recv, recv_bytes,
                                             "AllToAllV"));
     const size_t element = ElementSize(type);
@@ -354,17 +348,9 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* send, int64_t count, void* recv,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "AllGather"));
-    if (bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max()) /
-                    static_cast<size_t>(world_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllGather: ", world_, " x ", count,
-                       " elements overflow int64 bytes"));
-    }
     RETURN_IF_ERROR(
-        internal::CheckDeviceBuffer(send, bytes, device_, "AllGather: send"));
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(recv, bytes * world_, device_,
-                                                "AllGather: recv"));
+        internal::CheckAllGatherArgs(send, count, recv, world_, type, device_)
+            .status());
     if (count == 0) return UsableOrError();
     return Issue("AllGather", /*wait=*/false, [&]() -> absl::Status {
       NCCL_RETURN_IF_FAILED_TO_QUEUE(
@@ -376,10 +362,9 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t count, DataType type,
                          int root) override {
-    RETURN_IF_ERROR(internal::CheckRoot(root, world_));
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "Broadcast"));
     RETURN_IF_ERROR(
-        internal::CheckDeviceBuffer(data, bytes, device_, "Broadcast: data"));
+        internal::CheckBroadcastArgs(data, count, type, root, world_, device_)
+            .status());
     if (count == 0) return UsableOrError();
     return Issue("Broadcast", /*wait=*/false, [&]() -> absl::Status {
       NCCL_RETURN_IF_FAILED_TO_QUEUE(

@@ -57,11 +57,7 @@ class SingleRankDeviceCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceSum(void* data, int64_t count, DataType type) override {
-    RETURN_IF_ERROR(internal::CheckSummable(type));
-    ASSIGN_OR_RETURN(size_t bytes,
-                     internal::BytesOf(count, type, "AllReduceSum"));
-    return internal::CheckDeviceBuffer(data, bytes, device_,
-                                       "AllReduceSum: data");
+    return internal::CheckAllReduceSumArgs(data, count, type, device_).status();
   }
 
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
@@ -69,12 +65,9 @@ class SingleRankDeviceCommunicator final : public Communicator {
                          DataType type) override {
     ASSIGN_OR_RETURN(
         const internal::AllToAllVBytes bytes,
-        internal::CheckAllToAllVCounts(send_counts, recv_counts, 1, 0, type));
-    const size_t send_bytes = bytes.send, recv_bytes = bytes.recv;
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(send, send_bytes, device_,
-                                                "AllToAllV: send"));
-    RETURN_IF_ERROR(internal::CheckDeviceBuffer(recv, recv_bytes, device_,
-                                                "AllToAllV: recv"));
+        internal::CheckAllToAllVArgs(send, send_counts, recv, recv_counts, 1, 0,
+                                     type, device_));
+    const size_t send_bytes = bytes.send;
     RETURN_IF_ERROR(
         internal::CheckSameOrDisjoint(send, recv, send_bytes, "AllToAllV"));
     return Copy(recv, send, send_bytes);
@@ -82,11 +75,9 @@ class SingleRankDeviceCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* send, int64_t count, void* recv,
                          DataType type) override {
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "AllGather"));
-    RETURN_IF_ERROR(
-        internal::CheckDeviceBuffer(send, bytes, device_, "AllGather: send"));
-    RETURN_IF_ERROR(
-        internal::CheckDeviceBuffer(recv, bytes, device_, "AllGather: recv"));
+    ASSIGN_OR_RETURN(
+        const size_t bytes,
+        internal::CheckAllGatherArgs(send, count, recv, 1, type, device_));
     RETURN_IF_ERROR(
         internal::CheckSameOrDisjoint(send, recv, bytes, "AllGather"));
     return Copy(recv, send, bytes);
@@ -94,9 +85,8 @@ class SingleRankDeviceCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t count, DataType type,
                          int root) override {
-    RETURN_IF_ERROR(internal::CheckRoot(root, 1));
-    ASSIGN_OR_RETURN(size_t bytes, internal::BytesOf(count, type, "Broadcast"));
-    return internal::CheckDeviceBuffer(data, bytes, device_, "Broadcast: data");
+    return internal::CheckBroadcastArgs(data, count, type, root, 1, device_)
+        .status();
   }
 
   absl::Status Barrier() override { return Synchronize(); }

@@ -1,7 +1,7 @@
 // The command-line parsing every binary shares (dlrm_server, dlrm_train,
 // dlrm_client): a --version flag, parse errors that name the config file a
 // bad key came from, the one name of each flag several binaries share and
-// the one --config.
+// the one --config, and the exit status of a failed run.
 // Header-only, so that core does not link CLI11.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/version.h"
 
 namespace dlrm {
@@ -79,6 +80,14 @@ inline int ParseCommandLine(CLI::App& app, int argc, char** argv,
     return app.exit(e);
   }
   return -1;
+}
+
+// main()'s exit status after `status`: 0 when it is OK; else 1, after
+// "`program`: <status>" on stderr.
+inline int ExitStatus(const absl::Status& status, const char* program) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "%s: %s\n", program, status.ToString().c_str());
+  return 1;
 }
 
 }  // namespace dlrm

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -501,23 +502,33 @@ const char* PrecisionName(DensePrecision precision) {
   }
 }
 
-absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config) {
-  if (flag.empty()) return absl::OkStatus();
+namespace {
+
+// An on/off flag's value `flag` (empty: not given, nullopt); InvalidArgument
+// naming `name` for anything else.
+absl::StatusOr<std::optional<bool>> ParseOnOff(std::string_view name,
+                                               std::string_view flag) {
+  if (flag.empty()) return std::nullopt;
   if (flag != "on" && flag != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tf32 must be on or off, got '", std::string(flag), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(name),
+                                                   " must be on or off, got '",
+                                                   std::string(flag), "'"));
   }
-  config->set_gpu_disable_tf32(flag == "off");
+  return flag == "on";
+}
+
+}  // namespace
+
+absl::Status ApplyTf32Flag(std::string_view flag, ModelConfig* config) {
+  ASSIGN_OR_RETURN(const std::optional<bool> on, ParseOnOff("--tf32", flag));
+  if (on.has_value()) config->set_gpu_disable_tf32(!*on);
   return absl::OkStatus();
 }
 
 absl::Status ApplyCudaGraphsFlag(std::string_view flag, ModelConfig* config) {
-  if (flag.empty()) return absl::OkStatus();
-  if (flag != "on" && flag != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--cuda-graphs must be on or off, got '", std::string(flag), "'"));
-  }
-  config->set_gpu_cuda_graphs(flag == "on");
+  ASSIGN_OR_RETURN(const std::optional<bool> on,
+                   ParseOnOff("--cuda-graphs", flag));
+  if (on.has_value()) config->set_gpu_cuda_graphs(*on);
   return absl::OkStatus();
 }
 

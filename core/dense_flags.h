@@ -39,17 +39,18 @@ struct DenseFlags {
                    "elsewhere; bf16 runs fp32 on a CPU without bf16 "
                    "instructions)")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
-    app.add_option("--tf32", tf32,
-                   "device cuda: on runs the float GEMMs on the tensor cores "
-                   "in TF32, off keeps them in float (default: the config's "
-                   "gpu_disable_tf32, on unless it sets it)")
-        ->check(CLI::IsMember({"on", "off"}));
-    app.add_option("--cuda-graphs", cuda_graphs,
-                   "device cuda: on replays the dense backend's launch "
-                   "sequences as CUDA graphs, off launches them one by one "
-                   "(default: the config's gpu_cuda_graphs, off unless it "
-                   "sets it; not yet run on a GPU)")
-        ->check(CLI::IsMember({"on", "off"}));
+    const auto on_off = [&app](const char* name, std::string& value,
+                               const char* help) {
+      app.add_option(name, value, help)->check(CLI::IsMember({"on", "off"}));
+    };
+    on_off("--tf32", tf32,
+           "device cuda: on runs the float GEMMs on the tensor cores in TF32, "
+           "off keeps them in float (default: the config's gpu_disable_tf32, "
+           "on unless it sets it)");
+    on_off("--cuda-graphs", cuda_graphs,
+           "device cuda: on replays the dense backend's launch sequences as "
+           "CUDA graphs, off launches them one by one (default: the config's "
+           "gpu_cuda_graphs, off unless it sets it; not yet run on a GPU)");
   }
 
   // Sets them in `config` (InvalidArgument as the Apply*Flag functions).

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace dlrm {
 namespace {
@@ -63,44 +64,46 @@ absl::Status CheckWritableDir(const std::string& flag,
   return absl::OkStatus();
 }
 
-absl::Status CheckReadableDir(const std::string& flag,
-                              const std::string& path) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " is empty"));
-  }
+namespace {
+
+// NotFound, InvalidArgument or PermissionDenied naming `flag` and `path`
+// unless `path` is a readable directory (`directory`; searchable too) or
+// a readable regular file.
+absl::Status CheckReadable(const std::string& flag, const std::string& path,
+                           bool directory) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     return absl::NotFoundError(
         absl::StrCat(Named(flag, path), " does not exist"));
   }
-  if (!fs::is_directory(path, ec)) {
+  if (directory ? !fs::is_directory(path, ec)
+                : !fs::is_regular_file(path, ec)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Named(flag, path), " is not a directory"));
+        absl::StrCat(Named(flag, path),
+                     directory ? " is not a directory" : " is not a file"));
   }
-  if (access(path.c_str(), R_OK | X_OK) != 0) {
+  if (access(path.c_str(), directory ? R_OK | X_OK : R_OK) != 0) {
     return absl::PermissionDeniedError(
         absl::StrCat(Named(flag, path), " is not readable"));
   }
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status CheckReadableDir(const std::string& flag,
+                              const std::string& path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " is empty"));
+  }
+  return CheckReadable(flag, path, /*directory=*/true);
+}
+
 absl::Status CheckReadableFiles(const std::string& flag,
                                 const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     if (path == "-") continue;
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-      return absl::NotFoundError(
-          absl::StrCat(Named(flag, path), " does not exist"));
-    }
-    if (!fs::is_regular_file(path, ec)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Named(flag, path), " is not a file"));
-    }
-    if (access(path.c_str(), R_OK) != 0) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(Named(flag, path), " is not readable"));
-    }
+    RETURN_IF_ERROR(CheckReadable(flag, path, /*directory=*/false));
   }
   return absl::OkStatus();
 }

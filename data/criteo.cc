@@ -16,6 +16,7 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "data/multi_hot.h"
+#include "data/source_checks.h"
 
 namespace dlrm::data {
 namespace {
@@ -146,11 +147,8 @@ class CriteoTsvSource final : public BatchSource {
 
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_sparse = static_cast<int>(options_.table_rows.size());
-    batch->Reset(options_.num_dense, num_sparse);
-    if (max_samples <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_samples = ", max_samples, " must be positive"));
-    }
+    RETURN_IF_ERROR(
+        StartBatch(options_.num_dense, num_sparse, max_samples, batch));
     std::string_view line;
     while (batch->size < max_samples) {
       ASSIGN_OR_RETURN(bool more, NextLine(&line));
@@ -169,10 +167,7 @@ class CriteoTsvSource final : public BatchSource {
   // line for its end and no parsing. Blank lines count as Next counts them
   // (not at all).
   absl::StatusOr<int64_t> Skip(int64_t n) override {
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot skip ", n, " samples"));
-    }
+    RETURN_IF_ERROR(CheckSkip(n));
     std::string_view line;
     int64_t skipped = 0;
     while (skipped < n) {

@@ -14,9 +14,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "data/criteo.h"
+#include "data/fixed_width_source.h"
 #include "data/multi_hot.h"
 #include "data/npy.h"
 #include "data/row_reducer.h"
@@ -73,7 +75,7 @@ std::string ErrnoText() { return std::strerror(errno); }
 
 // Reads records of either version; `records` is where the first record
 // starts (after the header, and in version 2 the table list).
-class CriteoBinarySource final : public BatchSource {
+class CriteoBinarySource final : public FixedWidthSource {
  public:
   CriteoBinarySource(std::string path, const char* base, size_t bytes,
                      size_t records, int64_t count, uint32_t version,
@@ -82,55 +84,25 @@ class CriteoBinarySource final : public BatchSource {
         base_(base),
         bytes_(bytes),
         records_(records),
-        count_(count),
         materialised_(version == kVersionMultiHot),
         options_(std::move(options)),
         record_bytes_(RecordBytes(
             options_.num_dense,
             materialised_ ? BagIdsPerRecord(options_)
                           : static_cast<int64_t>(options_.table_rows.size()))) {
+    count_ = count;
     for (int64_t rows : options_.table_rows) reducers_.emplace_back(rows);
   }
   ~CriteoBinarySource() override { munmap(const_cast<char*>(base_), bytes_); }
 
-  absl::Status Rewind() override {
-    next_ = 0;
-    return absl::OkStatus();
-  }
-
-  // Records have a fixed width: skipping moves the record index.
-  absl::StatusOr<int64_t> Skip(int64_t n) override {
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot skip ", n, " samples"));
-    }
-    n = std::min(n, count_ - next_);
-    next_ += n;
-    return n;
-  }
-
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_dense = options_.num_dense;
     const int num_sparse = static_cast<int>(options_.table_rows.size());
-    batch->Reset(num_dense, num_sparse);
-    if (max_samples <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_samples = ", max_samples, " must be positive"));
-    }
-    const int64_t n = std::min(max_samples, count_ - next_);
+    ASSIGN_OR_RETURN(const int64_t n,
+                     StartFixedBatch(options_, max_samples, batch));
     if (n <= 0) return false;
-    batch->size = n;
-    batch->labels.resize(n);
-    batch->dense.resize(n * num_dense);
     ids_.resize(num_sparse);
-    for (int t = 0; t < num_sparse; ++t) {
-      SparseFeature& f = batch->sparse[t];
-      const int k = options_.MultiHotSize(t);
-      f.offsets.resize(n + 1);
-      for (int64_t s = 0; s <= n; ++s) f.offsets[s] = s * k;
-      f.ids.resize(n * k);
-      ids_[t] = f.ids.data();
-    }
+    for (int t = 0; t < num_sparse; ++t) ids_[t] = batch->sparse[t].ids.data();
     const char* record = base_ + records_ + next_ * record_bytes_;
     float* labels = batch->labels.data();
     float* dense = batch->dense.data();
@@ -230,13 +202,11 @@ class CriteoBinarySource final : public BatchSource {
   const char* const base_;
   const size_t bytes_;
   const size_t records_;
-  const int64_t count_;
   const bool materialised_;
   const CriteoOptions options_;
   const size_t record_bytes_;
   std::vector<RowReducer> reducers_;
   std::vector<int64_t*> ids_;
-  int64_t next_ = 0;
 };
 
 // Closes (and on failure removes) a temporary output file.
@@ -379,22 +349,45 @@ absl::StatusOr<std::vector<TableEntry>> MultiHotTables(
   return tables;
 }
 
-}  // namespace
-
-absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
-    const std::vector<std::string>& tsv_files, const std::string& out_path,
-    int num_dense, int num_sparse) {
+// The reader's options of a conversion to version 1 (raw values): tables
+// of 2^32 rows make the row reduction the identity on 32-bit values, so the
+// batches carry the raw values the format stores. InvalidArgument for
+// num_dense < 0 or num_sparse <= 0.
+absl::StatusOr<CriteoOptions> RawOptions(const std::string& out_path,
+                                         int num_dense, int num_sparse) {
   if (num_dense < 0 || num_sparse <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("converting to ", out_path, ": num_dense = ", num_dense,
                      " and num_sparse = ", num_sparse,
                      " must be non-negative and positive"));
   }
-  // Tables of 2^32 rows make the TSV reader's row reduction the identity, so
-  // its batches carry the raw categorical values the format stores.
   CriteoOptions raw;
   raw.num_dense = num_dense;
   raw.table_rows.assign(num_sparse, int64_t{1} << 32);
+  return raw;
+}
+
+// A conversion to version 2 (bags materialised) of `options`' tables: the
+// tables are checked first, then the samples of the source `open` opens
+// are written to `out_path`.
+absl::StatusOr<int64_t> ConvertToMultiHot(
+    const std::string& out_path, const CriteoOptions& options,
+    absl::FunctionRef<absl::StatusOr<std::unique_ptr<BatchSource>>()> open) {
+  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
+                   MultiHotTables(options, out_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, open());
+  Header header = MakeHeader(kVersionMultiHot, options);
+  if (options.hash_ids) header.flags |= kFlagHashIds;
+  return WriteBinary(source.get(), out_path, header, tables, options);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
+    const std::vector<std::string>& tsv_files, const std::string& out_path,
+    int num_dense, int num_sparse) {
+  ASSIGN_OR_RETURN(const CriteoOptions raw,
+                   RawOptions(out_path, num_dense, num_sparse));
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
                    OpenCriteoTsv(tsv_files, raw));
   return WriteBinary(source.get(), out_path, MakeHeader(kVersionOneHot, raw),
@@ -404,24 +397,15 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
 absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     const CriteoOptions& options) {
-  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
-                   MultiHotTables(options, out_path));
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                   OpenCriteoTsv(tsv_files, options));
-  Header header = MakeHeader(kVersionMultiHot, options);
-  if (options.hash_ids) header.flags |= kFlagHashIds;
-  return WriteBinary(source.get(), out_path, header, tables, options);
+  return ConvertToMultiHot(out_path, options,
+                           [&] { return OpenCriteoTsv(tsv_files, options); });
 }
 
 absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
     const std::vector<CriteoNpyDay>& days, const std::string& out_path,
     int num_dense, int num_sparse) {
-  if (num_dense < 0 || num_sparse <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("converting to ", out_path, ": num_dense = ", num_dense,
-                     " and num_sparse = ", num_sparse,
-                     " must be non-negative and positive"));
-  }
+  ASSIGN_OR_RETURN(const CriteoOptions raw,
+                   RawOptions(out_path, num_dense, num_sparse));
   // Version 1 stores each raw value as uint32: wider ids and .npz bags
   // would not survive it.
   for (const CriteoNpyDay& day : days) {
@@ -441,11 +425,6 @@ absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
           "--config to store rows reduced to the tables, version 2)"));
     }
   }
-  // Tables of 2^32 rows make the row reduction the identity on 32-bit
-  // values, so the batches carry the raw values the format stores.
-  CriteoOptions raw;
-  raw.num_dense = num_dense;
-  raw.table_rows.assign(num_sparse, int64_t{1} << 32);
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
                    OpenCriteoNpy(days, raw));
   return WriteBinary(source.get(), out_path, MakeHeader(kVersionOneHot, raw),
@@ -455,13 +434,8 @@ absl::StatusOr<int64_t> ConvertCriteoNpyToBinary(
 absl::StatusOr<int64_t> ConvertCriteoNpyToMultiHotBinary(
     const std::vector<CriteoNpyDay>& days, const std::string& out_path,
     const CriteoOptions& options) {
-  ASSIGN_OR_RETURN(const std::vector<TableEntry> tables,
-                   MultiHotTables(options, out_path));
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                   OpenCriteoNpy(days, options));
-  Header header = MakeHeader(kVersionMultiHot, options);
-  if (options.hash_ids) header.flags |= kFlagHashIds;
-  return WriteBinary(source.get(), out_path, header, tables, options);
+  return ConvertToMultiHot(out_path, options,
+                           [&] { return OpenCriteoNpy(days, options); });
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(

@@ -11,6 +11,7 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "data/criteo.h"
+#include "data/fixed_width_source.h"
 #include "data/multi_hot.h"
 #include "data/npy.h"
 #include "data/row_reducer.h"
@@ -174,7 +175,7 @@ absl::StatusOr<Day> OpenDay(const CriteoNpyDay& files,
 
 // Reads days in order; `starts_[d]` is the global index of day d's first
 // sample.
-class CriteoNpySource final : public BatchSource {
+class CriteoNpySource final : public FixedWidthSource {
  public:
   CriteoNpySource(std::vector<Day> days, CriteoOptions options)
       : days_(std::move(days)), options_(std::move(options)) {
@@ -187,42 +188,12 @@ class CriteoNpySource final : public BatchSource {
     for (int64_t rows : options_.table_rows) reducers_.emplace_back(rows);
   }
 
-  absl::Status Rewind() override {
-    next_ = 0;
-    return absl::OkStatus();
-  }
-
-  // Rows of a day are fixed-width: skipping moves the sample index.
-  absl::StatusOr<int64_t> Skip(int64_t n) override {
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot skip ", n, " samples"));
-    }
-    n = std::min(n, count_ - next_);
-    next_ += n;
-    return n;
-  }
-
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_dense = options_.num_dense;
     const int num_sparse = static_cast<int>(options_.table_rows.size());
-    batch->Reset(num_dense, num_sparse);
-    if (max_samples <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_samples = ", max_samples, " must be positive"));
-    }
-    const int64_t n = std::min(max_samples, count_ - next_);
+    ASSIGN_OR_RETURN(const int64_t n,
+                     StartFixedBatch(options_, max_samples, batch));
     if (n <= 0) return false;
-    batch->size = n;
-    batch->labels.resize(n);
-    batch->dense.resize(n * num_dense);
-    for (int t = 0; t < num_sparse; ++t) {
-      SparseFeature& f = batch->sparse[t];
-      const int k = options_.MultiHotSize(t);
-      f.offsets.resize(n + 1);
-      for (int64_t s = 0; s <= n; ++s) f.offsets[s] = s * k;
-      f.ids.resize(n * k);
-    }
     // Copy day by day, then check the samples as the binary reader does.
     int64_t done = 0;
     while (done < n) {
@@ -322,9 +293,7 @@ class CriteoNpySource final : public BatchSource {
   const std::vector<Day> days_;
   const CriteoOptions options_;
   std::vector<int64_t> starts_;
-  int64_t count_ = 0;
   std::vector<RowReducer> reducers_;
-  int64_t next_ = 0;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "data/source_checks.h"
 
 namespace dlrm::data {
 namespace {
@@ -216,24 +217,16 @@ class SyntheticSource final : public BatchSource {
 
   // Sample i depends on i alone, so skipping is moving the counter.
   absl::StatusOr<int64_t> Skip(int64_t n) override {
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot skip ", n, " samples"));
-    }
-    if (options_.num_samples > 0) {
-      n = std::min(n, options_.num_samples - next_);
-    }
-    next_ += n;
-    return n;
+    return SkipNumbered(n,
+                        options_.num_samples > 0
+                            ? options_.num_samples
+                            : std::numeric_limits<int64_t>::max(),
+                        &next_);
   }
 
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_tables = static_cast<int>(zipf_.size());
-    batch->Reset(num_dense_, num_tables);
-    if (max_samples <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_samples = ", max_samples, " must be positive"));
-    }
+    RETURN_IF_ERROR(StartBatch(num_dense_, num_tables, max_samples, batch));
     int64_t n = max_samples;
     if (options_.num_samples > 0) {
       n = std::min(n, options_.num_samples - next_);

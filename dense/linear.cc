@@ -132,31 +132,14 @@ void Linear::Init(Rng* rng) {
   for (float& b : b_) b = static_cast<float>(rng->Normal() * b_std);
 }
 
-void Linear::Forward(const float* x, int64_t batch, float* y) const {
-  if (batch <= 0) return;
-  // GEMM with beta = 0 and then one read-modify-write pass for bias + ReLU
-  // measured faster than pre-filling y with the bias (beta = 1) and a
-  // separate ReLU pass: one pass over y instead of two.
-  Sgemm('N', 'T', batch, out_, in_, x, in_, w_.data(), in_, 0.0f, y, out_);
-  const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
-  const float* b = b_.data();
-  const int out = out_;
-  const bool relu = relu_;
-#pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t r0 = blk * kRowBlock;
-    AddBiasAct(y + r0 * out, b, std::min(kRowBlock, batch - r0), out, relu);
-  }
-}
+namespace {
 
-void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
-                         Bf16* y_bf16) const {
-  if (batch <= 0) return;
-  Bgemm('N', 'T', batch, out_, in_, x, in_, wb_.data(), in_, 0.0f, y, out_);
+// The forwards' pass after the GEMM: the bias `b` added to y's `batch` rows
+// of `out` floats, then the ReLU (when `relu`), in blocks of rows; with
+// y_bf16, y's bf16 copy too.
+void BiasAct(const float* b, int out, bool relu, int64_t batch, float* y,
+             Bf16* y_bf16) {
   const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
-  const float* b = b_.data();
-  const int out = out_;
-  const bool relu = relu_;
 #pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t r0 = blk * kRowBlock;
@@ -167,6 +150,24 @@ void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
       AddBiasActBf16(y + r0 * out, y_bf16 + r0 * out, b, rows, out, relu);
     }
   }
+}
+
+}  // namespace
+
+void Linear::Forward(const float* x, int64_t batch, float* y) const {
+  if (batch <= 0) return;
+  // GEMM with beta = 0 and then one read-modify-write pass for bias + ReLU
+  // measured faster than pre-filling y with the bias (beta = 1) and a
+  // separate ReLU pass: one pass over y instead of two.
+  Sgemm('N', 'T', batch, out_, in_, x, in_, w_.data(), in_, 0.0f, y, out_);
+  BiasAct(b_.data(), out_, relu_, batch, y, nullptr);
+}
+
+void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
+                         Bf16* y_bf16) const {
+  if (batch <= 0) return;
+  Bgemm('N', 'T', batch, out_, in_, x, in_, wb_.data(), in_, 0.0f, y, out_);
+  BiasAct(b_.data(), out_, relu_, batch, y, y_bf16);
 }
 
 void Linear::SyncBf16Weights() {

@@ -2,7 +2,7 @@
 // occurrences (its stretch of the sorted (id, bag) pairs) is cut into chunks
 // whose gradient sums run in parallel and are then added in chunk order.
 // Compiled for the host and the device (core/host_device.h), so the CUDA
-// kernels (cuda/embedding_kernels.cu) and their host stand-in
+// kernels (cuda/sparse_backward.cu) and their host stand-in
 // (sparse_backward_host.h) cut the same chunks.
 #pragma once
 
@@ -36,22 +36,32 @@ DLRM_HOST_DEVICE constexpr int64_t MaxSplitChunks(int64_t n) {
   return 2 * (n / kSparseChunk);
 }
 
-// The run that chunk j belongs to: the last k in [0, num_runs) with
-// chunk_starts[k] <= j, where chunk_starts is the exclusive sum of
-// SplitChunks over the runs (runs of no chunks share their start with the
-// next run, so the search passes them) and j < the chunks' total.
-DLRM_HOST_DEVICE inline int64_t RunOfChunk(const int32_t* chunk_starts,
-                                           int64_t num_runs, int64_t j) {
-  int64_t lo = 0, hi = num_runs;  // chunk_starts[lo] <= j < [hi] (or end)
+// The last index s in [0, n) with sorted[s] <= x, for a non-decreasing
+// `sorted` with sorted[0] <= x (equal entries pass to the last of them):
+// a binary search, the sparse backward's for an occurrence's bag and a
+// chunk's run.
+template <typename T>
+DLRM_HOST_DEVICE inline int64_t LastAtMost(const T* sorted, int64_t n,
+                                           int64_t x) {
+  int64_t lo = 0, hi = n;  // sorted[lo] <= x < sorted[hi] (or the end)
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (chunk_starts[mid] <= j) {
+    if (sorted[mid] <= x) {
       lo = mid;
     } else {
       hi = mid;
     }
   }
   return lo;
+}
+
+// The run that chunk j belongs to: the last k in [0, num_runs) with
+// chunk_starts[k] <= j, where chunk_starts is the exclusive sum of
+// SplitChunks over the runs (runs of no chunks share their start with the
+// next run, so the search passes them) and j < the chunks' total.
+DLRM_HOST_DEVICE inline int64_t RunOfChunk(const int32_t* chunk_starts,
+                                           int64_t num_runs, int64_t j) {
+  return LastAtMost(chunk_starts, num_runs, j);
 }
 
 // Occurrences [begin, end) of the sorted pairs that chunk `chunk` (counted

@@ -24,9 +24,8 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     grpc::CallbackServerContext* context, const ModelInfoRequest* request,
     ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetModelInfo", auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  "/dlrm.Admin/GetModelInfo")) {
     return reactor;
   }
   ModelSummary s = host_->Summary(request->include_weight_checksum());
@@ -68,9 +67,8 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const char* method =
       save ? "/dlrm.Admin/SaveCheckpoint" : "/dlrm.Admin/RestoreCheckpoint";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, method, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  method)) {
     return reactor;
   }
   absl::StatusOr<std::string> dir =
@@ -79,23 +77,22 @@ grpc::ServerUnaryReactor* AdminService::Checkpoint(
     FinishUnary(reactor, metrics_, method, dir.status());
     return reactor;
   }
-  const bool queued = work_->Submit([this, reactor, response, save, method,
-                                     dir = *dir] {
-    absl::StatusOr<model::CheckpointInfo> info =
-        save ? host_->SaveCheckpoint(dir) : host_->RestoreCheckpoint(dir);
-    if (info.ok()) {
-      response->set_step(info->step);
-      response->set_bytes(info->bytes);
-      spdlog::info("{} {} at step {} ({} bytes)",
-                   save ? "saved checkpoint to" : "restored checkpoint from",
-                   EscapeForMessage(dir), info->step, info->bytes);
-    }
-    FinishUnary(reactor, metrics_, method, info.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, method,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, save, method, dir = *dir] {
+        absl::StatusOr<model::CheckpointInfo> info =
+            save ? host_->SaveCheckpoint(dir) : host_->RestoreCheckpoint(dir);
+        if (info.ok()) {
+          response->set_step(info->step);
+          response->set_bytes(info->bytes);
+          spdlog::info(
+              "{} {} at step {} ({} bytes)",
+              save ? "saved checkpoint to" : "restored checkpoint from",
+              EscapeForMessage(dir), info->step, info->bytes);
+        }
+        FinishUnary(reactor, metrics_, method, info.status());
+      },
+      reactor, metrics_, method);
   return reactor;
 }
 
@@ -104,9 +101,8 @@ grpc::ServerUnaryReactor* AdminService::ExportWeights(
     ExportResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   static constexpr char kMethod[] = "/dlrm.Admin/ExportWeights";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kMethod, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  kMethod)) {
     return reactor;
   }
   // The same confinement as checkpoints: under --checkpoint-dir when set.
@@ -116,24 +112,23 @@ grpc::ServerUnaryReactor* AdminService::ExportWeights(
     FinishUnary(reactor, metrics_, kMethod, path.status());
     return reactor;
   }
-  const bool queued = work_->Submit([this, reactor, response, path = *path] {
-    absl::StatusOr<model::ExportInfo> info = host_->ExportWeights(path);
-    if (info.ok()) {
-      response->set_path(path);
-      response->set_bytes(info->bytes);
-      response->set_tensors(info->tensors);
-      response->set_step(info->step);
-      spdlog::info(
-          "exported the weights at step {} to {} ({} tensors, {} "
-          "bytes)",
-          info->step, path, info->tensors, info->bytes);
-    }
-    FinishUnary(reactor, metrics_, kMethod, info.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kMethod,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, path = *path] {
+        absl::StatusOr<model::ExportInfo> info = host_->ExportWeights(path);
+        if (info.ok()) {
+          response->set_path(path);
+          response->set_bytes(info->bytes);
+          response->set_tensors(info->tensors);
+          response->set_step(info->step);
+          spdlog::info(
+              "exported the weights at step {} to {} ({} tensors, {} "
+              "bytes)",
+              info->step, path, info->tensors, info->bytes);
+        }
+        FinishUnary(reactor, metrics_, kMethod, info.status());
+      },
+      reactor, metrics_, kMethod);
   return reactor;
 }
 
@@ -142,33 +137,31 @@ grpc::ServerUnaryReactor* AdminService::SetLearningRate(
     SetLearningRateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   static constexpr char kMethod[] = "/dlrm.Admin/SetLearningRate";
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kMethod, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  kMethod)) {
     return reactor;
   }
   std::optional<float> dense, sparse;
   if (request->has_dense()) dense = request->dense();
   if (request->has_sparse()) sparse = request->sparse();
-  const bool queued = work_->Submit([this, reactor, response, dense, sparse] {
-    absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> set =
-        host_->SetLearningRates(dense, sparse);
-    if (set.ok()) {
-      response->set_dense(set->first.learning_rate());
-      response->set_sparse(set->second.learning_rate());
-      response->set_step(host_->steps());
-      spdlog::info(
-          "learning rates set: dense_optimizer.learning_rate {}, "
-          "sparse_optimizer.learning_rate {} (from step {} on)",
-          set->first.learning_rate(), set->second.learning_rate(),
-          host_->steps() + 1);
-    }
-    FinishUnary(reactor, metrics_, kMethod, set.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kMethod,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, dense, sparse] {
+        absl::StatusOr<std::pair<OptimizerConfig, OptimizerConfig>> set =
+            host_->SetLearningRates(dense, sparse);
+        if (set.ok()) {
+          response->set_dense(set->first.learning_rate());
+          response->set_sparse(set->second.learning_rate());
+          response->set_step(host_->steps());
+          spdlog::info(
+              "learning rates set: dense_optimizer.learning_rate {}, "
+              "sparse_optimizer.learning_rate {} (from step {} on)",
+              set->first.learning_rate(), set->second.learning_rate(),
+              host_->steps() + 1);
+        }
+        FinishUnary(reactor, metrics_, kMethod, set.status());
+      },
+      reactor, metrics_, kMethod);
   return reactor;
 }
 
@@ -176,9 +169,8 @@ grpc::ServerUnaryReactor* AdminService::GetMetrics(
     grpc::CallbackServerContext* context, const MetricsRequest* request,
     MetricsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kAdmin);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, "/dlrm.Admin/GetMetrics", auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kAdmin, reactor, metrics_,
+                  "/dlrm.Admin/GetMetrics")) {
     return reactor;
   }
   response->set_prometheus_text(

@@ -69,6 +69,14 @@ std::string FilesName(
   return name;
 }
 
+// InvalidArgument: the spec `field` names has no source set.
+absl::Status NoSource(absl::string_view field) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field,
+                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
+                   "or synthetic"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ResolveUnder(const std::string& root,
@@ -243,10 +251,7 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field,
-                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
-                   "or synthetic"));
+  return NoSource(field);
 }
 
 absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
@@ -306,10 +311,7 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
     case DatasetSpec::SOURCE_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field,
-                   " has no source: set criteo_tsv, criteo_binary, criteo_npy "
-                   "or synthetic"));
+  return NoSource(field);
 }
 
 std::string DatasetName(const DatasetSpec& spec) {

@@ -34,4 +34,23 @@ void FinishUnary(grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+bool AdmitUnary(const TokenAuth& auth,
+                const grpc::CallbackServerContext& context, RpcAccess access,
+                grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                absl::string_view method) {
+  const absl::Status allowed = auth.Check(context, access);
+  if (allowed.ok()) return true;
+  FinishUnary(reactor, metrics, method, allowed);
+  return false;
+}
+
+void SubmitUnary(WorkQueue& queue, std::function<void()> work,
+                 grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
+                 absl::string_view method) {
+  if (!queue.Submit(std::move(work))) {
+    FinishUnary(reactor, metrics, method,
+                absl::UnavailableError("the server is shutting down"));
+  }
+}
+
 }  // namespace dlrm::server

@@ -278,35 +278,19 @@ void ModelHost::ReleaseTraining() {
 absl::StatusOr<TrainStepOutcome> ModelHost::TrainStep(
     const TrainingLease& lease, const data::Batch& batch,
     const std::function<std::string()>& job, const data::Batch* next) {
-  if (lease.host_ != this) {
-    return absl::FailedPreconditionError(
-        "TrainStep needs this host's training lease");
-  }
-  std::lock_guard<std::mutex> lock(model_mu_);
-  if (training_stopped_) {
-    return absl::UnavailableError("the server is shutting down");
-  }
-  UseComputeThreads();
-  const double start = Now();
-  ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStep(batch, next));
-  return Outcome(r, Now() - start, job);
+  RETURN_IF_ERROR(CheckLease(lease, "TrainStep"));
+  return LeasedStep(job, [&] { return group_->TrainStep(batch, next); });
 }
 
 absl::Status ModelHost::OpenTrainData(const TrainingLease& lease,
                                       const DatasetSpec& spec) {
-  if (lease.host_ != this) {
-    return absl::FailedPreconditionError(
-        "OpenTrainData needs this host's training lease");
-  }
+  RETURN_IF_ERROR(CheckLease(lease, "OpenTrainData"));
   std::lock_guard<std::mutex> lock(model_mu_);
   return group_->OpenData(spec);
 }
 
 absl::Status ModelHost::CloseTrainData(const TrainingLease& lease) {
-  if (lease.host_ != this) {
-    return absl::FailedPreconditionError(
-        "CloseTrainData needs this host's training lease");
-  }
+  RETURN_IF_ERROR(CheckLease(lease, "CloseTrainData"));
   std::lock_guard<std::mutex> lock(model_mu_);
   return group_->CloseData();
 }
@@ -314,17 +298,27 @@ absl::Status ModelHost::CloseTrainData(const TrainingLease& lease) {
 absl::StatusOr<TrainStepOutcome> ModelHost::TrainStepAt(
     const TrainingLease& lease, SampleRange batch,
     const std::function<std::string()>& job, const SampleRange* next) {
-  if (lease.host_ != this) {
-    return absl::FailedPreconditionError(
-        "TrainStepAt needs this host's training lease");
-  }
+  RETURN_IF_ERROR(CheckLease(lease, "TrainStepAt"));
+  return LeasedStep(job, [&] { return group_->TrainStepAt(batch, next); });
+}
+
+absl::Status ModelHost::CheckLease(const TrainingLease& lease,
+                                   const char* what) const {
+  if (lease.host_ == this) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " needs this host's training lease"));
+}
+
+absl::StatusOr<TrainStepOutcome> ModelHost::LeasedStep(
+    const std::function<std::string()>& job,
+    absl::FunctionRef<absl::StatusOr<model::StepResult>()> step) {
   std::lock_guard<std::mutex> lock(model_mu_);
   if (training_stopped_) {
     return absl::UnavailableError("the server is shutting down");
   }
   UseComputeThreads();
   const double start = Now();
-  ASSIGN_OR_RETURN(model::StepResult r, group_->TrainStepAt(batch, next));
+  ASSIGN_OR_RETURN(model::StepResult r, step());
   return Outcome(r, Now() - start, job);
 }
 

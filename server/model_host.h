@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "data/batch.h"
 #include "data/source.h"
@@ -322,6 +323,14 @@ class ModelHost {
   // Sets the calling thread's OpenMP thread count to
   // options_.compute_threads (when set), before model work on it.
   void UseComputeThreads() const;
+  // OK when `lease` is this host's; FailedPrecondition naming `what` else.
+  absl::Status CheckLease(const TrainingLease& lease, const char* what) const;
+  // A training step under the model's lock: Unavailable once training has
+  // stopped; else runs `step` on the compute threads and returns its
+  // outcome for `job`.
+  absl::StatusOr<TrainStepOutcome> LeasedStep(
+      const std::function<std::string()>& job,
+      absl::FunctionRef<absl::StatusOr<model::StepResult>()> step);
   // With model_mu_ held, after step `r` that took `seconds`: its outcome,
   // with the periodic checkpoint MaybeCheckpoint took.
   TrainStepOutcome Outcome(const model::StepResult& r, double seconds,

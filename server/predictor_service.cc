@@ -31,9 +31,8 @@ grpc::ServerUnaryReactor* PredictorService::Predict(
     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const auto start = std::chrono::steady_clock::now();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kPredict);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kMethod, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kPredict, reactor, metrics_,
+                  kMethod)) {
     return reactor;
   }
   PredictRequest parsed;

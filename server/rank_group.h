@@ -209,6 +209,27 @@ class RankGroup {
   absl::Status Follow();
 
  private:
+  // A command is kHeader words (op, argument, kExtra more arguments) and then
+  // one word per rank: the bytes of the rank's batch slice (Train, Predict).
+  enum Op : int64_t {
+    kHeartbeat = comm::CommandChannel::kHeartbeatOp,
+    kTrain = 2,
+    kPredict = 3,
+    kSave = 4,
+    kRestore = 5,
+    kShutdown = 6,
+    kChecksum = 7,
+    kExport = 8,
+    kData = 9,  // argument: bytes of the dataset spec that follows; 0 closes
+    kTrainAt = 10,  // argument: 1 with a next range; extra: the two ranges
+    // argument: bytes of the ModelConfig (its two optimizers) that follows
+    kSetOptimizers = 11,
+  };
+  static constexpr int kExtra = 4;
+  static constexpr int kHeader = 2 + kExtra;
+  // The op's name, for log lines and errors ("unknown" for another value).
+  static const char* OpName(int64_t op);
+
   RankGroup(std::unique_ptr<comm::Communicator> comm,
             std::unique_ptr<comm::Communicator> predict_comm,
             std::unique_ptr<model::Model> model, RankGroupOptions options);

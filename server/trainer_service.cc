@@ -114,14 +114,11 @@ grpc::ServerUnaryReactor* TrainerService::StartJob(
     grpc::CallbackServerContext* context, const JobRequest* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kStartJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kStartJob)) {
     return reactor;
   }
-  absl::StatusOr<JobStatus> status = jobs_->Start(*request);
-  if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, kStartJob, status.status());
+  FinishWith(jobs_->Start(*request), response, reactor, metrics_, kStartJob);
   return reactor;
 }
 
@@ -129,14 +126,11 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kGetJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kGetJob)) {
     return reactor;
   }
-  absl::StatusOr<JobStatus> status = jobs_->Get(request->id());
-  if (status.ok()) *response = *std::move(status);
-  FinishUnary(reactor, metrics_, kGetJob, status.status());
+  FinishWith(jobs_->Get(request->id()), response, reactor, metrics_, kGetJob);
   return reactor;
 }
 
@@ -144,22 +138,19 @@ grpc::ServerUnaryReactor* TrainerService::CancelJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kCancelJob, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kCancelJob)) {
     return reactor;
   }
   const std::string id = request->id();
-  const bool queued = work_->Submit([this, reactor, response, id] {
-    absl::StatusOr<JobStatus> status =
-        jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds));
-    if (status.ok()) *response = *std::move(status);
-    FinishUnary(reactor, metrics_, kCancelJob, status.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kCancelJob,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, id] {
+        FinishWith(
+            jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds)),
+            response, reactor, metrics_, kCancelJob);
+      },
+      reactor, metrics_, kCancelJob);
   return reactor;
 }
 
@@ -167,9 +158,8 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(
     grpc::CallbackServerContext* context, const ListJobsRequest* request,
     ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kListJobs, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kListJobs)) {
     return reactor;
   }
   for (JobStatus& job : jobs_->List()) {
@@ -183,9 +173,8 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(
     grpc::CallbackServerContext* context, const EvaluateRequest* request,
     EvaluateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = auth_->Check(*context, RpcAccess::kTraining);
-      !auth.ok()) {
-    FinishUnary(reactor, metrics_, kEvaluate, auth);
+  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
+                  kEvaluate)) {
     return reactor;
   }
   absl::StatusOr<std::unique_ptr<EvalWork>> parsed =
@@ -195,30 +184,30 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(
     return reactor;
   }
   std::shared_ptr<EvalWork> eval(std::move(*parsed));
-  const bool queued = work_->Submit([this, reactor, response, eval] {
-    absl::StatusOr<model::EvalResult> result;
-    if (eval->dataset.source != nullptr) {
-      model::EvalOptions options;
-      options.batch_size = options_.eval_batch_size;
-      options.max_samples = eval->max_samples;
-      result = host_->Evaluate(*eval->dataset.source, options,
-                               eval->dataset.reference);
-    } else {
-      result = host_->EvaluateBatches(eval->batches);
-    }
-    if (result.ok()) {
-      metrics_->RecordEval(result->model);
-      EvalMetricsToProto(result->model, response->mutable_metrics());
-      if (result->has_reference) {
-        EvalMetricsToProto(result->reference, response->mutable_reference());
-      }
-    }
-    FinishUnary(reactor, metrics_, kEvaluate, result.status());
-  });
-  if (!queued) {
-    FinishUnary(reactor, metrics_, kEvaluate,
-                absl::UnavailableError("the server is shutting down"));
-  }
+  SubmitUnary(
+      *work_,
+      [this, reactor, response, eval] {
+        absl::StatusOr<model::EvalResult> result;
+        if (eval->dataset.source != nullptr) {
+          model::EvalOptions options;
+          options.batch_size = options_.eval_batch_size;
+          options.max_samples = eval->max_samples;
+          result = host_->Evaluate(*eval->dataset.source, options,
+                                   eval->dataset.reference);
+        } else {
+          result = host_->EvaluateBatches(eval->batches);
+        }
+        if (result.ok()) {
+          metrics_->RecordEval(result->model);
+          EvalMetricsToProto(result->model, response->mutable_metrics());
+          if (result->has_reference) {
+            EvalMetricsToProto(result->reference,
+                               response->mutable_reference());
+          }
+        }
+        FinishUnary(reactor, metrics_, kEvaluate, result.status());
+      },
+      reactor, metrics_, kEvaluate);
   return reactor;
 }
 

@@ -1,10 +1,11 @@
 // The CUDA dense backend: device twins of the CPU backend's buffers, the
-// MLPs layer by layer through cuda_linear.cc (fp32, or PRECISION_BF16's
-// bf16 layers with bf16 copies of the weights), the interaction (DCN's cross
-// network through cuda_cross_net.cc), loss and optimizer kernels of
-// dense_kernels.cu, and the host view kept in step lazily
-// (dense/backend.h); double-buffered pinned staging and the CUDA graphs of
-// the training calls' launch sequences (docs/cuda.md "CUDA graphs").
+// MLPs layer by layer (device_mlp.h: fp32, or PRECISION_BF16's bf16 layers
+// with bf16 copies of the weights), the interaction (DCN's cross network
+// through cuda_cross_net.cc), loss and optimizer kernels of
+// dense_kernels.cu over the parameters of device_params.h, and the host
+// view kept in step lazily (dense/backend.h); double-buffered pinned
+// staging and the CUDA graphs of the training calls' launch sequences
+// (step_staging.h; docs/cuda.md "CUDA graphs").
 #include "dense/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -23,6 +24,10 @@
 #include "core/status.h"
 #include "dense/cpu_isa.h"
 #include "dense/cuda/cuda_dense.h"
+#include "dense/cuda/device_copy.h"
+#include "dense/cuda/device_mlp.h"
+#include "dense/cuda/device_params.h"
+#include "dense/cuda/step_staging.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
@@ -33,6 +38,8 @@ namespace {
 using dlrm::cuda::CudaEvent;
 using dlrm::cuda::CudaStream;
 using dlrm::cuda::DeviceBuffer;
+// Device buffers grow through device_mlp.h's Sized; the host ones below.
+using ::dlrm::dense::cuda::Sized;
 
 // The device the backend runs on ("cuda" means device 0).
 constexpr int kOrdinal = 0;
@@ -43,16 +50,6 @@ float* Sized(AlignedVector<float>& v, int64_t n) {
   return v.data();
 }
 
-// Grows `b` to at least `n` elements (contents lost when it grows) and
-// returns its data.
-template <typename T>
-absl::StatusOr<T*> Sized(DeviceBuffer<T>& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) {
-    RETURN_IF_ERROR(b.Resize(static_cast<size_t>(n)));
-  }
-  return b.data();
-}
-
 // Grows the pinned `b` to at least `n` elements (contents lost when it
 // grows) and returns its data. Called only while no copy from or to it is
 // queued: a staging set's buffers once its event has completed
@@ -61,120 +58,6 @@ absl::StatusOr<float*> Sized(dlrm::cuda::PinnedBuffer<float>& b, int64_t n) {
   RETURN_IF_ERROR(b.Reserve(static_cast<size_t>(n)));
   return b.data();
 }
-
-// One Linear layer on the device: weights, gradients and its last training
-// forward's output; at PRECISION_BF16 also the weights' bf16 copy and the
-// output's (the next layer's input; not kept for the last layer).
-struct DeviceLayer {
-  int in = 0, out = 0;
-  bool relu = false;
-  DeviceBuffer<float> w, b, dw, db, y;
-  DeviceBuffer<Bf16> wb, yb;
-};
-
-// An MLP on the device: its layers and, at PRECISION_BF16, its input's
-// bf16 copy from the last training forward (the first layer's backward
-// reads it).
-struct DeviceMlp {
-  std::vector<DeviceLayer> layers;
-  DeviceBuffer<Bf16> x_bf16;
-};
-
-// A parameter (pointers into its layer's buffers) and its optimizer state.
-struct DeviceParam {
-  float* value = nullptr;
-  float* grad = nullptr;
-  int64_t size = 0;
-  DeviceBuffer<float> state[2];
-  // Takes weight decay and a trust ratio under a layer-wise optimizer
-  // (AdaptsLayerWise of its host name).
-  bool adapt = true;
-};
-
-absl::Status CopyAsync(void* dst, const void* src, int64_t floats,
-                       cudaMemcpyKind kind, cudaStream_t stream) {
-  if (floats <= 0) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      dst, src, sizeof(float) * static_cast<size_t>(floats), kind, stream));
-  return absl::OkStatus();
-}
-
-// Copies `width` floats of each of `rows` rows between buffers of
-// different row strides (device to device unless `kind` says otherwise).
-absl::Status CopyColumns(const float* src, int64_t src_stride, float* dst,
-                         int64_t dst_stride, int64_t rows, int width,
-                         cudaStream_t stream,
-                         cudaMemcpyKind kind = cudaMemcpyDeviceToDevice) {
-  if (rows <= 0 || width <= 0) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-      dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride,
-      sizeof(float) * width, static_cast<size_t>(rows), kind, stream));
-  return absl::OkStatus();
-}
-
-// Copies columns `columns` of `rows` rows of `width` floats between two
-// buffers of that row width (host and device, as `kind` says).
-absl::Status CopyRanges(const float* src, float* dst, int width, int64_t rows,
-                        std::span<const ColumnRange> columns,
-                        cudaMemcpyKind kind, cudaStream_t stream) {
-  for (const ColumnRange& c : columns) {
-    RETURN_IF_ERROR(CopyColumns(src + c.begin, width, dst + c.begin, width,
-                                rows, c.end - c.begin, stream, kind));
-  }
-  return absl::OkStatus();
-}
-
-// GraphReplay's actions on one stream.
-struct StreamGraphOps {
-  using Graph = dlrm::cuda::CudaGraphExec;
-  const CudaStream* stream;  // borrowed
-
-  absl::Status BeginCapture() {
-    return dlrm::cuda::BeginCapture(stream->get());
-  }
-  absl::StatusOr<Graph> EndCapture() {
-    return Graph::EndCapture(stream->get());
-  }
-  absl::Status Launch(Graph& graph) { return graph.Launch(stream->get()); }
-};
-
-// The training calls whose launch sequences may run as graphs
-// (GraphKey::call): keyed by batch size in graphs_, except kUpdate, whose
-// one graph (batch 0) is in update_graphs_.
-enum class GraphCall {
-  kBottomForward,
-  kInteractionForward,
-  kTopForward,
-  kTopBackward,
-  kInteractionBackward,
-  kBottomBackward,
-  kUpdate,
-};
-
-// The pinned host staging of one training step's inputs: the interaction
-// input the caller fills (the columns of host_columns_ are copied up), the
-// dense features, the labels, the loss copied back, and the optimizer's
-// constants for Update. Two sets, used by alternate steps, so that the
-// host fills step k + 1's while step k's copies may still be queued.
-struct StagingSet {
-  dlrm::cuda::PinnedBuffer<float> t, x, labels;
-  dlrm::cuda::PinnedBuffer<double> loss;
-  // optim::PackedStep's bytes (kConstantDoubles).
-  dlrm::cuda::PinnedBuffer<double> constants;
-  // Recorded on the compute stream after each copy from or into the set
-  // is queued (BottomForward's uploads, QueueLoss's labels and loss): once
-  // it has completed nothing queued uses the set, so the host may write it
-  // (and ReadLoss read its loss). Never recorded: complete.
-  CudaEvent done;
-  // The same for `constants` (Update's upload). Apart from `done`, so that
-  // ReadLoss does not wait for the backward and the update.
-  CudaEvent constants_done;
-};
-
-// Doubles that hold an optim::PackedStep's bytes.
-constexpr size_t kConstantDoubles =
-    optim::PackedStep::kMaxBytes / sizeof(double);
-static_assert(optim::PackedStep::kMaxBytes % sizeof(double) == 0);
 
 class CudaDenseBackend final : public DenseBackend {
  public:
@@ -220,7 +103,9 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(UploadHostColumns(t, batch));
     RETURN_IF_ERROR(staging_[set_].done.Record(stream()));
     return Graphed(GraphCall::kBottomForward, batch, [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(const float* out, TrainForward(bottom_, x_dev, batch));
+      ASSIGN_OR_RETURN(
+          const float* out,
+          MlpTrainForward(blas_.get(), bf16(), bottom_, x_dev, batch));
       return CopyColumns(out, s.dim, t, s.input_width, batch, s.dim, stream());
     });
   }
@@ -239,8 +124,9 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
   absl::Status TopForward(int64_t batch) override {
-    return Graphed(GraphCall::kTopForward, batch,
-                   [&] { return TrainForward(top_, z_at_, batch).status(); });
+    return Graphed(GraphCall::kTopForward, batch, [&] {
+      return MlpTrainForward(blas_.get(), bf16(), top_, z_at_, batch).status();
+    });
   }
 
   // No graph: the labels come from this step's staging set.
@@ -279,7 +165,8 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status TopBackward(int64_t batch) override {
     ASSIGN_OR_RETURN(float* dz, Sized(dz_, batch * interaction().output_width));
     RETURN_IF_ERROR(Graphed(GraphCall::kTopBackward, batch, [&] {
-      return TrainBackward(top_, z_at_, dlogits_.data(), batch, dz);
+      return MlpTrainBackward(blas_.get(), bf16(), top_, z_at_, dlogits_.data(),
+                              batch, dz, &mlp_scratch_);
     }));
     // Outside the graph: PackGradients' copy stream waits for it.
     return top_ready_.Record(stream());
@@ -317,7 +204,8 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(Graphed(GraphCall::kBottomBackward, batch, [&] {
       RETURN_IF_ERROR(CopyColumns(dt_at_, s.input_width, dbottom, s.dim, batch,
                                   s.dim, stream()));
-      return TrainBackward(bottom_, x_.data(), dbottom, batch, /*dx=*/nullptr);
+      return MlpTrainBackward(blas_.get(), bf16(), bottom_, x_.data(), dbottom,
+                              batch, /*dx=*/nullptr, &mlp_scratch_);
     }));
     return bottom_ready_.Record(stream());
   }
@@ -354,7 +242,8 @@ class CudaDenseBackend final : public DenseBackend {
     ASSIGN_OR_RETURN(float* bottom_out, Sized(infer_bottom_, batch * s.dim));
     ASSIGN_OR_RETURN(float* logits, Sized(infer_logits_, batch));
     RETURN_IF_ERROR(UploadHostColumns(t, batch));
-    RETURN_IF_ERROR(Infer(bottom_, x_dev, batch, bottom_out));
+    RETURN_IF_ERROR(MlpInfer(blas_.get(), bf16(), bottom_, x_dev, batch,
+                             bottom_out, &mlp_scratch_));
     RETURN_IF_ERROR(CopyColumns(bottom_out, s.dim, t, s.input_width, batch,
                                 s.dim, stream()));
     float* z = t;
@@ -363,7 +252,8 @@ class CudaDenseBackend final : public DenseBackend {
       RETURN_IF_ERROR(cuda::InteractionInfer(blas_.get(), s, t, batch, z,
                                              *cross_, &infer_cross_));
     }
-    RETURN_IF_ERROR(Infer(top_, z, batch, logits));
+    RETURN_IF_ERROR(
+        MlpInfer(blas_.get(), bf16(), top_, z, batch, logits, &mlp_scratch_));
     ASSIGN_OR_RETURN(float* staged, Sized(probs_host_, batch));
     RETURN_IF_ERROR(
         CopyAsync(staged, logits, batch, cudaMemcpyDeviceToHost, stream()));
@@ -379,23 +269,16 @@ class CudaDenseBackend final : public DenseBackend {
                                                  int extra) override {
     // May run on the all-reduce thread, whose current device is its own.
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const int64_t total = BucketFloats(bucket) + extra;
+    const int64_t total = params_.GradientFloats(host_->Range(bucket)) + extra;
     float* flat = Sized(Flat(bucket), total);
-    // The bucket's gradients are final once the backward that wrote them
-    // has run: the copies wait for it on the copy stream.
-    const CudaEvent& ready =
-        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    RETURN_IF_ERROR(CopyBucket(bucket, flat, /*to_flat=*/true,
-                               cudaMemcpyDeviceToHost, copy_stream_.get()));
-    RETURN_IF_ERROR(copy_stream_.Synchronize());
-    return std::span<float>(flat, total);
+    return PackInto(bucket, flat, total, cudaMemcpyDeviceToHost);
   }
 
   absl::Status UnpackGradients(GradBucket bucket) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    RETURN_IF_ERROR(CopyBucket(bucket, Flat(bucket).data(), /*to_flat=*/false,
-                               cudaMemcpyHostToDevice, copy_stream_.get()));
+    RETURN_IF_ERROR(params_.CopyGradients(
+        host_->Range(bucket), Flat(bucket).data(), /*to_flat=*/false,
+        cudaMemcpyHostToDevice, copy_stream_.get()));
     // Update (on the compute stream) runs after this returns.
     return copy_stream_.Synchronize();
   }
@@ -403,27 +286,20 @@ class CudaDenseBackend final : public DenseBackend {
   absl::StatusOr<std::span<float>> PackDeviceGradients(GradBucket bucket,
                                                        int extra) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
-    const int64_t total = BucketFloats(bucket) + extra;
+    const int64_t total = params_.GradientFloats(host_->Range(bucket)) + extra;
     // The last step's unpack (on the compute stream) may still read the
     // buffer: growing it (cudaFree) waits for the device anyway, and the
     // copies below wait for this step's backward, queued after it.
     ASSIGN_OR_RETURN(float* flat, Sized(flat_device_, total));
-    const CudaEvent& ready =
-        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
-    RETURN_IF_ERROR(CopyBucket(bucket, flat, /*to_flat=*/true,
-                               cudaMemcpyDeviceToDevice, copy_stream_.get()));
-    // Complete on return, so an all-reduce queued on the compute stream
-    // afterwards reads it whole.
-    RETURN_IF_ERROR(copy_stream_.Synchronize());
-    return std::span<float>(flat, total);
+    return PackInto(bucket, flat, total, cudaMemcpyDeviceToDevice);
   }
 
   absl::Status UnpackDeviceGradients(GradBucket bucket) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(kOrdinal));
     // On the compute stream: after the all-reduce, before Update.
-    return CopyBucket(bucket, flat_device_.data(), /*to_flat=*/false,
-                      cudaMemcpyDeviceToDevice, stream());
+    return params_.CopyGradients(host_->Range(bucket), flat_device_.data(),
+                                 /*to_flat=*/false, cudaMemcpyDeviceToDevice,
+                                 stream());
   }
 
   DensePrecision precision() const override { return precision_; }
@@ -446,11 +322,7 @@ class CudaDenseBackend final : public DenseBackend {
     RETURN_IF_ERROR(to.Ready());
     CUDA_RETURN_IF_ERROR(
         cudaStreamWaitEvent(to.stream(), params_written_.get()));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      RETURN_IF_ERROR(CopyAsync(to.params_[i].value, params_[i].value,
-                                params_[i].size, cudaMemcpyDeviceToDevice,
-                                to.stream()));
-    }
+    RETURN_IF_ERROR(params_.CopyValuesTo(to.params_, to.stream()));
     // After the copy on dst's stream, before its next forward.
     RETURN_IF_ERROR(to.SyncBf16Weights());
     to.host_stale_ = true;
@@ -505,27 +377,21 @@ class CudaDenseBackend final : public DenseBackend {
   }
 
  private:
-  // Floats of the gradients of `bucket`'s parameters.
-  int64_t BucketFloats(GradBucket bucket) const {
-    const auto [begin, end] = host_->Range(bucket);
-    int64_t total = 0;
-    for (size_t i = begin; i < end; ++i) total += params_[i].size;
-    return total;
-  }
-  // Copies the gradients of `bucket`'s parameters into `flat` back to back
-  // (to_flat) or from it into the parameters, as `kind`, on `stream`.
-  absl::Status CopyBucket(GradBucket bucket, float* flat, bool to_flat,
-                          cudaMemcpyKind kind, cudaStream_t stream) {
-    const auto [begin, end] = host_->Range(bucket);
-    int64_t at = 0;
-    for (size_t i = begin; i < end; ++i) {
-      float* grad = params_[i].grad;
-      RETURN_IF_ERROR(
-          to_flat ? CopyAsync(flat + at, grad, params_[i].size, kind, stream)
-                  : CopyAsync(grad, flat + at, params_[i].size, kind, stream));
-      at += params_[i].size;
-    }
-    return absl::OkStatus();
+  // The packs' copies of `bucket`'s gradients into `flat` (`total`
+  // floats, as `kind`) on the copy stream, complete on return (so that an
+  // all-reduce queued afterwards on any stream reads them whole). They
+  // wait there for the backward that wrote them.
+  absl::StatusOr<std::span<float>> PackInto(GradBucket bucket, float* flat,
+                                            int64_t total,
+                                            cudaMemcpyKind kind) {
+    const CudaEvent& ready =
+        bucket == GradBucket::kTop ? top_ready_ : bottom_ready_;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_.get(), ready.get()));
+    RETURN_IF_ERROR(params_.CopyGradients(host_->Range(bucket), flat,
+                                          /*to_flat=*/true, kind,
+                                          copy_stream_.get()));
+    RETURN_IF_ERROR(copy_stream_.Synchronize());
+    return std::span<float>(flat, total);
   }
   CudaDenseBackend(const ModelConfig& config,
                    std::unique_ptr<HostDenseParams> host)
@@ -546,19 +412,8 @@ class CudaDenseBackend final : public DenseBackend {
   // Update's launches, after the constants' upload: every parameter's
   // optimizer kernels reading constants_, then the bf16 weight copies.
   absl::Status Optimize() {
-    const OptimizerConfig::Type type = optimizer_config_.type();
-    for (DeviceParam& p : params_) {
-      if (layer_wise_) {
-        RETURN_IF_ERROR(LayerOptimizerUpdate(type, constants_.data(), p.adapt,
-                                             p.value, p.grad, p.state[0].data(),
-                                             p.state[1].data(), p.size,
-                                             &layer_scratch_, stream()));
-      } else {
-        RETURN_IF_ERROR(DenseOptimizerUpdate(
-            type, constants_.data(), p.value, p.grad, p.state[0].data(),
-            p.state[1].data(), p.size, stream()));
-      }
-    }
+    RETURN_IF_ERROR(params_.Optimize(optimizer_config_.type(),
+                                     constants_.data(), stream()));
     return SyncBf16Weights();
   }
 
@@ -608,76 +463,15 @@ class CudaDenseBackend final : public DenseBackend {
   // Allocates the device twins of the host view's layers, cross network
   // and optimizer state.
   absl::Status Allocate() {
-    for (auto [mlp, layers] : {std::pair{&host_->bottom, &bottom_.layers},
-                               std::pair{&host_->top, &top_.layers}}) {
-      layers->resize(mlp->layers().size());
-      for (size_t i = 0; i < layers->size(); ++i) {
-        const Linear& l = mlp->layers()[i];
-        DeviceLayer& d = (*layers)[i];
-        d.in = l.in();
-        d.out = l.out();
-        d.relu = l.relu();
-        const size_t weights = static_cast<size_t>(l.in()) * l.out();
-        ASSIGN_OR_RETURN(d.w, DeviceBuffer<float>::Allocate(weights));
-        ASSIGN_OR_RETURN(d.dw, DeviceBuffer<float>::Allocate(weights));
-        ASSIGN_OR_RETURN(d.b, DeviceBuffer<float>::Allocate(l.out()));
-        ASSIGN_OR_RETURN(d.db, DeviceBuffer<float>::Allocate(l.out()));
-        if (bf16()) {
-          ASSIGN_OR_RETURN(d.wb, DeviceBuffer<Bf16>::Allocate(weights));
-        }
-      }
-    }
+    RETURN_IF_ERROR(AllocateMlp(host_->bottom, bf16(), &bottom_));
+    RETURN_IF_ERROR(AllocateMlp(host_->top, bf16(), &top_));
     const CrossNet& cross = host_->cross;
     ASSIGN_OR_RETURN(cross_,
                      DeviceCrossNet::Create(cross.width(), cross.num_layers(),
                                             cross.rank(), precision_));
-    // Parameters in the host view's order: the bottom MLP's (weight, bias
-    // per layer), the cross network's (V, W, bias per layer), the top MLP's.
-    const size_t arrays = optim::DenseState(optimizer_config_).size();
-    auto add = [&](float* value, float* grad, int64_t size) -> absl::Status {
-      DeviceParam p;
-      p.value = value;
-      p.grad = grad;
-      p.size = size;
-      for (size_t k = 0; k < arrays; ++k) {
-        ASSIGN_OR_RETURN(p.state[k], DeviceBuffer<float>::Allocate(size));
-      }
-      params_.push_back(std::move(p));
-      return absl::OkStatus();
-    };
-    auto add_mlp = [&](std::vector<DeviceLayer>& layers) -> absl::Status {
-      for (DeviceLayer& d : layers) {
-        RETURN_IF_ERROR(
-            add(d.w.data(), d.dw.data(), static_cast<int64_t>(d.w.size())));
-        RETURN_IF_ERROR(
-            add(d.b.data(), d.db.data(), static_cast<int64_t>(d.b.size())));
-      }
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(add_mlp(bottom_.layers));
-    const int64_t matrix = static_cast<int64_t>(cross.width()) * cross.rank();
-    for (int l = 0; l < cross_->num_layers(); ++l) {
-      RETURN_IF_ERROR(add(cross_->v(l), cross_->v_grad(l), matrix));
-      RETURN_IF_ERROR(add(cross_->w(l), cross_->w_grad(l), matrix));
-      RETURN_IF_ERROR(
-          add(cross_->bias(l), cross_->bias_grad(l), cross.width()));
-    }
-    RETURN_IF_ERROR(add_mlp(top_.layers));
-    if (params_.size() != host_->params.size()) {
-      return absl::InternalError(absl::StrCat(
-          "CUDA backend: ", params_.size(), " device parameters for ",
-          host_->params.size(), " host ones"));
-    }
-    int64_t largest = 0;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      params_[i].adapt = AdaptsLayerWise(host_->params[i].name);
-      largest = std::max(largest, params_[i].size);
-    }
-    if (layer_wise_) {
-      ASSIGN_OR_RETURN(layer_scratch_,
-                       DeviceBuffer<double>::Allocate(
-                           static_cast<size_t>(LayerScratchDoubles(largest))));
-    }
+    RETURN_IF_ERROR(params_.AddNetwork(
+        bottom_, *cross_, top_, optim::DenseState(optimizer_config_).size()));
+    RETURN_IF_ERROR(params_.Finish(host_->params, layer_wise_));
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
     ASSIGN_OR_RETURN(constants_,
                      DeviceBuffer<double>::Allocate(kConstantDoubles));
@@ -691,16 +485,8 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status Upload() {
     const std::vector<ParamRef> state = host_->optimizer->State();
     const size_t arrays = optim::DenseState(optimizer_config_).size();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      DeviceParam& p = params_[i];
-      RETURN_IF_ERROR(CopyAsync(p.value, host_->params[i].value, p.size,
-                                cudaMemcpyHostToDevice, stream()));
-      for (size_t k = 0; k < arrays; ++k) {
-        RETURN_IF_ERROR(CopyAsync(p.state[k].data(),
-                                  state[i * arrays + k].value, p.size,
-                                  cudaMemcpyHostToDevice, stream()));
-      }
-    }
+    RETURN_IF_ERROR(params_.CopyHostView(host_->params, state, arrays,
+                                         cudaMemcpyHostToDevice, stream()));
     step_ = host_->optimizer->step();
     RETURN_IF_ERROR(SyncBf16Weights());
     RETURN_IF_ERROR(params_written_.Record(stream()));
@@ -714,13 +500,8 @@ class CudaDenseBackend final : public DenseBackend {
   // before the next forward); nothing at fp32.
   absl::Status SyncBf16Weights() {
     if (!bf16()) return absl::OkStatus();
-    for (DeviceMlp* mlp : {&bottom_, &top_}) {
-      for (DeviceLayer& l : mlp->layers) {
-        RETURN_IF_ERROR(RoundToBf16(l.w.data(),
-                                    static_cast<int64_t>(l.w.size()),
-                                    l.wb.data(), stream()));
-      }
-    }
+    RETURN_IF_ERROR(SyncMlpBf16(bottom_, stream()));
+    RETURN_IF_ERROR(SyncMlpBf16(top_, stream()));
     return cross_->SyncBf16Weights(stream());
   }
 
@@ -728,16 +509,8 @@ class CudaDenseBackend final : public DenseBackend {
   absl::Status Download() {
     const std::vector<ParamRef> state = host_->optimizer->State();
     const size_t arrays = optim::DenseState(optimizer_config_).size();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const DeviceParam& p = params_[i];
-      RETURN_IF_ERROR(CopyAsync(host_->params[i].value, p.value, p.size,
-                                cudaMemcpyDeviceToHost, stream()));
-      for (size_t k = 0; k < arrays; ++k) {
-        RETURN_IF_ERROR(CopyAsync(state[i * arrays + k].value,
-                                  p.state[k].data(), p.size,
-                                  cudaMemcpyDeviceToHost, stream()));
-      }
-    }
+    RETURN_IF_ERROR(params_.CopyHostView(host_->params, state, arrays,
+                                         cudaMemcpyDeviceToHost, stream()));
     host_->optimizer->set_step(step_);
     return stream_.Synchronize();
   }
@@ -758,123 +531,6 @@ class CudaDenseBackend final : public DenseBackend {
     if (device_stale_) {
       RETURN_IF_ERROR(Upload());
       device_stale_ = false;
-    }
-    return absl::OkStatus();
-  }
-
-  // The training forward of an MLP from x (device memory): each layer's
-  // output in its `y` (and, at PRECISION_BF16, the input's and each hidden
-  // layer's bf16 copies, as dense::Mlp::Forward); returns the last one's.
-  absl::StatusOr<const float*> TrainForward(DeviceMlp& mlp, const float* x,
-                                            int64_t batch) {
-    std::vector<DeviceLayer>& layers = mlp.layers;
-    if (bf16()) {
-      const int64_t in_floats = batch * layers.front().in;
-      ASSIGN_OR_RETURN(Bf16 * in, Sized(mlp.x_bf16, in_floats));
-      RETURN_IF_ERROR(RoundToBf16(x, in_floats, in, stream()));
-      for (size_t i = 0; i < layers.size(); ++i) {
-        DeviceLayer& l = layers[i];
-        ASSIGN_OR_RETURN(float* y, Sized(l.y, batch * l.out));
-        Bf16* yb = nullptr;
-        if (i + 1 < layers.size()) {
-          ASSIGN_OR_RETURN(yb, Sized(l.yb, batch * l.out));
-        }
-        RETURN_IF_ERROR(LinearForwardBf16(blas_.get(), in, batch, l.in, l.out,
-                                          l.wb.data(), l.b.data(), l.relu, y,
-                                          yb));
-        in = yb;
-      }
-      return layers.back().y.data();
-    }
-    const float* in = x;
-    for (DeviceLayer& l : layers) {
-      ASSIGN_OR_RETURN(float* y, Sized(l.y, batch * l.out));
-      RETURN_IF_ERROR(LinearForward(blas_.get(), in, batch, l.in, l.out,
-                                    l.w.data(), l.b.data(), l.relu, y));
-      in = y;
-    }
-    return in;
-  }
-
-  // The backward of TrainForward(mlp, x, batch): dy is the gradient wrt
-  // the output (overwritten); fills every layer's gradients, and dx [batch x
-  // in] unless null. At PRECISION_BF16 the layers' bf16 backward, reading
-  // the forward's bf16 copies (x is then not read).
-  absl::Status TrainBackward(DeviceMlp& mlp, const float* x, float* dy,
-                             int64_t batch, float* dx) {
-    std::vector<DeviceLayer>& layers = mlp.layers;
-    int widest = 0, widest_out = 0;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (i + 1 < layers.size()) widest = std::max(widest, layers[i].out);
-      widest_out = std::max(widest_out, layers[i].out);
-    }
-    ASSIGN_OR_RETURN(float* a, Sized(grad_a_, batch * widest));
-    ASSIGN_OR_RETURN(float* b, Sized(grad_b_, batch * widest));
-    Bf16* dy_bf16 = nullptr;
-    if (bf16()) {
-      ASSIGN_OR_RETURN(dy_bf16, Sized(dy_bf16_, batch * widest_out));
-    }
-    const size_t n = layers.size();
-    float* grad = dy;
-    for (size_t i = n; i-- > 0;) {
-      DeviceLayer& l = layers[i];
-      float* layer_dx = i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? a : b);
-      if (bf16()) {
-        const Bf16* in = i == 0 ? mlp.x_bf16.data() : layers[i - 1].yb.data();
-        RETURN_IF_ERROR(LinearBackwardBf16(
-            blas_.get(), in, l.y.data(), grad, batch, l.in, l.out, l.wb.data(),
-            l.relu, l.dw.data(), l.db.data(), layer_dx, dy_bf16));
-      } else {
-        const float* in = i == 0 ? x : layers[i - 1].y.data();
-        RETURN_IF_ERROR(LinearBackward(blas_.get(), in, l.y.data(), grad, batch,
-                                       l.in, l.out, l.w.data(), l.relu,
-                                       l.dw.data(), l.db.data(), layer_dx));
-      }
-      grad = layer_dx;
-    }
-    return absl::OkStatus();
-  }
-
-  // The inference forward of an MLP into `out`, keeping no activations;
-  // at PRECISION_BF16 the training forward's bf16 arithmetic.
-  absl::Status Infer(const DeviceMlp& mlp, const float* x, int64_t batch,
-                     float* out) {
-    const std::vector<DeviceLayer>& layers = mlp.layers;
-    int widest = 0;
-    for (size_t i = 0; i + 1 < layers.size(); ++i) {
-      widest = std::max(widest, layers[i].out);
-    }
-    const int64_t half = batch * widest;
-    ASSIGN_OR_RETURN(float* scratch, Sized(infer_scratch_, 2 * half));
-    if (bf16()) {
-      // The input, then the hidden outputs in turns, each at a multiple of
-      // 256 bytes (cuBLASLt's heuristic assumes operands that aligned).
-      auto aligned = [](int64_t n) { return (n + 127) / 128 * 128; };
-      const int64_t input = aligned(batch * layers.front().in);
-      const int64_t hidden = aligned(half);
-      ASSIGN_OR_RETURN(Bf16 * bf16, Sized(infer_bf16_, input + 2 * hidden));
-      RETURN_IF_ERROR(
-          RoundToBf16(x, batch * layers.front().in, bf16, stream()));
-      const Bf16* in = bf16;
-      for (size_t i = 0; i < layers.size(); ++i) {
-        const DeviceLayer& l = layers[i];
-        const bool last = i + 1 == layers.size();
-        float* y = last ? out : scratch + (i % 2) * half;
-        Bf16* yb = last ? nullptr : bf16 + input + (i % 2) * hidden;
-        RETURN_IF_ERROR(LinearForwardBf16(blas_.get(), in, batch, l.in, l.out,
-                                          l.wb.data(), l.b.data(), l.relu, y,
-                                          yb));
-        in = yb;
-      }
-      return absl::OkStatus();
-    }
-    const float* in = x;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const DeviceLayer& l = layers[i];
-      float* y = i + 1 == layers.size() ? out : scratch + (i % 2) * half;
-      RETURN_IF_ERROR(LinearForward(blas_.get(), in, batch, l.in, l.out,
-                                    l.w.data(), l.b.data(), l.relu, y));
-      in = y;
     }
     return absl::OkStatus();
   }
@@ -912,26 +568,21 @@ class CudaDenseBackend final : public DenseBackend {
 
   DeviceMlp bottom_, top_;
   std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
-  std::vector<DeviceParam> params_;        // host_->params' order
+  DeviceParams params_;                    // host_->params' order
   DeviceBuffer<double> loss_;
   // The current step's optimizer constants (an optim::PackedStep), which
   // Update uploads and its kernels read.
   DeviceBuffer<double> constants_;
-  // LayerOptimizerUpdate's, sized for the largest parameter (so it never
-  // grows inside Update's graph).
-  DeviceBuffer<double> layer_scratch_;
   // The step's device buffers; z_at_ / dt_at_ point at z_ / dt_, or at
   // t_ / dz_ for an identity interaction.
-  DeviceBuffer<float> x_, t_, z_, dz_, dt_, labels_, dlogits_, dbottom_,
-      grad_a_, grad_b_;
+  DeviceBuffer<float> x_, t_, z_, dz_, dt_, labels_, dlogits_, dbottom_;
   float* z_at_ = nullptr;
   float* dt_at_ = nullptr;
   // Predict's.
   DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
-      infer_logits_, infer_scratch_, infer_cross_;
-  // PRECISION_BF16's: the backward's output-gradient copy, and Infer's
-  // input and outputs in bf16.
-  DeviceBuffer<Bf16> dy_bf16_, infer_bf16_;
+      infer_logits_, infer_cross_;
+  // The MLP passes' scratch (both MLPs, training and Predict).
+  MlpScratch mlp_scratch_;
   // The steps' inputs' pinned staging, double-buffered: set_ is the one
   // the current step (InteractionInput on) fills; loss_set_ holds the last
   // QueueLoss's loss (-1 before any).

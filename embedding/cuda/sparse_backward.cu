@@ -1,12 +1,7 @@
-// EmbeddingBag forward and the fused sparse backward + optimizer on CUDA.
-//
-// Layout: a group of G lanes (a power of two up to a warp) owns one bag
-// (forward), one chunk of a hot row's occurrences or one unique row
-// (backward); lane l of the group owns columns l, l + G, ... in units of
-// float4 when dim % 4 == 0 (16-byte loads) or of single floats otherwise.
-// Small dims (d = 16: four float4 units) thus pack eight bags into a warp
-// instead of idling 28 lanes. Each output element is summed by one thread
-// in bag/id order with round-to-nearest adds and multiplies that the
+// The fused sparse backward + optimizer on CUDA (SparseBackwardUpdate):
+// the occurrences sorted by row, then one group of lanes per unique row or
+// per chunk of a hot row (kernel_units.cuh). Each output element is summed by
+// one thread in bag/id order with round-to-nearest adds and multiplies that the
 // compiler may not fuse (__fadd_rn, __fmul_rn), in the CPU kernels' order,
 // and the optimizers are the CPU's own functions (optim/rules.h), so
 // results match the CPU bitwise except where row-wise Adagrad sums a row's
@@ -23,184 +18,14 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "core/cuda/launch.cuh"
 #include "core/cuda_status.h"
 #include "core/status.h"
-#include "embedding/cuda/embedding_kernels.h"
+#include "embedding/cuda/kernel_units.cuh"
 #include "embedding/sparse_chunks.h"
 #include "optim/rules.h"
 
 namespace dlrm::embedding::cuda {
 namespace {
-
-using dlrm::cuda::CeilDiv;
-using dlrm::cuda::GridBlocks;
-using dlrm::cuda::LaunchKernel;
-
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// Columns per unit: 4 on the float4 path.
-template <bool kVec4>
-struct Unit;
-template <>
-struct Unit<true> {
-  using Type = float4;
-  static constexpr int kWidth = 4;
-};
-template <>
-struct Unit<false> {
-  using Type = float;
-  static constexpr int kWidth = 1;
-};
-
-__device__ __forceinline__ float4 Zero4() {
-  return make_float4(0.f, 0.f, 0.f, 0.f);
-}
-__device__ __forceinline__ float4 Add(float4 a, float4 b) {
-  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y),
-                     __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-__device__ __forceinline__ float Add(float a, float b) {
-  return __fadd_rn(a, b);
-}
-__device__ __forceinline__ float4 Scale(float4 a, float s) {
-  return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s),
-                     __fmul_rn(a.w, s));
-}
-__device__ __forceinline__ float Scale(float a, float s) {
-  return __fmul_rn(a, s);
-}
-
-template <bool kVec4>
-__device__ __forceinline__ typename Unit<kVec4>::Type LoadUnit(const float* p,
-                                                               int unit) {
-  return __ldg(reinterpret_cast<const typename Unit<kVec4>::Type*>(p) + unit);
-}
-template <bool kVec4>
-__device__ __forceinline__ void StoreUnit(float* p, int unit,
-                                          typename Unit<kVec4>::Type v) {
-  reinterpret_cast<typename Unit<kVec4>::Type*>(p)[unit] = v;
-}
-
-// Ids prefetched per round in the forward loop: independent row loads in
-// flight before the first add (adds stay in id order).
-constexpr int kForwardUnroll = 4;
-
-// Forward: group of `group` lanes per bag.
-template <bool kVec4>
-__global__ void PoolForwardKernel(const float* __restrict__ weights,
-                                  int64_t rows, int dim, bool mean,
-                                  const int64_t* __restrict__ offsets,
-                                  const int64_t* __restrict__ ids,
-                                  int64_t num_bags, int group,
-                                  float* __restrict__ out, int64_t out_stride) {
-  using U = typename Unit<kVec4>::Type;
-  const int64_t thread =
-      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t bag = thread / group;
-  const int lane = static_cast<int>(thread % group);
-  if (bag >= num_bags) return;
-  const int units = dim / Unit<kVec4>::kWidth;
-  const int64_t begin = offsets[bag], end = offsets[bag + 1];
-  // x * 1 is exact, so the sum path needs no branch.
-  const float scale = mean && end > begin
-                          ? __fdiv_rn(1.0f, static_cast<float>(end - begin))
-                          : 1.0f;
-  float* o = out + bag * out_stride;
-  for (int u = lane; u < units; u += group) {
-    U acc;
-    if constexpr (kVec4) {
-      acc = Zero4();
-    } else {
-      acc = 0.0f;
-    }
-    int64_t p = begin;
-    for (; p + kForwardUnroll <= end; p += kForwardUnroll) {
-      U v[kForwardUnroll];
-      bool ok[kForwardUnroll];
-#pragma unroll
-      for (int i = 0; i < kForwardUnroll; ++i) {
-        const int64_t id = __ldg(ids + p + i);
-        ok[i] = id >= 0 && id < rows;
-        if (ok[i]) v[i] = LoadUnit<kVec4>(weights + id * dim, u);
-      }
-#pragma unroll
-      for (int i = 0; i < kForwardUnroll; ++i) {
-        if (ok[i]) acc = Add(acc, v[i]);
-      }
-    }
-    for (; p < end; ++p) {
-      const int64_t id = __ldg(ids + p);
-      if (id >= 0 && id < rows) {
-        acc = Add(acc, LoadUnit<kVec4>(weights + id * dim, u));
-      }
-    }
-    StoreUnit<kVec4>(o, u, Scale(acc, scale));
-  }
-}
-
-// Row copies between a table and a packed array (GatherRows, ScatterRows):
-// element e of the packed array is column e % width of packed row
-// e / width; `src_index` / `dst_index` (null: the packed side) map packed
-// row i to a table row. A grid-stride loop over n * width elements with
-// 64-bit indices; table rows outside [0, table_rows) are skipped.
-__global__ void CopyRowsKernel(const float* __restrict__ src,
-                               const int64_t* __restrict__ src_index,
-                               float* __restrict__ dst,
-                               const int64_t* __restrict__ dst_index, int64_t n,
-                               int64_t width, int64_t table_rows) {
-  const int64_t total = n * width;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       e < total; e += stride) {
-    const int64_t i = e / width;
-    const int64_t c = e - i * width;
-    const int64_t s = src_index != nullptr ? src_index[i] : i;
-    const int64_t d = dst_index != nullptr ? dst_index[i] : i;
-    const int64_t table_row = src_index != nullptr ? s : d;
-    if (table_row < 0 || table_row >= table_rows) continue;
-    dst[d * width + c] = src[s * width + c];
-  }
-}
-
-// Record copies between two tables' arrays (LoadRecords, StoreRecords):
-// element e is column e % floats of pair e / floats, where a record is dim
-// weights, then state1_floats and state2_floats of state; pair i copies
-// row src_index[i] of `src` to row dst_index[i] of `dst`. A grid-stride
-// loop with 64-bit indices; pairs with a row out of range are skipped.
-__global__ void CopyRecordsKernel(RecordArrays src,
-                                  const int64_t* __restrict__ src_index,
-                                  RecordArrays dst,
-                                  const int64_t* __restrict__ dst_index,
-                                  int64_t n) {
-  const int64_t dim = src.dim;
-  const int64_t n1 = src.state1_floats;
-  const int64_t floats = dim + n1 + src.state2_floats;
-  const int64_t total = n * floats;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       e < total; e += stride) {
-    const int64_t i = e / floats;
-    const int64_t s = src_index[i];
-    const int64_t d = dst_index[i];
-    if (s < 0 || s >= src.rows || d < 0 || d >= dst.rows) continue;
-    int64_t c = e - i * floats;
-    if (c < dim) {
-      dst.weights[d * dim + c] = src.weights[s * dim + c];
-      continue;
-    }
-    c -= dim;
-    if (c < n1) {
-      dst.state1[d * n1 + c] = src.state1[s * n1 + c];
-      continue;
-    }
-    c -= n1;
-    const int64_t n2 = src.state2_floats;
-    dst.state2[d * n2 + c] = src.state2[s * n2 + c];
-  }
-}
 
 // Backward step 1: the sort keys (row id, or `rows` for an id out of range,
 // so it sorts last and is skipped) and the bag of every id occurrence.
@@ -216,16 +41,7 @@ __global__ void ExpandKernel(const int64_t* __restrict__ offsets,
                                  : static_cast<uint64_t>(rows);
   // The bag holding position p: the last s with offsets[s] <= p (empty bags
   // share their offset with the next bag, so this skips them).
-  int64_t lo = 0, hi = num_bags;  // offsets[lo] <= p < offsets[hi]
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (offsets[mid] <= p) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  bags[p] = static_cast<int32_t>(lo);
+  bags[p] = static_cast<int32_t>(LastAtMost(offsets, num_bags, p));
 }
 
 // g[v * kW + j] (lane `lane`'s units u = lane + v * group of a row, kW
@@ -453,40 +269,6 @@ __global__ void SparseUpdateKernel(
   }
 }
 
-// Units (float4 or float) per row and the group size for them.
-struct RowShape {
-  bool vec4;
-  int units;
-  int group;
-  int per_lane;
-};
-
-RowShape ShapeOf(int dim, bool aligned) {
-  RowShape s;
-  s.vec4 = dim % 4 == 0 && aligned;
-  s.units = s.vec4 ? dim / 4 : dim;
-  s.group = static_cast<int>(
-      std::min<unsigned>(kWarp, std::bit_ceil(static_cast<unsigned>(s.units))));
-  s.per_lane = CeilDiv(s.units, s.group);
-  return s;
-}
-
-bool Aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-absl::Status CheckShape(const char* what, int dim, int64_t stride) {
-  if (dim <= 0 || dim > MaxDim(dim)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": dim ", dim, " is outside [1, ", MaxDim(dim), "]"));
-  }
-  if (stride < dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": stride ", stride, " is below dim ", dim));
-  }
-  return absl::OkStatus();
-}
-
 // The state arrays' floats per row and the rule's step constants.
 template <typename Rule>
 struct UpdateArgs {
@@ -608,28 +390,6 @@ absl::Status LaunchPartialsForShape(const RowShape& shape, int64_t grid,
 }
 
 }  // namespace
-
-int MaxDim(int dim) { return dim % 4 == 0 ? 4 * kWarp * 8 : kWarp * 8; }
-
-absl::Status PoolForward(const float* weights, int64_t rows, int dim, bool mean,
-                         const DeviceBags& bags, float* out, int64_t out_stride,
-                         cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckShape("PoolForward", dim, out_stride));
-  if (bags.num_bags == 0) return absl::OkStatus();
-  const RowShape s =
-      ShapeOf(dim, Aligned16(weights) && Aligned16(out) && out_stride % 4 == 0);
-  const int64_t grid = CeilDiv<int64_t>(bags.num_bags * s.group, kThreads);
-  if (s.vec4) {
-    return LaunchKernel("PoolForwardKernel<float4>", PoolForwardKernel<true>,
-                        dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
-                        stream, weights, rows, dim, mean, bags.offsets,
-                        bags.ids, bags.num_bags, s.group, out, out_stride);
-  }
-  return LaunchKernel("PoolForwardKernel<float>", PoolForwardKernel<false>,
-                      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
-                      stream, weights, rows, dim, mean, bags.offsets, bags.ids,
-                      bags.num_bags, s.group, out, out_stride);
-}
 
 absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                   int64_t rows, int dim, bool mean,
@@ -785,96 +545,6 @@ absl::Status SparseBackwardUpdate(float* weights, float* state1, float* state2,
                                           grad_stride, ws, partials, stream);
       },
       step);
-}
-
-namespace {
-
-// Blocks of the row and record copies, whose threads loop over the rest.
-constexpr int64_t kMaxCopyBlocks = int64_t{1} << 16;
-
-// Launches CopyRowsKernel over n rows of `width` floats: at most
-// kMaxCopyBlocks blocks, each thread looping over the rest.
-absl::Status LaunchCopyRows(const char* name, const float* src,
-                            const int64_t* src_index, float* dst,
-                            const int64_t* dst_index, int64_t n, int64_t width,
-                            int64_t table_rows, cudaStream_t stream) {
-  if (n < 0 || width < 0 || table_rows < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": negative size (n ", n, ", width ", width,
-                     ", table rows ", table_rows, ")"));
-  }
-  if (n == 0 || width == 0) return absl::OkStatus();
-  const int64_t grid = GridBlocks(n, width, kThreads, kMaxCopyBlocks);
-  return LaunchKernel(name, CopyRowsKernel, dim3(static_cast<unsigned>(grid)),
-                      dim3(kThreads), 0, stream, src, src_index, dst, dst_index,
-                      n, width, table_rows);
-}
-
-// Launches CopyRecordsKernel over n pairs, as LaunchCopyRows.
-absl::Status LaunchCopyRecords(const char* name, const RecordArrays& src,
-                               const int64_t* src_index,
-                               const RecordArrays& dst,
-                               const int64_t* dst_index, int64_t n,
-                               cudaStream_t stream) {
-  if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": negative number of records ", n));
-  }
-  if (src.dim != dst.dim || src.state1_floats != dst.state1_floats ||
-      src.state2_floats != dst.state2_floats || src.dim <= 0 ||
-      src.state1_floats < 0 || src.state2_floats < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": records of ", src.dim, " + ", src.state1_floats,
-                     " + ", src.state2_floats, " floats copied to ", dst.dim,
-                     " + ", dst.state1_floats, " + ", dst.state2_floats));
-  }
-  for (const RecordArrays* a : {&src, &dst}) {
-    if (a->rows < 0 || a->weights == nullptr ||
-        (a->state1_floats > 0 && a->state1 == nullptr) ||
-        (a->state2_floats > 0 && a->state2 == nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": a table of ", a->rows, " rows lacks an array"));
-    }
-  }
-  if (n == 0) return absl::OkStatus();
-  if (src_index == nullptr || dst_index == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": null index"));
-  }
-  const int64_t floats = src.dim + src.state1_floats + src.state2_floats;
-  const int64_t grid = GridBlocks(n, floats, kThreads, kMaxCopyBlocks);
-  return LaunchKernel(name, CopyRecordsKernel,
-                      dim3(static_cast<unsigned>(grid)), dim3(kThreads), 0,
-                      stream, src, src_index, dst, dst_index, n);
-}
-
-}  // namespace
-
-absl::Status LoadRecords(const RecordArrays& table, const int64_t* rows,
-                         const RecordArrays& slots, const int64_t* slot_ids,
-                         int64_t n, cudaStream_t stream) {
-  return LaunchCopyRecords("LoadRecords", table, rows, slots, slot_ids, n,
-                           stream);
-}
-
-absl::Status StoreRecords(const RecordArrays& slots, const int64_t* slot_ids,
-                          const RecordArrays& table, const int64_t* rows,
-                          int64_t n, cudaStream_t stream) {
-  return LaunchCopyRecords("StoreRecords", slots, slot_ids, table, rows, n,
-                           stream);
-}
-
-absl::Status GatherRows(const float* table, int64_t table_rows, int64_t width,
-                        const int64_t* index, int64_t n, float* packed,
-                        cudaStream_t stream) {
-  return LaunchCopyRows("GatherRows", table, index, packed, nullptr, n, width,
-                        table_rows, stream);
-}
-
-absl::Status ScatterRows(const float* packed, const int64_t* index, int64_t n,
-                         int64_t width, float* table, int64_t table_rows,
-                         cudaStream_t stream) {
-  return LaunchCopyRows("ScatterRows", packed, nullptr, table, index, n, width,
-                        table_rows, stream);
 }
 
 }  // namespace dlrm::embedding::cuda
