@@ -1,6 +1,6 @@
 // CPU kernels of EmbeddingTable: hash-based initialisation, pooled lookups
-// with register accumulators and prefetch, and the backward pass fused with
-// the sparse optimizers of optim/rules.h.
+// (embedding_kernels.h) and the backward pass fused with the sparse
+// optimizers of optim/rules.h.
 #include "embedding/embedding_table.h"
 
 #include <omp.h>
@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/host_device.h"
 #include "core/random.h"
+#include "embedding/embedding_kernels.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -23,11 +25,9 @@ namespace {
 // more than it saves.
 constexpr int64_t kParallelWork = int64_t{1} << 17;
 
-// How many ids ahead Forward prefetches rows: random rows of big tables miss
-// cache, and a long multi-hot bag is a chain of dependent adds. (Measured:
-// neutral for one-id bags, which out-of-order execution already overlaps.
-// BackwardUpdate does not prefetch: there it measured slower.)
-constexpr int64_t kPrefetchDistance = 8;
+// How many unique rows ahead BackwardUpdate prefetches a row's weights and
+// optimizer state (and the gradient row of its first occurrence).
+constexpr int64_t kUpdatePrefetchDistance = 8;
 
 // Parallelise only big work, and never inside a region someone else opened
 // (the model calls tables from an `omp parallel for` over tables).
@@ -36,80 +36,34 @@ bool UseParallel(int64_t work) {
          omp_get_max_threads() > 1;
 }
 
-void PrefetchRow(const float* row, int dim) {
-  for (int c = 0; c < dim; c += 16) __builtin_prefetch(row + c, 0, 3);
-  // A row not aligned to a cache line may spill into one more line.
-  if (dim % 16 != 0) __builtin_prefetch(row + dim - 1, 0, 3);
-}
+// Rows whose updates BackwardUpdate interleaves.
+constexpr int kRowGroup = 8;
 
-// Eight floats in one AVX register (two SSE/NEON registers elsewhere); GCC
-// and Clang vector extensions keep the accumulators out of memory, which
-// autovectorisation of a `float acc[N]` does not guarantee.
-typedef float Vec8 __attribute__((vector_size(32)));
-
-inline Vec8 LoadU(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
-
-// Pools bags [bag_begin, bag_end) into rows of `out` when dim == 8 * kVecs,
-// with the bag's sum held in registers. Ids are added in order from 0, as
-// reference::PoolForward does, so sums match it bitwise. Templating the whole
-// bag loop keeps the per-bag cost to a few instructions, which matters for
-// the common one-id bags.
-template <int kVecs>
-void PoolBagsFixedDim(const float* __restrict weights,
-                      const int64_t* __restrict offsets,
-                      const int64_t* __restrict ids, int64_t bag_begin,
-                      int64_t bag_end, int64_t total, bool mean,
-                      float* __restrict out, int64_t out_stride) {
-  constexpr int kDim = 8 * kVecs;
-  for (int64_t s = bag_begin; s < bag_end; ++s) {
-    const int64_t begin = offsets[s], end = offsets[s + 1];
-    Vec8 acc[kVecs];
-    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-    for (int64_t p = begin; p < end; ++p) {
-      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
-        PrefetchRow(weights + ids[p + kPrefetchDistance] * kDim, kDim);
-      }
-      const float* row = weights + ids[p] * kDim;
-      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
-    }
-    float* o = out + s * out_stride;
-    if (mean && end > begin) {
-      const float scale = 1.0f / static_cast<float>(end - begin);
-      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v] * scale);
-    } else {
-      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v]);
+// sums[j] for j < n <= kRowGroup: Rule's row reduction of g[j][0, dim), the
+// sum from 0 in column order of RowTerm(g[j][c]) that optim::UpdateSparseRow
+// computes, but kRowGroup rows' sums interleaved so that their dependent
+// additions overlap (the same operations per row: the same bits). Rows past
+// n repeat row 0, to keep the loop's shape fixed.
+template <typename Rule>
+void RowReductions(const float* const* g, int n, int dim, float* sums) {
+  const float* r[kRowGroup];
+  float s[kRowGroup];
+  for (int j = 0; j < kRowGroup; ++j) {
+    r[j] = g[j < n ? j : 0];
+    s[j] = 0.0f;
+  }
+  for (int c = 0; c < dim; ++c) {
+    for (int j = 0; j < kRowGroup; ++j) {
+      s[j] = RnAdd(s[j], Rule::RowTerm(r[j][c]));
     }
   }
+  for (int j = 0; j < n; ++j) sums[j] = s[j];
 }
 
-// Any dim: accumulates straight into `out` (vectorised by the compiler; the
-// output row stays in L1 while the bag is summed).
-void PoolBagsAnyDim(const float* __restrict weights, int dim,
-                    const int64_t* __restrict offsets,
-                    const int64_t* __restrict ids, int64_t bag_begin,
-                    int64_t bag_end, int64_t total, bool mean,
-                    float* __restrict out, int64_t out_stride) {
-  for (int64_t s = bag_begin; s < bag_end; ++s) {
-    const int64_t begin = offsets[s], end = offsets[s + 1];
-    float* __restrict o = out + s * out_stride;
-    std::fill(o, o + dim, 0.0f);
-    for (int64_t p = begin; p < end; ++p) {
-      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
-        PrefetchRow(weights + ids[p + kPrefetchDistance] * dim, dim);
-      }
-      const float* row = weights + ids[p] * dim;
-      for (int c = 0; c < dim; ++c) o[c] += row[c];
-    }
-    if (mean && end > begin) {
-      const float scale = 1.0f / static_cast<float>(end - begin);
-      for (int c = 0; c < dim; ++c) o[c] *= scale;
-    }
-  }
+// Prefetches the cache lines of p[0, n) for writing.
+void PrefetchForWrite(const float* p, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 1, 3);
+  if (n % 16 != 0) __builtin_prefetch(p + n - 1, 1, 3);
 }
 
 // Per-table random stream, so a row's values do not depend on its column
@@ -276,23 +230,10 @@ void PoolRows(const float* weights, int dim, Pooling pooling,
   const float* w = weights;
   const bool mean = pooling == POOLING_MEAN;
 
+  const kernels::Isa isa = kernels::BestIsa();
   auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
-    switch (dim) {
-#define DLRM_POOL_FIXED(k)                                                \
-  case 8 * k:                                                             \
-    return PoolBagsFixedDim<k>(w, offsets, id, bag_begin, bag_end, total, \
-                               mean, out, out_stride);
-      DLRM_POOL_FIXED(1)
-      DLRM_POOL_FIXED(2)
-      DLRM_POOL_FIXED(3)
-      DLRM_POOL_FIXED(4)
-      DLRM_POOL_FIXED(6)
-      DLRM_POOL_FIXED(8)
-#undef DLRM_POOL_FIXED
-      default:
-        return PoolBagsAnyDim(w, dim, offsets, id, bag_begin, bag_end, total,
-                              mean, out, out_stride);
-    }
+    kernels::PoolBags(isa, w, dim, mean, offsets, id, bag_begin, bag_end,
+                      total, out, out_stride);
   };
 
   if (UseParallel((total + bags) * dim)) {
@@ -381,12 +322,12 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int64_t* starts = unique_start_.data();
   const int64_t* unique = unique_ids_.data();
 
-  // One accumulator per thread, padded to whole cache lines so threads do
-  // not share a line.
+  // kRowGroup accumulators per thread, padded to whole cache lines so
+  // threads do not share a line.
   const int64_t padded_dim = (dim + 15) / 16 * 16;
   const bool parallel = UseParallel((total + 2 * num_unique) * dim);
   const int threads = parallel ? omp_get_max_threads() : 1;
-  row_grad_.resize(static_cast<size_t>(threads) * padded_dim);
+  row_grad_.resize(static_cast<size_t>(threads) * kRowGroup * padded_dim);
 
   // Unique row k's gradient, summed in bag order. A row seen once under sum
   // pooling (most rows of one-hot features) uses its bag's gradient row in
@@ -408,27 +349,56 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     }
     return static_cast<const float*>(buffer);
   };
+  // The rows a few unique rows ahead are random rows of the table: start
+  // loading them (and their first gradient row) before they are needed.
+  auto prefetch = [&](int64_t k) {
+    const int64_t row = unique[k];
+    PrefetchForWrite(weights + row * dim, dim);
+    if (floats1 > 0) PrefetchForWrite(state1 + row * floats1, floats1);
+    if (floats2 > 0) PrefetchForWrite(state2 + row * floats2, floats2);
+    __builtin_prefetch(grad + order[starts[k]] * grad_stride, 0, 3);
+  };
 
   optim::VisitElementWise(optimizer_.type(), [&](auto rule) {
     using Rule = decltype(rule);
     const typename Rule::Step step = Rule::MakeStep(optimizer_, step_);
-    auto update_row = [&](int64_t k, float* buffer) {
-      const int64_t row = unique[k];
-      optim::UpdateSparseRow<Rule>(step, row_gradient(k, buffer), dim,
-                                   weights + row * dim, state1 + row * floats1,
-                                   state2 + row * floats2);
+    // Unique rows [k_begin, k_end), kRowGroup at a time: their gradients
+    // into the group's buffers, their row reductions interleaved, then
+    // each row's update.
+    auto update_rows = [&](int64_t k_begin, int64_t k_end, float* buffers) {
+      for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowGroup) {
+        const int n = static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
+        const float* g[kRowGroup];
+        for (int j = 0; j < n; ++j) {
+          const int64_t k = k0 + j;
+          if (k + kUpdatePrefetchDistance < k_end) {
+            prefetch(k + kUpdatePrefetchDistance);
+          }
+          g[j] = row_gradient(k, buffers + j * padded_dim);
+        }
+        float sums[kRowGroup] = {};
+        if constexpr (Rule::kRowReduction) {
+          RowReductions<Rule>(g, n, dim, sums);
+        }
+        for (int j = 0; j < n; ++j) {
+          const int64_t row = unique[k0 + j];
+          optim::UpdateSparseRowWithSum<Rule>(
+              step, sums[j], g[j], dim, weights + row * dim,
+              state1 + row * floats1, state2 + row * floats2);
+        }
+      }
     };
     if (parallel) {
+      // Each thread owns a contiguous range of the unique rows: no row is
+      // written by two threads, and no atomics.
 #pragma omp parallel
       {
-        float* buffer = row_grad_.data() + omp_get_thread_num() * padded_dim;
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < num_unique; ++k) update_row(k, buffer);
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        update_rows(num_unique * t / nt, num_unique * (t + 1) / nt,
+                    row_grad_.data() + t * kRowGroup * padded_dim);
       }
     } else {
-      for (int64_t k = 0; k < num_unique; ++k) {
-        update_row(k, row_grad_.data());
-      }
+      update_rows(0, num_unique, row_grad_.data());
     }
   });
 }

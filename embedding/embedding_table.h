@@ -127,7 +127,7 @@ class EmbeddingTable {
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
   // order within a row (the fixed accumulation order that makes updates
-  // deterministic); row_grad_: one dim-wide accumulator per thread.
+  // deterministic); row_grad_: a group of dim-wide accumulators per thread.
   std::vector<int64_t> order_;
   AlignedVector<float> row_grad_;
   // Open-addressing id -> unique index map used to deduplicate the batch;
