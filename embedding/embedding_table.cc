@@ -12,6 +12,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "core/host_device.h"
 #include "core/random.h"
@@ -36,6 +41,10 @@ bool UseParallel(int64_t work) {
          omp_get_max_threads() > 1;
 }
 
+// Tables of up to this many rows (or 8 per id of the batch) deduplicate
+// through a rows-long array rather than a hash table.
+constexpr int64_t kDirectMapRows = int64_t{1} << 16;
+
 // Rows whose updates BackwardUpdate interleaves.
 constexpr int kRowGroup = 8;
 
@@ -52,12 +61,59 @@ void RowReductions(const float* const* g, int n, int dim, float* sums) {
     r[j] = g[j < n ? j : 0];
     s[j] = 0.0f;
   }
-  for (int c = 0; c < dim; ++c) {
+  int c = 0;
+#if defined(__AVX__)
+  // Eight columns at a time: the 8 x 8 block of the rows' columns
+  // transposed, so that lane j of each vector is row j's column.
+  __m256 acc = _mm256_setzero_ps();
+  for (; c + 8 <= dim; c += 8) {
+    __m256 t[8];
+    for (int j = 0; j < 8; ++j) t[j] = _mm256_loadu_ps(r[j] + c);
+    const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]);
+    const __m256 a1 = _mm256_unpackhi_ps(t[0], t[1]);
+    const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]);
+    const __m256 a3 = _mm256_unpackhi_ps(t[2], t[3]);
+    const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]);
+    const __m256 a5 = _mm256_unpackhi_ps(t[4], t[5]);
+    const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]);
+    const __m256 a7 = _mm256_unpackhi_ps(t[6], t[7]);
+    const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44);
+    const __m256 b1 = _mm256_shuffle_ps(a0, a2, 0xee);
+    const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44);
+    const __m256 b3 = _mm256_shuffle_ps(a1, a3, 0xee);
+    const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44);
+    const __m256 b5 = _mm256_shuffle_ps(a4, a6, 0xee);
+    const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44);
+    const __m256 b7 = _mm256_shuffle_ps(a5, a7, 0xee);
+    // Column c + i of rows 0..7, in column order.
+    const __m256 col[8] = {_mm256_permute2f128_ps(b0, b4, 0x20),
+                           _mm256_permute2f128_ps(b1, b5, 0x20),
+                           _mm256_permute2f128_ps(b2, b6, 0x20),
+                           _mm256_permute2f128_ps(b3, b7, 0x20),
+                           _mm256_permute2f128_ps(b0, b4, 0x31),
+                           _mm256_permute2f128_ps(b1, b5, 0x31),
+                           _mm256_permute2f128_ps(b2, b6, 0x31),
+                           _mm256_permute2f128_ps(b3, b7, 0x31)};
+    for (int i = 0; i < 8; ++i) {
+      // RowTerm(x) is x * x for the one row-reduction rule (Adagrad).
+      static_assert(std::is_same_v<Rule, optim::Adagrad>);
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(col[i], col[i]));
+    }
+  }
+  _mm256_storeu_ps(s, acc);
+#endif
+  for (; c < dim; ++c) {
     for (int j = 0; j < kRowGroup; ++j) {
       s[j] = RnAdd(s[j], Rule::RowTerm(r[j][c]));
     }
   }
   for (int j = 0; j < n; ++j) sums[j] = s[j];
+}
+
+// Prefetches the cache lines of p[0, n) for reading.
+void PrefetchRead(const float* p, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+  if (n % 16 != 0) __builtin_prefetch(p + n - 1, 0, 3);
 }
 
 // Prefetches the cache lines of p[0, n) for writing.
@@ -254,34 +310,60 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
   const int64_t bags = ids.num_bags();
   const int64_t total = ids.offsets[bags];
   const int64_t* id = ids.ids.data();
-  // Load factor <= 1/2 keeps probe sequences short even when every id is
-  // distinct; a power of two makes the slot a shift of a multiplicative hash.
-  const uint64_t capacity =
-      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
-  const int shift = 64 - std::countr_zero(capacity);
-  const uint64_t mask = capacity - 1;
-  hash_.assign(capacity, HashSlot{-1, 0});
-  // Sized for the worst case (every id distinct) so the loop below never
-  // checks capacity.
+  // Sized for the worst case (every id distinct) so the loops below never
+  // check capacity.
   unique_ids_.resize(total);
   unique_start_.assign(total + 1, 0);  // Counts until the prefix sum below.
   unique_of_pos_.resize(total);
   int64_t num_unique = 0;
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t key = id[p];
-    uint64_t slot =
-        (static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> shift;
-    while (hash_[slot].key != key && hash_[slot].key != -1) {
-      slot = (slot + 1) & mask;
+  // A table of few rows for the batch's ids (the multi-hot ones): id ->
+  // unique index through a rows-long array, kept between calls and reset
+  // for the ids seen, instead of a hash table of 2 slots per id.
+  const bool direct = total < std::numeric_limits<int32_t>::max() &&
+                      rows_ <= std::max<int64_t>(kDirectMapRows, 8 * total);
+  if (direct) {
+    if (static_cast<int64_t>(unique_of_row_.size()) != rows_) {
+      unique_of_row_.assign(rows_, -1);
     }
-    HashSlot& entry = hash_[slot];
-    if (entry.key == -1) {
-      entry.key = key;
-      entry.unique = num_unique;
-      unique_ids_[num_unique++] = key;
+    int32_t* unique_of_row = unique_of_row_.data();
+    for (int64_t p = 0; p < total; ++p) {
+      const int64_t key = id[p];
+      int32_t& u = unique_of_row[key];
+      if (u < 0) {
+        u = static_cast<int32_t>(num_unique);
+        unique_ids_[num_unique++] = key;
+      }
+      unique_of_pos_[p] = u;
+      ++unique_start_[u];
     }
-    unique_of_pos_[p] = entry.unique;
-    ++unique_start_[entry.unique];
+    for (int64_t k = 0; k < num_unique; ++k) {
+      unique_of_row[unique_ids_[k]] = -1;
+    }
+  } else {
+    // Load factor <= 1/2 keeps probe sequences short even when every id is
+    // distinct; a power of two makes the slot a shift of a multiplicative
+    // hash.
+    const uint64_t capacity = std::bit_ceil(
+        static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
+    const int shift = 64 - std::countr_zero(capacity);
+    const uint64_t mask = capacity - 1;
+    hash_.assign(capacity, HashSlot{-1, 0});
+    for (int64_t p = 0; p < total; ++p) {
+      const int64_t key = id[p];
+      uint64_t slot =
+          (static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> shift;
+      while (hash_[slot].key != key && hash_[slot].key != -1) {
+        slot = (slot + 1) & mask;
+      }
+      HashSlot& entry = hash_[slot];
+      if (entry.key == -1) {
+        entry.key = key;
+        entry.unique = num_unique;
+        unique_ids_[num_unique++] = key;
+      }
+      unique_of_pos_[p] = entry.unique;
+      ++unique_start_[entry.unique];
+    }
   }
 
   // Counting sort of the occurrences by unique row. It is stable, so each
@@ -337,10 +419,24 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     const int64_t first = starts[k], last = starts[k + 1];
     if (!mean && last - first == 1) return grad + order[first] * grad_stride;
     for (int64_t e = first; e < last; ++e) {
+      // The gradient rows of occurrences a few ahead (of this row or the
+      // next ones): random bags' rows.
+      if (e + kUpdatePrefetchDistance < total) {
+        PrefetchRead(grad + order[e + kUpdatePrefetchDistance] * grad_stride,
+                     dim);
+      }
       const int64_t s = order[e];
       const float* __restrict gs = grad + s * grad_stride;
+      if (!mean) {  // x * 1 is x: the same bits without the multiply.
+        if (e == first) {
+          for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c];
+        } else {
+          for (int c = 0; c < dim; ++c) buffer[c] += gs[c];
+        }
+        continue;
+      }
       const float scale =
-          mean ? 1.0f / static_cast<float>(offsets[s + 1] - offsets[s]) : 1.0f;
+          1.0f / static_cast<float>(offsets[s + 1] - offsets[s]);
       if (e == first) {
         for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c] * scale;
       } else {
@@ -356,7 +452,7 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     PrefetchForWrite(weights + row * dim, dim);
     if (floats1 > 0) PrefetchForWrite(state1 + row * floats1, floats1);
     if (floats2 > 0) PrefetchForWrite(state2 + row * floats2, floats2);
-    __builtin_prefetch(grad + order[starts[k]] * grad_stride, 0, 3);
+    PrefetchRead(grad + order[starts[k]] * grad_stride, dim);
   };
 
   optim::VisitElementWise(optimizer_.type(), [&](auto rule) {

@@ -137,6 +137,9 @@ class EmbeddingTable {
     int64_t unique;
   };
   std::vector<HashSlot> hash_;
+  // Instead of hash_ for a table of few rows for its batch: the unique index
+  // of each row, -1 for rows not in the batch (reset after each call).
+  std::vector<int32_t> unique_of_row_;
   // unique_ids_[k]: the id of unique row k; its occurrences are
   // order_[unique_start_[k] .. unique_start_[k + 1]).
   std::vector<int64_t> unique_ids_, unique_start_;
