@@ -312,8 +312,10 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
   const int64_t* id = ids.ids.data();
   // Sized for the worst case (every id distinct) so the loops below never
   // check capacity.
+  // unique_start_ counts each unique row's occurrences until the prefix sum
+  // below, each count zeroed as its row is first seen (no pass over all).
   unique_ids_.resize(total);
-  unique_start_.assign(total + 1, 0);  // Counts until the prefix sum below.
+  unique_start_.resize(total + 1);
   unique_of_pos_.resize(total);
   int64_t num_unique = 0;
   // A table of few rows for the batch's ids (the multi-hot ones): id ->
@@ -331,6 +333,7 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
       int32_t& u = unique_of_row[key];
       if (u < 0) {
         u = static_cast<int32_t>(num_unique);
+        unique_start_[num_unique] = 0;
         unique_ids_[num_unique++] = key;
       }
       unique_of_pos_[p] = u;
@@ -347,7 +350,10 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
         static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
     const int shift = 64 - std::countr_zero(capacity);
     const uint64_t mask = capacity - 1;
-    hash_.assign(capacity, HashSlot{-1, 0});
+    // Only the slots a call fills are freed after it, so the table is
+    // cleared whole only when its size changes.
+    if (hash_.size() != capacity) hash_.assign(capacity, HashSlot{-1, 0});
+    used_slots_.resize(total);
     for (int64_t p = 0; p < total; ++p) {
       const int64_t key = id[p];
       uint64_t slot =
@@ -359,12 +365,16 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
       if (entry.key == -1) {
         entry.key = key;
         entry.unique = num_unique;
+        used_slots_[num_unique] = slot;
+        unique_start_[num_unique] = 0;
         unique_ids_[num_unique++] = key;
       }
       unique_of_pos_[p] = entry.unique;
       ++unique_start_[entry.unique];
     }
+    for (int64_t k = 0; k < num_unique; ++k) hash_[used_slots_[k]].key = -1;
   }
+  unique_start_[num_unique] = 0;
 
   // Counting sort of the occurrences by unique row. It is stable, so each
   // row's bags stay in bag order: the accumulation order is fixed by the
