@@ -6,14 +6,14 @@
 // them (bench/roofline.h StepEmbeddingBytes). Prints one JSON line.
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include "absl/status/status.h"
 #include "bench/roofline.h"
 #include "core/config.h"
@@ -69,8 +69,7 @@ absl::Status Run(const Flags& f) {
   for (float& g : grad) g = static_cast<float>(1e-3 * rng.Normal());
 
   auto seconds = [](auto t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                         t0)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
         .count();
   };
   // CPU seconds of the process (all threads): steadier than wall time on a
@@ -106,8 +105,7 @@ absl::Status Run(const Flags& f) {
     }
   }
   const double copy = bench::CopyBandwidth(int64_t{256} << 20, 5);
-  const bench::EmbeddingBytes bytes =
-      bench::StepEmbeddingBytes(config, batch);
+  const bench::EmbeddingBytes bytes = bench::StepEmbeddingBytes(config, batch);
   const double lookup = Median(lookup_s), update = Median(update_s);
   std::fprintf(stderr,
                "%s: copy %.1f GB/s; lookup %.3f ms (%.1f GB/s, %.2f of copy); "
@@ -137,7 +135,8 @@ absl::Status Run(const Flags& f) {
 
 int main(int argc, char** argv) {
   dlrm::Flags f;
-  CLI::App app{"The embedding lookup and update kernels against copy bandwidth."};
+  CLI::App app{
+      "The embedding lookup and update kernels against copy bandwidth."};
   app.add_option("--config", f.config, "Preset name or config file")
       ->capture_default_str();
   app.add_option("--rows", f.rows, "Rows of every table (0: the config's)")

@@ -83,10 +83,10 @@ void PoolPortable(const float* weights, int dim, bool mean,
     const int cols = std::min(64, dim - col0);
     const int rem = cols % 8;
     switch (cols / 8) {
-#define DLRM_POOL_TILE(k)                                                      \
-  case k:                                                                      \
-    PoolTilePortable<k>(weights, dim, col0, rem, offsets, ids, bag_begin,      \
-                        bag_end, total, mean, out, out_stride);                \
+#define DLRM_POOL_TILE(k)                                                 \
+  case k:                                                                 \
+    PoolTilePortable<k>(weights, dim, col0, rem, offsets, ids, bag_begin, \
+                        bag_end, total, mean, out, out_stride);           \
     break;
       DLRM_POOL_TILE(0)
       DLRM_POOL_TILE(1)
@@ -125,9 +125,8 @@ __attribute__((target("avx512f"))) void PoolTileAvx512(
       for (int v = 0; v + 1 < kVecs; ++v) {
         acc[v] = _mm512_add_ps(acc[v], _mm512_loadu_ps(row + 16 * v));
       }
-      acc[kVecs - 1] =
-          _mm512_add_ps(acc[kVecs - 1],
-                        _mm512_maskz_loadu_ps(last, row + 16 * (kVecs - 1)));
+      acc[kVecs - 1] = _mm512_add_ps(
+          acc[kVecs - 1], _mm512_maskz_loadu_ps(last, row + 16 * (kVecs - 1)));
     }
     float* o = out + s * out_stride + col0;
     if (mean && end > begin) {
@@ -151,10 +150,10 @@ void PoolAvx512(const float* weights, int dim, bool mean,
         cols % 16 == 0 ? __mmask16{0xffff}
                        : static_cast<__mmask16>((1u << (cols % 16)) - 1);
     switch ((cols + 15) / 16) {
-#define DLRM_POOL_TILE(k)                                                 \
-  case k:                                                                 \
-    PoolTileAvx512<k>(weights, dim, col0, cols, last, offsets, ids,       \
-                      bag_begin, bag_end, total, mean, out, out_stride);  \
+#define DLRM_POOL_TILE(k)                                                      \
+  case k:                                                                      \
+    PoolTileAvx512<k>(weights, dim, col0, cols, last, offsets, ids, bag_begin, \
+                      bag_end, total, mean, out, out_stride);                  \
     break;
       DLRM_POOL_TILE(1)
       DLRM_POOL_TILE(2)

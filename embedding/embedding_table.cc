@@ -288,8 +288,8 @@ void PoolRows(const float* weights, int dim, Pooling pooling,
 
   const kernels::Isa isa = kernels::BestIsa();
   auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
-    kernels::PoolBags(isa, w, dim, mean, offsets, id, bag_begin, bag_end,
-                      total, out, out_stride);
+    kernels::PoolBags(isa, w, dim, mean, offsets, id, bag_begin, bag_end, total,
+                      out, out_stride);
   };
 
   if (UseParallel((total + bags) * dim)) {
@@ -346,8 +346,8 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
     // Load factor <= 1/2 keeps probe sequences short even when every id is
     // distinct; a power of two makes the slot a shift of a multiplicative
     // hash.
-    const uint64_t capacity = std::bit_ceil(
-        static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
+    const uint64_t capacity =
+        std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
     const int shift = 64 - std::countr_zero(capacity);
     const uint64_t mask = capacity - 1;
     // Only the slots a call fills are freed after it, so the table is
@@ -473,7 +473,8 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     // each row's update.
     auto update_rows = [&](int64_t k_begin, int64_t k_end, float* buffers) {
       for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowGroup) {
-        const int n = static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
+        const int n =
+            static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
         const float* g[kRowGroup];
         for (int j = 0; j < n; ++j) {
           const int64_t k = k0 + j;

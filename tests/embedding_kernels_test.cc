@@ -2,6 +2,8 @@
 // paths (grouped row sums, prefetch, the two deduplications, the parallel
 // split): every version against the plain references of embedding_table.h,
 // bit for bit, on random inputs with odd dims, empty bags and repeated ids.
+#include "embedding/embedding_kernels.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -13,7 +15,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
-#include "embedding/embedding_kernels.h"
 #include "embedding/embedding_table.h"
 #include "tests/support/optimizer.h"
 
@@ -84,7 +85,8 @@ TEST(PoolBagsTest, EveryVersionGivesTheReferenceBits) {
   Rng rng(kSeed);
   constexpr int64_t kRows = 300;
   constexpr float kSentinel = -7.0f;
-  for (int dim : {1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 129, 200, 257}) {
+  for (int dim :
+       {1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 129, 200, 257}) {
     const std::vector<float> weights = RandomFloats(rng, kRows * dim);
     for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
       for (int max_hot : {1, 40}) {
@@ -131,11 +133,11 @@ TEST(PoolBagsTest, EmptyBagsGiveZerosAndRepeatsAddUp) {
       kernels::PoolBags(isa, weights.data(), 3, mean, ids.offsets.data(),
                         ids.ids.data(), 0, 3, 5, out.data(), 3);
       const float k = mean ? 1.0f / 3.0f : 1.0f, h = mean ? 0.5f : 1.0f;
-      const std::vector<float> want = {0, 0, 0, 9 * k, 12 * k, 15 * k,
-                                       4.5f * h, 2 * h, 5.25f * h};
+      const std::vector<float> want = {
+          0, 0, 0, 9 * k, 12 * k, 15 * k, 4.5f * h, 2 * h, 5.25f * h};
       for (int i = 0; i < 9; ++i) {
-        EXPECT_EQ(out[i], want[i]) << IsaName(isa) << " mean " << mean
-                                   << " element " << i;
+        EXPECT_EQ(out[i], want[i])
+            << IsaName(isa) << " mean " << mean << " element " << i;
       }
     }
   }
@@ -146,9 +148,9 @@ TEST(PoolBagsTest, EmptyBagsGiveZerosAndRepeatsAddUp) {
 void CheckUpdate(OptimizerConfig::Type type, Pooling pooling, int dim,
                  int64_t rows, int64_t bags, int max_hot, int threads) {
   const std::string label = absl::StrCat(
-      OptimizerConfig::Type_Name(type), pooling == POOLING_MEAN ? " mean" : " sum",
-      " dim ", dim, " rows ", rows, " bags ", bags, " hot ", max_hot,
-      " threads ", threads);
+      OptimizerConfig::Type_Name(type),
+      pooling == POOLING_MEAN ? " mean" : " sum", " dim ", dim, " rows ", rows,
+      " bags ", bags, " hot ", max_hot, " threads ", threads);
   Rng rng(kSeed + dim + rows);
   const OptimizerConfig opt = test::MakeOptimizer(type);
   EmbeddingTable t(3, rows, dim, pooling, opt, kSeed);
