@@ -1,6 +1,6 @@
 // CPU kernels of EmbeddingTable: hash-based initialisation, pooled lookups
-// with register accumulators and prefetch, and the backward pass fused with
-// the sparse optimizers of optim/rules.h.
+// (embedding_kernels.h) and the backward pass fused with the sparse
+// optimizers of optim/rules.h.
 #include "embedding/embedding_table.h"
 
 #include <omp.h>
@@ -12,8 +12,15 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
+#include "core/host_device.h"
 #include "core/random.h"
+#include "embedding/embedding_kernels.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -23,11 +30,9 @@ namespace {
 // more than it saves.
 constexpr int64_t kParallelWork = int64_t{1} << 17;
 
-// How many ids ahead Forward prefetches rows: random rows of big tables miss
-// cache, and a long multi-hot bag is a chain of dependent adds. (Measured:
-// neutral for one-id bags, which out-of-order execution already overlaps.
-// BackwardUpdate does not prefetch: there it measured slower.)
-constexpr int64_t kPrefetchDistance = 8;
+// How many unique rows ahead BackwardUpdate prefetches a row's weights and
+// optimizer state (and the gradient row of its first occurrence).
+constexpr int64_t kUpdatePrefetchDistance = 8;
 
 // Parallelise only big work, and never inside a region someone else opened
 // (the model calls tables from an `omp parallel for` over tables).
@@ -36,80 +41,85 @@ bool UseParallel(int64_t work) {
          omp_get_max_threads() > 1;
 }
 
-void PrefetchRow(const float* row, int dim) {
-  for (int c = 0; c < dim; c += 16) __builtin_prefetch(row + c, 0, 3);
-  // A row not aligned to a cache line may spill into one more line.
-  if (dim % 16 != 0) __builtin_prefetch(row + dim - 1, 0, 3);
-}
+// Tables of up to this many rows (or 8 per id of the batch) deduplicate
+// through a rows-long array rather than a hash table.
+constexpr int64_t kDirectMapRows = int64_t{1} << 16;
 
-// Eight floats in one AVX register (two SSE/NEON registers elsewhere); GCC
-// and Clang vector extensions keep the accumulators out of memory, which
-// autovectorisation of a `float acc[N]` does not guarantee.
-typedef float Vec8 __attribute__((vector_size(32)));
+// Rows whose updates BackwardUpdate interleaves.
+constexpr int kRowGroup = 8;
 
-inline Vec8 LoadU(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
-
-// Pools bags [bag_begin, bag_end) into rows of `out` when dim == 8 * kVecs,
-// with the bag's sum held in registers. Ids are added in order from 0, as
-// reference::PoolForward does, so sums match it bitwise. Templating the whole
-// bag loop keeps the per-bag cost to a few instructions, which matters for
-// the common one-id bags.
-template <int kVecs>
-void PoolBagsFixedDim(const float* __restrict weights,
-                      const int64_t* __restrict offsets,
-                      const int64_t* __restrict ids, int64_t bag_begin,
-                      int64_t bag_end, int64_t total, bool mean,
-                      float* __restrict out, int64_t out_stride) {
-  constexpr int kDim = 8 * kVecs;
-  for (int64_t s = bag_begin; s < bag_end; ++s) {
-    const int64_t begin = offsets[s], end = offsets[s + 1];
-    Vec8 acc[kVecs];
-    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-    for (int64_t p = begin; p < end; ++p) {
-      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
-        PrefetchRow(weights + ids[p + kPrefetchDistance] * kDim, kDim);
-      }
-      const float* row = weights + ids[p] * kDim;
-      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
-    }
-    float* o = out + s * out_stride;
-    if (mean && end > begin) {
-      const float scale = 1.0f / static_cast<float>(end - begin);
-      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v] * scale);
-    } else {
-      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v]);
+// sums[j] for j < n <= kRowGroup: Rule's row reduction of g[j][0, dim), the
+// sum from 0 in column order of RowTerm(g[j][c]) that optim::UpdateSparseRow
+// computes, but kRowGroup rows' sums interleaved so that their dependent
+// additions overlap (the same operations per row: the same bits). Rows past
+// n repeat row 0, to keep the loop's shape fixed.
+template <typename Rule>
+void RowReductions(const float* const* g, int n, int dim, float* sums) {
+  const float* r[kRowGroup];
+  float s[kRowGroup];
+  for (int j = 0; j < kRowGroup; ++j) {
+    r[j] = g[j < n ? j : 0];
+    s[j] = 0.0f;
+  }
+  int c = 0;
+#if defined(__AVX__)
+  // Eight columns at a time: the 8 x 8 block of the rows' columns
+  // transposed, so that lane j of each vector is row j's column.
+  __m256 acc = _mm256_setzero_ps();
+  for (; c + 8 <= dim; c += 8) {
+    __m256 t[8];
+    for (int j = 0; j < 8; ++j) t[j] = _mm256_loadu_ps(r[j] + c);
+    const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]);
+    const __m256 a1 = _mm256_unpackhi_ps(t[0], t[1]);
+    const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]);
+    const __m256 a3 = _mm256_unpackhi_ps(t[2], t[3]);
+    const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]);
+    const __m256 a5 = _mm256_unpackhi_ps(t[4], t[5]);
+    const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]);
+    const __m256 a7 = _mm256_unpackhi_ps(t[6], t[7]);
+    const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44);
+    const __m256 b1 = _mm256_shuffle_ps(a0, a2, 0xee);
+    const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44);
+    const __m256 b3 = _mm256_shuffle_ps(a1, a3, 0xee);
+    const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44);
+    const __m256 b5 = _mm256_shuffle_ps(a4, a6, 0xee);
+    const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44);
+    const __m256 b7 = _mm256_shuffle_ps(a5, a7, 0xee);
+    // Column c + i of rows 0..7, in column order.
+    const __m256 col[8] = {_mm256_permute2f128_ps(b0, b4, 0x20),
+                           _mm256_permute2f128_ps(b1, b5, 0x20),
+                           _mm256_permute2f128_ps(b2, b6, 0x20),
+                           _mm256_permute2f128_ps(b3, b7, 0x20),
+                           _mm256_permute2f128_ps(b0, b4, 0x31),
+                           _mm256_permute2f128_ps(b1, b5, 0x31),
+                           _mm256_permute2f128_ps(b2, b6, 0x31),
+                           _mm256_permute2f128_ps(b3, b7, 0x31)};
+    for (int i = 0; i < 8; ++i) {
+      // RowTerm(x) is x * x for the one row-reduction rule (Adagrad).
+      static_assert(std::is_same_v<Rule, optim::Adagrad>);
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(col[i], col[i]));
     }
   }
-}
-
-// Any dim: accumulates straight into `out` (vectorised by the compiler; the
-// output row stays in L1 while the bag is summed).
-void PoolBagsAnyDim(const float* __restrict weights, int dim,
-                    const int64_t* __restrict offsets,
-                    const int64_t* __restrict ids, int64_t bag_begin,
-                    int64_t bag_end, int64_t total, bool mean,
-                    float* __restrict out, int64_t out_stride) {
-  for (int64_t s = bag_begin; s < bag_end; ++s) {
-    const int64_t begin = offsets[s], end = offsets[s + 1];
-    float* __restrict o = out + s * out_stride;
-    std::fill(o, o + dim, 0.0f);
-    for (int64_t p = begin; p < end; ++p) {
-      if (kPrefetchDistance > 0 && p + kPrefetchDistance < total) {
-        PrefetchRow(weights + ids[p + kPrefetchDistance] * dim, dim);
-      }
-      const float* row = weights + ids[p] * dim;
-      for (int c = 0; c < dim; ++c) o[c] += row[c];
-    }
-    if (mean && end > begin) {
-      const float scale = 1.0f / static_cast<float>(end - begin);
-      for (int c = 0; c < dim; ++c) o[c] *= scale;
+  _mm256_storeu_ps(s, acc);
+#endif
+  for (; c < dim; ++c) {
+    for (int j = 0; j < kRowGroup; ++j) {
+      s[j] = RnAdd(s[j], Rule::RowTerm(r[j][c]));
     }
   }
+  for (int j = 0; j < n; ++j) sums[j] = s[j];
+}
+
+// Prefetches the cache lines of p[0, n) for reading.
+void PrefetchRead(const float* p, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+  if (n % 16 != 0) __builtin_prefetch(p + n - 1, 0, 3);
+}
+
+// Prefetches the cache lines of p[0, n) for writing.
+void PrefetchForWrite(const float* p, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 1, 3);
+  if (n % 16 != 0) __builtin_prefetch(p + n - 1, 1, 3);
 }
 
 // Per-table random stream, so a row's values do not depend on its column
@@ -276,23 +286,10 @@ void PoolRows(const float* weights, int dim, Pooling pooling,
   const float* w = weights;
   const bool mean = pooling == POOLING_MEAN;
 
+  const kernels::Isa isa = kernels::BestIsa();
   auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
-    switch (dim) {
-#define DLRM_POOL_FIXED(k)                                                \
-  case 8 * k:                                                             \
-    return PoolBagsFixedDim<k>(w, offsets, id, bag_begin, bag_end, total, \
-                               mean, out, out_stride);
-      DLRM_POOL_FIXED(1)
-      DLRM_POOL_FIXED(2)
-      DLRM_POOL_FIXED(3)
-      DLRM_POOL_FIXED(4)
-      DLRM_POOL_FIXED(6)
-      DLRM_POOL_FIXED(8)
-#undef DLRM_POOL_FIXED
-      default:
-        return PoolBagsAnyDim(w, dim, offsets, id, bag_begin, bag_end, total,
-                              mean, out, out_stride);
-    }
+    kernels::PoolBags(isa, w, dim, mean, offsets, id, bag_begin, bag_end, total,
+                      out, out_stride);
   };
 
   if (UseParallel((total + bags) * dim)) {
@@ -313,35 +310,71 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
   const int64_t bags = ids.num_bags();
   const int64_t total = ids.offsets[bags];
   const int64_t* id = ids.ids.data();
-  // Load factor <= 1/2 keeps probe sequences short even when every id is
-  // distinct; a power of two makes the slot a shift of a multiplicative hash.
-  const uint64_t capacity =
-      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
-  const int shift = 64 - std::countr_zero(capacity);
-  const uint64_t mask = capacity - 1;
-  hash_.assign(capacity, HashSlot{-1, 0});
-  // Sized for the worst case (every id distinct) so the loop below never
-  // checks capacity.
+  // Sized for the worst case (every id distinct) so the loops below never
+  // check capacity.
+  // unique_start_ counts each unique row's occurrences until the prefix sum
+  // below, each count zeroed as its row is first seen (no pass over all).
   unique_ids_.resize(total);
-  unique_start_.assign(total + 1, 0);  // Counts until the prefix sum below.
+  unique_start_.resize(total + 1);
   unique_of_pos_.resize(total);
   int64_t num_unique = 0;
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t key = id[p];
-    uint64_t slot =
-        (static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> shift;
-    while (hash_[slot].key != key && hash_[slot].key != -1) {
-      slot = (slot + 1) & mask;
+  // A table of few rows for the batch's ids (the multi-hot ones): id ->
+  // unique index through a rows-long array, kept between calls and reset
+  // for the ids seen, instead of a hash table of 2 slots per id.
+  const bool direct = total < std::numeric_limits<int32_t>::max() &&
+                      rows_ <= std::max<int64_t>(kDirectMapRows, 8 * total);
+  if (direct) {
+    if (static_cast<int64_t>(unique_of_row_.size()) != rows_) {
+      unique_of_row_.assign(rows_, -1);
     }
-    HashSlot& entry = hash_[slot];
-    if (entry.key == -1) {
-      entry.key = key;
-      entry.unique = num_unique;
-      unique_ids_[num_unique++] = key;
+    int32_t* unique_of_row = unique_of_row_.data();
+    for (int64_t p = 0; p < total; ++p) {
+      const int64_t key = id[p];
+      int32_t& u = unique_of_row[key];
+      if (u < 0) {
+        u = static_cast<int32_t>(num_unique);
+        unique_start_[num_unique] = 0;
+        unique_ids_[num_unique++] = key;
+      }
+      unique_of_pos_[p] = u;
+      ++unique_start_[u];
     }
-    unique_of_pos_[p] = entry.unique;
-    ++unique_start_[entry.unique];
+    for (int64_t k = 0; k < num_unique; ++k) {
+      unique_of_row[unique_ids_[k]] = -1;
+    }
+  } else {
+    // Load factor <= 1/2 keeps probe sequences short even when every id is
+    // distinct; a power of two makes the slot a shift of a multiplicative
+    // hash.
+    const uint64_t capacity =
+        std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(16, 2 * total)));
+    const int shift = 64 - std::countr_zero(capacity);
+    const uint64_t mask = capacity - 1;
+    // Only the slots a call fills are freed after it, so the table is
+    // cleared whole only when its size changes.
+    if (hash_.size() != capacity) hash_.assign(capacity, HashSlot{-1, 0});
+    used_slots_.resize(total);
+    for (int64_t p = 0; p < total; ++p) {
+      const int64_t key = id[p];
+      uint64_t slot =
+          (static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> shift;
+      while (hash_[slot].key != key && hash_[slot].key != -1) {
+        slot = (slot + 1) & mask;
+      }
+      HashSlot& entry = hash_[slot];
+      if (entry.key == -1) {
+        entry.key = key;
+        entry.unique = num_unique;
+        used_slots_[num_unique] = slot;
+        unique_start_[num_unique] = 0;
+        unique_ids_[num_unique++] = key;
+      }
+      unique_of_pos_[p] = entry.unique;
+      ++unique_start_[entry.unique];
+    }
+    for (int64_t k = 0; k < num_unique; ++k) hash_[used_slots_[k]].key = -1;
   }
+  unique_start_[num_unique] = 0;
 
   // Counting sort of the occurrences by unique row. It is stable, so each
   // row's bags stay in bag order: the accumulation order is fixed by the
@@ -381,12 +414,12 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int64_t* starts = unique_start_.data();
   const int64_t* unique = unique_ids_.data();
 
-  // One accumulator per thread, padded to whole cache lines so threads do
-  // not share a line.
+  // kRowGroup accumulators per thread, padded to whole cache lines so
+  // threads do not share a line.
   const int64_t padded_dim = (dim + 15) / 16 * 16;
   const bool parallel = UseParallel((total + 2 * num_unique) * dim);
   const int threads = parallel ? omp_get_max_threads() : 1;
-  row_grad_.resize(static_cast<size_t>(threads) * padded_dim);
+  row_grad_.resize(static_cast<size_t>(threads) * kRowGroup * padded_dim);
 
   // Unique row k's gradient, summed in bag order. A row seen once under sum
   // pooling (most rows of one-hot features) uses its bag's gradient row in
@@ -396,10 +429,24 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     const int64_t first = starts[k], last = starts[k + 1];
     if (!mean && last - first == 1) return grad + order[first] * grad_stride;
     for (int64_t e = first; e < last; ++e) {
+      // The gradient rows of occurrences a few ahead (of this row or the
+      // next ones): random bags' rows.
+      if (e + kUpdatePrefetchDistance < total) {
+        PrefetchRead(grad + order[e + kUpdatePrefetchDistance] * grad_stride,
+                     dim);
+      }
       const int64_t s = order[e];
       const float* __restrict gs = grad + s * grad_stride;
+      if (!mean) {  // x * 1 is x: the same bits without the multiply.
+        if (e == first) {
+          for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c];
+        } else {
+          for (int c = 0; c < dim; ++c) buffer[c] += gs[c];
+        }
+        continue;
+      }
       const float scale =
-          mean ? 1.0f / static_cast<float>(offsets[s + 1] - offsets[s]) : 1.0f;
+          1.0f / static_cast<float>(offsets[s + 1] - offsets[s]);
       if (e == first) {
         for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c] * scale;
       } else {
@@ -408,27 +455,57 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
     }
     return static_cast<const float*>(buffer);
   };
+  // The rows a few unique rows ahead are random rows of the table: start
+  // loading them (and their first gradient row) before they are needed.
+  auto prefetch = [&](int64_t k) {
+    const int64_t row = unique[k];
+    PrefetchForWrite(weights + row * dim, dim);
+    if (floats1 > 0) PrefetchForWrite(state1 + row * floats1, floats1);
+    if (floats2 > 0) PrefetchForWrite(state2 + row * floats2, floats2);
+    PrefetchRead(grad + order[starts[k]] * grad_stride, dim);
+  };
 
   optim::VisitElementWise(optimizer_.type(), [&](auto rule) {
     using Rule = decltype(rule);
     const typename Rule::Step step = Rule::MakeStep(optimizer_, step_);
-    auto update_row = [&](int64_t k, float* buffer) {
-      const int64_t row = unique[k];
-      optim::UpdateSparseRow<Rule>(step, row_gradient(k, buffer), dim,
-                                   weights + row * dim, state1 + row * floats1,
-                                   state2 + row * floats2);
+    // Unique rows [k_begin, k_end), kRowGroup at a time: their gradients
+    // into the group's buffers, their row reductions interleaved, then
+    // each row's update.
+    auto update_rows = [&](int64_t k_begin, int64_t k_end, float* buffers) {
+      for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowGroup) {
+        const int n =
+            static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
+        const float* g[kRowGroup];
+        for (int j = 0; j < n; ++j) {
+          const int64_t k = k0 + j;
+          if (k + kUpdatePrefetchDistance < k_end) {
+            prefetch(k + kUpdatePrefetchDistance);
+          }
+          g[j] = row_gradient(k, buffers + j * padded_dim);
+        }
+        float sums[kRowGroup] = {};
+        if constexpr (Rule::kRowReduction) {
+          RowReductions<Rule>(g, n, dim, sums);
+        }
+        for (int j = 0; j < n; ++j) {
+          const int64_t row = unique[k0 + j];
+          optim::UpdateSparseRowWithSum<Rule>(
+              step, sums[j], g[j], dim, weights + row * dim,
+              state1 + row * floats1, state2 + row * floats2);
+        }
+      }
     };
     if (parallel) {
+      // Each thread owns a contiguous range of the unique rows: no row is
+      // written by two threads, and no atomics.
 #pragma omp parallel
       {
-        float* buffer = row_grad_.data() + omp_get_thread_num() * padded_dim;
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < num_unique; ++k) update_row(k, buffer);
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        update_rows(num_unique * t / nt, num_unique * (t + 1) / nt,
+                    row_grad_.data() + t * kRowGroup * padded_dim);
       }
     } else {
-      for (int64_t k = 0; k < num_unique; ++k) {
-        update_row(k, row_grad_.data());
-      }
+      update_rows(0, num_unique, row_grad_.data());
     }
   });
 }

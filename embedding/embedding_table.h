@@ -127,16 +127,21 @@ class EmbeddingTable {
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
   // order within a row (the fixed accumulation order that makes updates
-  // deterministic); row_grad_: one dim-wide accumulator per thread.
+  // deterministic); row_grad_: a group of dim-wide accumulators per thread.
   std::vector<int64_t> order_;
   AlignedVector<float> row_grad_;
   // Open-addressing id -> unique index map used to deduplicate the batch;
-  // key -1 marks a free slot.
+  // key -1 marks a free slot, and every slot is free between calls
+  // (used_slots_: the slots a call filled, freed at its end).
   struct HashSlot {
     int64_t key;
     int64_t unique;
   };
   std::vector<HashSlot> hash_;
+  std::vector<uint64_t> used_slots_;
+  // Instead of hash_ for a table of few rows for its batch: the unique index
+  // of each row, -1 for rows not in the batch (reset after each call).
+  std::vector<int32_t> unique_of_row_;
   // unique_ids_[k]: the id of unique row k; its occurrences are
   // order_[unique_start_[k] .. unique_start_[k + 1]).
   std::vector<int64_t> unique_ids_, unique_start_;

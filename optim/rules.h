@@ -436,6 +436,28 @@ struct Lars {
 // gives the Step, and Step::Rule its rule.
 using AnyStep = std::variant<Sgd::Step, Adagrad::Step, Adam::Step>;
 
+// UpdateSparseRow with the row's reduction already computed: `sum` is, for
+// a kRowReduction rule, the sum from 0 over c in [0, dim) in column order of
+// RowTerm(g[c]) (ignored for other rules). For callers that compute the sums
+// of several rows at once (the CPU table interleaves them).
+template <typename Rule>
+DLRM_HOST_DEVICE inline void UpdateSparseRowWithSum(
+    const typename Rule::Step& step, float sum, const float* __restrict__ g,
+    int dim, float* __restrict__ w, float* __restrict__ s1,
+    float* __restrict__ s2) {
+  // A local copy: the stores below cannot change it, so the compiler keeps
+  // the constants in registers instead of reloading them per column.
+  const typename Rule::Step k = step;
+  float row_scale = 0.0f;
+  if constexpr (Rule::kRowReduction) {
+    row_scale = Rule::RowScale(k, *s1, sum, dim);
+  }
+  DLRM_IVDEP
+  for (int c = 0; c < dim; ++c) {
+    Rule::SparseElement(k, row_scale, g[c], w, s1, s2, c);
+  }
+}
+
 // One embedding row's update from its summed gradient g[0, dim): w points
 // at the row's weights, s1 / s2 at the row's part of state1 / state2 (may be
 // null where the rule has no such array; none of them overlap). The row sum
@@ -447,19 +469,11 @@ DLRM_HOST_DEVICE inline void UpdateSparseRow(const typename Rule::Step& step,
                                              int dim, float* __restrict__ w,
                                              float* __restrict__ s1,
                                              float* __restrict__ s2) {
-  // A local copy: the stores below cannot change it, so the compiler keeps
-  // the constants in registers instead of reloading them per column.
-  const typename Rule::Step k = step;
-  float row_scale = 0.0f;
+  float sum = 0.0f;
   if constexpr (Rule::kRowReduction) {
-    float sum = 0.0f;
     for (int c = 0; c < dim; ++c) sum = RnAdd(sum, Rule::RowTerm(g[c]));
-    row_scale = Rule::RowScale(k, *s1, sum, dim);
   }
-  DLRM_IVDEP
-  for (int c = 0; c < dim; ++c) {
-    Rule::SparseElement(k, row_scale, g[c], w, s1, s2, c);
-  }
+  UpdateSparseRowWithSum<Rule>(step, sum, g, dim, w, s1, s2);
 }
 
 }  // namespace dlrm::optim

@@ -1,0 +1,157 @@
+// The embedding kernels alone on a config's tables (dlrm_bench_embedding):
+// the pooled lookup and the fused sparse update of every table on one
+// synthetic batch, called as the model calls them (an OpenMP loop over the
+// tables, each table on one thread), against the copy bandwidth measured in
+// the same run, with the bytes counted as dlrm_bench_train --roofline counts
+// them (bench/roofline.h StepEmbeddingBytes). Prints one JSON line.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/roofline.h"
+#include "core/config.h"
+#include "core/random.h"
+#include "core/status.h"
+#include "data/synthetic.h"
+#include "embedding/embedding_table.h"
+
+namespace dlrm {
+namespace {
+
+struct Flags {
+  std::string config = "mlperf-dlrm-dcnv2";
+  int64_t rows = 100000;
+  int64_t batch = 2048;
+  int repeats = 5;
+  int threads = 0;
+  double alpha = 1.05;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(f.config));
+  if (f.rows > 0) {
+    for (auto& t : *config.mutable_tables()) t.set_rows(f.rows);
+    config.set_max_rows_per_table(0);
+    ASSIGN_OR_RETURN(config, NormalizeModelConfig(config));
+  }
+  if (f.threads > 0) omp_set_num_threads(f.threads);
+  const int num_tables = config.tables_size();
+  std::vector<std::unique_ptr<embedding::EmbeddingTable>> tables;
+  std::vector<int64_t> column(num_tables + 1, 0);
+  for (int k = 0; k < num_tables; ++k) {
+    const TableConfig& t = config.tables(k);
+    tables.push_back(std::make_unique<embedding::EmbeddingTable>(
+        k, t.rows(), t.dim(), t.pooling(), config.sparse_optimizer(),
+        config.seed()));
+    column[k + 1] = column[k] + t.dim();
+  }
+  const int64_t width = column[num_tables];
+  data::SyntheticOptions so;
+  so.zipf_alpha = f.alpha;
+  ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
+  data::Batch batch;
+  ASSIGN_OR_RETURN(bool more, source->Next(f.batch, &batch));
+  if (!more) return absl::InternalError("synthetic source ended");
+  std::vector<float> pooled(f.batch * width), grad(f.batch * width);
+  Rng rng(7);
+  for (float& g : grad) g = static_cast<float>(1e-3 * rng.Normal());
+
+  auto seconds = [](auto t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  // CPU seconds of the process (all threads): steadier than wall time on a
+  // shared machine, where other tenants take the cores away.
+  auto cpu = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+  };
+  std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu;
+  for (int r = 0; r < f.repeats + 1; ++r) {
+    const double c0 = cpu();
+    auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < num_tables; ++k) {
+      tables[k]->Forward(batch.sparse[k], pooled.data() + column[k], width);
+    }
+    const double lookup = seconds(t0);
+    const double c1 = cpu();
+    t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < num_tables; ++k) {
+      tables[k]->BackwardUpdate(batch.sparse[k], grad.data() + column[k],
+                                width);
+    }
+    const double update = seconds(t0);
+    const double c2 = cpu();
+    if (r > 0) {  // The first call of each sizes its scratch.
+      lookup_s.push_back(lookup);
+      update_s.push_back(update);
+      lookup_cpu.push_back(c1 - c0);
+      update_cpu.push_back(c2 - c1);
+    }
+  }
+  const double copy = bench::CopyBandwidth(int64_t{256} << 20, 5);
+  const bench::EmbeddingBytes bytes = bench::StepEmbeddingBytes(config, batch);
+  const double lookup = Median(lookup_s), update = Median(update_s);
+  std::fprintf(stderr,
+               "%s: copy %.1f GB/s; lookup %.3f ms (%.1f GB/s, %.2f of copy); "
+               "update %.3f ms (%.1f GB/s, %.2f of copy); CPU ms: lookup "
+               "%.3f, update %.3f\n",
+               f.config.c_str(), copy * 1e-9, lookup * 1e3,
+               bytes.lookup / lookup * 1e-9, bytes.lookup / lookup / copy,
+               update * 1e3, bytes.update / update * 1e-9,
+               bytes.update / update / copy, Median(lookup_cpu) * 1e3,
+               Median(update_cpu) * 1e3);
+  std::printf(
+      "{\"bench\": \"embedding\", \"config\": \"%s\", \"rows\": %lld, "
+      "\"batch\": %lld, \"threads\": %d, \"copy_gb_s\": %.2f, "
+      "\"lookup_ms\": %.3f, \"lookup_fraction\": %.3f, \"update_ms\": %.3f, "
+      "\"update_fraction\": %.3f, \"lookup_cpu_ms\": %.3f, "
+      "\"update_cpu_ms\": %.3f}\n",
+      f.config.c_str(), static_cast<long long>(f.rows),
+      static_cast<long long>(f.batch), omp_get_max_threads(), copy * 1e-9,
+      lookup * 1e3, bytes.lookup / lookup / copy, update * 1e3,
+      bytes.update / update / copy, Median(lookup_cpu) * 1e3,
+      Median(update_cpu) * 1e3);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dlrm
+
+int main(int argc, char** argv) {
+  dlrm::Flags f;
+  CLI::App app{
+      "The embedding lookup and update kernels against copy bandwidth."};
+  app.add_option("--config", f.config, "Preset name or config file")
+      ->capture_default_str();
+  app.add_option("--rows", f.rows, "Rows of every table (0: the config's)")
+      ->capture_default_str();
+  app.add_option("--batch", f.batch, "Samples")->capture_default_str();
+  app.add_option("--repeats", f.repeats, "Timed calls (median reported)")
+      ->capture_default_str();
+  app.add_option("--threads", f.threads, "Threads (0 = all cores)");
+  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = dlrm::Run(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

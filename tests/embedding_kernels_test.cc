@@ -1,0 +1,211 @@
+// Tests for embedding/embedding_kernels.h and the fused sparse update's fast
+// paths (grouped row sums, prefetch, the two deduplications, the parallel
+// split): every version against the plain references of embedding_table.h,
+// bit for bit, on random inputs with odd dims, empty bags and repeated ids.
+#include "embedding/embedding_kernels.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/random.h"
+#include "embedding/embedding_table.h"
+#include "tests/support/optimizer.h"
+
+namespace dlrm::embedding {
+namespace {
+
+constexpr uint64_t kSeed = 20261202;
+
+using kernels::Isa;
+
+// Every version this CPU runs.
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kPortable, Isa::kAvx512}) {
+    if (kernels::Supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+const char* IsaName(Isa isa) {
+  return isa == Isa::kAvx512 ? "avx512" : "portable";
+}
+
+// `bags` bags of 0..max_hot ids from [0, rows) (about one in six empty when
+// max_hot > 1, skewed to small ids so a bag often repeats one), and one bag
+// holding a single id three times.
+data::SparseFeature RandomBags(Rng& rng, int64_t rows, int64_t bags,
+                               int max_hot) {
+  data::SparseFeature f;
+  f.offsets.push_back(0);
+  for (int64_t s = 0; s < bags; ++s) {
+    const int64_t n = max_hot > 1 && rng.Below(6) == 0
+                          ? 0
+                          : 1 + rng.Below(static_cast<uint64_t>(max_hot));
+    for (int64_t i = 0; i < n; ++i) {
+      const double u = rng.Uniform();
+      f.ids.push_back(std::min<int64_t>(rows - 1, u * u * u * rows));
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  const int64_t id = rng.Below(static_cast<uint64_t>(rows));
+  for (int i = 0; i < 3; ++i) f.ids.push_back(id);
+  f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  return f;
+}
+
+std::vector<float> RandomFloats(Rng& rng, int64_t n) {
+  std::vector<float> v(std::max<int64_t>(n, 1));
+  for (float& x : v) x = static_cast<float>(rng.Normal());
+  return v;
+}
+
+// The number of elements of a and b (n each) whose bits differ, the first
+// few reported.
+int64_t BitDifferences(const float* a, const float* b, int64_t n,
+                       const std::string& what) {
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0 && ++differ <= 3) {
+      ADD_FAILURE() << what << " [" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  return differ;
+}
+
+TEST(PoolBagsTest, EveryVersionGivesTheReferenceBits) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed);
+  constexpr int64_t kRows = 300;
+  constexpr float kSentinel = -7.0f;
+  for (int dim :
+       {1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 129, 200, 257}) {
+    const std::vector<float> weights = RandomFloats(rng, kRows * dim);
+    for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
+      for (int max_hot : {1, 40}) {
+        const data::SparseFeature ids = RandomBags(rng, kRows, 50, max_hot);
+        const int64_t bags = ids.num_bags();
+        const int64_t stride = dim + 5;
+        std::vector<float> want(bags * stride, kSentinel);
+        reference::PoolForward(weights.data(), dim, pooling, ids, want.data(),
+                               stride);
+        for (Isa isa : SupportedIsas()) {
+          const std::string what =
+              absl::StrCat(IsaName(isa), " dim ", dim, " hot ", max_hot,
+                           pooling == POOLING_MEAN ? " mean" : " sum");
+          // All bags at once, and in three uneven ranges (as the parallel
+          // loop's chunks call it).
+          for (const std::vector<int64_t>& cuts :
+               {std::vector<int64_t>{0, bags},
+                std::vector<int64_t>{0, 1, bags / 2 + 1, bags}}) {
+            std::vector<float> got(bags * stride, kSentinel);
+            for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+              kernels::PoolBags(isa, weights.data(), dim,
+                                pooling == POOLING_MEAN, ids.offsets.data(),
+                                ids.ids.data(), cuts[i], cuts[i + 1],
+                                ids.offsets[bags], got.data(), stride);
+            }
+            // The padding past dim stays untouched (the reference writes
+            // none either).
+            EXPECT_EQ(BitDifferences(got.data(), want.data(), got.size(), what),
+                      0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PoolBagsTest, EmptyBagsGiveZerosAndRepeatsAddUp) {
+  const std::vector<float> weights = {1.5f, -2.0f, 0.25f, 3.0f, 4.0f, 5.0f};
+  // dim 3: bag 0 empty, bag 1 row 1 three times, bag 2 rows 0 and 1.
+  const data::SparseFeature ids{{0, 0, 3, 5}, {1, 1, 1, 0, 1}};
+  for (Isa isa : SupportedIsas()) {
+    for (bool mean : {false, true}) {
+      std::vector<float> out(9, -1.0f);
+      kernels::PoolBags(isa, weights.data(), 3, mean, ids.offsets.data(),
+                        ids.ids.data(), 0, 3, 5, out.data(), 3);
+      const float k = mean ? 1.0f / 3.0f : 1.0f, h = mean ? 0.5f : 1.0f;
+      const std::vector<float> want = {
+          0, 0, 0, 9 * k, 12 * k, 15 * k, 4.5f * h, 2 * h, 5.25f * h};
+      for (int i = 0; i < 9; ++i) {
+        EXPECT_EQ(out[i], want[i])
+            << IsaName(isa) << " mean " << mean << " element " << i;
+      }
+    }
+  }
+}
+
+// Two steps of EmbeddingTable::BackwardUpdate against
+// reference::DenseGradientUpdate, bitwise, at `threads` OpenMP threads.
+void CheckUpdate(OptimizerConfig::Type type, Pooling pooling, int dim,
+                 int64_t rows, int64_t bags, int max_hot, int threads) {
+  const std::string label = absl::StrCat(
+      OptimizerConfig::Type_Name(type),
+      pooling == POOLING_MEAN ? " mean" : " sum", " dim ", dim, " rows ", rows,
+      " bags ", bags, " hot ", max_hot, " threads ", threads);
+  Rng rng(kSeed + dim + rows);
+  const OptimizerConfig opt = test::MakeOptimizer(type);
+  EmbeddingTable t(3, rows, dim, pooling, opt, kSeed);
+  std::vector<float> w(t.weights(), t.weights() + rows * dim);
+  std::vector<float> s1(t.state1().begin(), t.state1().end());
+  std::vector<float> s2(t.state2().begin(), t.state2().end());
+  const int saved = omp_get_max_threads();
+  for (int step = 1; step <= 2; ++step) {
+    const data::SparseFeature ids = RandomBags(rng, rows, bags, max_hot);
+    const int64_t stride = dim + 3;
+    const std::vector<float> grad = RandomFloats(rng, ids.num_bags() * stride);
+    omp_set_num_threads(threads);
+    t.BackwardUpdate(ids, grad.data(), stride);
+    omp_set_num_threads(saved);
+    reference::DenseGradientUpdate(w.data(), s1.data(), s2.data(), rows, dim,
+                                   pooling, opt, step, ids, grad.data(),
+                                   stride);
+  }
+  EXPECT_EQ(BitDifferences(t.weights(), w.data(), w.size(), label + " weights"),
+            0);
+  EXPECT_EQ(
+      BitDifferences(t.state1().data(), s1.data(), s1.size(), label + " s1"),
+      0);
+  EXPECT_EQ(
+      BitDifferences(t.state2().data(), s2.data(), s2.size(), label + " s2"),
+      0);
+}
+
+TEST(SparseUpdateTest, OddDimsAndEveryRuleGiveTheReferenceBits) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
+      for (int dim : {1, 7, 9, 16, 100, 128, 129}) {
+        // Few rows for many ids (the rows-long array deduplicates) and many
+        // rows for few ids (the hash table does), multi-hot and one-hot.
+        CheckUpdate(type, pooling, dim, 50, 120, 9, 1);
+        CheckUpdate(type, pooling, dim, 70000, 60, 3, 1);
+        CheckUpdate(type, pooling, dim, 70000, 150, 1, 1);
+      }
+    }
+  }
+}
+
+TEST(SparseUpdateTest, ThreadsSplitTheRowsWithTheSameBits) {
+  // Big enough for BackwardUpdate's own parallel loop, at 1 to 3 threads
+  // (uneven splits of the unique rows, groups cut at the split).
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
+                    OptimizerConfig::ADAM}) {
+    for (int threads : {1, 2, 3}) {
+      CheckUpdate(type, POOLING_SUM, 33, 30000, 6000, 4, threads);
+      CheckUpdate(type, POOLING_MEAN, 128, 2000, 3000, 6, threads);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlrm::embedding
