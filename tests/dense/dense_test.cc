@@ -31,7 +31,7 @@
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
-#include "tests/dense_backend_test_util.h"
+#include "tests/dense/dense_backend_test_util.h"
 
 namespace dlrm::dense {
 namespace {

@@ -1683,7 +1683,7 @@ TEST_F(WeightsExportTest, ReplacesTheFileOnlyWhenComplete) {
 // optimizer state equals the file's tensor, bitwise.
 TEST(LegacyCheckpointTest, OneProcessFormatOfEarlierVersionsLoads) {
   const std::string dir =
-      std::string(DLRM_SOURCE_DIR) + "/tests/data/checkpoint-v2-one-process";
+      std::string(DLRM_SOURCE_DIR) + "/tests/model/testdata/checkpoint-v2-one-process";
   auto model = LoadCheckpoint(dir, /*weights_only=*/false);
   ASSERT_TRUE(model.ok()) << model.status();
   Model& m = **model;

@@ -21,7 +21,7 @@
 #include "embedding/sparse_backward_host.h"
 #include "embedding/sparse_chunks.h"
 #include "optim/optimizer.h"
-#include "tests/cuda_test_util.h"
+#include "tests/support/cuda_test_util.h"
 #include "tests/support/optimizer.h"
 
 namespace dlrm::embedding::cuda {
@@ -125,7 +125,7 @@ TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
     // row with more than kSparseChunk occurrences sums them in chunks (its
     // runs here stay under about 300; the host stand-in, bitwise the
     // device's sums, stays within 3e-6 of the CPU table's on such runs:
-    // tests/embedding_test.cc SparseBackwardHostTest), so 1e-5 of the
+    // tests/embedding/embedding_test.cc SparseBackwardHostTest), so 1e-5 of the
     // touched values' scale. Untouched rows keep their exact values.
     const int per_row2 = static_cast<int>(cpu.state2().size() / s.rows);
     const int per_row1 = static_cast<int>(cpu.state1().size() / s.rows);

@@ -1,6 +1,6 @@
 // NCCL entry points defined by the test binary, in front of libnccl's (see
 // nccl_fault_injection.h). Unarmed, each forwards to the real function.
-#include "tests/nccl_fault_injection.h"
+#include "tests/comm/nccl_fault_injection.h"
 
 #include <dlfcn.h>
 #include <nccl.h>

@@ -44,13 +44,13 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "tests/support/process.h"
-#include "tests/test_certs.h"
+#include "tests/support/test_certs.h"
 #if defined(DLRM_WITH_NCCL)
 #include <cuda_runtime_api.h>
 
 #include "core/cuda/cuda_raii.h"
-#include "tests/cuda_test_util.h"
-#include "tests/nccl_fault_injection.h"
+#include "tests/support/cuda_test_util.h"
+#include "tests/comm/nccl_fault_injection.h"
 #endif
 
 namespace dlrm::comm {
@@ -1189,7 +1189,7 @@ TEST(CommCoordinatorOptionsTest, TokensAndTlsFilesAreValidated) {
 constexpr char kJoinToken[] = "join-0123456789abcdef0123456789";
 constexpr char kWrongJoinToken[] = "join-0123456789abcdef012345678X";
 
-// A coordinator over TLS (certificates from tests/test_certs.h, made once
+// A coordinator over TLS (certificates from tests/support/test_certs.h, made once
 // per binary) and clients that dial it.
 class CommCoordinatorSecurityTest : public ::testing::Test {
  protected:
@@ -2198,7 +2198,7 @@ TEST(CommNcclTest, SingleRankCollectivesMatchReference) {
 }
 
 // The fault-injection tests drive a real one-rank NCCL communicator through
-// tests/nccl_fault_injection.h.
+// tests/comm/nccl_fault_injection.h.
 class CommNcclFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {

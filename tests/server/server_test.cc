@@ -46,8 +46,8 @@
 #include "model/weights_export.h"
 #include "server/datasets.h"
 #include "server/dlrm_server.h"
-#include "tests/npy_files.h"
-#include "tests/raw_call.h"
+#include "tests/server/npy_files.h"
+#include "tests/server/raw_call.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 

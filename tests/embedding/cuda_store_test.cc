@@ -9,7 +9,7 @@
 // a CUDA device.
 // Stores are made with CudaStore::Create, not CreateEmbeddingStore, so the
 // binary does not link RocksDB (scripts/gpu_lease.sh carries it to GPU
-// machines under a size limit); tests/embedding_store_test.cc covers the
+// machines under a size limit); tests/embedding/embedding_store_test.cc covers the
 // factory's kDevice case.
 #include "embedding/cuda/cuda_store.h"
 
@@ -30,7 +30,7 @@
 #include "embedding/cuda/device_slots.h"
 #include "embedding/cuda/embedding_kernels.h"
 #include "embedding/embedding_store.h"
-#include "tests/cuda_test_util.h"
+#include "tests/support/cuda_test_util.h"
 #include "tests/support/table_spec.h"
 
 namespace dlrm::embedding::cuda {

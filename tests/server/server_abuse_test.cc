@@ -27,7 +27,7 @@
 #include "data/synthetic.h"
 #include "data/wire.h"
 #include "dlrm/service.grpc.pb.h"
-#include "tests/raw_call.h"
+#include "tests/server/raw_call.h"
 #include "tests/support/process.h"
 
 namespace dlrm {

@@ -11,7 +11,7 @@
 #include "core/aligned.h"
 #include "core/cuda/cuda_raii.h"
 #include "core/device.h"
-#include "tests/cuda_test_util.h"
+#include "tests/support/cuda_test_util.h"
 
 namespace dlrm {
 namespace {

@@ -1,5 +1,5 @@
 // Writes .npy files as np.save does (format 1.0, C order), for tests that
-// need NumPy days without a Python: tests/npy_test.cc checks the readers
+// need NumPy days without a Python: tests/data/npy_test.cc checks the readers
 // against numpy's own files, these only feed them.
 #pragma once
 

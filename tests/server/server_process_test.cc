@@ -28,7 +28,7 @@
 #include "server/model_host.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
-#include "tests/test_certs.h"
+#include "tests/support/test_certs.h"
 
 namespace dlrm {
 namespace {

@@ -859,7 +859,7 @@ TEST(CachedStoreTest, CreateChecksItsParts) {
 }
 
 // The factory's device tier with a cache: validated options, and without
-// a GPU a FailedPrecondition naming the table (tests/cuda_store_test.cc
+// a GPU a FailedPrecondition naming the table (tests/embedding/cuda_store_test.cc
 // covers it with one).
 TEST(CachedStoreTest, DeviceCacheOptionsAndFactory) {
   StoreOptions options;

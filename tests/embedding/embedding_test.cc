@@ -1234,7 +1234,7 @@ INSTANTIATE_TEST_SUITE_P(
         // No bags; all bags of a small table.
         StandInCase{8, POOLING_MEAN, 10, {0, 1, 0}, 0, false},
         // Skewed small tables: hot rows longer than a chunk (the first two
-        // like the hottest shapes of tests/cuda_embedding_test.cc).
+        // like the hottest shapes of tests/embedding/cuda_embedding_test.cc).
         StandInCase{4, POOLING_SUM, 10, {257, 3, 0}, 0, true},
         StandInCase{16, POOLING_MEAN, 300, {500, 20, 0}, 0, true},
         StandInCase{16, POOLING_SUM, 40, {2000, 3, 0}, 0, true},

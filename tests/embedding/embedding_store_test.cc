@@ -481,7 +481,7 @@ TEST_F(StoreTest, OptionsAndFactory) {
 }
 
 // The device tier on a machine without a GPU (CI): a FailedPrecondition
-// that says why, never an abort. tests/cuda_store_test.cc covers the tier
+// that says why, never an abort. tests/embedding/cuda_store_test.cc covers the tier
 // where a GPU is present.
 TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
   if (CudaDeviceCount() > 0) {
@@ -506,7 +506,7 @@ TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// With a GPU the factory makes the device tier (tests/cuda_store_test.cc
+// With a GPU the factory makes the device tier (tests/embedding/cuda_store_test.cc
 // tests the store itself).
 TEST(DeviceStoreTest, WithAGpuIsADeviceStore) {
   if (CudaDeviceCount() == 0) {

@@ -41,9 +41,9 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/weights_export.h"
-#include "tests/npy_files.h"
+#include "tests/server/npy_files.h"
 #include "tests/support/process.h"
-#include "tests/test_certs.h"
+#include "tests/support/test_certs.h"
 
 namespace dlrm {
 namespace {

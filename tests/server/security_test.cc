@@ -24,9 +24,9 @@
 #include "server/auth.h"
 #include "server/dlrm_server.h"
 #include "server/health_probe.h"
-#include "tests/raw_call.h"
+#include "tests/server/raw_call.h"
 #include "tests/support/synthetic.h"
-#include "tests/test_certs.h"
+#include "tests/support/test_certs.h"
 
 namespace dlrm::server {
 namespace {
@@ -345,7 +345,7 @@ TEST_F(TokenTest, UnparseableBytesAreRefusedForTheTokenFirst) {
 // ------------------------------------------------------------ TLS
 
 // A CA, a server certificate for localhost / 127.0.0.1 and a client
-// certificate, made once per test binary (tests/test_certs.h).
+// certificate, made once per test binary (tests/support/test_certs.h).
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
