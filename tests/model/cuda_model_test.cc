@@ -34,7 +34,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
-#include "cuda_test_util.h"
+#include "tests/support/cuda_test_util.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
