@@ -36,6 +36,11 @@ if [[ "${DLRM_DOCKER_TEST:-1}" != "0" ]]; then
     "(build/docker_test.log)"
 fi
 
+# OpenMP threads sleep at barriers instead of spinning, in every test and
+# the processes they start (tests/CMakeLists.txt sets it for the tests it
+# registers): two tests' threads share the 2 cores, and spinning ones
+# starve those with work.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
 (cd build && ctest --output-on-failure --parallel "$(nproc)" --timeout 900 \
   -LE docker) || status=$?
