@@ -49,21 +49,23 @@
 #include "core/version.h"
 #include "data/criteo.h"
 #include "data/synthetic.h"
+#include "tests/support/expect.h"
+#include "tests/support/files.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::clients {
 namespace {
 
+using test::FreePort;
+
+using test::ReadFile;
+
+using test::ExpectInvalid;
+
 namespace fs = std::filesystem;
 
 // --- helpers ---------------------------------------------------------------
-
-void ExpectInvalid(const absl::Status& status, const std::string& text) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(std::string(status.message()).find(text), std::string::npos)
-      << "message: " << status.message() << "\nexpected: " << text;
-}
 
 // --- wire ------------------------------------------------------------------
 
@@ -232,13 +234,6 @@ std::string BinaryPath(const char* env, const fs::path& relative) {
 // Runs `args` with stdin from `stdin_path` (empty: /dev/null), returning the
 // exit status (-1 if it did not run) and its stdout and stderr.
 using CommandResult = test::RunResult;
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A Criteo TSV file of the tiny model's shape (label, 4 integer features,
 // 3 hex categoricals) with `samples` good lines.
@@ -1307,24 +1302,6 @@ TEST_F(ClientServerProcessTest, PredictDuringTrainingSeesWholeSteps) {
 }
 
 // --- a user's first hour: ports, paths, warnings, the CLI's answers ------
-
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
-// closed); 0 if none could be had.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // A second dlrm_server on a port the first holds exits 1 naming the flag,
 // the address and the reason, for the gRPC port and the metrics port (both

@@ -43,6 +43,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "tests/support/files.h"
 #include "tests/support/process.h"
 #include "tests/support/test_certs.h"
 #if defined(DLRM_WITH_NCCL)
@@ -55,6 +56,8 @@
 
 namespace dlrm::comm {
 namespace {
+
+using test::ReadFile;
 
 constexpr char kChildFlag[] = "--comm_test_child";
 constexpr uint64_t kDefaultSeed = 20261122;
@@ -503,13 +506,6 @@ std::string WriteFileAtomically(const std::string& path,
   }
   std::filesystem::rename(tmp, path);
   return path;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // A rank's result: its status code on the first line, the message after.
@@ -1189,34 +1185,10 @@ TEST(CommCoordinatorOptionsTest, TokensAndTlsFilesAreValidated) {
 constexpr char kJoinToken[] = "join-0123456789abcdef0123456789";
 constexpr char kWrongJoinToken[] = "join-0123456789abcdef012345678X";
 
-// A coordinator over TLS (certificates from tests/support/test_certs.h, made once
-// per binary) and clients that dial it.
-class CommCoordinatorSecurityTest : public ::testing::Test {
+// A coordinator over TLS (the certificates of tests/support/test_certs.h,
+// made once per suite) and clients that dial it.
+class CommCoordinatorSecurityTest : public test::TestCertificatesTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                     absl::StrCat("comm_test_pki_", getpid()));
-    std::filesystem::remove_all(*dir_);
-    std::filesystem::create_directories(*dir_);
-    made_ = test::MakeTestCertificates(*dir_);
-  }
-
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
-
-  void SetUp() override {
-    if (!made_) {
-      GTEST_SKIP() << "the openssl tool could not make test certificates "
-                      "(see openssl.log; is openssl installed?)";
-    }
-  }
-
-  static std::string File(const std::string& name) {
-    return (*dir_ / name).string();
-  }
-
   // Starts the coordinator over TLS; `mutual` requires client
   // certificates, `token` a join token.
   void Start(bool mutual, const std::string& token = "") {
@@ -1254,13 +1226,8 @@ class CommCoordinatorSecurityTest : public ::testing::Test {
     return client->RegisterRank("alone", 0, 0, 1, timeout_seconds).status();
   }
 
-  static std::filesystem::path* dir_;
-  static bool made_;
   std::unique_ptr<CoordinatorServer> server_;
 };
-
-std::filesystem::path* CommCoordinatorSecurityTest::dir_ = nullptr;
-bool CommCoordinatorSecurityTest::made_ = false;
 
 TEST_F(CommCoordinatorSecurityTest, TlsRendezvousWorks) {
   Start(/*mutual=*/false);

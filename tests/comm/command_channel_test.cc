@@ -256,20 +256,16 @@ TEST(CommandChannelTest, OptionsAreChecked) {
 }  // namespace dlrm::comm
 
 int main(int argc, char** argv) {
-  if (argc == 7 && std::strcmp(argv[1], "--channel-worker") == 0) {
+  // A rank process: the flag, then its arguments.
+  const auto worker = [](char** args) {
     dlrm::comm::WorkerArgs a;
-    a.mode = argv[2];
-    a.world = std::atoi(argv[3]);
-    a.rank = std::atoi(argv[4]);
-    a.coordinator = argv[5];
-    a.failing = std::atoi(argv[6]);
-    const absl::Status s = dlrm::comm::RunWorker(a);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", a.rank, s.ToString().c_str());
-      return 1;
-    }
-    return 0;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+    a.mode = args[2];
+    a.world = std::atoi(args[3]);
+    a.rank = std::atoi(args[4]);
+    a.coordinator = args[5];
+    a.failing = std::atoi(args[6]);
+    return dlrm::comm::RunWorker(a);
+  };
+  return dlrm::test::TestsOrWorkerMain(argc, argv, "--channel-worker", 7,
+                                       /*rank_arg=*/4, worker);
 }

@@ -347,18 +347,23 @@ TEST(ConfigTest, DcnDefaultsChecksAndCounts) {
   }
 }
 
+// A one-table config (dim 4, MLPs [4] and [1]).
+constexpr char kOneTable[] =
+    "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
+    "top_mlp: [1] ";
+
+// kOneTable with `extra` (config text) added, normalised.
+absl::StatusOr<ModelConfig> LoadOneTable(const std::string& extra) {
+  auto parsed = ParseModelConfigText(kOneTable + extra);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return NormalizeModelConfig(parsed.value_or(ModelConfig()));
+}
+
 // dense_precision: PRECISION_FP32 unless set, PRECISION_BF16 parses and
 // survives normalisation; a value outside the enum (as a binary proto may
 // carry, or a number in the text) is refused naming the field.
 TEST(ConfigTest, DensePrecision) {
-  const std::string base =
-      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
-      "top_mlp: [1] ";
-  auto load = [&](const std::string& extra) {
-    auto parsed = ParseModelConfigText(base + extra);
-    EXPECT_TRUE(parsed.ok()) << parsed.status();
-    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
-  };
+  const auto load = LoadOneTable;
   auto plain = load("");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->dense_precision(), PRECISION_AUTO);
@@ -375,8 +380,9 @@ TEST(ConfigTest, DensePrecision) {
     EXPECT_NE(n.status().message().find("dense_precision"), std::string::npos)
         << n.status();
   }
-  EXPECT_FALSE(
-      ParseModelConfigText(base + "dense_precision: PRECISION_FP8").ok());
+  EXPECT_FALSE(ParseModelConfigText(std::string(kOneTable) +
+                                    "dense_precision: PRECISION_FP8")
+                   .ok());
 }
 
 // --precision: auto, fp32 or bf16 set the field, empty keeps the config's,
@@ -456,14 +462,7 @@ struct OnOffField {
 // either device; the flag sets it, "" leaves it, any other value is
 // refused naming the flag, the config unchanged.
 void ExpectOnOffField(const OnOffField& f) {
-  const std::string base =
-      "embedding_dim: 4 tables { name: 'a' rows: 10 } bottom_mlp: [4] "
-      "top_mlp: [1] ";
-  auto load = [&](const std::string& extra) {
-    auto parsed = ParseModelConfigText(base + extra);
-    EXPECT_TRUE(parsed.ok()) << parsed.status();
-    return NormalizeModelConfig(parsed.value_or(ModelConfig()));
-  };
+  const auto load = LoadOneTable;
   auto plain = load("");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(((*plain).*f.get)());

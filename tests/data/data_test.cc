@@ -29,9 +29,17 @@
 #include "data/range_reader.h"
 #include "data/synthetic.h"
 #include "data/wire.h"
+#include "tests/support/expect.h"
+#include "tests/support/files.h"
 
 namespace dlrm::data {
 namespace {
+
+using test::WriteFile;
+
+using test::ExpectBatchesEqual;
+using test::ExpectInvalid;
+using test::ExpectMentions;
 
 // --- helpers ---------------------------------------------------------------
 
@@ -52,28 +60,6 @@ Batch GoodBatch() {
 const std::vector<int64_t> kGoodRows = {100, 10};
 
 absl::Status ValidateGood(const Batch& b) { return b.Validate(3, kGoodRows); }
-
-void ExpectMentions(const absl::Status& status, const std::string& text) {
-  EXPECT_NE(std::string(status.message()).find(text), std::string::npos)
-      << "message: " << status.message() << "\nexpected to contain: " << text;
-}
-
-void ExpectInvalid(const absl::Status& status, const std::string& text) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  ExpectMentions(status, text);
-}
-
-void ExpectBatchesEqual(const Batch& a, const Batch& b) {
-  ASSERT_EQ(a.size, b.size);
-  ASSERT_EQ(a.num_dense, b.num_dense);
-  EXPECT_EQ(a.dense, b.dense);
-  EXPECT_EQ(a.labels, b.labels);
-  ASSERT_EQ(a.sparse.size(), b.sparse.size());
-  for (size_t t = 0; t < a.sparse.size(); ++t) {
-    EXPECT_EQ(a.sparse[t].offsets, b.sparse[t].offsets) << "table " << t;
-    EXPECT_EQ(a.sparse[t].ids, b.sparse[t].ids) << "table " << t;
-  }
-}
 
 std::vector<Batch> ReadAll(BatchSource* source, int64_t batch_size) {
   std::vector<Batch> batches;
@@ -114,12 +100,6 @@ std::string TempPath(const std::string& name) {
   return (std::filesystem::path(testing::TempDir()) /
           (std::to_string(getpid()) + "_" + name))
       .string();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  ASSERT_TRUE(out.good()) << path;
 }
 
 // A Criteo line with 13 dense and 26 categorical fields.

@@ -22,9 +22,17 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "data/criteo.h"
+#include "tests/support/expect.h"
+#include "tests/support/files.h"
 
 namespace dlrm::data {
 namespace {
+
+using test::ReadFile;
+using test::WriteFile;
+
+using test::ExpectBatchesEqual;
+using test::ExpectInvalid;
 
 namespace fs = std::filesystem;
 
@@ -50,25 +58,6 @@ std::string FindNumpyPython() {
   return "";
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << path;
-}
-
-void ExpectInvalid(const absl::Status& status, const std::string& text) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(std::string(status.message()).find(text), std::string::npos)
-      << "message: " << status.message() << "\nexpected to contain: " << text;
-}
-
 // Every sample of `source` in one batch, read `batch_size` at a time.
 Batch ReadWhole(BatchSource* source, int64_t batch_size) {
   Batch whole;
@@ -80,18 +69,6 @@ Batch ReadWhole(BatchSource* source, int64_t batch_size) {
     whole.Append(b);
   }
   return whole;
-}
-
-void ExpectBatchesEqual(const Batch& a, const Batch& b) {
-  ASSERT_EQ(a.size, b.size);
-  ASSERT_EQ(a.num_dense, b.num_dense);
-  EXPECT_EQ(a.dense, b.dense);
-  EXPECT_EQ(a.labels, b.labels);
-  ASSERT_EQ(a.sparse.size(), b.sparse.size());
-  for (size_t t = 0; t < a.sparse.size(); ++t) {
-    EXPECT_EQ(a.sparse[t].offsets, b.sparse[t].offsets) << "table " << t;
-    EXPECT_EQ(a.sparse[t].ids, b.sparse[t].ids) << "table " << t;
-  }
 }
 
 template <typename T>
@@ -124,13 +101,7 @@ class NpyTest : public testing::Test {
                              "/usr/bin/python3, python3")
                    << "): install python3-numpy (scripts/install-deps.sh)";
     }
-    dir_ = (fs::path(testing::TempDir()) /
-            absl::StrCat(
-                "npy_test_", getpid(), "_",
-                testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::MakeTestDir().string();
   }
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);

@@ -37,13 +37,8 @@
 namespace dlrm::dense::cuda {
 namespace {
 
-using dlrm::testing::ExpectBitwiseEqual;
-using dlrm::testing::ExpectCloseToScale;
-using dlrm::testing::kCudaTestSeed;
-using dlrm::testing::Poisoned;
-using dlrm::testing::RandomFloats;
-using dlrm::testing::ToDevice;
-using dlrm::testing::ToHost;
+// The CUDA tests' helpers (tests/support/cuda_test_util.h).
+using namespace ::dlrm::testing;  // NOLINT(build/namespaces)
 
 struct LinearCase {
   int64_t batch;

@@ -34,6 +34,11 @@
 namespace dlrm::embedding {
 namespace {
 
+using test::AllRecords;
+using test::Bag;
+using test::RandomGrad;
+using test::SkewedIds;
+
 constexpr uint64_t kSeed = 20261124;
 
 TableSpec MakeSpec(int64_t rows, int dim, Pooling pooling,
@@ -41,57 +46,8 @@ TableSpec MakeSpec(int64_t rows, int dim, Pooling pooling,
   return test::MakeTableSpec(5, rows, dim, pooling, type, kSeed);
 }
 
-data::SparseFeature Bag(std::vector<int64_t> ids) {
-  data::SparseFeature f;
-  f.offsets = {0, static_cast<int64_t>(ids.size())};
-  f.ids = std::move(ids);
-  return f;
-}
-
-// `bags` bags of 0..max_hot ids, skewed: 60% from 32 hot rows, 25% from the
-// next 300, the rest uniform over the table; one in four repeats the bag's
-// previous id.
-data::SparseFeature SkewedIds(Rng& rng, int64_t rows, int64_t bags,
-                              int max_hot) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t s = 0; s < bags; ++s) {
-    const int64_t n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(max_hot);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t u = rng.Below(100);
-      int64_t id;
-      if (i > 0 && rng.Below(4) == 0) {
-        id = f.ids.back();
-      } else if (u < 60) {
-        id = rng.Below(std::min<int64_t>(32, rows));
-      } else if (u < 85) {
-        id = rng.Below(std::min<int64_t>(332, rows));
-      } else {
-        id = rng.Below(rows);
-      }
-      f.ids.push_back(id);
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  return f;
-}
-
-std::vector<float> RandomGrad(Rng& rng, int64_t bags, int dim) {
-  std::vector<float> g(std::max<int64_t>(1, bags * dim));
-  for (float& x : g) x = static_cast<float>(rng.Normal());
-  return g;
-}
-
 int RecordFloats(const TableSpec& spec) {
   return spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
-}
-
-std::vector<float> AllRecords(EmbeddingStore& store) {
-  const TableSpec& spec = store.spec();
-  std::vector<float> records(spec.rows * RecordFloats(spec));
-  const absl::Status st = store.ReadRows(0, spec.rows, records.data());
-  EXPECT_TRUE(st.ok()) << st;
-  return records;
 }
 
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
@@ -312,7 +268,8 @@ TEST(SlotManagerTest, RandomBatchesKeepTheInvariants) {
     std::vector<bool> dirty(40, false);
     int64_t resident = 0;
     for (int step = 0; step < 300; ++step) {
-      const data::SparseFeature ids = SkewedIds(rng, 500, 6, 4);
+      const data::SparseFeature ids =
+          SkewedIds(rng, 500, 6, 4, /*repeats=*/true);
       ASSERT_TRUE(m.Plan(ids).ok());
       const SlotPlan& plan = m.plan();
       std::vector<int64_t> sorted = plan.slots;
@@ -376,7 +333,8 @@ void TrainAndCompare(const TableSpec& spec, CachedStore& store, int steps,
   Rng rng(seed);
   std::vector<data::SparseFeature> batches;
   for (int i = 0; i <= steps; ++i) {
-    batches.push_back(SkewedIds(rng, spec.rows, bags, max_hot));
+    batches.push_back(
+        SkewedIds(rng, spec.rows, bags, max_hot, /*repeats=*/true));
   }
   const int dim = spec.dim;
   const int floats = RecordFloats(spec);

@@ -27,18 +27,11 @@
 namespace dlrm::embedding::cuda {
 namespace {
 
-using dlrm::testing::ExpectBitwiseEqual;
-using dlrm::testing::ExpectCloseToScale;
-using dlrm::testing::kCudaTestSeed;
-using dlrm::testing::Poisoned;
-using dlrm::testing::RandomFloats;
-using dlrm::testing::ToDevice;
-using dlrm::testing::ToHost;
+// The CUDA tests' helpers (tests/support/cuda_test_util.h).
+using namespace ::dlrm::testing;  // NOLINT(build/namespaces)
 
 using test::MakeOptimizer;
 
-using dlrm::testing::BagShape;
-using dlrm::testing::RandomIds;
 using Shape = BagShape;
 
 // Pools `ids` on the device from `table`'s weights; the returned rows are

@@ -36,13 +36,10 @@
 namespace dlrm::embedding::cuda {
 namespace {
 
-using dlrm::testing::ExpectBitwiseEqual;
-using dlrm::testing::ExpectCloseToScale;
-using dlrm::testing::kCudaTestSeed;
-using dlrm::testing::Poisoned;
-using dlrm::testing::RandomFloats;
-using dlrm::testing::ToDevice;
-using dlrm::testing::ToHost;
+// The CUDA tests' helpers (tests/support/cuda_test_util.h).
+using namespace ::dlrm::testing;  // NOLINT(build/namespaces)
+using test::AllRecords;
+using test::SkewedIds;
 
 // The tolerance, relative to the compared values' scale
 // (ExpectCloseToScale), of pooled outputs and records once a table has been
@@ -71,8 +68,6 @@ std::unique_ptr<EmbeddingStore> DeviceStore(const TableSpec& spec,
   return std::move(store).value();
 }
 
-using dlrm::testing::BagShape;
-using dlrm::testing::RandomIds;
 using Shape = BagShape;
 
 // The store's pooled rows of `prepared` (a device Forward, waited for),
@@ -97,15 +92,6 @@ std::vector<float> HostForward(EmbeddingStore& store,
   const absl::Status st = store.Forward(prepared, out.data(), stride);
   EXPECT_TRUE(st.ok()) << st;
   return out;
-}
-
-std::vector<float> AllRecords(EmbeddingStore& store) {
-  const TableSpec& spec = store.spec();
-  const int64_t floats = spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
-  std::vector<float> records(spec.rows * floats);
-  const absl::Status st = store.ReadRows(0, spec.rows, records.data());
-  EXPECT_TRUE(st.ok()) << st;
-  return records;
 }
 
 // Compares two stores' records: rows in `touched` within kTolerance of
@@ -619,24 +605,6 @@ TEST(RecordKernelsTest, LoadAndStoreMatchTheCpuReference) {
   }
 }
 
-// Skewed ids (most from a hot set) as a cache sees them.
-data::SparseFeature SkewedIds(Rng& rng, int64_t rows, int64_t bags,
-                              int max_hot) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t s = 0; s < bags; ++s) {
-    const int64_t n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(max_hot);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t u = rng.Below(100);
-      f.ids.push_back(u < 60   ? rng.Below(std::min<int64_t>(32, rows))
-                      : u < 85 ? rng.Below(std::min<int64_t>(332, rows))
-                               : rng.Below(rows));
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  return f;
-}
-
 // The device tier's cache (a tenth of the table in device slots in front
 // of the table in host memory) against the whole table in device memory
 // (CudaStore) and in host memory (HostStore, the CPU reference): the same
@@ -680,7 +648,7 @@ TEST(CudaCachedStoreTest, TrainsLikeTheWholeTableOnTheDevice) {
         Rng rng(kCudaTestSeed + 7 * type);
         std::vector<data::SparseFeature> batches;
         for (int i = 0; i <= 20; ++i) {
-          batches.push_back(SkewedIds(rng, rows, bags, 4));
+          batches.push_back(SkewedIds(rng, rows, bags, 4, /*repeats=*/false));
         }
         std::vector<bool> touched(rows, false);
         for (int step = 0; step < 20; ++step) {

@@ -39,49 +39,15 @@
 namespace dlrm::embedding {
 namespace {
 
+using test::Bag;
+using test::HotHalfIds;
+using test::RandomGrad;
+
 constexpr uint64_t kSeed = 20261123;
 
 TableSpec MakeSpec(int table_index, int64_t rows, int dim, Pooling pooling,
                    OptimizerConfig::Type type) {
   return test::MakeTableSpec(table_index, rows, dim, pooling, type, kSeed);
-}
-
-// `bags` bags of 0..max_hot ids: half from a hot set of 64 rows, half
-// uniform over the table, and one in four a repeat of the bag's previous id
-// (duplicates within a bag).
-data::SparseFeature RandomIds(Rng& rng, int64_t rows, int64_t bags,
-                              int max_hot) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t s = 0; s < bags; ++s) {
-    const int64_t n = rng.Below(8) == 0 ? 0 : 1 + rng.Below(max_hot);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t id;
-      if (i > 0 && rng.Below(4) == 0) {
-        id = f.ids.back();
-      } else if (rng.Below(2) == 0) {
-        id = rng.Below(std::min<int64_t>(64, rows));
-      } else {
-        id = rng.Below(rows);
-      }
-      f.ids.push_back(id);
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  return f;
-}
-
-data::SparseFeature Bag(std::vector<int64_t> ids) {
-  data::SparseFeature f;
-  f.offsets = {0, static_cast<int64_t>(ids.size())};
-  f.ids = std::move(ids);
-  return f;
-}
-
-std::vector<float> RandomGrad(Rng& rng, int64_t bags, int dim) {
-  std::vector<float> g(std::max<int64_t>(1, bags * dim));
-  for (float& x : g) x = static_cast<float>(rng.Normal());
-  return g;
 }
 
 // Row `row` of an in-memory table as a store record: weights, then state.
@@ -151,7 +117,7 @@ void TrainAndCompare(const TableSpec& spec, RocksDbCachedStore& store,
   Rng rng(seed);
   std::vector<data::SparseFeature> batches;
   for (int i = 0; i <= steps; ++i) {
-    batches.push_back(RandomIds(rng, spec.rows, bags, max_hot));
+    batches.push_back(HotHalfIds(rng, spec.rows, bags, max_hot));
   }
   const int dim = spec.dim;
   std::vector<float> out_ref(bags * dim), out_store(bags * dim);
@@ -691,7 +657,7 @@ TEST_F(StoreTest, CheckpointRestoresRowsAndOptimizerState) {
   Rng rng(kSeed);
   auto train = [&](EmbeddingStore& store, Rng& r, int steps) {
     for (int i = 0; i < steps; ++i) {
-      const data::SparseFeature ids = RandomIds(r, spec.rows, 16, 3);
+      const data::SparseFeature ids = HotHalfIds(r, spec.rows, 16, 3);
       auto p = store.Prepare(ids);
       ASSERT_TRUE(p.ok()) << p.status();
       const std::vector<float> grad = RandomGrad(r, 16, 8);
@@ -852,10 +818,10 @@ TEST_P(ReadOnlyTest, PoolsEveryRowWhereverItLivesWithoutChangingTheCache) {
   std::vector<float> want(spec.rows * dim), got(spec.rows * dim);
   std::vector<bool> written(spec.rows, false);
   int64_t resident = 0, pending = 0, stored_written = 0, never_written = 0;
-  data::SparseFeature ids = RandomIds(rng, spec.rows, 8, 4);
+  data::SparseFeature ids = HotHalfIds(rng, spec.rows, 8, 4);
   for (int step = 0; step < 40; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step);
-    const data::SparseFeature next = RandomIds(rng, spec.rows, 8, 4);
+    const data::SparseFeature next = HotHalfIds(rng, spec.rows, 8, 4);
     std::vector<bool> dirty_before(spec.rows);
     for (int64_t r = 0; r < spec.rows; ++r) dirty_before[r] = store.IsDirty(r);
     const bool hold = step % 2 == 0;
@@ -870,7 +836,7 @@ TEST_P(ReadOnlyTest, PoolsEveryRowWhereverItLivesWithoutChangingTheCache) {
     ASSERT_TRUE(store.PoolReadOnly(every, got.data(), dim).ok());
     reference.Forward(every, want.data(), dim);
     ASSERT_TRUE(BitwiseEqual(want, got));
-    const data::SparseFeature bags = RandomIds(rng, spec.rows, 24, 6);
+    const data::SparseFeature bags = HotHalfIds(rng, spec.rows, 24, 6);
     std::vector<float> bag_want(24 * dim), bag_got(24 * dim, -1.0f);
     ASSERT_TRUE(store.PoolReadOnly(bags, bag_got.data(), dim).ok());
     reference.Forward(bags, bag_want.data(), dim);
@@ -1027,14 +993,14 @@ TEST_F(StoreTest, ReadOnlyPoolBesideTrainingSeesOneStepAndChangesNothing) {
   std::vector<data::SparseFeature> batches;
   std::vector<std::vector<float>> grads;
   for (int i = 0; i <= kSteps; ++i) {
-    batches.push_back(RandomIds(rng, spec.rows, kBags, 4));
+    batches.push_back(HotHalfIds(rng, spec.rows, kBags, 4));
   }
   for (int i = 0; i < kSteps; ++i) {
     grads.push_back(RandomGrad(rng, kBags, spec.dim));
   }
   // Every row, then random bags.
   data::SparseFeature probe = EveryRow(spec.rows);
-  const data::SparseFeature bags = RandomIds(rng, spec.rows, 32, 6);
+  const data::SparseFeature bags = HotHalfIds(rng, spec.rows, 32, 6);
   for (int64_t s = 0; s < bags.num_bags(); ++s) {
     probe.ids.insert(probe.ids.end(), bags.ids.begin() + bags.offsets[s],
                      bags.ids.begin() + bags.offsets[s + 1]);
@@ -1130,7 +1096,7 @@ class StoreFaultTest : public StoreTest {
     std::vector<float> out_ref(kBags * dim), out_store(kBags * dim);
     std::vector<absl::Status> failures;
     for (int i = 0; i < steps; ++i) {
-      const data::SparseFeature ids = RandomIds(rng, spec_.rows, kBags, 5);
+      const data::SparseFeature ids = HotHalfIds(rng, spec_.rows, kBags, 5);
       const std::vector<float> grad = RandomGrad(rng, kBags, dim);
       absl::StatusOr<const data::SparseFeature*> prepared =
           store_->Prepare(ids);

@@ -34,13 +34,16 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
-#include "tests/support/cuda_test_util.h"
 #include "data/synthetic.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/exchange_memory.h"
 #include "model/model.h"
+#include "tests/support/cuda_test_util.h"
 #include "tests/support/process.h"
+#include "tests/support/ranks.h"
+#include "tests/support/sharding.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -98,18 +101,12 @@ ModelConfig CaseConfig(const DeviceCase& c) {
 }
 
 data::Batch Batch(const ModelConfig& c, int64_t n, uint64_t seed) {
-  data::SyntheticOptions o;
-  o.sample_seed = seed;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  data::Batch b;
   if (n == 0) {
+    data::Batch b;
     b.Reset(c.num_dense_features(), c.tables_size());
     return b;
   }
-  auto more = (*src)->Next(n, &b);
-  EXPECT_TRUE(more.ok() && *more);
-  return b;
+  return test::SyntheticSamples(c, n, seed);
 }
 
 class CudaModelTest : public ::testing::TestWithParam<DeviceCase> {};
@@ -547,20 +544,7 @@ ModelConfig RanksConfig(const std::string& kind, int world, bool host_tables,
     if (on_gpu && (!host_tables || k % 2 == 0)) {
       t->set_storage(STORAGE_DEVICE);
     }
-    if (kind == "table") {
-      t->set_sharding(SHARDING_TABLE_WISE);
-      t->add_shard_ranks((k + 1) % world);
-    } else if (kind == "column") {
-      t->set_sharding(SHARDING_COLUMN_WISE);
-      for (int r = world - 1; r >= 0; --r) t->add_shard_ranks(r);
-    } else if (kind == "row") {
-      t->set_sharding(SHARDING_ROW_WISE);
-    } else if (kind == "mixed") {
-      const ShardingKind kinds[] = {SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE,
-                                    SHARDING_ROW_WISE, SHARDING_DATA_PARALLEL};
-      t->set_sharding(kinds[k]);
-      if (k == 0) t->add_shard_ranks(world - 1);
-    }
+    test::ShardTableAs(kind, k, world, t);
   }
   return c;
 }
@@ -607,17 +591,9 @@ absl::Status RunRank(const std::string& kind, bool host_tables, int world,
                      int rank, const std::string& coordinator,
                      const std::string& out) {
   const ModelConfig c = RanksConfig(kind, world, host_tables, true);
-  embedding::PlannerOptions po;
-  po.world_size = world;
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(c, po));
-  comm::GlooOptions go;
-  go.rank = rank;
-  go.world_size = world;
-  go.coordinator_address = coordinator;
-  go.job_id = "control";
-  go.connect_timeout_seconds = 60;
-  go.op_timeout_seconds = 60;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan, test::PlanOver(c, world));
+  comm::GlooOptions go = test::RankGloo(rank, world, coordinator, "control",
+                                        /*connect=*/60, /*op=*/60);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
   go.job_id = "staged";

@@ -30,33 +30,19 @@
 #include "model/model.h"
 #include "server/rank_group.h"
 #include "tests/support/process.h"
+#include "tests/support/ranks.h"
+#include "tests/support/sharding.h"
 
 namespace dlrm::model {
 namespace {
 
 constexpr int kSteps = 4;
 
-// Four tables of dim 16 (so column-wise can split 4 ways), one mean-pooled
-// multi-hot, Adam on the tables (per element: column-wise shards update
-// exactly like the whole row).
+// The four-table model (tests/support/sharding.h) in fp32: under bf16 a
+// last-bit difference of a sum can cross a rounding boundary, beyond these
+// tests' float tolerances.
 ModelConfig TestConfig() {
-  auto parsed = ParseModelConfigText(R"(
-    num_dense_features: 4 embedding_dim: 16
-    tables { name: "a" rows: 60 }
-    tables { name: "b" rows: 45 multi_hot_size: 3 pooling: POOLING_MEAN }
-    tables { name: "c" rows: 80 multi_hot_size: 2 }
-    tables { name: "d" rows: 7 }
-    bottom_mlp: [16, 16] top_mlp: [16, 1] interaction: INTERACTION_DOT
-    dense_optimizer { type: SGD learning_rate: 0.1 }
-    sparse_optimizer { type: ADAM learning_rate: 0.01 }
-    seed: 17
-    # The fp32 arithmetic: under bf16 a last-bit difference of a sum can
-    # cross a rounding boundary, beyond these tests' float tolerances.
-    dense_precision: PRECISION_FP32)");
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  auto c = NormalizeModelConfig(*parsed);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
+  return test::FourTableConfig("dense_precision: PRECISION_FP32");
 }
 
 // A scenario is a sharding kind and modifiers, "kind+mod+mod":
@@ -205,27 +191,7 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
     c = *placed;
   }
   for (int k = 0; k < c.tables_size(); ++k) {
-    TableConfig* t = c.mutable_tables(k);
-    if (scenario == "table") {
-      t->set_sharding(SHARDING_TABLE_WISE);
-      t->add_shard_ranks((k + 1) % world);
-    } else if (scenario == "one_owner") {
-      // Every other rank owns nothing.
-      t->set_sharding(SHARDING_TABLE_WISE);
-      t->add_shard_ranks(0);
-    } else if (scenario == "column") {
-      t->set_sharding(SHARDING_COLUMN_WISE);
-      for (int r = world - 1; r >= 0; --r) t->add_shard_ranks(r);
-    } else if (scenario == "row") {
-      t->set_sharding(SHARDING_ROW_WISE);
-    } else if (scenario == "data") {
-      t->set_sharding(SHARDING_DATA_PARALLEL);
-    } else if (scenario == "mixed") {
-      const ShardingKind kinds[] = {SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE,
-                                    SHARDING_ROW_WISE, SHARDING_DATA_PARALLEL};
-      t->set_sharding(kinds[k]);
-      if (k == 0) t->add_shard_ranks(world - 1);
-    }
+    test::ShardTableAs(scenario, k, world, c.mutable_tables(k));
   }
   return c;
 }
@@ -451,17 +417,10 @@ absl::Status RunGroupWorker(const WorkerArgs& a, const Scenario& sc,
 absl::Status RunWorker(const WorkerArgs& a) {
   const Scenario sc = ParseScenario(a.scenario);
   const ModelConfig c = ScenarioConfig(a.scenario, a.world, a.out);
-  embedding::PlannerOptions po;
-  po.world_size = a.world;
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(c, po));
-  comm::GlooOptions go;
-  go.rank = a.rank;
-  go.world_size = a.world;
-  go.coordinator_address = a.coordinator;
-  go.job_id = a.scenario;
-  go.connect_timeout_seconds = 30;
-  go.op_timeout_seconds = 5;
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan, test::PlanOver(c, a.world));
+  comm::GlooOptions go =
+      test::RankGloo(a.rank, a.world, a.coordinator, a.scenario, /*connect=*/30,
+                     /*op=*/5);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
   std::unique_ptr<comm::Communicator> dense_comm;
@@ -974,22 +933,18 @@ TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
 }  // namespace dlrm::model
 
 int main(int argc, char** argv) {
-  if (argc == 9 && std::strcmp(argv[1], "--hybrid-worker") == 0) {
+  // A rank process: the flag, then its arguments.
+  const auto worker = [](char** args) {
     dlrm::model::WorkerArgs a;
-    a.scenario = argv[2];
-    a.world = std::atoi(argv[3]);
-    a.rank = std::atoi(argv[4]);
-    a.coordinator = argv[5];
-    a.out = argv[6];
-    a.global_batch = std::atoll(argv[7]);
-    a.die_at_step = std::atoi(argv[8]);
-    const absl::Status s = dlrm::model::RunWorker(a);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", a.rank, s.ToString().c_str());
-      return 1;
-    }
-    return 0;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+    a.scenario = args[2];
+    a.world = std::atoi(args[3]);
+    a.rank = std::atoi(args[4]);
+    a.coordinator = args[5];
+    a.out = args[6];
+    a.global_batch = std::atoll(args[7]);
+    a.die_at_step = std::atoi(args[8]);
+    return dlrm::model::RunWorker(a);
+  };
+  return dlrm::test::TestsOrWorkerMain(argc, argv, "--hybrid-worker", 9,
+                                       /*rank_arg=*/4, worker);
 }

@@ -24,6 +24,7 @@
 #include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "gtest/gtest.h"
+#include "tests/support/expect.h"
 #include "tests/support/process.h"
 
 namespace dlrm::model {
@@ -85,7 +86,7 @@ TEST(MemoryPlanTest, CountsHostTablesAsTheirRowsAndOptimizerState) {
   EXPECT_GE(m->dense, 2 * 4 * DenseParameterCount(c));
   EXPECT_GT(m->batch_buffers, 0);
   EXPECT_EQ(m->host_total(), m->host_tables + m->host_without_tables());
-  EXPECT_NE(m->ToString().find("tables in host memory"), std::string::npos);
+  EXPECT_HAS_SUBSTR(m->ToString(), "tables in host memory");
 }
 
 TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
@@ -126,7 +127,7 @@ TEST(MemoryPlanTest, MachineMemoryOverrideIsUsedAndChecked) {
   setenv("DLRM_MACHINE_MEMORY_BYTES", "lots", 1);
   absl::Status bad = AvailableMemory().status();
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
-  EXPECT_NE(bad.message().find("DLRM_MACHINE_MEMORY_BYTES"), std::string::npos);
+  EXPECT_HAS_SUBSTR(bad.message(), "DLRM_MACHINE_MEMORY_BYTES");
   unsetenv("DLRM_MACHINE_MEMORY_BYTES");
   m = AvailableMemory();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -144,10 +145,10 @@ TEST(MemoryPlanTest, DcnV2OnASmallMachineIsRefusedWithABudgetThatFits) {
   const absl::Status refused = CheckMemory(c, *m, machine);
   ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   const std::string text(refused.message());
-  EXPECT_NE(text.find("short"), std::string::npos) << text;
+  EXPECT_HAS_SUBSTR(text, "short") << text;
   const size_t flag = text.find("--host-budget-mb ");
   ASSERT_NE(flag, std::string::npos) << text;
-  EXPECT_NE(text.find("--rocksdb-dir DIR"), std::string::npos) << text;
+  EXPECT_HAS_SUBSTR(text, "--rocksdb-dir DIR") << text;
   int64_t budget_mb = 0;
   const std::string number =
       text.substr(flag + 17, text.find(' ', flag + 17) - flag - 17);
@@ -184,8 +185,7 @@ TEST(MemoryPlanTest, CachesTooBigForTheMachineNameTheCacheFlags) {
                               "a test"};
   const absl::Status refused = CheckMemory(c, *m, machine);
   ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_NE(refused.message().find("--cache-fraction"), std::string::npos)
-      << refused;
+  EXPECT_HAS_SUBSTR(refused.message(), "--cache-fraction") << refused;
 }
 
 TEST(MemoryPlanTest, ShardingBudgetErrorSaysWhatTheFlagIs) {
@@ -196,13 +196,10 @@ TEST(MemoryPlanTest, ShardingBudgetErrorSaysWhatTheFlagIs) {
       "--memory-budget-mb");
   ASSERT_TRUE(absl::IsResourceExhausted(planned.status())) << planned.status();
   const std::string text(planned.status().message());
-  EXPECT_NE(text.find("fits nowhere"), std::string::npos) << text;
-  EXPECT_NE(text.find("--memory-budget-mb is the sharding planner's limit"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(text, "fits nowhere") << text;
+  EXPECT_HAS_SUBSTR(text, "--memory-budget-mb is the sharding planner's limit")
       << text;
-  EXPECT_NE(text.find("--host-budget-mb N --rocksdb-dir DIR"),
-            std::string::npos)
-      << text;
+  EXPECT_HAS_SUBSTR(text, "--host-budget-mb N --rocksdb-dir DIR") << text;
 }
 
 TEST(StorageFlagsTest, BudgetWithoutADirectoryNamesTheFlag) {
@@ -211,7 +208,7 @@ TEST(StorageFlagsTest, BudgetWithoutADirectoryNamesTheFlag) {
   flags.host_budget_mb = 10;
   const absl::Status s = flags.Apply(&c);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_NE(s.message().find("--rocksdb-dir"), std::string::npos) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "--rocksdb-dir") << s;
 }
 
 TEST(StorageFlagsTest, KeepsTheConfigsRocksDbFieldsItIsNotGiven) {
@@ -243,11 +240,10 @@ TEST(MemoryProcessTest, DlrmTrainRefusesDcnV2BeforeAllocating) {
       {DLRM_TRAIN_BINARY, "--config", "mlperf-dlrm-dcnv2", "--steps", "1"},
       {kSmallMachine}, dir);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("DLRM_MACHINE_MEMORY_BYTES"), std::string::npos)
-      << r.err;
-  EXPECT_NE(r.err.find("--host-budget-mb"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("--rocksdb-dir DIR"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "RESOURCE_EXHAUSTED") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "DLRM_MACHINE_MEMORY_BYTES") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "--host-budget-mb") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "--rocksdb-dir DIR") << r.err;
   // The plan, and nothing of the model's 105 GB allocated.
   EXPECT_GT(PrintedPlanBytes(r.out), kHundredGB) << r.out;
   EXPECT_LT(r.peak_bytes, 1 * kGiB);
@@ -260,9 +256,8 @@ TEST(MemoryProcessTest, DlrmTrainAcceptsDcnV2WithAHostBudget) {
        "12000", "--rocksdb-dir", dir + "/rocksdb", "--dry-run"},
       {kMachine24}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("dlrm_train --dry-run: fits"), std::string::npos)
-      << r.out;
-  EXPECT_NE(r.out.find("rocksdb row caches"), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "dlrm_train --dry-run: fits") << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "rocksdb row caches") << r.out;
   const int64_t plan = PrintedPlanBytes(r.out);
   EXPECT_GT(plan, 12000LL << 20) << r.out;
   EXPECT_LT(plan, 24 * kGiB) << r.out;
@@ -275,24 +270,22 @@ TEST(MemoryProcessTest, DlrmServerDryRunRefusesAndAcceptsAsARun) {
       {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run"},
       {kSmallMachine}, dir);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("--host-budget-mb"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "RESOURCE_EXHAUSTED") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "--host-budget-mb") << r.err;
   r = RunProcess(
       {DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2", "--dry-run",
        "--host-budget-mb", "12000", "--rocksdb-dir", dir + "/rocksdb"},
       {kMachine24}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("on rocksdb"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("memory plan of rank 0"), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "on rocksdb") << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "memory plan of rank 0") << r.out;
   // The old --memory-budget-mb error now says what that flag is.
   r = RunProcess({DLRM_SERVER_BINARY, "--config", "mlperf-dlrm-dcnv2",
                   "--dry-run", "--memory-budget-mb", "20"},
                  {}, dir);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("sharding planner's limit"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("--host-budget-mb N --rocksdb-dir DIR"),
-            std::string::npos)
-      << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "sharding planner's limit") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "--host-budget-mb N --rocksdb-dir DIR") << r.err;
 }
 
 // A scaled copy of the DCNv2 preset's shape (its 26 tables at a 100th of
@@ -319,7 +312,7 @@ TEST(MemoryProcessTest, PeakRssOfATrainingRunIsWithinATenthOfThePlan) {
        "--eval-samples", "2048", "--log-interval", "1", "--threads", "2"},
       {}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("rocksdb row caches"), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "rocksdb row caches") << r.out;
   const int64_t plan = PrintedPlanBytes(r.out);
   ASSERT_GT(plan, 0) << r.out;
   const double peak = static_cast<double>(r.peak_bytes);

@@ -35,6 +35,7 @@
 #include "model/safetensors.h"
 #include "model/trainer.h"
 #include "model/weights_export.h"
+#include "tests/support/files.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -57,9 +58,7 @@ ModelConfig Tiny() {
 // The first `n` samples of stream `seed`, labelled by the default teacher
 // (seed 1) whatever `c`'s seed.
 data::Batch SyntheticBatch(const ModelConfig& c, int64_t n, uint64_t seed) {
-  data::SyntheticOptions o;
-  o.sample_seed = seed;
-  return test::SyntheticBatch(c, n, o);
+  return test::SyntheticSamples(c, n, seed);
 }
 
 TEST(MetricsTest, AucByHand) {
@@ -1447,15 +1446,7 @@ nlohmann::json SafetensorsHeader(const std::string& path,
 
 class WeightsExportTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ =
-        fs::path(::testing::TempDir()) /
-        ("weights_export_" +
-         std::string(
-             ::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = test::MakeTestDir(); }
   void TearDown() override { fs::remove_all(dir_); }
 
   fs::path dir_;

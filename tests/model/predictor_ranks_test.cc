@@ -37,6 +37,9 @@
 #include "server/model_host.h"
 #include "server/rank_group.h"
 #include "tests/support/process.h"
+#include "tests/support/ranks.h"
+#include "tests/support/sharding.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -45,24 +48,7 @@ constexpr int kSteps = 5;
 constexpr int64_t kGlobalBatch = 48;
 constexpr int64_t kProbe = 16;
 
-// Four tables of dim 16, one mean-pooled multi-hot (row-wise shards then
-// sum partial pools the gather divides), Adam on the tables.
-ModelConfig TestConfig() {
-  auto parsed = ParseModelConfigText(R"(
-    num_dense_features: 4 embedding_dim: 16
-    tables { name: "a" rows: 60 }
-    tables { name: "b" rows: 45 multi_hot_size: 3 pooling: POOLING_MEAN }
-    tables { name: "c" rows: 80 multi_hot_size: 2 }
-    tables { name: "d" rows: 7 }
-    bottom_mlp: [16, 16] top_mlp: [16, 1] interaction: INTERACTION_DOT
-    dense_optimizer { type: SGD learning_rate: 0.1 }
-    sparse_optimizer { type: ADAM learning_rate: 0.01 }
-    seed: 17)");
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  auto c = NormalizeModelConfig(*parsed);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
+ModelConfig TestConfig() { return test::FourTableConfig(); }
 
 // Every table sharded `kind`-wise over `world` ranks ("mixed": one table of
 // each kind, the data-parallel one included); a "+rocksdb" suffix is the
@@ -74,21 +60,8 @@ ModelConfig KindConfig(std::string kind, int world) {
   }
   ModelConfig c = TestConfig();
   for (int k = 0; k < c.tables_size(); ++k) {
-    TableConfig* t = c.mutable_tables(k);
-    if (kind == "table") {
-      t->set_sharding(SHARDING_TABLE_WISE);
-      t->add_shard_ranks((k + 1) % world);
-    } else if (kind == "column") {
-      t->set_sharding(SHARDING_COLUMN_WISE);
-      for (int r = world - 1; r >= 0; --r) t->add_shard_ranks(r);
-    } else if (kind == "row") {
-      t->set_sharding(SHARDING_ROW_WISE);
-    } else {
-      const ShardingKind kinds[] = {SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE,
-                                    SHARDING_ROW_WISE, SHARDING_DATA_PARALLEL};
-      t->set_sharding(kinds[k]);
-      if (k == 0) t->add_shard_ranks(world - 1);
-    }
+    EXPECT_TRUE(test::ShardTableAs(kind, k, world, c.mutable_tables(k)))
+        << kind;
   }
   return c;
 }
@@ -96,14 +69,7 @@ ModelConfig KindConfig(std::string kind, int world) {
 std::vector<data::Batch> GlobalBatches(const ModelConfig& c) {
   data::SyntheticOptions o;
   o.sample_seed = 99;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  std::vector<data::Batch> batches(kSteps);
-  for (data::Batch& b : batches) {
-    auto more = (*src)->Next(kGlobalBatch, &b);
-    EXPECT_TRUE(more.ok() && *more);
-  }
-  return batches;
+  return test::SyntheticBatches(c, kSteps, kGlobalBatch, o);
 }
 
 // The samples every prediction scores: the start of the first batch.
@@ -383,17 +349,9 @@ absl::StatusOr<ModelConfig> RankConfig(const std::string& kind, int world,
 absl::Status RunWorker(const WorkerArgs& a) {
   ASSIGN_OR_RETURN(const ModelConfig c,
                    RankConfig(a.kind, a.world, a.out + ".rocksdb"));
-  embedding::PlannerOptions po;
-  po.world_size = a.world;
-  ASSIGN_OR_RETURN(embedding::ShardingPlan plan,
-                   embedding::PlanSharding(c, po));
-  comm::GlooOptions go;
-  go.rank = a.rank;
-  go.world_size = a.world;
-  go.coordinator_address = a.coordinator;
-  go.connect_timeout_seconds = 30;
-  go.op_timeout_seconds = 30;
-  go.job_id = "step";
+  ASSIGN_OR_RETURN(embedding::ShardingPlan plan, test::PlanOver(c, a.world));
+  comm::GlooOptions go = test::RankGloo(a.rank, a.world, a.coordinator, "step",
+                                        /*connect=*/30, /*op=*/30);
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                    comm::ConnectGloo(go));
   go.job_id = "predict";
@@ -657,21 +615,17 @@ TEST(RanksPredictorCreateTest, ValidatesOptions) {
 }  // namespace dlrm::model
 
 int main(int argc, char** argv) {
-  if (argc == 8 && std::strcmp(argv[1], "--ranks-worker") == 0) {
+  // A rank process: the flag, then its arguments.
+  const auto worker = [](char** args) {
     dlrm::model::WorkerArgs a;
-    a.mode = argv[2];
-    a.kind = argv[3];
-    a.world = std::atoi(argv[4]);
-    a.rank = std::atoi(argv[5]);
-    a.coordinator = argv[6];
-    a.out = argv[7];
-    const absl::Status s = dlrm::model::RunWorker(a);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", a.rank, s.ToString().c_str());
-      return 1;
-    }
-    return 0;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+    a.mode = args[2];
+    a.kind = args[3];
+    a.world = std::atoi(args[4]);
+    a.rank = std::atoi(args[5]);
+    a.coordinator = args[6];
+    a.out = args[7];
+    return dlrm::model::RunWorker(a);
+  };
+  return dlrm::test::TestsOrWorkerMain(argc, argv, "--ranks-worker", 8,
+                                       /*rank_arg=*/5, worker);
 }

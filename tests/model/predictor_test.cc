@@ -22,6 +22,7 @@
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -131,14 +132,7 @@ std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
                                  uint64_t seed) {
   data::SyntheticOptions o;
   o.sample_seed = seed;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  std::vector<data::Batch> out(count);
-  for (data::Batch& b : out) {
-    auto more = (*src)->Next(n, &b);
-    EXPECT_TRUE(more.ok() && *more);
-  }
-  return out;
+  return test::SyntheticBatches(c, count, n, o);
 }
 
 double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -21,6 +21,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::model {
 namespace {
@@ -55,14 +56,7 @@ ModelConfig Config(Interaction interaction) {
 }
 
 data::Batch Batch(const ModelConfig& c, int64_t n, uint64_t seed) {
-  data::SyntheticOptions o;
-  o.sample_seed = seed;
-  auto src = data::MakeSyntheticSource(c, o);
-  EXPECT_TRUE(src.ok()) << src.status();
-  data::Batch b;
-  auto more = (*src)->Next(n, &b);
-  EXPECT_TRUE(more.ok() && *more);
-  return b;
+  return test::SyntheticSamples(c, n, seed);
 }
 
 std::unique_ptr<Model> Trained(const ModelConfig& c, int steps) {

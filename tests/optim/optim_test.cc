@@ -187,21 +187,34 @@ std::vector<double> DenseDoubleReference(
   return p;
 }
 
+// `steps` gradients of `n` normal floats.
+std::vector<std::vector<float>> Gradients(Rng& rng, int steps, size_t n) {
+  std::vector<std::vector<float>> grads;
+  for (int t = 0; t < steps; ++t) grads.push_back(Normals(rng, n));
+  return grads;
+}
+
 const OptimizerConfig::Type kTypes[] = {
     OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
     OptimizerConfig::ROWWISE_ADAGRAD, OptimizerConfig::ADAM};
 
-Arrays StartArrays(const OptimizerConfig& config, std::vector<float> w) {
+// Weights `w` and two state arrays of `n` floats whatever the rule (so a
+// rule touching one it does not own would show), the first at its initial
+// value when `arrays` (the rule's state) has one.
+Arrays StartState(const OptimizerConfig& config,
+                  std::span<const StateArray> arrays, size_t n,
+                  std::vector<float> w) {
   Arrays a;
-  const size_t n = w.size();
   a.w = std::move(w);
-  // Two arrays whatever the rule, so a rule touching one it does not own
-  // would show.
   a.s1.assign(n, 0.0f);
   a.s2.assign(n, 0.0f);
-  const std::span<const StateArray> arrays = DenseState(config);
   if (!arrays.empty()) a.s1.assign(n, InitialValue(arrays[0], config));
   return a;
+}
+
+Arrays StartArrays(const OptimizerConfig& config, std::vector<float> w) {
+  const size_t n = w.size();
+  return StartState(config, DenseState(config), n, std::move(w));
 }
 
 TEST(DenseRuleTest, RoundsEachOperationLikeTheDevice) {
@@ -209,8 +222,7 @@ TEST(DenseRuleTest, RoundsEachOperationLikeTheDevice) {
   const size_t n = 1001;
   for (OptimizerConfig::Type type : kTypes) {
     const OptimizerConfig config = Config(type);
-    std::vector<std::vector<float>> grads;
-    for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, n));
+    const std::vector<std::vector<float>> grads = Gradients(rng, 5, n);
     const std::vector<float> w0 = Normals(rng, n);
     Arrays got = StartArrays(config, w0), want = StartArrays(config, w0);
     RunDense(config, grads, &got);
@@ -227,8 +239,7 @@ TEST(DenseRuleTest, MatchesTheFormulasInDouble) {
   const size_t n = 1001;
   for (OptimizerConfig::Type type : kTypes) {
     const OptimizerConfig config = Config(type);
-    std::vector<std::vector<float>> grads;
-    for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, n));
+    const std::vector<std::vector<float>> grads = Gradients(rng, 5, n);
     const std::vector<float> w0 = Normals(rng, n);
     Arrays got = StartArrays(config, w0);
     RunDense(config, grads, &got);
@@ -334,13 +345,7 @@ std::vector<double> SparseRowDoubleReference(
 }
 
 Arrays StartRow(const OptimizerConfig& config, int dim, std::vector<float> w) {
-  Arrays a;
-  a.w = std::move(w);
-  a.s1.assign(dim, 0.0f);
-  a.s2.assign(dim, 0.0f);
-  const std::span<const StateArray> arrays = SparseState(config);
-  if (!arrays.empty()) a.s1.assign(dim, InitialValue(arrays[0], config));
-  return a;
+  return StartState(config, SparseState(config), dim, std::move(w));
 }
 
 TEST(SparseRuleTest, RowUpdateRoundsEachOperationLikeTheDevice) {
@@ -349,8 +354,7 @@ TEST(SparseRuleTest, RowUpdateRoundsEachOperationLikeTheDevice) {
   for (int dim : {1, 3, 8, 17, 64}) {
     for (OptimizerConfig::Type type : kTypes) {
       const OptimizerConfig config = Config(type);
-      std::vector<std::vector<float>> grads;
-      for (int t = 0; t < 4; ++t) grads.push_back(Normals(rng, dim));
+      const std::vector<std::vector<float>> grads = Gradients(rng, 4, dim);
       const std::vector<float> w0 = Normals(rng, dim);
       Arrays got = StartRow(config, dim, w0), want = got;
       RunSparseRow(config, grads, dim, &got);
@@ -369,8 +373,7 @@ TEST(SparseRuleTest, RowUpdateMatchesTheFormulasInDouble) {
   for (int dim : {1, 16, 33}) {
     for (OptimizerConfig::Type type : kTypes) {
       const OptimizerConfig config = Config(type);
-      std::vector<std::vector<float>> grads;
-      for (int t = 0; t < 5; ++t) grads.push_back(Normals(rng, dim));
+      const std::vector<std::vector<float>> grads = Gradients(rng, 5, dim);
       const std::vector<float> w0 = Normals(rng, dim);
       Arrays got = StartRow(config, dim, w0);
       RunSparseRow(config, grads, dim, &got);

@@ -30,10 +30,14 @@
 #include "model/model.h"
 #include "server/checkpoint_follower.h"
 #include "server/dlrm_server.h"
+#include "tests/support/files.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::server {
 namespace {
+
+using test::MakeTempDir;
+using test::MetricValue;
 
 namespace fs = std::filesystem;
 
@@ -44,27 +48,6 @@ ModelConfig Tiny() {
 }
 
 using test::SyntheticBatch;
-
-// The value of the sample line `series` (name plus labels) in Prometheus
-// text, or NaN when absent.
-double MetricValue(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) {
-      return std::stod(line.substr(series.size() + 1));
-    }
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
-fs::path MakeTempDir(const std::string& tag) {
-  fs::path dir = fs::temp_directory_path() /
-                 ("dlrm_follow_test_" + std::to_string(getpid()) + "_" + tag);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // Flips one byte in the middle of every safetensors file under `dir`
 // (sizes unchanged: only the CRC-32C can tell).
@@ -178,8 +161,7 @@ class Clients {
 class FollowTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = test::MakeTestDir();
     root_ = dir_ / "checkpoints";
     fs::create_directories(root_);
     auto trainer = model::Model::Create(Tiny());
@@ -195,13 +177,21 @@ class FollowTest : public ::testing::Test {
   // An inference-only server following root_, starting from an untrained
   // model (no checkpoint served). The test drives the polls: the follower's
   // own interval is an hour.
-  void StartReplica() {
+  void StartReplica() { StartReplica(ReplicaOptions()); }
+
+  // The options of StartReplica's server.
+  ServerOptions ReplicaOptions() const {
     ServerOptions o;
     o.listen = "127.0.0.1:0";
     o.metrics_listen = "";
     o.inference_only = true;
     o.follow_dir = root_.string();
     o.follow_poll_seconds = 3600;
+    return o;
+  }
+
+  // A server of `o` from an untrained model.
+  void StartReplica(const ServerOptions& o) {
     auto model = model::Model::Create(Tiny());
     ASSERT_TRUE(model.ok()) << model.status();
     auto server = DlrmServer::Start(*std::move(model), o);
@@ -340,12 +330,7 @@ TEST_F(FollowTest, SwapsNewCheckpointsInAndSkipsDamagedOnesWhileServing) {
 TEST_F(FollowTest, AdjustsTheConfigOfEveryCheckpointItLoads) {
   std::atomic<int> calls{0};
   std::atomic<bool> refuse{false};
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.inference_only = true;
-  o.follow_dir = root_.string();
-  o.follow_poll_seconds = 3600;
+  ServerOptions o = ReplicaOptions();
   o.adjust_loaded_config = [&](ModelConfig* config) -> absl::Status {
     ++calls;
     EXPECT_EQ(config->tables_size(), Tiny().tables_size());
@@ -355,11 +340,7 @@ TEST_F(FollowTest, AdjustsTheConfigOfEveryCheckpointItLoads) {
     config->set_gpu_disable_tf32(true);
     return absl::OkStatus();
   };
-  auto model = model::Model::Create(Tiny());
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto server = DlrmServer::Start(*std::move(model), o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  server_ = *std::move(server);
+  StartReplica(o);
 
   const std::vector<float> at2 = TrainAndSave(2, root_ / "ckpt-2");
   EXPECT_TRUE(server_->follower()->PollOnce());
@@ -379,11 +360,7 @@ TEST_F(FollowTest, AdjustsTheConfigOfEveryCheckpointItLoads) {
 }
 
 TEST_F(FollowTest, PollsOnItsOwnAndIgnoresWhatIsNotNewer) {
-  ServerOptions o;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.inference_only = true;
-  o.follow_dir = root_.string();
+  ServerOptions o = ReplicaOptions();
   o.follow_poll_seconds = 0.05;
   TrainAndSave(2, root_ / "ckpt-2");
   auto model = model::LoadCheckpoint((root_ / "ckpt-2").string(), true);

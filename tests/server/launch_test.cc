@@ -42,11 +42,17 @@
 #include "model/model.h"
 #include "model/weights_export.h"
 #include "tests/server/npy_files.h"
+#include "tests/support/expect.h"
+#include "tests/support/files.h"
 #include "tests/support/process.h"
 #include "tests/support/test_certs.h"
 
 namespace dlrm {
 namespace {
+
+using test::ReadFile;
+
+using test::FreePort;
 
 namespace fs = std::filesystem;
 
@@ -86,22 +92,6 @@ fs::path BuildDir() { return test::BuildDir(); }
 std::string ServerPath() { return test::ServerBinary(); }
 
 fs::path SourceDir() { return DLRM_SOURCE_DIR; }
-
-// A port free now (the coordinator's must be known to every rank up front).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // One spawned process with stdout in a pipe and stderr in a file.
 using Proc = test::Child;
@@ -143,13 +133,6 @@ std::string HostName() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return host;
-}
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // A Slurm cluster of this one host on loopback, for a test: munged,
@@ -225,7 +208,7 @@ class LocalSlurm {
       if (const std::string e = Run({FindProgram(daemon), "-f", conf()});
           !e.empty()) {
         return std::string(daemon) + " would not start: " + e + "\n" +
-               ReadText(dir / (std::string(daemon) + ".log"));
+               ReadFile(dir / (std::string(daemon) + ".log"));
       }
     }
     // Up once sinfo sees the node idle.
@@ -235,7 +218,7 @@ class LocalSlurm {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     return "the Slurm node never became idle; slurmd log:\n" +
-           ReadText(dir / "slurmd.log");
+           ReadFile(dir / "slurmd.log");
   }
 
   std::string conf() const { return (dir_ / "slurm.conf").string(); }
@@ -287,11 +270,7 @@ class LaunchTest : public testing::Test {
     if (access(ServerPath().c_str(), X_OK) != 0) {
       GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
     }
-    dir_ = fs::temp_directory_path() /
-           ("launch_test-" + std::to_string(getpid()) + "-" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::MakeTestDir();
     config_path_ = dir_ / "model.textproto";
     std::ofstream(config_path_) << kConfig;
     absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path_);
@@ -327,7 +306,7 @@ class LaunchTest : public testing::Test {
     SpawnRanks(world, std::move(extra), launcher);
     const std::string address = WaitListening(ranks_[0].out_fd, 30);
     EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
-                                  << ReadText(dir_ / "rank-0.log");
+                                  << ReadFile(dir_ / "rank-0.log");
     return address;
   }
 
@@ -408,7 +387,7 @@ class LaunchTest : public testing::Test {
       kill(ranks_[0].pid, SIGTERM);
       EXPECT_NE(WaitExit(ranks_[0].pid, 60), -2)
           << "the launcher did not exit; log:\n"
-          << ReadText(dir_ / "rank-0.log");
+          << ReadFile(dir_ / "rank-0.log");
       ranks_[0].pid = -1;
       return;
     }
@@ -416,7 +395,7 @@ class LaunchTest : public testing::Test {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       EXPECT_EQ(WaitExit(ranks_[r].pid, 20), 0)
           << "rank " << r << " log:\n"
-          << ReadText(dir_ / ("rank-" + std::to_string(r) + ".log"));
+          << ReadFile(dir_ / ("rank-" + std::to_string(r) + ".log"));
       ranks_[r].pid = -1;
     }
   }
@@ -494,7 +473,7 @@ class LaunchTest : public testing::Test {
     auto info = (*client)->GetModelInfo();
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->world_size(), world);
-    EXPECT_NE(info->sharding_plan().find("row-wise"), std::string::npos)
+    EXPECT_HAS_SUBSTR(info->sharding_plan(), "row-wise")
         << info->sharding_plan();
     EXPECT_EQ(info->steps(), kSteps);
     // Per-stage times and exchange bytes of the hybrid step reach /metrics.
@@ -598,9 +577,8 @@ TEST_F(LaunchTest, TwoRanksPredictBesideATrainStream) {
     last_step = r.model_step();
   }
   EXPECT_EQ(answers.back().model_step(), kSteps);
-  EXPECT_NE(ReadText(dir_ / "rank-0.log")
-                .find("predictions run beside training on 2 ranks"),
-            std::string::npos);
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "rank-0.log"),
+                    "predictions run beside training on 2 ranks");
   StopRanks();
 }
 
@@ -671,13 +649,11 @@ TEST_F(LaunchTest, TlsAndJoinTokenGuardTheControlPlane) {
   const std::string address = StartRanks(2, extra);
   const int impostor_exit = WaitExit(impostor.pid, 60);
   close(impostor.out_fd);
-  const std::string impostor_log = ReadText(dir_ / "impostor.log");
+  const std::string impostor_log = ReadFile(dir_ / "impostor.log");
   EXPECT_EQ(impostor_exit, 1) << impostor_log;
-  EXPECT_NE(impostor_log.find("refused this rank's join token"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(impostor_log, "refused this rank's join token")
       << impostor_log;
-  EXPECT_EQ(impostor_log.find("0123456789abcdef"), std::string::npos)
-      << impostor_log;
+  EXPECT_NO_SUBSTR(impostor_log, "0123456789abcdef") << impostor_log;
   ASSERT_FALSE(address.empty());
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -686,10 +662,9 @@ TEST_F(LaunchTest, TlsAndJoinTokenGuardTheControlPlane) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->world_size(), 2);
   EXPECT_EQ(info->steps(), kSteps);
-  EXPECT_NE(
-      ReadText(dir_ / "rank-0.log").find("mutual TLS, join token required"),
-      std::string::npos)
-      << ReadText(dir_ / "rank-0.log");
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "rank-0.log"),
+                    "mutual TLS, join token required")
+      << ReadFile(dir_ / "rank-0.log");
   StopRanks();
 }
 
@@ -709,8 +684,8 @@ TEST_F(LaunchTest, ConnectTimeoutEndsARankWhosePeersNeverCome) {
   ranks_.back().pid = -1;
   EXPECT_NE(code, 0);
   EXPECT_NE(code, -2) << "still waiting after 30 s";
-  const std::string log = ReadText(dir_ / "rank-1.log");
-  EXPECT_NE(log.find(coordinator), std::string::npos) << log;
+  const std::string log = ReadFile(dir_ / "rank-1.log");
+  EXPECT_HAS_SUBSTR(log, coordinator) << log;
 }
 
 TEST_F(LaunchTest, CheckpointRestoresEveryRankBitwise) {
@@ -781,13 +756,12 @@ TEST_F(LaunchTest, LearningRateSetOnRankZeroReachesEveryRank) {
   const std::vector<double> first = Train(**client);
   auto nan = (*client)->SetLearningRate(std::nanf(""), std::nullopt);
   EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(nan.status().message().find("dense_optimizer.learning_rate"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(nan.status().message(), "dense_optimizer.learning_rate")
       << nan.status();
   auto negative = (*client)->SetLearningRate(std::nullopt, -1.0f);
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(negative.status().message().find("sparse_optimizer.learning_rate"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(negative.status().message(),
+                    "sparse_optimizer.learning_rate")
       << negative.status();
   auto set = (*client)->SetLearningRate(0.003f, 0.05f);
   ASSERT_TRUE(set.ok()) << set.status();
@@ -961,7 +935,7 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
   EXPECT_EQ(metrics->find("table=\"t3\""), std::string::npos);
   auto info = (*client)->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_NE(info->sharding_plan().find("on rocksdb"), std::string::npos)
+  EXPECT_HAS_SUBSTR(info->sharding_plan(), "on rocksdb")
       << info->sharding_plan();
   // t0-t2 with Adam (96 B a row): 5000 + 3000 + 10000 rows' bytes stored.
   EXPECT_EQ(info->memory_bytes().at("rocksdb"), (50 + 30 + 100) * 96);
@@ -1084,12 +1058,11 @@ TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
   ASSERT_FALSE(summary.ok());
   EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
       << summary.status();
-  EXPECT_NE(summary.status().message().find("communicator"), std::string::npos)
+  EXPECT_HAS_SUBSTR(summary.status().message(), "communicator")
       << summary.status();
   // The error names the rank that died, its host and its last heartbeat.
-  EXPECT_NE(summary.status().message().find("rank 1 on " + HostName() +
-                                            " is silent: last heartbeat "),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(summary.status().message(),
+                    "rank 1 on " + HostName() + " is silent: last heartbeat ")
       << summary.status();
 
   // Rank 0 still answers: model info, and clear errors for model calls.
@@ -1154,17 +1127,16 @@ TEST_P(FrozenRankTest, SaveOutcomeIsWhatIsOnDiskAndTheRankIsNamed) {
   ASSERT_FALSE(summary.ok());
   EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
       << summary.status();
-  EXPECT_NE(summary.status().message().find("rank 1 on " + HostName() +
-                                            " is silent: last heartbeat "),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(summary.status().message(),
+                    "rank 1 on " + HostName() + " is silent: last heartbeat ")
       << summary.status();
   EXPECT_EQ(trained, 2) << summary.status();
 
   auto metrics = (*client)->GetMetrics();
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  const std::string log = ReadText(dir_ / "rank-0.log");
+  const std::string log = ReadFile(dir_ / "rank-0.log");
   for (const auto& entry : fs::directory_iterator(root)) {
-    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
+    EXPECT_NO_SUBSTR(entry.path().filename().string(), ".tmp-")
         << entry.path() << "\n"
         << log;
   }
@@ -1177,7 +1149,7 @@ TEST_P(FrozenRankTest, SaveOutcomeIsWhatIsOnDiskAndTheRankIsNamed) {
     EXPECT_NE(metrics->find("dlrm_checkpoints_failed_total 0"),
               std::string::npos)
         << *metrics;
-    EXPECT_NE(log.find("is committed at step 2"), std::string::npos) << log;
+    EXPECT_HAS_SUBSTR(log, "is committed at step 2") << log;
     auto loaded = model::LoadCheckpoint((root / "ckpt-2").string(), false);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ((*loaded)->steps(), 2);
@@ -1327,7 +1299,7 @@ class CrossHostLaunchTest : public LaunchTest {
     emulator_ = Spawn(args, dir_ / "link_emulator.log");
     ASSERT_FALSE(
         WaitForWord(emulator_.out_fd, "link_emulator: forwarding ", 10).empty())
-        << ReadText(dir_ / "link_emulator.log");
+        << ReadFile(dir_ / "link_emulator.log");
   }
 
   // Stops the link; the frames it forwarded and dropped (-1, -1 when it
@@ -1338,7 +1310,7 @@ class CrossHostLaunchTest : public LaunchTest {
     EXPECT_NE(WaitExit(emulator_.pid, 5), -2) << "the link emulator hung";
     emulator_.pid = -1;
     close(emulator_.out_fd);
-    const std::string log = ReadText(dir_ / "link_emulator.log");
+    const std::string log = ReadFile(dir_ / "link_emulator.log");
     long long forwarded = -1, dropped = -1;
     const size_t at = log.find("stopped, ");
     if (at == std::string::npos ||
@@ -1397,7 +1369,7 @@ class CrossHostLaunchTest : public LaunchTest {
     }
     const std::string address = WaitListening(ranks_[0].out_fd, 60);
     EXPECT_FALSE(address.empty()) << "rank 0 did not listen; log:\n"
-                                  << ReadText(dir_ / "rank-0.log");
+                                  << ReadFile(dir_ / "rank-0.log");
     return address;
   }
 
@@ -1475,15 +1447,14 @@ TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
     ASSERT_FALSE(summary.ok());
     EXPECT_EQ(summary.status().code(), absl::StatusCode::kUnavailable)
         << summary.status();
-    EXPECT_NE(summary.status().message().find("communicator"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(summary.status().message(), "communicator")
         << summary.status();
     // Rank 1 gives up on its own (its communicator timeout is 3 s; the
     // deadline is generous for a loaded 2-core machine), with the reason in
     // its log.
     const int exit1 = WaitExit(ranks_[1].pid, 60);
     ranks_[1].pid = -1;
-    const std::string log1 = ReadText(dir_ / "rank-1.log");
+    const std::string log1 = ReadFile(dir_ / "rank-1.log");
     EXPECT_NE(exit1, -2) << "rank 1 did not stop; log:\n" << log1;
     EXPECT_NE(exit1, 0) << log1;
     // Rank 0 answers, and model calls fail clearly.
@@ -1493,7 +1464,7 @@ TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
     EXPECT_EQ(probs.status().code(), absl::StatusCode::kUnavailable)
         << probs.status();
     kill(ranks_[0].pid, SIGTERM);
-    EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0) << ReadText(dir_ / "rank-0.log");
+    EXPECT_EQ(WaitExit(ranks_[0].pid, 20), 0) << ReadFile(dir_ / "rank-0.log");
     ranks_[0].pid = -1;
     for (const model::CheckpointEntry& e :
          model::ListCheckpoints(ckpt.string())) {
@@ -1503,12 +1474,11 @@ TEST_F(CrossHostLaunchTest, PartitionStopsEveryRankAndTheJobResumes) {
     // that a step whose exchanges finished just before the cut loses its
     // periodic save to the partition: a failed save does not fail the step
     // (docs/checkpoints.md), and rank 0 logs it.
-    const std::string log0 = ReadText(dir_ / "rank-0.log");
+    const std::string log0 = ReadFile(dir_ / "rank-0.log");
     if (committed < steps) {
       EXPECT_EQ(committed, steps - 1) << "client saw " << steps << " steps";
-      EXPECT_NE(log0.find(absl::StrCat("periodic checkpoint at step ", steps,
-                                       " failed")),
-                std::string::npos)
+      EXPECT_HAS_SUBSTR(
+          log0, absl::StrCat("periodic checkpoint at step ", steps, " failed"))
           << log0;
     }
   }
@@ -1536,7 +1506,7 @@ TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
        "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
       dir_ / "launch.err"));
   const std::string address = WaitListening(ranks_[0].out_fd, 30);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "launch.err");
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto probs = (*client)->Predict(EvalBatch());
@@ -1544,13 +1514,11 @@ TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
   EXPECT_EQ(probs->size(), 29u);
 
   kill(ranks_[0].pid, SIGINT);
-  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadText(dir_ / "launch.err");
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadFile(dir_ / "launch.err");
   ranks_[0].pid = -1;
-  EXPECT_NE(
-      ReadText(dir_ / "logs" / "rank-1.log").find("rank 0 shut the job down"),
-      std::string::npos);
-  EXPECT_NE(ReadText(dir_ / "logs" / "rank-0.log").find("server stopped"),
-            std::string::npos);
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "logs" / "rank-1.log"),
+                    "rank 0 shut the job down");
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "logs" / "rank-0.log"), "server stopped");
 }
 
 // A damaged rank file in the newest multi-rank checkpoint: the rank that
@@ -1583,17 +1551,14 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_EQ((*client)->GetModelInfo()->steps(), 2);
-  const std::string rank0 = ReadText(dir_ / "rank-0.log");
-  EXPECT_NE(rank0.find("skipping checkpoint " + (ckpt / "ckpt-4").string()),
-            std::string::npos)
+  const std::string rank0 = ReadFile(dir_ / "rank-0.log");
+  EXPECT_HAS_SUBSTR(rank0, "skipping checkpoint " + (ckpt / "ckpt-4").string())
       << rank0;
-  EXPECT_NE(
-      rank0.find("resuming from " + (ckpt / "ckpt-2").string() + " at step 2"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(
+      rank0, "resuming from " + (ckpt / "ckpt-2").string() + " at step 2")
       << rank0;
-  const std::string rank1 = ReadText(dir_ / "rank-1.log");
-  EXPECT_NE(rank1.find(damaged.string() + " is corrupt"), std::string::npos)
-      << rank1;
+  const std::string rank1 = ReadFile(dir_ / "rank-1.log");
+  EXPECT_HAS_SUBSTR(rank1, damaged.string() + " is corrupt") << rank1;
   StopRanks();
 }
 
@@ -1619,16 +1584,15 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
   std::vector<std::string> refused = flags;
   refused.insert(refused.end(), {"--comm-timeout-s", "10"});
   SpawnRanks(2, refused);
-  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadText(dir_ / "rank-0.log");
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 60), 1) << ReadFile(dir_ / "rank-0.log");
   ranks_[0].pid = -1;
   EXPECT_NE(WaitExit(ranks_[1].pid, 60), 0);
   ranks_[1].pid = -1;
-  const std::string rank0 = ReadText(dir_ / "rank-0.log");
-  EXPECT_NE(
-      rank0.find("no checkpoint in " + ckpt.string() + " could be loaded"),
-      std::string::npos)
+  const std::string rank0 = ReadFile(dir_ / "rank-0.log");
+  EXPECT_HAS_SUBSTR(rank0,
+                    "no checkpoint in " + ckpt.string() + " could be loaded")
       << rank0;
-  EXPECT_EQ(rank0.find("starting afresh"), std::string::npos) << rank0;
+  EXPECT_NO_SUBSTR(rank0, "starting afresh") << rank0;
   for (Proc& p : ranks_) close(p.out_fd);
   std::vector<std::string> fresh = flags;
   fresh.push_back("--no-resume");
@@ -1675,7 +1639,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
                           "0"},
                          dir_ / "launch.err"));
   std::string address = WaitListening(ranks_[0].out_fd, 30);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "launch.err");
   clients::ClientOptions co;
   co.call_timeout_seconds = 30;
   auto client = clients::Client::Connect(address, co);
@@ -1686,7 +1650,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
     ASSERT_TRUE(manifest.ok()) << manifest.status();
     EXPECT_EQ(manifest->world_size, 2);
     EXPECT_EQ(manifest->format, model::kCheckpointFormat);
-    EXPECT_NE(manifest->sharding_plan.find("row-wise"), std::string::npos);
+    EXPECT_HAS_SUBSTR(manifest->sharding_plan, "row-wise");
     EXPECT_TRUE(fs::exists(ckpt / name / "rank-1.safetensors"));
     EXPECT_TRUE(
         model::VerifyCheckpointFiles((ckpt / name).string(), *manifest).ok());
@@ -1718,7 +1682,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
 
   // Rank 1 dies; rank 0's step fails with a clear error (or the launcher
   // has already stopped rank 0).
-  const pid_t rank1 = std::stoi(ReadText(logs / "rank-1.pid"));
+  const pid_t rank1 = std::stoi(ReadFile(logs / "rank-1.pid"));
   kill(rank1, SIGKILL);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -1729,8 +1693,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   }
   if (running.ok()) {
     EXPECT_EQ(running->state(), JobStatus::FAILED);
-    EXPECT_NE(running->error().find("UNAVAILABLE"), std::string::npos)
-        << running->error();
+    EXPECT_HAS_SUBSTR(running->error(), "UNAVAILABLE") << running->error();
   } else {
     // The server going away: UNAVAILABLE, or CANCELLED for a call its
     // shutdown cut off.
@@ -1743,28 +1706,25 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   // The launcher restarts both ranks; they resume from the newest
   // checkpoint, and rank 0 resumes the job where that checkpoint saw it.
   address = WaitListening(ranks_[0].out_fd, 60);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "launch.err");
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "launch.err");
   const std::vector<model::CheckpointEntry> entries =
       model::ListCheckpoints(ckpt.string());
   ASSERT_FALSE(entries.empty());
   ASSERT_TRUE(entries[0].manifest.ok()) << entries[0].manifest.status();
   const int64_t newest = entries[0].manifest->step;
   EXPECT_GT(newest, kSteps);
-  EXPECT_NE(entries[0].manifest->job.find("\"job-1\""), std::string::npos)
+  EXPECT_HAS_SUBSTR(entries[0].manifest->job, "\"job-1\"")
       << entries[0].manifest->job;
-  const std::string rank0_log = ReadText(logs / "rank-0.log");
-  EXPECT_NE(rank0_log.find("resuming from " + entries[0].dir + " at step " +
-                           std::to_string(newest)),
-            std::string::npos)
+  const std::string rank0_log = ReadFile(logs / "rank-0.log");
+  EXPECT_HAS_SUBSTR(rank0_log, "resuming from " + entries[0].dir + " at step " +
+                                   std::to_string(newest))
       << rank0_log;
-  EXPECT_NE(rank0_log.find("resuming job job-1 at step " +
-                           std::to_string(newest - kSteps) + " of " +
-                           std::to_string(kJobSteps)),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(rank0_log, "resuming job job-1 at step " +
+                                   std::to_string(newest - kSteps) + " of " +
+                                   std::to_string(kJobSteps))
       << rank0_log;
-  EXPECT_NE(ReadText(dir_ / "launch.err").find("restarting every rank"),
-            std::string::npos)
-      << ReadText(dir_ / "launch.err");
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "launch.err"), "restarting every rank")
+      << ReadFile(dir_ / "launch.err");
   // No client action: the job finishes by itself.
   auto again = clients::Client::Connect(address, co);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -1803,7 +1763,7 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   EXPECT_EQ((*again)->GetModelInfo()->steps(), 2 * kSteps + kJobSteps);
 
   kill(ranks_[0].pid, SIGINT);
-  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadText(dir_ / "launch.err");
+  EXPECT_EQ(WaitExit(ranks_[0].pid, 30), 0) << ReadFile(dir_ / "launch.err");
   ranks_[0].pid = -1;
 }
 
@@ -2089,9 +2049,8 @@ TEST_F(DatasetJobTest, ResumedJobSeeksEveryRankToItsPosition) {
       StartRanks(2, {"--allow-data-path", (dir_ / "data").string(),
                      "--checkpoint-dir", (dir_ / "second").string()});
   ASSERT_FALSE(address.empty());
-  const std::string log = ReadText(dir_ / "rank-0.log");
-  EXPECT_NE(log.find("resuming job job-1 at step 10 of"), std::string::npos)
-      << log;
+  const std::string log = ReadFile(dir_ / "rank-0.log");
+  EXPECT_HAS_SUBSTR(log, "resuming job job-1 at step 10 of") << log;
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto resumed = (*client)->WaitJob("job-1", {}, nullptr);
@@ -2127,10 +2086,9 @@ TEST_F(DatasetJobTest, ReadErrorOnAFollowerFailsTheJobNamingRankAndFile) {
   EXPECT_EQ(failed->steps(), 1);
   const std::string where = absl::StrCat(
       "rank 1: ", fs::weakly_canonical(tsv_).string(), ":61: column 3");
-  EXPECT_NE(failed->error().find(where), std::string::npos)
+  EXPECT_HAS_SUBSTR(failed->error(), where)
       << failed->error() << "\nexpected: " << where;
-  EXPECT_NE(failed->error().find("INVALID_ARGUMENT"), std::string::npos)
-      << failed->error();
+  EXPECT_HAS_SUBSTR(failed->error(), "INVALID_ARGUMENT") << failed->error();
   EXPECT_EQ((*client)->GetModelInfo()->steps(), 1);
   // The group goes on: a prediction, and a job on good data.
   ASSERT_TRUE((*client)->Predict(EvalBatch()).ok());

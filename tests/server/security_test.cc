@@ -25,11 +25,15 @@
 #include "server/dlrm_server.h"
 #include "server/health_probe.h"
 #include "tests/server/raw_call.h"
+#include "tests/support/files.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/test_certs.h"
 
 namespace dlrm::server {
 namespace {
+
+using test::MakeTempDir;
+using test::WriteFile;
 
 namespace fs = std::filesystem;
 
@@ -40,21 +44,6 @@ ModelConfig Tiny() {
   absl::StatusOr<ModelConfig> c = LoadModelConfig("tiny");
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
-}
-
-fs::path MakeTempDir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  fs::path dir = fs::temp_directory_path() /
-                 ("dlrm_security_test_" + std::to_string(getpid()) + "_" + tag +
-                  "_" + std::to_string(counter++));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
 }
 
 ServerOptions BaseOptions() {
@@ -345,30 +334,9 @@ TEST_F(TokenTest, UnparseableBytesAreRefusedForTheTokenFirst) {
 // ------------------------------------------------------------ TLS
 
 // A CA, a server certificate for localhost / 127.0.0.1 and a client
-// certificate, made once per test binary (tests/support/test_certs.h).
-class TlsTest : public ::testing::Test {
+// certificate, made once per suite (tests/support/test_certs.h).
+class TlsTest : public test::TestCertificatesTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(MakeTempDir("pki"));
-    made_ = test::MakeTestCertificates(*dir_);
-  }
-
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-
-  void SetUp() override {
-    if (!made_) {
-      GTEST_SKIP() << "the openssl tool could not make test certificates "
-                      "(see openssl.log; is openssl installed?)";
-    }
-  }
-
-  static std::string File(const std::string& name) {
-    return (*dir_ / name).string();
-  }
-
   void Start(bool require_client_cert, const std::string& token = "") {
     ServerOptions o = BaseOptions();
     o.tls.cert_file = File("server.pem");
@@ -392,13 +360,8 @@ class TlsTest : public ::testing::Test {
     return clients::Client::Connect(server_->address(), o);
   }
 
-  static fs::path* dir_;
-  static bool made_;
   std::unique_ptr<DlrmServer> server_;
 };
-
-fs::path* TlsTest::dir_ = nullptr;
-bool TlsTest::made_ = false;
 
 TEST_F(TlsTest, HandshakeWorksWithTheCaAndCallsSucceed) {
   Start(/*require_client_cert=*/false);
@@ -474,7 +437,7 @@ TEST_F(TlsTest, BadOrMissingPemFilesFailAtStart) {
   o.tls.cert_file = File("missing.pem");
   o.tls.key_file = File("server.key");
   EXPECT_EQ(StartServer(o).status().code(), absl::StatusCode::kNotFound);
-  WriteFile(*dir_ / "not-pem.pem", "hello\n");
+  WriteFile(File("not-pem.pem"), "hello\n");
   o.tls.cert_file = File("not-pem.pem");
   EXPECT_EQ(StartServer(o).status().code(), absl::StatusCode::kInvalidArgument);
   clients::ClientOptions c = TlsClient();

@@ -26,6 +26,8 @@
 #include "model/model.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
+#include "tests/support/expect.h"
+#include "tests/support/files.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 #include "tests/support/test_certs.h"
@@ -33,16 +35,11 @@
 namespace dlrm {
 namespace {
 
+using test::ReadFile;
+
 namespace fs = std::filesystem;
 
 std::string ServerPath() { return test::ServerBinary(); }
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // One spawned dlrm_server: stdout in a pipe, stderr (the log) in a file.
 struct Proc {
@@ -92,11 +89,7 @@ class ServerProcessTest : public testing::Test {
     if (access(ServerPath().c_str(), X_OK) != 0) {
       GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
     }
-    dir_ = fs::temp_directory_path() /
-           ("server_process_test-" + std::to_string(getpid()) + "-" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::MakeTestDir();
     root_ = dir_ / "ckpt";
   }
 
@@ -203,20 +196,18 @@ TEST_F(ServerProcessTest, KillNineDuringTrainingAndCheckpointsThenResume) {
         {slow_disk ? "DLRM_TEST_CHECKPOINT_DELAY_MS=40"
                    : "DLRM_TEST_CHECKPOINT_DELAY_MS=0"}));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(log);
-    const std::string text = ReadText(log);
+    ASSERT_FALSE(address.empty()) << ReadFile(log);
+    const std::string text = ReadFile(log);
     if (newest.step >= 0) {
-      EXPECT_NE(text.find("resuming from " + newest.dir + " at step " +
-                          std::to_string(newest.step)),
-                std::string::npos)
+      EXPECT_HAS_SUBSTR(text, "resuming from " + newest.dir + " at step " +
+                                  std::to_string(newest.step))
           << text;
       ++resumed;
     } else {
-      EXPECT_NE(text.find("starting afresh"), std::string::npos) << text;
+      EXPECT_HAS_SUBSTR(text, "starting afresh") << text;
     }
     if (left_temporary) {
-      EXPECT_NE(text.find("an unfinished checkpoint"), std::string::npos)
-          << text;
+      EXPECT_HAS_SUBSTR(text, "an unfinished checkpoint") << text;
     }
     // Gone at start; the resumed job may already be saving its own.
     EXPECT_FALSE(HasTemporary(root_, server.pid));
@@ -231,9 +222,8 @@ TEST_F(ServerProcessTest, KillNineDuringTrainingAndCheckpointsThenResume) {
     absl::StatusOr<JobStatus> job;
     if (newest.step >= 0) {
       EXPECT_GE(info->steps(), newest.step);
-      EXPECT_NE(text.find("resuming job job-1 at step " +
-                          std::to_string(newest.step) + " of 1000000"),
-                std::string::npos)
+      EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
+                                  std::to_string(newest.step) + " of 1000000")
           << text;
       job = (*client)->GetJob("job-1");
       ASSERT_TRUE(job.ok()) << job.status();
@@ -278,7 +268,7 @@ TEST_F(ServerProcessTest, KillNineDuringTrainingAndCheckpointsThenResume) {
   ASSERT_TRUE(
       server.Spawn(Args({"--checkpoint-every-steps", "3"}), dir_ / "last.log"));
   const std::string address = server.WaitListening(30);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "last.log");
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "last.log");
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto cancelled = (*client)->CancelJob("job-1");
@@ -320,7 +310,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     Proc server;
     ASSERT_TRUE(server.Spawn(Args(), dir_ / "uninterrupted.log"));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "uninterrupted.log");
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "uninterrupted.log");
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     auto job = (*client)->StartJob(request);
@@ -347,7 +337,7 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     Proc server;
     ASSERT_TRUE(server.Spawn(args, dir_ / "first.log", slow));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "first.log");
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     auto job = (*client)->StartJob(request);
@@ -380,11 +370,10 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     Proc server;
     ASSERT_TRUE(server.Spawn(args, dir_ / "second.log"));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "second.log");
-    const std::string text = ReadText(dir_ / "second.log");
-    EXPECT_NE(text.find("resuming job job-1 at step " +
-                        std::to_string(newest.step) + " of 44"),
-              std::string::npos)
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "second.log");
+    const std::string text = ReadFile(dir_ / "second.log");
+    EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
+                                std::to_string(newest.step) + " of 44")
         << text;
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
@@ -425,18 +414,17 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     Proc server;
     ASSERT_TRUE(server.Spawn(on_exit, dir_ / "third.log"));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "third.log");
-    const std::string text = ReadText(dir_ / "third.log");
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "third.log");
+    const std::string text = ReadFile(dir_ / "third.log");
     // The cancel saved job-2's last step, recording no job
     // (ModelHost::CheckpointStoppedTraining): the resume starts there.
-    EXPECT_NE(
-        text.find(
-            "resuming from " +
+    EXPECT_HAS_SUBSTR(
+        text,
+        "resuming from " +
             (root_ / model::PeriodicCheckpointName(cancelled_at)).string() +
-            " at step " + std::to_string(cancelled_at)),
-        std::string::npos)
+            " at step " + std::to_string(cancelled_at))
         << text;
-    EXPECT_EQ(text.find("resuming job"), std::string::npos) << text;
+    EXPECT_NO_SUBSTR(text, "resuming job") << text;
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     auto jobs = (*client)->ListJobs();
@@ -464,11 +452,10 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   Proc server;
   ASSERT_TRUE(server.Spawn(args, dir_ / "fourth.log"));
   const std::string address = server.WaitListening(30);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "fourth.log");
-  const std::string text = ReadText(dir_ / "fourth.log");
-  EXPECT_NE(text.find("resuming job job-3 at step " + std::to_string(stopped) +
-                      " of 1000000"),
-            std::string::npos)
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "fourth.log");
+  const std::string text = ReadFile(dir_ / "fourth.log");
+  EXPECT_HAS_SUBSTR(text, "resuming job job-3 at step " +
+                              std::to_string(stopped) + " of 1000000")
       << text;
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -492,7 +479,7 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
         Args({"--checkpoint-every-steps", "2", "--keep-checkpoints", "5"}),
         dir_ / "first.log"));
     const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "first.log");
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
     auto client = clients::Client::Connect(address);
     ASSERT_TRUE(client.ok()) << client.status();
     auto job = (*client)->StartJob(Job(6));
@@ -518,20 +505,16 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
   Proc server;
   ASSERT_TRUE(server.Spawn(Args({"--checkpoint-every-steps", "2"}), log));
   const std::string address = server.WaitListening(30);
-  ASSERT_FALSE(address.empty()) << ReadText(log);
-  const std::string text = ReadText(log);
-  EXPECT_NE(text.find("skipping checkpoint " + (root_ / "ckpt-6").string()),
-            std::string::npos)
+  ASSERT_FALSE(address.empty()) << ReadFile(log);
+  const std::string text = ReadFile(log);
+  EXPECT_HAS_SUBSTR(text, "skipping checkpoint " + (root_ / "ckpt-6").string())
       << text;
-  EXPECT_NE(text.find(flipped.string() + " is corrupt"), std::string::npos)
+  EXPECT_HAS_SUBSTR(text, flipped.string() + " is corrupt") << text;
+  EXPECT_HAS_SUBSTR(text, "skipping checkpoint " + (root_ / "ckpt-4").string())
       << text;
-  EXPECT_NE(text.find("skipping checkpoint " + (root_ / "ckpt-4").string()),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find(truncated.string() + " has "), std::string::npos) << text;
-  EXPECT_NE(
-      text.find("resuming from " + (root_ / "ckpt-2").string() + " at step 2"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(text, truncated.string() + " has ") << text;
+  EXPECT_HAS_SUBSTR(
+      text, "resuming from " + (root_ / "ckpt-2").string() + " at step 2")
       << text;
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -552,13 +535,12 @@ TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
   Proc refused;
   ASSERT_TRUE(refused.Spawn(Args(), dir_ / "third.log"));
   EXPECT_EQ(refused.WaitExit(30), 1);
-  EXPECT_NE(ReadText(dir_ / "third.log").find("could be loaded"),
-            std::string::npos)
-      << ReadText(dir_ / "third.log");
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "third.log"), "could be loaded")
+      << ReadFile(dir_ / "third.log");
   Proc fresh;
   ASSERT_TRUE(fresh.Spawn(Args({"--no-resume"}), dir_ / "fourth.log"));
   const std::string fresh_address = fresh.WaitListening(30);
-  ASSERT_FALSE(fresh_address.empty()) << ReadText(dir_ / "fourth.log");
+  ASSERT_FALSE(fresh_address.empty()) << ReadFile(dir_ / "fourth.log");
   auto fresh_client = clients::Client::Connect(fresh_address);
   ASSERT_TRUE(fresh_client.ok());
   EXPECT_EQ((*fresh_client)->GetModelInfo()->steps(), 0);
@@ -577,10 +559,9 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
                        "127.0.0.1:0", "--metrics-listen", ""},
                       dir_ / "refused.log"));
     EXPECT_EQ(refused.WaitExit(30), 1);
-    EXPECT_NE(
-        ReadText(dir_ / "refused.log").find("--follow needs --inference-only"),
-        std::string::npos)
-        << ReadText(dir_ / "refused.log");
+    EXPECT_HAS_SUBSTR(ReadFile(dir_ / "refused.log"),
+                      "--follow needs --inference-only")
+        << ReadFile(dir_ / "refused.log");
   }
   const fs::path log = dir_ / "replica.log";
   Proc replica;
@@ -591,14 +572,13 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
                     log));
   // It says it waits (and does not listen: nothing to serve yet).
   for (int i = 0;
-       i < 600 && ReadText(log).find("waiting for a complete "
+       i < 600 && ReadFile(log).find("waiting for a complete "
                                      "checkpoint") == std::string::npos;
        ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_NE(ReadText(log).find("waiting for a complete checkpoint"),
-            std::string::npos)
-      << ReadText(log);
+  ASSERT_HAS_SUBSTR(ReadFile(log), "waiting for a complete checkpoint")
+      << ReadFile(log);
 
   {
     // SIGTERM while waiting is an orderly stop.
@@ -608,14 +588,14 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
                        root_.string(), "--follow-poll-seconds", "0.1",
                        "--listen", "127.0.0.1:0", "--metrics-listen", ""},
                       dir_ / "waiting.log"));
-    for (int i = 0; i < 600 && ReadText(dir_ / "waiting.log")
+    for (int i = 0; i < 600 && ReadFile(dir_ / "waiting.log")
                                        .find("waiting for a complete "
                                              "checkpoint") == std::string::npos;
          ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     kill(waiting.pid, SIGTERM);
-    EXPECT_EQ(waiting.WaitExit(30), 0) << ReadText(dir_ / "waiting.log");
+    EXPECT_EQ(waiting.WaitExit(30), 0) << ReadFile(dir_ / "waiting.log");
   }
 
   auto config = LoadModelConfig("tiny");
@@ -639,7 +619,7 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
   };
   train_to(2);
   const std::string address = replica.WaitListening(120);
-  ASSERT_FALSE(address.empty()) << ReadText(log);
+  ASSERT_FALSE(address.empty()) << ReadFile(log);
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto info = (*client)->GetModelInfo();
@@ -656,7 +636,7 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
     ASSERT_TRUE(info.ok()) << info.status();
     served = info->served_checkpoint_step();
   }
-  EXPECT_EQ(served, 4) << ReadText(log);
+  EXPECT_EQ(served, 4) << ReadFile(log);
   EXPECT_EQ(info->served_checkpoint(), (root_ / "ckpt-4").string());
   ASSERT_TRUE(*(*source)->Next(8, &batch));
   std::vector<float> want;
@@ -668,7 +648,7 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
     EXPECT_NEAR((*got)[i], want[i], 1e-6f) << i;
   }
   kill(replica.pid, SIGTERM);
-  EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(log);
+  EXPECT_EQ(replica.WaitExit(60), 0) << ReadFile(log);
 }
 
 // A trainer whose job ends between two periodic checkpoints saves its last
@@ -681,7 +661,7 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
       Args({"--checkpoint-every-steps", "10", "--checkpoint-on-exit"}),
       dir_ / "trainer.log"));
   const std::string trainer_address = trainer.WaitListening(120);
-  ASSERT_FALSE(trainer_address.empty()) << ReadText(dir_ / "trainer.log");
+  ASSERT_FALSE(trainer_address.empty()) << ReadFile(dir_ / "trainer.log");
   auto client = clients::Client::Connect(trainer_address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto job = (*client)->StartJob(Job(15));
@@ -692,7 +672,7 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->DebugString();
   EXPECT_TRUE(fs::exists(root_ / "ckpt-10"));
-  EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadText(dir_ / "trainer.log");
+  EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadFile(dir_ / "trainer.log");
 
   Proc replica;
   ASSERT_TRUE(
@@ -701,7 +681,7 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
                      "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
                     dir_ / "replica.log"));
   const std::string replica_address = replica.WaitListening(120);
-  ASSERT_FALSE(replica_address.empty()) << ReadText(dir_ / "replica.log");
+  ASSERT_FALSE(replica_address.empty()) << ReadFile(dir_ / "replica.log");
   auto follower = clients::Client::Connect(replica_address);
   ASSERT_TRUE(follower.ok()) << follower.status();
   auto info = (*follower)->GetModelInfo();
@@ -715,7 +695,7 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   ASSERT_TRUE(done.ok()) << done.status();
   client->reset();
   kill(trainer.pid, SIGTERM);
-  EXPECT_EQ(trainer.WaitExit(60), 0) << ReadText(dir_ / "trainer.log");
+  EXPECT_EQ(trainer.WaitExit(60), 0) << ReadFile(dir_ / "trainer.log");
   ASSERT_TRUE(fs::exists(root_ / "final"));
   int64_t served = 0;
   std::string dir;
@@ -726,11 +706,11 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
     served = info->served_checkpoint_step();
     dir = info->served_checkpoint();
   }
-  EXPECT_EQ(dir, (root_ / "final").string()) << ReadText(dir_ / "replica.log");
+  EXPECT_EQ(dir, (root_ / "final").string()) << ReadFile(dir_ / "replica.log");
   EXPECT_EQ(served, 18);
   follower->reset();
   kill(replica.pid, SIGTERM);
-  EXPECT_EQ(replica.WaitExit(60), 0) << ReadText(dir_ / "replica.log");
+  EXPECT_EQ(replica.WaitExit(60), 0) << ReadFile(dir_ / "replica.log");
 }
 
 // --health-check against a TLS server: with the CA it gets SERVING; without
@@ -754,7 +734,7 @@ TEST_F(ServerProcessTest, HealthCheckOverTls) {
     while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
       stdout_text.append(chunk, n);
     }
-    *out = stdout_text + ReadText(err);
+    *out = stdout_text + ReadFile(err);
     return p.WaitExit(30);
   };
   for (const bool mutual : {false, true}) {
@@ -771,7 +751,7 @@ TEST_F(ServerProcessTest, HealthCheckOverTls) {
     Proc server;
     ASSERT_TRUE(server.Spawn(args, dir_ / "tls-server.log"));
     address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadText(dir_ / "tls-server.log");
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "tls-server.log");
     std::string out;
     std::vector<std::string> trusted = {"--health-check-ca", file("ca.pem")};
     if (mutual) {
@@ -780,13 +760,13 @@ TEST_F(ServerProcessTest, HealthCheckOverTls) {
                                      "--health-check-key", file("client.key")});
     }
     EXPECT_EQ(probe(trusted, &out), 0) << out;
-    EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+    EXPECT_HAS_SUBSTR(out, "SERVING") << out;
     EXPECT_EQ(probe({}, &out), 1) << out;  // plaintext to a TLS port
     EXPECT_EQ(probe({"--health-check-ca", file("other-ca.pem")}, &out), 1)
         << out;
     EXPECT_EQ(probe({"--health-check-ca", file("missing.pem")}, &out), 1)
         << out;
-    EXPECT_NE(out.find("missing.pem"), std::string::npos) << out;
+    EXPECT_HAS_SUBSTR(out, "missing.pem") << out;
     kill(server.pid, SIGTERM);
     EXPECT_EQ(server.WaitExit(20), 0);
   }
@@ -810,22 +790,18 @@ TEST_F(ServerProcessTest, CheckpointFlagsFromTheConfigFile) {
     out->clear();
     while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
       out->append(chunk, n);
-    out->append(ReadText(dir_ / "dry-run.err"));
+    out->append(ReadFile(dir_ / "dry-run.err"));
     return p.WaitExit(30);
   };
   std::string out;
   const std::string config = (dir_ / "server.toml").string();
   ASSERT_EQ(dry_run({"--server-config", config}, &out), 0) << out;
-  EXPECT_NE(out.find("resume off"), std::string::npos) << out;
-  EXPECT_NE(out.find("every 7 steps, 90 s (0 = off), keeping 4"),
-            std::string::npos)
-      << out;
+  EXPECT_HAS_SUBSTR(out, "resume off") << out;
+  EXPECT_HAS_SUBSTR(out, "every 7 steps, 90 s (0 = off), keeping 4") << out;
   ASSERT_EQ(dry_run({"--server-config", config, "--resume"}, &out), 0) << out;
-  EXPECT_NE(out.find("resume from the newest valid checkpoint"),
-            std::string::npos)
-      << out;
+  EXPECT_HAS_SUBSTR(out, "resume from the newest valid checkpoint") << out;
   EXPECT_EQ(dry_run({"--checkpoint-every-steps", "5"}, &out), 1) << out;
-  EXPECT_NE(out.find("need --checkpoint-dir"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "need --checkpoint-dir") << out;
 }
 
 // A resume with another --config: what a trained model may change (the
@@ -871,7 +847,7 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
     while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
       out->append(chunk, n);
     const int code = p.WaitExit(60);
-    out->append(ReadText(dir_ / "run.err"));
+    out->append(ReadFile(dir_ / "run.err"));
     return code;
   };
   const std::string kApplied =
@@ -882,19 +858,18 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
   std::vector<std::string> args = Args({"--dry-run"});
   args[2] = faster_path;
   ASSERT_EQ(run(args, &out), 0) << out;
-  EXPECT_NE(
-      out.find("resumes from " + (root_ / "ckpt-3").string() + " at step 3"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(
+      out, "resumes from " + (root_ / "ckpt-3").string() + " at step 3")
       << out;
-  EXPECT_NE(out.find(kApplied), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, kApplied) << out;
   args[2] = wider_path;
   EXPECT_EQ(run(args, &out), 1) << out;
-  EXPECT_NE(out.find(kRefused), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, kRefused) << out;
   args = Args();
   args[2] = wider_path;
   EXPECT_EQ(run(args, &out), 1) << out;
-  EXPECT_NE(out.find(kRefused), std::string::npos) << out;
-  EXPECT_EQ(out.find("starting afresh"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, kRefused) << out;
+  EXPECT_NO_SUBSTR(out, "starting afresh") << out;
 
   // Started for real: the new rate is in force and logged.
   args = Args();
@@ -902,7 +877,7 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
   Proc server;
   ASSERT_TRUE(server.Spawn(args, dir_ / "server.err"));
   const std::string address = server.WaitListening(60);
-  ASSERT_FALSE(address.empty()) << ReadText(dir_ / "server.err");
+  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "server.err");
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
   auto info = (*client)->GetModelInfo();
@@ -910,15 +885,15 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
   EXPECT_EQ(info->steps(), 3);
   EXPECT_EQ(info->config().sparse_optimizer().learning_rate(), 0.05f);
   EXPECT_EQ(info->config().dense_optimizer().learning_rate(), 0.1f);
-  EXPECT_NE(ReadText(dir_ / "server.err").find(kApplied), std::string::npos)
-      << ReadText(dir_ / "server.err");
+  EXPECT_HAS_SUBSTR(ReadFile(dir_ / "server.err"), kApplied)
+      << ReadFile(dir_ / "server.err");
   server.Kill9();
 
   // No --config: the checkpoint's own, nothing changed or refused.
   args = Args({"--dry-run"});
   args.erase(args.begin() + 1, args.begin() + 3);
   ASSERT_EQ(run(args, &out), 0) << out;
-  EXPECT_EQ(out.find("resume: "), std::string::npos) << out;
+  EXPECT_NO_SUBSTR(out, "resume: ") << out;
 }
 
 // --device cuda (or device = "cuda" in the --server-config file) on a
@@ -939,32 +914,30 @@ TEST_F(ServerProcessTest, CudaWithoutAGpuExitsWithAClearError) {
       out->append(chunk, n);
     }
     const int code = p.WaitExit(60);
-    out->append(ReadText(dir_ / "device.err"));
+    out->append(ReadFile(dir_ / "device.err"));
     return code;
   };
   std::string out;
   ASSERT_EQ(run(Args({"--device", "cuda"}), &out), 1) << out;
-  EXPECT_NE(out.find("FAILED_PRECONDITION: device cuda"), std::string::npos)
-      << out;
-  EXPECT_NE(out.find(CudaUnavailableReason()), std::string::npos) << out;
-  EXPECT_NE(out.find("--device cpu"), std::string::npos) << out;
-  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "FAILED_PRECONDITION: device cuda") << out;
+  EXPECT_HAS_SUBSTR(out, CudaUnavailableReason()) << out;
+  EXPECT_HAS_SUBSTR(out, "--device cpu") << out;
+  EXPECT_NO_SUBSTR(out, "listening on") << out;
 
   std::ofstream(dir_ / "server.toml") << "device = \"cuda\"\n";
   ASSERT_EQ(
       run(Args({"--server-config", (dir_ / "server.toml").string()}), &out), 1)
       << out;
-  EXPECT_NE(out.find("FAILED_PRECONDITION: device cuda"), std::string::npos)
-      << out;
+  EXPECT_HAS_SUBSTR(out, "FAILED_PRECONDITION: device cuda") << out;
   const std::vector<std::string> dry = {ServerPath(), "--config", "tiny",
                                         "--device",   "cuda",     "--dry-run"};
   ASSERT_EQ(run(dry, &out), 0) << out;
-  EXPECT_NE(out.find("device cuda"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "device cuda") << out;
   EXPECT_NE(
       run({ServerPath(), "--config", "tiny", "--device", "tpu", "--dry-run"},
           &out),
       0);
-  EXPECT_NE(out.find("--device: tpu not in"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "--device: tpu not in") << out;
 }
 
 // --tf32 and --precision (core/dense_flags.h, shared with dlrm_train)
@@ -984,28 +957,28 @@ TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
       out->append(chunk, n);
     }
     const int code = p.WaitExit(30);
-    out->append(ReadText(dir_ / "dense.err"));
+    out->append(ReadFile(dir_ / "dense.err"));
     return code;
   };
   std::string out;
   ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda"}, &out), 0) << out;
-  EXPECT_NE(out.find("device cuda (the dense part), dense precision fp32 "
-                     "(auto, on the GPU), tf32 GEMMs on"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out,
+                    "device cuda (the dense part), dense precision fp32 "
+                    "(auto, on the GPU), tf32 GEMMs on")
       << out;
   ASSERT_EQ(
       dry_run({"--config", "tiny", "--device", "cuda", "--tf32", "off"}, &out),
       0)
       << out;
-  EXPECT_NE(out.find("tf32 GEMMs off"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "tf32 GEMMs off") << out;
   ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda", "--tf32", "on",
                      "--precision", "bf16"},
                     &out),
             0)
       << out;
-  EXPECT_NE(out.find("dense precision bf16 (asked for, on the GPU), tf32 GEMMs "
-                     "on"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out,
+                    "dense precision bf16 (asked for, on the GPU), tf32 GEMMs "
+                    "on")
       << out;
   // The config's own setting when the flag is not given.
   std::ofstream(dir_ / "no_tf32.textproto")
@@ -1016,15 +989,15 @@ TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
   ASSERT_EQ(dry_run({"--config", (dir_ / "no_tf32.textproto").string()}, &out),
             0)
       << out;
-  EXPECT_NE(out.find("tf32 GEMMs off"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "tf32 GEMMs off") << out;
   ASSERT_EQ(dry_run({"--config", (dir_ / "no_tf32.textproto").string(),
                      "--tf32", "on"},
                     &out),
             0)
       << out;
-  EXPECT_NE(out.find("tf32 GEMMs on"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "tf32 GEMMs on") << out;
   EXPECT_NE(dry_run({"--config", "tiny", "--tf32", "maybe"}, &out), 0) << out;
-  EXPECT_NE(out.find("--tf32"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "--tf32") << out;
 }
 
 // --device-memory-budget-mb reaches the config and the plan --dry-run
@@ -1052,41 +1025,35 @@ TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
       out->append(chunk, n);
     }
     const int code = p.WaitExit(30);
-    out->append(ReadText(dir_ / "budget.err"));
+    out->append(ReadFile(dir_ / "budget.err"));
     return code;
   };
   std::string out;
   ASSERT_EQ(dry_run({}, &out), 0) << out;
-  EXPECT_NE(out.find("device memory budget: the GPU's free memory at start"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out, "device memory budget: the GPU's free memory at start")
       << out;
-  EXPECT_NE(out.find("a (100000 x 8): table-wise on rank 0; in device memory"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out,
+                    "a (100000 x 8): table-wise on rank 0; in device memory")
       << out;
   ASSERT_EQ(dry_run({"--device-memory-budget-mb", "2"}, &out), 0) << out;
-  EXPECT_NE(out.find("device memory budget 2 MiB per rank"), std::string::npos)
-      << out;
-  EXPECT_NE(out.find("a (100000 x 8): table-wise on rank 0\n"),
-            std::string::npos)
-      << out;
-  EXPECT_NE(out.find("b (50000 x 8): table-wise on rank 0; in device memory"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out, "device memory budget 2 MiB per rank") << out;
+  EXPECT_HAS_SUBSTR(out, "a (100000 x 8): table-wise on rank 0\n") << out;
+  EXPECT_HAS_SUBSTR(out,
+                    "b (50000 x 8): table-wise on rank 0; in device memory")
       << out;
   ASSERT_EQ(dry_run({"--device-memory-budget-mb", "2", "--world-size", "2",
                      "--coordinator", "127.0.0.1:1"},
                     &out),
             0)
       << out;
-  EXPECT_NE(out.find("a (100000 x 8): column-wise, rank 0 cols [0, 4), rank 1 "
-                     "cols [4, 8)\n"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out,
+                    "a (100000 x 8): column-wise, rank 0 cols [0, 4), rank 1 "
+                    "cols [4, 8)\n")
       << out;
-  EXPECT_NE(out.find("rank 1: 1.6 MiB in host memory, 0.0 MiB in device"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out, "rank 1: 1.6 MiB in host memory, 0.0 MiB in device")
       << out;
   EXPECT_EQ(dry_run({"--device-memory-budget-mb", "-1"}, &out), 1) << out;
-  EXPECT_NE(out.find("--device-memory-budget-mb must be in [0, 2^43]"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(out, "--device-memory-budget-mb must be in [0, 2^43]")
       << out;
 }
 
@@ -1247,10 +1214,9 @@ TEST_F(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
   }
   EXPECT_EQ(host->steps(), 4);
   const std::string text = metrics.Render(4);
-  EXPECT_NE(text.find("dlrm_checkpoints_failed_total 2\n"), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("dlrm_checkpoints_saved_total 0\n"), std::string::npos);
-  EXPECT_EQ(text.find("dlrm_checkpoint_last_step"), std::string::npos);
+  EXPECT_HAS_SUBSTR(text, "dlrm_checkpoints_failed_total 2\n") << text;
+  EXPECT_HAS_SUBSTR(text, "dlrm_checkpoints_saved_total 0\n");
+  EXPECT_NO_SUBSTR(text, "dlrm_checkpoint_last_step");
 
   // Once the directory can be made, saves resume and are counted.
   fs::remove(root_);
@@ -1261,9 +1227,8 @@ TEST_F(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
   EXPECT_EQ(r->checkpoint, (root_ / "ckpt-6").string());
   metrics.RecordTrainStep(*r);
   const std::string after = metrics.Render(6);
-  EXPECT_NE(after.find("dlrm_checkpoints_saved_total 1\n"), std::string::npos)
-      << after;
-  EXPECT_NE(after.find("dlrm_checkpoint_last_step 6\n"), std::string::npos);
+  EXPECT_HAS_SUBSTR(after, "dlrm_checkpoints_saved_total 1\n") << after;
+  EXPECT_HAS_SUBSTR(after, "dlrm_checkpoint_last_step 6\n");
 }
 
 }  // namespace

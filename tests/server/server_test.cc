@@ -48,11 +48,15 @@
 #include "server/dlrm_server.h"
 #include "tests/server/npy_files.h"
 #include "tests/server/raw_call.h"
+#include "tests/support/files.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::server {
 namespace {
+
+using test::MakeTempDir;
+using test::MetricValue;
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
@@ -90,29 +94,6 @@ std::vector<float> LocalPredict(model::Model& model, const data::Batch& b) {
   std::vector<float> probs;
   EXPECT_TRUE(model.Predict(b, &probs).ok());
   return probs;
-}
-
-// The value of the sample line `series` (name plus labels) in Prometheus
-// text, or NaN when absent.
-double MetricValue(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) {
-      return std::stod(line.substr(series.size() + 1));
-    }
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
-fs::path MakeTempDir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  fs::path dir = fs::temp_directory_path() /
-                 ("dlrm_server_test_" + std::to_string(getpid()) + "_" + tag +
-                  "_" + std::to_string(counter++));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
 }
 
 struct StreamOutcome {

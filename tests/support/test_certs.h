@@ -2,10 +2,15 @@
 // openssl command-line tool (no keys are checked in).
 #pragma once
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "absl/strings/str_cat.h"
 
 namespace dlrm::test {
 
@@ -40,5 +45,44 @@ inline bool MakeTestCertificates(const std::filesystem::path& dir) {
   const std::string log = (dir / "openssl.log").string();
   return std::system(("(" + script + ") >'" + log + "' 2>&1").c_str()) == 0;
 }
+
+// A fixture whose suite shares the certificates of MakeTestCertificates,
+// made once per suite in a directory of its own (removed after it); each
+// test skips, saying why, when openssl could not make them.
+class TestCertificatesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certs_dir_ = new std::filesystem::path(
+        std::filesystem::temp_directory_path() /
+        absl::StrCat(
+            "dlrm_test_pki_", getpid(), "_",
+            ::testing::UnitTest::GetInstance()->current_test_suite()->name()));
+    std::filesystem::remove_all(*certs_dir_);
+    std::filesystem::create_directories(*certs_dir_);
+    certs_made_ = MakeTestCertificates(*certs_dir_);
+  }
+
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*certs_dir_);
+    delete certs_dir_;
+    certs_dir_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (!certs_made_) {
+      GTEST_SKIP() << "the openssl tool could not make test certificates "
+                      "(see openssl.log; is openssl installed?)";
+    }
+  }
+
+  // The path of one of MakeTestCertificates' files ("ca.pem", ...).
+  static std::string File(const std::string& name) {
+    return (*certs_dir_ / name).string();
+  }
+
+ private:
+  static inline std::filesystem::path* certs_dir_ = nullptr;
+  static inline bool certs_made_ = false;
+};
 
 }  // namespace dlrm::test
