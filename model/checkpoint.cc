@@ -87,7 +87,7 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
   return NormalizeModelConfig(std::move(config));
 }
 
-// kill the process in the middle of a save (tests/server_process_test.cc).
+// kill the process in the middle of a save (tests/server/server_process_test.cc).
 void TestOnlyDelay() {
   const char* env = std::getenv("DLRM_TEST_CHECKPOINT_DELAY_MS");
   int ms = 0;
@@ -99,7 +99,7 @@ void TestOnlyDelay() {
 // DLRM_TEST_CHECKPOINT_FREEZE=<rank>:<point> makes that rank stop itself
 // (SIGSTOP) at `point` of its next save: "write", before it writes its
 // part, or "commit", once its part is written and agreed on, before it
-// learns rank 0's commit (tests/launch_test.cc).
+// learns rank 0's commit (tests/server/launch_test.cc).
 void TestOnlyFreeze(int rank, std::string_view point) {
   const char* env = std::getenv("DLRM_TEST_CHECKPOINT_FREEZE");
   if (env == nullptr) return;

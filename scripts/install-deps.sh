@@ -28,7 +28,7 @@ test_packages=(
   python3 python3-grpcio python3-protobuf gnuplot-nox python3-yaml
   # The Python client package and its venv install test (python_package_test).
   python3-numpy python3-venv python3-setuptools python3-pip
-  # Launchers the tests start jobs with (tests/launch_test.cc).
+  # Launchers the tests start jobs with (tests/server/launch_test.cc).
   openmpi-bin slurm-wlm munge
   # The container deployment test (deploy/tests/docker_compose_test.py): the
   # engine, Compose v1 and what makes the base images without a registry.

@@ -1,15 +1,19 @@
 #include "tests/support/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,19 +21,11 @@
 #include <string_view>
 #include <thread>
 
+#include "tests/support/files.h"
+
 extern char** environ;
 
 namespace dlrm::test {
-namespace {
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
 
 std::string SelfPath() {
   return std::filesystem::read_symlink("/proc/self/exe").string();
@@ -213,9 +209,41 @@ RunResult Run(const std::vector<std::string>& args, const std::string& dir,
     result.exit_code = WEXITSTATUS(status);
   }
   result.peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  result.out = ReadAll(options.stdout_path);
-  result.err = ReadAll(options.stderr_path);
+  result.out = ReadFile(options.stdout_path);
+  result.err = ReadFile(options.stderr_path);
   return result;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+int TestsOrWorkerMain(int argc, char** argv, const char* worker_flag,
+                      int worker_argc, int rank_arg,
+                      const std::function<absl::Status(char** argv)>& worker) {
+  if (argc == worker_argc && std::string_view(argv[1]) == worker_flag) {
+    const absl::Status s = worker(argv);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank %s: %s\n", argv[rank_arg],
+                   s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
 
 }  // namespace dlrm::test

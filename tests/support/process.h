@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace dlrm::test {
 
 // The running test binary's path (/proc/self/exe).
@@ -95,6 +97,18 @@ RunResult Run(const std::vector<std::string>& args, const std::string& dir,
               const std::vector<std::string>& env = {},
               const std::string& stdin_path = "",
               const std::string& name = "cmd");
+
+// A TCP port of 127.0.0.1 that is free now (bound and closed); 0 if none
+// could be had.
+int FreePort();
+
+// The main() of a test binary that re-executes itself as ranks (SpawnSelf):
+// with argc == `worker_argc` and argv[1] == `worker_flag` it is a rank, runs
+// `worker(argv)` and returns 0, or 1 after printing "rank argv[rank_arg]:
+// status" to stderr; otherwise it runs the tests.
+int TestsOrWorkerMain(int argc, char** argv, const char* worker_flag,
+                      int worker_argc, int rank_arg,
+                      const std::function<absl::Status(char** argv)>& worker);
 
 }  // namespace dlrm::test
 

@@ -28,6 +28,13 @@ data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
   return SyntheticBatch(config, n, options);
 }
 
+data::Batch SyntheticSamples(const ModelConfig& config, int64_t n,
+                             uint64_t sample_seed) {
+  data::SyntheticOptions options;
+  options.sample_seed = sample_seed;
+  return SyntheticBatch(config, n, options);
+}
+
 std::vector<data::Batch> SyntheticBatches(
     const ModelConfig& config, int count, int64_t size,
     const data::SyntheticOptions& options) {

@@ -22,6 +22,12 @@ data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
 data::Batch SyntheticBatch(const ModelConfig& config, int64_t n,
                            uint64_t sample_seed);
 
+// The first `n` samples of sample stream `sample_seed`, labelled by the
+// default teacher (data::SyntheticOptions' teacher_seed) whatever `config`'s
+// seed.
+data::Batch SyntheticSamples(const ModelConfig& config, int64_t n,
+                             uint64_t sample_seed);
+
 // `count` batches of `size` samples, the stream `options` describe cut in
 // order; empty when the source cannot be made.
 std::vector<data::Batch> SyntheticBatches(

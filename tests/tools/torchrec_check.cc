@@ -1,4 +1,4 @@
-// The C++ half of tests/torchrec_interop_test.py: predictions of a
+// The C++ half of tests/model/torchrec_interop_test.py: predictions of a
 // checkpoint on given inputs, and a checkpoint of a model of ours trained
 // a few steps (what the test exports to TorchRec).
 //

@@ -1,0 +1,405 @@
+// Tests for model/torchrec.h without Python: TorchRec's names and shapes,
+// export then import giving identical weights (host and RocksDB tiers, dot
+// and DCN), checkpoints made from a state_dict, and bad state_dicts and
+// configs refused naming the tensor or field. tests/model/torchrec_interop_test.py
+// checks the same against the real TorchRec.
+#include "model/torchrec.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "tests/support/synthetic.h"
+
+namespace dlrm::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The model of the docs' example: 3 tables of dim 4, 5 dense features,
+// bottom 5-8-4, top 6-3-1 (DLRM) or 6-1 (DLRM_DCN, 2 layers of rank 3).
+ModelConfig Config(Interaction interaction) {
+  std::string text = R"(
+    num_dense_features: 5
+    tables { name: "t0" rows: 10 dim: 4 }
+    tables { name: "t1" rows: 11 dim: 4 pooling: POOLING_MEAN }
+    tables { name: "t2" rows: 12 dim: 4 }
+    bottom_mlp: [8, 4]
+    dense_optimizer { type: ADAM learning_rate: 0.01 }
+    sparse_optimizer { type: ADAGRAD learning_rate: 0.05 }
+    seed: 5
+  )";
+  if (interaction == INTERACTION_DCN) {
+    absl::StrAppend(&text,
+                    "interaction: INTERACTION_DCN dcn_num_layers: 2 "
+                    "dcn_low_rank_dim: 3 top_mlp: [6, 1]");
+  } else {
+    absl::StrAppend(&text, "interaction: INTERACTION_DOT top_mlp: [6, 3, 1]");
+  }
+  auto parsed = ParseModelConfigText(text);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  auto c = NormalizeModelConfig(*parsed);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+data::Batch Batch(const ModelConfig& c, int64_t n, uint64_t seed) {
+  return test::SyntheticSamples(c, n, seed);
+}
+
+std::unique_ptr<Model> Trained(const ModelConfig& c, int steps) {
+  auto m = Model::Create(c);
+  EXPECT_TRUE(m.ok()) << m.status();
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_TRUE((*m)->TrainStep(Batch(c, 32, 100 + s)).ok());
+  }
+  return *std::move(m);
+}
+
+std::vector<float> Predictions(Model& m) {
+  std::vector<float> probs;
+  const absl::Status s = m.Predict(Batch(m.config(), 64, 7), &probs);
+  EXPECT_TRUE(s.ok()) << s;
+  return probs;
+}
+
+class TorchRecTest : public ::testing::TestWithParam<Interaction> {
+ protected:
+  void SetUp() override {
+    // CTest runs the cases in parallel processes: the directory is the
+    // case's and the process's own.
+    const ::testing::TestInfo* info =
+        ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = absl::StrCat("torchrec_", info->test_suite_name(), "_",
+                                    info->name(), "_", ::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::path(::testing::TempDir()) / name;
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Every tensor of the state_dict files `a` and `b` of `config` equal.
+  void ExpectSameTensors(const std::string& a, const std::string& b,
+                         const ModelConfig& config) {
+    auto fa = SafetensorsFile::Open(a);
+    auto fb = SafetensorsFile::Open(b);
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    EXPECT_EQ((*fa)->Names(), (*fb)->Names());
+    const auto tensors = TorchRecTensors(config);
+    ASSERT_TRUE(tensors.ok());
+    for (const TorchRecTensor& t : *tensors) {
+      auto x = (*fa)->Get(t.torchrec_name, t.shape);
+      auto y = (*fb)->Get(t.torchrec_name, t.shape);
+      ASSERT_TRUE(x.ok() && y.ok()) << t.torchrec_name;
+      EXPECT_TRUE(std::equal(x->begin(), x->end(), y->begin(), y->end()))
+          << t.torchrec_name;
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST(TorchRecNamesTest, DotPairOrderIsTorchRecsUpperTriangle) {
+  // n = 4: ours (1,0) (2,0) (2,1) (3,0) (3,1) (3,2); TorchRec (0,1) (0,2)
+  // (0,3) (1,2) (1,3) (2,3).
+  EXPECT_EQ(TorchRecDotPairOrder(4), (std::vector<int>{0, 1, 3, 2, 4, 5}));
+  EXPECT_EQ(TorchRecDotPairOrder(3), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(TorchRecDotPairOrder(1).empty());
+  for (int n = 2; n <= 30; ++n) {
+    std::vector<int> order = TorchRecDotPairOrder(n);
+    std::sort(order.begin(), order.end());
+    for (size_t p = 0; p < order.size(); ++p) ASSERT_EQ(order[p], int(p)) << n;
+  }
+}
+
+// The keys and shapes TorchRec 1.9's state_dict() lists for the same
+// models (printed from torchrec.models.dlrm.DLRM and DLRM_DCN), in order.
+TEST(TorchRecNamesTest, NamesAndShapesAreTorchRecsStateDict) {
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> tables = {
+      {"sparse_arch.embedding_bag_collection.embedding_bags.t0.weight",
+       {10, 4}},
+      {"sparse_arch.embedding_bag_collection.embedding_bags.t1.weight",
+       {11, 4}},
+      {"sparse_arch.embedding_bag_collection.embedding_bags.t2.weight",
+       {12, 4}},
+      {"dense_arch.model._mlp.0._linear.weight", {8, 5}},
+      {"dense_arch.model._mlp.0._linear.bias", {8}},
+      {"dense_arch.model._mlp.1._linear.weight", {4, 8}},
+      {"dense_arch.model._mlp.1._linear.bias", {4}}};
+  auto dlrm = tables;
+  dlrm.insert(dlrm.end(), {{"over_arch.model.0._mlp.0._linear.weight", {6, 10}},
+                           {"over_arch.model.0._mlp.0._linear.bias", {6}},
+                           {"over_arch.model.0._mlp.1._linear.weight", {3, 6}},
+                           {"over_arch.model.0._mlp.1._linear.bias", {3}},
+                           {"over_arch.model.1.weight", {1, 3}},
+                           {"over_arch.model.1.bias", {1}}});
+  auto dcn = tables;
+  dcn.insert(dcn.end(), {{"inter_arch.crossnet.W_kernels.0", {16, 3}},
+                         {"inter_arch.crossnet.W_kernels.1", {16, 3}},
+                         {"inter_arch.crossnet.V_kernels.0", {3, 16}},
+                         {"inter_arch.crossnet.V_kernels.1", {3, 16}},
+                         {"inter_arch.crossnet.bias.0", {16}},
+                         {"inter_arch.crossnet.bias.1", {16}},
+                         {"over_arch.model.0._mlp.0._linear.weight", {6, 16}},
+                         {"over_arch.model.0._mlp.0._linear.bias", {6}},
+                         {"over_arch.model.1.weight", {1, 6}},
+                         {"over_arch.model.1.bias", {1}}});
+  for (const auto& [interaction, expected] :
+       {std::pair{INTERACTION_DOT, dlrm}, std::pair{INTERACTION_DCN, dcn}}) {
+    auto tensors = TorchRecTensors(Config(interaction));
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    ASSERT_EQ(tensors->size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ((*tensors)[i].torchrec_name, expected[i].first);
+      EXPECT_EQ((*tensors)[i].shape, expected[i].second) << expected[i].first;
+      EXPECT_EQ((*tensors)[i].pair_columns_permuted,
+                interaction == INTERACTION_DOT &&
+                    (*tensors)[i].name == "top_mlp.0.weight");
+    }
+    // Our names cover every parameter once: the dense ones in the model's
+    // order after the tables.
+    auto m = Model::Create(Config(interaction));
+    ASSERT_TRUE(m.ok());
+    std::vector<std::string> ours, names;
+    for (const auto& p : (*m)->dense_params()) ours.push_back(p.name);
+    for (const TorchRecTensor& t : *tensors) names.push_back(t.name);
+    std::sort(ours.begin(), ours.end());
+    std::vector<std::string> dense_names(names.begin() + 3, names.end());
+    std::sort(dense_names.begin(), dense_names.end());
+    EXPECT_EQ(ours, dense_names);
+  }
+}
+
+TEST(TorchRecNamesTest, ConfigsWithoutATorchRecCounterpartAreRefused) {
+  ModelConfig cat = Config(INTERACTION_DOT);
+  cat.set_interaction(INTERACTION_CAT);
+  absl::Status s = CheckTorchRecCompatible(cat);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("INTERACTION_CAT"), std::string::npos) << s;
+
+  ModelConfig dims = Config(INTERACTION_DCN);
+  dims.mutable_tables(1)->set_dim(8);  // DCN allows it, TorchRec does not
+  ASSERT_TRUE(NormalizeModelConfig(dims).ok());
+  s = CheckTorchRecCompatible(dims);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("tables[1] (t1) has dim 8"), std::string::npos)
+      << s;
+
+  ModelConfig one = Config(INTERACTION_DOT);
+  one.clear_top_mlp();
+  one.add_top_mlp(1);
+  s = TorchRecTensors(one).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("top_mlp has 1 layer"), std::string::npos) << s;
+
+  // The export refuses such a model rather than write another layout.
+  auto m = Model::Create(*NormalizeModelConfig(cat));
+  ASSERT_TRUE(m.ok());
+  const std::string path =
+      (fs::path(::testing::TempDir()) /
+       absl::StrCat("torchrec_cat_", ::getpid(), ".safetensors"))
+          .string();
+  EXPECT_EQ(ExportTorchRec(**m, path).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST_P(TorchRecTest, ExportThenImportGivesIdenticalWeights) {
+  const ModelConfig c = Config(GetParam());
+  std::unique_ptr<Model> a = Trained(c, 3);
+  const std::string first = (dir_ / "a.safetensors").string();
+  auto exported = ExportTorchRec(*a, first);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->step, 3);
+  EXPECT_EQ(exported->tensors,
+            static_cast<int64_t>(TorchRecTensors(c)->size()));
+  EXPECT_EQ(exported->bytes, static_cast<int64_t>(fs::file_size(first)));
+
+  // Into a model of other initial weights (another seed) whose table t2 is
+  // on RocksDB: every weight is replaced, through the store too.
+  ModelConfig other = c;
+  other.set_seed(99);
+  RocksDbConfig rocksdb;
+  rocksdb.set_path((dir_ / "rocksdb").string());
+  rocksdb.set_cache_rows(12);
+  auto placed = PlaceTablesOnRocksDb(other, {"t2"}, rocksdb);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  auto b = Model::Create(*placed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_NE(*(*b)->WeightChecksum(), *a->WeightChecksum());
+  auto file = SafetensorsFile::Open(first);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE(ImportTorchRecWeights(**file, **b).ok());
+  EXPECT_EQ(*(*b)->WeightChecksum(), *a->WeightChecksum());
+  EXPECT_EQ(Predictions(**b), Predictions(*a));
+  EXPECT_EQ((*b)->steps(), 0);  // weights only
+
+  // And back out, from the RocksDB tier: the same tensors.
+  const std::string second = (dir_ / "b.safetensors").string();
+  ASSERT_TRUE(ExportTorchRec(**b, second).ok());
+  ExpectSameTensors(first, second, c);
+}
+
+TEST_P(TorchRecTest, CheckpointFromAStateDictServesTheSameModel) {
+  const ModelConfig c = Config(GetParam());
+  std::unique_ptr<Model> a = Trained(c, 2);
+  const std::string state_dict = (dir_ / "a.safetensors").string();
+  ASSERT_TRUE(ExportTorchRec(*a, state_dict).ok());
+
+  const std::string ckpt = (dir_ / "ckpt").string();
+  auto info = ImportTorchRecCheckpoint(state_dict, c, ckpt);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->step, 0);
+  // A full restore (optimizer state included) works: the state is a new
+  // model's, so training resumes from it.
+  auto restored = LoadCheckpoint(ckpt, /*weights_only=*/false);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*(*restored)->WeightChecksum(), *a->WeightChecksum());
+  EXPECT_EQ(Predictions(**restored), Predictions(*a));
+  auto fresh = Model::Create(c);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ((*restored)->dense_optimizer().step(),
+            (*fresh)->dense_optimizer().step());
+  EXPECT_TRUE((*restored)->TrainStep(Batch(c, 32, 5)).ok());
+
+  // The directory exists now: refused unless overwriting.
+  auto again = ImportTorchRecCheckpoint(state_dict, c, ckpt);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  TorchRecImportOptions overwrite;
+  overwrite.overwrite = true;
+  EXPECT_TRUE(ImportTorchRecCheckpoint(state_dict, c, ckpt, overwrite).ok());
+
+  // Checkpoint -> state_dict gives the file back.
+  const std::string back = (dir_ / "back.safetensors").string();
+  auto exported = ExportTorchRecCheckpoint(ckpt, back);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ExpectSameTensors(state_dict, back, c);
+}
+
+// Writes the state_dict of `config` with `edit` applied to the tensor list
+// (all zeros), returns its path.
+std::string WriteStateDict(
+    const fs::path& dir, const std::string& name, const ModelConfig& config,
+    const std::function<void(std::vector<TensorSpec>*)>& edit) {
+  std::vector<TensorSpec> specs;
+  const auto all = TorchRecTensors(config);
+  EXPECT_TRUE(all.ok());
+  for (const TorchRecTensor& t : *all) {
+    specs.push_back({t.torchrec_name, t.shape});
+  }
+  edit(&specs);
+  std::vector<std::vector<float>> data;
+  std::vector<TensorToWrite> tensors;
+  for (const TensorSpec& s : specs) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    data.emplace_back(n, 0.0f);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors.push_back({specs[i].name, specs[i].shape, data[i].data()});
+  }
+  const std::string path = (dir / name).string();
+  EXPECT_TRUE(WriteSafetensors(path, tensors, {}).ok());
+  return path;
+}
+
+TEST_P(TorchRecTest, BadStateDictsAreRefusedNamingTheTensor) {
+  const ModelConfig c = Config(GetParam());
+  auto m = Model::Create(c);
+  ASSERT_TRUE(m.ok());
+  const uint64_t before = *(*m)->WeightChecksum();
+  const std::string bottom = "dense_arch.model._mlp.1._linear.weight";
+  struct Case {
+    std::string name;
+    std::function<void(std::vector<TensorSpec>*)> edit;
+    std::vector<std::string> expected;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {"renamed",
+       [&](std::vector<TensorSpec>* s) {
+         for (auto& t : *s) {
+           if (t.name == bottom) t.name = "module." + bottom;
+         }
+       },
+       {"missing tensor " + bottom + " [4, 8] (our bottom_mlp.1.weight)",
+        "unexpected tensor module." + bottom, "(" + bottom + " with a prefix"}},
+      {"shape",
+       [](std::vector<TensorSpec>* s) {
+         (*s)[1].shape = {12, 4};  // t1 has 11 rows
+       },
+       {"tensor sparse_arch.embedding_bag_collection.embedding_bags.t1.weight "
+        "has shape [12, 4], expected [11, 4] (our embedding_bags.t1.weight)"}},
+      {"missing",
+       [](std::vector<TensorSpec>* s) { s->pop_back(); },
+       {"missing tensor over_arch.model.1.bias [1] (our top_mlp."}},
+      {"extra",
+       [](std::vector<TensorSpec>* s) {
+         s->push_back({"over_arch.model.2.weight", {1, 1}});
+       },
+       {"unexpected tensor over_arch.model.2.weight"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const std::string path =
+        WriteStateDict(dir_, k.name + ".safetensors", c, k.edit);
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    const absl::Status s = ImportTorchRecWeights(**file, **m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    for (const std::string& e : k.expected) {
+      EXPECT_NE(s.message().find(e), std::string::npos)
+          << "'" << e << "' not in: " << s;
+    }
+    EXPECT_EQ(*(*m)->WeightChecksum(), before);
+    // The checkpoint path refuses before writing anything, naming the file.
+    const std::string ckpt = (dir_ / (k.name + "_ckpt")).string();
+    const absl::Status t = ImportTorchRecCheckpoint(path, c, ckpt).status();
+    EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
+    EXPECT_NE(t.message().find(path), std::string::npos) << t;
+    EXPECT_FALSE(fs::exists(ckpt));
+  }
+
+  // A half-precision tensor is refused when the file opens, named.
+  const std::string f16 = (dir_ / "f16.safetensors").string();
+  {
+    const std::string header =
+        R"({"over_arch.model.1.bias":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})";
+    std::ofstream out(f16, std::ios::binary);
+    const uint64_t size = header.size();
+    out.write(reinterpret_cast<const char*>(&size), 8);
+    out << header << std::string(2, '\0');
+  }
+  const absl::Status s =
+      ImportTorchRecCheckpoint(f16, c, (dir_ / "f16_ckpt").string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("over_arch.model.1.bias has dtype F16"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(ImportTorchRecCheckpoint((dir_ / "none.safetensors").string(), c,
+                                     (dir_ / "none_ckpt").string())
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(Interactions, TorchRecTest,
+                         ::testing::Values(INTERACTION_DOT, INTERACTION_DCN),
+                         [](const auto& info) {
+                           return info.param == INTERACTION_DOT ? "Dot" : "Dcn";
+                         });
+
+}  // namespace
+}  // namespace dlrm::model
