@@ -74,6 +74,60 @@ void PoolTilePortable(const float* __restrict weights, int64_t dim, int col0,
   }
 }
 
+// Whole rows of a narrow table (dim = 8 * kVecs, known at compile time):
+// the row stride is a constant and a one-id bag costs a few instructions,
+// which the tiles' run-time dim and column offset do not (measured on
+// kaggle's dim 16, one id per bag: half the lookup time of either tile
+// kernel). Sums from 0 in id order, as the tiles.
+template <int kVecs>
+void PoolFixedDim(const float* __restrict weights,
+                  const int64_t* __restrict offsets,
+                  const int64_t* __restrict ids, int64_t bag_begin,
+                  int64_t bag_end, int64_t total, bool mean,
+                  float* __restrict out, int64_t out_stride) {
+  constexpr int kDim = 8 * kVecs;
+  for (int64_t s = bag_begin; s < bag_end; ++s) {
+    const int64_t begin = offsets[s], end = offsets[s + 1];
+    Vec8 acc[kVecs];
+    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
+    for (int64_t p = begin; p < end; ++p) {
+      if (p + kPrefetchDistance < total) {
+        PrefetchSpan(weights + ids[p + kPrefetchDistance] * kDim, kDim);
+      }
+      const float* row = weights + ids[p] * kDim;
+      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
+    }
+    float* o = out + s * out_stride;
+    if (mean && end > begin) {
+      const float scale = 1.0f / static_cast<float>(end - begin);
+      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v] * scale);
+    } else {
+      for (int v = 0; v < kVecs; ++v) StoreU(o + 8 * v, acc[v]);
+    }
+  }
+}
+
+// PoolFixedDim for dims 8, 16, 24 and 32; false for any other dim.
+bool PoolNarrow(const float* weights, int dim, bool mean,
+                const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+                int64_t bag_end, int64_t total, float* out,
+                int64_t out_stride) {
+  switch (dim) {
+#define DLRM_POOL_FIXED(k)                                                  \
+  case 8 * k:                                                               \
+    PoolFixedDim<k>(weights, offsets, ids, bag_begin, bag_end, total, mean, \
+                    out, out_stride);                                       \
+    return true;
+    DLRM_POOL_FIXED(1)
+    DLRM_POOL_FIXED(2)
+    DLRM_POOL_FIXED(3)
+    DLRM_POOL_FIXED(4)
+#undef DLRM_POOL_FIXED
+    default:
+      return false;
+  }
+}
+
 // Up to 64 columns per tile: eight 8-float accumulators.
 void PoolPortable(const float* weights, int dim, bool mean,
                   const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
@@ -196,6 +250,12 @@ Isa BestIsa() {
 void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
+  // Narrow tables take the fixed-dim loop on every ISA (8-float vectors
+  // beat the 16-lane masked tile there too).
+  if (PoolNarrow(weights, dim, mean, offsets, ids, bag_begin, bag_end, total,
+                 out, out_stride)) {
+    return;
+  }
 #if DLRM_HAVE_AVX512_KERNELS
   if (isa == Isa::kAvx512) {
     PoolAvx512(weights, dim, mean, offsets, ids, bag_begin, bag_end, total, out,
