@@ -87,7 +87,8 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const fs::path& dir,
   return NormalizeModelConfig(std::move(config));
 }
 
-// kill the process in the middle of a save (tests/server/server_process_test.cc).
+// kill the process in the middle of a save
+// (tests/server/server_process_test.cc).
 void TestOnlyDelay() {
   const char* env = std::getenv("DLRM_TEST_CHECKPOINT_DELAY_MS");
   int ms = 0;

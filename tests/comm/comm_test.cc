@@ -50,8 +50,8 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda/cuda_raii.h"
-#include "tests/support/cuda_test_util.h"
 #include "tests/comm/nccl_fault_injection.h"
+#include "tests/support/cuda_test_util.h"
 #endif
 
 namespace dlrm::comm {

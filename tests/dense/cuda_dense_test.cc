@@ -31,8 +31,8 @@
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
-#include "tests/support/cuda_test_util.h"
 #include "tests/dense/dense_backend_test_util.h"
+#include "tests/support/cuda_test_util.h"
 
 namespace dlrm::dense::cuda {
 namespace {

@@ -817,8 +817,8 @@ TEST(CachedStoreTest, CreateChecksItsParts) {
 }
 
 // The factory's device tier with a cache: validated options, and without
-// a GPU a FailedPrecondition naming the table (tests/embedding/cuda_store_test.cc
-// covers it with one).
+// a GPU a FailedPrecondition naming the table
+// (tests/embedding/cuda_store_test.cc covers it with one).
 TEST(CachedStoreTest, DeviceCacheOptionsAndFactory) {
   StoreOptions options;
   options.kind = StoreKind::kDevice;

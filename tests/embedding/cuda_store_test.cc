@@ -9,8 +9,8 @@
 // a CUDA device.
 // Stores are made with CudaStore::Create, not CreateEmbeddingStore, so the
 // binary does not link RocksDB (scripts/gpu_lease.sh carries it to GPU
-// machines under a size limit); tests/embedding/embedding_store_test.cc covers the
-// factory's kDevice case.
+// machines under a size limit); tests/embedding/embedding_store_test.cc covers
+// the factory's kDevice case.
 #include "embedding/cuda/cuda_store.h"
 
 #include <gtest/gtest.h>

@@ -447,8 +447,8 @@ TEST_F(StoreTest, OptionsAndFactory) {
 }
 
 // The device tier on a machine without a GPU (CI): a FailedPrecondition
-// that says why, never an abort. tests/embedding/cuda_store_test.cc covers the tier
-// where a GPU is present.
+// that says why, never an abort. tests/embedding/cuda_store_test.cc covers the
+// tier where a GPU is present.
 TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
   if (CudaDeviceCount() > 0) {
     GTEST_SKIP() << "a CUDA device is present: the device tier is tested by "
@@ -472,8 +472,8 @@ TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// With a GPU the factory makes the device tier (tests/embedding/cuda_store_test.cc
-// tests the store itself).
+// With a GPU the factory makes the device tier
+// (tests/embedding/cuda_store_test.cc tests the store itself).
 TEST(DeviceStoreTest, WithAGpuIsADeviceStore) {
   if (CudaDeviceCount() == 0) {
     GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();

@@ -1673,8 +1673,8 @@ TEST_F(WeightsExportTest, ReplacesTheFileOnlyWhenComplete) {
 // commit 2e8d9f8 after a 3-step job) still loads: every weight and every
 // optimizer state equals the file's tensor, bitwise.
 TEST(LegacyCheckpointTest, OneProcessFormatOfEarlierVersionsLoads) {
-  const std::string dir =
-      std::string(DLRM_SOURCE_DIR) + "/tests/model/testdata/checkpoint-v2-one-process";
+  const std::string dir = std::string(DLRM_SOURCE_DIR) +
+                          "/tests/model/testdata/checkpoint-v2-one-process";
   auto model = LoadCheckpoint(dir, /*weights_only=*/false);
   ASSERT_TRUE(model.ok()) << model.status();
   Model& m = **model;

@@ -1,8 +1,9 @@
 // Tests for model/torchrec.h without Python: TorchRec's names and shapes,
 // export then import giving identical weights (host and RocksDB tiers, dot
 // and DCN), checkpoints made from a state_dict, and bad state_dicts and
-// configs refused naming the tensor or field. tests/model/torchrec_interop_test.py
-// checks the same against the real TorchRec.
+// configs refused naming the tensor or field.
+// tests/model/torchrec_interop_test.py checks the same against the real
+// TorchRec.
 #include "model/torchrec.h"
 
 #include <gtest/gtest.h>
