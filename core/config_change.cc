@@ -48,6 +48,12 @@ constexpr FieldRuleEntry kConfigFieldRules[] = {
     {"tables.multi_hot_distribution", kMutable},
     {"tables.device_cache_rows", kMutable},
     {"tables.device_cache_backing", kMutable},
+    // What the ids mean: raw ids through the map, or rows.
+    {"tables.dynamic", kImmutable},
+    // Which ids get rows from here on, and what the kept row does.
+    {"tables.admission", kMutable},
+    {"tables.eviction", kMutable},
+    {"tables.unadmitted", kMutable},
     {"bottom_mlp", kImmutable},
     {"top_mlp", kImmutable},
     {"interaction", kImmutable},
