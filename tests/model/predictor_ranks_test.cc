@@ -219,6 +219,9 @@ absl::Status LeadRestore(server::RankGroup& group,
   }
   const data::Batch probe = Probe(batches);
   std::atomic<bool> done{false};
+  // The first record is this thread's; the others the predicting thread's,
+  // which only it touches until the join (its push_back may move them).
+  Record first;
   std::vector<Record> records(1);
   absl::Status predicted;
   std::thread predicting([&] {
@@ -234,13 +237,13 @@ absl::Status LeadRestore(server::RankGroup& group,
     }
   });
   absl::Status s = group.RestoreCheckpoint(ckpt).status();
-  if (s.ok())
-    s = predictor->Predict(probe, &records[0].probs, &records[0].step);
+  if (s.ok()) s = predictor->Predict(probe, &first.probs, &first.step);
   for (int i = 2; i < 4 && s.ok(); ++i) {
     s = group.TrainStep(batches[i]).status();
   }
   done.store(true);
   predicting.join();
+  records[0] = std::move(first);
   RETURN_IF_ERROR(s);
   RETURN_IF_ERROR(predicted);
   RETURN_IF_ERROR(group.Shutdown());
