@@ -6,35 +6,51 @@
 #
 # The container test builds the image, which compiles the project again
 # inside it: about 1 minute with its caches warm, up to ~13 minutes cold on
-# 2 cores alone (docs/deployment.md "Tests"). So it starts as soon as the
-# build is done and runs beside the other tests and the fuzzers at the
+# 2 cores alone, after a base image made with debootstrap where no registry
+# answers (about 4 minutes, mostly waiting on the mirror;
+# docs/deployment.md "Tests"). So it starts before the host build, at the
 # lowest CPU priority (nice 19, which the Docker daemon it starts and the
-# image's compilers inherit): it takes the cores the other tests leave idle
-# (processes waiting on each other, one fuzzer at a time) and all of them
-# once those are done. It runs as CTest's deploy_DockerComposeTest would,
-# but not through ctest (the other run holds build/Testing/); its output
-# goes to build/docker_test.log, printed at the end. DLRM_DOCKER_TEST=0
-# skips it; by default (1) it runs, and skips itself (exit 77, the reason
-# printed) where no Docker daemon can run.
+# image's compilers inherit): the base image and the image's packages come
+# while the host compiles, and the image's compile takes the cores the
+# host build and the other tests leave idle (processes waiting on each
+# other, one fuzzer at a time) and all of them once those are done. Its
+# compose checks drive the host's dlrm_client, so it waits for
+# build/.host-build-done before them. It runs as CTest's
+# deploy_DockerComposeTest would, but not through ctest (the other run
+# holds build/Testing/); its output goes to build/docker_test.log, printed
+# at the end. DLRM_DOCKER_TEST=0 skips it; by default (1) it runs, and
+# skips itself (exit 77, the reason printed) where no Docker daemon can
+# run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 start=$SECONDS
 ./scripts/install-deps.sh
-./scripts/build.sh
-echo "test.sh: built in $(((SECONDS - start) / 60)) min"
-
+mkdir -p build
+rm -f build/.host-build-done
 docker_pid=""
 if [[ "${DLRM_DOCKER_TEST:-1}" != "0" ]]; then
   # Run directly rather than through a second ctest, which would share
   # build/Testing/ with the one below; exit 77 is its skip.
   (cd deploy/tests && DLRM_CLIENT="$root/build/clients/dlrm_client" \
+    DLRM_WAIT_FOR_FILE="$root/build/.host-build-done" \
     PYTHONDONTWRITEBYTECODE=1 exec nice -n 19 python3 docker_compose_test.py) \
     >build/docker_test.log 2>&1 &
   docker_pid=$!
-  echo "test.sh: the container test runs beside the others" \
+  echo "test.sh: the container test runs beside the build and the tests" \
     "(build/docker_test.log)"
 fi
+# A failed build stops the container test (it then stops its daemon).
+if ! ./scripts/build.sh; then
+  if [[ -n $docker_pid ]]; then
+    kill -TERM "$docker_pid" 2>/dev/null || true
+    wait "$docker_pid" 2>/dev/null || true
+  fi
+  echo "test.sh: the build failed"
+  exit 1
+fi
+touch build/.host-build-done
+echo "test.sh: built in $(((SECONDS - start) / 60)) min"
 
 # OpenMP threads sleep at barriers instead of spinning, in every test and
 # the processes they start (tests/CMakeLists.txt sets it for the tests it

@@ -25,6 +25,9 @@ root and none reachable, or dockerd or a container fails to start; the
 reason is printed).
 
 Environment: DLRM_CLIENT (the built dlrm_client; set by CTest),
+DLRM_WAIT_FOR_FILE (when set, the compose checks, which drive
+DLRM_CLIENT, wait until this file exists: scripts/test.sh starts this test
+before its build and creates the file when the build is done),
 DLRM_DOCKER_DATA_ROOT (the started daemon's --data-root, default
 /var/lib/dlrm-docker-test), DLRM_DOCKER_CACHE (the base image tarball's
 folder, default ~/.cache/dlrm-server), DLRM_DEBIAN_MIRROR (debootstrap's
@@ -555,7 +558,29 @@ def exercise(compose):
     client(compose, "job", "cancel", job)
 
 
+def wait_for_host_build():
+    """Waits for DLRM_WAIT_FOR_FILE, when set (the host build that makes
+    DLRM_CLIENT is done then)."""
+    path = os.environ.get("DLRM_WAIT_FOR_FILE")
+    if not path or os.path.exists(path):
+        return
+    log(f"waiting for {path} (the host build, which makes {CLIENT})")
+    deadline = time.monotonic() + BUILD_TIMEOUT
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise Failure(f"{path} did not appear within {BUILD_TIMEOUT} s")
+        time.sleep(2)
+    log("the host build is done")
+
+
+def stopped(signum, frame):
+    """SIGTERM (scripts/test.sh after a failed build): fail, so that the
+    teardown stops the daemon this test started."""
+    raise Failure(f"stopped by signal {signum}")
+
+
 def main():
+    signal.signal(signal.SIGTERM, stopped)
     if os.geteuid() == 0:
         lock = open(LOCK, "w")
         try:
@@ -572,6 +597,7 @@ def main():
         ensure_base_images(daemon)
         build_image(daemon, work)
         check_image_user(daemon)
+        wait_for_host_build()
         compose = Compose(daemon)
         exercise(compose)
         log("passed")
