@@ -12,6 +12,7 @@
 #include "core/aligned.h"
 #include "dense/bf16.h"
 #include "dense/linear.h"
+#include "optim/optimizer.h"
 
 namespace dlrm::bench {
 namespace {
@@ -35,18 +36,6 @@ void AddMlp(const std::vector<int64_t>& widths, int64_t batch,
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
       .count();
-}
-
-// Optimizer state floats per row of `dim` floats for a table.
-double StateFloats(const OptimizerConfig& o, int dim) {
-  switch (o.type()) {
-    case OptimizerConfig::SGD:
-      return 0;
-    case OptimizerConfig::ADAM:
-      return 2.0 * dim;
-    default:  // Adagrad on tables is row-wise: one float per row
-      return 1;
-  }
 }
 
 }  // namespace
@@ -162,7 +151,7 @@ EmbeddingBytes StepEmbeddingBytes(const ModelConfig& config,
     std::unordered_set<int64_t> distinct(f.ids.begin(), f.ids.end());
     const double u = static_cast<double>(distinct.size());
     bytes.lookup += static_cast<double>(f.ids.size()) * (row + 8) + pooled;
-    const double state = 4.0 * StateFloats(config.sparse_optimizer(), t.dim());
+    const double state = 4.0 * optim::SparseStateFloatsPerRow(config.sparse_optimizer(), t.dim());
     bytes.update += pooled + 2.0 * u * (row + state);
   }
   return bytes;
