@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/dynamic_route.h"
 #include "embedding/embedding_store.h"
 #include "model/step_util.h"
 
@@ -14,11 +15,6 @@ namespace {
 
 using comm::DataType;
 using internal::Sized;
-
-// Whether id `id` of a bag belongs to `shard` (rows only matter).
-inline bool InRows(const embedding::Shard& shard, int64_t id) {
-  return id >= shard.row_begin && id < shard.row_begin + shard.row_count;
-}
 
 // Bytes of `counts` elements of `size` bytes, leaving out this rank's own.
 int64_t BytesToOthers(const std::vector<int64_t>& counts, int self,
@@ -126,14 +122,16 @@ absl::Status ShardExchange::DistributeIds(
     int64_t* dst = lengths + len_send_at[o];
     for (const ShardRef& ref : layout[o]) {
       const data::SparseFeature& f = batch.sparse[ref.table];
-      const embedding::Shard& s = ShardOf(ref);
+      const embedding::TablePlacement& placement = plan_.tables[ref.table];
+      const bool dynamic = config_.tables(ref.table).dynamic();
       const bool row_wise = IsRowWise(ref.table);
       for (int64_t l = 0; l < n; ++l) {
         int64_t len = f.bag_size(l);
         if (row_wise) {
           len = 0;
           for (int64_t p = f.offsets[l]; p < f.offsets[l + 1]; ++p) {
-            len += InRows(s, f.ids[p]);
+            len += embedding::ShardTakes(placement, ref.shard, dynamic,
+                                         f.ids[p]) >= 0;
           }
         }
         *dst++ = len;
@@ -160,10 +158,13 @@ absl::Status ShardExchange::DistributeIds(
     int64_t* dst = ids + id_send_at[o];
     for (const ShardRef& ref : layout[o]) {
       const data::SparseFeature& f = batch.sparse[ref.table];
-      const embedding::Shard& s = ShardOf(ref);
       if (IsRowWise(ref.table)) {
+        const embedding::TablePlacement& placement = plan_.tables[ref.table];
+        const bool dynamic = config_.tables(ref.table).dynamic();
         for (int64_t p = 0; p < (n > 0 ? f.offsets[n] : 0); ++p) {
-          if (InRows(s, f.ids[p])) *dst++ = f.ids[p] - s.row_begin;
+          const int64_t id =
+              embedding::ShardTakes(placement, ref.shard, dynamic, f.ids[p]);
+          if (id >= 0) *dst++ = id;
         }
       } else if (n > 0) {
         dst = std::copy(f.ids.begin(), f.ids.begin() + f.offsets[n], dst);
@@ -408,7 +409,17 @@ std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
   const int64_t n = local.size;
   for (int k = 0; k < c.tables_size(); ++k) {
     const auto& p = plan.tables[k];
-    for (const embedding::Shard& s : p.shards) {
+    // The id bytes of `ids` shard i takes.
+    const auto id_bytes = [&](int i, const std::vector<int64_t>& ids) {
+      int64_t bytes = 0;
+      for (int64_t id : ids) {
+        bytes +=
+            embedding::ShardTakes(p, i, c.tables(k).dynamic(), id) >= 0 ? 8 : 0;
+      }
+      return bytes;
+    };
+    for (int i = 0; i < static_cast<int>(p.shards.size()); ++i) {
+      const embedding::Shard& s = p.shards[i];
       const bool mp = p.kind != SHARDING_DATA_PARALLEL;
       if (s.rank != rank && next != nullptr &&
           embedding::TableCapabilities(c.tables(k), c.rocksdb(), s.row_count)
@@ -416,15 +427,11 @@ std::array<int64_t, StageTimes::kNumExchanges> PredictedExchangeBytes(
         // The prefetch: the next batch's lengths and ids, to the shards
         // whose stores take it.
         b[StageTimes::kLengths] += 8 * next->size;
-        for (int64_t id : next->sparse[k].ids) {
-          b[StageTimes::kIds] += InRows(s, id) ? 8 : 0;
-        }
+        b[StageTimes::kIds] += id_bytes(i, next->sparse[k].ids);
       }
       if (s.rank != rank) {
         b[StageTimes::kLengths] += 8 * n;
-        for (int64_t id : local.sparse[k].ids) {
-          b[StageTimes::kIds] += InRows(s, id) ? 8 : 0;
-        }
+        b[StageTimes::kIds] += id_bytes(i, local.sparse[k].ids);
         b[StageTimes::kGradients] += 4 * n * s.col_count;
       } else if (mp) {
         for (int o = 0; o < world; ++o) {

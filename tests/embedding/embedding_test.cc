@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/random.h"
+#include "embedding/dynamic_route.h"
 #include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
 #include "embedding/sparse_backward_host.h"
@@ -1449,6 +1450,56 @@ TEST(SparseBackwardHostTest, EmptyBatchesChangeNothingAndBadArgsAreNamed) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.names;
     EXPECT_NE(st.message().find(b.names), std::string::npos) << st;
   }
+}
+
+// A dynamic table's raw ids spread evenly over its row-wise shards, each
+// to exactly one, unchanged; a static table's row-wise shards take the ids
+// in their rows as shard rows; other placements take every id.
+TEST(DynamicRouteTest, EveryIdGoesToOneShard) {
+  Rng rng(7);
+  for (int shards : {1, 2, 3, 4}) {
+    TablePlacement p;
+    p.kind = SHARDING_ROW_WISE;
+    for (int i = 0; i < shards; ++i) {
+      p.shards.push_back({i, 1000 * i / shards,
+                          1000 * (i + 1) / shards - 1000 * i / shards, 0, 8});
+    }
+    std::vector<int64_t> count(shards, 0);
+    constexpr int kIds = 120000;
+    for (int n = 0; n < kIds; ++n) {
+      const int64_t id = static_cast<int64_t>(rng.NextU64() >> 1);
+      int takers = 0;
+      for (int i = 0; i < shards; ++i) {
+        const int64_t local = ShardTakes(p, i, /*dynamic=*/true, id);
+        if (local < 0) continue;
+        ++takers;
+        ++count[i];
+        EXPECT_EQ(local, id);
+        EXPECT_EQ(DynamicRowShard(id, shards), i);
+      }
+      ASSERT_EQ(takers, 1) << "id " << id << " over " << shards << " shards";
+    }
+    for (int i = 0; i < shards; ++i) {
+      EXPECT_NEAR(count[i], kIds / shards, kIds / shards / 20)
+          << "shard " << i << " of " << shards;
+    }
+    // The same table, static: the shard of the id's rows, as a shard row.
+    for (int64_t id : {int64_t{0}, int64_t{333}, int64_t{999}}) {
+      int takers = 0;
+      for (int i = 0; i < shards; ++i) {
+        const int64_t local = ShardTakes(p, i, /*dynamic=*/false, id);
+        if (local < 0) continue;
+        ++takers;
+        EXPECT_EQ(local, id - p.shards[i].row_begin);
+      }
+      EXPECT_EQ(takers, 1) << "row " << id;
+    }
+  }
+  TablePlacement table_wise;
+  table_wise.shards.push_back({0, 0, 1000, 0, 8});
+  EXPECT_EQ(ShardTakes(table_wise, 0, /*dynamic=*/true, int64_t{1} << 40),
+            int64_t{1} << 40);
+  EXPECT_EQ(ShardTakes(table_wise, 0, /*dynamic=*/false, 5), 5);
 }
 
 }  // namespace
