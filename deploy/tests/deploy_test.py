@@ -72,20 +72,23 @@ def interpolate(value, env):
     return re.sub(r"\$\{(\w+)(?:(:?-)([^}]*))?\}", sub, value)
 
 
+def interpolate_all(node, env):
+    """`node` (a parsed compose file) with interpolate() applied to every
+    string in it."""
+    if isinstance(node, dict):
+        return {k: interpolate_all(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [interpolate_all(v, env) for v in node]
+    if isinstance(node, str):
+        return interpolate(node, env)
+    return node
+
+
 def load_compose(kind, env_overrides=None):
     """The compose file with its variables resolved from deploy/.env."""
     env = read_env(env_overrides)
-
-    def walk(node):
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, str):
-            return interpolate(node, env)
-        return node
     with open(os.path.join(DEPLOY, COMPOSE_FILES[kind])) as f:
-        return walk(yaml.safe_load(f))
+        return interpolate_all(yaml.safe_load(f), env)
 
 
 def flags(command):
@@ -904,16 +907,7 @@ def load_replicas_compose():
     env = read_env()
     with open(os.path.join(DEPLOY, REPLICAS_FILE)) as f:
         raw = yaml.safe_load(f)
-
-    def walk(node):
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, str):
-            return interpolate(node, env)
-        return node
-    return walk(raw)
+    return interpolate_all(raw, env)
 
 
 class ReplicaTest(unittest.TestCase):
