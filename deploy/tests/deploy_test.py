@@ -148,18 +148,26 @@ def ranks(compose):
             for name, s in compose["services"].items()}
 
 
+def docker_compose_config(test, files):
+    """`docker-compose config` of `files` (names in deploy/, in order),
+    parsed; asserts that it succeeds. Skips `test` without docker-compose."""
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        test.skipTest("docker-compose is not installed (install-deps.sh)")
+    args = [tool]
+    for name in files:
+        args += ["-f", os.path.join(DEPLOY, name)]
+    out = subprocess.run(args + ["config"], capture_output=True, text=True,
+                         timeout=60)
+    test.assertEqual(out.returncode, 0, out.stderr)
+    return yaml.safe_load(out.stdout)
+
+
 class ComposeTest(unittest.TestCase):
     def test_docker_compose_config_accepts_both_files(self):
-        tool = shutil.which("docker-compose")
-        if tool is None:
-            self.skipTest("docker-compose is not installed (install-deps.sh)")
         for kind, name in COMPOSE_FILES.items():
             with self.subTest(kind):
-                out = subprocess.run(
-                    [tool, "-f", os.path.join(DEPLOY, name), "config"],
-                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(out.returncode, 0, out.stderr)
-                resolved = yaml.safe_load(out.stdout)
+                resolved = docker_compose_config(self, [name])
                 mine = load_compose(kind)
                 for svc, spec in resolved["services"].items():
                     self.assertEqual(spec["command"],
@@ -968,17 +976,9 @@ class ReplicaTest(unittest.TestCase):
                                            server_toml()["checkpoint-dir"])
 
     def test_docker_compose_config_accepts_the_override(self):
-        tool = shutil.which("docker-compose")
-        if tool is None:
-            self.skipTest("docker-compose is not installed (install-deps.sh)")
         for kind, name in COMPOSE_FILES.items():
             with self.subTest(kind):
-                out = subprocess.run(
-                    [tool, "-f", os.path.join(DEPLOY, name), "-f",
-                     os.path.join(DEPLOY, REPLICAS_FILE), "config"],
-                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(out.returncode, 0, out.stderr)
-                resolved = yaml.safe_load(out.stdout)
+                resolved = docker_compose_config(self, [name, REPLICAS_FILE])
                 self.assertEqual(
                     resolved["services"]["replica"]["command"],
                     load_replicas_compose()["services"]["replica"]["command"])
