@@ -326,35 +326,29 @@ int main(int argc, char** argv) {
                  "this binary)");
   dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "")
       ->capture_default_str();
-  app.add_option("--table-scale", f.table_scale,
-                 "Divide every table's rows by this (per-sample work stays)")
-      ->capture_default_str();
-  app.add_option(dlrm::kBatchFlag, f.batch, "Samples per step (per rank)")
-      ->capture_default_str();
-  app.add_option("--warmup", f.warmup, "Untimed steps per scenario")
-      ->capture_default_str();
-  app.add_option(dlrm::kStepsFlag, f.steps, "Timed steps per repetition")
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Repetitions per scenario")
-      ->capture_default_str();
-  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of synthetic ids")
-      ->capture_default_str();
-  app.add_option("--threads", f.threads,
-                 "Threads of the 1-process server (0 = all cores)")
-      ->capture_default_str();
-  app.add_option("--ranks", f.ranks,
-                 "Rank processes of the multi-rank CPU row (0 = skip)")
-      ->capture_default_str();
+  dlrm::AddDefaulted(
+      app, "--table-scale", f.table_scale,
+      "Divide every table's rows by this (per-sample work stays)");
+  dlrm::AddDefaulted(app, dlrm::kBatchFlag, f.batch,
+                     "Samples per step (per rank)");
+  dlrm::AddDefaulted(app, "--warmup", f.warmup, "Untimed steps per scenario");
+  dlrm::AddDefaulted(app, dlrm::kStepsFlag, f.steps,
+                     "Timed steps per repetition");
+  dlrm::AddDefaulted(app, "--repeats", f.repeats, "Repetitions per scenario");
+  dlrm::AddDefaulted(app, dlrm::kAlphaFlag, f.alpha,
+                     "Zipf exponent of synthetic ids");
+  dlrm::AddDefaulted(app, "--threads", f.threads,
+                     "Threads of the 1-process server (0 = all cores)");
+  dlrm::AddDefaulted(app, "--ranks", f.ranks,
+                     "Rank processes of the multi-rank CPU row (0 = skip)");
   app.add_flag("!--no-client-stream", f.client_stream,
                "Skip the client-stream row");
   app.add_flag("!--no-in-process", f.in_process, "Skip the in-process row");
-  app.add_option("--project-ranks", f.project_ranks,
-                 "Projected node sizes, e.g. 8,16")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--ranks-per-node", f.ranks_per_node,
-                 "Projection: ranks sharing NVLink")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--project-ranks", f.project_ranks,
+                     "Projected node sizes, e.g. 8,16")
+      ->delimiter(',');
+  dlrm::AddDefaulted(app, "--ranks-per-node", f.ranks_per_node,
+                     "Projection: ranks sharing NVLink");
   // The projection's links and compute (docs/benchmark.md).
   using Parameter = std::tuple<const char*, double*, const char*>;
   for (const auto& [name, value, help] : {
@@ -368,10 +362,9 @@ int main(int argc, char** argv) {
                      "a rank computes this much faster than the measured "
                      "process"},
        }) {
-    app.add_option(name, *value, absl::StrCat("Projection: ", help))
-        ->capture_default_str();
+    dlrm::AddDefaulted(app, name, *value, absl::StrCat("Projection: ", help));
   }
-  app.add_option("--out", f.out, "Output directory")->capture_default_str();
+  dlrm::AddDefaulted(app, "--out", f.out, "Output directory");
   app.add_flag("--no-chart", f.no_chart, "Do not draw the chart");
   CLI11_PARSE(app, argc, argv);
   return dlrm::ExitStatus(

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "bench/roofline.h"
+#include "core/cli_parse.h"
 #include "core/config.h"
 #include "core/random.h"
 #include "core/status.h"
@@ -137,16 +138,14 @@ int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{
       "The embedding lookup and update kernels against copy bandwidth."};
-  app.add_option("--config", f.config, "Preset name or config file")
-      ->capture_default_str();
-  app.add_option("--rows", f.rows, "Rows of every table (0: the config's)")
-      ->capture_default_str();
-  app.add_option("--batch", f.batch, "Samples")->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Timed calls (median reported)")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--config", f.config, "Preset name or config file");
+  dlrm::AddDefaulted(app, "--rows", f.rows,
+                     "Rows of every table (0: the config's)");
+  dlrm::AddDefaulted(app, "--batch", f.batch, "Samples");
+  dlrm::AddDefaulted(app, "--repeats", f.repeats,
+                     "Timed calls (median reported)");
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
-  app.add_option("--alpha", f.alpha, "Zipf exponent of ids")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--alpha", f.alpha, "Zipf exponent of ids");
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

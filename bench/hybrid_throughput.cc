@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"Training throughput of the hybrid-parallel step on N ranks."};
   f.AddTo(app);
-  app.add_option("--ranks", f.ranks, "Rank processes")->capture_default_str();
+  dlrm::AddDefaulted(app, "--ranks", f.ranks, "Rank processes");
   app.add_option("--threads-per-rank", f.threads_per_rank,
                  "OpenMP threads per rank (0 = all cores / ranks)");
   app.add_flag("--overlap", f.overlap,

@@ -95,18 +95,14 @@ void RunShape(const Flags& f, int n, int d, int64_t batch) {
 int main(int argc, char** argv) {
   dlrm::Flags f;
   CLI::App app{"The dot interaction: register-blocked loops vs batched GEMMs."};
-  app.add_option("--dims", f.dims, "Vector widths d")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--batches", f.batches, "Samples per call")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--vectors", f.vectors, "Vectors per sample n (tables + 1)")
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Timed repetitions (median reported)")
-      ->capture_default_str();
-  app.add_option(dlrm::kStepsFlag, f.iters, "Calls per repetition")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--dims", f.dims, "Vector widths d")->delimiter(',');
+  dlrm::AddDefaulted(app, "--batches", f.batches, "Samples per call")
+      ->delimiter(',');
+  dlrm::AddDefaulted(app, "--vectors", f.vectors,
+                     "Vectors per sample n (tables + 1)");
+  dlrm::AddDefaulted(app, "--repeats", f.repeats,
+                     "Timed repetitions (median reported)");
+  dlrm::AddDefaulted(app, dlrm::kStepsFlag, f.iters, "Calls per repetition");
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
   CLI11_PARSE(app, argc, argv);
   if (f.threads > 0) omp_set_num_threads(f.threads);

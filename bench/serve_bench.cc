@@ -593,35 +593,28 @@ int main(int argc, char** argv) {
                  "(--server-arg=--predict-max-wait-us=200)");
   dlrm::AddConfigFlag(app, &f.config, dlrm::PresetNames(), "the server's")
       ->capture_default_str();
-  app.add_option("--threads", f.threads,
-                 "Compute threads of the server and the in-process model "
-                 "(0 = all cores)")
-      ->capture_default_str();
-  app.add_option(dlrm::kBatchFlag, f.batch, "Training samples per step")
-      ->capture_default_str();
-  app.add_option("--batches", f.batches,
-                 "Pre-generated training batches, rotated")
-      ->capture_default_str();
-  app.add_option("--warmup", f.warmup, "Untimed training steps")
-      ->capture_default_str();
-  app.add_option(dlrm::kStepsFlag, f.steps, "Timed training steps per repeat")
-      ->capture_default_str();
-  app.add_option("--repeats", f.repeats, "Training repeats (median reported)")
-      ->capture_default_str();
-  app.add_option("--in-flight", f.in_flight,
-                 "Train stream: batches sent and not yet answered")
-      ->capture_default_str();
-  app.add_option(dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids")
-      ->capture_default_str();
-  app.add_option("--concurrency", f.concurrency,
-                 "Predict client threads per level, e.g. 1,8,64")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--request-size", f.request_size, "Samples per Predict")
-      ->capture_default_str();
-  app.add_option("--duration", f.duration,
-                 "Seconds of Predict calls per concurrency level")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--threads", f.threads,
+                     "Compute threads of the server and the in-process model "
+                     "(0 = all cores)");
+  dlrm::AddDefaulted(app, dlrm::kBatchFlag, f.batch,
+                     "Training samples per step");
+  dlrm::AddDefaulted(app, "--batches", f.batches,
+                     "Pre-generated training batches, rotated");
+  dlrm::AddDefaulted(app, "--warmup", f.warmup, "Untimed training steps");
+  dlrm::AddDefaulted(app, dlrm::kStepsFlag, f.steps,
+                     "Timed training steps per repeat");
+  dlrm::AddDefaulted(app, "--repeats", f.repeats,
+                     "Training repeats (median reported)");
+  dlrm::AddDefaulted(app, "--in-flight", f.in_flight,
+                     "Train stream: batches sent and not yet answered");
+  dlrm::AddDefaulted(app, dlrm::kAlphaFlag, f.alpha, "Zipf exponent of ids");
+  dlrm::AddDefaulted(app, "--concurrency", f.concurrency,
+                     "Predict client threads per level, e.g. 1,8,64")
+      ->delimiter(',');
+  dlrm::AddDefaulted(app, "--request-size", f.request_size,
+                     "Samples per Predict");
+  dlrm::AddDefaulted(app, "--duration", f.duration,
+                     "Seconds of Predict calls per concurrency level");
   app.add_flag("--no-train", f.no_train, "Skip the training measurement");
   app.add_flag("--no-predict", f.no_predict, "Skip the Predict measurement");
   app.add_flag("--load", f.load,
@@ -629,27 +622,23 @@ int main(int argc, char** argv) {
                "stream runs, for --duration seconds; fails on any error");
   app.add_flag("--load-idle", f.load_idle,
                "With --load: no Train stream, Predict clients alone");
-  app.add_option("--load-clients", f.load_clients,
-                 "Concurrent Predict clients of the load test")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--load-clients", f.load_clients,
+                     "Concurrent Predict clients of the load test");
   app.add_flag("--load-replica", f.load_replica,
                "With --load: Predict clients call an inference replica "
                "(--inference-only --follow) of the training server, which "
                "writes a checkpoint every --replica-checkpoint-seconds");
-  app.add_option("--replica-checkpoint-seconds", f.replica_checkpoint_seconds,
-                 "--load-replica: the training server's checkpoint interval")
-      ->capture_default_str();
-  app.add_option("--replica-poll-seconds", f.replica_poll_seconds,
-                 "--load-replica: the replica's --follow-poll-seconds")
-      ->capture_default_str();
-  app.add_option("--replica-threads", f.replica_threads,
-                 "--load-replica: the replica's compute threads (0 = as "
-                 "--threads)")
-      ->capture_default_str();
-  app.add_option("--max-rss-growth-mb", f.max_rss_growth_mb,
-                 "Load test: fail when the server's peak RSS exceeds its "
-                 "start RSS by more than this (0 = no bound)")
-      ->capture_default_str();
+  dlrm::AddDefaulted(
+      app, "--replica-checkpoint-seconds", f.replica_checkpoint_seconds,
+      "--load-replica: the training server's checkpoint interval");
+  dlrm::AddDefaulted(app, "--replica-poll-seconds", f.replica_poll_seconds,
+                     "--load-replica: the replica's --follow-poll-seconds");
+  dlrm::AddDefaulted(app, "--replica-threads", f.replica_threads,
+                     "--load-replica: the replica's compute threads (0 = as "
+                     "--threads)");
+  dlrm::AddDefaulted(app, "--max-rss-growth-mb", f.max_rss_growth_mb,
+                     "Load test: fail when the server's peak RSS exceeds its "
+                     "start RSS by more than this (0 = no bound)");
   CLI11_PARSE(app, argc, argv);
   return dlrm::ExitStatus(dlrm::Run(f), "dlrm_bench_serve");
 }

@@ -46,25 +46,19 @@ struct StepFlags {
     app.add_option("--rows", rows,
                    "Override every table's rows (bench/compare_peers.sh: "
                    "100000 for kaggle)");
-    app.add_option(kBatchFlag, batch,
-                   "Samples per step (the global batch on several ranks)")
-        ->capture_default_str();
-    app.add_option("--warmup", warmup, "Untimed steps")->capture_default_str();
-    app.add_option(kStepsFlag, iters, "Timed steps per repetition")
-        ->capture_default_str();
-    app.add_option("--repeats", repeats, "Repetitions (median reported)")
-        ->capture_default_str();
-    app.add_option(kAlphaFlag, alpha, "Zipf exponent of ids")
-        ->capture_default_str();
-    app.add_option("--batches", batches,
-                   "Distinct pre-generated batches, used in rotation (more "
-                   "batches: more distinct ids, so a cache misses more)")
-        ->capture_default_str();
+    AddDefaulted(app, kBatchFlag, batch,
+                 "Samples per step (the global batch on several ranks)");
+    AddDefaulted(app, "--warmup", warmup, "Untimed steps");
+    AddDefaulted(app, kStepsFlag, iters, "Timed steps per repetition");
+    AddDefaulted(app, "--repeats", repeats, "Repetitions (median reported)");
+    AddDefaulted(app, kAlphaFlag, alpha, "Zipf exponent of ids");
+    AddDefaulted(app, "--batches", batches,
+                 "Distinct pre-generated batches, used in rotation (more "
+                 "batches: more distinct ids, so a cache misses more)");
     storage.AddTo(app);
-    app.add_option("--prefetch", prefetch,
-                   "Prefetch the next batch's rows during a step (tables on "
-                   "RocksDB; on several ranks its ids go to the shards)")
-        ->capture_default_str();
+    AddDefaulted(app, "--prefetch", prefetch,
+                 "Prefetch the next batch's rows during a step (tables on "
+                 "RocksDB; on several ranks its ids go to the shards)");
   }
 };
 

@@ -68,8 +68,8 @@ void AddLocalDataFlags(CLI::App* app, Flags& f, bool synthetic) {
     app->add_option("--synthetic", f.data.synthetic,
                     "Generate this many synthetic samples per epoch instead "
                     "(0 = endless, with --steps)");
-    app->add_option(dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew")
-        ->capture_default_str();
+    AddDefaulted(*app, dlrm::kAlphaFlag, f.data.zipf_alpha,
+                 "Synthetic id skew");
     app->add_option("--data-seed", f.data.data_seed,
                     "Synthetic teacher seed (0 = the model's seed)");
   }
@@ -85,11 +85,9 @@ int Main(int argc, char** argv) {
   CLI::App app{"Command-line client of dlrm-server."};
   AddVersionFlag(app, "dlrm_client");
   app.require_subcommand(1);
-  app.add_option("--server", f.server, "Server address HOST:PORT")
-      ->capture_default_str();
-  app.add_option("--connect-timeout", f.connect_timeout,
-                 "Seconds to wait for the server to accept the connection")
-      ->capture_default_str();
+  AddDefaulted(app, "--server", f.server, "Server address HOST:PORT");
+  AddDefaulted(app, "--connect-timeout", f.connect_timeout,
+               "Seconds to wait for the server to accept the connection");
   app.add_flag("--tls", f.tls,
                "Connect over TLS, trusting the system's root certificates "
                "(implied by --tls-ca, --tls-cert and --tls-server-name)");
@@ -115,10 +113,8 @@ int Main(int argc, char** argv) {
   CLI::App* train =
       app.add_subcommand("train", "Stream local samples to the server");
   AddLocalDataFlags(train, f, true);
-  train->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
-      ->capture_default_str();
-  train->add_option("--epochs", f.epochs, "Passes over the data")
-      ->capture_default_str();
+  AddDefaulted(*train, dlrm::kBatchFlag, f.batch_size, "Samples per step");
+  AddDefaulted(*train, "--epochs", f.epochs, "Passes over the data");
   train
       ->add_option(dlrm::kStepsFlag, f.steps,
                    "Stop after this many steps (0 = all)")
@@ -152,10 +148,8 @@ int Main(int argc, char** argv) {
                         "Synthetic teacher seed (0 = the model's seed)");
   job_start->add_flag("--hash-ids", f.data.hash_ids,
                       "Hash Criteo categoricals before the modulo");
-  job_start->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
-      ->capture_default_str();
-  job_start->add_option("--epochs", f.epochs, "Passes over the data")
-      ->capture_default_str();
+  AddDefaulted(*job_start, dlrm::kBatchFlag, f.batch_size, "Samples per step");
+  AddDefaulted(*job_start, "--epochs", f.epochs, "Passes over the data");
   job_start->add_option(dlrm::kStepsFlag, f.steps,
                         "Stop after this many steps");
   job_start->add_option("--eval-interval", f.eval_interval,
@@ -173,8 +167,7 @@ int Main(int argc, char** argv) {
     sub->add_option("id", f.job_id, "Job id")->required();
   }
   for (CLI::App* sub : {job_start, job_wait}) {
-    sub->add_option("--poll", f.poll_interval, "Seconds between polls")
-        ->capture_default_str();
+    AddDefaulted(*sub, "--poll", f.poll_interval, "Seconds between polls");
     sub->add_option("--timeout", f.wait_timeout,
                     "Give up waiting after this many seconds (0 = never)");
   }
@@ -187,28 +180,24 @@ int Main(int argc, char** argv) {
   eval->add_option("--synthetic", f.data.synthetic,
                    "Synthetic samples generated on the server (reports the "
                    "teacher's metrics too; 0 = endless, with --max-samples)");
-  eval->add_option(dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew")
-      ->capture_default_str();
+  AddDefaulted(*eval, dlrm::kAlphaFlag, f.data.zipf_alpha, "Synthetic id skew");
   eval->add_option("--data-seed", f.data.data_seed,
                    "Synthetic teacher seed (0 = the model's seed)");
   eval->add_option("--max-samples", f.max_samples,
                    "Evaluate at most this many samples (0 = all)");
-  eval->add_option(dlrm::kBatchFlag, f.batch_size,
-                   "Samples per batch sent (local data)")
-      ->capture_default_str();
+  AddDefaulted(*eval, dlrm::kBatchFlag, f.batch_size,
+               "Samples per batch sent (local data)");
 
   CLI::App* predict = app.add_subcommand(
       "predict",
       "Click probabilities of Criteo TSV samples (with or without the label "
       "column), one per line");
-  predict->add_option("input", f.input, "TSV file, or - for stdin")
-      ->capture_default_str();
+  AddDefaulted(*predict, "input", f.input, "TSV file, or - for stdin");
   predict->add_flag("--hash-ids", f.data.hash_ids,
                     "Hash Criteo categoricals before the modulo");
   dlrm::AddConfigFlag(*predict, &f.config, PresetNames(),
                       "shapes the data (default: the server's)");
-  predict->add_option(dlrm::kBatchFlag, f.batch_size, "Samples per request")
-      ->capture_default_str();
+  AddDefaulted(*predict, dlrm::kBatchFlag, f.batch_size, "Samples per request");
 
   CLI::App* checkpoint =
       app.add_subcommand("checkpoint", "Save or restore a checkpoint");

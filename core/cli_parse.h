@@ -32,6 +32,15 @@ inline void AddVersionFlag(CLI::App& app, const std::string& program) {
                        "Print the version and exit");
 }
 
+// Adds option `name` bound to `value`, its default shown in --help: the
+// add_option(...)->capture_default_str() most flags are. `app` may be a
+// subcommand. Returns the option, for ->check() and the like.
+template <typename T>
+CLI::Option* AddDefaulted(CLI::App& app, const std::string& name, T& value,
+                          const std::string& help) {
+  return app.add_option(name, value, help)->capture_default_str();
+}
+
 // Adds --config, the model config of every binary that builds or shapes a
 // model, bound to *spec: a preset, one of `presets` (core/config.h's
 // PresetNames()), or a text-format ModelConfig file (LoadModelConfig).

@@ -1,9 +1,8 @@
 // Bytes of a plan's shards by place (embedding/sharding_memory.h).
 #include "embedding/sharding_memory.h"
 
-#include <algorithm>
-
 #include "core/config.h"
+#include "embedding/planned_bytes.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -17,25 +16,17 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer) {
 
 int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
                          const OptimizerConfig& optimizer) {
-  if (table.storage() != STORAGE_DEVICE) return 0;
-  Shard slots = shard;
-  if (table.device_cache_rows() > 0) {
-    slots.row_count = std::min(shard.row_count, table.device_cache_rows());
-  }
-  return ShardBytes(slots, optimizer);
+  // Device bytes do not depend on the RocksDB options.
+  return PlannedShardBytes(table, RocksDbConfig(), shard, optimizer).device;
 }
 
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
-  // A device table has no host copy unless it is cached (the whole table
-  // then stays in host memory behind the device's slots, or its RocksDB
-  // row cache does).
-  if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) return 0;
-  Shard shard;
-  shard.row_count = RowsOnRocksDb(t) ? CachedRows(rocksdb, t.rows()) : t.rows();
-  shard.col_count = t.dim();
-  return ShardBytes(shard, config.sparse_optimizer());
+  Shard whole;
+  whole.row_count = t.rows();
+  whole.col_count = t.dim();
+  return PlannedShardBytes(t, rocksdb, whole, config.sparse_optimizer()).host;
 }
 
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
@@ -43,15 +34,10 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const RocksDbConfig& rocksdb) {
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
-    const TableConfig& t = config.tables(k);
-    if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) {
-      continue;
-    }
-    for (Shard shard : plan.tables[k].shards) {
-      if (RowsOnRocksDb(t)) {
-        shard.row_count = CachedRows(rocksdb, shard.row_count);
-      }
-      used[shard.rank] += ShardBytes(shard, config.sparse_optimizer());
+    for (const Shard& shard : plan.tables[k].shards) {
+      used[shard.rank] += PlannedShardBytes(config.tables(k), rocksdb, shard,
+                                            config.sparse_optimizer())
+                              .host;
     }
   }
   return used;

@@ -1,5 +1,6 @@
 // The tiers' factory: a table's StoreOptions from its config
-// (StoreOptionsFor), what each tier does (TierCapabilities), and
+// (StoreOptionsFor), what each tier does (TierCapabilities), the bytes it
+// plans to hold by place (PlannedShardBytes), and
 // CreateEmbeddingStore, which builds the store of a StoreKind (host memory,
 // RocksDB behind a host cache, device memory, a device cache over host
 // memory or RocksDB). In a file of its own, apart from the tiers, so that
@@ -14,7 +15,9 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "embedding/embedding_store.h"
+#include "embedding/planned_bytes.h"
 #include "embedding/rocksdb_store.h"
+#include "embedding/sharding_memory.h"
 
 #if defined(DLRM_WITH_CUDA)
 #include "embedding/cuda/cuda_store.h"
@@ -86,6 +89,33 @@ StoreCapabilities TableCapabilities(const TableConfig& table,
                                     const RocksDbConfig& rocksdb,
                                     int64_t rows) {
   return TierCapabilities(StoreOptionsFor(table, rocksdb, rows), rows);
+}
+
+StoreBytes PlannedShardBytes(const TableConfig& table,
+                             const RocksDbConfig& rocksdb, const Shard& shard,
+                             const OptimizerConfig& optimizer) {
+  const StoreOptions o = StoreOptionsFor(table, rocksdb, shard.row_count);
+  const auto rows_bytes = [&](int64_t rows) {
+    Shard part = shard;
+    part.row_count = rows;
+    return ShardBytes(part, optimizer);
+  };
+  StoreBytes b;
+  StoreKind rows_tier = o.kind;
+  if (o.kind == StoreKind::kDevice) {
+    const int64_t slots = o.device_cache.cache_rows;
+    b.device = rows_bytes(slots > 0 ? std::min(shard.row_count, slots)
+                                    : shard.row_count);
+    if (slots == 0) return b;
+    rows_tier = o.device_cache_backing;
+  }
+  if (rows_tier == StoreKind::kRocksDbCache) {
+    b.host = rows_bytes(o.rocksdb.cache_rows);
+    b.disk = ShardBytes(shard, optimizer);
+  } else {
+    b.host = ShardBytes(shard, optimizer);
+  }
+  return b;
 }
 
 bool NeedsDatabase(const StoreOptions& options) {

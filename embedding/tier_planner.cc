@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/planned_bytes.h"
 #include "embedding/sharding_memory.h"
 
 namespace dlrm::embedding {
@@ -125,7 +126,7 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
         }
         int64_t bytes = 0;
         for (const Shard& shard : p.tables[k].shards) {
-          bytes += ShardBytes(shard, opt);
+          bytes += PlannedShardBytes(t, options.rocksdb, shard, opt).host;
         }
         return bytes;
       },

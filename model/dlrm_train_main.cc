@@ -280,29 +280,24 @@ int main(int argc, char** argv) {
                  "day_N_sparse_multi_hot.npz) or those files "
                  "(default: synthetic)");
   app.add_option("--eval", f.eval_files, "Evaluation data (same formats)");
-  app.add_option("--train-samples", f.train_samples,
-                 "Synthetic training samples per epoch (0 = endless)")
-      ->capture_default_str();
-  app.add_option("--eval-samples", f.eval_samples, "Synthetic eval samples")
-      ->capture_default_str();
-  app.add_option(dlrm::kAlphaFlag, f.zipf_alpha, "Synthetic id skew")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, "--train-samples", f.train_samples,
+                     "Synthetic training samples per epoch (0 = endless)");
+  dlrm::AddDefaulted(app, "--eval-samples", f.eval_samples,
+                     "Synthetic eval samples");
+  dlrm::AddDefaulted(app, dlrm::kAlphaFlag, f.zipf_alpha, "Synthetic id skew");
   app.add_option("--data-seed", f.data_seed,
                  "Synthetic data seed (0 = the model seed)");
   app.add_flag("--hash-ids", f.hash_ids,
                "Hash Criteo categoricals before the modulo");
-  app.add_option(dlrm::kStepsFlag, f.steps,
-                 "Stop after this many steps (0 = epochs)")
-      ->capture_default_str();
-  app.add_option("--epochs", f.epochs, "Passes over the training data")
-      ->capture_default_str();
-  app.add_option(dlrm::kBatchFlag, f.batch_size, "Samples per step")
-      ->capture_default_str();
-  app.add_option("--eval-interval", f.eval_interval,
-                 "Evaluate every N steps (0 = at the end only)")
-      ->capture_default_str();
-  app.add_option("--log-interval", f.log_interval, "Report every N steps")
-      ->capture_default_str();
+  dlrm::AddDefaulted(app, dlrm::kStepsFlag, f.steps,
+                     "Stop after this many steps (0 = epochs)");
+  dlrm::AddDefaulted(app, "--epochs", f.epochs,
+                     "Passes over the training data");
+  dlrm::AddDefaulted(app, dlrm::kBatchFlag, f.batch_size, "Samples per step");
+  dlrm::AddDefaulted(app, "--eval-interval", f.eval_interval,
+                     "Evaluate every N steps (0 = at the end only)");
+  dlrm::AddDefaulted(app, "--log-interval", f.log_interval,
+                     "Report every N steps");
   app.add_option("--threads", f.threads, "Worker threads (0 = all cores)");
   f.storage.AddTo(app);
   app.add_flag("--dry-run", f.dry_run,

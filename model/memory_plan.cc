@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "dense/cpu_isa.h"
 #include "dense/interaction.h"
+#include "embedding/planned_bytes.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::model {
@@ -175,30 +176,32 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config,
     entry.name = t.name();
     entry.storage = storage;
     bool here = false;
+    // The tier's bytes by place, as the factory plans them for the table
+    // as this model holds it.
+    TableConfig held = t;
+    held.set_storage(storage);
     for (const embedding::Shard& s : p.tables[k].shards) {
       if (s.rank != options.rank) continue;
       here = true;
-      const int64_t bytes = embedding::ShardBytes(s, sparse);
-      if (storage == STORAGE_DEVICE) {
-        entry.device_bytes += embedding::DeviceShardBytes(t, s, sparse);
-      }
-      const bool behind_device =
-          storage == STORAGE_DEVICE && t.device_cache_rows() > 0;
-      if (storage == STORAGE_HOST ||
-          (behind_device && t.device_cache_backing() == STORAGE_HOST)) {
-        entry.host_bytes += bytes;
-        m.host_tables += bytes;
-      } else if (storage == STORAGE_ROCKSDB ||
-                 (behind_device && RowsOnRocksDb(t))) {
+      const embedding::StoreBytes planned =
+          embedding::PlannedShardBytes(held, config.rocksdb(), s, sparse);
+      entry.device_bytes += planned.device;
+      if (embedding::NeedsDatabase(embedding::StoreOptionsFor(
+              held, config.rocksdb(), s.row_count))) {
+        // A RocksDB tier: its row cache in host memory, with the slots'
+        // bookkeeping and a batch's misses staged twice.
         const int64_t rows = CachedRows(config.rocksdb(), s.row_count);
         const int64_t cache = RowCacheBytes(rows, s.col_count,
                                             std::min(ids, s.row_count), sparse);
         entry.cache_rows += rows;
         entry.host_bytes += cache;
-        entry.rocksdb_bytes += bytes;
+        entry.rocksdb_bytes += planned.disk;
         m.row_caches += cache;
-        m.rocksdb_disk += bytes;
+        m.rocksdb_disk += planned.disk;
         ++rocksdb_shards;
+      } else {
+        entry.host_bytes += planned.host;
+        m.host_tables += planned.host;
       }
       if (storage != STORAGE_DEVICE) scratch_ids += ids;
     }
@@ -305,23 +308,17 @@ std::map<std::string, int64_t> StateBytesByTier(
        embedding::HostBytesPerRank(config, plan, config.rocksdb())) {
     bytes += rank_bytes;
   }
-  // Shards whose rows are on RocksDB (STORAGE_ROCKSDB, or behind a device
-  // cache) count them under "rocksdb"; shards in GPU memory
-  // (STORAGE_DEVICE) count under "device" their rows, or with
-  // device_cache_rows their slots (rows and optimizer state).
+  // As the factory plans them (PlannedShardBytes): shards whose rows are
+  // on RocksDB (STORAGE_ROCKSDB, or behind a device cache) count them under
+  // "rocksdb"; shards in GPU memory (STORAGE_DEVICE) count under "device"
+  // their rows, or with device_cache_rows their slots (rows and optimizer
+  // state).
   for (int k = 0; k < config.tables_size(); ++k) {
-    const TableConfig& t = config.tables(k);
     for (const embedding::Shard& shard : plan.tables[k].shards) {
-      if (RowsOnRocksDb(t)) {
-        rocksdb_bytes +=
-            embedding::ShardBytes(shard, config.sparse_optimizer());
-      }
-      if (t.storage() != STORAGE_DEVICE) continue;
-      embedding::Shard slots = shard;
-      if (t.device_cache_rows() > 0) {
-        slots.row_count = std::min(shard.row_count, t.device_cache_rows());
-      }
-      device_bytes += embedding::ShardBytes(slots, config.sparse_optimizer());
+      const embedding::StoreBytes planned = embedding::PlannedShardBytes(
+          config.tables(k), config.rocksdb(), shard, config.sparse_optimizer());
+      rocksdb_bytes += planned.disk;
+      device_bytes += planned.device;
     }
   }
   const int64_t dense_floats =

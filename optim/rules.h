@@ -184,6 +184,41 @@ struct Adagrad {
   }
 };
 
+// The constants of Adam's and LAMB's moments at one step (part of their
+// Step).
+struct MomentConstants {
+  float eps = 0;
+  float beta1 = 0, beta2 = 0;
+  float one_minus_beta1 = 1, one_minus_beta2 = 1;
+  // 1 - beta^t.
+  float bias1 = 1, bias2 = 1;
+};
+
+// Sets *s from `config` at step `step`.
+template <typename Config>
+void SetMomentConstants(const Config& config, int64_t step,
+                        MomentConstants* s) {
+  s->eps = config.eps();
+  s->beta1 = config.beta1();
+  s->beta2 = config.beta2();
+  s->one_minus_beta1 = 1.0f - s->beta1;
+  s->one_minus_beta2 = 1.0f - s->beta2;
+  s->bias1 = static_cast<float>(OneMinusPow(s->beta1, step));
+  s->bias2 = static_cast<float>(OneMinusPow(s->beta2, step));
+}
+
+// Adam's and LAMB's moments, m = b1 m + (1 - b1) g and
+// v = b2 v + (1 - b2) g^2: one rounding order for both rules and both
+// forms.
+DLRM_HOST_DEVICE inline float FirstMoment(const MomentConstants& s, float g,
+                                          float m) {
+  return RnAdd(RnMul(s.beta1, m), RnMul(s.one_minus_beta1, g));
+}
+DLRM_HOST_DEVICE inline float SecondMoment(const MomentConstants& s, float g,
+                                           float v) {
+  return RnAdd(RnMul(s.beta2, v), RnMul(RnMul(s.one_minus_beta2, g), g));
+}
+
 // Adam with bias correction; embedding rows update lazily (only rows in the
 // batch, with the table's step count). Both forms compute
 // m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2 and
@@ -192,14 +227,10 @@ struct Adagrad {
 // 1 / sqrt(bc2) folded into two constants), embedding rows as FBGEMM does.
 // Merging the two would change one of them by an ulp here and there.
 struct Adam {
-  struct Step {
+  // Embedding rows use the moment constants' bias1 and bias2.
+  struct Step : MomentConstants {
     using Rule = Adam;
     float learning_rate = 0;
-    float eps = 0;
-    float beta1 = 0, beta2 = 0;
-    float one_minus_beta1 = 1, one_minus_beta2 = 1;
-    // Embedding rows: 1 - beta^t.
-    float bias1 = 1, bias2 = 1;
     // Dense parameters: lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t).
     float step_size = 0, inv_sqrt_bias2 = 1;
   };
@@ -217,25 +248,19 @@ struct Adam {
   static Step MakeStep(const Config& config, int64_t step) {
     Step s;
     s.learning_rate = ScheduledLearningRate(config, step);
-    s.eps = config.eps();
-    s.beta1 = config.beta1();
-    s.beta2 = config.beta2();
-    s.one_minus_beta1 = 1.0f - s.beta1;
-    s.one_minus_beta2 = 1.0f - s.beta2;
-    const double bias1 = OneMinusPow(s.beta1, step);
-    const double bias2 = OneMinusPow(s.beta2, step);
-    s.bias1 = static_cast<float>(bias1);
-    s.bias2 = static_cast<float>(bias2);
-    s.step_size = static_cast<float>(s.learning_rate / bias1);
-    s.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
+    SetMomentConstants(config, step, &s);
+    // From the double 1 - beta^t, not the rounded bias1 / bias2.
+    s.step_size =
+        static_cast<float>(s.learning_rate / OneMinusPow(s.beta1, step));
+    s.inv_sqrt_bias2 =
+        static_cast<float>(1.0 / std::sqrt(OneMinusPow(s.beta2, step)));
     return s;
   }
 
   DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
                                             float* s1, float* s2, int64_t i) {
-    const float m = RnAdd(RnMul(s.beta1, s1[i]), RnMul(s.one_minus_beta1, g));
-    const float v =
-        RnAdd(RnMul(s.beta2, s2[i]), RnMul(RnMul(s.one_minus_beta2, g), g));
+    const float m = FirstMoment(s, g, s1[i]);
+    const float v = SecondMoment(s, g, s2[i]);
     s1[i] = m;
     s2[i] = v;
     p[i] = RnSub(p[i], RnDiv(RnMul(s.step_size, m),
@@ -245,9 +270,8 @@ struct Adam {
   DLRM_HOST_DEVICE static void SparseElement(const Step& s, float /*scale*/,
                                              float g, float* w, float* s1,
                                              float* s2, int64_t c) {
-    const float m = RnAdd(RnMul(s.beta1, s1[c]), RnMul(s.one_minus_beta1, g));
-    const float v =
-        RnAdd(RnMul(s.beta2, s2[c]), RnMul(RnMul(s.one_minus_beta2, g), g));
+    const float m = FirstMoment(s, g, s1[c]);
+    const float v = SecondMoment(s, g, s2[c]);
     s1[c] = m;
     s2[c] = v;
     w[c] = RnSub(w[c], RnDiv(RnMul(s.learning_rate, RnDiv(m, s.bias1)),
@@ -271,6 +295,26 @@ struct Adam {
 //   agree within double rounding); the ratio is computed in double and the
 //   tensor's rate lr x ratio rounded once to float.
 
+// One tensor's constants under a layer-wise rule.
+struct LayerRate {
+  float weight_decay = 0;
+  // The step's learning rate x the tensor's ratio.
+  float learning_rate = 0;
+};
+
+// A tensor's LayerRate from a step with learning_rate and weight_decay:
+// with `adapt`, the step's weight decay and lr x `ratio` rounded once to
+// float; without (a bias), no weight decay and `ratio` (then 1).
+template <typename Step>
+DLRM_HOST_DEVICE inline LayerRate MakeLayerRate(const Step& s, bool adapt,
+                                                double ratio) {
+  LayerRate l;
+  l.weight_decay = adapt ? s.weight_decay : 0.0f;
+  l.learning_rate =
+      static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));
+  return l;
+}
+
 // LAMB (You et al. 2019, Algorithm 2, with Adam's bias correction as apex
 // and TF Addons apply it): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
 // u = (m / bc1) / (sqrt(v / bc2) + eps) + wd w, w -= lr (||w|| / ||u||) u.
@@ -278,22 +322,13 @@ struct Adam {
 // pre-normalisation by the global norm (apex's max_grad_norm): the DLRM
 // step has no gradient clipping anywhere else either.
 struct Lamb {
-  struct Step {
+  struct Step : MomentConstants {
     using Rule = Lamb;
     float learning_rate = 0;
-    float eps = 0;
-    float beta1 = 0, beta2 = 0;
-    float one_minus_beta1 = 1, one_minus_beta2 = 1;
-    // 1 - beta^t.
-    float bias1 = 1, bias2 = 1;
     float weight_decay = 0;
   };
-  // One tensor's constants.
-  struct Layer {
-    float weight_decay = 0;
-    // Step's learning rate x the tensor's trust ratio.
-    float learning_rate = 0;
-  };
+  // The tensor's rate: the step's learning rate x its trust ratio.
+  using Layer = LayerRate;
   static constexpr float kDefaultLearningRate = 0.001f;
   static constexpr bool kLayerWise = true;
   static constexpr std::array<StateArray, 2> kDenseState{
@@ -304,13 +339,7 @@ struct Lamb {
   static Step MakeStep(const Config& config, int64_t step) {
     Step s;
     s.learning_rate = ScheduledLearningRate(config, step);
-    s.eps = config.eps();
-    s.beta1 = config.beta1();
-    s.beta2 = config.beta2();
-    s.one_minus_beta1 = 1.0f - s.beta1;
-    s.one_minus_beta2 = 1.0f - s.beta2;
-    s.bias1 = static_cast<float>(OneMinusPow(s.beta1, step));
-    s.bias2 = static_cast<float>(OneMinusPow(s.beta2, step));
+    SetMomentConstants(config, step, &s);
     s.weight_decay = config.weight_decay();
     return s;
   }
@@ -321,12 +350,6 @@ struct Lamb {
     const float adam =
         RnDiv(RnDiv(m, s.bias1), RnAdd(RnSqrt(RnDiv(v, s.bias2)), s.eps));
     return RnAdd(adam, RnMul(weight_decay, w));
-  }
-  DLRM_HOST_DEVICE static float FirstMoment(const Step& s, float g, float m) {
-    return RnAdd(RnMul(s.beta1, m), RnMul(s.one_minus_beta1, g));
-  }
-  DLRM_HOST_DEVICE static float SecondMoment(const Step& s, float g, float v) {
-    return RnAdd(RnMul(s.beta2, v), RnMul(RnMul(s.one_minus_beta2, g), g));
   }
 
   // u_i: the trust ratio is ||w|| / ||u||.
@@ -341,14 +364,10 @@ struct Lamb {
   DLRM_HOST_DEVICE static Layer MakeLayer(const Step& s, bool adapt,
                                           double weight_norm,
                                           double update_norm) {
-    Layer l;
-    l.weight_decay = adapt ? s.weight_decay : 0.0f;
     const double ratio = adapt && weight_norm > 0 && update_norm > 0
                              ? RnDiv(weight_norm, update_norm)
                              : 1.0;
-    l.learning_rate =
-        static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));
-    return l;
+    return MakeLayerRate(s, adapt, ratio);
   }
 
   DLRM_HOST_DEVICE static void LayerElement(const Step& s, const Layer& l,
@@ -375,11 +394,8 @@ struct Lars {
     float weight_decay = 0;
     float trust_coefficient = 0;
   };
-  struct Layer {
-    float weight_decay = 0;
-    // Step's learning rate x the tensor's local rate.
-    float learning_rate = 0;
-  };
+  // The tensor's rate: the step's learning rate x its local rate.
+  using Layer = LayerRate;
   static constexpr float kDefaultLearningRate = 0.1f;
   static constexpr bool kLayerWise = true;
   // PyTorch SGD's name for it.
@@ -408,17 +424,13 @@ struct Lars {
   DLRM_HOST_DEVICE static Layer MakeLayer(const Step& s, bool adapt,
                                           double weight_norm,
                                           double grad_norm) {
-    Layer l;
-    l.weight_decay = adapt ? s.weight_decay : 0.0f;
     const double ratio =
         adapt && weight_norm > 0 && grad_norm > 0
             ? RnDiv(
                   RnMul(double{s.trust_coefficient}, weight_norm),
                   RnAdd(grad_norm, RnMul(double{s.weight_decay}, weight_norm)))
             : 1.0;
-    l.learning_rate =
-        static_cast<float>(RnMul(static_cast<double>(s.learning_rate), ratio));
-    return l;
+    return MakeLayerRate(s, adapt, ratio);
   }
 
   DLRM_HOST_DEVICE static void LayerElement(const Step& s, const Layer& l,

@@ -4,9 +4,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <string>
+#include <utility>
 
 #include "dlrm/service.grpc.pb.h"
 #include "server/auth.h"
+#include "server/grpc_status.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
 #include "server/work_queue.h"
@@ -53,8 +55,9 @@ class AdminService final : public Admin::CallbackService {
   ModelHost* const host_;
   ServerMetrics* const metrics_;
   WorkQueue* const work_;
-  const TokenAuth* const auth_;
   const std::string checkpoint_dir_;
+  // The token check (kAdmin) and metrics of every unary call.
+  const UnaryFrame unary_;
 };
 
 }  // namespace dlrm::server

@@ -1,7 +1,8 @@
 // How the public services' handlers turn a Status into a grpc::Status (the
 // coordinator's service in comm/ maps its own, unescaped), and the common
 // ending of every RPC: count it in the metrics, log failures, finish; and
-// the common start of the unary ones, the token check.
+// the common frame of the unary ones: the token check, then the handler's
+// work (UnaryFrame).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -52,5 +53,34 @@ bool AdmitUnary(const TokenAuth& auth,
                 const grpc::CallbackServerContext& context, RpcAccess access,
                 grpc::ServerUnaryReactor* reactor, ServerMetrics* metrics,
                 absl::string_view method);
+
+// The frame of one service's unary handlers: the token check of `auth`
+// for `access`, then the handler's work; every call counted in `metrics`.
+// The pointers are borrowed and must outlive the frame.
+class UnaryFrame {
+ public:
+  UnaryFrame(const TokenAuth* auth, RpcAccess access, ServerMetrics* metrics)
+      : auth_(auth), access_(access), metrics_(metrics) {}
+
+  // `context`'s default reactor, `handle` called with it when the call is
+  // admitted, else the reactor finished with the refusal (AdmitUnary, for
+  // `method`). `handle` finishes the reactor itself, at once or from work
+  // it queues. Returns the reactor, for the handler to return to gRPC.
+  template <typename Handle>
+  grpc::ServerUnaryReactor* operator()(grpc::CallbackServerContext* context,
+                                       absl::string_view method,
+                                       Handle&& handle) const {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (AdmitUnary(*auth_, *context, access_, reactor, metrics_, method)) {
+      handle(reactor);
+    }
+    return reactor;
+  }
+
+ private:
+  const TokenAuth* const auth_;
+  const RpcAccess access_;
+  ServerMetrics* const metrics_;
+};
 
 }  // namespace dlrm::server

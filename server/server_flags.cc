@@ -286,12 +286,10 @@ bool Resumes(const ServerFlags& f) {
 void AddServerFlags(CLI::App& app, ServerFlags* flags) {
   ServerFlags& f = *flags;
   ServerOptions& o = f.server;
-  app.add_option("--listen", o.listen,
-                 "gRPC address HOST:PORT (port 0 picks a free port)")
-      ->capture_default_str();
-  app.add_option("--metrics-listen", o.metrics_listen,
-                 "Prometheus /metrics address HOST:PORT (empty disables)")
-      ->capture_default_str();
+  AddDefaulted(app, "--listen", o.listen,
+               "gRPC address HOST:PORT (port 0 picks a free port)");
+  AddDefaulted(app, "--metrics-listen", o.metrics_listen,
+               "Prometheus /metrics address HOST:PORT (empty disables)");
   AddConfigFlag(app, &f.config, PresetNames(),
                 "ignored with --restore; on a resume, what it changes that a "
                 "trained model may change is applied, the rest refused")
@@ -325,112 +323,94 @@ void AddServerFlags(CLI::App& app, ServerFlags* flags) {
   app.add_flag("--checkpoint-on-exit", f.checkpoint_on_exit,
                "On SIGINT/SIGTERM, save a checkpoint to "
                "<checkpoint-dir>/final");
-  app.add_option("--checkpoint-every-steps", o.checkpoint_every_steps,
-                 "Save <checkpoint-dir>/ckpt-<step> after every step whose "
-                 "number is a multiple of N (0 = off)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--checkpoint-every-seconds", o.checkpoint_every_seconds,
-                 "Save <checkpoint-dir>/ckpt-<step> after the first step "
-                 "ending S seconds after the last checkpoint (0 = off)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--keep-checkpoints", o.keep_checkpoints,
-                 "Periodic checkpoints kept, the newest (0 = all)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  AddDefaulted(app, "--checkpoint-every-steps", o.checkpoint_every_steps,
+               "Save <checkpoint-dir>/ckpt-<step> after every step whose "
+               "number is a multiple of N (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  AddDefaulted(app, "--checkpoint-every-seconds", o.checkpoint_every_seconds,
+               "Save <checkpoint-dir>/ckpt-<step> after the first step "
+               "ending S seconds after the last checkpoint (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  AddDefaulted(app, "--keep-checkpoints", o.keep_checkpoints,
+               "Periodic checkpoints kept, the newest (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume,!--no-resume", f.resume,
                "Start from the newest valid checkpoint in --checkpoint-dir "
                "if it holds one (default; --restore overrides)")
       ->capture_default_str();
-  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
-      ->capture_default_str();
-  app.add_option("--threads", f.threads,
-                 "Compute (OpenMP) threads for the model (0 = all cores)")
-      ->capture_default_str();
-  app.add_option("--train-queue", o.train_queue_depth,
-                 "Batches a Train stream holds waiting for the trainer")
-      ->capture_default_str();
-  app.add_option("--train-idle-timeout-s", o.train_idle_timeout_seconds,
-                 "Seconds a Train stream may wait on a stalled client (no "
-                 "batch sent, no result read) before it ends with "
-                 "DEADLINE_EXCEEDED and frees training (0 = no limit)")
-      ->capture_default_str();
-  app.add_option("--predict-max-batch", o.predict_max_batch,
-                 "Most samples per micro-batched Predict model call")
-      ->capture_default_str();
-  app.add_option("--predict-max-wait-us", o.predict_max_wait_us,
-                 "Longest a Predict waits for others to join it (us)")
-      ->capture_default_str();
-  app.add_option("--max-message-mb", f.max_message_mb,
-                 "Largest gRPC message received or sent (MiB); larger ones "
-                 "get RESOURCE_EXHAUSTED")
-      ->capture_default_str();
-  app.add_option("--max-batch-samples", o.max_batch_samples,
-                 "Largest batch accepted, in samples")
-      ->capture_default_str();
-  app.add_option("--world-size", f.world_size,
-                 "Ranks (processes) of the job; each runs this binary "
-                 "(default: the launcher's, e.g. SLURM_NTASKS, "
-                 "OMPI_COMM_WORLD_SIZE or WORLD_SIZE, else 1)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--rank", f.rank,
-                 "This process's rank; rank 0 serves, the others follow "
-                 "(default: the launcher's, e.g. SLURM_PROCID, "
-                 "OMPI_COMM_WORLD_RANK or RANK, else 0)")
-      ->capture_default_str();
+  AddDefaulted(app, "--log-level", f.log_level,
+               "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  AddDefaulted(app, "--threads", f.threads,
+               "Compute (OpenMP) threads for the model (0 = all cores)");
+  AddDefaulted(app, "--train-queue", o.train_queue_depth,
+               "Batches a Train stream holds waiting for the trainer");
+  AddDefaulted(app, "--train-idle-timeout-s", o.train_idle_timeout_seconds,
+               "Seconds a Train stream may wait on a stalled client (no "
+               "batch sent, no result read) before it ends with "
+               "DEADLINE_EXCEEDED and frees training (0 = no limit)");
+  AddDefaulted(app, "--predict-max-batch", o.predict_max_batch,
+               "Most samples per micro-batched Predict model call");
+  AddDefaulted(app, "--predict-max-wait-us", o.predict_max_wait_us,
+               "Longest a Predict waits for others to join it (us)");
+  AddDefaulted(app, "--max-message-mb", f.max_message_mb,
+               "Largest gRPC message received or sent (MiB); larger ones "
+               "get RESOURCE_EXHAUSTED");
+  AddDefaulted(app, "--max-batch-samples", o.max_batch_samples,
+               "Largest batch accepted, in samples");
+  AddDefaulted(app, "--world-size", f.world_size,
+               "Ranks (processes) of the job; each runs this binary "
+               "(default: the launcher's, e.g. SLURM_NTASKS, "
+               "OMPI_COMM_WORLD_SIZE or WORLD_SIZE, else 1)")
+      ->check(CLI::PositiveNumber);
+  AddDefaulted(app, "--rank", f.rank,
+               "This process's rank; rank 0 serves, the others follow "
+               "(default: the launcher's, e.g. SLURM_PROCID, "
+               "OMPI_COMM_WORLD_RANK or RANK, else 0)");
   app.add_option("--coordinator", f.coordinator,
                  "With --world-size > 1: HOST:PORT rank 0 hosts the "
                  "rendezvous on and every rank dials (default: "
                  "MASTER_ADDR:MASTER_PORT, or Slurm's first node)");
-  app.add_option("--memory-budget-mb", f.memory_budget_mb,
-                 "With --world-size > 1: embedding bytes (weights + optimizer "
-                 "state, RocksDB rows too) one rank may hold, for the "
-                 "sharding planner that spreads tables over the ranks, in "
-                 "MiB (0 = unlimited); it moves nothing to disk: that is "
-                 "--host-budget-mb")
-      ->capture_default_str();
+  AddDefaulted(app, "--memory-budget-mb", f.memory_budget_mb,
+               "With --world-size > 1: embedding bytes (weights + optimizer "
+               "state, RocksDB rows too) one rank may hold, for the "
+               "sharding planner that spreads tables over the ranks, in "
+               "MiB (0 = unlimited); it moves nothing to disk: that is "
+               "--host-budget-mb");
   f.storage.AddTo(app);
-  app.add_option("--device-memory-budget-mb", f.device_memory_budget_mb,
-                 "Device memory one rank may give STORAGE_DEVICE tables "
-                 "(weights + optimizer state; a cached table its cache), in "
-                 "MiB: the planner spreads device tables within it and moves "
-                 "the largest to host memory until every rank fits "
-                 "(default 0: the model config's device_budget_bytes, else "
-                 "on a GPU its free memory less a reserve for the dense "
-                 "part)")
-      ->capture_default_str();
+  AddDefaulted(app, "--device-memory-budget-mb", f.device_memory_budget_mb,
+               "Device memory one rank may give STORAGE_DEVICE tables "
+               "(weights + optimizer state; a cached table its cache), in "
+               "MiB: the planner spreads device tables within it and moves "
+               "the largest to host memory until every rank fits "
+               "(default 0: the model config's device_budget_bytes, else "
+               "on a GPU its free memory less a reserve for the dense "
+               "part)");
   app.add_flag("--overlap-allreduce", f.overlap_allreduce,
                "With several ranks: all-reduce dense gradients on a second "
                "communicator, overlapped with the backward pass (pays when "
                "ranks have idle cores; see bench/RESULTS.md)");
-  app.add_option("--device-comm", f.device_comm,
-                 "With --world-size > 1, device cuda and STORAGE_DEVICE "
-                 "tables: the communicator of the pooled vectors' exchanges: "
-                 "auto or nccl (one process per GPU), host-staged (Gloo on "
-                 "host copies, for ranks sharing a GPU)")
-      ->capture_default_str();
-  app.add_option("--comm-timeout-s", f.comm_timeout_s,
-                 "Longest a collective between ranks waits for a peer "
-                 "before the job is declared broken, in seconds")
-      ->capture_default_str();
-  app.add_option("--comm-connect-timeout-s", f.comm_connect_timeout_s,
-                 "Longest a rank waits at start for every rank to join the "
-                 "job (pods or tasks that start minutes apart need more), in "
-                 "seconds")
-      ->capture_default_str();
+  AddDefaulted(app, "--device-comm", f.device_comm,
+               "With --world-size > 1, device cuda and STORAGE_DEVICE "
+               "tables: the communicator of the pooled vectors' exchanges: "
+               "auto or nccl (one process per GPU), host-staged (Gloo on "
+               "host copies, for ranks sharing a GPU)");
+  AddDefaulted(app, "--comm-timeout-s", f.comm_timeout_s,
+               "Longest a collective between ranks waits for a peer "
+               "before the job is declared broken, in seconds");
+  AddDefaulted(app, "--comm-connect-timeout-s", f.comm_connect_timeout_s,
+               "Longest a rank waits at start for every rank to join the "
+               "job (pods or tasks that start minutes apart need more), in "
+               "seconds");
   // Any flag may also come from a TOML or INI file (key = the flag's long
   // name); the command line wins over the file, an unknown key is an error.
   app.set_config("--server-config", "",
                  "Read flags from this TOML or INI file (e.g. "
                  "listen = \"127.0.0.1:0\"); the command line overrides it");
-  app.add_option("--comm-bind-address", f.comm_bind_address,
-                 "With --world-size > 1: address or hostname this rank's "
-                 "collectives (Gloo) bind to; every other rank must reach it "
-                 "(a container's hostname, a host's IP)")
-      ->capture_default_str();
+  AddDefaulted(app, "--comm-bind-address", f.comm_bind_address,
+               "With --world-size > 1: address or hostname this rank's "
+               "collectives (Gloo) bind to; every other rank must reach it "
+               "(a container's hostname, a host's IP)");
   app.add_flag("--dry-run", f.dry_run,
                "Check the flags, load the model config and plan the sharding "
                "for --world-size, print what would run, and exit (0 if all "
@@ -485,10 +465,9 @@ void AddServerFlags(CLI::App& app, ServerFlags* flags) {
                  "With --world-size > 1: file holding the job's join token "
                  "(>= 16 printable characters, the same on every rank); the "
                  "coordinator refuses calls without it");
-  app.add_option("--max-concurrent-streams", o.max_concurrent_streams,
-                 "Most concurrent RPCs one client connection may have open "
-                 "(0 = gRPC's default, no limit)")
-      ->capture_default_str();
+  AddDefaulted(app, "--max-concurrent-streams", o.max_concurrent_streams,
+               "Most concurrent RPCs one client connection may have open "
+               "(0 = gRPC's default, no limit)");
   app.allow_config_extras(CLI::config_extras_mode::error);
 }
 

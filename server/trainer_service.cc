@@ -97,7 +97,8 @@ TrainerService::TrainerService(ModelHost* host, JobManager* jobs,
       metrics_(metrics),
       work_(work),
       auth_(auth),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      unary_(auth, RpcAccess::kTraining, metrics) {}
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 TrainerService::Train(grpc::CallbackServerContext* context) {
@@ -113,102 +114,82 @@ TrainerService::Train(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* TrainerService::StartJob(
     grpc::CallbackServerContext* context, const JobRequest* request,
     JobStatus* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
-                  kStartJob)) {
-    return reactor;
-  }
-  FinishWith(jobs_->Start(*request), response, reactor, metrics_, kStartJob);
-  return reactor;
+  return unary_(context, kStartJob, [&](grpc::ServerUnaryReactor* reactor) {
+    FinishWith(jobs_->Start(*request), response, reactor, metrics_, kStartJob);
+  });
 }
 
 grpc::ServerUnaryReactor* TrainerService::GetJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
-                  kGetJob)) {
-    return reactor;
-  }
-  FinishWith(jobs_->Get(request->id()), response, reactor, metrics_, kGetJob);
-  return reactor;
+  return unary_(context, kGetJob, [&](grpc::ServerUnaryReactor* reactor) {
+    FinishWith(jobs_->Get(request->id()), response, reactor, metrics_, kGetJob);
+  });
 }
 
 grpc::ServerUnaryReactor* TrainerService::CancelJob(
     grpc::CallbackServerContext* context, const JobId* request,
     JobStatus* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
-                  kCancelJob)) {
-    return reactor;
-  }
-  const std::string id = request->id();
-  SubmitUnary(
-      *work_,
-      [this, reactor, response, id] {
-        FinishWith(
-            jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds)),
-            response, reactor, metrics_, kCancelJob);
-      },
-      reactor, metrics_, kCancelJob);
-  return reactor;
+  return unary_(context, kCancelJob, [&](grpc::ServerUnaryReactor* reactor) {
+    const std::string id = request->id();
+    SubmitUnary(
+        *work_,
+        [this, reactor, response, id] {
+          FinishWith(
+              jobs_->Cancel(id, absl::Seconds(options_.cancel_wait_seconds)),
+              response, reactor, metrics_, kCancelJob);
+        },
+        reactor, metrics_, kCancelJob);
+  });
 }
 
 grpc::ServerUnaryReactor* TrainerService::ListJobs(
     grpc::CallbackServerContext* context, const ListJobsRequest* request,
     ListJobsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
-                  kListJobs)) {
-    return reactor;
-  }
-  for (JobStatus& job : jobs_->List()) {
-    *response->add_jobs() = std::move(job);
-  }
-  FinishUnary(reactor, metrics_, kListJobs, absl::OkStatus());
-  return reactor;
+  return unary_(context, kListJobs, [&](grpc::ServerUnaryReactor* reactor) {
+    for (JobStatus& job : jobs_->List()) {
+      *response->add_jobs() = std::move(job);
+    }
+    FinishUnary(reactor, metrics_, kListJobs, absl::OkStatus());
+  });
 }
 
 grpc::ServerUnaryReactor* TrainerService::Evaluate(
     grpc::CallbackServerContext* context, const EvaluateRequest* request,
     EvaluateResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!AdmitUnary(*auth_, *context, RpcAccess::kTraining, reactor, metrics_,
-                  kEvaluate)) {
-    return reactor;
-  }
-  absl::StatusOr<std::unique_ptr<EvalWork>> parsed =
-      ParseEvaluate(*request, *host_, options_);
-  if (!parsed.ok()) {
-    FinishUnary(reactor, metrics_, kEvaluate, parsed.status());
-    return reactor;
-  }
-  std::shared_ptr<EvalWork> eval(std::move(*parsed));
-  SubmitUnary(
-      *work_,
-      [this, reactor, response, eval] {
-        absl::StatusOr<model::EvalResult> result;
-        if (eval->dataset.source != nullptr) {
-          model::EvalOptions options;
-          options.batch_size = options_.eval_batch_size;
-          options.max_samples = eval->max_samples;
-          result = host_->Evaluate(*eval->dataset.source, options,
-                                   eval->dataset.reference);
-        } else {
-          result = host_->EvaluateBatches(eval->batches);
-        }
-        if (result.ok()) {
-          metrics_->RecordEval(result->model);
-          EvalMetricsToProto(result->model, response->mutable_metrics());
-          if (result->has_reference) {
-            EvalMetricsToProto(result->reference,
-                               response->mutable_reference());
+  return unary_(context, kEvaluate, [&](grpc::ServerUnaryReactor* reactor) {
+    absl::StatusOr<std::unique_ptr<EvalWork>> parsed =
+        ParseEvaluate(*request, *host_, options_);
+    if (!parsed.ok()) {
+      FinishUnary(reactor, metrics_, kEvaluate, parsed.status());
+      return;
+    }
+    std::shared_ptr<EvalWork> eval(std::move(*parsed));
+    SubmitUnary(
+        *work_,
+        [this, reactor, response, eval] {
+          absl::StatusOr<model::EvalResult> result;
+          if (eval->dataset.source != nullptr) {
+            model::EvalOptions options;
+            options.batch_size = options_.eval_batch_size;
+            options.max_samples = eval->max_samples;
+            result = host_->Evaluate(*eval->dataset.source, options,
+                                     eval->dataset.reference);
+          } else {
+            result = host_->EvaluateBatches(eval->batches);
           }
-        }
-        FinishUnary(reactor, metrics_, kEvaluate, result.status());
-      },
-      reactor, metrics_, kEvaluate);
-  return reactor;
+          if (result.ok()) {
+            metrics_->RecordEval(result->model);
+            EvalMetricsToProto(result->model, response->mutable_metrics());
+            if (result->has_reference) {
+              EvalMetricsToProto(result->reference,
+                                 response->mutable_reference());
+            }
+          }
+          FinishUnary(reactor, metrics_, kEvaluate, result.status());
+        },
+        reactor, metrics_, kEvaluate);
+  });
 }
 
 }  // namespace dlrm::server

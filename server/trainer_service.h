@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "dlrm/service.grpc.pb.h"
 #include "server/auth.h"
 #include "server/datasets.h"
+#include "server/grpc_status.h"
 #include "server/job_manager.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
@@ -78,6 +80,8 @@ class TrainerService final : public TrainerBase {
   WorkQueue* const work_;
   const TokenAuth* const auth_;
   const TrainerServiceOptions options_;
+  // The token check (kTraining) and metrics of every unary call.
+  const UnaryFrame unary_;
 };
 
 }  // namespace dlrm::server

@@ -72,20 +72,23 @@ def interpolate(value, env):
     return re.sub(r"\$\{(\w+)(?:(:?-)([^}]*))?\}", sub, value)
 
 
+def interpolate_all(node, env):
+    """`node` (a parsed compose file) with interpolate() applied to every
+    string in it."""
+    if isinstance(node, dict):
+        return {k: interpolate_all(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [interpolate_all(v, env) for v in node]
+    if isinstance(node, str):
+        return interpolate(node, env)
+    return node
+
+
 def load_compose(kind, env_overrides=None):
     """The compose file with its variables resolved from deploy/.env."""
     env = read_env(env_overrides)
-
-    def walk(node):
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, str):
-            return interpolate(node, env)
-        return node
     with open(os.path.join(DEPLOY, COMPOSE_FILES[kind])) as f:
-        return walk(yaml.safe_load(f))
+        return interpolate_all(yaml.safe_load(f), env)
 
 
 def flags(command):
@@ -145,18 +148,26 @@ def ranks(compose):
             for name, s in compose["services"].items()}
 
 
+def docker_compose_config(test, files):
+    """`docker-compose config` of `files` (names in deploy/, in order),
+    parsed; asserts that it succeeds. Skips `test` without docker-compose."""
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        test.skipTest("docker-compose is not installed (install-deps.sh)")
+    args = [tool]
+    for name in files:
+        args += ["-f", os.path.join(DEPLOY, name)]
+    out = subprocess.run(args + ["config"], capture_output=True, text=True,
+                         timeout=60)
+    test.assertEqual(out.returncode, 0, out.stderr)
+    return yaml.safe_load(out.stdout)
+
+
 class ComposeTest(unittest.TestCase):
     def test_docker_compose_config_accepts_both_files(self):
-        tool = shutil.which("docker-compose")
-        if tool is None:
-            self.skipTest("docker-compose is not installed (install-deps.sh)")
         for kind, name in COMPOSE_FILES.items():
             with self.subTest(kind):
-                out = subprocess.run(
-                    [tool, "-f", os.path.join(DEPLOY, name), "config"],
-                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(out.returncode, 0, out.stderr)
-                resolved = yaml.safe_load(out.stdout)
+                resolved = docker_compose_config(self, [name])
                 mine = load_compose(kind)
                 for svc, spec in resolved["services"].items():
                     self.assertEqual(spec["command"],
@@ -904,16 +915,7 @@ def load_replicas_compose():
     env = read_env()
     with open(os.path.join(DEPLOY, REPLICAS_FILE)) as f:
         raw = yaml.safe_load(f)
-
-    def walk(node):
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, str):
-            return interpolate(node, env)
-        return node
-    return walk(raw)
+    return interpolate_all(raw, env)
 
 
 class ReplicaTest(unittest.TestCase):
@@ -974,17 +976,9 @@ class ReplicaTest(unittest.TestCase):
                                            server_toml()["checkpoint-dir"])
 
     def test_docker_compose_config_accepts_the_override(self):
-        tool = shutil.which("docker-compose")
-        if tool is None:
-            self.skipTest("docker-compose is not installed (install-deps.sh)")
         for kind, name in COMPOSE_FILES.items():
             with self.subTest(kind):
-                out = subprocess.run(
-                    [tool, "-f", os.path.join(DEPLOY, name), "-f",
-                     os.path.join(DEPLOY, REPLICAS_FILE), "config"],
-                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(out.returncode, 0, out.stderr)
-                resolved = yaml.safe_load(out.stdout)
+                resolved = docker_compose_config(self, [name, REPLICAS_FILE])
                 self.assertEqual(
                     resolved["services"]["replica"]["command"],
                     load_replicas_compose()["services"]["replica"]["command"])

@@ -51,6 +51,7 @@
 #include "data/synthetic.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
+#include "tests/support/health.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic.h"
 
@@ -60,6 +61,7 @@ namespace {
 using test::FreePort;
 
 using test::ReadFile;
+using test::WriteTinyTsv;
 
 using test::ExpectInvalid;
 
@@ -235,17 +237,6 @@ std::string BinaryPath(const char* env, const fs::path& relative) {
 // exit status (-1 if it did not run) and its stdout and stderr.
 using CommandResult = test::RunResult;
 
-// A Criteo TSV file of the tiny model's shape (label, 4 integer features,
-// 3 hex categoricals) with `samples` good lines.
-void WriteTinyTsv(const fs::path& path, int samples) {
-  std::ofstream out(path);
-  for (int i = 0; i < samples; ++i) {
-    out << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
-        << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
-        << std::dec << "\n";
-  }
-}
-
 CommandResult RunCommand(const std::vector<std::string>& args,
                          const fs::path& dir,
                          const std::string& stdin_path = "") {
@@ -398,7 +389,7 @@ TEST_F(ClientE2ETest, InfoAndMetrics) {
   EXPECT_GE(info->world_size(), 1);
   absl::StatusOr<std::string> metrics = client_->GetMetrics();
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_NE(metrics->find("dlrm_"), std::string::npos) << *metrics;
+  EXPECT_HAS_SUBSTR(*metrics, "dlrm_") << *metrics;
   // The standard process series and the build, one sample each.
   const auto value = [&](const std::string& series) {
     const size_t at = metrics->find("\n" + series + " ");
@@ -414,9 +405,9 @@ TEST_F(ClientE2ETest, InfoAndMetrics) {
   EXPECT_GT(started, 1.6e9);  // after 2020
   // btime and std::time are whole seconds.
   EXPECT_LE(started, static_cast<double>(std::time(nullptr)) + 2);
-  EXPECT_NE(metrics->find(absl::StrCat("\ndlrm_build_info{version=\"", kVersion,
-                                       "\",git=\"", kGitDescribe, "\"} 1\n")),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(*metrics,
+                    absl::StrCat("\ndlrm_build_info{version=\"", kVersion,
+                                 "\",git=\"", kGitDescribe, "\"} 1\n"))
       << *metrics;
 }
 
@@ -658,16 +649,15 @@ TEST_F(ClientE2ETest, ExportWritesWeightsUnderTheCheckpointDir) {
   const fs::path cli_file =
       fs::weakly_canonical(dir_ / "ckpt" / "cli" / "weights.safetensors");
   EXPECT_TRUE(fs::exists(cli_file));
-  EXPECT_NE(r.out.find("exported " + cli_file.string() + ": step "),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(r.out, "exported " + cli_file.string() + ": step ")
       << r.out;
-  EXPECT_NE(r.out.find(" tensors, "), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, " tensors, ") << r.out;
 
   r = RunCommand({client_path_, "--server", address_, "export", "--out",
                   "../escape.safetensors"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "INVALID_ARGUMENT") << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "escape.safetensors"));
   // --out is required.
   r = RunCommand({client_path_, "--server", address_, "export"}, dir_);
@@ -682,9 +672,9 @@ TEST(ClientConnectTest, RefusedConnectionFailsAtOnceNamingTheAddress) {
   options.connect_timeout_seconds = 3600;
   const absl::Status status = Client::Connect("127.0.0.1:1", options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_NE(status.message().find("at 127.0.0.1:1: the connection failed "
-                                  "(refused"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(status.message(),
+                    "at 127.0.0.1:1: the connection failed "
+                    "(refused")
       << status;
 }
 
@@ -708,9 +698,7 @@ TEST_F(ClientE2ETest, CliSetLearningRate) {
                                 "set-learning-rate", "--sparse", "0.05"},
                                dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("learning rates: dense 0.1, sparse 0.05"),
-            std::string::npos)
-      << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "learning rates: dense 0.1, sparse 0.05") << r.out;
   auto client = Client::Connect(address_);
   ASSERT_TRUE(client.ok()) << client.status();
   auto info = (*client)->GetModelInfo();
@@ -722,9 +710,8 @@ TEST_F(ClientE2ETest, CliSetLearningRate) {
                   "--dense", "-1"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("dense_optimizer.learning_rate"), std::string::npos)
-      << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "INVALID_ARGUMENT") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "dense_optimizer.learning_rate") << r.err;
 }
 
 TEST_F(ClientE2ETest, CliInfoTrainPredict) {
@@ -735,14 +722,13 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
   CommandResult r =
       RunCommand({client_path_, "--server", address_, "info"}, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("dense features: 4  tables: 3"), std::string::npos)
-      << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "dense features: 4  tables: 3") << r.out;
 
   r = RunCommand({client_path_, "--server", address_, "train", "--synthetic",
                   "512", "--batch", "128"},
                  dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("train: 4 steps"), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "train: 4 steps") << r.out;
 
   // Tiny-shaped TSV: label, 4 ints, 3 hex categoricals; the last line has
   // no label (as in Kaggle's test.txt).
@@ -780,8 +766,8 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
                   (dir_ / "bad.tsv").string()},
                  dir_);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("bad.tsv:1"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "INVALID_ARGUMENT") << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "bad.tsv:1") << r.err;
 }
 
 // A refused connection: the CLI fails at once (with an hour to wait),
@@ -795,8 +781,7 @@ TEST_F(ClientE2ETest, CliRefusedConnectionFailsAtOnceNamingTheAddress) {
                                       "--connect-timeout", "3600", "info"},
                                      dir_);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("cannot connect to dlrm-server at 127.0.0.1:1"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err, "cannot connect to dlrm-server at 127.0.0.1:1")
       << r.err;
 }
 
@@ -835,12 +820,11 @@ TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const std::string said = ReadFile(err);
-  EXPECT_NE(said.find("interrupted; job " + id + " goes on on the server"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(said, "interrupted; job " + id + " goes on on the server")
       << said;
   const std::string cancel =
       client_path_ + " --server " + address_ + " job cancel " + id;
-  EXPECT_NE(said.find("\n  " + cancel + "\n"), std::string::npos) << said;
+  EXPECT_HAS_SUBSTR(said, "\n  " + cancel + "\n") << said;
 
   absl::StatusOr<JobStatus> job = client_->GetJob(id);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -874,10 +858,10 @@ TEST_F(ClientE2ETest, CliEvalOfServerFilesOutsideTheDataDirIsDenied) {
         {client_path_, "--server", address_, "eval", "--server-data", path},
         dir_);
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("PERMISSION_DENIED"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("\"" + path + "\""), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find("root:"), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find("TOPSECRET"), std::string::npos) << r.err;
+    EXPECT_HAS_SUBSTR(r.err, "PERMISSION_DENIED") << r.err;
+    EXPECT_HAS_SUBSTR(r.err, "\"" + path + "\"") << r.err;
+    EXPECT_NO_SUBSTR(r.err, "root:") << r.err;
+    EXPECT_NO_SUBSTR(r.err, "TOPSECRET") << r.err;
   }
   fs::remove(secret);
   // A file inside --data-dir is read as before.
@@ -886,92 +870,18 @@ TEST_F(ClientE2ETest, CliEvalOfServerFilesOutsideTheDataDirIsDenied) {
       {client_path_, "--server", address_, "eval", "--server-data", "eval.tsv"},
       dir_);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("samples 100"), std::string::npos) << r.out;
+  EXPECT_HAS_SUBSTR(r.out, "samples 100") << r.out;
 }
 
 // --- health, through a generic call ----------------------------------------
 
-// grpc.health.v1's two messages, built at run time: Debian's gRPC ships no
-// C++ stubs for them, so the check is a generic call on serialised bytes.
-constexpr char kHealthProto[] = R"pb(
-  name: "clients_test_health.proto"
-  package: "grpc.health.v1"
-  syntax: "proto3"
-  message_type {
-    name: "HealthCheckRequest"
-    field { name: "service" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL }
-  }
-  message_type {
-    name: "HealthCheckResponse"
-    field { name: "status" number: 1 type: TYPE_INT32 label: LABEL_OPTIONAL }
-  }
-)pb";
-
-// HealthCheckResponse.ServingStatus values.
-constexpr int kServing = 1;
-
-// Calls grpc.health.v1.Health/Check for `service` ("" = the whole server)
-// and returns the serving status, or the call's error.
+// The health check is a generic call on serialised bytes
+// (tests/support/health.h): Debian's gRPC ships no C++ stubs for it.
 absl::StatusOr<int> CheckHealth(const std::string& address,
                                 const std::string& service) {
-  google::protobuf::FileDescriptorProto file;
-  if (!google::protobuf::TextFormat::ParseFromString(kHealthProto, &file)) {
-    return absl::InternalError("bad health proto text");
-  }
-  google::protobuf::DescriptorPool pool;
-  if (pool.BuildFile(file) == nullptr) {
-    return absl::InternalError("health proto does not build");
-  }
-  google::protobuf::DynamicMessageFactory factory;
-  std::unique_ptr<google::protobuf::Message> request(
-      factory
-          .GetPrototype(
-              pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest"))
-          ->New());
-  std::unique_ptr<google::protobuf::Message> response(
-      factory
-          .GetPrototype(
-              pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse"))
-          ->New());
-  request->GetReflection()->SetString(
-      request.get(), request->GetDescriptor()->FindFieldByName("service"),
+  return test::CheckHealth(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
       service);
-
-  grpc::GenericStub stub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::CompletionQueue cq;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  const std::string bytes = request->SerializeAsString();
-  grpc::Slice slice(bytes);
-  const grpc::ByteBuffer request_buffer(&slice, 1);
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
-                            request_buffer, &cq);
-  call->StartCall();
-  grpc::ByteBuffer reply;
-  grpc::Status status;
-  call->Finish(&reply, &status, nullptr);
-  void* tag = nullptr;
-  bool ok = false;
-  if (!cq.Next(&tag, &ok) || !ok) {
-    return absl::InternalError("the health call did not complete");
-  }
-  RETURN_IF_ERROR(FromGrpcStatus(status));
-  std::vector<grpc::Slice> slices;
-  if (!reply.Dump(&slices).ok()) {
-    return absl::InternalError("unreadable health reply");
-  }
-  std::string reply_bytes;
-  for (const grpc::Slice& s : slices) {
-    reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  if (!response->ParseFromString(reply_bytes)) {
-    return absl::InternalError("unparsable health reply");
-  }
-  return response->GetReflection()->GetInt32(
-      *response, response->GetDescriptor()->FindFieldByName("status"));
 }
 
 TEST_F(ClientE2ETest, HealthCheckAnswersServing) {
@@ -979,7 +889,7 @@ TEST_F(ClientE2ETest, HealthCheckAnswersServing) {
        {"", "dlrm.Trainer", "dlrm.Predictor", "dlrm.Admin"}) {
     absl::StatusOr<int> health = CheckHealth(address_, service);
     ASSERT_TRUE(health.ok()) << service << ": " << health.status();
-    EXPECT_EQ(*health, kServing) << service;
+    EXPECT_EQ(*health, test::kHealthServing) << service;
   }
   // A service the server does not have: NOT_FOUND (the health protocol).
   EXPECT_EQ(CheckHealth(address_, "no.such.Service").status().code(),
@@ -1058,19 +968,18 @@ TEST_F(ClientServerProcessTest, ConfigFileWithUnknownKeyIsRejected) {
       WriteFile("bad.toml", "listen = \"127.0.0.1:0\"\nlisten-port = 7\n");
   CommandResult r = RunCommand({server_path_, "--server-config", config}, dir_);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("listen-port"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "listen-port") << r.err;
   // The error names the file and says what is wrong with the key.
-  EXPECT_NE(r.err.find("--server-config " + config +
-                       ": unknown key "
-                       "\"listen-port\""),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err, "--server-config " + config +
+                               ": unknown key "
+                               "\"listen-port\"")
       << r.err;
 
   r = RunCommand(
       {server_path_, "--server-config", (dir_ / "missing.toml").string()},
       dir_);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("missing.toml"), std::string::npos) << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "missing.toml") << r.err;
 }
 
 // --allow-data-path from the config file (a TOML array), with no
@@ -1322,21 +1231,19 @@ TEST_F(ClientServerProcessTest, SecondServerOnATakenPortFailsNamingIt) {
                   "", "--config", "tiny", "--log-level", "warn"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(
-      r.err.find("--listen " + first.address() + ": address already in use"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err,
+                    "--listen " + first.address() + ": address already in use")
       << r.err;
-  EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+  EXPECT_NO_SUBSTR(r.out, "listening on") << r.out;
 
   r = RunCommand({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",
                   metrics, "--config", "tiny", "--log-level", "warn"},
                  dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(
-      r.err.find("--metrics-listen " + metrics + ": address already in use"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err,
+                    "--metrics-listen " + metrics + ": address already in use")
       << r.err;
-  EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+  EXPECT_NO_SUBSTR(r.out, "listening on") << r.out;
 
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(first.address());
@@ -1381,8 +1288,8 @@ TEST_F(ClientServerProcessTest, PathFlagsAreCheckedAtStartNamingTheFlag) {
       if (dry_run) args.push_back("--dry-run");
       const CommandResult r = RunCommand(args, dir_);
       EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-      EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
-      EXPECT_EQ(r.out.find("listening on"), std::string::npos) << r.out;
+      EXPECT_HAS_SUBSTR(r.err, c.error) << r.err;
+      EXPECT_NO_SUBSTR(r.out, "listening on") << r.out;
     }
   }
   const fs::path later = dir_ / "made" / "later";
@@ -1405,18 +1312,14 @@ TEST_F(ClientServerProcessTest, TrainerPathFlagsAreCheckedAtStart) {
   CommandResult r = RunCommand(
       {train, "--config", "tiny", "--rocksdb-dir", file, "--steps", "1"}, dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("--rocksdb-dir " + file + " is not a directory"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err, "--rocksdb-dir " + file + " is not a directory")
       << r.err;
   r = RunCommand({train, "--config", "tiny", "--train", missing}, dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("--train " + missing + " does not exist"),
-            std::string::npos)
-      << r.err;
+  EXPECT_HAS_SUBSTR(r.err, "--train " + missing + " does not exist") << r.err;
   r = RunCommand({train, "--config", "tiny", "--eval", dir_.string()}, dir_);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("--eval " + dir_.string() + " is not a file"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(r.err, "--eval " + dir_.string() + " is not a file")
       << r.err;
 }
 
@@ -1463,9 +1366,9 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
                 log),
         60);
     ASSERT_TRUE(started.ok()) << started;
-    EXPECT_NE(ReadFile(log).find("no --checkpoint-dir: trained steps are "
-                                 "lost when it stops; pass --checkpoint-dir"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(ReadFile(log),
+                      "no --checkpoint-dir: trained steps are "
+                      "lost when it stops; pass --checkpoint-dir")
         << ReadFile(log);
     std::unique_ptr<Client> client;
     ModelConfig config;
@@ -1480,10 +1383,10 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
     const absl::Status stopped = server.Stop();
     EXPECT_TRUE(stopped.ok()) << stopped;
   }
-  EXPECT_NE(ReadFile(log).find("stopping with 3 trained steps (the model is "
-                               "at step 3) that no checkpoint holds: they "
-                               "are lost"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(ReadFile(log),
+                    "stopping with 3 trained steps (the model is "
+                    "at step 3) that no checkpoint holds: they "
+                    "are lost")
       << ReadFile(log);
 
   ServerProcess saving;
@@ -1505,9 +1408,9 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
   const absl::Status stopped = saving.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
   const std::string text = ReadFile(log);
-  EXPECT_EQ(text.find("no --checkpoint-dir"), std::string::npos) << text;
-  EXPECT_EQ(text.find("they are lost"), std::string::npos) << text;
-  EXPECT_NE(text.find("saved checkpoint to"), std::string::npos) << text;
+  EXPECT_NO_SUBSTR(text, "no --checkpoint-dir") << text;
+  EXPECT_NO_SUBSTR(text, "they are lost") << text;
+  EXPECT_HAS_SUBSTR(text, "saved checkpoint to") << text;
 }
 
 // `job list` on a server with no jobs says so; `info` prints its memory

@@ -52,6 +52,7 @@
 #include "core/cuda/cuda_raii.h"
 #include "tests/comm/nccl_fault_injection.h"
 #include "tests/support/cuda_test_util.h"
+#include "tests/support/expect.h"
 #endif
 
 namespace dlrm::comm {
@@ -1003,7 +1004,7 @@ TEST_F(CommCoordinatorTest, WaitTimesOutNamingTheMissingKeys) {
   ASSERT_TRUE(client_->StoreSet(session, "here", "x", 5).ok());
   absl::Status status = client_->StoreWait(session, {"here", "gone"}, 0.6);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_NE(status.message().find("['gone']"), std::string::npos) << status;
+  EXPECT_HAS_SUBSTR(status.message(), "['gone']") << status;
 }
 
 TEST_F(CommCoordinatorTest, RegisterWaitsForTheRoundAndNamesMissingRanks) {
@@ -1016,8 +1017,7 @@ TEST_F(CommCoordinatorTest, RegisterWaitsForTheRoundAndNamesMissingRanks) {
   for (auto& t : threads) t.join();
   for (const auto& result : results) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_NE(result.status().message().find("ranks [2] of 3"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(result.status().message(), "ranks [2] of 3")
         << result.status();
   }
   // Timed-out ranks left the round: a full round now succeeds.
@@ -1097,8 +1097,7 @@ TEST(CommCoordinatorClientTest, UnreachableCoordinatorGivesDeadlineExceeded) {
   ASSERT_TRUE(client.ok());
   auto session = (*client)->RegisterRank("job", 0, 0, 1, 0.5);
   EXPECT_EQ(session.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(session.status().message().find("could not reach"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(session.status().message(), "could not reach")
       << session.status();
 }
 
@@ -1255,23 +1254,17 @@ TEST_F(CommCoordinatorSecurityTest, ClientWithoutTheCaFailsNamingWhy) {
   // Plaintext to a TLS port.
   absl::Status plain = JoinAlone(CoordinatorClientOptions());
   EXPECT_EQ(plain.code(), absl::StatusCode::kDeadlineExceeded) << plain;
-  EXPECT_NE(plain.message().find("could not reach the coordinator"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(plain.message(), "could not reach the coordinator")
       << plain;
-  EXPECT_NE(plain.message().find("without TLS like this rank"),
-            std::string::npos)
-      << plain;
+  EXPECT_HAS_SUBSTR(plain.message(), "without TLS like this rank") << plain;
   // TLS trusting another CA: the handshake fails, and the message says so.
   CoordinatorClientOptions other = Trusting();
   other.tls.ca_file = File("other-ca.pem");
   absl::Status untrusted = JoinAlone(other);
   EXPECT_EQ(untrusted.code(), absl::StatusCode::kDeadlineExceeded) << untrusted;
-  EXPECT_NE(untrusted.message().find("chain to this rank's CA"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(untrusted.message(), "chain to this rank's CA")
       << untrusted;
-  EXPECT_NE(untrusted.message().find("last connection error"),
-            std::string::npos)
-      << untrusted;
+  EXPECT_HAS_SUBSTR(untrusted.message(), "last connection error") << untrusted;
 }
 
 TEST_F(CommCoordinatorSecurityTest, WrongServerNameFailsNamingIt) {
@@ -1280,9 +1273,7 @@ TEST_F(CommCoordinatorSecurityTest, WrongServerNameFailsNamingIt) {
   o.tls.server_name = "not-the-coordinator.example";
   absl::Status status = JoinAlone(o);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_NE(status.message().find("not-the-coordinator.example"),
-            std::string::npos)
-      << status;
+  EXPECT_HAS_SUBSTR(status.message(), "not-the-coordinator.example") << status;
 }
 
 TEST_F(CommCoordinatorSecurityTest, MutualTlsNeedsACertificateFromTheCa) {
@@ -1315,16 +1306,13 @@ TEST_F(CommCoordinatorSecurityTest, WrongOrMissingTokenIsUnauthenticated) {
     ASSERT_NE(bad, nullptr);
     const absl::Status refused = bad->RegisterRank("job", 0, 0, 1, 10).status();
     EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
-    EXPECT_NE(refused.message().find(
-                  absl::StrCat("the coordinator at ", server_->address(),
-                               " refused this rank's join token")),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(refused.message(),
+                      absl::StrCat("the coordinator at ", server_->address(),
+                                   " refused this rank's join token"))
         << refused;
-    EXPECT_NE(refused.message().find("join token rejected"), std::string::npos)
-        << refused;
+    EXPECT_HAS_SUBSTR(refused.message(), "join token rejected") << refused;
     // No secret in the answer.
-    EXPECT_EQ(refused.message().find("0123456789abcdef"), std::string::npos)
-        << refused;
+    EXPECT_NO_SUBSTR(refused.message(), "0123456789abcdef") << refused;
     // The store refuses it too, and the refused calls touch nothing.
     EXPECT_EQ(bad->StoreSet(*session, "k", "forged", 10).code(),
               absl::StatusCode::kUnauthenticated);
@@ -1410,8 +1398,7 @@ TEST_F(CommCoordinatorSecurityTest, GlooConnectsThroughASecuredCoordinator) {
   o.job_id = "refused";
   const absl::Status refused = ConnectGloo(o).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
-  EXPECT_NE(refused.message().find("refused this rank's join token"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(refused.message(), "refused this rank's join token")
       << refused;
 }
 
@@ -1530,8 +1517,7 @@ TEST(CommGlooConnectTest, MissingRankGivesDeadlineExceededNamingIt) {
   for (auto& t : threads) t.join();
   for (const auto& status : results) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-    EXPECT_NE(status.message().find("ranks [2] of 3"), std::string::npos)
-        << status;
+    EXPECT_HAS_SUBSTR(status.message(), "ranks [2] of 3") << status;
   }
 }
 
@@ -1553,7 +1539,7 @@ TEST(CommGlooConnectTest, RankThatRegistersButNeverConnectsIsNamed) {
   const absl::Status status = ConnectGloo(o).status();
   registrar.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_NE(status.message().find("keys ['1']"), std::string::npos) << status;
+  EXPECT_HAS_SUBSTR(status.message(), "keys ['1']") << status;
 }
 
 TEST(CommGlooConnectTest, StaleGenerationIsRefused) {
@@ -1643,11 +1629,9 @@ void ExpectPeerFailureDetected(const std::string& dir,
     ranks.Signal(victim, SIGKILL);
   }
   absl::Status exits = ranks.WaitAll(deadline_seconds);
-  EXPECT_EQ(exits.message().find("hung"), std::string::npos)
+  EXPECT_NO_SUBSTR(exits.message(), "hung")
       << "a survivor never failed: " << exits;
-  EXPECT_NE(exits.message().find("rank " + std::to_string(victim)),
-            std::string::npos)
-      << exits;
+  EXPECT_HAS_SUBSTR(exits.message(), "rank " + std::to_string(victim)) << exits;
   int timed_out = 0;
   for (int r = 0; r < victim; ++r) {
     const absl::Status result = ReadResult(ranks.ResultPath(r));
@@ -1734,15 +1718,13 @@ TEST(CommFactoryTest, RefusesOptionsThatDoNotFit) {
   o.backend = CommBackend::kGloo;
   o.memory_space = MemorySpace::kDevice;  // host buffers only
   EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(CreateCommunicator(o).status().message().find("gloo takes host"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(CreateCommunicator(o).status().message(), "gloo takes host")
       << CreateCommunicator(o).status();
   o.backend = CommBackend::kHostStaged;
   o.memory_space = MemorySpace::kHost;  // device buffers only
   EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(
-      CreateCommunicator(o).status().message().find("host-staged takes device"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(CreateCommunicator(o).status().message(),
+                    "host-staged takes device")
       << CreateCommunicator(o).status();
   o = HostOptions(2);  // Gloo without a coordinator
   EXPECT_EQ(code(o), absl::StatusCode::kInvalidArgument);
@@ -1816,7 +1798,7 @@ TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
       o.backend = backend;
       const absl::Status status = CreateCommunicator(o).status();
       EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-      EXPECT_NE(status.message().find(why), std::string::npos) << status;
+      EXPECT_HAS_SUBSTR(status.message(), why) << status;
     }
   }
   const absl::Status single = MakeSingleRankDeviceCommunicator(0).status();
@@ -1826,7 +1808,7 @@ TEST(CommFactoryTest, DeviceWithoutCudaIsFailedPreconditionNamingWhy) {
                                  DeviceKind::kCuda, 0)
           .status();
   EXPECT_EQ(staged.code(), absl::StatusCode::kFailedPrecondition) << staged;
-  EXPECT_NE(staged.message().find(why), std::string::npos) << staged;
+  EXPECT_HAS_SUBSTR(staged.message(), why) << staged;
   // A named object: GCC 12 warns (wrongly) that a temporary's strings may
   // be destroyed uninitialised.
   const NcclOptions defaults;
@@ -1891,7 +1873,7 @@ TEST(CommHostStagedTest, OverTheSingleRankCommunicatorMatchesReference) {
   int not_a_stream = 0;
   const absl::Status stream = comm->SetStream(&not_a_stream);
   EXPECT_EQ(stream.code(), absl::StatusCode::kInvalidArgument) << stream;
-  EXPECT_NE(stream.message().find("SetStream"), std::string::npos) << stream;
+  EXPECT_HAS_SUBSTR(stream.message(), "SetStream") << stream;
   EXPECT_TRUE(comm->Synchronize().ok());
 }
 
@@ -1915,7 +1897,7 @@ TEST(CommHostStagedTest, RefusesBadArgumentsNamingThem) {
   const auto refused = [](const absl::Status& status,
                           const std::string& names) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_NE(status.message().find(names), std::string::npos)
+    EXPECT_HAS_SUBSTR(status.message(), names)
         << status << " does not name " << names;
   };
   refused(MakeHostStagedCommunicator(nullptr, DeviceKind::kCpu).status(),
@@ -2078,8 +2060,7 @@ TEST(CommDeviceHostStagedTest, RefusesHostBuffersAndStagesOverlaps) {
   const absl::Status host_data =
       (*comm)->AllReduceSum(host.data(), 4, DataType::kFloat32);
   EXPECT_EQ(host_data.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(host_data.message().find("AllReduceSum: data"), std::string::npos)
-      << host_data;
+  EXPECT_HAS_SUBSTR(host_data.message(), "AllReduceSum: data") << host_data;
   EXPECT_EQ((*comm)->AllGather(host.data(), 4, d, DataType::kFloat32).code(),
             absl::StatusCode::kInvalidArgument);
   // Overlapping device buffers are staged like any others.
@@ -2479,8 +2460,7 @@ TEST(LauncherEnvTest, LaunchersThatAgreeMergeAndOnesThatDisagreeAreAnError) {
       {"RANK", "0"},
   }));
   EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(rank.status().message().find("SLURM_PROCID=1 but RANK=0"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(rank.status().message(), "SLURM_PROCID=1 but RANK=0")
       << rank.status();
   absl::StatusOr<LauncherRank> size = DetectLauncher(MapEnv({
       {"OMPI_COMM_WORLD_RANK", "0"},
@@ -2489,9 +2469,8 @@ TEST(LauncherEnvTest, LaunchersThatAgreeMergeAndOnesThatDisagreeAreAnError) {
       {"WORLD_SIZE", "2"},
   }));
   EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(
-      size.status().message().find("OMPI_COMM_WORLD_SIZE=4 but WORLD_SIZE=2"),
-      std::string::npos)
+  EXPECT_HAS_SUBSTR(size.status().message(),
+                    "OMPI_COMM_WORLD_SIZE=4 but WORLD_SIZE=2")
       << size.status();
 }
 
@@ -2501,8 +2480,7 @@ TEST(LauncherEnvTest, BadValuesNameTheVariable) {
            {"RANK", "x"}, {"RANK", "-1"}, {"SLURM_PROCID", "1.5"}}) {
     absl::StatusOr<LauncherRank> l = DetectLauncher(MapEnv({{name, value}}));
     EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_NE(l.status().message().find(name + "='" + value + "'"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(l.status().message(), name + "='" + value + "'")
         << l.status();
   }
   absl::StatusOr<LauncherRank> size =
@@ -2511,7 +2489,7 @@ TEST(LauncherEnvTest, BadValuesNameTheVariable) {
   absl::StatusOr<LauncherRank> port = DetectLauncher(
       MapEnv({{"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}));
   EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(port.status().message().find("MASTER_PORT"), std::string::npos);
+  EXPECT_HAS_SUBSTR(port.status().message(), "MASTER_PORT");
 }
 
 TEST(LauncherEnvTest, FirstSlurmHostOfEveryListForm) {

@@ -28,6 +28,7 @@
 #include "core/lru_cache.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "tests/support/expect.h"
 
 namespace dlrm {
 namespace {
@@ -111,8 +112,7 @@ TEST(ConfigTest, InvalidMultiHotDistributionIsRefused) {
       static_cast<MultiHotDistribution>(7));
   auto n = NormalizeModelConfig(*c);
   EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(n.status().message().find("multi_hot_distribution"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(n.status().message(), "multi_hot_distribution")
       << n.status();
 }
 
@@ -153,8 +153,7 @@ TEST(ConfigTest, SyntaxErrorNamesTheLine) {
   auto c = ParseModelConfigText("embedding_dim: 4\ntables { rows: }\n");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("line 2"), std::string::npos)
-      << c.status();
+  EXPECT_HAS_SUBSTR(c.status().message(), "line 2") << c.status();
 }
 
 TEST(ConfigTest, ValidationNamesTheField) {
@@ -202,7 +201,7 @@ TEST(ConfigTest, ValidationNamesTheField) {
     auto n = NormalizeModelConfig(*parsed);
     ASSERT_FALSE(n.ok()) << c.text;
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(n.status().message().find(c.field), std::string::npos)
+    EXPECT_HAS_SUBSTR(n.status().message(), c.field)
         << n.status() << " should name " << c.field;
   }
 }
@@ -221,8 +220,7 @@ TEST(ConfigTest, RejectsNamesThatAreNotUtf8Text) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     auto n = NormalizeModelConfig(*parsed);
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_NE(n.status().message().find("tables[0].name is not UTF-8"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(n.status().message(), "tables[0].name is not UTF-8")
         << n.status();
   }
   auto ok = ParseModelConfigText(
@@ -263,7 +261,7 @@ TEST(ConfigTest, RejectsSizesPastTheLimits) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     auto n = NormalizeModelConfig(*parsed);
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(n.status().message().find(c.field), std::string::npos)
+    EXPECT_HAS_SUBSTR(n.status().message(), c.field)
         << n.status() << " should name " << c.field;
   }
   // Every preset stays within them.
@@ -342,7 +340,7 @@ TEST(ConfigTest, DcnDefaultsChecksAndCounts) {
     auto n = load(c.extra);
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument)
         << c.extra << ": " << n.status();
-    EXPECT_NE(n.status().message().find(c.field), std::string::npos)
+    EXPECT_HAS_SUBSTR(n.status().message(), c.field)
         << n.status() << " should name " << c.field;
   }
 }
@@ -377,8 +375,7 @@ TEST(ConfigTest, DensePrecision) {
     auto n = load(bad);
     EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument)
         << bad << ": " << n.status();
-    EXPECT_NE(n.status().message().find("dense_precision"), std::string::npos)
-        << n.status();
+    EXPECT_HAS_SUBSTR(n.status().message(), "dense_precision") << n.status();
   }
   EXPECT_FALSE(ParseModelConfigText(std::string(kOneTable) +
                                     "dense_precision: PRECISION_FP8")
@@ -400,7 +397,7 @@ TEST(ConfigTest, PrecisionFlag) {
   EXPECT_EQ(config.dense_precision(), PRECISION_BF16);
   const absl::Status bad = ApplyPrecisionFlag("fp16", &config);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("--precision"), std::string::npos) << bad;
+  EXPECT_HAS_SUBSTR(bad.message(), "--precision") << bad;
   EXPECT_STREQ(PrecisionName(PRECISION_AUTO), "auto");
   EXPECT_STREQ(PrecisionName(PRECISION_FP32), "fp32");
   EXPECT_STREQ(PrecisionName(PRECISION_BF16), "bf16");
@@ -426,9 +423,7 @@ TEST(ConfigTest, Device) {
   EXPECT_EQ(c.device(), DEVICE_CUDA);
   const absl::Status bad = ApplyDeviceFlag("tpu", &c);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("--device must be cpu or cuda"),
-            std::string::npos)
-      << bad;
+  EXPECT_HAS_SUBSTR(bad.message(), "--device must be cpu or cuda") << bad;
   EXPECT_EQ(c.device(), DEVICE_CUDA);
 
   auto parsed = ParseModelConfigText(
@@ -482,7 +477,7 @@ void ExpectOnOffField(const OnOffField& f) {
   for (const std::string& bad : f.bad) {
     const absl::Status st = f.apply(bad, &c);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(st.message().find(f.refusal), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), f.refusal) << st;
     EXPECT_TRUE((c.*f.get)()) << bad;
   }
   ASSERT_TRUE(f.apply(f.clears, &c).ok());
@@ -766,9 +761,8 @@ TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const absl::Status on_cpu = NormalizeModelConfig(*parsed).status();
   EXPECT_EQ(on_cpu.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(on_cpu.message().find("tables[1].storage"), std::string::npos)
-      << on_cpu;
-  EXPECT_NE(on_cpu.message().find("DEVICE_CUDA"), std::string::npos) << on_cpu;
+  EXPECT_HAS_SUBSTR(on_cpu.message(), "tables[1].storage") << on_cpu;
+  EXPECT_HAS_SUBSTR(on_cpu.message(), "DEVICE_CUDA") << on_cpu;
 
   parsed->set_device(DEVICE_CUDA);
   auto on_cuda = NormalizeModelConfig(*parsed);
@@ -778,9 +772,8 @@ TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {
   ModelConfig c = *on_cuda;
   const absl::Status flag = ApplyDeviceFlag("cpu", &c);
   EXPECT_EQ(flag.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(flag.message().find("--device cpu"), std::string::npos) << flag;
-  EXPECT_NE(flag.message().find("tables[1].storage"), std::string::npos)
-      << flag;
+  EXPECT_HAS_SUBSTR(flag.message(), "--device cpu") << flag;
+  EXPECT_HAS_SUBSTR(flag.message(), "tables[1].storage") << flag;
   c = *on_cuda;
   EXPECT_TRUE(ApplyDeviceFlag("cuda", &c).ok());
 }
@@ -802,18 +795,14 @@ TEST(ConfigTest, DeviceCacheRowsIsCheckedNamingTheTable) {
   c.mutable_tables(1)->set_device_cache_rows(-1);
   absl::Status st = NormalizeModelConfig(c).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("tables[1].device_cache_rows (b)"),
-            std::string::npos)
-      << st;
+  EXPECT_HAS_SUBSTR(st.message(), "tables[1].device_cache_rows (b)") << st;
 
   c = *parsed;
   c.mutable_tables(0)->set_device_cache_rows(3);
   st = NormalizeModelConfig(c).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("tables[0].device_cache_rows (a)"),
-            std::string::npos)
-      << st;
-  EXPECT_NE(st.message().find("STORAGE_HOST"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "tables[0].device_cache_rows (a)") << st;
+  EXPECT_HAS_SUBSTR(st.message(), "STORAGE_HOST") << st;
 }
 
 // device_cache_backing: STORAGE_HOST (default) or STORAGE_ROCKSDB, only with
@@ -841,8 +830,8 @@ TEST(ConfigTest, DeviceCacheBackingIsCheckedNamingTheTable) {
                          const std::string& also) {
     const absl::Status st = NormalizeModelConfig(c).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find(field), std::string::npos) << st;
-    EXPECT_NE(st.message().find(also), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), field) << st;
+    EXPECT_HAS_SUBSTR(st.message(), also) << st;
   };
   ModelConfig c = *parsed;
   c.mutable_rocksdb()->clear_path();
@@ -972,8 +961,7 @@ TEST_F(FileSystemTest, PosixWritesRenamesExchangesAndRemoves) {
   // Errors name the path and carry the errno's code.
   const absl::StatusOr<std::string> missing = ReadFile(fs, dir_ + "/absent");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find(dir_ + "/absent"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(missing.status().message(), dir_ + "/absent")
       << missing.status();
   EXPECT_EQ(fs.Rename(dir_ + "/absent", y).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ErrnoStatus(ENOSPC, "writing", "/p").code(),
@@ -996,9 +984,8 @@ TEST_F(FileSystemTest, FaultsHitTheChosenCallOnly) {
   EXPECT_TRUE((*file)->Append("one").ok());
   const absl::Status second = (*file)->Append("two");
   EXPECT_EQ(second.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(second.message().find(dir_ + "/a/b/f"), std::string::npos)
-      << second;
-  EXPECT_NE(second.message().find("(injected)"), std::string::npos) << second;
+  EXPECT_HAS_SUBSTR(second.message(), dir_ + "/a/b/f") << second;
+  EXPECT_HAS_SUBSTR(second.message(), "(injected)") << second;
   EXPECT_TRUE((*file)->Append("three").ok());
   ASSERT_TRUE((*file)->Close().ok());
   EXPECT_EQ(*ReadFile(fs, dir_ + "/a/b/f"), "onethree");
@@ -1022,9 +1009,8 @@ TEST_F(FileSystemTest, FullDiskCutsTheWriteShort) {
   fs.SetFreeBytes(5);
   const absl::Status s = WriteFile(fs, dir_ + "/f", "0123456789");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_NE(s.message().find(dir_ + "/f"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("No space left on device"), std::string::npos)
-      << s;
+  EXPECT_HAS_SUBSTR(s.message(), dir_ + "/f") << s;
+  EXPECT_HAS_SUBSTR(s.message(), "No space left on device") << s;
   EXPECT_EQ(std::filesystem::file_size(dir_ + "/f"), 5u);
   fs.Reset();
   EXPECT_TRUE(WriteFile(fs, dir_ + "/f", "0123456789").ok());
@@ -1157,36 +1143,32 @@ TEST(ConfigChangeTest, AnImmutableChangeIsRefusedNamingTheFieldAndBothValues) {
   std::vector<ConfigDifference> changes;
   absl::StatusOr<ModelConfig> resumed = ResumeConfig(saved, next, &changes);
   ASSERT_EQ(resumed.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(resumed.status().message().find(
-                "tables[2].rows: the checkpoint has 100, the config 200"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(resumed.status().message(),
+                    "tables[2].rows: the checkpoint has 100, the config 200")
       << resumed.status();
   // The learning rate alone is not what is refused.
-  EXPECT_EQ(resumed.status().message().find("learning_rate"),
-            std::string::npos);
+  EXPECT_NO_SUBSTR(resumed.status().message(), "learning_rate");
 
   next = saved;
   next.mutable_sparse_optimizer()->set_type(OptimizerConfig::ADAGRAD);
   next.add_top_mlp(1);
   resumed = ResumeConfig(saved, next, &changes);
   ASSERT_FALSE(resumed.ok());
-  EXPECT_NE(resumed.status().message().find(
-                "top_mlp: the checkpoint has [8, 1], the config [8, 1, 1]"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(resumed.status().message(),
+                    "top_mlp: the checkpoint has [8, 1], the config [8, 1, 1]")
       << resumed.status();
-  EXPECT_NE(resumed.status().message().find(
-                "sparse_optimizer.type: the checkpoint has SGD, the config "
-                "ADAGRAD"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(resumed.status().message(),
+                    "sparse_optimizer.type: the checkpoint has SGD, the config "
+                    "ADAGRAD")
       << resumed.status();
 
   next = saved;
   next.add_tables()->set_name("t3");
   resumed = ResumeConfig(saved, next, &changes);
   ASSERT_FALSE(resumed.ok());
-  EXPECT_NE(resumed.status().message().find(
-                "tables: the checkpoint has 3 entries, the config 4 entries"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(
+      resumed.status().message(),
+      "tables: the checkpoint has 3 entries, the config 4 entries")
       << resumed.status();
 }
 

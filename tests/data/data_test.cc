@@ -534,7 +534,7 @@ TEST(CriteoParseTest, QuotesAShortEscapedExcerptOfABadField) {
       ParseCriteoLine(Line(label, {}, {}), 13, 26, "f:6", &r);
   ExpectInvalid(s, "f:6: column 0 (label): label '\\x01\\x1b[2J\\r" +
                        std::string(26, 'x') + "...' must be 0 or 1");
-  EXPECT_EQ(s.message().find("NOT-QUOTED"), std::string::npos) << s;
+  EXPECT_NO_SUBSTR(s.message(), "NOT-QUOTED") << s;
   ExpectInvalid(ParseCriteoLine(Line("1", {std::string("1\n2", 3)}, {}), 13, 26,
                                 "f:7", &r),
                 "f:7: column 1 (dense 0): bad integer '1\\n2'");
@@ -765,7 +765,7 @@ TEST(CriteoBinaryTest, FailedConversionLeavesNoOutput) {
   EXPECT_FALSE(std::filesystem::exists(bin));
   for (const auto& entry :
        std::filesystem::directory_iterator(testing::TempDir())) {
-    EXPECT_EQ(entry.path().string().find("never.bin.tmp"), std::string::npos);
+    EXPECT_NO_SUBSTR(entry.path().string(), "never.bin.tmp");
   }
 }
 
@@ -1576,7 +1576,7 @@ TEST(WireTest, RejectsInconsistentMessagesNamingFieldAndSample) {
     const absl::Status s =
         BatchFromProto(m, shape, Labels::kRequired, max, "batch", &out);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(std::string(s.message()).find(text), std::string::npos)
+    EXPECT_HAS_SUBSTR(std::string(s.message()), text)
         << s.message() << "\nexpected: " << text;
   };
   dlrm::Batch m = good;
@@ -1623,10 +1623,9 @@ TEST(WireTest, HugeSizeIsRejectedWithoutOverflow) {
   for (Labels labels : {Labels::kRequired, Labels::kIgnored}) {
     const absl::Status s = BatchFromProto(m, shape, labels, 0, "batch", &out);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_NE(std::string(s.message())
-                  .find("batch.size = 4611686018427387905 "
-                        "exceeds the most samples"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(std::string(s.message()),
+                      "batch.size = 4611686018427387905 "
+                      "exceeds the most samples")
         << s;
   }
 }
@@ -1641,9 +1640,7 @@ TEST(BatchTest, HugeSizeIsRejectedWithoutOverflow) {
   const std::vector<int64_t> rows = {10};
   const absl::Status s = b.Validate(2, rows);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(std::string(s.message()).find("labels must have size"),
-            std::string::npos)
-      << s;
+  EXPECT_HAS_SUBSTR(std::string(s.message()), "labels must have size") << s;
 }
 
 // Found by tests/fuzz/criteo_binary_fuzz: the binary reader passed any

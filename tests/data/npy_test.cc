@@ -524,8 +524,7 @@ TEST_F(NpyTest, FindsADaysFilesFromPrefixesAndNamedFiles) {
 
   const auto missing = FindCriteoNpyDays({Path("a/day_1")}, false);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("day_1_sparse.npy"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(missing.status().message(), "day_1_sparse.npy")
       << missing.status();
   ExpectInvalid(FindCriteoNpyDays({Path("a/x.npy")}, false).status(),
                 "must end in _dense.npy");
@@ -704,8 +703,8 @@ TEST_F(NpyTest, DlrmTrainTrainsOnNumpyDays) {
   const std::string out = ReadFile(log);
   ASSERT_EQ(rc, 0) << out;
   // 40 training samples of 16 a step: 3 steps, then the 49 eval samples.
-  EXPECT_NE(out.find("train: 3 steps, 40 samples"), std::string::npos) << out;
-  EXPECT_NE(out.find("samples 49"), std::string::npos) << out;
+  EXPECT_HAS_SUBSTR(out, "train: 3 steps, 40 samples") << out;
+  EXPECT_HAS_SUBSTR(out, "samples 49") << out;
 
   // A bad day fails before training, naming the file.
   fs::remove(Path("day_1_labels.npy"));
@@ -713,8 +712,7 @@ TEST_F(NpyTest, DlrmTrainTrainsOnNumpyDays) {
                                            Path("day_1"), " > ", log, " 2>&1")
                                   .c_str());
   EXPECT_NE(bad, 0);
-  EXPECT_NE(ReadFile(log).find(Path("day_1_labels.npy")), std::string::npos)
-      << ReadFile(log);
+  EXPECT_HAS_SUBSTR(ReadFile(log), Path("day_1_labels.npy")) << ReadFile(log);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
 #include "tests/dense/dense_backend_test_util.h"
+#include "tests/support/expect.h"
 
 namespace dlrm::dense {
 namespace {
@@ -1408,6 +1409,23 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
   }
 }
 
+// The names of `params`, in order.
+std::vector<std::string> ParamNames(const std::vector<ParamRef>& params) {
+  std::vector<std::string> names;
+  for (const ParamRef& p : params) names.push_back(p.name);
+  return names;
+}
+
+// The gradients of params[begin, end), one after another.
+std::vector<float> ConcatGradients(const std::vector<ParamRef>& params,
+                                   size_t begin, size_t end) {
+  std::vector<float> grads;
+  for (size_t i = begin; i < end; ++i) {
+    grads.insert(grads.end(), params[i].grad, params[i].grad + params[i].size);
+  }
+  return grads;
+}
+
 // Parameter names and order (checkpoints use them), the two buckets, and
 // packing: the flat buffer holds the bucket's gradients in parameter order
 // and then the extra floats; unpacking writes the buffer back.
@@ -1418,9 +1436,7 @@ TEST(DenseBackendTest, ParametersAndGradientBuckets) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   DenseBackend& b = **backend;
   const std::vector<ParamRef>& params = b.params();
-  std::vector<std::string> names;
-  for (const ParamRef& p : params) names.push_back(p.name);
-  EXPECT_EQ(names,
+  EXPECT_EQ(ParamNames(params),
             (std::vector<std::string>{
                 "bottom_mlp.0.weight", "bottom_mlp.0.bias",
                 "bottom_mlp.1.weight", "bottom_mlp.1.bias", "top_mlp.0.weight",
@@ -1442,11 +1458,8 @@ TEST(DenseBackendTest, ParametersAndGradientBuckets) {
   for (const auto& [bucket, range] : buckets) {
     auto flat = b.PackGradients(bucket, 1);
     ASSERT_TRUE(flat.ok()) << flat.status();
-    std::vector<float> expected;
-    for (size_t i = range.first; i < range.second; ++i) {
-      expected.insert(expected.end(), params[i].grad,
-                      params[i].grad + params[i].size);
-    }
+    const std::vector<float> expected =
+        ConcatGradients(params, range.first, range.second);
     ASSERT_EQ(flat->size(), expected.size() + 1);
     EXPECT_TRUE(BitwiseEqual(flat->data(), expected.data(), expected.size()));
     for (float& v : *flat) v *= 2;
@@ -1503,7 +1516,7 @@ TEST(DenseBackendTest, CopyParamsToRefusesOtherShapes) {
     const std::vector<float> before = ParamValues(**dst);
     const absl::Status st = (*src)->CopyParamsTo(**dst);
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-    EXPECT_NE(st.message().find("dense parameter"), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), "dense parameter") << st;
     EXPECT_EQ(ParamValues(**dst), before);
   }
 }
@@ -1520,9 +1533,7 @@ TEST(DenseBackendTest, CrossNetParametersJoinTheBottomBucket) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   DenseBackend& b = **backend;
   const std::vector<ParamRef>& params = b.params();
-  std::vector<std::string> names;
-  for (const ParamRef& p : params) names.push_back(p.name);
-  EXPECT_EQ(names,
+  EXPECT_EQ(ParamNames(params),
             (std::vector<std::string>{
                 "bottom_mlp.0.weight", "bottom_mlp.0.bias",
                 "bottom_mlp.1.weight", "bottom_mlp.1.bias",
@@ -1563,11 +1574,8 @@ TEST(DenseBackendTest, CrossNetParametersJoinTheBottomBucket) {
   for (const auto& [bucket, range] : buckets) {
     auto flat = b.PackGradients(bucket, 0);
     ASSERT_TRUE(flat.ok()) << flat.status();
-    std::vector<float> expected;
-    for (size_t i = range.first; i < range.second; ++i) {
-      expected.insert(expected.end(), params[i].grad,
-                      params[i].grad + params[i].size);
-    }
+    const std::vector<float> expected =
+        ConcatGradients(params, range.first, range.second);
     ASSERT_EQ(flat->size(), expected.size());
     EXPECT_TRUE(BitwiseEqual(flat->data(), expected.data(), expected.size()));
     ASSERT_TRUE(b.UnpackGradients(bucket).ok());
@@ -1607,9 +1615,8 @@ TEST(DenseBackendTest, CudaWithoutAGpuIsFailedPrecondition) {
   ASSERT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
       << backend.status();
   const std::string message(backend.status().message());
-  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
-  EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
-      << message;
+  EXPECT_HAS_SUBSTR(message, "device cuda") << message;
+  EXPECT_HAS_SUBSTR(message, CudaUnavailableReason()) << message;
 }
 
 // The CUDA backend runs the layer-wise optimizers too: with a GPU it is
@@ -1625,8 +1632,7 @@ TEST(DenseBackendTest, CudaTakesTheLayerWiseOptimizers) {
     } else {
       EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
           << backend.status();
-      EXPECT_EQ(backend.status().message().find("dense_optimizer"),
-                std::string::npos)
+      EXPECT_NO_SUBSTR(backend.status().message(), "dense_optimizer")
           << backend.status();
     }
   }
@@ -1786,7 +1792,7 @@ TEST(Bf16Test, GemmsRunNativeBf16Kernels) {
       const std::string impl = BgemmImplementation(t[0], t[1], m, n, k);
       SCOPED_TRACE(::testing::Message()
                    << t << " " << m << "x" << n << "x" << k << ": " << impl);
-      EXPECT_EQ(impl.find("ref"), std::string::npos);
+      EXPECT_NO_SUBSTR(impl, "ref");
       EXPECT_TRUE(impl.find("bf16") != std::string::npos ||
                   impl.find("amx") != std::string::npos);
     }
@@ -2178,19 +2184,19 @@ TEST(AmxTest, UsableNeedsPaletteTilesAndPermission) {
   no_palette.palettes = 0;
   no_palette.tiles = no_palette.tile_bytes = 0;
   EXPECT_FALSE(AmxUsable(no_palette));
-  EXPECT_NE(AmxUnusableReason(no_palette).find("palette"), std::string::npos);
+  EXPECT_HAS_SUBSTR(AmxUnusableReason(no_palette), "palette");
   AmxSupport few_tiles = good;
   few_tiles.tiles = 4;
   EXPECT_FALSE(AmxUsable(few_tiles));
-  EXPECT_NE(AmxUnusableReason(few_tiles).find("8 tiles"), std::string::npos);
+  EXPECT_HAS_SUBSTR(AmxUnusableReason(few_tiles), "8 tiles");
   AmxSupport refused = good;
   refused.permission = false;
   EXPECT_FALSE(AmxUsable(refused));
-  EXPECT_NE(AmxUnusableReason(refused).find("permission"), std::string::npos);
+  EXPECT_HAS_SUBSTR(AmxUnusableReason(refused), "permission");
   AmxSupport half = good;
   half.cpuid_bf16 = false;
   EXPECT_FALSE(AmxUsable(half));
-  EXPECT_NE(AmxUnusableReason(half).find("only one"), std::string::npos);
+  EXPECT_HAS_SUBSTR(AmxUnusableReason(half), "only one");
 }
 
 // This host's CPUID agrees with the kernel's flags in /proc/cpuinfo, and
@@ -2284,8 +2290,8 @@ TEST(Bf16Test, CudaTakesBf16) {
   ASSERT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
       << backend.status();
   const std::string message(backend.status().message());
-  EXPECT_EQ(message.find("dense_precision"), std::string::npos) << message;
-  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
+  EXPECT_NO_SUBSTR(message, "dense_precision") << message;
+  EXPECT_HAS_SUBSTR(message, "device cuda") << message;
 }
 
 }  // namespace

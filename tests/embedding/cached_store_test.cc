@@ -29,6 +29,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_store.h"
 #include "embedding/slot_manager.h"
+#include "tests/support/expect.h"
 #include "tests/support/table_spec.h"
 
 namespace dlrm::embedding {
@@ -213,23 +214,23 @@ TEST(SlotManagerTest, RefusedBatchesChangeNothing) {
 
   absl::Status st = m.Plan(Bag({0, 100}));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("table 5"), std::string::npos) << st;
-  EXPECT_NE(st.message().find("id 100"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "table 5") << st;
+  EXPECT_HAS_SUBSTR(st.message(), "id 100") << st;
   st = m.Plan(Bag({-1}));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 
   st = m.Plan(Bag({2, 3, 4}));
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  EXPECT_NE(st.message().find("table 5: batch has 3 unique ids but the cache "
-                              "holds 2 rows (cache_rows)"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(st.message(),
+                    "table 5: batch has 3 unique ids but the cache "
+                    "holds 2 rows (cache_rows)")
       << st;
 
   data::SparseFeature bad = Bag({1, 2});
   bad.offsets = {0, 3};
   st = m.Plan(bad);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("offsets"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "offsets") << st;
   bad.offsets = {1, 2};
   EXPECT_EQ(m.Plan(bad).code(), absl::StatusCode::kInvalidArgument);
 
@@ -341,15 +342,10 @@ void TrainAndCompare(const TableSpec& spec, CachedStore& store, int steps,
   std::vector<float> out_ref(bags * dim), out_store(bags * dim);
   for (int i = 0; i < steps; ++i) {
     const data::SparseFeature& ids = batches[i];
-    if (prefetch == 2) {
-      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
-    }
-    absl::StatusOr<const data::SparseFeature*> prepared = store.Prepare(ids);
+    absl::StatusOr<const data::SparseFeature*> prepared =
+        test::PrepareWithPrefetch(store, batches, i, prefetch);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     ASSERT_NE(*prepared, &ids);
-    if (prefetch == 1) {
-      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
-    }
     ASSERT_TRUE(reference.Forward(ids, out_ref.data(), dim).ok());
     ASSERT_TRUE(store.Forward(**prepared, out_store.data(), dim).ok());
     ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
@@ -383,8 +379,7 @@ void TrainAndCompare(const TableSpec& spec, CachedStore& store, int steps,
 }
 
 class CachedStoreEquivalenceTest
-    : public testing::TestWithParam<
-          std::tuple<OptimizerConfig::Type, Pooling, EvictionPolicy>> {};
+    : public testing::TestWithParam<test::StoreCase> {};
 
 // A table 25x its cache, against the same table in host memory, for every
 // embedding optimizer, both poolings and both policies, in every prefetch
@@ -444,18 +439,6 @@ TEST_P(CachedStoreEquivalenceTest, TwentyFiveTimesOverCapacityIsBitwise) {
   }
 }
 
-std::string EquivalenceName(
-    const testing::TestParamInfo<CachedStoreEquivalenceTest::ParamType>& info) {
-  const OptimizerConfig::Type type = std::get<0>(info.param);
-  return std::string(type == OptimizerConfig::SGD       ? "Sgd"
-                     : type == OptimizerConfig::ADAGRAD ? "Adagrad"
-                     : type == OptimizerConfig::ROWWISE_ADAGRAD
-                         ? "RowwiseAdagrad"
-                         : "Adam") +
-         (std::get<1>(info.param) == POOLING_SUM ? "Sum" : "Mean") +
-         (std::get<2>(info.param) == EvictionPolicy::kLru ? "Lru" : "Lfu");
-}
-
 INSTANTIATE_TEST_SUITE_P(
     All, CachedStoreEquivalenceTest,
     testing::Combine(
@@ -464,7 +447,7 @@ INSTANTIATE_TEST_SUITE_P(
                         OptimizerConfig::ADAM),
         testing::Values(POOLING_SUM, POOLING_MEAN),
         testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu)),
-    EquivalenceName);
+    test::StoreCaseName);
 
 // A shard (a slice of a bigger table) with an odd dim: the backing store
 // initialises the slice's rows, the cache only moves them.
@@ -754,7 +737,7 @@ TEST(CachedStoreTest, RefusedCallsAndUnchangedRows) {
   // Bad ids and too many unique ids: refused, nothing changes.
   absl::StatusOr<const data::SparseFeature*> bad = store->Prepare(Bag({3, 50}));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("table 5"), std::string::npos);
+  EXPECT_HAS_SUBSTR(bad.status().message(), "table 5");
   bad = store->Prepare(Bag({3, 4, 5, 6, 7}));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(BitwiseEqual(AllRecords(*store), before));
@@ -801,7 +784,7 @@ TEST(CachedStoreTest, CreateChecksItsParts) {
                           std::make_unique<HostStore>(other))
           .status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("table 5"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "table 5") << st;
   EXPECT_EQ(CachedStore::Create(spec, options,
                                 std::make_unique<HostSlots>(spec, 8), nullptr)
                 .status()
@@ -833,14 +816,13 @@ TEST(CachedStoreTest, DeviceCacheOptionsAndFactory) {
   options.device_cache_backing = StoreKind::kRocksDbCache;
   absl::Status st = options.Validate();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("RocksDbStoreOptions.path"), std::string::npos)
-      << st;
+  EXPECT_HAS_SUBSTR(st.message(), "RocksDbStoreOptions.path") << st;
   options.rocksdb.path = testing::TempDir() + "/unused";
   EXPECT_TRUE(options.Validate().ok());
   options.device_cache_backing = StoreKind::kDevice;
   st = options.Validate();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("device_cache_backing"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "device_cache_backing") << st;
   options.device_cache_backing = StoreKind::kHost;
   if (CudaDeviceCount() > 0) {
     GTEST_SKIP() << "a CUDA device is present: the device cache is tested by "
@@ -849,7 +831,7 @@ TEST(CachedStoreTest, DeviceCacheOptionsAndFactory) {
   const TableSpec spec = MakeSpec(50, 4, POOLING_SUM, OptimizerConfig::SGD);
   st = CreateEmbeddingStore(spec, options, nullptr).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("table 5"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "table 5") << st;
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "embedding/cuda/embedding_kernels.h"
 #include "embedding/embedding_store.h"
 #include "tests/support/cuda_test_util.h"
+#include "tests/support/expect.h"
 #include "tests/support/table_spec.h"
 
 namespace dlrm::embedding::cuda {
@@ -351,8 +352,8 @@ TEST(CudaStoreEdgeTest, BadIdsRangesAndBatchesAreRefused) {
     bad.ids = bad_ids;
     const auto st = device->Prepare(bad).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find("table 3"), std::string::npos) << st;
-    EXPECT_NE(st.message().find("outside [0, 10)"), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), "table 3") << st;
+    EXPECT_HAS_SUBSTR(st.message(), "outside [0, 10)") << st;
   }
   // A failed Prepare leaves no prepared batch.
   EXPECT_EQ(device->Forward(good, out.data(), dim).code(),
@@ -366,7 +367,7 @@ TEST(CudaStoreEdgeTest, BadIdsRangesAndBatchesAreRefused) {
     bad.ids = {1, 2};
     const auto st = device->Prepare(bad).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find("table 3"), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), "table 3") << st;
   }
 
   // Kernels only on the last Prepare's batch.

@@ -33,6 +33,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/rocksdb_fault_injection.h"
 #include "embedding/rocksdb_store.h"
+#include "tests/support/expect.h"
 #include "tests/support/process.h"
 #include "tests/support/table_spec.h"
 
@@ -123,14 +124,9 @@ void TrainAndCompare(const TableSpec& spec, RocksDbCachedStore& store,
   std::vector<float> out_ref(bags * dim), out_store(bags * dim);
   for (int i = 0; i < steps; ++i) {
     const data::SparseFeature& ids = batches[i];
-    if (prefetch == 2) {
-      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
-    }
-    absl::StatusOr<const data::SparseFeature*> prepared = store.Prepare(ids);
+    absl::StatusOr<const data::SparseFeature*> prepared =
+        test::PrepareWithPrefetch(store, batches, i, prefetch);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
-    if (prefetch == 1) {
-      ASSERT_TRUE(store.Prefetch(batches[i + 1]).ok());
-    }
     reference.Forward(ids, out_ref.data(), dim);
     ASSERT_TRUE(store.Forward(**prepared, out_store.data(), dim).ok());
     ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
@@ -148,12 +144,13 @@ void TrainAndCompare(const TableSpec& spec, RocksDbCachedStore& store,
   }
 }
 
+// A StoreTest over optimizers, poolings and eviction policies.
+class StoreCaseTest : public StoreTest,
+                      public testing::WithParamInterface<test::StoreCase> {};
+
 // The core equivalence: a table 10x its cache against the same table in
 // memory, over optimizers, poolings and eviction policies.
-class EquivalenceTest
-    : public StoreTest,
-      public testing::WithParamInterface<
-          std::tuple<OptimizerConfig::Type, Pooling, EvictionPolicy>> {};
+class EquivalenceTest : public StoreCaseTest {};
 
 TEST_P(EquivalenceTest, TenTimesOverCapacityTrainsBitwiseLikeInMemory) {
   const auto [type, pooling, eviction] = GetParam();
@@ -177,16 +174,6 @@ TEST_P(EquivalenceTest, TenTimesOverCapacityTrainsBitwiseLikeInMemory) {
                                  (16 + StateFloatsPerRow(spec.optimizer, 16)));
 }
 
-std::string EquivalenceName(
-    const testing::TestParamInfo<EquivalenceTest::ParamType>& info) {
-  const OptimizerConfig::Type type = std::get<0>(info.param);
-  return std::string(type == OptimizerConfig::SGD       ? "Sgd"
-                     : type == OptimizerConfig::ADAGRAD ? "RowwiseAdagrad"
-                                                        : "Adam") +
-         (std::get<1>(info.param) == POOLING_SUM ? "Sum" : "Mean") +
-         (std::get<2>(info.param) == EvictionPolicy::kLru ? "Lru" : "Lfu");
-}
-
 INSTANTIATE_TEST_SUITE_P(
     All, EquivalenceTest,
     testing::Combine(
@@ -194,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(
                         OptimizerConfig::ADAM),
         testing::Values(POOLING_SUM, POOLING_MEAN),
         testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu)),
-    EquivalenceName);
+    test::StoreCaseName);
 
 // The cached tier runs EmbeddingTable's kernels on its slots with the
 // table's step, so it follows a learning-rate schedule as the in-memory
@@ -350,9 +337,9 @@ TEST_F(StoreTest, BatchLargerThanCacheIsResourceExhausted) {
       s.store->Prepare(Bag({10, 11, 12, 12, 13, 14}));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string message(r.status().message());
-  EXPECT_NE(message.find("table 7"), std::string::npos) << message;
-  EXPECT_NE(message.find("5 unique ids"), std::string::npos) << message;
-  EXPECT_NE(message.find("holds 4 rows"), std::string::npos) << message;
+  EXPECT_HAS_SUBSTR(message, "table 7") << message;
+  EXPECT_HAS_SUBSTR(message, "5 unique ids") << message;
+  EXPECT_HAS_SUBSTR(message, "holds 4 rows") << message;
   // Nothing changed, but nothing is prepared any more either.
   EXPECT_TRUE(s.store->IsResident(0));
   EXPECT_FALSE(s.store->IsResident(10));
@@ -409,8 +396,7 @@ TEST_F(StoreTest, OptionsAndFactory) {
     bad.optimizer.set_type(type);
     const absl::Status status = bad.Validate();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_NE(status.message().find("optimizer.type"), std::string::npos)
-        << status;
+    EXPECT_HAS_SUBSTR(status.message(), "optimizer.type") << status;
     EXPECT_EQ(
         CreateEmbeddingStore(bad, StoreOptions{}, nullptr).status().code(),
         absl::StatusCode::kInvalidArgument);
@@ -446,6 +432,21 @@ TEST_F(StoreTest, OptionsAndFactory) {
   }
 }
 
+// Table 4, 10 rows of 8 (the DeviceStoreTest table), and the options
+// that ask for the device tier.
+TableSpec SmallDeviceSpec() {
+  TableSpec spec;
+  spec.table_index = 4;
+  spec.rows = 10;
+  spec.dim = 8;
+  return spec;
+}
+StoreOptions DeviceOptions() {
+  StoreOptions options;
+  options.kind = StoreKind::kDevice;
+  return options;
+}
+
 // The device tier on a machine without a GPU (CI): a FailedPrecondition
 // that says why, never an abort. tests/embedding/cuda_store_test.cc covers the
 // tier where a GPU is present.
@@ -454,18 +455,13 @@ TEST(DeviceStoreTest, WithoutAGpuIsFailedPreconditionWithTheReason) {
     GTEST_SKIP() << "a CUDA device is present: the device tier is tested by "
                     "cuda_store_test";
   }
-  TableSpec spec;
-  spec.table_index = 4;
-  spec.rows = 10;
-  spec.dim = 8;
-  StoreOptions options;
-  options.kind = StoreKind::kDevice;
+  TableSpec spec = SmallDeviceSpec();
+  const StoreOptions options = DeviceOptions();
   EXPECT_TRUE(options.Validate().ok());
   const absl::Status st = CreateEmbeddingStore(spec, options, nullptr).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("table 4"), std::string::npos) << st;
-  EXPECT_NE(st.message().find(CudaUnavailableReason()), std::string::npos)
-      << st;
+  EXPECT_HAS_SUBSTR(st.message(), "table 4") << st;
+  EXPECT_HAS_SUBSTR(st.message(), CudaUnavailableReason()) << st;
   // A bad spec is still InvalidArgument first.
   spec.rows = 0;
   EXPECT_EQ(CreateEmbeddingStore(spec, options, nullptr).status().code(),
@@ -478,12 +474,8 @@ TEST(DeviceStoreTest, WithAGpuIsADeviceStore) {
   if (CudaDeviceCount() == 0) {
     GTEST_SKIP() << "no CUDA device: " << CudaUnavailableReason();
   }
-  TableSpec spec;
-  spec.table_index = 4;
-  spec.rows = 10;
-  spec.dim = 8;
-  StoreOptions options;
-  options.kind = StoreKind::kDevice;
+  TableSpec spec = SmallDeviceSpec();
+  const StoreOptions options = DeviceOptions();
   auto store = CreateEmbeddingStore(spec, options, nullptr);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->memory_space(), MemorySpace::kDevice);
@@ -794,10 +786,7 @@ std::vector<bool> ResidentRows(const RocksDbCachedStore& store, int64_t rows) {
 // bitwise as the table does, whether the row is resident, evicted dirty and
 // not yet written, or only in RocksDB (written back, or never written). The
 // reads change no counter and no resident row.
-class ReadOnlyTest
-    : public StoreTest,
-      public testing::WithParamInterface<
-          std::tuple<OptimizerConfig::Type, Pooling, EvictionPolicy>> {};
+class ReadOnlyTest : public StoreCaseTest {};
 
 TEST_P(ReadOnlyTest, PoolsEveryRowWhereverItLivesWithoutChangingTheCache) {
   const auto [type, pooling, eviction] = GetParam();
@@ -878,9 +867,7 @@ TEST_P(ReadOnlyTest, PoolsEveryRowWhereverItLivesWithoutChangingTheCache) {
   const absl::Status bad =
       store.PoolReadOnly(Bag({3, spec.rows}), got.data(), dim);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
-  EXPECT_NE(bad.message().find("table 4: id 400 at position 1"),
-            std::string::npos)
-      << bad;
+  EXPECT_HAS_SUBSTR(bad.message(), "table 4: id 400 at position 1") << bad;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -891,7 +878,7 @@ INSTANTIATE_TEST_SUITE_P(
                                     EvictionPolicy::kLfu),
                     std::make_tuple(OptimizerConfig::ADAM, POOLING_SUM,
                                     EvictionPolicy::kLru)),
-    EquivalenceName);
+    test::StoreCaseName);
 
 // What one training run of a cached store gave: the pooled output of every
 // step, every row's final record, the counters and the resident rows.
@@ -1180,8 +1167,8 @@ TEST_F(StoreFaultTest, FullDiskStopsTheStepUntilThereIsRoom) {
   const std::vector<absl::Status> failures =
       Train(120, kSeed + 41, [&](const absl::Status& s) {
         EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-        EXPECT_NE(s.message().find("table 3"), std::string::npos) << s;
-        EXPECT_NE(s.message().find(".sst"), std::string::npos) << s;
+        EXPECT_HAS_SUBSTR(s.message(), "table 3") << s;
+        EXPECT_HAS_SUBSTR(s.message(), ".sst") << s;
         // Still full: the retry fails the same way.
         EXPECT_EQ(store_->Prepare(Bag({1})).status().code(),
                   absl::StatusCode::kResourceExhausted);
@@ -1212,10 +1199,8 @@ TEST_F(StoreFaultTest, PermanentWriteFailureStopsWithAClearError) {
       Train(120, kSeed + 42, [](const absl::Status&) { return false; });
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].code(), absl::StatusCode::kInternal) << failures[0];
-  EXPECT_NE(failures[0].message().find("table 3"), std::string::npos)
-      << failures[0];
-  EXPECT_NE(failures[0].message().find("(injected)"), std::string::npos)
-      << failures[0];
+  EXPECT_HAS_SUBSTR(failures[0].message(), "table 3") << failures[0];
+  EXPECT_HAS_SUBSTR(failures[0].message(), "(injected)") << failures[0];
   fs_->Reset();
   EXPECT_FALSE(store_->Prepare(Bag({1})).ok());
   EXPECT_FALSE(store_->Flush().ok());
@@ -1336,8 +1321,8 @@ TEST(StoreMemoryTest, RssStaysWithinCacheBudget) {
   std::string json((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
   std::filesystem::remove(out);
-  EXPECT_NE(json.find("\"MemoryBoundChild\""), std::string::npos);
-  EXPECT_EQ(json.find("SKIPPED"), std::string::npos) << json;
+  EXPECT_HAS_SUBSTR(json, "\"MemoryBoundChild\"");
+  EXPECT_NO_SUBSTR(json, "SKIPPED") << json;
 }
 
 }  // namespace

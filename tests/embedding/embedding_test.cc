@@ -22,6 +22,7 @@
 #include "embedding/sparse_backward_host.h"
 #include "embedding/sparse_chunks.h"
 #include "optim/optimizer.h"
+#include "tests/support/expect.h"
 #include "tests/support/optimizer.h"
 
 namespace dlrm::embedding {
@@ -585,9 +586,28 @@ TEST(ShardingTest, OneRankHoldsEverythingTableWise) {
     EXPECT_EQ(t.kind, SHARDING_TABLE_WISE);
     EXPECT_EQ(t.shards[0].rank, 0);
   }
-  EXPECT_NE(plan->ToString(c).find("a (100 x 8): table-wise on rank 0"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(plan->ToString(c), "a (100 x 8): table-wise on rank 0")
       << plan->ToString(c);
+}
+
+// `c` with the ROWWISE_ADAGRAD sparse optimizer (its per-row state spans
+// the columns, so the planner splits rows).
+ModelConfig WithRowwiseAdagrad(ModelConfig c) {
+  c.mutable_sparse_optimizer()->set_type(OptimizerConfig::ROWWISE_ADAGRAD);
+  return c;
+}
+
+// `c`'s whole tables on one rank (WholeTablesPlan): the rank's host bytes
+// are `host_bytes` and the plan's text holds each of `parts`.
+void ExpectWholeTablesPlan(const ModelConfig& c, int64_t host_bytes,
+                           const std::vector<std::string>& parts) {
+  const ShardingPlan plan = WholeTablesPlan(c);
+  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
+            (std::vector<int64_t>{host_bytes}));
+  const std::string text = plan.ToString(c);
+  for (const std::string& part : parts) {
+    EXPECT_HAS_SUBSTR(text, part) << text;
+  }
 }
 
 // Tables in device memory take no host memory: the tier planner counts
@@ -600,17 +620,10 @@ TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
       "tables { name: 'b' rows: 500 }");
   EXPECT_EQ(HostBytesOfTable(c, 0, c.rocksdb()), 32000);
   EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 0);
-  const ShardingPlan plan = WholeTablesPlan(c);
-  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
-            (std::vector<int64_t>{48000}));
-  const std::string text = plan.ToString(c);
-  EXPECT_NE(text.find("g (4000 x 8): table-wise on rank 0; in device memory"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("rank 0: 0.0 MiB in host memory, 0.1 MiB in device "
-                      "memory"),
-            std::string::npos)
-      << text;
+  ExpectWholeTablesPlan(
+      c, 48000,
+      {"g (4000 x 8): table-wise on rank 0; in device memory",
+       "rank 0: 0.0 MiB in host memory, 0.1 MiB in device memory"});
 
   TierPlanOptions options;
   options.rocksdb.set_path("/tmp/unused");
@@ -639,14 +652,8 @@ TEST(ShardingTest, CachedDeviceTablesCountTheirHostRows) {
       "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
       "device_cache_rows: 4000 }");
   EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 1280000);
-  const ShardingPlan plan = WholeTablesPlan(c);
-  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
-            (std::vector<int64_t>{1312000}));
-  const std::string text = plan.ToString(c);
-  EXPECT_NE(text.find("rank 0: 1.3 MiB in host memory, 0.1 MiB in device "
-                      "memory"),
-            std::string::npos)
-      << text;
+  ExpectWholeTablesPlan(
+      c, 1312000, {"rank 0: 1.3 MiB in host memory, 0.1 MiB in device memory"});
 }
 
 // The device budget, on 1 to 4 ranks: device tables of equal lookup cost
@@ -704,9 +711,7 @@ TEST(ShardingTest, DeviceBudgetSplitsADeviceTableOrLeavesItToTheTierPlanner) {
     for (int64_t bytes : DeviceBytesPerRank(c, *plan)) {
       EXPECT_LE(bytes, o.device_budget_bytes);
     }
-    ModelConfig adagrad = c;
-    adagrad.mutable_sparse_optimizer()->set_type(
-        OptimizerConfig::ROWWISE_ADAGRAD);
+    const ModelConfig adagrad = WithRowwiseAdagrad(c);
     auto by_rows = PlanSharding(adagrad, o);
     ASSERT_TRUE(by_rows.ok()) << by_rows.status();
     EXPECT_EQ(by_rows->tables[0].kind, SHARDING_ROW_WISE);
@@ -848,22 +853,19 @@ TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
   po.device_budget_bytes = -1;
   auto plan = PlanSharding(c, po);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(plan.status().message().find("device_budget_bytes"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(plan.status().message(), "device_budget_bytes")
       << plan.status();
   TierPlanOptions to;
   to.device_budget_bytes = -1;
   auto tiers = PlanStorageTiers(c, to);
   EXPECT_EQ(tiers.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(tiers.status().message().find("device_budget_bytes"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(tiers.status().message(), "device_budget_bytes")
       << tiers.status();
   ModelConfig bad = c;
   bad.set_device_budget_bytes(-5);
   auto normalised = NormalizeModelConfig(bad);
   EXPECT_EQ(normalised.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(normalised.status().message().find("device_budget_bytes"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(normalised.status().message(), "device_budget_bytes")
       << normalised.status();
 }
 
@@ -878,17 +880,11 @@ TEST(ShardingTest, DeviceCacheOverRocksDbCountsItsRowCache) {
       "device_cache_rows: 4000 device_cache_backing: STORAGE_ROCKSDB } "
       "rocksdb { path: '/tmp/unused' cache_rows: 2000 }");
   EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 64000);
-  const ShardingPlan plan = WholeTablesPlan(c);
-  EXPECT_EQ(HostBytesPerRank(c, plan, c.rocksdb()),
-            (std::vector<int64_t>{96000}));
-  const std::string text = plan.ToString(c);
-  EXPECT_NE(text.find("on rocksdb with a cache of 2000 rows; in device memory"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("rank 0: 0.1 MiB in host memory, 1.2 MiB on rocksdb, "
-                      "0.1 MiB in device memory"),
-            std::string::npos)
-      << text;
+  ExpectWholeTablesPlan(c, 96000,
+                        {"on rocksdb with a cache of 2000 rows; in device "
+                         "memory",
+                         "rank 0: 0.1 MiB in host memory, 1.2 MiB on rocksdb, "
+                         "0.1 MiB in device memory"});
 
   ModelConfig host_backed = c;
   host_backed.mutable_tables(1)->clear_device_cache_backing();
@@ -942,9 +938,7 @@ TEST(ShardingTest, RespectsTheBudgetBySplittingColumnsThenRows) {
   for (int r = 0; r < 2; ++r) EXPECT_LE(BytesOn(*plan, c, r), 20000);
 
   // Row-wise Adagrad's per-row state spans the columns: split rows instead.
-  ModelConfig adagrad = c;
-  adagrad.mutable_sparse_optimizer()->set_type(
-      OptimizerConfig::ROWWISE_ADAGRAD);
+  const ModelConfig adagrad = WithRowwiseAdagrad(c);
   auto by_rows = PlanSharding(adagrad, o);
   ASSERT_TRUE(by_rows.ok()) << by_rows.status();
   EXPECT_EQ(by_rows->tables[0].kind, SHARDING_ROW_WISE);
@@ -968,10 +962,8 @@ TEST(ShardingTest, RefusesAnImpossiblePlanNamingTheTable) {
   o.memory_budget_bytes = 100000;
   auto plan = PlanSharding(c, o);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(plan.status().message().find("huge"), std::string::npos)
-      << plan.status();
-  EXPECT_NE(plan.status().message().find("100000 bytes"), std::string::npos)
-      << plan.status();
+  EXPECT_HAS_SUBSTR(plan.status().message(), "huge") << plan.status();
+  EXPECT_HAS_SUBSTR(plan.status().message(), "100000 bytes") << plan.status();
 }
 
 TEST(ShardingTest, PinsAreHonouredAndBadPinsNamed) {
@@ -1003,8 +995,7 @@ TEST(ShardingTest, PinsAreHonouredAndBadPinsNamed) {
       "shard_ranks: [5] }");
   auto refused = PlanSharding(bad, o);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("tables[0] (x).shard_ranks"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(refused.status().message(), "tables[0] (x).shard_ranks")
       << refused.status();
 }
 
@@ -1018,7 +1009,7 @@ TEST(ShardingTest, ValidateCatchesPlansThatDoNotTileTheTable) {
   plan.tables = {p};
   absl::Status s = plan.Validate(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("table a"), std::string::npos) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "table a") << s;
   plan.tables[0].shards[1].row_begin = 50;
   plan.tables[0].shards[1].row_count = 50;
   EXPECT_TRUE(plan.Validate(c).ok());
@@ -1448,7 +1439,7 @@ TEST(SparseBackwardHostTest, EmptyBatchesChangeNothingAndBadArgsAreNamed) {
     const absl::Status st = SparseBackwardGradients(b.rows, b.dim, false, one,
                                                     grad.data(), b.stride, &p);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.names;
-    EXPECT_NE(st.message().find(b.names), std::string::npos) << st;
+    EXPECT_HAS_SUBSTR(st.message(), b.names) << st;
   }
 }
 

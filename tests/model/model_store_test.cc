@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "model/trainer.h"
 #include "model/weights_export.h"
+#include "tests/support/expect.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -344,7 +345,7 @@ TEST(ModelStoreTest, PlannerMovesLargestTablesUntilTheBudgetFits) {
   options.host_budget_bytes = 20799;
   auto too_small = embedding::PlanStorageTiers(host_config, options);
   EXPECT_EQ(too_small.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(too_small.status().message().find("20800"), std::string::npos)
+  EXPECT_HAS_SUBSTR(too_small.status().message(), "20800")
       << too_small.status();
   options.host_budget_bytes = -1;
   EXPECT_EQ(embedding::PlanStorageTiers(host_config, options).status().code(),
@@ -353,7 +354,7 @@ TEST(ModelStoreTest, PlannerMovesLargestTablesUntilTheBudgetFits) {
   no_path.host_budget_bytes = 100000;
   auto missing = embedding::PlanStorageTiers(host_config, no_path);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(missing.status().message().find("rocksdb.path"), std::string::npos);
+  EXPECT_HAS_SUBSTR(missing.status().message(), "rocksdb.path");
 
   // The planned model trains like the in-memory one.
   options.host_budget_bytes = 100000;
@@ -541,7 +542,7 @@ TEST(ModelStoreTest, PlannerKeepsEveryRankWithinTheBudget) {
   options.host_budget_bytes = 11199;
   auto too_small = embedding::PlanStorageTiers(c, options, &plan);
   EXPECT_EQ(too_small.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(too_small.status().message().find("rank 0"), std::string::npos)
+  EXPECT_HAS_SUBSTR(too_small.status().message(), "rank 0")
       << too_small.status();
 
   // The largest table, C2 whole on rank 1, which fits: it stays, and C1
@@ -577,21 +578,19 @@ TEST(ModelStoreTest, ModelAppliesTheConfigsHostBudget) {
   bad.mutable_rocksdb()->set_host_budget_bytes(-1);
   auto negative = NormalizeModelConfig(bad);
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(negative.status().message().find("rocksdb.host_budget_bytes"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(negative.status().message(), "rocksdb.host_budget_bytes")
       << negative.status();
   bad = *n;
   bad.mutable_rocksdb()->clear_path();
   auto no_path = NormalizeModelConfig(bad);
   EXPECT_EQ(no_path.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(no_path.status().message().find("rocksdb.path"), std::string::npos)
+  EXPECT_HAS_SUBSTR(no_path.status().message(), "rocksdb.path")
       << no_path.status();
   bad = *n;
   bad.mutable_rocksdb()->set_write_buffer_bytes(-5);
   auto buffer = NormalizeModelConfig(bad);
   EXPECT_EQ(buffer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(buffer.status().message().find("rocksdb.write_buffer_bytes"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(buffer.status().message(), "rocksdb.write_buffer_bytes")
       << buffer.status();
   bad = *n;
   bad.mutable_rocksdb()->set_host_budget_bytes(1000);
@@ -607,8 +606,7 @@ TEST(ModelStoreTest, ConfigNeedsRocksDbPath) {
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
   auto n = NormalizeModelConfig(c);
   EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(n.status().message().find("rocksdb.path"), std::string::npos)
-      << n.status();
+  EXPECT_HAS_SUBSTR(n.status().message(), "rocksdb.path") << n.status();
   c.mutable_rocksdb()->set_path("/tmp/x");
   c.mutable_rocksdb()->set_cache_fraction(1.5);
   EXPECT_EQ(NormalizeModelConfig(c).status().code(),

@@ -35,6 +35,7 @@
 #include "model/safetensors.h"
 #include "model/trainer.h"
 #include "model/weights_export.h"
+#include "tests/support/expect.h"
 #include "tests/support/files.h"
 #include "tests/support/synthetic.h"
 
@@ -192,8 +193,7 @@ TEST(ModelTest, RefusesCommunicatorsInTheWrongMemorySpace) {
   auto d = Model::Create(config, plan, host.get(), nullptr, other.get());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition)
       << d.status();
-  EXPECT_NE(d.status().message().find("device_comm"), std::string::npos)
-      << d.status();
+  EXPECT_HAS_SUBSTR(d.status().message(), "device_comm") << d.status();
   // With the right spaces it trains.
   auto ok = Model::Create(config, plan, host.get(), nullptr, staged->get());
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -239,18 +239,15 @@ TEST(ModelTest, DeviceTierTableIsFailedPreconditionWhereTheStepExchanges) {
   auto m = Model::Create(config, plan, comm.get());
   ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
-  EXPECT_NE(m.status().message().find(config.tables(0).name()),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(m.status().message(), config.tables(0).name())
       << m.status();
-  EXPECT_NE(m.status().message().find("STORAGE_DEVICE"), std::string::npos)
-      << m.status();
+  EXPECT_HAS_SUBSTR(m.status().message(), "STORAGE_DEVICE") << m.status();
   // The same with the table's rows cached on the device.
   config.mutable_tables(0)->set_device_cache_rows(8);
   auto cached = Model::Create(config, plan, comm.get());
   ASSERT_EQ(cached.status().code(), absl::StatusCode::kFailedPrecondition)
       << cached.status();
-  EXPECT_NE(cached.status().message().find(config.tables(0).name()),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(cached.status().message(), config.tables(0).name())
       << cached.status();
 }
 
@@ -267,9 +264,8 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
   ASSERT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition)
       << m.status();
   const std::string message(m.status().message());
-  EXPECT_NE(message.find("device cuda"), std::string::npos) << message;
-  EXPECT_NE(message.find(CudaUnavailableReason()), std::string::npos)
-      << message;
+  EXPECT_HAS_SUBSTR(message, "device cuda") << message;
+  EXPECT_HAS_SUBSTR(message, CudaUnavailableReason()) << message;
   auto comm = comm::MakeSingleRankCommunicator();
   auto ranked =
       Model::Create(config, embedding::WholeTablesPlan(config), comm.get());
@@ -281,15 +277,13 @@ TEST(ModelTest, CudaWithoutAGpuIsFailedPreconditionNamingWhy) {
   auto with_table = Model::Create(device_table);
   ASSERT_EQ(with_table.status().code(), absl::StatusCode::kFailedPrecondition)
       << with_table.status();
-  EXPECT_NE(with_table.status().message().find(CudaUnavailableReason()),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(with_table.status().message(), CudaUnavailableReason())
       << with_table.status();
   device_table.mutable_tables(0)->set_device_cache_rows(8);
   auto with_cache = Model::Create(device_table);
   ASSERT_EQ(with_cache.status().code(), absl::StatusCode::kFailedPrecondition)
       << with_cache.status();
-  EXPECT_NE(with_cache.status().message().find(CudaUnavailableReason()),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(with_cache.status().message(), CudaUnavailableReason())
       << with_cache.status();
   // The same config on the CPU is fine.
   config.set_device(DEVICE_CPU);
@@ -523,8 +517,7 @@ TEST(ModelTest, RejectedBatchChangesNothing) {
   bad.sparse[1].ids[3] = c.tables(1).rows();  // one past the end
   auto r = (*m)->TrainStep(bad);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("sparse[1]"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "sparse[1]") << r.status();
 
   bad = good;
   bad.dense[5] = std::numeric_limits<float>::quiet_NaN();
@@ -926,22 +919,19 @@ TEST_F(CheckpointTest, LearningRateChangedLiveTrainsAsAResumeWithThatRate) {
   bad.set_learning_rate(std::nanf(""));
   absl::Status refused = (*a)->SetOptimizers(bad, sparse);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("dense_optimizer.learning_rate"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(refused.message(), "dense_optimizer.learning_rate")
       << refused;
   bad = sparse;
   bad.set_learning_rate(-0.1f);
   refused = (*a)->SetOptimizers(dense, bad);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("sparse_optimizer.learning_rate"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(refused.message(), "sparse_optimizer.learning_rate")
       << refused;
   bad = sparse;
   bad.set_type(OptimizerConfig::ROWWISE_ADAGRAD);
   refused = (*a)->SetOptimizers(dense, bad);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("sparse_optimizer.type"), std::string::npos)
-      << refused;
+  EXPECT_HAS_SUBSTR(refused.message(), "sparse_optimizer.type") << refused;
   EXPECT_EQ((*a)->config().sparse_optimizer().learning_rate(), 0.01f);
   EXPECT_EQ((*a)->WeightChecksum().value(), before);
 
@@ -997,8 +987,7 @@ TEST_F(CheckpointTest, DifferentArchitectureIsRefusedAndChangesNothing) {
   const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("tables[1]"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "tables[1]") << r.status();
   EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
 }
 
@@ -1016,8 +1005,7 @@ TEST_F(CheckpointTest, CorruptWeightsAreRejectedAndChangeNothing) {
   const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("rank-0.safetensors"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "rank-0.safetensors") << r.status();
   EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
 }
 
@@ -1042,10 +1030,8 @@ TEST_F(CheckpointTest, FlippedBitIsDataLossNamingTheFile) {
   const uint64_t checksum = (*b)->WeightChecksum().value();
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("dense.safetensors"), std::string::npos)
-      << r.status();
-  EXPECT_NE(r.status().message().find("CRC-32C"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "dense.safetensors") << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "CRC-32C") << r.status();
   EXPECT_EQ((*b)->WeightChecksum().value(), checksum);
   EXPECT_EQ((*b)->steps(), 0);
   EXPECT_EQ(LoadCheckpoint(dir_, /*weights_only=*/true).status().code(),
@@ -1065,7 +1051,7 @@ TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
   // config.textproto, dense.safetensors, layout.json, plan.txt,
   // rank-0.safetensors.
   EXPECT_EQ(manifest->files.size(), 5u);
-  EXPECT_NE(manifest->config_text.find("t1"), std::string::npos);
+  EXPECT_HAS_SUBSTR(manifest->config_text, "t1");
   const std::string path = dir_ + "/MANIFEST.json";
   std::stringstream text;
   text << std::ifstream(path).rdbuf();
@@ -1078,8 +1064,7 @@ TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
   ASSERT_TRUE(b.ok());
   auto r = RestoreCheckpoint(**b, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(r.status().message().find("MANIFEST.json"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "MANIFEST.json") << r.status();
   std::ofstream(path) << "{ not json";
   EXPECT_EQ(ReadManifest(dir_).status().code(), absl::StatusCode::kDataLoss);
 }
@@ -1190,8 +1175,7 @@ TEST_F(CheckpointTest, DcnSaveRestoreGivesEqualPredictions) {
   ASSERT_TRUE(d.ok()) << d.status();
   auto r = RestoreCheckpoint(**d, dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("dcn_low_rank_dim"), std::string::npos)
-      << r.status();
+  EXPECT_HAS_SUBSTR(r.status().message(), "dcn_low_rank_dim") << r.status();
 
   // The export holds the cross network in TorchRec's shapes.
   const std::string path = dir_ + ".safetensors";
@@ -1267,8 +1251,7 @@ TEST_F(CheckpointTest, SaveFailingAtAnyCallNeverLeavesAPartialCheckpoint) {
           ++failed_saves;
           EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal)
               << saved.status();
-          EXPECT_NE(saved.status().message().find(root.string()),
-                    std::string::npos)
+          EXPECT_HAS_SUBSTR(saved.status().message(), root.string())
               << saved.status();
         }
         // Left behind only: what a failed removal could not remove, and the
@@ -1335,10 +1318,9 @@ TEST_F(CheckpointTest, FullDiskFailsTheSaveNamingTheFile) {
     ASSERT_FALSE(saved.ok());
     EXPECT_EQ(saved.status().code(), absl::StatusCode::kResourceExhausted)
         << saved.status();
-    EXPECT_NE(saved.status().message().find(ckpt + ".tmp-"), std::string::npos)
+    EXPECT_HAS_SUBSTR(saved.status().message(), ckpt + ".tmp-")
         << saved.status();
-    EXPECT_NE(saved.status().message().find("No space left on device"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(saved.status().message(), "No space left on device")
         << saved.status();
     EXPECT_EQ(Entries(root), std::set<std::string>{"ckpt"});
     auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
@@ -1367,8 +1349,7 @@ TEST_F(CheckpointTest, CorruptReadsAreDataLossAndChangeNothing) {
     const auto restored = RestoreCheckpoint(**b, dir_, &corrupt);
     EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss)
         << restored.status();
-    EXPECT_NE(restored.status().message().find(file), std::string::npos)
-        << restored.status();
+    EXPECT_HAS_SUBSTR(restored.status().message(), file) << restored.status();
     EXPECT_GT(corrupt.injected(), 0);
     EXPECT_EQ((*b)->WeightChecksum().value(), before);
     EXPECT_EQ((*b)->steps(), 0);
@@ -1649,8 +1630,7 @@ TEST_F(WeightsExportTest, ReplacesTheFileOnlyWhenComplete) {
   absl::StatusOr<ExportInfo> info = ExportSafetensors(**model, path, &faulty);
   EXPECT_EQ(info.status().code(), absl::StatusCode::kResourceExhausted)
       << info.status();
-  EXPECT_NE(info.status().message().find(path + ".tmp-"), std::string::npos)
-      << info.status();
+  EXPECT_HAS_SUBSTR(info.status().message(), path + ".tmp-") << info.status();
   EXPECT_EQ(read(), before);
   EXPECT_EQ(Entries(dir_), std::set<std::string>{"weights.safetensors"});
 

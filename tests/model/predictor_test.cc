@@ -22,6 +22,7 @@
 #include "data/synthetic.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "tests/support/expect.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -333,7 +334,7 @@ TEST(SnapshotPredictorTest, EqualsModelPredictAndRefusesBadBatches) {
   int64_t step = -1;
   const absl::Status st = (*predictor)->Predict(bad, &probs, &step);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "sparse") << st;
 }
 
 // A predictor made before a checkpoint restore predicts with the restored
@@ -424,10 +425,9 @@ TEST(SnapshotPredictorTest, OnCudaRefusesDeviceTablesAndGraphs) {
     ASSERT_EQ(predictor.status().code(), absl::StatusCode::kFailedPrecondition)
         << predictor.status();
     const std::string message(predictor.status().message());
-    EXPECT_NE(message.find(r.message), std::string::npos) << message;
+    EXPECT_HAS_SUBSTR(message, r.message) << message;
     if (r.config.tables(1).storage() == STORAGE_DEVICE) {
-      EXPECT_NE(message.find(r.config.tables(1).name()), std::string::npos)
-          << message;
+      EXPECT_HAS_SUBSTR(message, r.config.tables(1).name()) << message;
     }
   }
 }
@@ -470,7 +470,7 @@ TEST(SnapshotPredictorTest, ServesTablesOnRocksDb) {
   bad.sparse[1].ids[0] = -1;
   const absl::Status st = (*predictor)->Predict(bad, &got, &step);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("sparse"), std::string::npos) << st;
+  EXPECT_HAS_SUBSTR(st.message(), "sparse") << st;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "tests/support/expect.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -189,22 +190,21 @@ TEST(TorchRecNamesTest, ConfigsWithoutATorchRecCounterpartAreRefused) {
   cat.set_interaction(INTERACTION_CAT);
   absl::Status s = CheckTorchRecCompatible(cat);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("INTERACTION_CAT"), std::string::npos) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "INTERACTION_CAT") << s;
 
   ModelConfig dims = Config(INTERACTION_DCN);
   dims.mutable_tables(1)->set_dim(8);  // DCN allows it, TorchRec does not
   ASSERT_TRUE(NormalizeModelConfig(dims).ok());
   s = CheckTorchRecCompatible(dims);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("tables[1] (t1) has dim 8"), std::string::npos)
-      << s;
+  EXPECT_HAS_SUBSTR(s.message(), "tables[1] (t1) has dim 8") << s;
 
   ModelConfig one = Config(INTERACTION_DOT);
   one.clear_top_mlp();
   one.add_top_mlp(1);
   s = TorchRecTensors(one).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("top_mlp has 1 layer"), std::string::npos) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "top_mlp has 1 layer") << s;
 
   // The export refuses such a model rather than write another layout.
   auto m = Model::Create(*NormalizeModelConfig(cat));
@@ -361,15 +361,14 @@ TEST_P(TorchRecTest, BadStateDictsAreRefusedNamingTheTensor) {
     const absl::Status s = ImportTorchRecWeights(**file, **m);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     for (const std::string& e : k.expected) {
-      EXPECT_NE(s.message().find(e), std::string::npos)
-          << "'" << e << "' not in: " << s;
+      EXPECT_HAS_SUBSTR(s.message(), e) << "'" << e << "' not in: " << s;
     }
     EXPECT_EQ(*(*m)->WeightChecksum(), before);
     // The checkpoint path refuses before writing anything, naming the file.
     const std::string ckpt = (dir_ / (k.name + "_ckpt")).string();
     const absl::Status t = ImportTorchRecCheckpoint(path, c, ckpt).status();
     EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
-    EXPECT_NE(t.message().find(path), std::string::npos) << t;
+    EXPECT_HAS_SUBSTR(t.message(), path) << t;
     EXPECT_FALSE(fs::exists(ckpt));
   }
 
@@ -386,9 +385,7 @@ TEST_P(TorchRecTest, BadStateDictsAreRefusedNamingTheTensor) {
   const absl::Status s =
       ImportTorchRecCheckpoint(f16, c, (dir_ / "f16_ckpt").string()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("over_arch.model.1.bias has dtype F16"),
-            std::string::npos)
-      << s;
+  EXPECT_HAS_SUBSTR(s.message(), "over_arch.model.1.bias has dtype F16") << s;
   EXPECT_EQ(ImportTorchRecCheckpoint((dir_ / "none.safetensors").string(), c,
                                      (dir_ / "none_ckpt").string())
                 .status()

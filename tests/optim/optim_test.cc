@@ -21,6 +21,7 @@
 #include "optim/optimizer.h"
 #include "optim/rules.h"
 #include "optim/schedule.h"
+#include "tests/support/expect.h"
 
 namespace dlrm::optim {
 namespace {
@@ -912,8 +913,7 @@ TEST(ValidateTest, SparseRefusesLayerWiseTypes) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message().substr(0, 22), "sparse_optimizer.type ")
         << status;
-    EXPECT_NE(status.message().find(OptimizerConfig::Type_Name(type)),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(status.message(), OptimizerConfig::Type_Name(type))
         << status;
   }
   // The common checks run first.

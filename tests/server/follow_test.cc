@@ -30,6 +30,7 @@
 #include "model/model.h"
 #include "server/checkpoint_follower.h"
 #include "server/dlrm_server.h"
+#include "tests/support/expect.h"
 #include "tests/support/files.h"
 #include "tests/support/synthetic.h"
 
@@ -318,8 +319,7 @@ TEST_F(FollowTest, SwapsNewCheckpointsInAndSkipsDamagedOnesWhileServing) {
   EXPECT_EQ(Metric("dlrm_checkpoint_swap_failures_total"), 4);
   // One series, whatever the checkpoint: no label that changes per swap.
   EXPECT_EQ(Metric("dlrm_served_step"), 9);
-  EXPECT_EQ(server_->MetricsText().find("dlrm_served_step{"),
-            std::string::npos);
+  EXPECT_NO_SUBSTR(server_->MetricsText(), "dlrm_served_step{");
 }
 
 // The binary's flags reach every checkpoint a replica swaps in

@@ -484,7 +484,7 @@ class LaunchTest : public testing::Test {
           "dlrm_train_stage_seconds_total{stage=\"bwd_dist\"}",
           "dlrm_exchange_bytes_total{exchange=\"ids\"}",
           "dlrm_exchange_bytes_total{exchange=\"dense_allreduce\"}"}) {
-      EXPECT_NE(metrics->find(series), std::string::npos) << series;
+      EXPECT_HAS_SUBSTR(*metrics, series) << series;
     }
 
     // The reference: one process, the same global batches.
@@ -929,10 +929,9 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
         "dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"1\"}",
         "dlrm_embedding_cache_hit_ratio{table=\"t2\",rank=\"1\"}",
         "dlrm_rocksdb_written_bytes_total{table=\"t2\",rank=\"0\"}"}) {
-    EXPECT_NE(metrics->find(series), std::string::npos) << series << " in\n"
-                                                        << *metrics;
+    EXPECT_HAS_SUBSTR(*metrics, series) << series << " in\n" << *metrics;
   }
-  EXPECT_EQ(metrics->find("table=\"t3\""), std::string::npos);
+  EXPECT_NO_SUBSTR(*metrics, "table=\"t3\"");
   auto info = (*client)->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_HAS_SUBSTR(info->sharding_plan(), "on rocksdb")
@@ -1070,12 +1069,11 @@ TEST_F(LaunchTest, DeadFollowerFailsTrainingQuicklyAndRankZeroStaysUp) {
   EXPECT_TRUE(info.ok()) << info.status();
   auto metrics = (*client)->GetMetrics();
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_NE(metrics->find("dlrm_rank_failures_total{rank=\"1\"} 1"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(*metrics, "dlrm_rank_failures_total{rank=\"1\"} 1")
       << *metrics;
-  EXPECT_NE(metrics->find("dlrm_rank_heartbeat_age_seconds{rank=\"1\",host=\"" +
-                          HostName() + "\"}"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(
+      *metrics,
+      "dlrm_rank_heartbeat_age_seconds{rank=\"1\",host=\"" + HostName() + "\"}")
       << *metrics;
   auto probs = (*client)->Predict(EvalBatch());
   EXPECT_EQ(probs.status().code(), absl::StatusCode::kUnavailable)
@@ -1143,12 +1141,8 @@ TEST_P(FrozenRankTest, SaveOutcomeIsWhatIsOnDiskAndTheRankIsNamed) {
   if (committed) {
     EXPECT_TRUE(fs::exists(root / "ckpt-2" / "MANIFEST.json")) << log;
     EXPECT_FALSE(fs::exists(root / "ckpt-0")) << log;
-    EXPECT_NE(metrics->find("dlrm_checkpoints_saved_total 1"),
-              std::string::npos)
-        << *metrics;
-    EXPECT_NE(metrics->find("dlrm_checkpoints_failed_total 0"),
-              std::string::npos)
-        << *metrics;
+    EXPECT_HAS_SUBSTR(*metrics, "dlrm_checkpoints_saved_total 1") << *metrics;
+    EXPECT_HAS_SUBSTR(*metrics, "dlrm_checkpoints_failed_total 0") << *metrics;
     EXPECT_HAS_SUBSTR(log, "is committed at step 2") << log;
     auto loaded = model::LoadCheckpoint((root / "ckpt-2").string(), false);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -1156,12 +1150,9 @@ TEST_P(FrozenRankTest, SaveOutcomeIsWhatIsOnDiskAndTheRankIsNamed) {
   } else {
     EXPECT_FALSE(fs::exists(root / "ckpt-2")) << log;
     EXPECT_TRUE(fs::exists(root / "ckpt-0" / "MANIFEST.json")) << log;
-    EXPECT_NE(metrics->find("dlrm_checkpoints_failed_total 1"),
-              std::string::npos)
-        << *metrics;
+    EXPECT_HAS_SUBSTR(*metrics, "dlrm_checkpoints_failed_total 1") << *metrics;
   }
-  EXPECT_NE(metrics->find("dlrm_rank_failures_total{rank=\"1\"} 1"),
-            std::string::npos)
+  EXPECT_HAS_SUBSTR(*metrics, "dlrm_rank_failures_total{rank=\"1\"} 1")
       << *metrics;
 }
 

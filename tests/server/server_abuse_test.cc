@@ -28,6 +28,7 @@
 #include "data/wire.h"
 #include "dlrm/service.grpc.pb.h"
 #include "tests/server/raw_call.h"
+#include "tests/support/expect.h"
 #include "tests/support/process.h"
 
 namespace dlrm {
@@ -222,8 +223,7 @@ TEST_F(ServerAbuseTest, OversizedMessagesAreRefusedAndChangeNothing) {
     PredictResponse response;
     const grpc::Status s = predictor_->Predict(&context, many, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_NE(s.error_message().find("exceeds the limit of 2048"),
-              std::string::npos)
+    EXPECT_HAS_SUBSTR(s.error_message(), "exceeds the limit of 2048")
         << s.error_message();
   }
   ExpectPredictWorks();
@@ -467,7 +467,7 @@ TEST_F(ServerAbuseTest, HalfAMessageThenStallThenDrop) {
     const grpc::Status s = stream->Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
         << s.error_message();
-    EXPECT_NE(s.error_message().find("training is busy"), std::string::npos)
+    EXPECT_HAS_SUBSTR(s.error_message(), "training is busy")
         << s.error_message();
   }
   // The client vanishes: the server cancels the call and frees the slot.
@@ -511,7 +511,7 @@ TEST_F(ServerAbuseTest, StalledStreamsEndAfterTheIdleTimeout) {
   const grpc::Status s = stream->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << s.error_message();
-  EXPECT_NE(s.error_message().find("--train-idle-timeout-s"), std::string::npos)
+  EXPECT_HAS_SUBSTR(s.error_message(), "--train-idle-timeout-s")
       << s.error_message();
   const grpc::Status after = TrainOneBatch(/*seconds=*/4 * kIdleSeconds);
   EXPECT_TRUE(after.ok()) << after.error_code() << " " << after.error_message();

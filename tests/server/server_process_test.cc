@@ -97,6 +97,15 @@ class ServerProcessTest : public testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
+  // Runs `args` to its end (test::Run, files in dir_): its exit code (-1
+  // when it could not start or a signal ended it), its stdout then its
+  // stderr into *out.
+  int RunToEnd(const std::vector<std::string>& args, std::string* out) {
+    const test::RunResult r = test::Run(args, dir_.string());
+    *out = r.out + r.err;
+    return r.exit_code;
+  }
+
   // The flags of a tiny training server with periodic checkpoints.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {ServerPath(),
@@ -725,17 +734,7 @@ TEST_F(ServerProcessTest, HealthCheckOverTls) {
   auto probe = [&](std::vector<std::string> extra, std::string* out) {
     std::vector<std::string> args = {ServerPath(), "--health-check", address};
     args.insert(args.end(), extra.begin(), extra.end());
-    Proc p;
-    const fs::path err = dir_ / "probe.err";
-    if (!p.Spawn(args, err)) return -1;
-    std::string stdout_text;
-    char chunk[256];
-    ssize_t n;
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
-      stdout_text.append(chunk, n);
-    }
-    *out = stdout_text + ReadFile(err);
-    return p.WaitExit(30);
+    return RunToEnd(args, out);
   };
   for (const bool mutual : {false, true}) {
     SCOPED_TRACE(mutual ? "mutual TLS" : "TLS");
@@ -783,15 +782,7 @@ TEST_F(ServerProcessTest, CheckpointFlagsFromTheConfigFile) {
     std::vector<std::string> args = {ServerPath(), "--config", "tiny",
                                      "--dry-run"};
     args.insert(args.end(), extra.begin(), extra.end());
-    Proc p;
-    if (!p.Spawn(args, dir_ / "dry-run.err")) return -1;
-    char chunk[4096];
-    ssize_t n;
-    out->clear();
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
-      out->append(chunk, n);
-    out->append(ReadFile(dir_ / "dry-run.err"));
-    return p.WaitExit(30);
+    return RunToEnd(args, out);
   };
   std::string out;
   const std::string config = (dir_ / "server.toml").string();
@@ -839,16 +830,7 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
   wider.mutable_tables(2)->set_rows(200);
   const std::string wider_path = write(wider, "wider.textproto");
   const auto run = [&](std::vector<std::string> args, std::string* out) {
-    Proc p;
-    if (!p.Spawn(args, dir_ / "run.err")) return -1;
-    char chunk[4096];
-    ssize_t n;
-    out->clear();
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0)
-      out->append(chunk, n);
-    const int code = p.WaitExit(60);
-    out->append(ReadFile(dir_ / "run.err"));
-    return code;
+    return RunToEnd(args, out);
   };
   const std::string kApplied =
       "resume: sparse_optimizer.learning_rate 0.1 -> 0.05";
@@ -905,17 +887,7 @@ TEST_F(ServerProcessTest, CudaWithoutAGpuExitsWithAClearError) {
     GTEST_SKIP() << "this machine has a CUDA device";
   }
   auto run = [&](const std::vector<std::string>& args, std::string* out) {
-    Proc p;
-    if (!p.Spawn(args, dir_ / "device.err")) return -1;
-    char chunk[4096];
-    ssize_t n;
-    out->clear();
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
-      out->append(chunk, n);
-    }
-    const int code = p.WaitExit(60);
-    out->append(ReadFile(dir_ / "device.err"));
-    return code;
+    return RunToEnd(args, out);
   };
   std::string out;
   ASSERT_EQ(run(Args({"--device", "cuda"}), &out), 1) << out;
@@ -948,17 +920,7 @@ TEST_F(ServerProcessTest, DenseFlagsReachTheConfig) {
   auto dry_run = [&](std::vector<std::string> extra, std::string* out) {
     std::vector<std::string> args = {ServerPath(), "--dry-run"};
     args.insert(args.end(), extra.begin(), extra.end());
-    Proc p;
-    if (!p.Spawn(args, dir_ / "dense.err")) return -1;
-    char chunk[4096];
-    ssize_t n;
-    out->clear();
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
-      out->append(chunk, n);
-    }
-    const int code = p.WaitExit(30);
-    out->append(ReadFile(dir_ / "dense.err"));
-    return code;
+    return RunToEnd(args, out);
   };
   std::string out;
   ASSERT_EQ(dry_run({"--config", "tiny", "--device", "cuda"}, &out), 0) << out;
@@ -1016,17 +978,7 @@ TEST_F(ServerProcessTest, DeviceMemoryBudgetReachesThePlan) {
     std::vector<std::string> args = {ServerPath(), "--dry-run", "--config",
                                      (dir_ / "device.textproto").string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    Proc p;
-    if (!p.Spawn(args, dir_ / "budget.err")) return -1;
-    char chunk[4096];
-    ssize_t n;
-    out->clear();
-    while ((n = read(p.out_fd, chunk, sizeof(chunk))) > 0) {
-      out->append(chunk, n);
-    }
-    const int code = p.WaitExit(30);
-    out->append(ReadFile(dir_ / "budget.err"));
-    return code;
+    return RunToEnd(args, out);
   };
   std::string out;
   ASSERT_EQ(dry_run({}, &out), 0) << out;

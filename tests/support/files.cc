@@ -54,4 +54,13 @@ double MetricValue(const std::string& text, const std::string& series) {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+void WriteTinyTsv(const std::filesystem::path& path, int samples) {
+  std::ofstream out(path);
+  for (int i = 0; i < samples; ++i) {
+    out << (i % 3 == 0 ? 1 : 0) << "\t" << i % 7 << "\t\t" << i % 11 << "\t"
+        << i % 5 << "\t" << std::hex << 0x1000 + i << "\t\t" << 0xabc + 7 * i
+        << std::dec << "\n";
+  }
+}
+
 }  // namespace dlrm::test

@@ -1,5 +1,5 @@
 // Files for the tests: fresh temporary directories, whole-file reads and
-// writes, a value from Prometheus text.
+// writes, a value from Prometheus text, a tiny Criteo TSV file.
 #ifndef DLRM_TESTS_SUPPORT_FILES_H_
 #define DLRM_TESTS_SUPPORT_FILES_H_
 
@@ -26,6 +26,10 @@ void WriteFile(const std::filesystem::path& path, const std::string& bytes);
 // The value of the sample line `series` (name plus labels) in Prometheus
 // text, or NaN when absent.
 double MetricValue(const std::string& text, const std::string& series);
+
+// A Criteo TSV file of the tiny model's shape (label, 4 integer features, 3
+// hex categoricals) with `samples` good lines.
+void WriteTinyTsv(const std::filesystem::path& path, int samples);
 
 }  // namespace dlrm::test
 

@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/random.h"
+#include "core/status.h"
 #include "data/batch.h"
 #include "embedding/embedding_store.h"
 #include "tests/support/optimizer.h"
@@ -30,6 +33,25 @@ inline embedding::TableSpec MakeTableSpec(int table_index, int64_t rows,
                               .optimizer = MakeOptimizer(type),
                               .seed = seed,
                               .slice = {}};
+}
+
+// A store test's parameters: optimizer, pooling, eviction policy.
+using StoreCase =
+    std::tuple<OptimizerConfig::Type, Pooling, embedding::EvictionPolicy>;
+
+// The name of a StoreCase, e.g. "RowwiseAdagradSumLru", for
+// INSTANTIATE_TEST_SUITE_P.
+inline std::string StoreCaseName(
+    const ::testing::TestParamInfo<StoreCase>& info) {
+  const OptimizerConfig::Type type = std::get<0>(info.param);
+  return std::string(type == OptimizerConfig::SGD       ? "Sgd"
+                     : type == OptimizerConfig::ADAGRAD ? "Adagrad"
+                     : type == OptimizerConfig::ROWWISE_ADAGRAD
+                         ? "RowwiseAdagrad"
+                         : "Adam") +
+         (std::get<1>(info.param) == POOLING_SUM ? "Sum" : "Mean") +
+         (std::get<2>(info.param) == embedding::EvictionPolicy::kLru ? "Lru"
+                                                                     : "Lfu");
 }
 
 // One bag of `ids`.
@@ -93,6 +115,19 @@ inline std::vector<float> RandomGrad(Rng& rng, int64_t bags, int dim) {
   std::vector<float> g(std::max<int64_t>(1, bags * dim));
   for (float& x : g) x = static_cast<float>(rng.Normal());
   return g;
+}
+
+// store.Prepare(batches[i]), with the prefetch of batches[i + 1] that
+// `prefetch` asks for: 0 none, 1 after the Prepare (as the model does), 2
+// before it. The first error of the calls.
+inline absl::StatusOr<const data::SparseFeature*> PrepareWithPrefetch(
+    embedding::EmbeddingStore& store,
+    const std::vector<data::SparseFeature>& batches, int i, int prefetch) {
+  if (prefetch == 2) RETURN_IF_ERROR(store.Prefetch(batches[i + 1]));
+  ASSIGN_OR_RETURN(const data::SparseFeature* prepared,
+                   store.Prepare(batches[i]));
+  if (prefetch == 1) RETURN_IF_ERROR(store.Prefetch(batches[i + 1]));
+  return prepared;
 }
 
 // Every row's record (weights, then optimizer state) of `store`.
