@@ -1867,9 +1867,9 @@ TEST(ResolveDatasetTest, SyntheticVocabularyAndDriftReachTheSource) {
   EXPECT_TRUE(opened->reference);
   ASSERT_TRUE(*opened->source->Next(64, &batch));
   EXPECT_TRUE(batch.Validate(4, data::TableIdLimits(dynamic)).ok());
-  EXPECT_GE(*std::max_element(batch.sparse[0].ids.begin(),
-                              batch.sparse[0].ids.end()),
-            50);
+  EXPECT_GE(
+      *std::max_element(batch.sparse[0].ids.begin(), batch.sparse[0].ids.end()),
+      50);
 
   const auto expect_invalid = [&](const DatasetSpec& d,
                                   const std::string& text) {
