@@ -89,6 +89,8 @@ absl::Status RunRank(const Flags& f) {
                                                     dense_comm.get()));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
+  so.vocabulary = f.vocabulary;
+  so.drift = f.drift;
   ASSIGN_OR_RETURN(auto source, data::MakeSyntheticSource(config, so));
   const int kBatches = std::max(1, f.batches);
   const bool prefetch = f.prefetch && rocksdb_tables > 0;

@@ -30,6 +30,10 @@ struct StepFlags {
   int repeats = 5;
   // Zipf exponent of the synthetic ids. Default: 1.05.
   double alpha = 1.05;
+  // Synthetic vocabulary per table and its drift (data::SyntheticOptions).
+  // Defaults: 0 (ids are rows), 0 (no drift).
+  int64_t vocabulary = 0;
+  double drift = 0;
   // Distinct pre-generated batches, used in rotation. Default: 4.
   int batches = 4;
   // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
@@ -52,6 +56,8 @@ struct StepFlags {
     AddDefaulted(app, kStepsFlag, iters, "Timed steps per repetition");
     AddDefaulted(app, "--repeats", repeats, "Repetitions (median reported)");
     AddDefaulted(app, kAlphaFlag, alpha, "Zipf exponent of ids");
+    AddDefaulted(app, kVocabularyFlag, vocabulary, kVocabularyHelp);
+    AddDefaulted(app, kDriftFlag, drift, kDriftHelp);
     AddDefaulted(app, "--batches", batches,
                  "Distinct pre-generated batches, used in rotation (more "
                  "batches: more distinct ids, so a cache misses more)");

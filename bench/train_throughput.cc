@@ -148,6 +148,8 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(auto model, model::Model::Create(config));
   data::SyntheticOptions so;
   so.zipf_alpha = f.alpha;
+  so.vocabulary = f.vocabulary;
+  so.drift = f.drift;
   const int num_batches = std::max(f.batches, 1);
   ASSIGN_OR_RETURN(const std::vector<data::Batch> batches,
                    bench::SyntheticBatches(config, so, num_batches, f.batch));

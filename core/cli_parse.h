@@ -25,6 +25,17 @@ inline constexpr char kBatchFlag[] = "--batch,--batch-size";
 inline constexpr char kStepsFlag[] = "--steps,--iters";
 // The Zipf exponent of synthetic ids.
 inline constexpr char kAlphaFlag[] = "--alpha,--zipf-alpha";
+// Synthetic ids' vocabulary per table and its drift (data::SyntheticOptions
+// vocabulary and drift).
+inline constexpr char kVocabularyFlag[] = "--vocabulary";
+inline constexpr char kDriftFlag[] = "--drift";
+inline constexpr char kVocabularyHelp[] =
+    "Synthetic ids: distinct ids per table, drawn Zipf and scattered by a "
+    "fixed permutation; a static table of fewer rows takes them modulo its "
+    "rows, a dynamic table as they are (0 = no vocabulary: ids are rows)";
+inline constexpr char kDriftHelp[] =
+    "Synthetic ids under --vocabulary: Zipf rank positions the vocabulary "
+    "moves per sample (new ids become the hottest, old ones fade; 0 = none)";
 
 // Adds --version to `app`: prints "<program> <kVersionString>" and exits 0.
 inline void AddVersionFlag(CLI::App& app, const std::string& program) {

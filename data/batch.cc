@@ -49,9 +49,12 @@ absl::Status ValidateSparse(const SparseFeature& f, int t, int64_t size,
   for (int64_t s = 0; s < size; ++s) {
     for (int64_t i = f.offsets[s]; i < f.offsets[s + 1]; ++i) {
       if (ids[i] < 0 || ids[i] >= rows) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sparse[", t, "].ids[", i, "] (sample ", s,
-                         ") = ", ids[i], " is out of range [0, ", rows, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sparse[", t, "].ids[", i, "] (sample ", s, ") = ", ids[i],
+            rows == kDynamicIdLimit
+                ? " is out of range: a dynamic table's ids are raw ids in "
+                  "[0, 2^63 - 1)"
+                : absl::StrCat(" is out of range [0, ", rows, ")")));
       }
     }
   }
@@ -72,8 +75,17 @@ void Batch::Reset(int num_dense_features, int num_sparse) {
   }
 }
 
+std::vector<int64_t> TableIdLimits(const ModelConfig& config) {
+  std::vector<int64_t> limits;
+  limits.reserve(config.tables_size());
+  for (const TableConfig& t : config.tables()) {
+    limits.push_back(t.dynamic() ? kDynamicIdLimit : t.rows());
+  }
+  return limits;
+}
+
 absl::Status Batch::Validate(int num_dense_features,
-                             std::span<const int64_t> table_rows) const {
+                             std::span<const int64_t> id_limits) const {
   if (size == 0) return absl::InvalidArgumentError("batch is empty");
   if (size < 0) {
     return absl::InvalidArgumentError(
@@ -84,7 +96,7 @@ absl::Status Batch::Validate(int num_dense_features,
         absl::StrCat("batch has num_dense = ", num_dense, ", the model has ",
                      num_dense_features, " dense features"));
   }
-  const int64_t num_tables = static_cast<int64_t>(table_rows.size());
+  const int64_t num_tables = static_cast<int64_t>(id_limits.size());
   if (static_cast<int64_t>(sparse.size()) != num_tables) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch has ", sparse.size(), " sparse features, the model has ",
@@ -120,13 +132,13 @@ absl::Status Batch::Validate(int num_dense_features,
     }
   }
   for (int64_t t = 0; t < num_tables; ++t) {
-    if (table_rows[t] <= 0) {
+    if (id_limits[t] <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("table ", t, " has ", table_rows[t],
+          absl::StrCat("table ", t, " has ", id_limits[t],
                        " rows; it must have at least 1"));
     }
     absl::Status status =
-        ValidateSparse(sparse[t], static_cast<int>(t), size, table_rows[t]);
+        ValidateSparse(sparse[t], static_cast<int>(t), size, id_limits[t]);
     if (!status.ok()) return status;
   }
   return absl::OkStatus();

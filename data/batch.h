@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dlrm/config.pb.h"
 
 namespace dlrm::data {
 
@@ -45,10 +47,11 @@ struct Batch {
 
   // Checks the layout against the model: feature counts, vector sizes,
   // offsets (start at 0, non-decreasing, end at ids.size()), ids in
-  // [0, table_rows[t]), finite dense values, labels 0 or 1. Returns
+  // [0, id_limits[t]) (TableIdLimits: a static table's rows, a dynamic
+  // table's kDynamicIdLimit), finite dense values, labels 0 or 1. Returns
   // InvalidArgument naming the field and the sample index.
   absl::Status Validate(int num_dense_features,
-                        std::span<const int64_t> table_rows) const;
+                        std::span<const int64_t> id_limits) const;
 
   // Writes samples [begin, end) of this batch into `out` (replacing it;
   // `out` may be this batch). The range is clamped to [0, size]; the batch's
@@ -59,6 +62,24 @@ struct Batch {
   // default-constructed batch first takes the shape of `other`.
   void Append(const Batch& other);
 };
+
+// The id limit of a dynamic table (TableConfig.dynamic): its ids are raw
+// 64-bit ids in [0, kDynamicIdLimit) = [0, 2^63 - 1), never reduced.
+inline constexpr int64_t kDynamicIdLimit = std::numeric_limits<int64_t>::max();
+
+// The bound each table's ids must stay below, in `config`'s table order:
+// a static table's rows, kDynamicIdLimit for a dynamic table. Every check
+// of a batch's ids (Batch::Validate, wire BatchShape, the server's and the
+// predictors' checks) takes these, so all callers agree.
+std::vector<int64_t> TableIdLimits(const ModelConfig& config);
+
+// A dynamic table's id from 64 hash bits: the low 63 bits, with 2^63 - 1
+// (no id) taken as 2^63 - 2. What the readers give a hashed raw value and
+// a derived multi-hot id of a dynamic table.
+inline int64_t DynamicId(uint64_t bits) {
+  const int64_t id = static_cast<int64_t>(bits & uint64_t{kDynamicIdLimit});
+  return id == kDynamicIdLimit ? id - 1 : id;
+}
 
 // Batches between ranks travel in the internal column layout, not as the
 // public protobuf: int64 words [size, num_dense, num_sparse, has_labels],

@@ -232,6 +232,11 @@ absl::Status CriteoOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "CriteoOptions.num_dense = ", num_dense, " must not be negative"));
   }
+  if (!dynamic.empty() && dynamic.size() != table_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CriteoOptions.dynamic has ", dynamic.size(), " entries, table_rows ",
+        table_rows.size(), " (one per table)"));
+  }
   if (!multi_hot_sizes.empty() && multi_hot_sizes.size() != table_rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CriteoOptions.multi_hot_sizes has ", multi_hot_sizes.size(),
@@ -254,6 +259,7 @@ CriteoOptions CriteoOptionsForModel(const ModelConfig& config, bool hash_ids) {
   for (const TableConfig& t : config.tables()) {
     options.table_rows.push_back(t.rows());
     options.multi_hot_sizes.push_back(std::max(t.multi_hot_size(), 1));
+    options.dynamic.push_back(t.dynamic());
   }
   return options;
 }
@@ -329,6 +335,14 @@ absl::Status ParseCriteoLine(std::string_view line, int num_dense,
   return absl::OkStatus();
 }
 
+void CriteoIdMap::Bag(int64_t id, int size, uint64_t seed, int64_t* out) const {
+  if (dynamic_) {
+    DeriveDynamicMultiHotBag(id, size, seed, out);
+  } else {
+    DeriveMultiHotBag(id, static_cast<int64_t>(rows_), size, seed, out);
+  }
+}
+
 int64_t CriteoRow(uint32_t value, int64_t rows, bool hash_ids) {
   const uint64_t v = hash_ids ? Mix64(value) : value;
   return static_cast<int64_t>(v % static_cast<uint64_t>(rows));
@@ -343,14 +357,22 @@ void AppendCriteoRecord(const CriteoRecord& record,
   for (int t = 0; t < num_sparse; ++t) {
     SparseFeature& f = batch->sparse[t];
     const int64_t rows = options.table_rows[t];
-    const int64_t row = CriteoRow(record.cats[t], rows, options.hash_ids);
+    const bool dynamic = options.Dynamic(t);
+    const int64_t id = dynamic
+                           ? CriteoRawId(record.cats[t], options.hash_ids)
+                           : CriteoRow(record.cats[t], rows, options.hash_ids);
     const int k = options.MultiHotSize(t);
     if (k == 1) {
-      f.ids.push_back(row);
+      f.ids.push_back(id);
     } else {
       const size_t at = f.ids.size();
       f.ids.resize(at + k);
-      DeriveMultiHotBag(row, rows, k, MultiHotTableSeed(t), f.ids.data() + at);
+      if (dynamic) {
+        DeriveDynamicMultiHotBag(id, k, MultiHotTableSeed(t),
+                                 f.ids.data() + at);
+      } else {
+        DeriveMultiHotBag(id, rows, k, MultiHotTableSeed(t), f.ids.data() + at);
+      }
     }
     f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
   }

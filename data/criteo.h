@@ -6,11 +6,14 @@
 // A TSV line is: label, 13 integer features, 26 categorical features as
 // 8-digit hex, tab-separated; any feature may be empty. Dense values become
 // log(1 + max(x, 0)); a categorical value v becomes row v % rows (or
-// Mix64(v) % rows with hash_ids); an empty one is 0. A TSV line and a
+// Mix64(v) % rows with hash_ids) of a static table, and for a dynamic table
+// (TableConfig.dynamic) the raw id v itself (or Mix64(v) in 63 bits with
+// hash_ids: DynamicId), never reduced; an empty one is 0. A TSV line and a
 // version-1 binary record hold one value per categorical column: a table
-// whose multi-hot size k is 1 gets that row as its bag, a larger k the
-// bag of k ids data/multi_hot.h derives from it. A version-2 binary file
-// holds the derived bags themselves.
+// whose multi-hot size k is 1 gets that id as its bag, a larger k the
+// bag of k ids data/multi_hot.h derives from it (for a dynamic table from
+// the raw id, without a modulo). A version-2 binary file holds the derived
+// bags themselves.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/random.h"
 #include "data/batch.h"
+#include "data/row_reducer.h"
 #include "data/source.h"
 #include "dlrm/config.pb.h"
 
@@ -40,6 +45,13 @@ struct CriteoOptions {
   // the bag of k ids data/multi_hot.h derives (v first).
   // Default: empty (1 for every table: one id per bag).
   std::vector<int> multi_hot_sizes;
+  // Per table, one per categorical column: true for a dynamic table
+  // (TableConfig.dynamic), whose ids are raw ids, never reduced % rows.
+  // Default: empty (every table static).
+  std::vector<bool> dynamic;
+
+  // Whether table `table` is dynamic: dynamic[table], or false when empty.
+  bool Dynamic(int table) const { return !dynamic.empty() && dynamic[table]; }
 
   // Ids per bag of table `table`: multi_hot_sizes[table], or 1 when empty.
   int MultiHotSize(int table) const {
@@ -58,9 +70,9 @@ struct CriteoOptions {
 };
 
 // Options for reading Criteo data into `config`'s model: its
-// num_dense_features, and per table its rows and multi_hot_size (0 counts as
+// num_dense_features, and per table its rows, multi_hot_size (0 counts as
 // 1; multi_hot_distribution shapes synthetic data only, Criteo bags always
-// hold exactly multi_hot_size ids).
+// hold exactly multi_hot_size ids) and whether it is dynamic.
 CriteoOptions CriteoOptionsForModel(const ModelConfig& config, bool hash_ids);
 
 // One parsed sample with raw (unreduced) categorical values.
@@ -76,13 +88,53 @@ absl::Status ParseCriteoLine(std::string_view line, int num_dense,
                              int num_sparse, std::string_view where,
                              CriteoRecord* record);
 
-// Row for a raw categorical value under `options`.
+// Row of a static table for a raw categorical value: value % rows, or
+// Mix64(value) % rows with hash_ids.
 int64_t CriteoRow(uint32_t value, int64_t rows, bool hash_ids);
+
+// Raw id of a dynamic table for a raw categorical value: DynamicId(value)
+// (the value itself below 2^63 - 1), or DynamicId(Mix64(value)) with
+// hash_ids. Never reduced % rows.
+inline int64_t CriteoRawId(uint64_t value, bool hash_ids) {
+  return DynamicId(hash_ids ? Mix64(value) : value);
+}
+
+// A raw categorical value's id in one table, as every reader gives it: a
+// static table's CriteoRow (by RowReducer, no hardware divide), a dynamic
+// table's CriteoRawId. Bag derives the multi-hot bag of such an id
+// (data/multi_hot.h). Requires rows > 0.
+class CriteoIdMap {
+ public:
+  CriteoIdMap(int64_t rows, bool hash_ids, bool dynamic)
+      : rows_(static_cast<uint64_t>(rows)),
+        reducer_(rows),
+        hash_(hash_ids),
+        dynamic_(dynamic) {}
+  CriteoIdMap(const CriteoOptions& options, int table)
+      : CriteoIdMap(options.table_rows[table], options.hash_ids,
+                    options.Dynamic(table)) {}
+
+  int64_t operator()(uint64_t value) const {
+    if (dynamic_) return CriteoRawId(value, hash_);
+    if (hash_) return static_cast<int64_t>(Mix64(value) % rows_);
+    return reducer_(value);
+  }
+
+  // Writes the `size` ids of id `id`'s bag to out[0 .. size) (`size` >= 1).
+  void Bag(int64_t id, int size, uint64_t seed, int64_t* out) const;
+
+ private:
+  uint64_t rows_;
+  RowReducer reducer_;
+  bool hash_;
+  bool dynamic_;
+};
 
 // Appends `record` (as ParseCriteoLine fills it, with options.num_dense dense
 // values and one raw value per table) to `batch` as one sample: its label,
 // dense values and per table the bag of options.MultiHotSize(t) ids derived
-// from its row. `batch` is shaped for `options` (Reset) and `options` valid.
+// from its id (CriteoIdMap). `batch` is shaped for `options` (Reset) and
+// `options` valid.
 void AppendCriteoRecord(const CriteoRecord& record,
                         const CriteoOptions& options, Batch* batch);
 
@@ -101,8 +153,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoTsv(
 //   entry per table (uint64 rows, uint32 multi-hot size k, uint32 0), then
 //   fixed-width records of float label, float dense[num_dense], and per
 //   table its k uint32 ids (rows of that table, the bag as the readers
-//   derive it). Flags bit 0: the first ids were reduced with hash_ids.
-//   Version 1 has flags 0.
+//   derive it). A dynamic table's entry records rows 0 ("raw": its ids are
+//   not reduced) and its k ids are uint64 raw ids. Flags bit 0: the first
+//   ids were reduced (or, raw, hashed) with hash_ids. Version 1 has flags 0
+//   and serves static and dynamic tables alike.
 //
 // Converts TSV files to one version-1 binary file (written to a temporary
 // file, then renamed, so `out_path` never holds a partial file); returns the
@@ -113,10 +167,11 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToBinary(
     int num_dense = 13, int num_sparse = 26);
 
 // Converts TSV files to one version-2 binary file holding the bags that
-// OpenCriteoTsv(tsv_files, options) yields, written as above; returns the
-// record count. InvalidArgument for invalid options or a table of more than
-// 2^32 rows (its ids do not fit the format), naming the table; other errors
-// as ConvertCriteoTsvToBinary's.
+// OpenCriteoTsv(tsv_files, options) yields, written as above (a dynamic
+// table's raw ids as uint64); returns the record count. InvalidArgument for
+// invalid options or a static table of more than 2^32 rows (its ids do not
+// fit the format), naming the table; other errors as
+// ConvertCriteoTsvToBinary's.
 absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
     const std::vector<std::string>& tsv_files, const std::string& out_path,
     const CriteoOptions& options);
@@ -124,10 +179,11 @@ absl::StatusOr<int64_t> ConvertCriteoTsvToMultiHotBinary(
 // Memory-maps a binary file of either version. InvalidArgument for a bad
 // header, a size that does not match the record count, or a column count
 // unlike `options`; for version 2 also for a table whose rows, multi-hot
-// size or hashing differ from `options` (naming the table). From Next,
-// InvalidArgument naming the file and record for a label other than 0 or 1,
-// a non-finite dense value or (version 2) an id outside its table (a later
-// Next goes on after it).
+// size or hashing differ from `options`, or whose ids are raw where the
+// options' table is static or reduced where it is dynamic (naming the
+// table). From Next, InvalidArgument naming the file and record for a label
+// other than 0 or 1, a non-finite dense value or (version 2) an id outside
+// its table (a raw id not below 2^63 - 1) (a later Next goes on after it).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
     const std::string& path, CriteoOptions options);
 
@@ -144,6 +200,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
 // Mix64(v) % rows with hash_ids; a one-hot table of multi-hot size k > 1
 // gets the bag data/multi_hot.h derives from that row. An .npz bag's ids
 // are each reduced the same way (a no-op for MLPerf's, already in range).
+// A dynamic table takes each value as its raw id instead (CriteoRawId: the
+// value, or with hash_ids Mix64(v), in 63 bits), never reduced % rows.
 struct CriteoNpyDay {
   std::string dense;
   std::string sparse;  // .npy (one-hot) or .npz (multi-hot bags)

@@ -34,7 +34,8 @@ constexpr char kMagic[8] = {'D', 'L', 'R', 'M', 'B', 'I', 'N', '1'};
 constexpr uint32_t kVersionOneHot = 1;
 // Materialised bags, a table list after the header.
 constexpr uint32_t kVersionMultiHot = 2;
-// Header flags (version 2): the first id of each bag is Mix64(v) % rows.
+// Header flags (version 2): the first id of each bag is Mix64(v) % rows
+// (a dynamic table's: DynamicId(Mix64(v))).
 constexpr uint32_t kFlagHashIds = 1;
 
 struct Header {
@@ -49,26 +50,33 @@ static_assert(sizeof(Header) == 32);
 
 // One per table after a version-2 header.
 struct TableEntry {
-  uint64_t rows;
+  uint64_t rows;  // kRawIds: a dynamic table's raw ids, not reduced
   uint32_t multi_hot_size;
   uint32_t reserved;  // 0
 };
 static_assert(sizeof(TableEntry) == 16);
 
-// A record: float label, float dense[num_dense], uint32 ids[ids]
-// (num_sparse raw values in version 1, every table's bag in version 2).
-size_t RecordBytes(int num_dense, int64_t ids) {
-  return sizeof(float) * (1 + static_cast<size_t>(num_dense)) +
-         sizeof(uint32_t) * static_cast<size_t>(ids);
+// TableEntry.rows of a dynamic table: its ids are raw (no table has 0
+// rows), stored as uint64.
+constexpr uint64_t kRawIds = 0;
+
+// Bytes of one stored id of table t in a version-2 file: uint64 for a
+// dynamic table's raw ids, uint32 for rows.
+size_t IdBytes(const CriteoOptions& options, int t) {
+  return options.Dynamic(t) ? sizeof(uint64_t) : sizeof(uint32_t);
 }
 
-// Stored ids per record of a version-2 file under `options`.
-int64_t BagIdsPerRecord(const CriteoOptions& options) {
-  int64_t ids = 0;
-  for (size_t t = 0; t < options.table_rows.size(); ++t) {
-    ids += options.MultiHotSize(static_cast<int>(t));
+// A record: float label, float dense[num_dense], then the ids: version 1
+// one uint32 raw value per table, version 2 each table's bag (IdBytes per
+// id).
+size_t RecordBytes(const CriteoOptions& options, bool materialised) {
+  const int num_sparse = static_cast<int>(options.table_rows.size());
+  size_t bytes = sizeof(float) * (1 + static_cast<size_t>(options.num_dense));
+  for (int t = 0; t < num_sparse; ++t) {
+    bytes += materialised ? IdBytes(options, t) * options.MultiHotSize(t)
+                          : sizeof(uint32_t);
   }
-  return ids;
+  return bytes;
 }
 
 std::string ErrnoText() { return std::strerror(errno); }
@@ -86,12 +94,11 @@ class CriteoBinarySource final : public FixedWidthSource {
         records_(records),
         materialised_(version == kVersionMultiHot),
         options_(std::move(options)),
-        record_bytes_(RecordBytes(
-            options_.num_dense,
-            materialised_ ? BagIdsPerRecord(options_)
-                          : static_cast<int64_t>(options_.table_rows.size()))) {
+        record_bytes_(RecordBytes(options_, materialised_)) {
     count_ = count;
-    for (int64_t rows : options_.table_rows) reducers_.emplace_back(rows);
+    for (size_t t = 0; t < options_.table_rows.size(); ++t) {
+      maps_.emplace_back(options_, static_cast<int>(t));
+    }
   }
   ~CriteoBinarySource() override { munmap(const_cast<char*>(base_), bytes_); }
 
@@ -106,7 +113,6 @@ class CriteoBinarySource final : public FixedWidthSource {
     const char* record = base_ + records_ + next_ * record_bytes_;
     float* labels = batch->labels.data();
     float* dense = batch->dense.data();
-    const bool hash = options_.hash_ids;
     for (int64_t s = 0; s < n; ++s, record += record_bytes_) {
       std::memcpy(&labels[s], record, sizeof(float));
       // With no dense features `dense` may be null, and memcpy from or to
@@ -119,6 +125,13 @@ class CriteoBinarySource final : public FixedWidthSource {
       for (int t = 0; t < num_sparse; ++t) {
         const int k = options_.MultiHotSize(t);
         int64_t* bag = ids_[t] + s * k;
+        if (materialised_ && options_.Dynamic(t)) {
+          // Raw ids past int64's range read as negative: refused below.
+          for (int j = 0; j < k; ++j, cats += sizeof(uint64_t)) {
+            std::memcpy(&bag[j], cats, sizeof(uint64_t));
+          }
+          continue;
+        }
         if (materialised_) {
           for (int j = 0; j < k; ++j, cats += sizeof(uint32_t)) {
             uint32_t id;
@@ -130,13 +143,11 @@ class CriteoBinarySource final : public FixedWidthSource {
         uint32_t value;
         std::memcpy(&value, cats, sizeof(value));
         cats += sizeof(uint32_t);
-        const int64_t rows = options_.table_rows[t];
-        const int64_t row =
-            hash ? CriteoRow(value, rows, true) : reducers_[t](value);
+        const int64_t id = maps_[t](value);
         if (k == 1) {
-          bag[0] = row;
+          bag[0] = id;
         } else {
-          DeriveMultiHotBag(row, rows, k, MultiHotTableSeed(t), bag);
+          maps_[t].Bag(id, k, MultiHotTableSeed(t), bag);
         }
       }
     }
@@ -170,29 +181,41 @@ class CriteoBinarySource final : public FixedWidthSource {
             where, "dense ", bad, " is ", nan ? "NaN" : "infinite"));
       }
       const int k = options_.MultiHotSize(bad_table);
-      const int64_t rows = options_.table_rows[bad_table];
+      const int64_t limit = IdLimit(bad_table);
       const int64_t* bag = ids_[bad_table] + s * k;
-      const int64_t id =
-          *std::find_if(bag, bag + k, [rows](int64_t i) { return i >= rows; });
+      const int64_t id = *std::find_if(
+          bag, bag + k, [limit](int64_t i) { return i < 0 || i >= limit; });
       batch->Reset(num_dense, num_sparse);
+      if (options_.Dynamic(bad_table)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "table ", bad_table, ": raw id ",
+                         static_cast<uint64_t>(id), " is not below 2^63 - 1"));
+      }
       return absl::InvalidArgumentError(
           absl::StrCat(where, "table ", bad_table, ": id ", id,
-                       " is not below the table's ", rows, " rows"));
+                       " is not below the table's ", limit, " rows"));
     }
     next_ += n;
     return true;
   }
 
  private:
+  // What table t's stored ids stay below: its rows, or for a dynamic
+  // table kDynamicIdLimit.
+  int64_t IdLimit(int t) const {
+    return options_.Dynamic(t) ? kDynamicIdLimit : options_.table_rows[t];
+  }
+
   // The first table whose bag in sample `s` of the batch being read holds
-  // an id outside the table, or -1.
+  // an id outside the table (or, dynamic, outside [0, 2^63 - 1)), or -1.
   int TableWithBadId(int64_t s) const {
     for (size_t t = 0; t < ids_.size(); ++t) {
       const int k = options_.MultiHotSize(static_cast<int>(t));
-      const int64_t rows = options_.table_rows[t];
+      const uint64_t limit =
+          static_cast<uint64_t>(IdLimit(static_cast<int>(t)));
       const int64_t* bag = ids_[t] + s * k;
       for (int j = 0; j < k; ++j) {
-        if (bag[j] >= rows) return static_cast<int>(t);
+        if (static_cast<uint64_t>(bag[j]) >= limit) return static_cast<int>(t);
       }
     }
     return -1;
@@ -205,7 +228,7 @@ class CriteoBinarySource final : public FixedWidthSource {
   const bool materialised_;
   const CriteoOptions options_;
   const size_t record_bytes_;
-  std::vector<RowReducer> reducers_;
+  std::vector<CriteoIdMap> maps_;  // per table: version 1's value -> id
   std::vector<int64_t*> ids_;
 };
 
@@ -269,8 +292,10 @@ class TempFile {
 };
 
 // Writes the samples of `source` (shaped by `options`, every bag of table t
-// holding options.MultiHotSize(t) ids below 2^32) after `header` and
-// `tables` to `out_path`, each bag's ids as uint32; returns the count.
+// holding options.MultiHotSize(t) ids, below 2^32 unless the table is
+// dynamic) after `header` and `tables` to `out_path`, each bag's ids as
+// uint32 (uint64 for a dynamic table's raw ids, in version 2 only);
+// returns the count.
 absl::StatusOr<int64_t> WriteBinary(BatchSource* source,
                                     const std::string& out_path, Header header,
                                     const std::vector<TableEntry>& tables,
@@ -284,7 +309,7 @@ absl::StatusOr<int64_t> WriteBinary(BatchSource* source,
   }
   const int num_dense = options.num_dense;
   const int num_sparse = static_cast<int>(options.table_rows.size());
-  const size_t record_bytes = RecordBytes(num_dense, BagIdsPerRecord(options));
+  const size_t record_bytes = RecordBytes(options, /*materialised=*/true);
   std::vector<char> buffer;
   Batch batch;
   int64_t count = 0;
@@ -303,6 +328,11 @@ absl::StatusOr<int64_t> WriteBinary(BatchSource* source,
       for (int t = 0; t < num_sparse; ++t) {
         const SparseFeature& f = batch.sparse[t];
         const int k = options.MultiHotSize(t);
+        if (options.Dynamic(t)) {
+          std::memcpy(ids, &f.ids[f.offsets[s]], sizeof(uint64_t) * k);
+          ids += sizeof(uint64_t) * k;
+          continue;
+        }
         for (int j = 0; j < k; ++j, ids += sizeof(uint32_t)) {
           const uint32_t id = static_cast<uint32_t>(f.ids[f.offsets[s] + j]);
           std::memcpy(ids, &id, sizeof(id));
@@ -328,14 +358,20 @@ Header MakeHeader(uint32_t version, const CriteoOptions& options) {
   return header;
 }
 
-// The table list of a version-2 file for `options` (validated here).
-// InvalidArgument for a table of more than 2^32 rows, naming it.
+// The table list of a version-2 file for `options` (validated here): a
+// dynamic table's entry records kRawIds. InvalidArgument for a static
+// table of more than 2^32 rows, naming it.
 absl::StatusOr<std::vector<TableEntry>> MultiHotTables(
     const CriteoOptions& options, const std::string& out_path) {
   RETURN_IF_ERROR(options.Validate());
   std::vector<TableEntry> tables;
   for (size_t t = 0; t < options.table_rows.size(); ++t) {
     const int64_t rows = options.table_rows[t];
+    if (options.Dynamic(static_cast<int>(t))) {
+      tables.push_back(TableEntry{
+          kRawIds, static_cast<uint32_t>(options.MultiHotSize(t)), 0});
+      continue;
+    }
     if (rows > int64_t{1} << 32) {
       return absl::InvalidArgumentError(absl::StrCat(
           "converting to ", out_path, ": table ", t, " has ", rows,
@@ -494,7 +530,6 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
                              options.num_dense, " and ", num_sparse));
   }
   size_t records = sizeof(Header);
-  int64_t ids_per_record = num_sparse;
   if (header.version == kVersionMultiHot) {
     records += sizeof(TableEntry) * num_sparse;
     if (bytes < records) {
@@ -524,7 +559,22 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
                                  " ids, the options expect multi_hot_sizes[", t,
                                  "] = ", options.MultiHotSize(t)));
       }
-      if (table.rows != static_cast<uint64_t>(options.table_rows[t])) {
+      if (table.rows == kRawIds && !options.Dynamic(t)) {
+        return fail(absl::StrCat("table ", t,
+                                 ": file holds raw ids, written for a dynamic "
+                                 "table; the options read table ",
+                                 t, " as a static table of ", "table_rows[", t,
+                                 "] = ", options.table_rows[t], " rows"));
+      }
+      if (table.rows != kRawIds && options.Dynamic(t)) {
+        return fail(absl::StrCat(
+            "table ", t, ": file's ids were reduced to ", table.rows,
+            " rows, written for a static table; the options read table ", t,
+            " as a dynamic table (raw ids): convert again with the dynamic ",
+            "config"));
+      }
+      if (table.rows != kRawIds &&
+          table.rows != static_cast<uint64_t>(options.table_rows[t])) {
         return fail(absl::StrCat("table ", t, ": file's ids index ", table.rows,
                                  " rows, the options expect ", "table_rows[", t,
                                  "] = ", options.table_rows[t]));
@@ -534,9 +584,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenCriteoBinary(
                                  table.reserved, ", not 0"));
       }
     }
-    ids_per_record = BagIdsPerRecord(options);
   }
-  const size_t record_bytes = RecordBytes(options.num_dense, ids_per_record);
+  const size_t record_bytes =
+      RecordBytes(options, header.version == kVersionMultiHot);
   const size_t payload = bytes - records;
   if (header.count > payload / record_bytes ||
       header.count * record_bytes != payload) {

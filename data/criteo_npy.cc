@@ -185,7 +185,9 @@ class CriteoNpySource final : public FixedWidthSource {
       start += d.rows;
     }
     count_ = start;
-    for (int64_t rows : options_.table_rows) reducers_.emplace_back(rows);
+    for (size_t t = 0; t < options_.table_rows.size(); ++t) {
+      ids_.emplace_back(options_, static_cast<int>(t));
+    }
   }
 
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
@@ -238,14 +240,6 @@ class CriteoNpySource final : public FixedWidthSource {
   }
 
  private:
-  int64_t Row(uint64_t value, int t) const {
-    if (options_.hash_ids) {
-      return static_cast<int64_t>(
-          Mix64(value) % static_cast<uint64_t>(options_.table_rows[t]));
-    }
-    return reducers_[t](value);
-  }
-
   // Copies rows [row, row + take) of `day` to samples [at, at + take) of
   // `batch` (shaped by Next).
   void CopyRows(const Day& day, int64_t row, int64_t take, int64_t at,
@@ -272,19 +266,20 @@ class CriteoNpySource final : public FixedWidthSource {
       int64_t* ids = batch->sparse[t].ids.data() + at * k;
       if (day.bags) {
         const NpyArray& a = day.sparse[t];
+        const CriteoIdMap& map = ids_[t];
         for (int64_t i = 0; i < take * k; ++i) {
-          ids[i] = Row(a.UnsignedAt(row * k + i), t);
+          ids[i] = map(a.UnsignedAt(row * k + i));
         }
         continue;
       }
       const NpyArray& a = day.sparse[0];
-      const int64_t rows = options_.table_rows[t];
+      const CriteoIdMap& map = ids_[t];
       for (int64_t s = 0; s < take; ++s) {
-        const int64_t id = Row(a.UnsignedAt((row + s) * num_sparse + t), t);
+        const int64_t id = map(a.UnsignedAt((row + s) * num_sparse + t));
         if (k == 1) {
           ids[s] = id;
         } else {
-          DeriveMultiHotBag(id, rows, k, MultiHotTableSeed(t), ids + s * k);
+          map.Bag(id, k, MultiHotTableSeed(t), ids + s * k);
         }
       }
     }
@@ -293,7 +288,7 @@ class CriteoNpySource final : public FixedWidthSource {
   const std::vector<Day> days_;
   const CriteoOptions options_;
   std::vector<int64_t> starts_;
-  std::vector<RowReducer> reducers_;
+  std::vector<CriteoIdMap> ids_;  // per table
 };
 
 }  // namespace

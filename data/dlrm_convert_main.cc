@@ -2,7 +2,7 @@
 // MLPerf's multi-hot .npz) into the binary format that the trainer
 // memory-maps (see data/criteo.h): version 1 (raw one-hot values), or with
 // --config version 2, the multi-hot bags of that config's tables
-// materialised.
+// materialised (a dynamic table's as raw uint64 ids, never reduced).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
           ->check(CLI::PositiveNumber);
   dlrm::AddConfigFlag(app, &config_spec, dlrm::PresetNames(),
                       "write version 2, each table's bags of multi_hot_size "
-                      "ids derived from its rows (data/multi_hot.h) and "
+                      "ids derived from its rows (data/multi_hot.h; a "
+                      "dynamic table's from its raw ids, stored as raw) and "
                       "stored; the columns follow the config")
       ->excludes(dense_flag)
       ->excludes(sparse_flag);

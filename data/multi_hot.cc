@@ -2,6 +2,7 @@
 #include "data/multi_hot.h"
 
 #include "core/random.h"
+#include "data/batch.h"
 
 namespace dlrm::data {
 
@@ -15,6 +16,15 @@ void DeriveMultiHotBag(int64_t row, int64_t rows, int size, uint64_t seed,
   for (int j = 1; j < size; ++j) {
     const uint64_t bits = Mix64(stream + static_cast<uint64_t>(j));
     out[j] = static_cast<int64_t>((bits * n) >> 64);
+  }
+}
+
+void DeriveDynamicMultiHotBag(int64_t id, int size, uint64_t seed,
+                              int64_t* out) {
+  out[0] = id;
+  const uint64_t stream = Mix64(Mix64(seed) ^ static_cast<uint64_t>(id));
+  for (int j = 1; j < size; ++j) {
+    out[j] = DynamicId(Mix64(stream + static_cast<uint64_t>(j)));
   }
 }
 

@@ -7,6 +7,10 @@
 // (HashKey from core/random.h), so the bag is a pure function of (seed,
 // rows, k, v): the same value gets the same bag in every file, reader,
 // record and rank. Table t of a dataset uses seed kMultiHotSeed + t.
+//
+// A dynamic table (TableConfig.dynamic) has no rows to scale into: its bag
+// for raw id v is v, then DynamicId(HashKey(seed, v, j)) (the hash's low
+// 63 bits, data/batch.h) for j = 1 .. k-1, the same hashes with no modulo.
 #pragma once
 
 #include <cstdint>
@@ -32,5 +36,11 @@ inline uint64_t MultiHotTableSeed(int table) {
 // Requires 0 <= row < rows and 1 <= size; `out` holds `size` ids.
 void DeriveMultiHotBag(int64_t row, int64_t rows, int size, uint64_t seed,
                        int64_t* out);
+
+// The bag of a dynamic table's raw id `id` (in [0, 2^63 - 1)): out[0] = id,
+// the others DynamicId(HashKey(seed, id, j)). Requires 1 <= size; `out`
+// holds `size` ids.
+void DeriveDynamicMultiHotBag(int64_t id, int size, uint64_t seed,
+                              int64_t* out);
 
 }  // namespace dlrm::data

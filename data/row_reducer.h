@@ -1,6 +1,7 @@
 // RowReducer: value % rows without a hardware divide, shared by the binary
-// and the .npy Criteo readers, which reduce 26 ids per sample (a 64-bit
-// divide would dominate their copy loops).
+// and the .npy Criteo readers (through CriteoIdMap, data/criteo.h), which
+// reduce 26 ids per sample (a 64-bit divide would dominate their copy
+// loops), and the synthetic vocabulary's modulo.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "data/row_reducer.h"
 #include "data/source_checks.h"
 
 namespace dlrm::data {
@@ -34,6 +35,15 @@ constexpr uint64_t kDenseWeightStream = 1;
 constexpr uint64_t kPairStream = 3;
 constexpr uint64_t kIdEffectStream = 1000;
 constexpr uint64_t kIdVectorStream = 2000;
+
+// Teacher parameters are stored while they take at most this many floats
+// (64 MiB) over all tables, else computed per lookup.
+constexpr int64_t kMaxStoredParameters = int64_t{1} << 24;
+
+// Seed of the vocabulary permutations: like the dense spec, a fixed
+// property of the synthetic world, so train and eval streams and every
+// teacher seed share the vocabulary.
+constexpr uint64_t kVocabularySeed = 0x70ca6b1a7e5eedULL;
 
 // The dense generator's parameters are a fixed property of the synthetic
 // world, not of any seed, so the teacher can standardise features exactly.
@@ -144,6 +154,48 @@ class ZipfSampler {
   std::vector<uint32_t> edges_;  // Id(i / kCells)
 };
 
+// A fixed bijection of [0, size): a 4-round Feistel network on the
+// smallest even bit width 2h >= 2 with 2^2h >= size, cycle-walked (applied
+// again while the value is >= size), which maps [0, size) onto itself
+// because the network permutes [0, 2^2h). At most 4 walks on average.
+class Permutation {
+ public:
+  Permutation(int64_t size, uint64_t key) : size_(static_cast<uint64_t>(size)) {
+    int bits = 2;
+    while (bits < 62 && (uint64_t{1} << bits) < size_) bits += 2;
+    half_ = bits / 2;
+    mask_ = (uint64_t{1} << half_) - 1;
+    for (int i = 0; i < kRounds; ++i) keys_[i] = HashKey(key, i, size_);
+  }
+
+  // The image of x in [0, size).
+  uint64_t operator()(uint64_t x) const {
+    do {
+      x = Network(x);
+    } while (x >= size_);
+    return x;
+  }
+
+ private:
+  static constexpr int kRounds = 4;
+
+  uint64_t Network(uint64_t x) const {
+    uint64_t left = x >> half_;
+    uint64_t right = x & mask_;
+    for (int i = 0; i < kRounds; ++i) {
+      const uint64_t next = left ^ (Mix64(right ^ keys_[i]) & mask_);
+      left = right;
+      right = next;
+    }
+    return (left << half_) | right;
+  }
+
+  uint64_t size_;
+  int half_ = 1;
+  uint64_t mask_ = 1;
+  std::array<uint64_t, kRounds> keys_{};
+};
+
 double Hot(int64_t id) {
   if (id >= kEffectIds) return 0.0;
   return 1.0 / std::sqrt(1.0 + static_cast<double>(id) / kHotScale);
@@ -193,11 +245,19 @@ class SyntheticSource final : public BatchSource {
  public:
   SyntheticSource(const ModelConfig& config, SyntheticOptions options)
       : options_(options),
-        teacher_(config, options.teacher_seed),
+        teacher_(config, options.teacher_seed, options.vocabulary),
         num_dense_(config.num_dense_features()) {
     uint64_t slot = 0;
-    for (const TableConfig& table : config.tables()) {
-      zipf_.emplace_back(table.rows(), options.zipf_alpha);
+    const int64_t v = options.vocabulary;
+    for (int t = 0; t < config.tables_size(); ++t) {
+      const TableConfig& table = config.tables(t);
+      zipf_.emplace_back(v > 0 ? v : table.rows(), options.zipf_alpha);
+      if (v > 0) {
+        permutation_.emplace_back(v, HashKey(kVocabularySeed, t, 0));
+        const bool reduce = !table.dynamic() && table.rows() < v;
+        reduce_.push_back(reduce);
+        reducer_.emplace_back(reduce ? table.rows() : 1);
+      }
       const int k = MultiHot(table);
       multi_hot_.push_back(k);
       fixed_.push_back(table.multi_hot_distribution() == MULTI_HOT_FIXED);
@@ -240,10 +300,20 @@ class SyntheticSource final : public BatchSource {
     }
     for (int t = 0; t < num_tables; ++t) {
       GenerateIds(t, n, &batch->sparse[t]);
+      if (options_.vocabulary > 0) MapToVocabulary(t, n, &batch->sparse[t]);
     }
     GenerateDense(n, batch);
     probability_.resize(n);
     teacher_.Probabilities(*batch, probability_.data());
+    if (options_.vocabulary > 0) {
+      for (int t = 0; t < num_tables; ++t) {
+        if (!reduce_[t]) continue;
+        const RowReducer& reducer = reducer_[t];
+        for (int64_t& id : batch->sparse[t].ids) {
+          id = reducer(static_cast<uint64_t>(id));
+        }
+      }
+    }
     batch->labels.resize(n);
     for (int64_t s = 0; s < n; ++s) {
       const double u = UnitDouble(SampleDraw(keys_[s], label_slot_));
@@ -297,6 +367,29 @@ class SyntheticSource final : public BatchSource {
     }
   }
 
+  // Under a vocabulary: rank position x = r - 1 of sample n = next_ + s
+  // becomes Perm_t((x - floor((drift_start + n) drift)) mod V).
+  void MapToVocabulary(int t, int64_t n, SparseFeature* f) const {
+    const Permutation& permutation = permutation_[t];
+    const uint64_t v = static_cast<uint64_t>(options_.vocabulary);
+    const double drift = options_.drift;
+    for (int64_t s = 0; s < n; ++s) {
+      uint64_t shift = 0;
+      if (drift > 0) {
+        const double moved = std::floor(
+            static_cast<double>(options_.drift_start + next_ + s) * drift);
+        shift = static_cast<uint64_t>(std::fmod(moved, static_cast<double>(v)));
+        shift = std::min(shift, v - 1);
+      }
+      const uint64_t back = shift == 0 ? 0 : v - shift;  // -shift mod V
+      for (int64_t i = f->offsets[s]; i < f->offsets[s + 1]; ++i) {
+        uint64_t x = static_cast<uint64_t>(f->ids[i]) + back;
+        if (x >= v) x -= v;
+        f->ids[i] = static_cast<int64_t>(permutation(x));
+      }
+    }
+  }
+
   // Features 2p and 2p+1 share one Box-Muller pair (cos, sin) from draws
   // normal_slot_ + 2p and + 2p + 1; draw zero_slot_ + j decides an exact 0.
   void GenerateDense(int64_t n, Batch* batch) const {
@@ -332,6 +425,11 @@ class SyntheticSource final : public BatchSource {
   const Teacher teacher_;
   const int num_dense_;
   std::vector<ZipfSampler> zipf_;
+  // Under a vocabulary, per table: Perm_t, whether its ids are reduced
+  // (a static table of fewer rows) and the reduction.
+  std::vector<Permutation> permutation_;
+  std::vector<bool> reduce_;
+  std::vector<RowReducer> reducer_;
   std::vector<int> multi_hot_;
   std::vector<bool> fixed_;  // per table: MULTI_HOT_FIXED
   std::vector<uint64_t> table_slot_;
@@ -357,10 +455,31 @@ absl::Status SyntheticOptions::Validate() const {
         absl::StrCat("SyntheticOptions.num_samples = ", num_samples,
                      " must not be negative (0 = endless)"));
   }
+  if (vocabulary < 0 || vocabulary > kMaxSyntheticVocabulary) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SyntheticOptions.vocabulary = ", vocabulary,
+                     " must be in [0, 2^62]", " (0 = no vocabulary)"));
+  }
+  if (!(drift >= 0.0 && std::isfinite(drift))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SyntheticOptions.drift = ", drift,
+                     " must be finite and not negative"));
+  }
+  if (drift_start < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SyntheticOptions.drift_start = ", drift_start,
+                     " must not be negative"));
+  }
+  if (drift > 0 && vocabulary == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SyntheticOptions.drift = ", drift,
+                     " needs a vocabulary (SyntheticOptions.vocabulary > 0)"));
+  }
   return absl::OkStatus();
 }
 
-Teacher::Teacher(const ModelConfig& config, uint64_t teacher_seed)
+Teacher::Teacher(const ModelConfig& config, uint64_t teacher_seed,
+                 int64_t vocabulary)
     : seed_(teacher_seed), num_dense_(config.num_dense_features()) {
   const int num_tables = config.tables_size();
   double variance = 0;
@@ -405,6 +524,42 @@ Teacher::Teacher(const ModelConfig& config, uint64_t teacher_seed)
   // component of v_t has variance c, whatever the two tables.
   const double component_variance =
       num_pairs > 0 ? std::sqrt(kPairVariance / (kVectorDim * num_pairs)) : 0;
+  if (vocabulary > 0) {
+    // Every id alike (h = 1): Var a_t(id) = alpha_t^2 and each component of
+    // v_t(id) has variance beta_t^2, for any id drawn. Stored while all
+    // tables' parameters fit kMaxStoredParameters.
+    int64_t parameters = 0;
+    for (int t = 0; t < num_tables && vocabulary < kMaxStoredParameters; ++t) {
+      parameters += (vocabulary + 1) * (in_pair[t] ? 1 + kVectorDim : 1);
+    }
+    const bool store =
+        vocabulary < kMaxStoredParameters && parameters <= kMaxStoredParameters;
+    for (int t = 0; t < num_tables; ++t) {
+      pooling_mean_.push_back(config.tables(t).pooling() == POOLING_MEAN);
+      Table& table = tables_[t];
+      table.alpha = std::sqrt(kIdVariance / num_tables);
+      table.in_pair = in_pair[t];
+      if (in_pair[t]) table.beta = std::sqrt(component_variance);
+      table.seed = seed_;
+      table.a_stream = kIdEffectStream + t;
+      table.v_stream = kIdVectorStream + t;
+      if (!store) {
+        table.computed_ids = vocabulary;
+        continue;
+      }
+      table.a.assign(vocabulary + 1, 0.0f);
+      table.v.assign(in_pair[t] ? (vocabulary + 1) * kVectorDim : 0, 0.0f);
+      for (int64_t id = 0; id < vocabulary; ++id) {
+        table.a[id] = EffectOf(table, id);
+        if (in_pair[t]) VectorOf(table, id, &table.v[id * kVectorDim]);
+      }
+    }
+    variance += kIdVariance;
+    if (num_pairs > 0) variance += kPairVariance;
+    bias_ = std::log(kTargetCtr / (1 - kTargetCtr)) *
+            std::sqrt(1 + std::numbers::pi * variance / 8);
+    return;
+  }
   for (int t = 0; t < num_tables; ++t) {
     const TableConfig& config_table = config.tables(t);
     pooling_mean_.push_back(config_table.pooling() == POOLING_MEAN ? 1 : 0);
@@ -416,6 +571,7 @@ Teacher::Teacher(const ModelConfig& config, uint64_t teacher_seed)
     hot2 /= quadrature.size();
     Table& table = tables_[t];
     table.alpha = std::sqrt(kIdVariance / num_tables / hot2);
+    table.in_pair = in_pair[t];
     if (in_pair[t]) table.beta = std::sqrt(component_variance / hot2);
     const int64_t ids = std::min<int64_t>(
         kEffectIds, std::max<int64_t>(config_table.rows(), 0));
@@ -454,12 +610,31 @@ Teacher::Teacher(const ModelConfig& config, uint64_t teacher_seed)
   }
 }
 
+float Teacher::EffectOf(const Table& table, int64_t id) {
+  return static_cast<float>(table.alpha *
+                            NormalAt(table.seed, table.a_stream, id));
+}
+
+void Teacher::VectorOf(const Table& table, int64_t id, float* v) {
+  for (int k = 0; k < kVectorDim; ++k) {
+    v[k] = static_cast<float>(
+        table.beta * NormalAt(table.seed, table.v_stream, kVectorDim * id + k));
+  }
+}
+
 double Teacher::PoolEffect(const Table& table, bool mean,
                            const SparseFeature& f, int64_t s) {
   const int64_t begin = f.offsets[s];
   const int64_t end = f.offsets[s + 1];
-  const uint64_t none = table.a.size() - 1;
   double a = 0;
+  if (table.computed_ids > 0) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = f.ids[i];
+      if (id >= 0 && id < table.computed_ids) a += EffectOf(table, id);
+    }
+    return mean && end - begin > 1 ? a / (end - begin) : a;
+  }
+  const uint64_t none = table.a.size() - 1;
   for (int64_t i = begin; i < end; ++i) {
     // Cold, negative or out-of-range ids (the last two possible in a
     // caller's batch) all read the zero entry; no branch to mispredict.
@@ -473,8 +648,21 @@ void Teacher::PoolVector(const Table& table, bool mean, const SparseFeature& f,
                          int64_t s, double* v) {
   const int64_t begin = f.offsets[s];
   const int64_t end = f.offsets[s + 1];
-  const uint64_t none = table.v.size() / kVectorDim - 1;
   for (int k = 0; k < kVectorDim; ++k) v[k] = 0;
+  if (table.computed_ids > 0) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = f.ids[i];
+      if (id < 0 || id >= table.computed_ids) continue;
+      float x[kVectorDim];
+      VectorOf(table, id, x);
+      for (int k = 0; k < kVectorDim; ++k) v[k] += x[k];
+    }
+    if (mean && end - begin > 1) {
+      for (int k = 0; k < kVectorDim; ++k) v[k] /= (end - begin);
+    }
+    return;
+  }
+  const uint64_t none = table.v.size() / kVectorDim - 1;
   for (int64_t i = begin; i < end; ++i) {
     const uint64_t id = static_cast<uint64_t>(f.ids[i]);
     const float* x = &table.v[std::min(id, none) * kVectorDim];
@@ -523,6 +711,15 @@ void Teacher::Probabilities(const Batch& batch, float* out) const {
   for (int64_t s = 0; s < n; ++s) {
     out[s] = static_cast<float>(1.0 / (1.0 + std::exp(-logit[s])));
   }
+}
+
+bool SyntheticIdsAreTeacherIds(const ModelConfig& config,
+                               const SyntheticOptions& options) {
+  if (options.vocabulary == 0) return true;
+  for (const TableConfig& table : config.tables()) {
+    if (!table.dynamic() && table.rows() < options.vocabulary) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeSyntheticSource(

@@ -27,9 +27,27 @@ struct SyntheticOptions {
   // Samples before the end of data; 0 = endless. Rewind() replays the same
   // samples. Default: 0.
   int64_t num_samples = 0;
+  // Distinct ids of each table's vocabulary, in [0, 2^62] (issue 33): ids
+  // are drawn Zipf over ranks [1, vocabulary], mapped to [0, vocabulary) by
+  // a fixed permutation and moved by `drift` (see MakeSyntheticSource), and
+  // a static table with fewer rows takes them % rows. 0: no vocabulary, ids
+  // are ranks - 1 in [0, rows) (id 0 the hottest). Default: 0.
+  int64_t vocabulary = 0;
+  // With a vocabulary: the Zipf rank positions the vocabulary moves per
+  // sample, >= 0, so the hottest ids of sample n are new ones as n grows
+  // and old ones fade. Needs a vocabulary when > 0. Default: 0 (none).
+  double drift = 0;
+  // With drift: sample n is drawn where the vocabulary stands at sample
+  // drift_start + n, >= 0 (an eval stream takes the training stream's
+  // length, so it scores the vocabulary where training left it). Sample n
+  // stays a pure function of (sample_seed, n). Default: 0.
+  int64_t drift_start = 0;
 
   absl::Status Validate() const;
 };
+
+// Longest vocabulary SyntheticOptions takes.
+inline constexpr int64_t kMaxSyntheticVocabulary = int64_t{1} << 62;
 
 // The planted model that labels synthetic samples: a logistic model with a
 // bias, dense weights, a per-id effect for every table, and low-rank
@@ -70,10 +88,24 @@ struct SyntheticOptions {
 //
 // With the "kaggle" preset this gives a CTR near 0.25 and a teacher AUC
 // (its own probabilities scored on its own labels) near 0.8: the ceiling a
-// trained model can approach. Thread-safe after construction.
+// trained model can approach.
+//
+// Under a vocabulary V > 0 (SyntheticOptions.vocabulary) every id of
+// [0, V) of every table has an effect, the same for every id:
+// a_t(id) = alpha_t N(seed, 1000 + t, id) and v_t(id)_k =
+// beta_t N(seed, 2000 + t, 4 id + k), with alpha_t^2 = 0.8 / T and beta_t
+// set as above (h = 1), and ids outside [0, V) add 0; the pairs and the
+// dense terms are as above, and b = logit(0.25) sqrt(1 + pi V / 8) (the
+// id effects have mean 0 over seeds). The hot ids, seen often, are what a
+// model can learn. Parameters are stored (as without a vocabulary) while
+// all tables' take at most 64 MiB, else computed for each lookup.
+// Thread-safe after construction.
 class Teacher {
  public:
-  Teacher(const ModelConfig& config, uint64_t teacher_seed);
+  // `vocabulary` 0: the teacher above for ids in [0, rows); > 0: the
+  // teacher of a vocabulary of that many ids per table.
+  Teacher(const ModelConfig& config, uint64_t teacher_seed,
+          int64_t vocabulary = 0);
 
   // Click probability of each sample of `batch` (batch.size values; the
   // batch must pass Validate). Reads only the dense features and tables the
@@ -85,10 +117,22 @@ class Teacher {
   struct Table {
     double alpha = 0;      // scale of a_t
     double beta = 0;       // scale of v_t; 0 when the table is in no pair
-    std::vector<float> a;  // a_t(id), id < min(rows, 1024), then a 0
+    std::vector<float> a;  // a_t(id), id < min(rows, 1024) (or < V under
+                           // a vocabulary), then a 0; empty when computed
     std::vector<float> v;  // v_t(id), 4 per id, then 4 zeros; empty if
-                           // the table is in no pair
+                           // the table is in no pair or when computed
+    bool in_pair = false;
+    // > 0: a and v are not stored; ids in [0, computed_ids) have theirs
+    // computed from these streams of the teacher's seed.
+    int64_t computed_ids = 0;
+    uint64_t seed = 0;
+    uint64_t a_stream = 0;
+    uint64_t v_stream = 0;
   };
+
+  // a_t(id) and v_t(id) (4 floats) computed from the table's streams.
+  static float EffectOf(const Table& table, int64_t id);
+  static void VectorOf(const Table& table, int64_t id, float* v);
 
   // a_t (v_t) pooled over bag s of `f`; ids without parameters add 0, and
   // an empty bag gives 0.
@@ -123,11 +167,29 @@ class Teacher {
 //   2p and 2p+1 sharing a pair), m_j in [0.5, 3.5] and s_j in [0.5, 1.2]
 //   fixed per feature: values mostly in [0, 10], like Criteo's after its
 //   transform;
-// - the label is Bernoulli(p) with p from Teacher(config, teacher_seed).
-// Generates over 1M kaggle-shaped samples/s on one core. InvalidArgument for
-// bad options, a config without tables, a table without rows or with an
-// invalid multi_hot_distribution.
+// - the label is Bernoulli(p) with p from Teacher(config, teacher_seed,
+//   vocabulary), of the ids before any reduction below.
+// Under a vocabulary V > 0 the ranks r are drawn the same way over
+// [1, V + 1), and the id of rank r in sample n is
+//   Perm_t((r - 1 - floor((drift_start + n) drift)) mod V),
+// Perm_t a fixed bijection of [0, V) per table (a 4-round Feistel network
+// on the even bit width that holds V, cycle-walked into [0, V); the same
+// for every seed), so hot ids are not contiguous, and as n grows ids that
+// were the coldest become the hottest while the hot ones fade. A static
+// table of rows < V then takes id % rows (today's modulo); a dynamic table
+// (TableConfig.dynamic) or one of rows >= V takes the id as it is.
+// Generates over 1M kaggle-shaped samples/s on one core without a
+// vocabulary. InvalidArgument for bad options, a config without tables, a
+// table without rows or with an invalid multi_hot_distribution.
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeSyntheticSource(
     const ModelConfig& config, SyntheticOptions options);
+
+// Whether the ids of MakeSyntheticSource(config, options)'s batches are the
+// ids their labels were drawn from, so that Teacher(config,
+// options.teacher_seed, options.vocabulary) scores a batch with the
+// probabilities it was drawn with: false when a vocabulary is reduced
+// modulo a static table's rows.
+bool SyntheticIdsAreTeacherIds(const ModelConfig& config,
+                               const SyntheticOptions& options);
 
 }  // namespace dlrm::data

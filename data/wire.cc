@@ -52,8 +52,12 @@ absl::Status ConvertSparse(const dlrm::SparseIds& in, int t, int64_t size,
     for (int64_t s = 0; s < size; ++s) {
       for (int64_t i = out->offsets[s]; i < out->offsets[s + 1]; ++i) {
         if (ids[i] < 0 || ids[i] >= rows) {
-          return Invalid(name, ".ids[", i, "] (sample ", s, "): id ", ids[i],
-                         " out of range [0, ", rows, ")");
+          return Invalid(
+              name, ".ids[", i, "] (sample ", s, "): id ", ids[i],
+              rows == kDynamicIdLimit
+                  ? " out of range: a dynamic table's ids are raw ids in "
+                    "[0, 2^63 - 1)"
+                  : absl::StrCat(" out of range [0, ", rows, ")"));
         }
       }
     }
@@ -89,7 +93,7 @@ absl::Status BatchFromProto(const dlrm::Batch& in, const BatchShape& shape,
                    " values, expected size x num_dense_features = ", size,
                    " x ", num_dense, " = ", size * num_dense);
   }
-  const int num_tables = static_cast<int>(shape.table_rows.size());
+  const int num_tables = static_cast<int>(shape.id_limits.size());
   if (in.sparse_size() != num_tables) {
     return Invalid(field, ".sparse has ", in.sparse_size(),
                    " features, the model has ", num_tables, " tables");
@@ -118,7 +122,7 @@ absl::Status BatchFromProto(const dlrm::Batch& in, const BatchShape& shape,
   out->Reset(shape.num_dense, num_tables);
   for (int t = 0; t < num_tables; ++t) {
     const absl::Status status = ConvertSparse(
-        in.sparse(t), t, size, shape.table_rows[t], field, &out->sparse[t]);
+        in.sparse(t), t, size, shape.id_limits[t], field, &out->sparse[t]);
     if (!status.ok()) return status;
   }
   out->size = size;

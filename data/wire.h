@@ -18,8 +18,10 @@ namespace dlrm::data {
 struct BatchShape {
   // Dense features per sample. Default: 13.
   int num_dense = 13;
-  // Rows of each table, in ModelConfig.tables order. Default: empty.
-  std::vector<int64_t> table_rows;
+  // The bound each table's ids stay below, in ModelConfig.tables order
+  // (data::TableIdLimits: a static table's rows, kDynamicIdLimit for a
+  // dynamic one). Default: empty.
+  std::vector<int64_t> id_limits;
 };
 
 // Whether a conversion needs labels.
@@ -36,7 +38,8 @@ enum class Labels {
 // "batch" or "batches[2]"). InvalidArgument naming the field and the sample
 // for: size < 1 or above `max_samples` (0 = no limit), wrong dense or
 // sparse counts, NaN/Inf dense values, lengths that are negative or do not
-// sum to the id count, ids out of range, labels missing or not 0/1. On
+// sum to the id count, ids out of range (negative, or at or past
+// the table's id limit), labels missing or not 0/1. On
 // error `out` is unspecified.
 absl::Status BatchFromProto(const dlrm::Batch& in, const BatchShape& shape,
                             Labels labels, int64_t max_samples,

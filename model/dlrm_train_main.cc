@@ -36,6 +36,9 @@ struct Flags {
   int64_t train_samples = 0;
   int64_t eval_samples = 65536;
   double zipf_alpha = 1.05;
+  // Synthetic vocabulary per table and its drift (data::SyntheticOptions).
+  int64_t vocabulary = 0;
+  double drift = 0;
   uint64_t data_seed = 0;
   bool hash_ids = false;
   int64_t steps = 0;
@@ -160,24 +163,45 @@ absl::Status Run(const Flags& f) {
   if (f.train_files.empty()) {
     data::SyntheticOptions o;
     o.zipf_alpha = f.zipf_alpha;
+    o.vocabulary = f.vocabulary;
+    o.drift = f.drift;
     o.teacher_seed = data_seed;
     o.sample_seed = data_seed + 1;
     o.num_samples = f.train_samples;
     ASSIGN_OR_RETURN(train, data::MakeSyntheticSource(config, o));
+    // A drifting vocabulary is scored where training leaves it: the eval
+    // samples are drawn from the vocabulary of the samples after the last
+    // one trained on.
     o.sample_seed = data_seed + 2;
     o.num_samples = f.eval_samples;
+    o.drift_start = f.train_samples;
+    if (f.steps > 0) {
+      o.drift_start = f.train_samples > 0
+                          ? std::min(f.train_samples, f.steps * f.batch_size)
+                          : f.steps * f.batch_size;
+    }
     ASSIGN_OR_RETURN(eval, data::MakeSyntheticSource(config, o));
-    teacher = std::make_shared<data::Teacher>(config, data_seed);
-    reference = [teacher](const data::Batch& b, float* out) {
-      teacher->Probabilities(b, out);
-    };
+    // Ids reduced modulo a static table's rows are no longer the teacher's.
+    if (data::SyntheticIdsAreTeacherIds(config, o)) {
+      teacher =
+          std::make_shared<data::Teacher>(config, data_seed, f.vocabulary);
+      reference = [teacher](const data::Batch& b, float* out) {
+        teacher->Probabilities(b, out);
+      };
+    }
     std::printf(
         "data: synthetic, zipf alpha %.2f, %s train samples, %lld "
-        "eval samples\n",
+        "eval samples",
         f.zipf_alpha,
         f.train_samples > 0 ? std::to_string(f.train_samples).c_str()
                             : "endless",
         static_cast<long long>(f.eval_samples));
+    if (f.vocabulary > 0) {
+      std::printf(", vocabulary %lld per table, drift %g%s",
+                  static_cast<long long>(f.vocabulary), f.drift,
+                  reference ? "" : " (no teacher AUC: ids taken modulo rows)");
+    }
+    std::printf("\n");
     if (f.train_samples == 0 && f.steps == 0) {
       return absl::InvalidArgumentError(
           "--steps is required with endless synthetic data "
@@ -285,6 +309,9 @@ int main(int argc, char** argv) {
   dlrm::AddDefaulted(app, "--eval-samples", f.eval_samples,
                      "Synthetic eval samples");
   dlrm::AddDefaulted(app, dlrm::kAlphaFlag, f.zipf_alpha, "Synthetic id skew");
+  dlrm::AddDefaulted(app, dlrm::kVocabularyFlag, f.vocabulary,
+                     dlrm::kVocabularyHelp);
+  dlrm::AddDefaulted(app, dlrm::kDriftFlag, f.drift, dlrm::kDriftHelp);
   app.add_option("--data-seed", f.data_seed,
                  "Synthetic data seed (0 = the model seed)");
   app.add_flag("--hash-ids", f.hash_ids,

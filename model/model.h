@@ -57,8 +57,10 @@ struct StepResult {
 };
 
 // OK when `batch` is a batch a model of `config` takes: Batch::Validate
-// against its dense width and table rows (InvalidArgument naming the field
-// and the sample), or an empty batch with one sparse feature per table.
+// against its dense width and data::TableIdLimits (a static table's ids in
+// [0, rows), a dynamic table's raw ids in [0, 2^63 - 1); InvalidArgument
+// naming the field and the sample), or an empty batch with one sparse
+// feature per table.
 absl::Status ValidateBatch(const ModelConfig& config, const data::Batch& batch);
 
 // One rank's part of a DLRM: replicas of the MLPs, the embedding shards the

@@ -19,9 +19,8 @@ namespace dlrm::model {
 absl::Status ValidateBatch(const ModelConfig& config,
                            const data::Batch& batch) {
   if (batch.size > 0) {
-    std::vector<int64_t> rows;
-    for (const TableConfig& t : config.tables()) rows.push_back(t.rows());
-    return batch.Validate(config.num_dense_features(), rows);
+    return batch.Validate(config.num_dense_features(),
+                          data::TableIdLimits(config));
   }
   if (batch.size < 0 ||
       static_cast<int>(batch.sparse.size()) != config.tables_size()) {

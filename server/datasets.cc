@@ -2,6 +2,7 @@
 #include "server/datasets.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
@@ -236,6 +237,27 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
             absl::StrCat(field, ".synthetic.zipf_alpha = ", s.zipf_alpha(),
                          " must be >= 0"));
       }
+      if (s.vocabulary() < 0 ||
+          s.vocabulary() > data::kMaxSyntheticVocabulary) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".synthetic.vocabulary = ", s.vocabulary(),
+                         " must be in [0, 2^62] (0 = no vocabulary)"));
+      }
+      if (!(s.drift() >= 0 && std::isfinite(s.drift()))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".synthetic.drift = ", s.drift(),
+                         " must be finite and >= 0"));
+      }
+      if (s.drift() > 0 && s.vocabulary() == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".synthetic.drift = ", s.drift(),
+                         " needs a vocabulary (synthetic.vocabulary > 0)"));
+      }
+      if (s.drift_start() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".synthetic.drift_start = ", s.drift_start(),
+                         " must be >= 0"));
+      }
       SyntheticData* r = out.mutable_synthetic();
       r->set_zipf_alpha(s.zipf_alpha() > 0 ? s.zipf_alpha() : 1.05);
       r->set_teacher_seed(s.teacher_seed() != 0 ? s.teacher_seed()
@@ -294,6 +316,9 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
       o.teacher_seed = s.teacher_seed();
       o.sample_seed = s.sample_seed();
       o.num_samples = s.num_samples();
+      o.vocabulary = s.vocabulary();
+      o.drift = s.drift();
+      o.drift_start = s.drift_start();
       absl::StatusOr<std::unique_ptr<data::BatchSource>> source =
           data::MakeSyntheticSource(config, o);
       if (!source.ok()) {
@@ -301,10 +326,15 @@ absl::StatusOr<OpenedDataset> OpenResolvedDataset(const DatasetSpec& spec,
             absl::StrCat(field, ".synthetic: ", source.status().message()));
       }
       out.source = *std::move(source);
-      auto teacher = std::make_shared<data::Teacher>(config, o.teacher_seed);
-      out.reference = [teacher](const data::Batch& b, float* probs) {
-        teacher->Probabilities(b, probs);
-      };
+      // Ids taken modulo a static table's rows are no longer the teacher's:
+      // no reference then.
+      if (data::SyntheticIdsAreTeacherIds(config, o)) {
+        auto teacher = std::make_shared<data::Teacher>(config, o.teacher_seed,
+                                                       o.vocabulary);
+        out.reference = [teacher](const data::Batch& b, float* probs) {
+          teacher->Probabilities(b, probs);
+        };
+      }
       out.endless = s.num_samples() == 0;
       return out;
     }

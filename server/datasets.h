@@ -61,7 +61,8 @@ enum class DatasetRole {
 
 struct OpenedDataset {
   std::unique_ptr<data::BatchSource> source;
-  // The planted teacher's scorer for synthetic data; null otherwise.
+  // The planted teacher's scorer for synthetic data whose ids are the
+  // teacher's (data::SyntheticIdsAreTeacherIds); null otherwise.
   model::ReferenceScorer reference;
   // True for endless synthetic data (a sample or step cap is needed).
   bool endless = false;

@@ -31,9 +31,7 @@ double Now() {
 data::BatchShape ShapeOf(const ModelConfig& config) {
   data::BatchShape shape;
   shape.num_dense = config.num_dense_features();
-  for (const TableConfig& t : config.tables()) {
-    shape.table_rows.push_back(t.rows());
-  }
+  shape.id_limits = data::TableIdLimits(config);
   return shape;
 }
 

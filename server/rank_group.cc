@@ -80,8 +80,8 @@ RankGroup::RankGroup(std::unique_ptr<comm::Communicator> comm,
   };
   channel_ =
       std::make_unique<comm::CommandChannel>(comm_.get(), std::move(channel));
+  id_limits_ = data::TableIdLimits(model_->config());
   for (const TableConfig& t : model_->config().tables()) {
-    table_rows_.push_back(t.rows());
     any_prefetch_ =
         any_prefetch_ ||
         embedding::TableCapabilities(t, model_->config().rocksdb(), t.rows())

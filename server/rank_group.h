@@ -327,7 +327,8 @@ class RankGroup {
   std::unique_ptr<comm::Communicator> predict_comm_;
   std::unique_ptr<model::Model> model_;
   const int rank_, world_;
-  std::vector<int64_t> table_rows_;
+  // data::TableIdLimits of the model: what batches are validated against.
+  std::vector<int64_t> id_limits_;
   // Whether a table's stores take the next batch (StoreCapabilities::
   // prefetch; then a next batch is worth sending).
   bool any_prefetch_ = false;

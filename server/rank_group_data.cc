@@ -47,7 +47,7 @@ absl::Status RankGroup::SetData(const std::string& bytes) {
     if (opened.ok()) {
       shares_.Reset(std::make_unique<data::RangeReader>(
           std::move(opened->source), model_->config().num_dense_features(),
-          static_cast<int>(table_rows_.size()), DatasetName(spec)));
+          static_cast<int>(id_limits_.size()), DatasetName(spec)));
     } else {
       local = opened.status();
       spdlog::warn("rank {}: cannot open the job's data: {}", rank_,

@@ -29,7 +29,7 @@ absl::Status RankGroup::ScatterBatch(const std::vector<std::string>& parts,
   if (rank_ == 0) return absl::OkStatus();  // the leader sliced its own part
   const int num_dense = model_->config().num_dense_features();
   const absl::Status decoded = data::DecodeColumns(
-      recv, num_dense, static_cast<int>(table_rows_.size()), slice);
+      recv, num_dense, static_cast<int>(id_limits_.size()), slice);
   if (!decoded.ok()) {
     // The leader encoded what it validated, so this is a bug; a slice
     // without sparse features makes every rank refuse the step together
@@ -120,12 +120,12 @@ absl::Status RankGroup::Lead(const data::Batch& batch, const data::Batch* next,
   RETURN_IF_ERROR(CheckUsable());
   // Checked here so that the error names the sample of the whole batch.
   RETURN_IF_ERROR(
-      batch.Validate(model_->config().num_dense_features(), table_rows_));
+      batch.Validate(model_->config().num_dense_features(), id_limits_));
   // A next batch only steers the prefetch of tables on RocksDB: sent when
   // there are such tables and it is valid.
   const bool send_next =
       train && next != nullptr && next->size > 0 && any_prefetch_ &&
-      next->Validate(model_->config().num_dense_features(), table_rows_).ok();
+      next->Validate(model_->config().num_dense_features(), id_limits_).ok();
   const std::vector<int64_t> sizes = SplitSamples(batch.size, world_);
   if (world_ == 1) {
     // The whole batch is the leader's: no slice to cut or send.

@@ -1534,7 +1534,7 @@ TEST(WireTest, RoundTripKeepsTheBatch) {
   ASSERT_TRUE(*(*src)->Next(33, &b));
   BatchShape shape;
   shape.num_dense = 4;
-  shape.table_rows = {50, 20, 100};
+  shape.id_limits = {50, 20, 100};
   dlrm::Batch wire;
   BatchToProto(b, /*include_labels=*/true, &wire);
   Batch back;
@@ -1558,7 +1558,7 @@ TEST(WireTest, RoundTripKeepsTheBatch) {
 TEST(WireTest, RejectsInconsistentMessagesNamingFieldAndSample) {
   BatchShape shape;
   shape.num_dense = 1;
-  shape.table_rows = {10};
+  shape.id_limits = {10};
   dlrm::Batch good;
   good.set_size(2);
   good.add_dense(0.5f);
@@ -1612,7 +1612,7 @@ TEST(WireTest, RejectsInconsistentMessagesNamingFieldAndSample) {
 TEST(WireTest, HugeSizeIsRejectedWithoutOverflow) {
   BatchShape shape;
   shape.num_dense = 2;
-  shape.table_rows = {10};
+  shape.id_limits = {10};
   dlrm::Batch m;
   m.set_size((int64_t{1} << 62) + 1);
   m.add_dense(1);

@@ -19,20 +19,20 @@ using dlrm::data::Labels;
 dlrm::data::BatchShape Shape() {
   dlrm::data::BatchShape shape;
   shape.num_dense = 2;
-  shape.table_rows = {1, 5, int64_t{1} << 40};
+  shape.id_limits = {1, 5, int64_t{1} << 40};
   return shape;
 }
 
 void CheckWellFormed(const dlrm::data::Batch& b,
                      const dlrm::data::BatchShape& shape) {
-  dlrm::fuzz::CheckOk(b.Validate(shape.num_dense, shape.table_rows),
+  dlrm::fuzz::CheckOk(b.Validate(shape.num_dense, shape.id_limits),
                       "a batch BatchFromProto accepted validates");
   dlrm::data::Batch half;
   b.Slice(b.size / 2, b.size, &half);
   dlrm::data::Batch joined;
   b.Slice(0, b.size / 2, &joined);
   joined.Append(half);
-  dlrm::fuzz::CheckOk(joined.Validate(shape.num_dense, shape.table_rows),
+  dlrm::fuzz::CheckOk(joined.Validate(shape.num_dense, shape.id_limits),
                       "slices appended back together validate");
   dlrm::fuzz::Check(joined.dense == b.dense && joined.labels == b.labels,
                     "slices appended back together are the batch");
@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     f.ids.assign(s.ids().begin(), s.ids().end());
     raw.sparse.push_back(std::move(f));
   }
-  if (raw.Validate(shape.num_dense, shape.table_rows).ok()) {
+  if (raw.Validate(shape.num_dense, shape.id_limits).ok()) {
     CheckWellFormed(raw, shape);
   }
   return 0;

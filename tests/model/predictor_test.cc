@@ -473,5 +473,34 @@ TEST(SnapshotPredictorTest, ServesTablesOnRocksDb) {
   EXPECT_HAS_SUBSTR(st.message(), "sparse") << st;
 }
 
+// Every prediction and step checks its batch with ValidateBatch: a dynamic
+// table's ids are raw ids in [0, 2^63 - 1), a static table's its rows.
+TEST(ValidateBatchTest, DynamicTablesTakeRawIdsStaticTablesTheirRows) {
+  ModelConfig config = Tiny();
+  config.mutable_tables(0)->set_dynamic(true);  // one id per bag
+  data::Batch batch = test::SyntheticBatch(Tiny(), 4, 1);
+  const int64_t raw = (int64_t{1} << 40) + 7;
+  batch.sparse[0].ids[0] = raw;
+  EXPECT_TRUE(ValidateBatch(config, batch).ok());
+
+  batch.sparse[0].ids[2] = -1;
+  const absl::Status negative = ValidateBatch(config, batch);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_NE(std::string(negative.message())
+                .find("sparse[0].ids[2] (sample 2) = -1 is out of range: a "
+                      "dynamic table's ids"),
+            std::string::npos)
+      << negative;
+
+  batch.sparse[0].ids[2] = 0;
+  batch.sparse[1].ids[0] = config.tables(1).rows();
+  const absl::Status rows = ValidateBatch(config, batch);
+  EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << rows;
+  EXPECT_NE(
+      std::string(rows.message()).find("sparse[1].ids[0] (sample 0) = 20"),
+      std::string::npos)
+      << rows;
+}
+
 }  // namespace
 }  // namespace dlrm::model

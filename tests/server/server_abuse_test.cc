@@ -137,7 +137,7 @@ class ServerAbuseTest : public testing::Test {
     data::Batch batch;
     data::BatchShape shape;
     shape.num_dense = config_.num_dense_features();
-    for (const auto& t : config_.tables()) shape.table_rows.push_back(t.rows());
+    shape.id_limits = data::TableIdLimits(config_);
     ASSERT_TRUE(data::BatchFromProto(wire, shape, data::Labels::kRequired, 0,
                                      "batch", &batch)
                     .ok());

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1783,6 +1784,63 @@ void WriteTinyNpyDay(const fs::path& prefix, int n) {
   ASSERT_TRUE(testing_npy::WriteNpy(p + "_dense.npy", "<f4", dense, n, 4));
   ASSERT_TRUE(testing_npy::WriteNpy(p + "_sparse.npy", "<i4", sparse, n, 3));
   ASSERT_TRUE(testing_npy::WriteNpy(p + "_labels.npy", "<f4", labels, n, 0));
+}
+
+TEST(ResolveDatasetTest, SyntheticVocabularyAndDriftReachTheSource) {
+  DatasetSpec spec;
+  SyntheticData* s = spec.mutable_synthetic();
+  s->set_num_samples(64);
+  s->set_vocabulary(100000);
+  s->set_drift(0.5);
+  s->set_drift_start(1000);
+  const auto resolve = [&](const DatasetSpec& d) {
+    return ResolveDataset(d, Tiny(), DataPathOptions{}, DatasetRole::kEval,
+                          "eval");
+  };
+  absl::StatusOr<DatasetSpec> resolved = resolve(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->synthetic().vocabulary(), 100000);
+  EXPECT_EQ(resolved->synthetic().drift_start(), 1000);
+
+  // Tiny's static tables (50, 20, 100 rows) take the vocabulary modulo
+  // their rows, so there is no teacher reference; with every table dynamic
+  // the ids are the teacher's, unreduced.
+  absl::StatusOr<OpenedDataset> opened =
+      OpenResolvedDataset(*resolved, Tiny(), "eval");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_FALSE(opened->reference);
+  data::Batch batch;
+  ASSERT_TRUE(*opened->source->Next(64, &batch));
+  EXPECT_TRUE(batch.Validate(4, data::TableIdLimits(Tiny())).ok());
+  ModelConfig dynamic = Tiny();
+  for (TableConfig& t : *dynamic.mutable_tables()) t.set_dynamic(true);
+  opened = OpenResolvedDataset(*resolved, dynamic, "eval");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(opened->reference);
+  ASSERT_TRUE(*opened->source->Next(64, &batch));
+  EXPECT_TRUE(batch.Validate(4, data::TableIdLimits(dynamic)).ok());
+  EXPECT_GE(
+      *std::max_element(batch.sparse[0].ids.begin(), batch.sparse[0].ids.end()),
+      50);
+
+  const auto expect_invalid = [&](const DatasetSpec& d,
+                                  const std::string& text) {
+    const absl::Status st = resolve(d).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(text), std::string::npos) << st;
+  };
+  DatasetSpec bad = spec;
+  bad.mutable_synthetic()->set_vocabulary(-1);
+  expect_invalid(bad, "eval.synthetic.vocabulary = -1");
+  bad = spec;
+  bad.mutable_synthetic()->set_vocabulary(0);
+  expect_invalid(bad, "eval.synthetic.drift = 0.5 needs a vocabulary");
+  bad = spec;
+  bad.mutable_synthetic()->set_drift(-1);
+  expect_invalid(bad, "eval.synthetic.drift = -1");
+  bad = spec;
+  bad.mutable_synthetic()->set_drift_start(-2);
+  expect_invalid(bad, "eval.synthetic.drift_start = -2");
 }
 
 TEST(ResolveDatasetTest, NumpyDaysResolveToTheirFilesInsideTheAllowedDirs) {
