@@ -1,6 +1,8 @@
 // Picks the Communicator implementation from CommOptions and connects it.
 #include "comm/factory.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "comm/collective_args.h"
 #include "comm/gloo_communicator.h"
@@ -24,6 +26,64 @@ const char* CommBackendName(CommBackend backend) {
       return "host-staged";
   }
   return "?";
+}
+
+namespace {
+
+// Every backend, in CommBackendNames' order.
+constexpr CommBackend kBackends[] = {
+    CommBackend::kAuto, CommBackend::kSingleRank, CommBackend::kGloo,
+    CommBackend::kNccl, CommBackend::kHostStaged};
+
+// Whether `backend` may be named for buffers in `space` (auto and
+// single-rank take either).
+bool TakesBuffersIn(CommBackend backend, MemorySpace space) {
+  switch (backend) {
+    case CommBackend::kGloo:
+      return space == MemorySpace::kHost;
+    case CommBackend::kNccl:
+    case CommBackend::kHostStaged:
+      return space == MemorySpace::kDevice;
+    case CommBackend::kSingleRank:
+      return true;
+    case CommBackend::kAuto:
+      return true;
+  }
+  return false;
+}
+
+// The backends a flag of `space` may name (kSingleRank is chosen, never
+// named there).
+std::vector<CommBackend> Choices(MemorySpace space) {
+  std::vector<CommBackend> out;
+  for (CommBackend b : kBackends) {
+    if (b != CommBackend::kSingleRank && TakesBuffersIn(b, space)) {
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CommBackendNames(MemorySpace space) {
+  const std::vector<CommBackend> choices = Choices(space);
+  std::string out;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) out += i + 1 == choices.size() ? " or " : ", ";
+    out += CommBackendName(choices[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<CommBackend> ParseCommBackend(absl::string_view flag,
+                                             absl::string_view name,
+                                             MemorySpace space) {
+  for (CommBackend b : Choices(space)) {
+    if (name == CommBackendName(b)) return b;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", name, ": expected ", CommBackendNames(space)));
 }
 
 absl::Status CommOptions::Validate() const {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "comm/communicator.h"
 #include "comm/coordinator_client.h"
 
@@ -28,6 +29,18 @@ enum class CommBackend {
 
 // "auto", "single-rank", "gloo", "nccl" or "host-staged".
 const char* CommBackendName(CommBackend backend);
+
+// The backends a communicator of `space`'s buffers may name, for a flag's
+// help and error: "auto", then those taking such buffers ("auto, nccl or
+// host-staged" for kDevice).
+std::string CommBackendNames(MemorySpace space);
+
+// The backend `name` names (CommBackendName's spelling) among those
+// CommBackendNames(space) lists; InvalidArgument naming `flag` and the
+// choices otherwise.
+absl::StatusOr<CommBackend> ParseCommBackend(absl::string_view flag,
+                                             absl::string_view name,
+                                             MemorySpace space);
 
 struct CommOptions {
   // Where the buffers of the collectives live: host or one CUDA device.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "comm/factory.h"
 #include "comm/grpc_auth.h"
 #include "core/cli_parse.h"
 #include "core/config.h"
@@ -262,12 +263,9 @@ absl::Status ValidateServerFlags(const ServerFlags& f) {
     return absl::InvalidArgumentError(
         "--inference-only serves on one rank only");
   }
-  if (f.device_comm != "auto" && f.device_comm != "nccl" &&
-      f.device_comm != "host-staged") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device-comm ", f.device_comm,
-                     ": expected auto, nccl or host-staged"));
-  }
+  RETURN_IF_ERROR(comm::ParseCommBackend("--device-comm", f.device_comm,
+                                         comm::MemorySpace::kDevice)
+                      .status());
   if (!(f.comm_timeout_s > 0) || !(f.comm_connect_timeout_s > 0) ||
       f.memory_budget_mb < 0) {
     return absl::InvalidArgumentError(
@@ -392,9 +390,10 @@ void AddServerFlags(CLI::App& app, ServerFlags* flags) {
                "ranks have idle cores; see bench/RESULTS.md)");
   AddDefaulted(app, "--device-comm", f.device_comm,
                "With --world-size > 1, device cuda and STORAGE_DEVICE "
-               "tables: the communicator of the pooled vectors' exchanges: "
-               "auto or nccl (one process per GPU), host-staged (Gloo on "
-               "host copies, for ranks sharing a GPU)");
+               "tables: the communicator of the pooled vectors' exchanges, " +
+                   comm::CommBackendNames(comm::MemorySpace::kDevice) +
+                   " (nccl: one process per GPU; host-staged: Gloo on host "
+                   "copies, for ranks sharing a GPU)");
   AddDefaulted(app, "--comm-timeout-s", f.comm_timeout_s,
                "Longest a collective between ranks waits for a peer "
                "before the job is declared broken, in seconds");

@@ -132,10 +132,10 @@ comm::CommOptions ChannelOptions(const ServerFlags& f, Channel channel) {
     case Channel::kDevice:
       o.job_id = "dlrm-server-device";
       o.memory_space = comm::MemorySpace::kDevice;
-      o.backend = f.device_comm == "nccl" ? comm::CommBackend::kNccl
-                  : f.device_comm == "host-staged"
-                      ? comm::CommBackend::kHostStaged
-                      : comm::CommBackend::kAuto;
+      // Checked with the flags (ValidateFlags): auto when unparsable.
+      o.backend = comm::ParseCommBackend("--device-comm", f.device_comm,
+                                         comm::MemorySpace::kDevice)
+                      .value_or(comm::CommBackend::kAuto);
       break;
   }
   return o;

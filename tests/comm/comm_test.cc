@@ -1706,6 +1706,32 @@ TEST(CommFactoryTest, ResolvesTheBackendFromSpaceAndWorldSize) {
   }
 }
 
+// The names a flag may give, per buffer space, parse to their backends;
+// another name, or one of the other space, names the flag and the choices.
+TEST(CommFactoryTest, ParsesTheNamesOfEachSpace) {
+  EXPECT_EQ(CommBackendNames(MemorySpace::kDevice),
+            "auto, nccl or host-staged");
+  EXPECT_EQ(CommBackendNames(MemorySpace::kHost), "auto or gloo");
+  for (MemorySpace space : {MemorySpace::kHost, MemorySpace::kDevice}) {
+    for (CommBackend b : {CommBackend::kAuto, CommBackend::kGloo,
+                          CommBackend::kNccl, CommBackend::kHostStaged}) {
+      const auto got = ParseCommBackend("--x", CommBackendName(b), space);
+      const bool fits =
+          b == CommBackend::kAuto ||
+          (b == CommBackend::kGloo) == (space == MemorySpace::kHost);
+      ASSERT_EQ(got.ok(), fits) << CommBackendName(b) << " "
+                                << MemorySpaceName(space) << got.status();
+      if (fits) EXPECT_EQ(*got, b);
+    }
+  }
+  const auto bad =
+      ParseCommBackend("--device-comm", "mpi", MemorySpace::kDevice);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "--device-comm mpi: expected auto, nccl or host-staged");
+  EXPECT_FALSE(ParseCommBackend("--x", "single-rank", MemorySpace::kHost).ok());
+}
+
 TEST(CommFactoryTest, RefusesOptionsThatDoNotFit) {
   const auto code = [](const CommOptions& o) {
     return CreateCommunicator(o).status().code();
