@@ -2,7 +2,7 @@
 // (StoreOptionsFor), what each tier does (TierCapabilities), and
 // CreateEmbeddingStore, which builds the store of a StoreKind (host memory,
 // RocksDB behind a host cache, device memory, a device cache over host
-// memory or RocksDB). In a file of its own, apart from the tiers, so that
+// memory or RocksDB; any of them behind a dynamic table's id map). In a file of its own, apart from the tiers, so that
 // code using only the host or device tier (the CUDA tests) does not link
 // RocksDB.
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
+#include "embedding/dynamic_store.h"
 #include "embedding/embedding_store.h"
 #include "embedding/rocksdb_store.h"
 
@@ -79,6 +80,12 @@ StoreOptions StoreOptionsFor(const TableConfig& table,
       o.kind = StoreKind::kHost;
       break;
   }
+  if (table.dynamic()) {
+    o.dynamic = true;
+    o.admission = table.admission();
+    o.eviction = table.eviction();
+    o.unadmitted = table.unadmitted();
+  }
   return o;
 }
 
@@ -99,6 +106,20 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(options.Validate());
+  if (options.dynamic) {
+    // The tier's store of the table's rows, then the map in front.
+    StoreOptions inner_options = options;
+    inner_options.dynamic = false;
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> inner,
+                     CreateEmbeddingStore(spec, inner_options, db));
+    DynamicStoreOptions dynamic;
+    dynamic.ids = DynamicIdOptionsFor(options.admission, options.eviction,
+                                      spec.rows, spec.seed);
+    dynamic.unadmitted = options.unadmitted;
+    ASSIGN_OR_RETURN(std::unique_ptr<DynamicStore> store,
+                     DynamicStore::Create(std::move(inner), dynamic));
+    return std::unique_ptr<EmbeddingStore>(std::move(store));
+  }
   if (options.kind == StoreKind::kHost) {
     return std::make_unique<HostStore>(spec);
   }
