@@ -418,5 +418,289 @@ TEST(DynamicIdOptions, RefusesFieldsOutOfRange) {
   EXPECT_NE(o.Validate().message().find("min_sightings"), std::string::npos);
 }
 
+// ---- DynamicStore over the host and RocksDB tiers.
+
+constexpr int kDim = 8;
+
+TableSpec Spec(int64_t rows) {
+  return test::MakeTableSpec(/*table_index=*/2, rows, kDim, POOLING_MEAN,
+                             OptimizerConfig::ADAGRAD, kSeed);
+}
+
+int64_t RecordFloats(const TableSpec& spec) {
+  return spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
+}
+
+// The record an id admitted into a table of `spec` starts from.
+std::vector<float> AdmittedRecord(const TableSpec& spec, int64_t id) {
+  std::vector<float> r(RecordFloats(spec));
+  InitialRow(spec.seed, spec.table_index, spec.rows, id, 0, spec.dim,
+             r.data());
+  optim::InitialSparseState(spec.optimizer, spec.dim, r.data() + spec.dim);
+  return r;
+}
+
+// The kept row's record under UNADMITTED_ZERO.
+std::vector<float> ZeroRecord(const TableSpec& spec) {
+  std::vector<float> r(RecordFloats(spec), 0.0f);
+  optim::InitialSparseState(spec.optimizer, spec.dim, r.data() + spec.dim);
+  return r;
+}
+
+std::vector<float> Row(EmbeddingStore& store, int64_t row) {
+  std::vector<float> r(RecordFloats(store.spec()));
+  EXPECT_TRUE(store.ReadRow(row, r.data()).ok());
+  return r;
+}
+
+// Bags of raw ids (large values) drawn from `vocab` of them.
+data::SparseFeature RawBags(Rng& rng, int64_t vocab, int64_t bags) {
+  return test::RandomBags(rng, bags, 3,
+                          [&](const data::SparseFeature&, int64_t) -> int64_t {
+                            return (int64_t{1} << 50) + 104729 * rng.Below(vocab);
+                          });
+}
+
+enum class Tier { kHost, kRocksDb };
+
+class DynamicStoreTest : public ::testing::TestWithParam<Tier> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Tier::kRocksDb) {
+      dir_ = test::MakeTestDir();
+      RocksDbStoreOptions o;
+      o.path = (dir_ / "db").string();
+      o.block_cache_bytes = 0;
+      auto db = RowDatabase::Open(o);
+      ASSERT_TRUE(db.ok()) << db.status();
+      db_ = *std::move(db);
+    }
+  }
+  void TearDown() override {
+    db_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // A store of `spec` on the test's tier (a row cache of `cache_rows`),
+  // dynamic with `admission`, `eviction` and `unadmitted`.
+  std::unique_ptr<EmbeddingStore> Make(const TableSpec& spec,
+                                       Admission admission = {},
+                                       Eviction eviction = {},
+                                       UnadmittedIds unadmitted =
+                                           UNADMITTED_ZERO,
+                                       int64_t cache_rows = 1 << 12) {
+    StoreOptions o;
+    o.kind =
+        GetParam() == Tier::kHost ? StoreKind::kHost : StoreKind::kRocksDbCache;
+    o.rocksdb.cache_rows = cache_rows;
+    if (db_ != nullptr) o.rocksdb.path = db_->options().path;
+    o.dynamic = true;
+    o.admission = admission;
+    o.eviction = eviction;
+    o.unadmitted = unadmitted;
+    auto store = CreateEmbeddingStore(spec, o, db_.get());
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<RowDatabase> db_;
+};
+
+DynamicStore& Dynamic(EmbeddingStore& store) {
+  return dynamic_cast<DynamicStore&>(store);
+}
+
+TEST_P(DynamicStoreTest, TrainsLikeAStaticTableFedTheMapsRows) {
+  const TableSpec spec = Spec(1025);
+  std::unique_ptr<EmbeddingStore> dynamic = Make(spec);
+  ASSERT_NE(dynamic, nullptr);
+  HostStore fixed(spec);
+  SCOPED_TRACE(::testing::Message() << "seed " << kSeed);
+  Rng rng(kSeed);
+  // 120 ids into 64 buckets of 16: nothing is evicted or refused.
+  std::vector<data::SparseFeature> batches;
+  std::vector<std::vector<float>> grads;
+  for (int b = 0; b < 30; ++b) {
+    batches.push_back(RawBags(rng, 120, 24));
+    grads.push_back(test::RandomGrad(rng, 24, kDim));
+  }
+  std::vector<std::vector<float>> outs;
+  for (int b = 0; b < 30; ++b) {
+    auto prepared = dynamic->Prepare(batches[b]);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    std::vector<float> out(24 * kDim);
+    ASSERT_TRUE(dynamic->Forward(**prepared, out.data(), kDim).ok());
+    outs.push_back(out);
+    ASSERT_TRUE(dynamic->BackwardUpdate(**prepared, grads[b].data(), kDim).ok());
+  }
+  const DynamicIdMap& map = Dynamic(*dynamic).map();
+  ASSERT_EQ(map.counters().evicted, 0);
+  ASSERT_EQ(map.counters().refused, 0);
+  // The static table: each id's row starts from the id's initial record
+  // (written before any batch touches it), the kept row from zero.
+  ASSERT_TRUE(
+      fixed.WriteRows(spec.rows - 1, 1, ZeroRecord(spec).data()).ok());
+  std::map<int64_t, int64_t> row_of;
+  for (const data::SparseFeature& f : batches) {
+    for (const int64_t id : f.ids) row_of[id] = map.Lookup(id);
+  }
+  for (const auto& [id, row] : row_of) {
+    ASSERT_GE(row, 0) << id;
+    ASSERT_TRUE(fixed.WriteRows(row, 1, AdmittedRecord(spec, id).data()).ok());
+  }
+  for (int b = 0; b < 30; ++b) {
+    data::SparseFeature rows = batches[b];
+    for (int64_t& id : rows.ids) id = row_of[id];
+    std::vector<float> out(24 * kDim);
+    ASSERT_TRUE(fixed.Forward(rows, out.data(), kDim).ok());
+    ASSERT_EQ(out, outs[b]) << "batch " << b;
+    ASSERT_TRUE(fixed.BackwardUpdate(rows, grads[b].data(), kDim).ok());
+  }
+  EXPECT_EQ(test::AllRecords(*dynamic), test::AllRecords(fixed));
+  EXPECT_EQ(dynamic->step(), fixed.step());
+  const StoreMetrics m = dynamic->metrics();
+  EXPECT_EQ(m.ids_admitted, static_cast<int64_t>(row_of.size()));
+  EXPECT_EQ(m.ids_occupied, static_cast<int64_t>(row_of.size()));
+  EXPECT_EQ(m.ids_evicted, 0);
+}
+
+TEST_P(DynamicStoreTest, AnEvictedRowStartsAgainFromTheNewIdsValue) {
+  // One bucket of 16 rows: the 17th id evicts the least recently seen.
+  const TableSpec spec = Spec(17);
+  std::unique_ptr<EmbeddingStore> store = Make(spec);
+  ASSERT_NE(store, nullptr);
+  std::vector<float> grad(kDim, 0.5f);
+  for (int64_t i = 0; i < 17; ++i) {
+    const int64_t id = 900 + i;
+    auto prepared = store->Prepare(test::Bag({id}));
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    const int64_t row = Dynamic(*store).map().Lookup(id);
+    ASSERT_GE(row, 0);
+    // Fresh: the id's initial value and fresh optimizer state, whatever
+    // the row held before.
+    EXPECT_EQ(Row(*store, row), AdmittedRecord(spec, id)) << id;
+    ASSERT_TRUE(store->BackwardUpdate(**prepared, grad.data(), kDim).ok());
+    EXPECT_NE(Row(*store, row), AdmittedRecord(spec, id)) << id;
+  }
+  // 900, seen first, lost its row to 916.
+  EXPECT_EQ(Dynamic(*store).map().Lookup(900), -1);
+  EXPECT_EQ(store->metrics().ids_evicted, 1);
+  EXPECT_EQ(store->metrics().ids_occupied, 16);
+}
+
+TEST_P(DynamicStoreTest, UnadmittedIdsPoolAZeroRowThatStaysZero) {
+  const TableSpec spec = Spec(33);
+  Admission after;
+  after.set_kind(Admission::ADMIT_AFTER_SIGHTINGS);
+  after.set_min_sightings(3);
+  std::unique_ptr<EmbeddingStore> store = Make(spec, after);
+  ASSERT_NE(store, nullptr);
+  std::vector<float> grad(2 * kDim, 1.0f);
+  data::SparseFeature f;
+  f.offsets = {0, 1, 3};
+  f.ids = {77, 77, 78};
+  for (int b = 0; b < 3; ++b) {
+    auto prepared = store->Prepare(f);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    std::vector<float> out(2 * kDim, -1.0f);
+    ASSERT_TRUE(store->Forward(**prepared, out.data(), kDim).ok());
+    if (b < 2) {
+      // Seen in fewer than 3 batches: zero, gradient dropped.
+      EXPECT_EQ(out, std::vector<float>(2 * kDim, 0.0f)) << b;
+      EXPECT_EQ(Dynamic(*store).map().Lookup(77), -1);
+    } else {
+      EXPECT_GE(Dynamic(*store).map().Lookup(77), 0);
+      EXPECT_NE(out[0], 0.0f);
+    }
+    ASSERT_TRUE(store->BackwardUpdate(**prepared, grad.data(), kDim).ok());
+    EXPECT_EQ(Row(*store, spec.rows - 1), ZeroRecord(spec)) << b;
+  }
+  EXPECT_EQ(store->metrics().ids_admitted, 2);
+}
+
+TEST_P(DynamicStoreTest, TheSharedRowTrains) {
+  const TableSpec spec = Spec(33);
+  Admission maybe;
+  maybe.set_kind(Admission::ADMIT_WITH_PROBABILITY);
+  maybe.set_probability(1e-9f);
+  std::unique_ptr<EmbeddingStore> store =
+      Make(spec, maybe, {}, UNADMITTED_SHARED_ROW);
+  ASSERT_NE(store, nullptr);
+  const std::vector<float> before = Row(*store, spec.rows - 1);
+  // Not zeroed: the row's own initial value.
+  EXPECT_NE(before, ZeroRecord(spec));
+  auto prepared = store->Prepare(test::Bag({5, 6}));
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(store->metrics().ids_admitted, 0);
+  std::vector<float> grad(kDim, 1.0f);
+  ASSERT_TRUE(store->BackwardUpdate(**prepared, grad.data(), kDim).ok());
+  EXPECT_NE(Row(*store, spec.rows - 1), before);
+}
+
+TEST_P(DynamicStoreTest, PredictionsNeverAdmit) {
+  const TableSpec spec = Spec(65);
+  std::unique_ptr<EmbeddingStore> store = Make(spec);
+  ASSERT_NE(store, nullptr);
+  auto prepared = store->Prepare(test::Bag({10}));
+  ASSERT_TRUE(prepared.ok());
+  std::vector<float> grad(kDim, 1.0f);
+  ASSERT_TRUE(store->BackwardUpdate(**prepared, grad.data(), kDim).ok());
+  const std::vector<float> records = test::AllRecords(*store);
+
+  // A known id pools its row; an unknown one the zero row.
+  data::SparseFeature f;
+  f.offsets = {0, 1, 2};
+  f.ids = {10, 11};
+  std::vector<float> pooled(2 * kDim);
+  ASSERT_TRUE(store->PoolReadOnly(f, pooled.data(), kDim).ok());
+  const std::vector<float> row10 = Row(*store, Dynamic(*store).map().Lookup(10));
+  EXPECT_TRUE(std::equal(pooled.begin(), pooled.begin() + kDim, row10.begin()));
+  EXPECT_EQ(std::vector<float>(pooled.begin() + kDim, pooled.end()),
+            std::vector<float>(kDim, 0.0f));
+  // PrepareLookup (Model's predictions) pools the same, admits nothing.
+  auto looked = store->PrepareLookup(f);
+  ASSERT_TRUE(looked.ok()) << looked.status();
+  std::vector<float> out(2 * kDim);
+  ASSERT_TRUE(store->Forward(**looked, out.data(), kDim).ok());
+  EXPECT_EQ(out, pooled);
+  EXPECT_EQ(Dynamic(*store).map().Lookup(11), -1);
+  EXPECT_EQ(store->metrics().ids_occupied, 1);
+  EXPECT_EQ(store->metrics().unknown_lookups, 2);
+  EXPECT_EQ(test::AllRecords(*store), records);
+}
+
+TEST_P(DynamicStoreTest, AFailedPrepareChangesNothing) {
+  const TableSpec spec = Spec(65);
+  // RocksDB: a row cache of 4 rows refuses a batch of 6 ids. Host: a
+  // negative id.
+  std::unique_ptr<EmbeddingStore> store =
+      Make(spec, {}, {}, UNADMITTED_ZERO, /*cache_rows=*/4);
+  ASSERT_NE(store, nullptr);
+  auto first = store->Prepare(test::Bag({1, 2}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::vector<float> records = test::AllRecords(*store);
+  const std::vector<int64_t> keys = Dynamic(*store).map().keys();
+  const data::SparseFeature bad = GetParam() == Tier::kRocksDb
+                                      ? test::Bag({3, 4, 5, 6, 7, 8})
+                                      : test::Bag({3, 4, -5});
+  auto prepared = store->Prepare(bad);
+  ASSERT_FALSE(prepared.ok());
+  EXPECT_EQ(prepared.status().code(), GetParam() == Tier::kRocksDb
+                                          ? absl::StatusCode::kResourceExhausted
+                                          : absl::StatusCode::kInvalidArgument)
+      << prepared.status();
+  EXPECT_EQ(Dynamic(*store).map().keys(), keys);
+  EXPECT_EQ(store->metrics().ids_admitted, 2);
+  EXPECT_EQ(test::AllRecords(*store), records);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, DynamicStoreTest,
+                         ::testing::Values(Tier::kHost, Tier::kRocksDb),
+                         [](const ::testing::TestParamInfo<Tier>& info) {
+                           return info.param == Tier::kHost ? "Host"
+                                                            : "RocksDb";
+                         });
+
 }  // namespace
 }  // namespace dlrm::embedding
