@@ -331,7 +331,8 @@ class Model {
   absl::Status AgreeOnBatch(const data::Batch& batch, const data::Batch* next);
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
-  absl::Status PrepareShards();
+  // `predict`: through PrepareLookup (no dynamic table admits an id).
+  absl::Status PrepareShards(bool predict);
   // comm::AgreeOnStatus over comm_ ("<what> <r>: ..." names the first
   // failing rank); a communicator error sets communicator_failed().
   absl::Status AgreeOnStatus(const absl::Status& local,
