@@ -170,14 +170,9 @@ absl::Status DynamicStore::Save(RowsSink& sink) {
   return sink.IdMap(map_);
 }
 
-absl::Status DynamicStore::RestoreMap(std::vector<int64_t> keys,
-                                      std::vector<int64_t> last_steps,
-                                      std::vector<int64_t> sightings,
-                                      std::vector<uint32_t> sketch,
-                                      int64_t step) {
+void DynamicStore::ReplaceMap(DynamicIdMap map) {
   std::unique_lock lock(mutex_);
-  return map_.Restore(std::move(keys), std::move(last_steps),
-                      std::move(sightings), std::move(sketch), step);
+  map_ = std::move(map);
 }
 
 }  // namespace dlrm::embedding

@@ -97,11 +97,9 @@ class DynamicStore final : public EmbeddingStore {
   // The inner store's rows in its form, then the map (RowsSink::IdMap).
   absl::Status Save(RowsSink& sink) override;
 
-  // Replaces the map with a saved one (DynamicIdMap::Restore's errors).
-  absl::Status RestoreMap(std::vector<int64_t> keys,
-                          std::vector<int64_t> last_steps,
-                          std::vector<int64_t> sightings,
-                          std::vector<uint32_t> sketch, int64_t step);
+  // Replaces the map with `map` (a restored one of this store's options:
+  // DynamicIdMap::Restore checked it), under the map's lock.
+  void ReplaceMap(DynamicIdMap map);
 
   const DynamicIdMap& map() const { return map_; }
   EmbeddingStore& inner() { return *inner_; }
