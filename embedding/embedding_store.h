@@ -253,8 +253,8 @@ class EmbeddingStore {
   // memory at out + s * out_stride from every row's current value, wherever
   // the row lives, bitwise as Forward on the prepared batch would; changes
   // nothing in the store (no row becomes resident, no eviction order,
-  // staging or counter moves), so the caller's results are the same with or
-  // without it. Thread-safe beside every other call on the store, its
+  // staging or counter moves but a dynamic table's unknown_lookups), so the
+  // caller's results are the same with or without it. Thread-safe beside every other call on the store, its
   // background jobs included, except the calls that change a row's value
   // (BackwardUpdate, WriteRows), which the callers keep apart (Model's
   // weights_mutex()). InvalidArgument naming the table for an id outside

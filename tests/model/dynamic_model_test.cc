@@ -15,6 +15,7 @@
 #include "data/synthetic.h"
 #include "embedding/dynamic_store.h"
 #include "embedding/embedding_store.h"
+#include "embedding/sharding_planner.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "tests/support/synthetic.h"
@@ -111,12 +112,22 @@ TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
   EXPECT_EQ(dynamic_cast<embedding::DynamicStore*>(m->shards().WholeStore(2)),
             nullptr);
   const std::vector<data::Batch> batches = Batches(c, 8);
+  std::vector<RankTableStore> reported;
   for (int i = 0; i < 6; ++i) {
     auto r = m->TrainStep(batches[i]);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(std::isfinite(r->loss));
+    reported = r->stores;
   }
   const embedding::StoreMetrics m1 = DynamicOf(*m, 0)->metrics();
+  // The step reports both dynamic tables' counters (host memory: no cache).
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_TRUE(reported[0].dynamic);
+  EXPECT_EQ(reported[0].table, 0);
+  EXPECT_EQ(reported[0].cache_rows, 0);
+  EXPECT_EQ(reported[0].metrics.ids_admitted, m1.ids_admitted);
+  EXPECT_EQ(reported[1].table, 1);
+  EXPECT_GT(reported[1].metrics.ids_admitted, 0);
   EXPECT_GT(m1.ids_admitted, 0);
   EXPECT_GT(m1.ids_occupied, 0);
   EXPECT_LE(m1.ids_occupied, 119);
@@ -126,6 +137,21 @@ TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
   ASSERT_TRUE(m->Predict(batches[7], &probs).ok());
   EXPECT_EQ(Maps(*m), maps);
   EXPECT_EQ(Tables(*m), tables);
+  EXPECT_EQ(DynamicOf(*m, 0)->metrics().ids_admitted, m1.ids_admitted);
+}
+
+// The planner replicates small tables, but never a dynamic one.
+TEST(DynamicModelTest, ThePlannerKeepsDynamicTablesWholeOrByColumns) {
+  const ModelConfig c = DynamicConfig();
+  embedding::PlannerOptions po;
+  po.world_size = 3;
+  auto plan = embedding::PlanSharding(c, po);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tables[2].kind, SHARDING_DATA_PARALLEL);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(plan->tables[k].kind, SHARDING_DATA_PARALLEL) << k;
+    EXPECT_NE(plan->tables[k].kind, SHARDING_ROW_WISE) << k;
+  }
 }
 
 class DynamicCheckpointTest : public ::testing::TestWithParam<bool> {};
