@@ -168,10 +168,10 @@ absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   const std::string field = absl::StrCat("tables[", i, "]");
   if (!t.dynamic()) {
-    const char* set = t.has_admission()          ? "admission"
-                      : t.has_eviction()         ? "eviction"
-                      : t.unadmitted() != 0      ? "unadmitted"
-                                                 : nullptr;
+    const char* set = t.has_admission()     ? "admission"
+                      : t.has_eviction()    ? "eviction"
+                      : t.unadmitted() != 0 ? "unadmitted"
+                                            : nullptr;
     if (set != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".", set, " (", t.name(),
@@ -189,7 +189,8 @@ absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
   if (t.sharding() == SHARDING_DATA_PARALLEL ||
       t.sharding() == SHARDING_ROW_WISE) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".sharding (", t.name(), ") is ", ShardingKind_Name(t.sharding()),
+        field, ".sharding (", t.name(), ") is ",
+        ShardingKind_Name(t.sharding()),
         ", which a dynamic table cannot take: replicas would each learn "
         "their own map, and row-wise by hash of the id is not built yet; use "
         "SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE or SHARDING_AUTO"));
@@ -318,7 +319,8 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
     if (t.dim() == 0) t.set_dim(c.embedding_dim());
     if (t.multi_hot_size() == 0) t.set_multi_hot_size(1);
     // A dynamic table's rows are its capacity, not a vocabulary to cap.
-    if (t.dynamic() && t.admission().kind() == Admission::ADMIT_AFTER_SIGHTINGS &&
+    if (t.dynamic() &&
+        t.admission().kind() == Admission::ADMIT_AFTER_SIGHTINGS &&
         t.admission().min_sightings() == 0) {
       t.mutable_admission()->set_min_sightings(2);
     }

@@ -61,13 +61,14 @@ DynamicIdOptions DynamicIdOptionsFor(const Admission& admission,
   DynamicIdOptions o;
   o.rows = rows;
   o.admission = admission.kind();
-  if (admission.min_sightings() > 0) o.min_sightings = admission.min_sightings();
+  if (admission.min_sightings() > 0)
+    o.min_sightings = admission.min_sightings();
   if (o.admission == Admission::ADMIT_WITH_PROBABILITY) {
     o.probability = admission.probability();
   }
   o.seed = seed;
   o.eviction = eviction.kind() == Eviction::EVICT_LFU ? EvictionPolicy::kLfu
-                                                       : EvictionPolicy::kLru;
+                                                      : EvictionPolicy::kLru;
   o.ttl_steps = eviction.ttl_steps();
   return o;
 }
@@ -204,12 +205,11 @@ absl::Status DynamicIdMap::MakePlan(std::span<const int64_t> ids, int64_t step,
         continue;
       }
       // Least recently seen first; LFU: fewest sightings, then that.
-      const bool better =
-          options_.eviction == EvictionPolicy::kLfu
-              ? (sightings_[r] < sightings_[chosen] ||
-                 (sightings_[r] == sightings_[chosen] &&
-                  last_[r] < last_[chosen]))
-              : last_[r] < last_[chosen];
+      const bool better = options_.eviction == EvictionPolicy::kLfu
+                              ? (sightings_[r] < sightings_[chosen] ||
+                                 (sightings_[r] == sightings_[chosen] &&
+                                  last_[r] < last_[chosen]))
+                              : last_[r] < last_[chosen];
       if (better) chosen = r;
     }
     if (chosen < 0) {
@@ -279,13 +279,13 @@ absl::Status DynamicIdMap::Restore(std::vector<int64_t> keys,
     const int64_t b = Bucket(id);
     if (static_cast<int64_t>(r) < BucketBegin(b) ||
         static_cast<int64_t>(r) >= BucketBegin(b) + BucketSize(b)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a dynamic table's saved map holds id ", id, " in row ", r,
-          ", outside its bucket ", b));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a dynamic table's saved map holds id ", id, " in row ",
+                       r, ", outside its bucket ", b));
     }
     if (!seen.insert(id).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a dynamic table's saved map holds id ", id, " twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a dynamic table's saved map holds id ", id, " twice"));
     }
     ++occupied;
   }

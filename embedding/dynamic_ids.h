@@ -109,10 +109,9 @@ class DynamicIdMap {
   // each new id, in order of first appearance, is admitted or not by the
   // policy and, admitted, takes its own row if it expired there, else the
   // first empty or expired row of its bucket, else the policy's victim
-  // among rows no id of this batch holds, else is refused. InvalidArgument for a negative id. Not thread-safe
-  // with another MakePlan (scratch).
-  absl::Status MakePlan(std::span<const int64_t> ids, int64_t step,
-                        Plan* plan);
+  // among rows no id of this batch holds, else is refused. InvalidArgument for
+  // a negative id. Not thread-safe with another MakePlan (scratch).
+  absl::Status MakePlan(std::span<const int64_t> ids, int64_t step, Plan* plan);
   // Applies `plan`, made by MakePlan on this map as it is now.
   void Commit(const Plan& plan);
 

@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<DynamicStore>> DynamicStore::Create(
 
 void DynamicStore::InitialRecord(int64_t id, float* record) const {
   const TableSpec& s = spec();
-  const int64_t table_rows = s.slice.table_rows > 0 ? s.slice.table_rows
-                                                    : s.rows;
+  const int64_t table_rows =
+      s.slice.table_rows > 0 ? s.slice.table_rows : s.rows;
   InitialRow(s.seed, s.table_index, table_rows, id, s.slice.col_begin, s.dim,
              record);
   optim::InitialSparseState(s.optimizer, s.dim, record + s.dim);

@@ -254,13 +254,13 @@ class EmbeddingStore {
   // the row lives, bitwise as Forward on the prepared batch would; changes
   // nothing in the store (no row becomes resident, no eviction order,
   // staging or counter moves but a dynamic table's unknown_lookups), so the
-  // caller's results are the same with or without it. Thread-safe beside every other call on the store, its
-  // background jobs included, except the calls that change a row's value
-  // (BackwardUpdate, WriteRows), which the callers keep apart (Model's
-  // weights_mutex()). InvalidArgument naming the table for an id outside
-  // [0, rows) where the tier checks ids (the host tier, like its Prepare,
-  // does not); FailedPrecondition on tiers that cannot read beside their
-  // caller (the device tier); RocksDB failures as Prepare.
+  // caller's results are the same with or without it. Thread-safe beside every
+  // other call on the store, its background jobs included, except the calls
+  // that change a row's value (BackwardUpdate, WriteRows), which the callers
+  // keep apart (Model's weights_mutex()). InvalidArgument naming the table for
+  // an id outside [0, rows) where the tier checks ids (the host tier, like its
+  // Prepare, does not); FailedPrecondition on tiers that cannot read beside
+  // their caller (the device tier); RocksDB failures as Prepare.
   virtual absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
                                     int64_t out_stride) const = 0;
 

@@ -2,9 +2,9 @@
 // (StoreOptionsFor), what each tier does (TierCapabilities), and
 // CreateEmbeddingStore, which builds the store of a StoreKind (host memory,
 // RocksDB behind a host cache, device memory, a device cache over host
-// memory or RocksDB; any of them behind a dynamic table's id map). In a file of its own, apart from the tiers, so that
-// code using only the host or device tier (the CUDA tests) does not link
-// RocksDB.
+// memory or RocksDB; any of them behind a dynamic table's id map). In a file of
+// its own, apart from the tiers, so that code using only the host or device
+// tier (the CUDA tests) does not link RocksDB.
 #include <algorithm>
 #include <memory>
 #include <utility>

@@ -182,9 +182,9 @@ absl::StatusOr<embedding::DynamicIdMap> ReadIdMap(
     std::memcpy(sketch.data(), saved_sketch->data(),
                 sketch.size() * sizeof(uint32_t));
   }
-  const absl::Status restored =
-      map.Restore(std::move(keys), std::move(last), std::move(sightings),
-                  std::move(sketch), MetadataStep(f->metadata(), MapStepKey(base)));
+  const absl::Status restored = map.Restore(
+      std::move(keys), std::move(last), std::move(sightings), std::move(sketch),
+      MetadataStep(f->metadata(), MapStepKey(base)));
   if (!restored.ok()) {
     return absl::DataLossError(absl::StrCat("dynamic table ",
                                             saved.tables(k).name(), ": ", file,
@@ -421,15 +421,16 @@ class PartSink final : public embedding::RowsSink {
                                  map.sightings()[r]};
       std::memcpy(words.data() + r * kMapWords, fields, sizeof(fields));
     }
-    tensors_->push_back({MapTensorName(base_), {rows, kMapWords}, words.data()});
+    tensors_->push_back(
+        {MapTensorName(base_), {rows, kMapWords}, words.data()});
     if (!map.sketch().empty()) {
       std::vector<float>& sketch = words_.emplace_back(map.sketch().size());
       std::memcpy(sketch.data(), map.sketch().data(),
                   sketch.size() * sizeof(float));
-      tensors_->push_back({SketchTensorName(base_),
-                           {embedding::DynamicIdMap::kSketchDepth,
-                            map.sketch_width()},
-                           sketch.data()});
+      tensors_->push_back(
+          {SketchTensorName(base_),
+           {embedding::DynamicIdMap::kSketchDepth, map.sketch_width()},
+           sketch.data()});
     }
     (*meta_)[MapStepKey(base_)] = std::to_string(map.step());
     return absl::OkStatus();
@@ -447,7 +448,6 @@ class PartSink final : public embedding::RowsSink {
   std::deque<std::vector<float>> words_;
   embedding::RowDatabase* database_ = nullptr;
 };
-
 
 // This rank's part of a checkpoint, into the directory `tmp`: its shards in
 // host memory (a data-parallel table's copy on rank 0 only) in

@@ -343,10 +343,9 @@ TrainStepOutcome ModelHost::Outcome(const model::StepResult& r, double seconds,
   last_dynamic_.clear();
   for (const model::RankTableStore& store : r.stores) {
     const TableConfig& t = config_.tables(store.table);
-    outcome.stores.push_back(TableStoreStats{t.name(), store.rank,
-                                             store.cache_rows, store.device,
-                                             store.metrics, store.dynamic,
-                                             t.rows()});
+    outcome.stores.push_back(
+        TableStoreStats{t.name(), store.rank, store.cache_rows, store.device,
+                        store.metrics, store.dynamic, t.rows()});
     if (store.dynamic) last_dynamic_.push_back(outcome.stores.back());
   }
   outcome.checkpoint =

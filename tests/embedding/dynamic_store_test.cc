@@ -4,6 +4,8 @@
 // the host and RocksDB tiers: bitwise like a static table fed the map's
 // rows, admitted rows reset, the kept row zero or trained, predictions
 // never admit, a failed Prepare changes nothing.
+#include "embedding/dynamic_store.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 
 #include "core/random.h"
 #include "embedding/dynamic_ids.h"
-#include "embedding/dynamic_store.h"
 #include "embedding/embedding_store.h"
 #include "embedding/row_database.h"
 #include "optim/optimizer.h"
@@ -252,8 +253,8 @@ INSTANTIATE_TEST_SUITE_P(
                 EvictionPolicy::kLru, 3, 48},
         MapCase{"LfuTtl", 101, Admission::ADMIT_ALWAYS, 2, 1.0,
                 EvictionPolicy::kLfu, 5, 48},
-        MapCase{"AfterSightings", 101, Admission::ADMIT_AFTER_SIGHTINGS, 3,
-                1.0, EvictionPolicy::kLru, 0, 48},
+        MapCase{"AfterSightings", 101, Admission::ADMIT_AFTER_SIGHTINGS, 3, 1.0,
+                EvictionPolicy::kLru, 0, 48},
         MapCase{"WithProbability", 101, Admission::ADMIT_WITH_PROBABILITY, 2,
                 0.3, EvictionPolicy::kLfu, 0, 48},
         // One bucket of 16 rows, batches of more distinct ids: refusals.
@@ -366,8 +367,8 @@ TEST(DynamicIdMap, RestoresItsStateAndRefusesAForeignOne) {
   Rng rng(kSeed);
   DynamicIdMap::Plan plan;
   for (int64_t b = 0; b < 20; ++b) {
-    ASSERT_TRUE(map.MakePlan(StreamBatch(rng, b, 300, 1, 32), b + 1, &plan)
-                    .ok());
+    ASSERT_TRUE(
+        map.MakePlan(StreamBatch(rng, b, 300, 1, 32), b + 1, &plan).ok());
     map.Commit(plan);
   }
   DynamicIdMap copy(o);
@@ -383,8 +384,8 @@ TEST(DynamicIdMap, RestoresItsStateAndRefusesAForeignOne) {
   EXPECT_EQ(a.rows, b.rows);
 
   std::vector<int64_t> keys = map.keys();
-  const auto it = std::find_if(keys.begin(), keys.end(),
-                               [](int64_t k) { return k >= 0; });
+  const auto it =
+      std::find_if(keys.begin(), keys.end(), [](int64_t k) { return k >= 0; });
   ASSERT_NE(it, keys.end());
   // Moved to a row of another bucket.
   const int64_t id = *it;
@@ -434,8 +435,7 @@ int64_t RecordFloats(const TableSpec& spec) {
 // The record an id admitted into a table of `spec` starts from.
 std::vector<float> AdmittedRecord(const TableSpec& spec, int64_t id) {
   std::vector<float> r(RecordFloats(spec));
-  InitialRow(spec.seed, spec.table_index, spec.rows, id, 0, spec.dim,
-             r.data());
+  InitialRow(spec.seed, spec.table_index, spec.rows, id, 0, spec.dim, r.data());
   optim::InitialSparseState(spec.optimizer, spec.dim, r.data() + spec.dim);
   return r;
 }
@@ -455,10 +455,10 @@ std::vector<float> Row(EmbeddingStore& store, int64_t row) {
 
 // Bags of raw ids (large values) drawn from `vocab` of them.
 data::SparseFeature RawBags(Rng& rng, int64_t vocab, int64_t bags) {
-  return test::RandomBags(rng, bags, 3,
-                          [&](const data::SparseFeature&, int64_t) -> int64_t {
-                            return (int64_t{1} << 50) + 104729 * rng.Below(vocab);
-                          });
+  return test::RandomBags(
+      rng, bags, 3, [&](const data::SparseFeature&, int64_t) -> int64_t {
+        return (int64_t{1} << 50) + 104729 * rng.Below(vocab);
+      });
 }
 
 enum class Tier { kHost, kRocksDb };
@@ -483,12 +483,10 @@ class DynamicStoreTest : public ::testing::TestWithParam<Tier> {
 
   // A store of `spec` on the test's tier (a row cache of `cache_rows`),
   // dynamic with `admission`, `eviction` and `unadmitted`.
-  std::unique_ptr<EmbeddingStore> Make(const TableSpec& spec,
-                                       Admission admission = {},
-                                       Eviction eviction = {},
-                                       UnadmittedIds unadmitted =
-                                           UNADMITTED_ZERO,
-                                       int64_t cache_rows = 1 << 12) {
+  std::unique_ptr<EmbeddingStore> Make(
+      const TableSpec& spec, Admission admission = {}, Eviction eviction = {},
+      UnadmittedIds unadmitted = UNADMITTED_ZERO,
+      int64_t cache_rows = 1 << 12) {
     StoreOptions o;
     o.kind =
         GetParam() == Tier::kHost ? StoreKind::kHost : StoreKind::kRocksDbCache;
@@ -532,15 +530,15 @@ TEST_P(DynamicStoreTest, TrainsLikeAStaticTableFedTheMapsRows) {
     std::vector<float> out(24 * kDim);
     ASSERT_TRUE(dynamic->Forward(**prepared, out.data(), kDim).ok());
     outs.push_back(out);
-    ASSERT_TRUE(dynamic->BackwardUpdate(**prepared, grads[b].data(), kDim).ok());
+    ASSERT_TRUE(
+        dynamic->BackwardUpdate(**prepared, grads[b].data(), kDim).ok());
   }
   const DynamicIdMap& map = Dynamic(*dynamic).map();
   ASSERT_EQ(map.counters().evicted, 0);
   ASSERT_EQ(map.counters().refused, 0);
   // The static table: each id's row starts from the id's initial record
   // (written before any batch touches it), the kept row from zero.
-  ASSERT_TRUE(
-      fixed.WriteRows(spec.rows - 1, 1, ZeroRecord(spec).data()).ok());
+  ASSERT_TRUE(fixed.WriteRows(spec.rows - 1, 1, ZeroRecord(spec).data()).ok());
   std::map<int64_t, int64_t> row_of;
   for (const data::SparseFeature& f : batches) {
     for (const int64_t id : f.ids) row_of[id] = map.Lookup(id);
@@ -654,7 +652,8 @@ TEST_P(DynamicStoreTest, PredictionsNeverAdmit) {
   f.ids = {10, 11};
   std::vector<float> pooled(2 * kDim);
   ASSERT_TRUE(store->PoolReadOnly(f, pooled.data(), kDim).ok());
-  const std::vector<float> row10 = Row(*store, Dynamic(*store).map().Lookup(10));
+  const std::vector<float> row10 =
+      Row(*store, Dynamic(*store).map().Lookup(10));
   EXPECT_TRUE(std::equal(pooled.begin(), pooled.begin() + kDim, row10.begin()));
   EXPECT_EQ(std::vector<float>(pooled.begin() + kDim, pooled.end()),
             std::vector<float>(kDim, 0.0f));

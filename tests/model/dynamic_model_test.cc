@@ -90,9 +90,8 @@ std::vector<float> Tables(Model& m) {
   std::vector<float> out;
   for (int k = 0; k < m.config().tables_size(); ++k) {
     embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
-    const int64_t floats =
-        s.spec().dim + embedding::StateFloatsPerRow(s.spec().optimizer,
-                                                    s.spec().dim);
+    const int64_t floats = s.spec().dim + embedding::StateFloatsPerRow(
+                                              s.spec().optimizer, s.spec().dim);
     std::vector<float> records(s.spec().rows * floats);
     EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
     out.insert(out.end(), records.begin(), records.end());
@@ -246,7 +245,8 @@ TEST(DynamicCheckpointTest, RefusesACheckpointOfAStaticTable) {
 }
 
 // The error of `extra` added to a one-table config, or OK.
-absl::Status ConfigError(const std::string& table, const std::string& extra = "") {
+absl::Status ConfigError(const std::string& table,
+                         const std::string& extra = "") {
   auto parsed = ParseModelConfigText(absl::StrCat(
       "num_dense_features: 2 embedding_dim: 4 tables { name: \"t\" ", table,
       " } bottom_mlp: [4] top_mlp: [1] ", extra));
@@ -285,10 +285,10 @@ TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
   };
   for (const Bad& b : bad) {
     const absl::Status s = ConfigError(b.table);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << b.table << ": "
-                                                            << s;
-    EXPECT_NE(s.message().find(b.field), std::string::npos) << b.table << ": "
-                                                            << s;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+        << b.table << ": " << s;
+    EXPECT_NE(s.message().find(b.field), std::string::npos)
+        << b.table << ": " << s;
   }
   EXPECT_TRUE(ConfigError("rows: 2 dynamic: true").ok());
   // No max_rows_per_table cap on a dynamic table's capacity; 0 sightings

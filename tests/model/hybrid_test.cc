@@ -524,11 +524,11 @@ absl::Status RunWorker(const WorkerArgs& a) {
     }
     int64_t admitted = 0;
     for (int j = 0; j < m->shards().size(); ++j) {
-      const auto* d = dynamic_cast<const embedding::DynamicStore*>(
-          m->shards().store(j));
+      const auto* d =
+          dynamic_cast<const embedding::DynamicStore*>(m->shards().store(j));
       if (d == nullptr) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", a.rank, ": shard ", j, " is not a dynamic table's"));
+        return absl::InternalError(absl::StrCat("rank ", a.rank, ": shard ", j,
+                                                " is not a dynamic table's"));
       }
       admitted += d->metrics().ids_admitted;
     }

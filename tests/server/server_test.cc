@@ -1130,15 +1130,17 @@ TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
 TEST(ServerMetricsTest, DynamicTablesGetTheirOwnSeries) {
   TrainStepOutcome step;
   step.step = 2;
-  TableStoreStats host{"u", 1, 0, /*device=*/false, {}, /*dynamic=*/true,
-                       /*rows=*/1000};
+  TableStoreStats host{"u", 1, 0, /*device=*/false, {}};
+  host.dynamic = true;
+  host.rows = 1000;
   host.metrics.ids_admitted = 300;
   host.metrics.ids_evicted = 20;
   host.metrics.ids_refused = 2;
   host.metrics.unknown_lookups = 7;
   host.metrics.ids_occupied = 280;
-  TableStoreStats disk{"v", 0, 50, /*device=*/false, {}, /*dynamic=*/true,
-                       /*rows=*/500};
+  TableStoreStats disk{"v", 0, 50, /*device=*/false, {}};
+  disk.dynamic = true;
+  disk.rows = 500;
   disk.metrics.hits = 4;
   disk.metrics.ids_occupied = 40;
   step.stores = {host, disk};
