@@ -252,6 +252,18 @@ void DynamicIdMap::Commit(const Plan& plan) {
   step_ = plan.step;
 }
 
+int64_t DynamicIdMap::BytesFor(const DynamicIdOptions& options) {
+  // Key, last step and sightings (int64 each) and the plan's claim stamp.
+  const int64_t per_row = 3 * sizeof(int64_t) + sizeof(uint32_t);
+  int64_t bytes = (options.rows - 1) * per_row;
+  if (options.admission == Admission::ADMIT_AFTER_SIGHTINGS) {
+    const int64_t width = static_cast<int64_t>(std::bit_ceil(
+        static_cast<uint64_t>(std::max<int64_t>(1024, options.rows))));
+    bytes += kSketchDepth * width * static_cast<int64_t>(sizeof(uint32_t));
+  }
+  return bytes;
+}
+
 int64_t DynamicIdMap::MemoryBytes() const {
   return static_cast<int64_t>(
       keys_.size() * sizeof(int64_t) + last_.size() * sizeof(int64_t) +

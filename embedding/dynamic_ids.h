@@ -125,8 +125,11 @@ class DynamicIdMap {
   const DynamicIdCounters& counters() const { return counters_; }
   // The step of the last Commit (or Restore); 0 before any.
   int64_t step() const { return step_; }
-  // Bytes of the map's arrays and sketch.
+  // Bytes of the map's arrays and sketch: BytesFor(options()).
   int64_t MemoryBytes() const;
+  // The bytes a map of `options` holds (in host memory, whatever the tier
+  // of the rows): 28 per usable row, and the sketch's 16 per counter column.
+  static int64_t BytesFor(const DynamicIdOptions& options);
 
   // The state a checkpoint keeps: per row (usable_rows()) the key, the
   // last step seen and the sightings; the sketch, kSketchDepth x

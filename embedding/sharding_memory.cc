@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/config.h"
+#include "embedding/dynamic_ids.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -25,17 +26,25 @@ int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
   return ShardBytes(slots, optimizer);
 }
 
+int64_t DynamicMapBytes(const TableConfig& table) {
+  if (!table.dynamic()) return 0;
+  return DynamicIdMap::BytesFor(DynamicIdOptionsFor(
+      table.admission(), table.eviction(), table.rows(), /*seed=*/0));
+}
+
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb) {
   const TableConfig& t = config.tables(k);
   // A device table has no host copy unless it is cached (the whole table
   // then stays in host memory behind the device's slots, or its RocksDB
   // row cache does).
-  if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) return 0;
+  if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) {
+    return DynamicMapBytes(t);
+  }
   Shard shard;
   shard.row_count = RowsOnRocksDb(t) ? CachedRows(rocksdb, t.rows()) : t.rows();
   shard.col_count = t.dim();
-  return ShardBytes(shard, config.sparse_optimizer());
+  return ShardBytes(shard, config.sparse_optimizer()) + DynamicMapBytes(t);
 }
 
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
@@ -44,6 +53,9 @@ std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
   std::vector<int64_t> used(plan.world_size, 0);
   for (int k = 0; k < config.tables_size(); ++k) {
     const TableConfig& t = config.tables(k);
+    for (const Shard& shard : plan.tables[k].shards) {
+      used[shard.rank] += DynamicMapBytes(t);
+    }
     if (t.storage() == STORAGE_DEVICE && t.device_cache_rows() == 0) {
       continue;
     }

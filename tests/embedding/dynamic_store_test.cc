@@ -21,6 +21,7 @@
 #include "embedding/dynamic_ids.h"
 #include "embedding/embedding_store.h"
 #include "embedding/row_database.h"
+#include "embedding/sharding_memory.h"
 #include "optim/optimizer.h"
 #include "tests/support/files.h"
 #include "tests/support/table_spec.h"
@@ -287,6 +288,20 @@ TEST(DynamicIdMap, BucketsCoverTheRowsButTheKeptOne) {
   for (int64_t id : {0LL, 1LL, 123456789LL, (1LL << 62) + 5}) {
     EXPECT_EQ(map.Bucket(id), map2.Bucket(id));
   }
+}
+
+TEST(DynamicIdMap, HoldsTheBytesThePlannersCount) {
+  DynamicIdOptions o = Options(5000);
+  EXPECT_EQ(DynamicIdMap(o).MemoryBytes(), DynamicIdMap::BytesFor(o));
+  EXPECT_EQ(DynamicIdMap::BytesFor(o), 4999 * 28);
+  o.admission = Admission::ADMIT_AFTER_SIGHTINGS;
+  EXPECT_EQ(DynamicIdMap(o).MemoryBytes(), DynamicIdMap::BytesFor(o));
+  EXPECT_EQ(DynamicIdMap::BytesFor(o), 4999 * 28 + 4 * 8192 * 4);
+  TableConfig t;
+  t.set_rows(5000);
+  EXPECT_EQ(DynamicMapBytes(t), 0);
+  t.set_dynamic(true);
+  EXPECT_EQ(DynamicMapBytes(t), 4999 * 28);
 }
 
 TEST(DynamicIdMap, IdsOfTheBatchAreNeverVictims) {
