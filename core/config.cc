@@ -160,6 +160,79 @@ absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
   return absl::OkStatus();
 }
 
+// InvalidArgument naming the field when table `i` sets admission,
+// eviction or unadmitted without being dynamic, or is dynamic with fewer
+// than 2 rows, data-parallel or row-wise sharding, or an out-of-range
+// admission or eviction field.
+absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
+  const TableConfig& t = c.tables(i);
+  const std::string field = absl::StrCat("tables[", i, "]");
+  if (!t.dynamic()) {
+    const char* set = t.has_admission()     ? "admission"
+                      : t.has_eviction()    ? "eviction"
+                      : t.unadmitted() != 0 ? "unadmitted"
+                                            : nullptr;
+    if (set != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".", set, " (", t.name(),
+                       ") is set but the table is not dynamic (set dynamic: "
+                       "true to map raw ids onto its rows)"));
+    }
+    return absl::OkStatus();
+  }
+  if (t.rows() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".rows (", t.name(), ") = ", t.rows(),
+        ": a dynamic table needs rows >= 2 (its capacity; one row is kept "
+        "for ids without a row)"));
+  }
+  if (t.sharding() == SHARDING_DATA_PARALLEL ||
+      t.sharding() == SHARDING_ROW_WISE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".sharding (", t.name(), ") is ",
+        ShardingKind_Name(t.sharding()),
+        ", which a dynamic table cannot take: replicas would each learn "
+        "their own map, and row-wise by hash of the id is not built yet; use "
+        "SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE or SHARDING_AUTO"));
+  }
+  const Admission& a = t.admission();
+  if (!Admission::Kind_IsValid(a.kind())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".admission.kind (", t.name(), ") is invalid: ", a.kind()));
+  }
+  if (a.min_sightings() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".admission.min_sightings (", t.name(),
+                     ") must be >= 0, got ", a.min_sightings()));
+  }
+  if (a.kind() == Admission::ADMIT_WITH_PROBABILITY &&
+      !(a.probability() > 0 && a.probability() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".admission.probability (", t.name(),
+                     ") must be in (0, 1], got ", a.probability()));
+  }
+  if (a.kind() != Admission::ADMIT_WITH_PROBABILITY && a.probability() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".admission.probability (", t.name(),
+        ") is set but admission.kind is ", Admission::Kind_Name(a.kind())));
+  }
+  const Eviction& e = t.eviction();
+  if (!Eviction::Kind_IsValid(e.kind())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".eviction.kind (", t.name(), ") is invalid: ", e.kind()));
+  }
+  if (e.ttl_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".eviction.ttl_steps (", t.name(),
+                     ") must be >= 0, got ", e.ttl_steps()));
+  }
+  if (!UnadmittedIds_IsValid(t.unadmitted())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".unadmitted (", t.name(), ") is invalid: ", t.unadmitted()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRocksDbConfig(const RocksDbConfig& r) {
   if (r.cache_rows() < 0) {
     return absl::InvalidArgumentError("rocksdb.cache_rows must be >= 0");
@@ -245,7 +318,14 @@ absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig c) {
   for (auto& t : *c.mutable_tables()) {
     if (t.dim() == 0) t.set_dim(c.embedding_dim());
     if (t.multi_hot_size() == 0) t.set_multi_hot_size(1);
-    if (c.max_rows_per_table() > 0 && t.rows() > c.max_rows_per_table()) {
+    // A dynamic table's rows are its capacity, not a vocabulary to cap.
+    if (t.dynamic() &&
+        t.admission().kind() == Admission::ADMIT_AFTER_SIGHTINGS &&
+        t.admission().min_sightings() == 0) {
+      t.mutable_admission()->set_min_sightings(2);
+    }
+    if (!t.dynamic() && c.max_rows_per_table() > 0 &&
+        t.rows() > c.max_rows_per_table()) {
       t.set_rows(c.max_rows_per_table());
     }
   }
@@ -331,6 +411,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           ") has storage STORAGE_ROCKSDB but rocksdb.path is empty"));
     }
     RETURN_IF_ERROR(CheckStorageOnDevice(c, i));
+    RETURN_IF_ERROR(CheckDynamicTable(c, i));
   }
   if (c.rocksdb().host_budget_bytes() < 0) {
     return absl::InvalidArgumentError("rocksdb.host_budget_bytes must be >= 0");

@@ -19,6 +19,7 @@ class FileSystem;
 
 namespace dlrm::embedding {
 
+class DynamicIdMap;
 class HostStore;
 class RowDatabase;
 
@@ -79,15 +80,29 @@ struct StoreMetrics {
   // Writes of rows retried after RocksDB failed them (a failed flush) and
   // was asked to recover (RocksDbStoreOptions::write_retries).
   int64_t write_retries = 0;
+  // Dynamic tables (DynamicStore): new ids given a row, ids that lost theirs
+  // to a new id (expired ones included), new ids the policy admitted that
+  // found no row (their bucket held only ids of the same batch), and ids
+  // without a row that predictions and PrepareLookup pooled.
+  int64_t ids_admitted = 0;
+  int64_t ids_evicted = 0;
+  int64_t ids_refused = 0;
+  int64_t unknown_lookups = 0;
+  // A gauge, not a counter: rows that hold an id now (summed over shards,
+  // a column-wise table counts its rows once per shard).
+  int64_t ids_occupied = 0;
 
   // Every field, in declaration order (for sums and for sending them).
-  static constexpr int kNumFields = 10;
+  static constexpr int kNumFields = 15;
   static constexpr int64_t StoreMetrics::*kFields[kNumFields] = {
       &StoreMetrics::hits,          &StoreMetrics::misses,
       &StoreMetrics::prefetch_hits, &StoreMetrics::evictions,
       &StoreMetrics::rows_read,     &StoreMetrics::rows_initialized,
       &StoreMetrics::rows_written,  &StoreMetrics::bytes_read,
-      &StoreMetrics::bytes_written, &StoreMetrics::write_retries};
+      &StoreMetrics::bytes_written, &StoreMetrics::write_retries,
+      &StoreMetrics::ids_admitted,  &StoreMetrics::ids_evicted,
+      &StoreMetrics::ids_refused,   &StoreMetrics::unknown_lookups,
+      &StoreMetrics::ids_occupied};
   StoreMetrics& operator+=(const StoreMetrics& other) {
     for (const auto field : kFields) this->*field += other.*field;
     return *this;
@@ -156,6 +171,13 @@ class RowsSink {
   // The store's rows are in `db`, flushed (step counter included): the
   // checkpoint copies the database, once however many stores it holds.
   virtual absl::Status Database(RowDatabase& db) = 0;
+  // A dynamic table's id map (DynamicStore::Save, after its rows): valid
+  // while the store lives and is not changed. A sink that keeps no maps
+  // fails the save (Unimplemented) rather than lose it.
+  virtual absl::Status IdMap(const DynamicIdMap& map) {
+    return absl::UnimplementedError(
+        "this checkpoint sink cannot keep a dynamic table's id map");
+  }
 };
 
 // The rows of one table or shard with their optimizer state, and the
@@ -163,7 +185,8 @@ class RowsSink {
 // resident and gives the ids the kernels take; Forward and BackwardUpdate
 // then run on that prepared batch. Implementations: HostStore (every row
 // resident, no remapping), RocksDbCachedStore (rocksdb_store.h),
-// CachedStore (cached_store.h, slots in front of a backing store) and, in
+// CachedStore (cached_store.h, slots in front of a backing store),
+// DynamicStore (dynamic_store.h, raw ids mapped onto any of them) and, in
 // builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
 // background prefetch, which it synchronises itself), except PoolReadOnly,
@@ -189,6 +212,14 @@ class EmbeddingStore {
   // A failed Prepare leaves the stored rows unchanged.
   virtual absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) = 0;
+
+  // Prepare for a batch that is pooled and never updated (Model's
+  // predictions): Prepare itself on every tier but a dynamic table's
+  // (DynamicStore), which maps the ids it knows and admits none.
+  virtual absl::StatusOr<const data::SparseFeature*> PrepareLookup(
+      const data::SparseFeature& ids) {
+    return Prepare(ids);
+  }
 
   // EmbeddingTable::Forward on `prepared`, the result of the last Prepare:
   // bag s pooled into out + s * out_stride, `out` in memory_space().
@@ -222,14 +253,14 @@ class EmbeddingStore {
   // memory at out + s * out_stride from every row's current value, wherever
   // the row lives, bitwise as Forward on the prepared batch would; changes
   // nothing in the store (no row becomes resident, no eviction order,
-  // staging or counter moves), so the caller's results are the same with or
-  // without it. Thread-safe beside every other call on the store, its
-  // background jobs included, except the calls that change a row's value
-  // (BackwardUpdate, WriteRows), which the callers keep apart (Model's
-  // weights_mutex()). InvalidArgument naming the table for an id outside
-  // [0, rows) where the tier checks ids (the host tier, like its Prepare,
-  // does not); FailedPrecondition on tiers that cannot read beside their
-  // caller (the device tier); RocksDB failures as Prepare.
+  // staging or counter moves but a dynamic table's unknown_lookups), so the
+  // caller's results are the same with or without it. Thread-safe beside every
+  // other call on the store, its background jobs included, except the calls
+  // that change a row's value (BackwardUpdate, WriteRows), which the callers
+  // keep apart (Model's weights_mutex()). InvalidArgument naming the table for
+  // an id outside [0, rows) where the tier checks ids (the host tier, like its
+  // Prepare, does not); FailedPrecondition on tiers that cannot read beside
+  // their caller (the device tier); RocksDB failures as Prepare.
   virtual absl::Status PoolReadOnly(const data::SparseFeature& ids, float* out,
                                     int64_t out_stride) const = 0;
 
@@ -451,6 +482,15 @@ struct StoreOptions {
   // kRocksDbCache (a RocksDbCachedStore with `rocksdb`'s options in the
   // factory's `db`). Default: kHost.
   StoreKind device_cache_backing = StoreKind::kHost;
+  // Whether the table is dynamic (TableConfig.dynamic): the store is a
+  // DynamicStore (dynamic_store.h) mapping raw ids onto a store of the
+  // tier above, with the fields below and the spec's seed. Default: false.
+  bool dynamic = false;
+  // Used when dynamic: TableConfig's admission, eviction and unadmitted.
+  // Default: their protos' defaults (every id, LRU, zero rows).
+  Admission admission;
+  Eviction eviction;
+  UnadmittedIds unadmitted = UNADMITTED_ZERO;
 
   // InvalidArgument when the chosen tier's options are invalid.
   absl::Status Validate() const;
@@ -477,7 +517,8 @@ StoreCapabilities TableCapabilities(const TableConfig& table,
 // factory takes (kRocksDbCache, or a device cache backed by it).
 bool NeedsDatabase(const StoreOptions& options);
 
-// Creates the store `options.kind` names for `spec`. `db` is used (and must
+// Creates the store `options.kind` names for `spec` (wrapped in a
+// DynamicStore when options.dynamic). `db` is used (and must
 // outlive the store) for kRocksDbCache, and for kDevice with a device cache
 // backed by kRocksDbCache, where it must not be null; the table's rows go
 // to its own column family there. InvalidArgument for bad

@@ -2,6 +2,7 @@
 #include "embedding/sharding_memory.h"
 
 #include "core/config.h"
+#include "embedding/dynamic_ids.h"
 #include "embedding/planned_bytes.h"
 #include "optim/optimizer.h"
 
@@ -18,6 +19,12 @@ int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
                          const OptimizerConfig& optimizer) {
   // Device bytes do not depend on the RocksDB options.
   return PlannedShardBytes(table, RocksDbConfig(), shard, optimizer).device;
+}
+
+int64_t DynamicMapBytes(const TableConfig& table) {
+  if (!table.dynamic()) return 0;
+  return DynamicIdMap::BytesFor(DynamicIdOptionsFor(
+      table.admission(), table.eviction(), table.rows(), /*seed=*/0));
 }
 
 int64_t HostBytesOfTable(const ModelConfig& config, int k,

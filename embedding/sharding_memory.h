@@ -22,11 +22,16 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
                          const OptimizerConfig& optimizer);
 
+// Host bytes of a dynamic table's id map (DynamicIdMap::BytesFor) in each
+// shard of it (every shard holds all its rows, and the map, on any tier);
+// 0 for a static table.
+int64_t DynamicMapBytes(const TableConfig& table);
 // Host bytes of table `k` of a normalised config under `rocksdb`: the whole
 // table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
 // STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (with device_cache_rows, what is
 // behind the device: the whole table, or its row cache when
-// device_cache_backing is STORAGE_ROCKSDB).
+// device_cache_backing is STORAGE_ROCKSDB); a dynamic table's id map
+// besides (DynamicMapBytes).
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 
@@ -34,7 +39,8 @@ int64_t HostBytesOfTable(const ModelConfig& config, int k,
 // normalised `config`): STORAGE_HOST shards whole, the row cache of each
 // STORAGE_ROCKSDB shard (CachedRows of the shard's rows under `rocksdb`);
 // STORAGE_DEVICE shards count nothing, or with device_cache_rows what is
-// behind the device (whole, or the row cache of a RocksDB backing).
+// behind the device (whole, or the row cache of a RocksDB backing); each
+// shard of a dynamic table its id map besides.
 std::vector<int64_t> HostBytesPerRank(const ModelConfig& config,
                                       const ShardingPlan& plan,
                                       const RocksDbConfig& rocksdb);

@@ -272,7 +272,10 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   auto place_auto = [&](int k, bool keep_device) {
     const TableConfig& t = config.tables(k);
     const Shard whole{0, 0, t.rows(), 0, t.dim()};
-    if (world > 1 &&
+    // A dynamic table's map learns from the batches it prepares: a replica
+    // would see only its rank's, and row-wise by hash of the id is not
+    // built yet (docs/dynamic.md), so it goes whole or by columns.
+    if (world > 1 && !t.dynamic() &&
         ShardBytes(whole, opt) <= options.data_parallel_max_bytes &&
         try_place(k, SHARDING_DATA_PARALLEL, all_ranks(), keep_device)) {
       return true;
@@ -298,7 +301,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
         return true;
       }
     }
-    return world > 1 && t.rows() >= world &&
+    return world > 1 && !t.dynamic() && t.rows() >= world &&
            try_place(k, SHARDING_ROW_WISE, all_ranks(), keep_device);
   };
   for (int k : automatic) {

@@ -35,7 +35,8 @@ struct PlannerOptions {
 // (TableConfig.sharding / shard_ranks) are placed as pinned; the rest go,
 // largest lookup cost first, to the rank with the least lookup cost that has
 // room: whole (table-wise) when it fits, else split by columns (never with
-// row-wise Adagrad, whose per-row state spans all columns), else by rows.
+// row-wise Adagrad, whose per-row state spans all columns), else by rows
+// (a dynamic table is never replicated nor split by rows).
 // Ranks tie on lookup cost are taken by device bytes, then bytes, so device
 // tables spread; with options.device_budget_bytes, a STORAGE_DEVICE table
 // takes the first of these placements that also fits every rank's device

@@ -3,9 +3,9 @@
 // plans to hold by place (PlannedShardBytes), and
 // CreateEmbeddingStore, which builds the store of a StoreKind (host memory,
 // RocksDB behind a host cache, device memory, a device cache over host
-// memory or RocksDB). In a file of its own, apart from the tiers, so that
-// code using only the host or device tier (the CUDA tests) does not link
-// RocksDB.
+// memory or RocksDB; any of them behind a dynamic table's id map). In a file of
+// its own, apart from the tiers, so that code using only the host or device
+// tier (the CUDA tests) does not link RocksDB.
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -14,6 +14,8 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/status.h"
+#include "embedding/dynamic_ids.h"
+#include "embedding/dynamic_store.h"
 #include "embedding/embedding_store.h"
 #include "embedding/planned_bytes.h"
 #include "embedding/rocksdb_store.h"
@@ -82,6 +84,12 @@ StoreOptions StoreOptionsFor(const TableConfig& table,
       o.kind = StoreKind::kHost;
       break;
   }
+  if (table.dynamic()) {
+    o.dynamic = true;
+    o.admission = table.admission();
+    o.eviction = table.eviction();
+    o.unadmitted = table.unadmitted();
+  }
   return o;
 }
 
@@ -101,6 +109,12 @@ StoreBytes PlannedShardBytes(const TableConfig& table,
     return ShardBytes(part, optimizer);
   };
   StoreBytes b;
+  // A dynamic table's id map, in host memory whatever the tier (every shard
+  // of it holds one over its rows).
+  if (table.dynamic()) {
+    b.host = DynamicIdMap::BytesFor(DynamicIdOptionsFor(
+        table.admission(), table.eviction(), shard.row_count, /*seed=*/0));
+  }
   StoreKind rows_tier = o.kind;
   if (o.kind == StoreKind::kDevice) {
     const int64_t slots = o.device_cache.cache_rows;
@@ -110,10 +124,10 @@ StoreBytes PlannedShardBytes(const TableConfig& table,
     rows_tier = o.device_cache_backing;
   }
   if (rows_tier == StoreKind::kRocksDbCache) {
-    b.host = rows_bytes(o.rocksdb.cache_rows);
+    b.host += rows_bytes(o.rocksdb.cache_rows);
     b.disk = ShardBytes(shard, optimizer);
   } else {
-    b.host = ShardBytes(shard, optimizer);
+    b.host += ShardBytes(shard, optimizer);
   }
   return b;
 }
@@ -129,6 +143,20 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(options.Validate());
+  if (options.dynamic) {
+    // The tier's store of the table's rows, then the map in front.
+    StoreOptions inner_options = options;
+    inner_options.dynamic = false;
+    ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> inner,
+                     CreateEmbeddingStore(spec, inner_options, db));
+    DynamicStoreOptions dynamic;
+    dynamic.ids = DynamicIdOptionsFor(options.admission, options.eviction,
+                                      spec.rows, spec.seed);
+    dynamic.unadmitted = options.unadmitted;
+    ASSIGN_OR_RETURN(std::unique_ptr<DynamicStore> store,
+                     DynamicStore::Create(std::move(inner), dynamic));
+    return std::unique_ptr<EmbeddingStore>(std::move(store));
+  }
   if (options.kind == StoreKind::kHost) {
     return std::make_unique<HostStore>(spec);
   }

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <string_view>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/dynamic_store.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint_layout.h"
 #include "model/checkpoint_manifest.h"
@@ -46,7 +49,7 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
     const auto& x = a.tables(i);
     const auto& y = b.tables(i);
     if (x.name() != y.name() || x.rows() != y.rows() || x.dim() != y.dim() ||
-        x.pooling() != y.pooling()) {
+        x.pooling() != y.pooling() || x.dynamic() != y.dynamic()) {
       return mismatch(absl::StrCat("tables[", i, "] (", y.name(), ")"));
     }
     // The tier may differ: a restore reads and writes rows through stores.
@@ -117,6 +120,79 @@ void TestOnlyFreeze(int rank, std::string_view point) {
   ::raise(SIGSTOP);
 }
 
+// A dynamic table's id map in a checkpoint (docs/dynamic.md
+// "Checkpoints"), beside its shard's rows in the rank's safetensors file:
+// "<base>.dynamic_map" [usable rows, 6], each row's key, last step seen
+// and sightings as int64 bit patterns in float32 words (safetensors files
+// here hold F32 only: the words are never read as numbers), and, under
+// ADMIT_AFTER_SIGHTINGS, "<base>.dynamic_sketch" [4, width] (uint32 bit
+// patterns); the map's step under metadata key "dynamic_step.<base>".
+constexpr int kMapWords = 6;
+std::string MapTensorName(const std::string& base) {
+  return base + ".dynamic_map";
+}
+std::string SketchTensorName(const std::string& base) {
+  return base + ".dynamic_sketch";
+}
+std::string MapStepKey(const std::string& base) {
+  return "dynamic_step." + base;
+}
+
+// The saved id map of dynamic table `k` for a store of `options`, read from
+// its first block's rank file in `dir` (every block of a dynamic table
+// holds all its rows: the maps of its column blocks are the same).
+// FailedPrecondition naming the tensor when it is missing or has another
+// shape; DataLoss when its keys are not a valid map.
+absl::StatusOr<embedding::DynamicIdMap> ReadIdMap(
+    const fs::path& dir, const ModelConfig& saved, const SavedLayout& layout,
+    int k, const embedding::DynamicIdOptions& options) {
+  const std::string base = ShardBase(saved, k, 0);
+  const std::string file = RankFileName(layout.tables[k][0].rank);
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f,
+                   SafetensorsFile::Open((dir / file).string()));
+  embedding::DynamicIdMap map(options);
+  const int64_t rows = map.usable_rows();
+  absl::StatusOr<std::span<const float>> words =
+      f->Get(MapTensorName(base), {rows, kMapWords});
+  if (!words.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dynamic table ", saved.tables(k).name(), ": ", file, ": ",
+                     words.status().message()));
+  }
+  std::vector<int64_t> keys(rows), last(rows), sightings(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t fields[3];
+    std::memcpy(fields, words->data() + r * kMapWords, sizeof(fields));
+    keys[r] = fields[0];
+    last[r] = fields[1];
+    sightings[r] = fields[2];
+  }
+  // The sketch, where both the saved and this table's admission keep one
+  // (admission may change between runs: the counts then start again).
+  std::vector<uint32_t> sketch(map.sketch().size(), 0);
+  if (!sketch.empty() && f->Has(SketchTensorName(base))) {
+    absl::StatusOr<std::span<const float>> saved_sketch =
+        f->Get(SketchTensorName(base),
+               {embedding::DynamicIdMap::kSketchDepth, map.sketch_width()});
+    if (!saved_sketch.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dynamic table ", saved.tables(k).name(), ": ", file,
+                       ": ", saved_sketch.status().message()));
+    }
+    std::memcpy(sketch.data(), saved_sketch->data(),
+                sketch.size() * sizeof(uint32_t));
+  }
+  const absl::Status restored = map.Restore(
+      std::move(keys), std::move(last), std::move(sightings), std::move(sketch),
+      MetadataStep(f->metadata(), MapStepKey(base)));
+  if (!restored.ok()) {
+    return absl::DataLossError(absl::StrCat("dynamic table ",
+                                            saved.tables(k).name(), ": ", file,
+                                            ": ", restored.message()));
+  }
+  return map;
+}
+
 // A restore read and checked on this rank, not yet applied.
 struct StagedRestore {
   Manifest manifest;
@@ -128,6 +204,8 @@ struct StagedRestore {
   };
   std::vector<Copy> dense;
   int64_t step = 0, dense_step = 0;
+  // The id maps of this rank's dynamic shards, by local shard index.
+  std::vector<std::pair<int, embedding::DynamicIdMap>> maps;
 };
 
 // Reads the manifest, config and layout of the checkpoint in `dir`, checks
@@ -185,6 +263,21 @@ absl::StatusOr<StagedRestore> StageRestore(Model& model, const fs::path& dir,
       file_system));
   ASSIGN_OR_RETURN(
       r.tables, TableRestore::Stage(model, dir, saved, layout, weights_only));
+  // Dynamic tables' id maps (with weights_only too: predictions need them).
+  const ShardSet& shards = model.shards();
+  for (int j = 0; j < shards.size(); ++j) {
+    const auto* store =
+        dynamic_cast<const embedding::DynamicStore*>(shards.store(j));
+    if (store == nullptr) continue;
+    const int k = shards[j].table;
+    const std::string file = RankFileName(layout.tables[k][0].rank);
+    RETURN_IF_ERROR(VerifyCheckpointFiles(
+        dir.string(), r.manifest,
+        [&file](const std::string& p) { return p == file; }, file_system));
+    ASSIGN_OR_RETURN(embedding::DynamicIdMap map,
+                     ReadIdMap(dir, saved, layout, k, store->map().options()));
+    r.maps.emplace_back(j, std::move(map));
+  }
 
   auto open =
       [&](const std::string& name) -> absl::StatusOr<const SafetensorsFile*> {
@@ -238,6 +331,11 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
     // Readers on other threads see the old weights or the new, never a mix.
     Model::WeightsWriter writing(model);
     staged->tables->Apply();
+    // After Apply: it may have replaced the stores of the database form.
+    for (auto& [j, map] : staged->maps) {
+      static_cast<embedding::DynamicStore*>(model.shards().store(j))
+          ->ReplaceMap(std::move(map));
+    }
     for (const StagedRestore::Copy& c : staged->dense) {
       std::copy(c.from.begin(), c.from.end(), c.to);
     }
@@ -315,6 +413,28 @@ class PartSink final : public embedding::RowsSink {
     database_ = &db;
     return absl::OkStatus();
   }
+  absl::Status IdMap(const embedding::DynamicIdMap& map) override {
+    const int64_t rows = map.usable_rows();
+    std::vector<float>& words = words_.emplace_back(rows * kMapWords);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t fields[3] = {map.keys()[r], map.last_steps()[r],
+                                 map.sightings()[r]};
+      std::memcpy(words.data() + r * kMapWords, fields, sizeof(fields));
+    }
+    tensors_->push_back(
+        {MapTensorName(base_), {rows, kMapWords}, words.data()});
+    if (!map.sketch().empty()) {
+      std::vector<float>& sketch = words_.emplace_back(map.sketch().size());
+      std::memcpy(sketch.data(), map.sketch().data(),
+                  sketch.size() * sizeof(float));
+      tensors_->push_back(
+          {SketchTensorName(base_),
+           {embedding::DynamicIdMap::kSketchDepth, map.sketch_width()},
+           sketch.data()});
+    }
+    (*meta_)[MapStepKey(base_)] = std::to_string(map.step());
+    return absl::OkStatus();
+  }
   embedding::RowDatabase* database() const { return database_; }
 
  private:
@@ -324,6 +444,8 @@ class PartSink final : public embedding::RowsSink {
   std::string base_;
   // Host copies of the shards not in host memory, alive until written.
   std::vector<std::unique_ptr<embedding::HostStore>> copies_;
+  // The id maps' words, alive until written (a deque: no element moves).
+  std::deque<std::vector<float>> words_;
   embedding::RowDatabase* database_ = nullptr;
 };
 

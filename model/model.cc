@@ -106,12 +106,18 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
   return absl::OkStatus();
 }
 
-absl::Status Model::PrepareShards() {
+absl::Status Model::PrepareShards(bool predict) {
+  // Predictions prepare without changing what the stores hold: a dynamic
+  // table admits no id (EmbeddingStore::PrepareLookup).
+  auto prepare = [predict](LocalShard& ls) {
+    return predict ? ls.store->PrepareLookup(*ls.ids)
+                   : ls.store->Prepare(*ls.ids);
+  };
   if (!any_cache_) {
     // Host stores return the ids themselves, device stores without a cache
     // only check and upload them: nothing to agree on, no collective.
     for (LocalShard& ls : local_) {
-      ASSIGN_OR_RETURN(ls.prepared, ls.store->Prepare(*ls.ids));
+      ASSIGN_OR_RETURN(ls.prepared, prepare(ls));
     }
     return absl::OkStatus();
   }
@@ -121,7 +127,7 @@ absl::Status Model::PrepareShards() {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int j = 0; j < num_local; ++j) {
     LocalShard& ls = local_[j];
-    absl::StatusOr<const data::SparseFeature*> p = ls.store->Prepare(*ls.ids);
+    absl::StatusOr<const data::SparseFeature*> p = prepare(ls);
     ls.prepared = p.ok() ? *p : nullptr;
     ls.status = p.status();
   }
@@ -202,7 +208,7 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
 
   // Before anything changes: a batch that does not fit a shard's cache on
   // any rank is refused on every rank.
-  RETURN_IF_ERROR(PrepareShards());
+  RETURN_IF_ERROR(PrepareShards(predict));
   clock.Mark(StageTimes::kPrepare);
 
   const int num_local = static_cast<int>(local_.size());

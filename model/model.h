@@ -31,16 +31,20 @@
 
 namespace dlrm::model {
 
-// The caches of one rank for one cached table (its shards of the table
-// together): the row caches of a table on RocksDB, or the device caches of
-// a STORAGE_DEVICE table with device_cache_rows.
+// The stores of one rank for one cached or dynamic table (its shards of
+// the table together): the row caches of a table on RocksDB, the device
+// caches of a STORAGE_DEVICE table with device_cache_rows, the id maps of
+// a dynamic table (StoreMetrics' ids_* fields, on any tier).
 struct RankTableStore {
   int rank = 0;
   int table = 0;
+  // 0 for a dynamic table without a cache.
   int64_t cache_rows = 0;
   // Whether the caches are device caches (their rows_read / rows_written
   // count records read from and written back to the tier behind them).
   bool device = false;
+  // Whether the table is dynamic.
+  bool dynamic = false;
   embedding::StoreMetrics metrics;
 };
 
@@ -50,9 +54,10 @@ struct StepResult {
   // Samples in the global batch (every rank's local batch).
   int64_t samples = 0;
   StageTimes times;
-  // Every rank's caches, table then rank order, as of this step's prepare
-  // (write-backs still queued count when they are written). Empty when no
-  // table is on RocksDB or has a device cache.
+  // Every rank's caches and dynamic tables' maps, table then rank order,
+  // as of this step's prepare (write-backs still queued count when they
+  // are written). Empty when no table is on RocksDB, has a device cache or
+  // is dynamic.
   std::vector<RankTableStore> stores;
 };
 
@@ -333,7 +338,8 @@ class Model {
   absl::Status AgreeOnBatch(const data::Batch& batch, const data::Batch* next);
   // Prepares every local shard's global ids; with tables on RocksDB, every
   // rank learns whether all ranks succeeded, and all fail together.
-  absl::Status PrepareShards();
+  // `predict`: through PrepareLookup (no dynamic table admits an id).
+  absl::Status PrepareShards(bool predict);
   // comm::AgreeOnStatus over comm_ ("<what> <r>: ..." names the first
   // failing rank); a communicator error sets communicator_failed().
   absl::Status AgreeOnStatus(const absl::Status& local,
@@ -409,8 +415,9 @@ class Model {
            plan_.tables[ls.table].shards[ls.shard].col_begin;
   }
   // Whether any table of the model has a cache (StoreCapabilities::
-  // cache_rows; the same on every rank: it decides the extra collectives:
-  // the prepare's agreed verdict and counters, the next batch's size).
+  // cache_rows) or is dynamic (the same on every rank: it decides the
+  // extra collectives: the prepare's agreed verdict and counters, the next
+  // batch's size).
   bool any_cache_ = false;
   // This rank's stores and the databases they need.
   std::unique_ptr<ShardSet> shards_;
@@ -424,12 +431,12 @@ class Model {
   std::vector<LocalShard> local_;
   // Indices into local_ of the shards that take the next batch.
   std::vector<int> prefetch_locals_;
-  // Indices into local_ of the shards with a cache whose counters the
-  // prepare gathers.
+  // Indices into local_ of the shards with a cache or of a dynamic table,
+  // whose counters the prepare gathers.
   std::vector<int> cache_locals_;
   // replica_[k]: index into local_ of data-parallel table k's copy, or -1.
   std::vector<int> replica_;
-  // store_tables_[r]: the tables with a cache rank
+  // store_tables_[r]: the tables with a cache (or dynamic) rank
   // r holds shards of, in order; store_words_: the counter words each rank
   // sends (the most tables any rank has, times StoreMetrics::kNumFields);
   // store_stats_: every rank's counters as of the last prepare.

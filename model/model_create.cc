@@ -142,12 +142,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   m->replica_.assign(config.tables_size(), -1);
   m->owned_prefetch_ = m->exchange_->Restricted(
       [&m](int k) { return m->TableCapabilities(k).prefetch; });
-  const ShardLayout owned_cached = m->exchange_->Restricted(
-      [&m](int k) { return m->TableCapabilities(k).cache_rows > 0; });
+  // Stores whose counters every step gathers: caches, and dynamic tables'
+  // maps (their admissions, evictions and occupancy).
+  auto counted = [&m, &config](int k) {
+    return m->TableCapabilities(k).cache_rows > 0 || config.tables(k).dynamic();
+  };
+  const ShardLayout owned_cached = m->exchange_->Restricted(counted);
   for (int k = 0; k < config.tables_size(); ++k) {
-    m->any_cache_ = m->any_cache_ || m->TableCapabilities(k).cache_rows > 0;
+    m->any_cache_ = m->any_cache_ || counted(k);
   }
-  // Every rank's caches, by table, for the counters PrepareShards gathers.
+  // Every rank's counted stores, by table, for the counters PrepareShards
+  // gathers.
   m->store_tables_.resize(m->world_);
   size_t most_tables = 0;
   for (int r = 0; r < m->world_; ++r) {
@@ -167,14 +172,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
       s.rank = r;
       s.table = k;
       s.device = m->TableCapabilities(k).device_cache;
+      s.dynamic = config.tables(k).dynamic();
+      bool owns = false;
       for (const ShardRef& ref : owned_cached[r]) {
         if (ref.table != k) continue;
+        owns = true;
         s.cache_rows += embedding::TableCapabilities(
                             config.tables(k), config.rocksdb(),
                             plan.tables[k].shards[ref.shard].row_count)
                             .cache_rows;
       }
-      if (s.cache_rows > 0) m->store_stats_.push_back(s);
+      if (s.cache_rows > 0 || (s.dynamic && owns)) {
+        m->store_stats_.push_back(s);
+      }
     }
   }
   const std::vector<ShardRef>& mine = m->exchange_->owned()[m->rank_];
@@ -191,7 +201,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     }
     const embedding::StoreCapabilities c = m->TableCapabilities(ls.table);
     if (c.prefetch) m->prefetch_locals_.push_back(static_cast<int>(j));
-    if (c.cache_rows > 0) m->cache_locals_.push_back(static_cast<int>(j));
+    if (counted(ls.table)) m->cache_locals_.push_back(static_cast<int>(j));
   }
   m->BindStores();
   m->in_place_ = !exchanges;

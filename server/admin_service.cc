@@ -42,6 +42,17 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     response->set_weight_checksum(s.weight_checksum);
     response->set_served_checkpoint(s.served.dir);
     response->set_served_checkpoint_step(s.served.step);
+    for (const TableStoreStats& t : s.dynamic_tables) {
+      DynamicTableStats* d = response->add_dynamic_tables();
+      d->set_table(t.table);
+      d->set_rank(t.rank);
+      d->set_capacity(t.rows);
+      d->set_occupied_rows(t.metrics.ids_occupied);
+      d->set_ids_admitted(t.metrics.ids_admitted);
+      d->set_ids_evicted(t.metrics.ids_evicted);
+      d->set_ids_refused(t.metrics.ids_refused);
+      d->set_unknown_lookups(t.metrics.unknown_lookups);
+    }
     FinishUnary(reactor, metrics_, kMethod, absl::OkStatus());
   });
 }

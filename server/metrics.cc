@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -340,7 +341,13 @@ std::string ServerMetrics::Render(int64_t model_steps,
     }
   }
 
-  if (!stores_.empty()) {
+  // The stores with a cache, and the dynamic tables (either or both).
+  std::vector<const TableStoreStats*> caches, dynamics;
+  for (const TableStoreStats& t : stores_) {
+    if (t.cache_rows > 0) caches.push_back(&t);
+    if (t.dynamic) dynamics.push_back(&t);
+  }
+  if (!caches.empty()) {
     // Counters of the model's stores (they restart with a checkpoint
     // restore, which Prometheus' rate() takes as a counter reset).
     struct Counter {
@@ -390,13 +397,15 @@ std::string ServerMetrics::Render(int64_t model_steps,
         &out, "dlrm_embedding_cache_rows", "gauge",
         "Rows the row cache of a RocksDB-tier table, or the device cache of a "
         "device-tier table, holds.");
-    for (const TableStoreStats& t : stores_) {
+    for (const TableStoreStats* c : caches) {
+      const TableStoreStats& t = *c;
       Sample(&out, "dlrm_embedding_cache_rows",
              static_cast<double>(t.cache_rows), StoreLabels(t));
     }
     for (const Counter& c : kCounters) {
       Header(&out, c.name, "counter", c.help);
-      for (const TableStoreStats& t : stores_) {
+      for (const TableStoreStats* cached : caches) {
+        const TableStoreStats& t = *cached;
         if (c.rocksdb_only && t.device) continue;
         Sample(&out, c.name, static_cast<double>(t.metrics.*c.field),
                StoreLabels(t));
@@ -404,7 +413,8 @@ std::string ServerMetrics::Render(int64_t model_steps,
     }
     Header(&out, "dlrm_embedding_cache_hit_ratio", "gauge",
            "hits / (hits + misses) of the row cache since it was created.");
-    for (const TableStoreStats& t : stores_) {
+    for (const TableStoreStats* c : caches) {
+      const TableStoreStats& t = *c;
       const int64_t lookups = t.metrics.hits + t.metrics.misses;
       Sample(&out, "dlrm_embedding_cache_hit_ratio",
              lookups > 0 ? static_cast<double>(t.metrics.hits) / lookups : 0.0,
@@ -412,13 +422,57 @@ std::string ServerMetrics::Render(int64_t model_steps,
     }
     Header(&out, "dlrm_embedding_cache_prefetch_hit_ratio", "gauge",
            "prefetch_hits / misses of the row cache since it was created.");
-    for (const TableStoreStats& t : stores_) {
+    for (const TableStoreStats* c : caches) {
+      const TableStoreStats& t = *c;
       Sample(
           &out, "dlrm_embedding_cache_prefetch_hit_ratio",
           t.metrics.misses > 0
               ? static_cast<double>(t.metrics.prefetch_hits) / t.metrics.misses
               : 0.0,
           StoreLabels(t));
+    }
+  }
+
+  if (!dynamics.empty()) {
+    // A dynamic table's id maps (docs/dynamic.md), per table and rank.
+    struct Series {
+      const char* name;
+      const char* type;
+      const char* help;
+      int64_t embedding::StoreMetrics::*field;
+    };
+    static const Series kSeries[] = {
+        {"dlrm_dynamic_occupied_rows", "gauge",
+         "Rows of a dynamic table that hold an id (out of its capacity "
+         "less the kept row).",
+         &embedding::StoreMetrics::ids_occupied},
+        {"dlrm_dynamic_ids_admitted_total", "counter",
+         "New ids a dynamic table gave a row.",
+         &embedding::StoreMetrics::ids_admitted},
+        {"dlrm_dynamic_ids_evicted_total", "counter",
+         "Ids that lost their row to a new id (expired ones included).",
+         &embedding::StoreMetrics::ids_evicted},
+        {"dlrm_dynamic_ids_refused_total", "counter",
+         "New ids the admission policy let in that found no row (their "
+         "bucket held only ids of the same batch).",
+         &embedding::StoreMetrics::ids_refused},
+        {"dlrm_dynamic_unknown_lookups_total", "counter",
+         "Ids without a row that predictions pooled (the kept row).",
+         &embedding::StoreMetrics::unknown_lookups},
+    };
+    Header(&out, "dlrm_dynamic_capacity_rows", "gauge",
+           "Rows of a dynamic table (its capacity, one kept for ids without "
+           "a row).");
+    for (const TableStoreStats* t : dynamics) {
+      Sample(&out, "dlrm_dynamic_capacity_rows", static_cast<double>(t->rows),
+             StoreLabels(*t));
+    }
+    for (const Series& series : kSeries) {
+      Header(&out, series.name, series.type, series.help);
+      for (const TableStoreStats* t : dynamics) {
+        Sample(&out, series.name, static_cast<double>(t->metrics.*series.field),
+               StoreLabels(*t));
+      }
     }
   }
 

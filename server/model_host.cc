@@ -338,10 +338,13 @@ TrainStepOutcome ModelHost::Outcome(const model::StepResult& r, double seconds,
                                           r.times.bytes_sent[e]);
     }
   }
+  last_dynamic_.clear();
   for (const model::RankTableStore& store : r.stores) {
-    outcome.stores.push_back(TableStoreStats{config_.tables(store.table).name(),
-                                             store.rank, store.cache_rows,
-                                             store.device, store.metrics});
+    const TableConfig& t = config_.tables(store.table);
+    outcome.stores.push_back(
+        TableStoreStats{t.name(), store.rank, store.cache_rows, store.device,
+                        store.metrics, store.dynamic, t.rows()});
+    if (store.dynamic) last_dynamic_.push_back(outcome.stores.back());
   }
   outcome.checkpoint =
       MaybeCheckpoint(outcome.step, job, &outcome.checkpoint_failed);
@@ -614,6 +617,7 @@ ModelSummary ModelHost::Summary(bool with_checksum) {
     // SetLearningRates' changes (under this lock).
     *s.config.mutable_dense_optimizer() = group_->config().dense_optimizer();
     *s.config.mutable_sparse_optimizer() = group_->config().sparse_optimizer();
+    s.dynamic_tables = last_dynamic_;
   }
   s.sharding_plan = plan.ToString(config_);
   s.cpu_model = dense::CpuModel();

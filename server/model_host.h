@@ -87,6 +87,11 @@ struct TableStoreStats {
   // row caches of a table on RocksDB.
   bool device = false;
   embedding::StoreMetrics metrics;
+  // A dynamic table (its metrics' ids_* fields count its maps); cache_rows
+  // is 0 when it has no cache.
+  bool dynamic = false;
+  // The table's rows (a dynamic table's capacity).
+  int64_t rows = 0;
 };
 
 // One training step as the host ran it.
@@ -148,6 +153,9 @@ struct ModelSummary {
   // WeightChecksum() when asked for (0 otherwise, or when it failed).
   uint64_t weight_checksum = 0;
   ServedCheckpoint served;
+  // Each rank's counters of each dynamic table, as of the last training
+  // step (empty before one).
+  std::vector<TableStoreStats> dynamic_tables;
 };
 
 // Thread-safe: every method may be called from any thread.
@@ -371,6 +379,9 @@ class ModelHost {
   const data::BatchShape shape_;
 
   std::mutex model_mu_;  // guards group_
+  // The last training step's dynamic tables' counters (ModelSummary's);
+  // guarded by model_mu_.
+  std::vector<TableStoreStats> last_dynamic_;
   // The leader of the job's ranks (which takes its own lock per operation).
   std::shared_ptr<RankGroup> group_;
   std::mutex serving_mu_;               // guards serving_ (the pointer)

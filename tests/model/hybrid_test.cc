@@ -26,6 +26,7 @@
 #include "core/config.h"
 #include "core/status.h"
 #include "data/synthetic.h"
+#include "embedding/dynamic_store.h"
 #include "embedding/sharding.h"
 #include "model/model.h"
 #include "server/rank_group.h"
@@ -70,13 +71,16 @@ ModelConfig TestConfig() {
 // - staged: the output and backward dists over a host-staged device
 //   communicator (comm/host_staged_communicator.h) over the CPU Device:
 //   the device step's exchange layout, host copies of host tables and
-//   staging, run in host memory (Model::Create's device_comm).
+//   staging, run in host memory (Model::Create's device_comm);
+// - dynamic: every table dynamic (docs/dynamic.md), its rows the capacity
+//   of a map the batches' ids (below the rows) go through; table d's 7
+//   rows (one bucket of 6) refuse some.
 struct Scenario {
   std::string kind;
   bool staged = false, overlap = false, host = false, rocksdb = false,
        prefetch = false, prefetch0 = false, overcap = false, ckpt = false,
        resume = false, adagrad = false, lamb = false, lars = false, dcn = false,
-       dense_adagrad = false, dense_adam = false;
+       dense_adagrad = false, dense_adam = false, dynamic = false;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
 };
@@ -103,6 +107,7 @@ Scenario ParseScenario(const std::string& text) {
     s.dcn |= mod == "dcn";
     s.dense_adagrad |= mod == "dense_adagrad";
     s.dense_adam |= mod == "dense_adam";
+    s.dynamic |= mod == "dynamic";
     at = next;
   }
   return s;
@@ -192,6 +197,7 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
   }
   for (int k = 0; k < c.tables_size(); ++k) {
     test::ShardTableAs(scenario, k, world, c.mutable_tables(k));
+    if (sc.dynamic) c.mutable_tables(k)->set_dynamic(true);
   }
   return c;
 }
@@ -510,6 +516,28 @@ absl::Status RunWorker(const WorkerArgs& a) {
           ", ", metrics.prefetch_hits, ", ", metrics.evictions));
     }
   }
+  if (sc.dynamic) {
+    // Every shard went through its map, and the step reported the maps.
+    int64_t reported = 0;
+    for (const RankTableStore& t : last_stores) {
+      if (t.rank == a.rank && t.dynamic) reported += t.metrics.ids_admitted;
+    }
+    int64_t admitted = 0;
+    for (int j = 0; j < m->shards().size(); ++j) {
+      const auto* d =
+          dynamic_cast<const embedding::DynamicStore*>(m->shards().store(j));
+      if (d == nullptr) {
+        return absl::InternalError(absl::StrCat("rank ", a.rank, ": shard ", j,
+                                                " is not a dynamic table's"));
+      }
+      admitted += d->metrics().ids_admitted;
+    }
+    if (m->shards().size() > 0 && (admitted == 0 || reported != admitted)) {
+      return absl::InternalError(
+          absl::StrCat("rank ", a.rank, ": the maps admitted ", admitted,
+                       " ids, the step reported ", reported));
+    }
+  }
   RETURN_IF_ERROR(Snapshot(*m, &report));
   if (a.rank == 0) RETURN_IF_ERROR(WriteReport(report, a.out));
   return absl::OkStatus();
@@ -539,8 +567,9 @@ Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
   }
   AppendDense(**m, &r.dense);
   for (int k = 0; k < (*m)->config().tables_size(); ++k) {
-    const embedding::EmbeddingTable* t = (*m)->shards().WholeHostTable(k);
-    r.tables.emplace_back(t->weights(), t->weights() + t->rows() * t->dim());
+    // Through the store: a dynamic table's is no HostStore.
+    r.tables.emplace_back();
+    EXPECT_TRUE((*m)->GatherTable(k, &r.tables.back()).ok());
   }
   return r;
 }
@@ -662,6 +691,11 @@ std::vector<Case> Cases() {
   cases.push_back({"mixed+staged", 4, 3});
   cases.push_back({"mixed+staged+overlap", 3, 37});
   cases.push_back({"mixed+dcn+staged", 3, 37});
+  // Dynamic tables: the maps see the same ids on every rank count (never
+  // replicated nor split by rows).
+  for (int world : {1, 2, 3}) cases.push_back({"table+dynamic", world, 37});
+  for (int world : {2, 3}) cases.push_back({"column+dynamic", world, 37});
+  cases.push_back({"planner+dynamic", 3, 37});
   return cases;
 }
 
@@ -825,7 +859,8 @@ TEST_P(HybridRocksDbCheckpointTest, RestoreTrainsOnIdentically) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, HybridRocksDbCheckpointTest,
-                         testing::Values("mixed", "table"), StoreCaseName);
+                         testing::Values("mixed", "table", "table+dynamic"),
+                         StoreCaseName);
 
 // A checkpoint saved by one job, restored by a job of another rank count
 // and plan (and, where named, another tier).
@@ -904,6 +939,10 @@ INSTANTIATE_TEST_SUITE_P(
         Reshard{"table+host+adagrad", 1, "row+host+adagrad", 2},
         // LAMB's moments and both optimizers' steps, mid-schedule.
         Reshard{"mixed+host+lamb", 2, "table+host+lamb", 1},
+        // Dynamic tables' maps, saved whole with each block: 2 -> 3
+        // table-wise to column-wise, and 1 -> 2 on RocksDB.
+        Reshard{"table+host+dynamic", 2, "column+host+dynamic", 3},
+        Reshard{"table+rocksdb+dynamic", 1, "column+rocksdb+dynamic", 2},
         // DCN's cross network and its Adam state, saved by rank 0.
         Reshard{"mixed+host+dcn+dense_adam", 2, "table+host+dcn+dense_adam",
                 1}),

@@ -1136,6 +1136,42 @@ TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
       MetricValue(text, "dlrm_embedding_cache_rows{table=\"t0\",rank=\"0\"}")));
 }
 
+// A dynamic table's maps get the dlrm_dynamic_* series; one in host memory
+// (no cache) gets no cache series, one on RocksDB both.
+TEST(ServerMetricsTest, DynamicTablesGetTheirOwnSeries) {
+  TrainStepOutcome step;
+  step.step = 2;
+  TableStoreStats host{"u", 1, 0, /*device=*/false, {}};
+  host.dynamic = true;
+  host.rows = 1000;
+  host.metrics.ids_admitted = 300;
+  host.metrics.ids_evicted = 20;
+  host.metrics.ids_refused = 2;
+  host.metrics.unknown_lookups = 7;
+  host.metrics.ids_occupied = 280;
+  TableStoreStats disk{"v", 0, 50, /*device=*/false, {}};
+  disk.dynamic = true;
+  disk.rows = 500;
+  disk.metrics.hits = 4;
+  disk.metrics.ids_occupied = 40;
+  step.stores = {host, disk};
+  ServerMetrics metrics;
+  metrics.RecordTrainStep(step);
+  const std::string text = metrics.Render(3);
+  const std::string u = "{table=\"u\",rank=\"1\"}";
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_capacity_rows" + u), 1000) << text;
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_occupied_rows" + u), 280);
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_ids_admitted_total" + u), 300);
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_ids_evicted_total" + u), 20);
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_ids_refused_total" + u), 2);
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_unknown_lookups_total" + u), 7);
+  EXPECT_TRUE(std::isnan(MetricValue(text, "dlrm_embedding_cache_rows" + u)));
+  const std::string v = "{table=\"v\",rank=\"0\"}";
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_rows" + v), 50);
+  EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_hits_total" + v), 4);
+  EXPECT_EQ(MetricValue(text, "dlrm_dynamic_occupied_rows" + v), 40);
+}
+
 // A device cache's counters (a STORAGE_DEVICE table with device_cache_rows)
 // beside a RocksDB row cache's: labelled cache="device", with its hits,
 // misses, evictions, write-backs and loads, and no RocksDB series (its

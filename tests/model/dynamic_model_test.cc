@@ -1,0 +1,308 @@
+// Tests of Model with dynamic tables (docs/dynamic.md): it trains and
+// predicts (predictions admit nothing), checkpoints restore the id maps
+// bit for bit on the host and RocksDB tiers, and bad configs get errors
+// naming the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "data/synthetic.h"
+#include "embedding/dynamic_store.h"
+#include "embedding/embedding_store.h"
+#include "embedding/sharding_planner.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "tests/support/synthetic.h"
+
+namespace dlrm::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kModelSeed = 20261202;
+constexpr uint64_t kDataSeed = 41;
+
+// Three tables: C1 dynamic (LRU, a time to live), C2 dynamic (admitted
+// after 2 sightings, a shared row for the others, LFU), C3 static. The
+// synthetic ids are below each table's rows (its capacity) until raw ids
+// reach the batches, so C1 and C2 see at most `rows` distinct ids, more
+// than some buckets hold.
+ModelConfig DynamicConfig() {
+  auto parsed = ParseModelConfigText(absl::StrCat(R"(
+    num_dense_features: 5 embedding_dim: 8
+    tables { name: "C1" rows: 120 multi_hot_size: 3 dynamic: true
+             eviction { ttl_steps: 4 } }
+    tables { name: "C2" rows: 90 pooling: POOLING_MEAN multi_hot_size: 2
+             dynamic: true unadmitted: UNADMITTED_SHARED_ROW
+             admission { kind: ADMIT_AFTER_SIGHTINGS }
+             eviction { kind: EVICT_LFU } }
+    tables { name: "C3" rows: 50 }
+    bottom_mlp: [16, 8] top_mlp: [16, 1]
+    dense_optimizer { type: SGD learning_rate: 0.1 }
+    sparse_optimizer { type: ADAGRAD learning_rate: 0.5 }
+    seed: )",
+                                                  kModelSeed));
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  auto c = NormalizeModelConfig(*parsed);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::vector<data::Batch> Batches(const ModelConfig& c, int count) {
+  data::SyntheticOptions o;
+  o.zipf_alpha = 0.8;
+  o.teacher_seed = kDataSeed;
+  o.sample_seed = kDataSeed + 1;
+  return test::SyntheticBatches(c, count, 64, o);
+}
+
+std::unique_ptr<Model> Make(const ModelConfig& c) {
+  auto m = Model::Create(c);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+embedding::DynamicStore* DynamicOf(Model& m, int k) {
+  return dynamic_cast<embedding::DynamicStore*>(m.shards().WholeStore(k));
+}
+
+// Every table's records through the stores, and the maps' state.
+std::vector<int64_t> Maps(Model& m) {
+  std::vector<int64_t> out;
+  for (int k = 0; k < 2; ++k) {
+    const embedding::DynamicIdMap& map = DynamicOf(m, k)->map();
+    for (const auto* v : {&map.keys(), &map.last_steps(), &map.sightings()}) {
+      out.insert(out.end(), v->begin(), v->end());
+    }
+    out.insert(out.end(), map.sketch().begin(), map.sketch().end());
+    out.push_back(map.step());
+  }
+  return out;
+}
+
+std::vector<float> Tables(Model& m) {
+  std::vector<float> out;
+  for (int k = 0; k < m.config().tables_size(); ++k) {
+    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
+    const int64_t floats = s.spec().dim + embedding::StateFloatsPerRow(
+                                              s.spec().optimizer, s.spec().dim);
+    std::vector<float> records(s.spec().rows * floats);
+    EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
+    out.insert(out.end(), records.begin(), records.end());
+  }
+  return out;
+}
+
+TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
+  std::printf("model seed %llu, data seed %llu\n",
+              static_cast<unsigned long long>(kModelSeed),
+              static_cast<unsigned long long>(kDataSeed));
+  const ModelConfig c = DynamicConfig();
+  std::unique_ptr<Model> m = Make(c);
+  ASSERT_NE(m, nullptr);
+  ASSERT_NE(DynamicOf(*m, 0), nullptr);
+  ASSERT_NE(DynamicOf(*m, 1), nullptr);
+  EXPECT_EQ(dynamic_cast<embedding::DynamicStore*>(m->shards().WholeStore(2)),
+            nullptr);
+  const std::vector<data::Batch> batches = Batches(c, 8);
+  std::vector<RankTableStore> reported;
+  for (int i = 0; i < 6; ++i) {
+    auto r = m->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(std::isfinite(r->loss));
+    reported = r->stores;
+  }
+  const embedding::StoreMetrics m1 = DynamicOf(*m, 0)->metrics();
+  // The step reports both dynamic tables' counters (host memory: no cache).
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_TRUE(reported[0].dynamic);
+  EXPECT_EQ(reported[0].table, 0);
+  EXPECT_EQ(reported[0].cache_rows, 0);
+  EXPECT_EQ(reported[0].metrics.ids_admitted, m1.ids_admitted);
+  EXPECT_EQ(reported[1].table, 1);
+  EXPECT_GT(reported[1].metrics.ids_admitted, 0);
+  EXPECT_GT(m1.ids_admitted, 0);
+  EXPECT_GT(m1.ids_occupied, 0);
+  EXPECT_LE(m1.ids_occupied, 119);
+  const std::vector<int64_t> maps = Maps(*m);
+  const std::vector<float> tables = Tables(*m);
+  std::vector<float> probs;
+  ASSERT_TRUE(m->Predict(batches[7], &probs).ok());
+  EXPECT_EQ(Maps(*m), maps);
+  EXPECT_EQ(Tables(*m), tables);
+  EXPECT_EQ(DynamicOf(*m, 0)->metrics().ids_admitted, m1.ids_admitted);
+}
+
+// The planner replicates small tables, but never a dynamic one.
+TEST(DynamicModelTest, ThePlannerKeepsDynamicTablesWholeOrByColumns) {
+  const ModelConfig c = DynamicConfig();
+  embedding::PlannerOptions po;
+  po.world_size = 3;
+  auto plan = embedding::PlanSharding(c, po);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tables[2].kind, SHARDING_DATA_PARALLEL);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(plan->tables[k].kind, SHARDING_DATA_PARALLEL) << k;
+    EXPECT_NE(plan->tables[k].kind, SHARDING_ROW_WISE) << k;
+  }
+}
+
+class DynamicCheckpointTest : public ::testing::TestWithParam<bool> {};
+
+// A checkpoint after 3 steps holds the rows and the maps: restored into the
+// same model after 3 more steps, or loaded into a new one, the maps are
+// bit for bit those saved and the 3 steps train again identically.
+TEST_P(DynamicCheckpointTest, RestoresTheMapsBitForBit) {
+  const bool rocksdb = GetParam();
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("dynamic_ckpt_", rocksdb, "_", ::getpid());
+  fs::remove_all(dir);
+  ModelConfig c = DynamicConfig();
+  if (rocksdb) {
+    RocksDbConfig r;
+    r.set_path((dir / "db").string());
+    r.set_cache_fraction(0.9);
+    auto placed = PlaceTablesOnRocksDb(c, {"C1", "C2"}, r);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    c = *placed;
+  }
+  std::unique_ptr<Model> m = Make(c);
+  ASSERT_NE(m, nullptr);
+  const std::vector<data::Batch> batches = Batches(c, 6);
+  for (int i = 0; i < 3; ++i) {
+    auto r = m->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  const std::string ckpt = (dir / "ckpt").string();
+  auto saved = SaveCheckpoint(*m, ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const std::vector<int64_t> maps = Maps(*m);
+  const std::vector<float> tables = Tables(*m);
+  std::vector<double> losses;
+  for (int i = 3; i < 6; ++i) {
+    auto r = m->TrainStep(batches[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss);
+  }
+  const std::vector<int64_t> maps_after = Maps(*m);
+  ASSERT_NE(maps_after, maps);
+
+  auto restored = RestoreCheckpoint(*m, ckpt);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(Maps(*m), maps);
+  EXPECT_EQ(Tables(*m), tables);
+  auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(Maps(**loaded), maps);
+  EXPECT_EQ(Tables(**loaded), tables);
+  for (int i = 3; i < 6; ++i) {
+    auto a = m->TrainStep(batches[i]);
+    auto b = (*loaded)->TrainStep(batches[i]);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->loss, losses[i - 3]) << "step " << i;
+    EXPECT_EQ(b->loss, losses[i - 3]) << "step " << i;
+  }
+  EXPECT_EQ(Maps(*m), maps_after);
+  EXPECT_EQ(Maps(**loaded), maps_after);
+  loaded->reset();
+  m.reset();
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, DynamicCheckpointTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "RocksDb" : "Host";
+                         });
+
+// A checkpoint of a static table does not restore into a dynamic one.
+TEST(DynamicCheckpointTest, RefusesACheckpointOfAStaticTable) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("dynamic_static_", ::getpid());
+  fs::remove_all(dir);
+  ModelConfig fixed = DynamicConfig();
+  for (TableConfig& t : *fixed.mutable_tables()) {
+    t.clear_dynamic();
+    t.clear_admission();
+    t.clear_eviction();
+    t.clear_unadmitted();
+  }
+  std::unique_ptr<Model> s = Make(fixed);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(SaveCheckpoint(*s, dir.string()).ok());
+  std::unique_ptr<Model> d = Make(DynamicConfig());
+  ASSERT_NE(d, nullptr);
+  const auto r = RestoreCheckpoint(*d, dir.string());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_NE(r.status().message().find("C1"), std::string::npos) << r.status();
+  fs::remove_all(dir);
+}
+
+// The error of `extra` added to a one-table config, or OK.
+absl::Status ConfigError(const std::string& table,
+                         const std::string& extra = "") {
+  auto parsed = ParseModelConfigText(absl::StrCat(
+      "num_dense_features: 2 embedding_dim: 4 tables { name: \"t\" ", table,
+      " } bottom_mlp: [4] top_mlp: [1] ", extra));
+  if (!parsed.ok()) return parsed.status();
+  return NormalizeModelConfig(*parsed).status();
+}
+
+TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
+  struct Bad {
+    std::string table, field;
+  };
+  const Bad bad[] = {
+      {"rows: 1 dynamic: true", "tables[0].rows"},
+      {"rows: 0 dynamic: true", "tables[0].rows"},
+      {"rows: 10 eviction { kind: EVICT_LFU }", "tables[0].eviction"},
+      {"rows: 10 admission { kind: ADMIT_ALWAYS }", "tables[0].admission"},
+      {"rows: 10 unadmitted: UNADMITTED_SHARED_ROW", "tables[0].unadmitted"},
+      {"rows: 10 dynamic: true sharding: SHARDING_DATA_PARALLEL",
+       "tables[0].sharding"},
+      {"rows: 10 dynamic: true sharding: SHARDING_ROW_WISE",
+       "tables[0].sharding"},
+      {"rows: 10 dynamic: true admission { min_sightings: -1 }",
+       "tables[0].admission.min_sightings"},
+      {"rows: 10 dynamic: true admission { kind: ADMIT_WITH_PROBABILITY }",
+       "tables[0].admission.probability"},
+      {"rows: 10 dynamic: true admission { kind: ADMIT_WITH_PROBABILITY "
+       "probability: 1.5 }",
+       "tables[0].admission.probability"},
+      {"rows: 10 dynamic: true eviction { ttl_steps: -3 }",
+       "tables[0].eviction.ttl_steps"},
+      {"rows: 10 dynamic: true eviction { kind: 7 }",
+       "tables[0].eviction.kind"},
+      {"rows: 10 dynamic: true admission { kind: 9 }",
+       "tables[0].admission.kind"},
+      {"rows: 10 dynamic: true unadmitted: 5", "tables[0].unadmitted"},
+  };
+  for (const Bad& b : bad) {
+    const absl::Status s = ConfigError(b.table);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+        << b.table << ": " << s;
+    EXPECT_NE(s.message().find(b.field), std::string::npos)
+        << b.table << ": " << s;
+  }
+  EXPECT_TRUE(ConfigError("rows: 2 dynamic: true").ok());
+  // No max_rows_per_table cap on a dynamic table's capacity; 0 sightings
+  // means 2.
+  auto parsed = ParseModelConfigText(
+      "num_dense_features: 2 embedding_dim: 4 tables { name: \"t\" rows: 100 "
+      "dynamic: true admission { kind: ADMIT_AFTER_SIGHTINGS } } "
+      "bottom_mlp: [4] top_mlp: [1] max_rows_per_table: 10");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto c = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tables(0).rows(), 100);
+  EXPECT_EQ(c->tables(0).admission().min_sightings(), 2);
+}
+
+}  // namespace
+}  // namespace dlrm::model
