@@ -160,11 +160,12 @@ absl::Status DynamicIdMap::MakePlan(std::span<const int64_t> ids, int64_t step,
     std::fill(claimed_.begin(), claimed_.end(), 0);
     plan_number_ = 1;
   }
-  // Each unique id's row (-1 while undecided or without one); ids that
-  // hold a row claim it first, so that no new id of the batch takes it.
+  // Ids that hold a row claim it first (the claim stamp also marks a
+  // repeated id's row as seen), so that no new id of the batch takes it;
+  // a new id's position holds -2 - its index in new_ids until it is
+  // decided.
   expired_row_.clear();
-  absl::flat_hash_map<int64_t, int64_t> row_of;
-  row_of.reserve(ids.size());
+  new_index_.clear();
   for (size_t p = 0; p < ids.size(); ++p) {
     const int64_t id = ids[p];
     if (id < 0) {
@@ -172,18 +173,24 @@ absl::Status DynamicIdMap::MakePlan(std::span<const int64_t> ids, int64_t step,
           absl::StrCat("id ", id, " at position ", p,
                        " is negative (a dynamic table takes ids >= 0)"));
     }
-    auto [it, inserted] = row_of.try_emplace(id, -1);
-    if (!inserted) continue;
     const int64_t r = Find(id);
     if (r >= 0 && !Expired(r, step)) {
-      it->second = r;
-      claimed_[r] = plan_number_;
-      plan->hits.push_back(r);
-    } else {
+      plan->rows[p] = r;
+      if (claimed_[r] != plan_number_) {
+        claimed_[r] = plan_number_;
+        plan->hits.push_back(r);
+      }
+      continue;
+    }
+    const auto [it, inserted] =
+        new_index_.try_emplace(id, static_cast<int64_t>(plan->new_ids.size()));
+    if (inserted) {
       plan->new_ids.push_back(id);
       expired_row_.push_back(r);
     }
+    plan->rows[p] = -2 - it->second;
   }
+  new_rows_.assign(plan->new_ids.size(), -1);
   for (size_t k = 0; k < plan->new_ids.size(); ++k) {
     const int64_t id = plan->new_ids[k];
     if (!Admit(id, step)) continue;
@@ -217,10 +224,12 @@ absl::Status DynamicIdMap::MakePlan(std::span<const int64_t> ids, int64_t step,
       continue;
     }
     claimed_[chosen] = plan_number_;
-    row_of[id] = chosen;
+    new_rows_[k] = chosen;
     plan->admitted.push_back({id, chosen, keys_[chosen]});
   }
-  for (size_t p = 0; p < ids.size(); ++p) plan->rows[p] = row_of[ids[p]];
+  for (int64_t& r : plan->rows) {
+    if (r <= -2) r = new_rows_[-2 - r];
+  }
   return absl::OkStatus();
 }
 

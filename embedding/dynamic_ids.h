@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "dlrm/config.pb.h"
 #include "embedding/embedding_store.h"
@@ -170,6 +171,10 @@ class DynamicIdMap {
   uint32_t plan_number_ = 0;
   // Per new id of the plan: the row it holds expired, or -1.
   std::vector<int64_t> expired_row_;
+  // MakePlan's scratch: each new id's index in Plan::new_ids, and the row
+  // each got (-1: none).
+  absl::flat_hash_map<int64_t, int64_t> new_index_;
+  std::vector<int64_t> new_rows_;
 };
 
 // ADMIT_WITH_PROBABILITY's draw: whether `id` seen at `step` is admitted

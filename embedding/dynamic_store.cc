@@ -130,6 +130,7 @@ absl::Status DynamicStore::BackwardUpdate(const data::SparseFeature& prepared,
 }
 
 absl::Status DynamicStore::Prefetch(const data::SparseFeature& next_ids) {
+  if (!inner_takes_prefetch_) return absl::OkStatus();
   mapped_next_.offsets.assign(1, 0);
   mapped_next_.ids.clear();
   for (const int64_t id : next_ids.ids) {

@@ -108,7 +108,11 @@ class DynamicStore final : public EmbeddingStore {
  private:
   DynamicStore(std::unique_ptr<EmbeddingStore> inner,
                const DynamicStoreOptions& options)
-      : inner_(std::move(inner)), options_(options), map_(options.ids) {}
+      : inner_(std::move(inner)),
+        options_(options),
+        map_(options.ids),
+        inner_takes_prefetch_(inner_->capabilities().prefetch ||
+                              inner_->capabilities().cache_rows > 0) {}
   // The record of an admitted id: its initial value and fresh state.
   void InitialRecord(int64_t id, float* record) const;
   // Writes the kept row's zero record (zero weights, fresh state).
@@ -128,6 +132,9 @@ class DynamicStore final : public EmbeddingStore {
   std::vector<float> records_;
   // Whether the prepared batch pools the kept row.
   bool kept_touched_ = false;
+  // Whether the inner store does anything with Prefetch (a RocksDB tier, a
+  // cache): otherwise the next batch is not even mapped.
+  bool inner_takes_prefetch_;
   mutable std::atomic<int64_t> unknown_lookups_{0};
 };
 
