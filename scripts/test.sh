@@ -8,14 +8,15 @@
 # inside it: about 1 minute with its caches warm, up to ~13 minutes cold on
 # 2 cores alone, after a base image made with debootstrap where no registry
 # answers (about 4 minutes, mostly waiting on the mirror;
-# docs/deployment.md "Tests"). So it starts before the host build, at the
-# lowest CPU priority (nice 19, which the Docker daemon it starts and the
-# image's compilers inherit): the base image and the image's packages come
-# while the host compiles, and the image's compile takes the cores the
-# host build and the other tests leave idle (processes waiting on each
-# other, one fuzzer at a time) and all of them once those are done. Its
-# compose checks drive the host's dlrm_client, so it waits for
-# build/.host-build-done before them. It runs as CTest's
+# docs/deployment.md "Tests"). So it starts before the host build: its
+# daemon and base images come while the host compiles, and it waits for
+# build/.host-build-done before building the image (the daemon's
+# containers are a cgroup of their own, which nice does not hold back:
+# their compile would slow the host build as much as it gained). The
+# image's compile then runs at the lowest CPU priority (nice 19, which the
+# Docker daemon it starts and the image's compilers inherit) beside the
+# other tests and the fuzzers, taking the cores they leave idle (processes
+# waiting on each other, one fuzzer at a time). It runs as CTest's
 # deploy_DockerComposeTest would, but not through ctest (the other run
 # holds build/Testing/); its output goes to build/docker_test.log, printed
 # at the end. DLRM_DOCKER_TEST=0 skips it; by default (1) it runs, and

@@ -25,9 +25,10 @@ root and none reachable, or dockerd or a container fails to start; the
 reason is printed).
 
 Environment: DLRM_CLIENT (the built dlrm_client; set by CTest),
-DLRM_WAIT_FOR_FILE (when set, the compose checks, which drive
-DLRM_CLIENT, wait until this file exists: scripts/test.sh starts this test
-before its build and creates the file when the build is done),
+DLRM_WAIT_FOR_FILE (when set, the image build and the compose checks,
+which drive DLRM_CLIENT, wait until this file exists: scripts/test.sh
+starts this test before its build and creates the file when the build is
+done),
 DLRM_DOCKER_DATA_ROOT (the started daemon's --data-root, default
 /var/lib/dlrm-docker-test), DLRM_DOCKER_CACHE (the base image tarball's
 folder, default ~/.cache/dlrm-server), DLRM_DEBIAN_MIRROR (debootstrap's
@@ -559,8 +560,8 @@ def exercise(compose):
 
 
 def wait_for_host_build():
-    """Waits for DLRM_WAIT_FOR_FILE, when set (the host build that makes
-    DLRM_CLIENT is done then)."""
+    """Waits for DLRM_WAIT_FOR_FILE, when set (the host build, which makes
+    DLRM_CLIENT, is done then)."""
     path = os.environ.get("DLRM_WAIT_FOR_FILE")
     if not path or os.path.exists(path):
         return
@@ -595,9 +596,13 @@ def main():
         daemon.start()
         daemon.remove_leftovers()
         ensure_base_images(daemon)
+        # The image's compile would take the cores from the host build
+        # (the daemon's containers are a cgroup of their own, which nice
+        # does not hold back), so it waits for that build; the base images
+        # (debootstrap: mostly waiting on the mirror) come beside it.
+        wait_for_host_build()
         build_image(daemon, work)
         check_image_user(daemon)
-        wait_for_host_build()
         compose = Compose(daemon)
         exercise(compose)
         log("passed")
