@@ -151,7 +151,8 @@ EmbeddingBytes StepEmbeddingBytes(const ModelConfig& config,
     std::unordered_set<int64_t> distinct(f.ids.begin(), f.ids.end());
     const double u = static_cast<double>(distinct.size());
     bytes.lookup += static_cast<double>(f.ids.size()) * (row + 8) + pooled;
-    const double state = 4.0 * optim::SparseStateFloatsPerRow(config.sparse_optimizer(), t.dim());
+    const double state = 4.0 * optim::SparseStateFloatsPerRow(
+                                   config.sparse_optimizer(), t.dim());
     bytes.update += pooled + 2.0 * u * (row + state);
   }
   return bytes;

@@ -21,10 +21,10 @@ int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
   return PlannedShardBytes(table, RocksDbConfig(), shard, optimizer).device;
 }
 
-int64_t DynamicMapBytes(const TableConfig& table) {
+int64_t DynamicMapBytes(const TableConfig& table, int64_t rows) {
   if (!table.dynamic()) return 0;
   return DynamicIdMap::BytesFor(DynamicIdOptionsFor(
-      table.admission(), table.eviction(), table.rows(), /*seed=*/0));
+      table.admission(), table.eviction(), rows, /*seed=*/0));
 }
 
 int64_t HostBytesOfTable(const ModelConfig& config, int k,

@@ -22,16 +22,20 @@ int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
 int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,
                          const OptimizerConfig& optimizer);
 
-// Host bytes of a dynamic table's id map (DynamicIdMap::BytesFor) in each
-// shard of it (every shard holds all its rows, and the map, on any tier);
-// 0 for a static table.
-int64_t DynamicMapBytes(const TableConfig& table);
+// Host bytes of a dynamic table's id map (DynamicIdMap::BytesFor) over
+// `rows` rows (a shard's: every shard holds a map over its rows, on any
+// tier; PlannedShardBytes counts it), or over the whole table; 0 for a
+// static table.
+int64_t DynamicMapBytes(const TableConfig& table, int64_t rows);
+inline int64_t DynamicMapBytes(const TableConfig& table) {
+  return DynamicMapBytes(table, table.rows());
+}
 // Host bytes of table `k` of a normalised config under `rocksdb`: the whole
 // table on STORAGE_HOST, its row cache (CachedRowsOfTable's rows) on
 // STORAGE_ROCKSDB, 0 on STORAGE_DEVICE (with device_cache_rows, what is
 // behind the device: the whole table, or its row cache when
 // device_cache_backing is STORAGE_ROCKSDB); a dynamic table's id map
-// besides (DynamicMapBytes).
+// besides (DynamicMapBytes, through PlannedShardBytes).
 int64_t HostBytesOfTable(const ModelConfig& config, int k,
                          const RocksDbConfig& rocksdb);
 

@@ -109,12 +109,8 @@ StoreBytes PlannedShardBytes(const TableConfig& table,
     return ShardBytes(part, optimizer);
   };
   StoreBytes b;
-  // A dynamic table's id map, in host memory whatever the tier (every shard
-  // of it holds one over its rows).
-  if (table.dynamic()) {
-    b.host = DynamicIdMap::BytesFor(DynamicIdOptionsFor(
-        table.admission(), table.eviction(), shard.row_count, /*seed=*/0));
-  }
+  // A dynamic table's id map, in host memory whatever the tier.
+  b.host = DynamicMapBytes(table, shard.row_count);
   StoreKind rows_tier = o.kind;
   if (o.kind == StoreKind::kDevice) {
     const int64_t slots = o.device_cache.cache_rows;
