@@ -31,41 +31,28 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Each Dtype's bytes and header name, in enum order.
+struct DtypeInfo {
+  int bytes;
+  const char* name;
+};
+constexpr DtypeInfo kDtypes[] = {
+    {4, "F32"}, {2, "F16"}, {2, "BF16"}, {8, "I64"}};
+
 // The Dtype named `name` in a header, if it is one.
 std::optional<Dtype> ParseDtype(const std::string& name) {
-  for (Dtype d : {Dtype::kF32, Dtype::kF16, Dtype::kBF16, Dtype::kI64}) {
-    if (name == DtypeName(d)) return d;
+  for (size_t d = 0; d < std::size(kDtypes); ++d) {
+    if (name == kDtypes[d].name) return static_cast<Dtype>(d);
   }
   return std::nullopt;
 }
 
 }  // namespace
 
-int DtypeBytes(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return 4;
-    case Dtype::kF16:
-    case Dtype::kBF16:
-      return 2;
-    case Dtype::kI64:
-      return 8;
-  }
-  return 0;
-}
+int DtypeBytes(Dtype dtype) { return kDtypes[static_cast<int>(dtype)].bytes; }
 
 const char* DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kF32:
-      return "F32";
-    case Dtype::kF16:
-      return "F16";
-    case Dtype::kBF16:
-      return "BF16";
-    case Dtype::kI64:
-      return "I64";
-  }
-  return "?";
+  return kDtypes[static_cast<int>(dtype)].name;
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
