@@ -238,18 +238,13 @@ void DynamicIdMap::Commit(const Plan& plan) {
     last_[r] = plan.step;
     ++sightings_[r];
   }
+  counters_ = CountersAfter(plan);
+  occupied_ = OccupiedAfter(plan);
   for (const Admitted& a : plan.admitted) {
-    if (a.victim >= 0) {
-      ++counters_.evicted;
-    } else {
-      ++occupied_;
-    }
     keys_[a.row] = a.id;
     last_[a.row] = plan.step;
     sightings_[a.row] = 1;
   }
-  counters_.admitted += static_cast<int64_t>(plan.admitted.size());
-  counters_.refused += plan.refused;
   if (!sketch_.empty()) {
     for (const int64_t id : plan.new_ids) {
       for (int d = 0; d < kSketchDepth; ++d) {
@@ -259,6 +254,20 @@ void DynamicIdMap::Commit(const Plan& plan) {
     }
   }
   step_ = plan.step;
+}
+
+DynamicIdCounters DynamicIdMap::CountersAfter(const Plan& plan) const {
+  DynamicIdCounters c = counters_;
+  for (const Admitted& a : plan.admitted) c.evicted += a.victim >= 0;
+  c.admitted += static_cast<int64_t>(plan.admitted.size());
+  c.refused += plan.refused;
+  return c;
+}
+
+int64_t DynamicIdMap::OccupiedAfter(const Plan& plan) const {
+  int64_t occupied = occupied_;
+  for (const Admitted& a : plan.admitted) occupied += a.victim < 0;
+  return occupied;
 }
 
 int64_t DynamicIdMap::BytesFor(const DynamicIdOptions& options) {

@@ -115,6 +115,9 @@ class DynamicIdMap {
   absl::Status MakePlan(std::span<const int64_t> ids, int64_t step, Plan* plan);
   // Applies `plan`, made by MakePlan on this map as it is now.
   void Commit(const Plan& plan);
+  // The counters and occupied rows as Commit(plan) would leave them.
+  DynamicIdCounters CountersAfter(const Plan& plan) const;
+  int64_t OccupiedAfter(const Plan& plan) const;
 
   // ADMIT_AFTER_SIGHTINGS: the sketch's estimate of the training batches
   // `id` was new in (never below the true count, above it when all its

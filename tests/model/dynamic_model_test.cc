@@ -1,7 +1,7 @@
 // Tests of Model with dynamic tables (docs/dynamic.md): it trains and
-// predicts (predictions admit nothing), checkpoints restore the id maps
-// bit for bit on the host and RocksDB tiers, and bad configs get errors
-// naming the field.
+// predicts (predictions and refused steps admit nothing), checkpoints restore
+// the id maps bit for bit on the host and RocksDB tiers, and bad configs get
+// errors naming the field.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -137,6 +137,81 @@ TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
   EXPECT_EQ(Maps(*m), maps);
   EXPECT_EQ(Tables(*m), tables);
   EXPECT_EQ(DynamicOf(*m, 0)->metrics().ids_admitted, m1.ids_admitted);
+}
+
+// A step refused after the dynamic tables prepared (the static C3's row
+// cache on RocksDB is too small for the batch) admits nothing: the maps and
+// rows stay as they were, and training goes on like a twin that never saw
+// the batch.
+TEST(DynamicModelTest, ARefusedStepAdmitsNothing) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("dynamic_refused_", ::getpid());
+  fs::remove_all(dir);
+  auto on_rocksdb = [&](const std::string& name) {
+    RocksDbConfig r;
+    r.set_path((dir / name).string());
+    r.set_cache_rows(16);
+    auto placed = PlaceTablesOnRocksDb(DynamicConfig(), {"C3"}, r);
+    EXPECT_TRUE(placed.ok()) << placed.status();
+    return *placed;
+  };
+  const ModelConfig c = on_rocksdb("m");
+  std::unique_ptr<Model> m = Make(c);
+  std::unique_ptr<Model> twin = Make(on_rocksdb("twin"));
+  ASSERT_TRUE(m && twin);
+  data::SyntheticOptions o;
+  o.zipf_alpha = 0.8;
+  o.teacher_seed = kDataSeed;
+  o.sample_seed = kDataSeed + 1;
+  // 4 samples always fit 16 cached rows of C3; 64 of its 50 rows never do.
+  const std::vector<data::Batch> small = test::SyntheticBatches(c, 6, 4, o);
+  o.sample_seed = kDataSeed + 2;
+  const data::Batch big = test::SyntheticBatches(c, 1, 64, o)[0];
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(m->TrainStep(small[i]).ok());
+    ASSERT_TRUE(twin->TrainStep(small[i]).ok());
+  }
+  const std::vector<int64_t> maps = Maps(*m);
+  const std::vector<float> tables = Tables(*m);
+  const int64_t admitted = DynamicOf(*m, 0)->metrics().ids_admitted;
+  auto refused = m->TrainStep(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_EQ(Maps(*m), maps);
+  EXPECT_EQ(Tables(*m), tables);
+  EXPECT_EQ(DynamicOf(*m, 0)->metrics().ids_admitted, admitted);
+  for (int i = 3; i < 6; ++i) {
+    auto x = m->TrainStep(small[i]);
+    auto y = twin->TrainStep(small[i]);
+    ASSERT_TRUE(x.ok() && y.ok()) << x.status() << " " << y.status();
+    EXPECT_EQ(x->loss, y->loss) << i;
+  }
+  EXPECT_EQ(Maps(*m), Maps(*twin));
+  EXPECT_EQ(Tables(*m), Tables(*twin));
+  m.reset();
+  twin.reset();
+  fs::remove_all(dir);
+}
+
+// A store's staged prepare is held back until CommitPrepared, and pooling
+// before the commit is refused.
+TEST(DynamicModelTest, AStagedPrepareChangesTheMapOnlyWhenCommitted) {
+  std::unique_ptr<Model> m = Make(DynamicConfig());
+  ASSERT_NE(m, nullptr);
+  embedding::DynamicStore* store = DynamicOf(*m, 0);
+  data::SparseFeature ids;
+  ids.offsets = {0, 2, 3};
+  ids.ids = {1000000007, 5, 1000000007};
+  auto staged = store->PrepareStaged(ids);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(store->map().Lookup(1000000007), -1);
+  std::vector<float> out(2 * store->spec().dim);
+  EXPECT_EQ(store->Forward(**staged, out.data(), store->spec().dim).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store->CommitPrepared().ok());
+  EXPECT_GE(store->map().Lookup(1000000007), 0);
+  EXPECT_GE(store->map().Lookup(5), 0);
+  EXPECT_TRUE(store->Forward(**staged, out.data(), store->spec().dim).ok());
 }
 
 // The planner replicates small tables, but never a dynamic one.
