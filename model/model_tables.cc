@@ -123,14 +123,15 @@ absl::Status Model::GatherTableIds(int k, std::vector<int64_t>* ids) {
     out[map.kept_row()] = EncodeId(kKeptRowId);
   }
   if (replica_[k] < 0) {
-    RETURN_IF_ERROR(comm_->AllReduceSum(
-        ids->data(), static_cast<int64_t>(ids->size()), comm::DataType::kInt64));
+    RETURN_IF_ERROR(comm_->AllReduceSum(ids->data(),
+                                        static_cast<int64_t>(ids->size()),
+                                        comm::DataType::kInt64));
   }
   RETURN_IF_ERROR(local);
   for (size_t r = 0; r < ids->size(); ++r) {
     if ((*ids)[r] == 0) {
-      return absl::InternalError(absl::StrCat(
-          "dynamic table ", t.name(), ": no shard holds row ", r));
+      return absl::InternalError(
+          absl::StrCat("dynamic table ", t.name(), ": no shard holds row ", r));
     }
     (*ids)[r] = DecodeId((*ids)[r]);
   }

@@ -194,8 +194,7 @@ struct RebuiltMap {
 // not a map TorchRec could hold.
 absl::StatusOr<RebuiltMap> RebuildMap(
     const SafetensorsFile& file, const std::vector<TorchRecTensor>& tensors,
-    int k, const embedding::DynamicStore& store,
-    TorchRecImportReport* report) {
+    int k, const embedding::DynamicStore& store, TorchRecImportReport* report) {
   std::map<McBuffer, const TorchRecTensor*> buffers;
   for (const TorchRecTensor& t : tensors) {
     if (t.table == k) buffers[t.mc] = &t;
@@ -229,9 +228,8 @@ absl::StatusOr<RebuiltMap> RebuildMap(
   ASSIGN_OR_RETURN(const std::vector<int64_t> their_rows,
                    read(McBuffer::kRemappedIdsMapping));
   const bool lfu = buffers.count(McBuffer::kCounts) > 0;
-  ASSIGN_OR_RETURN(
-      const std::vector<int64_t> metadata,
-      read(lfu ? McBuffer::kCounts : McBuffer::kLastAccessIter));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> metadata,
+                   read(lfu ? McBuffer::kCounts : McBuffer::kLastAccessIter));
 
   // The ids and their rows, checked.
   struct Held {
@@ -273,10 +271,9 @@ absl::StatusOr<RebuiltMap> RebuildMap(
 
   // Placed in order of use (the most recent or most frequent first), each
   // in the first free row of its bucket.
-  std::stable_sort(held.begin(), held.end(),
-                   [](const Held& a, const Held& b) {
-                     return a.metadata > b.metadata;
-                   });
+  std::stable_sort(held.begin(), held.end(), [](const Held& a, const Held& b) {
+    return a.metadata > b.metadata;
+  });
   embedding::DynamicIdMap map(options);
   const int64_t usable = map.usable_rows();
   std::vector<int64_t> keys(usable, -1), last(usable, 0), sightings(usable, 0);
@@ -505,9 +502,9 @@ absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model,
     if (!config.tables(k).dynamic()) continue;
     embedding::DynamicStore* store = DynamicStoreOf(model, k);
     if (store == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          "TorchRec import: dynamic table ", config.tables(k).name(),
-          " has no id map"));
+      return absl::InternalError(absl::StrCat("TorchRec import: dynamic table ",
+                                              config.tables(k).name(),
+                                              " has no id map"));
     }
     ASSIGN_OR_RETURN(RebuiltMap rebuilt,
                      RebuildMap(file, tensors, k, *store, &counted));
@@ -586,7 +583,8 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
   std::map<std::string, const dense::ParamRef*> params;
   for (const dense::ParamRef& p : model.dense_params()) params[p.name] = &p;
   for (size_t i = config.tables_size(); i < tensors.size(); ++i) {
-    if (tensors[i].mc == McBuffer::kNone && params.count(tensors[i].name) == 0) {
+    if (tensors[i].mc == McBuffer::kNone &&
+        params.count(tensors[i].name) == 0) {
       return absl::InternalError(absl::StrCat(
           "TorchRec export: the model has no parameter ", tensors[i].name));
     }
@@ -606,16 +604,16 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
     if (!config.tables(k).dynamic()) continue;
     const embedding::DynamicStore* store = DynamicStoreOf(model, k);
     if (store == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          "TorchRec export: dynamic table ", config.tables(k).name(),
-          " has no id map"));
+      return absl::InternalError(absl::StrCat("TorchRec export: dynamic table ",
+                                              config.tables(k).name(),
+                                              " has no id map"));
     }
     mc_states[k] = McStateOf(store->map());
   }
   std::vector<TensorSpec> specs;
   for (const size_t i : file_order) {
-    specs.push_back({tensors[i].torchrec_name, tensors[i].shape,
-                     tensors[i].dtype});
+    specs.push_back(
+        {tensors[i].torchrec_name, tensors[i].shape, tensors[i].dtype});
   }
   const std::string tmp = TemporaryPath(path);
   const std::string parent =

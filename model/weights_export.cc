@@ -56,7 +56,9 @@ std::string TableIdsName(const TableConfig& table) {
 std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
   std::vector<TensorSpec> specs;
   for (const TableConfig& t : config.tables()) {
-    if (t.dynamic()) specs.push_back({TableIdsName(t), {t.rows()}, Dtype::kI64});
+    if (t.dynamic()) {
+      specs.push_back({TableIdsName(t), {t.rows()}, Dtype::kI64});
+    }
   }
   auto add_mlp = [&specs](const char* prefix, int64_t in,
                           const google::protobuf::RepeatedField<int32_t>& w) {
@@ -165,13 +167,13 @@ absl::StatusOr<ExportInfo> ExportSafetensors(Model& model,
                                              FileSystem* file_system) {
   RETURN_IF_ERROR(CheckWholeTables(model));
   const std::string tmp = TemporaryPath(path);
-  absl::StatusOr<ExportInfo> info =
-      WriteWeights(tmp, model.config(), model.dense_params(), model.steps(),
-                   ModelTables(model),
-                   [&model](int k, std::vector<int64_t>* ids) {
-                     return model.GatherTableIds(k, ids);
-                   },
-                   file_system);
+  absl::StatusOr<ExportInfo> info = WriteWeights(
+      tmp, model.config(), model.dense_params(), model.steps(),
+      ModelTables(model),
+      [&model](int k, std::vector<int64_t>* ids) {
+        return model.GatherTableIds(k, ids);
+      },
+      file_system);
   if (info.ok()) {
     const absl::Status committed = CommitFile(tmp, path, file_system);
     if (!committed.ok()) info = committed;

@@ -434,10 +434,10 @@ embedding::DynamicStore* DynamicOf(Model& m, int k) {
 // The managed-collision buffer `buffer` of table `table` in `f`.
 std::vector<int64_t> Mc(const SafetensorsFile& f, const std::string& table,
                         const std::string& buffer, int64_t size) {
-  auto v = f.GetInt64(absl::StrCat(kTorchRecMcPrefix,
-                                   "_managed_collision_modules.", table, ".",
-                                   buffer),
-                      {size});
+  auto v =
+      f.GetInt64(absl::StrCat(kTorchRecMcPrefix, "_managed_collision_modules.",
+                              table, ".", buffer),
+                 {size});
   EXPECT_TRUE(v.ok()) << v.status();
   return v.ok() ? *v : std::vector<int64_t>();
 }
@@ -472,7 +472,8 @@ TEST_F(TorchRecDynamicTest, ExportsTheMapsAsManagedCollisionBuffersAndBack) {
     const embedding::DynamicIdMap& map = DynamicOf(**m, k)->map();
     EXPECT_GT(map.counters().evicted, 0);
     const int64_t rows = t.rows();
-    const std::vector<int64_t> ids = Mc(**f, t.name(), "_mch_sorted_raw_ids", rows);
+    const std::vector<int64_t> ids =
+        Mc(**f, t.name(), "_mch_sorted_raw_ids", rows);
     const std::vector<int64_t> mapping =
         Mc(**f, t.name(), "_mch_remapped_ids_mapping", rows);
     const std::vector<int64_t> segments =
@@ -484,12 +485,11 @@ TEST_F(TorchRecDynamicTest, ExportsTheMapsAsManagedCollisionBuffersAndBack) {
     EXPECT_EQ(segments[2], -1);
     EXPECT_EQ(Mc(**f, t.name(), "_current_iter_tensor", 1),
               std::vector<int64_t>{map.step()});
-    const std::vector<int64_t> metadata =
-        Mc(**f, t.name(), k == 0 ? "_mch_last_access_iter" : "_mch_counts",
-           rows);
-    EXPECT_FALSE((*f)->Has(absl::StrCat(
-        kTorchRecMcPrefix, "_managed_collision_modules.", t.name(),
-        k == 0 ? "._mch_counts" : "._mch_last_access_iter")));
+    const std::vector<int64_t> metadata = Mc(
+        **f, t.name(), k == 0 ? "_mch_last_access_iter" : "_mch_counts", rows);
+    EXPECT_FALSE((*f)->Has(
+        absl::StrCat(kTorchRecMcPrefix, "_managed_collision_modules.", t.name(),
+                     k == 0 ? "._mch_counts" : "._mch_last_access_iter")));
     constexpr int64_t kEmpty = std::numeric_limits<int64_t>::max();
     EXPECT_EQ(ids.back(), kEmpty);
     EXPECT_EQ(mapping.back(), rows - 1);
@@ -615,8 +615,8 @@ TEST_F(TorchRecDynamicTest, RefusesMapsOurTablesCannotHoldNamingTheTensor) {
     EXPECT_HAS_SUBSTR(s.message(), what) << s;
     EXPECT_EQ(*(*m)->WeightChecksum(), before);
   };
-  const std::string u = absl::StrCat(kTorchRecMcPrefix,
-                                     "_managed_collision_modules.u.");
+  const std::string u =
+      absl::StrCat(kTorchRecMcPrefix, "_managed_collision_modules.u.");
 
   {  // A plain DLRM state_dict (no managed collision) for dynamic tables.
     std::vector<Tensor> ts = load();
@@ -624,8 +624,9 @@ TEST_F(TorchRecDynamicTest, RefusesMapsOurTablesCannotHoldNamingTheTensor) {
       return t.name.starts_with(kTorchRecMcPrefix);
     });
     expect_refused(write(ts, "plain.safetensors"),
-                   "missing tensor " + u + "_mch_sorted_raw_ids [40] (our "
-                                           "dynamic_map.u.ids)");
+                   "missing tensor " + u +
+                       "_mch_sorted_raw_ids [40] (our "
+                       "dynamic_map.u.ids)");
   }
   {  // MC buffers for a static table.
     ModelConfig fixed = c;
@@ -636,8 +637,9 @@ TEST_F(TorchRecDynamicTest, RefusesMapsOurTablesCannotHoldNamingTheTensor) {
     }
     const absl::Status s = CheckTorchRecStateDict(**f, fixed);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_HAS_SUBSTR(s.message(), "unexpected tensor " + u +
-                                       "_mch_sorted_raw_ids") << s;
+    EXPECT_HAS_SUBSTR(s.message(),
+                      "unexpected tensor " + u + "_mch_sorted_raw_ids")
+        << s;
     EXPECT_HAS_SUBSTR(s.message(), "imports into a dynamic table only") << s;
   }
   {  // LFU's counts where the table evicts by LRU.
@@ -657,8 +659,9 @@ TEST_F(TorchRecDynamicTest, RefusesMapsOurTablesCannotHoldNamingTheTensor) {
       }
     }
     expect_refused(write(ts, "f32.safetensors"),
-                   "tensor " + u + "_current_iter_tensor has dtype F32, "
-                                   "expected I64");
+                   "tensor " + u +
+                       "_current_iter_tensor has dtype F32, "
+                       "expected I64");
   }
   {  // A negative id.
     std::vector<Tensor> ts = load();
@@ -671,15 +674,15 @@ TEST_F(TorchRecDynamicTest, RefusesMapsOurTablesCannotHoldNamingTheTensor) {
     int64_t* ids = buffer(ts, "_mch_sorted_raw_ids");
     std::swap(ids[0], ids[1]);
     expect_refused(write(ts, "order.safetensors"),
-                   "tensor " + u + "_mch_sorted_raw_ids is not strictly "
-                                   "ascending at 1");
+                   "tensor " + u +
+                       "_mch_sorted_raw_ids is not strictly "
+                       "ascending at 1");
   }
   {  // A row given to two ids; the default row given to an id.
     std::vector<Tensor> ts = load();
     int64_t* rows = buffer(ts, "_mch_remapped_ids_mapping");
     rows[1] = rows[0];
-    expect_refused(write(ts, "twice.safetensors"),
-                   "the row of another id");
+    expect_refused(write(ts, "twice.safetensors"), "the row of another id");
     ts = load();
     buffer(ts, "_mch_remapped_ids_mapping")[0] = 39;
     expect_refused(write(ts, "default.safetensors"),
