@@ -450,7 +450,10 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
                dtype != t.dtype) {
       problems.push_back(absl::StrCat(
           "tensor ", t.torchrec_name, " has dtype ", DtypeName(dtype),
-          ", expected ", DtypeName(t.dtype), " (our ", t.name, ")"));
+          ", expected ", DtypeName(t.dtype), " (our ", t.name,
+          t.dtype == Dtype::kF32
+              ? "; convert the state_dict with .float() before saving it)"
+              : ")"));
     }
   }
   for (const std::string& name : file.Names()) {
