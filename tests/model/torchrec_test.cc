@@ -500,7 +500,9 @@ TEST_F(TorchRecDynamicTest, ExportsTheMapsAsManagedCollisionBuffersAndBack) {
     for (int64_t i = 0; i < rows; ++i) {
       if (ids[i] == kEmpty) continue;
       ++held;
-      if (i > 0) EXPECT_LT(ids[i - 1], ids[i]);
+      if (i > 0) {
+        EXPECT_LT(ids[i - 1], ids[i]);
+      }
       EXPECT_EQ(map.Lookup(ids[i]), mapping[i]) << "id " << ids[i];
       const int64_t row = mapping[i];
       EXPECT_EQ(metadata[i],
