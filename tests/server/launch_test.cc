@@ -870,10 +870,10 @@ TEST_F(LaunchTest, ExportWeightsOnTwoRanksMatchesOneProcess) {
   ExpectSameWeights(file.string(), one, **model);
 }
 
-// Dynamic tables on two ranks, t0 table-wise and t2 column-wise (its
-// column blocks each keep the same map): the export gathers each row's
-// id from the shard that holds it, and its ids are one process's.
-TEST_F(LaunchTest, ExportWeightsOfDynamicTablesOnTwoRanksMatchesOneProcess) {
+// Dynamic tables on 2 and 4 ranks, t0 table-wise and t2 column-wise (2
+// or 4 column blocks, each keeping the same map): the export gathers each
+// row's id from the shard that holds it, and its ids are one process's.
+TEST_F(LaunchTest, ExportWeightsOfDynamicTablesOnRanksMatchesOneProcess) {
   ModelConfig c = config_;
   c.mutable_tables(0)->set_dynamic(true);
   c.mutable_tables(2)->set_dynamic(true);
@@ -881,33 +881,41 @@ TEST_F(LaunchTest, ExportWeightsOfDynamicTablesOnTwoRanksMatchesOneProcess) {
   ASSERT_TRUE(normal.ok()) << normal.status();
   config_ = *normal;
   WriteConfig(config_);
-  const std::string address = StartRanks(2);
-  ASSERT_FALSE(address.empty());
-  auto client = clients::Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  const std::vector<double> losses = Train(**client);
-  const std::string exported = (dir_ / "weights.safetensors").string();
-  ASSERT_TRUE((*client)->ExportWeights(exported).ok());
-  StopRanks();
-
   auto model = model::Model::Create(config_);
   ASSERT_TRUE(model.ok()) << model.status();
-  ExpectOneProcessLosses(**model, losses);
   const std::string one = (dir_ / "one.safetensors").string();
-  ASSERT_TRUE(model::ExportSafetensors(**model, one).ok());
-  ExpectSameWeights(exported, one, **model);
-  // Both tables hold ids (and so the comparison above compared some).
-  auto f = model::SafetensorsFile::Open(exported);
-  ASSERT_TRUE(f.ok()) << f.status();
-  for (int k : {0, 2}) {
-    const TableConfig& t = config_.tables(k);
-    auto ids = (*f)->GetInt64(model::TableIdsName(t), {t.rows()});
-    ASSERT_TRUE(ids.ok()) << ids.status();
-    EXPECT_EQ(ids->back(), model::kKeptRowId) << t.name();
-    EXPECT_GT(std::count_if(ids->begin(), ids->end(),
-                            [](int64_t id) { return id >= 0; }),
-              t.rows() / 2)
-        << t.name();
+  bool trained = false;
+  for (const int world : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    const std::string address = StartRanks(world);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<double> losses = Train(**client);
+    const std::string exported =
+        (dir_ / absl::StrCat("weights-", world, ".safetensors")).string();
+    ASSERT_TRUE((*client)->ExportWeights(exported).ok());
+    client->reset();
+    StopRanks();
+    if (!trained) {
+      ExpectOneProcessLosses(**model, losses);
+      ASSERT_TRUE(model::ExportSafetensors(**model, one).ok());
+      trained = true;
+    }
+    ExpectSameWeights(exported, one, **model);
+    // Both tables hold ids (so the comparison above compared some).
+    auto f = model::SafetensorsFile::Open(exported);
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (int k : {0, 2}) {
+      const TableConfig& t = config_.tables(k);
+      auto ids = (*f)->GetInt64(model::TableIdsName(t), {t.rows()});
+      ASSERT_TRUE(ids.ok()) << ids.status();
+      EXPECT_EQ(ids->back(), model::kKeptRowId) << t.name();
+      EXPECT_GT(std::count_if(ids->begin(), ids->end(),
+                              [](int64_t id) { return id >= 0; }),
+                t.rows() / 2)
+          << t.name();
+    }
   }
 }
 
