@@ -2,7 +2,9 @@
 // torchrec.models.dlrm.DLRM (dot interaction) and DLRM_DCN mapped tensor by
 // tensor onto this project's parameters, and conversions between such a
 // state_dict saved as safetensors and a model or a checkpoint directory.
-// Only weights cross over: a TorchRec state_dict holds no optimizer state.
+// Only weights cross over, and the id maps of dynamic tables as TorchRec's
+// managed-collision modules keep them: a TorchRec state_dict holds no
+// optimizer state.
 #pragma once
 
 #include <cstdint>
