@@ -444,6 +444,38 @@ std::vector<int64_t> Mc(const SafetensorsFile& f, const std::string& table,
 
 class TorchRecDynamicTest : public TorchRecTest {};
 
+// After the DLRM's tensors, each dynamic table's MCHManagedCollisionModule
+// buffers as torchrec 1.9.2's ManagedCollisionCollection.state_dict()
+// lists them (int64; the metadata buffer of the table's policy).
+TEST(TorchRecNamesTest, DynamicTablesAddTheirModulesBuffersInStateDictOrder) {
+  const auto tensors = TorchRecTensors(DynamicConfig());
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::vector<std::string> mc;
+  for (const TorchRecTensor& t : *tensors) {
+    if (t.mc == McBuffer::kNone) {
+      EXPECT_TRUE(mc.empty()) << t.torchrec_name << " after an MC buffer";
+      EXPECT_EQ(t.dtype, Dtype::kF32);
+      continue;
+    }
+    EXPECT_EQ(t.dtype, Dtype::kI64);
+    mc.push_back(absl::StrCat(t.torchrec_name, " [", t.shape[0], "]"));
+  }
+  const std::string p =
+      "managed_collision_collection._managed_collision_modules.";
+  EXPECT_EQ(mc, (std::vector<std::string>{
+                    p + "u._output_segments_tensor [1025]",
+                    p + "u._current_iter_tensor [1]",
+                    p + "u._mch_sorted_raw_ids [40]",
+                    p + "u._mch_remapped_ids_mapping [40]",
+                    p + "u._mch_last_access_iter [40]",
+                    p + "v._output_segments_tensor [1025]",
+                    p + "v._current_iter_tensor [1]",
+                    p + "v._mch_sorted_raw_ids [36]",
+                    p + "v._mch_remapped_ids_mapping [36]",
+                    p + "v._mch_counts [36]",
+                }));
+}
+
 // The export writes each dynamic table's map as TorchRec's
 // MCHManagedCollisionModule holds it: the ids sorted, empty slots at
 // INT64_MAX (the last always), the row of each, the free rows and the
