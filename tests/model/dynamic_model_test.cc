@@ -1,12 +1,15 @@
 // Tests of Model with dynamic tables (docs/dynamic.md): it trains and
-// predicts (predictions and refused steps admit nothing), checkpoints restore
-// the id maps bit for bit on the host and RocksDB tiers, and bad configs get
+// predicts (predictions and refused steps admit nothing), checkpoints
+// restore the id maps bit for bit on the host and RocksDB tiers, the
+// weights export writes each row's id beside the rows, and bad configs get
 // errors naming the field.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,8 @@
 #include "embedding/sharding_planner.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "model/safetensors.h"
+#include "model/weights_export.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -316,6 +321,93 @@ TEST(DynamicCheckpointTest, RefusesACheckpointOfAStaticTable) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
       << r.status();
   EXPECT_NE(r.status().message().find("C1"), std::string::npos) << r.status();
+  fs::remove_all(dir);
+}
+
+// The weights export of a model whose dynamic tables evicted (raw ids from
+// a vocabulary 8x their capacity, a time to live on C1) holds, beside each
+// dynamic table's rows, the id each row holds: -1 for a free row (its id
+// expired or none came), -2 for the kept row; each id maps to its row as
+// the table's map does, and the rows are the table's. A static table has
+// no ids.
+TEST(DynamicExportTest, WritesEachRowsIdBesideItsRows) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("dynamic_export_", ::getpid());
+  fs::remove_all(dir);
+  const ModelConfig c = DynamicConfig();
+  std::unique_ptr<Model> m = Make(c);
+  ASSERT_NE(m, nullptr);
+  data::SyntheticOptions o;
+  o.zipf_alpha = 0.8;
+  o.teacher_seed = kDataSeed;
+  o.sample_seed = kDataSeed + 1;
+  o.vocabulary = 1000;
+  std::vector<data::Batch> batches = test::SyntheticBatches(c, 16, 64, o);
+  ASSERT_EQ(batches.size(), 16u);
+  // The last 5 steps see one id of C1: its others outlive their time to
+  // live (4 steps).
+  for (int i = 11; i < 16; ++i) {
+    std::fill(batches[i].sparse[0].ids.begin(), batches[i].sparse[0].ids.end(),
+              7);
+  }
+  for (const data::Batch& b : batches) {
+    auto r = m->TrainStep(b);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  const std::string path = (dir / "weights.safetensors").string();
+  auto info = ExportSafetensors(*m, path);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tensors, static_cast<int64_t>(WeightSpecs(c).size()));
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_FALSE((*f)->Has(TableIdsName(c.tables(2))));
+  int64_t expired = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE(c.tables(k).name());
+    const embedding::DynamicIdMap& map = DynamicOf(*m, k)->map();
+    EXPECT_GT(map.counters().evicted, 0);
+    const int64_t rows = c.tables(k).rows();
+    ASSERT_EQ(*(*f)->DtypeOf(TableIdsName(c.tables(k))), Dtype::kI64);
+    auto ids = (*f)->GetInt64(TableIdsName(c.tables(k)), {rows});
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    std::vector<int64_t> gathered;
+    ASSERT_TRUE(m->GatherTableIds(k, &gathered).ok());
+    EXPECT_EQ(gathered, *ids);
+    EXPECT_EQ((*ids)[rows - 1], kKeptRowId);
+    std::set<int64_t> seen;
+    int64_t table_expired = 0;
+    for (int64_t r = 0; r + 1 < rows; ++r) {
+      const int64_t id = (*ids)[r];
+      if (id == kFreeRowId) {
+        // Free: empty, or its id expired (the map still holds the key).
+        if (map.keys()[r] >= 0) {
+          EXPECT_EQ(map.Lookup(map.keys()[r]), -1) << "row " << r;
+          ++table_expired;
+        }
+        continue;
+      }
+      ASSERT_GE(id, 0) << "row " << r;
+      EXPECT_TRUE(seen.insert(id).second) << "id " << id << " twice";
+      EXPECT_EQ(map.Lookup(id), r) << "id " << id;
+    }
+    // Every row holding a key is exported with it, unless it expired.
+    EXPECT_EQ(static_cast<int64_t>(seen.size()) + table_expired,
+              map.occupied());
+    std::vector<float> table;
+    ASSERT_TRUE(m->GatherTable(k, &table).ok());
+    auto weights = (*f)->Get(TableWeightName(c.tables(k)), {rows, 8});
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    EXPECT_TRUE(std::equal(weights->begin(), weights->end(), table.begin(),
+                           table.end()));
+    expired += table_expired;
+  }
+  // C1's time to live (4 steps) ran out for some of its ids.
+  EXPECT_GT(expired, 0);
+  // A static table has no ids to gather.
+  std::vector<int64_t> none;
+  EXPECT_EQ(m->GatherTableIds(2, &none).code(),
+            absl::StatusCode::kFailedPrecondition);
+  m.reset();
   fs::remove_all(dir);
 }
 
