@@ -1,7 +1,8 @@
 // Tests of Model with dynamic tables (docs/dynamic.md): it trains and
 // predicts (predictions admit nothing), checkpoints restore the id maps
-// bit for bit on the host and RocksDB tiers, and bad configs get errors
-// naming the field.
+// bit for bit on the host and RocksDB tiers, or re-route the ids by hash
+// onto another row-wise shard count or a whole table, the planner counts
+// the maps' bytes, and bad configs get errors naming the field.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
