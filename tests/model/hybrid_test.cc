@@ -944,6 +944,10 @@ struct Reshard {
   int saved_world;
   std::string restored;
   int restored_world;
+  // A dynamic table's ids re-routed by hash (docs/dynamic.md): its maps'
+  // buckets differ from the saving job's, so only the predictions right
+  // after the restore are the same, not the training after it.
+  bool reroutes = false;
 };
 
 void PrintTo(const Reshard& r, std::ostream* os) {
@@ -964,8 +968,9 @@ class HybridReshardTest : public testing::TestWithParam<Reshard> {};
 // Through server::RankGroup: a checkpoint after 2 steps restores on another
 // rank count with another plan (docs/checkpoints.md "Resharding"): the
 // restored job's predictions equal the saving job's right after the save,
-// and training the same 4 steps from there gives the same losses and
-// predictions, up to the float summation order of docs/hybrid.md (1e-5).
+// and (unless it re-routes a dynamic table's ids) training the same 4
+// steps from there gives the same losses and predictions, up to the float
+// summation order of docs/hybrid.md (1e-5).
 TEST_P(HybridReshardTest, PredictsAndTrainsOnLikeTheSavingJob) {
   const Reshard& p = GetParam();
   const std::string out = JobOut(ReshardName({p, 0}));
@@ -987,6 +992,7 @@ TEST_P(HybridReshardTest, PredictsAndTrainsOnLikeTheSavingJob) {
   }
   ASSERT_EQ(saved.losses.size(), 10u);
   ASSERT_EQ(restored.losses.size(), 4u);
+  if (p.reroutes) return;
   for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(restored.losses[i], saved.losses[2 + i],
                 1e-5 * std::abs(saved.losses[2 + i]))
@@ -1019,13 +1025,20 @@ INSTANTIATE_TEST_SUITE_P(
         Reshard{"table+host+dynamic", 2, "column+host+dynamic", 3},
         Reshard{"table+rocksdb+dynamic", 1, "column+rocksdb+dynamic", 2},
         // Row-wise dynamic tables: the ids re-routed by hash into 3 shards,
-        // gathered into one table, or kept in the same 2 shards.
-        Reshard{"hashed+host+dynamic+churn", 2, "hashed+host+dynamic+churn", 3},
-        Reshard{"hashed+host+dynamic+churn", 2, "table+host+dynamic+churn", 1},
+        // gathered into one table or column blocks, kept in the same 2
+        // shards, or routed from a whole table or its column blocks.
+        Reshard{"hashed+host+dynamic+churn", 2, "hashed+host+dynamic+churn", 3,
+                /*reroutes=*/true},
+        Reshard{"hashed+host+dynamic+churn", 2, "table+host+dynamic+churn", 1,
+                /*reroutes=*/true},
         Reshard{"hashed+rocksdb+dynamic+churn", 2, "hashed+host+dynamic+churn",
                 2},
         Reshard{"table+host+dynamic+churn", 1, "hashed+rocksdb+dynamic+churn",
-                3},
+                3, /*reroutes=*/true},
+        Reshard{"column+host+dynamic+churn", 3, "hashed+host+dynamic+churn", 2,
+                /*reroutes=*/true},
+        Reshard{"hashed+host+dynamic+churn", 3, "column+host+dynamic+churn", 2,
+                /*reroutes=*/true},
         // DCN's cross network and its Adam state, saved by rank 0.
         Reshard{"mixed+host+dcn+dense_adam", 2, "table+host+dcn+dense_adam",
                 1}),
