@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "data/synthetic.h"
+#include "embedding/dynamic_route.h"
 #include "embedding/dynamic_store.h"
 #include "embedding/embedding_store.h"
 #include "embedding/sharding_memory.h"
@@ -299,7 +300,8 @@ std::unique_ptr<Model> MakeRowWise(ModelConfig c, int shards,
 
 // What the shards of dynamic table `k` hold, by id: the id's record
 // (weights, and optimizer state unless `weights_only`), its last step and
-// sightings, whatever shard and row it is in.
+// sightings, whatever shard and row it is in (expecting a row-wise
+// shard's ids to be those DynamicRowShard gives it).
 std::map<int64_t, std::vector<float>> ById(Model& m, int k,
                                            bool weights_only = false) {
   std::map<int64_t, std::vector<float>> out;
@@ -315,6 +317,13 @@ std::map<int64_t, std::vector<float>> ById(Model& m, int k,
     for (int64_t r = 0; r < map.usable_rows(); ++r) {
       const int64_t id = map.keys()[r];
       if (id < 0) continue;
+      const embedding::TablePlacement& p = m.plan().tables[k];
+      if (p.kind == SHARDING_ROW_WISE) {
+        EXPECT_EQ(
+            embedding::DynamicRowShard(id, static_cast<int>(p.shards.size())),
+            m.shards()[j].shard)
+            << "id " << id;
+      }
       std::vector<float> record(floats);
       EXPECT_TRUE(d->ReadRows(r, 1, record.data()).ok());
       if (weights_only) record.resize(spec.dim);
@@ -445,6 +454,62 @@ TEST_P(DynamicRerouteTest, ReroutesTheIdsByHash) {
   ExpectSameIds(ById(*same, 1), ById(*m, 1), "trained on, C2");
   same.reset();
   m.reset();
+  fs::remove_all(dir);
+}
+
+// Onto smaller shards (DynamicConfig's 120 rows of C1 in 4 shards of 30)
+// some buckets get more saved ids than rows: each keeps its most recently
+// seen, with their saved records, and counts the others as evicted.
+TEST(DynamicRerouteTest, ASmallerShardKeepsTheMostRecentlySeen) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("dynamic_overflow_", getpid());
+  fs::remove_all(dir);
+  ModelConfig c = DynamicConfig();
+  c.mutable_tables(0)->clear_eviction();  // no time to live: ids stay
+  std::unique_ptr<comm::Communicator> one = comm::MakeSingleRankCommunicator();
+  std::unique_ptr<Model> m = Make(c);
+  ASSERT_NE(m, nullptr);
+  for (const data::Batch& b : Batches(c, 6)) ASSERT_TRUE(m->TrainStep(b).ok());
+  const auto saved = ById(*m, 0);
+  const std::string ckpt = (dir / "ckpt").string();
+  ASSERT_TRUE(SaveCheckpoint(*m, ckpt).ok());
+  std::unique_ptr<Model> four = MakeRowWise(c, 4, one.get());
+  ASSERT_NE(four, nullptr);
+  ASSERT_TRUE(RestoreCheckpoint(*four, ckpt).ok());
+  const auto kept = ById(*four, 0);
+  int64_t evicted = 0;
+  for (int j = 0; j < four->shards().size(); ++j) {
+    if (four->shards()[j].table != 0) continue;
+    evicted += four->shards().store(j)->metrics().ids_evicted;
+  }
+  ASSERT_GT(evicted, 0) << saved.size() << " ids into 4 x 29 rows";
+  EXPECT_EQ(static_cast<int64_t>(kept.size()) + evicted,
+            static_cast<int64_t>(saved.size()));
+  // Each kept id with its saved record; none left out was seen after one
+  // kept in the same shard and bucket.
+  for (const auto& [id, record] : kept) {
+    ASSERT_TRUE(saved.contains(id)) << id;
+    EXPECT_EQ(record, saved.at(id)) << id;
+  }
+  for (int j = 0; j < four->shards().size(); ++j) {
+    if (four->shards()[j].table != 0) continue;
+    const auto* d =
+        dynamic_cast<const embedding::DynamicStore*>(four->shards().store(j));
+    ASSERT_NE(d, nullptr);
+    const embedding::DynamicIdMap& map = d->map();
+    for (const auto& [id, record] : saved) {
+      if (kept.contains(id) ||
+          embedding::DynamicRowShard(id, 4) != four->shards()[j].shard) {
+        continue;
+      }
+      const int64_t b = map.Bucket(id);
+      for (int64_t r = map.BucketBegin(b);
+           r < map.BucketBegin(b) + map.BucketSize(b); ++r) {
+        // The left-out id's last step (record's second-to-last entry).
+        EXPECT_GE(map.last_steps()[r], record[record.size() - 2]) << id;
+      }
+    }
+  }
   fs::remove_all(dir);
 }
 
