@@ -215,7 +215,7 @@ std::vector<SavedRows> SavedRowRanges(const SavedLayout& layout, int k) {
   return out;
 }
 
-// Whether table `k`'s shards under `plan` hold the saved row ranges (then
+// Whether the shards of `placement` hold the `saved` row ranges (then
 // each shard's map is the saved one of its range and its rows are copied
 // by range: bitwise the saved state); otherwise a dynamic table's ids are
 // re-routed (StageIdMaps).
@@ -241,9 +241,9 @@ bool SameRowRanges(const std::vector<SavedRows>& saved,
 
 // Stages the id maps of this rank's dynamic shards into `maps` (by local
 // shard index) and returns the rows of those to re-route (docs/dynamic.md
-// "Checkpoints"). Where the plan keeps a table's saved row ranges, each
-// shard takes the saved map of its range as it is. Otherwise every saved
-// range's map is read, and each shard gets the saved ids that route to it
+// "Ranks, checkpoints, metrics"). Where the plan keeps a table's saved row
+// ranges, each shard takes the saved map of its range as it is. Otherwise every
+// saved range's map is read, and each shard gets the saved ids that route to it
 // (DynamicRowShard of the id over the shard count when row-wise; all of
 // them otherwise), placed into its buckets (DynamicIdMap::PlaceSaved: a
 // bucket too small keeps the most recently seen), each with its saved
