@@ -144,8 +144,9 @@ TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
   EXPECT_EQ(DynamicOf(*m, 0)->metrics().ids_admitted, m1.ids_admitted);
 }
 
-// The planner replicates small tables, but never a dynamic one.
-TEST(DynamicModelTest, ThePlannerKeepsDynamicTablesWholeOrByColumns) {
+// The planner replicates small tables, but never a dynamic one, and gives
+// each row-wise shard of one 2 rows at least.
+TEST(DynamicModelTest, ThePlannerNeverReplicatesDynamicTables) {
   const ModelConfig c = DynamicConfig();
   embedding::PlannerOptions po;
   po.world_size = 3;

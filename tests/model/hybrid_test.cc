@@ -755,8 +755,8 @@ std::vector<Case> Cases() {
   cases.push_back({"mixed+staged", 4, 3});
   cases.push_back({"mixed+staged+overlap", 3, 37});
   cases.push_back({"mixed+dcn+staged", 3, 37});
-  // Dynamic tables: the maps see the same ids on every rank count (never
-  // replicated nor split by rows).
+  // Dynamic tables whole or by columns: every shard's map sees every id,
+  // on every rank count.
   for (int world : {1, 2, 3}) cases.push_back({"table+dynamic", world, 37});
   for (int world : {2, 3}) cases.push_back({"column+dynamic", world, 37});
   cases.push_back({"planner+dynamic", 3, 37});
