@@ -360,6 +360,15 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   StageTimes& times = result.times;
   const int64_t n = batch.size;
 
+  // A dynamic table's prepare admits this batch's new ids (their rows and
+  // map entries change before the update): with one, readers on other
+  // threads wait from here to the end of the step, so that a prediction
+  // never sees a step's admissions without its update.
+  std::optional<WeightsWriter> writing;
+  if (std::any_of(config_.tables().begin(), config_.tables().end(),
+                  [](const TableConfig& t) { return t.dynamic(); })) {
+    writing.emplace(*this);
+  }
   RETURN_IF_ERROR(EmbedForward(batch, /*predict=*/false, &times));
   StageClock clock(&times);
   // The next batch's rows load in the background while this step computes
@@ -411,7 +420,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
 
   // From here to the dense update the step writes weights: readers on
   // other threads wait (weights_mutex()).
-  std::optional<WeightsWriter> writing(std::in_place, *this);
+  if (!writing) writing.emplace(*this);
   RETURN_IF_ERROR(UpdateShards(batch, dt, &clock));
   clock.Mark(StageTimes::kEmbeddingUpdate);
 

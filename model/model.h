@@ -200,7 +200,8 @@ class Model {
   // The lock of the weights' readers on other threads (SnapshotPredictor):
   // they hold it shared while they read embedding rows or copy the dense
   // parameters. The model holds it exclusively only while it writes weights:
-  // in TrainStep from the sparse update to the end of the dense update, and
+  // in TrainStep from the sparse update to the end of the dense update (with
+  // a dynamic table, whose prepare admits ids, from the input dist on), and
   // in a checkpoint restore (WeightsWriter), so a reader sees the weights of
   // one step, never a mix.
   std::shared_mutex& weights_mutex() const { return weights_mu_; }
