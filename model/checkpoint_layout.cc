@@ -136,6 +136,36 @@ bool InDatabase(const ModelConfig& config, int k) {
              .checkpoint == embedding::CheckpointForm::kDatabase;
 }
 
+// Copies columns [c0, c1) of the saved record `src` (of block `b`, its
+// columns from b.col_begin) into the record `dst` of target block `t`:
+// the weights, and unless `weights_only` each state array of `arrays`. A
+// per-row array of a block that is part of the target's columns counts by
+// its share of them: a row-wise Adagrad accumulator of several column
+// blocks becomes their column-weighted mean, one of a whole row is copied
+// to each of its blocks.
+void CopyColumns(const float* src, const SavedShard& b, float* dst,
+                 const Block& t, int c0, int c1,
+                 std::span<const optim::StateArray> arrays, bool weights_only) {
+  const int scols = b.cols(), tcols = t.col_end - t.col_begin;
+  std::memcpy(dst + (c0 - t.col_begin), src + (c0 - b.col_begin),
+              sizeof(float) * (c1 - c0));
+  if (weights_only) return;
+  const float share = static_cast<float>(c1 - c0) / static_cast<float>(tcols);
+  int sat = scols, tat = tcols;
+  for (const optim::StateArray& a : arrays) {
+    if (a.extent == optim::Extent::kRow) {
+      dst[tat] += src[sat] * share;
+      ++sat;
+      ++tat;
+    } else {
+      std::memcpy(dst + tat + (c0 - t.col_begin),
+                  src + sat + (c0 - b.col_begin), sizeof(float) * (c1 - c0));
+      sat += scols;
+      tat += tcols;
+    }
+  }
+}
+
 }  // namespace
 
 SavedLayout MultiRankLayout(const ModelConfig& config,
@@ -601,35 +631,13 @@ absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
     if (r0 >= r1) continue;
     const int c0 = std::max(t.block.col_begin, b.col_begin);
     const int c1 = std::min(t.block.col_end, b.col_end);
-    const int scols = b.cols();
     scratch.resize((r1 - r0) * s->floats);
     RETURN_IF_ERROR(
         s->Read(r0 - b.row_begin, r1 - r0, scratch.data(), optimizer));
-    // A per-row array of a block that is part of the target's columns
-    // counts by its share of them: a row-wise Adagrad accumulator of
-    // several column blocks becomes their column-weighted mean, one of a
-    // whole row is copied to each of its blocks.
-    const float share = static_cast<float>(c1 - c0) / static_cast<float>(tcols);
     for (int64_t row = r0; row < r1; ++row) {
-      const float* src = scratch.data() + (row - r0) * s->floats;
-      float* dst = records + (row - first) * tfloats;
-      std::memcpy(dst + (c0 - t.block.col_begin), src + (c0 - b.col_begin),
-                  sizeof(float) * (c1 - c0));
-      if (weights_only_) continue;
-      int sat = scols, tat = tcols;
-      for (const optim::StateArray& a : arrays) {
-        if (a.extent == optim::Extent::kRow) {
-          dst[tat] += src[sat] * share;
-          ++sat;
-          ++tat;
-        } else {
-          std::memcpy(dst + tat + (c0 - t.block.col_begin),
-                      src + sat + (c0 - b.col_begin),
-                      sizeof(float) * (c1 - c0));
-          sat += scols;
-          tat += tcols;
-        }
-      }
+      CopyColumns(scratch.data() + (row - r0) * s->floats, b,
+                  records + (row - first) * tfloats, t.block, c0, c1, arrays,
+                  weights_only_);
     }
   }
   return absl::OkStatus();
@@ -657,30 +665,10 @@ absl::Status TableRestore::AssembleRouted(const Target& t, int64_t begin,
       if (row < b.row_begin || row >= b.row_end) continue;
       const int c0 = std::max(t.block.col_begin, b.col_begin);
       const int c1 = std::min(t.block.col_end, b.col_end);
-      const int scols = b.cols();
       scratch.resize(s->floats);
       RETURN_IF_ERROR(s->Read(row - b.row_begin, 1, scratch.data(), optimizer));
-      const float* src = scratch.data();
-      std::memcpy(dst + (c0 - t.block.col_begin), src + (c0 - b.col_begin),
-                  sizeof(float) * (c1 - c0));
-      if (weights_only_) continue;
-      // As Assemble: a per-row array by the block's share of the columns.
-      const float share =
-          static_cast<float>(c1 - c0) / static_cast<float>(tcols);
-      int sat = scols, tat = tcols;
-      for (const optim::StateArray& a : arrays) {
-        if (a.extent == optim::Extent::kRow) {
-          dst[tat] += src[sat] * share;
-          ++sat;
-          ++tat;
-        } else {
-          std::memcpy(dst + tat + (c0 - t.block.col_begin),
-                      src + sat + (c0 - b.col_begin),
-                      sizeof(float) * (c1 - c0));
-          sat += scols;
-          tat += tcols;
-        }
-      }
+      CopyColumns(scratch.data(), b, dst, t.block, c0, c1, arrays,
+                  weights_only_);
     }
   }
   return absl::OkStatus();
