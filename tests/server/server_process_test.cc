@@ -109,6 +109,55 @@ class ServerProcessTest : public testing::Test {
     return r.exit_code;
   }
 
+  // Spawns `server` with `args` (its log dir_/`log`, `env` added to ours),
+  // waits for it to listen and connects: nullptr, after a failure naming
+  // the log, when it does not.
+  std::unique_ptr<clients::Client> StartServer(
+      Proc& server, const std::vector<std::string>& args,
+      const std::string& log, const std::vector<std::string>& env = {}) {
+    if (!server.Spawn(args, dir_ / log, env)) {
+      ADD_FAILURE() << "cannot start " << args[0];
+      return nullptr;
+    }
+    const std::string address = server.WaitListening(30);
+    if (address.empty()) {
+      ADD_FAILURE() << "not listening: " << ReadFile(dir_ / log);
+      return nullptr;
+    }
+    auto client = clients::Client::Connect(address);
+    if (!client.ok()) {
+      ADD_FAILURE() << client.status();
+      return nullptr;
+    }
+    return *std::move(client);
+  }
+
+  // Starts `request` on `client` and polls it until the job has run
+  // `steps` steps (60 s at most): the steps it had run then, or -1 after a
+  // failure (the job did not start, or failed).
+  static int64_t RunJobPast(clients::Client& client, const JobRequest& request,
+                            int64_t steps) {
+    auto job = client.StartJob(request);
+    if (!job.ok()) {
+      ADD_FAILURE() << job.status();
+      return -1;
+    }
+    absl::StatusOr<JobStatus> running;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+      running = client.GetJob(job->id());
+      if (!running.ok() || (running->state() != JobStatus::PENDING &&
+                            running->state() != JobStatus::RUNNING)) {
+        ADD_FAILURE() << (running.ok() ? running->error()
+                                       : running.status().ToString());
+        return -1;
+      }
+    } while (running->steps() < steps &&
+             std::chrono::steady_clock::now() < deadline);
+    return running->steps();
+  }
+
   // The flags of a tiny training server with periodic checkpoints.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {ServerPath(),
@@ -347,27 +396,11 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   int64_t killed_at = 0;
   {
     Proc server;
-    ASSERT_TRUE(server.Spawn(args, dir_ / "first.log", slow));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto job = (*client)->StartJob(request);
-    ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_EQ(job->id(), "job-1");
-    // Into the second epoch, past the checkpoint at step 25.
-    absl::StatusOr<JobStatus> running;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    do {
-      running = (*client)->GetJob("job-1");
-      ASSERT_TRUE(running.ok()) << running.status();
-      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
-                  running->state() == JobStatus::RUNNING)
-          << running->error();
-    } while (running->steps() < 27 &&
-             std::chrono::steady_clock::now() < deadline);
-    killed_at = running->steps();
+    auto client = StartServer(server, args, "first.log", slow);
+    ASSERT_NE(client, nullptr);
+    // Into the second epoch, past the checkpoint at step 25 (the resume
+    // below names the job: job-1).
+    killed_at = RunJobPast(*client, request, 27);
     server.Kill9();
   }
   ASSERT_GE(killed_at, 27);
@@ -380,40 +413,37 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   // The same command line: the job goes on by itself.
   {
     Proc server;
-    ASSERT_TRUE(server.Spawn(args, dir_ / "second.log"));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "second.log");
+    auto client = StartServer(server, args, "second.log");
+    ASSERT_NE(client, nullptr);
     const std::string text = ReadFile(dir_ / "second.log");
     EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
                                 std::to_string(newest.step) + " of 44")
         << text;
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto jobs = (*client)->ListJobs();
+    auto jobs = client->ListJobs();
     ASSERT_TRUE(jobs.ok()) << jobs.status();
     ASSERT_EQ(jobs->size(), 1u);
     EXPECT_EQ((*jobs)[0].id(), "job-1");
     EXPECT_GE((*jobs)[0].steps(), newest.step);
-    auto done = (*client)->WaitJob("job-1", wait, nullptr);
+    auto done = client->WaitJob("job-1", wait, nullptr);
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
     EXPECT_EQ(done->steps(), kSteps);
     EXPECT_EQ(done->samples(), 2 * 700);
-    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    auto info = client->GetModelInfo(/*include_weight_checksum=*/true);
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->steps(), kSteps);
     EXPECT_EQ(info->weight_checksum(), uninterrupted);
 
     // An endless job, cancelled after a checkpoint recorded it running.
-    auto endless = (*client)->StartJob(Job(1000000));
+    auto endless = client->StartJob(Job(1000000));
     ASSERT_TRUE(endless.ok()) << endless.status();
     EXPECT_EQ(endless->id(), "job-2");
     absl::StatusOr<JobStatus> running;
     do {
-      running = (*client)->GetJob("job-2");
+      running = client->GetJob("job-2");
       ASSERT_TRUE(running.ok()) << running.status();
     } while (running->steps() < 7);
-    auto cancelled = (*client)->CancelJob("job-2");
+    auto cancelled = client->CancelJob("job-2");
     ASSERT_TRUE(cancelled.ok()) << cancelled.status();
     EXPECT_EQ(cancelled->state(), JobStatus::CANCELLED);
     cancelled_at = kSteps + cancelled->steps();
@@ -589,26 +619,10 @@ TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
   int64_t killed_at = 0;
   {
     Proc server;
-    ASSERT_TRUE(server.Spawn(args, dir_ / "first.log",
-                             {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"}));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto job = (*client)->StartJob(request);
-    ASSERT_TRUE(job.ok()) << job.status();
-    absl::StatusOr<JobStatus> running;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    do {
-      running = (*client)->GetJob(job->id());
-      ASSERT_TRUE(running.ok()) << running.status();
-      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
-                  running->state() == JobStatus::RUNNING)
-          << running->error();
-    } while (running->steps() < 27 &&
-             std::chrono::steady_clock::now() < deadline);
-    killed_at = running->steps();
+    auto client = StartServer(server, args, "first.log",
+                              {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"});
+    ASSERT_NE(client, nullptr);
+    killed_at = RunJobPast(*client, request, 27);
     server.Kill9();
   }
   ASSERT_GE(killed_at, 27);
@@ -618,16 +632,13 @@ TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
   ASSERT_LT(newest.step, kSteps);
   {
     Proc server;
-    ASSERT_TRUE(server.Spawn(args, dir_ / "second.log"));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "second.log");
+    auto client = StartServer(server, args, "second.log");
+    ASSERT_NE(client, nullptr);
     const std::string text = ReadFile(dir_ / "second.log");
     EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
                                 std::to_string(newest.step) + " of 44")
         << text;
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    const ModelInfo resumed = finish(**client, "job-1");
+    const ModelInfo resumed = finish(*client, "job-1");
     EXPECT_EQ(resumed.weight_checksum(), uninterrupted.weight_checksum());
     ASSERT_EQ(resumed.dynamic_tables_size(), 2);
     for (int k = 0; k < 2; ++k) {
