@@ -145,7 +145,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   auto budget_error = [&](const TableConfig& t, const std::string& what) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "planner: table ", t.name(), " (", t.rows(), " x ", t.dim(), ", ",
-        ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt), " bytes) ", what,
+        ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt, t.weight_precision()),
+        " bytes) ", what,
         " within the per-rank budget of ", options.memory_budget_bytes,
         " bytes over ", world, " ranks"));
   };
@@ -157,7 +158,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     TablePlacement p = MakePlacement(kind, t, ranks);
     std::vector<int64_t> extra(world, 0), extra_device(world, 0);
     for (const Shard& s : p.shards) {
-      extra[s.rank] += ShardBytes(s, opt);
+      extra[s.rank] += ShardBytes(s, opt, t.weight_precision());
       extra_device[s.rank] += DeviceShardBytes(t, s, opt);
     }
     for (int r = 0; r < world; ++r) {
@@ -182,7 +183,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   // (within the device budget too when `keep_device`).
   auto least_loaded = [&](int n, const TableConfig& t, const Shard& s,
                           bool keep_device) {
-    const int64_t bytes = ShardBytes(s, opt);
+    const int64_t bytes = ShardBytes(s, opt, t.weight_precision());
     const int64_t device_bytes = DeviceShardBytes(t, s, opt);
     std::vector<int> picked;
     for (int r : loads.ByLoad()) {
@@ -276,7 +277,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     // would see only its rank's, and row-wise by hash of the id is not
     // built yet (docs/dynamic.md), so it goes whole or by columns.
     if (world > 1 && !t.dynamic() &&
-        ShardBytes(whole, opt) <= options.data_parallel_max_bytes &&
+        ShardBytes(whole, opt, t.weight_precision()) <=
+            options.data_parallel_max_bytes &&
         try_place(k, SHARDING_DATA_PARALLEL, all_ranks(), keep_device)) {
       return true;
     }
