@@ -177,8 +177,7 @@ absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
   const std::string precision = RowPrecision_Name(t.weight_precision());
   if (t.storage() != STORAGE_HOST) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, " is ", precision, ", which the ",
-        StorageTier_Name(t.storage()),
+        field, " is ", precision, ", which the ", StorageTier_Name(t.storage()),
         " tier does not keep (16-bit rows are STORAGE_HOST only)"));
   }
   if (c.device() != DEVICE_CPU) {

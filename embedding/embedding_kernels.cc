@@ -93,8 +93,7 @@ struct Bf16Words {
 // < 8: kVecs vector sums and rem scalar ones, each from 0 in id order.
 template <typename Words, int kVecs>
 void PoolTilePortable(const typename Words::T* __restrict weights, int64_t dim,
-                      int col0,
-                      int rem, const int64_t* __restrict offsets,
+                      int col0, int rem, const int64_t* __restrict offsets,
                       const int64_t* __restrict ids, int64_t bag_begin,
                       int64_t bag_end, int64_t total, bool mean,
                       float* __restrict out, int64_t out_stride) {
@@ -111,7 +110,8 @@ void PoolTilePortable(const typename Words::T* __restrict weights, int64_t dim,
       }
       const typename Words::T* row = weights + ids[p] * dim + col0;
       for (int v = 0; v < kVecs; ++v) acc[v] += Words::Load8(row + 8 * v);
-      for (int t = 0; t < rem; ++t) tail[t] += Words::Load1(row + 8 * kVecs + t);
+      for (int t = 0; t < rem; ++t)
+        tail[t] += Words::Load1(row + 8 * kVecs + t);
     }
     float* o = out + s * out_stride + col0;
     if (mean && end > begin) {
@@ -165,10 +165,10 @@ bool PoolNarrow(const typename Words::T* weights, int dim, bool mean,
                 int64_t bag_end, int64_t total, float* out,
                 int64_t out_stride) {
   switch (dim) {
-#define DLRM_POOL_FIXED(k)                                                  \
-  case 8 * k:                                                               \
-    PoolFixedDim<Words, k>(weights, offsets, ids, bag_begin, bag_end, total, mean, \
-                    out, out_stride);                                       \
+#define DLRM_POOL_FIXED(k)                                                   \
+  case 8 * k:                                                                \
+    PoolFixedDim<Words, k>(weights, offsets, ids, bag_begin, bag_end, total, \
+                           mean, out, out_stride);                           \
     return true;
     DLRM_POOL_FIXED(1)
     DLRM_POOL_FIXED(2)
@@ -190,10 +190,11 @@ void PoolPortable(const typename Words::T* weights, int dim, bool mean,
     const int cols = std::min(64, dim - col0);
     const int rem = cols % 8;
     switch (cols / 8) {
-#define DLRM_POOL_TILE(k)                                                 \
-  case k:                                                                 \
-    PoolTilePortable<Words, k>(weights, dim, col0, rem, offsets, ids, bag_begin, \
-                        bag_end, total, mean, out, out_stride);           \
+#define DLRM_POOL_TILE(k)                                             \
+  case k:                                                             \
+    PoolTilePortable<Words, k>(weights, dim, col0, rem, offsets, ids, \
+                               bag_begin, bag_end, total, mean, out,  \
+                               out_stride);                           \
     break;
       DLRM_POOL_TILE(0)
       DLRM_POOL_TILE(1)
@@ -281,7 +282,8 @@ void PoolAvx512(const float* weights, int dim, bool mean,
 // additions in the same order.
 // 16 words widened to floats: IEEE half (vcvtph2ps) or bfloat16 (a shift).
 template <bool kBf16>
-__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m512
+__attribute__((target("avx512f,avx512bw,avx512vl"),
+               always_inline)) inline __m512
 Widen16(__m256i words) {
   if constexpr (kBf16) {
     return _mm512_castsi512_ps(
@@ -311,10 +313,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void PoolTile16Avx512(
             acc[v], Widen16<kBf16>(_mm256_loadu_si256(
                         reinterpret_cast<const __m256i*>(row + 16 * v))));
       }
-      acc[kVecs - 1] = _mm512_add_ps(
-          acc[kVecs - 1],
-          Widen16<kBf16>(
-              _mm256_maskz_loadu_epi16(last, row + 16 * (kVecs - 1))));
+      acc[kVecs - 1] =
+          _mm512_add_ps(acc[kVecs - 1], Widen16<kBf16>(_mm256_maskz_loadu_epi16(
+                                            last, row + 16 * (kVecs - 1))));
     }
     float* o = out + s * out_stride + col0;
     if (mean && end > begin) {
@@ -339,8 +340,8 @@ void Pool16Avx512(const uint16_t* weights, int dim, bool mean,
         cols % 16 == 0 ? __mmask16{0xffff}
                        : static_cast<__mmask16>((1u << (cols % 16)) - 1);
     switch ((cols + 15) / 16) {
-#define DLRM_POOL_TILE(k)                                                     \
-  case k:                                                                     \
+#define DLRM_POOL_TILE(k)                                                    \
+  case k:                                                                    \
     PoolTile16Avx512<kBf16, k>(weights, dim, col0, cols, last, offsets, ids, \
                                bag_begin, bag_end, total, mean, out,         \
                                out_stride);                                  \
@@ -409,8 +410,8 @@ void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
   // Narrow tables take the fixed-dim loop on every ISA (8-float vectors
   // beat the 16-lane masked tile there too).
-  if (PoolNarrow<F32Words>(weights, dim, mean, offsets, ids, bag_begin,
-                           bag_end, total, out, out_stride)) {
+  if (PoolNarrow<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                           total, out, out_stride)) {
     return;
   }
 #if DLRM_HAVE_AVX512_KERNELS
@@ -446,11 +447,11 @@ void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
                 int64_t out_stride) {
   const bool avx512 = isa == Isa::kAvx512;
   if (precision == ROW_BF16) {
-    Pool16<Bf16Words, true>(avx512, weights, dim, mean, offsets, ids,
-                            bag_begin, bag_end, total, out, out_stride);
+    Pool16<Bf16Words, true>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                            bag_end, total, out, out_stride);
   } else {
-    Pool16<F16Words, false>(avx512, weights, dim, mean, offsets, ids,
-                            bag_begin, bag_end, total, out, out_stride);
+    Pool16<F16Words, false>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                            bag_end, total, out, out_stride);
   }
 }
 

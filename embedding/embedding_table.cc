@@ -131,18 +131,19 @@ void NarrowRow(RowPrecision precision, const float* w, int dim,
                uint64_t row_key, int col_begin, uint16_t* out) {
   if (precision == ROW_FP16) {
     for (int c = 0; c < dim; ++c) {
-      out[c] = FloatToHalfStochastic(w[c], RoundingBits(row_key, col_begin + c));
+      out[c] =
+          FloatToHalfStochastic(w[c], RoundingBits(row_key, col_begin + c));
     }
   } else {
     for (int c = 0; c < dim; ++c) {
-      out[c] = FloatToBf16Stochastic(w[c], RoundingBits(row_key, col_begin + c));
+      out[c] =
+          FloatToBf16Stochastic(w[c], RoundingBits(row_key, col_begin + c));
     }
   }
 }
 
 // Widens the 16-bit row in[0, dim) of `precision` into out[0, dim).
-void WidenRow(RowPrecision precision, const uint16_t* in, int dim,
-              float* out) {
+void WidenRow(RowPrecision precision, const uint16_t* in, int dim, float* out) {
   if (precision == ROW_FP16) {
     for (int c = 0; c < dim; ++c) out[c] = HalfToFloat(in[c]);
   } else {
@@ -611,10 +612,10 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
           optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim, w,
                                               state1 + row * floats1,
                                               state2 + row * floats2);
-          NarrowRow(precision_, w, dim,
-                    RoundingRowKey(seed_, table_index_, row_begin_ + row,
-                                   step_),
-                    col_begin_, out);
+          NarrowRow(
+              precision_, w, dim,
+              RoundingRowKey(seed_, table_index_, row_begin_ + row, step_),
+              col_begin_, out);
         }
       }
     };

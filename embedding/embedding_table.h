@@ -197,8 +197,8 @@ void PoolRows16(const uint16_t* words, RowPrecision precision, int dim,
                 int64_t out_stride);
 
 // Copies whole rows (weights and optimizer state) of `src` into rows of
-// `dst`, a table of the same dim, optimizer and precision: row src_rows[i] of `src`
-// into row dst_rows[i] of `dst` for i in [0, n), dst_rows distinct; every
+// `dst`, a table of the same dim, optimizer and precision: row src_rows[i] of
+// `src` into row dst_rows[i] of `dst` for i in [0, n), dst_rows distinct; every
 // row must be in range. HostSlots' direct path (cached_store.h), and the
 // CPU reference of the device's record kernels
 // (cuda/embedding_kernels.h LoadRecords / StoreRecords).

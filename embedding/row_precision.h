@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/random.h"
+#include "dense/bf16_round.h"
 #include "dlrm/config.pb.h"
 
 #if defined(__F16C__)
@@ -64,19 +65,13 @@ inline uint16_t FloatToHalf(float f) {
 #endif
 }
 
-// The float a bfloat16 holds (exact: its top 16 bits).
-inline float Bf16ToFloat(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
+// The float a bfloat16 holds (exact: its top 16 bits); the dense bf16
+// path's (dense/bf16_round.h).
+inline float Bf16ToFloat(uint16_t b) { return dense::FromBf16(b); }
 
-// `f` rounded to the nearest bfloat16, ties to even; NaN stays (quiet) NaN.
-inline uint16_t FloatToBf16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((x >> 16) | 0x40);
-  }
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
+// `f` rounded to the nearest bfloat16, ties to even; NaN stays (quiet) NaN
+// (dense::ToBf16, the dense bf16 path's rounding).
+inline uint16_t FloatToBf16(float f) { return dense::ToBf16(f); }
 
 // The float a 16-bit word of `precision` (ROW_FP16 or ROW_BF16) holds.
 inline float WordToFloat(RowPrecision precision, uint16_t w) {

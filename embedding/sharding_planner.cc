@@ -146,9 +146,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     return absl::ResourceExhaustedError(absl::StrCat(
         "planner: table ", t.name(), " (", t.rows(), " x ", t.dim(), ", ",
         ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt, t.weight_precision()),
-        " bytes) ", what,
-        " within the per-rank budget of ", options.memory_budget_bytes,
-        " bytes over ", world, " ranks"));
+        " bytes) ", what, " within the per-rank budget of ",
+        options.memory_budget_bytes, " bytes over ", world, " ranks"));
   };
   // Places `t` as `kind` on `ranks` if every shard fits (the device budget
   // too when `keep_device`); returns whether.

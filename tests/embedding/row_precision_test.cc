@@ -128,7 +128,8 @@ TEST(RowPrecisionTest, StochasticRoundingIsUnbiasedOverTheHashedBits) {
 
 TEST(RowPrecisionTest, RoundingBitsArePureAndDependOnEveryArgument) {
   const uint64_t k = RoundingRowKey(kSeed, 1, 100, 3);
-  EXPECT_EQ(RoundingBits(k, 4), RoundingBits(RoundingRowKey(kSeed, 1, 100, 3), 4));
+  EXPECT_EQ(RoundingBits(k, 4),
+            RoundingBits(RoundingRowKey(kSeed, 1, 100, 3), 4));
   EXPECT_NE(RoundingBits(k, 4), RoundingBits(k, 5));
   EXPECT_NE(k, RoundingRowKey(kSeed + 1, 1, 100, 3));
   EXPECT_NE(k, RoundingRowKey(kSeed, 2, 100, 3));
@@ -265,9 +266,9 @@ void CheckUpdate16(RowPrecision p, OptimizerConfig::Type type, Pooling pooling,
     omp_set_num_threads(threads);
     t.BackwardUpdate(ids, grad.data(), stride);
     omp_set_num_threads(saved);
-    reference::DenseGradientUpdate16(
-        w.data(), p, s1.data(), s2.data(), rows, dim, pooling, opt, step, ids,
-        grad.data(), stride, kSeed, 3, row_begin, col_begin);
+    reference::DenseGradientUpdate16(w.data(), p, s1.data(), s2.data(), rows,
+                                     dim, pooling, opt, step, ids, grad.data(),
+                                     stride, kSeed, 3, row_begin, col_begin);
   }
   EXPECT_EQ(BitDifferences(t.words(), w.data(), w.size(), label + " weights"),
             0);
@@ -298,8 +299,8 @@ TEST(Update16Test, EveryRuleGivesTheReferenceBits) {
 TEST(Update16Test, ThreadsSplitTheRowsWithTheSameBits) {
   for (RowPrecision p : kPrecisions) {
     for (int threads : {1, 2, 3}) {
-      CheckUpdate16(p, OptimizerConfig::ADAM, POOLING_MEAN, 64, 20000, 4096,
-                    4, threads);
+      CheckUpdate16(p, OptimizerConfig::ADAM, POOLING_MEAN, 64, 20000, 4096, 4,
+                    threads);
       CheckUpdate16(p, OptimizerConfig::ROWWISE_ADAGRAD, POOLING_SUM, 64, 20000,
                     4096, 4, threads);
     }
@@ -326,7 +327,8 @@ TEST(Update16Test, ShardsRoundAsTheWholeTable) {
       }
       for (int64_t r = 0; r < 20; ++r) {
         for (int c = 0; c < 8; ++c) {
-          ASSERT_EQ(block.words()[r * 8 + c], whole.words()[(10 + r) * 16 + 4 + c])
+          ASSERT_EQ(block.words()[r * 8 + c],
+                    whole.words()[(10 + r) * 16 + 4 + c])
               << Name(p) << " row " << r << " col " << c;
         }
       }
