@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -29,7 +31,29 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Each Dtype's bytes and header name, in enum order.
+struct DtypeInfo {
+  int bytes;
+  const char* name;
+};
+constexpr DtypeInfo kDtypes[] = {
+    {4, "F32"}, {2, "F16"}, {2, "BF16"}, {8, "I64"}};
+
+// The Dtype named `name` in a header, if it is one.
+std::optional<Dtype> ParseDtype(const std::string& name) {
+  for (size_t d = 0; d < std::size(kDtypes); ++d) {
+    if (name == kDtypes[d].name) return static_cast<Dtype>(d);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+int DtypeBytes(Dtype dtype) { return kDtypes[static_cast<int>(dtype)].bytes; }
+
+const char* DtypeName(Dtype dtype) {
+  return kDtypes[static_cast<int>(dtype)].name;
+}
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, std::vector<TensorSpec> specs,
@@ -42,8 +66,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate tensor name ", t.name));
     }
-    const uint64_t bytes = Elements(t.shape) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"},
+    const uint64_t bytes = Elements(t.shape) * DtypeBytes(t.dtype);
+    header[t.name] = {{"dtype", DtypeName(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
@@ -67,15 +91,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   return writer;
 }
 
-absl::Status SafetensorsWriter::Append(const float* data) {
+absl::Status SafetensorsWriter::Append(const void* data) {
   if (failed_ || next_ >= specs_.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path_, ": ", failed_ ? "an earlier write failed" : "no tensor left"));
   }
-  const size_t n = static_cast<size_t>(Elements(specs_[next_].shape));
+  const TensorSpec& spec = specs_[next_];
+  const size_t bytes =
+      static_cast<size_t>(Elements(spec.shape)) * DtypeBytes(spec.dtype);
   ++next_;
-  const absl::Status s = file_->Append(
-      std::string_view(reinterpret_cast<const char*>(data), n * sizeof(float)));
+  const absl::Status s =
+      file_->Append(std::string_view(static_cast<const char*>(data), bytes));
   failed_ = !s.ok();
   return s;
 }
@@ -100,7 +126,9 @@ absl::Status WriteSafetensors(
     FileSystem* file_system) {
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
-  for (const TensorToWrite& t : tensors) specs.push_back({t.name, t.shape});
+  for (const TensorToWrite& t : tensors) {
+    specs.push_back({t.name, t.shape, t.dtype});
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<SafetensorsWriter> writer,
       SafetensorsWriter::Create(path, std::move(specs), metadata, file_system));
@@ -172,18 +200,37 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", it.key(), " has a malformed entry"));
     }
-    if (v["dtype"].get<std::string>() != "F32") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor ", it.key(), " has dtype ",
-          v["dtype"].get<std::string>(), "; only F32 is supported"));
+    const std::optional<Dtype> dtype =
+        ParseDtype(v["dtype"].get<std::string>());
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", it.key(), " has dtype ",
+                       v["dtype"].get<std::string>(),
+                       "; only F32, F16, BF16 and I64 are "
+                       "supported"));
     }
     Entry e;
+    e.dtype = *dtype;
     for (const auto& d : v["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(path, ": tensor ", it.key(), " has a bad shape"));
       }
       e.shape.push_back(d.get<int64_t>());
+    }
+    // Counted against the data section as it goes, so it cannot overflow.
+    e.elements = 1;
+    if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
+      e.elements = 0;
+    }
+    for (int64_t d : e.shape) {
+      if (e.elements == 0) break;
+      if (static_cast<uint64_t>(e.elements) > data_size / d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor ", it.key(), " has shape ", ShapeString(e.shape),
+            ", more elements than the file holds"));
+      }
+      e.elements *= d;
     }
     const auto& off = v["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
@@ -192,9 +239,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     }
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
+    // Any offset is taken: another writer's tensors need not be aligned,
+    // which x86 loads tolerate (GetBytes' callers copy).
     if (e.begin > e.end || e.end > data_size ||
-        e.end - e.begin != Elements(e.shape) * sizeof(float) ||
-        e.begin % sizeof(float) != 0) {
+        e.end - e.begin !=
+            static_cast<uint64_t>(e.elements) * DtypeBytes(e.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": tensor ", it.key(), " offsets do not fit its shape ",
           ShapeString(e.shape), " or the file"));
@@ -208,37 +257,75 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(const_cast<char*>(map_), size_);
 }
 
-absl::StatusOr<std::span<const float>> SafetensorsFile::Get(
-    const std::string& name, const std::vector<int64_t>& shape) const {
+absl::StatusOr<const SafetensorsFile::Entry*> SafetensorsFile::Find(
+    const std::string& name, Dtype dtype, int64_t count) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
   }
-  if (it->second.shape != shape) {
+  if (it->second.dtype != dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
-        ", expected ", ShapeString(shape)));
+        path_, ": tensor ", name, " has dtype ", DtypeName(it->second.dtype),
+        ", expected ", DtypeName(dtype)));
   }
-  // WriteSafetensors aligns the data section; files from other writers may
-  // not be, which x86 float loads tolerate.
-  return std::span<const float>(
-      reinterpret_cast<const float*>(data_ + it->second.begin),
-      Elements(shape));
-}
-
-absl::StatusOr<std::span<const float>> SafetensorsFile::GetFlat(
-    const std::string& name, int64_t count) const {
-  auto it = tensors_.find(name);
-  if (it == tensors_.end()) {
-    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
-  }
-  if (Elements(it->second.shape) != count) {
+  if (it->second.elements != count) {
     return absl::InvalidArgumentError(absl::StrCat(
         path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
         ", expected ", count, " elements"));
   }
+  return &it->second;
+}
+
+absl::StatusOr<std::span<const float>> SafetensorsFile::Get(
+    const std::string& name, const std::vector<int64_t>& shape) const {
+  auto it = tensors_.find(name);
+  if (it != tensors_.end() && it->second.dtype == Dtype::kF32 &&
+      it->second.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
+        ", expected ", ShapeString(shape)));
+  }
+  return GetFlat(name, Elements(shape));
+}
+
+absl::StatusOr<std::span<const float>> SafetensorsFile::GetFlat(
+    const std::string& name, int64_t count) const {
+  ASSIGN_OR_RETURN(const Entry* e, Find(name, Dtype::kF32, count));
+  // WriteSafetensors aligns the data section; files from other writers may
+  // not be, which x86 float loads tolerate.
   return std::span<const float>(
-      reinterpret_cast<const float*>(data_ + it->second.begin), count);
+      reinterpret_cast<const float*>(data_ + e->begin), count);
+}
+
+absl::StatusOr<std::span<const char>> SafetensorsFile::GetBytes(
+    const std::string& name, Dtype dtype,
+    const std::vector<int64_t>& shape) const {
+  auto it = tensors_.find(name);
+  if (it != tensors_.end() && it->second.dtype == dtype &&
+      it->second.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor ", name, " has shape ", ShapeString(it->second.shape),
+        ", expected ", ShapeString(shape)));
+  }
+  ASSIGN_OR_RETURN(const Entry* e, Find(name, dtype, Elements(shape)));
+  return std::span<const char>(data_ + e->begin, e->end - e->begin);
+}
+
+absl::StatusOr<std::vector<int64_t>> SafetensorsFile::GetInt64(
+    const std::string& name, const std::vector<int64_t>& shape) const {
+  ASSIGN_OR_RETURN(std::span<const char> bytes,
+                   GetBytes(name, Dtype::kI64, shape));
+  std::vector<int64_t> values(bytes.size() / sizeof(int64_t));
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+absl::StatusOr<Dtype> SafetensorsFile::DtypeOf(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", name));
+  }
+  return it->second.dtype;
 }
 
 absl::StatusOr<std::vector<int64_t>> SafetensorsFile::Shape(

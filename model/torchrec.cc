@@ -198,6 +198,12 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
       problems.push_back(absl::StrCat("tensor ", t.torchrec_name, " has shape ",
                                       Shape(*shape), ", expected ",
                                       Shape(t.shape), " (our ", t.name, ")"));
+    } else if (const Dtype dtype = *file.DtypeOf(t.torchrec_name);
+               dtype != Dtype::kF32) {
+      problems.push_back(absl::StrCat(
+          "tensor ", t.torchrec_name, " has dtype ", DtypeName(dtype),
+          ", expected F32 (our ", t.name,
+          "; convert the state_dict with .float() before saving it)"));
     }
   }
   for (const std::string& name : file.Names()) {

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #   SECONDS_PER_TARGET  default $DLRM_FUZZ_SECONDS or 20
-#   TARGET              default: all five
+#   TARGET              default: all six
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,7 @@ shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
   targets=(criteo_tsv_fuzz criteo_binary_fuzz model_config_fuzz wire_batch_fuzz
-    npy_fuzz)
+    npy_fuzz safetensors_fuzz)
 fi
 
 cxx="${DLRM_FUZZ_CXX:-clang++-14}"

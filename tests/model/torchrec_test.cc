@@ -372,7 +372,7 @@ TEST_P(TorchRecTest, BadStateDictsAreRefusedNamingTheTensor) {
     EXPECT_FALSE(fs::exists(ckpt));
   }
 
-  // A half-precision tensor is refused when the file opens, named.
+  // A half-precision tensor is refused by the state_dict check, named.
   const std::string f16 = (dir_ / "f16.safetensors").string();
   {
     const std::string header =
