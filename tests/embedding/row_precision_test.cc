@@ -21,6 +21,7 @@
 #include "embedding/embedding_kernels.h"
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
+#include "embedding/planned_bytes.h"
 #include "embedding/sharding_memory.h"
 #include "tests/support/optimizer.h"
 
@@ -382,6 +383,15 @@ TEST(Table16Test, WeightsTakeTwoBytesEach) {
     EXPECT_EQ(store.MemoryBytes().host, 1000 * (64 * 2 + 4)) << Name(p);
     EXPECT_EQ(ShardBytes({0, 0, 1000, 0, 64}, adagrad, p),
               store.MemoryBytes().host);
+    // The planners' and the memory plan's bytes of such a table.
+    TableConfig table;
+    table.set_rows(1000);
+    table.set_dim(64);
+    table.set_weight_precision(p);
+    EXPECT_EQ(
+        PlannedShardBytes(table, RocksDbConfig(), {0, 0, 1000, 0, 64}, adagrad)
+            .host,
+        store.MemoryBytes().host);
   }
 }
 

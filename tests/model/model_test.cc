@@ -1764,4 +1764,27 @@ TEST_F(CheckpointTest, SixteenBitRowsRoundTripBitForBitAndConvert) {
   }
 }
 
+// The weights export of 16-bit rows: F32 tensors holding the rows' values
+// (widened exactly), which PyTorch loads as any other export.
+TEST_F(CheckpointTest, ExportOfSixteenBitRowsIsTheirValuesInF32) {
+  ModelConfig config = config_;
+  for (TableConfig& t : *config.mutable_tables()) {
+    t.set_weight_precision(ROW_BF16);
+  }
+  auto a = Model::Create(config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  const std::string path = dir_ + ".safetensors";
+  ASSERT_TRUE(ExportSafetensors(**a, path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->DtypeOf("embedding_bags.t1.weight").value(), Dtype::kF32);
+  auto w = (*f)->Get("embedding_bags.t1.weight", {20, 4});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const embedding::EmbeddingTable& t = *(*a)->shards().WholeHostTable(1);
+  for (int i = 0; i < 80; ++i) {
+    ASSERT_EQ((*w)[i], embedding::Bf16ToFloat(t.words()[i])) << i;
+  }
+}
+
 }  // namespace dlrm::model
