@@ -1034,6 +1034,15 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"data+bf16", 2, 37}, Case{"mixed+fp16", 3, 37}),
     CaseName);
 
+// 16-bit rows' checkpoints reshard as fp32 ones do: 2 -> 1 and 2 -> 3 in
+// the same precision, and 1 -> 2 restoring bf16 rows into fp32 ones.
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBitRows, HybridReshardTest,
+    testing::Values(Reshard{"row+host+bf16", 2, "table+host+bf16", 1},
+                    Reshard{"mixed+host+fp16", 2, "column+host+fp16", 3},
+                    Reshard{"table+host+bf16", 1, "row+host", 2}),
+    ReshardName);
+
 }  // namespace
 }  // namespace dlrm::model
 
