@@ -895,6 +895,20 @@ TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
   c.mutable_tables(1)->set_weight_precision(ROW_FP32);
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
   EXPECT_TRUE(NormalizeModelConfig(c).ok());
+
+  // --row-precision sets every table's; empty keeps the config's.
+  c = *parsed;
+  ASSERT_TRUE(ApplyRowPrecisionFlag("", &c).ok());
+  EXPECT_EQ(c.tables(0).weight_precision(), ROW_BF16);
+  ASSERT_TRUE(ApplyRowPrecisionFlag("fp16", &c).ok());
+  EXPECT_EQ(c.tables(0).weight_precision(), ROW_FP16);
+  EXPECT_EQ(c.tables(1).weight_precision(), ROW_FP16);
+  ASSERT_TRUE(ApplyRowPrecisionFlag("fp32", &c).ok());
+  EXPECT_EQ(c.tables(1).weight_precision(), ROW_FP32);
+  const absl::Status bad = ApplyRowPrecisionFlag("half", &c);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS_SUBSTR(bad.message(), "--row-precision");
+  EXPECT_STREQ(RowPrecisionName(ROW_BF16), "bf16");
 }
 
 TEST(RandomTest, HashIsAPureFunction) {
