@@ -191,8 +191,8 @@ absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
 
 // InvalidArgument naming the field when table `i` sets admission,
 // eviction or unadmitted without being dynamic, or is dynamic with fewer
-// than 2 rows, data-parallel or row-wise sharding, or an out-of-range
-// admission or eviction field.
+// than 2 rows, data-parallel sharding, or an out-of-range admission or
+// eviction field.
 absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   const std::string field = absl::StrCat("tables[", i, "]");
@@ -215,14 +215,13 @@ absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
         ": a dynamic table needs rows >= 2 (its capacity; one row is kept "
         "for ids without a row)"));
   }
-  if (t.sharding() == SHARDING_DATA_PARALLEL ||
-      t.sharding() == SHARDING_ROW_WISE) {
+  if (t.sharding() == SHARDING_DATA_PARALLEL) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".sharding (", t.name(), ") is ",
         ShardingKind_Name(t.sharding()),
         ", which a dynamic table cannot take: replicas would each learn "
-        "their own map, and row-wise by hash of the id is not built yet; use "
-        "SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE or SHARDING_AUTO"));
+        "their own map; use SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE, "
+        "SHARDING_ROW_WISE (by hash of the id) or SHARDING_AUTO"));
   }
   const Admission& a = t.admission();
   if (!Admission::Kind_IsValid(a.kind())) {

@@ -238,18 +238,13 @@ void DynamicIdMap::Commit(const Plan& plan) {
     last_[r] = plan.step;
     ++sightings_[r];
   }
+  counters_ = CountersAfter(plan);
+  occupied_ = OccupiedAfter(plan);
   for (const Admitted& a : plan.admitted) {
-    if (a.victim >= 0) {
-      ++counters_.evicted;
-    } else {
-      ++occupied_;
-    }
     keys_[a.row] = a.id;
     last_[a.row] = plan.step;
     sightings_[a.row] = 1;
   }
-  counters_.admitted += static_cast<int64_t>(plan.admitted.size());
-  counters_.refused += plan.refused;
   if (!sketch_.empty()) {
     for (const int64_t id : plan.new_ids) {
       for (int d = 0; d < kSketchDepth; ++d) {
@@ -259,6 +254,20 @@ void DynamicIdMap::Commit(const Plan& plan) {
     }
   }
   step_ = plan.step;
+}
+
+DynamicIdCounters DynamicIdMap::CountersAfter(const Plan& plan) const {
+  DynamicIdCounters c = counters_;
+  for (const Admitted& a : plan.admitted) c.evicted += a.victim >= 0;
+  c.admitted += static_cast<int64_t>(plan.admitted.size());
+  c.refused += plan.refused;
+  return c;
+}
+
+int64_t DynamicIdMap::OccupiedAfter(const Plan& plan) const {
+  int64_t occupied = occupied_;
+  for (const Admitted& a : plan.admitted) occupied += a.victim < 0;
+  return occupied;
 }
 
 int64_t DynamicIdMap::BytesFor(const DynamicIdOptions& options) {
@@ -316,6 +325,80 @@ absl::Status DynamicIdMap::Restore(std::vector<int64_t> keys,
   sketch_ = std::move(sketch);
   occupied_ = occupied;
   step_ = step;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> DynamicIdMap::PlaceSaved(
+    std::span<const SavedId> ids, int64_t step) {
+  if (occupied_ != 0) {
+    return absl::FailedPreconditionError(
+        "a dynamic table's map takes saved ids only when empty");
+  }
+  // Per bucket, the indices of its ids, most recently seen first.
+  std::vector<std::vector<size_t>> buckets(num_buckets_);
+  absl::flat_hash_set<int64_t> seen;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i].id;
+    if (id < 0 || !seen.insert(id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a dynamic table's saved ids hold id ", id,
+                       id < 0 ? ", which is negative" : " twice"));
+    }
+    buckets[Bucket(id)].push_back(i);
+  }
+  std::vector<int64_t> rows(ids.size(), -1);
+  for (int64_t b = 0; b < num_buckets_; ++b) {
+    std::vector<size_t>& in = buckets[b];
+    std::sort(in.begin(), in.end(), [&ids](size_t x, size_t y) {
+      if (ids[x].last_step != ids[y].last_step) {
+        return ids[x].last_step > ids[y].last_step;
+      }
+      return ids[x].id < ids[y].id;
+    });
+    const int size = BucketSize(b);
+    for (size_t n = 0; n < in.size(); ++n) {
+      if (static_cast<int64_t>(n) >= size) {
+        ++counters_.evicted;
+        continue;
+      }
+      const int64_t r = BucketBegin(b) + static_cast<int64_t>(n);
+      const SavedId& s = ids[in[n]];
+      keys_[r] = s.id;
+      last_[r] = s.last_step;
+      sightings_[r] = s.sightings;
+      rows[in[n]] = r;
+      ++occupied_;
+    }
+  }
+  step_ = step;
+  return rows;
+}
+
+absl::Status DynamicIdMap::MergeSketch(std::span<const uint32_t> saved,
+                                       int64_t width) {
+  if (sketch_.empty()) return absl::OkStatus();
+  if (width <= 0 || !std::has_single_bit(static_cast<uint64_t>(width)) ||
+      saved.size() != static_cast<size_t>(kSketchDepth * width)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a dynamic table's saved sketch has ", saved.size(), " counters, not ",
+        kSketchDepth, " x a power of two (", width, ")"));
+  }
+  // An id's cell is its hash's low bits: a wider sketch's cells fold onto
+  // this one's (summed), a narrower one's cover several of this one's.
+  const uint64_t mask = static_cast<uint64_t>(sketch_width_ - 1);
+  const uint64_t saved_mask = static_cast<uint64_t>(width - 1);
+  const int64_t cells = std::max(width, sketch_width_);
+  for (int d = 0; d < kSketchDepth; ++d) {
+    for (int64_t c = 0; c < cells; ++c) {
+      const uint64_t from = static_cast<uint64_t>(c) & saved_mask;
+      const uint64_t to = static_cast<uint64_t>(c) & mask;
+      uint32_t& cell = sketch_[d * sketch_width_ + to];
+      const uint64_t sum =
+          static_cast<uint64_t>(cell) + saved[d * width + from];
+      cell = static_cast<uint32_t>(
+          std::min<uint64_t>(sum, std::numeric_limits<uint32_t>::max()));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "dlrm/config.pb.h"
 #include "embedding/embedding_store.h"
 
@@ -115,6 +116,9 @@ class DynamicIdMap {
   absl::Status MakePlan(std::span<const int64_t> ids, int64_t step, Plan* plan);
   // Applies `plan`, made by MakePlan on this map as it is now.
   void Commit(const Plan& plan);
+  // The counters and occupied rows as Commit(plan) would leave them.
+  DynamicIdCounters CountersAfter(const Plan& plan) const;
+  int64_t OccupiedAfter(const Plan& plan) const;
 
   // ADMIT_AFTER_SIGHTINGS: the sketch's estimate of the training batches
   // `id` was new in (never below the true count, above it when all its
@@ -146,6 +150,29 @@ class DynamicIdMap {
                        std::vector<int64_t> last_steps,
                        std::vector<int64_t> sightings,
                        std::vector<uint32_t> sketch, int64_t step);
+
+  // An id of another map's saved state, for PlaceSaved.
+  struct SavedId {
+    int64_t id = 0;
+    int64_t last_step = 0;
+    int64_t sightings = 0;
+  };
+  // Fills this map, empty as constructed, with `ids` (distinct, >= 0: the
+  // saved ids of other maps, a restore on another shard count) at `step`:
+  // each goes into its own bucket, most recently seen first (ties by id),
+  // so a bucket given more ids than it has rows keeps the most recently
+  // seen and counts the others as evicted (counters().evicted). Returns
+  // each id's row, -1 for one left out. FailedPrecondition when the map
+  // holds an id; InvalidArgument (nothing changed) for a negative or
+  // repeated id.
+  absl::StatusOr<std::vector<int64_t>> PlaceSaved(std::span<const SavedId> ids,
+                                                  int64_t step);
+  // ADMIT_AFTER_SIGHTINGS: adds a saved sketch of kSketchDepth x `width`
+  // counters (width a power of two; any other map's) to this one's,
+  // saturating, folded or repeated to this width, so that no id's estimate
+  // falls below its count in either. Nothing without a sketch here;
+  // InvalidArgument when `saved` is not kSketchDepth x `width`.
+  absl::Status MergeSketch(std::span<const uint32_t> saved, int64_t width);
 
  private:
   bool Expired(int64_t row, int64_t step) const {

@@ -61,6 +61,14 @@ absl::Status DynamicStore::ZeroKeptRow() {
 
 absl::StatusOr<const data::SparseFeature*> DynamicStore::Prepare(
     const data::SparseFeature& ids) {
+  ASSIGN_OR_RETURN(const data::SparseFeature* prepared, PrepareStaged(ids));
+  RETURN_IF_ERROR(CommitPrepared());
+  return prepared;
+}
+
+absl::StatusOr<const data::SparseFeature*> DynamicStore::PrepareStaged(
+    const data::SparseFeature& ids) {
+  staged_ = false;
   // The update this batch applies is the store's next step.
   const int64_t step = inner_->step() + 1;
   if (absl::Status s = map_.MakePlan(ids.ids, step, &plan_); !s.ok()) {
@@ -78,6 +86,13 @@ absl::StatusOr<const data::SparseFeature*> DynamicStore::Prepare(
   }
   ASSIGN_OR_RETURN(const data::SparseFeature* prepared,
                    inner_->Prepare(mapped_));
+  staged_ = true;
+  return prepared;
+}
+
+absl::Status DynamicStore::CommitPrepared() {
+  if (!staged_) return absl::OkStatus();
+  staged_ = false;
   const TableSpec& s = spec();
   const int64_t floats = s.dim + StateFloatsPerRow(s.optimizer, s.dim);
   records_.resize(plan_.admitted.size() * floats);
@@ -92,7 +107,19 @@ absl::StatusOr<const data::SparseFeature*> DynamicStore::Prepare(
                                       records_.data() + i * floats));
   }
   map_.Commit(plan_);
-  return prepared;
+  return absl::OkStatus();
+}
+
+void DynamicStore::AbandonPrepared() { staged_ = false; }
+
+absl::Status DynamicStore::Forward(const data::SparseFeature& prepared,
+                                   float* out, int64_t out_stride) const {
+  if (staged_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec().table_index,
+        ": Forward after PrepareStaged needs CommitPrepared first"));
+  }
+  return inner_->Forward(prepared, out, out_stride);
 }
 
 int64_t DynamicStore::MapKnown(const data::SparseFeature& ids,
@@ -111,6 +138,7 @@ int64_t DynamicStore::MapKnown(const data::SparseFeature& ids,
 
 absl::StatusOr<const data::SparseFeature*> DynamicStore::PrepareLookup(
     const data::SparseFeature& ids) {
+  staged_ = false;
   unknown_lookups_ += MapKnown(ids, &mapped_);
   // Nothing is admitted: BackwardUpdate is not called on this batch, and
   // the kept row needs no reset.
@@ -151,12 +179,13 @@ absl::Status DynamicStore::PoolReadOnly(const data::SparseFeature& ids,
 
 StoreMetrics DynamicStore::metrics() const {
   StoreMetrics m = inner_->metrics();
-  const DynamicIdCounters& c = map_.counters();
+  const DynamicIdCounters c =
+      staged_ ? map_.CountersAfter(plan_) : map_.counters();
   m.ids_admitted = c.admitted;
   m.ids_evicted = c.evicted;
   m.ids_refused = c.refused;
   m.unknown_lookups = unknown_lookups_.load();
-  m.ids_occupied = map_.occupied();
+  m.ids_occupied = staged_ ? map_.OccupiedAfter(plan_) : map_.occupied();
   return m;
 }
 

@@ -31,7 +31,8 @@ struct DynamicStoreOptions {
 };
 
 // An EmbeddingStore over raw ids: Prepare plans the batch in the map, has
-// the inner store prepare the mapped rows, then (under the map's lock)
+// the inner store prepare the mapped rows (PrepareStaged), then (under the
+// map's lock, CommitPrepared)
 // writes each newly admitted row's initial record (InitialRow of the
 // table's seed and the *id*, so that an id starts with the same value
 // whatever row, rank count or run it lands in; fresh optimizer state) and
@@ -53,18 +54,25 @@ class DynamicStore final : public EmbeddingStore {
 
   const TableSpec& spec() const override { return inner_->spec(); }
   MemorySpace memory_space() const override { return inner_->memory_space(); }
-  // A training batch: admits and evicts (see the class comment).
-  // InvalidArgument for a negative id; the inner store's errors, after
-  // which the map and rows are unchanged.
+  // A training batch: admits and evicts (see the class comment), that is,
+  // PrepareStaged then CommitPrepared. InvalidArgument for a negative id;
+  // the inner store's errors, after which the map and rows are unchanged.
   absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) override;
+  // Plans the batch in the map and has the inner store prepare the mapped
+  // rows; the map and the rows stay as they were. Errors as Prepare.
+  absl::StatusOr<const data::SparseFeature*> PrepareStaged(
+      const data::SparseFeature& ids) override;
+  // Writes the admitted rows' initial records and commits the plan, under
+  // the map's lock. The inner store's write error, the map unchanged.
+  absl::Status CommitPrepared() override;
+  void AbandonPrepared() override;
   // Maps known ids, the others to the kept row; admits nothing.
   absl::StatusOr<const data::SparseFeature*> PrepareLookup(
       const data::SparseFeature& ids) override;
+  // FailedPrecondition after a PrepareStaged not yet committed.
   absl::Status Forward(const data::SparseFeature& prepared, float* out,
-                       int64_t out_stride) const override {
-    return inner_->Forward(prepared, out, out_stride);
-  }
+                       int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
   absl::Status Synchronize() override { return inner_->Synchronize(); }
@@ -87,7 +95,9 @@ class DynamicStore final : public EmbeddingStore {
     return inner_->SetOptimizer(optimizer);
   }
   // The inner store's counters with the map's (ids_admitted, ids_evicted,
-  // ids_refused, unknown_lookups, ids_occupied).
+  // ids_refused, unknown_lookups, ids_occupied); between PrepareStaged and
+  // CommitPrepared, the map's as the commit will leave them (the step
+  // gathers them from every rank before it commits).
   StoreMetrics metrics() const override;
   StoreCapabilities capabilities() const override {
     return inner_->capabilities();
@@ -132,6 +142,8 @@ class DynamicStore final : public EmbeddingStore {
   std::vector<float> records_;
   // Whether the prepared batch pools the kept row.
   bool kept_touched_ = false;
+  // Whether plan_ waits for CommitPrepared.
+  bool staged_ = false;
   // Whether the inner store does anything with Prefetch (a RocksDB tier, a
   // cache): otherwise the next batch is not even mapped.
   bool inner_takes_prefetch_;

@@ -217,6 +217,21 @@ class EmbeddingStore {
   virtual absl::StatusOr<const data::SparseFeature*> Prepare(
       const data::SparseFeature& ids) = 0;
 
+  // Prepare in two halves, for a step whose shards must all be ready before
+  // any of them changes (Model's training step): PrepareStaged gives what
+  // Prepare gives and makes the rows resident, but holds back what else
+  // Prepare would change (a dynamic table's admissions) until
+  // CommitPrepared, which must come before Forward. The next Prepare,
+  // PrepareStaged or PrepareLookup, and AbandonPrepared (the step was
+  // refused), drop an uncommitted one. On every tier but a dynamic table's
+  // (DynamicStore) the first half is Prepare and the others do nothing.
+  virtual absl::StatusOr<const data::SparseFeature*> PrepareStaged(
+      const data::SparseFeature& ids) {
+    return Prepare(ids);
+  }
+  virtual absl::Status CommitPrepared() { return absl::OkStatus(); }
+  virtual void AbandonPrepared() {}
+
   // Prepare for a batch that is pooled and never updated (Model's
   // predictions): Prepare itself on every tier but a dynamic table's
   // (DynamicStore), which maps the ids it knows and admits none.

@@ -110,6 +110,19 @@ TablePlacement MakePlacement(ShardingKind kind, const TableConfig& t,
   return p;
 }
 
+// The bytes shard `s` of table `t` puts on its rank: weights (in its
+// weight_precision) and optimizer state, and a dynamic table's id map over
+// the shard's rows.
+int64_t PlacedBytes(const TableConfig& t, const Shard& s,
+                    const OptimizerConfig& optimizer) {
+  return ShardBytes(s, optimizer, t.weight_precision()) +
+         DynamicMapBytes(t, s.row_count);
+}
+
+// Rows each row-wise shard of `t` needs: a dynamic table's shard keeps its
+// last row for ids without one.
+int64_t MinRowsPerShard(const TableConfig& t) { return t.dynamic() ? 2 : 1; }
+
 // Lookup cost of a table: floats pooled and moved per sample.
 double LookupCost(const TableConfig& t) {
   return static_cast<double>(t.multi_hot_size()) * t.dim();
@@ -145,9 +158,9 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   auto budget_error = [&](const TableConfig& t, const std::string& what) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "planner: table ", t.name(), " (", t.rows(), " x ", t.dim(), ", ",
-        ShardBytes({0, 0, t.rows(), 0, t.dim()}, opt, t.weight_precision()),
-        " bytes) ", what, " within the per-rank budget of ",
-        options.memory_budget_bytes, " bytes over ", world, " ranks"));
+        PlacedBytes(t, {0, 0, t.rows(), 0, t.dim()}, opt), " bytes) ", what,
+        " within the per-rank budget of ", options.memory_budget_bytes,
+        " bytes over ", world, " ranks"));
   };
   // Places `t` as `kind` on `ranks` if every shard fits (the device budget
   // too when `keep_device`); returns whether.
@@ -157,7 +170,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     TablePlacement p = MakePlacement(kind, t, ranks);
     std::vector<int64_t> extra(world, 0), extra_device(world, 0);
     for (const Shard& s : p.shards) {
-      extra[s.rank] += ShardBytes(s, opt, t.weight_precision());
+      extra[s.rank] += PlacedBytes(t, s, opt);
       extra_device[s.rank] += DeviceShardBytes(t, s, opt);
     }
     for (int r = 0; r < world; ++r) {
@@ -167,7 +180,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
       }
     }
     for (const Shard& s : p.shards) {
-      loads.Add(s.rank, ShardBytes(s, opt), DeviceShardBytes(t, s, opt),
+      loads.Add(s.rank, PlacedBytes(t, s, opt), DeviceShardBytes(t, s, opt),
                 static_cast<double>(t.multi_hot_size()) * s.col_count);
     }
     plan.tables[k] = std::move(p);
@@ -182,7 +195,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
   // (within the device budget too when `keep_device`).
   auto least_loaded = [&](int n, const TableConfig& t, const Shard& s,
                           bool keep_device) {
-    const int64_t bytes = ShardBytes(s, opt, t.weight_precision());
+    const int64_t bytes = PlacedBytes(t, s, opt);
     const int64_t device_bytes = DeviceShardBytes(t, s, opt);
     std::vector<int> picked;
     for (int r : loads.ByLoad()) {
@@ -244,10 +257,12 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
         break;
       case SHARDING_ROW_WISE:
         if (n == 0) ranks = all_ranks();
-        if (static_cast<int64_t>(ranks.size()) > t.rows()) {
+        if (static_cast<int64_t>(ranks.size()) * MinRowsPerShard(t) >
+            t.rows()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tables[", k, "] (", t.name(), ").shard_ranks: ", ranks.size(),
-              " row ranges for ", t.rows(), " rows"));
+              " row ranges for ", t.rows(), " rows",
+              t.dynamic() ? " (a dynamic table's shard needs 2)" : ""));
         }
         break;
       default:
@@ -273,8 +288,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     const TableConfig& t = config.tables(k);
     const Shard whole{0, 0, t.rows(), 0, t.dim()};
     // A dynamic table's map learns from the batches it prepares: a replica
-    // would see only its rank's, and row-wise by hash of the id is not
-    // built yet (docs/dynamic.md), so it goes whole or by columns.
+    // would see only its rank's, so it is never replicated (row-wise, each
+    // shard sees the ids routed to it by hash: docs/dynamic.md).
     if (world > 1 && !t.dynamic() &&
         ShardBytes(whole, opt, t.weight_precision()) <=
             options.data_parallel_max_bytes &&
@@ -302,7 +317,7 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
         return true;
       }
     }
-    return world > 1 && !t.dynamic() && t.rows() >= world &&
+    return world > 1 && t.rows() >= MinRowsPerShard(t) * world &&
            try_place(k, SHARDING_ROW_WISE, all_ranks(), keep_device);
   };
   for (int k : automatic) {

@@ -15,8 +15,8 @@ namespace dlrm::embedding {
 struct PlannerOptions {
   // Ranks in the job. Default: 1.
   int world_size = 1;
-  // Bytes of embedding weights and optimizer state one rank may hold; 0
-  // means unlimited. Default: 0.
+  // Bytes of embedding weights and optimizer state (and dynamic tables' id
+  // maps) one rank may hold; 0 means unlimited. Default: 0.
   int64_t memory_budget_bytes = 0;
   // AUTO tables with at most this many bytes (weights + optimizer state) are
   // replicated on every rank when world_size > 1. Default: 64 KiB.
@@ -36,7 +36,9 @@ struct PlannerOptions {
 // largest lookup cost first, to the rank with the least lookup cost that has
 // room: whole (table-wise) when it fits, else split by columns (never with
 // row-wise Adagrad, whose per-row state spans all columns), else by rows
-// (a dynamic table is never replicated nor split by rows).
+// (a dynamic table is never replicated; its row-wise shards need 2 rows
+// each). A shard's bytes are its weights and optimizer state (ShardBytes)
+// and a dynamic table's id map over its rows (DynamicMapBytes).
 // Ranks tie on lookup cost are taken by device bytes, then bytes, so device
 // tables spread; with options.device_budget_bytes, a STORAGE_DEVICE table
 // takes the first of these placements that also fits every rank's device

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <string_view>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/status.h"
+#include "embedding/dynamic_route.h"
 #include "embedding/dynamic_store.h"
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint_layout.h"
@@ -138,16 +140,16 @@ std::string MapStepKey(const std::string& base) {
   return "dynamic_step." + base;
 }
 
-// The saved id map of dynamic table `k` for a store of `options`, read from
-// its first block's rank file in `dir` (every block of a dynamic table
-// holds all its rows: the maps of its column blocks are the same).
-// FailedPrecondition naming the tensor when it is missing or has another
-// shape; DataLoss when its keys are not a valid map.
+// The saved id map of block `b` of dynamic table `k` (the saved shard of
+// that index) for a map of `options` (its rows the block's), read from the
+// block's rank file in `dir` (the column blocks of one row range hold the
+// same map). FailedPrecondition naming the tensor when it is missing or
+// has another shape; DataLoss when its keys are not a valid map.
 absl::StatusOr<embedding::DynamicIdMap> ReadIdMap(
     const fs::path& dir, const ModelConfig& saved, const SavedLayout& layout,
-    int k, const embedding::DynamicIdOptions& options) {
-  const std::string base = ShardBase(saved, k, 0);
-  const std::string file = RankFileName(layout.tables[k][0].rank);
+    int k, int b, const embedding::DynamicIdOptions& options) {
+  const std::string base = ShardBase(saved, k, b);
+  const std::string file = RankFileName(layout.tables[k][b].rank);
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f,
                    SafetensorsFile::Open((dir / file).string()));
   embedding::DynamicIdMap map(options);
@@ -191,6 +193,159 @@ absl::StatusOr<embedding::DynamicIdMap> ReadIdMap(
                                             ": ", restored.message()));
   }
   return map;
+}
+
+// The distinct row ranges of the saved blocks of table `k`, in order, each
+// with the index of its first block.
+struct SavedRows {
+  int64_t begin, end;
+  int block;
+};
+std::vector<SavedRows> SavedRowRanges(const SavedLayout& layout, int k) {
+  std::vector<SavedRows> out;
+  const std::vector<SavedShard>& blocks = layout.tables[k];
+  for (int b = 0; b < static_cast<int>(blocks.size()); ++b) {
+    const bool known = std::any_of(out.begin(), out.end(), [&](const auto& r) {
+      return r.begin == blocks[b].row_begin;
+    });
+    if (!known) out.push_back({blocks[b].row_begin, blocks[b].row_end, b});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  return out;
+}
+
+// Whether the shards of `placement` hold the `saved` row ranges (then
+// each shard's map is the saved one of its range and its rows are copied
+// by range: bitwise the saved state); otherwise a dynamic table's ids are
+// re-routed (StageIdMaps).
+bool SameRowRanges(const std::vector<SavedRows>& saved,
+                   const embedding::TablePlacement& placement) {
+  std::vector<std::pair<int64_t, int64_t>> mine;
+  for (const embedding::Shard& s : placement.shards) {
+    const std::pair<int64_t, int64_t> range{s.row_begin,
+                                            s.row_begin + s.row_count};
+    if (std::find(mine.begin(), mine.end(), range) == mine.end()) {
+      mine.push_back(range);
+    }
+  }
+  std::sort(mine.begin(), mine.end());
+  if (mine.size() != saved.size()) return false;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].first != saved[i].begin || mine[i].second != saved[i].end) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Stages the id maps of this rank's dynamic shards into `maps` (by local
+// shard index) and returns the rows of those to re-route (docs/dynamic.md
+// "Ranks, checkpoints, metrics"). Where the plan keeps a table's saved row
+// ranges, each shard takes the saved map of its range as it is. Otherwise every
+// saved range's map is read, and each shard gets the saved ids that route to it
+// (DynamicRowShard of the id over the shard count when row-wise; all of
+// them otherwise), placed into its buckets (DynamicIdMap::PlaceSaved: a
+// bucket too small keeps the most recently seen), each with its saved
+// record; the kept row takes the first range's kept row; the sketches are
+// merged, the step is the latest. Verifies the files it reads; errors as
+// ReadIdMap, DataLoss for an id saved in two ranges.
+absl::StatusOr<TableRestore::RoutedRows> StageIdMaps(
+    Model& model, const fs::path& dir, const ModelConfig& saved,
+    const SavedLayout& layout, const Manifest& manifest,
+    FileSystem* file_system,
+    std::vector<std::pair<int, embedding::DynamicIdMap>>* maps) {
+  TableRestore::RoutedRows routed;
+  const ShardSet& shards = model.shards();
+  const ModelConfig& config = model.config();
+  // Per table re-routed: every saved range's map.
+  std::map<int, std::vector<embedding::DynamicIdMap>> saved_maps;
+  auto verify = [&](const std::string& file) {
+    return VerifyCheckpointFiles(
+        dir.string(), manifest,
+        [&file](const std::string& p) {
+          return p == file || (file.ends_with('/') && p.starts_with(file));
+        },
+        file_system);
+  };
+  for (int j = 0; j < shards.size(); ++j) {
+    const auto* store =
+        dynamic_cast<const embedding::DynamicStore*>(shards.store(j));
+    if (store == nullptr) continue;
+    const int k = shards[j].table;
+    const embedding::TablePlacement& placement = model.plan().tables[k];
+    const embedding::Shard& shard = placement.shards[shards[j].shard];
+    const std::vector<SavedRows> ranges = SavedRowRanges(layout, k);
+    if (SameRowRanges(ranges, placement)) {
+      const auto same = std::find_if(
+          ranges.begin(), ranges.end(),
+          [&](const SavedRows& r) { return r.begin == shard.row_begin; });
+      RETURN_IF_ERROR(verify(RankFileName(layout.tables[k][same->block].rank)));
+      ASSIGN_OR_RETURN(embedding::DynamicIdMap map,
+                       ReadIdMap(dir, saved, layout, k, same->block,
+                                 store->map().options()));
+      maps->emplace_back(j, std::move(map));
+      continue;
+    }
+    const TableConfig& t = config.tables(k);
+    auto [it, first] = saved_maps.try_emplace(k);
+    if (first) {
+      for (const SavedShard& b : layout.tables[k]) {
+        RETURN_IF_ERROR(verify(RankFileName(b.rank)));
+        RETURN_IF_ERROR(verify(b.rocksdb_dir.empty() ? b.weights_file
+                                                     : b.rocksdb_dir + "/"));
+      }
+      for (const SavedRows& range : ranges) {
+        ASSIGN_OR_RETURN(
+            embedding::DynamicIdMap map,
+            ReadIdMap(dir, saved, layout, k, range.block,
+                      embedding::DynamicIdOptionsFor(
+                          t.admission(), t.eviction(), range.end - range.begin,
+                          config.seed())));
+        it->second.push_back(std::move(map));
+      }
+    }
+    const std::vector<embedding::DynamicIdMap>& from = it->second;
+    const bool row_wise = placement.kind == SHARDING_ROW_WISE;
+    const int count = static_cast<int>(placement.shards.size());
+    // The saved ids this shard takes, and the saved row of each.
+    std::vector<embedding::DynamicIdMap::SavedId> ids;
+    std::vector<int64_t> saved_rows;
+    int64_t step = 0;
+    for (size_t g = 0; g < from.size(); ++g) {
+      const embedding::DynamicIdMap& m = from[g];
+      step = std::max(step, m.step());
+      for (int64_t r = 0; r < m.usable_rows(); ++r) {
+        const int64_t id = m.keys()[r];
+        if (id < 0) continue;
+        if (row_wise &&
+            embedding::DynamicRowShard(id, count) != shards[j].shard) {
+          continue;
+        }
+        ids.push_back({id, m.last_steps()[r], m.sightings()[r]});
+        saved_rows.push_back(ranges[g].begin + r);
+      }
+    }
+    embedding::DynamicIdMap map(store->map().options());
+    absl::StatusOr<std::vector<int64_t>> rows = map.PlaceSaved(ids, step);
+    if (!rows.ok()) {
+      return absl::DataLossError(absl::StrCat("dynamic table ", t.name(), ": ",
+                                              rows.status().message()));
+    }
+    for (size_t g = 0; g < from.size(); ++g) {
+      RETURN_IF_ERROR(
+          map.MergeSketch(from[g].sketch(), from[g].sketch_width()));
+    }
+    std::vector<int64_t>& mine = routed[j];
+    mine.assign(shard.row_count, -1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if ((*rows)[i] >= 0) mine[(*rows)[i]] = saved_rows[i];
+    }
+    // The kept row: the first saved range's.
+    mine[map.kept_row()] = ranges[0].end - 1;
+    maps->emplace_back(j, std::move(map));
+  }
+  return routed;
 }
 
 // A restore read and checked on this rank, not yet applied.
@@ -261,23 +416,13 @@ absl::StatusOr<StagedRestore> StageRestore(Model& model, const fs::path& dir,
         return TableRestore::Needed(needed, p);
       },
       file_system));
+  // Dynamic tables' id maps (with weights_only too: predictions need them),
+  // and the rows of those whose ids are re-routed.
   ASSIGN_OR_RETURN(
-      r.tables, TableRestore::Stage(model, dir, saved, layout, weights_only));
-  // Dynamic tables' id maps (with weights_only too: predictions need them).
-  const ShardSet& shards = model.shards();
-  for (int j = 0; j < shards.size(); ++j) {
-    const auto* store =
-        dynamic_cast<const embedding::DynamicStore*>(shards.store(j));
-    if (store == nullptr) continue;
-    const int k = shards[j].table;
-    const std::string file = RankFileName(layout.tables[k][0].rank);
-    RETURN_IF_ERROR(VerifyCheckpointFiles(
-        dir.string(), r.manifest,
-        [&file](const std::string& p) { return p == file; }, file_system));
-    ASSIGN_OR_RETURN(embedding::DynamicIdMap map,
-                     ReadIdMap(dir, saved, layout, k, store->map().options()));
-    r.maps.emplace_back(j, std::move(map));
-  }
+      TableRestore::RoutedRows routed,
+      StageIdMaps(model, dir, saved, layout, r.manifest, file_system, &r.maps));
+  ASSIGN_OR_RETURN(r.tables, TableRestore::Stage(model, dir, saved, layout,
+                                                 weights_only, routed));
 
   auto open =
       [&](const std::string& name) -> absl::StatusOr<const SafetensorsFile*> {

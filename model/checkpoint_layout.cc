@@ -353,6 +353,9 @@ struct TableRestore::Target {
   // straight from the mapped tensors.
   bool host = false;
   std::vector<float> buffer;
+  // A shard of RoutedRows: per local row, the saved table row it takes (or
+  // -1); empty for a shard restored by row range.
+  std::vector<int64_t> routed;
 };
 
 struct TableRestore::SourceDatabase {
@@ -401,7 +404,7 @@ bool TableRestore::Needed(const std::set<std::string>& needed,
 
 absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
     Model& model, const fs::path& dir, const ModelConfig& saved,
-    const SavedLayout& layout, bool weights_only) {
+    const SavedLayout& layout, bool weights_only, const RoutedRows& routed) {
   std::unique_ptr<TableRestore> r(new TableRestore());
   r->model_ = &model;
   r->weights_only_ = weights_only;
@@ -558,13 +561,24 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
     if (!t->host && same_plan) continue;  // the database copy holds it
     t->store = t->host ? st.store.get() : r->staged_rows_->stores[j].get();
     bool from_rocksdb = false;
+    const auto route = routed.find(j);
+    if (route != routed.end()) t->routed = route->second;
     for (const SavedShard& b : layout.tables[k]) {
-      if (!Overlaps(t->block, b)) continue;
+      // A routed shard's rows come from anywhere in the table.
+      const bool overlaps = t->routed.empty()
+                                ? Overlaps(t->block, b)
+                                : t->block.col_begin < b.col_end &&
+                                      b.col_begin < t->block.col_end;
+      if (!overlaps) continue;
       ASSIGN_OR_RETURN(Source * s, source_of(k, b));
       t->sources.push_back(s);
       t->step = std::max(t->step, s->step);
       from_rocksdb |= s->store != nullptr;
     }
+    auto assemble = [&](int64_t begin, int64_t count, float* records) {
+      return t->routed.empty() ? r->Assemble(*t, begin, count, records)
+                               : r->AssembleRouted(*t, begin, count, records);
+    };
     if (!t->host) {
       // Into the fresh store, a chunk at a time.
       const int64_t rows = t->block.row_end - t->block.row_begin;
@@ -575,17 +589,17 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
       for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
         const int64_t count = std::min(kChunkRows, rows - begin);
         chunk.resize(count * floats);
-        RETURN_IF_ERROR(r->Assemble(*t, begin, count, chunk.data()));
+        RETURN_IF_ERROR(assemble(begin, count, chunk.data()));
         RETURN_IF_ERROR(t->store->WriteRows(begin, count, chunk.data()));
       }
       if (!weights_only) t->store->set_step(t->step);
       RETURN_IF_ERROR(t->store->Flush());
-    } else if (from_rocksdb) {
+    } else if (from_rocksdb || !t->routed.empty()) {
       const int64_t rows = t->block.row_end - t->block.row_begin;
       const int cols = t->block.col_end - t->block.col_begin;
       t->buffer.resize(
           rows * (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
-      RETURN_IF_ERROR(r->Assemble(*t, 0, rows, t->buffer.data()));
+      RETURN_IF_ERROR(assemble(0, rows, t->buffer.data()));
     }
     r->targets_.push_back(std::move(t));
   }
@@ -629,6 +643,57 @@ absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
       std::memcpy(dst + (c0 - t.block.col_begin), src + (c0 - b.col_begin),
                   sizeof(float) * (c1 - c0));
       if (weights_only_) continue;
+      int sat = scols, tat = tcols;
+      for (const optim::StateArray& a : arrays) {
+        if (a.extent == optim::Extent::kRow) {
+          dst[tat] += src[sat] * share;
+          ++sat;
+          ++tat;
+        } else {
+          std::memcpy(dst + tat + (c0 - t.block.col_begin),
+                      src + sat + (c0 - b.col_begin),
+                      sizeof(float) * (c1 - c0));
+          sat += scols;
+          tat += tcols;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TableRestore::AssembleRouted(const Target& t, int64_t begin,
+                                          int64_t count, float* records) {
+  const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
+  const std::span<const optim::StateArray> arrays =
+      optim::SparseState(optimizer);
+  const int tcols = t.block.col_end - t.block.col_begin;
+  const int tfloats = tcols + optim::SparseStateFloatsPerRow(optimizer, tcols);
+  std::fill(records, records + count * tfloats, 0.0f);
+  std::vector<float> scratch;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = t.routed[begin + i];
+    float* dst = records + i * tfloats;
+    if (row < 0 || weights_only_) {
+      // No saved record, or none of its state: a fresh state.
+      optim::InitialSparseState(optimizer, tcols, dst + tcols);
+    }
+    if (row < 0) continue;
+    for (const Source* s : t.sources) {
+      const SavedShard& b = s->saved;
+      if (row < b.row_begin || row >= b.row_end) continue;
+      const int c0 = std::max(t.block.col_begin, b.col_begin);
+      const int c1 = std::min(t.block.col_end, b.col_end);
+      const int scols = b.cols();
+      scratch.resize(s->floats);
+      RETURN_IF_ERROR(s->Read(row - b.row_begin, 1, scratch.data(), optimizer));
+      const float* src = scratch.data();
+      std::memcpy(dst + (c0 - t.block.col_begin), src + (c0 - b.col_begin),
+                  sizeof(float) * (c1 - c0));
+      if (weights_only_) continue;
+      // As Assemble: a per-row array by the block's share of the columns.
+      const float share =
+          static_cast<float>(c1 - c0) / static_cast<float>(tcols);
       int sat = scols, tat = tcols;
       for (const optim::StateArray& a : arrays) {
         if (a.extent == optim::Extent::kRow) {

@@ -122,14 +122,25 @@ class TableRestore {
   static bool Needed(const std::set<std::string>& needed,
                      const std::string& path);
 
+  // Per local shard index (ShardSet order), for shards whose rows are not
+  // the saved rows of the same range (a dynamic table's shards whose ids
+  // are re-routed by hash: model/checkpoint.cc): per local row, the saved
+  // table row whose record it takes (from every saved block of the table
+  // that holds that row and overlaps the shard's columns), or -1 for a
+  // fresh record (zero weights, initial optimizer state).
+  using RoutedRows = std::map<int, std::vector<int64_t>>;
+
   // `saved` is the checkpoint's config (same architecture as the model's,
   // checked by the caller). With `weights_only` no optimizer state is read:
-  // the model's shards keep theirs. FailedPrecondition (naming the tensor or
-  // file) when a tensor is missing or has another shape; RocksDB's errors
-  // for a database that does not open.
+  // the model's shards keep theirs (the shards of `routed`: fresh state).
+  // The files of every saved block of a table in `routed` must have been
+  // verified too. FailedPrecondition (naming the tensor or file) when a
+  // tensor is missing or has another shape; RocksDB's errors for a
+  // database that does not open.
   static absl::StatusOr<std::unique_ptr<TableRestore>> Stage(
       Model& model, const std::filesystem::path& dir, const ModelConfig& saved,
-      const SavedLayout& layout, bool weights_only);
+      const SavedLayout& layout, bool weights_only,
+      const RoutedRows& routed = {});
 
   ~TableRestore();
   // Writes every shard's rows and step into the model.
@@ -143,6 +154,10 @@ class TableRestore {
   // rows), assembled from its sources.
   absl::Status Assemble(const Target& t, int64_t begin, int64_t count,
                         float* records);
+  // The same for a target of RoutedRows: each row's record from the saved
+  // row `t.routed` names.
+  absl::Status AssembleRouted(const Target& t, int64_t begin, int64_t count,
+                              float* records);
 
   Model* model_ = nullptr;
   bool weights_only_ = false;

@@ -26,13 +26,21 @@ absl::Status Import(const Flags& f) {
   ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(f.config));
   model::TorchRecImportOptions options;
   options.overwrite = f.overwrite;
+  model::TorchRecImportReport report;
   ASSIGN_OR_RETURN(
       const model::CheckpointInfo info,
-      model::ImportTorchRecCheckpoint(f.in, config, f.out, options));
+      model::ImportTorchRecCheckpoint(f.in, config, f.out, options, &report));
   std::printf(
       "imported %s into the checkpoint %s (%lld bytes); its optimizer state "
       "is a new model's\n",
       f.in.c_str(), f.out.c_str(), static_cast<long long>(info.bytes));
+  if (report.ids + report.ids_dropped > 0) {
+    std::printf(
+        "dynamic tables: %lld ids of the managed-collision maps given a row, "
+        "%lld without a free row in their bucket (they start unadmitted)\n",
+        static_cast<long long>(report.ids),
+        static_cast<long long>(report.ids_dropped));
+  }
   return absl::OkStatus();
 }
 
@@ -54,8 +62,9 @@ absl::Status Names(const Flags& f) {
                           ? "torchrec.models.dlrm.DLRM_DCN"
                           : "torchrec.models.dlrm.DLRM");
   for (const model::TorchRecTensor& t : tensors) {
-    std::printf("%s [%s] %s%s\n", t.torchrec_name.c_str(),
-                absl::StrJoin(t.shape, ", ").c_str(), t.name.c_str(),
+    std::printf("%s [%s]%s %s%s\n", t.torchrec_name.c_str(),
+                absl::StrJoin(t.shape, ", ").c_str(),
+                t.dtype == model::Dtype::kF32 ? "" : " I64", t.name.c_str(),
                 t.pair_columns_permuted ? " (pair columns reordered)" : "");
   }
   return absl::OkStatus();

@@ -108,10 +108,20 @@ absl::Status Model::AgreeOnBatch(const data::Batch& batch,
 
 absl::Status Model::PrepareShards(bool predict) {
   // Predictions prepare without changing what the stores hold: a dynamic
-  // table admits no id (EmbeddingStore::PrepareLookup).
+  // table admits no id (EmbeddingStore::PrepareLookup). A training step
+  // stages each shard's prepare and commits them (a dynamic table's
+  // admissions) only once every shard on every rank is ready, so a
+  // refused step changes no map.
   auto prepare = [predict](LocalShard& ls) {
     return predict ? ls.store->PrepareLookup(*ls.ids)
-                   : ls.store->Prepare(*ls.ids);
+                   : ls.store->PrepareStaged(*ls.ids);
+  };
+  auto commit = [this, predict]() -> absl::Status {
+    if (predict) return absl::OkStatus();
+    // On the host and RocksDB tiers this writes resident rows, which
+    // cannot fail (DynamicStore::CommitPrepared).
+    for (LocalShard& ls : local_) RETURN_IF_ERROR(ls.store->CommitPrepared());
+    return absl::OkStatus();
   };
   if (!any_cache_) {
     // Host stores return the ids themselves, device stores without a cache
@@ -119,7 +129,7 @@ absl::Status Model::PrepareShards(bool predict) {
     for (LocalShard& ls : local_) {
       ASSIGN_OR_RETURN(ls.prepared, prepare(ls));
     }
-    return absl::OkStatus();
+    return commit();
   }
   // Cached shards load independently (the database is thread-safe, each
   // store has one caller).
@@ -161,6 +171,11 @@ absl::Status Model::PrepareShards(bool predict) {
     }
   }
   const absl::Status agreed = AgreeOnStatus(local, mine, &all);
+  if (agreed.ok()) {
+    RETURN_IF_ERROR(commit());
+  } else {
+    for (LocalShard& ls : local_) ls.store->AbandonPrepared();
+  }
   if (all.empty()) return agreed;
   for (RankTableStore& s : store_stats_) {
     const std::vector<int>& theirs = store_tables_[s.rank];
@@ -345,6 +360,15 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
   StageTimes& times = result.times;
   const int64_t n = batch.size;
 
+  // A dynamic table's prepare admits this batch's new ids (their rows and
+  // map entries change before the update): with one, readers on other
+  // threads wait from here to the end of the step, so that a prediction
+  // never sees a step's admissions without its update.
+  std::optional<WeightsWriter> writing;
+  if (std::any_of(config_.tables().begin(), config_.tables().end(),
+                  [](const TableConfig& t) { return t.dynamic(); })) {
+    writing.emplace(*this);
+  }
   RETURN_IF_ERROR(EmbedForward(batch, /*predict=*/false, &times));
   StageClock clock(&times);
   // The next batch's rows load in the background while this step computes
@@ -396,7 +420,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
 
   // From here to the dense update the step writes weights: readers on
   // other threads wait (weights_mutex()).
-  std::optional<WeightsWriter> writing(std::in_place, *this);
+  if (!writing) writing.emplace(*this);
   RETURN_IF_ERROR(UpdateShards(batch, dt, &clock));
   clock.Mark(StageTimes::kEmbeddingUpdate);
 

@@ -31,6 +31,10 @@
 
 namespace dlrm::model {
 
+// Model::GatherTableIds' marks of rows that hold no id.
+inline constexpr int64_t kFreeRowId = -1;
+inline constexpr int64_t kKeptRowId = -2;
+
 // The stores of one rank for one cached or dynamic table (its shards of
 // the table together): the row caches of a table on RocksDB, the device
 // caches of a STORAGE_DEVICE table with device_cache_rows, the id maps of
@@ -179,6 +183,14 @@ class Model {
   // For tests, checkpoints and export.
   absl::Status GatherTable(int k, std::vector<float>* table);
 
+  // Collective: every rank receives dynamic table k's raw ids by row
+  // (rows entries): the id row r holds, kFreeRowId for a row without one
+  // (empty, or its id's time to live ran out: DynamicIdMap::Lookup misses
+  // it), kKeptRowId for the row kept for ids without a row. A column-wise
+  // table's blocks share one map: the first block's is taken.
+  // FailedPrecondition when table k is not dynamic.
+  absl::Status GatherTableIds(int k, std::vector<int64_t>* ids);
+
   // Collective: a checksum of every weight (dense and embedding, each table
   // gathered whole, rows on RocksDB read in row order), equal for equal
   // weights whatever the rank count, plan or tiers; for tests that a
@@ -188,7 +200,8 @@ class Model {
   // The lock of the weights' readers on other threads (SnapshotPredictor):
   // they hold it shared while they read embedding rows or copy the dense
   // parameters. The model holds it exclusively only while it writes weights:
-  // in TrainStep from the sparse update to the end of the dense update, and
+  // in TrainStep from the sparse update to the end of the dense update (with
+  // a dynamic table, whose prepare admits ids, from the input dist on), and
   // in a checkpoint restore (WeightsWriter), so a reader sees the weights of
   // one step, never a mix.
   std::shared_mutex& weights_mutex() const { return weights_mu_; }

@@ -1,5 +1,5 @@
-// Reading a model's tables whole, on every rank together: GatherTable
-// and WeightChecksum (for tests, checkpoints and export).
+// Reading a model's tables whole, on every rank together: GatherTable,
+// GatherTableIds and WeightChecksum (for tests, checkpoints and export).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -7,9 +7,28 @@
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "embedding/dynamic_store.h"
 #include "model/model.h"
 
 namespace dlrm::model {
+namespace {
+
+// GatherTableIds' all-reduce: each row's entry comes from the one shard
+// that holds it, the other ranks add 0. Entries are the id (or mark) plus
+// kIdBias, taken modulo 2^64, so that no real entry is 0 and the largest
+// id does not overflow (an int64 sum of one non-zero term is exact).
+constexpr uint64_t kIdBias = 3;
+static_assert(kFreeRowId + static_cast<int64_t>(kIdBias) > 0 &&
+              kKeptRowId + static_cast<int64_t>(kIdBias) > 0);
+
+int64_t EncodeId(int64_t id) {
+  return static_cast<int64_t>(static_cast<uint64_t>(id) + kIdBias);
+}
+int64_t DecodeId(int64_t entry) {
+  return static_cast<int64_t>(static_cast<uint64_t>(entry) - kIdBias);
+}
+
+}  // namespace
 
 absl::StatusOr<uint64_t> Model::WeightChecksum() {
   uint64_t h = 0;
@@ -71,6 +90,53 @@ absl::Status Model::GatherTable(int k, std::vector<float>* table) {
                                       static_cast<int64_t>(table->size()),
                                       comm::DataType::kFloat32));
   return local;
+}
+
+absl::Status Model::GatherTableIds(int k, std::vector<int64_t>* ids) {
+  const TableConfig& t = config_.tables(k);
+  if (!t.dynamic()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", t.name(), " is not dynamic: its ids are rows"));
+  }
+  ids->assign(static_cast<size_t>(t.rows()), 0);
+  absl::Status local;
+  for (const LocalShard& ls : local_) {
+    if (ls.table != k) continue;
+    const embedding::Shard& s = plan_.tables[k].shards[ls.shard];
+    if (s.col_begin != 0) continue;  // the first column block's map
+    const auto* store = dynamic_cast<const embedding::DynamicStore*>(ls.store);
+    if (store == nullptr) {
+      // Still in the all-reduce below, as every rank.
+      local = absl::InternalError(absl::StrCat(
+          "dynamic table ", t.name(), ": shard ", ls.shard, " has no id map"));
+      continue;
+    }
+    // Under the map's readers' rules: GatherTableIds runs between steps.
+    const embedding::DynamicIdMap& map = store->map();
+    const int64_t ttl = map.options().ttl_steps;
+    int64_t* out = ids->data() + s.row_begin;
+    for (int64_t r = 0; r < map.usable_rows(); ++r) {
+      const int64_t key = map.keys()[r];
+      const bool expired =
+          ttl > 0 && key >= 0 && map.step() - map.last_steps()[r] > ttl;
+      out[r] = EncodeId(key < 0 || expired ? kFreeRowId : key);
+    }
+    out[map.kept_row()] = EncodeId(kKeptRowId);
+  }
+  if (replica_[k] < 0) {
+    RETURN_IF_ERROR(comm_->AllReduceSum(ids->data(),
+                                        static_cast<int64_t>(ids->size()),
+                                        comm::DataType::kInt64));
+  }
+  RETURN_IF_ERROR(local);
+  for (size_t r = 0; r < ids->size(); ++r) {
+    if ((*ids)[r] == 0) {
+      return absl::InternalError(
+          absl::StrCat("dynamic table ", t.name(), ": no shard holds row ", r));
+    }
+    (*ids)[r] = DecodeId((*ids)[r]);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dlrm::model

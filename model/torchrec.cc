@@ -2,7 +2,9 @@
 #include "model/torchrec.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "core/config.h"
 #include "core/status.h"
 #include "dense/param_names.h"
+#include "embedding/dynamic_store.h"
 #include "model/weights_export.h"
 
 namespace dlrm::model {
@@ -25,6 +28,117 @@ constexpr char kTablePrefix[] =
 constexpr int64_t kChunkRows = 4096;
 // Problems listed in one error message; the rest are counted.
 constexpr size_t kMaxListed = 20;
+
+// TorchRec's MCHManagedCollisionModule: the key of an empty slot in
+// _mch_sorted_raw_ids (sorted after every id), and the length of
+// _output_segments_tensor (at most 1024 row-wise shards).
+constexpr int64_t kMcEmpty = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMcSegments = 1025;
+
+// The buffers of dynamic table `k`'s MCHManagedCollisionModule, in the
+// order the module registers them (its state_dict's order).
+void AddMcTensors(const TableConfig& t, int k,
+                  std::vector<TorchRecTensor>* out) {
+  const std::string theirs = absl::StrCat(
+      kTorchRecMcPrefix, "_managed_collision_modules.", t.name(), ".");
+  const std::string ours = absl::StrCat("dynamic_map.", t.name(), ".");
+  auto add = [&](const char* buffer, const char* our, int64_t size,
+                 McBuffer mc) {
+    TorchRecTensor x;
+    x.torchrec_name = theirs + buffer;
+    x.name = ours + our;
+    x.shape = {size};
+    x.dtype = Dtype::kI64;
+    x.mc = mc;
+    x.table = k;
+    out->push_back(std::move(x));
+  };
+  add("_output_segments_tensor", "rows", kMcSegments,
+      McBuffer::kOutputSegments);
+  add("_current_iter_tensor", "step", 1, McBuffer::kCurrentIter);
+  add("_mch_sorted_raw_ids", "ids", t.rows(), McBuffer::kSortedRawIds);
+  add("_mch_remapped_ids_mapping", "rows_of_ids", t.rows(),
+      McBuffer::kRemappedIdsMapping);
+  if (t.eviction().kind() == Eviction::EVICT_LFU) {
+    add("_mch_counts", "sightings", t.rows(), McBuffer::kCounts);
+  } else {
+    add("_mch_last_access_iter", "last_steps", t.rows(),
+        McBuffer::kLastAccessIter);
+  }
+}
+
+// The MCHManagedCollisionModule buffers of a dynamic table's map, in
+// McBuffer's layout (docs/torchrec.md "Dynamic tables").
+struct McState {
+  std::vector<int64_t> segments, iter, sorted_ids, rows, last_access, counts;
+};
+
+McState McStateOf(const embedding::DynamicIdMap& map) {
+  const int64_t rows = map.options().rows;
+  const int64_t ttl = map.options().ttl_steps;
+  std::vector<std::pair<int64_t, int64_t>> held;  // (id, row)
+  std::vector<bool> taken(rows, false);
+  for (int64_t r = 0; r < map.usable_rows(); ++r) {
+    const int64_t key = map.keys()[r];
+    // An expired id has lost its row (DynamicIdMap::Lookup misses it).
+    if (key < 0 || (ttl > 0 && map.step() - map.last_steps()[r] > ttl)) {
+      continue;
+    }
+    held.emplace_back(key, r);
+    taken[r] = true;
+  }
+  std::sort(held.begin(), held.end());
+  McState s;
+  s.segments.assign(kMcSegments, -1);
+  s.segments[0] = 0;
+  s.segments[1] = rows;
+  s.iter = {map.step()};
+  for (const auto& [id, row] : held) {
+    s.sorted_ids.push_back(id);
+    s.rows.push_back(row);
+    s.last_access.push_back(map.last_steps()[row]);
+    s.counts.push_back(map.sightings()[row]);
+  }
+  // Free rows after the ids, ascending, then the kept row (TorchRec's
+  // default row for ids without one): a permutation of the rows, as
+  // TorchRec's mapping is.
+  for (int64_t r = 0; r < map.usable_rows(); ++r) {
+    if (taken[r]) continue;
+    s.sorted_ids.push_back(kMcEmpty);
+    s.rows.push_back(r);
+    s.last_access.push_back(0);
+    s.counts.push_back(0);
+  }
+  s.sorted_ids.push_back(kMcEmpty);
+  s.rows.push_back(map.kept_row());
+  // What TorchRec's LRU and LFU policies hold in the last slot.
+  s.last_access.push_back(map.step());
+  s.counts.push_back(std::numeric_limits<int64_t>::max());
+  return s;
+}
+
+const std::vector<int64_t>& McData(const McState& s, McBuffer mc) {
+  switch (mc) {
+    case McBuffer::kOutputSegments:
+      return s.segments;
+    case McBuffer::kCurrentIter:
+      return s.iter;
+    case McBuffer::kSortedRawIds:
+      return s.sorted_ids;
+    case McBuffer::kRemappedIdsMapping:
+      return s.rows;
+    case McBuffer::kLastAccessIter:
+      return s.last_access;
+    case McBuffer::kCounts:
+    case McBuffer::kNone:
+      break;
+  }
+  return s.counts;
+}
+
+embedding::DynamicStore* DynamicStoreOf(Model& model, int k) {
+  return dynamic_cast<embedding::DynamicStore*>(model.shards().WholeStore(k));
+}
 
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -64,6 +178,137 @@ void CopyPermuted(const float* from, float* to, int64_t out, int64_t in,
       }
     }
   }
+}
+
+// A dynamic table's map rebuilt from its managed-collision buffers, and
+// per row of ours the TorchRec row whose weights it takes (-1: it keeps
+// its own).
+struct RebuiltMap {
+  embedding::DynamicIdMap map;
+  std::vector<int64_t> source;
+};
+
+// Rebuilds dynamic table `k`'s map (a store of `store`'s options) from the
+// buffers `tensors` names in `file` (CheckTorchRecStateDict checked their
+// keys, shapes and dtypes). InvalidArgument naming the tensor when they are
+// not a map TorchRec could hold.
+absl::StatusOr<RebuiltMap> RebuildMap(
+    const SafetensorsFile& file, const std::vector<TorchRecTensor>& tensors,
+    int k, const embedding::DynamicStore& store, TorchRecImportReport* report) {
+  std::map<McBuffer, const TorchRecTensor*> buffers;
+  for (const TorchRecTensor& t : tensors) {
+    if (t.table == k) buffers[t.mc] = &t;
+  }
+  auto read = [&](McBuffer mc) -> absl::StatusOr<std::vector<int64_t>> {
+    const TorchRecTensor& t = *buffers.at(mc);
+    return file.GetInt64(t.torchrec_name, t.shape);
+  };
+  auto bad = [&](McBuffer mc, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", buffers.at(mc)->torchrec_name, " ", why));
+  };
+  const embedding::DynamicIdOptions& options = store.map().options();
+  const int64_t rows = options.rows;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> segments,
+                   read(McBuffer::kOutputSegments));
+  if (std::find(segments.begin(), segments.end(), 0) == segments.end() ||
+      std::find(segments.begin(), segments.end(), rows) == segments.end()) {
+    return bad(McBuffer::kOutputSegments,
+               absl::StrCat("does not hold 0 and the table's rows, ", rows,
+                            ": not the whole module of one table"));
+  }
+  ASSIGN_OR_RETURN(const std::vector<int64_t> iter,
+                   read(McBuffer::kCurrentIter));
+  if (iter[0] < 0) {
+    return bad(McBuffer::kCurrentIter,
+               absl::StrCat("is ", iter[0], "; a step is >= 0"));
+  }
+  ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                   read(McBuffer::kSortedRawIds));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> their_rows,
+                   read(McBuffer::kRemappedIdsMapping));
+  const bool lfu = buffers.count(McBuffer::kCounts) > 0;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> metadata,
+                   read(lfu ? McBuffer::kCounts : McBuffer::kLastAccessIter));
+
+  // The ids and their rows, checked.
+  struct Held {
+    int64_t id, row, metadata;
+  };
+  std::vector<Held> held;
+  std::vector<bool> row_used(rows, false);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t id = ids[i];
+    if (id == kMcEmpty) continue;
+    if (id < 0) {
+      return bad(McBuffer::kSortedRawIds,
+                 absl::StrCat("holds id ", id, " at ", i,
+                              "; a dynamic table's ids are >= 0"));
+    }
+    if (i > 0 && ids[i - 1] >= id) {
+      return bad(McBuffer::kSortedRawIds,
+                 absl::StrCat("is not strictly ascending at ", i));
+    }
+    const int64_t row = their_rows[i];
+    // TorchRec's last row is the default of ids without one, never an id's.
+    if (row < 0 || row >= rows - 1) {
+      return bad(McBuffer::kRemappedIdsMapping,
+                 absl::StrCat("gives id ", id, " row ", row, ", outside [0, ",
+                              rows - 1, ")"));
+    }
+    if (row_used[row]) {
+      return bad(McBuffer::kRemappedIdsMapping,
+                 absl::StrCat("gives id ", id, " row ", row,
+                              ", the row of another id"));
+    }
+    row_used[row] = true;
+    held.push_back({id, row, metadata[i]});
+  }
+  if (ids[rows - 1] != kMcEmpty) {
+    return bad(McBuffer::kSortedRawIds,
+               "holds an id in its last slot (TorchRec keeps it empty)");
+  }
+
+  // Placed in order of use (the most recent or most frequent first), each
+  // in the first free row of its bucket.
+  std::stable_sort(held.begin(), held.end(), [](const Held& a, const Held& b) {
+    return a.metadata > b.metadata;
+  });
+  embedding::DynamicIdMap map(options);
+  const int64_t usable = map.usable_rows();
+  std::vector<int64_t> keys(usable, -1), last(usable, 0), sightings(usable, 0);
+  std::vector<int64_t> source(rows, -1);
+  for (const Held& h : held) {
+    const int64_t b = map.Bucket(h.id);
+    int64_t row = -1;
+    for (int64_t r = map.BucketBegin(b);
+         r < map.BucketBegin(b) + map.BucketSize(b); ++r) {
+      if (keys[r] < 0) {
+        row = r;
+        break;
+      }
+    }
+    if (row < 0) {
+      if (report != nullptr) ++report->ids_dropped;
+      continue;
+    }
+    keys[row] = h.id;
+    last[row] = lfu ? iter[0] : h.metadata;
+    sightings[row] = lfu ? h.metadata : 1;
+    source[row] = h.row;
+    if (report != nullptr) ++report->ids;
+  }
+  if (store.options().unadmitted == UNADMITTED_SHARED_ROW) {
+    source[map.kept_row()] = rows - 1;
+  }
+  const absl::Status restored =
+      map.Restore(std::move(keys), std::move(last), std::move(sightings),
+                  std::vector<uint32_t>(map.sketch().size(), 0), iter[0]);
+  if (!restored.ok()) {
+    return absl::InternalError(absl::StrCat("TorchRec import: dynamic table ",
+                                            k, ": ", restored.message()));
+  }
+  return RebuiltMap{std::move(map), std::move(source)};
 }
 
 }  // namespace
@@ -178,6 +423,9 @@ absl::StatusOr<std::vector<TorchRecTensor>> TorchRecTensors(
       }
     }
   }
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (config.tables(k).dynamic()) AddMcTensors(config.tables(k), k, &out);
+  }
   return out;
 }
 
@@ -199,11 +447,13 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
                                       Shape(*shape), ", expected ",
                                       Shape(t.shape), " (our ", t.name, ")"));
     } else if (const Dtype dtype = *file.DtypeOf(t.torchrec_name);
-               dtype != Dtype::kF32) {
+               dtype != t.dtype) {
       problems.push_back(absl::StrCat(
           "tensor ", t.torchrec_name, " has dtype ", DtypeName(dtype),
-          ", expected F32 (our ", t.name,
-          "; convert the state_dict with .float() before saving it)"));
+          ", expected ", DtypeName(t.dtype), " (our ", t.name,
+          t.dtype == Dtype::kF32
+              ? "; convert the state_dict with .float() before saving it)"
+              : ")"));
     }
   }
   for (const std::string& name : file.Names()) {
@@ -212,6 +462,13 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
         absl::StrCat("unexpected tensor ", name, ": a TorchRec DLRM",
                      config.interaction() == INTERACTION_DCN ? "_DCN" : "",
                      " of this config has no such key");
+    if (name.starts_with(kTorchRecMcPrefix)) {
+      absl::StrAppend(
+          &problem,
+          " (managed-collision state imports into a dynamic table only, "
+          "with the buffers of its eviction: _mch_last_access_iter for "
+          "EVICT_LRU, _mch_counts for EVICT_LFU)");
+    }
     for (const std::string& e : expected) {
       if (name.size() > e.size() && name.ends_with("." + e)) {
         absl::StrAppend(&problem, " (", e,
@@ -234,12 +491,29 @@ absl::Status CheckTorchRecStateDict(const SafetensorsFile& file,
   return absl::InvalidArgumentError(message);
 }
 
-absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model) {
+absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model,
+                                   TorchRecImportReport* report) {
   const ModelConfig& config = model.config();
   RETURN_IF_ERROR(CheckOneProcess(model, "import"));
   RETURN_IF_ERROR(CheckTorchRecStateDict(file, config));
   ASSIGN_OR_RETURN(const std::vector<TorchRecTensor> tensors,
                    TorchRecTensors(config));
+  // Dynamic tables' maps, rebuilt and checked before anything changes.
+  std::map<int, RebuiltMap> maps;
+  TorchRecImportReport counted;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (!config.tables(k).dynamic()) continue;
+    embedding::DynamicStore* store = DynamicStoreOf(model, k);
+    if (store == nullptr) {
+      return absl::InternalError(absl::StrCat("TorchRec import: dynamic table ",
+                                              config.tables(k).name(),
+                                              " has no id map"));
+    }
+    ASSIGN_OR_RETURN(RebuiltMap rebuilt,
+                     RebuildMap(file, tensors, k, *store, &counted));
+    maps.emplace(k, std::move(rebuilt));
+  }
+  if (report != nullptr) *report = counted;
   std::map<std::string, const TorchRecTensor*> by_ours;
   for (const TorchRecTensor& t : tensors) by_ours[t.name] = &t;
 
@@ -278,16 +552,26 @@ absl::Status ImportTorchRecWeights(const SafetensorsFile& file, Model& model) {
     const embedding::TableSpec& spec = store.spec();
     const int64_t record =
         spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
+    // A dynamic table's rows take the weights of their ids' TorchRec rows.
+    const auto rebuilt = maps.find(k);
+    const std::vector<int64_t>* source =
+        rebuilt == maps.end() ? nullptr : &rebuilt->second.source;
     std::vector<float> records;
     for (int64_t begin = 0; begin < spec.rows; begin += kChunkRows) {
       const int64_t count = std::min(kChunkRows, spec.rows - begin);
       records.resize(count * record);
       RETURN_IF_ERROR(store.ReadRows(begin, count, records.data()));
       for (int64_t r = 0; r < count; ++r) {
-        const float* row = from.data() + (begin + r) * spec.dim;
+        const int64_t theirs =
+            source == nullptr ? begin + r : (*source)[begin + r];
+        if (theirs < 0) continue;
+        const float* row = from.data() + theirs * spec.dim;
         std::copy(row, row + spec.dim, records.data() + r * record);
       }
       RETURN_IF_ERROR(store.WriteRows(begin, count, records.data()));
+    }
+    if (rebuilt != maps.end()) {
+      DynamicStoreOf(model, k)->ReplaceMap(std::move(rebuilt->second.map));
     }
   }
   return absl::OkStatus();
@@ -302,15 +586,37 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
   std::map<std::string, const dense::ParamRef*> params;
   for (const dense::ParamRef& p : model.dense_params()) params[p.name] = &p;
   for (size_t i = config.tables_size(); i < tensors.size(); ++i) {
-    if (params.count(tensors[i].name) == 0) {
+    if (tensors[i].mc == McBuffer::kNone &&
+        params.count(tensors[i].name) == 0) {
       return absl::InternalError(absl::StrCat(
           "TorchRec export: the model has no parameter ", tensors[i].name));
     }
   }
 
+  // The managed-collision buffers (int64) first in the file, so that every
+  // tensor is aligned to its element; the header lists names sorted anyway.
+  std::vector<size_t> file_order;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].mc != McBuffer::kNone) file_order.push_back(i);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].mc == McBuffer::kNone) file_order.push_back(i);
+  }
+  std::map<int, McState> mc_states;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (!config.tables(k).dynamic()) continue;
+    const embedding::DynamicStore* store = DynamicStoreOf(model, k);
+    if (store == nullptr) {
+      return absl::InternalError(absl::StrCat("TorchRec export: dynamic table ",
+                                              config.tables(k).name(),
+                                              " has no id map"));
+    }
+    mc_states[k] = McStateOf(store->map());
+  }
   std::vector<TensorSpec> specs;
-  for (const TorchRecTensor& t : tensors) {
-    specs.push_back({t.torchrec_name, t.shape});
+  for (const size_t i : file_order) {
+    specs.push_back(
+        {tensors[i].torchrec_name, tensors[i].shape, tensors[i].dtype});
   }
   const std::string tmp = TemporaryPath(path);
   const std::string parent =
@@ -331,8 +637,13 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
   const int d = config.bottom_mlp(config.bottom_mlp_size() - 1);
   const std::vector<int> order = TorchRecDotPairOrder(config.tables_size() + 1);
   std::vector<float> scratch;
-  for (size_t i = 0; status.ok() && i < tensors.size(); ++i) {
+  for (size_t n = 0; status.ok() && n < file_order.size(); ++n) {
+    const size_t i = file_order[n];
     const TorchRecTensor& t = tensors[i];
+    if (t.mc != McBuffer::kNone) {
+      status = writer->Append(McData(mc_states.at(t.table), t.mc).data());
+      continue;
+    }
     if (static_cast<int>(i) < config.tables_size()) {
       const int k = static_cast<int>(i);
       // fp32 host rows in place; the others (16-bit rows widened to fp32
@@ -388,7 +699,8 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
 
 absl::StatusOr<CheckpointInfo> ImportTorchRecCheckpoint(
     const std::string& state_dict, const ModelConfig& config,
-    const std::string& dir, const TorchRecImportOptions& options) {
+    const std::string& dir, const TorchRecImportOptions& options,
+    TorchRecImportReport* report) {
   if (!options.overwrite && fs::exists(dir)) {
     return absl::AlreadyExistsError(
         absl::StrCat(dir, " exists; choose a new directory"));
@@ -404,7 +716,11 @@ absl::StatusOr<CheckpointInfo> ImportTorchRecCheckpoint(
     }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config));
-  RETURN_IF_ERROR(ImportTorchRecWeights(*file, *model));
+  const absl::Status imported = ImportTorchRecWeights(*file, *model, report);
+  if (!imported.ok()) {
+    return absl::Status(imported.code(),
+                        absl::StrCat(state_dict, ": ", imported.message()));
+  }
   return SaveCheckpoint(*model, dir);
 }
 

@@ -49,8 +49,17 @@ std::string TableWeightName(const TableConfig& table) {
   return absl::StrCat("embedding_bags.", table.name(), ".weight");
 }
 
+std::string TableIdsName(const TableConfig& table) {
+  return absl::StrCat("embedding_bags.", table.name(), ".ids");
+}
+
 std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
   std::vector<TensorSpec> specs;
+  for (const TableConfig& t : config.tables()) {
+    if (t.dynamic()) {
+      specs.push_back({TableIdsName(t), {t.rows()}, Dtype::kI64});
+    }
+  }
   auto add_mlp = [&specs](const char* prefix, int64_t in,
                           const google::protobuf::RepeatedField<int32_t>& w) {
     for (int i = 0; i < w.size(); ++i) {
@@ -86,23 +95,35 @@ std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
 absl::StatusOr<ExportInfo> WriteWeights(
     const std::string& path, const ModelConfig& config,
     const std::vector<dense::ParamRef>& dense, int64_t step,
-    const TableWeightsFn& table, FileSystem* file_system) {
+    const TableWeightsFn& table, const TableIdsFn& ids,
+    FileSystem* file_system) {
   std::vector<TensorSpec> specs = WeightSpecs(config);
-  // The dense parameters are the specs' first tensors, in their order.
+  // The ids come first, then the dense parameters in their order.
+  int dynamic = 0;
+  for (const TableConfig& t : config.tables()) dynamic += t.dynamic() ? 1 : 0;
   absl::Status status;
-  if (dense.size() + config.tables_size() != specs.size()) {
-    status = absl::InternalError(
-        absl::StrCat("weights export: ", dense.size(), " dense parameters, ",
-                     specs.size() - config.tables_size(), " expected"));
+  if (dynamic + dense.size() + config.tables_size() != specs.size()) {
+    status = absl::InternalError(absl::StrCat(
+        "weights export: ", dense.size(), " dense parameters, ",
+        specs.size() - config.tables_size() - dynamic, " expected"));
   }
   for (size_t i = 0; status.ok() && i < dense.size(); ++i) {
+    const TensorSpec& spec = specs[dynamic + i];
     int64_t size = 1;
-    for (const int64_t d : specs[i].shape) size *= d;
-    if (dense[i].name != specs[i].name || dense[i].size != size) {
+    for (const int64_t d : spec.shape) size *= d;
+    if (dense[i].name != spec.name || dense[i].size != size) {
       status = absl::InternalError(absl::StrCat(
           "weights export: dense parameter ", i, " is ", dense[i].name, " of ",
-          dense[i].size, " floats, expected ", specs[i].name, " of ", size));
+          dense[i].size, " floats, expected ", spec.name, " of ", size));
     }
+  }
+  // Every dynamic table's ids, gathered before the file is created (they
+  // are written first).
+  std::vector<std::vector<int64_t>> table_ids;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (!config.tables(k).dynamic()) continue;
+    const absl::Status gathered = ids(k, &table_ids.emplace_back());
+    if (status.ok()) status = gathered;
   }
   ExportInfo info;
   info.step = step;
@@ -119,6 +140,10 @@ absl::StatusOr<ExportInfo> WriteWeights(
             file_system);
     status = created.status();
     if (status.ok()) writer = *std::move(created);
+  }
+  for (const std::vector<int64_t>& t : table_ids) {
+    if (!status.ok()) break;
+    status = writer->Append(t.data());
   }
   for (const dense::ParamRef& p : dense) {
     if (!status.ok()) break;
@@ -142,9 +167,13 @@ absl::StatusOr<ExportInfo> ExportSafetensors(Model& model,
                                              FileSystem* file_system) {
   RETURN_IF_ERROR(CheckWholeTables(model));
   const std::string tmp = TemporaryPath(path);
-  absl::StatusOr<ExportInfo> info =
-      WriteWeights(tmp, model.config(), model.dense_params(), model.steps(),
-                   ModelTables(model), file_system);
+  absl::StatusOr<ExportInfo> info = WriteWeights(
+      tmp, model.config(), model.dense_params(), model.steps(),
+      ModelTables(model),
+      [&model](int k, std::vector<int64_t>* ids) {
+        return model.GatherTableIds(k, ids);
+      },
+      file_system);
   if (info.ok()) {
     const absl::Status committed = CommitFile(tmp, path, file_system);
     if (!committed.ok()) info = committed;

@@ -12,10 +12,12 @@ to-safetensors takes a state_dict (or a dict holding one under "state_dict"
 or "model"), drops a "module." or "_orig_mod." prefix that every key shares
 (DistributedDataParallel, torch.compile), and writes every tensor as
 contiguous float32; a floating tensor of another dtype is cast with a note,
-anything else (integer buffers, a ShardedTensor of a sharded model: gather it
-on one rank first) is an error naming the key. to-pt writes the tensors of a
-safetensors file with torch.save as a plain state_dict, for
-DLRM.load_state_dict.
+the int64 buffers of managed-collision modules (keys under
+"managed_collision_collection.", docs/torchrec.md "Dynamic tables") stay
+int64, anything else (other integer buffers, a ShardedTensor of a sharded
+model: gather it on one rank first) is an error naming the key. to-pt
+writes the tensors of a safetensors file with torch.save as a plain
+state_dict, for DLRM.load_state_dict.
 """
 
 import argparse
@@ -27,7 +29,9 @@ import torch
 
 _PREFIXES = ("module.", "_orig_mod.")
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "F64": torch.float64}
+           "F64": torch.float64, "I64": torch.int64}
+# The managed-collision state of dynamic tables: int64 buffers.
+MC_PREFIX = "managed_collision_collection."
 
 
 def _state_dict(obj):
@@ -62,6 +66,9 @@ def to_float32_tensors(sd):
             raise ValueError(
                 f"{key}: a {type(value).__name__}, not a plain tensor (a "
                 "sharded model's state_dict must be gathered on one rank)")
+        if key.startswith(MC_PREFIX) and value.dtype == torch.int64:
+            out[key] = value.detach().to("cpu").contiguous()
+            continue
         if not value.is_floating_point():
             raise ValueError(f"{key}: dtype {value.dtype} is not floating point")
         if value.dtype != torch.float32:
@@ -71,13 +78,15 @@ def to_float32_tensors(sd):
 
 
 def write_safetensors(tensors, path, metadata=None):
-    """Writes float32 `tensors` (name -> tensor) to `path` in safetensors."""
+    """Writes float32 and int64 `tensors` (name -> tensor) to `path` in
+    safetensors, the int64 ones first (every tensor aligned)."""
     header = {}
     offset = 0
-    names = sorted(tensors)
+    names = sorted(tensors, key=lambda n: (tensors[n].dtype != torch.int64, n))
     for name in names:
-        size = tensors[name].numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+        dtype = "I64" if tensors[name].dtype == torch.int64 else "F32"
+        size = tensors[name].numel() * (8 if dtype == "I64" else 4)
+        header[name] = {"dtype": dtype, "shape": list(tensors[name].shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     if metadata:

@@ -126,6 +126,11 @@ absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
         if (!s.ok() && gathered.ok()) gathered = s;
         RETURN_IF_ERROR(s);
         return table->data();
+      },
+      [&](int k, std::vector<int64_t>* ids) {
+        const absl::Status s = model_->GatherTableIds(k, ids);
+        if (!s.ok() && gathered.ok()) gathered = s;
+        return s;
       });
   const absl::Status agreed = Verdict(gathered, "an export's agreement");
   if (info.ok() && !agreed.ok()) {
@@ -146,9 +151,18 @@ absl::StatusOr<model::ExportInfo> RankGroup::ExportWeights(
 }
 
 absl::Status RankGroup::FollowExport() {
+  // model::WriteWeights' order: every dynamic table's ids, then the
+  // tables.
   absl::Status gathered;
+  const ModelConfig& config = model_->config();
+  std::vector<int64_t> ids;
+  for (int k = 0; k < config.tables_size(); ++k) {
+    if (!config.tables(k).dynamic()) continue;
+    const absl::Status s = model_->GatherTableIds(k, &ids);
+    if (!s.ok() && gathered.ok()) gathered = s;
+  }
   std::vector<float> table;
-  for (int k = 0; k < model_->config().tables_size(); ++k) {
+  for (int k = 0; k < config.tables_size(); ++k) {
     const absl::Status s = model_->GatherTable(k, &table);
     if (!s.ok() && gathered.ok()) gathered = s;
   }

@@ -416,6 +416,101 @@ TEST(DynamicIdMap, RestoresItsStateAndRefusesAForeignOne) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A restore on another shard count places saved ids into a fresh map:
+// each in its bucket, the most recently seen first; a bucket given more
+// ids than rows keeps the most recent and counts the rest as evicted.
+TEST(DynamicIdMap, PlacesSavedIdsMostRecentFirst) {
+  DynamicIdMap map(Options(17));  // one bucket of 16 rows
+  std::vector<DynamicIdMap::SavedId> ids;
+  for (int64_t i = 0; i < 20; ++i) ids.push_back({100 + i, 1 + i, 2 * i});
+  std::reverse(ids.begin(), ids.end());
+  std::swap(ids[3], ids[17]);  // the order given does not matter
+  absl::StatusOr<std::vector<int64_t>> rows = map.PlaceSaved(ids, 25);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), ids.size());
+  EXPECT_EQ(map.occupied(), 16);
+  EXPECT_EQ(map.counters().evicted, 4);
+  EXPECT_EQ(map.step(), 25);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i].id;
+    if (id < 104) {
+      EXPECT_EQ((*rows)[i], -1) << id;
+      EXPECT_EQ(map.Lookup(id), -1) << id;
+      continue;
+    }
+    // Most recent first: 119 in row 0.
+    EXPECT_EQ((*rows)[i], 119 - id) << id;
+    EXPECT_EQ(map.Lookup(id), (*rows)[i]) << id;
+    EXPECT_EQ(map.last_steps()[(*rows)[i]], ids[i].last_step);
+    EXPECT_EQ(map.sightings()[(*rows)[i]], ids[i].sightings);
+  }
+  // It trains on from there: a new id takes the least recently seen's row.
+  DynamicIdMap::Plan plan;
+  ASSERT_TRUE(map.MakePlan(std::vector<int64_t>{7}, 26, &plan).ok());
+  ASSERT_EQ(plan.admitted.size(), 1u);
+  EXPECT_EQ(plan.admitted[0].victim, 104);
+
+  // Bad input changes nothing; a map that holds ids takes none.
+  DynamicIdMap fresh(Options(17));
+  const std::vector<DynamicIdMap::SavedId> twice = {{5, 1, 1}, {5, 2, 1}};
+  EXPECT_EQ(fresh.PlaceSaved(twice, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<DynamicIdMap::SavedId> negative = {{5, 1, 1}, {-4, 2, 1}};
+  EXPECT_EQ(fresh.PlaceSaved(negative, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fresh.occupied(), 0);
+  EXPECT_EQ(fresh.Lookup(5), -1);
+  EXPECT_EQ(map.PlaceSaved(twice, 3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// Sketches merged from maps of other widths (a restore on another shard
+// count) never count an id below what the saved sketches together did;
+// one of the same width merged into an empty map is that sketch.
+TEST(DynamicIdMap, MergedSketchesNeverUndercount) {
+  auto sighted = [](int64_t rows) {
+    DynamicIdOptions o = Options(rows);
+    o.admission = Admission::ADMIT_AFTER_SIGHTINGS;
+    o.min_sightings = 1000;  // admit none: every sighting is counted
+    return o;
+  };
+  DynamicIdMap wide(sighted(1500)), narrow(sighted(100));
+  ASSERT_EQ(wide.sketch_width(), 2048);
+  ASSERT_EQ(narrow.sketch_width(), 1024);
+  Rng rng(kSeed);
+  DynamicIdMap::Plan plan;
+  std::vector<int64_t> drawn;
+  for (int64_t b = 0; b < 30; ++b) {
+    for (DynamicIdMap* m : {&wide, &narrow}) {
+      const std::vector<int64_t> ids = StreamBatch(rng, b, 5000, 1, 64);
+      drawn.insert(drawn.end(), ids.begin(), ids.end());
+      ASSERT_TRUE(m->MakePlan(ids, b + 1, &plan).ok());
+      m->Commit(plan);
+    }
+  }
+  for (const int64_t rows : {600, 3000}) {
+    DynamicIdMap merged(sighted(rows));
+    ASSERT_TRUE(merged.MergeSketch(wide.sketch(), wide.sketch_width()).ok());
+    ASSERT_TRUE(
+        merged.MergeSketch(narrow.sketch(), narrow.sketch_width()).ok());
+    int64_t counted = 0;
+    for (const int64_t id : drawn) {
+      const uint32_t both = wide.SketchCount(id) + narrow.SketchCount(id);
+      EXPECT_GE(merged.SketchCount(id), both) << rows << ": id " << id;
+      counted += both > 1;
+    }
+    EXPECT_GT(counted, 100);
+  }
+  DynamicIdMap same(sighted(1200));
+  ASSERT_TRUE(same.MergeSketch(wide.sketch(), wide.sketch_width()).ok());
+  EXPECT_EQ(same.sketch(), wide.sketch());
+  EXPECT_EQ(same.MergeSketch(std::vector<uint32_t>(10, 0), 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Without a sketch here there is nothing to merge.
+  DynamicIdMap none(Options(100));
+  EXPECT_TRUE(none.MergeSketch(wide.sketch(), wide.sketch_width()).ok());
+}
+
 TEST(DynamicIdOptions, RefusesFieldsOutOfRange) {
   DynamicIdOptions o = Options(1);
   EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);

@@ -75,13 +75,21 @@ ModelConfig TestConfig() {
 // - dynamic: every table dynamic (docs/dynamic.md), its rows the capacity
 //   of a map the batches' ids (below the rows) go through; table d's 7
 //   rows (one bucket of 6) refuse some;
+// - churn: the batches' ids drawn from a vocabulary of 5x the largest
+//   table's rows, and tables a and c admitting an id after 2 sightings
+//   (with dynamic: the maps admit, evict and refuse);
 // - fp16, bf16: every table's weights in 16 bits (weight_precision).
+// The kind "hashed" (for dynamic tables) puts tables a and b row-wise over
+// every rank (ids routed by hash), c column-wise and d table-wise on the
+// last rank; one process compares with the same plan's shards all on its
+// rank (the same maps: HashedOneProcessPlan).
 struct Scenario {
   std::string kind;
   bool staged = false, overlap = false, host = false, rocksdb = false,
        prefetch = false, prefetch0 = false, overcap = false, ckpt = false,
        resume = false, adagrad = false, lamb = false, lars = false, dcn = false,
-       dense_adagrad = false, dense_adam = false, dynamic = false;
+       dense_adagrad = false, dense_adam = false, dynamic = false,
+       churn = false;
   RowPrecision rows_precision = ROW_FP32;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
@@ -110,6 +118,7 @@ Scenario ParseScenario(const std::string& text) {
     s.dense_adagrad |= mod == "dense_adagrad";
     s.dense_adam |= mod == "dense_adam";
     s.dynamic |= mod == "dynamic";
+    s.churn |= mod == "churn";
     if (mod == "fp16") s.rows_precision = ROW_FP16;
     if (mod == "bf16") s.rows_precision = ROW_BF16;
     at = next;
@@ -200,11 +209,39 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
     c = *placed;
   }
   for (int k = 0; k < c.tables_size(); ++k) {
-    test::ShardTableAs(scenario, k, world, c.mutable_tables(k));
-    if (sc.dynamic) c.mutable_tables(k)->set_dynamic(true);
-    c.mutable_tables(k)->set_weight_precision(sc.rows_precision);
+    TableConfig* t = c.mutable_tables(k);
+    if (scenario == "hashed") {
+      const ShardingKind kinds[] = {SHARDING_ROW_WISE, SHARDING_ROW_WISE,
+                                    SHARDING_COLUMN_WISE, SHARDING_TABLE_WISE};
+      t->set_sharding(kinds[k]);
+      if (k == 3) t->add_shard_ranks(world - 1);
+    } else {
+      test::ShardTableAs(scenario, k, world, t);
+    }
+    if (sc.dynamic) t->set_dynamic(true);
+    if (sc.churn && (k == 0 || k == 2)) {
+      t->mutable_admission()->set_kind(Admission::ADMIT_AFTER_SIGHTINGS);
+      t->mutable_admission()->set_min_sightings(2);
+    }
+    t->set_weight_precision(sc.rows_precision);
   }
   return c;
+}
+
+// The one-process reference of "hashed" on `world` ranks: the same config
+// with every shard on rank 0 (a and b in `world` row-wise shards, so that
+// each shard's map sees the ids a rank's does), and its plan.
+std::pair<ModelConfig, embedding::ShardingPlan> HashedOneProcessPlan(
+    ModelConfig c, int world) {
+  for (int k = 0; k < c.tables_size(); ++k) {
+    TableConfig* t = c.mutable_tables(k);
+    t->clear_shard_ranks();
+    const int shards = t->sharding() == SHARDING_ROW_WISE ? world : 1;
+    for (int i = 0; i < shards; ++i) t->add_shard_ranks(0);
+  }
+  auto plan = test::PlanOver(c, 1);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return {c, *plan};
 }
 
 // Empties the bag of every fifth sample of `feature` (the synthetic source
@@ -230,6 +267,11 @@ std::vector<data::Batch> GlobalBatches(const ModelConfig& c, int64_t size,
   data::SyntheticOptions o;
   o.sample_seed = 99;
   if (sc.big()) o.zipf_alpha = 0.3;
+  if (sc.churn) {
+    for (const TableConfig& t : c.tables()) {
+      o.vocabulary = std::max<int64_t>(o.vocabulary, 5 * t.rows());
+    }
+  }
   auto src = data::MakeSyntheticSource(c, o);
   EXPECT_TRUE(src.ok()) << src.status();
   std::vector<data::Batch> batches(StepsOf(sc));
@@ -542,6 +584,17 @@ absl::Status RunWorker(const WorkerArgs& a) {
           absl::StrCat("rank ", a.rank, ": the maps admitted ", admitted,
                        " ids, the step reported ", reported));
     }
+    if (sc.churn && !sc.big()) {
+      // Every rank's maps together evicted (the step reports them all).
+      int64_t evicted = 0;
+      for (const RankTableStore& t : last_stores) {
+        evicted += t.metrics.ids_evicted;
+      }
+      if (evicted == 0) {
+        return absl::InternalError(
+            absl::StrCat("rank ", a.rank, ": no map evicted an id"));
+      }
+    }
   }
   RETURN_IF_ERROR(Snapshot(*m, &report));
   if (a.rank == 0) RETURN_IF_ERROR(WriteReport(report, a.out));
@@ -560,9 +613,18 @@ std::vector<pid_t> SpawnRanks(const WorkerArgs& base) {
   return pids;
 }
 
-// The single-process reference on the same global batches.
-Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs) {
-  auto m = Model::Create(c);
+// The single-process reference on the same global batches: every table
+// whole, or for "hashed" on `world` ranks HashedOneProcessPlan's shards.
+Report Reference(const ModelConfig& c, const std::vector<data::Batch>& bs,
+                 const Scenario& sc = {}, int world = 1) {
+  std::unique_ptr<comm::Communicator> one = comm::MakeSingleRankCommunicator();
+  absl::StatusOr<std::unique_ptr<Model>> m;
+  if (sc.kind == "hashed") {
+    const auto [config, plan] = HashedOneProcessPlan(c, world);
+    m = Model::Create(config, plan, one.get());
+  } else {
+    m = Model::Create(c);
+  }
   EXPECT_TRUE(m.ok()) << m.status();
   Report r;
   for (const auto& b : bs) {
@@ -622,8 +684,10 @@ TEST_P(HybridEquivalenceTest, MatchesOneProcess) {
   const Report got = ReadReport(out);
   std::filesystem::remove(out);
   const ModelConfig c = ScenarioConfig(p.scenario, p.world);
-  const Report want = Reference(c, GlobalBatches(c, p.global_batch));
-  const std::string kind = ParseScenario(p.scenario).kind;
+  const Scenario sc = ParseScenario(p.scenario);
+  const Report want =
+      Reference(c, GlobalBatches(c, p.global_batch, sc), sc, p.world);
+  const std::string kind = sc.kind;
   const bool exact = p.world == 1 && kind != "row" && kind != "mixed";
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) {
@@ -696,11 +760,19 @@ std::vector<Case> Cases() {
   cases.push_back({"mixed+staged", 4, 3});
   cases.push_back({"mixed+staged+overlap", 3, 37});
   cases.push_back({"mixed+dcn+staged", 3, 37});
-  // Dynamic tables: the maps see the same ids on every rank count (never
-  // replicated nor split by rows).
+  // Dynamic tables whole or by columns: every shard's map sees every id,
+  // on every rank count.
   for (int world : {1, 2, 3}) cases.push_back({"table+dynamic", world, 37});
   for (int world : {2, 3}) cases.push_back({"column+dynamic", world, 37});
   cases.push_back({"planner+dynamic", 3, 37});
+  // Row-wise dynamic tables (ids routed to shards by hash) beside a
+  // column-wise and a table-wise one, with admission after sightings and
+  // evictions: each shard's map sees what one process's same shard sees.
+  for (int world : {1, 2, 3, 4}) {
+    cases.push_back({"hashed+dynamic+churn", world, 37});
+  }
+  cases.push_back({"hashed+dynamic+churn+overlap", 3, 37});
+  cases.push_back({"hashed+dynamic+churn+staged", 2, 37});
   return cases;
 }
 
@@ -755,7 +827,8 @@ class HybridRocksDbTest : public testing::TestWithParam<std::string> {};
 TEST_P(HybridRocksDbTest, TrainsLikeHostMemory) {
   const std::string scenario = GetParam();
   const Scenario sc = ParseScenario(scenario);
-  const std::string host = sc.kind + "+host";
+  const std::string host = sc.kind + "+host" + (sc.dynamic ? "+dynamic" : "") +
+                           (sc.churn ? "+churn" : "");
   const std::string out = JobOut(scenario), host_out = JobOut(host);
   ASSERT_TRUE(RunJob(scenario, 2, 37, out));
   ASSERT_TRUE(RunJob(host, 2, 37, host_out));
@@ -766,7 +839,9 @@ TEST_P(HybridRocksDbTest, TrainsLikeHostMemory) {
   ExpectBitwiseEqual(got, want);
 
   const ModelConfig c = ScenarioConfig(host, 2);
-  const Report one = Reference(c, GlobalBatches(c, 37, ParseScenario(host)));
+  const Scenario host_sc = ParseScenario(host);
+  const Report one =
+      Reference(c, GlobalBatches(c, 37, host_sc), host_sc, /*world=*/2);
   ASSERT_EQ(got.losses.size(), one.losses.size());
   for (size_t i = 0; i < one.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i]))
@@ -791,14 +866,13 @@ std::string StoreCaseName(const testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shards, HybridRocksDbTest,
-                         testing::Values("table+rocksdb", "column+rocksdb",
-                                         "row+rocksdb", "mixed+rocksdb",
-                                         "row+rocksdb+prefetch",
-                                         "mixed+rocksdb+prefetch0",
-                                         "table+rocksdb+overcap",
-                                         "row+rocksdb+overcap"),
-                         StoreCaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Shards, HybridRocksDbTest,
+    testing::Values("table+rocksdb", "column+rocksdb", "row+rocksdb",
+                    "mixed+rocksdb", "row+rocksdb+prefetch",
+                    "mixed+rocksdb+prefetch0", "table+rocksdb+overcap",
+                    "row+rocksdb+overcap", "hashed+dynamic+rocksdb+prefetch"),
+    StoreCaseName);
 
 class HybridStagedTest : public testing::TestWithParam<std::string> {};
 
@@ -864,7 +938,8 @@ TEST_P(HybridRocksDbCheckpointTest, RestoreTrainsOnIdentically) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, HybridRocksDbCheckpointTest,
-                         testing::Values("mixed", "table", "table+dynamic"),
+                         testing::Values("mixed", "table", "table+dynamic",
+                                         "hashed+dynamic"),
                          StoreCaseName);
 
 // A checkpoint saved by one job, restored by a job of another rank count
@@ -874,6 +949,10 @@ struct Reshard {
   int saved_world;
   std::string restored;
   int restored_world;
+  // A dynamic table's ids re-routed by hash (docs/dynamic.md): its maps'
+  // buckets differ from the saving job's, so only the predictions right
+  // after the restore are the same, not the training after it.
+  bool reroutes = false;
 };
 
 void PrintTo(const Reshard& r, std::ostream* os) {
@@ -894,8 +973,9 @@ class HybridReshardTest : public testing::TestWithParam<Reshard> {};
 // Through server::RankGroup: a checkpoint after 2 steps restores on another
 // rank count with another plan (docs/checkpoints.md "Resharding"): the
 // restored job's predictions equal the saving job's right after the save,
-// and training the same 4 steps from there gives the same losses and
-// predictions, up to the float summation order of docs/hybrid.md (1e-5).
+// and (unless it re-routes a dynamic table's ids) training the same 4
+// steps from there gives the same losses and predictions, up to the float
+// summation order of docs/hybrid.md (1e-5).
 TEST_P(HybridReshardTest, PredictsAndTrainsOnLikeTheSavingJob) {
   const Reshard& p = GetParam();
   const std::string out = JobOut(ReshardName({p, 0}));
@@ -917,6 +997,7 @@ TEST_P(HybridReshardTest, PredictsAndTrainsOnLikeTheSavingJob) {
   }
   ASSERT_EQ(saved.losses.size(), 10u);
   ASSERT_EQ(restored.losses.size(), 4u);
+  if (p.reroutes) return;
   for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(restored.losses[i], saved.losses[2 + i],
                 1e-5 * std::abs(saved.losses[2 + i]))
@@ -948,6 +1029,21 @@ INSTANTIATE_TEST_SUITE_P(
         // table-wise to column-wise, and 1 -> 2 on RocksDB.
         Reshard{"table+host+dynamic", 2, "column+host+dynamic", 3},
         Reshard{"table+rocksdb+dynamic", 1, "column+rocksdb+dynamic", 2},
+        // Row-wise dynamic tables: the ids re-routed by hash into 3 shards,
+        // gathered into one table or column blocks, kept in the same 2
+        // shards, or routed from a whole table or its column blocks.
+        Reshard{"hashed+host+dynamic+churn", 2, "hashed+host+dynamic+churn", 3,
+                /*reroutes=*/true},
+        Reshard{"hashed+host+dynamic+churn", 2, "table+host+dynamic+churn", 1,
+                /*reroutes=*/true},
+        Reshard{"hashed+rocksdb+dynamic+churn", 2, "hashed+host+dynamic+churn",
+                2},
+        Reshard{"table+host+dynamic+churn", 1, "hashed+rocksdb+dynamic+churn",
+                3, /*reroutes=*/true},
+        Reshard{"column+host+dynamic+churn", 3, "hashed+host+dynamic+churn", 2,
+                /*reroutes=*/true},
+        Reshard{"hashed+host+dynamic+churn", 3, "column+host+dynamic+churn", 2,
+                /*reroutes=*/true},
         // DCN's cross network and its Adam state, saved by rank 0.
         Reshard{"mixed+host+dcn+dense_adam", 2, "table+host+dcn+dense_adam",
                 1}),

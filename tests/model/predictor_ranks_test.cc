@@ -26,6 +26,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
 #include "comm/coordinator.h"
 #include "comm/gloo_communicator.h"
 #include "core/config.h"
@@ -53,15 +54,19 @@ ModelConfig TestConfig() { return test::FourTableConfig(); }
 // Every table sharded `kind`-wise over `world` ranks ("mixed": one table of
 // each kind, the data-parallel one included); a "+rocksdb" suffix is the
 // ranks' tier only (RankConfig), so the one-process replay of such a kind
-// keeps its tables in memory (the RocksDB tier trains bitwise alike).
+// keeps its tables in memory (the RocksDB tier trains bitwise alike); a
+// "+dynamic" before it makes every table dynamic (docs/dynamic.md).
 ModelConfig KindConfig(std::string kind, int world) {
   if (absl::EndsWith(kind, "+rocksdb")) {
     kind.resize(kind.size() - std::string("+rocksdb").size());
   }
+  const bool dynamic = absl::EndsWith(kind, "+dynamic");
+  if (dynamic) kind.resize(kind.size() - std::string("+dynamic").size());
   ModelConfig c = TestConfig();
   for (int k = 0; k < c.tables_size(); ++k) {
     EXPECT_TRUE(test::ShardTableAs(kind, k, world, c.mutable_tables(k)))
         << kind;
+    c.mutable_tables(k)->set_dynamic(dynamic);
   }
   return c;
 }
@@ -431,8 +436,33 @@ std::vector<int> RunRanks(const WorkerArgs& a, double seconds) {
 
 // The one-process replay: the probe's probabilities after 0, 1, ...,
 // kSteps steps on the same global batches.
-std::vector<std::vector<float>> Replay(const ModelConfig& c) {
-  auto m = Model::Create(c);
+// The one-process replay of `c` on `world` ranks: every table whole, but a
+// dynamic table's `world` row-wise shards (ids routed by hash), all on the
+// one rank, so that its maps are the ranks'.
+std::vector<std::vector<float>> Replay(const ModelConfig& c, int world) {
+  std::unique_ptr<comm::Communicator> one = comm::MakeSingleRankCommunicator();
+  ModelConfig hashed = c;
+  bool row_wise_dynamic = false;
+  for (TableConfig& t : *hashed.mutable_tables()) {
+    if (!t.dynamic() || t.sharding() != SHARDING_ROW_WISE) continue;
+    row_wise_dynamic = true;
+    t.clear_shard_ranks();
+    for (int r = 0; r < world; ++r) t.add_shard_ranks(0);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> m;
+  if (row_wise_dynamic) {
+    for (TableConfig& t : *hashed.mutable_tables()) {
+      if (t.sharding() != SHARDING_ROW_WISE) {
+        t.clear_shard_ranks();
+        t.set_sharding(SHARDING_TABLE_WISE);
+      }
+    }
+    auto plan = test::PlanOver(hashed, 1);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    m = Model::Create(hashed, *plan, one.get());
+  } else {
+    m = Model::Create(c);
+  }
   EXPECT_TRUE(m.ok()) << m.status();
   const std::vector<data::Batch> batches = GlobalBatches(c);
   const data::Batch probe = Probe(batches);
@@ -495,7 +525,8 @@ class RanksPredictorTest : public testing::TestWithParam<Case> {
 // after exactly the step it reports, never a mix of two.
 TEST_P(RanksPredictorTest, EachPredictionIsOfOneStep) {
   const std::vector<Record> records = Run("train");
-  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  const auto want =
+      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
   for (int s = 0; s < kSteps; ++s) {
     ASSERT_GT(MaxDiff(want[s], want[s + 1]), kStepApart) << "step " << s;
   }
@@ -523,14 +554,15 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, RanksPredictorTest,
-                         testing::Values(Case{"table", 2}, Case{"column", 2},
-                                         Case{"row", 2}, Case{"mixed", 2},
-                                         Case{"table", 3}, Case{"column", 3},
-                                         Case{"row", 3}, Case{"mixed", 3},
-                                         Case{"mixed+rocksdb", 2},
-                                         Case{"row+rocksdb", 3}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, RanksPredictorTest,
+    testing::Values(Case{"table", 2}, Case{"column", 2}, Case{"row", 2},
+                    Case{"mixed", 2}, Case{"table", 3}, Case{"column", 3},
+                    Case{"row", 3}, Case{"mixed", 3}, Case{"mixed+rocksdb", 2},
+                    Case{"row+rocksdb", 3}, Case{"table+dynamic", 2},
+                    Case{"row+dynamic", 2}, Case{"row+dynamic", 3},
+                    Case{"row+dynamic+rocksdb", 2}),
+    CaseName);
 
 class RanksPredictorBlockedTest : public RanksPredictorTest {};
 
@@ -538,7 +570,8 @@ class RanksPredictorBlockedTest : public RanksPredictorTest {};
 // (rank 1 joins it only after the predictions): it never waits for a step.
 TEST_P(RanksPredictorBlockedTest, PredictsWhileAStepIsUnderWay) {
   const std::vector<Record> records = Run("blocked");
-  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  const auto want =
+      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
   ASSERT_EQ(records.size(), 4u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(records[i].step, 0);
@@ -568,7 +601,8 @@ class RanksPredictorRestoreTest : public RanksPredictorTest {};
 // steps trained again after it, are each of one step: the replay's.
 TEST_P(RanksPredictorRestoreTest, PredictionsBesideARestoreSeeOneStep) {
   const std::vector<Record> records = Run("restore");
-  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  const auto want =
+      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
   ASSERT_FALSE(records.empty());
   EXPECT_EQ(records[0].step, 2);
   for (size_t i = 0; i < records.size(); ++i) {
@@ -588,7 +622,8 @@ class RanksPredictorFallbackTest : public RanksPredictorTest {};
 // runs between two steps instead, with the leader's step count.
 TEST_P(RanksPredictorFallbackTest, PredictsBetweenStepsInstead) {
   const std::vector<Record> records = Run("fallback");
-  const auto want = Replay(KindConfig(GetParam().kind, GetParam().world));
+  const auto want =
+      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].step, 0);
   EXPECT_LE(MaxDiff(records[0].probs, want[0]), kTolerance);

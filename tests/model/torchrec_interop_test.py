@@ -12,7 +12,9 @@ dlrm_client equal TorchRec's on the same (transformed) inputs, and the
 server trains on from it. Then the reverse: a model of ours
 trained a few steps, exported with dlrm_torchrec, loaded into a TorchRec
 DLRM with load_state_dict(strict=True) (from safetensors and from .pt),
-predicts the same. A bad state_dict is refused naming the tensor.
+predicts the same. A bad state_dict is refused naming the tensor. Dynamic
+tables the same way against TorchRec's managed-collision modules (their
+maps as an MCHManagedCollisionModule's buffers, both directions).
 
 Usage: torchrec_interop_test.py DLRM_TORCHREC TORCHREC_CHECK DLRM_SERVER
                                 DLRM_CLIENT SOURCE_DIR
@@ -305,8 +307,191 @@ def check_interop(tool, check, server, client, source_dir, work):
                                strict=True)
         compare(f"{kind} ours -> TorchRec (.pt)", torchrec_probs(loaded),
                 ours)
+    check_dynamic(tool, check, work, torchrec_convert, rows, pooling, dim,
+                  num_dense, bottom, top, compare, our_probs)
     print("OK")
     return 0
+
+
+def check_dynamic(tool, check, work, torchrec_convert, rows, pooling, dim,
+                  num_dense, bottom, top, compare, our_probs):
+    """Dynamic tables against TorchRec's managed-collision modules: t0 (LRU)
+    and t2 (LFU, a shared row for unadmitted ids) dynamic. Ours -> TorchRec:
+    a model trained on raw ids from a vocabulary 10x the capacity, exported,
+    loaded into a DLRM and a ManagedCollisionCollection of
+    MCHManagedCollisionModules (strict), predicts the same on raw ids, known
+    and unknown. TorchRec -> ours: a collection that admitted a few raw ids
+    in training, imported, predicts the same."""
+    import torch
+    from torchrec.models.dlrm import DLRM
+    from torchrec.modules.embedding_configs import (EmbeddingBagConfig,
+                                                    PoolingType)
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.mc_modules import (LFU_EvictionPolicy,
+                                             LRU_EvictionPolicy,
+                                             MCHManagedCollisionModule,
+                                             ManagedCollisionCollection)
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    prefix = torchrec_convert.MC_PREFIX
+    dynamic = {0: "LRU", 2: "LFU"}
+    batch = 32
+
+    lines = [f"num_dense_features: {num_dense}"]
+    for i, r in enumerate(rows):
+        extra = ""
+        if dynamic.get(i) == "LRU":
+            extra = " dynamic: true"
+        elif dynamic.get(i) == "LFU":
+            extra = (" dynamic: true eviction { kind: EVICT_LFU } "
+                     "unadmitted: UNADMITTED_SHARED_ROW")
+        lines.append(f'tables {{ name: "t{i}" rows: {r} dim: {dim} '
+                     f'pooling: {pooling[i]}{extra} }}')
+    lines += [f"bottom_mlp: {bottom}", f"top_mlp: {top}",
+              "interaction: INTERACTION_DOT",
+              "dense_optimizer { type: SGD learning_rate: 0.05 }",
+              "sparse_optimizer { type: SGD learning_rate: 0.05 }",
+              "dense_precision: PRECISION_FP32", "seed: 11"]
+    cfg = os.path.join(work, "dynamic.textproto")
+    with open(cfg, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+    def configs():
+        return [EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=dim, num_embeddings=rows[i],
+            feature_names=[f"f{i}"],
+            pooling=PoolingType.MEAN if pooling[i] == "POOLING_MEAN"
+            else PoolingType.SUM) for i in range(len(rows))]
+
+    def build(seed):
+        torch.manual_seed(seed)
+        m = DLRM(EmbeddingBagCollection(tables=configs()), num_dense, bottom,
+                 top)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_(0.0, 0.6)
+        all_configs = configs()
+        mcc = ManagedCollisionCollection(
+            {f"t{i}": MCHManagedCollisionModule(
+                zch_size=rows[i], device=torch.device("cpu"),
+                eviction_policy=LRU_EvictionPolicy() if kind == "LRU"
+                else LFU_EvictionPolicy(), eviction_interval=1)
+             for i, kind in dynamic.items()},
+            [all_configs[i] for i in dynamic])
+        return m.eval(), mcc
+
+    def remapped(mcc, lengths, ids):
+        """The KJT of all tables, the dynamic ones' raw ids through mcc."""
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=[f"f{i}" for i in dynamic],
+            values=torch.cat([ids[i] for i in dynamic]),
+            lengths=torch.cat([lengths[i] for i in dynamic]))
+        out = mcc(kjt).to_dict()
+        values = [out[f"f{i}"].values() if i in dynamic else ids[i]
+                  for i in range(len(rows))]
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=[f"f{i}" for i in range(len(rows))],
+            values=torch.cat(values), lengths=torch.cat(lengths))
+
+    def inputs(tag, known, gen):
+        """Bags of 0..3 ids: a dynamic table's from `known` (raw ids, half
+        of them) and ids no map holds; the others' rows."""
+        dense = torch.randn(batch, num_dense, generator=gen)
+        lengths = [torch.randint(0, 4, (batch,), generator=gen) for _ in rows]
+        ids = []
+        for i, (r, l) in enumerate(zip(rows, lengths)):
+            n = int(l.sum())
+            if i in dynamic:
+                pick = known[i][torch.randint(0, len(known[i]), (n,),
+                                              generator=gen)]
+                unknown = torch.randint(10**12, 10**13, (n,), generator=gen)
+                half = torch.rand(n, generator=gen) < 0.5
+                ids.append(torch.where(half, pick, unknown))
+            else:
+                ids.append(torch.randint(0, r, (n,), generator=gen))
+        path = os.path.join(work, f"{tag}_inputs.json")
+        with open(path, "w") as f:
+            json.dump({"dense": dense.tolist(),
+                       "sparse": [{"offsets": [0] + torch.cumsum(l, 0).tolist(),
+                                   "ids": i.tolist()}
+                                  for l, i in zip(lengths, ids)]}, f)
+        return path, dense, lengths, ids
+
+    def probs(m, mcc, dense, lengths, ids):
+        mcc.eval()
+        with torch.no_grad():
+            return torch.sigmoid(m(dense, remapped(mcc, lengths, ids))) \
+                .reshape(-1).double()
+
+    def predict_ours(ckpt, path, tag):
+        out = os.path.join(work, f"{tag}_probs.json")
+        run([check, "predict", ckpt, path, out])
+        with open(out) as f:
+            return torch.tensor(json.load(f)["probs"], dtype=torch.float64)
+
+    # Ours -> TorchRec.
+    ckpt = os.path.join(work, "dynamic_ours_ckpt")
+    run([check, "train", cfg, "8", ckpt, str(10 * max(rows))])
+    exported = os.path.join(work, "dynamic_ours.safetensors")
+    run([tool, "export", "--checkpoint", ckpt, "--out", exported])
+    state = torchrec_convert.read_safetensors(exported)
+    m, mcc = build(seed=4)
+    m.load_state_dict({k: v for k, v in state.items()
+                       if not k.startswith(prefix)}, strict=True)
+    mcc.load_state_dict({k[len(prefix):]: v for k, v in state.items()
+                         if k.startswith(prefix)}, strict=True)
+    empty = torch.iinfo(torch.int64).max
+    known = {}
+    for i in dynamic:
+        held = state[f"{prefix}_managed_collision_modules.t{i}."
+                     "_mch_sorted_raw_ids"]
+        known[i] = held[held != empty]
+        assert len(known[i]) > rows[i] // 2, known[i]
+    gen = torch.Generator().manual_seed(99)
+    path, dense, lengths, ids = inputs("dynamic_ours", known, gen)
+    ours = predict_ours(ckpt, path, "dynamic_ours")
+    compare("dynamic ours -> TorchRec MC (safetensors)",
+            probs(m, mcc, dense, lengths, ids), ours)
+
+    # TorchRec -> ours: the collection admits 5 raw ids per table in
+    # training (few enough that every id finds a row of its bucket).
+    m, mcc = build(seed=5)
+    mcc.train()
+    admitted = {i: torch.tensor([7 + 1000003 * j for j in range(5)]) + i
+                for i in dynamic}
+    for _ in range(3):
+        lengths = [torch.ones(5, dtype=torch.int64) for _ in rows]
+        ids = [admitted[i] if i in dynamic else torch.zeros(5, dtype=torch.int64)
+               for i in range(len(rows))]
+        remapped(mcc, lengths, ids)
+    # t0 is UNADMITTED_ZERO: its kept row stays zero, where TorchRec's
+    # default row trains as a shared one; zeroed here to compare (t2, a
+    # shared row, takes TorchRec's as it is).
+    with torch.no_grad():
+        m.sparse_arch.embedding_bag_collection.embedding_bags["t0"] \
+            .weight[rows[0] - 1].zero_()
+    state = dict(m.state_dict())
+    state.update({prefix + k: v for k, v in mcc.state_dict().items()})
+    st = os.path.join(work, "dynamic_torchrec.safetensors")
+    torchrec_convert.write_safetensors(
+        torchrec_convert.to_float32_tensors(state), st)
+    imported = os.path.join(work, "dynamic_torchrec_ckpt")
+    out = run([tool, "import", "--config", cfg, "--in", st, "--out",
+               imported]).stdout
+    assert "10 ids of the managed-collision maps given a row, 0 without" \
+        in out, out
+    path, dense, lengths, ids = inputs("dynamic_torchrec", admitted, gen)
+    compare("dynamic TorchRec MC -> ours", probs(m, mcc, dense, lengths, ids),
+            predict_ours(imported, path, "dynamic_torchrec"))
+
+    # A plain DLRM state_dict has no map for a dynamic table: refused,
+    # naming the missing buffer.
+    plain = os.path.join(work, "dynamic_plain.safetensors")
+    torchrec_convert.write_safetensors(
+        torchrec_convert.to_float32_tensors(m.state_dict()), plain)
+    bad = run([tool, "import", "--config", cfg, "--in", plain, "--out",
+               os.path.join(work, "dynamic_plain_ckpt")], expect_ok=False)
+    assert f"missing tensor {prefix}_managed_collision_modules.t0." \
+        "_mch_sorted_raw_ids" in bad.stderr, bad.stderr
 
 
 if __name__ == "__main__":

@@ -814,6 +814,14 @@ void ExpectSameWeights(const std::string& got_path,
       model::WeightSpecs(model.config());
   ASSERT_EQ((*got)->Names().size(), specs.size());
   for (const model::TensorSpec& spec : specs) {
+    if (spec.dtype == model::Dtype::kI64) {  // a dynamic table's ids: exact
+      auto a = (*got)->GetInt64(spec.name, spec.shape);
+      auto b = (*want)->GetInt64(spec.name, spec.shape);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(*a, *b) << spec.name;
+      continue;
+    }
     auto a = (*got)->Get(spec.name, spec.shape);
     auto b = (*want)->Get(spec.name, spec.shape);
     ASSERT_TRUE(a.ok()) << a.status();
@@ -860,6 +868,55 @@ TEST_F(LaunchTest, ExportWeightsOnTwoRanksMatchesOneProcess) {
   // Same header: names, shapes, offsets and metadata.
   EXPECT_EQ(exported->bytes(), reference->bytes);
   ExpectSameWeights(file.string(), one, **model);
+}
+
+// Dynamic tables on 2 and 4 ranks, t0 table-wise and t2 column-wise (2
+// or 4 column blocks, each keeping the same map): the export gathers each
+// row's id from the shard that holds it, and its ids are one process's.
+TEST_F(LaunchTest, ExportWeightsOfDynamicTablesOnRanksMatchesOneProcess) {
+  ModelConfig c = config_;
+  c.mutable_tables(0)->set_dynamic(true);
+  c.mutable_tables(2)->set_dynamic(true);
+  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
+  ASSERT_TRUE(normal.ok()) << normal.status();
+  config_ = *normal;
+  WriteConfig(config_);
+  auto model = model::Model::Create(config_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string one = (dir_ / "one.safetensors").string();
+  bool trained = false;
+  for (const int world : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    const std::string address = StartRanks(world);
+    ASSERT_FALSE(address.empty());
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<double> losses = Train(**client);
+    const std::string exported =
+        (dir_ / absl::StrCat("weights-", world, ".safetensors")).string();
+    ASSERT_TRUE((*client)->ExportWeights(exported).ok());
+    client->reset();
+    StopRanks();
+    if (!trained) {
+      ExpectOneProcessLosses(**model, losses);
+      ASSERT_TRUE(model::ExportSafetensors(**model, one).ok());
+      trained = true;
+    }
+    ExpectSameWeights(exported, one, **model);
+    // Both tables hold ids (so the comparison above compared some).
+    auto f = model::SafetensorsFile::Open(exported);
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (int k : {0, 2}) {
+      const TableConfig& t = config_.tables(k);
+      auto ids = (*f)->GetInt64(model::TableIdsName(t), {t.rows()});
+      ASSERT_TRUE(ids.ok()) << ids.status();
+      EXPECT_EQ(ids->back(), model::kKeptRowId) << t.name();
+      EXPECT_GT(std::count_if(ids->begin(), ids->end(),
+                              [](int64_t id) { return id >= 0; }),
+                t.rows() / 2)
+          << t.name();
+    }
+  }
 }
 
 // One fixed batch, once.

@@ -1,5 +1,6 @@
 // The dlrm_server process itself: kill -9 at random moments of training and
-// of checkpoint writes, then resume from the newest valid checkpoint;
+// of checkpoint writes, then resume from the newest valid checkpoint (with
+// dynamic tables: to the same id maps);
 // damaged checkpoints skipped on resume; the checkpoint flags; --health-check
 // over TLS (real processes on loopback, driven through the C++ client
 // library); and ModelHost's periodic checkpoints in-process.
@@ -7,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +26,7 @@
 #include "google/protobuf/text_format.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
 #include "tests/support/expect.h"
@@ -475,6 +478,172 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   client->reset();
   kill(server.pid, SIGTERM);
   EXPECT_EQ(server.WaitExit(20), 0);
+}
+
+// Every tensor of the safetensors files `a` and `b` whose name ends with
+// `suffix` ("" for all): the same names, bytes and dtypes.
+void ExpectSameTensors(const fs::path& a, const fs::path& b,
+                       const std::string& suffix) {
+  auto fa = model::SafetensorsFile::Open(a.string());
+  auto fb = model::SafetensorsFile::Open(b.string());
+  ASSERT_TRUE(fa.ok()) << fa.status();
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  int compared = 0;
+  for (const std::string& name : (*fa)->Names()) {
+    if (!name.ends_with(suffix)) continue;
+    ASSERT_TRUE((*fb)->Has(name)) << name << " is not in " << b;
+    const model::Dtype dtype = *(*fa)->DtypeOf(name);
+    const std::vector<int64_t> shape = *(*fa)->Shape(name);
+    auto x = (*fa)->GetBytes(name, dtype, shape);
+    auto y = (*fb)->GetBytes(name, dtype, shape);
+    ASSERT_TRUE(x.ok() && y.ok()) << name;
+    EXPECT_TRUE(std::equal(x->begin(), x->end(), y->begin(), y->end()))
+        << name << " differs";
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << "no tensor of " << a << " ends with " << suffix;
+  if (suffix.empty()) {
+    EXPECT_EQ((*fa)->Names(), (*fb)->Names());
+  }
+}
+
+// The same for dynamic tables (docs/dynamic.md) whose raw ids come from a
+// drifting vocabulary 40x their capacity, so that they admit and evict all
+// along: killed during training, the resumed job ends with the weights,
+// the id maps (the checkpoint's <base>.dynamic_map, the export's ids,
+// occupied rows) and the admission sketch of an uninterrupted run.
+TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
+  const fs::path config = dir_ / "dynamic.textproto";
+  {
+    std::ofstream out(config);
+    out << R"(num_dense_features: 4 embedding_dim: 4
+      tables { name: "t0" rows: 50 dynamic: true eviction { ttl_steps: 6 } }
+      tables { name: "t1" rows: 20 multi_hot_size: 3 pooling: POOLING_MEAN }
+      tables { name: "t2" rows: 100 multi_hot_size: 2 dynamic: true
+               admission { kind: ADMIT_AFTER_SIGHTINGS min_sightings: 2 }
+               eviction { kind: EVICT_LFU } unadmitted: UNADMITTED_SHARED_ROW }
+      bottom_mlp: [8, 4] top_mlp: [8, 1] interaction: INTERACTION_DOT
+      dense_optimizer { type: SGD learning_rate: 0.1 }
+      sparse_optimizer { type: ADAGRAD learning_rate: 0.1 }
+      seed: 7
+    )";
+  }
+  auto args_for = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = Args(std::move(extra));
+    *std::find(args.begin(), args.end(), "tiny") = config.string();
+    return args;
+  };
+  JobRequest request;
+  SyntheticData& data = *request.mutable_train()->mutable_synthetic();
+  data.set_num_samples(700);
+  data.set_vocabulary(4000);
+  data.set_drift(0.5);
+  request.set_batch_size(32);
+  request.set_epochs(2);
+  constexpr int64_t kSteps = 44;
+  clients::WaitOptions wait;
+  wait.poll_interval_seconds = 0.02;
+
+  // Ends the job, then returns the model's info and writes its export and
+  // a checkpoint (relative paths: under root_).
+  auto finish = [&](clients::Client& client, const std::string& id) {
+    auto done = client.WaitJob(id, wait, nullptr);
+    EXPECT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
+    EXPECT_EQ(done->steps(), kSteps);
+    auto info = client.GetModelInfo(/*include_weight_checksum=*/true);
+    EXPECT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->steps(), kSteps);
+    auto exported = client.ExportWeights("weights.safetensors");
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    auto saved = client.SaveCheckpoint("end");
+    EXPECT_TRUE(saved.ok()) << saved.status();
+    return *info;
+  };
+
+  ModelInfo uninterrupted;
+  const fs::path first_root = dir_ / "uninterrupted";
+  {
+    root_ = first_root;
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args_for({}), dir_ / "uninterrupted.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "uninterrupted.log");
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto job = (*client)->StartJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    uninterrupted = finish(**client, job->id());
+    ASSERT_FALSE(HasFailure());
+  }
+  // Both dynamic tables evicted (the counters of one uninterrupted run).
+  ASSERT_EQ(uninterrupted.dynamic_tables_size(), 2);
+  for (const DynamicTableStats& t : uninterrupted.dynamic_tables()) {
+    EXPECT_GT(t.ids_evicted(), 0) << t.table();
+    EXPECT_GT(t.occupied_rows(), 0) << t.table();
+  }
+
+  root_ = dir_ / "ckpt";
+  const std::vector<std::string> args =
+      args_for({"--checkpoint-every-steps", "5", "--keep-checkpoints", "2"});
+  int64_t killed_at = 0;
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args, dir_ / "first.log",
+                             {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"}));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto job = (*client)->StartJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    absl::StatusOr<JobStatus> running;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+      running = (*client)->GetJob(job->id());
+      ASSERT_TRUE(running.ok()) << running.status();
+      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
+                  running->state() == JobStatus::RUNNING)
+          << running->error();
+    } while (running->steps() < 27 &&
+             std::chrono::steady_clock::now() < deadline);
+    killed_at = running->steps();
+    server.Kill9();
+  }
+  ASSERT_GE(killed_at, 27);
+  ASSERT_LT(killed_at, kSteps);
+  const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
+  ASSERT_GE(newest.step, 25);
+  ASSERT_LT(newest.step, kSteps);
+  {
+    Proc server;
+    ASSERT_TRUE(server.Spawn(args, dir_ / "second.log"));
+    const std::string address = server.WaitListening(30);
+    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "second.log");
+    const std::string text = ReadFile(dir_ / "second.log");
+    EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
+                                std::to_string(newest.step) + " of 44")
+        << text;
+    auto client = clients::Client::Connect(address);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const ModelInfo resumed = finish(**client, "job-1");
+    EXPECT_EQ(resumed.weight_checksum(), uninterrupted.weight_checksum());
+    ASSERT_EQ(resumed.dynamic_tables_size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(resumed.dynamic_tables(k).occupied_rows(),
+                uninterrupted.dynamic_tables(k).occupied_rows())
+          << resumed.dynamic_tables(k).table();
+    }
+  }
+  // The export (every weight and each dynamic table's ids) and the
+  // checkpoint's maps and sketch, bitwise.
+  ExpectSameTensors(first_root / "weights.safetensors",
+                    root_ / "weights.safetensors", "");
+  ExpectSameTensors(first_root / "end" / "rank-0.safetensors",
+                    root_ / "end" / "rank-0.safetensors", ".dynamic_map");
+  ExpectSameTensors(first_root / "end" / "rank-0.safetensors",
+                    root_ / "end" / "rank-0.safetensors", ".dynamic_sketch");
 }
 
 // Flip a byte in the newest checkpoint, truncate a file of the next: the

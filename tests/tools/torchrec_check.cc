@@ -6,9 +6,10 @@
 //     INPUTS.json: {"dense": [[float x num_dense] x B],
 //                   "sparse": [{"offsets": [B + 1], "ids": [...]} x tables]}
 //     OUT.json: {"probs": [B floats]} (model::Model::Predict)
-//   torchrec_check train CONFIG STEPS CHECKPOINT_DIR
+//   torchrec_check train CONFIG STEPS CHECKPOINT_DIR [VOCABULARY]
 //     A model of CONFIG (preset or file) trained STEPS steps of 64 synthetic
-//     samples, saved with SaveCheckpoint.
+//     samples (raw ids from VOCABULARY distinct ones per table, if given),
+//     saved with SaveCheckpoint.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -84,7 +85,7 @@ absl::Status Predict(const std::string& dir, const std::string& inputs,
 }
 
 absl::Status Train(const std::string& spec, const std::string& steps_text,
-                   const std::string& dir) {
+                   const std::string& dir, const std::string& vocabulary) {
   int steps = 0;
   if (!absl::SimpleAtoi(steps_text, &steps) || steps < 0) {
     return absl::InvalidArgumentError("STEPS must be a count");
@@ -93,6 +94,10 @@ absl::Status Train(const std::string& spec, const std::string& steps_text,
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m,
                    model::Model::Create(config));
   data::SyntheticOptions options;
+  if (!vocabulary.empty() &&
+      !absl::SimpleAtoi(vocabulary, &options.vocabulary)) {
+    return absl::InvalidArgumentError("VOCABULARY must be a count");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<data::BatchSource> source,
                    data::MakeSyntheticSource(config, options));
   data::Batch batch;
@@ -112,12 +117,12 @@ int main(int argc, char** argv) {
   absl::Status s;
   if (cmd == "predict" && argc == 5) {
     s = dlrm::Predict(argv[2], argv[3], argv[4]);
-  } else if (cmd == "train" && argc == 5) {
-    s = dlrm::Train(argv[2], argv[3], argv[4]);
+  } else if (cmd == "train" && (argc == 5 || argc == 6)) {
+    s = dlrm::Train(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
   } else {
     std::fprintf(stderr,
                  "usage: torchrec_check predict CHECKPOINT INPUTS.json "
-                 "OUT.json | train CONFIG STEPS CHECKPOINT\n");
+                 "OUT.json | train CONFIG STEPS CHECKPOINT [VOCABULARY]\n");
     return 2;
   }
   if (!s.ok()) {
