@@ -17,7 +17,8 @@
 #   e.g. bench/dynamic_auc.sh build full modulo
 # Environment: CAPACITY (2000), DRIFT (0.002), STEPS (1000), BATCH (2048),
 # EVAL (131072), THREADS (0 = all cores; 1 on a loaded host), SPARSE_LR
-# (0.1), OUT (/tmp/dynamic_auc).
+# (0.1), ROW_PRECISION (fp32, fp16 or bf16: every table's weight_precision,
+# dlrm_train --row-precision; default: fp32), OUT (/tmp/dynamic_auc).
 set -euo pipefail
 build=${1:-build}
 shift || true
@@ -31,6 +32,7 @@ BATCH=${BATCH:-2048}
 EVAL=${EVAL:-131072}
 THREADS=${THREADS:-0}
 SPARSE_LR=${SPARSE_LR:-0.1}
+ROW_PRECISION=${ROW_PRECISION:-fp32}
 OUT=${OUT:-/tmp/dynamic_auc}
 mkdir -p "$OUT"
 train=$build/model/dlrm_train
@@ -61,7 +63,7 @@ write_config() {  # NAME ROWS DYNAMIC
 }
 
 echo "vocabulary $VOCAB per table, capacity $CAPACITY rows, drift $DRIFT," \
-     "$STEPS steps of $BATCH, eval $EVAL samples"
+     "$STEPS steps of $BATCH, eval $EVAL samples, $ROW_PRECISION rows"
 status=0
 for name in "${configs[@]}"; do
   case $name in
@@ -74,7 +76,8 @@ for name in "${configs[@]}"; do
   start=$(date +%s)
   if "$train" --config "$config" --vocabulary "$VOCAB" --drift "$DRIFT" \
       --steps "$STEPS" --batch "$BATCH" --eval-samples "$EVAL" \
-      --log-interval 100 --threads "$THREADS" > "$log" 2>&1; then
+      --log-interval 100 --threads "$THREADS" \
+      --row-precision "$ROW_PRECISION" > "$log" 2>&1; then
     line=$(grep '^eval step' "$log" | tail -1)
     auc=$(sed -n 's/^eval step [0-9]*: samples [0-9]*  auc \([0-9.]*\).*/\1/p' \
         <<< "$line")

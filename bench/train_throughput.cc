@@ -172,6 +172,17 @@ absl::Status Run(const Flags& f) {
     device_tables += t.storage() == STORAGE_DEVICE;
     max_rows = std::max(max_rows, t.rows());
   }
+  // The tables' precision (weight_precision: "mixed" when they differ) and
+  // the bytes their stores hold in host memory (MemoryBytes).
+  std::string row_precision;
+  for (const auto& t : model->config().tables()) {
+    const std::string p = RowPrecisionName(t.weight_precision());
+    row_precision = row_precision.empty() || row_precision == p ? p : "mixed";
+  }
+  int64_t table_host_bytes = 0;
+  for (int j = 0; j < model->shards().size(); ++j) {
+    table_host_bytes += model->shards()[j].store->MemoryBytes().host;
+  }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
@@ -183,6 +194,7 @@ absl::Status Run(const Flags& f) {
       "\"iters\": %d, \"repeats\": %d, \"batches\": %d, "
       "\"device_tables\": %d, "
       "\"rocksdb_tables\": %d, \"cache_fraction\": %.3f, "
+      "\"row_precision\": \"%s\", \"table_host_mib\": %.1f, "
       "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
@@ -193,6 +205,7 @@ absl::Status Run(const Flags& f) {
       omp_get_max_threads(), f.iters, f.repeats, num_batches, device_tables,
       rocksdb_tables,
       rocksdb_tables > 0 ? model->config().rocksdb().cache_fraction() : 1.0,
+      row_precision.c_str(), static_cast<double>(table_host_bytes) / 1048576.0,
       hit_rate,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
       sorted.front(), sorted.back());

@@ -160,6 +160,35 @@ absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
   return absl::OkStatus();
 }
 
+// InvalidArgument naming tables[i].weight_precision when it is not a
+// RowPrecision, or is 16-bit on a tier that keeps only fp32 rows: 16-bit
+// rows live in host memory (STORAGE_HOST) on a DEVICE_CPU model; the
+// RocksDB tier, the host caches and the device tier store fp32 rows.
+absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
+  const TableConfig& t = c.tables(i);
+  const std::string field =
+      absl::StrCat("tables[", i, "].weight_precision (", t.name(), ")");
+  if (!RowPrecision_IsValid(t.weight_precision())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is invalid, got ", t.weight_precision(),
+                     " (ROW_FP32, ROW_FP16 or ROW_BF16)"));
+  }
+  if (t.weight_precision() == ROW_FP32) return absl::OkStatus();
+  const std::string precision = RowPrecision_Name(t.weight_precision());
+  if (t.storage() != STORAGE_HOST) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", precision, ", which the ", StorageTier_Name(t.storage()),
+        " tier does not keep (16-bit rows are STORAGE_HOST only)"));
+  }
+  if (c.device() != DEVICE_CPU) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", precision, ", which the device tier and the ",
+        ComputeDevice_Name(c.device()),
+        " step do not run (16-bit rows need device: DEVICE_CPU)"));
+  }
+  return absl::OkStatus();
+}
+
 // InvalidArgument naming the field when table `i` sets admission,
 // eviction or unadmitted without being dynamic, or is dynamic with fewer
 // than 2 rows, data-parallel sharding, or an out-of-range admission or
@@ -410,6 +439,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           ") has storage STORAGE_ROCKSDB but rocksdb.path is empty"));
     }
     RETURN_IF_ERROR(CheckStorageOnDevice(c, i));
+    RETURN_IF_ERROR(CheckWeightPrecision(c, i));
     RETURN_IF_ERROR(CheckDynamicTable(c, i));
   }
   if (c.rocksdb().host_budget_bytes() < 0) {
@@ -569,6 +599,37 @@ absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config) {
                      std::string(flag), "'"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ApplyRowPrecisionFlag(std::string_view flag, ModelConfig* config) {
+  if (flag.empty()) return absl::OkStatus();
+  RowPrecision precision;
+  if (flag == "fp32") {
+    precision = ROW_FP32;
+  } else if (flag == "fp16") {
+    precision = ROW_FP16;
+  } else if (flag == "bf16") {
+    precision = ROW_BF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--row-precision must be fp32, fp16 or bf16, got '",
+                     std::string(flag), "'"));
+  }
+  for (TableConfig& t : *config->mutable_tables()) {
+    t.set_weight_precision(precision);
+  }
+  return absl::OkStatus();
+}
+
+const char* RowPrecisionName(RowPrecision precision) {
+  switch (precision) {
+    case ROW_FP16:
+      return "fp16";
+    case ROW_BF16:
+      return "bf16";
+    default:
+      return "fp32";
+  }
 }
 
 const char* PrecisionName(DensePrecision precision) {

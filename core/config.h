@@ -86,6 +86,14 @@ absl::Status ApplyPrecisionFlag(std::string_view flag, ModelConfig* config);
 // "auto", "fp32" or "bf16".
 const char* PrecisionName(DensePrecision precision);
 
+// Sets every table's weight_precision from a binary's --row-precision flag:
+// "fp32", "fp16" or "bf16"; an empty flag keeps the config's.
+// InvalidArgument naming the flag otherwise (ValidateModelConfig then
+// checks the tables' tiers).
+absl::Status ApplyRowPrecisionFlag(std::string_view flag, ModelConfig* config);
+// "fp32", "fp16" or "bf16".
+const char* RowPrecisionName(RowPrecision precision);
+
 // Sets config->gpu_disable_tf32 from a binary's --tf32 flag: "on" (TF32
 // GEMMs on a GPU, the default) clears it, "off" sets it; an empty flag
 // keeps the config's. InvalidArgument naming the flag otherwise.

@@ -54,6 +54,9 @@ constexpr FieldRuleEntry kConfigFieldRules[] = {
     {"tables.admission", kMutable},
     {"tables.eviction", kMutable},
     {"tables.unadmitted", kMutable},
+    // A restore converts the saved rows: exactly into a wider precision,
+    // rounded to nearest into a narrower one (docs/storage.md).
+    {"tables.weight_precision", kMutable},
     {"bottom_mlp", kImmutable},
     {"top_mlp", kImmutable},
     {"interaction", kImmutable},

@@ -3,7 +3,8 @@
 // --rocksdb-dir, --host-budget-mb, --tables-on-rocksdb, --cache-rows,
 // --cache-fraction and --eviction (ModelConfig.rocksdb and the tables'
 // storage; the tier planner, embedding::ApplyMemoryBudgets, then moves
-// tables to fit the budget).
+// tables to fit the budget), and --row-precision (the tables'
+// weight_precision).
 // Header-only, so that core does not link CLI11.
 #pragma once
 
@@ -35,8 +36,11 @@ struct StorageFlags {
   double cache_fraction = 0;
   // "lru" or "lfu" (rocksdb.eviction); empty keeps the config's.
   std::string eviction;
+  // "fp32", "fp16" or "bf16" (every table's weight_precision); empty keeps
+  // the config's.
+  std::string row_precision;
 
-  // Adds the six options to `app`.
+  // Adds the seven options to `app`.
   void AddTo(CLI::App& app) {
     app.add_option("--rocksdb-dir", rocksdb_dir,
                    "Directory for the RocksDB tier (scratch; the model makes "
@@ -65,13 +69,19 @@ struct StorageFlags {
                    "Cache eviction: lru or lfu (default: the config's, lru "
                    "unless it sets one)")
         ->check(CLI::IsMember({"lru", "lfu"}));
+    app.add_option("--row-precision", row_precision,
+                   "Precision of every table's weights: fp32, fp16 or bf16 "
+                   "(16-bit rows: half the memory, stochastic rounding on "
+                   "update, host-memory tables on the CPU only; default: the "
+                   "config's weight_precision, fp32 unless it sets one)")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   }
 
   // Whether any of the flags was given.
   bool any() const {
     return !rocksdb_dir.empty() || host_budget_mb != 0 ||
            !tables_on_rocksdb.empty() || cache_rows != 0 ||
-           cache_fraction != 0 || !eviction.empty();
+           cache_fraction != 0 || !eviction.empty() || !row_precision.empty();
   }
 
   // Sets them in `config` (normalised): the given fields of config->rocksdb
@@ -98,6 +108,7 @@ struct StorageFlags {
           absl::StrCat("--eviction must be lru or lfu, got '", eviction, "'"));
     }
     if (!any()) return absl::OkStatus();
+    RETURN_IF_ERROR(ApplyRowPrecisionFlag(row_precision, config));
     if ((!tables_on_rocksdb.empty() || host_budget_mb > 0) &&
         rocksdb_dir.empty() && config->rocksdb().path().empty()) {
       return absl::InvalidArgumentError(

@@ -1,9 +1,12 @@
 // The pooled lookup's versions: bags pooled column tile by column tile with
-// the tile's sums in registers, rows prefetched a few ids ahead.
+// the tile's sums in registers, rows prefetched a few ids ahead; fp32 rows
+// and 16-bit ones (IEEE half, bfloat16) widened to floats as they load.
 #include "embedding/embedding_kernels.h"
 
 #include <algorithm>
 #include <cstring>
+
+#include "embedding/row_precision.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -20,11 +23,13 @@ namespace {
 // (Measured on DCNv2's shapes: 8 beat 4 and 16, into L1 beat into L2.)
 constexpr int64_t kPrefetchDistance = 8;
 
-// Prefetches the cache lines of row[0, cols).
-inline void PrefetchSpan(const float* row, int cols) {
-  for (int c = 0; c < cols; c += 16) __builtin_prefetch(row + c, 0, 3);
+// Prefetches the cache lines of row[0, cols) (elements of type T).
+template <typename T>
+inline void PrefetchSpan(const T* row, int cols) {
+  constexpr int kPerLine = 64 / sizeof(T);
+  for (int c = 0; c < cols; c += kPerLine) __builtin_prefetch(row + c, 0, 3);
   // A span not aligned to a cache line may spill into one more line.
-  if (cols % 16 != 0) __builtin_prefetch(row + cols - 1, 0, 3);
+  if (cols % kPerLine != 0) __builtin_prefetch(row + cols - 1, 0, 3);
 }
 
 // Eight floats in one AVX register (two SSE/NEON registers elsewhere); GCC
@@ -39,11 +44,56 @@ inline Vec8 LoadU(const float* p) {
 }
 inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// How the kernels read a weight array's elements as floats: Load1 one,
+// Load8 eight (exact conversions, so every element type pools the bits of
+// the reference on the converted rows).
+struct F32Words {
+  using T = float;
+  static float Load1(const float* p) { return *p; }
+  static Vec8 Load8(const float* p) { return LoadU(p); }
+};
+struct F16Words {
+  using T = uint16_t;
+  static float Load1(const uint16_t* p) { return HalfToFloat(*p); }
+  static Vec8 Load8(const uint16_t* p) {
+#if defined(__F16C__)
+    const __m256 v =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    Vec8 r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+#else
+    Vec8 r;
+    for (int i = 0; i < 8; ++i) r[i] = HalfToFloat(p[i]);
+    return r;
+#endif
+  }
+};
+struct Bf16Words {
+  using T = uint16_t;
+  static float Load1(const uint16_t* p) { return Bf16ToFloat(*p); }
+  static Vec8 Load8(const uint16_t* p) {
+#if defined(__AVX2__)
+    const __m256i v = _mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+        16);
+    Vec8 r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+#else
+    Vec8 r;
+    for (int i = 0; i < 8; ++i) r[i] = Bf16ToFloat(p[i]);
+    return r;
+#endif
+  }
+};
+
 // Columns [col0, col0 + 8 * kVecs + rem) of bags [bag_begin, bag_end), rem
 // < 8: kVecs vector sums and rem scalar ones, each from 0 in id order.
-template <int kVecs>
-void PoolTilePortable(const float* __restrict weights, int64_t dim, int col0,
-                      int rem, const int64_t* __restrict offsets,
+template <typename Words, int kVecs>
+void PoolTilePortable(const typename Words::T* __restrict weights, int64_t dim,
+                      int col0, int rem, const int64_t* __restrict offsets,
                       const int64_t* __restrict ids, int64_t bag_begin,
                       int64_t bag_end, int64_t total, bool mean,
                       float* __restrict out, int64_t out_stride) {
@@ -58,9 +108,10 @@ void PoolTilePortable(const float* __restrict weights, int64_t dim, int col0,
       if (p + kPrefetchDistance < total) {
         PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
       }
-      const float* row = weights + ids[p] * dim + col0;
-      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
-      for (int t = 0; t < rem; ++t) tail[t] += row[8 * kVecs + t];
+      const typename Words::T* row = weights + ids[p] * dim + col0;
+      for (int v = 0; v < kVecs; ++v) acc[v] += Words::Load8(row + 8 * v);
+      for (int t = 0; t < rem; ++t)
+        tail[t] += Words::Load1(row + 8 * kVecs + t);
     }
     float* o = out + s * out_stride + col0;
     if (mean && end > begin) {
@@ -79,8 +130,8 @@ void PoolTilePortable(const float* __restrict weights, int64_t dim, int col0,
 // which the tiles' run-time dim and column offset do not (measured on
 // kaggle's dim 16, one id per bag: half the lookup time of either tile
 // kernel). Sums from 0 in id order, as the tiles.
-template <int kVecs>
-void PoolFixedDim(const float* __restrict weights,
+template <typename Words, int kVecs>
+void PoolFixedDim(const typename Words::T* __restrict weights,
                   const int64_t* __restrict offsets,
                   const int64_t* __restrict ids, int64_t bag_begin,
                   int64_t bag_end, int64_t total, bool mean,
@@ -94,8 +145,8 @@ void PoolFixedDim(const float* __restrict weights,
       if (p + kPrefetchDistance < total) {
         PrefetchSpan(weights + ids[p + kPrefetchDistance] * kDim, kDim);
       }
-      const float* row = weights + ids[p] * kDim;
-      for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
+      const typename Words::T* row = weights + ids[p] * kDim;
+      for (int v = 0; v < kVecs; ++v) acc[v] += Words::Load8(row + 8 * v);
     }
     float* o = out + s * out_stride;
     if (mean && end > begin) {
@@ -108,15 +159,16 @@ void PoolFixedDim(const float* __restrict weights,
 }
 
 // PoolFixedDim for dims 8, 16, 24 and 32; false for any other dim.
-bool PoolNarrow(const float* weights, int dim, bool mean,
+template <typename Words>
+bool PoolNarrow(const typename Words::T* weights, int dim, bool mean,
                 const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                 int64_t bag_end, int64_t total, float* out,
                 int64_t out_stride) {
   switch (dim) {
-#define DLRM_POOL_FIXED(k)                                                  \
-  case 8 * k:                                                               \
-    PoolFixedDim<k>(weights, offsets, ids, bag_begin, bag_end, total, mean, \
-                    out, out_stride);                                       \
+#define DLRM_POOL_FIXED(k)                                                   \
+  case 8 * k:                                                                \
+    PoolFixedDim<Words, k>(weights, offsets, ids, bag_begin, bag_end, total, \
+                           mean, out, out_stride);                           \
     return true;
     DLRM_POOL_FIXED(1)
     DLRM_POOL_FIXED(2)
@@ -129,7 +181,8 @@ bool PoolNarrow(const float* weights, int dim, bool mean,
 }
 
 // Up to 64 columns per tile: eight 8-float accumulators.
-void PoolPortable(const float* weights, int dim, bool mean,
+template <typename Words>
+void PoolPortable(const typename Words::T* weights, int dim, bool mean,
                   const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                   int64_t bag_end, int64_t total, float* out,
                   int64_t out_stride) {
@@ -137,10 +190,11 @@ void PoolPortable(const float* weights, int dim, bool mean,
     const int cols = std::min(64, dim - col0);
     const int rem = cols % 8;
     switch (cols / 8) {
-#define DLRM_POOL_TILE(k)                                                 \
-  case k:                                                                 \
-    PoolTilePortable<k>(weights, dim, col0, rem, offsets, ids, bag_begin, \
-                        bag_end, total, mean, out, out_stride);           \
+#define DLRM_POOL_TILE(k)                                             \
+  case k:                                                             \
+    PoolTilePortable<Words, k>(weights, dim, col0, rem, offsets, ids, \
+                               bag_begin, bag_end, total, mean, out,  \
+                               out_stride);                           \
     break;
       DLRM_POOL_TILE(0)
       DLRM_POOL_TILE(1)
@@ -222,7 +276,111 @@ void PoolAvx512(const float* weights, int dim, bool mean,
   }
 }
 
+// PoolTileAvx512 over 16-bit words (IEEE half when !kBf16): 16 words a
+// load (masked by `last` in the row's last vector, AVX-512BW), widened to
+// floats exactly (vcvtph2ps; a 16-bit shift for bfloat16), then the same
+// additions in the same order.
+// 16 words widened to floats: IEEE half (vcvtph2ps) or bfloat16 (a shift).
+template <bool kBf16>
+__attribute__((target("avx512f,avx512bw,avx512vl"),
+               always_inline)) inline __m512
+Widen16(__m256i words) {
+  if constexpr (kBf16) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+  } else {
+    return _mm512_cvtph_ps(words);
+  }
+}
+
+template <bool kBf16, int kVecs>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void PoolTile16Avx512(
+    const uint16_t* __restrict weights, int64_t dim, int col0, int cols,
+    __mmask16 last, const int64_t* __restrict offsets,
+    const int64_t* __restrict ids, int64_t bag_begin, int64_t bag_end,
+    int64_t total, bool mean, float* __restrict out, int64_t out_stride) {
+  for (int64_t s = bag_begin; s < bag_end; ++s) {
+    const int64_t begin = offsets[s], end = offsets[s + 1];
+    __m512 acc[kVecs];
+    for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_setzero_ps();
+    for (int64_t p = begin; p < end; ++p) {
+      if (p + kPrefetchDistance < total) {
+        PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
+      }
+      const uint16_t* row = weights + ids[p] * dim + col0;
+      for (int v = 0; v + 1 < kVecs; ++v) {
+        acc[v] = _mm512_add_ps(
+            acc[v], Widen16<kBf16>(_mm256_loadu_si256(
+                        reinterpret_cast<const __m256i*>(row + 16 * v))));
+      }
+      acc[kVecs - 1] =
+          _mm512_add_ps(acc[kVecs - 1], Widen16<kBf16>(_mm256_maskz_loadu_epi16(
+                                            last, row + 16 * (kVecs - 1))));
+    }
+    float* o = out + s * out_stride + col0;
+    if (mean && end > begin) {
+      const __m512 scale =
+          _mm512_set1_ps(1.0f / static_cast<float>(end - begin));
+      for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_mul_ps(acc[v], scale);
+    }
+    for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
+    _mm512_mask_storeu_ps(o + 16 * (kVecs - 1), last, acc[kVecs - 1]);
+  }
+}
+
+// PoolAvx512 over 16-bit words.
+template <bool kBf16>
+void Pool16Avx512(const uint16_t* weights, int dim, bool mean,
+                  const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+                  int64_t bag_end, int64_t total, float* out,
+                  int64_t out_stride) {
+  for (int col0 = 0; col0 < dim; col0 += 128) {
+    const int cols = std::min(128, dim - col0);
+    const __mmask16 last =
+        cols % 16 == 0 ? __mmask16{0xffff}
+                       : static_cast<__mmask16>((1u << (cols % 16)) - 1);
+    switch ((cols + 15) / 16) {
+#define DLRM_POOL_TILE(k)                                                    \
+  case k:                                                                    \
+    PoolTile16Avx512<kBf16, k>(weights, dim, col0, cols, last, offsets, ids, \
+                               bag_begin, bag_end, total, mean, out,         \
+                               out_stride);                                  \
+    break;
+      DLRM_POOL_TILE(1)
+      DLRM_POOL_TILE(2)
+      DLRM_POOL_TILE(3)
+      DLRM_POOL_TILE(4)
+      DLRM_POOL_TILE(5)
+      DLRM_POOL_TILE(6)
+      DLRM_POOL_TILE(7)
+      DLRM_POOL_TILE(8)
+#undef DLRM_POOL_TILE
+    }
+  }
+}
+
 #endif  // DLRM_HAVE_AVX512_KERNELS
+
+// PoolBags16 for one word type: the narrow fixed-dim loop, else the
+// AVX-512 tiles where `avx512`, else the portable tiles.
+template <typename Words, bool kBf16>
+void Pool16(bool avx512, const uint16_t* weights, int dim, bool mean,
+            const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+            int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
+  if (PoolNarrow<Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                        total, out, out_stride)) {
+    return;
+  }
+#if DLRM_HAVE_AVX512_KERNELS
+  if (avx512) {
+    Pool16Avx512<kBf16>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                        total, out, out_stride);
+    return;
+  }
+#endif
+  PoolPortable<Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                      total, out, out_stride);
+}
 
 }  // namespace
 
@@ -252,8 +410,8 @@ void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
   // Narrow tables take the fixed-dim loop on every ISA (8-float vectors
   // beat the 16-lane masked tile there too).
-  if (PoolNarrow(weights, dim, mean, offsets, ids, bag_begin, bag_end, total,
-                 out, out_stride)) {
+  if (PoolNarrow<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                           total, out, out_stride)) {
     return;
   }
 #if DLRM_HAVE_AVX512_KERNELS
@@ -263,8 +421,38 @@ void PoolBags(Isa isa, const float* weights, int dim, bool mean,
     return;
   }
 #endif
-  PoolPortable(weights, dim, mean, offsets, ids, bag_begin, bag_end, total, out,
-               out_stride);
+  PoolPortable<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                         total, out, out_stride);
+}
+
+bool Supported16(Isa isa) {
+  if (isa != Isa::kAvx512) return Supported(isa);
+#if DLRM_HAVE_AVX512_KERNELS
+  return Supported(isa) && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+Isa BestIsa16() {
+  static const Isa best =
+      Supported16(Isa::kAvx512) ? Isa::kAvx512 : Isa::kPortable;
+  return best;
+}
+
+void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
+                int dim, bool mean, const int64_t* offsets, const int64_t* ids,
+                int64_t bag_begin, int64_t bag_end, int64_t total, float* out,
+                int64_t out_stride) {
+  const bool avx512 = isa == Isa::kAvx512;
+  if (precision == ROW_BF16) {
+    Pool16<Bf16Words, true>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                            bag_end, total, out, out_stride);
+  } else {
+    Pool16<F16Words, false>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                            bag_end, total, out, out_stride);
+  }
 }
 
 }  // namespace dlrm::embedding::kernels

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "dlrm/config.pb.h"
+
 namespace dlrm::embedding::kernels {
 
 // An instruction set a kernel version is written for.
@@ -32,5 +34,21 @@ bool Supported(Isa isa);
 void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride);
+
+// Whether this CPU runs `isa`'s version of PoolBags16 (kAvx512 also needs
+// AVX-512BW and VL: masked 16-bit loads).
+bool Supported16(Isa isa);
+
+// The best PoolBags16 version this CPU runs.
+Isa BestIsa16();
+
+// PoolBags over a rows x dim array of 16-bit words of `precision`
+// (ROW_FP16: IEEE half, ROW_BF16: bfloat16): each word widened to its float
+// (exact), then pooled as PoolBags pools floats, so the result is bitwise
+// PoolBags on the widened rows. `isa` must be Supported16.
+void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
+                int dim, bool mean, const int64_t* offsets, const int64_t* ids,
+                int64_t bag_begin, int64_t bag_end, int64_t total, float* out,
+                int64_t out_stride);
 
 }  // namespace dlrm::embedding::kernels

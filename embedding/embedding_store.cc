@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "embedding/row_precision.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -32,6 +33,10 @@ absl::Status TableSpec::Validate() const {
                      OptimizerConfig::Type_Name(optimizer.type()),
                      " has no embedding-row rule (optim::ValidateSparse)"));
   }
+  if (!RowPrecision_IsValid(precision)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index, ": precision is invalid, got ", precision));
+  }
   if (slice.row_begin < 0 || slice.col_begin < 0 ||
       (slice.table_rows > 0 && slice.row_begin + rows > slice.table_rows)) {
     return absl::InvalidArgumentError(
@@ -49,7 +54,7 @@ int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim) {
 HostStore::HostStore(const TableSpec& spec)
     : spec_(spec),
       table_(spec.table_index, spec.rows, spec.dim, spec.pooling,
-             spec.optimizer, spec.seed, spec.slice) {}
+             spec.optimizer, spec.seed, spec.slice, spec.precision) {}
 
 StoreCapabilities HostStore::capabilities() const {
   return TierCapabilities(StoreOptions{}, spec_.rows);
@@ -60,9 +65,10 @@ StoreBytes HostStore::MemoryBytes() const {
 }
 
 int64_t TableBytes(const EmbeddingTable& table) {
-  const int64_t floats = table.rows() * table.dim() + table.state1().size() +
-                         table.state2().size();
-  return floats * static_cast<int64_t>(sizeof(float));
+  const int64_t weights = table.rows() * table.dim();
+  const int64_t state = table.state1().size() + table.state2().size();
+  return weights * WeightBytes(table.precision()) +
+         state * static_cast<int64_t>(sizeof(float));
 }
 
 absl::Status SaveHostCopy(EmbeddingStore& store, RowsSink& sink) {

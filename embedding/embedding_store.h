@@ -40,10 +40,14 @@ struct TableSpec {
   uint64_t seed = 0;
   // Where a shard sits in its table. Default: the whole table.
   TableSlice slice;
+  // Precision of the weights (TableConfig.weight_precision): 16-bit rows
+  // only on the host tier (HostStore). Default: ROW_FP32.
+  RowPrecision precision = ROW_FP32;
 
   // InvalidArgument when rows or dim is not positive, the pooling is not sum
   // or mean, the optimizer type has no embedding-row rule (LAMB, LARS, an
-  // unknown type), or the slice lies outside a positive table_rows.
+  // unknown type), the slice lies outside a positive table_rows, or the
+  // precision is not a RowPrecision.
   absl::Status Validate() const;
 };
 
@@ -330,7 +334,8 @@ class EmbeddingStore {
   virtual absl::Status Save(RowsSink& sink) = 0;
 };
 
-// Bytes of `table`'s weights and optimizer state arrays.
+// Bytes of `table`'s weights (2 per weight in 16 bits) and optimizer state
+// arrays.
 int64_t TableBytes(const EmbeddingTable& table);
 
 // Save for stores whose rows are not a host EmbeddingTable of their own:
@@ -537,7 +542,8 @@ bool NeedsDatabase(const StoreOptions& options);
 // outlive the store) for kRocksDbCache, and for kDevice with a device cache
 // backed by kRocksDbCache, where it must not be null; the table's rows go
 // to its own column family there. InvalidArgument for bad
-// spec or options; FailedPrecondition naming CudaUnavailableReason() for
+// spec or options (a 16-bit spec.precision on any tier but kHost: the
+// others keep fp32 rows); FailedPrecondition naming CudaUnavailableReason() for
 // kDevice in a binary without CUDA or a process without a device; else the
 // tier's open errors.
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(

@@ -21,6 +21,7 @@
 #include "core/host_device.h"
 #include "core/random.h"
 #include "embedding/embedding_kernels.h"
+#include "embedding/row_precision.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -117,9 +118,37 @@ void PrefetchRead(const float* p, int64_t n) {
 }
 
 // Prefetches the cache lines of p[0, n) for writing.
-void PrefetchForWrite(const float* p, int64_t n) {
-  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 1, 3);
-  if (n % 16 != 0) __builtin_prefetch(p + n - 1, 1, 3);
+template <typename T>
+void PrefetchForWrite(const T* p, int64_t n) {
+  constexpr int64_t kPerLine = 64 / sizeof(T);
+  for (int64_t c = 0; c < n; c += kPerLine) __builtin_prefetch(p + c, 1, 3);
+  if (n % kPerLine != 0) __builtin_prefetch(p + n - 1, 1, 3);
+}
+
+// Rounds the updated fp32 row w[0, dim) back into the 16-bit `out` of
+// `precision`, stochastically with the bits of (row_key, col_begin + c).
+void NarrowRow(RowPrecision precision, const float* w, int dim,
+               uint64_t row_key, int col_begin, uint16_t* out) {
+  if (precision == ROW_FP16) {
+    for (int c = 0; c < dim; ++c) {
+      out[c] =
+          FloatToHalfStochastic(w[c], RoundingBits(row_key, col_begin + c));
+    }
+  } else {
+    for (int c = 0; c < dim; ++c) {
+      out[c] =
+          FloatToBf16Stochastic(w[c], RoundingBits(row_key, col_begin + c));
+    }
+  }
+}
+
+// Widens the 16-bit row in[0, dim) of `precision` into out[0, dim).
+void WidenRow(RowPrecision precision, const uint16_t* in, int dim, float* out) {
+  if (precision == ROW_FP16) {
+    for (int c = 0; c < dim; ++c) out[c] = HalfToFloat(in[c]);
+  } else {
+    for (int c = 0; c < dim; ++c) out[c] = Bf16ToFloat(in[c]);
+  }
 }
 
 // Per-table random stream, so a row's values do not depend on its column
@@ -158,7 +187,8 @@ inline float InitBound(int64_t rows) {
 // otherwise miss the TLB on nearly every lookup, and 4 KiB first-touch
 // faults dominate initialisation. (Only a hint; a no-op elsewhere.) Buffers
 // under one huge page could not use one anyway.
-void ResizeWithHugePages(AlignedVector<float>& v, size_t n, float value) {
+template <typename T>
+void ResizeWithHugePages(AlignedVector<T>& v, size_t n, T value) {
   v.reserve(n);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr size_t kMinBytes = size_t{2} << 20;
@@ -167,7 +197,7 @@ void ResizeWithHugePages(AlignedVector<float>& v, size_t n, float value) {
       (reinterpret_cast<uintptr_t>(v.data()) + kPage - 1) & ~(kPage - 1);
   const uintptr_t end =
       (reinterpret_cast<uintptr_t>(v.data() + n)) & ~(kPage - 1);
-  if (n * sizeof(float) >= kMinBytes && end > begin) {
+  if (n * sizeof(T) >= kMinBytes && end > begin) {
     madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
   }
 #endif
@@ -188,13 +218,19 @@ void InitialRow(uint64_t seed, int table, int64_t rows, int64_t row,
 
 EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
                                Pooling pooling,
-                               const OptimizerConfig& optimizer, NoInit)
+                               const OptimizerConfig& optimizer,
+                               RowPrecision precision, NoInit)
     : table_index_(table_index),
       rows_(rows),
       dim_(dim),
       pooling_(pooling),
-      optimizer_(optimizer) {
-  ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
+      optimizer_(optimizer),
+      precision_(precision) {
+  if (precision == ROW_FP32) {
+    ResizeWithHugePages(weights_, static_cast<size_t>(rows) * dim, 0.0f);
+  } else {
+    ResizeWithHugePages(words_, static_cast<size_t>(rows) * dim, uint16_t{0});
+  }
   const std::span<const optim::StateArray> arrays =
       optim::SparseState(optimizer);
   AlignedVector<float>* state[2] = {&state1_, &state2_};
@@ -208,17 +244,37 @@ EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
 EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
                                Pooling pooling,
                                const OptimizerConfig& optimizer, uint64_t seed,
-                               const TableSlice& slice)
-    : EmbeddingTable(table_index, rows, dim, pooling, optimizer, NoInit{}) {
-  float* w = weights_.data();
+                               const TableSlice& slice, RowPrecision precision)
+    : EmbeddingTable(table_index, rows, dim, pooling, optimizer, precision,
+                     NoInit{}) {
+  seed_ = seed;
+  row_begin_ = slice.row_begin;
+  col_begin_ = slice.col_begin;
   const float bound = InitBound(slice.table_rows > 0 ? slice.table_rows : rows);
   const int64_t row_begin = slice.row_begin;
   const int col_begin = slice.col_begin;
-  // Full Kaggle vocabularies are 34M rows: initialise them in parallel.
+  if (precision == ROW_FP32) {
+    float* w = weights_.data();
+    // Full Kaggle vocabularies are 34M rows: initialise them in parallel.
 #pragma omp parallel for schedule(static) if (UseParallel(rows * dim))
-  for (int64_t r = 0; r < rows; ++r) {
-    InitRow(RowKey(seed, table_index, row_begin + r), col_begin, dim, bound,
-            w + r * dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      InitRow(RowKey(seed, table_index, row_begin + r), col_begin, dim, bound,
+              w + r * dim);
+    }
+    return;
+  }
+  uint16_t* words = words_.data();
+#pragma omp parallel if (UseParallel(rows * dim))
+  {
+    std::vector<float> row(dim);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      InitRow(RowKey(seed, table_index, row_begin + r), col_begin, dim, bound,
+              row.data());
+      for (int c = 0; c < dim; ++c) {
+        words[r * dim + c] = FloatToWord(precision, row[c]);
+      }
+    }
   }
 }
 
@@ -227,11 +283,15 @@ std::unique_ptr<EmbeddingTable> EmbeddingTable::SlotArray(
     const OptimizerConfig& optimizer) {
   // The constructor is private: std::make_unique cannot reach it.
   return std::unique_ptr<EmbeddingTable>(new EmbeddingTable(
-      table_index, slots, dim, pooling, optimizer, NoInit{}));
+      table_index, slots, dim, pooling, optimizer, ROW_FP32, NoInit{}));
 }
 
 void EmbeddingTable::ReadRecord(int64_t row, float* record) const {
-  std::memcpy(record, weights_.data() + row * dim_, dim_ * sizeof(float));
+  if (precision_ == ROW_FP32) {
+    std::memcpy(record, weights_.data() + row * dim_, dim_ * sizeof(float));
+  } else {
+    WidenRow(precision_, words_.data() + row * dim_, dim_, record);
+  }
   float* out = record + dim_;
   const AlignedVector<float>* state[2] = {&state1_, &state2_};
   for (int k = 0; k < 2 && state_floats_[k] > 0; ++k) {
@@ -242,7 +302,12 @@ void EmbeddingTable::ReadRecord(int64_t row, float* record) const {
 }
 
 void EmbeddingTable::WriteRecord(int64_t row, const float* record) {
-  std::memcpy(weights_.data() + row * dim_, record, dim_ * sizeof(float));
+  if (precision_ == ROW_FP32) {
+    std::memcpy(weights_.data() + row * dim_, record, dim_ * sizeof(float));
+  } else {
+    uint16_t* w = words_.data() + row * dim_;
+    for (int c = 0; c < dim_; ++c) w[c] = FloatToWord(precision_, record[c]);
+  }
   const float* in = record + dim_;
   AlignedVector<float>* state[2] = {&state1_, &state2_};
   for (int k = 0; k < 2 && state_floats_[k] > 0; ++k) {
@@ -258,8 +323,13 @@ void CopyRecords(const EmbeddingTable& src, const int64_t* src_rows,
   const int64_t n1 = src.state_floats(0), n2 = src.state_floats(1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = src_rows[i], d = dst_rows[i];
-    std::memcpy(dst.weights() + d * dim, src.weights() + s * dim,
-                dim * sizeof(float));
+    if (src.precision() == ROW_FP32) {
+      std::memcpy(dst.weights() + d * dim, src.weights() + s * dim,
+                  dim * sizeof(float));
+    } else {
+      std::memcpy(dst.words() + d * dim, src.words() + s * dim,
+                  dim * sizeof(uint16_t));
+    }
     if (n1 > 0) {
       std::memcpy(dst.state1().data() + d * n1, src.state1().data() + s * n1,
                   n1 * sizeof(float));
@@ -273,24 +343,22 @@ void CopyRecords(const EmbeddingTable& src, const int64_t* src_rows,
 
 void EmbeddingTable::Forward(const data::SparseFeature& ids, float* out,
                              int64_t out_stride) const {
-  PoolRows(weights_.data(), dim_, pooling_, ids, out, out_stride);
+  if (precision_ == ROW_FP32) {
+    PoolRows(weights_.data(), dim_, pooling_, ids, out, out_stride);
+  } else {
+    PoolRows16(words_.data(), precision_, dim_, pooling_, ids, out, out_stride);
+  }
 }
 
-void PoolRows(const float* weights, int dim, Pooling pooling,
-              const data::SparseFeature& ids, float* out, int64_t out_stride) {
-  const int64_t bags = ids.num_bags();
-  if (bags == 0) return;
-  const int64_t* offsets = ids.offsets.data();
-  const int64_t* id = ids.ids.data();
-  const int64_t total = offsets[bags];
-  const float* w = weights;
-  const bool mean = pooling == POOLING_MEAN;
+namespace {
 
-  const kernels::Isa isa = kernels::BestIsa();
-  auto pool_bags = [&](int64_t bag_begin, int64_t bag_end) {
-    kernels::PoolBags(isa, w, dim, mean, offsets, id, bag_begin, bag_end, total,
-                      out, out_stride);
-  };
+// PoolRows' bags, in chunks on threads when the batch is big; pool_bags(b,
+// e) pools bags [b, e).
+template <typename PoolBagsFn>
+void PoolInChunks(const data::SparseFeature& ids, int dim,
+                  const PoolBagsFn& pool_bags) {
+  const int64_t bags = ids.num_bags();
+  const int64_t total = ids.offsets[bags];
 
   if (UseParallel((total + bags) * dim)) {
     // Chunks of bags, so each thread's prefetches run ahead within its own
@@ -304,6 +372,39 @@ void PoolRows(const float* weights, int dim, Pooling pooling,
   } else {
     pool_bags(0, bags);
   }
+}
+
+}  // namespace
+
+void PoolRows(const float* weights, int dim, Pooling pooling,
+              const data::SparseFeature& ids, float* out, int64_t out_stride) {
+  const int64_t bags = ids.num_bags();
+  if (bags == 0) return;
+  const int64_t* offsets = ids.offsets.data();
+  const int64_t* id = ids.ids.data();
+  const int64_t total = offsets[bags];
+  const bool mean = pooling == POOLING_MEAN;
+  const kernels::Isa isa = kernels::BestIsa();
+  PoolInChunks(ids, dim, [&](int64_t bag_begin, int64_t bag_end) {
+    kernels::PoolBags(isa, weights, dim, mean, offsets, id, bag_begin, bag_end,
+                      total, out, out_stride);
+  });
+}
+
+void PoolRows16(const uint16_t* words, RowPrecision precision, int dim,
+                Pooling pooling, const data::SparseFeature& ids, float* out,
+                int64_t out_stride) {
+  const int64_t bags = ids.num_bags();
+  if (bags == 0) return;
+  const int64_t* offsets = ids.offsets.data();
+  const int64_t* id = ids.ids.data();
+  const int64_t total = offsets[bags];
+  const bool mean = pooling == POOLING_MEAN;
+  const kernels::Isa isa = kernels::BestIsa16();
+  PoolInChunks(ids, dim, [&](int64_t bag_begin, int64_t bag_end) {
+    kernels::PoolBags16(isa, precision, words, dim, mean, offsets, id,
+                        bag_begin, bag_end, total, out, out_stride);
+  });
 }
 
 int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
@@ -406,6 +507,8 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int dim = dim_;
   const bool mean = pooling_ == POOLING_MEAN;
   float* weights = weights_.data();
+  uint16_t* words = words_.data();
+  const bool narrow = precision_ != ROW_FP32;
   float* state1 = state1_.data();
   float* state2 = state2_.data();
   const int64_t floats1 = state_floats_[0], floats2 = state_floats_[1];
@@ -414,12 +517,13 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int64_t* starts = unique_start_.data();
   const int64_t* unique = unique_ids_.data();
 
-  // kRowGroup accumulators per thread, padded to whole cache lines so
-  // threads do not share a line.
+  // kRowGroup accumulators per thread (and a 16-bit table's widened row),
+  // padded to whole cache lines so threads do not share a line.
   const int64_t padded_dim = (dim + 15) / 16 * 16;
+  const int64_t per_thread = (kRowGroup + 1) * padded_dim;
   const bool parallel = UseParallel((total + 2 * num_unique) * dim);
   const int threads = parallel ? omp_get_max_threads() : 1;
-  row_grad_.resize(static_cast<size_t>(threads) * kRowGroup * padded_dim);
+  row_grad_.resize(static_cast<size_t>(threads) * per_thread);
 
   // Unique row k's gradient, summed in bag order. A row seen once under sum
   // pooling (most rows of one-hot features) uses its bag's gradient row in
@@ -459,7 +563,11 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   // loading them (and their first gradient row) before they are needed.
   auto prefetch = [&](int64_t k) {
     const int64_t row = unique[k];
-    PrefetchForWrite(weights + row * dim, dim);
+    if (narrow) {
+      PrefetchForWrite(words + row * dim, dim);
+    } else {
+      PrefetchForWrite(weights + row * dim, dim);
+    }
     if (floats1 > 0) PrefetchForWrite(state1 + row * floats1, floats1);
     if (floats2 > 0) PrefetchForWrite(state2 + row * floats2, floats2);
     PrefetchRead(grad + order[starts[k]] * grad_stride, dim);
@@ -489,9 +597,25 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
         }
         for (int j = 0; j < n; ++j) {
           const int64_t row = unique[k0 + j];
-          optim::UpdateSparseRowWithSum<Rule>(
-              step, sums[j], g[j], dim, weights + row * dim,
-              state1 + row * floats1, state2 + row * floats2);
+          if (!narrow) {
+            optim::UpdateSparseRowWithSum<Rule>(
+                step, sums[j], g[j], dim, weights + row * dim,
+                state1 + row * floats1, state2 + row * floats2);
+            continue;
+          }
+          // The rule's fp32 math on the widened row, then each element
+          // rounded back stochastically by the whole table's row, column
+          // and this step.
+          float* w = buffers + kRowGroup * padded_dim;
+          uint16_t* out = words + row * dim;
+          WidenRow(precision_, out, dim, w);
+          optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim, w,
+                                              state1 + row * floats1,
+                                              state2 + row * floats2);
+          NarrowRow(
+              precision_, w, dim,
+              RoundingRowKey(seed_, table_index_, row_begin_ + row, step_),
+              col_begin_, out);
         }
       }
     };
@@ -502,7 +626,7 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
       {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         update_rows(num_unique * t / nt, num_unique * (t + 1) / nt,
-                    row_grad_.data() + t * kRowGroup * padded_dim);
+                    row_grad_.data() + t * per_thread);
       }
     } else {
       update_rows(0, num_unique, row_grad_.data());
@@ -570,6 +694,30 @@ void DenseGradientUpdate(float* weights, float* state1, float* state2,
                                    state2 + r * floats[1]);
     }
   });
+}
+
+void DenseGradientUpdate16(uint16_t* words, RowPrecision precision,
+                           float* state1, float* state2, int64_t rows, int dim,
+                           Pooling pooling, const OptimizerConfig& optimizer,
+                           int64_t step, const data::SparseFeature& ids,
+                           const float* grad, int64_t grad_stride,
+                           uint64_t seed, int table, int64_t row_begin,
+                           int col_begin) {
+  const size_t n = static_cast<size_t>(rows) * dim;
+  std::vector<float> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = WordToFloat(precision, words[i]);
+  std::vector<bool> touched(rows, false);
+  for (int64_t id : ids.ids) touched[id] = true;
+  DenseGradientUpdate(w.data(), state1, state2, rows, dim, pooling, optimizer,
+                      step, ids, grad, grad_stride);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!touched[r]) continue;
+    const uint64_t key = RoundingRowKey(seed, table, row_begin + r, step);
+    for (int c = 0; c < dim; ++c) {
+      words[r * dim + c] = FloatToWordStochastic(
+          precision, w[r * dim + c], RoundingBits(key, col_begin + c));
+    }
+  }
 }
 
 }  // namespace reference

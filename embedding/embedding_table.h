@@ -37,24 +37,30 @@ struct TableSlice {
 };
 
 // One table (or one shard of a table) with its optimizer state, in host
-// memory. Forward is const and
-// may run concurrently with other Forwards; BackwardUpdate needs exclusive
-// access.
+// memory. Its weights are fp32, or 16-bit words (IEEE half or bfloat16,
+// RowPrecision) that Forward widens to fp32 and BackwardUpdate updates in
+// fp32 and rounds back stochastically (row_precision.h); optimizer state is
+// fp32 either way. Forward is const and may run concurrently with other
+// Forwards; BackwardUpdate needs exclusive access.
 class EmbeddingTable {
  public:
   // `optimizer` must be normalised and valid for tables
   // (optim::ValidateSparse: not LAMB or LARS); ADAGRAD means row-wise
   // Adagrad here. Holds `rows` x `dim` elements: the whole
   // table, or the block of it that `slice` places, initialised with the whole
-  // table's InitialValue so a shard starts (and trains) exactly like the
-  // same rows and columns of an unsharded table.
+  // table's InitialValue (rounded to nearest in a 16-bit `precision`) so a
+  // shard starts (and trains) exactly like the same rows and columns of an
+  // unsharded table: a 16-bit table's updates round with the whole table's
+  // row and column (RoundingRowKey under `seed`).
   EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
                  const OptimizerConfig& optimizer, uint64_t seed,
-                 const TableSlice& slice = {});
+                 const TableSlice& slice = {},
+                 RowPrecision precision = ROW_FP32);
 
   // A table of `slots` rows for a storage tier to fill (embedding_store.h):
   // weights zero, optimizer state at its initial value, no InitialValue
-  // pass. Its kernels then take slot indices instead of row ids.
+  // pass. Its kernels then take slot indices instead of row ids. fp32 rows
+  // only (the tiers with slots keep fp32 rows).
   static std::unique_ptr<EmbeddingTable> SlotArray(
       int table_index, int64_t slots, int dim, Pooling pooling,
       const OptimizerConfig& optimizer);
@@ -82,11 +88,22 @@ class EmbeddingTable {
   void set_optimizer(const OptimizerConfig& optimizer) {
     optimizer_ = optimizer;
   }
-  // rows x dim, row-major. This array and the state arrays are sized once,
+  // Precision of the weights: ROW_FP32 (weights()) or 16-bit (words()).
+  RowPrecision precision() const { return precision_; }
+  // rows x dim fp32 weights, row-major; null for a 16-bit table (its
+  // weights are words()). This array and the state arrays are sized once,
   // at construction, and never reallocated (a device cache pins and maps
   // them: cuda::DeviceSlots::MapHostTable); callers must not resize them.
-  float* weights() { return weights_.data(); }
-  const float* weights() const { return weights_.data(); }
+  float* weights() { return weights_.empty() ? nullptr : weights_.data(); }
+  const float* weights() const {
+    return weights_.empty() ? nullptr : weights_.data();
+  }
+  // rows x dim 16-bit words of precision(), row-major; null for an fp32
+  // table.
+  uint16_t* words() { return words_.empty() ? nullptr : words_.data(); }
+  const uint16_t* words() const {
+    return words_.empty() ? nullptr : words_.data();
+  }
   // Optimizer state, laid out as optim::SparseState(optimizer()) says:
   // state1 and state2 hold its arrays in order, rows x FloatsPerRow each
   // (row-wise Adagrad: one float per row in state1; Adam: rows x dim
@@ -98,12 +115,14 @@ class EmbeddingTable {
   // Floats per row of state1 (k = 0) or state2 (k = 1); 0 where the
   // optimizer lacks that array.
   int state_floats(int k) const { return state_floats_[k]; }
-  // Copies row `row`'s record into `record`: its dim weights, then its
-  // state arrays in order (dim + optim::SparseStateFloatsPerRow floats in
-  // all). The layout the storage tiers keep rows in. `row` must be in
-  // [0, rows).
+  // Copies row `row`'s record into `record`: its dim weights (as floats: a
+  // 16-bit table's exact values), then its state arrays in order (dim +
+  // optim::SparseStateFloatsPerRow floats in all). The layout the storage
+  // tiers keep rows in. `row` must be in [0, rows).
   void ReadRecord(int64_t row, float* record) const;
-  // Sets row `row` from a record laid out as ReadRecord writes it.
+  // Sets row `row` from a record laid out as ReadRecord writes it (a
+  // 16-bit table rounds the weights to nearest: exact for values
+  // ReadRecord of a table of its precision wrote).
   void WriteRecord(int64_t row, const float* record);
   // Updates applied so far (Adam's bias correction uses it).
   int64_t step() const { return step_; }
@@ -113,21 +132,31 @@ class EmbeddingTable {
   struct NoInit {};
   // Allocates the arrays; initialises optimizer state but not weights.
   EmbeddingTable(int table_index, int64_t rows, int dim, Pooling pooling,
-                 const OptimizerConfig& optimizer, NoInit);
+                 const OptimizerConfig& optimizer, RowPrecision precision,
+                 NoInit);
 
   int table_index_;
   int64_t rows_;
   int dim_;
   Pooling pooling_;
   OptimizerConfig optimizer_;
+  RowPrecision precision_ = ROW_FP32;
+  // The stochastic rounding's seed and where the table sits in the whole
+  // table (16-bit tables round with the whole table's rows and columns).
+  uint64_t seed_ = 0;
+  int64_t row_begin_ = 0;
+  int col_begin_ = 0;
   AlignedVector<float> weights_, state1_, state2_;
+  // The weights of a 16-bit table (weights_ is empty then).
+  AlignedVector<uint16_t> words_;
   // Floats per row of state1_ and state2_ (0 where the array is unused).
   int state_floats_[2] = {0, 0};
   int64_t step_ = 0;
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
   // order within a row (the fixed accumulation order that makes updates
-  // deterministic); row_grad_: a group of dim-wide accumulators per thread.
+  // deterministic); row_grad_: per thread, a group of dim-wide accumulators
+  // and (16-bit tables) one row of widened weights.
   std::vector<int64_t> order_;
   AlignedVector<float> row_grad_;
   // Open-addressing id -> unique index map used to deduplicate the batch;
@@ -160,9 +189,16 @@ class EmbeddingTable {
 void PoolRows(const float* weights, int dim, Pooling pooling,
               const data::SparseFeature& ids, float* out, int64_t out_stride);
 
+// PoolRows over a rows x dim array of 16-bit words of `precision` (ROW_FP16
+// or ROW_BF16): bitwise reference::PoolForward on the words widened to
+// floats.
+void PoolRows16(const uint16_t* words, RowPrecision precision, int dim,
+                Pooling pooling, const data::SparseFeature& ids, float* out,
+                int64_t out_stride);
+
 // Copies whole rows (weights and optimizer state) of `src` into rows of
-// `dst`, a table of the same dim and optimizer: row src_rows[i] of `src`
-// into row dst_rows[i] of `dst` for i in [0, n), dst_rows distinct; every
+// `dst`, a table of the same dim, optimizer and precision: row src_rows[i] of
+// `src` into row dst_rows[i] of `dst` for i in [0, n), dst_rows distinct; every
 // row must be in range. HostSlots' direct path (cached_store.h), and the
 // CPU reference of the device's record kernels
 // (cuda/embedding_kernels.h LoadRecords / StoreRecords).
@@ -187,6 +223,19 @@ void DenseGradientUpdate(float* weights, float* state1, float* state2,
                          const OptimizerConfig& optimizer, int64_t step,
                          const data::SparseFeature& ids, const float* grad,
                          int64_t grad_stride);
+
+// A 16-bit table's update (EmbeddingTable::BackwardUpdate) done plainly:
+// `words` (rows x dim of `precision`) widened to floats, DenseGradientUpdate
+// on them, then each touched row's element (r, c) rounded back with
+// FloatToWordStochastic and RoundingBits(RoundingRowKey(seed, table,
+// row_begin + r, step), col_begin + c); untouched rows keep their words.
+void DenseGradientUpdate16(uint16_t* words, RowPrecision precision,
+                           float* state1, float* state2, int64_t rows, int dim,
+                           Pooling pooling, const OptimizerConfig& optimizer,
+                           int64_t step, const data::SparseFeature& ids,
+                           const float* grad, int64_t grad_stride,
+                           uint64_t seed, int table, int64_t row_begin,
+                           int col_begin);
 
 }  // namespace reference
 

@@ -8,11 +8,12 @@
 
 namespace dlrm::embedding {
 
-int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer) {
-  const int64_t floats_per_row =
-      shard.col_count +
-      optim::SparseStateFloatsPerRow(optimizer, shard.col_count);
-  return shard.row_count * floats_per_row * 4;
+int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer,
+                   RowPrecision precision) {
+  const int64_t bytes_per_row =
+      shard.col_count * (precision == ROW_FP32 ? 4 : 2) +
+      optim::SparseStateFloatsPerRow(optimizer, shard.col_count) * 4;
+  return shard.row_count * bytes_per_row;
 }
 
 int64_t DeviceShardBytes(const TableConfig& table, const Shard& shard,

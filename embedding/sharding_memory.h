@@ -12,9 +12,11 @@
 
 namespace dlrm::embedding {
 
-// Bytes of weights and optimizer state (optim::SparseStateFloatsPerRow of
-// the normalised `optimizer` at the shard's width) of `shard`.
-int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer);
+// Bytes of weights (4 each, 2 in a 16-bit `precision`) and optimizer state
+// (optim::SparseStateFloatsPerRow of the normalised `optimizer` at the
+// shard's width, fp32) of `shard`.
+int64_t ShardBytes(const Shard& shard, const OptimizerConfig& optimizer,
+                   RowPrecision precision = ROW_FP32);
 
 // Device memory bytes of `shard` of `table`: 0 unless the table is
 // STORAGE_DEVICE; its weights and state (ShardBytes), or with

@@ -115,7 +115,8 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
       if (s.rank >= 0 && s.rank < world_size) {
         Shard host = s;
         if (on_rocksdb) {
-          stored[s.rank] += ShardBytes(s, config.sparse_optimizer());
+          stored[s.rank] +=
+              ShardBytes(s, config.sparse_optimizer(), t.weight_precision());
           host.row_count = CachedRows(config.rocksdb(), s.row_count);
         }
         if (on_device) {
@@ -124,7 +125,8 @@ std::string ShardingPlan::ToString(const ModelConfig& config) const {
           if (t.device_cache_rows() == 0) host.row_count = 0;
           device[s.rank] += DeviceShardBytes(t, s, config.sparse_optimizer());
         }
-        bytes[s.rank] += ShardBytes(host, config.sparse_optimizer());
+        bytes[s.rank] +=
+            ShardBytes(host, config.sparse_optimizer(), t.weight_precision());
         cost[s.rank] += static_cast<double>(t.multi_hot_size()) * s.col_count;
       }
     }

@@ -110,11 +110,13 @@ TablePlacement MakePlacement(ShardingKind kind, const TableConfig& t,
   return p;
 }
 
-// The bytes shard `s` of table `t` puts on its rank: weights and optimizer
-// state, and a dynamic table's id map over the shard's rows.
+// The bytes shard `s` of table `t` puts on its rank: weights (in its
+// weight_precision) and optimizer state, and a dynamic table's id map over
+// the shard's rows.
 int64_t PlacedBytes(const TableConfig& t, const Shard& s,
                     const OptimizerConfig& optimizer) {
-  return ShardBytes(s, optimizer) + DynamicMapBytes(t, s.row_count);
+  return ShardBytes(s, optimizer, t.weight_precision()) +
+         DynamicMapBytes(t, s.row_count);
 }
 
 // Rows each row-wise shard of `t` needs: a dynamic table's shard keeps its
@@ -289,7 +291,8 @@ absl::StatusOr<ShardingPlan> PlanSharding(const ModelConfig& config,
     // would see only its rank's, so it is never replicated (row-wise, each
     // shard sees the ids routed to it by hash: docs/dynamic.md).
     if (world > 1 && !t.dynamic() &&
-        ShardBytes(whole, opt) <= options.data_parallel_max_bytes &&
+        ShardBytes(whole, opt, t.weight_precision()) <=
+            options.data_parallel_max_bytes &&
         try_place(k, SHARDING_DATA_PARALLEL, all_ranks(), keep_device)) {
       return true;
     }

@@ -103,10 +103,11 @@ StoreBytes PlannedShardBytes(const TableConfig& table,
                              const RocksDbConfig& rocksdb, const Shard& shard,
                              const OptimizerConfig& optimizer) {
   const StoreOptions o = StoreOptionsFor(table, rocksdb, shard.row_count);
+  const RowPrecision precision = table.weight_precision();
   const auto rows_bytes = [&](int64_t rows) {
     Shard part = shard;
     part.row_count = rows;
-    return ShardBytes(part, optimizer);
+    return ShardBytes(part, optimizer, precision);
   };
   StoreBytes b;
   // A dynamic table's id map, in host memory whatever the tier.
@@ -121,9 +122,9 @@ StoreBytes PlannedShardBytes(const TableConfig& table,
   }
   if (rows_tier == StoreKind::kRocksDbCache) {
     b.host += rows_bytes(o.rocksdb.cache_rows);
-    b.disk = ShardBytes(shard, optimizer);
+    b.disk = ShardBytes(shard, optimizer, precision);
   } else {
-    b.host += ShardBytes(shard, optimizer);
+    b.host += ShardBytes(shard, optimizer, precision);
   }
   return b;
 }
@@ -139,6 +140,12 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(options.Validate());
+  if (spec.precision != ROW_FP32 && options.kind != StoreKind::kHost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": ", RowPrecision_Name(spec.precision),
+        " rows are kept by the host tier only (the RocksDB and device tiers "
+        "keep fp32 rows)"));
+  }
   if (options.dynamic) {
     // The tier's store of the table's rows, then the map in front.
     StoreOptions inner_options = options;

@@ -272,15 +272,17 @@ absl::StatusOr<CheckpointInfo> Restore(Model& model, const fs::path& dir,
 }
 
 // One tensor of a table (or shard) in a checkpoint; `data` borrows the
-// table's buffer.
+// table's buffer, of `dtype`.
 struct TableTensor {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data;
+  const void* data;
+  Dtype dtype = Dtype::kF32;
 };
 
 // The tensors a checkpoint holds for table (or shard) `t` under `base`:
-// "<base>.weight" [rows, dim] when `with_weight`, then each state array of
+// "<base>.weight" [rows, dim] when `with_weight` (F32, or the 16-bit words
+// of a ROW_FP16 / ROW_BF16 table as F16 / BF16), then each state array of
 // its optimizer (optim::SparseState: state1, state2 in order), named and
 // shaped as the restore reads them (StateTensorName, StateTensorShape):
 // "<base>.momentum1" ([rows] for row-wise Adagrad, [rows, dim] for Adam)
@@ -290,7 +292,19 @@ std::vector<TableTensor> TableTensors(const std::string& base,
                                       bool with_weight) {
   std::vector<TableTensor> out;
   if (with_weight) {
-    out.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
+    switch (t.precision()) {
+      case ROW_FP16:
+        out.push_back(
+            {base + ".weight", {t.rows(), t.dim()}, t.words(), Dtype::kF16});
+        break;
+      case ROW_BF16:
+        out.push_back(
+            {base + ".weight", {t.rows(), t.dim()}, t.words(), Dtype::kBF16});
+        break;
+      default:
+        out.push_back({base + ".weight", {t.rows(), t.dim()}, t.weights()});
+        break;
+    }
   }
   const std::span<const optim::StateArray> arrays =
       optim::SparseState(t.optimizer());
@@ -319,7 +333,7 @@ class PartSink final : public embedding::RowsSink {
                        std::unique_ptr<embedding::HostStore> copy) override {
     for (const TableTensor& t :
          TableTensors(base_, rows, /*with_weight=*/true)) {
-      tensors_->push_back({t.name, t.shape, t.data});
+      tensors_->push_back({t.name, t.shape, t.data, t.dtype});
     }
     (*meta_)["table_step." + base_] = std::to_string(rows.step());
     if (copy != nullptr) copies_.push_back(std::move(copy));
@@ -380,6 +394,11 @@ absl::Status WritePart(Model& model, const fs::path& tmp,
     sink.SetShard(s.table, s.shard);
     RETURN_IF_ERROR(s.store->Save(sink));
   }
+  // The 4- and 8-byte tensors first, 16-bit rows after them, so every
+  // tensor stays aligned to its element (SafetensorsWriter).
+  std::stable_partition(
+      tensors.begin(), tensors.end(),
+      [](const TensorToWrite& t) { return DtypeBytes(t.dtype) >= 4; });
   RETURN_IF_ERROR(WriteSafetensors((tmp / RankFileName(rank)).string(), tensors,
                                    meta, file_system));
   TestOnlyDelay();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "embedding/rocksdb_store.h"
+#include "embedding/row_precision.h"
 #include "model/safetensors.h"
 #include "optim/optimizer.h"
 #include "spdlog/spdlog.h"
@@ -322,9 +323,11 @@ absl::StatusOr<SavedLayout> LayoutFromJson(const std::string& text,
 struct TableRestore::Source {
   SavedShard saved;
   int table;
-  // Host: weights [rows, cols], then each state array (empty spans when
-  // the restore reads weights only).
-  std::span<const float> weight;
+  // Host: weights [rows, cols] as the file holds them (little-endian words
+  // of weight_dtype, F32, F16 or BF16; maybe unaligned), then each state
+  // array (empty spans when the restore reads weights only).
+  std::span<const char> weight;
+  Dtype weight_dtype = Dtype::kF32;
   std::vector<std::span<const float>> state;
   // RocksDB: the block's store.
   std::unique_ptr<embedding::EmbeddingStore> store;
@@ -342,7 +345,19 @@ struct TableRestore::Source {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = begin + i;
       float* rec = out + i * floats;
-      std::memcpy(rec, weight.data() + row * cols, sizeof(float) * cols);
+      // Widened to floats (exact); the target's WriteRows narrows them to
+      // its precision.
+      const char* w = weight.data() + row * cols * DtypeBytes(weight_dtype);
+      if (weight_dtype == Dtype::kF32) {
+        std::memcpy(rec, w, sizeof(float) * cols);
+      } else {
+        for (int c = 0; c < cols; ++c) {
+          uint16_t word;
+          std::memcpy(&word, w + 2 * c, sizeof(word));
+          rec[c] = weight_dtype == Dtype::kF16 ? embedding::HalfToFloat(word)
+                                               : embedding::Bf16ToFloat(word);
+        }
+      }
       int at = cols;
       for (size_t a = 0; a < arrays.size(); ++a) {
         const int f = optim::FloatsPerRow(arrays[a], cols);
@@ -490,10 +505,22 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
       s->step = s->store->step();
     } else {
       ASSIGN_OR_RETURN(SafetensorsFile * w, open_file(b.weights_file));
-      absl::StatusOr<std::span<const float>> weight =
-          w->Get(b.base + ".weight", {b.rows(), b.cols()});
+      // Rows of any precision (a table's weight_precision may change on
+      // resume: the restore converts).
+      const std::string name = b.base + ".weight";
+      absl::StatusOr<Dtype> dtype = w->DtypeOf(name);
+      if (!dtype.ok()) return mismatch(dtype.status());
+      if (*dtype != Dtype::kF32 && *dtype != Dtype::kF16 &&
+          *dtype != Dtype::kBF16) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint tensor ", name, " is ", DtypeName(*dtype),
+                         ", not F32, F16 or BF16"));
+      }
+      absl::StatusOr<std::span<const char>> weight =
+          w->GetBytes(name, *dtype, {b.rows(), b.cols()});
       if (!weight.ok()) return mismatch(weight.status());
       s->weight = *weight;
+      s->weight_dtype = *dtype;
       if (!weights_only) {
         ASSIGN_OR_RETURN(SafetensorsFile * f, open_file(b.state_file));
         for (const optim::StateArray& a : arrays) {

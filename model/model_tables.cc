@@ -59,7 +59,8 @@ absl::Status Model::GatherTable(int k, std::vector<float>* table) {
   for (LocalShard& ls : local_) {
     if (ls.table != k) continue;
     const embedding::Shard& s = plan_.tables[k].shards[ls.shard];
-    if (ls.host != nullptr) {
+    // fp32 rows in place; 16-bit ones widened through the store below.
+    if (ls.host != nullptr && ls.host->precision() == ROW_FP32) {
       const float* w = ls.host->weights();
       for (int64_t r = 0; r < s.row_count; ++r) {
         std::memcpy(table->data() + (s.row_begin + r) * dim + s.col_begin,

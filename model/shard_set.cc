@@ -46,6 +46,7 @@ embedding::TableSpec ShardSpec(const ModelConfig& config,
   spec.optimizer = config.sparse_optimizer();
   spec.seed = config.seed();
   spec.slice = embedding::TableSlice{t.rows(), s.row_begin, s.col_begin};
+  spec.precision = t.weight_precision();
   return spec;
 }
 

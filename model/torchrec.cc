@@ -409,7 +409,10 @@ absl::StatusOr<ExportInfo> ExportTorchRec(Model& model, const std::string& path,
     }
     if (static_cast<int>(i) < config.tables_size()) {
       const int k = static_cast<int>(i);
-      if (embedding::EmbeddingTable* host = model.shards().WholeHostTable(k)) {
+      // fp32 host rows in place; the others (16-bit rows widened to fp32
+      // included) through the store's records.
+      embedding::EmbeddingTable* host = model.shards().WholeHostTable(k);
+      if (host != nullptr && host->precision() == ROW_FP32) {
         status = writer->Append(host->weights());
         continue;
       }

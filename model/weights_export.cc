@@ -14,14 +14,14 @@
 namespace dlrm::model {
 namespace {
 
-// WriteWeights' tables of a one-process model: host tables in place, the
-// others (RocksDB, device memory) gathered through their store.
+// WriteWeights' tables of a one-process model: fp32 host tables in place,
+// the others (RocksDB, device memory, 16-bit rows widened to fp32)
+// gathered through their store.
 TableWeightsFn ModelTables(Model& m) {
   return
       [&m](int k, std::vector<float>* scratch) -> absl::StatusOr<const float*> {
-        if (embedding::EmbeddingTable* t = m.shards().WholeHostTable(k)) {
-          return t->weights();
-        }
+        embedding::EmbeddingTable* t = m.shards().WholeHostTable(k);
+        if (t != nullptr && t->precision() == ROW_FP32) return t->weights();
         // One rank: no collective behind the gather.
         RETURN_IF_ERROR(m.GatherTable(k, scratch));
         return scratch->data();

@@ -856,6 +856,61 @@ TEST(ConfigTest, DeviceCacheBackingIsCheckedNamingTheTable) {
   EXPECT_TRUE(NormalizeModelConfig(c).ok());
 }
 
+// weight_precision: a RowPrecision; 16-bit rows on STORAGE_HOST tables of a
+// DEVICE_CPU model only, refused elsewhere naming the field and the tier.
+TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
+  auto parsed = ParseModelConfigText(
+      "tables { name: \"a\" rows: 5 weight_precision: ROW_BF16 } "
+      "tables { name: \"b\" rows: 50 weight_precision: ROW_FP16 } "
+      "rocksdb { path: \"/tmp/rows\" } embedding_dim: 4 bottom_mlp: [4] "
+      "top_mlp: [1]");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto ok = NormalizeModelConfig(*parsed);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->tables(0).weight_precision(), ROW_BF16);
+  EXPECT_EQ(ok->tables(1).weight_precision(), ROW_FP16);
+
+  auto expect_error = [](const ModelConfig& c, const std::string& field,
+                         const std::string& also) {
+    const absl::Status st = NormalizeModelConfig(c).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_HAS_SUBSTR(st.message(), field) << st;
+    EXPECT_HAS_SUBSTR(st.message(), also) << st;
+  };
+  ModelConfig c = *parsed;
+  c.mutable_tables(1)->set_weight_precision(static_cast<RowPrecision>(7));
+  expect_error(c, "tables[1].weight_precision (b)", "invalid");
+  c = *parsed;
+  c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
+  expect_error(c, "tables[1].weight_precision (b)", "STORAGE_ROCKSDB tier");
+  c = *parsed;
+  c.set_device(DEVICE_CUDA);
+  c.mutable_tables(0)->set_storage(STORAGE_DEVICE);
+  expect_error(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
+  c = *parsed;
+  c.set_device(DEVICE_CUDA);
+  expect_error(c, "tables[0].weight_precision (a)", "DEVICE_CPU");
+  // fp32 rows go anywhere.
+  c = *parsed;
+  c.mutable_tables(1)->set_weight_precision(ROW_FP32);
+  c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
+  EXPECT_TRUE(NormalizeModelConfig(c).ok());
+
+  // --row-precision sets every table's; empty keeps the config's.
+  c = *parsed;
+  ASSERT_TRUE(ApplyRowPrecisionFlag("", &c).ok());
+  EXPECT_EQ(c.tables(0).weight_precision(), ROW_BF16);
+  ASSERT_TRUE(ApplyRowPrecisionFlag("fp16", &c).ok());
+  EXPECT_EQ(c.tables(0).weight_precision(), ROW_FP16);
+  EXPECT_EQ(c.tables(1).weight_precision(), ROW_FP16);
+  ASSERT_TRUE(ApplyRowPrecisionFlag("fp32", &c).ok());
+  EXPECT_EQ(c.tables(1).weight_precision(), ROW_FP32);
+  const absl::Status bad = ApplyRowPrecisionFlag("half", &c);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS_SUBSTR(bad.message(), "--row-precision");
+  EXPECT_STREQ(RowPrecisionName(ROW_BF16), "bf16");
+}
+
 TEST(RandomTest, HashIsAPureFunction) {
   EXPECT_EQ(HashKey(1, 2, 3), HashKey(1, 2, 3));
   EXPECT_NE(HashKey(1, 2, 3), HashKey(1, 2, 4));

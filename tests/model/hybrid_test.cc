@@ -77,7 +77,8 @@ ModelConfig TestConfig() {
 //   rows (one bucket of 6) refuse some;
 // - churn: the batches' ids drawn from a vocabulary of 5x the largest
 //   table's rows, and tables a and c admitting an id after 2 sightings
-//   (with dynamic: the maps admit, evict and refuse).
+//   (with dynamic: the maps admit, evict and refuse);
+// - fp16, bf16: every table's weights in 16 bits (weight_precision).
 // The kind "hashed" (for dynamic tables) puts tables a and b row-wise over
 // every rank (ids routed by hash), c column-wise and d table-wise on the
 // last rank; one process compares with the same plan's shards all on its
@@ -89,6 +90,7 @@ struct Scenario {
        resume = false, adagrad = false, lamb = false, lars = false, dcn = false,
        dense_adagrad = false, dense_adam = false, dynamic = false,
        churn = false;
+  RowPrecision rows_precision = ROW_FP32;
   // Larger tables, other batches.
   bool big() const { return host || rocksdb; }
 };
@@ -117,6 +119,8 @@ Scenario ParseScenario(const std::string& text) {
     s.dense_adam |= mod == "dense_adam";
     s.dynamic |= mod == "dynamic";
     s.churn |= mod == "churn";
+    if (mod == "fp16") s.rows_precision = ROW_FP16;
+    if (mod == "bf16") s.rows_precision = ROW_BF16;
     at = next;
   }
   return s;
@@ -219,6 +223,7 @@ ModelConfig ScenarioConfig(const std::string& text, int world,
       t->mutable_admission()->set_kind(Admission::ADMIT_AFTER_SIGHTINGS);
       t->mutable_admission()->set_min_sightings(2);
     }
+    t->set_weight_precision(sc.rows_precision);
   }
   return c;
 }
@@ -1063,6 +1068,76 @@ TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
     EXPECT_GT(codes[r], 0) << "rank " << r;
   }
 }
+
+class HybridRowPrecisionTest : public testing::TestWithParam<Case> {};
+
+// 16-bit rows (every table fp16 or bf16) on R ranks train like one process:
+// each update rounds stochastically by the whole table's row and column,
+// so a shard rounds an element as the whole table does. One rank without
+// row-wise pooling is bitwise one process. On two ranks the dense
+// all-reduce (and row-wise pooling) sums in another order, so a gradient
+// may differ in its last bit and move an element across its rounding
+// threshold: the tables agree within one 16-bit ulp, and nearly every
+// element bitwise (rounding by the shard's own rows would differ in about
+// half of the touched elements of a row-wise shard).
+TEST_P(HybridRowPrecisionTest, RanksTrainSixteenBitRowsLikeOneProcess) {
+  const Case& p = GetParam();
+  const std::string out = JobOut(CaseName({p, 0}));
+  ASSERT_TRUE(RunJob(p.scenario, p.world, p.global_batch, out));
+  const Report got = ReadReport(out);
+  std::filesystem::remove(out);
+  const ModelConfig c = ScenarioConfig(p.scenario, p.world);
+  const Report want = Reference(c, GlobalBatches(c, p.global_batch));
+  const Scenario sc = ParseScenario(p.scenario);
+  ASSERT_NE(sc.rows_precision, ROW_FP32);
+  if (p.world == 1 && sc.kind != "row") {
+    ExpectBitwiseEqual(got, want);
+    return;
+  }
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
+        << "step " << i;
+  }
+  ASSERT_EQ(got.dense.size(), want.dense.size());
+  for (size_t i = 0; i < want.dense.size(); ++i) {
+    ASSERT_NEAR(got.dense[i], want.dense[i], 1e-5) << "dense weight " << i;
+  }
+  // One ulp: 2^-7 (bf16) or 2^-10 (fp16) of the value bounds it.
+  const double ulp = sc.rows_precision == ROW_BF16 ? 0x1p-7 : 0x1p-10;
+  int64_t elements = 0, same = 0;
+  ASSERT_EQ(got.tables.size(), want.tables.size());
+  for (size_t k = 0; k < want.tables.size(); ++k) {
+    ASSERT_EQ(got.tables[k].size(), want.tables[k].size());
+    for (size_t i = 0; i < want.tables[k].size(); ++i) {
+      const float g = got.tables[k][i], w = want.tables[k][i];
+      ASSERT_NEAR(g, w, 1e-6 + ulp * std::abs(w))
+          << "table " << k << " element " << i;
+      ++elements;
+      same += std::memcmp(&g, &w, sizeof(g)) == 0;
+    }
+  }
+  std::printf("%s on %d ranks: %lld of %lld table elements bitwise equal\n",
+              p.scenario.c_str(), p.world, static_cast<long long>(same),
+              static_cast<long long>(elements));
+  EXPECT_GE(same, elements * 99 / 100);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBitRows, HybridRowPrecisionTest,
+    testing::Values(Case{"table+bf16", 1, 37}, Case{"table+bf16", 2, 37},
+                    Case{"row+bf16", 2, 37}, Case{"row+fp16", 2, 37},
+                    Case{"data+bf16", 2, 37}, Case{"mixed+fp16", 3, 37}),
+    CaseName);
+
+// 16-bit rows' checkpoints reshard as fp32 ones do: 2 -> 1 and 2 -> 3 in
+// the same precision, and 1 -> 2 restoring bf16 rows into fp32 ones.
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBitRows, HybridReshardTest,
+    testing::Values(Reshard{"row+host+bf16", 2, "table+host+bf16", 1},
+                    Reshard{"mixed+host+fp16", 2, "column+host+fp16", 3},
+                    Reshard{"table+host+bf16", 1, "row+host", 2}),
+    ReshardName);
 
 }  // namespace
 }  // namespace dlrm::model

@@ -28,6 +28,7 @@
 #include "core/device.h"
 #include "core/fault_injection_file_system.h"
 #include "data/synthetic.h"
+#include "embedding/row_precision.h"
 #include "embedding/sharding.h"
 #include "model/checkpoint.h"
 #include "model/exchange_memory.h"
@@ -1689,6 +1690,101 @@ TEST(LegacyCheckpointTest, OneProcessFormatOfEarlierVersionsLoads) {
   auto served = LoadCheckpoint(dir, /*weights_only=*/true);
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_EQ((*served)->WeightChecksum().value(), m.WeightChecksum().value());
+}
+
+// 16-bit rows (every table ROW_FP16 or ROW_BF16) in a checkpoint: the
+// words themselves (F16 / BF16 tensors, half the fp32 weights' bytes), so a
+// restore is bit for bit and trains on identically; restores between the
+// precisions convert (exactly into fp32, to nearest into 16 bits).
+TEST_F(CheckpointTest, SixteenBitRowsRoundTripBitForBitAndConvert) {
+  auto tables = [](Model& m) {
+    std::vector<std::vector<float>> out(m.config().tables_size());
+    for (int k = 0; k < m.config().tables_size(); ++k) {
+      EXPECT_TRUE(m.GatherTable(k, &out[k]).ok());
+    }
+    return out;
+  };
+  auto fp32_model = Model::Create(config_);
+  ASSERT_TRUE(fp32_model.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*fp32_model)->TrainStep(batches_[i]).ok());
+  }
+  auto fp32_saved = SaveCheckpoint(**fp32_model, dir_ + "_fp32");
+  ASSERT_TRUE(fp32_saved.ok()) << fp32_saved.status();
+  for (RowPrecision p : {ROW_FP16, ROW_BF16}) {
+    SCOPED_TRACE(RowPrecision_Name(p));
+    ModelConfig config = config_;
+    for (TableConfig& t : *config.mutable_tables()) t.set_weight_precision(p);
+    const std::string dir = dir_ + "_" + RowPrecision_Name(p);
+    auto a = Model::Create(config);
+    auto b = Model::Create(config);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*a)->shards().WholeHostTable(0)->precision(), p);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*a)->TrainStep(batches_[i]).ok());
+      ASSERT_TRUE((*b)->TrainStep(batches_[i + 3]).ok());
+    }
+    auto saved = SaveCheckpoint(**a, dir);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_LT(saved->bytes, fp32_saved->bytes);
+    ASSERT_TRUE(RestoreCheckpoint(**b, dir).ok());
+    EXPECT_EQ(tables(**b), tables(**a));
+    EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
+    for (int i = 3; i < 6; ++i) {
+      auto ra = (*a)->TrainStep(batches_[i]);
+      auto rb = (*b)->TrainStep(batches_[i]);
+      ASSERT_TRUE(ra.ok() && rb.ok());
+      EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
+    }
+    EXPECT_EQ(tables(**b), tables(**a));
+
+    // Into fp32 rows: the 16-bit values, exactly.
+    auto wide = Model::Create(config_);
+    ASSERT_TRUE(wide.ok());
+    ASSERT_TRUE(RestoreCheckpoint(**wide, dir).ok());
+    auto fresh = Model::Create(config);
+    ASSERT_TRUE(fresh.ok());
+    ASSERT_TRUE(RestoreCheckpoint(**fresh, dir).ok());
+    EXPECT_EQ(tables(**wide), tables(**fresh));
+    // From fp32 rows: each weight rounded to nearest.
+    auto narrow = Model::Create(config);
+    ASSERT_TRUE(narrow.ok());
+    ASSERT_TRUE(RestoreCheckpoint(**narrow, dir_ + "_fp32").ok());
+    const auto want = tables(**fp32_model), got = tables(**narrow);
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].size(), want[k].size());
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        const float w = want[k][i];
+        const float rounded =
+            p == ROW_FP16 ? embedding::HalfToFloat(embedding::FloatToHalf(w))
+                          : embedding::Bf16ToFloat(embedding::FloatToBf16(w));
+        ASSERT_EQ(got[k][i], rounded) << "table " << k << " element " << i;
+      }
+    }
+  }
+}
+
+// The weights export of 16-bit rows: F32 tensors holding the rows' values
+// (widened exactly), which PyTorch loads as any other export.
+TEST_F(CheckpointTest, ExportOfSixteenBitRowsIsTheirValuesInF32) {
+  ModelConfig config = config_;
+  for (TableConfig& t : *config.mutable_tables()) {
+    t.set_weight_precision(ROW_BF16);
+  }
+  auto a = Model::Create(config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->TrainStep(batches_[0]).ok());
+  const std::string path = dir_ + ".safetensors";
+  ASSERT_TRUE(ExportSafetensors(**a, path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->DtypeOf("embedding_bags.t1.weight").value(), Dtype::kF32);
+  auto w = (*f)->Get("embedding_bags.t1.weight", {20, 4});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const embedding::EmbeddingTable& t = *(*a)->shards().WholeHostTable(1);
+  for (int i = 0; i < 80; ++i) {
+    ASSERT_EQ((*w)[i], embedding::Bf16ToFloat(t.words()[i])) << i;
+  }
 }
 
 }  // namespace dlrm::model
