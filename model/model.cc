@@ -118,9 +118,16 @@ absl::Status Model::PrepareShards(bool predict) {
   };
   auto commit = [this, predict]() -> absl::Status {
     if (predict) return absl::OkStatus();
-    // On the host and RocksDB tiers this writes resident rows, which
-    // cannot fail (DynamicStore::CommitPrepared).
-    for (LocalShard& ls : local_) RETURN_IF_ERROR(ls.store->CommitPrepared());
+    // Each shard's admitted rows get their initial records: in parallel,
+    // as the prepares (each store has one caller). On the host and RocksDB
+    // tiers this writes resident rows, which cannot fail
+    // (DynamicStore::CommitPrepared).
+    const int num_local = static_cast<int>(local_.size());
+#pragma omp parallel for schedule(dynamic, 1) if (num_local > 1)
+    for (int j = 0; j < num_local; ++j) {
+      local_[j].status = local_[j].store->CommitPrepared();
+    }
+    for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
     return absl::OkStatus();
   };
   if (!any_cache_) {
