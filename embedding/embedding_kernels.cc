@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "embedding/row_precision.h"
 
@@ -247,21 +248,20 @@ __attribute__((target("avx512f"))) void PoolTileAvx512(
   }
 }
 
-// Up to 128 columns per tile: eight 16-float accumulators.
-void PoolAvx512(const float* weights, int dim, bool mean,
-                const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
-                int64_t bag_end, int64_t total, float* out,
-                int64_t out_stride) {
+// Calls tile(std::integral_constant<int, kVecs>, col0, cols, last) for
+// each tile of up to 128 columns of a `dim`-wide row: kVecs (1-8) 16-lane
+// vectors, the last one's lanes masked by `last`.
+template <typename Tile>
+void ForEachTile(int dim, Tile tile) {
   for (int col0 = 0; col0 < dim; col0 += 128) {
     const int cols = std::min(128, dim - col0);
     const __mmask16 last =
         cols % 16 == 0 ? __mmask16{0xffff}
                        : static_cast<__mmask16>((1u << (cols % 16)) - 1);
     switch ((cols + 15) / 16) {
-#define DLRM_POOL_TILE(k)                                                      \
-  case k:                                                                      \
-    PoolTileAvx512<k>(weights, dim, col0, cols, last, offsets, ids, bag_begin, \
-                      bag_end, total, mean, out, out_stride);                  \
+#define DLRM_POOL_TILE(k)                                     \
+  case k:                                                     \
+    tile(std::integral_constant<int, k>{}, col0, cols, last); \
     break;
       DLRM_POOL_TILE(1)
       DLRM_POOL_TILE(2)
@@ -274,6 +274,18 @@ void PoolAvx512(const float* weights, int dim, bool mean,
 #undef DLRM_POOL_TILE
     }
   }
+}
+
+// Up to 128 columns per tile: eight 16-float accumulators.
+void PoolAvx512(const float* weights, int dim, bool mean,
+                const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+                int64_t bag_end, int64_t total, float* out,
+                int64_t out_stride) {
+  ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
+    PoolTileAvx512<decltype(vecs)::value>(weights, dim, col0, cols, last,
+                                          offsets, ids, bag_begin, bag_end,
+                                          total, mean, out, out_stride);
+  });
 }
 
 // PoolTileAvx512 over 16-bit words (IEEE half when !kBf16): 16 words a
@@ -334,29 +346,11 @@ void Pool16Avx512(const uint16_t* weights, int dim, bool mean,
                   const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                   int64_t bag_end, int64_t total, float* out,
                   int64_t out_stride) {
-  for (int col0 = 0; col0 < dim; col0 += 128) {
-    const int cols = std::min(128, dim - col0);
-    const __mmask16 last =
-        cols % 16 == 0 ? __mmask16{0xffff}
-                       : static_cast<__mmask16>((1u << (cols % 16)) - 1);
-    switch ((cols + 15) / 16) {
-#define DLRM_POOL_TILE(k)                                                    \
-  case k:                                                                    \
-    PoolTile16Avx512<kBf16, k>(weights, dim, col0, cols, last, offsets, ids, \
-                               bag_begin, bag_end, total, mean, out,         \
-                               out_stride);                                  \
-    break;
-      DLRM_POOL_TILE(1)
-      DLRM_POOL_TILE(2)
-      DLRM_POOL_TILE(3)
-      DLRM_POOL_TILE(4)
-      DLRM_POOL_TILE(5)
-      DLRM_POOL_TILE(6)
-      DLRM_POOL_TILE(7)
-      DLRM_POOL_TILE(8)
-#undef DLRM_POOL_TILE
-    }
-  }
+  ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
+    PoolTile16Avx512<kBf16, decltype(vecs)::value>(
+        weights, dim, col0, cols, last, offsets, ids, bag_begin, bag_end, total,
+        mean, out, out_stride);
+  });
 }
 
 #endif  // DLRM_HAVE_AVX512_KERNELS

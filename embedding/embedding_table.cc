@@ -374,37 +374,45 @@ void PoolInChunks(const data::SparseFeature& ids, int dim,
   }
 }
 
-}  // namespace
-
-void PoolRows(const float* weights, int dim, Pooling pooling,
-              const data::SparseFeature& ids, float* out, int64_t out_stride) {
+// kernel(offsets, ids, bag_begin, bag_end, total, mean) over the chunks of
+// the bags of `ids` (PoolInChunks).
+template <typename Kernel>
+void PoolEachChunk(const data::SparseFeature& ids, int dim, Pooling pooling,
+                   Kernel kernel) {
   const int64_t bags = ids.num_bags();
   if (bags == 0) return;
   const int64_t* offsets = ids.offsets.data();
   const int64_t* id = ids.ids.data();
   const int64_t total = offsets[bags];
   const bool mean = pooling == POOLING_MEAN;
-  const kernels::Isa isa = kernels::BestIsa();
   PoolInChunks(ids, dim, [&](int64_t bag_begin, int64_t bag_end) {
-    kernels::PoolBags(isa, weights, dim, mean, offsets, id, bag_begin, bag_end,
-                      total, out, out_stride);
+    kernel(offsets, id, bag_begin, bag_end, total, mean);
   });
+}
+
+}  // namespace
+
+void PoolRows(const float* weights, int dim, Pooling pooling,
+              const data::SparseFeature& ids, float* out, int64_t out_stride) {
+  const kernels::Isa isa = kernels::BestIsa();
+  PoolEachChunk(ids, dim, pooling,
+                [&](const int64_t* offsets, const int64_t* id, int64_t begin,
+                    int64_t end, int64_t total, bool mean) {
+                  kernels::PoolBags(isa, weights, dim, mean, offsets, id, begin,
+                                    end, total, out, out_stride);
+                });
 }
 
 void PoolRows16(const uint16_t* words, RowPrecision precision, int dim,
                 Pooling pooling, const data::SparseFeature& ids, float* out,
                 int64_t out_stride) {
-  const int64_t bags = ids.num_bags();
-  if (bags == 0) return;
-  const int64_t* offsets = ids.offsets.data();
-  const int64_t* id = ids.ids.data();
-  const int64_t total = offsets[bags];
-  const bool mean = pooling == POOLING_MEAN;
   const kernels::Isa isa = kernels::BestIsa16();
-  PoolInChunks(ids, dim, [&](int64_t bag_begin, int64_t bag_end) {
-    kernels::PoolBags16(isa, precision, words, dim, mean, offsets, id,
-                        bag_begin, bag_end, total, out, out_stride);
-  });
+  PoolEachChunk(ids, dim, pooling,
+                [&](const int64_t* offsets, const int64_t* id, int64_t begin,
+                    int64_t end, int64_t total, bool mean) {
+                  kernels::PoolBags16(isa, precision, words, dim, mean, offsets,
+                                      id, begin, end, total, out, out_stride);
+                });
 }
 
 int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {

@@ -11,8 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <set>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
