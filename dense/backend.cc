@@ -65,6 +65,19 @@ std::pair<size_t, size_t> HostDenseParams::Range(GradBucket bucket) const {
   return {0, params.size()};
 }
 
+absl::Status HostDenseParams::SetPrecision(DensePrecision precision) {
+  bottom.SetPrecision(precision);
+  top.SetPrecision(precision);
+  cross.SetPrecision(precision);
+  // In params' order: bottom, cross, top.
+  std::vector<Bf16*> copies = bottom.Bf16Copies();
+  for (Bf16* c : cross.Bf16Copies()) copies.push_back(c);
+  for (Bf16* c : top.Bf16Copies()) copies.push_back(c);
+  const absl::Status st = optimizer->SetBf16Copies(std::move(copies));
+  if (!st.ok()) return absl::InternalError(st.message());
+  return absl::OkStatus();
+}
+
 absl::Status DenseBackend::SetDeviceColumns(std::vector<ColumnRange> columns) {
   if (columns.empty()) return absl::OkStatus();
   return absl::UnimplementedError(

@@ -261,6 +261,12 @@ struct HostDenseParams {
   // [begin, end) of `bucket` in `params`.
   std::pair<size_t, size_t> Range(GradBucket bucket) const;
 
+  // Sets the MLPs' and the cross network's precision, and hands the
+  // optimizer their bf16 copies (PRECISION_BF16), which its steps then
+  // write as they update the weights. Internal if the copies do not match
+  // the parameters (a programming error).
+  absl::Status SetPrecision(DensePrecision precision);
+
  private:
   explicit HostDenseParams(const ModelConfig& config);
 };

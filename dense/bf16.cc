@@ -5,6 +5,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -12,6 +13,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "dense/cpu_isa.h"
 
@@ -30,10 +32,13 @@ struct GemmKey {
   int64_t m, n, k, lda, ldb, ldc;
   float beta;
   bool bf16_out;
+  bool bias = false;  // an fp32 bias [n] added to every row of C
+  bool relu = false;  // ReLU on the sums (after the bias)
   bool operator<(const GemmKey& o) const {
-    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, beta, bf16_out) <
-           std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc,
-                    o.beta, o.bf16_out);
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, beta, bf16_out,
+                    bias, relu) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k,
+                                           o.lda, o.ldb, o.ldc, o.beta,
+                                           o.bf16_out, o.bias, o.relu);
   }
 };
 
@@ -66,10 +71,15 @@ dnnl::matmul::primitive_desc MakeDesc(const GemmKey& key) {
                                           : dnnl::memory::data_type::f32,
                              dnnl::memory::dims{key.ldc, 1});
   dnnl::primitive_attr attr;
-  if (key.beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(key.beta);
-    attr.set_post_ops(ops);
+  dnnl::post_ops ops;
+  if (key.beta != 0.0f) ops.append_sum(key.beta);
+  if (key.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0, 0);
+  attr.set_post_ops(ops);
+  if (key.bias) {
+    const dnnl::memory::desc bias({1, key.n}, dnnl::memory::data_type::f32,
+                                  dnnl::memory::dims{key.n, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c),
+                                        attr, CpuEngine());
   }
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr,
                                       CpuEngine());
@@ -90,16 +100,22 @@ const Gemm& Cached(const GemmKey& key) {
   }
 }
 
-void Run(const GemmKey& key, const Bf16* a, const Bf16* b, void* c) {
+void Run(const GemmKey& key, const Bf16* a, const Bf16* b, void* c,
+         const float* bias = nullptr) {
   const Gemm& g = Cached(key);
   thread_local dnnl::stream stream(CpuEngine());
   try {
     dnnl::memory am(g.pd.src_desc(), CpuEngine(), const_cast<Bf16*>(a));
     dnnl::memory bm(g.pd.weights_desc(), CpuEngine(), const_cast<Bf16*>(b));
     dnnl::memory cm(g.pd.dst_desc(), CpuEngine(), c);
-    g.primitive.execute(
-        stream,
-        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (key.bias) {
+      args.emplace(DNNL_ARG_BIAS,
+                   dnnl::memory(g.pd.bias_desc(), CpuEngine(),
+                                const_cast<float*>(bias)));
+    }
+    g.primitive.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     Die(key, e.what());
@@ -139,6 +155,27 @@ void BgemmToBf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
     return;
   }
   Run({trans_a, trans_b, m, n, k, lda, ldb, ldc, 0.0f, true}, a, b, c);
+}
+
+void BgemmBiasAct(int64_t m, int64_t n, int64_t k, const Bf16* a, int64_t lda,
+                  const Bf16* b, int64_t ldb, const float* bias, bool relu,
+                  float* c_f32, Bf16* c_bf16, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // no product: oneDNN refuses an empty reduction
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = relu ? std::max(bias[j], 0.0f) : bias[j];
+        if (c_f32 != nullptr) c_f32[i * ldc + j] = v;
+        if (c_bf16 != nullptr) c_bf16[i * ldc + j] = ToBf16(v);
+      }
+    }
+    return;
+  }
+  GemmKey key{'N', 'T', m, n, k, lda, ldb, ldc, 0.0f, c_bf16 != nullptr};
+  key.bias = true;
+  key.relu = relu;
+  Run(key, a, b, c_bf16 != nullptr ? static_cast<void*>(c_bf16) : c_f32,
+      bias);
 }
 
 std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,

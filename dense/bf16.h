@@ -31,6 +31,16 @@ void BgemmToBf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k,
                  const Bf16* a, int64_t lda, const Bf16* b, int64_t ldb,
                  Bf16* c, int64_t ldc);
 
+// A bf16 layer's forward in one oneDNN call: C [m x n] = act(A B^T + bias)
+// with A [m x k] and B [n x k] bf16, row-major (B as stored is op 'T'), the
+// fp32 bias [n] added to every row and act ReLU when `relu` (identity
+// otherwise), as GEMM post-ops on the fp32 sums; C written as fp32 to c_f32
+// or rounded once to bf16 (round to nearest even) into c_bf16: exactly one
+// of the two is non-null. Nothing for m or n of 0; k of 0 gives act(bias).
+void BgemmBiasAct(int64_t m, int64_t n, int64_t k, const Bf16* a, int64_t lda,
+                  const Bf16* b, int64_t ldb, const float* bias, bool relu,
+                  float* c_f32, Bf16* c_bf16, int64_t ldc);
+
 // The oneDNN implementation Bgemm runs for this shape (dense operands),
 // e.g. "brg:avx512_core_bf16"; "ref:any" would be the slow reference path.
 std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,

@@ -39,11 +39,7 @@ class CpuDenseBackend final : public DenseBackend {
       : DenseBackend(shape),
         p_(std::move(params)),
         identity_(InteractionIsIdentity(shape.kind)),
-        precision_(precision) {
-    p_->bottom.SetPrecision(precision);
-    p_->top.SetPrecision(precision);
-    p_->cross.SetPrecision(precision);
-  }
+        precision_(precision) {}
 
   ComputeDevice device() const override { return DEVICE_CPU; }
   DensePrecision precision() const override { return precision_; }
@@ -113,8 +109,10 @@ class CpuDenseBackend final : public DenseBackend {
   }
 
   absl::Status Update() override {
+    // Under PRECISION_BF16 the step also writes every weight's bf16 copy
+    // (HostDenseParams::SetPrecision), so the copies are fresh after it.
     p_->optimizer->Step();
-    SyncBf16Weights();
+    stale_ = false;
     return absl::OkStatus();
   }
 
@@ -242,9 +240,11 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CreateCpuDenseBackend(
     const ModelConfig& config) {
   ASSIGN_OR_RETURN(std::unique_ptr<HostDenseParams> params,
                    HostDenseParams::Create(config));
-  return std::make_unique<CpuDenseBackend>(
-      MakeInteractionShape(config), std::move(params),
-      ResolveCpuPrecision(config.dense_precision()));
+  const DensePrecision precision =
+      ResolveCpuPrecision(config.dense_precision());
+  RETURN_IF_ERROR(params->SetPrecision(precision));
+  return std::make_unique<CpuDenseBackend>(MakeInteractionShape(config),
+                                           std::move(params), precision);
 }
 
 }  // namespace dlrm::dense

@@ -389,6 +389,18 @@ std::vector<ParamRef> CrossNet::Parameters(const std::string& prefix) {
   return params;
 }
 
+std::vector<Bf16*> CrossNet::Bf16Copies() {
+  std::vector<Bf16*> copies;
+  copies.reserve(3 * layers_.size());
+  const bool bf16 = precision_ == PRECISION_BF16;
+  for (Layer& layer : layers_) {
+    copies.push_back(bf16 ? layer.vb.data() : nullptr);
+    copies.push_back(bf16 ? layer.wb.data() : nullptr);
+    copies.push_back(nullptr);
+  }
+  return copies;
+}
+
 namespace reference {
 
 std::vector<double> CrossNetForward(const CrossNet& net, const float* x0,

@@ -84,6 +84,10 @@ class CrossNet {
 
   // Parameters named "<prefix>.<layer>.V" / ".W" / ".bias", layer by layer.
   std::vector<ParamRef> Parameters(const std::string& prefix);
+  // Their bf16 copies in the same order (DenseOptimizer::SetBf16Copies):
+  // V's and W's under PRECISION_BF16, null for the biases and at
+  // PRECISION_FP32.
+  std::vector<Bf16*> Bf16Copies();
 
   int width() const { return width_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }

@@ -1,6 +1,7 @@
 // Linear layers and MLPs on oneDNN's sgemm (or its bf16 matmul,
-// dense/bf16.h), with the bias, ReLU, bias gradient and bf16 roundings
-// fused into single passes over the activations.
+// dense/bf16.h, with the bias and ReLU as the GEMM's post-ops), the fp32
+// forward's bias and ReLU, and the backward's ReLU mask, bias gradient and
+// bf16 rounding, fused into single passes over the activations.
 #include "dense/linear.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -49,39 +50,41 @@ void AddBiasAct(float* y, const float* b, int64_t rows, int out, bool relu) {
   }
 }
 
-// The same, also writing y's bf16 copy to yb.
-void AddBiasActBf16(float* y, Bf16* yb, const float* b, int64_t rows, int out,
-                    bool relu) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* __restrict__ row = y + r * out;
-    Bf16* __restrict__ rowb = yb + r * out;
-    for (int c = 0; c < out; ++c) {
-      const float v = relu ? Relu(row[c] + b[c]) : row[c] + b[c];
-      row[c] = v;
-      rowb[c] = ToBf16(v);
-    }
-  }
-}
+// The ReLU's mask read off the bf16 copy of an output: its sign bit and
+// magnitude, as Positive's on the fp32 bits.
+inline bool Positive(Bf16 v) { return static_cast<int16_t>(v) > 0; }
 
-// Applies the ReLU mask to rows [begin, end) of dy and writes their column
-// sums to `sum`, and the masked rows' bf16 copy to dyb unless null.
-void MaskAndSum(float* dy, const float* y, int64_t begin, int64_t end, int out,
+// Applies the ReLU mask (from y, the layer's output in fp32 or bf16) to rows
+// [begin, end) of dy and writes their column sums to `sum`, the masked rows'
+// bf16 copy to dyb when kCopy, and the masked rows back to dy when
+// kWriteDy. Branch-free inner loops (the template arguments), so they
+// vectorize.
+template <bool kWriteDy, bool kCopy, typename Y>
+void MaskAndSum(float* dy, const Y* y, int64_t begin, int64_t end, int out,
                 bool relu, float* sum, Bf16* dyb) {
   std::fill(sum, sum + out, 0.0f);
   for (int64_t r = begin; r < end; ++r) {
-    float* g = dy + r * out;
+    float* __restrict__ g = dy + r * out;
+    Bf16* __restrict__ gb = kCopy ? dyb + r * out : nullptr;
     if (relu) {
-      const float* a = y + r * out;
+      const Y* __restrict__ a = y + r * out;
       for (int c = 0; c < out; ++c) {
-        g[c] = Positive(a[c]) ? g[c] : 0.0f;
-        sum[c] += g[c];
+        const float v = Positive(a[c]) ? g[c] : 0.0f;
+        if constexpr (kWriteDy) g[c] = v;
+        sum[c] += v;
+      }
+      // A loop of its own: with the rounding in the loop above, GCC leaves
+      // both scalar.
+      if constexpr (kCopy) {
+        for (int c = 0; c < out; ++c) {
+          gb[c] = ToBf16(kWriteDy || Positive(a[c]) ? g[c] : 0.0f);
+        }
       }
     } else {
       for (int c = 0; c < out; ++c) sum[c] += g[c];
-    }
-    if (dyb != nullptr) {
-      Bf16* __restrict__ gb = dyb + r * out;
-      for (int c = 0; c < out; ++c) gb[c] = ToBf16(g[c]);
+      if constexpr (kCopy) {
+        for (int c = 0; c < out; ++c) gb[c] = ToBf16(g[c]);
+      }
     }
   }
 }
@@ -134,21 +137,14 @@ void Linear::Init(Rng* rng) {
 
 namespace {
 
-// The forwards' pass after the GEMM: the bias `b` added to y's `batch` rows
-// of `out` floats, then the ReLU (when `relu`), in blocks of rows; with
-// y_bf16, y's bf16 copy too.
-void BiasAct(const float* b, int out, bool relu, int64_t batch, float* y,
-             Bf16* y_bf16) {
+// The fp32 forward's pass after the GEMM: the bias `b` added to y's `batch`
+// rows of `out` floats, then the ReLU (when `relu`), in blocks of rows.
+void BiasAct(const float* b, int out, bool relu, int64_t batch, float* y) {
   const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t r0 = blk * kRowBlock;
-    const int64_t rows = std::min(kRowBlock, batch - r0);
-    if (y_bf16 == nullptr) {
-      AddBiasAct(y + r0 * out, b, rows, out, relu);
-    } else {
-      AddBiasActBf16(y + r0 * out, y_bf16 + r0 * out, b, rows, out, relu);
-    }
+    AddBiasAct(y + r0 * out, b, std::min(kRowBlock, batch - r0), out, relu);
   }
 }
 
@@ -160,14 +156,20 @@ void Linear::Forward(const float* x, int64_t batch, float* y) const {
   // measured faster than pre-filling y with the bias (beta = 1) and a
   // separate ReLU pass: one pass over y instead of two.
   Sgemm('N', 'T', batch, out_, in_, x, in_, w_.data(), in_, 0.0f, y, out_);
-  BiasAct(b_.data(), out_, relu_, batch, y, nullptr);
+  BiasAct(b_.data(), out_, relu_, batch, y);
 }
 
 void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
                          Bf16* y_bf16) const {
   if (batch <= 0) return;
-  Bgemm('N', 'T', batch, out_, in_, x, in_, wb_.data(), in_, 0.0f, y, out_);
-  BiasAct(b_.data(), out_, relu_, batch, y, y_bf16);
+  // One oneDNN call: the GEMM with the bias and ReLU as its post-ops, into
+  // the output the caller keeps. The GEMM into fp32 and a pass for the
+  // bias, ReLU and rounding wrote y twice and read it once more (the kaggle
+  // step's MLP forwards took 1.4-1.8x as long, bench/RESULTS.md "Fused
+  // dense passes"). With both outputs, y and then its bf16 copy.
+  BgemmBiasAct(batch, out_, in_, x, in_, wb_.data(), in_, b_.data(), relu_, y,
+               y == nullptr ? y_bf16 : nullptr, out_);
+  if (y != nullptr && y_bf16 != nullptr) ToBf16(y, batch * out_, y_bf16);
 }
 
 void Linear::SyncBf16Weights() {
@@ -175,11 +177,12 @@ void Linear::SyncBf16Weights() {
   ToBf16(w_.data(), static_cast<int64_t>(w_.size()), wb_.data());
 }
 
-// dy's ReLU mask and the bias gradient in one pass over dy, summed in fixed
-// blocks of rows; with dyb, dy's bf16 copy too. False for an empty batch,
-// after zeroing the weight and bias gradients.
-bool Linear::MaskAndBiasGrad(const float* y, float* dy, int64_t batch,
-                             Bf16* dyb) {
+// dy's ReLU mask (from y) and the bias gradient in one pass over dy, summed
+// in fixed blocks of rows; with dyb, dy's bf16 copy too; the masked dy
+// written back when kWriteDy. False for an empty batch, after zeroing the
+// weight and bias gradients.
+template <bool kWriteDy, typename Y>
+bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb) {
   if (batch <= 0) {
     std::fill(dw_.begin(), dw_.end(), 0.0f);
     std::fill(db_.begin(), db_.end(), 0.0f);
@@ -192,8 +195,14 @@ bool Linear::MaskAndBiasGrad(const float* y, float* dy, int64_t batch,
   const bool relu = relu_;
 #pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    MaskAndSum(dy, y, blk * kRowBlock, std::min(batch, (blk + 1) * kRowBlock),
-               out, relu, partial + blk * out, dyb);
+    const int64_t begin = blk * kRowBlock;
+    const int64_t end = std::min(batch, begin + kRowBlock);
+    float* sum = partial + blk * out;
+    if (dyb != nullptr) {
+      MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
+    } else {
+      MaskAndSum<kWriteDy, false>(dy, y, begin, end, out, relu, sum, dyb);
+    }
   }
   float* db = db_.data();
   std::copy(partial, partial + out, db);
@@ -204,9 +213,8 @@ bool Linear::MaskAndBiasGrad(const float* y, float* dy, int64_t batch,
   return true;
 }
 
-void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
-                          int64_t batch, float* dx, Bf16* dy_bf16) {
-  if (!MaskAndBiasGrad(y, dy, batch, dy_bf16)) return;
+void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, int64_t batch,
+                           float* dx) {
   Bgemm('T', 'N', out_, in_, batch, dy_bf16, out_, x, in_, 0.0f, dw_.data(),
         in_);
   if (dx != nullptr) {
@@ -215,9 +223,24 @@ void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
   }
 }
 
+void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
+                          int64_t batch, float* dx, Bf16* dy_bf16) {
+  if (!MaskAndBiasGrad<true>(y, dy, batch, dy_bf16)) return;
+  GradGemmsBf16(x, dy_bf16, batch, dx);
+}
+
+void Linear::BackwardBf16(const Bf16* x, const Bf16* y_bf16, const float* dy,
+                          int64_t batch, float* dx, Bf16* dy_bf16) {
+  // Only read: kWriteDy is false.
+  if (!MaskAndBiasGrad<false>(y_bf16, const_cast<float*>(dy), batch, dy_bf16)) {
+    return;
+  }
+  GradGemmsBf16(x, dy_bf16, batch, dx);
+}
+
 void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
                       float* dx) {
-  if (!MaskAndBiasGrad(y, dy, batch, /*dyb=*/nullptr)) return;
+  if (!MaskAndBiasGrad<true>(y, dy, batch, /*dyb=*/nullptr)) return;
   // dW [out x in] = dy^T [out x batch] x [batch x in].
   Sgemm('T', 'N', out_, in_, batch, dy, out_, x, in_, 0.0f, dw_.data(), in_);
   // dx [batch x in] = dy [batch x out] x W [out x in].
@@ -265,10 +288,13 @@ const float* Mlp::Forward(const float* x, int64_t batch) {
   if (precision_ == PRECISION_BF16) {
     const Bf16* in = Sized(x_bf16_, batch * in_);
     ToBf16(x, batch * in_, x_bf16_.data());
+    // The layers before the last keep only their bf16 outputs (the next
+    // layer's input, and the backward's ReLU mask); the last, its fp32 one.
     for (size_t i = 0; i < layers_.size(); ++i) {
       const int64_t need = batch * layers_[i].out();
-      float* y = Sized(acts_[i], need);
-      Bf16* yb = i + 1 < layers_.size() ? Sized(acts_bf16_[i], need) : nullptr;
+      const bool last = i + 1 == layers_.size();
+      float* y = last ? Sized(acts_[i], need) : nullptr;
+      Bf16* yb = last ? nullptr : Sized(acts_bf16_[i], need);
       layers_[i].ForwardBf16(in, batch, y, yb);
       in = yb;
     }
@@ -290,7 +316,6 @@ void Mlp::Infer(const float* x, int64_t batch, float* out,
   const size_t n = layers_.size();
   if (n == 0) return;
   const size_t half = static_cast<size_t>(batch) * WidestHidden();
-  if (scratch->size() < 2 * half) scratch->resize(2 * half);
   if (precision_ == PRECISION_BF16) {
     // The input, then the layers' outputs in turns.
     const size_t input = static_cast<size_t>(batch) * in_;
@@ -301,13 +326,13 @@ void Mlp::Infer(const float* x, int64_t batch, float* out,
     const Bf16* in = infer_bf16_.data();
     for (size_t i = 0; i < n; ++i) {
       const bool last = i + 1 == n;
-      float* y = last ? out : scratch->data() + (i % 2) * half;
       Bf16* yb = last ? nullptr : infer_bf16_.data() + input + (i % 2) * half;
-      layers_[i].ForwardBf16(in, batch, y, yb);
+      layers_[i].ForwardBf16(in, batch, last ? out : nullptr, yb);
       in = yb;
     }
     return;
   }
+  if (scratch->size() < 2 * half) scratch->resize(2 * half);
   const float* in = x;
   for (size_t i = 0; i < n; ++i) {
     float* y = i + 1 == n ? out : scratch->data() + (i % 2) * half;
@@ -332,8 +357,13 @@ void Mlp::Backward(const float* x, float* dy, int64_t batch, float* dx) {
         i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? grad_a_.data() : grad_b_.data());
     if (bf16) {
       const Bf16* layer_in = i == 0 ? x_bf16_.data() : acts_bf16_[i - 1].data();
-      layers_[i].BackwardBf16(layer_in, acts_[i].data(), grad, batch, layer_dx,
-                              dy_bf16_.data());
+      if (i + 1 == n) {
+        layers_[i].BackwardBf16(layer_in, acts_[i].data(), grad, batch,
+                                layer_dx, dy_bf16_.data());
+      } else {  // Forward kept this layer's output in bf16 only
+        layers_[i].BackwardBf16(layer_in, acts_bf16_[i].data(), grad, batch,
+                                layer_dx, dy_bf16_.data());
+      }
     } else {
       const float* layer_in = i == 0 ? x : acts_[i - 1].data();
       layers_[i].Backward(layer_in, acts_[i].data(), grad, batch, layer_dx);
@@ -353,6 +383,16 @@ std::vector<ParamRef> Mlp::Parameters(const std::string& prefix) {
         {ParamName(prefix, i, kBias), l.bias(), l.bias_grad(), l.out()});
   }
   return params;
+}
+
+std::vector<Bf16*> Mlp::Bf16Copies() {
+  std::vector<Bf16*> copies;
+  copies.reserve(2 * layers_.size());
+  for (Linear& l : layers_) {
+    copies.push_back(precision_ == PRECISION_BF16 ? l.weight_bf16() : nullptr);
+    copies.push_back(nullptr);
+  }
+  return copies;
 }
 
 }  // namespace dlrm::dense

@@ -53,16 +53,22 @@ class Linear {
                 float* dx);
 
   // The bf16 passes (PRECISION_BF16), after SyncBf16Weights: the GEMMs take
-  // bf16 inputs and accumulate in fp32; the bias, ReLU, their gradients and
-  // every output stay fp32. Forward: y [batch x out] from x [batch x in]
-  // rounded to bf16, and y's bf16 copy into y_bf16 unless null (the next
-  // layer's input).
+  // bf16 inputs and accumulate in fp32; the bias and ReLU are applied to the
+  // fp32 sums (the GEMM's post-ops), and the gradients stay fp32. Forward:
+  // y [batch x out] from x [batch x in] in bf16, written as fp32 to y and/or
+  // rounded to bf16 into y_bf16 (the next layer's input), whichever are not
+  // null (at least one).
   void ForwardBf16(const Bf16* x, int64_t batch, float* y, Bf16* y_bf16) const;
   // As Backward, with x the bf16 copy of the forward's input; dy's masked
   // values are also written as bf16 to dy_bf16 ([batch x out], scratch),
   // which the weight and input gradients' GEMMs read.
   void BackwardBf16(const Bf16* x, const float* y, float* dy, int64_t batch,
                     float* dx, Bf16* dy_bf16);
+  // The same with the ReLU's mask read off the output's bf16 copy (a layer
+  // whose forward kept only y_bf16), and dy only read: its masked values go
+  // to dy_bf16 alone.
+  void BackwardBf16(const Bf16* x, const Bf16* y_bf16, const float* dy,
+                    int64_t batch, float* dx, Bf16* dy_bf16);
   // Writes the bf16 copy of the weights the bf16 passes read; call after
   // the weights change.
   void SyncBf16Weights();
@@ -76,10 +82,17 @@ class Linear {
   const float* bias() const { return b_.data(); }
   float* weight_grad() { return dw_.data(); }
   float* bias_grad() { return db_.data(); }
+  // The weights' bf16 copy the bf16 passes read; null before the first
+  // SyncBf16Weights.
+  Bf16* weight_bf16() { return wb_.empty() ? nullptr : wb_.data(); }
 
  private:
   // Backward's first pass (linear.cc).
-  bool MaskAndBiasGrad(const float* y, float* dy, int64_t batch, Bf16* dyb);
+  template <bool kWriteDy, typename Y>
+  bool MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb);
+  // The bf16 backward's weight and input gradients from dy's bf16 copy.
+  void GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, int64_t batch,
+                     float* dx);
 
   int in_, out_;
   bool relu_;
@@ -125,6 +138,10 @@ class Mlp {
 
   // Parameters named "<prefix>.<layer>.weight" / ".bias".
   std::vector<ParamRef> Parameters(const std::string& prefix);
+  // Their bf16 copies in the same order (DenseOptimizer::SetBf16Copies):
+  // each weight's under PRECISION_BF16, null for the biases (read in fp32)
+  // and at PRECISION_FP32.
+  std::vector<Bf16*> Bf16Copies();
 
   int in() const { return in_; }
   int out() const { return layers_.back().out(); }
@@ -140,8 +157,9 @@ class Mlp {
   std::vector<Linear> layers_;
   std::vector<AlignedVector<float>> acts_;  // output of each layer
   AlignedVector<float> grad_a_, grad_b_;    // ping-pong gradient buffers
-  // PRECISION_BF16: the input and every layer's output but the last in bf16,
-  // and the output gradient's bf16 copy (scratch of the backward).
+  // PRECISION_BF16: the input and every layer's output but the last in bf16
+  // (those layers keep no fp32 output: acts_ holds only the last's), and
+  // the output gradient's bf16 copy (scratch of the backward).
   std::vector<AlignedVector<Bf16>> acts_bf16_;
   AlignedVector<Bf16> x_bf16_, dy_bf16_;
   // Infer's bf16 input and outputs (it keeps no activations).

@@ -31,13 +31,24 @@ absl::Status ValidateParams(const std::vector<ParamRef>& params) {
   return absl::OkStatus();
 }
 
-// One step of `Rule` over the n elements of p.
+// One step of `Rule` over the n elements of p, and p's bf16 copy into
+// `copy` unless null.
 template <typename Rule>
 void UpdateParameter(const typename Rule::Step& step, float* p, const float* g,
-                     float* s1, float* s2, int64_t n) {
+                     float* s1, float* s2, int64_t n, Bf16* copy) {
   const bool parallel = n >= kParallelElements;
+  if (copy == nullptr) {
 #pragma omp parallel for simd schedule(static) if (parallel)
-  for (int64_t k = 0; k < n; ++k) Rule::DenseElement(step, g[k], p, s1, s2, k);
+    for (int64_t k = 0; k < n; ++k) {
+      Rule::DenseElement(step, g[k], p, s1, s2, k);
+    }
+    return;
+  }
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t k = 0; k < n; ++k) {
+    Rule::DenseElement(step, g[k], p, s1, s2, k);
+    copy[k] = ToBf16(p[k]);
+  }
 }
 
 // Elements per block of the layer-wise norms: each block's sums of squares
@@ -54,7 +65,7 @@ constexpr int64_t kNormBlock = 1 << 13;
 template <typename Rule>
 void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
                  const float* g, float* s1, float* s2, int64_t n,
-                 std::vector<double>* partials) {
+                 std::vector<double>* partials, Bf16* copy) {
   const bool parallel = n >= kParallelElements;
   double weight_norm = 0, term_norm = 0;
   if (adapt) {
@@ -85,9 +96,17 @@ void UpdateLayer(const typename Rule::Step& step, bool adapt, float* p,
   }
   const typename Rule::Layer layer =
       Rule::MakeLayer(step, adapt, weight_norm, term_norm);
+  if (copy == nullptr) {
+#pragma omp parallel for simd schedule(static) if (parallel)
+    for (int64_t k = 0; k < n; ++k) {
+      Rule::LayerElement(step, layer, g[k], p, s1, s2, k);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static) if (parallel)
   for (int64_t k = 0; k < n; ++k) {
     Rule::LayerElement(step, layer, g[k], p, s1, s2, k);
+    copy[k] = ToBf16(p[k]);
   }
 }
 
@@ -138,15 +157,26 @@ void DenseOptimizer::Step() {
     for (size_t i = 0; i < params_.size(); ++i) {
       float* s1 = state_[0].empty() ? nullptr : state_[0][i].data();
       float* s2 = state_[1].empty() ? nullptr : state_[1][i].data();
+      Bf16* copy = bf16_copies_.empty() ? nullptr : bf16_copies_[i];
       if constexpr (Rule::kLayerWise) {
         UpdateLayer<Rule>(step, adapt_[i], params_[i].value, params_[i].grad,
-                          s1, s2, params_[i].size, &partials_);
+                          s1, s2, params_[i].size, &partials_, copy);
       } else {
         UpdateParameter<Rule>(step, params_[i].value, params_[i].grad, s1, s2,
-                              params_[i].size);
+                              params_[i].size, copy);
       }
     }
   });
+}
+
+absl::Status DenseOptimizer::SetBf16Copies(std::vector<Bf16*> copies) {
+  if (!copies.empty() && copies.size() != params_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense optimizer: ", copies.size(),
+                     " bf16 copies for ", params_.size(), " parameters"));
+  }
+  bf16_copies_ = std::move(copies);
+  return absl::OkStatus();
 }
 
 std::vector<ParamRef> DenseOptimizer::State() {

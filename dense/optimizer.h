@@ -37,6 +37,14 @@ class DenseOptimizer {
 
   void Step();
 
+  // The bf16 copies of the parameters (PRECISION_BF16's GEMM inputs), one
+  // per parameter in the order of Create's params, null where a parameter
+  // has none: each Step then writes copies[i][k] = ToBf16(value[k]) in the
+  // same pass as the update, so no conversion pass follows it. Borrowed;
+  // empty (the default) for none. InvalidArgument for a count other than
+  // the parameters'.
+  absl::Status SetBf16Copies(std::vector<Bf16*> copies);
+
   // State tensors named "<param>.<state>" (e.g. "top.0.weight.exp_avg"),
   // for checkpoints, parameter by parameter in optim::DenseState's order;
   // empty for SGD. The step counter (step()) goes with them: a restore sets
@@ -57,6 +65,7 @@ class DenseOptimizer {
 
   OptimizerConfig config_;
   std::vector<ParamRef> params_;
+  std::vector<Bf16*> bf16_copies_;  // SetBf16Copies
   // state_[k][i]: state array k of parameter i.
   std::vector<AlignedVector<float>> state_[2];
   // adapt_[i]: parameter i takes weight decay and a trust ratio (layer-wise

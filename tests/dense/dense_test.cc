@@ -1002,6 +1002,47 @@ TEST(OptimizerTest, StepIsTheSharedRuleBitwise) {
   }
 }
 
+// With bf16 copies handed over, every step writes each copy as the bf16
+// rounding of the updated weights, in the same pass (the element-wise and
+// the layer-wise rules, small and OpenMP-sized parameters), and leaves a
+// parameter without a copy alone; the fp32 weights are those of a run
+// without copies, bit for bit. A count other than the parameters' is
+// refused.
+TEST(OptimizerTest, StepsWriteTheBf16CopiesOfTheWeights) {
+  Rng rng = SeededRng(97);
+  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAM,
+                    OptimizerConfig::LAMB}) {
+    SCOPED_TRACE(OptimizerConfig::Type_Name(type));
+    const int64_t big = 100000, small = 37;
+    std::vector<float> w[2] = {RandomVector(&rng, big),
+                               RandomVector(&rng, small)};
+    std::vector<float> g[2] = {RandomVector(&rng, big),
+                               RandomVector(&rng, small)};
+    std::vector<float> twin[2] = {w[0], w[1]};
+    std::vector<Bf16> copy(big, 0x7777);
+    auto refs = [&](std::vector<float>* v) {
+      return std::vector<ParamRef>{
+          {"a.weight", v[0].data(), g[0].data(), big},
+          {"a.bias", v[1].data(), g[1].data(), small}};
+    };
+    auto opt = DenseOptimizer::Create(MakeConfig(type, 0.01f), refs(w));
+    auto plain = DenseOptimizer::Create(MakeConfig(type, 0.01f), refs(twin));
+    ASSERT_TRUE(opt.ok() && plain.ok());
+    EXPECT_EQ((*opt)->SetBf16Copies({copy.data()}).code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*opt)->SetBf16Copies({copy.data(), nullptr}).ok());
+    for (int step = 0; step < 3; ++step) {
+      (*opt)->Step();
+      (*plain)->Step();
+      for (int64_t k = 0; k < big; ++k) {
+        ASSERT_EQ(copy[k], ToBf16(w[0][k])) << "step " << step << " " << k;
+      }
+      ASSERT_TRUE(BitwiseEqual(w[0].data(), twin[0].data(), big));
+      ASSERT_TRUE(BitwiseEqual(w[1].data(), twin[1].data(), small));
+    }
+  }
+}
+
 // Large parameters take the OpenMP path; two runs must agree bitwise.
 TEST(OptimizerTest, DeterministicOnLargeParameters) {
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
@@ -1776,6 +1817,95 @@ TEST(Bf16Test, BgemmMatchesDoubleLoopsOnEveryTransposition) {
         }
       }
     }
+  }
+}
+
+// BgemmBiasAct, the bf16 forward's one call, against double loops (the
+// bound of the test above, the bias and ReLU exact on the fp32 sum), and
+// its bf16 output against its own fp32 output rounded once: the post-ops
+// run on the fp32 sums before the single rounding. Leading dimensions
+// wider than the rows, k of 0 (act(bias)), ReLU on and off.
+TEST(Bf16Test, BgemmBiasActMatchesDoubleLoopsAndRoundsOnce) {
+  Rng rng = SeededRng(95);
+  for (auto [m, n, k] : {std::tuple{37, 19, 11}, std::tuple{130, 70, 300},
+                         std::tuple{2048, 64, 256}, std::tuple{1, 1, 1},
+                         std::tuple{5, 3, 0}}) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << m << "x" << n << "x" << k << " relu " << relu);
+      const int64_t lda = k + 3, ldb = k + 1, ldc = n + 2;
+      std::vector<Bf16> a(m * lda), b(n * ldb);
+      for (Bf16& x : a) x = ToBf16(static_cast<float>(rng.Normal()));
+      for (Bf16& x : b) x = ToBf16(static_cast<float>(rng.Normal()));
+      const std::vector<float> bias = RandomVector(&rng, n);
+      std::vector<float> c(m * ldc, 7.0f);
+      std::vector<Bf16> cb(m * ldc, 0x7777);
+      BgemmBiasAct(m, n, k, a.data(), lda, b.data(), ldb, bias.data(), relu,
+                   c.data(), nullptr, ldc);
+      BgemmBiasAct(m, n, k, a.data(), lda, b.data(), ldb, bias.data(), relu,
+                   nullptr, cb.data(), ldc);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = bias[j], abs = std::fabs(bias[j]);
+          for (int64_t p = 0; p < k; ++p) {
+            const double x = FromBf16(a[i * lda + p]);
+            const double y = FromBf16(b[j * ldb + p]);
+            sum += x * y;
+            abs += std::fabs(x * y);
+          }
+          const double want = relu ? std::max(sum, 0.0) : sum;
+          ASSERT_NEAR(c[i * ldc + j], want, (k + 1) * 0x1p-24 * abs + 1e-6)
+              << i << "," << j;
+          ASSERT_EQ(cb[i * ldc + j], ToBf16(c[i * ldc + j])) << i << "," << j;
+          if (relu) ASSERT_GE(c[i * ldc + j], 0.0f);
+        }
+        for (int64_t j = n; j < ldc; ++j) {
+          ASSERT_EQ(c[i * ldc + j], 7.0f);
+          ASSERT_EQ(cb[i * ldc + j], 0x7777);
+        }
+      }
+    }
+  }
+}
+
+// A layer whose forward kept only its bf16 output: the backward reading
+// the ReLU's mask off that copy gives the weight, bias and input gradients
+// and dy's bf16 copy of the backward reading the fp32 output, bit for bit,
+// and leaves dy as it was; the forward's single outputs are its two-output
+// run's.
+TEST(Bf16Test, LinearBackwardFromTheBf16OutputMatchesTheFp32One) {
+  Rng rng = SeededRng(96);
+  for (bool relu : {false, true}) {
+    const int in = 45, out = 200, batch = 150;
+    Linear a(in, out, relu);
+    a.Init(&rng);
+    a.SyncBf16Weights();
+    Linear b = a;
+    const std::vector<float> x = RandomVector(&rng, batch * in);
+    std::vector<Bf16> xb(x.size());
+    ToBf16(x.data(), static_cast<int64_t>(x.size()), xb.data());
+    std::vector<float> y(batch * out), y_only(batch * out);
+    std::vector<Bf16> yb(batch * out), yb_only(batch * out);
+    a.ForwardBf16(xb.data(), batch, y.data(), yb.data());
+    b.ForwardBf16(xb.data(), batch, nullptr, yb_only.data());
+    b.ForwardBf16(xb.data(), batch, y_only.data(), nullptr);
+    ASSERT_EQ(yb, yb_only);
+    ASSERT_TRUE(BitwiseEqual(y.data(), y_only.data(), y.size()));
+
+    const std::vector<float> dy = RandomVector(&rng, batch * out);
+    std::vector<float> ga = dy, dxa(batch * in), dxb(batch * in);
+    std::vector<Bf16> gba(batch * out), gbb(batch * out);
+    a.BackwardBf16(xb.data(), y.data(), ga.data(), batch, dxa.data(),
+                   gba.data());
+    const std::vector<float> gb_in = dy;
+    b.BackwardBf16(xb.data(), yb.data(), gb_in.data(), batch, dxb.data(),
+                   gbb.data());
+    EXPECT_EQ(gb_in, dy);
+    EXPECT_EQ(gba, gbb) << "relu " << relu;
+    EXPECT_TRUE(BitwiseEqual(dxa.data(), dxb.data(), dxa.size()));
+    EXPECT_TRUE(BitwiseEqual(a.weight_grad(), b.weight_grad(), in * out));
+    EXPECT_TRUE(BitwiseEqual(a.bias_grad(), b.bias_grad(), out));
+    if (relu) EXPECT_NE(ga, dy);  // the fp32 overload masked dy in place
   }
 }
 
