@@ -173,15 +173,18 @@ absl::Status Run(const Flags& f) {
     max_rows = std::max(max_rows, t.rows());
   }
   // The tables' precision (weight_precision: "mixed" when they differ) and
-  // the bytes their stores hold in host memory (MemoryBytes).
+  // the bytes their stores hold in host memory and on disk (MemoryBytes:
+  // RocksDB's live files).
   std::string row_precision;
   for (const auto& t : model->config().tables()) {
     const std::string p = RowPrecisionName(t.weight_precision());
     row_precision = row_precision.empty() || row_precision == p ? p : "mixed";
   }
-  int64_t table_host_bytes = 0;
+  int64_t table_host_bytes = 0, table_disk_bytes = 0;
   for (int j = 0; j < model->shards().size(); ++j) {
-    table_host_bytes += model->shards()[j].store->MemoryBytes().host;
+    const embedding::StoreBytes b = model->shards()[j].store->MemoryBytes();
+    table_host_bytes += b.host;
+    table_disk_bytes += b.disk;
   }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
@@ -195,6 +198,7 @@ absl::Status Run(const Flags& f) {
       "\"device_tables\": %d, "
       "\"rocksdb_tables\": %d, \"cache_fraction\": %.3f, "
       "\"row_precision\": \"%s\", \"table_host_mib\": %.1f, "
+      "\"table_disk_mib\": %.1f, "
       "\"hit_rate\": %.4f, \"prefetch_hits\": %lld, "
       "\"samples_per_s\": %.0f, "
       "\"min\": %.0f, \"max\": %.0f, \"stage_ms\": {",
@@ -206,7 +210,7 @@ absl::Status Run(const Flags& f) {
       rocksdb_tables,
       rocksdb_tables > 0 ? model->config().rocksdb().cache_fraction() : 1.0,
       row_precision.c_str(), static_cast<double>(table_host_bytes) / 1048576.0,
-      hit_rate,
+      static_cast<double>(table_disk_bytes) / 1048576.0, hit_rate,
       static_cast<long long>(timed.prefetch_hits - warm.prefetch_hits), median,
       sorted.front(), sorted.back());
   const double steps = static_cast<double>(f.iters) * f.repeats;

@@ -162,8 +162,9 @@ absl::Status CheckStorageOnDevice(const ModelConfig& c, int i) {
 
 // InvalidArgument naming tables[i].weight_precision when it is not a
 // RowPrecision, or is 16-bit on a tier that keeps only fp32 rows: 16-bit
-// rows live in host memory (STORAGE_HOST) on a DEVICE_CPU model; the
-// RocksDB tier, the host caches and the device tier store fp32 rows.
+// rows live in host memory (STORAGE_HOST) or on RocksDB (STORAGE_ROCKSDB,
+// its row cache too) on a DEVICE_CPU model; the device tier (STORAGE_DEVICE,
+// its cache included) stores fp32 rows.
 absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   const std::string field =
@@ -175,10 +176,11 @@ absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
   }
   if (t.weight_precision() == ROW_FP32) return absl::OkStatus();
   const std::string precision = RowPrecision_Name(t.weight_precision());
-  if (t.storage() != STORAGE_HOST) {
+  if (t.storage() != STORAGE_HOST && t.storage() != STORAGE_ROCKSDB) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, " is ", precision, ", which the ", StorageTier_Name(t.storage()),
-        " tier does not keep (16-bit rows are STORAGE_HOST only)"));
+        " tier does not keep (16-bit rows are STORAGE_HOST or STORAGE_ROCKSDB "
+        "only)"));
   }
   if (c.device() != DEVICE_CPU) {
     return absl::InvalidArgumentError(absl::StrCat(

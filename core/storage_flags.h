@@ -72,8 +72,9 @@ struct StorageFlags {
     app.add_option("--row-precision", row_precision,
                    "Precision of every table's weights: fp32, fp16 or bf16 "
                    "(16-bit rows: half the memory, stochastic rounding on "
-                   "update, host-memory tables on the CPU only; default: the "
-                   "config's weight_precision, fp32 unless it sets one)")
+                   "update, host-memory and RocksDB tables on the CPU only; "
+                   "default: the config's weight_precision, fp32 unless it "
+                   "sets one)")
         ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   }
 

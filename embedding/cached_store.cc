@@ -14,7 +14,8 @@ namespace dlrm::embedding {
 
 HostSlots::HostSlots(const TableSpec& spec, int64_t slots)
     : table_(EmbeddingTable::SlotArray(spec.table_index, slots, spec.dim,
-                                       spec.pooling, spec.optimizer)),
+                                       spec.pooling, spec.optimizer,
+                                       spec.precision, spec.seed, spec.slice)),
       record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)) {}
 
 absl::Status HostSlots::ReadSlots(const int64_t* slots, int64_t n,
@@ -36,6 +37,7 @@ absl::Status HostSlots::WriteSlots(const int64_t* slots, int64_t n,
 bool HostSlots::MapHostTable(EmbeddingTable& table) {
   mapped_ = nullptr;
   if (table.dim() != table_->dim() ||
+      table.precision() != table_->precision() ||
       table.state_floats(0) != table_->state_floats(0) ||
       table.state_floats(1) != table_->state_floats(1)) {
     return false;
@@ -181,6 +183,12 @@ absl::StatusOr<std::unique_ptr<CachedStore>> CachedStore::Create(
         b.dim, " rows of another optimizer, not the cached table's ", spec.rows,
         " x ", spec.dim));
   }
+  if (b.precision != spec.precision) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.table_index, ": the backing store keeps ",
+                     RowPrecision_Name(b.precision), " rows, the cached table ",
+                     RowPrecision_Name(spec.precision)));
+  }
   if (slots->slots() != options.cache_rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec.table_index, ": ", slots->slots(),
@@ -254,6 +262,7 @@ absl::StatusOr<const data::SparseFeature*> CachedStore::Prepare(
     // Commit, then the slots load the misses from the backing table, after
     // the victims' stores above.
     manager_.Commit();
+    slots_->SetSlotRows(miss_slots_.data(), miss_rows_.data(), misses);
     RETURN_IF_ERROR(slots_->LoadRows(*host_table_, miss_rows_.data(),
                                      miss_slots_.data(), misses));
     rows_read = misses;
@@ -274,6 +283,7 @@ absl::StatusOr<const data::SparseFeature*> CachedStore::Prepare(
     }
     // Commit: the misses enter their slots.
     manager_.Commit();
+    slots_->SetSlotRows(miss_slots_.data(), miss_rows_.data(), misses);
     for (const int64_t row : miss_rows_) staged_index_.erase(row);
     RETURN_IF_ERROR(
         slots_->WriteSlots(miss_slots_.data(), misses, records_.data()));

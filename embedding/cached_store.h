@@ -48,6 +48,12 @@ class SlotStorage {
   // before the work queued after; `records` may be reused on return.
   virtual absl::Status WriteSlots(const int64_t* slots, int64_t n,
                                   const float* records) = 0;
+  // Tells the storage that slots[i] now holds row rows[i] of the table for
+  // i in [0, n) (CachedStore calls it for its misses before they are
+  // loaded): 16-bit host slots round their updates by that row. Default:
+  // nothing (slots whose updates need no row).
+  virtual void SetSlotRows(const int64_t* slots, const int64_t* rows,
+                           int64_t n) {}
 
   // Makes `table` (host memory, of the slots' dim and optimizer: a
   // HostStore's) one whose rows LoadRows and StoreRows copy directly, and
@@ -94,10 +100,12 @@ class SlotStorage {
   virtual void set_optimizer(const OptimizerConfig& optimizer) = 0;
 };
 
-// Slots in host memory: an EmbeddingTable::SlotArray and its kernels.
+// Slots in host memory: an EmbeddingTable::SlotArray and its kernels, in
+// the spec's precision (16-bit slots round each update as the table would
+// round the row the slot holds: SetSlotRows).
 class HostSlots final : public SlotStorage {
  public:
-  // `slots` slots of `spec`'s dim, pooling and optimizer.
+  // `slots` slots of `spec`'s dim, pooling, optimizer and precision.
   HostSlots(const TableSpec& spec, int64_t slots);
 
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
@@ -106,7 +114,12 @@ class HostSlots final : public SlotStorage {
                          float* records) override;
   absl::Status WriteSlots(const int64_t* slots, int64_t n,
                           const float* records) override;
-  // Plain row copies (CopyRecords), done on return.
+  void SetSlotRows(const int64_t* slots, const int64_t* rows,
+                   int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) table_->set_slot_row(slots[i], rows[i]);
+  }
+  // Plain row copies (CopyRecords), done on return; false for a table of
+  // another precision too.
   bool MapHostTable(EmbeddingTable& table) override;
   absl::Status LoadRows(const EmbeddingTable& table, const int64_t* rows,
                         const int64_t* slots, int64_t n) override;
@@ -160,7 +173,7 @@ class HostSlots final : public SlotStorage {
 class CachedStore final : public EmbeddingStore {
  public:
   // InvalidArgument for a bad spec or options, a backing store whose spec
-  // has other rows, dim or optimizer, or slots that are not
+  // has other rows, dim, optimizer or precision, or slots that are not
   // options.cache_rows of spec's record size; the backing store's step
   // becomes the slots' step. Maps a HostStore backing's table into the
   // slots (the direct path) when options.direct_host_access.

@@ -41,7 +41,9 @@ struct TableSpec {
   // Where a shard sits in its table. Default: the whole table.
   TableSlice slice;
   // Precision of the weights (TableConfig.weight_precision): 16-bit rows
-  // only on the host tier (HostStore). Default: ROW_FP32.
+  // on the host tier (HostStore), the RocksDB tier (RocksDbCachedStore: its
+  // slots and its values) and host slots (HostSlots); not the device tier.
+  // Default: ROW_FP32.
   RowPrecision precision = ROW_FP32;
 
   // InvalidArgument when rows or dim is not positive, the pooling is not sum
@@ -542,8 +544,8 @@ bool NeedsDatabase(const StoreOptions& options);
 // outlive the store) for kRocksDbCache, and for kDevice with a device cache
 // backed by kRocksDbCache, where it must not be null; the table's rows go
 // to its own column family there. InvalidArgument for bad
-// spec or options (a 16-bit spec.precision on any tier but kHost: the
-// others keep fp32 rows); FailedPrecondition naming CudaUnavailableReason() for
+// spec or options (a 16-bit spec.precision on kDevice, which keeps fp32
+// rows); FailedPrecondition naming CudaUnavailableReason() for
 // kDevice in a binary without CUDA or a process without a device; else the
 // tier's open errors.
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(

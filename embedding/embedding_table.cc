@@ -280,10 +280,18 @@ EmbeddingTable::EmbeddingTable(int table_index, int64_t rows, int dim,
 
 std::unique_ptr<EmbeddingTable> EmbeddingTable::SlotArray(
     int table_index, int64_t slots, int dim, Pooling pooling,
-    const OptimizerConfig& optimizer) {
+    const OptimizerConfig& optimizer, RowPrecision precision, uint64_t seed,
+    const TableSlice& slice) {
   // The constructor is private: std::make_unique cannot reach it.
-  return std::unique_ptr<EmbeddingTable>(new EmbeddingTable(
-      table_index, slots, dim, pooling, optimizer, ROW_FP32, NoInit{}));
+  std::unique_ptr<EmbeddingTable> t(new EmbeddingTable(
+      table_index, slots, dim, pooling, optimizer, precision, NoInit{}));
+  if (precision != ROW_FP32) {
+    t->seed_ = seed;
+    t->row_begin_ = slice.row_begin;
+    t->col_begin_ = slice.col_begin;
+    t->slot_rows_.assign(slots, 0);
+  }
+  return t;
 }
 
 void EmbeddingTable::ReadRecord(int64_t row, float* record) const {
@@ -524,6 +532,8 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int64_t* order = order_.data();
   const int64_t* starts = unique_start_.data();
   const int64_t* unique = unique_ids_.data();
+  // A 16-bit slot array rounds by the row each slot holds.
+  const int64_t* slot_rows = slot_rows_.empty() ? nullptr : slot_rows_.data();
 
   // kRowGroup accumulators per thread (and a 16-bit table's widened row),
   // padded to whole cache lines so threads do not share a line.
@@ -620,10 +630,11 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
           optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim, w,
                                               state1 + row * floats1,
                                               state2 + row * floats2);
-          NarrowRow(
-              precision_, w, dim,
-              RoundingRowKey(seed_, table_index_, row_begin_ + row, step_),
-              col_begin_, out);
+          const int64_t table_row =
+              row_begin_ + (slot_rows != nullptr ? slot_rows[row] : row);
+          NarrowRow(precision_, w, dim,
+                    RoundingRowKey(seed_, table_index_, table_row, step_),
+                    col_begin_, out);
         }
       }
     };

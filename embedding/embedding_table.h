@@ -59,11 +59,21 @@ class EmbeddingTable {
 
   // A table of `slots` rows for a storage tier to fill (embedding_store.h):
   // weights zero, optimizer state at its initial value, no InitialValue
-  // pass. Its kernels then take slot indices instead of row ids. fp32 rows
-  // only (the tiers with slots keep fp32 rows).
+  // pass. Its kernels then take slot indices instead of row ids. A 16-bit
+  // `precision` keeps 16-bit words and rounds each update as the table (or
+  // the shard `slice` places) of `seed` would round the row the slot holds
+  // (set_slot_row): so a cached tier trains bitwise like the host tier.
   static std::unique_ptr<EmbeddingTable> SlotArray(
       int table_index, int64_t slots, int dim, Pooling pooling,
-      const OptimizerConfig& optimizer);
+      const OptimizerConfig& optimizer, RowPrecision precision = ROW_FP32,
+      uint64_t seed = 0, const TableSlice& slice = {});
+
+  // Of a 16-bit slot array: slot `slot` now holds row `row` of its table
+  // (or shard; row_begin of the slice is added), which its updates round
+  // with. A no-op on an fp32 table or one that is not a slot array.
+  void set_slot_row(int64_t slot, int64_t row) {
+    if (!slot_rows_.empty()) slot_rows_[slot] = row;
+  }
 
   // Pools each bag of `ids` (ids must be in [0, rows)) into row s of `out`
   // (at out + s * out_stride); an empty bag gives zeros.
@@ -149,6 +159,11 @@ class EmbeddingTable {
   AlignedVector<float> weights_, state1_, state2_;
   // The weights of a 16-bit table (weights_ is empty then).
   AlignedVector<uint16_t> words_;
+  // Of a 16-bit slot array: the row of the table each slot holds
+  // (set_slot_row), which its updates round with; empty otherwise (row r
+  // rounds as row r). Bookkeeping like the cache's slot map, not counted in
+  // TableBytes.
+  std::vector<int64_t> slot_rows_;
   // Floats per row of state1_ and state2_ (0 where the array is unused).
   int state_floats_[2] = {0, 0};
   int64_t step_ = 0;

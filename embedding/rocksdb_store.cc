@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "embedding/row_precision.h"
 #include "optim/optimizer.h"
 
 namespace dlrm::embedding {
@@ -69,9 +70,9 @@ RocksDbCachedStore::RocksDbCachedStore(const TableSpec& spec,
       family_(family),
       state_floats_(StateFloatsPerRow(spec.optimizer, spec.dim)),
       // More slots than rows could never be used.
-      slots_(EmbeddingTable::SlotArray(spec.table_index,
-                                       std::min(options.cache_rows, spec.rows),
-                                       spec.dim, spec.pooling, spec.optimizer)),
+      slots_(EmbeddingTable::SlotArray(
+          spec.table_index, std::min(options.cache_rows, spec.rows), spec.dim,
+          spec.pooling, spec.optimizer, spec.precision, spec.seed, spec.slice)),
       manager_(spec.table_index, spec.rows, slots_->rows(), options.eviction,
                "the row cache", "RocksDbStoreOptions.cache_rows") {}
 
@@ -91,8 +92,42 @@ void RocksDbCachedStore::CopySlotToRecord(int64_t slot, float* record) const {
   slots_->ReadRecord(slot, record);
 }
 
-void RocksDbCachedStore::CopyRecordToSlot(const float* record, int64_t slot) {
+void RocksDbCachedStore::CopyRecordToSlot(const float* record, int64_t slot,
+                                          int64_t row) {
   slots_->WriteRecord(slot, record);
+  slots_->set_slot_row(slot, row);
+}
+
+size_t RocksDbCachedStore::ValueBytes() const {
+  return static_cast<size_t>(spec_.dim) * WeightBytes(spec_.precision) +
+         static_cast<size_t>(state_floats_) * sizeof(float);
+}
+
+void RocksDbCachedStore::EncodeValue(const float* record, char* value) const {
+  if (spec_.precision == ROW_FP32) {
+    std::memcpy(value, record, RecordFloats() * sizeof(float));
+    return;
+  }
+  for (int c = 0; c < spec_.dim; ++c) {
+    const uint16_t word = FloatToWord(spec_.precision, record[c]);
+    std::memcpy(value + 2 * c, &word, sizeof(word));
+  }
+  std::memcpy(value + 2 * spec_.dim, record + spec_.dim,
+              state_floats_ * sizeof(float));
+}
+
+void RocksDbCachedStore::DecodeValue(const char* value, float* record) const {
+  if (spec_.precision == ROW_FP32) {
+    std::memcpy(record, value, RecordFloats() * sizeof(float));
+    return;
+  }
+  for (int c = 0; c < spec_.dim; ++c) {
+    uint16_t word;
+    std::memcpy(&word, value + 2 * c, sizeof(word));
+    record[c] = WordToFloat(spec_.precision, word);
+  }
+  std::memcpy(record + spec_.dim, value + 2 * spec_.dim,
+              state_floats_ * sizeof(float));
 }
 
 void RocksDbCachedStore::InitialRecord(int64_t row, float* record) const {
@@ -101,6 +136,14 @@ void RocksDbCachedStore::InitialRecord(int64_t row, float* record) const {
       slice.table_rows > 0 ? slice.table_rows : spec_.rows;
   InitialRow(spec_.seed, spec_.table_index, table_rows, slice.row_begin + row,
              slice.col_begin, spec_.dim, record);
+  // A 16-bit table starts from InitialValue rounded to nearest, as the host
+  // tier's (EmbeddingTable's constructor).
+  if (spec_.precision != ROW_FP32) {
+    for (int c = 0; c < spec_.dim; ++c) {
+      record[c] =
+          WordToFloat(spec_.precision, FloatToWord(spec_.precision, record[c]));
+    }
+  }
   optim::InitialSparseState(spec_.optimizer, spec_.dim, record + spec_.dim);
 }
 
@@ -119,16 +162,17 @@ absl::Status RocksDbCachedStore::ReadRecords(const std::vector<int64_t>& rows,
   std::vector<rocksdb::Status> statuses(n);
   db_->db()->MultiGet(rocksdb::ReadOptions(), family_, n, keys.data(),
                       values.data(), statuses.data());
-  const size_t record_bytes = RecordFloats() * sizeof(float);
+  const size_t record_bytes = ValueBytes();
   for (size_t i = 0; i < n; ++i) {
     float* record = records + i * RecordFloats();
     if (statuses[i].ok()) {
       if (values[i].size() != record_bytes) {
         return absl::DataLossError(absl::StrCat(
             "table ", spec_.table_index, ": row ", rows[i], " has ",
-            values[i].size(), " bytes in RocksDB, expected ", record_bytes));
+            values[i].size(), " bytes in RocksDB, expected ", record_bytes,
+            " (", RowPrecision_Name(spec_.precision), " weights)"));
       }
-      std::memcpy(record, values[i].data(), record_bytes);
+      DecodeValue(values[i].data(), record);
       ++metrics->rows_read;
       metrics->bytes_read += static_cast<int64_t>(record_bytes);
     } else if (statuses[i].IsNotFound()) {
@@ -149,14 +193,15 @@ absl::Status RocksDbCachedStore::WriteRecords(const int64_t* rows,
                                               bool with_step) const {
   if (count == 0 && !with_step) return absl::OkStatus();
   rocksdb::WriteBatch batch;
-  const size_t record_bytes = RecordFloats() * sizeof(float);
+  const size_t record_bytes = ValueBytes();
+  // Put copies the value into the batch: one buffer serves every row.
+  std::vector<char> value(record_bytes);
   char key[8];
   for (size_t i = 0; i < count; ++i) {
     EncodeRowKey(rows[i], key);
+    EncodeValue(records + i * RecordFloats(), value.data());
     batch.Put(family_, rocksdb::Slice(key, 8),
-              rocksdb::Slice(
-                  reinterpret_cast<const char*>(records + i * RecordFloats()),
-                  record_bytes));
+              rocksdb::Slice(value.data(), record_bytes));
   }
   // Only Flush, on the caller's thread, writes the step: the write-backs on
   // the worker leave the counter (which BackwardUpdate changes) alone.
@@ -331,7 +376,7 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
   metrics_.evictions += plan.evictions;
   for (size_t i = 0; i < misses; ++i) {
     const int64_t k = plan.misses[i];
-    CopyRecordToSlot(miss_record_[i], plan.slots[k]);
+    CopyRecordToSlot(miss_record_[i], plan.slots[k], plan.rows[k]);
     staged_index_.erase(plan.rows[k]);
   }
   moving.unlock();
@@ -340,8 +385,8 @@ absl::StatusOr<const data::SparseFeature*> RocksDbCachedStore::Prepare(
   metrics_.prefetch_hits += prefetch_hits;
   if (!writeback_rows_.empty()) {
     metrics_.rows_written += static_cast<int64_t>(writeback_rows_.size());
-    metrics_.bytes_written += static_cast<int64_t>(
-        writeback_rows_.size() * record_floats * sizeof(float));
+    metrics_.bytes_written +=
+        static_cast<int64_t>(writeback_rows_.size() * ValueBytes());
     Submit(/*read=*/false, [this] {
       // Written: the buffer is no longer the only copy. On failure it stays,
       // and WaitForJobs writes it again.
@@ -450,6 +495,14 @@ absl::Status RocksDbCachedStore::PoolReadOnly(const data::SparseFeature& ids,
     for (size_t k = 0; k < rows.size(); ++k) {
       const float* from = nullptr;
       if (const int64_t slot = manager_.SlotOf(rows[k]); slot >= 0) {
+        if (spec_.precision != ROW_FP32) {
+          // A 16-bit slot's words, widened (exact).
+          const uint16_t* w = slots_->words() + slot * dim;
+          for (int c = 0; c < dim; ++c) {
+            weights[k * dim + c] = WordToFloat(spec_.precision, w[c]);
+          }
+          continue;
+        }
         from = slots_->weights() + slot * dim;
       } else if (const auto wb = std::lower_bound(
                      writeback_rows_.begin(), writeback_rows_.end(), rows[k]);
@@ -521,7 +574,7 @@ absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
     const int64_t row = begin + i;
     const float* record = records + i * floats;
     if (const int64_t slot = manager_.SlotOf(row); slot >= 0) {
-      CopyRecordToSlot(record, slot);
+      CopyRecordToSlot(record, slot, row);
       manager_.SetDirty(slot, true);
       continue;
     }
@@ -535,7 +588,7 @@ absl::Status RocksDbCachedStore::WriteRows(int64_t begin, int64_t count,
                                          to_write.data() + b * floats, n,
                                          /*with_step=*/false));
     metrics_.rows_written += static_cast<int64_t>(n);
-    metrics_.bytes_written += static_cast<int64_t>(n * floats * sizeof(float));
+    metrics_.bytes_written += static_cast<int64_t>(n * ValueBytes());
   }
   return absl::OkStatus();
 }
@@ -596,8 +649,7 @@ absl::Status RocksDbCachedStore::Flush() {
                                          /*with_step=*/end == dirty.size()));
     for (size_t i = begin; i < end; ++i) manager_.SetDirty(dirty[i], false);
     metrics_.rows_written += static_cast<int64_t>(rows.size());
-    metrics_.bytes_written +=
-        static_cast<int64_t>(rows.size() * record_floats * sizeof(float));
+    metrics_.bytes_written += static_cast<int64_t>(rows.size() * ValueBytes());
     begin = end;
   } while (begin < dirty.size());
   return absl::OkStatus();

@@ -34,9 +34,13 @@ namespace dlrm::embedding {
 // A fixed number of slots (options.cache_rows) in host memory with the
 // layout of EmbeddingTable, an id -> slot map, and RocksDB behind it. A row
 // is stored as one value, its weights and optimizer state together (the
-// ReadRow record, little-endian floats), under its 8-byte big-endian row
-// number; rows never written are initialised from InitialValue. Trains
-// bitwise like a HostStore of the same spec. Thread safety as
+// ReadRow record: little-endian floats, except that a 16-bit spec.precision
+// stores its dim weights as little-endian 16-bit words, half the bytes),
+// under its 8-byte big-endian row number; rows never written are
+// initialised from InitialValue (rounded to nearest in 16 bits). The slots
+// keep the spec's precision. Trains bitwise like a HostStore of the same
+// spec, 16-bit rows included (the slots round each update by the row they
+// hold). Thread safety as
 // EmbeddingStore: PoolReadOnly may run on other threads beside the
 // caller's Prepare, Prefetch, ReadRows, Flush and the background jobs (it
 // synchronises with them through cache_mu_).
@@ -105,7 +109,16 @@ class RocksDbCachedStore final : public EmbeddingStore {
   // Floats of one record: dim weights + state.
   int RecordFloats() const { return spec_.dim + state_floats_; }
   void CopySlotToRecord(int64_t slot, float* record) const;
-  void CopyRecordToSlot(const float* record, int64_t slot);
+  // Sets `slot` from `record`; the slot then holds `row`.
+  void CopyRecordToSlot(const float* record, int64_t slot, int64_t row);
+  // Bytes of one RocksDB value: dim weights of spec.precision, then the
+  // state floats.
+  size_t ValueBytes() const;
+  // A record as its RocksDB value (ValueBytes() at `value`; 16-bit weights
+  // rounded to nearest, exact for a record of the table's values), and
+  // back (16-bit weights widened, exact).
+  void EncodeValue(const float* record, char* value) const;
+  void DecodeValue(const char* value, float* record) const;
   void InitialRecord(int64_t row, float* record) const;
   // Reads `rows` from RocksDB into records (RecordFloats() apart),
   // initialising rows never written; counts rows/bytes read into `metrics`.

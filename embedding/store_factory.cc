@@ -140,11 +140,11 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     const TableSpec& spec, const StoreOptions& options, RowDatabase* db) {
   RETURN_IF_ERROR(spec.Validate());
   RETURN_IF_ERROR(options.Validate());
-  if (spec.precision != ROW_FP32 && options.kind != StoreKind::kHost) {
+  if (spec.precision != ROW_FP32 && options.kind == StoreKind::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
         "table ", spec.table_index, ": ", RowPrecision_Name(spec.precision),
-        " rows are kept by the host tier only (the RocksDB and device tiers "
-        "keep fp32 rows)"));
+        " rows are kept by the host and RocksDB tiers only (the device tier "
+        "keeps fp32 rows)"));
   }
   if (options.dynamic) {
     // The tier's store of the table's rows, then the map in front.

@@ -124,8 +124,6 @@ absl::StatusOr<ModelConfig> PlanStorageTiers(const ModelConfig& config,
               t.device_cache_backing() == STORAGE_HOST)) {
           return -1;
         }
-        // 16-bit rows live on the host tier only.
-        if (t.weight_precision() != ROW_FP32) return -1;
         int64_t bytes = 0;
         for (const Shard& shard : p.tables[k].shards) {
           bytes += PlannedShardBytes(t, options.rocksdb, shard, opt).host;

@@ -413,6 +413,8 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
       spec.optimizer = saved.sparse_optimizer();
       spec.seed = saved.seed();
       spec.slice = {saved.tables(k).rows(), b.row_begin, b.col_begin};
+      // The saved values' precision; ReadRows widens them (exact).
+      spec.precision = saved.tables(k).weight_precision();
       embedding::StoreOptions o;
       o.kind = embedding::StoreKind::kRocksDbCache;
       o.rocksdb = db->options();
@@ -454,14 +456,18 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
   };
 
   // The plan is the saved one when every shard of every table is a saved
-  // block of the same rank, rows, columns and tier: then this rank's
+  // block of the same rank, rows, columns, tier and weight precision (a
+  // database's values are in its table's precision): then this rank's
   // database is a copy of its saved one, as is.
   const SavedLayout mine = LayoutOf(model);
   bool same_plan = mine.world_size == layout.world_size;
   for (int k = 0; same_plan && k < config.tables_size(); ++k) {
     const auto& a = mine.tables[k];
     const auto& b = layout.tables[k];
-    same_plan = a.size() == b.size();
+    same_plan =
+        a.size() == b.size() &&
+        (k >= saved.tables_size() || config.tables(k).weight_precision() ==
+                                         saved.tables(k).weight_precision());
     for (size_t i = 0; same_plan && i < a.size(); ++i) {
       same_plan = a[i].rank == b[i].rank && a[i].row_begin == b[i].row_begin &&
                   a[i].row_end == b[i].row_end &&

@@ -30,6 +30,8 @@ constexpr int64_t kFloat = sizeof(float);
 // slot (row, dirty bit, use count, batch, list links: 48 bytes), its entry
 // in the row -> slot map (16 bytes at a load near 0.6) and in the free list.
 constexpr int64_t kCacheSlotBytes = 48 + 28 + 8;
+// And a 16-bit slot array's row of each slot (EmbeddingTable::set_slot_row).
+constexpr int64_t kSlotRowBytes = 8;
 // Per id of a batch a table (or shard) pools: its backward's scratch
 // (EmbeddingTable::Deduplicate: the id -> unique map at twice the ids, the
 // occurrence order, the unique index of every occurrence, the unique ids
@@ -70,14 +72,19 @@ StorageTier EffectiveStorage(const ModelConfig& config, const TableConfig& t) {
   return t.storage();
 }
 
-// Bytes of a row cache of `rows` rows of a shard `cols` wide, for batches
-// with `ids` ids of the table: the records, the slots' bookkeeping, and the
-// records of a batch's misses staged twice (the prefetch's and the
-// prepare's).
+// Bytes of a row cache of `rows` rows of a shard `cols` wide with weights
+// of `precision`, for batches with `ids` ids of the table: the slots' rows
+// (2 bytes a weight in 16 bits), their bookkeeping, and the records of a
+// batch's misses staged twice (the prefetch's and the prepare's: fp32
+// records whatever the precision).
 int64_t RowCacheBytes(int64_t rows, int cols, int64_t ids,
-                      const OptimizerConfig& optimizer) {
+                      const OptimizerConfig& optimizer,
+                      RowPrecision precision) {
+  const int64_t slot =
+      embedding::ShardBytes({0, 0, 1, 0, cols}, optimizer, precision) +
+      kCacheSlotBytes + (precision == ROW_FP32 ? 0 : kSlotRowBytes);
   const int64_t record = embedding::ShardBytes({0, 0, 1, 0, cols}, optimizer);
-  return rows * (record + kCacheSlotBytes) + 2 * std::min(ids, rows) * record;
+  return rows * slot + 2 * std::min(ids, rows) * record;
 }
 
 // Floats per sample of the dense part's training buffers (the CPU
@@ -191,8 +198,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config,
         // A RocksDB tier: its row cache in host memory, with the slots'
         // bookkeeping and a batch's misses staged twice.
         const int64_t rows = CachedRows(config.rocksdb(), s.row_count);
-        const int64_t cache = RowCacheBytes(rows, s.col_count,
-                                            std::min(ids, s.row_count), sparse);
+        const int64_t cache =
+            RowCacheBytes(rows, s.col_count, std::min(ids, s.row_count), sparse,
+                          t.weight_precision());
         entry.cache_rows += rows;
         entry.host_bytes += cache;
         entry.rocksdb_bytes += planned.disk;

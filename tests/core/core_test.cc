@@ -856,8 +856,9 @@ TEST(ConfigTest, DeviceCacheBackingIsCheckedNamingTheTable) {
   EXPECT_TRUE(NormalizeModelConfig(c).ok());
 }
 
-// weight_precision: a RowPrecision; 16-bit rows on STORAGE_HOST tables of a
-// DEVICE_CPU model only, refused elsewhere naming the field and the tier.
+// weight_precision: a RowPrecision; 16-bit rows on STORAGE_HOST and
+// STORAGE_ROCKSDB tables of a DEVICE_CPU model only, refused elsewhere (the
+// device tier, with or without its cache) naming the field and the tier.
 TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
   auto parsed = ParseModelConfigText(
       "tables { name: \"a\" rows: 5 weight_precision: ROW_BF16 } "
@@ -880,12 +881,20 @@ TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
   ModelConfig c = *parsed;
   c.mutable_tables(1)->set_weight_precision(static_cast<RowPrecision>(7));
   expect_error(c, "tables[1].weight_precision (b)", "invalid");
+  // The RocksDB tier keeps them.
   c = *parsed;
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
-  expect_error(c, "tables[1].weight_precision (b)", "STORAGE_ROCKSDB tier");
+  EXPECT_TRUE(NormalizeModelConfig(c).ok()) << NormalizeModelConfig(c).status();
+  c.mutable_tables(0)->set_storage(STORAGE_ROCKSDB);
+  c.mutable_rocksdb()->set_cache_fraction(0.5);
+  EXPECT_TRUE(NormalizeModelConfig(c).ok()) << NormalizeModelConfig(c).status();
   c = *parsed;
   c.set_device(DEVICE_CUDA);
   c.mutable_tables(0)->set_storage(STORAGE_DEVICE);
+  expect_error(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
+  // A device cache over RocksDB is the device tier too.
+  c.mutable_tables(0)->set_device_cache_rows(2);
+  c.mutable_tables(0)->set_device_cache_backing(STORAGE_ROCKSDB);
   expect_error(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
   c = *parsed;
   c.set_device(DEVICE_CUDA);

@@ -395,20 +395,22 @@ TEST(Table16Test, WeightsTakeTwoBytesEach) {
   }
 }
 
-TEST(Table16Test, OnlyTheHostTierTakesSixteenBitRows) {
+TEST(Table16Test, TheDeviceTierRefusesSixteenBitRows) {
+  // The host and RocksDB tiers keep them (rows16_tiers_test.cc).
   TableSpec spec;
   spec.rows = 10;
   spec.dim = 4;
   spec.optimizer = test::MakeOptimizer(OptimizerConfig::SGD);
   spec.precision = ROW_BF16;
   StoreOptions o;
-  o.kind = StoreKind::kRocksDbCache;
-  o.rocksdb.path = "/nonexistent-not-opened";
+  o.kind = StoreKind::kDevice;
   absl::StatusOr<std::unique_ptr<EmbeddingStore>> store =
       CreateEmbeddingStore(spec, o, nullptr);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(store.status().message().find("ROW_BF16"), std::string::npos)
+      << store.status();
+  EXPECT_NE(store.status().message().find("device tier"), std::string::npos)
       << store.status();
   o.kind = StoreKind::kHost;
   EXPECT_TRUE(CreateEmbeddingStore(spec, o, nullptr).ok());

@@ -1071,6 +1071,46 @@ TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
 
 class HybridRowPrecisionTest : public testing::TestWithParam<Case> {};
 
+// `got`, a job of 16-bit rows of `precision` on `world` ranks, against
+// `want`, one process: bitwise on one rank without row-wise pooling (`row`
+// false); otherwise losses and dense weights within 1e-5, table elements
+// within one 16-bit ulp and 99% of them bitwise (see below).
+void ExpectSixteenBitRowsLike(const Report& got, const Report& want,
+                              RowPrecision precision, int world, bool row,
+                              const std::string& what) {
+  if (world == 1 && !row) {
+    ExpectBitwiseEqual(got, want);
+    return;
+  }
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
+        << "step " << i;
+  }
+  ASSERT_EQ(got.dense.size(), want.dense.size());
+  for (size_t i = 0; i < want.dense.size(); ++i) {
+    ASSERT_NEAR(got.dense[i], want.dense[i], 1e-5) << "dense weight " << i;
+  }
+  // One ulp: 2^-7 (bf16) or 2^-10 (fp16) of the value bounds it.
+  const double ulp = precision == ROW_BF16 ? 0x1p-7 : 0x1p-10;
+  int64_t elements = 0, same = 0;
+  ASSERT_EQ(got.tables.size(), want.tables.size());
+  for (size_t k = 0; k < want.tables.size(); ++k) {
+    ASSERT_EQ(got.tables[k].size(), want.tables[k].size());
+    for (size_t i = 0; i < want.tables[k].size(); ++i) {
+      const float g = got.tables[k][i], w = want.tables[k][i];
+      ASSERT_NEAR(g, w, 1e-6 + ulp * std::abs(w))
+          << "table " << k << " element " << i;
+      ++elements;
+      same += std::memcmp(&g, &w, sizeof(g)) == 0;
+    }
+  }
+  std::printf("%s on %d ranks: %lld of %lld table elements bitwise equal\n",
+              what.c_str(), world, static_cast<long long>(same),
+              static_cast<long long>(elements));
+  EXPECT_GE(same, elements * 99 / 100);
+}
+
 // 16-bit rows (every table fp16 or bf16) on R ranks train like one process:
 // each update rounds stochastically by the whole table's row and column,
 // so a shard rounds an element as the whole table does. One rank without
@@ -1090,37 +1130,8 @@ TEST_P(HybridRowPrecisionTest, RanksTrainSixteenBitRowsLikeOneProcess) {
   const Report want = Reference(c, GlobalBatches(c, p.global_batch));
   const Scenario sc = ParseScenario(p.scenario);
   ASSERT_NE(sc.rows_precision, ROW_FP32);
-  if (p.world == 1 && sc.kind != "row") {
-    ExpectBitwiseEqual(got, want);
-    return;
-  }
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
-        << "step " << i;
-  }
-  ASSERT_EQ(got.dense.size(), want.dense.size());
-  for (size_t i = 0; i < want.dense.size(); ++i) {
-    ASSERT_NEAR(got.dense[i], want.dense[i], 1e-5) << "dense weight " << i;
-  }
-  // One ulp: 2^-7 (bf16) or 2^-10 (fp16) of the value bounds it.
-  const double ulp = sc.rows_precision == ROW_BF16 ? 0x1p-7 : 0x1p-10;
-  int64_t elements = 0, same = 0;
-  ASSERT_EQ(got.tables.size(), want.tables.size());
-  for (size_t k = 0; k < want.tables.size(); ++k) {
-    ASSERT_EQ(got.tables[k].size(), want.tables[k].size());
-    for (size_t i = 0; i < want.tables[k].size(); ++i) {
-      const float g = got.tables[k][i], w = want.tables[k][i];
-      ASSERT_NEAR(g, w, 1e-6 + ulp * std::abs(w))
-          << "table " << k << " element " << i;
-      ++elements;
-      same += std::memcmp(&g, &w, sizeof(g)) == 0;
-    }
-  }
-  std::printf("%s on %d ranks: %lld of %lld table elements bitwise equal\n",
-              p.scenario.c_str(), p.world, static_cast<long long>(same),
-              static_cast<long long>(elements));
-  EXPECT_GE(same, elements * 99 / 100);
+  ExpectSixteenBitRowsLike(got, want, sc.rows_precision, p.world,
+                           sc.kind == "row", p.scenario);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1137,6 +1148,54 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Reshard{"row+host+bf16", 2, "table+host+bf16", 1},
                     Reshard{"mixed+host+fp16", 2, "column+host+fp16", 3},
                     Reshard{"table+host+bf16", 1, "row+host", 2}),
+    ReshardName);
+
+class HybridRowPrecisionRocksDbTest : public testing::TestWithParam<Case> {};
+
+// 16-bit rows on RocksDB (caches of 10% of each shard's rows: rows spill
+// and come back) on R ranks: bitwise the same job with the tables in host
+// memory (the slots round each update by the row they hold, as the host
+// tier does), and like one process as HybridRowPrecisionTest says.
+TEST_P(HybridRowPrecisionRocksDbTest, TrainsLikeHostMemoryAndOneProcess) {
+  const Case& p = GetParam();
+  const Scenario sc = ParseScenario(p.scenario);
+  ASSERT_TRUE(sc.rocksdb);
+  ASSERT_NE(sc.rows_precision, ROW_FP32);
+  const std::string host =
+      sc.kind + "+host+" + (sc.rows_precision == ROW_BF16 ? "bf16" : "fp16");
+  const std::string out = JobOut(CaseName({p, 0})), host_out = JobOut(host);
+  ASSERT_TRUE(RunJob(p.scenario, p.world, p.global_batch, out));
+  ASSERT_TRUE(RunJob(host, p.world, p.global_batch, host_out));
+  const Report got = ReadReport(out), want = ReadReport(host_out);
+  std::filesystem::remove(out);
+  std::filesystem::remove(host_out);
+  std::filesystem::remove_all(RocksDbDir(out));
+  ExpectBitwiseEqual(got, want);
+
+  const ModelConfig c = ScenarioConfig(host, p.world);
+  const Scenario host_sc = ParseScenario(host);
+  const Report one = Reference(c, GlobalBatches(c, p.global_batch, host_sc));
+  ExpectSixteenBitRowsLike(got, one, sc.rows_precision, p.world,
+                           sc.kind == "row", p.scenario);
+}
+
+INSTANTIATE_TEST_SUITE_P(SixteenBitRows, HybridRowPrecisionRocksDbTest,
+                         testing::Values(Case{"table+rocksdb+bf16", 1, 37},
+                                         Case{"row+rocksdb+bf16", 2, 37},
+                                         Case{"mixed+rocksdb+fp16", 2, 37}),
+                         CaseName);
+
+// 16-bit RocksDB tables' checkpoints: restored in the same job and in new
+// processes they train on bitwise (the saved databases hold the words).
+INSTANTIATE_TEST_SUITE_P(SixteenBitRows, HybridRocksDbCheckpointTest,
+                         testing::Values("mixed+bf16"), StoreCaseName);
+
+// ... and reshard: 2 -> 1 in bf16, and 1 -> 2 restoring bf16 rows into
+// fp32 ones on RocksDB.
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBitRocksDbRows, HybridReshardTest,
+    testing::Values(Reshard{"row+rocksdb+bf16", 2, "table+rocksdb+bf16", 1},
+                    Reshard{"table+rocksdb+bf16", 1, "row+rocksdb", 2}),
     ReshardName);
 
 }  // namespace

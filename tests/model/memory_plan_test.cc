@@ -105,6 +105,31 @@ TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
                                     c.tables_size() * (int64_t{64} << 20));
 }
 
+// bf16 rows on RocksDB: half the bytes on disk, and row caches whose slots
+// hold 2 bytes a weight (plus the row each slot holds); the staged misses
+// stay fp32 records.
+TEST(MemoryPlanTest, SixteenBitRowsOnRocksDbHalveTheDiskAndTheSlots) {
+  ModelConfig c = Preset("kaggle");
+  StorageFlags flags;
+  flags.tables_on_rocksdb = {"all"};
+  flags.rocksdb_dir = "/tmp/unused";
+  ASSERT_TRUE(flags.Apply(&c).ok());
+  absl::StatusOr<MemoryPlan> fp32 = PlanMemory(c, nullptr, MemoryPlanOptions());
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  flags.row_precision = "bf16";
+  ASSERT_TRUE(flags.Apply(&c).ok());
+  absl::StatusOr<MemoryPlan> bf16 = PlanMemory(c, nullptr, MemoryPlanOptions());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->rocksdb_disk, 2 * EmbeddingParameterCount(c));
+  EXPECT_EQ(2 * bf16->rocksdb_disk, fp32->rocksdb_disk);
+  int64_t cached_weights = 0;
+  for (const auto& t : bf16->tables) cached_weights += t.cache_rows;
+  cached_weights *= c.embedding_dim();
+  // 2 bytes fewer a cached weight, 8 more a cached row.
+  EXPECT_EQ(fp32->row_caches - bf16->row_caches,
+            2 * cached_weights - 8 * cached_weights / c.embedding_dim());
+}
+
 TEST(MemoryPlanTest, BadOptionsAreInvalidArgument) {
   MemoryPlanOptions o;
   o.batch_size = 0;
