@@ -1,9 +1,10 @@
 // The embedding kernels alone on a config's tables (dlrm_bench_embedding):
 // the pooled lookup and the fused sparse update of every table on one
 // synthetic batch, called as the model calls them (an OpenMP loop over the
-// tables, each table on one thread), against the copy bandwidth measured in
-// the same run, with the bytes counted as dlrm_bench_train --roofline counts
-// them (bench/roofline.h StepEmbeddingBytes). Prints one JSON line.
+// tables, each table on one thread, the biggest first), against the copy
+// bandwidth measured in the same run, with the bytes counted as
+// dlrm_bench_train --roofline counts them (bench/roofline.h
+// StepEmbeddingBytes). Prints one JSON line.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -80,19 +81,31 @@ absl::Status Run(const Flags& f) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
   };
+  // The tables handed out most work first, as the model's loops over
+  // shards hand them out (Model::OrderShardsByWork).
+  std::vector<int> by_work(num_tables);
+  for (int k = 0; k < num_tables; ++k) by_work[k] = k;
+  std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) {
+    return static_cast<int64_t>(batch.sparse[a].ids.size()) *
+               config.tables(a).dim() >
+           static_cast<int64_t>(batch.sparse[b].ids.size()) *
+               config.tables(b).dim();
+  });
   std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu;
   for (int r = 0; r < f.repeats + 1; ++r) {
     const double c0 = cpu();
     auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int k = 0; k < num_tables; ++k) {
+    for (int i = 0; i < num_tables; ++i) {
+      const int k = by_work[i];
       tables[k]->Forward(batch.sparse[k], pooled.data() + column[k], width);
     }
     const double lookup = seconds(t0);
     const double c1 = cpu();
     t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int k = 0; k < num_tables; ++k) {
+    for (int i = 0; i < num_tables; ++i) {
+      const int k = by_work[i];
       tables[k]->BackwardUpdate(batch.sparse[k], grad.data() + column[k],
                                 width);
     }

@@ -1,6 +1,7 @@
 // The pooled lookup's versions: bags pooled column tile by column tile with
 // the tile's sums in registers, rows prefetched a few ids ahead; fp32 rows
-// and 16-bit ones (IEEE half, bfloat16) widened to floats as they load.
+// and 16-bit ones (IEEE half, bfloat16) widened to floats as they load. The
+// sparse update's gradient sums (SumRows) the same way, over gradient rows.
 #include "embedding/embedding_kernels.h"
 
 #include <algorithm>
@@ -211,7 +212,84 @@ void PoolPortable(const typename Words::T* weights, int dim, bool mean,
   }
 }
 
+// SumRows' columns [col0, col0 + 8 * kVecs + rem), rem < 8: kVecs vector
+// sums and rem scalar ones, each from 0 in order.
+template <int kVecs>
+void SumTilePortable(const float* __restrict rows, int64_t row_stride, int col0,
+                     int rem, const int64_t* __restrict order, int64_t begin,
+                     int64_t end, int64_t prefetch_end, float* __restrict out) {
+  const int cols = 8 * kVecs + rem;
+  Vec8 acc[kVecs > 0 ? kVecs : 1];
+  float tail[8];
+  for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
+  for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+  for (int64_t e = begin; e < end; ++e) {
+    if (e + kPrefetchDistance < prefetch_end) {
+      PrefetchSpan(rows + order[e + kPrefetchDistance] * row_stride + col0,
+                   cols);
+    }
+    const float* row = rows + order[e] * row_stride + col0;
+    for (int v = 0; v < kVecs; ++v) acc[v] += LoadU(row + 8 * v);
+    for (int t = 0; t < rem; ++t) tail[t] += row[8 * kVecs + t];
+  }
+  for (int v = 0; v < kVecs; ++v) StoreU(out + col0 + 8 * v, acc[v]);
+  for (int t = 0; t < rem; ++t) out[col0 + 8 * kVecs + t] = tail[t];
+}
+
+// SumRows in tiles of up to 64 columns (eight 8-float sums).
+void SumRowsPortable(const float* rows, int64_t row_stride, int dim,
+                     const int64_t* order, int64_t begin, int64_t end,
+                     int64_t prefetch_end, float* out) {
+  for (int col0 = 0; col0 < dim; col0 += 64) {
+    const int cols = std::min(64, dim - col0);
+    const int rem = cols % 8;
+    switch (cols / 8) {
+#define DLRM_SUM_TILE(k)                                               \
+  case k:                                                              \
+    SumTilePortable<k>(rows, row_stride, col0, rem, order, begin, end, \
+                       prefetch_end, out);                             \
+    break;
+      DLRM_SUM_TILE(0)
+      DLRM_SUM_TILE(1)
+      DLRM_SUM_TILE(2)
+      DLRM_SUM_TILE(3)
+      DLRM_SUM_TILE(4)
+      DLRM_SUM_TILE(5)
+      DLRM_SUM_TILE(6)
+      DLRM_SUM_TILE(7)
+      DLRM_SUM_TILE(8)
+#undef DLRM_SUM_TILE
+    }
+  }
+}
+
 #if DLRM_HAVE_AVX512_KERNELS
+
+// SumRows' columns [col0, col0 + 16 * (kVecs - 1) + popcount(last)): kVecs
+// 16-float sums from 0 in order, the last one's lanes masked by `last`.
+template <int kVecs>
+__attribute__((target("avx512f"))) void SumTileAvx512(
+    const float* __restrict rows, int64_t row_stride, int col0, int cols,
+    __mmask16 last, const int64_t* __restrict order, int64_t begin, int64_t end,
+    int64_t prefetch_end, float* __restrict out) {
+  __m512 acc[kVecs];
+  for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_setzero_ps();
+  for (int64_t e = begin; e < end; ++e) {
+    if (e + kPrefetchDistance < prefetch_end) {
+      PrefetchSpan(rows + order[e + kPrefetchDistance] * row_stride + col0,
+                   cols);
+    }
+    const float* row = rows + order[e] * row_stride + col0;
+    for (int v = 0; v + 1 < kVecs; ++v) {
+      acc[v] = _mm512_add_ps(acc[v], _mm512_loadu_ps(row + 16 * v));
+    }
+    acc[kVecs - 1] = _mm512_add_ps(
+        acc[kVecs - 1], _mm512_maskz_loadu_ps(last, row + 16 * (kVecs - 1)));
+  }
+  float* o = out + col0;
+  for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
+  _mm512_mask_storeu_ps(o + 16 * (kVecs - 1), last, acc[kVecs - 1]);
+}
 
 // Columns [col0, col0 + 16 * (kVecs - 1) + popcount(last)) of bags
 // [bag_begin, bag_end): kVecs 16-float sums from 0 in id order, the last
@@ -353,6 +431,16 @@ void Pool16Avx512(const uint16_t* weights, int dim, bool mean,
   });
 }
 
+// SumRows in tiles of up to 128 columns (ForEachTile).
+void SumRowsAvx512(const float* rows, int64_t row_stride, int dim,
+                   const int64_t* order, int64_t begin, int64_t end,
+                   int64_t prefetch_end, float* out) {
+  ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
+    SumTileAvx512<decltype(vecs)::value>(rows, row_stride, col0, cols, last,
+                                         order, begin, end, prefetch_end, out);
+  });
+}
+
 #endif  // DLRM_HAVE_AVX512_KERNELS
 
 // PoolBags16 for one word type: the narrow fixed-dim loop, else the
@@ -417,6 +505,20 @@ void PoolBags(Isa isa, const float* weights, int dim, bool mean,
 #endif
   PoolPortable<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
                          total, out, out_stride);
+}
+
+void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
+             const int64_t* order, int64_t begin, int64_t end,
+             int64_t prefetch_end, float* out) {
+  // Narrow rows (kaggle's dim 16) in one tile of 8-float sums on every ISA,
+  // as the lookup's narrow rows.
+#if DLRM_HAVE_AVX512_KERNELS
+  if (isa == Isa::kAvx512 && dim > 32) {
+    SumRowsAvx512(rows, row_stride, dim, order, begin, end, prefetch_end, out);
+    return;
+  }
+#endif
+  SumRowsPortable(rows, row_stride, dim, order, begin, end, prefetch_end, out);
 }
 
 bool Supported16(Isa isa) {

@@ -1,8 +1,9 @@
-// The CPU pooled lookup's inner loop, in one version per instruction set,
-// chosen at run time. Each version gives the bits of
-// reference::PoolForward (embedding_table.h): the same additions in the
-// same order per column; tests/embedding_kernels_test.cc runs every version
-// this CPU has against it.
+// The CPU pooled lookup's inner loop and the sparse update's gradient sum,
+// in one version per instruction set, chosen at run time. Each version gives
+// the bits of its plain loop (reference::PoolForward in embedding_table.h,
+// the loop SumRows describes): the same additions in the same order per
+// column; tests/embedding_kernels_test.cc runs every version this CPU has
+// against them.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,17 @@ bool Supported(Isa isa);
 void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride);
+
+// The fused sparse update's gradient sum of one unique row (sum pooling):
+// out[0, dim) = for each column, 0 plus rows[order[e] * row_stride + c] for
+// e in [begin, end), added in that order (the bits of the plain loop that
+// zeroes out and adds row by row; begin == end gives zeros), with the sums
+// in registers. The rows of order[e + 8] are prefetched while e + 8 <
+// prefetch_end (the next unique rows' occurrences follow in `order`).
+// `isa` must be Supported.
+void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
+             const int64_t* order, int64_t begin, int64_t end,
+             int64_t prefetch_end, float* out);
 
 // Whether this CPU runs `isa`'s version of PoolBags16 (kAvx512 also needs
 // AVX-512BW and VL: masked 16-bit loads).

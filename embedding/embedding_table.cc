@@ -543,13 +543,21 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   const int threads = parallel ? omp_get_max_threads() : 1;
   row_grad_.resize(static_cast<size_t>(threads) * per_thread);
 
+  const kernels::Isa isa = kernels::BestIsa();
   // Unique row k's gradient, summed in bag order. A row seen once under sum
   // pooling (most rows of one-hot features) uses its bag's gradient row in
-  // place. The sum starts as 0 + the first term, like the reference's
+  // place; a row seen more often sums its occurrences' rows in registers
+  // (kernels::SumRows). Under mean pooling each term is scaled first, and
+  // the sum starts as 0 + the first term, like the reference's
   // zero-initialised dense gradient, without a separate zeroing pass.
   auto row_gradient = [&](int64_t k, float* __restrict buffer) {
     const int64_t first = starts[k], last = starts[k + 1];
-    if (!mean && last - first == 1) return grad + order[first] * grad_stride;
+    if (!mean) {
+      if (last - first == 1) return grad + order[first] * grad_stride;
+      kernels::SumRows(isa, grad, grad_stride, dim, order, first, last, total,
+                       buffer);
+      return static_cast<const float*>(buffer);
+    }
     for (int64_t e = first; e < last; ++e) {
       // The gradient rows of occurrences a few ahead (of this row or the
       // next ones): random bags' rows.
@@ -559,14 +567,6 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
       }
       const int64_t s = order[e];
       const float* __restrict gs = grad + s * grad_stride;
-      if (!mean) {  // x * 1 is x: the same bits without the multiply.
-        if (e == first) {
-          for (int c = 0; c < dim; ++c) buffer[c] = 0.0f + gs[c];
-        } else {
-          for (int c = 0; c < dim; ++c) buffer[c] += gs[c];
-        }
-        continue;
-      }
       const float scale =
           1.0f / static_cast<float>(offsets[s + 1] - offsets[s]);
       if (e == first) {

@@ -231,6 +231,7 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
   // Before anything changes: a batch that does not fit a shard's cache on
   // any rank is refused on every rank.
   RETURN_IF_ERROR(PrepareShards(predict));
+  OrderShardsByWork();
   clock.Mark(StageTimes::kPrepare);
 
   const int num_local = static_cast<int>(local_.size());
@@ -244,8 +245,8 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
       ASSIGN_OR_RETURN(device_t, dense_->DeviceInteractionInput(n, predict));
     }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < num_local; ++j) {
-      LocalShard& ls = local_[j];
+    for (int i = 0; i < num_local; ++i) {
+      LocalShard& ls = local_[by_work_[i]];
       float* out =
           ls.store->memory_space() == MemorySpace::kDevice ? device_t : t;
       // (An empty batch may have no buffer at all.)
@@ -270,7 +271,8 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
   float* host_send = uploads.empty() ? nullptr : exchange_->HostPooledBuffer();
   const int64_t stride = exchange_->pooled_stride();
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int j = 0; j < num_local; ++j) {
+  for (int i = 0; i < num_local; ++i) {
+    const int j = by_work_[i];
     LocalShard& ls = local_[j];
     float* out = InExchangeSpace(ls) ? send : host_send;
     ls.status =
@@ -330,6 +332,21 @@ absl::Status Model::EmbedForward(const data::Batch& batch, bool predict,
   }
   clock.Mark(StageTimes::kOutputDist);
   return absl::OkStatus();
+}
+
+void Model::OrderShardsByWork() {
+  const int num_local = static_cast<int>(local_.size());
+  by_work_.resize(num_local);
+  for (int j = 0; j < num_local; ++j) by_work_[j] = j;
+  auto work = [this](int j) {
+    const LocalShard& ls = local_[j];
+    const int64_t ids = ls.prepared == nullptr
+                            ? 0
+                            : static_cast<int64_t>(ls.prepared->ids.size());
+    return ids * ls.store->spec().dim;
+  };
+  std::stable_sort(by_work_.begin(), by_work_.end(),
+                   [&](int a, int b) { return work(a) > work(b); });
 }
 
 absl::Status Model::PrefetchNext(const data::Batch* next, StageTimes* times) {
@@ -460,14 +477,16 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
 absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
                                  internal::StageClock<StageTimes>* clock) {
   const int num_local = static_cast<int>(local_.size());
+  // (EmbedForward ordered them; again in case the shards were rebound.)
+  if (static_cast<int>(by_work_.size()) != num_local) OrderShardsByWork();
   if (in_place_) {
     // Each shard reads its columns of the interaction gradient in place: the
     // host copy, or for stores on the device the backend's device gradient
     // (their updates queue on its stream, after the gradient).
     const float* device_dt = dense_->DeviceInteractionGradient();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < num_local; ++j) {
-      LocalShard& ls = local_[j];
+    for (int i = 0; i < num_local; ++i) {
+      LocalShard& ls = local_[by_work_[i]];
       const float* grad =
           ls.store->memory_space() == MemorySpace::kDevice ? device_dt : dt;
       ls.status = ls.store->BackwardUpdate(
@@ -493,7 +512,8 @@ absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
     }
     clock->Mark(StageTimes::kBackwardDist);
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < num_local; ++j) {
+    for (int i = 0; i < num_local; ++i) {
+      const int j = by_work_[i];
       LocalShard& ls = local_[j];
       const float* g = InExchangeSpace(ls)
                            ? grads + exchange_->GradientOffset(j)

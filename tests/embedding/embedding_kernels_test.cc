@@ -1,7 +1,8 @@
 // Tests for embedding/embedding_kernels.h and the fused sparse update's fast
-// paths (grouped row sums, prefetch, the two deduplications, the parallel
-// split): every version against the plain references of embedding_table.h,
-// bit for bit, on random inputs with odd dims, empty bags and repeated ids.
+// paths (gradient sums in registers, grouped row sums, prefetch, the two
+// deduplications, the parallel split): every version against the plain
+// references of embedding_table.h, bit for bit, on random inputs with odd dims,
+// empty bags and repeated ids.
 #include "embedding/embedding_kernels.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +145,55 @@ TEST(PoolBagsTest, EmptyBagsGiveZerosAndRepeatsAddUp) {
   }
 }
 
+TEST(SumRowsTest, EveryVersionGivesThePlainLoopsBits) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng(kSeed + 1);
+  constexpr int64_t kRows = 200;
+  constexpr float kSentinel = -7.0f;
+  for (int dim :
+       {1, 3, 7, 8, 15, 16, 17, 24, 31, 32, 33, 64, 100, 128, 129, 200, 257}) {
+    const int64_t stride = dim + 5;
+    const std::vector<float> rows = RandomFloats(rng, kRows * stride);
+    // Ranges of `order`: empty, one row, a row repeated, random rows with
+    // repeats (skewed to small indices), and one long run.
+    std::vector<int64_t> order;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    auto add_range = [&](const std::vector<int64_t>& r) {
+      const int64_t begin = static_cast<int64_t>(order.size());
+      order.insert(order.end(), r.begin(), r.end());
+      ranges.push_back({begin, static_cast<int64_t>(order.size())});
+    };
+    add_range({});
+    add_range({static_cast<int64_t>(rng.Below(kRows))});
+    add_range(std::vector<int64_t>(9, static_cast<int64_t>(rng.Below(kRows))));
+    for (int n : {2, 5, 13, 40, 300}) {
+      std::vector<int64_t> r(n);
+      for (int64_t& i : r) {
+        const double u = rng.Uniform();
+        i = std::min<int64_t>(kRows - 1, u * u * kRows);
+      }
+      add_range(r);
+    }
+    const int64_t total = static_cast<int64_t>(order.size());
+    for (const auto& [begin, end] : ranges) {
+      std::vector<float> want(dim + 4, kSentinel);
+      for (int c = 0; c < dim; ++c) want[c] = 0.0f;
+      for (int64_t e = begin; e < end; ++e) {
+        for (int c = 0; c < dim; ++c) want[c] += rows[order[e] * stride + c];
+      }
+      for (Isa isa : SupportedIsas()) {
+        const std::string what =
+            absl::StrCat(IsaName(isa), " dim ", dim, " rows ", end - begin);
+        std::vector<float> got(dim + 4, kSentinel);
+        kernels::SumRows(isa, rows.data(), stride, dim, order.data(), begin,
+                         end, total, got.data());
+        // Nothing past dim is written.
+        EXPECT_EQ(BitDifferences(got.data(), want.data(), got.size(), what), 0);
+      }
+    }
+  }
+}
+
 // Two steps of EmbeddingTable::BackwardUpdate against
 // reference::DenseGradientUpdate, bitwise, at `threads` OpenMP threads.
 void CheckUpdate(OptimizerConfig::Type type, Pooling pooling, int dim,
@@ -184,9 +235,11 @@ TEST(SparseUpdateTest, OddDimsAndEveryRuleGiveTheReferenceBits) {
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
                     OptimizerConfig::ADAM}) {
     for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
-      for (int dim : {1, 7, 9, 16, 100, 128, 129}) {
+      for (int dim : {1, 7, 9, 16, 33, 100, 128, 129, 257}) {
         // Few rows for many ids (the rows-long array deduplicates) and many
-        // rows for few ids (the hash table does), multi-hot and one-hot.
+        // rows for few ids (the hash table does), multi-hot and one-hot;
+        // one row for all ids.
+        CheckUpdate(type, pooling, dim, 1, 40, 5, 1);
         CheckUpdate(type, pooling, dim, 50, 120, 9, 1);
         CheckUpdate(type, pooling, dim, 70000, 60, 3, 1);
         CheckUpdate(type, pooling, dim, 70000, 150, 1, 1);
