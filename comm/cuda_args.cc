@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda_status.h"
+#include "core/status.h"
 
 namespace dlrm::comm::internal {
 
@@ -92,6 +93,16 @@ absl::Status ScopedDevice::Set(int device) {
     current_ = device;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<cudaStream_t> ScopedDevice::SetForStream(int device,
+                                                        void* stream) {
+  RETURN_IF_ERROR(Set(device));
+  cudaStream_t next = static_cast<cudaStream_t>(stream);
+  if (next != nullptr) {
+    RETURN_IF_ERROR(CheckStreamDevice(next, device, "SetStream"));
+  }
+  return next;
 }
 
 }  // namespace dlrm::comm::internal

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace dlrm::comm::internal {
@@ -47,6 +48,10 @@ class ScopedDevice {
 
   // Internal naming the call when CUDA refuses.
   absl::Status Set(int device);
+  // The start of a device communicator's SetStream: Set(device), then
+  // `stream` as a cudaStream_t (null: the communicator's own), checked to
+  // be a stream of `device` (CheckStreamDevice, naming SetStream).
+  absl::StatusOr<cudaStream_t> SetForStream(int device, void* stream);
 
  private:
   int previous_ = -1;

@@ -151,19 +151,11 @@ absl::StatusOr<CommBackend> ResolveBackend(const CommOptions& options) {
 
 namespace {
 
-// GlooOptions or NcclOptions with the fields they share from `options`:
-// the rank, the job and its coordinator, the timeouts.
+// GlooOptions or NcclOptions with the job (JobOptions) of `options`.
 template <typename T>
 T JobOptionsFrom(const CommOptions& options) {
   T t;
-  t.rank = options.rank;
-  t.world_size = options.world_size;
-  t.coordinator_address = options.coordinator_address;
-  t.coordinator_client = options.coordinator_client;
-  t.job_id = options.job_id;
-  t.generation = options.generation;
-  t.connect_timeout_seconds = options.connect_timeout_seconds;
-  t.op_timeout_seconds = options.op_timeout_seconds;
+  static_cast<JobOptions&>(t) = options;
   return t;
 }
 

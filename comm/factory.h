@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "comm/communicator.h"
 #include "comm/coordinator_client.h"
+#include "comm/job_options.h"
 
 namespace dlrm::comm {
 
@@ -42,7 +43,9 @@ absl::StatusOr<CommBackend> ParseCommBackend(absl::string_view flag,
                                              absl::string_view name,
                                              MemorySpace space);
 
-struct CommOptions {
+// A communicator of the job JobOptions names (the coordinator required
+// unless the choice is single-rank), and which kind.
+struct CommOptions : JobOptions {
   // Where the buffers of the collectives live: host or one CUDA device.
   // Default: kHost.
   MemorySpace memory_space = MemorySpace::kHost;
@@ -50,33 +53,12 @@ struct CommOptions {
   // (never kHostStaged: name it for ranks that share a GPU). A named one
   // must fit both (InvalidArgument otherwise). Default: kAuto.
   CommBackend backend = CommBackend::kAuto;
-  // This process's rank, in [0, world_size). Default: 0.
-  int rank = 0;
-  // Number of ranks of the job. Default: 1.
-  int world_size = 1;
-  // host:port of the coordinator rank 0 hosts (comm/coordinator.h).
-  // Required unless the choice is single-rank. Default: "".
-  std::string coordinator_address;
-  // TLS and join token of the calls to the coordinator. Default:
-  // plaintext, no token.
-  CoordinatorClientOptions coordinator_client;
-  // Names the job at the coordinator; two communicators of one job need
-  // different ids. Default: "dlrm".
-  std::string job_id = "dlrm";
-  // Grows with every (re)start of the job, so the coordinator refuses a
-  // stale rank (GlooOptions::generation). Default: 0.
-  int64_t generation = 0;
   // Address this rank's Gloo TCP device binds to and peers dial (Gloo and
   // host-staged only). Default: "127.0.0.1".
   std::string bind_address = "127.0.0.1";
   // CUDA device of a device communicator (ignored for host ones); ranks of
   // a host-staged one may name the same device. Default: 0.
   int device = 0;
-  // How long connecting may take, in seconds. Default: 120.
-  double connect_timeout_seconds = 120;
-  // How long one collective may take before it fails (and the communicator
-  // with it), in seconds. Default: 120.
-  double op_timeout_seconds = 120;
 
   // InvalidArgument for out-of-range fields, a backend that does not fit
   // memory_space or world_size, or a missing coordinator_address.

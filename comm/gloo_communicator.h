@@ -10,36 +10,18 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "comm/coordinator_client.h"
+#include "comm/job_options.h"
 
 namespace dlrm::comm {
 
-struct GlooOptions {
-  // This process's rank, in [0, world_size). Default: 0.
-  int rank = 0;
-  // Number of ranks (processes) of the job. Default: 1.
-  int world_size = 1;
-  // host:port of the coordinator (see comm/coordinator.h). Required.
-  // Default: "".
-  std::string coordinator_address;
-  // TLS and join token of the calls to the coordinator. Default:
-  // plaintext, no token.
-  CoordinatorClientOptions coordinator_client;
-  // Names the job at the coordinator; jobs sharing a coordinator need
-  // different ids. Default: "dlrm".
-  std::string job_id = "dlrm";
-  // Grows with every (re)start of the job (e.g. the launch time), so that
-  // the coordinator refuses a stale rank of an earlier run. Default: 0.
-  int64_t generation = 0;
+// The rank, job and timeouts (JobOptions) of the Gloo communicator: the
+// coordinator is required; connect_timeout_seconds bounds ConnectGloo's
+// wait for the coordinator and every rank, op_timeout_seconds also how long
+// a dead peer can go unnoticed (see ConnectGloo).
+struct GlooOptions : JobOptions {
   // Address or hostname this rank's TCP device binds to; peers dial it, so
   // it must be reachable from every rank. Default: "127.0.0.1".
   std::string bind_address = "127.0.0.1";
-  // How long ConnectGloo waits for the coordinator and for every rank to
-  // arrive and connect, in seconds. Default: 120.
-  double connect_timeout_seconds = 120;
-  // How long one collective waits for its peers before failing, in seconds.
-  // It also bounds how long a dead peer can go unnoticed (see ConnectGloo).
-  // Default: 120.
-  double op_timeout_seconds = 120;
 
   absl::Status Validate() const;
 };

@@ -119,9 +119,7 @@ class HostStagedCommunicator final : public Communicator {
     }
 #if defined(DLRM_WITH_CUDA)
     internal::ScopedDevice scoped;
-    RETURN_IF_ERROR(scoped.Set(cuda_device_));
-    RETURN_IF_ERROR(internal::CheckStreamDevice(
-        static_cast<cudaStream_t>(stream), cuda_device_, "SetStream"));
+    RETURN_IF_ERROR(scoped.SetForStream(cuda_device_, stream).status());
 #endif
     caller_ = stream;
     return absl::OkStatus();

@@ -265,11 +265,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status SetStream(void* stream) override {
     internal::ScopedDevice scoped;
-    RETURN_IF_ERROR(scoped.Set(device_));
-    cudaStream_t next = static_cast<cudaStream_t>(stream);
-    if (next != nullptr) {
-      RETURN_IF_ERROR(internal::CheckStreamDevice(next, device_, "SetStream"));
-    }
+    ASSIGN_OR_RETURN(cudaStream_t next, scoped.SetForStream(device_, stream));
     std::lock_guard<std::mutex> lock(mu_);
     if (next != nullptr && issued_ > 0 && error_.ok()) {
       // The new stream must also wait for the collectives queued so far

@@ -12,35 +12,23 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "comm/coordinator_client.h"
+#include "comm/job_options.h"
 
 namespace dlrm::comm {
 
-struct NcclOptions {
-  // This process's rank, in [0, world_size). Default: 0.
-  int rank = 0;
-  // Number of ranks (one GPU each). Default: 1.
-  int world_size = 1;
-  // host:port of the coordinator (comm/coordinator.h). Required for
-  // world_size > 1. Default: "".
-  std::string coordinator_address;
-  // TLS and join token of the calls to the coordinator. Default:
-  // plaintext, no token.
-  CoordinatorClientOptions coordinator_client;
-  // Names the job at the coordinator (a Gloo communicator of the same job
-  // needs a different id). Default: "dlrm-nccl".
-  std::string job_id = "dlrm-nccl";
-  // See GlooOptions::generation. Default: 0.
-  int64_t generation = 0;
+// The rank, job and timeouts (JobOptions) of the NCCL communicator: one GPU
+// per rank; the coordinator is required for world_size > 1; job_id
+// defaults to "dlrm-nccl" (a Gloo communicator of the same job needs a
+// different id); connecting (and, at destruction, the orderly shutdown) is
+// aborted after connect_timeout_seconds; a collective fails with
+// DeadlineExceeded, the communicator aborted, op_timeout_seconds after it
+// is the oldest unfinished one (so that includes the caller's work queued
+// before it on the stream).
+struct NcclOptions : JobOptions {
+  NcclOptions() { job_id = "dlrm-nccl"; }
+
   // CUDA device this rank uses. Default: 0.
   int device = 0;
-  // How long connecting (and, at destruction, the orderly shutdown) may
-  // take before the communicator is aborted, in seconds. Default: 120.
-  double connect_timeout_seconds = 120;
-  // How long one collective may take, counted from when it is the oldest
-  // unfinished one (so it includes the caller's work queued before it on
-  // the stream), before the communicator is aborted and the collective
-  // fails with DeadlineExceeded, in seconds. Default: 120.
-  double op_timeout_seconds = 120;
 
   absl::Status Validate() const;
 };

@@ -34,11 +34,7 @@ class SingleRankDeviceCommunicator final : public Communicator {
 
   absl::Status SetStream(void* stream) override {
     internal::ScopedDevice scoped;
-    RETURN_IF_ERROR(scoped.Set(device_));
-    cudaStream_t next = static_cast<cudaStream_t>(stream);
-    if (next != nullptr) {
-      RETURN_IF_ERROR(internal::CheckStreamDevice(next, device_, "SetStream"));
-    }
+    ASSIGN_OR_RETURN(cudaStream_t next, scoped.SetForStream(device_, stream));
     // The next stream's copies must also come after those queued so far.
     if (queued_) {
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(

@@ -134,6 +134,36 @@ absl::Status CheckRowRange(const TableSpec& spec, int64_t begin,
   return absl::OkStatus();
 }
 
+absl::Status CheckBagOffsets(int table_index, const data::SparseFeature& ids) {
+  const int64_t n = static_cast<int64_t>(ids.ids.size());
+  const bool offsets_ok =
+      ids.offsets.empty()
+          ? n == 0
+          : ids.offsets.front() == 0 && ids.offsets.back() == n &&
+                std::is_sorted(ids.offsets.begin(), ids.offsets.end());
+  if (!offsets_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table_index,
+        ": malformed offsets (they must start at 0, never decrease and end "
+        "at the ",
+        n, " ids)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIdsInRange(int table_index, int64_t rows,
+                             const data::SparseFeature& ids) {
+  for (size_t p = 0; p < ids.ids.size(); ++p) {
+    const int64_t row = ids.ids[p];
+    if (row < 0 || row >= rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", table_index, ": id ", row, " at position ", p,
+                       " outside [0, ", rows, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostStore::ReadRows(int64_t begin, int64_t count, float* out) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
   const int64_t floats =

@@ -62,6 +62,16 @@ int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim);
 // in [0, spec.rows) (count >= 0).
 absl::Status CheckRowRange(const TableSpec& spec, int64_t begin, int64_t count);
 
+// InvalidArgument naming table `table_index` unless the offsets of `ids`
+// start at 0, never decrease and end at its id count (or are empty, with no
+// ids).
+absl::Status CheckBagOffsets(int table_index, const data::SparseFeature& ids);
+
+// InvalidArgument naming table `table_index` and the position of the first
+// id of `ids` outside [0, rows).
+absl::Status CheckIdsInRange(int table_index, int64_t rows,
+                             const data::SparseFeature& ids);
+
 // Usage counters of a store since it was created. Row counts are unique
 // rows of prepared batches.
 struct StoreMetrics {

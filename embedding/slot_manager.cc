@@ -81,18 +81,7 @@ void SlotManager::PickVictims(int64_t needed,
 absl::Status SlotManager::Plan(const data::SparseFeature& ids) {
   planned_ = false;
   const int64_t n = static_cast<int64_t>(ids.ids.size());
-  const bool offsets_ok =
-      ids.offsets.empty()
-          ? n == 0
-          : ids.offsets.front() == 0 && ids.offsets.back() == n &&
-                std::is_sorted(ids.offsets.begin(), ids.offsets.end());
-  if (!offsets_ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", table_index_,
-        ": malformed offsets (they must start at 0, never decrease and end "
-        "at the ",
-        n, " ids)"));
-  }
+  RETURN_IF_ERROR(CheckBagOffsets(table_index_, ids));
   // Unique rows in first-occurrence order.
   batch_index_.clear();
   plan_.rows.clear();

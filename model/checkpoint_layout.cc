@@ -290,6 +290,10 @@ struct TableRestore::Source {
 struct TableRestore::Target {
   int table;
   Block block;
+  // The block's columns, and the floats of one record: those weights and
+  // their optimizer state.
+  int cols = 0;
+  int floats = 0;
   embedding::EmbeddingStore* store;
   std::vector<const Source*> sources;
   int64_t step = 0;
@@ -353,6 +357,7 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
   std::unique_ptr<TableRestore> r(new TableRestore());
   r->model_ = &model;
   r->weights_only_ = weights_only;
+  r->arrays_ = optim::SparseState(model.config().sparse_optimizer());
   const ModelConfig& config = model.config();
   const OptimizerConfig& optimizer = config.sparse_optimizer();
   const std::span<const optim::StateArray> arrays =
@@ -505,6 +510,8 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
     auto t = std::make_unique<Target>();
     t->table = k;
     t->block = BlockOf(model.plan().tables[k].shards[st.shard]);
+    t->cols = t->block.col_end - t->block.col_begin;
+    t->floats = t->cols + optim::SparseStateFloatsPerRow(optimizer, t->cols);
     // Stores of the tensor form take the rows in place at Apply (through
     // WriteRows); those of the database form get fresh staged stores.
     t->host = st.store->capabilities().checkpoint ==
@@ -533,13 +540,10 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
     if (!t->host) {
       // Into the fresh store, a chunk at a time.
       const int64_t rows = t->block.row_end - t->block.row_begin;
-      const int floats = t->block.col_end - t->block.col_begin +
-                         optim::SparseStateFloatsPerRow(
-                             optimizer, t->block.col_end - t->block.col_begin);
       std::vector<float> chunk;
       for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
         const int64_t count = std::min(kChunkRows, rows - begin);
-        chunk.resize(count * floats);
+        chunk.resize(count * t->floats);
         RETURN_IF_ERROR(assemble(begin, count, chunk.data()));
         RETURN_IF_ERROR(t->store->WriteRows(begin, count, chunk.data()));
       }
@@ -547,9 +551,7 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
       RETURN_IF_ERROR(t->store->Flush());
     } else if (from_rocksdb || !t->routed.empty()) {
       const int64_t rows = t->block.row_end - t->block.row_begin;
-      const int cols = t->block.col_end - t->block.col_begin;
-      t->buffer.resize(
-          rows * (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
+      t->buffer.resize(rows * t->floats);
       RETURN_IF_ERROR(assemble(0, rows, t->buffer.data()));
     }
     r->targets_.push_back(std::move(t));
@@ -560,10 +562,7 @@ absl::StatusOr<std::unique_ptr<TableRestore>> TableRestore::Stage(
 absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
                                     int64_t count, float* records) {
   const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
-  const std::span<const optim::StateArray> arrays =
-      optim::SparseState(optimizer);
-  const int tcols = t.block.col_end - t.block.col_begin;
-  const int tfloats = tcols + optim::SparseStateFloatsPerRow(optimizer, tcols);
+  const int tfloats = t.floats;
   if (weights_only_) {
     // Every record starts as the shard's own (its state stays).
     RETURN_IF_ERROR(t.store->ReadRows(begin, count, records));
@@ -584,7 +583,7 @@ absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
         s->Read(r0 - b.row_begin, r1 - r0, scratch.data(), optimizer));
     for (int64_t row = r0; row < r1; ++row) {
       CopyColumns(scratch.data() + (row - r0) * s->floats, b,
-                  records + (row - first) * tfloats, t.block, c0, c1, arrays,
+                  records + (row - first) * tfloats, t.block, c0, c1, arrays_,
                   weights_only_);
     }
   }
@@ -594,10 +593,7 @@ absl::Status TableRestore::Assemble(const Target& t, int64_t begin,
 absl::Status TableRestore::AssembleRouted(const Target& t, int64_t begin,
                                           int64_t count, float* records) {
   const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
-  const std::span<const optim::StateArray> arrays =
-      optim::SparseState(optimizer);
-  const int tcols = t.block.col_end - t.block.col_begin;
-  const int tfloats = tcols + optim::SparseStateFloatsPerRow(optimizer, tcols);
+  const int tcols = t.cols, tfloats = t.floats;
   std::fill(records, records + count * tfloats, 0.0f);
   std::vector<float> scratch;
   for (int64_t i = 0; i < count; ++i) {
@@ -615,7 +611,7 @@ absl::Status TableRestore::AssembleRouted(const Target& t, int64_t begin,
       const int c1 = std::min(t.block.col_end, b.col_end);
       scratch.resize(s->floats);
       RETURN_IF_ERROR(s->Read(row - b.row_begin, 1, scratch.data(), optimizer));
-      CopyColumns(scratch.data(), b, dst, t.block, c0, c1, arrays,
+      CopyColumns(scratch.data(), b, dst, t.block, c0, c1, arrays_,
                   weights_only_);
     }
   }
@@ -623,7 +619,6 @@ absl::Status TableRestore::AssembleRouted(const Target& t, int64_t begin,
 }
 
 void TableRestore::Apply() {
-  const OptimizerConfig& optimizer = model_->config().sparse_optimizer();
   for (const std::unique_ptr<Target>& t : targets_) {
     if (!t->host) continue;  // staged
     const int64_t rows = t->block.row_end - t->block.row_begin;
@@ -631,12 +626,10 @@ void TableRestore::Apply() {
     if (!t->buffer.empty()) {
       s = t->store->WriteRows(0, rows, t->buffer.data());
     } else {
-      const int cols = t->block.col_end - t->block.col_begin;
       std::vector<float> chunk;
       for (int64_t begin = 0; s.ok() && begin < rows; begin += kChunkRows) {
         const int64_t count = std::min(kChunkRows, rows - begin);
-        chunk.resize(count *
-                     (cols + optim::SparseStateFloatsPerRow(optimizer, cols)));
+        chunk.resize(count * t->floats);
         // Mapped tensors and a host store: nothing here can fail (a device
         // store only on a CUDA error, which is logged below).
         s = Assemble(*t, begin, count, chunk.data());

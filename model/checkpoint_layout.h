@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "dlrm/config.pb.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "optim/optimizer.h"
 #include "optim/rules.h"
 
 namespace dlrm::model {
@@ -161,6 +163,8 @@ class TableRestore {
 
   Model* model_ = nullptr;
   bool weights_only_ = false;
+  // The state arrays of the model's sparse optimizer (optim::SparseState).
+  std::span<const optim::StateArray> arrays_;
   // Declared in the order they may be destroyed last: the databases the
   // RocksDB sources read (copies of the checkpoint's, removed with this
   // object), the mapped files, the sources over both, the targets.

@@ -53,12 +53,8 @@ class HostExchangeMemory final : public ExchangeMemory {
 
   absl::Status Upload(const float* host_src, int64_t src_stride, float* dst,
                       int64_t dst_stride, int64_t rows, int64_t cols) override {
-    RETURN_IF_ERROR(CheckColumnBlock({.src = host_src,
-                                      .src_stride = src_stride,
-                                      .dst = dst,
-                                      .dst_stride = dst_stride,
-                                      .rows = rows,
-                                      .cols = cols}));
+    RETURN_IF_ERROR(
+        CheckUpload(host_src, src_stride, dst, dst_stride, rows, cols));
     for (int64_t r = 0; r < rows && cols > 0; ++r) {
       std::memmove(dst + r * dst_stride, host_src + r * src_stride,
                    sizeof(float) * cols);
@@ -68,10 +64,7 @@ class HostExchangeMemory final : public ExchangeMemory {
 
   absl::Status Download(float* host_dst, const float* src,
                         int64_t count) override {
-    if (count < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("exchange download: count ", count, " < 0"));
-    }
+    RETURN_IF_ERROR(CheckDownload(count));
     if (count > 0) std::memmove(host_dst, src, sizeof(float) * count);
     return absl::OkStatus();
   }
@@ -81,6 +74,24 @@ class HostExchangeMemory final : public ExchangeMemory {
 };
 
 }  // namespace
+
+absl::Status CheckUpload(const float* host_src, int64_t src_stride, float* dst,
+                         int64_t dst_stride, int64_t rows, int64_t cols) {
+  return CheckColumnBlock({.src = host_src,
+                           .src_stride = src_stride,
+                           .dst = dst,
+                           .dst_stride = dst_stride,
+                           .rows = rows,
+                           .cols = cols});
+}
+
+absl::Status CheckDownload(int64_t count) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("exchange download: count ", count, " < 0"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckColumnBlock(const ColumnBlock& b) {
   if (b.rows < 0 || b.cols < 0) {

@@ -97,12 +97,8 @@ class CudaExchangeMemory final : public ExchangeMemory {
 
   absl::Status Upload(const float* host_src, int64_t src_stride, float* dst,
                       int64_t dst_stride, int64_t rows, int64_t cols) override {
-    RETURN_IF_ERROR(CheckColumnBlock({.src = host_src,
-                                      .src_stride = src_stride,
-                                      .dst = dst,
-                                      .dst_stride = dst_stride,
-                                      .rows = rows,
-                                      .cols = cols}));
+    RETURN_IF_ERROR(
+        CheckUpload(host_src, src_stride, dst, dst_stride, rows, cols));
     if (rows == 0 || cols == 0) return absl::OkStatus();
     // One row: its stride may be anything, cudaMemcpy2D wants pitch >= width.
     const size_t width = sizeof(float) * cols;
@@ -121,10 +117,7 @@ class CudaExchangeMemory final : public ExchangeMemory {
 
   absl::Status Download(float* host_dst, const float* src,
                         int64_t count) override {
-    if (count < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("exchange download: count ", count, " < 0"));
-    }
+    RETURN_IF_ERROR(CheckDownload(count));
     if (count == 0) return absl::OkStatus();
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, sizeof(float) * count,
                                          cudaMemcpyDeviceToHost, stream_));

@@ -85,4 +85,11 @@ absl::StatusOr<std::unique_ptr<ExchangeMemory>> MakeCudaExchangeMemory(
 // naming the field otherwise): shared by both implementations.
 absl::Status CheckColumnBlock(const ColumnBlock& b);
 
+// CheckColumnBlock of the block an Upload with these arguments copies.
+absl::Status CheckUpload(const float* host_src, int64_t src_stride, float* dst,
+                         int64_t dst_stride, int64_t rows, int64_t cols);
+
+// InvalidArgument unless a Download's `count` is >= 0.
+absl::Status CheckDownload(int64_t count);
+
 }  // namespace dlrm::model

@@ -35,14 +35,17 @@ absl::Status CheckBatch(const char* what, int64_t batch) {
 }
 
 // One layer's forward, dense::CrossNet's LayerForward: p = x_l V^T (no
-// bias), q = p W^T + b, x_next = x0 * q + x_l.
-absl::Status LayerForward(BlasContext* ctx, const float* v, const float* w,
-                          const float* b, int n, int r, const float* x0,
-                          const float* xl, int64_t batch, float* p, float* q,
-                          float* x_next) {
-  RETURN_IF_ERROR(LinearForward(ctx, xl, batch, /*in=*/n, /*out=*/r, v,
-                                /*b=*/nullptr, /*relu=*/false, p));
-  RETURN_IF_ERROR(LinearForward(ctx, p, batch, /*in=*/r, /*out=*/n, w, b,
+// bias), q = p W^T + b, x_next = x0 * q + x_l, with `layer`'s v, w and b
+// (a DeviceCrossNet::Layer).
+template <typename Layer>
+absl::Status LayerForward(BlasContext* ctx, const Layer& layer, int n, int r,
+                          const float* x0, const float* xl, int64_t batch,
+                          float* p, float* q, float* x_next) {
+  RETURN_IF_ERROR(LinearForward(ctx, xl, batch, /*in=*/n, /*out=*/r,
+                                layer.v.data(), /*b=*/nullptr,
+                                /*relu=*/false, p));
+  RETURN_IF_ERROR(LinearForward(ctx, p, batch, /*in=*/r, /*out=*/n,
+                                layer.w.data(), layer.b.data(),
                                 /*relu=*/false, q));
   return internal::CrossCombine(x0, q, xl, batch * n, x_next, ctx->stream());
 }
@@ -185,10 +188,8 @@ absl::Status DeviceCrossNet::Forward(BlasContext* ctx, const float* x0,
     if (l + 1 < num) {
       ASSIGN_OR_RETURN(x_next, Sized(x_[l], batch * n));
     }
-    const Layer& layer = layers_[l];
-    RETURN_IF_ERROR(LayerForward(ctx, layer.v.data(), layer.w.data(),
-                                 layer.b.data(), n, r, x0, xl, batch, p, q,
-                                 x_next));
+    RETURN_IF_ERROR(
+        LayerForward(ctx, layers_[l], n, r, x0, xl, batch, p, q, x_next));
     xl = x_next;
   }
   return absl::OkStatus();
@@ -287,10 +288,8 @@ absl::Status DeviceCrossNet::Infer(BlasContext* ctx, const float* x0,
   const float* xl = x0;
   for (int l = 0; l < num; ++l) {
     float* x_next = l + 1 == num ? out : x[l % 2];
-    const Layer& layer = layers_[l];
-    RETURN_IF_ERROR(LayerForward(ctx, layer.v.data(), layer.w.data(),
-                                 layer.b.data(), n, r, x0, xl, batch, p, q,
-                                 x_next));
+    RETURN_IF_ERROR(
+        LayerForward(ctx, layers_[l], n, r, x0, xl, batch, p, q, x_next));
     xl = x_next;
   }
   return absl::OkStatus();

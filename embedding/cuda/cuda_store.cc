@@ -146,26 +146,8 @@ absl::StatusOr<const data::SparseFeature*> CudaStore::Prepare(
         "table ", spec_.table_index, ": ", n, " ids in ", bags,
         " bags; the device tier takes at most 2^31 - 1 of each per batch"));
   }
-  const bool offsets_ok =
-      ids.offsets.empty()
-          ? n == 0
-          : ids.offsets.front() == 0 && ids.offsets.back() == n &&
-                std::is_sorted(ids.offsets.begin(), ids.offsets.end());
-  if (!offsets_ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec_.table_index,
-        ": malformed offsets (they must start at 0, never decrease and end "
-        "at the ",
-        n, " ids)"));
-  }
-  for (int64_t p = 0; p < n; ++p) {
-    const int64_t row = ids.ids[p];
-    if (row < 0 || row >= spec_.rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", spec_.table_index, ": id ", row,
-                       " at position ", p, " outside [0, ", spec_.rows, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckBagOffsets(spec_.table_index, ids));
+  RETURN_IF_ERROR(CheckIdsInRange(spec_.table_index, spec_.rows, ids));
   // Queued behind the previous batch's kernels, which read the other slot:
   // the host does not wait for them.
   RETURN_IF_ERROR(ids_->Upload(ids, AsStream(stream_)));
@@ -206,15 +188,23 @@ absl::Status CudaStore::Synchronize() {
   return absl::OkStatus();
 }
 
-absl::Status CudaStore::ReadRows(int64_t begin, int64_t count, float* out) {
+absl::Status CudaStore::ForEachChunk(
+    int64_t begin, int64_t count,
+    absl::FunctionRef<absl::Status(int64_t done, int64_t rows)> chunk) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
+  const int64_t chunk_rows = ChunkRows();
+  SizeStaging(std::min(chunk_rows, count));
+  for (int64_t done = 0; done < count; done += chunk_rows) {
+    RETURN_IF_ERROR(chunk(done, std::min(chunk_rows, count - done)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaStore::ReadRows(int64_t begin, int64_t count, float* out) {
   const int64_t floats = RecordFloats();
   const int dim = spec_.dim;
   const int64_t n1 = table_->state_floats(0), n2 = table_->state_floats(1);
-  const int64_t chunk = ChunkRows();
-  SizeStaging(std::min(chunk, count));
-  for (int64_t done = 0; done < count; done += chunk) {
-    const int64_t rows = std::min(chunk, count - done);
+  return ForEachChunk(begin, count, [&](int64_t done, int64_t rows) {
     RETURN_IF_ERROR(table_->ReadRowRange(
         begin + done, rows, weights_stage_.data(), state_stage_[0].data(),
         state_stage_[1].data(), AsStream(stream_)));
@@ -224,8 +214,8 @@ absl::Status CudaStore::ReadRows(int64_t begin, int64_t count, float* out) {
       std::copy_n(state_stage_[0].data() + i * n1, n1, record + dim);
       std::copy_n(state_stage_[1].data() + i * n2, n2, record + dim + n1);
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaStore::PoolReadOnly(const data::SparseFeature& ids, float* out,
@@ -237,23 +227,18 @@ absl::Status CudaStore::PoolReadOnly(const data::SparseFeature& ids, float* out,
 
 absl::Status CudaStore::WriteRows(int64_t begin, int64_t count,
                                   const float* records) {
-  RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
   const int64_t floats = RecordFloats();
   const int dim = spec_.dim;
   const int64_t n1 = table_->state_floats(0), n2 = table_->state_floats(1);
-  const int64_t chunk = ChunkRows();
-  SizeStaging(std::min(chunk, count));
-  for (int64_t done = 0; done < count; done += chunk) {
-    const int64_t rows = std::min(chunk, count - done);
+  return ForEachChunk(begin, count, [&](int64_t done, int64_t rows) {
     for (int64_t i = 0; i < rows; ++i) {
       const float* record = records + (done + i) * floats;
       std::copy_n(record, dim, weights_stage_.data() + i * dim);
       std::copy_n(record + dim, n1, state_stage_[0].data() + i * n1);
       std::copy_n(record + dim + n1, n2, state_stage_[1].data() + i * n2);
     }
-    RETURN_IF_ERROR(WriteStaged(begin + done, rows));
-  }
-  return absl::OkStatus();
+    return WriteStaged(begin + done, rows);
+  });
 }
 
 int64_t CudaStore::step() const { return table_->step(); }

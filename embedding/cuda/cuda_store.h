@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/batch.h"
@@ -132,6 +133,12 @@ class CudaStore final : public EmbeddingStore {
   // arrays sized for it.
   int64_t ChunkRows() const;
   void SizeStaging(int64_t rows);
+  // Checks rows [begin, begin + count), sizes the staging arrays and calls
+  // `chunk(done, rows)` for each staging chunk [begin + done, begin + done +
+  // rows) in order; the first error stops it and is returned.
+  absl::Status ForEachChunk(
+      int64_t begin, int64_t count,
+      absl::FunctionRef<absl::Status(int64_t done, int64_t rows)> chunk);
   // Writes the staged weights and state of rows [begin, begin + count).
   absl::Status WriteStaged(int64_t begin, int64_t count);
 

@@ -753,6 +753,16 @@ TEST(LruCacheTest, MatchesARecencyListOnRandomOperations) {
 
 // A table in device memory needs the model on CUDA, whether the config or
 // the --device flag says where the model runs.
+// NormalizeModelConfig refuses `c` with InvalidArgument, its message naming
+// `field` and holding `also` (unless empty).
+void ExpectRefused(const ModelConfig& c, const std::string& field,
+                   const std::string& also = "") {
+  const absl::Status st = NormalizeModelConfig(c).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_HAS_SUBSTR(st.message(), field) << st;
+  if (!also.empty()) EXPECT_HAS_SUBSTR(st.message(), also) << st;
+}
+
 TEST(ConfigTest, StorageDeviceNeedsDeviceCuda) {
   auto parsed = ParseModelConfigText(
       "tables { name: \"a\" rows: 5 } tables { name: \"b\" rows: 5 "
@@ -793,16 +803,11 @@ TEST(ConfigTest, DeviceCacheRowsIsCheckedNamingTheTable) {
 
   ModelConfig c = *parsed;
   c.mutable_tables(1)->set_device_cache_rows(-1);
-  absl::Status st = NormalizeModelConfig(c).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS_SUBSTR(st.message(), "tables[1].device_cache_rows (b)") << st;
+  ExpectRefused(c, "tables[1].device_cache_rows (b)");
 
   c = *parsed;
   c.mutable_tables(0)->set_device_cache_rows(3);
-  st = NormalizeModelConfig(c).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS_SUBSTR(st.message(), "tables[0].device_cache_rows (a)") << st;
-  EXPECT_HAS_SUBSTR(st.message(), "STORAGE_HOST") << st;
+  ExpectRefused(c, "tables[0].device_cache_rows (a)", "STORAGE_HOST");
 }
 
 // device_cache_backing: STORAGE_HOST (default) or STORAGE_ROCKSDB, only with
@@ -826,29 +831,22 @@ TEST(ConfigTest, DeviceCacheBackingIsCheckedNamingTheTable) {
   EXPECT_DOUBLE_EQ(ok->rocksdb().cache_fraction(), 0.1);
   EXPECT_EQ(CachedRowsOfTable(*ok, 1), 50);
 
-  auto expect_error = [](const ModelConfig& c, const std::string& field,
-                         const std::string& also) {
-    const absl::Status st = NormalizeModelConfig(c).status();
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_HAS_SUBSTR(st.message(), field) << st;
-    EXPECT_HAS_SUBSTR(st.message(), also) << st;
-  };
   ModelConfig c = *parsed;
   c.mutable_rocksdb()->clear_path();
-  expect_error(c, "tables[1].device_cache_backing (b)", "rocksdb.path");
+  ExpectRefused(c, "tables[1].device_cache_backing (b)", "rocksdb.path");
   c = *parsed;
   c.mutable_tables(1)->set_device_cache_backing(STORAGE_DEVICE);
-  expect_error(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
+  ExpectRefused(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
   c = *parsed;
   c.mutable_tables(1)->set_device_cache_backing(static_cast<StorageTier>(9));
-  expect_error(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
+  ExpectRefused(c, "tables[1].device_cache_backing (b)", "STORAGE_HOST or");
   c = *parsed;
   c.mutable_tables(1)->set_device_cache_rows(0);
-  expect_error(c, "tables[1].device_cache_backing (b)", "device_cache_rows");
+  ExpectRefused(c, "tables[1].device_cache_backing (b)", "device_cache_rows");
   // On a table without a device cache (a host table): refused too.
   c = *parsed;
   c.mutable_tables(0)->set_device_cache_backing(STORAGE_ROCKSDB);
-  expect_error(c, "tables[0].device_cache_backing (a)", "device_cache_rows");
+  ExpectRefused(c, "tables[0].device_cache_backing (a)", "device_cache_rows");
   // STORAGE_HOST behind the device cache needs no path.
   c = *parsed;
   c.mutable_tables(1)->set_device_cache_backing(STORAGE_HOST);
@@ -871,16 +869,9 @@ TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
   EXPECT_EQ(ok->tables(0).weight_precision(), ROW_BF16);
   EXPECT_EQ(ok->tables(1).weight_precision(), ROW_FP16);
 
-  auto expect_error = [](const ModelConfig& c, const std::string& field,
-                         const std::string& also) {
-    const absl::Status st = NormalizeModelConfig(c).status();
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_HAS_SUBSTR(st.message(), field) << st;
-    EXPECT_HAS_SUBSTR(st.message(), also) << st;
-  };
   ModelConfig c = *parsed;
   c.mutable_tables(1)->set_weight_precision(static_cast<RowPrecision>(7));
-  expect_error(c, "tables[1].weight_precision (b)", "invalid");
+  ExpectRefused(c, "tables[1].weight_precision (b)", "invalid");
   // The RocksDB tier keeps them.
   c = *parsed;
   c.mutable_tables(1)->set_storage(STORAGE_ROCKSDB);
@@ -891,14 +882,14 @@ TEST(ConfigTest, WeightPrecisionIsCheckedNamingTheTableAndTier) {
   c = *parsed;
   c.set_device(DEVICE_CUDA);
   c.mutable_tables(0)->set_storage(STORAGE_DEVICE);
-  expect_error(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
+  ExpectRefused(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
   // A device cache over RocksDB is the device tier too.
   c.mutable_tables(0)->set_device_cache_rows(2);
   c.mutable_tables(0)->set_device_cache_backing(STORAGE_ROCKSDB);
-  expect_error(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
+  ExpectRefused(c, "tables[0].weight_precision (a)", "STORAGE_DEVICE tier");
   c = *parsed;
   c.set_device(DEVICE_CUDA);
-  expect_error(c, "tables[0].weight_precision (a)", "DEVICE_CPU");
+  ExpectRefused(c, "tables[0].weight_precision (a)", "DEVICE_CPU");
   // fp32 rows go anywhere.
   c = *parsed;
   c.mutable_tables(1)->set_weight_precision(ROW_FP32);

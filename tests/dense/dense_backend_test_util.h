@@ -23,31 +23,45 @@
 
 namespace dlrm::testing {
 
-// A small normalised config: 3 tables of dim 4, `interaction` (DCN: 2
-// cross layers of rank 5 over the 16-wide input), `optimizer` for the
-// dense parameters.
+// The widths of a DenseBackendConfig. The defaults: 3 tables of dim 4
+// over 5 dense features, bottom -8-4, top -6-3-1, DCN of rank 5, fp32 (the
+// step the layer references compute; bf16 has its own tests).
+struct DenseConfigShape {
+  int num_dense_features = 5;
+  int embedding_dim = 4;
+  // One table of 10 rows per name.
+  std::vector<std::string> tables = {"a", "b", "c"};
+  std::vector<int> bottom_mlp = {8, 4};
+  std::vector<int> top_mlp = {6, 3, 1};
+  // With INTERACTION_DCN: the rank of its 2 cross layers.
+  int dcn_low_rank_dim = 5;
+  DensePrecision precision = PRECISION_FP32;
+};
+
+// A normalised config of `shape` with `interaction` and `optimizer` (learning
+// rate 0.05) for the dense parameters, seed 7.
 inline ModelConfig DenseBackendConfig(Interaction interaction,
-                                      OptimizerConfig::Type optimizer) {
+                                      OptimizerConfig::Type optimizer,
+                                      const DenseConfigShape& shape = {}) {
   ModelConfig c;
-  c.set_num_dense_features(5);
-  c.set_embedding_dim(4);
-  for (const char* name : {"a", "b", "c"}) {
+  c.set_num_dense_features(shape.num_dense_features);
+  c.set_embedding_dim(shape.embedding_dim);
+  for (const std::string& name : shape.tables) {
     TableConfig* t = c.add_tables();
     t->set_name(name);
     t->set_rows(10);
   }
-  for (int w : {8, 4}) c.add_bottom_mlp(w);
-  for (int w : {6, 3, 1}) c.add_top_mlp(w);
+  for (int w : shape.bottom_mlp) c.add_bottom_mlp(w);
+  for (int w : shape.top_mlp) c.add_top_mlp(w);
   c.set_interaction(interaction);
   if (interaction == INTERACTION_DCN) {
     c.set_dcn_num_layers(2);
-    c.set_dcn_low_rank_dim(5);
+    c.set_dcn_low_rank_dim(shape.dcn_low_rank_dim);
   }
   c.mutable_dense_optimizer()->set_type(optimizer);
   c.mutable_dense_optimizer()->set_learning_rate(0.05f);
   c.set_seed(7);
-  // The fp32 step the layer references compute (bf16 has its own tests).
-  c.set_dense_precision(PRECISION_FP32);
+  c.set_dense_precision(shape.precision);
   absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
   EXPECT_TRUE(n.ok()) << n.status();
   return n.ok() ? *n : c;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/aligned.h"
 #include "core/device.h"
 #include "core/random.h"
@@ -588,6 +589,19 @@ TEST(InteractionTest, ChoosesGemmWhereItMeasuredFaster) {
 
 // ---------------------------------------------------------------- CrossNet
 
+// A cross network's width, layers and rank, and a batch: the cases of the
+// CrossNet tests.
+struct CrossShape {
+  int n, layers, r;
+  int64_t batch;
+};
+
+// `s` in a failure's trace.
+std::string Describe(const CrossShape& s) {
+  return absl::StrCat("n ", s.n, " layers ", s.layers, " r ", s.r, " batch ",
+                      s.batch);
+}
+
 // A cross network with random parameters, biases included (Init leaves
 // them zero, which would hide a bias bug).
 CrossNet RandomCrossNet(int n, int layers, int r, Rng* rng) {
@@ -662,14 +676,10 @@ TEST(CrossNetTest, InitIsXavierNormalAndParametersAreNamed) {
 // wrong index or a missing term is off by O(1).
 TEST(CrossNetTest, ForwardAndInferMatchReference) {
   Rng rng = SeededRng(45);
-  struct Shape {
-    int n, layers, r;
-    int64_t batch;
-  };
-  for (Shape s : {Shape{16, 3, 4, 37}, Shape{7, 1, 3, 1}, Shape{40, 2, 64, 130},
-                  Shape{64, 3, 16, 200}, Shape{5, 4, 2, 0}}) {
-    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
-                                      << " r " << s.r << " batch " << s.batch);
+  for (CrossShape s : {CrossShape{16, 3, 4, 37}, CrossShape{7, 1, 3, 1},
+                       CrossShape{40, 2, 64, 130}, CrossShape{64, 3, 16, 200},
+                       CrossShape{5, 4, 2, 0}}) {
+    SCOPED_TRACE(Describe(s));
     CrossNet net = RandomCrossNet(s.n, s.layers, s.r, &rng);
     const std::vector<float> x0 = RandomVector(&rng, s.batch * s.n);
     // Guard values after the outputs catch writes past the end.
@@ -699,13 +709,9 @@ TEST(CrossNetTest, ForwardAndInferMatchReference) {
 // float backward's rounding (~1e-6) dominates: tolerance 1e-4 (1 + |g|).
 TEST(CrossNetTest, GradientsMatchFiniteDifferencesOfTheReference) {
   Rng rng = SeededRng(46);
-  struct Shape {
-    int n, layers, r;
-    int64_t batch;
-  };
-  for (Shape s : {Shape{6, 3, 2, 3}, Shape{4, 2, 5, 2}, Shape{5, 1, 3, 4}}) {
-    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
-                                      << " r " << s.r << " batch " << s.batch);
+  for (CrossShape s : {CrossShape{6, 3, 2, 3}, CrossShape{4, 2, 5, 2},
+                       CrossShape{5, 1, 3, 4}}) {
+    SCOPED_TRACE(Describe(s));
     CrossNet net = RandomCrossNet(s.n, s.layers, s.r, &rng);
     std::vector<float> x0 = RandomVector(&rng, s.batch * s.n);
     const std::vector<float> c = RandomVector(&rng, s.batch * s.n);
@@ -1074,6 +1080,16 @@ struct WeightAndBias {
   }
 };
 
+// Each of `got` within `tol` of `want` (as many of them), naming `what`[i].
+void ExpectNearAll(const std::vector<float>& got,
+                   const std::vector<double>& want, double tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol) << what << "[" << i << "]";
+  }
+}
+
 TEST(LayerWiseOptimizerTest, LambByHand) {
   WeightAndBias p;
   OptimizerConfig c = MakeConfig(OptimizerConfig::LAMB, 0.1f);
@@ -1084,12 +1100,11 @@ TEST(LayerWiseOptimizerTest, LambByHand) {
   // Step 1: the bias-corrected Adam step is g / |g| (0 where g is 0):
   // u = (1, 0, -1) + 0.1 w = (1.1, -0.2, -0.95); ||w|| = sqrt(5.25),
   // ||u|| = sqrt(2.1525): w -= 0.1 * 1.5617376 * u.
-  EXPECT_NEAR(p.w[0], 0.8282088630374556, 1e-6);
-  EXPECT_NEAR(p.w[1], -1.9687652472570873, 1e-6);
-  EXPECT_NEAR(p.w[2], 0.6483650750082559, 1e-6);
+  ExpectNearAll(p.w,
+                {0.8282088630374556, -1.9687652472570873, 0.6483650750082559},
+                1e-6, "w");
   // The bias: plain Adam, no decay, no trust ratio: b -= 0.1 * sign(g).
-  EXPECT_NEAR(p.b[0], 0.15, 1e-6);
-  EXPECT_NEAR(p.b[1], -0.4, 1e-6);
+  ExpectNearAll(p.b, {0.15, -0.4}, 1e-6, "b");
   const std::vector<ParamRef> state = (*opt)->State();
   ASSERT_EQ(state.size(), 4u);
   EXPECT_EQ(state[0].name, "l.weight.exp_avg");
@@ -1112,17 +1127,15 @@ TEST(LayerWiseOptimizerTest, LarsByHand) {
   // local = 0.01 ||w|| / (||g|| + 0.1 ||w||); v = 0.9 v + 0.1 local (g +
   // 0.1 w); w -= v. The bias: v = 0.9 v + 0.1 g, b -= v.
   (*opt)->Step();
-  EXPECT_NEAR(p.w[0], 0.999579645777719, 1e-7);
-  EXPECT_NEAR(p.w[1], -1.9998598819259064, 1e-7);
-  EXPECT_NEAR(p.w[2], 0.5020667415928818, 1e-7);
-  EXPECT_NEAR(p.b[0], 0.05, 1e-7);
-  EXPECT_NEAR(p.b[1], -0.4, 1e-7);
+  ExpectNearAll(p.w,
+                {0.999579645777719, -1.9998598819259064, 0.5020667415928818},
+                1e-7, "w");
+  ExpectNearAll(p.b, {0.05, -0.4}, 1e-7, "b");
   (*opt)->Step();  // the same gradients again
-  EXPECT_NEAR(p.w[0], 0.99878097726315, 1e-7);
-  EXPECT_NEAR(p.w[1], -1.9995936590877166, 1e-7);
-  EXPECT_NEAR(p.w[2], 0.5059935284561794, 1e-7);
-  EXPECT_NEAR(p.b[0], -0.33, 1e-6);
-  EXPECT_NEAR(p.b[1], -0.21, 1e-6);
+  ExpectNearAll(p.w,
+                {0.99878097726315, -1.9995936590877166, 0.5059935284561794},
+                1e-7, "w");
+  ExpectNearAll(p.b, {-0.33, -0.21}, 1e-6, "b");
   const std::vector<ParamRef> state = (*opt)->State();
   ASSERT_EQ(state.size(), 2u);
   EXPECT_EQ(state[0].name, "l.weight.momentum_buffer");
@@ -2087,14 +2100,9 @@ TEST(Bf16Test, MlpTracksItsFp32TwinAndSyncsWeights) {
 // ~3x what these shapes measure. Infer runs Forward's arithmetic bitwise.
 TEST(Bf16Test, CrossNetTracksTheReferenceAndItsFp32Twin) {
   Rng rng = SeededRng(94);
-  struct Shape {
-    int n, layers, r;
-    int64_t batch;
-  };
-  for (Shape s : {Shape{64, 3, 16, 200}, Shape{40, 1, 64, 130},
-                  Shape{16, 2, 4, 37}, Shape{8, 2, 4, 0}}) {
-    SCOPED_TRACE(::testing::Message() << "n " << s.n << " layers " << s.layers
-                                      << " r " << s.r << " batch " << s.batch);
+  for (CrossShape s : {CrossShape{64, 3, 16, 200}, CrossShape{40, 1, 64, 130},
+                       CrossShape{16, 2, 4, 37}, CrossShape{8, 2, 4, 0}}) {
+    SCOPED_TRACE(Describe(s));
     CrossNet fp32 = RandomCrossNet(s.n, s.layers, s.r, &rng);
     CrossNet bf16 = fp32;
     bf16.SetPrecision(PRECISION_BF16);
@@ -2139,28 +2147,15 @@ TEST(Bf16Test, CrossNetTracksTheReferenceAndItsFp32Twin) {
 ModelConfig Bf16BackendConfig(
     Interaction interaction, DensePrecision p,
     OptimizerConfig::Type optimizer = OptimizerConfig::ADAGRAD) {
-  ModelConfig c;
-  c.set_num_dense_features(13);
-  c.set_embedding_dim(16);
-  for (int i = 0; i < 8; ++i) {
-    TableConfig* t = c.add_tables();
-    t->set_name("t" + std::to_string(i));
-    t->set_rows(10);
-  }
-  for (int w : {64, 16}) c.add_bottom_mlp(w);
-  for (int w : {128, 64, 1}) c.add_top_mlp(w);
-  c.set_interaction(interaction);
-  if (interaction == INTERACTION_DCN) {
-    c.set_dcn_num_layers(2);
-    c.set_dcn_low_rank_dim(32);
-  }
-  c.mutable_dense_optimizer()->set_type(optimizer);
-  c.mutable_dense_optimizer()->set_learning_rate(0.05f);
-  c.set_dense_precision(p);
-  c.set_seed(7);
-  absl::StatusOr<ModelConfig> n = NormalizeModelConfig(c);
-  EXPECT_TRUE(n.ok()) << n.status();
-  return n.ok() ? *n : c;
+  return DenseBackendConfig(
+      interaction, optimizer,
+      {.num_dense_features = 13,
+       .embedding_dim = 16,
+       .tables = {"t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"},
+       .bottom_mlp = {64, 16},
+       .top_mlp = {128, 64, 1},
+       .dcn_low_rank_dim = 32,
+       .precision = p});
 }
 
 // The mean loss of one forward of `b` on `in` (no backward).

@@ -80,9 +80,7 @@ TEST_P(CudaEmbeddingTest, BackwardUpdateMatchesCpuTable) {
   const Shape s = GetParam();
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAGRAD,
                     OptimizerConfig::ADAM}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
-                 << kCudaTestSeed);
+    SCOPED_TRACE(OptimizerTrace(type));
     Rng rng(kCudaTestSeed + 7 * s.dim + type);
     // A warm-up: the kernels read each step's rate from the constants.
     OptimizerConfig optimizer = MakeOptimizer(type);
@@ -207,9 +205,7 @@ INSTANTIATE_TEST_SUITE_P(
         // No bags at all; a one-row table.
         Shape{16, POOLING_SUM, 1, 0, 10, 0},
         Shape{8, POOLING_MEAN, 1, 1, 1, 0}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      return dlrm::testing::Name(info.param);
-    });
+    BagShapeName);
 
 // Criteo's tiny tables (3 to 155 rows, tens of thousands of hits per
 // batch): every hot row is summed in chunks (sparse_chunks.h). The device
@@ -226,9 +222,7 @@ TEST_P(CudaTinyTableTest, ChunkedUpdateMatchesHostStandIn) {
   const int64_t stride = s.dim + s.pad;
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
                     OptimizerConfig::ADAM}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
-                 << kCudaTestSeed);
+    SCOPED_TRACE(OptimizerTrace(type));
     Rng rng(kCudaTestSeed + 11 * s.dim + type);
     const OptimizerConfig optimizer = MakeOptimizer(type);
     EmbeddingTable initial(3, s.rows, s.dim, s.pooling, optimizer,
@@ -305,9 +299,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Eight units per lane: float (d = 250) and float4 (d = 1024).
         Shape{250, POOLING_MEAN, 2, 8000, 7, 3},
         Shape{1024, POOLING_SUM, 1, 8000, 5, 0}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      return dlrm::testing::Name(info.param);
-    });
+    BagShapeName);
 
 // A table of more than 2^31 elements (2^25 + 3 rows of 64 floats, 8 GiB of
 // weights; with Adam 24 GiB in all): the rows at and past element 2^31

@@ -130,9 +130,7 @@ TEST_P(CudaStoreTest, TrainsLikeHostStore) {
   const Shape s = GetParam();
   for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ROWWISE_ADAGRAD,
                     OptimizerConfig::ADAM}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "optimizer " << OptimizerConfig::Type_Name(type) << " seed "
-                 << kCudaTestSeed);
+    SCOPED_TRACE(OptimizerTrace(type));
     Rng rng(kCudaTestSeed + 11 * s.dim + type);
     const TableSpec spec = MakeSpec(s.rows, s.dim, s.pooling, type);
     HostStore host(spec);
@@ -205,9 +203,7 @@ INSTANTIATE_TEST_SUITE_P(
         // No bags at all; a one-row table.
         Shape{16, POOLING_SUM, 1, 0, 10, 0},
         Shape{8, POOLING_MEAN, 1, 1, 1, 0}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      return dlrm::testing::Name(info.param);
-    });
+    BagShapeName);
 
 TEST(CudaStoreEdgeTest, EmptyBagsGiveZerosAndCountAStep) {
   DLRM_SKIP_WITHOUT_CUDA();

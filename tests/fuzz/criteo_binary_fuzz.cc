@@ -10,6 +10,7 @@
 #include "data/batch.h"
 #include "data/criteo.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/source_fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The column counts the options expect come from the header when they
@@ -56,26 +57,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dlrm::fuzz::MemFile file(data, size);
   auto source = dlrm::data::OpenCriteoBinary(file.path(), options);
   if (!source.ok()) {
-    dlrm::fuzz::Check(
-        source.status().code() == absl::StatusCode::kInvalidArgument,
-        "a bad binary file is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(source.status(),
+                                     "a bad binary file is InvalidArgument");
     return 0;
   }
   dlrm::data::Batch batch;
   for (int epoch = 0; epoch < 2; ++epoch) {
     dlrm::fuzz::CheckOk((*source)->Rewind(), "Rewind");
-    for (int calls = 0; calls < 10000; ++calls) {
-      auto more = (*source)->Next(2, &batch);
-      if (!more.ok()) {
-        dlrm::fuzz::Check(
-            more.status().code() == absl::StatusCode::kInvalidArgument,
-            "a bad record is InvalidArgument");
-        continue;  // the reader goes on after a bad record
-      }
-      if (!*more) break;
-      dlrm::fuzz::CheckOk(batch.Validate(options.num_dense, options.table_rows),
-                          "a batch from the binary reader validates");
-    }
+    dlrm::fuzz::ReadToEnd(**source, 2, options,
+                          "a bad record is InvalidArgument",
+                          "a batch from the binary reader validates", batch);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include "data/batch.h"
 #include "data/criteo.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/source_fuzz_util.h"
 
 namespace {
 
@@ -68,17 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto source = dlrm::data::OpenCriteoTsv({file.path()}, options);
   dlrm::fuzz::CheckOk(source.status(), "OpenCriteoTsv of an existing file");
   dlrm::data::Batch batch;
-  for (int calls = 0; calls < 10000; ++calls) {
-    auto more = (*source)->Next(3, &batch);
-    if (!more.ok()) {
-      dlrm::fuzz::Check(
-          more.status().code() == absl::StatusCode::kInvalidArgument,
-          "a malformed line is InvalidArgument");
-      continue;  // the reader goes on after a bad line
-    }
-    if (!*more) break;
-    dlrm::fuzz::CheckOk(batch.Validate(options.num_dense, options.table_rows),
-                        "a batch from the TSV reader validates");
-  }
+  dlrm::fuzz::ReadToEnd(**source, 3, options,
+                        "a malformed line is InvalidArgument",
+                        "a batch from the TSV reader validates", batch);
   return 0;
 }

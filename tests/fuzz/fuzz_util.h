@@ -30,6 +30,15 @@ inline void Check(bool condition, const char* what) {
   std::abort();
 }
 
+// Aborts with `what` and the status unless `status` is InvalidArgument: the
+// one error a parser may return for bad bytes.
+inline void CheckInvalidArgument(const absl::Status& status, const char* what) {
+  if (absl::IsInvalidArgument(status)) return;
+  std::fprintf(stderr, "invariant broken: %s: %s\n", what,
+               status.ToString().c_str());
+  std::abort();
+}
+
 // A memfd holding `size` bytes, reachable as /proc/self/fd/N, so each input
 // costs no disk I/O. Closed by the destructor.
 class MemFile {

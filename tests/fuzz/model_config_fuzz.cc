@@ -13,16 +13,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto parsed = dlrm::ParseModelConfigText(text);
   if (!parsed.ok()) {
-    dlrm::fuzz::Check(
-        parsed.status().code() == absl::StatusCode::kInvalidArgument,
-        "a parse error is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(parsed.status(),
+                                     "a parse error is InvalidArgument");
     return 0;
   }
   auto config = dlrm::NormalizeModelConfig(*parsed);
   if (!config.ok()) {
-    dlrm::fuzz::Check(
-        config.status().code() == absl::StatusCode::kInvalidArgument,
-        "a bad config is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(config.status(),
+                                     "a bad config is InvalidArgument");
     return 0;
   }
   // A normalised config is a fixed point of normalisation.

@@ -34,17 +34,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (array.ok()) {
     ReadEverything(*array);
   } else {
-    dlrm::fuzz::Check(
-        array.status().code() == absl::StatusCode::kInvalidArgument,
-        "a bad .npy file is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(array.status(),
+                                     "a bad .npy file is InvalidArgument");
   }
   auto members = dlrm::data::OpenNpz(file.path());
   if (members.ok()) {
     for (const dlrm::data::NpzMember& m : *members) ReadEverything(m.array);
   } else {
-    dlrm::fuzz::Check(
-        members.status().code() == absl::StatusCode::kInvalidArgument,
-        "a bad .npz archive is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(members.status(),
+                                     "a bad .npz archive is InvalidArgument");
   }
   return 0;
 }

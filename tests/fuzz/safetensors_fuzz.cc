@@ -15,8 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dlrm::fuzz::MemFile file(data, size);
   auto f = dlrm::model::SafetensorsFile::Open(file.path());
   if (!f.ok()) {
-    dlrm::fuzz::Check(f.status().code() == absl::StatusCode::kInvalidArgument,
-                      "a bad safetensors file is InvalidArgument");
+    dlrm::fuzz::CheckInvalidArgument(
+        f.status(), "a bad safetensors file is InvalidArgument");
     return 0;
   }
   uint64_t sum = 0;

@@ -59,8 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const absl::Status status = dlrm::data::BatchFromProto(
           in, shape, labels, max_samples, "batch", &out);
       if (!status.ok()) {
-        dlrm::fuzz::Check(status.code() == absl::StatusCode::kInvalidArgument,
-                          "a bad wire batch is InvalidArgument");
+        dlrm::fuzz::CheckInvalidArgument(status,
+                                         "a bad wire batch is InvalidArgument");
         continue;
       }
       CheckWellFormed(out, shape);

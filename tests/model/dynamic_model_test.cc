@@ -65,12 +65,35 @@ ModelConfig DynamicConfig() {
   return *c;
 }
 
+// `c` with the dynamic tables C1 and C2 on RocksDB under `dir`/db, behind
+// caches of 90% of their rows.
+ModelConfig DynamicTablesOnRocksDb(const ModelConfig& c, const fs::path& dir) {
+  RocksDbConfig r;
+  r.set_path((dir / "db").string());
+  r.set_cache_fraction(0.9);
+  auto placed = PlaceTablesOnRocksDb(c, {"C1", "C2"}, r);
+  EXPECT_TRUE(placed.ok()) << placed.status();
+  return placed.ok() ? *placed : c;
+}
+
 std::vector<data::Batch> Batches(const ModelConfig& c, int count) {
   data::SyntheticOptions o;
   o.zipf_alpha = 0.8;
   o.teacher_seed = kDataSeed;
   o.sample_seed = kDataSeed + 1;
   return test::SyntheticBatches(c, count, 64, o);
+}
+
+// Trains `m` on batches [begin, end) in order: their losses, or the first
+// refused step's error.
+absl::StatusOr<std::vector<double>> TrainOn(
+    Model& m, const std::vector<data::Batch>& batches, int begin, int end) {
+  std::vector<double> losses;
+  for (int i = begin; i < end; ++i) {
+    ASSIGN_OR_RETURN(const auto r, m.TrainStep(batches[i]));
+    losses.push_back(r.loss);
+  }
+  return losses;
 }
 
 std::unique_ptr<Model> Make(const ModelConfig& c) {
@@ -81,6 +104,26 @@ std::unique_ptr<Model> Make(const ModelConfig& c) {
 
 embedding::DynamicStore* DynamicOf(Model& m, int k) {
   return dynamic_cast<embedding::DynamicStore*>(m.shards().WholeStore(k));
+}
+
+// A shard of a dynamic table on this rank: its shard number in the plan's
+// placement, and its store.
+struct DynamicShard {
+  int shard;
+  embedding::DynamicStore* store;
+};
+
+// The shards of dynamic table `k` on this rank, in shard order (a failure
+// for one whose store is not a DynamicStore).
+std::vector<DynamicShard> DynamicShardsOf(Model& m, int k) {
+  std::vector<DynamicShard> out;
+  for (int j = 0; j < m.shards().size(); ++j) {
+    if (m.shards()[j].table != k) continue;
+    auto* d = dynamic_cast<embedding::DynamicStore*>(m.shards().store(j));
+    EXPECT_NE(d, nullptr);
+    if (d != nullptr) out.push_back({m.shards()[j].shard, d});
+  }
+  return out;
 }
 
 // Every table's records through the stores, and the maps' state.
@@ -260,32 +303,21 @@ TEST_P(DynamicCheckpointTest, RestoresTheMapsBitForBit) {
                        absl::StrCat("dynamic_ckpt_", rocksdb, "_", ::getpid());
   fs::remove_all(dir);
   ModelConfig c = DynamicConfig();
-  if (rocksdb) {
-    RocksDbConfig r;
-    r.set_path((dir / "db").string());
-    r.set_cache_fraction(0.9);
-    auto placed = PlaceTablesOnRocksDb(c, {"C1", "C2"}, r);
-    ASSERT_TRUE(placed.ok()) << placed.status();
-    c = *placed;
-  }
+  if (rocksdb) c = DynamicTablesOnRocksDb(c, dir);
   std::unique_ptr<Model> m = Make(c);
   ASSERT_NE(m, nullptr);
   const std::vector<data::Batch> batches = Batches(c, 6);
-  for (int i = 0; i < 3; ++i) {
-    auto r = m->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
+  const auto first = TrainOn(*m, batches, 0, 3);
+  ASSERT_TRUE(first.ok()) << first.status();
   const std::string ckpt = (dir / "ckpt").string();
   auto saved = SaveCheckpoint(*m, ckpt);
   ASSERT_TRUE(saved.ok()) << saved.status();
   const std::vector<int64_t> maps = Maps(*m);
   const std::vector<float> tables = Tables(*m);
-  std::vector<double> losses;
-  for (int i = 3; i < 6; ++i) {
-    auto r = m->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok()) << r.status();
-    losses.push_back(r->loss);
-  }
+  const absl::StatusOr<std::vector<double>> trained =
+      TrainOn(*m, batches, 3, 6);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  const std::vector<double>& losses = *trained;
   const std::vector<int64_t> maps_after = Maps(*m);
   ASSERT_NE(maps_after, maps);
 
@@ -438,14 +470,7 @@ ModelConfig RerouteConfig(bool rocksdb, const fs::path& dir,
   c.mutable_tables(0)->set_rows(1200);
   c.mutable_tables(1)->set_rows(900);
   if (!shared_row) c.mutable_tables(1)->set_unadmitted(UNADMITTED_ZERO);
-  if (rocksdb) {
-    RocksDbConfig r;
-    r.set_path((dir / "db").string());
-    r.set_cache_fraction(0.9);
-    auto placed = PlaceTablesOnRocksDb(c, {"C1", "C2"}, r);
-    EXPECT_TRUE(placed.ok()) << placed.status();
-    c = *placed;
-  }
+  if (rocksdb) c = DynamicTablesOnRocksDb(c, dir);
   return c;
 }
 
@@ -474,11 +499,7 @@ std::unique_ptr<Model> MakeRowWise(ModelConfig c, int shards,
 std::map<int64_t, std::vector<float>> ById(Model& m, int k,
                                            bool weights_only = false) {
   std::map<int64_t, std::vector<float>> out;
-  for (int j = 0; j < m.shards().size(); ++j) {
-    if (m.shards()[j].table != k) continue;
-    auto* d = dynamic_cast<embedding::DynamicStore*>(m.shards().store(j));
-    EXPECT_NE(d, nullptr);
-    if (d == nullptr) continue;
+  for (const auto& [shard, d] : DynamicShardsOf(m, k)) {
     const embedding::TableSpec& spec = d->spec();
     const int64_t floats =
         spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim);
@@ -490,7 +511,7 @@ std::map<int64_t, std::vector<float>> ById(Model& m, int k,
       if (p.kind == SHARDING_ROW_WISE) {
         EXPECT_EQ(
             embedding::DynamicRowShard(id, static_cast<int>(p.shards.size())),
-            m.shards()[j].shard)
+            shard)
             << "id " << id;
       }
       std::vector<float> record(floats);
@@ -544,22 +565,18 @@ TEST_P(DynamicRerouteTest, ReroutesTheIdsByHash) {
   std::unique_ptr<Model> m = MakeRowWise(c, 2, one.get());
   ASSERT_NE(m, nullptr);
   const std::vector<data::Batch> batches = Batches(c, 7);
-  for (int i = 0; i < 4; ++i) {
-    auto r = m->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
+  const auto first = TrainOn(*m, batches, 0, 4);
+  ASSERT_TRUE(first.ok()) << first.status();
   const std::string ckpt = (dir / "ckpt").string();
   ASSERT_TRUE(SaveCheckpoint(*m, ckpt).ok());
   const std::vector<float> probs = Probabilities(*m, batches[6]);
   const auto c1 = ById(*m, 0), c2 = ById(*m, 1);
   ASSERT_GT(c1.size(), 100u);
   ASSERT_GT(c2.size(), 20u);
-  std::vector<double> losses;
-  for (int i = 4; i < 6; ++i) {
-    auto r = m->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok()) << r.status();
-    losses.push_back(r->loss);
-  }
+  const absl::StatusOr<std::vector<double>> trained =
+      TrainOn(*m, batches, 4, 6);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  const std::vector<double>& losses = *trained;
   auto expect_saved = [&](Model& got, const std::string& what) {
     ExpectSameIds(ById(got, 0), c1, what + ", C1");
     ExpectSameIds(ById(got, 1), c2, what + ", C2");
@@ -685,11 +702,8 @@ TEST(DynamicRerouteTest, ASmallerShardKeepsTheMostRecentlySeen) {
 // The record of the kept row of every shard of table `k`, in shard order.
 std::vector<std::vector<float>> KeptRows(Model& m, int k) {
   std::vector<std::vector<float>> out;
-  for (int j = 0; j < m.shards().size(); ++j) {
-    if (m.shards()[j].table != k) continue;
-    auto* d = dynamic_cast<embedding::DynamicStore*>(m.shards().store(j));
-    EXPECT_NE(d, nullptr);
-    if (d == nullptr) continue;
+  for (const DynamicShard& s : DynamicShardsOf(m, k)) {
+    embedding::DynamicStore* d = s.store;
     const embedding::TableSpec& spec = d->spec();
     std::vector<float> record(
         spec.dim + embedding::StateFloatsPerRow(spec.optimizer, spec.dim));

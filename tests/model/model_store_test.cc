@@ -86,13 +86,12 @@ ModelConfig OnRocksDb(const ModelConfig& base, const std::string& dir,
   return *c;
 }
 
+// `count` batches of `n` samples, teacher `seed` and sample stream `seed + 1`.
 std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
                                  uint64_t seed) {
-  data::SyntheticOptions o;
-  o.zipf_alpha = 1.05;
-  o.teacher_seed = seed;
-  o.sample_seed = seed + 1;
-  return test::SyntheticBatches(c, count, n, o);
+  return test::SyntheticBatches(
+      c, count, n,
+      {.zipf_alpha = 1.05, .teacher_seed = seed, .sample_seed = seed + 1});
 }
 
 std::unique_ptr<Model> Make(const ModelConfig& c) {

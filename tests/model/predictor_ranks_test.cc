@@ -378,38 +378,24 @@ absl::Status RunWorker(const WorkerArgs& a) {
                      " ranks: ", snapshot.status().ToString()));
   }
   const std::vector<data::Batch> batches = GlobalBatches(c);
-  if (a.mode == "fallback") {
-    if (a.rank != 0) m->set_steps(100);
+  if (a.mode == "fallback" || a.mode == "train" || a.mode == "restore") {
+    // Through a server::RankGroup: the followers follow, the leader trains,
+    // restores or (fallback) predicts through a ModelHost.
+    if (a.mode == "fallback" && a.rank != 0) m->set_steps(100);
     server::RankGroupOptions ro;
     ro.heartbeat_seconds = 1;
     ASSIGN_OR_RETURN(std::unique_ptr<server::RankGroup> group,
                      server::RankGroup::Create(std::move(comm), std::move(m),
                                                ro, std::move(predict_comm)));
     if (a.rank != 0) return group->Follow();
+    if (a.mode == "train") return LeadTraining(*group, batches, a.out);
+    if (a.mode == "restore") return LeadRestore(*group, batches, a.out);
     ASSIGN_OR_RETURN(std::unique_ptr<server::ModelHost> host,
                      server::ModelHost::Create(std::move(group), {}));
     Record r;
     RETURN_IF_ERROR(host->Predict(Probe(batches), &r.probs, &r.step));
     RETURN_IF_ERROR(host->ShutdownRanks());
     return WriteRecords({r}, a.out);
-  }
-  if (a.mode == "train") {
-    server::RankGroupOptions ro;
-    ro.heartbeat_seconds = 1;
-    ASSIGN_OR_RETURN(std::unique_ptr<server::RankGroup> group,
-                     server::RankGroup::Create(std::move(comm), std::move(m),
-                                               ro, std::move(predict_comm)));
-    if (a.rank != 0) return group->Follow();
-    return LeadTraining(*group, batches, a.out);
-  }
-  if (a.mode == "restore") {
-    server::RankGroupOptions ro;
-    ro.heartbeat_seconds = 1;
-    ASSIGN_OR_RETURN(std::unique_ptr<server::RankGroup> group,
-                     server::RankGroup::Create(std::move(comm), std::move(m),
-                                               ro, std::move(predict_comm)));
-    if (a.rank != 0) return group->Follow();
-    return LeadRestore(*group, batches, a.out);
   }
   RanksPredictorOptions o;
   o.max_attempts = 3;
@@ -519,14 +505,19 @@ class RanksPredictorTest : public testing::TestWithParam<Case> {
     std::filesystem::remove_all(out + ".rocksdb");
     return records;
   }
+
+  // The one-process replay of the case's kind and world.
+  std::vector<std::vector<float>> Want() const {
+    return Replay(KindConfig(GetParam().kind, GetParam().world),
+                  GetParam().world);
+  }
 };
 
 // While the ranks train, every prediction equals the one-process replay
 // after exactly the step it reports, never a mix of two.
 TEST_P(RanksPredictorTest, EachPredictionIsOfOneStep) {
   const std::vector<Record> records = Run("train");
-  const auto want =
-      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
+  const auto want = Want();
   for (int s = 0; s < kSteps; ++s) {
     ASSERT_GT(MaxDiff(want[s], want[s + 1]), kStepApart) << "step " << s;
   }
@@ -570,8 +561,7 @@ class RanksPredictorBlockedTest : public RanksPredictorTest {};
 // (rank 1 joins it only after the predictions): it never waits for a step.
 TEST_P(RanksPredictorBlockedTest, PredictsWhileAStepIsUnderWay) {
   const std::vector<Record> records = Run("blocked");
-  const auto want =
-      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
+  const auto want = Want();
   ASSERT_EQ(records.size(), 4u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(records[i].step, 0);
@@ -601,8 +591,7 @@ class RanksPredictorRestoreTest : public RanksPredictorTest {};
 // steps trained again after it, are each of one step: the replay's.
 TEST_P(RanksPredictorRestoreTest, PredictionsBesideARestoreSeeOneStep) {
   const std::vector<Record> records = Run("restore");
-  const auto want =
-      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
+  const auto want = Want();
   ASSERT_FALSE(records.empty());
   EXPECT_EQ(records[0].step, 2);
   for (size_t i = 0; i < records.size(); ++i) {
@@ -622,8 +611,7 @@ class RanksPredictorFallbackTest : public RanksPredictorTest {};
 // runs between two steps instead, with the leader's step count.
 TEST_P(RanksPredictorFallbackTest, PredictsBetweenStepsInstead) {
   const std::vector<Record> records = Run("fallback");
-  const auto want =
-      Replay(KindConfig(GetParam().kind, GetParam().world), GetParam().world);
+  const auto want = Want();
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].step, 0);
   EXPECT_LE(MaxDiff(records[0].probs, want[0]), kTolerance);

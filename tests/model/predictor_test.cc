@@ -129,11 +129,11 @@ ModelConfig OnRocksDb(const ModelConfig& c, const std::string& dir) {
   return *placed;
 }
 
+// `count` batches of `n` samples of sample stream `seed`, labelled by the
+// default teacher.
 std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
                                  uint64_t seed) {
-  data::SyntheticOptions o;
-  o.sample_seed = seed;
-  return test::SyntheticBatches(c, count, n, o);
+  return test::SyntheticBatches(c, count, n, {.sample_seed = seed});
 }
 
 double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {

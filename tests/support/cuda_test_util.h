@@ -55,6 +55,13 @@ inline bool CudaRequired() {
 // Fixed seed, printed by the tests that use it (STYLE.md habit 9).
 constexpr uint64_t kCudaTestSeed = 20261123;
 
+// The trace of a case run with sparse optimizer `type` from kCudaTestSeed:
+// "optimizer ADAM seed 20261123".
+inline std::string OptimizerTrace(OptimizerConfig::Type type) {
+  return absl::StrCat("optimizer ", OptimizerConfig::Type_Name(type), " seed ",
+                      kCudaTestSeed);
+}
+
 inline std::vector<float> RandomFloats(Rng& rng, size_t n, double scale = 1) {
   std::vector<float> v(n);
   for (float& x : v) x = static_cast<float>(rng.Normal() * scale);
@@ -162,6 +169,12 @@ inline std::string Name(const BagShape& s) {
 }
 
 inline void PrintTo(const BagShape& s, std::ostream* os) { *os << Name(s); }
+
+// Name(s) of a BagShape case, for INSTANTIATE_TEST_SUITE_P.
+inline std::string BagShapeName(
+    const ::testing::TestParamInfo<BagShape>& info) {
+  return Name(info.param);
+}
 
 // Ids skewed towards small values (many repeats, also inside a bag), the
 // largest id rows - 1 always present, empty bags when multi-hot.
