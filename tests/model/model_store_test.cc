@@ -23,6 +23,7 @@
 #include "model/trainer.h"
 #include "model/weights_export.h"
 #include "tests/support/expect.h"
+#include "tests/support/store_model.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -37,30 +38,7 @@ constexpr uint64_t kDataSeed = 77;
 // A small model with large-ish tables (the cache holds 10% of each) and
 // multi-hot bags of up to 4 ids.
 ModelConfig BaseConfig(OptimizerConfig::Type sparse) {
-  ModelConfig c;
-  c.set_num_dense_features(5);
-  c.set_embedding_dim(8);
-  const int64_t rows[] = {2000, 3000, 1500};
-  for (int k = 0; k < 3; ++k) {
-    TableConfig* t = c.add_tables();
-    t->set_name(absl::StrCat("C", k + 1));
-    t->set_rows(rows[k]);
-    t->set_multi_hot_size(4);
-    t->set_pooling(k == 1 ? POOLING_MEAN : POOLING_SUM);
-  }
-  c.add_bottom_mlp(16);
-  c.add_bottom_mlp(8);
-  c.add_top_mlp(16);
-  c.add_top_mlp(1);
-  c.mutable_dense_optimizer()->set_type(OptimizerConfig::SGD);
-  c.mutable_sparse_optimizer()->set_type(sparse);
-  // Large enough steps that every update visibly moves the rows.
-  c.mutable_sparse_optimizer()->set_learning_rate(
-      sparse == OptimizerConfig::ADAM ? 0.01f : 0.5f);
-  c.set_seed(kModelSeed);
-  auto n = NormalizeModelConfig(c);
-  EXPECT_TRUE(n.ok()) << n.status();
-  return *n;
+  return test::StoreTestConfig(sparse, kModelSeed);
 }
 
 std::string ScratchDir(const std::string& name) {
@@ -71,20 +49,7 @@ std::string ScratchDir(const std::string& name) {
   return dir.string();
 }
 
-// `base` with every table on RocksDB under `dir`: a cache of `cache_rows`
-// rows, or 10% of the rows when 0.
-ModelConfig OnRocksDb(const ModelConfig& base, const std::string& dir,
-                      int64_t cache_rows = 0,
-                      RocksDbConfig::Eviction eviction = RocksDbConfig::LRU) {
-  RocksDbConfig r;
-  r.set_path(dir);
-  r.set_cache_rows(cache_rows);
-  r.set_cache_fraction(0.1);
-  r.set_eviction(eviction);
-  auto c = PlaceTablesOnRocksDb(base, {"all"}, r);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
+using test::OnRocksDb;
 
 // `count` batches of `n` samples, teacher `seed` and sample stream `seed + 1`.
 std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
@@ -94,14 +59,8 @@ std::vector<data::Batch> Batches(const ModelConfig& c, int count, int64_t n,
       {.zipf_alpha = 1.05, .teacher_seed = seed, .sample_seed = seed + 1});
 }
 
-std::unique_ptr<Model> Make(const ModelConfig& c) {
-  auto m = Model::Create(c);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *std::move(m) : nullptr;
-}
+std::unique_ptr<Model> Make(const ModelConfig& c) { return test::MakeModel(c); }
 
-// Every float of the model: dense weights, then every table's records
-// (weights and optimizer state, read through the stores) and step.
 // The seeds, for reproducing a failure.
 void PrintSeeds() {
   std::printf("model seed %llu, data seed %llu\n",
@@ -121,6 +80,8 @@ void TrainBothExpectSameLoss(Model& a, Model& b,
   }
 }
 
+// Every float of the model: dense weights, then every table's records
+// (weights and optimizer state, read through the stores) and step.
 std::vector<float> Everything(Model& m) {
   std::vector<float> out;
   for (dense::Mlp* mlp : {&m.bottom(), &m.top()}) {

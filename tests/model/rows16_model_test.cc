@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/weights_export.h"
+#include "tests/support/store_model.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -36,30 +37,7 @@ constexpr uint64_t kDataSeed = 91;
 // Three tables of 1500-3000 rows (the caches hold 10%: rows spill and come
 // back every few steps), multi-hot bags of up to 4 ids, `p` rows.
 ModelConfig BaseConfig(OptimizerConfig::Type sparse, RowPrecision p) {
-  ModelConfig c;
-  c.set_num_dense_features(5);
-  c.set_embedding_dim(8);
-  const int64_t rows[] = {2000, 3000, 1500};
-  for (int k = 0; k < 3; ++k) {
-    TableConfig* t = c.add_tables();
-    t->set_name(absl::StrCat("C", k + 1));
-    t->set_rows(rows[k]);
-    t->set_multi_hot_size(4);
-    t->set_pooling(k == 1 ? POOLING_MEAN : POOLING_SUM);
-    t->set_weight_precision(p);
-  }
-  c.add_bottom_mlp(16);
-  c.add_bottom_mlp(8);
-  c.add_top_mlp(16);
-  c.add_top_mlp(1);
-  c.mutable_dense_optimizer()->set_type(OptimizerConfig::SGD);
-  c.mutable_sparse_optimizer()->set_type(sparse);
-  c.mutable_sparse_optimizer()->set_learning_rate(
-      sparse == OptimizerConfig::ADAM ? 0.01f : 0.5f);
-  c.set_seed(kModelSeed);
-  auto n = NormalizeModelConfig(c);
-  EXPECT_TRUE(n.ok()) << n.status();
-  return *n;
+  return test::StoreTestConfig(sparse, kModelSeed, p);
 }
 
 std::string ScratchDir(const std::string& name) {
@@ -72,12 +50,7 @@ std::string ScratchDir(const std::string& name) {
 
 // `base` with every table on RocksDB under `dir`, caches of 10% of rows.
 ModelConfig OnRocksDb(const ModelConfig& base, const std::string& dir) {
-  RocksDbConfig r;
-  r.set_path(dir);
-  r.set_cache_fraction(0.1);
-  auto c = PlaceTablesOnRocksDb(base, {"all"}, r);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
+  return test::OnRocksDb(base, dir);
 }
 
 // `c` with every table's weight_precision `p`.
@@ -94,11 +67,7 @@ std::vector<data::Batch> Batches(const ModelConfig& c, int count) {
   return test::SyntheticBatches(c, count, 32, o);
 }
 
-std::unique_ptr<Model> Make(const ModelConfig& c) {
-  auto m = Model::Create(c);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *std::move(m) : nullptr;
-}
+std::unique_ptr<Model> Make(const ModelConfig& c) { return test::MakeModel(c); }
 
 // Every table's records (weights as floats, optimizer state) and step, read
 // through the stores, then the dense weights.
