@@ -316,7 +316,9 @@ absl::StatusOr<std::vector<int64_t>> SafetensorsFile::GetInt64(
   ASSIGN_OR_RETURN(std::span<const char> bytes,
                    GetBytes(name, Dtype::kI64, shape));
   std::vector<int64_t> values(bytes.size() / sizeof(int64_t));
-  std::memcpy(values.data(), bytes.data(), bytes.size());
+  // A tensor of no elements has no bytes, and memcpy may not be handed the
+  // empty vector's null pointer even for none.
+  if (!bytes.empty()) std::memcpy(values.data(), bytes.data(), bytes.size());
   return values;
 }
 
