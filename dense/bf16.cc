@@ -78,8 +78,8 @@ dnnl::matmul::primitive_desc MakeDesc(const GemmKey& key) {
   if (key.bias) {
     const dnnl::memory::desc bias({1, key.n}, dnnl::memory::data_type::f32,
                                   dnnl::memory::dims{key.n, 1});
-    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c),
-                                        attr, CpuEngine());
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr,
+                                        CpuEngine());
   }
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr,
                                       CpuEngine());
@@ -111,9 +111,8 @@ void Run(const GemmKey& key, const Bf16* a, const Bf16* b, void* c,
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     if (key.bias) {
-      args.emplace(DNNL_ARG_BIAS,
-                   dnnl::memory(g.pd.bias_desc(), CpuEngine(),
-                                const_cast<float*>(bias)));
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(g.pd.bias_desc(), CpuEngine(),
+                                               const_cast<float*>(bias)));
     }
     g.primitive.execute(stream, args);
     stream.wait();
@@ -174,8 +173,7 @@ void BgemmBiasAct(int64_t m, int64_t n, int64_t k, const Bf16* a, int64_t lda,
   GemmKey key{'N', 'T', m, n, k, lda, ldb, ldc, 0.0f, c_bf16 != nullptr};
   key.bias = true;
   key.relu = relu;
-  Run(key, a, b, c_bf16 != nullptr ? static_cast<void*>(c_bf16) : c_f32,
-      bias);
+  Run(key, a, b, c_bf16 != nullptr ? static_cast<void*>(c_bf16) : c_f32, bias);
 }
 
 std::string BgemmImplementation(char trans_a, char trans_b, int64_t m,

@@ -172,8 +172,8 @@ void DenseOptimizer::Step() {
 absl::Status DenseOptimizer::SetBf16Copies(std::vector<Bf16*> copies) {
   if (!copies.empty() && copies.size() != params_.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dense optimizer: ", copies.size(),
-                     " bf16 copies for ", params_.size(), " parameters"));
+        absl::StrCat("dense optimizer: ", copies.size(), " bf16 copies for ",
+                     params_.size(), " parameters"));
   }
   bf16_copies_ = std::move(copies);
   return absl::OkStatus();

@@ -1016,8 +1016,8 @@ TEST(OptimizerTest, StepIsTheSharedRuleBitwise) {
 // refused.
 TEST(OptimizerTest, StepsWriteTheBf16CopiesOfTheWeights) {
   Rng rng = SeededRng(97);
-  for (auto type : {OptimizerConfig::SGD, OptimizerConfig::ADAM,
-                    OptimizerConfig::LAMB}) {
+  for (auto type :
+       {OptimizerConfig::SGD, OptimizerConfig::ADAM, OptimizerConfig::LAMB}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     const int64_t big = 100000, small = 37;
     std::vector<float> w[2] = {RandomVector(&rng, big),
@@ -1027,9 +1027,8 @@ TEST(OptimizerTest, StepsWriteTheBf16CopiesOfTheWeights) {
     std::vector<float> twin[2] = {w[0], w[1]};
     std::vector<Bf16> copy(big, 0x7777);
     auto refs = [&](std::vector<float>* v) {
-      return std::vector<ParamRef>{
-          {"a.weight", v[0].data(), g[0].data(), big},
-          {"a.bias", v[1].data(), g[1].data(), small}};
+      return std::vector<ParamRef>{{"a.weight", v[0].data(), g[0].data(), big},
+                                   {"a.bias", v[1].data(), g[1].data(), small}};
     };
     auto opt = DenseOptimizer::Create(MakeConfig(type, 0.01f), refs(w));
     auto plain = DenseOptimizer::Create(MakeConfig(type, 0.01f), refs(twin));
@@ -1840,9 +1839,9 @@ TEST(Bf16Test, BgemmMatchesDoubleLoopsOnEveryTransposition) {
 // wider than the rows, k of 0 (act(bias)), ReLU on and off.
 TEST(Bf16Test, BgemmBiasActMatchesDoubleLoopsAndRoundsOnce) {
   Rng rng = SeededRng(95);
-  for (auto [m, n, k] : {std::tuple{37, 19, 11}, std::tuple{130, 70, 300},
-                         std::tuple{2048, 64, 256}, std::tuple{1, 1, 1},
-                         std::tuple{5, 3, 0}}) {
+  for (auto [m, n, k] :
+       {std::tuple{37, 19, 11}, std::tuple{130, 70, 300},
+        std::tuple{2048, 64, 256}, std::tuple{1, 1, 1}, std::tuple{5, 3, 0}}) {
     for (bool relu : {false, true}) {
       SCOPED_TRACE(::testing::Message()
                    << m << "x" << n << "x" << k << " relu " << relu);

@@ -78,11 +78,11 @@ TEST_F(SafetensorsTest, EveryDtypeRoundTripsInAnyOrder) {
 // Tensors of no elements, alone in a file with no data bytes (the fuzzer's
 // find: GetInt64 handed memcpy a null pointer), read back empty.
 TEST_F(SafetensorsTest, EmptyTensorsReadBackEmpty) {
-  const std::string path = RawFile(
-      "empty.safetensors",
-      R"({"ids":{"dtype":"I64","shape":[0,5],"data_offsets":[0,0]},)"
-      R"("w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
-      0);
+  const std::string path =
+      RawFile("empty.safetensors",
+              R"({"ids":{"dtype":"I64","shape":[0,5],"data_offsets":[0,0]},)"
+              R"("w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+              0);
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   auto ids = (*f)->GetInt64("ids", {0, 5});
