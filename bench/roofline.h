@@ -33,9 +33,10 @@ struct GemmShape {
 // applies to them).
 std::vector<GemmShape> StepGemms(const ModelConfig& config, int64_t batch);
 
-// Best seconds of one call of `shape` (fp32 Sgemm, or bf16 Bgemm with fp32
-// C when `bf16`) over `repeats` calls after two untimed ones, on the
-// calling thread's OpenMP team.
+// Best seconds of one call of `shape` (fp32 Sgemm, or in bf16 the faster
+// of Bgemm with fp32 C and, where AmxGemmUsable, the AMX kernel with its
+// B packed in the call: dense/amx_gemm.h) over `repeats` calls of each
+// after two untimed ones, on the calling thread's OpenMP team.
 double TimeGemm(const GemmShape& shape, bool bf16, int repeats);
 
 // The host's copy bandwidth: bytes read plus bytes written per second (a

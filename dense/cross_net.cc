@@ -1,6 +1,7 @@
 // DCNv2's low-rank cross network on the CPU: each layer's two maps on
-// oneDNN's sgemm (or bf16 matmul), the bias, product, residual and bf16
-// roundings in one pass over the rows (plain loops the compiler
+// oneDNN's sgemm (or, in bf16, the AMX kernel of dense/amx_gemm.h where
+// the tiles run and oneDNN's matmul elsewhere), the bias, product, residual and
+// bf16 roundings in one pass over the rows (plain loops the compiler
 // vectorises), and the reference in double.
 #include "dense/cross_net.h"
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "dense/amx_gemm.h"
 #include "dense/param_names.h"
 
 namespace dlrm::dense {
@@ -78,9 +80,52 @@ void LayerForwardBf16(const Bf16* vb, const Bf16* wb, const float* b, int n,
                       int r, const float* x0, const float* xl,
                       const Bf16* xl_bf16, int64_t batch, Bf16* p, float* q,
                       float* x_next, Bf16* x_next_bf16) {
-  BgemmToBf16('N', 'T', batch, r, n, xl_bf16, n, vb, n, p, r);
-  Bgemm('N', 'T', batch, n, r, p, r, wb, r, 0.0f, q, n);
+  if (AmxGemmUsable()) {
+    // The AMX kernel (dense/amx_gemm.h), the weights packed for its tiles
+    // on every call (V and W are [r x n] and [n x r]: 1/batch of a
+    // product's work) into the calling thread's buffers.
+    thread_local AmxPackedB packed_v, packed_w;
+    packed_v.PackTransposed(vb, n, r, n);
+    AmxGemm(batch, xl_bf16, n, packed_v, {nullptr, false, nullptr, p, r});
+    packed_w.PackTransposed(wb, r, n, r);
+    AmxGemm(batch, p, r, packed_w, {nullptr, false, q, nullptr, n});
+  } else {
+    BgemmToBf16('N', 'T', batch, r, n, xl_bf16, n, vb, n, p, r);
+    Bgemm('N', 'T', batch, n, r, p, r, wb, r, 0.0f, q, n);
+  }
   BiasProductResidual(b, n, x0, xl, batch, q, x_next, x_next_bf16);
+}
+
+// A layer's four backward products at PRECISION_BF16 on the AMX kernel:
+// dW = h^T p and dV = dp^T x_l from transposed copies of h and dp (the
+// kernel's A operand is row-major over the reduction), dp = h W rounded
+// to bf16, and dp V added to dx (fp32).
+void LayerGradsAmx(int n, int r, int64_t batch, const Bf16* h, const Bf16* p,
+                   const Bf16* xl, const Bf16* wb, const Bf16* vb, float* dw,
+                   float* dv, Bf16* dp, float* dx) {
+  thread_local AlignedVector<Bf16> transposed;
+  thread_local AmxPackedB packed;
+  const int64_t ld = AmxTransposedLd(batch);
+  Bf16* t = Sized(transposed, std::max<int64_t>(n, r) * ld);
+  const int64_t blocks = Blocks(batch);
+  auto transpose = [&](const Bf16* src, int cols) {
+#pragma omp parallel for schedule(static) if (batch * cols >= kParallelFloats)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t r0 = blk * kRowBlock;
+      TransposeBf16(src + r0 * cols, std::min(kRowBlock, batch - r0), cols,
+                    cols, t + r0, ld);
+    }
+  };
+  transpose(h, n);
+  packed.Pack(p, batch, r, r);
+  AmxGemm(n, t, ld, packed, {nullptr, false, dw, nullptr, r});
+  packed.Pack(wb, n, r, r);
+  AmxGemm(batch, h, n, packed, {nullptr, false, nullptr, dp, r});
+  transpose(dp, r);
+  packed.Pack(xl, batch, n, n);
+  AmxGemm(r, t, ld, packed, {nullptr, false, dv, nullptr, n});
+  packed.Pack(vb, r, n, n);
+  AmxGemm(batch, dp, r, packed, {nullptr, false, dx, nullptr, n, true});
 }
 
 inline void Put(float* p, float v) { *p = v; }
@@ -247,6 +292,12 @@ void CrossNet::BackwardBf16(const float* x0, const float* dout, int64_t batch,
     BackwardPassOf(l, num, g, x0, q, batch, n, h, dx0, g_next, partial);
     SumBlocks(partial, blocks, n, layer.db.data());
     // As Backward's four products, on the bf16 copies.
+    if (AmxGemmUsable()) {
+      LayerGradsAmx(n, r, batch, h, p, xl, layer.wb.data(), layer.vb.data(),
+                    layer.dw.data(), layer.dv.data(), dp, last ? dx0 : g_next);
+      g = g_next;
+      continue;
+    }
     Bgemm('T', 'N', n, r, batch, h, n, p, r, 0.0f, layer.dw.data(), r);
     BgemmToBf16('N', 'N', batch, r, n, h, n, layer.wb.data(), r, dp, r);
     Bgemm('T', 'N', r, n, batch, dp, r, xl, n, 0.0f, layer.dv.data(), n);

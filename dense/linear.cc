@@ -1,5 +1,6 @@
-// Linear layers and MLPs on oneDNN's sgemm (or its bf16 matmul,
-// dense/bf16.h, with the bias and ReLU as the GEMM's post-ops), the fp32
+// Linear layers and MLPs on oneDNN's sgemm (or, in bf16, the hand-written
+// AMX kernel of dense/amx_gemm.h where the tiles run and oneDNN's matmul,
+// dense/bf16.h, elsewhere, the bias and ReLU in the GEMM), the fp32
 // forward's bias and ReLU, and the backward's ReLU mask, bias gradient and
 // bf16 rounding, fused into single passes over the activations.
 #include "dense/linear.h"
@@ -13,8 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "dense/amx_gemm.h"
 #include "dense/cpu_isa.h"
 #include "dense/param_names.h"
 
@@ -167,6 +170,16 @@ void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
   // bias, ReLU and rounding wrote y twice and read it once more (the kaggle
   // step's MLP forwards took 1.4-1.8x as long, bench/RESULTS.md "Fused
   // dense passes"). With both outputs, y and then its bf16 copy.
+  if (AmxGemmUsable()) {
+    // The hand-written AMX kernel (dense/amx_gemm.h) writes both outputs in
+    // its epilogue. The weights are packed for its tiles on every call
+    // (in x out values, 1/batch of the product's work), into the calling
+    // thread's buffer, so concurrent calls share nothing.
+    thread_local AmxPackedB packed;
+    packed.PackTransposed(wb_.data(), in_, out_, in_);
+    AmxGemm(batch, x, in_, packed, {b_.data(), relu_, y, y_bf16, out_});
+    return;
+  }
   BgemmBiasAct(batch, out_, in_, x, in_, wb_.data(), in_, b_.data(), relu_, y,
                y == nullptr ? y_bf16 : nullptr, out_);
   if (y != nullptr && y_bf16 != nullptr) ToBf16(y, batch * out_, y_bf16);
@@ -182,7 +195,8 @@ void Linear::SyncBf16Weights() {
 // written back when kWriteDy. False for an empty batch, after zeroing the
 // weight and bias gradients.
 template <bool kWriteDy, typename Y>
-bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb) {
+bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb,
+                             Bf16* dyb_t) {
   if (batch <= 0) {
     std::fill(dw_.begin(), dw_.end(), 0.0f);
     std::fill(db_.begin(), db_.end(), 0.0f);
@@ -193,13 +207,27 @@ bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb) {
   float* partial = partial_.data();
   const int out = out_;
   const bool relu = relu_;
+  const bool amx = AmxGemmUsable();
 #pragma omp parallel for schedule(static) if (batch * out >= kParallelFloats)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t begin = blk * kRowBlock;
     const int64_t end = std::min(batch, begin + kRowBlock);
     float* sum = partial + blk * out;
     if (dyb != nullptr) {
-      MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
+      if constexpr (!kWriteDy && std::is_same_v<Y, Bf16>) {
+        if (relu && amx) {
+          AmxMaskRows(dy, y, begin, end, out, sum, dyb);
+        } else {
+          MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
+        }
+      } else {
+        MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
+      }
+      // The block's rows of the copy, just written, transposed.
+      if (dyb_t != nullptr) {
+        TransposeBf16(dyb + begin * out, end - begin, out, out, dyb_t + begin,
+                      AmxTransposedLd(batch));
+      }
     } else {
       MaskAndSum<kWriteDy, false>(dy, y, begin, end, out, relu, sum, dyb);
     }
@@ -213,34 +241,68 @@ bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb) {
   return true;
 }
 
-void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, int64_t batch,
-                           float* dx) {
-  Bgemm('T', 'N', out_, in_, batch, dy_bf16, out_, x, in_, 0.0f, dw_.data(),
-        in_);
-  if (dx != nullptr) {
-    Bgemm('N', 'N', batch, in_, out_, dy_bf16, out_, wb_.data(), in_, 0.0f, dx,
+namespace {
+
+// With the AMX kernel, the bf16 backward's transposed copy of dy [out x
+// batch] (leading dimension AmxTransposedLd), the A operand of dW = dy^T x:
+// the calling thread's buffer, grown as needed; null where oneDNN runs the
+// GEMMs (it reads dy as stored).
+Bf16* TransposedDy(int64_t out, int64_t batch) {
+  if (!AmxGemmUsable()) return nullptr;
+  thread_local AlignedVector<Bf16> dy_t;
+  return Sized(dy_t, out * AmxTransposedLd(batch));
+}
+
+}  // namespace
+
+void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16,
+                           const Bf16* dy_bf16_t, int64_t batch, float* dx) {
+  if (dy_bf16_t != nullptr) {
+    // dW [out x in] = dy^T [out x batch] x [batch x in], x packed for the
+    // tiles with the batch as the reduction.
+    thread_local AmxPackedB packed_x;
+    packed_x.Pack(x, batch, in_, in_);
+    AmxGemm(out_, dy_bf16_t, AmxTransposedLd(batch), packed_x,
+            {nullptr, false, dw_.data(), nullptr, in_});
+  } else {
+    Bgemm('T', 'N', out_, in_, batch, dy_bf16, out_, x, in_, 0.0f, dw_.data(),
           in_);
   }
+  if (dx == nullptr) return;
+  if (AmxGemmUsable()) {
+    thread_local AmxPackedB packed_w;
+    packed_w.Pack(wb_.data(), out_, in_, in_);
+    AmxGemm(batch, dy_bf16, out_, packed_w, {nullptr, false, dx, nullptr, in_});
+    return;
+  }
+  Bgemm('N', 'N', batch, in_, out_, dy_bf16, out_, wb_.data(), in_, 0.0f, dx,
+        in_);
 }
 
 void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
                           int64_t batch, float* dx, Bf16* dy_bf16) {
-  if (!MaskAndBiasGrad<true>(y, dy, batch, dy_bf16)) return;
-  GradGemmsBf16(x, dy_bf16, batch, dx);
+  Bf16* dy_t = TransposedDy(out_, batch);
+  if (!MaskAndBiasGrad<true>(y, dy, batch, dy_bf16, dy_t)) return;
+  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx);
 }
 
 void Linear::BackwardBf16(const Bf16* x, const Bf16* y_bf16, const float* dy,
                           int64_t batch, float* dx, Bf16* dy_bf16) {
+  Bf16* dy_t = TransposedDy(out_, batch);
   // Only read: kWriteDy is false.
-  if (!MaskAndBiasGrad<false>(y_bf16, const_cast<float*>(dy), batch, dy_bf16)) {
+  if (!MaskAndBiasGrad<false>(y_bf16, const_cast<float*>(dy), batch, dy_bf16,
+                              dy_t)) {
     return;
   }
-  GradGemmsBf16(x, dy_bf16, batch, dx);
+  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx);
 }
 
 void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
                       float* dx) {
-  if (!MaskAndBiasGrad<true>(y, dy, batch, /*dyb=*/nullptr)) return;
+  if (!MaskAndBiasGrad<true>(y, dy, batch, /*dyb=*/nullptr,
+                             /*dyb_t=*/nullptr)) {
+    return;
+  }
   // dW [out x in] = dy^T [out x batch] x [batch x in].
   Sgemm('T', 'N', out_, in_, batch, dy, out_, x, in_, 0.0f, dw_.data(), in_);
   // dx [batch x in] = dy [batch x out] x W [out x in].

@@ -87,12 +87,15 @@ class Linear {
   Bf16* weight_bf16() { return wb_.empty() ? nullptr : wb_.data(); }
 
  private:
-  // Backward's first pass (linear.cc).
+  // Backward's first pass (linear.cc); dyb_t, when not null, gets dyb's
+  // transpose [out x batch].
   template <bool kWriteDy, typename Y>
-  bool MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb);
-  // The bf16 backward's weight and input gradients from dy's bf16 copy.
-  void GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, int64_t batch,
-                     float* dx);
+  bool MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb,
+                       Bf16* dyb_t);
+  // The bf16 backward's weight and input gradients from dy's bf16 copy and,
+  // on the AMX kernel, its transpose (null: oneDNN's GEMMs).
+  void GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, const Bf16* dy_bf16_t,
+                     int64_t batch, float* dx);
 
   int in_, out_;
   bool relu_;
