@@ -29,6 +29,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/weights_export.h"
+#include "tests/support/store_model.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -140,17 +141,9 @@ std::vector<int64_t> Maps(Model& m) {
   return out;
 }
 
+// Every table's records, read through the stores.
 std::vector<float> Tables(Model& m) {
-  std::vector<float> out;
-  for (int k = 0; k < m.config().tables_size(); ++k) {
-    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
-    const int64_t floats = s.spec().dim + embedding::StateFloatsPerRow(
-                                              s.spec().optimizer, s.spec().dim);
-    std::vector<float> records(s.spec().rows * floats);
-    EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
-    out.insert(out.end(), records.begin(), records.end());
-  }
-  return out;
+  return test::StoreRecords(m, /*with_steps=*/false);
 }
 
 TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
