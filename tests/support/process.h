@@ -102,13 +102,31 @@ RunResult Run(const std::vector<std::string>& args, const std::string& dir,
 // could be had.
 int FreePort();
 
-// The main() of a test binary that re-executes itself as ranks (SpawnSelf):
-// with argc == `worker_argc` and argv[1] == `worker_flag` it is a rank, runs
-// `worker(argv)` and returns 0, or 1 after printing "rank argv[rank_arg]:
-// status" to stderr; otherwise it runs the tests.
-int TestsOrWorkerMain(int argc, char** argv, const char* worker_flag,
-                      int worker_argc, int rank_arg,
-                      const std::function<absl::Status(char** argv)>& worker);
+// Where a rank of a test binary re-executed as ranks stands: what RankArgv
+// passes first and TestsOrRankMain reads back.
+struct RankPlace {
+  // Ranks in the job. Default: 1.
+  int world = 1;
+  // This rank, in [0, world). Default: 0.
+  int rank = 0;
+  // Rank 0's coordinator, host:port. Default: "".
+  std::string coordinator;
+};
+
+// A rank's arguments for SpawnSelf: `flag`, place.world, place.rank,
+// place.coordinator, then the test's own `extra`.
+std::vector<std::string> RankArgv(const std::string& flag,
+                                  const RankPlace& place,
+                                  const std::vector<std::string>& extra);
+
+// The main() of a test binary that re-executes itself as ranks with
+// RankArgv(`flag`, place, extra of `extra_count` arguments): as such a rank
+// it runs worker(place, extra) (extra: argv's last `extra_count`) and
+// returns 0, or 1 after printing "rank R: status" to stderr; otherwise it
+// runs the tests.
+int TestsOrRankMain(
+    int argc, char** argv, const std::string& flag, int extra_count,
+    const std::function<absl::Status(const RankPlace&, char** extra)>& worker);
 
 }  // namespace dlrm::test
 
