@@ -99,11 +99,7 @@ using Proc = test::Child;
 // `env`: extra NAME=VALUE entries on top of this process's environment.
 Proc Spawn(const std::vector<std::string>& args, const fs::path& err,
            const std::vector<std::string>& env = {}) {
-  test::SpawnOptions options;
-  options.env = env;
-  options.stdout_pipe = true;
-  options.stderr_path = err.string();
-  return test::Spawn(args, options);
+  return test::SpawnPiped(args, err.string(), env);
 }
 
 using test::WaitExit;
@@ -267,9 +263,7 @@ class LocalSlurm {
 class LaunchTest : public testing::Test {
  protected:
   void SetUp() override {
-    if (access(ServerPath().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
-    }
+    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
     dir_ = test::MakeTestDir();
     config_path_ = dir_ / "model.textproto";
     std::ofstream(config_path_) << kConfig;

@@ -52,11 +52,7 @@ struct Proc {
   // Starts `args` with `env` added to ours. False if it cannot start.
   bool Spawn(const std::vector<std::string>& args, const fs::path& err,
              const std::vector<std::string>& env = {}) {
-    test::SpawnOptions options;
-    options.env = env;
-    options.stdout_pipe = true;
-    options.stderr_path = err.string();
-    const test::Child child = test::Spawn(args, options);
+    const test::Child child = test::SpawnPiped(args, err.string(), env);
     pid = child.pid;
     out_fd = child.out_fd;
     return pid != -1;
@@ -89,9 +85,7 @@ struct Proc {
 class ServerProcessTest : public testing::Test {
  protected:
   void SetUp() override {
-    if (access(ServerPath().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
-    }
+    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
     dir_ = test::MakeTestDir();
     root_ = dir_ / "ckpt";
   }

@@ -102,6 +102,16 @@ Child Spawn(const std::vector<std::string>& args, const SpawnOptions& options) {
   return child;
 }
 
+Child SpawnPiped(const std::vector<std::string>& args,
+                 const std::string& stderr_path,
+                 const std::vector<std::string>& env) {
+  SpawnOptions options;
+  options.env = env;
+  options.stdout_pipe = true;
+  options.stderr_path = stderr_path;
+  return Spawn(args, options);
+}
+
 pid_t SpawnSelf(const std::vector<std::string>& args) {
   std::vector<std::string> all = {SelfPath()};
   all.insert(all.end(), args.begin(), args.end());

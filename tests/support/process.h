@@ -5,6 +5,7 @@
 #define DLRM_TESTS_SUPPORT_PROCESS_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,12 @@ std::string ServerBinary();
 // Starts args[0] with `args` as its argv (posix_spawn, no PATH search).
 Child Spawn(const std::vector<std::string>& args,
             const SpawnOptions& options = {});
+
+// Spawn with stdout in a pipe (Child::out_fd), stderr into the file
+// `stderr_path` and `env` added to our environment.
+Child SpawnPiped(const std::vector<std::string>& args,
+                 const std::string& stderr_path,
+                 const std::vector<std::string>& env = {});
 
 // Starts SelfPath() with `args` as argv[1..] and the parent's environment;
 // -1 (and a gtest failure) when posix_spawn fails.
@@ -129,5 +136,13 @@ int TestsOrRankMain(
     const std::function<absl::Status(const RankPlace&, char** extra)>& worker);
 
 }  // namespace dlrm::test
+
+// In a test body or SetUp: skips the test unless `path` (binary `name`'s,
+// e.g. dlrm::test::ServerBinary()) is an executable file, saying where it
+// looked; `<< ...` adds to the message.
+#define DLRM_SKIP_UNLESS_BUILT(name, path)              \
+  if (::access(std::string(path).c_str(), X_OK) == 0) { \
+  } else                                                \
+    GTEST_SKIP() << name << " is not built (looked for " << (path) << ")"
 
 #endif  // DLRM_TESTS_SUPPORT_PROCESS_H_
