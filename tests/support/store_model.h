@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -92,7 +93,7 @@ inline std::string ScratchDir(const std::string& test,
 // Trains `a` and `b` on each batch in turn, `b` given the next batch to
 // prefetch when `prefetch`: both steps succeed with the same loss.
 inline void TrainBothExpectSameLoss(model::Model& a, model::Model& b,
-                                    const std::vector<data::Batch>& batches,
+                                    std::span<const data::Batch> batches,
                                     bool prefetch = false) {
   for (size_t i = 0; i < batches.size(); ++i) {
     const data::Batch* next =
