@@ -154,17 +154,8 @@ class ServerProcessTest : public testing::Test {
 
   // The flags of a tiny training server with periodic checkpoints.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {ServerPath(),
-                                     "--config",
-                                     "tiny",
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--metrics-listen",
-                                     "",
-                                     "--threads",
-                                     "1",
-                                     "--checkpoint-dir",
-                                     root_.string()};
+    std::vector<std::string> args = test::WithLocalServerFlags(
+        {ServerPath(), "--config", "tiny", "--checkpoint-dir", root_.string()});
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }

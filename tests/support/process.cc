@@ -102,6 +102,12 @@ Child Spawn(const std::vector<std::string>& args, const SpawnOptions& options) {
   return child;
 }
 
+std::vector<std::string> WithLocalServerFlags(std::vector<std::string> args) {
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--metrics-listen", "",
+                           "--threads", "1"});
+  return args;
+}
+
 Child SpawnPiped(const std::vector<std::string>& args,
                  const std::string& stderr_path,
                  const std::vector<std::string>& env) {

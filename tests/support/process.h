@@ -52,6 +52,11 @@ std::string BuildBinary(const char* env, const std::string& relative);
 // BuildBinary("DLRM_SERVER", "server/dlrm_server").
 std::string ServerBinary();
 
+// `args` (a server's argv, or a launcher's) followed by the flags that keep
+// a dlrm_server under test to itself: --listen on a free port of 127.0.0.1
+// (it prints the one it got), no metrics listener, --threads 1.
+std::vector<std::string> WithLocalServerFlags(std::vector<std::string> args);
+
 // Starts args[0] with `args` as its argv (posix_spawn, no PATH search).
 Child Spawn(const std::vector<std::string>& args,
             const SpawnOptions& options = {});
