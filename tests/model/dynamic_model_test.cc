@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -813,10 +814,8 @@ absl::Status ConfigError(const std::string& table,
 }
 
 TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
-  struct Bad {
-    std::string table, field;
-  };
-  const Bad bad[] = {
+  // A table's fields, and the field its error must name.
+  const std::vector<std::pair<std::string, std::string>> bad = {
       {"rows: 1 dynamic: true", "tables[0].rows"},
       {"rows: 0 dynamic: true", "tables[0].rows"},
       {"rows: 10 eviction { kind: EVICT_LFU }", "tables[0].eviction"},
@@ -839,9 +838,9 @@ TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
        "tables[0].admission.kind"},
       {"rows: 10 dynamic: true unadmitted: 5", "tables[0].unadmitted"},
   };
-  for (const Bad& b : bad) {
-    SCOPED_TRACE(b.table);
-    test::ExpectInvalid(ConfigError(b.table), b.field);
+  for (const auto& [table, field] : bad) {
+    SCOPED_TRACE(table);
+    test::ExpectInvalid(ConfigError(table), field);
   }
   EXPECT_TRUE(ConfigError("rows: 2 dynamic: true").ok());
   // Row-wise: each id to the shard its hash names.
