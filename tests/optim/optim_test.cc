@@ -12,8 +12,8 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <variant>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "core/random.h"
