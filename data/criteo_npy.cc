@@ -192,7 +192,6 @@ class CriteoNpySource final : public FixedWidthSource {
 
   absl::StatusOr<bool> Next(int64_t max_samples, Batch* batch) override {
     const int num_dense = options_.num_dense;
-    const int num_sparse = static_cast<int>(options_.table_rows.size());
     ASSIGN_OR_RETURN(const int64_t n,
                      StartFixedBatch(options_, max_samples, batch));
     if (n <= 0) return false;
@@ -232,7 +231,7 @@ class CriteoNpySource final : public FixedWidthSource {
             absl::StrCat(days_[d].dense.name(), ": row ", row, ": dense ", bad,
                          " is ", std::isnan(x[bad]) ? "NaN" : "infinite");
       }
-      batch->Reset(num_dense, num_sparse);
+      batch->Reset(num_dense, static_cast<int>(options_.table_rows.size()));
       return absl::InvalidArgumentError(message);
     }
     next_ += n;

@@ -1,21 +1,12 @@
 // Training and evaluation loops.
 #include "model/trainer.h"
 
-#include <chrono>
 #include <utility>
 
+#include "core/clock.h"
 #include "core/status.h"
 
 namespace dlrm::model {
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 absl::Status EvalOptions::Validate() const {
   if (batch_size <= 0) {
@@ -103,7 +94,7 @@ absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
   double window_loss = 0;
   int64_t window_steps = 0, window_samples = 0;
   double window_model_seconds = 0;
-  const double start = Now();
+  const double start = MonotonicSeconds();
   data::Batch batch;
 
   auto report = [&](int epoch) {
@@ -114,7 +105,7 @@ absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
     window.loss = window_loss / window_steps;
     window.samples_per_second =
         window_model_seconds > 0 ? window_samples / window_model_seconds : 0;
-    window.elapsed_seconds = Now() - start;
+    window.elapsed_seconds = MonotonicSeconds() - start;
     result.final_loss = window.loss;
     if (callbacks.on_progress) callbacks.on_progress(window);
     window = TrainProgress();
@@ -150,10 +141,10 @@ absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
         ASSIGN_OR_RETURN(has_next, train.Next(options.batch_size, &next));
         has_next = has_next && next.size > 0;
       }
-      const double t0 = Now();
+      const double t0 = MonotonicSeconds();
       ASSIGN_OR_RETURN(StepResult step,
                        model.TrainStep(batch, has_next ? &next : nullptr));
-      const double dt = Now() - t0;
+      const double dt = MonotonicSeconds() - t0;
       ++result.steps;
       result.samples += step.samples;
       result.model_seconds += dt;
@@ -181,7 +172,7 @@ absl::StatusOr<TrainResult> Train(Model& model, data::BatchSource& train,
     }
   }
   report(epoch > 0 ? epoch - 1 : 0);
-  result.seconds = Now() - start;
+  result.seconds = MonotonicSeconds() - start;
   if (options.eval_interval == 0 || result.steps % options.eval_interval != 0) {
     RETURN_IF_ERROR(evaluate());
   }

@@ -4,13 +4,13 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "dense/cpu_isa.h"
@@ -21,12 +21,6 @@
 
 namespace dlrm::server {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 data::BatchShape ShapeOf(const ModelConfig& config) {
   data::BatchShape shape;
@@ -134,7 +128,7 @@ ModelHost::ModelHost(std::unique_ptr<RankGroup> group, ModelHostOptions options)
       group_(std::move(group)),
       serving_(MakeServing(group_)),
       steps_(group_->steps()),
-      last_checkpoint_time_(Now()),
+      last_checkpoint_time_(MonotonicSeconds()),
       last_saved_step_(steps_.load()) {
   if (!options_.loaded_from.empty()) {
     served_ = ServedFrom(options_.loaded_from, steps_.load());
@@ -315,9 +309,9 @@ absl::StatusOr<TrainStepOutcome> ModelHost::LeasedStep(
     return absl::UnavailableError("the server is shutting down");
   }
   UseComputeThreads();
-  const double start = Now();
+  const double start = MonotonicSeconds();
   ASSIGN_OR_RETURN(model::StepResult r, step());
-  return Outcome(r, Now() - start, job);
+  return Outcome(r, MonotonicSeconds() - start, job);
 }
 
 TrainStepOutcome ModelHost::Outcome(const model::StepResult& r, double seconds,
@@ -356,7 +350,7 @@ std::string ModelHost::MaybeCheckpoint(int64_t step,
                                        bool* failed) {
   *failed = false;
   if (!options_.periodic()) return "";
-  const double now = Now();
+  const double now = MonotonicSeconds();
   const bool by_steps = options_.checkpoint_every_steps > 0 &&
                         step % options_.checkpoint_every_steps == 0;
   const bool by_time =
@@ -369,7 +363,7 @@ std::string ModelHost::MaybeCheckpoint(int64_t step,
 
 std::string ModelHost::SavePeriodicLocked(int64_t step, const std::string& job,
                                           bool* failed) {
-  const double now = Now();
+  const double now = MonotonicSeconds();
   const std::string dir = (std::filesystem::path(options_.checkpoint_dir) /
                            model::PeriodicCheckpointName(step))
                               .string();
@@ -398,7 +392,7 @@ std::string ModelHost::SavePeriodicLocked(int64_t step, const std::string& job,
   }
   last_saved_step_ = step;
   spdlog::info("periodic checkpoint {} at step {} ({} bytes, {:.3f} s)", dir,
-               step, info->bytes, Now() - now);
+               step, info->bytes, MonotonicSeconds() - now);
   const absl::Status pruned = model::PruneCheckpoints(
       options_.checkpoint_dir, options_.keep_checkpoints);
   if (!pruned.ok()) {
@@ -546,7 +540,7 @@ std::string ModelHost::CheckpointStoppedTraining(const TrainingLease& lease,
       "training stopped at step {}, after the last periodic checkpoint (step "
       "{}): saving it",
       step, last_saved_step_);
-  last_checkpoint_time_ = Now();
+  last_checkpoint_time_ = MonotonicSeconds();
   return SavePeriodicLocked(step, /*job=*/"", failed);
 }
 

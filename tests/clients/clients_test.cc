@@ -638,10 +638,7 @@ TEST_F(ClientE2ETest, ExportWritesWeightsUnderTheCheckpointDir) {
   EXPECT_EQ(client_->ExportWeights("../escape.safetensors").status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   CommandResult r = RunCommand({client_path_, "--server", address_, "export",
                                 "--out", "cli/weights.safetensors"},
                                dir_);
@@ -690,10 +687,7 @@ TEST(ClientConnectTest, ConnectToAClosedPortIsUnavailable) {
 // printed and shown by info's config; a negative rate is refused naming
 // the field.
 TEST_F(ClientE2ETest, CliSetLearningRate) {
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   CommandResult r = RunCommand({client_path_, "--server", address_,
                                 "set-learning-rate", "--sparse", "0.05"},
                                dir_);
@@ -715,10 +709,7 @@ TEST_F(ClientE2ETest, CliSetLearningRate) {
 }
 
 TEST_F(ClientE2ETest, CliInfoTrainPredict) {
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   CommandResult r =
       RunCommand({client_path_, "--server", address_, "info"}, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -773,10 +764,7 @@ TEST_F(ClientE2ETest, CliInfoTrainPredict) {
 // A refused connection: the CLI fails at once (with an hour to wait),
 // naming the address.
 TEST_F(ClientE2ETest, CliRefusedConnectionFailsAtOnceNamingTheAddress) {
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   const CommandResult r = RunCommand({client_path_, "--server", "127.0.0.1:1",
                                       "--connect-timeout", "3600", "info"},
                                      dir_);
@@ -788,10 +776,7 @@ TEST_F(ClientE2ETest, CliRefusedConnectionFailsAtOnceNamingTheAddress) {
 // Ctrl-C on `job start --wait` ends the client (exit 130), not the job:
 // it says so and prints the command that cancels it, which does.
 TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   const fs::path out = dir_ / "wait.out";
   const fs::path err = dir_ / "wait.err";
   const std::vector<std::string> args = {
@@ -843,10 +828,7 @@ TEST_F(ClientE2ETest, CliInterruptedWaitSaysTheJobGoesOnAndHowToCancelIt) {
 // answer with the file's first line) gets PERMISSION_DENIED naming the path
 // and nothing of the file.
 TEST_F(ClientE2ETest, CliEvalOfServerFilesOutsideTheDataDirIsDenied) {
-  if (access(client_path_.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path_
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path_);
   const std::string secret_name =
       "clients_test_secret_" + std::to_string(getpid()) + ".tsv";
   const fs::path secret = dir_.parent_path() / secret_name;
@@ -903,10 +885,8 @@ class ClientServerProcessTest : public testing::Test {
  protected:
   void SetUp() override {
     server_path_ = BinaryPath("DLRM_SERVER", "server/dlrm_server");
-    if (access(server_path_.c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "dlrm_server is not built (looked for " << server_path_
-                   << "; set DLRM_SERVER to override)";
-    }
+    DLRM_SKIP_UNLESS_BUILT("dlrm_server", server_path_)
+        << " (set DLRM_SERVER to override)";
     dir_ = fs::path(testing::TempDir()) /
            ("clients_process_test_" + std::to_string(getpid()) + "_" +
             testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -1304,9 +1284,7 @@ TEST_F(ClientServerProcessTest, PathFlagsAreCheckedAtStartNamingTheFlag) {
 // dlrm_train checks its path flags the same way, before it allocates.
 TEST_F(ClientServerProcessTest, TrainerPathFlagsAreCheckedAtStart) {
   const std::string train = BinaryPath("DLRM_TRAIN", "model/dlrm_train");
-  if (access(train.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_train is not built (looked for " << train << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_train", train);
   const std::string file = WriteFile("afile", "not a directory\n");
   const std::string missing = (dir_ / "missing.tsv").string();
   CommandResult r = RunCommand(
@@ -1353,6 +1331,22 @@ std::vector<std::string> WithLog(const std::vector<std::string>& args,
   return out;
 }
 
+// Trains `count` synthetic batches of 32 samples (seed `seed`) on `server`
+// through a client, then stops it: each part succeeds.
+void TrainThenStop(ServerProcess& server, int count, uint64_t seed) {
+  std::unique_ptr<Client> client;
+  ModelConfig config;
+  const absl::Status connected = ConnectAndReadConfig(server, &client, &config);
+  ASSERT_TRUE(connected.ok()) << connected;
+  BatchListSource batches(SyntheticBatches(config, count, 32, seed));
+  TrainOptions options;
+  options.batch_size = 32;
+  ASSERT_TRUE(client->Train(batches, options, nullptr).ok());
+  client.reset();
+  const absl::Status stopped = server.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
 // A training server without --checkpoint-dir says at start that trained
 // steps are lost at a stop, and at the stop how many are; one that saves
 // on exit says neither.
@@ -1370,18 +1364,7 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
                       "no --checkpoint-dir: trained steps are "
                       "lost when it stops; pass --checkpoint-dir")
         << ReadFile(log);
-    std::unique_ptr<Client> client;
-    ModelConfig config;
-    const absl::Status connected =
-        ConnectAndReadConfig(server, &client, &config);
-    ASSERT_TRUE(connected.ok()) << connected;
-    BatchListSource batches(SyntheticBatches(config, 3, 32, 5));
-    TrainOptions options;
-    options.batch_size = 32;
-    ASSERT_TRUE(client->Train(batches, options, nullptr).ok());
-    client.reset();
-    const absl::Status stopped = server.Stop();
-    EXPECT_TRUE(stopped.ok()) << stopped;
+    ASSERT_NO_FATAL_FAILURE(TrainThenStop(server, 3, 5));
   }
   EXPECT_HAS_SUBSTR(ReadFile(log),
                     "stopping with 3 trained steps (the model is "
@@ -1397,16 +1380,7 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
               log),
       60);
   ASSERT_TRUE(started.ok()) << started;
-  std::unique_ptr<Client> client;
-  ModelConfig config;
-  ASSERT_TRUE(ConnectAndReadConfig(saving, &client, &config).ok());
-  BatchListSource batches(SyntheticBatches(config, 2, 32, 6));
-  TrainOptions options;
-  options.batch_size = 32;
-  ASSERT_TRUE(client->Train(batches, options, nullptr).ok());
-  client.reset();
-  const absl::Status stopped = saving.Stop();
-  EXPECT_TRUE(stopped.ok()) << stopped;
+  ASSERT_NO_FATAL_FAILURE(TrainThenStop(saving, 2, 6));
   const std::string text = ReadFile(log);
   EXPECT_NO_SUBSTR(text, "no --checkpoint-dir") << text;
   EXPECT_NO_SUBSTR(text, "they are lost") << text;
@@ -1418,10 +1392,7 @@ TEST_F(ClientServerProcessTest, UnsavedStepsAreWarnedOfAtStartAndAtStop) {
 TEST_F(ClientServerProcessTest, CliJobListSaysWhenEmptyAndInfoIsStable) {
   const std::string client_path =
       BinaryPath("DLRM_CLIENT", "clients/dlrm_client");
-  if (access(client_path.c_str(), X_OK) != 0) {
-    GTEST_SKIP() << "dlrm_client is not built (looked for " << client_path
-                 << ")";
-  }
+  DLRM_SKIP_UNLESS_BUILT("dlrm_client", client_path);
   ServerProcess server;
   const absl::Status started =
       server.Start({server_path_, "--listen", "127.0.0.1:0", "--metrics-listen",

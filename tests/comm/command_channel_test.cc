@@ -34,11 +34,9 @@ constexpr int64_t kStop = 9;
 // Gloo's op timeout in the workers: the leader idles longer than this.
 constexpr double kOpTimeoutSeconds = 2;
 
-struct WorkerArgs {
+// A rank's place (world, rank, coordinator), then its test's arguments.
+struct WorkerArgs : test::RankPlace {
   std::string mode;
-  int world = 2;
-  int rank = 0;
-  std::string coordinator;
   int failing = -1;  // agree: the rank that fails, -1 for none
 };
 
@@ -152,7 +150,10 @@ absl::Status RunLostLeader(const WorkerArgs& a, Communicator& comm) {
   return Expect(channel.broken() == lost, "the channel broken by it");
 }
 
-absl::Status RunWorker(const WorkerArgs& a) {
+// A rank process (test::TestsOrRankMain): `extra` holds the mode and the
+// failing rank.
+absl::Status RunWorker(const test::RankPlace& place, char** extra) {
+  const WorkerArgs a{place, extra[0], std::atoi(extra[1])};
   GlooOptions go;
   go.rank = a.rank;
   go.world_size = a.world;
@@ -176,9 +177,9 @@ std::vector<int> RunRanks(const std::string& mode, int world, int failing) {
   const std::string address = (*coordinator)->address();
   return test::RunRanks(
       world,
-      [&](int r) -> std::vector<std::string> {
-        return {"--channel-worker", mode,    std::to_string(world),
-                std::to_string(r),  address, std::to_string(failing)};
+      [&](int r) {
+        return test::RankArgv("--channel-worker", {world, r, address},
+                              {mode, std::to_string(failing)});
       },
       120);
 }
@@ -256,16 +257,6 @@ TEST(CommandChannelTest, OptionsAreChecked) {
 }  // namespace dlrm::comm
 
 int main(int argc, char** argv) {
-  // A rank process: the flag, then its arguments.
-  const auto worker = [](char** args) {
-    dlrm::comm::WorkerArgs a;
-    a.mode = args[2];
-    a.world = std::atoi(args[3]);
-    a.rank = std::atoi(args[4]);
-    a.coordinator = args[5];
-    a.failing = std::atoi(args[6]);
-    return dlrm::comm::RunWorker(a);
-  };
-  return dlrm::test::TestsOrWorkerMain(argc, argv, "--channel-worker", 7,
-                                       /*rank_arg=*/4, worker);
+  return dlrm::test::TestsOrRankMain(argc, argv, "--channel-worker", 2,
+                                     dlrm::comm::RunWorker);
 }

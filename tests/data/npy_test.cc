@@ -107,13 +107,14 @@ class NpyTest : public testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  // Runs `script` with numpy imported as np and D the test's directory.
-  void Python(const std::string& script) {
+  // Runs `script` with numpy imported as np, D the test's directory and
+  // `args` (words, unquoted) as sys.argv[2:].
+  void Python(const std::string& script, const std::string& args = "") {
     const std::string file = Path("script.py");
     WriteFile(file, absl::StrCat("import sys, zipfile\nimport numpy as np\n",
                                  "D = sys.argv[1]\n", script));
     const std::string command =
-        absl::StrCat("'", python_, "' '", file, "' '", dir_, "'");
+        absl::StrCat("'", python_, "' '", file, "' '", dir_, "' ", args);
     ASSERT_EQ(std::system(command.c_str()), 0) << script;
   }
 
@@ -260,10 +261,12 @@ patched('crc.npz', 16, 12345)
       52);
   WriteFile(Path("short_zip64.npz"), short_zip64);
 
-  const struct {
+  // A file and what its error says.
+  struct BadFile {
     const char* file;
     const char* message;
-  } cases[] = {
+  };
+  const BadFile cases[] = {
       {"fortran.npy", "Fortran (column-major) order"},
       {"half.npy", "dtype '<f2' is not one this reader takes"},
       {"big_endian.npy", "big-endian"},
@@ -286,10 +289,7 @@ patched('crc.npz', 16, 12345)
             absl::StatusCode::kNotFound);
   EXPECT_EQ(OpenNpy(dir_).status().code(), absl::StatusCode::kInvalidArgument);
 
-  const struct {
-    const char* file;
-    const char* message;
-  } archives[] = {
+  const BadFile archives[] = {
       {"truncated.npz", "end-of-central-directory"},
       {"cut_tail.npz", "end-of-central-directory"},
       {"notnpy.npz", "readme.txt: member is not an .npy array"},
@@ -347,12 +347,8 @@ std::string Joined(const std::vector<int64_t>& v) {
 
 TEST_F(NpyTest, TorchRecDaysReadBitForBitAgainstNumpy) {
   const std::vector<int64_t> rows = TestRows();
-  WriteFile(Path("days.py"), absl::StrCat("import sys\nimport numpy as np\n",
-                                          "D = sys.argv[1]\n", kTorchRecDays));
-  ASSERT_EQ(std::system(absl::StrCat("'", python_, "' '", Path("days.py"),
-                                     "' '", dir_, "' ", Joined(rows), " 3")
-                            .c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      Python(kTorchRecDays, absl::StrCat(Joined(rows), " 3")));
   absl::StatusOr<std::vector<CriteoNpyDay>> days =
       FindCriteoNpyDays({Path("day_0"), Path("day_1"), Path("day_2")}, false);
   ASSERT_TRUE(days.ok()) << days.status();
@@ -631,12 +627,8 @@ np.savez(D + '/extra_sparse_multi_hot.npz', **{'0': np.zeros((n, 1), 'i4'),
 
 TEST_F(NpyTest, ConvertToolWritesTheDaysSamples) {
   const std::vector<int64_t> rows = TestRows();
-  WriteFile(Path("days.py"), absl::StrCat("import sys\nimport numpy as np\n",
-                                          "D = sys.argv[1]\n", kTorchRecDays));
-  ASSERT_EQ(std::system(absl::StrCat("'", python_, "' '", Path("days.py"),
-                                     "' '", dir_, "' ", Joined(rows), " 2")
-                            .c_str()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(
+      Python(kTorchRecDays, absl::StrCat(Joined(rows), " 2")));
   const std::string tool = DLRM_CONVERT_BINARY;
   const std::string v1 = Path("v1.bin");
   ASSERT_EQ(std::system(absl::StrCat(tool, " --out ", v1, " ", Path("day_0"),

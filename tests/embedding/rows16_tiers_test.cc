@@ -66,6 +66,34 @@ RocksDbStoreOptions DbOptions(const std::filesystem::path& dir,
   return o;
 }
 
+// A RowDatabase under `dir` and a RocksDbCachedStore of a spec on it.
+struct DbStore {
+  std::unique_ptr<RowDatabase> db;
+  std::unique_ptr<RocksDbCachedStore> store;
+
+  // Closes the store, then its database.
+  void Close() {
+    store.reset();
+    db.reset();
+  }
+};
+
+// The database (DbOptions(dir, cache_rows)) and a store of `spec` on it;
+// null members after a failed expectation naming the error.
+DbStore OpenDbStore(const TableSpec& spec, const std::filesystem::path& dir,
+                    int64_t cache_rows) {
+  DbStore s;
+  auto db = RowDatabase::Open(DbOptions(dir, cache_rows));
+  EXPECT_TRUE(db.ok()) << db.status();
+  if (!db.ok()) return s;
+  s.db = *std::move(db);
+  auto store =
+      RocksDbCachedStore::Create(spec, DbOptions(dir, cache_rows), s.db.get());
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (store.ok()) s.store = *std::move(store);
+  return s;
+}
+
 // Trains `store` and a HostStore of its spec on the same `steps` batches
 // (`prefetch` as test::PrepareWithPrefetch), checking the pooled outputs
 // (and PoolReadOnly's, where the store reads beside the step) bitwise at
@@ -121,20 +149,16 @@ TEST(RocksDb16Test, TrainsBitwiseLikeTheHostTier) {
                                     std::to_string(prefetch);
           const std::filesystem::path dir = test::MakeTestDir();
           const TableSpec spec = Spec16(p, type, 600, 12, POOLING_MEAN);
-          auto db = RowDatabase::Open(DbOptions(dir, cache_rows));
-          ASSERT_TRUE(db.ok()) << db.status();
-          auto store = RocksDbCachedStore::Create(
-              spec, DbOptions(dir, cache_rows), db->get());
-          ASSERT_TRUE(store.ok()) << store.status();
+          DbStore s = OpenDbStore(spec, dir, cache_rows);
+          ASSERT_NE(s.store, nullptr);
           HostStore host(spec);
           Rng rng(kSeed + cache_rows + prefetch);
-          TrainLikeHost(**store, host, rng, 6, 25, prefetch, label);
+          TrainLikeHost(*s.store, host, rng, 6, 25, prefetch, label);
           if (cache_rows < 600) {
-            EXPECT_GT((*store)->metrics().evictions, 0) << label;
-            EXPECT_GT((*store)->metrics().rows_read, 0) << label;
+            EXPECT_GT(s.store->metrics().evictions, 0) << label;
+            EXPECT_GT(s.store->metrics().rows_read, 0) << label;
           }
-          store->reset();
-          db->reset();
+          s.Close();
           std::filesystem::remove_all(dir);
         }
       }
@@ -150,16 +174,12 @@ TEST(RocksDb16Test, AShardRoundsAsTheWholeTable) {
     const std::filesystem::path dir = test::MakeTestDir();
     TableSpec spec = Spec16(p, OptimizerConfig::ADAM, 300, 8);
     spec.slice = {500, 100, 4};
-    auto db = RowDatabase::Open(DbOptions(dir, 80));
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto store =
-        RocksDbCachedStore::Create(spec, DbOptions(dir, 80), db->get());
-    ASSERT_TRUE(store.ok()) << store.status();
+    DbStore s = OpenDbStore(spec, dir, 80);
+    ASSERT_NE(s.store, nullptr);
     HostStore host(spec);
     Rng rng(kSeed + 7);
-    TrainLikeHost(**store, host, rng, 5, 20, 1, RowPrecision_Name(p));
-    store->reset();
-    db->reset();
+    TrainLikeHost(*s.store, host, rng, 5, 20, 1, RowPrecision_Name(p));
+    s.Close();
     std::filesystem::remove_all(dir);
   }
 }
@@ -173,29 +193,22 @@ TEST(RocksDb16Test, ValuesTakeTwoBytesAWeightAndSurviveAReopen) {
     HostStore host(spec);
     Rng rng(kSeed + 11);
     {
-      auto db = RowDatabase::Open(DbOptions(dir, 120));
-      ASSERT_TRUE(db.ok()) << db.status();
-      auto store =
-          RocksDbCachedStore::Create(spec, DbOptions(dir, 120), db->get());
-      ASSERT_TRUE(store.ok()) << store.status();
-      TrainLikeHost(**store, host, rng, 4, 30, 0, "before the reopen");
-      ASSERT_TRUE((*store)->Flush().ok());
-      const StoreMetrics m = (*store)->metrics();
+      DbStore s = OpenDbStore(spec, dir, 120);
+      ASSERT_NE(s.store, nullptr);
+      TrainLikeHost(*s.store, host, rng, 4, 30, 0, "before the reopen");
+      ASSERT_TRUE(s.store->Flush().ok());
+      const StoreMetrics m = s.store->metrics();
       ASSERT_GT(m.rows_written, 0);
       // dim 16-bit words and one float of row-wise Adagrad state a value.
       EXPECT_EQ(m.bytes_written, m.rows_written * (dim * 2 + 4));
       EXPECT_EQ(m.bytes_read, m.rows_read * (dim * 2 + 4));
     }
     // The rows and the step counter come back from the database.
-    auto db = RowDatabase::Open(DbOptions(dir, 120));
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto store =
-        RocksDbCachedStore::Create(spec, DbOptions(dir, 120), db->get());
-    ASSERT_TRUE(store.ok()) << store.status();
-    EXPECT_EQ((*store)->step(), 4);
-    TrainLikeHost(**store, host, rng, 3, 30, 1, "after the reopen");
-    store->reset();
-    db->reset();
+    DbStore s = OpenDbStore(spec, dir, 120);
+    ASSERT_NE(s.store, nullptr);
+    EXPECT_EQ(s.store->step(), 4);
+    TrainLikeHost(*s.store, host, rng, 3, 30, 1, "after the reopen");
+    s.Close();
     std::filesystem::remove_all(dir);
   }
 }
@@ -204,26 +217,20 @@ TEST(RocksDb16Test, AValueOfAnotherPrecisionIsDataLossNamingIt) {
   const std::filesystem::path dir = test::MakeTestDir();
   TableSpec spec = Spec16(ROW_FP32, OptimizerConfig::SGD, 100, 8);
   {
-    auto db = RowDatabase::Open(DbOptions(dir, 10));
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto store =
-        RocksDbCachedStore::Create(spec, DbOptions(dir, 10), db->get());
-    ASSERT_TRUE(store.ok()) << store.status();
+    DbStore s = OpenDbStore(spec, dir, 10);
+    ASSERT_NE(s.store, nullptr);
     std::vector<float> record(8, 0.5f);
-    ASSERT_TRUE((*store)->WriteRows(3, 1, record.data()).ok());
-    ASSERT_TRUE((*store)->Flush().ok());
+    ASSERT_TRUE(s.store->WriteRows(3, 1, record.data()).ok());
+    ASSERT_TRUE(s.store->Flush().ok());
   }
   spec.precision = ROW_BF16;
-  auto db = RowDatabase::Open(DbOptions(dir, 10));
-  ASSERT_TRUE(db.ok()) << db.status();
-  auto store = RocksDbCachedStore::Create(spec, DbOptions(dir, 10), db->get());
-  ASSERT_TRUE(store.ok()) << store.status();
+  DbStore s = OpenDbStore(spec, dir, 10);
+  ASSERT_NE(s.store, nullptr);
   std::vector<float> record(8);
-  const absl::Status st = (*store)->ReadRows(3, 1, record.data());
+  const absl::Status st = s.store->ReadRows(3, 1, record.data());
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("ROW_BF16"), std::string::npos) << st;
-  store->reset();
-  db->reset();
+  s.Close();
   std::filesystem::remove_all(dir);
 }
 
@@ -237,19 +244,15 @@ TEST(RocksDb16Test, RecordsWrittenInFp32AreRoundedToNearest) {
     Rng rng(kSeed + 3);
     std::vector<float> records(50 * floats);
     for (float& x : records) x = static_cast<float>(rng.Normal());
-    auto db = RowDatabase::Open(DbOptions(dir, 10));
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto store =
-        RocksDbCachedStore::Create(spec, DbOptions(dir, 10), db->get());
-    ASSERT_TRUE(store.ok()) << store.status();
+    DbStore s = OpenDbStore(spec, dir, 10);
+    ASSERT_NE(s.store, nullptr);
     HostStore host(spec);
-    ASSERT_TRUE((*store)->WriteRows(0, 50, records.data()).ok());
+    ASSERT_TRUE(s.store->WriteRows(0, 50, records.data()).ok());
     ASSERT_TRUE(host.WriteRows(0, 50, records.data()).ok());
-    EXPECT_EQ(BitDifferences(test::AllRecords(**store), test::AllRecords(host),
+    EXPECT_EQ(BitDifferences(test::AllRecords(*s.store), test::AllRecords(host),
                              RowPrecision_Name(p)),
               0);
-    store->reset();
-    db->reset();
+    s.Close();
     std::filesystem::remove_all(dir);
   }
 }
@@ -337,17 +340,13 @@ TEST(RocksDb16Test, PlannedBytesCountTwoBytesAWeight) {
     // The store's slots take what the plan says.
     const std::filesystem::path dir = test::MakeTestDir();
     TableSpec spec = Spec16(p, OptimizerConfig::ROWWISE_ADAGRAD, 10000, 32);
-    auto db = RowDatabase::Open(DbOptions(dir, 500));
-    ASSERT_TRUE(db.ok()) << db.status();
-    auto store =
-        RocksDbCachedStore::Create(spec, DbOptions(dir, 500), db->get());
-    ASSERT_TRUE(store.ok()) << store.status();
-    EXPECT_GE((*store)->MemoryBytes().host, b.host);
+    DbStore s = OpenDbStore(spec, dir, 500);
+    ASSERT_NE(s.store, nullptr);
+    EXPECT_GE(s.store->MemoryBytes().host, b.host);
     EXPECT_EQ(TableBytes(*EmbeddingTable::SlotArray(4, 500, 32, POOLING_SUM,
                                                     spec.optimizer, p)),
               b.host);
-    store->reset();
-    db->reset();
+    s.Close();
     std::filesystem::remove_all(dir);
   }
 }

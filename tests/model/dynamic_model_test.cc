@@ -14,11 +14,13 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/status.h"
 #include "data/synthetic.h"
 #include "embedding/dynamic_route.h"
 #include "embedding/dynamic_store.h"
@@ -29,6 +31,8 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/weights_export.h"
+#include "tests/support/expect.h"
+#include "tests/support/store_model.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -63,6 +67,12 @@ ModelConfig DynamicConfig() {
   auto c = NormalizeModelConfig(*parsed);
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
+}
+
+// `text` parsed as a ModelConfig and normalised; the error of either.
+absl::StatusOr<ModelConfig> NormalizedText(const std::string& text) {
+  ASSIGN_OR_RETURN(const ModelConfig parsed, ParseModelConfigText(text));
+  return NormalizeModelConfig(parsed);
 }
 
 // `c` with the dynamic tables C1 and C2 on RocksDB under `dir`/db, behind
@@ -140,17 +150,9 @@ std::vector<int64_t> Maps(Model& m) {
   return out;
 }
 
+// Every table's records, read through the stores.
 std::vector<float> Tables(Model& m) {
-  std::vector<float> out;
-  for (int k = 0; k < m.config().tables_size(); ++k) {
-    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
-    const int64_t floats = s.spec().dim + embedding::StateFloatsPerRow(
-                                              s.spec().optimizer, s.spec().dim);
-    std::vector<float> records(s.spec().rows * floats);
-    EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
-    out.insert(out.end(), records.begin(), records.end());
-  }
-  return out;
+  return test::StoreRecords(m, /*with_steps=*/false);
 }
 
 TEST(DynamicModelTest, TrainsAndPredictsWithoutAdmitting) {
@@ -757,11 +759,9 @@ INSTANTIATE_TEST_SUITE_P(Tiers, DynamicRerouteTest, ::testing::Bool(),
 // budget too small for it whole, row-wise Adagrad splits a dynamic table by
 // rows as it does a static one.
 TEST(DynamicPlannerTest, CountsTheMapsBytes) {
-  auto parsed = ParseModelConfigText(
+  auto fixed = NormalizedText(
       "num_dense_features: 2 embedding_dim: 8 tables { name: \"t\" rows: 4000 "
       "} bottom_mlp: [8] top_mlp: [1] sparse_optimizer { type: ADAGRAD }");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  auto fixed = NormalizeModelConfig(*parsed);
   ASSERT_TRUE(fixed.ok()) << fixed.status();
   ModelConfig dynamic = *fixed;
   dynamic.mutable_tables(0)->set_dynamic(true);
@@ -806,18 +806,16 @@ TEST(DynamicPlannerTest, CountsTheMapsBytes) {
 // The error of `extra` added to a one-table config, or OK.
 absl::Status ConfigError(const std::string& table,
                          const std::string& extra = "") {
-  auto parsed = ParseModelConfigText(absl::StrCat(
-      "num_dense_features: 2 embedding_dim: 4 tables { name: \"t\" ", table,
-      " } bottom_mlp: [4] top_mlp: [1] ", extra));
-  if (!parsed.ok()) return parsed.status();
-  return NormalizeModelConfig(*parsed).status();
+  return NormalizedText(
+             absl::StrCat("num_dense_features: 2 embedding_dim: 4 tables { "
+                          "name: \"t\" ",
+                          table, " } bottom_mlp: [4] top_mlp: [1] ", extra))
+      .status();
 }
 
 TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
-  struct Bad {
-    std::string table, field;
-  };
-  const Bad bad[] = {
+  // A table's fields, and the field its error must name.
+  const std::vector<std::pair<std::string, std::string>> bad = {
       {"rows: 1 dynamic: true", "tables[0].rows"},
       {"rows: 0 dynamic: true", "tables[0].rows"},
       {"rows: 10 eviction { kind: EVICT_LFU }", "tables[0].eviction"},
@@ -840,12 +838,9 @@ TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
        "tables[0].admission.kind"},
       {"rows: 10 dynamic: true unadmitted: 5", "tables[0].unadmitted"},
   };
-  for (const Bad& b : bad) {
-    const absl::Status s = ConfigError(b.table);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
-        << b.table << ": " << s;
-    EXPECT_NE(s.message().find(b.field), std::string::npos)
-        << b.table << ": " << s;
+  for (const auto& [table, field] : bad) {
+    SCOPED_TRACE(table);
+    test::ExpectInvalid(ConfigError(table), field);
   }
   EXPECT_TRUE(ConfigError("rows: 2 dynamic: true").ok());
   // Row-wise: each id to the shard its hash names.
@@ -853,12 +848,10 @@ TEST(DynamicConfigTest, RefusesBadFieldsNamingThem) {
       ConfigError("rows: 10 dynamic: true sharding: SHARDING_ROW_WISE").ok());
   // No max_rows_per_table cap on a dynamic table's capacity; 0 sightings
   // means 2.
-  auto parsed = ParseModelConfigText(
+  auto c = NormalizedText(
       "num_dense_features: 2 embedding_dim: 4 tables { name: \"t\" rows: 100 "
       "dynamic: true admission { kind: ADMIT_AFTER_SIGHTINGS } } "
       "bottom_mlp: [4] top_mlp: [1] max_rows_per_table: 10");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  auto c = NormalizeModelConfig(*parsed);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->tables(0).rows(), 100);
   EXPECT_EQ(c->tables(0).admission().min_sightings(), 2);

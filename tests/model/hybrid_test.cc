@@ -343,11 +343,9 @@ Report ReadReport(const std::string& path) {
   return r;
 }
 
-struct WorkerArgs {
+// A rank's place (world, rank, coordinator), then its test's arguments.
+struct WorkerArgs : test::RankPlace {
   std::string scenario;
-  int world = 1;
-  int rank = 0;
-  std::string coordinator;
   std::string out;
   int64_t global_batch = 0;
   // Exit abruptly before this step (-1: never): a rank that dies.
@@ -466,8 +464,11 @@ absl::Status RunGroupWorker(const WorkerArgs& a, const Scenario& sc,
   return WriteReport(report, a.out);
 }
 
-// The body of one rank process.
-absl::Status RunWorker(const WorkerArgs& a) {
+// The body of one rank process (test::TestsOrRankMain): `extra` holds the
+// scenario, the report file, the global batch and the step it dies at.
+absl::Status RunWorker(const test::RankPlace& place, char** extra) {
+  const WorkerArgs a{place, extra[0], extra[1], std::atoll(extra[2]),
+                     std::atoi(extra[3])};
   const Scenario sc = ParseScenario(a.scenario);
   const ModelConfig c = ScenarioConfig(a.scenario, a.world, a.out);
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan, test::PlanOver(c, a.world));
@@ -605,10 +606,10 @@ absl::Status RunWorker(const WorkerArgs& a) {
 std::vector<pid_t> SpawnRanks(const WorkerArgs& base) {
   std::vector<pid_t> pids;
   for (int r = 0; r < base.world; ++r) {
-    pids.push_back(test::SpawnSelf(
-        {"--hybrid-worker", base.scenario, std::to_string(base.world),
-         std::to_string(r), base.coordinator, base.out,
-         std::to_string(base.global_batch), std::to_string(base.die_at_step)}));
+    pids.push_back(test::SpawnSelf(test::RankArgv(
+        "--hybrid-worker", {base.world, r, base.coordinator},
+        {base.scenario, base.out, std::to_string(base.global_batch),
+         std::to_string(base.die_at_step)})));
   }
   return pids;
 }
@@ -675,8 +676,8 @@ TEST_P(HybridEquivalenceTest, MatchesOneProcess) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const std::string out = testing::TempDir() + "/hybrid_" + CaseName({p, 0}) +
                           "_" + std::to_string(getpid()) + ".bin";
-  WorkerArgs a{p.scenario, p.world,       0, (*coordinator)->address(),
-               out,        p.global_batch};
+  const test::RankPlace place{p.world, 0, (*coordinator)->address()};
+  WorkerArgs a{place, p.scenario, out, p.global_batch};
   const std::vector<int> codes = test::WaitAll(SpawnRanks(a), 120);
   for (size_t r = 0; r < codes.size(); ++r) {
     ASSERT_EQ(codes[r], 0) << "rank " << r;
@@ -787,8 +788,8 @@ bool RunJob(const std::string& scenario, int world, int64_t global_batch,
   auto coordinator = comm::CoordinatorServer::Start(so);
   EXPECT_TRUE(coordinator.ok()) << coordinator.status();
   if (!coordinator.ok()) return false;
-  WorkerArgs a{scenario, world,       0, (*coordinator)->address(),
-               out,      global_batch};
+  const test::RankPlace place{world, 0, (*coordinator)->address()};
+  WorkerArgs a{place, scenario, out, global_batch};
   const std::vector<int> codes = test::WaitAll(SpawnRanks(a), 120);
   bool ok = true;
   for (size_t r = 0; r < codes.size(); ++r) {
@@ -1053,12 +1054,8 @@ TEST(HybridFailureTest, ADeadRankStopsTheOthersWithAnError) {
   comm::CoordinatorServerOptions so;
   auto coordinator = comm::CoordinatorServer::Start(so);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  WorkerArgs a{"mixed",
-               3,
-               0,
-               (*coordinator)->address(),
-               testing::TempDir() + "/hybrid_dead.bin",
-               37,
+  const test::RankPlace place{3, 0, (*coordinator)->address()};
+  WorkerArgs a{place, "mixed", testing::TempDir() + "/hybrid_dead.bin", 37,
                /*die_at_step=*/2};
   // Every rank stopped by itself with an error: none was still running at
   // the deadline (the op timeout is 5 s; the deadline leaves start-up and
@@ -1202,18 +1199,6 @@ INSTANTIATE_TEST_SUITE_P(
 }  // namespace dlrm::model
 
 int main(int argc, char** argv) {
-  // A rank process: the flag, then its arguments.
-  const auto worker = [](char** args) {
-    dlrm::model::WorkerArgs a;
-    a.scenario = args[2];
-    a.world = std::atoi(args[3]);
-    a.rank = std::atoi(args[4]);
-    a.coordinator = args[5];
-    a.out = args[6];
-    a.global_batch = std::atoll(args[7]);
-    a.die_at_step = std::atoi(args[8]);
-    return dlrm::model::RunWorker(a);
-  };
-  return dlrm::test::TestsOrWorkerMain(argc, argv, "--hybrid-worker", 9,
-                                       /*rank_arg=*/4, worker);
+  return dlrm::test::TestsOrRankMain(argc, argv, "--hybrid-worker", 4,
+                                     dlrm::model::RunWorker);
 }

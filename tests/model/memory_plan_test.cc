@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/status.h"
 #include "core/storage_flags.h"
 #include "embedding/sharding.h"
 #include "gtest/gtest.h"
@@ -89,13 +90,23 @@ TEST(MemoryPlanTest, CountsHostTablesAsTheirRowsAndOptimizerState) {
   EXPECT_HAS_SUBSTR(m->ToString(), "tables in host memory");
 }
 
-TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
-  ModelConfig c = Preset("kaggle");
+// kaggle with every table on RocksDB (--tables-on-rocksdb all, under a
+// directory no plan opens) and --row-precision `row_precision` ("": the
+// config's fp32) into *c, and its plan.
+absl::StatusOr<MemoryPlan> PlanKaggleOnRocksDb(const std::string& row_precision,
+                                               ModelConfig* c) {
+  *c = Preset("kaggle");
   StorageFlags flags;
   flags.tables_on_rocksdb = {"all"};
   flags.rocksdb_dir = "/tmp/unused";
-  ASSERT_TRUE(flags.Apply(&c).ok());
-  absl::StatusOr<MemoryPlan> m = PlanMemory(c, nullptr, MemoryPlanOptions());
+  flags.row_precision = row_precision;
+  RETURN_IF_ERROR(flags.Apply(c));
+  return PlanMemory(*c, nullptr, MemoryPlanOptions());
+}
+
+TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
+  ModelConfig c;
+  absl::StatusOr<MemoryPlan> m = PlanKaggleOnRocksDb("", &c);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->host_tables, 0);
   EXPECT_GT(m->row_caches, 0);
@@ -109,16 +120,10 @@ TEST(MemoryPlanTest, TablesOnRocksDbCountTheirCachesAndBuffers) {
 // hold 2 bytes a weight (plus the row each slot holds); the staged misses
 // stay fp32 records.
 TEST(MemoryPlanTest, SixteenBitRowsOnRocksDbHalveTheDiskAndTheSlots) {
-  ModelConfig c = Preset("kaggle");
-  StorageFlags flags;
-  flags.tables_on_rocksdb = {"all"};
-  flags.rocksdb_dir = "/tmp/unused";
-  ASSERT_TRUE(flags.Apply(&c).ok());
-  absl::StatusOr<MemoryPlan> fp32 = PlanMemory(c, nullptr, MemoryPlanOptions());
+  ModelConfig c;
+  absl::StatusOr<MemoryPlan> fp32 = PlanKaggleOnRocksDb("", &c);
   ASSERT_TRUE(fp32.ok()) << fp32.status();
-  flags.row_precision = "bf16";
-  ASSERT_TRUE(flags.Apply(&c).ok());
-  absl::StatusOr<MemoryPlan> bf16 = PlanMemory(c, nullptr, MemoryPlanOptions());
+  absl::StatusOr<MemoryPlan> bf16 = PlanKaggleOnRocksDb("bf16", &c);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->rocksdb_disk, 2 * EmbeddingParameterCount(c));
   EXPECT_EQ(2 * bf16->rocksdb_disk, fp32->rocksdb_disk);

@@ -8,8 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,11 +40,7 @@ ModelConfig BaseConfig(OptimizerConfig::Type sparse) {
 }
 
 std::string ScratchDir(const std::string& name) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) /
-      ("model_store_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
+  return test::ScratchDir("model_store_test", name);
 }
 
 using test::OnRocksDb;
@@ -68,17 +62,7 @@ void PrintSeeds() {
               static_cast<unsigned long long>(kDataSeed));
 }
 
-// Trains `a` and `b` on each batch in turn: both steps succeed with the
-// same loss.
-void TrainBothExpectSameLoss(Model& a, Model& b,
-                             const std::vector<data::Batch>& batches) {
-  for (const data::Batch& batch : batches) {
-    auto x = a.TrainStep(batch);
-    auto y = b.TrainStep(batch);
-    ASSERT_TRUE(x.ok() && y.ok());
-    EXPECT_EQ(x->loss, y->loss);
-  }
-}
+using test::TrainBothExpectSameLoss;
 
 // Every float of the model: dense weights, then every table's records
 // (weights and optimizer state, read through the stores) and step.
@@ -111,13 +95,6 @@ void ExpectBitwiseEqual(const std::vector<float>& a,
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
-std::string FileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 struct Case {
   OptimizerConfig::Type sparse;
   RocksDbConfig::Eviction eviction;
@@ -147,15 +124,8 @@ TEST_P(TierEquivalenceTest, TrainsBitwiseLikeHostMemory) {
   // touch several times more rows than any cache holds.
   constexpr int kSteps = 40;
   const auto batches = Batches(host_config, kSteps, 32, kDataSeed);
-  for (int i = 0; i < kSteps; ++i) {
-    const data::Batch* next =
-        p.prefetch && i + 1 < kSteps ? &batches[i + 1] : nullptr;
-    auto a = host->TrainStep(batches[i]);
-    auto b = rocks->TrainStep(batches[i], next);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(a->loss, b->loss) << "step " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      TrainBothExpectSameLoss(*host, *rocks, batches, p.prefetch));
   const embedding::StoreMetrics m = rocks->shards().HostCacheMetrics();
   EXPECT_GT(m.evictions, 0);
   EXPECT_GT(m.rows_read, 0);
@@ -386,12 +356,7 @@ TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
   EXPECT_TRUE(fs::is_directory(fs::path(ckpt) / "rank-0.rocksdb"));
   const std::vector<float> at_save = Everything(*rocks);
 
-  std::vector<double> losses;
-  for (int i = 10; i < 20; ++i) {
-    auto r = rocks->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    losses.push_back(r->loss);
-  }
+  const std::vector<double> losses = test::TrainLosses(*rocks, batches, 10, 20);
   const std::vector<float> at_end = Everything(*rocks);
 
   // Restored in place: the rows as saved, then the same continuation.
@@ -399,22 +364,14 @@ TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(rocks->steps(), 10);
   ExpectBitwiseEqual(Everything(*rocks), at_save);
-  for (int i = 10; i < 20; ++i) {
-    auto r = rocks->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->loss, losses[i - 10]);
-  }
+  EXPECT_EQ(test::TrainLosses(*rocks, batches, 10, 20), losses);
   ExpectBitwiseEqual(Everything(*rocks), at_end);
 
   // Loaded into a new model (its own fresh database).
   auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectBitwiseEqual(Everything(**loaded), at_save);
-  for (int i = 10; i < 20; ++i) {
-    auto r = (*loaded)->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->loss, losses[i - 10]);
-  }
+  EXPECT_EQ(test::TrainLosses(**loaded, batches, 10, 20), losses);
 
   // Restored into a model with the table in host memory: the rows move
   // tier through the stores, and training goes on bitwise the same.
@@ -422,11 +379,7 @@ TEST(ModelStoreTest, CheckpointRestoreContinuesIdentically) {
   auto moved = RestoreCheckpoint(*host, ckpt);
   ASSERT_TRUE(moved.ok()) << moved.status();
   ExpectBitwiseEqual(Everything(*host), at_save);
-  for (int i = 10; i < 20; ++i) {
-    auto r = host->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->loss, losses[i - 10]);
-  }
+  EXPECT_EQ(test::TrainLosses(*host, batches, 10, 20), losses);
   ExpectBitwiseEqual(Everything(*host), at_end);
 
   rocks.reset();
@@ -447,12 +400,8 @@ TEST(ModelStoreTest, SafetensorsExportReadsRowsThroughTheStore) {
     ASSERT_TRUE(host->TrainStep(b).ok());
     ASSERT_TRUE(rocks->TrainStep(b).ok());
   }
-  const std::string a = (fs::path(out) / "host.safetensors").string();
-  const std::string b = (fs::path(out) / "rocks.safetensors").string();
-  ASSERT_TRUE(ExportSafetensors(*host, a).ok());
-  ASSERT_TRUE(ExportSafetensors(*rocks, b).ok());
-  EXPECT_EQ(FileBytes(a), FileBytes(b));
-  EXPECT_GT(FileBytes(a).size(), size_t{6500 * 8 * 4});
+  const std::string b = test::ExpectSameExport(*host, *rocks, out);
+  EXPECT_GT(test::ReadFile(b).size(), size_t{6500 * 8 * 4});
   rocks.reset();
   fs::remove_all(dir);
   fs::remove_all(out);

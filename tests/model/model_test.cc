@@ -19,9 +19,11 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <span>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
 #include "comm/host_staged_communicator.h"
 #include "core/config.h"
@@ -38,6 +40,7 @@
 #include "model/weights_export.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
+#include "tests/support/store_model.h"
 #include "tests/support/synthetic.h"
 
 namespace dlrm::model {
@@ -378,25 +381,26 @@ TEST(ModelTest, CudaBf16StepMatchesCpuBf16) {
   ExpectCudaDenseStepMatchesCpu(PRECISION_BF16, 1e-3, 2e-3);
 }
 
-TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
-  CheckWholeModelGradient(R"(
+// The dot and DCN gradient checks' model, less its interaction: three
+// tiny tables (one mean-pooled, two multi-hot), MLPs 5-3 and 4-1.
+constexpr char kGradientModel[] = R"(
     num_dense_features: 4 embedding_dim: 3
     tables { name: "a" rows: 6 } tables { name: "b" rows: 5 multi_hot_size: 3
              pooling: POOLING_MEAN } tables { name: "c" rows: 4 multi_hot_size: 2 }
-    bottom_mlp: [5, 3] top_mlp: [4, 1] interaction: INTERACTION_DOT
+    bottom_mlp: [5, 3] top_mlp: [4, 1]
     dense_optimizer { learning_rate: 1 } sparse_optimizer { learning_rate: 1 }
-    seed: 3)");
+    seed: 3
+)";
+
+TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDot) {
+  CheckWholeModelGradient(
+      absl::StrCat(kGradientModel, "interaction: INTERACTION_DOT"));
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesDcn) {
-  CheckWholeModelGradient(R"(
-    num_dense_features: 4 embedding_dim: 3
-    tables { name: "a" rows: 6 } tables { name: "b" rows: 5 multi_hot_size: 3
-             pooling: POOLING_MEAN } tables { name: "c" rows: 4 multi_hot_size: 2 }
-    bottom_mlp: [5, 3] top_mlp: [4, 1] interaction: INTERACTION_DCN
-    dcn_num_layers: 2 dcn_low_rank_dim: 3
-    dense_optimizer { learning_rate: 1 } sparse_optimizer { learning_rate: 1 }
-    seed: 3)");
+  CheckWholeModelGradient(absl::StrCat(
+      kGradientModel,
+      "interaction: INTERACTION_DCN dcn_num_layers: 2 dcn_low_rank_dim: 3"));
 }
 
 TEST(ModelTest, WholeModelGradientMatchesFiniteDifferencesCat) {
@@ -707,6 +711,13 @@ class CheckpointTest : public ::testing::Test {
     for (auto& b : batches_) ASSERT_TRUE(*(*src)->Next(40, &b));
   }
 
+  // dir_, emptied (made if missing): a root for several checkpoints.
+  std::filesystem::path EmptyRoot() const {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    return dir_;
+  }
+
   ModelConfig config_;
   std::string dir_;
   std::vector<data::Batch> batches_;
@@ -733,12 +744,8 @@ TEST_F(CheckpointTest, SaveRestoreContinuesBitwiseIdentically) {
   ASSERT_TRUE((*a)->Predict(batches_[5], &pa).ok());
   ASSERT_TRUE((*b)->Predict(batches_[5], &pb).ok());
   EXPECT_EQ(pa, pb);
-  for (int i = 3; i < 6; ++i) {
-    auto ra = (*a)->TrainStep(batches_[i]);
-    auto rb = (*b)->TrainStep(batches_[i]);
-    ASSERT_TRUE(ra.ok() && rb.ok());
-    EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(test::TrainBothExpectSameLoss(
+      **a, **b, std::span(batches_).subspan(3, 3)));
   EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
 
   // Saving again over the same directory replaces it.
@@ -1074,9 +1081,7 @@ TEST_F(CheckpointTest, EditedManifestIsDataLoss) {
 // newest K (named checkpoints stay), and the clean-up after a crash.
 TEST_F(CheckpointTest, ListPruneAndCleanUp) {
   namespace fs = std::filesystem;
-  const fs::path root = dir_;
-  fs::remove_all(root);
-  fs::create_directories(root);
+  const fs::path root = EmptyRoot();
   auto a = Model::Create(config_);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(SaveCheckpoint(**a, (root / "named").string()).ok());
@@ -1162,12 +1167,8 @@ TEST_F(CheckpointTest, DcnSaveRestoreGivesEqualPredictions) {
     EXPECT_EQ(m->WeightChecksum().value(), (*a)->WeightChecksum().value());
   }
   // The optimizer state came back too: the next steps are the same.
-  for (int i = 3; i < 5; ++i) {
-    auto ra = (*a)->TrainStep(batches_[i]);
-    auto rb = (*b)->TrainStep(batches_[i]);
-    ASSERT_TRUE(ra.ok() && rb.ok());
-    EXPECT_EQ(ra->loss, rb->loss) << "step " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(test::TrainBothExpectSameLoss(
+      **a, **b, std::span(batches_).subspan(3, 2)));
   EXPECT_EQ((*b)->WeightChecksum().value(), (*a)->WeightChecksum().value());
 
   ModelConfig other = config_;
@@ -1216,9 +1217,7 @@ bool IsTemporaryName(const std::string& name) {
 // clean-up failed) the new one; the clean-up at the next start leaves only
 // it. A following save and restore work.
 TEST_F(CheckpointTest, SaveFailingAtAnyCallNeverLeavesAPartialCheckpoint) {
-  const fs::path root = dir_;
-  fs::remove_all(root);
-  fs::create_directories(root);
+  const fs::path root = EmptyRoot();
   const std::string ckpt = (root / "ckpt").string();
   auto old_model = Model::Create(config_);
   auto model = Model::Create(config_);
@@ -1299,9 +1298,7 @@ TEST_F(CheckpointTest, SaveFailingAtAnyCallNeverLeavesAPartialCheckpoint) {
 // A disk that fills up during a save: RESOURCE_EXHAUSTED naming the file,
 // the previous checkpoint stays, nothing is left behind.
 TEST_F(CheckpointTest, FullDiskFailsTheSaveNamingTheFile) {
-  const fs::path root = dir_;
-  fs::remove_all(root);
-  fs::create_directories(root);
+  const fs::path root = EmptyRoot();
   const std::string ckpt = (root / "ckpt").string();
   auto model = Model::Create(config_);
   ASSERT_TRUE(model.ok());

@@ -121,7 +121,8 @@ std::vector<Record> ReadRecords(const std::string& path) {
   return records;
 }
 
-struct WorkerArgs {
+// A rank's place (world, rank, coordinator), then its test's arguments.
+struct WorkerArgs : test::RankPlace {
   // "train": kSteps steps through server::RankGroup while rank 0 predicts
   // on another thread; "blocked": rank 0 predicts while its step waits for
   // rank 1, which joins the step only after those predictions; "skewed":
@@ -130,9 +131,6 @@ struct WorkerArgs {
   // between steps; "restore": predictions beside a checkpoint restore.
   std::string mode;
   std::string kind;
-  int world = 2;
-  int rank = 0;
-  std::string coordinator;
   std::string out;
 };
 
@@ -354,7 +352,10 @@ absl::StatusOr<ModelConfig> RankConfig(const std::string& kind, int world,
   return PlaceTablesOnRocksDb(c, {"all"}, r);
 }
 
-absl::Status RunWorker(const WorkerArgs& a) {
+// A rank process (test::TestsOrRankMain): `extra` holds the mode, the
+// predictor kind and the report file.
+absl::Status RunWorker(const test::RankPlace& place, char** extra) {
+  const WorkerArgs a{place, extra[0], extra[1], extra[2]};
   ASSIGN_OR_RETURN(const ModelConfig c,
                    RankConfig(a.kind, a.world, a.out + ".rocksdb"));
   ASSIGN_OR_RETURN(embedding::ShardingPlan plan, test::PlanOver(c, a.world));
@@ -412,10 +413,9 @@ absl::Status RunWorker(const WorkerArgs& a) {
 std::vector<int> RunRanks(const WorkerArgs& a, double seconds) {
   return test::RunRanks(
       a.world,
-      [&](int r) -> std::vector<std::string> {
-        return {
-            "--ranks-worker",  a.mode,        a.kind, std::to_string(a.world),
-            std::to_string(r), a.coordinator, a.out};
+      [&](int r) {
+        return test::RankArgv("--ranks-worker", {a.world, r, a.coordinator},
+                              {a.mode, a.kind, a.out});
       },
       seconds);
 }
@@ -492,8 +492,8 @@ class RanksPredictorTest : public testing::TestWithParam<Case> {
     const std::string out =
         absl::StrCat(testing::TempDir(), "/ranks_predictor_", mode, "_",
                      GetParam().kind, GetParam().world, "_", getpid(), ".bin");
-    WorkerArgs a{mode, GetParam().kind,           GetParam().world,
-                 0,    (*coordinator)->address(), out};
+    const test::RankPlace place{GetParam().world, 0, (*coordinator)->address()};
+    WorkerArgs a{place, mode, GetParam().kind, out};
     const std::vector<int> codes = RunRanks(a, 180);
     for (size_t r = 0; r < codes.size(); ++r) {
       EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -641,17 +641,6 @@ TEST(RanksPredictorCreateTest, ValidatesOptions) {
 }  // namespace dlrm::model
 
 int main(int argc, char** argv) {
-  // A rank process: the flag, then its arguments.
-  const auto worker = [](char** args) {
-    dlrm::model::WorkerArgs a;
-    a.mode = args[2];
-    a.kind = args[3];
-    a.world = std::atoi(args[4]);
-    a.rank = std::atoi(args[5]);
-    a.coordinator = args[6];
-    a.out = args[7];
-    return dlrm::model::RunWorker(a);
-  };
-  return dlrm::test::TestsOrWorkerMain(argc, argv, "--ranks-worker", 8,
-                                       /*rank_arg=*/5, worker);
+  return dlrm::test::TestsOrRankMain(argc, argv, "--ranks-worker", 3,
+                                     dlrm::model::RunWorker);
 }

@@ -10,8 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,11 +39,7 @@ ModelConfig BaseConfig(OptimizerConfig::Type sparse, RowPrecision p) {
 }
 
 std::string ScratchDir(const std::string& name) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) /
-      ("rows16_model_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
+  return test::ScratchDir("rows16_model_test", name);
 }
 
 // `base` with every table on RocksDB under `dir`, caches of 10% of rows.
@@ -59,12 +53,12 @@ ModelConfig WithPrecision(ModelConfig c, RowPrecision p) {
   return c;
 }
 
+// `count` batches of 32 samples, teacher kDataSeed, sample stream + 1.
 std::vector<data::Batch> Batches(const ModelConfig& c, int count) {
-  data::SyntheticOptions o;
-  o.zipf_alpha = 1.05;
-  o.teacher_seed = kDataSeed;
-  o.sample_seed = kDataSeed + 1;
-  return test::SyntheticBatches(c, count, 32, o);
+  return test::SyntheticBatches(c, count, 32,
+                                {.zipf_alpha = 1.05,
+                                 .teacher_seed = kDataSeed,
+                                 .sample_seed = kDataSeed + 1});
 }
 
 std::unique_ptr<Model> Make(const ModelConfig& c) { return test::MakeModel(c); }
@@ -72,16 +66,7 @@ std::unique_ptr<Model> Make(const ModelConfig& c) { return test::MakeModel(c); }
 // Every table's records (weights as floats, optimizer state) and step, read
 // through the stores, then the dense weights.
 std::vector<float> Everything(Model& m) {
-  std::vector<float> out;
-  for (int k = 0; k < m.config().tables_size(); ++k) {
-    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
-    const int floats = s.spec().dim + embedding::StateFloatsPerRow(
-                                          s.spec().optimizer, s.spec().dim);
-    std::vector<float> records(s.spec().rows * floats);
-    EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
-    out.insert(out.end(), records.begin(), records.end());
-    out.push_back(static_cast<float>(s.step()));
-  }
+  std::vector<float> out = test::StoreRecords(m, /*with_steps=*/true);
   for (dense::Mlp* mlp : {&m.bottom(), &m.top()}) {
     for (const dense::Linear& l : mlp->layers()) {
       out.insert(out.end(), l.weight(),
@@ -106,13 +91,6 @@ void ExpectBitwiseEqual(const std::vector<float>& a,
   ASSERT_EQ(a.size(), b.size()) << what;
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
       << what;
-}
-
-std::string FileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 struct Case {
@@ -142,14 +120,8 @@ TEST_P(Rows16TierTest, RocksDbTrainsBitwiseLikeHostMemory) {
   ExpectBitwiseEqual(Everything(*host), Everything(*rocks), "initial");
   constexpr int kSteps = 25;
   const auto batches = Batches(host_config, kSteps);
-  for (int i = 0; i < kSteps; ++i) {
-    const data::Batch* next = i + 1 < kSteps ? &batches[i + 1] : nullptr;
-    auto a = host->TrainStep(batches[i]);
-    auto b = rocks->TrainStep(batches[i], next);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(a->loss, b->loss) << "step " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      test::TrainBothExpectSameLoss(*host, *rocks, batches, /*prefetch=*/true));
   const embedding::StoreMetrics m = rocks->shards().HostCacheMetrics();
   EXPECT_GT(m.evictions, 0);
   EXPECT_GT(m.rows_read, 0);
@@ -187,22 +159,13 @@ TEST(Rows16CheckpointTest, RoundTripsBitForBitAndConverts) {
   ASSERT_TRUE(SaveCheckpoint(*rocks, ckpt).ok());
   const std::vector<float> at_save = Everything(*rocks);
   const auto tables_at_save = Tables(*rocks);
-  std::vector<double> losses;
-  for (int i = 8; i < 16; ++i) {
-    auto r = rocks->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    losses.push_back(r->loss);
-  }
+  const std::vector<double> losses = test::TrainLosses(*rocks, batches, 8, 16);
   const std::vector<float> at_end = Everything(*rocks);
 
   auto restored = RestoreCheckpoint(*rocks, ckpt);
   ASSERT_TRUE(restored.ok()) << restored.status();
   ExpectBitwiseEqual(Everything(*rocks), at_save, "restored in place");
-  for (int i = 8; i < 16; ++i) {
-    auto r = rocks->TrainStep(batches[i]);
-    ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->loss, losses[i - 8]) << "step " << i;
-  }
+  EXPECT_EQ(test::TrainLosses(*rocks, batches, 8, 16), losses);
   ExpectBitwiseEqual(Everything(*rocks), at_end, "trained on");
 
   auto loaded = LoadCheckpoint(ckpt, /*weights_only=*/false);
@@ -260,11 +223,7 @@ TEST(Rows16ExportTest, IsTheHostTiersF32Export) {
     ASSERT_TRUE(host->TrainStep(b).ok());
     ASSERT_TRUE(rocks->TrainStep(b).ok());
   }
-  const std::string a = (fs::path(out) / "host.safetensors").string();
-  const std::string b = (fs::path(out) / "rocks.safetensors").string();
-  ASSERT_TRUE(ExportSafetensors(*host, a).ok());
-  ASSERT_TRUE(ExportSafetensors(*rocks, b).ok());
-  EXPECT_EQ(FileBytes(a), FileBytes(b));
+  const std::string b = test::ExpectSameExport(*host, *rocks, out);
   auto f = SafetensorsFile::Open(b);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*f)->DtypeOf("embedding_bags.C1.weight").value(), Dtype::kF32);

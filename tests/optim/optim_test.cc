@@ -12,6 +12,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -601,13 +602,17 @@ TEST(ScheduleTest, StepDecay) {
   const OptimizerConfig c =
       Scheduled(OptimizerConfig::SGD,
                 "step_decay { decay_start_step: 5 step_size: 10 gamma: 0.5 }");
-  EXPECT_EQ(Multiplier(c, 1), 1.0);
-  EXPECT_EQ(Multiplier(c, 5), 1.0);
-  EXPECT_EQ(Multiplier(c, 14), 1.0);
-  EXPECT_EQ(Multiplier(c, 15), 0.5);
-  EXPECT_EQ(Multiplier(c, 24), 0.5);
-  EXPECT_EQ(Multiplier(c, 25), 0.25);
-  EXPECT_EQ(Multiplier(c, 105), std::pow(0.5, 10));
+  // (step, multiplier), exactly.
+  for (const auto& [step, want] :
+       std::vector<std::pair<int64_t, double>>{{1, 1.0},
+                                               {5, 1.0},
+                                               {14, 1.0},
+                                               {15, 0.5},
+                                               {24, 0.5},
+                                               {25, 0.25},
+                                               {105, std::pow(0.5, 10)}}) {
+    EXPECT_EQ(Multiplier(c, step), want) << "step " << step;
+  }
   const OptimizerConfig fallback =
       Scheduled(OptimizerConfig::SGD, "step_decay { step_size: 3 }");
   EXPECT_EQ(fallback.schedule().step_decay().gamma(), 0.1f);  // the default

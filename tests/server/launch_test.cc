@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "clients/client.h"
 #include "core/config.h"
+#include "core/status.h"
 #include "data/criteo.h"
 #include "data/rotating_source.h"
 #include "data/source.h"
@@ -99,11 +100,7 @@ using Proc = test::Child;
 // `env`: extra NAME=VALUE entries on top of this process's environment.
 Proc Spawn(const std::vector<std::string>& args, const fs::path& err,
            const std::vector<std::string>& env = {}) {
-  test::SpawnOptions options;
-  options.env = env;
-  options.stdout_pipe = true;
-  options.stderr_path = err.string();
-  return test::Spawn(args, options);
+  return test::SpawnPiped(args, err.string(), env);
 }
 
 using test::WaitExit;
@@ -267,9 +264,7 @@ class LocalSlurm {
 class LaunchTest : public testing::Test {
  protected:
   void SetUp() override {
-    if (access(ServerPath().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
-    }
+    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
     dir_ = test::MakeTestDir();
     config_path_ = dir_ / "model.textproto";
     std::ofstream(config_path_) << kConfig;
@@ -297,6 +292,50 @@ class LaunchTest : public testing::Test {
     std::ofstream(config_path_) << text;
   }
 
+  // Tables [first, last) of config_ on RocksDB under dir_/rocksdb behind
+  // caches of 60 rows: config_ normalised, and written (WriteConfig).
+  void PutTablesOnRocksDb(int first, int last) {
+    ModelConfig c = config_;
+    for (int k = first; k < last; ++k) {
+      c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
+    }
+    c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
+    c.mutable_rocksdb()->set_cache_rows(60);
+    absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
+    ASSERT_TRUE(normal.ok()) << normal.status();
+    config_ = *normal;
+    WriteConfig(config_);
+  }
+
+  // The /metrics text of `client`'s server; each of `series` must be in it.
+  static std::string MetricsWith(clients::Client& client,
+                                 const std::vector<std::string>& series) {
+    auto metrics = client.GetMetrics();
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    if (!metrics.ok()) return "";
+    for (const std::string& s : series) {
+      EXPECT_HAS_SUBSTR(*metrics, s) << s << " in\n" << *metrics;
+    }
+    return *metrics;
+  }
+
+  // Starts `request` on `client` and waits for the job to end (polling
+  // every 0.05 s, 60 s at most): its last status, or a call's error.
+  static absl::StatusOr<JobStatus> RunJobToEnd(clients::Client& client,
+                                               const JobRequest& request) {
+    ASSIGN_OR_RETURN(const JobStatus started, client.StartJob(request));
+    clients::WaitOptions wait;
+    wait.poll_interval_seconds = 0.05;
+    wait.timeout_seconds = 60;
+    return client.WaitJob(started.id(), wait, nullptr);
+  }
+
+  // --checkpoint-dir `ckpt` and a checkpoint every two steps.
+  static std::vector<std::string> CheckpointEveryTwoSteps(
+      const std::filesystem::path& ckpt) {
+    return {"--checkpoint-dir", ckpt.string(), "--checkpoint-every-steps", "2"};
+  }
+
   // Starts `world` ranks; returns rank 0's address ("" on failure). Each
   // rank learns its rank, the world size and the coordinator from flags,
   // or with `launcher` ("slurm", "mpi", "torchrun") only from the
@@ -310,6 +349,17 @@ class LaunchTest : public testing::Test {
     return address;
   }
 
+  // StartRanks(world, extra), then a client of rank 0; null after a failed
+  // expectation.
+  std::unique_ptr<clients::Client> StartAndConnect(
+      int world, std::vector<std::string> extra = {}) {
+    const std::string address = StartRanks(world, std::move(extra));
+    if (address.empty()) return nullptr;
+    auto client = clients::Client::Connect(address);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
   // Starts the ranks as StartRanks does, without waiting for them; rank r
   // logs to dir_/rank-r.log.
   void SpawnRanks(int world, std::vector<std::string> extra = {},
@@ -318,17 +368,9 @@ class LaunchTest : public testing::Test {
     const int port = coordinator_port_ > 0 ? coordinator_port_ : FreePort();
     const std::string coordinator = "127.0.0.1:" + std::to_string(port);
     for (int r = 0; r < world; ++r) {
-      std::vector<std::string> args = {ServerPath(),
-                                       "--config",
-                                       config_path_.string(),
-                                       "--listen",
-                                       "127.0.0.1:0",
-                                       "--metrics-listen",
-                                       "",
-                                       "--threads",
-                                       "1",
-                                       "--predict-max-wait-us",
-                                       "0"};
+      std::vector<std::string> args = test::WithLocalServerFlags(
+          {ServerPath(), "--config", config_path_.string(),
+           "--predict-max-wait-us", "0"});
       const std::string rank = std::to_string(r), size = std::to_string(world);
       std::vector<std::string> env;
       if (launcher == "slurm") {
@@ -477,15 +519,13 @@ class LaunchTest : public testing::Test {
         << info->sharding_plan();
     EXPECT_EQ(info->steps(), kSteps);
     // Per-stage times and exchange bytes of the hybrid step reach /metrics.
-    auto metrics = (*client)->GetMetrics();
-    ASSERT_TRUE(metrics.ok()) << metrics.status();
-    for (const char* series :
-         {"dlrm_train_stage_seconds{stage=\"output_dist\"}",
-          "dlrm_train_stage_seconds_total{stage=\"bwd_dist\"}",
-          "dlrm_exchange_bytes_total{exchange=\"ids\"}",
-          "dlrm_exchange_bytes_total{exchange=\"dense_allreduce\"}"}) {
-      EXPECT_HAS_SUBSTR(*metrics, series) << series;
-    }
+    ASSERT_FALSE(
+        MetricsWith(**client,
+                    {"dlrm_train_stage_seconds{stage=\"output_dist\"}",
+                     "dlrm_train_stage_seconds_total{stage=\"bwd_dist\"}",
+                     "dlrm_exchange_bytes_total{exchange=\"ids\"}",
+                     "dlrm_exchange_bytes_total{exchange=\"dense_allreduce\"}"})
+            .empty());
 
     // The reference: one process, the same global batches.
     auto model = model::Model::Create(config_);
@@ -950,14 +990,7 @@ class OneBatch : public data::BatchSource {
 // and restores it, and a batch over a cache is refused on every rank with
 // ResourceExhausted while the job serves on unchanged.
 TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
-  ModelConfig c = config_;
-  for (int k = 0; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
-  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
-  c.mutable_rocksdb()->set_cache_rows(60);
-  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
-  ASSERT_TRUE(normal.ok()) << normal.status();
-  config_ = *normal;
-  WriteConfig(config_);
+  ASSERT_NO_FATAL_FAILURE(PutTablesOnRocksDb(0, 3));
 
   const std::string address = StartRanks(2);
   ASSERT_FALSE(address.empty());
@@ -979,16 +1012,13 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
 
   // Every rank's caches on /metrics, labelled by table and rank; the
   // tiers in model info.
-  auto metrics = (*client)->GetMetrics();
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
-  for (const char* series :
-       {"dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"0\"}",
-        "dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"1\"}",
-        "dlrm_embedding_cache_hit_ratio{table=\"t2\",rank=\"1\"}",
-        "dlrm_rocksdb_written_bytes_total{table=\"t2\",rank=\"0\"}"}) {
-    EXPECT_HAS_SUBSTR(*metrics, series) << series << " in\n" << *metrics;
-  }
-  EXPECT_NO_SUBSTR(*metrics, "table=\"t3\"");
+  const std::string metrics = MetricsWith(
+      **client, {"dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"0\"}",
+                 "dlrm_embedding_cache_misses_total{table=\"t1\",rank=\"1\"}",
+                 "dlrm_embedding_cache_hit_ratio{table=\"t2\",rank=\"1\"}",
+                 "dlrm_rocksdb_written_bytes_total{table=\"t2\",rank=\"0\"}"});
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_NO_SUBSTR(metrics, "table=\"t3\"");
   auto info = (*client)->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_HAS_SUBSTR(info->sharding_plan(), "on rocksdb")
@@ -1004,12 +1034,7 @@ TEST_F(LaunchTest, TablesOnRocksDbTrainCheckpointAndRefuseOverCapacity) {
     JobRequest request;
     request.mutable_train()->mutable_synthetic()->set_num_samples(kBatch * 6);
     request.set_batch_size(kBatch);
-    auto started = (*client)->StartJob(request);
-    ASSERT_TRUE(started.ok()) << started.status();
-    clients::WaitOptions wait;
-    wait.poll_interval_seconds = 0.05;
-    wait.timeout_seconds = 60;
-    auto done = (*client)->WaitJob(started->id(), wait, nullptr);
+    auto done = RunJobToEnd(**client, request);
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
     auto after_job = (*client)->GetMetrics();
@@ -1421,6 +1446,18 @@ class CrossHostLaunchTest : public LaunchTest {
     return address;
   }
 
+  // Connect(world, delay_ms, loss), the ranks started across the hosts,
+  // then CheckServingLikeOneProcess: rank 0's address, "" after a failed
+  // expectation that it did not listen.
+  std::string ServeAcrossHosts(int world, double delay_ms, double loss) {
+    Connect(world, delay_ms, loss);
+    if (HasFatalFailure()) return "";
+    const std::string address = StartRanksAcrossHosts(world, {});
+    EXPECT_FALSE(address.empty());
+    if (!address.empty()) CheckServingLikeOneProcess(address, world);
+    return address;
+  }
+
   std::string ip_, prefix_, root_leg_, client_address_;
   std::vector<std::string> namespaces_;
   Proc emulator_;
@@ -1429,11 +1466,8 @@ class CrossHostLaunchTest : public LaunchTest {
 };
 
 TEST_F(CrossHostLaunchTest, TwoHostsTrainAndPredictLikeOneProcess) {
-  Connect(2, 0, 0);
-  const std::string address = StartRanksAcrossHosts(2, {});
-  ASSERT_FALSE(address.empty());
+  const std::string address = ServeAcrossHosts(2, 0, 0);
   EXPECT_EQ(address.rfind(client_address_, 0), 0u) << address;
-  CheckServingLikeOneProcess(address, 2);
   // The ranks' traffic went through the link.
   const auto [forwarded, dropped] = StopEmulator();
   EXPECT_GT(forwarded, 100);
@@ -1441,26 +1475,17 @@ TEST_F(CrossHostLaunchTest, TwoHostsTrainAndPredictLikeOneProcess) {
 }
 
 TEST_F(CrossHostLaunchTest, ThreeHostsTrainAndPredictLikeOneProcess) {
-  Connect(3, 0, 0);
-  const std::string address = StartRanksAcrossHosts(3, {});
-  ASSERT_FALSE(address.empty());
-  CheckServingLikeOneProcess(address, 3);
+  ServeAcrossHosts(3, 0, 0);
 }
 
 // 5 ms each way (10 ms round trip): slower steps, the same arithmetic.
 TEST_F(CrossHostLaunchTest, FiveMillisecondLinkTrainsLikeOneProcess) {
-  Connect(2, 5, 0);
-  const std::string address = StartRanksAcrossHosts(2, {});
-  ASSERT_FALSE(address.empty());
-  CheckServingLikeOneProcess(address, 2);
+  ServeAcrossHosts(2, 5, 0);
 }
 
 // 1% of frames lost: TCP retransmits under Gloo, and nothing else changes.
 TEST_F(CrossHostLaunchTest, LossyLinkTrainsLikeOneProcess) {
-  Connect(2, 0.2, 0.01);
-  const std::string address = StartRanksAcrossHosts(2, {});
-  ASSERT_FALSE(address.empty());
-  CheckServingLikeOneProcess(address, 2);
+  if (ServeAcrossHosts(2, 0.2, 0.01).empty()) return;
   EXPECT_GT(StopEmulator().second, 0);
 }
 
@@ -1549,10 +1574,10 @@ TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
   ASSERT_EQ(access(script.c_str(), X_OK), 0) << script;
   setenv("DLRM_SERVER", ServerPath().c_str(), 1);
   setenv("DLRM_LOG_DIR", (dir_ / "logs").c_str(), 1);
-  ranks_.push_back(Spawn(
-      {"/bin/bash", script, "2", "--config", config_path_.string(), "--listen",
-       "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
-      dir_ / "launch.err"));
+  ranks_.push_back(
+      Spawn(test::WithLocalServerFlags(
+                {"/bin/bash", script, "2", "--config", config_path_.string()}),
+            dir_ / "launch.err"));
   const std::string address = WaitListening(ranks_[0].out_fd, 30);
   ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "launch.err");
   auto client = clients::Client::Connect(address);
@@ -1574,8 +1599,7 @@ TEST_F(LaunchTest, LaunchLocalStartsServesAndStopsEveryRank) {
 // resumes from the one before.
 TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
   const fs::path ckpt = dir_ / "ckpt";
-  const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
-                                          "--checkpoint-every-steps", "2"};
+  const std::vector<std::string> flags = CheckpointEveryTwoSteps(ckpt);
   {
     StartAndTrain(2, flags);
     if (HasFatalFailure()) return;
@@ -1594,11 +1618,9 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
     f.seekp(static_cast<std::streamoff>(fs::file_size(damaged) - 8));
     f.put('\x7f');
   }
-  const std::string address = StartRanks(2, flags);
-  ASSERT_FALSE(address.empty());
-  auto client = clients::Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  EXPECT_EQ((*client)->GetModelInfo()->steps(), 2);
+  auto client = StartAndConnect(2, flags);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->GetModelInfo()->steps(), 2);
   const std::string rank0 = ReadFile(dir_ / "rank-0.log");
   EXPECT_HAS_SUBSTR(rank0, "skipping checkpoint " + (ckpt / "ckpt-4").string())
       << rank0;
@@ -1615,8 +1637,7 @@ TEST_F(LaunchTest, ResumeSkipsAMultiRankCheckpointWithADamagedRankFile) {
 // scratch and later prune them; --no-resume starts afresh.
 TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
   const fs::path ckpt = dir_ / "ckpt";
-  const std::vector<std::string> flags = {"--checkpoint-dir", ckpt.string(),
-                                          "--checkpoint-every-steps", "2"};
+  const std::vector<std::string> flags = CheckpointEveryTwoSteps(ckpt);
   StartAndTrain(2, flags);
   if (HasFatalFailure()) return;
   StopRanks();
@@ -1644,11 +1665,9 @@ TEST_F(LaunchTest, ResumeRefusesWhenNoMultiRankCheckpointLoads) {
   for (Proc& p : ranks_) close(p.out_fd);
   std::vector<std::string> fresh = flags;
   fresh.push_back("--no-resume");
-  const std::string address = StartRanks(2, fresh);
-  ASSERT_FALSE(address.empty());
-  auto client = clients::Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  EXPECT_EQ((*client)->GetModelInfo()->steps(), 0);
+  auto client = StartAndConnect(2, fresh);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->GetModelInfo()->steps(), 0);
   StopRanks();
 }
 
@@ -1664,28 +1683,13 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   const fs::path logs = dir_ / "logs";
   setenv("DLRM_SERVER", ServerPath().c_str(), 1);
   setenv("DLRM_LOG_DIR", logs.c_str(), 1);
-  ranks_.push_back(Spawn({"/bin/bash",
-                          script,
-                          "--restart-on-failure",
-                          "1",
-                          "2",
-                          "--config",
-                          config_path_.string(),
-                          "--listen",
-                          "127.0.0.1:0",
-                          "--metrics-listen",
-                          "",
-                          "--threads",
-                          "1",
-                          "--checkpoint-dir",
-                          ckpt.string(),
-                          "--checkpoint-every-steps",
-                          "2",
-                          "--comm-timeout-s",
-                          "3",
-                          "--predict-max-wait-us",
-                          "0"},
-                         dir_ / "launch.err"));
+  ranks_.push_back(
+      Spawn(test::WithLocalServerFlags(
+                {"/bin/bash", script, "--restart-on-failure", "1", "2",
+                 "--config", config_path_.string(), "--checkpoint-dir",
+                 ckpt.string(), "--checkpoint-every-steps", "2",
+                 "--comm-timeout-s", "3", "--predict-max-wait-us", "0"}),
+            dir_ / "launch.err"));
   std::string address = WaitListening(ranks_[0].out_fd, 30);
   ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "launch.err");
   clients::ClientOptions co;
@@ -2063,14 +2067,7 @@ TEST_F(DatasetJobTest, RanksReadingTheirOwnShareTrainLikeTheLeaderScatter) {
 // weights are bitwise those of the Train stream, which sends no next batch
 // (one batch in flight).
 TEST_F(DatasetJobTest, SharesReadAheadForTheRocksDbPrefetchTrainAlike) {
-  ModelConfig c = config_;
-  for (int k = 1; k < 3; ++k) c.mutable_tables(k)->set_storage(STORAGE_ROCKSDB);
-  c.mutable_rocksdb()->set_path((dir_ / "rocksdb").string());
-  c.mutable_rocksdb()->set_cache_rows(60);
-  absl::StatusOr<ModelConfig> normal = NormalizeModelConfig(c);
-  ASSERT_TRUE(normal.ok()) << normal.status();
-  config_ = *normal;
-  WriteConfig(config_);
+  ASSERT_NO_FATAL_FAILURE(PutTablesOnRocksDb(1, 3));
   uint64_t job = 0;
   const JobStatus done = RunJob(2, Request(/*binary=*/true), &job);
   ASSERT_EQ(done.state(), JobStatus::SUCCEEDED) << done.error();
@@ -2123,12 +2120,7 @@ TEST_F(DatasetJobTest, ReadErrorOnAFollowerFailsTheJobNamingRankAndFile) {
       StartRanks(2, {"--allow-data-path", (dir_ / "data").string()});
   auto client = clients::Client::Connect(address);
   ASSERT_TRUE(client.ok()) << client.status();
-  auto started = (*client)->StartJob(Request(/*binary=*/false));
-  ASSERT_TRUE(started.ok()) << started.status();
-  clients::WaitOptions wait;
-  wait.poll_interval_seconds = 0.05;
-  wait.timeout_seconds = 60;
-  auto failed = (*client)->WaitJob(started->id(), wait, nullptr);
+  auto failed = RunJobToEnd(**client, Request(/*binary=*/false));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), JobStatus::FAILED);
   EXPECT_EQ(failed->steps(), 1);
@@ -2140,9 +2132,7 @@ TEST_F(DatasetJobTest, ReadErrorOnAFollowerFailsTheJobNamingRankAndFile) {
   EXPECT_EQ((*client)->GetModelInfo()->steps(), 1);
   // The group goes on: a prediction, and a job on good data.
   ASSERT_TRUE((*client)->Predict(EvalBatch()).ok());
-  auto good = (*client)->StartJob(Request(/*binary=*/true));
-  ASSERT_TRUE(good.ok()) << good.status();
-  auto done = (*client)->WaitJob(good->id(), wait, nullptr);
+  auto done = RunJobToEnd(**client, Request(/*binary=*/true));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
   EXPECT_EQ((*client)->GetModelInfo()->steps(), 1 + kDataSteps);

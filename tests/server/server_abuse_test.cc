@@ -329,8 +329,13 @@ TEST_F(ServerAbuseTest, AbandonedStreamsAreFreed) {
 // which no gRPC client library can do.
 class RawHttp2Stream {
  public:
-  // Connects to `port` on loopback; false if that fails.
-  bool Connect(int port) {
+  // Connects to the port of `address` (host:port) on loopback; false if
+  // the port does not parse or the connection fails.
+  bool Connect(const std::string& address) {
+    int port = 0;
+    if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) {
+      return false;
+    }
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -447,10 +452,8 @@ TEST_F(ServerAbuseTest, HalfAMessageThenStallThenDrop) {
   const uint64_t before = Checksum();
   const int64_t steps = Steps();
   const std::string address = server_->address();
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
   RawHttp2Stream raw;
-  ASSERT_TRUE(raw.Connect(port));
+  ASSERT_TRUE(raw.Connect(address));
   ASSERT_TRUE(raw.SendPartialTrainMessage(address, /*promised=*/100000,
                                           /*sent=*/300));
   // While it stalls holding the training slot, inference goes on and a
@@ -484,10 +487,8 @@ TEST_F(ServerAbuseTest, HalfAMessageThenStallThenDrop) {
 // or between batches, and training comes free.
 TEST_F(ServerAbuseTest, StalledStreamsEndAfterTheIdleTimeout) {
   const std::string address = server_->address();
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
   RawHttp2Stream raw;
-  ASSERT_TRUE(raw.Connect(port));
+  ASSERT_TRUE(raw.Connect(address));
   ASSERT_TRUE(raw.SendPartialTrainMessage(address, /*promised=*/5000,
                                           /*sent=*/10));
   const Clock::time_point stalled = Clock::now();

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -52,11 +54,7 @@ struct Proc {
   // Starts `args` with `env` added to ours. False if it cannot start.
   bool Spawn(const std::vector<std::string>& args, const fs::path& err,
              const std::vector<std::string>& env = {}) {
-    test::SpawnOptions options;
-    options.env = env;
-    options.stdout_pipe = true;
-    options.stderr_path = err.string();
-    const test::Child child = test::Spawn(args, options);
+    const test::Child child = test::SpawnPiped(args, err.string(), env);
     pid = child.pid;
     out_fd = child.out_fd;
     return pid != -1;
@@ -86,12 +84,42 @@ struct Proc {
   ~Proc() { Kill9(); }
 };
 
+// The newest checkpoint under `root` that loads, after checking that EVERY
+// committed checkpoint there loads (checksums verified); step -1 if none.
+struct Newest {
+  std::string dir;
+  int64_t step = -1;
+};
+Newest CheckEveryCommittedCheckpointLoads(const fs::path& root) {
+  Newest newest;
+  for (const model::CheckpointEntry& e :
+       model::ListCheckpoints(root.string())) {
+    EXPECT_TRUE(e.manifest.ok()) << e.dir << ": " << e.manifest.status();
+    auto loaded = model::LoadCheckpoint(e.dir, /*weights_only=*/false);
+    EXPECT_TRUE(loaded.ok()) << e.dir << ": " << loaded.status();
+    if (loaded.ok() && newest.step < 0) {
+      newest.dir = e.dir;
+      newest.step = (*loaded)->steps();
+      EXPECT_EQ(newest.step, e.manifest->step);
+    }
+  }
+  // Atomic commits: no committed-looking directory without its manifest.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos) continue;
+    // Jobs' end markers (server/job_manager.h) lie beside the checkpoints.
+    if (name.starts_with("job-") && name.ends_with(".end")) continue;
+    EXPECT_TRUE(fs::exists(entry.path() / "MANIFEST.json"))
+        << "partial checkpoint " << entry.path();
+  }
+  return newest;
+}
+
 class ServerProcessTest : public testing::Test {
  protected:
   void SetUp() override {
-    if (access(ServerPath().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "dlrm_server is not built (" << ServerPath() << ")";
-    }
+    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
     dir_ = test::MakeTestDir();
     root_ = dir_ / "ckpt";
   }
@@ -110,16 +138,17 @@ class ServerProcessTest : public testing::Test {
   }
 
   // Spawns `server` with `args` (its log dir_/`log`, `env` added to ours),
-  // waits for it to listen and connects: nullptr, after a failure naming
-  // the log, when it does not.
+  // waits for it to listen (`seconds` at most) and connects: nullptr, after
+  // a failure naming the log, when it does not.
   std::unique_ptr<clients::Client> StartServer(
       Proc& server, const std::vector<std::string>& args,
-      const std::string& log, const std::vector<std::string>& env = {}) {
+      const std::string& log, const std::vector<std::string>& env = {},
+      double seconds = 30) {
     if (!server.Spawn(args, dir_ / log, env)) {
       ADD_FAILURE() << "cannot start " << args[0];
       return nullptr;
     }
-    const std::string address = server.WaitListening(30);
+    const std::string address = server.WaitListening(seconds);
     if (address.empty()) {
       ADD_FAILURE() << "not listening: " << ReadFile(dir_ / log);
       return nullptr;
@@ -158,19 +187,49 @@ class ServerProcessTest : public testing::Test {
     return running->steps();
   }
 
+  // Runs `request` on a server of `args` (log first.log; each checkpoint
+  // slowed by 30 ms, so that the kill lands while the job runs) past step
+  // 27 and the checkpoint at step 25, and kills it -9 there, before the
+  // job's `steps`: every committed checkpoint under root_ then loads, and
+  // *newest, the newest, is at step 25 or later.
+  void KillNinePastStep27(const std::vector<std::string>& args,
+                          const JobRequest& request, int64_t steps,
+                          Newest* newest) {
+    int64_t killed_at = 0;
+    {
+      Proc server;
+      auto client = StartServer(server, args, "first.log",
+                                {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"});
+      ASSERT_NE(client, nullptr);
+      killed_at = RunJobPast(*client, request, 27);
+      server.Kill9();
+    }
+    ASSERT_GE(killed_at, 27);
+    ASSERT_LT(killed_at, steps);
+    *newest = CheckEveryCommittedCheckpointLoads(root_);
+    ASSERT_GE(newest->step, 25);
+    ASSERT_LT(newest->step, steps);
+  }
+
+  // StartServer(server, args, "second.log"), whose log must say it resumes
+  // job-1 at `newest`'s step of `steps`: its client (null after a failure).
+  std::unique_ptr<clients::Client> StartResuming(
+      Proc& server, const std::vector<std::string>& args, const Newest& newest,
+      int64_t steps) {
+    auto client = StartServer(server, args, "second.log");
+    if (client == nullptr) return nullptr;
+    const std::string text = ReadFile(dir_ / "second.log");
+    EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
+                                std::to_string(newest.step) + " of " +
+                                std::to_string(steps))
+        << text;
+    return client;
+  }
+
   // The flags of a tiny training server with periodic checkpoints.
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {ServerPath(),
-                                     "--config",
-                                     "tiny",
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--metrics-listen",
-                                     "",
-                                     "--threads",
-                                     "1",
-                                     "--checkpoint-dir",
-                                     root_.string()};
+    std::vector<std::string> args = test::WithLocalServerFlags(
+        {ServerPath(), "--config", "tiny", "--checkpoint-dir", root_.string()});
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -186,38 +245,6 @@ class ServerProcessTest : public testing::Test {
 
   fs::path dir_, root_;
 };
-
-// The newest checkpoint under `root` that loads, after checking that EVERY
-// committed checkpoint there loads (checksums verified); step -1 if none.
-struct Newest {
-  std::string dir;
-  int64_t step = -1;
-};
-Newest CheckEveryCommittedCheckpointLoads(const fs::path& root) {
-  Newest newest;
-  for (const model::CheckpointEntry& e :
-       model::ListCheckpoints(root.string())) {
-    EXPECT_TRUE(e.manifest.ok()) << e.dir << ": " << e.manifest.status();
-    auto loaded = model::LoadCheckpoint(e.dir, /*weights_only=*/false);
-    EXPECT_TRUE(loaded.ok()) << e.dir << ": " << loaded.status();
-    if (loaded.ok() && newest.step < 0) {
-      newest.dir = e.dir;
-      newest.step = (*loaded)->steps();
-      EXPECT_EQ(newest.step, e.manifest->step);
-    }
-  }
-  // Atomic commits: no committed-looking directory without its manifest.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.find(".tmp-") != std::string::npos) continue;
-    // Jobs' end markers (server/job_manager.h) lie beside the checkpoints.
-    if (name.starts_with("job-") && name.ends_with(".end")) continue;
-    EXPECT_TRUE(fs::exists(entry.path() / "MANIFEST.json"))
-        << "partial checkpoint " << entry.path();
-  }
-  return newest;
-}
 
 // Whether a save's temporary directory ("<name>.tmp-<pid>") is under
 // `root`, other than those of process `except` (a running server's own
@@ -369,18 +396,15 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   {
     root_ = dir_ / "uninterrupted";
     Proc server;
-    ASSERT_TRUE(server.Spawn(Args(), dir_ / "uninterrupted.log"));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "uninterrupted.log");
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto job = (*client)->StartJob(request);
+    auto client = StartServer(server, Args(), "uninterrupted.log");
+    ASSERT_NE(client, nullptr);
+    auto job = client->StartJob(request);
     ASSERT_TRUE(job.ok()) << job.status();
-    auto done = (*client)->WaitJob(job->id(), wait, nullptr);
+    auto done = client->WaitJob(job->id(), wait, nullptr);
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
     EXPECT_EQ(done->steps(), kSteps);
-    auto info = (*client)->GetModelInfo(/*include_weight_checksum=*/true);
+    auto info = client->GetModelInfo(/*include_weight_checksum=*/true);
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->steps(), kSteps);
     uninterrupted = info->weight_checksum();
@@ -392,33 +416,17 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
   // the kill lands while the job runs.
   const std::vector<std::string> args =
       Args({"--checkpoint-every-steps", "5", "--keep-checkpoints", "2"});
-  const std::vector<std::string> slow = {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"};
-  int64_t killed_at = 0;
-  {
-    Proc server;
-    auto client = StartServer(server, args, "first.log", slow);
-    ASSERT_NE(client, nullptr);
-    // Into the second epoch, past the checkpoint at step 25 (the resume
-    // below names the job: job-1).
-    killed_at = RunJobPast(*client, request, 27);
-    server.Kill9();
-  }
-  ASSERT_GE(killed_at, 27);
-  ASSERT_LT(killed_at, kSteps);
+  // Into the second epoch, past the checkpoint at step 25 (the resume
+  // below names the job: job-1).
+  Newest newest;
+  ASSERT_NO_FATAL_FAILURE(KillNinePastStep27(args, request, kSteps, &newest));
   int64_t cancelled_at = 0;  // the model's step when job-2 was cancelled
-  const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
-  ASSERT_GE(newest.step, 25);
-  ASSERT_LT(newest.step, kSteps);
 
   // The same command line: the job goes on by itself.
   {
     Proc server;
-    auto client = StartServer(server, args, "second.log");
+    auto client = StartResuming(server, args, newest, kSteps);
     ASSERT_NE(client, nullptr);
-    const std::string text = ReadFile(dir_ / "second.log");
-    EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
-                                std::to_string(newest.step) + " of 44")
-        << text;
     auto jobs = client->ListJobs();
     ASSERT_TRUE(jobs.ok()) << jobs.status();
     ASSERT_EQ(jobs->size(), 1u);
@@ -596,14 +604,11 @@ TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
   {
     root_ = first_root;
     Proc server;
-    ASSERT_TRUE(server.Spawn(args_for({}), dir_ / "uninterrupted.log"));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "uninterrupted.log");
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto job = (*client)->StartJob(request);
+    auto client = StartServer(server, args_for({}), "uninterrupted.log");
+    ASSERT_NE(client, nullptr);
+    auto job = client->StartJob(request);
     ASSERT_TRUE(job.ok()) << job.status();
-    uninterrupted = finish(**client, job->id());
+    uninterrupted = finish(*client, job->id());
     ASSERT_FALSE(HasFailure());
   }
   // Both dynamic tables evicted (the counters of one uninterrupted run).
@@ -616,28 +621,12 @@ TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
   root_ = dir_ / "ckpt";
   const std::vector<std::string> args =
       args_for({"--checkpoint-every-steps", "5", "--keep-checkpoints", "2"});
-  int64_t killed_at = 0;
+  Newest newest;
+  ASSERT_NO_FATAL_FAILURE(KillNinePastStep27(args, request, kSteps, &newest));
   {
     Proc server;
-    auto client = StartServer(server, args, "first.log",
-                              {"DLRM_TEST_CHECKPOINT_DELAY_MS=30"});
+    auto client = StartResuming(server, args, newest, kSteps);
     ASSERT_NE(client, nullptr);
-    killed_at = RunJobPast(*client, request, 27);
-    server.Kill9();
-  }
-  ASSERT_GE(killed_at, 27);
-  ASSERT_LT(killed_at, kSteps);
-  const Newest newest = CheckEveryCommittedCheckpointLoads(root_);
-  ASSERT_GE(newest.step, 25);
-  ASSERT_LT(newest.step, kSteps);
-  {
-    Proc server;
-    auto client = StartServer(server, args, "second.log");
-    ASSERT_NE(client, nullptr);
-    const std::string text = ReadFile(dir_ / "second.log");
-    EXPECT_HAS_SUBSTR(text, "resuming job job-1 at step " +
-                                std::to_string(newest.step) + " of 44")
-        << text;
     const ModelInfo resumed = finish(*client, "job-1");
     EXPECT_EQ(resumed.weight_checksum(), uninterrupted.weight_checksum());
     ASSERT_EQ(resumed.dynamic_tables_size(), 2);
@@ -664,16 +653,14 @@ TEST_F(ServerProcessTest, DynamicTablesResumeAfterKillNineToTheSameMaps) {
 TEST_F(ServerProcessTest, DamagedCheckpointsAreSkippedWithAWarning) {
   {
     Proc server;
-    ASSERT_TRUE(server.Spawn(
+    auto client = StartServer(
+        server,
         Args({"--checkpoint-every-steps", "2", "--keep-checkpoints", "5"}),
-        dir_ / "first.log"));
-    const std::string address = server.WaitListening(30);
-    ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "first.log");
-    auto client = clients::Client::Connect(address);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto job = (*client)->StartJob(Job(6));
+        "first.log");
+    ASSERT_NE(client, nullptr);
+    auto job = client->StartJob(Job(6));
     ASSERT_TRUE(job.ok()) << job.status();
-    auto done = (*client)->WaitJob(job->id(), {}, nullptr);
+    auto done = client->WaitJob(job->id(), {}, nullptr);
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->error();
     server.Kill9();
@@ -846,43 +833,38 @@ TEST_F(ServerProcessTest, FollowingReplicaServesTheNewestCheckpoint) {
 // more steps), which the replica serves too.
 TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   Proc trainer;
-  ASSERT_TRUE(trainer.Spawn(
-      Args({"--checkpoint-every-steps", "10", "--checkpoint-on-exit"}),
-      dir_ / "trainer.log"));
-  const std::string trainer_address = trainer.WaitListening(120);
-  ASSERT_FALSE(trainer_address.empty()) << ReadFile(dir_ / "trainer.log");
-  auto client = clients::Client::Connect(trainer_address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto job = (*client)->StartJob(Job(15));
+  auto client = StartServer(
+      trainer, Args({"--checkpoint-every-steps", "10", "--checkpoint-on-exit"}),
+      "trainer.log", {}, 120);
+  ASSERT_NE(client, nullptr);
+  auto job = client->StartJob(Job(15));
   ASSERT_TRUE(job.ok()) << job.status();
   clients::WaitOptions wait;
   wait.poll_interval_seconds = 0.05;
-  auto done = (*client)->WaitJob(job->id(), wait, nullptr);
+  auto done = client->WaitJob(job->id(), wait, nullptr);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), JobStatus::SUCCEEDED) << done->DebugString();
   EXPECT_TRUE(fs::exists(root_ / "ckpt-10"));
   EXPECT_TRUE(fs::exists(root_ / "ckpt-15")) << ReadFile(dir_ / "trainer.log");
 
   Proc replica;
-  ASSERT_TRUE(
-      replica.Spawn({ServerPath(), "--inference-only", "--follow",
-                     root_.string(), "--follow-poll-seconds", "0.1", "--listen",
-                     "127.0.0.1:0", "--metrics-listen", "", "--threads", "1"},
-                    dir_ / "replica.log"));
-  const std::string replica_address = replica.WaitListening(120);
-  ASSERT_FALSE(replica_address.empty()) << ReadFile(dir_ / "replica.log");
-  auto follower = clients::Client::Connect(replica_address);
-  ASSERT_TRUE(follower.ok()) << follower.status();
-  auto info = (*follower)->GetModelInfo();
+  auto follower =
+      StartServer(replica,
+                  test::WithLocalServerFlags({ServerPath(), "--inference-only",
+                                              "--follow", root_.string(),
+                                              "--follow-poll-seconds", "0.1"}),
+                  "replica.log", {}, 120);
+  ASSERT_NE(follower, nullptr);
+  auto info = follower->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->served_checkpoint_step(), 15);
 
   // Three more steps, then the trainer stops and saves final/ at step 18.
-  job = (*client)->StartJob(Job(3));
+  job = client->StartJob(Job(3));
   ASSERT_TRUE(job.ok()) << job.status();
-  done = (*client)->WaitJob(job->id(), wait, nullptr);
+  done = client->WaitJob(job->id(), wait, nullptr);
   ASSERT_TRUE(done.ok()) << done.status();
-  client->reset();
+  client.reset();
   kill(trainer.pid, SIGTERM);
   EXPECT_EQ(trainer.WaitExit(60), 0) << ReadFile(dir_ / "trainer.log");
   ASSERT_TRUE(fs::exists(root_ / "final"));
@@ -890,14 +872,14 @@ TEST_F(ServerProcessTest, ReplicaCatchesUpWhenTrainingStopsBetweenCheckpoints) {
   std::string dir;
   for (int i = 0; i < 1200 && dir != (root_ / "final").string(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    info = (*follower)->GetModelInfo();
+    info = follower->GetModelInfo();
     ASSERT_TRUE(info.ok()) << info.status();
     served = info->served_checkpoint_step();
     dir = info->served_checkpoint();
   }
   EXPECT_EQ(dir, (root_ / "final").string()) << ReadFile(dir_ / "replica.log");
   EXPECT_EQ(served, 18);
-  follower->reset();
+  follower.reset();
   kill(replica.pid, SIGTERM);
   EXPECT_EQ(replica.WaitExit(60), 0) << ReadFile(dir_ / "replica.log");
 }
@@ -1037,12 +1019,9 @@ TEST_F(ServerProcessTest, ResumeAppliesAChangedRateAndRefusesAnotherShape) {
   args = Args();
   args[2] = faster_path;
   Proc server;
-  ASSERT_TRUE(server.Spawn(args, dir_ / "server.err"));
-  const std::string address = server.WaitListening(60);
-  ASSERT_FALSE(address.empty()) << ReadFile(dir_ / "server.err");
-  auto client = clients::Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto info = (*client)->GetModelInfo();
+  auto client = StartServer(server, args, "server.err", {}, 60);
+  ASSERT_NE(client, nullptr);
+  auto info = client->GetModelInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->steps(), 3);
   EXPECT_EQ(info->config().sparse_optimizer().learning_rate(), 0.05f);
@@ -1220,6 +1199,37 @@ class ModelHostPeriodicTest : public testing::Test {
     return host.ok() ? *std::move(host) : nullptr;
   }
 
+  // Options that save under root_ every `steps` steps.
+  server::ModelHostOptions SavingEvery(int64_t steps) const {
+    server::ModelHostOptions o;
+    o.checkpoint_dir = root_.string();
+    o.checkpoint_every_steps = steps;
+    return o;
+  }
+
+  // A host of NewHost and its training lease (holder "test"), which goes
+  // before the host does.
+  struct Training {
+    std::unique_ptr<server::ModelHost> host;
+    std::optional<server::ModelHost::TrainingLease> lease;
+  };
+
+  // NewHost(o) and its lease: a null host (and a failure) when either
+  // cannot be had.
+  Training NewTraining(const server::ModelHostOptions& o) {
+    Training t;
+    t.host = NewHost(o);
+    if (t.host == nullptr) return t;
+    auto lease = t.host->AcquireTraining("test");
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (lease.ok()) {
+      t.lease.emplace(*std::move(lease));
+    } else {
+      t.host.reset();
+    }
+    return t;
+  }
+
   fs::path root_;
   ModelConfig config_;
   data::Batch batch_;
@@ -1229,14 +1239,10 @@ class ModelHostPeriodicTest : public testing::Test {
 // one (for a replica to follow), once; none after StopTraining or without
 // periodic checkpoints.
 TEST_F(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
-  server::ModelHostOptions o;
-  o.checkpoint_dir = root_.string();
-  o.checkpoint_every_steps = 4;
+  server::ModelHostOptions o = SavingEvery(4);
   o.keep_checkpoints = 0;
-  auto host = NewHost(o);
+  auto [host, lease] = NewTraining(o);
   ASSERT_NE(host, nullptr);
-  auto lease = host->AcquireTraining("test");
-  ASSERT_TRUE(lease.ok());
   bool failed = true;
   // Nothing trained yet: nothing to save.
   EXPECT_EQ(host->CheckpointStoppedTraining(*lease, &failed), "");
@@ -1263,24 +1269,18 @@ TEST_F(ModelHostPeriodicTest, StoppedTrainingSavesItsStepOnce) {
 
   // Without periodic checkpoints it saves nothing.
   o.checkpoint_every_steps = 0;
-  auto plain = NewHost(o);
+  auto [plain, plain_lease] = NewTraining(o);
   ASSERT_NE(plain, nullptr);
-  auto plain_lease = plain->AcquireTraining("test");
-  ASSERT_TRUE(plain_lease.ok());
   ASSERT_TRUE(plain->TrainStep(*plain_lease, batch_).ok());
   EXPECT_EQ(plain->CheckpointStoppedTraining(*plain_lease, &failed), "");
 }
 
 TEST_F(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
-  server::ModelHostOptions o;
-  o.checkpoint_dir = root_.string();
-  o.checkpoint_every_steps = 3;
+  server::ModelHostOptions o = SavingEvery(3);
   o.keep_checkpoints = 2;
   {
-    auto host = NewHost(o);
+    auto [host, lease] = NewTraining(o);
     ASSERT_NE(host, nullptr);
-    auto lease = host->AcquireTraining("test");
-    ASSERT_TRUE(lease.ok());
     for (int step = 1; step <= 10; ++step) {
       auto r = host->TrainStep(*lease, batch_);
       ASSERT_TRUE(r.ok()) << r.status();
@@ -1296,10 +1296,8 @@ TEST_F(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
   o.checkpoint_every_steps = 0;
   o.checkpoint_every_seconds = 0.3;
   o.keep_checkpoints = 0;
-  auto host = NewHost(o);
+  auto [host, lease] = NewTraining(o);
   ASSERT_NE(host, nullptr);
-  auto lease = host->AcquireTraining("test");
-  ASSERT_TRUE(lease.ok());
   auto r = host->TrainStep(*lease, batch_);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->checkpoint.empty());
@@ -1329,13 +1327,9 @@ TEST_F(ModelHostPeriodicTest, SavesByStepsAndByTimeAndKeepsTheNewest) {
 // leaves training going and is counted on /metrics, next to the saved ones.
 TEST_F(ModelHostPeriodicTest, FailedSavesAreCountedAndTrainingGoesOn) {
   std::ofstream(root_) << "not a directory";
-  server::ModelHostOptions o;
-  o.checkpoint_dir = root_.string();
-  o.checkpoint_every_steps = 2;
-  auto host = NewHost(o);
+  server::ModelHostOptions o = SavingEvery(2);
+  auto [host, lease] = NewTraining(o);
   ASSERT_NE(host, nullptr);
-  auto lease = host->AcquireTraining("test");
-  ASSERT_TRUE(lease.ok());
   server::ServerMetrics metrics;
   for (int step = 1; step <= 4; ++step) {
     auto r = host->TrainStep(*lease, batch_);

@@ -102,6 +102,22 @@ Child Spawn(const std::vector<std::string>& args, const SpawnOptions& options) {
   return child;
 }
 
+std::vector<std::string> WithLocalServerFlags(std::vector<std::string> args) {
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--metrics-listen", "",
+                           "--threads", "1"});
+  return args;
+}
+
+Child SpawnPiped(const std::vector<std::string>& args,
+                 const std::string& stderr_path,
+                 const std::vector<std::string>& env) {
+  SpawnOptions options;
+  options.env = env;
+  options.stdout_pipe = true;
+  options.stderr_path = stderr_path;
+  return Spawn(args, options);
+}
+
 pid_t SpawnSelf(const std::vector<std::string>& args) {
   std::vector<std::string> all = {SelfPath()};
   all.insert(all.end(), args.begin(), args.end());
@@ -230,14 +246,29 @@ int FreePort() {
   return port;
 }
 
-int TestsOrWorkerMain(int argc, char** argv, const char* worker_flag,
-                      int worker_argc, int rank_arg,
-                      const std::function<absl::Status(char** argv)>& worker) {
-  if (argc == worker_argc && std::string_view(argv[1]) == worker_flag) {
-    const absl::Status s = worker(argv);
+std::vector<std::string> RankArgv(const std::string& flag,
+                                  const RankPlace& place,
+                                  const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {flag, std::to_string(place.world),
+                                   std::to_string(place.rank),
+                                   place.coordinator};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+int TestsOrRankMain(
+    int argc, char** argv, const std::string& flag, int extra_count,
+    const std::function<absl::Status(const RankPlace&, char** extra)>& worker) {
+  // argv: the binary, flag, world, rank, coordinator, extra.
+  constexpr int kPlaceArgs = 5;
+  if (argc == kPlaceArgs + extra_count && argv[1] == flag) {
+    RankPlace place;
+    place.world = std::atoi(argv[2]);
+    place.rank = std::atoi(argv[3]);
+    place.coordinator = argv[4];
+    const absl::Status s = worker(place, argv + kPlaceArgs);
     if (!s.ok()) {
-      std::fprintf(stderr, "rank %s: %s\n", argv[rank_arg],
-                   s.ToString().c_str());
+      std::fprintf(stderr, "rank %d: %s\n", place.rank, s.ToString().c_str());
       return 1;
     }
     return 0;

@@ -5,6 +5,7 @@
 #define DLRM_TESTS_SUPPORT_PROCESS_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <functional>
@@ -51,9 +52,20 @@ std::string BuildBinary(const char* env, const std::string& relative);
 // BuildBinary("DLRM_SERVER", "server/dlrm_server").
 std::string ServerBinary();
 
+// `args` (a server's argv, or a launcher's) followed by the flags that keep
+// a dlrm_server under test to itself: --listen on a free port of 127.0.0.1
+// (it prints the one it got), no metrics listener, --threads 1.
+std::vector<std::string> WithLocalServerFlags(std::vector<std::string> args);
+
 // Starts args[0] with `args` as its argv (posix_spawn, no PATH search).
 Child Spawn(const std::vector<std::string>& args,
             const SpawnOptions& options = {});
+
+// Spawn with stdout in a pipe (Child::out_fd), stderr into the file
+// `stderr_path` and `env` added to our environment.
+Child SpawnPiped(const std::vector<std::string>& args,
+                 const std::string& stderr_path,
+                 const std::vector<std::string>& env = {});
 
 // Starts SelfPath() with `args` as argv[1..] and the parent's environment;
 // -1 (and a gtest failure) when posix_spawn fails.
@@ -102,14 +114,40 @@ RunResult Run(const std::vector<std::string>& args, const std::string& dir,
 // could be had.
 int FreePort();
 
-// The main() of a test binary that re-executes itself as ranks (SpawnSelf):
-// with argc == `worker_argc` and argv[1] == `worker_flag` it is a rank, runs
-// `worker(argv)` and returns 0, or 1 after printing "rank argv[rank_arg]:
-// status" to stderr; otherwise it runs the tests.
-int TestsOrWorkerMain(int argc, char** argv, const char* worker_flag,
-                      int worker_argc, int rank_arg,
-                      const std::function<absl::Status(char** argv)>& worker);
+// Where a rank of a test binary re-executed as ranks stands: what RankArgv
+// passes first and TestsOrRankMain reads back.
+struct RankPlace {
+  // Ranks in the job. Default: 1.
+  int world = 1;
+  // This rank, in [0, world). Default: 0.
+  int rank = 0;
+  // Rank 0's coordinator, host:port. Default: "".
+  std::string coordinator;
+};
+
+// A rank's arguments for SpawnSelf: `flag`, place.world, place.rank,
+// place.coordinator, then the test's own `extra`.
+std::vector<std::string> RankArgv(const std::string& flag,
+                                  const RankPlace& place,
+                                  const std::vector<std::string>& extra);
+
+// The main() of a test binary that re-executes itself as ranks with
+// RankArgv(`flag`, place, extra of `extra_count` arguments): as such a rank
+// it runs worker(place, extra) (extra: argv's last `extra_count`) and
+// returns 0, or 1 after printing "rank R: status" to stderr; otherwise it
+// runs the tests.
+int TestsOrRankMain(
+    int argc, char** argv, const std::string& flag, int extra_count,
+    const std::function<absl::Status(const RankPlace&, char** extra)>& worker);
 
 }  // namespace dlrm::test
+
+// In a test body or SetUp: skips the test unless `path` (binary `name`'s,
+// e.g. dlrm::test::ServerBinary()) is an executable file, saying where it
+// looked; `<< ...` adds to the message.
+#define DLRM_SKIP_UNLESS_BUILT(name, path)              \
+  if (::access(std::string(path).c_str(), X_OK) == 0) { \
+  } else                                                \
+    GTEST_SKIP() << name << " is not built (looked for " << (path) << ")"
 
 #endif  // DLRM_TESTS_SUPPORT_PROCESS_H_

@@ -1,18 +1,28 @@
 // What the tests of a model over its storage tiers share: a small
 // three-table model (multi-hot, one mean-pooled table) whose every update
-// visibly moves the rows, the same model with its tables on RocksDB, and a
-// model built or failed as a test expectation.
+// visibly moves the rows, the same model with its tables on RocksDB, a
+// model built or failed as a test expectation, scratch directories, two
+// models trained side by side, the rows read back through the stores and
+// the weights export compared.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "data/batch.h"
+#include "embedding/embedding_store.h"
 #include "model/model.h"
+#include "model/weights_export.h"
+#include "tests/support/files.h"
 
 namespace dlrm::test {
 
@@ -68,6 +78,78 @@ inline std::unique_ptr<model::Model> MakeModel(const ModelConfig& c) {
   auto m = model::Model::Create(c);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *std::move(m) : nullptr;
+}
+
+// TempDir()/`test`_`name`_PID, removed if it is there (not created).
+inline std::string ScratchDir(const std::string& test,
+                              const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      (test + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+// Trains `a` and `b` on each batch in turn, `b` given the next batch to
+// prefetch when `prefetch`: both steps succeed with the same loss.
+inline void TrainBothExpectSameLoss(model::Model& a, model::Model& b,
+                                    std::span<const data::Batch> batches,
+                                    bool prefetch = false) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const data::Batch* next =
+        prefetch && i + 1 < batches.size() ? &batches[i + 1] : nullptr;
+    auto x = a.TrainStep(batches[i]);
+    auto y = b.TrainStep(batches[i], next);
+    ASSERT_TRUE(x.ok()) << x.status();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(x->loss, y->loss) << "step " << i;
+  }
+}
+
+// The losses of `m` trained on batches[begin, end), one step each; a step
+// that fails is a test failure and ends the list there.
+inline std::vector<double> TrainLosses(model::Model& m,
+                                       const std::vector<data::Batch>& batches,
+                                       int begin, int end) {
+  std::vector<double> losses;
+  for (int i = begin; i < end; ++i) {
+    auto r = m.TrainStep(batches[i]);
+    EXPECT_TRUE(r.ok()) << "step " << i << ": " << r.status();
+    if (!r.ok()) break;
+    losses.push_back(r->loss);
+  }
+  return losses;
+}
+
+// Every table's records (weights as floats, then optimizer state), read
+// through the stores with ReadRows, each followed by the table's step when
+// `with_steps`.
+inline std::vector<float> StoreRecords(model::Model& m, bool with_steps) {
+  std::vector<float> out;
+  for (int k = 0; k < m.config().tables_size(); ++k) {
+    embedding::EmbeddingStore& s = *m.shards().WholeStore(k);
+    const int64_t floats = s.spec().dim + embedding::StateFloatsPerRow(
+                                              s.spec().optimizer, s.spec().dim);
+    std::vector<float> records(s.spec().rows * floats);
+    EXPECT_TRUE(s.ReadRows(0, s.spec().rows, records.data()).ok());
+    out.insert(out.end(), records.begin(), records.end());
+    if (with_steps) out.push_back(static_cast<float>(s.step()));
+  }
+  return out;
+}
+
+// Exports `a` and `b` as `dir`/host.safetensors and `dir`/rocks.safetensors:
+// both succeed and the files are the same bytes. Returns b's file.
+inline std::string ExpectSameExport(model::Model& a, model::Model& b,
+                                    const std::string& dir) {
+  const std::string pa =
+      (std::filesystem::path(dir) / "host.safetensors").string();
+  const std::string pb =
+      (std::filesystem::path(dir) / "rocks.safetensors").string();
+  EXPECT_TRUE(model::ExportSafetensors(a, pa).ok());
+  EXPECT_TRUE(model::ExportSafetensors(b, pb).ok());
+  EXPECT_EQ(ReadFile(pa), ReadFile(pb));
+  return pb;
 }
 
 }  // namespace dlrm::test
