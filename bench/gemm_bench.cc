@@ -87,13 +87,7 @@ void RunShape(const bench::GemmShape& s, int repeats, Totals* totals) {
                  ldb, 0.0f, c.data(), s.n);
   };
   auto amx = [&] {
-    if (s.trans_b == 'N') {
-      packed.Pack(b.data(), s.k, s.n, ldb);
-    } else {
-      packed.PackTransposed(b.data(), s.k, s.n, ldb);
-    }
-    dense::AmxGemm(s.m, at.data(), s.k, packed,
-                   {nullptr, false, c.data(), nullptr, s.n});
+    bench::AmxGemmAsLayers(s, at.data(), b.data(), &packed, c.data());
   };
   onednn();
   amx();

@@ -10,7 +10,6 @@
 #include <unordered_set>
 
 #include "core/aligned.h"
-#include "dense/amx_gemm.h"
 #include "dense/bf16.h"
 #include "dense/linear.h"
 #include "optim/optimizer.h"
@@ -75,6 +74,17 @@ std::vector<GemmShape> StepGemms(const ModelConfig& config, int64_t batch) {
   return out;
 }
 
+void AmxGemmAsLayers(const GemmShape& s, const dense::Bf16* a,
+                     const dense::Bf16* b, dense::AmxPackedB* packed,
+                     float* c) {
+  if (s.trans_b == 'N') {
+    packed->Pack(b, s.k, s.n, s.n);
+  } else {
+    packed->PackTransposed(b, s.k, s.n, s.k);
+  }
+  dense::AmxGemm(s.m, a, s.k, *packed, {nullptr, false, c, nullptr, s.n});
+}
+
 double TimeGemm(const GemmShape& s, bool bf16, int repeats) {
   const int64_t a_size = s.m * s.k, b_size = s.k * s.n;
   const int64_t lda = s.trans_a == 'N' ? s.k : s.m;
@@ -100,18 +110,11 @@ double TimeGemm(const GemmShape& s, bool bf16, int repeats) {
                    ldb, 0.0f, c.data(), s.n);
     }
   };
-  // The AMX kernel as the layers call it: B packed on each call, A
-  // row-major over the reduction (for 'T', the transposed copy the layer
-  // writes; the same values serve for timing).
+  // The AMX kernel as the layers call it (for 'T', A's values stand in for
+  // the transposed copy the layer writes).
   dense::AmxPackedB packed;
   auto amx = [&] {
-    if (s.trans_b == 'N') {
-      packed.Pack(b16.data(), s.k, s.n, ldb);
-    } else {
-      packed.PackTransposed(b16.data(), s.k, s.n, ldb);
-    }
-    dense::AmxGemm(s.m, a16.data(), s.k, packed,
-                   {nullptr, false, c.data(), nullptr, s.n});
+    AmxGemmAsLayers(s, a16.data(), b16.data(), &packed, c.data());
   };
   const bool with_amx = bf16 && dense::AmxGemmUsable();
   call();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "dense/amx_gemm.h"
 #include "dlrm/config.pb.h"
 #include "model/stage_times.h"
 
@@ -38,6 +39,13 @@ std::vector<GemmShape> StepGemms(const ModelConfig& config, int64_t batch);
 // B packed in the call: dense/amx_gemm.h) over `repeats` calls of each
 // after two untimed ones, on the calling thread's OpenMP team.
 double TimeGemm(const GemmShape& shape, bool bf16, int repeats);
+
+// The AMX kernel on `shape` as the layers call it (dense/amx_gemm.h): B
+// (op(B) as stored, ldb as for Bgemm) packed into `packed`, then C [m x n]
+// (fp32, ldc n) from A row-major [m x k] (for 'T', the transposed copy a
+// layer writes). Only where dense::AmxGemmUsable().
+void AmxGemmAsLayers(const GemmShape& shape, const dense::Bf16* a,
+                     const dense::Bf16* b, dense::AmxPackedB* packed, float* c);
 
 // The host's copy bandwidth: bytes read plus bytes written per second (a
 // memcpy of `bytes` split over the OpenMP threads), best of `repeats`.

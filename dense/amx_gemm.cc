@@ -58,9 +58,19 @@ void AmxPackedB::Resize(int64_t k, int64_t n) {
 namespace {
 
 #if defined(__x86_64__)
+bool HasAvx512Bw() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bw") != 0;
+  }();
+  return has;
+}
+
 // A full block of B [k x n] row-major: row pair p's 16 columns interleaved,
 // element (2p + e, c) at (p * 16 + c) * 2 + e.
-DLRM_AMX_TARGET void PackFullBlock(const Bf16* b, int64_t ldb, Bf16* out) {
+__attribute__((target("avx512f,avx512bw"))) void PackFullBlock(const Bf16* b,
+                                                               int64_t ldb,
+                                                               Bf16* out) {
   alignas(64) static constexpr uint16_t kInterleave[32] = {
       0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -76,48 +86,53 @@ DLRM_AMX_TARGET void PackFullBlock(const Bf16* b, int64_t ldb, Bf16* out) {
 }
 #endif
 
-}  // namespace
-
-void AmxPackedB::Pack(const Bf16* b, int64_t k, int64_t n, int64_t ldb) {
-  Resize(k, n);
-  const int64_t kb_full = k / kBlockK, nb_full = n / kBlockN;
-  const int64_t blocks = k_blocks_ * n_blocks_;
-  // Column blocks innermost: the two halves of a 64-byte line of B's rows
-  // are packed one after the other, so each line is read once.
-#pragma omp parallel for schedule(static) if (blocks >= kParallelBlocks)
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t kb = i / n_blocks_, nb = i % n_blocks_;
-    Bf16* out = mutable_block(kb, nb);
-    const int64_t k0 = kb * kBlockK, n0 = nb * kBlockN;
-#if defined(__x86_64__)
-    if (kb < kb_full && nb < nb_full) {
-      PackFullBlock(b + k0 * ldb + n0, ldb, out);
-      continue;
-    }
-#endif
-    for (int64_t p = 0; p < kBlockK / 2; ++p) {
-      for (int64_t c = 0; c < kBlockN; ++c) {
-        for (int64_t e = 0; e < 2; ++e) {
-          const int64_t r = k0 + 2 * p + e, col = n0 + c;
-          out[(p * kBlockN + c) * 2 + e] =
-              r < k && col < n ? b[r * ldb + col] : Bf16{0};
-        }
+// A block at the edge of B (past k or n in part), element by element:
+// element (2p + e, c) of the block is at(row, col) of B, zero past k or n.
+template <typename At>
+void PackEdgeBlock(int64_t k0, int64_t n0, int64_t k, int64_t n, At at,
+                   Bf16* out) {
+  for (int64_t p = 0; p < kBlockK / 2; ++p) {
+    for (int64_t c = 0; c < kBlockN; ++c) {
+      for (int64_t e = 0; e < 2; ++e) {
+        const int64_t r = k0 + 2 * p + e, col = n0 + c;
+        out[(p * kBlockN + c) * 2 + e] = r < k && col < n ? at(r, col) : 0;
       }
     }
   }
-  (void)kb_full;
-  (void)nb_full;
+}
+
+}  // namespace
+
+template <typename Fill>
+void AmxPackedB::FillBlocks(int64_t k, int64_t n, Fill fill) {
+  Resize(k, n);
+  const int64_t blocks = k_blocks_ * n_blocks_;
+  // Column blocks innermost: the two halves of a 64-byte line of a
+  // row-major B are packed one after the other, so each line is read once.
+#pragma omp parallel for schedule(static) if (blocks >= kParallelBlocks)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t kb = i / n_blocks_, nb = i % n_blocks_;
+    fill(kb * kBlockK, nb * kBlockN, mutable_block(kb, nb));
+  }
+}
+
+void AmxPackedB::Pack(const Bf16* b, int64_t k, int64_t n, int64_t ldb) {
+  FillBlocks(k, n, [&](int64_t k0, int64_t n0, Bf16* out) {
+#if defined(__x86_64__)
+    if (k0 + kBlockK <= k && n0 + kBlockN <= n && HasAvx512Bw()) {
+      PackFullBlock(b + k0 * ldb + n0, ldb, out);
+      return;
+    }
+#endif
+    PackEdgeBlock(
+        k0, n0, k, n, [&](int64_t r, int64_t c) { return b[r * ldb + c]; },
+        out);
+  });
 }
 
 void AmxPackedB::PackTransposed(const Bf16* w, int64_t k, int64_t n,
                                 int64_t ldw) {
-  Resize(k, n);
-  const int64_t blocks = k_blocks_ * n_blocks_;
-#pragma omp parallel for schedule(static) if (blocks >= kParallelBlocks)
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t nb = i / k_blocks_, kb = i % k_blocks_;
-    Bf16* out = mutable_block(kb, nb);
-    const int64_t k0 = kb * kBlockK, n0 = nb * kBlockN;
+  FillBlocks(k, n, [&](int64_t k0, int64_t n0, Bf16* out) {
     if (k0 + kBlockK <= k && n0 + kBlockN <= n) {
       // Element (2p + e, c) of B is W's (n0 + c, k0 + 2p + e): a pair of
       // W's row is one 32-bit unit, so the block is a 16 x 16 transpose of
@@ -130,18 +145,12 @@ void AmxPackedB::PackTransposed(const Bf16* w, int64_t k, int64_t n,
           std::memcpy(out + (p * kBlockN + c) * 2, &pair, sizeof(pair));
         }
       }
-      continue;
+      return;
     }
-    for (int64_t p = 0; p < kBlockK / 2; ++p) {
-      for (int64_t c = 0; c < kBlockN; ++c) {
-        for (int64_t e = 0; e < 2; ++e) {
-          const int64_t r = k0 + 2 * p + e, col = n0 + c;
-          out[(p * kBlockN + c) * 2 + e] =
-              r < k && col < n ? w[col * ldw + r] : Bf16{0};
-        }
-      }
-    }
-  }
+    PackEdgeBlock(
+        k0, n0, k, n, [&](int64_t r, int64_t c) { return w[c * ldw + r]; },
+        out);
+  });
 }
 
 namespace {
@@ -196,13 +205,6 @@ __attribute__((target("avx512f,avx512bw"))) void TransposeBlock32x16(
   }
 }
 
-bool HasAvx512Bw() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bw") != 0;
-  }();
-  return has;
-}
 #endif
 
 }  // namespace
@@ -391,6 +393,25 @@ DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
   }
 }
 
+// One reduction block of BlockProduct: A's 16 or 32 rows at `ap` (rows
+// `ld` values, `stride` bytes apart) against B's block (kb, nb0) and, with
+// kTwoN, (kb, nb0 + 1).
+template <bool kTwoM, bool kTwoN>
+DLRM_AMX_TARGET inline void TileStep(const Bf16* ap, int64_t stride, int64_t ld,
+                                     const AmxPackedB& b, int64_t kb,
+                                     int64_t nb0) {
+  _tile_loadd(4, ap, stride);
+  if constexpr (kTwoM) _tile_loadd(5, ap + 16 * ld, stride);
+  _tile_loadd(6, b.block(kb, nb0), 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (kTwoM) _tile_dpbf16ps(2, 5, 6);
+  if constexpr (kTwoN) {
+    _tile_loadd(7, b.block(kb, nb0 + 1), 64);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kTwoM) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 // One block of up to 32 rows by one or two column blocks (kTwoN), the
 // second 16 rows only when kTwoM. Tiles: C 0 (rows 0-15, first columns),
 // 1 (rows 0-15, second), 2 and 3 (rows 16-31); A 4 and 5; B 6 and 7.
@@ -404,30 +425,10 @@ DLRM_AMX_TARGET void BlockProduct(const ABlock& a, const AmxPackedB& b,
   const int64_t k_blocks = b.k_blocks();
   const int64_t stride = a.ld * static_cast<int64_t>(sizeof(Bf16));
   for (int64_t kb = 0; kb < a.full_kb; ++kb) {
-    const Bf16* ap = a.full + kb * kBlockK;
-    _tile_loadd(4, ap, stride);
-    if constexpr (kTwoM) _tile_loadd(5, ap + 16 * a.ld, stride);
-    _tile_loadd(6, b.block(kb, nb0), 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kTwoM) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (kTwoN) {
-      _tile_loadd(7, b.block(kb, nb0 + 1), 64);
-      _tile_dpbf16ps(1, 4, 7);
-      if constexpr (kTwoM) _tile_dpbf16ps(3, 5, 7);
-    }
+    TileStep<kTwoM, kTwoN>(a.full + kb * kBlockK, stride, a.ld, b, kb, nb0);
   }
   if (a.full_kb < k_blocks) {  // the reduction's zero-padded last block
-    const int64_t kb = a.full_kb;
-    _tile_loadd(4, a.tail, 64);
-    if constexpr (kTwoM) _tile_loadd(5, a.tail + 16 * kBlockK, 64);
-    _tile_loadd(6, b.block(kb, nb0), 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kTwoM) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (kTwoN) {
-      _tile_loadd(7, b.block(kb, nb0 + 1), 64);
-      _tile_dpbf16ps(1, 4, 7);
-      if constexpr (kTwoM) _tile_dpbf16ps(3, 5, 7);
-    }
+    TileStep<kTwoM, kTwoN>(a.tail, 64, kBlockK, b, a.full_kb, nb0);
   }
   _tile_stored(0, c, 128);
   if constexpr (kTwoN) _tile_stored(1, c + 16, 128);

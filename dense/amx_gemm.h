@@ -44,6 +44,10 @@ class AmxPackedB {
 
  private:
   void Resize(int64_t k, int64_t n);
+  // Resizes for B [k x n], then calls fill(k0, n0, block) for each block
+  // (its first row and column in B), threaded when there are many.
+  template <typename Fill>
+  void FillBlocks(int64_t k, int64_t n, Fill fill);
   Bf16* mutable_block(int64_t kb, int64_t nb) {
     return data_.data() + (nb * k_blocks_ + kb) * 512;
   }
