@@ -1,7 +1,9 @@
 // The embedding kernels alone on a config's tables (dlrm_bench_embedding):
-// the pooled lookup and the fused sparse update of every table on one
-// synthetic batch, called as the model calls them (an OpenMP loop over the
-// tables, each table on one thread, the biggest first), against the copy
+// the pooled lookup and the fused sparse update of every table (a
+// HostStore each) on one synthetic batch, called as the model calls them
+// (the lookup an OpenMP loop over the tables, each table on one thread, the
+// biggest first; the update embedding::UpdateStores, a big table's rows
+// shared among the threads), against the copy
 // bandwidth measured in the same run, with the bytes counted as
 // dlrm_bench_train --roofline counts them (bench/roofline.h
 // StepEmbeddingBytes). Prints one JSON line.
@@ -22,7 +24,8 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "data/synthetic.h"
-#include "embedding/embedding_table.h"
+#include "embedding/embedding_store.h"
+#include "embedding/store_update.h"
 
 namespace dlrm {
 namespace {
@@ -50,13 +53,19 @@ absl::Status Run(const Flags& f) {
   }
   if (f.threads > 0) omp_set_num_threads(f.threads);
   const int num_tables = config.tables_size();
-  std::vector<std::unique_ptr<embedding::EmbeddingTable>> tables;
+  std::vector<std::unique_ptr<embedding::HostStore>> tables;
   std::vector<int64_t> column(num_tables + 1, 0);
   for (int k = 0; k < num_tables; ++k) {
     const TableConfig& t = config.tables(k);
-    tables.push_back(std::make_unique<embedding::EmbeddingTable>(
-        k, t.rows(), t.dim(), t.pooling(), config.sparse_optimizer(),
-        config.seed()));
+    embedding::TableSpec spec;
+    spec.table_index = k;
+    spec.rows = t.rows();
+    spec.dim = t.dim();
+    spec.pooling = t.pooling();
+    spec.optimizer = config.sparse_optimizer();
+    spec.seed = config.seed();
+    RETURN_IF_ERROR(spec.Validate());
+    tables.push_back(std::make_unique<embedding::HostStore>(spec));
     column[k + 1] = column[k] + t.dim();
   }
   const int64_t width = column[num_tables];
@@ -81,8 +90,8 @@ absl::Status Run(const Flags& f) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
   };
-  // The tables handed out most work first, as the model's loops over
-  // shards hand them out (Model::OrderShardsByWork).
+  // The tables handed out most work first, as the model's lookup hands out
+  // its shards (Model::OrderShardsByWork).
   std::vector<int> by_work(num_tables);
   for (int k = 0; k < num_tables; ++k) by_work[k] = k;
   std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) {
@@ -98,17 +107,19 @@ absl::Status Run(const Flags& f) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < num_tables; ++i) {
       const int k = by_work[i];
-      tables[k]->Forward(batch.sparse[k], pooled.data() + column[k], width);
+      tables[k]->table().Forward(batch.sparse[k], pooled.data() + column[k],
+                                 width);
     }
     const double lookup = seconds(t0);
     const double c1 = cpu();
     t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < num_tables; ++i) {
-      const int k = by_work[i];
-      tables[k]->BackwardUpdate(batch.sparse[k], grad.data() + column[k],
-                                width);
+    std::vector<embedding::StoreUpdate> updates(num_tables);
+    for (int k = 0; k < num_tables; ++k) {
+      updates[k] = {tables[k].get(), &batch.sparse[k], grad.data() + column[k],
+                    width, absl::OkStatus()};
     }
+    embedding::UpdateStores(updates);
+    for (const embedding::StoreUpdate& u : updates) RETURN_IF_ERROR(u.status);
     const double update = seconds(t0);
     const double c2 = cpu();
     if (r > 0) {  // The first call of each sizes its scratch.
