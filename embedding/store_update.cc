@@ -1,5 +1,6 @@
-// UpdateStores: the stores' BeginUpdate, their rows' ranges and EndUpdate,
-// each pass an OpenMP loop with the biggest work handed out first.
+// UpdateStores: the big stores' BeginUpdate beside the others' whole
+// update, then the big stores' row ranges, each an OpenMP loop with the
+// biggest work handed out first, then their EndUpdate.
 #include "embedding/store_update.h"
 
 #include <omp.h>
@@ -20,16 +21,18 @@ constexpr int64_t kMinRangeRows = 256;
 
 }  // namespace
 
+int64_t RangeShare(std::span<const int64_t> work, int threads) {
+  int64_t total = 0;
+  for (const int64_t w : work) total += w;
+  return std::max<int64_t>(1,
+                           total / (kRangesPerThread * std::max(1, threads)));
+}
+
 std::vector<RowRange> PlanRowRanges(std::span<const int64_t> work,
                                     std::span<const int64_t> units,
-                                    int threads) {
+                                    int64_t share) {
   const int n = static_cast<int>(work.size());
-  int64_t total_work = 0;
-  for (int j = 0; j < n; ++j) {
-    if (units[j] > 0) total_work += work[j];
-  }
-  const int64_t share = std::max<int64_t>(
-      1, total_work / (kRangesPerThread * std::max(1, threads)));
+  share = std::max<int64_t>(1, share);
   std::vector<RowRange> ranges;
   for (int j = 0; j < n; ++j) {
     if (units[j] <= 0) continue;
@@ -58,20 +61,29 @@ void UpdateStores(std::span<StoreUpdate> updates) {
   }
   std::stable_sort(by_work.begin(), by_work.end(),
                    [&](int a, int b) { return work[a] > work[b]; });
+  const int threads = omp_get_max_threads();
+  const int64_t share = RangeShare(work, threads);
+  // Only with several threads is a store worth splitting.
+  std::vector<char> split(n, 0);
+  for (int j = 0; j < n; ++j) split[j] = threads > 1 && work[j] > share;
 
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
   for (int i = 0; i < n; ++i) {
-    StoreUpdate& u = updates[by_work[i]];
+    const int j = by_work[i];
+    StoreUpdate& u = updates[j];
+    if (!split[j]) {
+      u.status = u.store->BackwardUpdate(*u.prepared, u.grad, u.grad_stride);
+      continue;
+    }
     absl::StatusOr<int64_t> begun =
         u.store->BeginUpdate(*u.prepared, u.grad, u.grad_stride);
     u.status = begun.status();
-    if (begun.ok()) units[by_work[i]] = *begun;
+    if (begun.ok()) units[j] = *begun;
   }
 
-  const std::vector<RowRange> ranges =
-      PlanRowRanges(work, units, omp_get_max_threads());
-  std::vector<absl::Status> range_status(ranges.size());
+  const std::vector<RowRange> ranges = PlanRowRanges(work, units, share);
   const int num_ranges = static_cast<int>(ranges.size());
+  std::vector<absl::Status> range_status(num_ranges);
 #pragma omp parallel for schedule(dynamic, 1) if (num_ranges > 1)
   for (int i = 0; i < num_ranges; ++i) {
     const RowRange& r = ranges[i];
@@ -82,8 +94,10 @@ void UpdateStores(std::span<StoreUpdate> updates) {
     if (status.ok()) status = range_status[i];
   }
 
-  for (StoreUpdate& u : updates) {
-    if (u.status.ok()) u.status = u.store->EndUpdate();
+  for (int j = 0; j < n; ++j) {
+    if (split[j] && updates[j].status.ok()) {
+      updates[j].status = updates[j].store->EndUpdate();
+    }
   }
 }
 

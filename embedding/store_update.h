@@ -36,26 +36,31 @@ struct RowRange {
   int64_t work = 0;
 };
 
-// The ranges UpdateStores cuts for stores with work[j] (ids x dim) and
-// units[j] distinct rows (0: nothing left to update) at `threads` threads:
-// each store with units in ceil(work / share) ranges of even row counts
-// (share: all the stores' work / (2 x threads)), at most one per 256 rows
-// and at least one; every store's [0, units) covered once; the ranges with
-// the most work first (ties by store, then row). work and units have one
-// entry per store.
+// The work one range of UpdateStores aims at, for stores of work[j] (ids x
+// dim) at `threads` threads: all the work / (2 x threads), at least 1. A
+// store with more is split.
+int64_t RangeShare(std::span<const int64_t> work, int threads);
+
+// The ranges UpdateStores cuts for stores of work[j] with units[j] distinct
+// rows (0: not split): each store with units in ceil(work / share) ranges
+// of even row counts, at most one per 256 rows and at least one; every such
+// store's [0, units) covered once; the ranges with the most work first
+// (ties by store, then row). work and units have one entry per store.
 std::vector<RowRange> PlanRowRanges(std::span<const int64_t> work,
                                     std::span<const int64_t> units,
-                                    int threads);
+                                    int64_t share);
 
-// Runs every update, with the bits each BackwardUpdate alone gives, in
-// three passes over the threads of an OpenMP loop: each store's
-// BeginUpdate (deduplication, or a whole update where the tier cannot
-// split), the stores with the most ids x dim first; then their distinct
-// rows in the ranges of PlanRowRanges (a store with more than its share
-// of the work cut into ranges of about that share), the biggest first, so
-// two threads never touch one row; then each EndUpdate. Sets each update's status (the first error of its calls; a
-// store whose BeginUpdate or a range failed gets no EndUpdate). Call it
-// outside any parallel region; it opens its own.
+// Runs every update, with the bits each BackwardUpdate alone gives, on the
+// threads of OpenMP loops. A store with more than its share of the work
+// (RangeShare) is split: its BeginUpdate (deduplication) in the first
+// loop, its distinct rows in the ranges of PlanRowRanges in the second (two
+// threads never touch one row), its EndUpdate after; the other stores take
+// their whole BackwardUpdate in the first loop, which hands out the stores
+// with the most ids x dim first. (A tier whose BeginUpdate does the whole
+// update gives no ranges.) With no store to split this is one loop, as
+// BackwardUpdate store by store. Sets each update's status (the first error
+// of its calls; a split store whose BeginUpdate or a range failed gets no
+// EndUpdate). Call it outside any parallel region; it opens its own.
 void UpdateStores(std::span<StoreUpdate> updates);
 
 }  // namespace dlrm::embedding

@@ -202,13 +202,15 @@ TEST(TableRangesTest, RangesInAnyOrderOnThreadsGiveTheReferenceBits) {
 // ------------------------------------------------------------ PlanRowRanges
 
 TEST(PlanRowRangesTest, BigStoresAreCutAndEveryRowIsCoveredOnce) {
-  // One store with most of the work, small ones, one with nothing left to
-  // split (a whole update, or no ids) and one too few rows to cut.
-  const std::vector<int64_t> work = {1000000, 20000, 30000, 50000, 450000};
+  // One store with most of the work, small ones, one not split (a whole
+  // update, or no ids) and one with too few rows to cut.
+  const std::vector<int64_t> work = {1000000, 20000, 30000, 50000, 400000};
   const std::vector<int64_t> units = {40000, 300, 500, 0, 300};
   for (int threads = 1; threads <= 4; ++threads) {
     SCOPED_TRACE(testing::Message() << threads << " threads");
-    const std::vector<RowRange> ranges = PlanRowRanges(work, units, threads);
+    const int64_t share = RangeShare(work, threads);
+    EXPECT_EQ(share, 1500000 / (2 * threads));
+    const std::vector<RowRange> ranges = PlanRowRanges(work, units, share);
     std::vector<std::vector<RowRange>> of(work.size());
     for (size_t i = 0; i < ranges.size(); ++i) {
       of[ranges[i].store].push_back(ranges[i]);
@@ -229,8 +231,8 @@ TEST(PlanRowRangesTest, BigStoresAreCutAndEveryRowIsCoveredOnce) {
       }
       EXPECT_EQ(next, units[j]) << "store " << j;
     }
-    // The big store's share is 1e6 / 1.5e6 of all the work of stores with
-    // rows left: 2 x threads x 2/3 ranges, rounded up; the small ones whole.
+    // The big store holds 2/3 of all the work: 2 x threads x 2/3 ranges,
+    // rounded up; the small ones whole.
     EXPECT_EQ(of[0].size(), static_cast<size_t>((4 * threads + 2) / 3));
     EXPECT_EQ(of[1].size(), 1u);
     EXPECT_EQ(of[2].size(), 1u);
@@ -238,7 +240,8 @@ TEST(PlanRowRangesTest, BigStoresAreCutAndEveryRowIsCoveredOnce) {
     // 300 rows: one range whatever its work.
     EXPECT_EQ(of[4].size(), 1u);
   }
-  EXPECT_TRUE(PlanRowRanges({}, {}, 2).empty());
+  EXPECT_TRUE(PlanRowRanges({}, {}, 1).empty());
+  EXPECT_EQ(RangeShare({}, 2), 1);
 }
 
 // ------------------------------------------------------------ UpdateStores
@@ -337,7 +340,8 @@ class UpdateStoresTest
 };
 
 // Two sets of the same stores, one trained through UpdateStores at 1 to 4
-// threads, the other by BackwardUpdate store by store: the same pooled
+// threads (from 2 threads on, the big table is split), the other by
+// BackwardUpdate store by store: the same pooled
 // outputs at every step and the same records (weights and optimizer state)
 // and step counters at the end, bitwise.
 TEST_P(UpdateStoresTest, TrainsBitwiseLikeBackwardUpdate) {
