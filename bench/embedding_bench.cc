@@ -37,6 +37,7 @@ struct Flags {
   int repeats = 5;
   int threads = 0;
   double alpha = 1.05;
+  std::string update = "split";
 };
 
 double Median(std::vector<double> v) {
@@ -90,6 +91,21 @@ absl::Status Run(const Flags& f) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
   };
+  // Each OpenMP thread's CPU seconds: the most any thread spent in a stage
+  // is its critical path on a host with a core per thread, whatever the
+  // other tenants take (waits at barriers count as CPU time too unless
+  // OMP_WAIT_POLICY=passive makes them sleep).
+  const int max_threads = omp_get_max_threads();
+  auto thread_cpu = [max_threads](std::vector<double>& out) {
+    out.assign(max_threads, 0.0);
+#pragma omp parallel
+    {
+      timespec t;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      out[omp_get_thread_num()] = t.tv_sec + 1e-9 * t.tv_nsec;
+    }
+  };
+  std::vector<double> threads0, threads1;
   // The tables handed out most work first, as the model's lookup hands out
   // its shards (Model::OrderShardsByWork).
   std::vector<int> by_work(num_tables);
@@ -100,7 +116,8 @@ absl::Status Run(const Flags& f) {
            static_cast<int64_t>(batch.sparse[b].ids.size()) *
                config.tables(b).dim();
   });
-  std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu;
+  std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu,
+      update_thread_max;
   for (int r = 0; r < f.repeats + 1; ++r) {
     const double c0 = cpu();
     auto t0 = std::chrono::steady_clock::now();
@@ -111,22 +128,40 @@ absl::Status Run(const Flags& f) {
                                  width);
     }
     const double lookup = seconds(t0);
+    thread_cpu(threads0);
     const double c1 = cpu();
     t0 = std::chrono::steady_clock::now();
-    std::vector<embedding::StoreUpdate> updates(num_tables);
-    for (int k = 0; k < num_tables; ++k) {
-      updates[k] = {tables[k].get(), &batch.sparse[k], grad.data() + column[k],
-                    width, absl::OkStatus()};
+    if (f.update == "tables") {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int i = 0; i < num_tables; ++i) {
+        const int k = by_work[i];
+        tables[k]->table().BackwardUpdate(batch.sparse[k],
+                                          grad.data() + column[k], width);
+      }
+    } else {
+      std::vector<embedding::StoreUpdate> updates(num_tables);
+      for (int k = 0; k < num_tables; ++k) {
+        updates[k] = {tables[k].get(), &batch.sparse[k],
+                      grad.data() + column[k], width, absl::OkStatus()};
+      }
+      embedding::UpdateStores(updates);
+      for (const embedding::StoreUpdate& u : updates) {
+        RETURN_IF_ERROR(u.status);
+      }
     }
-    embedding::UpdateStores(updates);
-    for (const embedding::StoreUpdate& u : updates) RETURN_IF_ERROR(u.status);
     const double update = seconds(t0);
     const double c2 = cpu();
+    thread_cpu(threads1);
+    double most = 0.0;
+    for (int t = 0; t < max_threads; ++t) {
+      most = std::max(most, threads1[t] - threads0[t]);
+    }
     if (r > 0) {  // The first call of each sizes its scratch.
       lookup_s.push_back(lookup);
       update_s.push_back(update);
       lookup_cpu.push_back(c1 - c0);
       update_cpu.push_back(c2 - c1);
+      update_thread_max.push_back(most);
     }
   }
   const double copy = bench::CopyBandwidth(int64_t{256} << 20, 5);
@@ -135,23 +170,25 @@ absl::Status Run(const Flags& f) {
   std::fprintf(stderr,
                "%s: copy %.1f GB/s; lookup %.3f ms (%.1f GB/s, %.2f of copy); "
                "update %.3f ms (%.1f GB/s, %.2f of copy); CPU ms: lookup "
-               "%.3f, update %.3f\n",
+               "%.3f, update %.3f (most on one thread %.3f)\n",
                f.config.c_str(), copy * 1e-9, lookup * 1e3,
                bytes.lookup / lookup * 1e-9, bytes.lookup / lookup / copy,
                update * 1e3, bytes.update / update * 1e-9,
                bytes.update / update / copy, Median(lookup_cpu) * 1e3,
-               Median(update_cpu) * 1e3);
+               Median(update_cpu) * 1e3, Median(update_thread_max) * 1e3);
   std::printf(
       "{\"bench\": \"embedding\", \"config\": \"%s\", \"rows\": %lld, "
       "\"batch\": %lld, \"threads\": %d, \"copy_gb_s\": %.2f, "
       "\"lookup_ms\": %.3f, \"lookup_fraction\": %.3f, \"update_ms\": %.3f, "
       "\"update_fraction\": %.3f, \"lookup_cpu_ms\": %.3f, "
-      "\"update_cpu_ms\": %.3f}\n",
+      "\"update_cpu_ms\": %.3f, \"update_thread_max_cpu_ms\": %.3f, "
+      "\"update_loop\": \"%s\"}\n",
       f.config.c_str(), static_cast<long long>(f.rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), copy * 1e-9,
       lookup * 1e3, bytes.lookup / lookup / copy, update * 1e3,
       bytes.update / update / copy, Median(lookup_cpu) * 1e3,
-      Median(update_cpu) * 1e3);
+      Median(update_cpu) * 1e3, Median(update_thread_max) * 1e3,
+      f.update.c_str());
   return absl::OkStatus();
 }
 
@@ -170,6 +207,11 @@ int main(int argc, char** argv) {
                      "Timed calls (median reported)");
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
   dlrm::AddDefaulted(app, "--alpha", f.alpha, "Zipf exponent of ids");
+  dlrm::AddDefaulted(app, "--update", f.update,
+                     "split: embedding::UpdateStores, as the model; tables: "
+                     "each table's whole BackwardUpdate on a loop over the "
+                     "tables, most work first (the model before it)")
+      ->check(CLI::IsMember({"split", "tables"}));
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

@@ -537,8 +537,7 @@ int64_t EmbeddingTable::BeginUpdate(const data::SparseFeature& ids,
   update_grad_ = grad;
   update_stride_ = grad_stride;
   const int64_t bags = ids.num_bags();
-  update_unique_ =
-      bags == 0 || ids.offsets[bags] == 0 ? 0 : Deduplicate(ids);
+  update_unique_ = bags == 0 || ids.offsets[bags] == 0 ? 0 : Deduplicate(ids);
   return update_unique_;
 }
 
@@ -644,10 +643,9 @@ void EmbeddingTable::UpdateRows(int64_t k_begin, int64_t k_end) {
       for (int j = 0; j < n; ++j) {
         const int64_t row = unique[k0 + j];
         if (!narrow) {
-          optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim,
-                                              weights + row * dim,
-                                              state1 + row * floats1,
-                                              state2 + row * floats2);
+          optim::UpdateSparseRowWithSum<Rule>(
+              step, sums[j], g[j], dim, weights + row * dim,
+              state1 + row * floats1, state2 + row * floats2);
           continue;
         }
         // The rule's fp32 math on the widened row, then each element

@@ -161,10 +161,9 @@ void CheckTableRanges(RowPrecision precision, OptimizerConfig::Type type,
                                      pooling, opt, step, ids, grad.data(),
                                      stride);
     } else {
-      reference::DenseGradientUpdate16(words.data(), precision, s1.data(),
-                                       s2.data(), rows, dim, pooling, opt,
-                                       step, ids, grad.data(), stride, kSeed,
-                                       3, 0, 0);
+      reference::DenseGradientUpdate16(
+          words.data(), precision, s1.data(), s2.data(), rows, dim, pooling,
+          opt, step, ids, grad.data(), stride, kSeed, 3, 0, 0);
     }
   }
   EXPECT_EQ(t.step(), 2);
@@ -306,13 +305,13 @@ class UpdateStoresTest
   // `db`).
   std::unique_ptr<EmbeddingStore> Make(int k, RowDatabase* db) {
     const Tier tier = std::get<0>(GetParam());
-    TableSpec spec = test::MakeTableSpec(
-        k, kTables[k].rows, kTables[k].dim,
-        k % 2 == 0 ? POOLING_SUM : POOLING_MEAN,
-        k % 3 == 0   ? OptimizerConfig::ROWWISE_ADAGRAD
-        : k % 3 == 1 ? OptimizerConfig::ADAM
-                     : OptimizerConfig::SGD,
-        kSeed);
+    TableSpec spec =
+        test::MakeTableSpec(k, kTables[k].rows, kTables[k].dim,
+                            k % 2 == 0 ? POOLING_SUM : POOLING_MEAN,
+                            k % 3 == 0   ? OptimizerConfig::ROWWISE_ADAGRAD
+                            : k % 3 == 1 ? OptimizerConfig::ADAM
+                                         : OptimizerConfig::SGD,
+                            kSeed);
     spec.precision = std::get<1>(GetParam());
     if (tier == Tier::kHostSlots) {
       CacheOptions options;
