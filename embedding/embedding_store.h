@@ -206,7 +206,9 @@ class RowsSink {
 // builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
 // background prefetch, which it synchronises itself), except PoolReadOnly,
-// which other threads may call beside that caller (see there).
+// which other threads may call beside that caller (see there), and
+// UpdateRange, which several threads may call at once for disjoint ranges
+// between BeginUpdate and EndUpdate.
 class EmbeddingStore {
  public:
   virtual ~EmbeddingStore() = default;

@@ -537,8 +537,7 @@ int64_t EmbeddingTable::BeginUpdate(const data::SparseFeature& ids,
   update_grad_ = grad;
   update_stride_ = grad_stride;
   const int64_t bags = ids.num_bags();
-  update_unique_ = bags == 0 || ids.offsets[bags] == 0 ? 0 : Deduplicate(ids);
-  return update_unique_;
+  return bags == 0 || ids.offsets[bags] == 0 ? 0 : Deduplicate(ids);
 }
 
 void EmbeddingTable::UpdateRows(int64_t k_begin, int64_t k_end) {

@@ -41,7 +41,8 @@ struct TableSlice {
 // RowPrecision) that Forward widens to fp32 and BackwardUpdate updates in
 // fp32 and rounds back stochastically (row_precision.h); optimizer state is
 // fp32 either way. Forward is const and may run concurrently with other
-// Forwards; BackwardUpdate needs exclusive access.
+// Forwards; BackwardUpdate needs exclusive access, as does BeginUpdate
+// (UpdateRows for disjoint ranges may run at once).
 class EmbeddingTable {
  public:
   // `optimizer` must be normalised and valid for tables
@@ -186,7 +187,6 @@ class EmbeddingTable {
   const data::SparseFeature* update_ids_ = nullptr;
   const float* update_grad_ = nullptr;
   int64_t update_stride_ = 0;
-  int64_t update_unique_ = 0;
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
   // order within a row (the fixed accumulation order that makes updates

@@ -21,7 +21,7 @@ struct StoreUpdate {
   const data::SparseFeature* prepared = nullptr;
   const float* grad = nullptr;
   int64_t grad_stride = 0;
-  // Out: the update's status.
+  // Out: the update's status. Default: OK.
   absl::Status status;
 };
 
