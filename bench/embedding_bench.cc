@@ -1,7 +1,9 @@
 // The embedding kernels alone on a config's tables (dlrm_bench_embedding):
-// the pooled lookup and the fused sparse update of every table on one
-// synthetic batch, called as the model calls them (an OpenMP loop over the
-// tables, each table on one thread, the biggest first), against the copy
+// the pooled lookup and the fused sparse update of every table (a
+// HostStore each) on one synthetic batch, called as the model calls them
+// (the lookup an OpenMP loop over the tables, each table on one thread, the
+// biggest first; the update embedding::UpdateStores, a big table's rows
+// shared among the threads), against the copy
 // bandwidth measured in the same run, with the bytes counted as
 // dlrm_bench_train --roofline counts them (bench/roofline.h
 // StepEmbeddingBytes). Prints one JSON line.
@@ -22,7 +24,8 @@
 #include "core/random.h"
 #include "core/status.h"
 #include "data/synthetic.h"
-#include "embedding/embedding_table.h"
+#include "embedding/embedding_store.h"
+#include "embedding/store_update.h"
 
 namespace dlrm {
 namespace {
@@ -34,6 +37,7 @@ struct Flags {
   int repeats = 5;
   int threads = 0;
   double alpha = 1.05;
+  std::string update = "split";
 };
 
 double Median(std::vector<double> v) {
@@ -50,13 +54,19 @@ absl::Status Run(const Flags& f) {
   }
   if (f.threads > 0) omp_set_num_threads(f.threads);
   const int num_tables = config.tables_size();
-  std::vector<std::unique_ptr<embedding::EmbeddingTable>> tables;
+  std::vector<std::unique_ptr<embedding::HostStore>> tables;
   std::vector<int64_t> column(num_tables + 1, 0);
   for (int k = 0; k < num_tables; ++k) {
     const TableConfig& t = config.tables(k);
-    tables.push_back(std::make_unique<embedding::EmbeddingTable>(
-        k, t.rows(), t.dim(), t.pooling(), config.sparse_optimizer(),
-        config.seed()));
+    embedding::TableSpec spec;
+    spec.table_index = k;
+    spec.rows = t.rows();
+    spec.dim = t.dim();
+    spec.pooling = t.pooling();
+    spec.optimizer = config.sparse_optimizer();
+    spec.seed = config.seed();
+    RETURN_IF_ERROR(spec.Validate());
+    tables.push_back(std::make_unique<embedding::HostStore>(spec));
     column[k + 1] = column[k] + t.dim();
   }
   const int64_t width = column[num_tables];
@@ -81,8 +91,23 @@ absl::Status Run(const Flags& f) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
   };
-  // The tables handed out most work first, as the model's loops over
-  // shards hand them out (Model::OrderShardsByWork).
+  // Each OpenMP thread's CPU seconds: the most any thread spent in a stage
+  // is its critical path on a host with a core per thread, whatever the
+  // other tenants take (waits at barriers count as CPU time too unless
+  // OMP_WAIT_POLICY=passive makes them sleep).
+  const int max_threads = omp_get_max_threads();
+  auto thread_cpu = [max_threads](std::vector<double>& out) {
+    out.assign(max_threads, 0.0);
+#pragma omp parallel
+    {
+      timespec t;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      out[omp_get_thread_num()] = t.tv_sec + 1e-9 * t.tv_nsec;
+    }
+  };
+  std::vector<double> threads0, threads1;
+  // The tables handed out most work first, as the model's lookup hands out
+  // its shards (Model::OrderShardsByWork).
   std::vector<int> by_work(num_tables);
   for (int k = 0; k < num_tables; ++k) by_work[k] = k;
   std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) {
@@ -91,31 +116,52 @@ absl::Status Run(const Flags& f) {
            static_cast<int64_t>(batch.sparse[b].ids.size()) *
                config.tables(b).dim();
   });
-  std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu;
+  std::vector<double> lookup_s, update_s, lookup_cpu, update_cpu,
+      update_thread_max;
   for (int r = 0; r < f.repeats + 1; ++r) {
     const double c0 = cpu();
     auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < num_tables; ++i) {
       const int k = by_work[i];
-      tables[k]->Forward(batch.sparse[k], pooled.data() + column[k], width);
+      tables[k]->table().Forward(batch.sparse[k], pooled.data() + column[k],
+                                 width);
     }
     const double lookup = seconds(t0);
+    thread_cpu(threads0);
     const double c1 = cpu();
     t0 = std::chrono::steady_clock::now();
+    if (f.update == "tables") {
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < num_tables; ++i) {
-      const int k = by_work[i];
-      tables[k]->BackwardUpdate(batch.sparse[k], grad.data() + column[k],
-                                width);
+      for (int i = 0; i < num_tables; ++i) {
+        const int k = by_work[i];
+        tables[k]->table().BackwardUpdate(batch.sparse[k],
+                                          grad.data() + column[k], width);
+      }
+    } else {
+      std::vector<embedding::StoreUpdate> updates(num_tables);
+      for (int k = 0; k < num_tables; ++k) {
+        updates[k] = {tables[k].get(), &batch.sparse[k],
+                      grad.data() + column[k], width, absl::OkStatus()};
+      }
+      embedding::UpdateStores(updates);
+      for (const embedding::StoreUpdate& u : updates) {
+        RETURN_IF_ERROR(u.status);
+      }
     }
     const double update = seconds(t0);
     const double c2 = cpu();
+    thread_cpu(threads1);
+    double most = 0.0;
+    for (int t = 0; t < max_threads; ++t) {
+      most = std::max(most, threads1[t] - threads0[t]);
+    }
     if (r > 0) {  // The first call of each sizes its scratch.
       lookup_s.push_back(lookup);
       update_s.push_back(update);
       lookup_cpu.push_back(c1 - c0);
       update_cpu.push_back(c2 - c1);
+      update_thread_max.push_back(most);
     }
   }
   const double copy = bench::CopyBandwidth(int64_t{256} << 20, 5);
@@ -124,23 +170,25 @@ absl::Status Run(const Flags& f) {
   std::fprintf(stderr,
                "%s: copy %.1f GB/s; lookup %.3f ms (%.1f GB/s, %.2f of copy); "
                "update %.3f ms (%.1f GB/s, %.2f of copy); CPU ms: lookup "
-               "%.3f, update %.3f\n",
+               "%.3f, update %.3f (most on one thread %.3f)\n",
                f.config.c_str(), copy * 1e-9, lookup * 1e3,
                bytes.lookup / lookup * 1e-9, bytes.lookup / lookup / copy,
                update * 1e3, bytes.update / update * 1e-9,
                bytes.update / update / copy, Median(lookup_cpu) * 1e3,
-               Median(update_cpu) * 1e3);
+               Median(update_cpu) * 1e3, Median(update_thread_max) * 1e3);
   std::printf(
       "{\"bench\": \"embedding\", \"config\": \"%s\", \"rows\": %lld, "
       "\"batch\": %lld, \"threads\": %d, \"copy_gb_s\": %.2f, "
       "\"lookup_ms\": %.3f, \"lookup_fraction\": %.3f, \"update_ms\": %.3f, "
       "\"update_fraction\": %.3f, \"lookup_cpu_ms\": %.3f, "
-      "\"update_cpu_ms\": %.3f}\n",
+      "\"update_cpu_ms\": %.3f, \"update_thread_max_cpu_ms\": %.3f, "
+      "\"update_loop\": \"%s\"}\n",
       f.config.c_str(), static_cast<long long>(f.rows),
       static_cast<long long>(f.batch), omp_get_max_threads(), copy * 1e-9,
       lookup * 1e3, bytes.lookup / lookup / copy, update * 1e3,
       bytes.update / update / copy, Median(lookup_cpu) * 1e3,
-      Median(update_cpu) * 1e3);
+      Median(update_cpu) * 1e3, Median(update_thread_max) * 1e3,
+      f.update.c_str());
   return absl::OkStatus();
 }
 
@@ -159,6 +207,11 @@ int main(int argc, char** argv) {
                      "Timed calls (median reported)");
   app.add_option("--threads", f.threads, "Threads (0 = all cores)");
   dlrm::AddDefaulted(app, "--alpha", f.alpha, "Zipf exponent of ids");
+  dlrm::AddDefaulted(app, "--update", f.update,
+                     "split: embedding::UpdateStores, as the model; tables: "
+                     "each table's whole BackwardUpdate on a loop over the "
+                     "tables, most work first (the model before it)")
+      ->check(CLI::IsMember({"split", "tables"}));
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = dlrm::Run(f);
   if (!s.ok()) {

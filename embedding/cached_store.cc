@@ -325,6 +325,18 @@ absl::Status CachedStore::BackwardUpdate(const data::SparseFeature& prepared,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CachedStore::BeginUpdate(
+    const data::SparseFeature& prepared, const float* grad,
+    int64_t grad_stride) {
+  RETURN_IF_ERROR(CheckPrepared(prepared));
+  return slots_->BeginUpdate(grad, grad_stride);
+}
+
+absl::Status CachedStore::EndUpdate() {
+  manager_.MarkBatchDirty();
+  return absl::OkStatus();
+}
+
 absl::Status CachedStore::Prefetch(const data::SparseFeature& next_ids) {
   // The direct path loads misses from host memory already: nothing to
   // stage, and no read of the backing store while the slots' copies into

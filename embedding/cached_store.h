@@ -89,6 +89,19 @@ class SlotStorage {
   virtual absl::Status Forward(float* out, int64_t out_stride) const = 0;
   virtual absl::Status BackwardUpdate(const float* grad,
                                       int64_t grad_stride) = 0;
+  // BackwardUpdate in pieces, as EmbeddingStore::BeginUpdate /
+  // UpdateRange on the batch of the last SetBatch. Slots that cannot split
+  // (device slots: queued kernels) keep the default: BeginUpdate runs the
+  // whole BackwardUpdate and returns 0.
+  virtual absl::StatusOr<int64_t> BeginUpdate(const float* grad,
+                                              int64_t grad_stride) {
+    RETURN_IF_ERROR(BackwardUpdate(grad, grad_stride));
+    return 0;
+  }
+  virtual absl::Status UpdateRange(int64_t begin, int64_t end) {
+    return absl::FailedPreconditionError(
+        "UpdateRange: these slots' BeginUpdate does the whole update");
+  }
   // Waits for queued work; returns the first error it met.
   virtual absl::Status Synchronize() = 0;
 
@@ -131,6 +144,15 @@ class HostSlots final : public SlotStorage {
   }
   absl::Status Forward(float* out, int64_t out_stride) const override;
   absl::Status BackwardUpdate(const float* grad, int64_t grad_stride) override;
+  // EmbeddingTable::BeginUpdate / UpdateRows on the slot array.
+  absl::StatusOr<int64_t> BeginUpdate(const float* grad,
+                                      int64_t grad_stride) override {
+    return table_->BeginUpdate(*batch_, grad, grad_stride);
+  }
+  absl::Status UpdateRange(int64_t begin, int64_t end) override {
+    table_->UpdateRows(begin, end);
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   int64_t step() const override { return table_->step(); }
   void set_step(int64_t step) override { table_->set_step(step); }
@@ -205,6 +227,16 @@ class CachedStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  // The slots' BeginUpdate / UpdateRange (host slots split, device slots
+  // run whole in BeginUpdate); EndUpdate marks the batch's rows dirty.
+  // Errors as BackwardUpdate.
+  absl::StatusOr<int64_t> BeginUpdate(const data::SparseFeature& prepared,
+                                      const float* grad,
+                                      int64_t grad_stride) override;
+  absl::Status UpdateRange(int64_t begin, int64_t end) override {
+    return slots_->UpdateRange(begin, end);
+  }
+  absl::Status EndUpdate() override;
   absl::Status Synchronize() override { return slots_->Synchronize(); }
   // On the direct path, nothing (returns OK). Otherwise reads the records
   // of the rows of `next_ids` that are not resident now from the backing

@@ -157,6 +157,14 @@ absl::Status DynamicStore::BackwardUpdate(const data::SparseFeature& prepared,
   return absl::OkStatus();
 }
 
+absl::Status DynamicStore::EndUpdate() {
+  RETURN_IF_ERROR(inner_->EndUpdate());
+  if (kept_touched_ && options_.unadmitted == UNADMITTED_ZERO) {
+    RETURN_IF_ERROR(ZeroKeptRow());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DynamicStore::Prefetch(const data::SparseFeature& next_ids) {
   if (!inner_takes_prefetch_) return absl::OkStatus();
   mapped_next_.offsets.assign(1, 0);

@@ -75,6 +75,17 @@ class DynamicStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  // The inner store's BeginUpdate / UpdateRange; EndUpdate is the inner
+  // store's, then the kept row's reset as after BackwardUpdate.
+  absl::StatusOr<int64_t> BeginUpdate(const data::SparseFeature& prepared,
+                                      const float* grad,
+                                      int64_t grad_stride) override {
+    return inner_->BeginUpdate(prepared, grad, grad_stride);
+  }
+  absl::Status UpdateRange(int64_t begin, int64_t end) override {
+    return inner_->UpdateRange(begin, end);
+  }
+  absl::Status EndUpdate() override;
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   // Stages the rows of the known ids of `next_ids` (new ids have no row
   // yet: their initial value needs no read).

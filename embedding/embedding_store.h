@@ -206,7 +206,9 @@ class RowsSink {
 // builds with CUDA, cuda::CudaStore (cuda/cuda_store.h, rows in GPU memory).
 // Not thread-safe: one caller at a time (a store may run its own
 // background prefetch, which it synchronises itself), except PoolReadOnly,
-// which other threads may call beside that caller (see there).
+// which other threads may call beside that caller (see there), and
+// UpdateRange, which several threads may call at once for disjoint ranges
+// between BeginUpdate and EndUpdate.
 class EmbeddingStore {
  public:
   virtual ~EmbeddingStore() = default;
@@ -267,6 +269,32 @@ class EmbeddingStore {
   virtual absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                                       const float* grad,
                                       int64_t grad_stride) = 0;
+
+  // BackwardUpdate in pieces, so that several threads share one big
+  // table's update (UpdateStores, store_update.h). BeginUpdate takes
+  // BackwardUpdate's arguments, does the serial part (deduplicates the
+  // batch's ids, counts the step) and returns u, the batch's distinct rows;
+  // UpdateRange(begin, end) then updates distinct rows [begin, end), and
+  // calls for disjoint ranges may run at once on different threads (no row
+  // is written by two, no atomics); once ranges covering [0, u) have each
+  // run once, EndUpdate finishes (the touched rows become dirty). The rows
+  // then hold BackwardUpdate's bits: a row's gradient is summed in bag
+  // order whatever the ranges. `prepared` and `grad` must stay valid until
+  // EndUpdate; no other call on the store in between. Errors as
+  // BackwardUpdate. A tier that cannot split (the device tier, whose
+  // update is queued kernels, and a cache of device slots) keeps the
+  // default: BeginUpdate runs the whole BackwardUpdate and returns 0.
+  virtual absl::StatusOr<int64_t> BeginUpdate(
+      const data::SparseFeature& prepared, const float* grad,
+      int64_t grad_stride) {
+    RETURN_IF_ERROR(BackwardUpdate(prepared, grad, grad_stride));
+    return 0;
+  }
+  virtual absl::Status UpdateRange(int64_t begin, int64_t end) {
+    return absl::FailedPreconditionError(
+        "UpdateRange: this store's BeginUpdate does the whole update");
+  }
+  virtual absl::Status EndUpdate() { return absl::OkStatus(); }
 
   // Waits until the work earlier Forward and BackwardUpdate calls queued is
   // done, so `out` may be read and `grad` reused; returns the first error
@@ -377,6 +405,16 @@ class HostStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  // EmbeddingTable::BeginUpdate / UpdateRows on the table.
+  absl::StatusOr<int64_t> BeginUpdate(const data::SparseFeature& prepared,
+                                      const float* grad,
+                                      int64_t grad_stride) override {
+    return table_.BeginUpdate(prepared, grad, grad_stride);
+  }
+  absl::Status UpdateRange(int64_t begin, int64_t end) override {
+    table_.UpdateRows(begin, end);
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status Prefetch(const data::SparseFeature& next_ids) override {
     return absl::OkStatus();

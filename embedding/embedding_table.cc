@@ -514,11 +514,38 @@ int64_t EmbeddingTable::Deduplicate(const data::SparseFeature& ids) {
 
 void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
                                     const float* grad, int64_t grad_stride) {
+  const int64_t num_unique = BeginUpdate(ids, grad, grad_stride);
+  if (num_unique == 0) return;
+  const int64_t total = ids.offsets[ids.num_bags()];
+  if (UseParallel((total + 2 * num_unique) * dim_)) {
+    // Each thread owns a contiguous range of the unique rows: no row is
+    // written by two threads, and no atomics.
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      UpdateRows(num_unique * t / nt, num_unique * (t + 1) / nt);
+    }
+  } else {
+    UpdateRows(0, num_unique);
+  }
+}
+
+int64_t EmbeddingTable::BeginUpdate(const data::SparseFeature& ids,
+                                    const float* grad, int64_t grad_stride) {
   ++step_;
+  update_ids_ = &ids;
+  update_grad_ = grad;
+  update_stride_ = grad_stride;
   const int64_t bags = ids.num_bags();
-  if (bags == 0 || ids.offsets[bags] == 0) return;
-  const int64_t total = ids.offsets[bags];
-  const int64_t num_unique = Deduplicate(ids);
+  return bags == 0 || ids.offsets[bags] == 0 ? 0 : Deduplicate(ids);
+}
+
+void EmbeddingTable::UpdateRows(int64_t k_begin, int64_t k_end) {
+  if (k_begin >= k_end) return;
+  const data::SparseFeature& ids = *update_ids_;
+  const float* grad = update_grad_;
+  const int64_t grad_stride = update_stride_;
+  const int64_t total = ids.offsets[ids.num_bags()];
 
   const int dim = dim_;
   const bool mean = pooling_ == POOLING_MEAN;
@@ -535,13 +562,15 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   // A 16-bit slot array rounds by the row each slot holds.
   const int64_t* slot_rows = slot_rows_.empty() ? nullptr : slot_rows_.data();
 
-  // kRowGroup accumulators per thread (and a 16-bit table's widened row),
-  // padded to whole cache lines so threads do not share a line.
+  // kRowGroup accumulators (and a 16-bit table's widened row) of this
+  // thread's own: calls on other threads update other rows at once. Rows
+  // padded to whole cache lines.
   const int64_t padded_dim = (dim + 15) / 16 * 16;
-  const int64_t per_thread = (kRowGroup + 1) * padded_dim;
-  const bool parallel = UseParallel((total + 2 * num_unique) * dim);
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  row_grad_.resize(static_cast<size_t>(threads) * per_thread);
+  thread_local AlignedVector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < (kRowGroup + 1) * padded_dim) {
+    scratch.resize((kRowGroup + 1) * padded_dim);
+  }
+  float* buffers = scratch.data();
 
   const kernels::Isa isa = kernels::BestIsa();
   // Unique row k's gradient, summed in bag order. A row seen once under sum
@@ -594,61 +623,45 @@ void EmbeddingTable::BackwardUpdate(const data::SparseFeature& ids,
   optim::VisitElementWise(optimizer_.type(), [&](auto rule) {
     using Rule = decltype(rule);
     const typename Rule::Step step = Rule::MakeStep(optimizer_, step_);
-    // Unique rows [k_begin, k_end), kRowGroup at a time: their gradients
-    // into the group's buffers, their row reductions interleaved, then
-    // each row's update.
-    auto update_rows = [&](int64_t k_begin, int64_t k_end, float* buffers) {
-      for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowGroup) {
-        const int n =
-            static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
-        const float* g[kRowGroup];
-        for (int j = 0; j < n; ++j) {
-          const int64_t k = k0 + j;
-          if (k + kUpdatePrefetchDistance < k_end) {
-            prefetch(k + kUpdatePrefetchDistance);
-          }
-          g[j] = row_gradient(k, buffers + j * padded_dim);
+    // kRowGroup unique rows at a time: their gradients into the group's
+    // buffers, their row reductions interleaved, then each row's update.
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += kRowGroup) {
+      const int n = static_cast<int>(std::min<int64_t>(kRowGroup, k_end - k0));
+      const float* g[kRowGroup];
+      for (int j = 0; j < n; ++j) {
+        const int64_t k = k0 + j;
+        if (k + kUpdatePrefetchDistance < k_end) {
+          prefetch(k + kUpdatePrefetchDistance);
         }
-        float sums[kRowGroup] = {};
-        if constexpr (Rule::kRowReduction) {
-          RowReductions<Rule>(g, n, dim, sums);
-        }
-        for (int j = 0; j < n; ++j) {
-          const int64_t row = unique[k0 + j];
-          if (!narrow) {
-            optim::UpdateSparseRowWithSum<Rule>(
-                step, sums[j], g[j], dim, weights + row * dim,
-                state1 + row * floats1, state2 + row * floats2);
-            continue;
-          }
-          // The rule's fp32 math on the widened row, then each element
-          // rounded back stochastically by the whole table's row, column
-          // and this step.
-          float* w = buffers + kRowGroup * padded_dim;
-          uint16_t* out = words + row * dim;
-          WidenRow(precision_, out, dim, w);
-          optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim, w,
-                                              state1 + row * floats1,
-                                              state2 + row * floats2);
-          const int64_t table_row =
-              row_begin_ + (slot_rows != nullptr ? slot_rows[row] : row);
-          NarrowRow(precision_, w, dim,
-                    RoundingRowKey(seed_, table_index_, table_row, step_),
-                    col_begin_, out);
-        }
+        g[j] = row_gradient(k, buffers + j * padded_dim);
       }
-    };
-    if (parallel) {
-      // Each thread owns a contiguous range of the unique rows: no row is
-      // written by two threads, and no atomics.
-#pragma omp parallel
-      {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        update_rows(num_unique * t / nt, num_unique * (t + 1) / nt,
-                    row_grad_.data() + t * per_thread);
+      float sums[kRowGroup] = {};
+      if constexpr (Rule::kRowReduction) {
+        RowReductions<Rule>(g, n, dim, sums);
       }
-    } else {
-      update_rows(0, num_unique, row_grad_.data());
+      for (int j = 0; j < n; ++j) {
+        const int64_t row = unique[k0 + j];
+        if (!narrow) {
+          optim::UpdateSparseRowWithSum<Rule>(
+              step, sums[j], g[j], dim, weights + row * dim,
+              state1 + row * floats1, state2 + row * floats2);
+          continue;
+        }
+        // The rule's fp32 math on the widened row, then each element
+        // rounded back stochastically by the whole table's row, column
+        // and this step.
+        float* w = buffers + kRowGroup * padded_dim;
+        uint16_t* out = words + row * dim;
+        WidenRow(precision_, out, dim, w);
+        optim::UpdateSparseRowWithSum<Rule>(step, sums[j], g[j], dim, w,
+                                            state1 + row * floats1,
+                                            state2 + row * floats2);
+        const int64_t table_row =
+            row_begin_ + (slot_rows != nullptr ? slot_rows[row] : row);
+        NarrowRow(precision_, w, dim,
+                  RoundingRowKey(seed_, table_index_, table_row, step_),
+                  col_begin_, out);
+      }
     }
   });
 }

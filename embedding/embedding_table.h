@@ -41,7 +41,8 @@ struct TableSlice {
 // RowPrecision) that Forward widens to fp32 and BackwardUpdate updates in
 // fp32 and rounds back stochastically (row_precision.h); optimizer state is
 // fp32 either way. Forward is const and may run concurrently with other
-// Forwards; BackwardUpdate needs exclusive access.
+// Forwards; BackwardUpdate needs exclusive access, as does BeginUpdate
+// (UpdateRows for disjoint ranges may run at once).
 class EmbeddingTable {
  public:
   // `optimizer` must be normalised and valid for tables
@@ -85,6 +86,21 @@ class EmbeddingTable {
   // `ids`, with that row's summed gradient.
   void BackwardUpdate(const data::SparseFeature& ids, const float* grad,
                       int64_t grad_stride);
+
+  // BackwardUpdate in pieces, for callers that spread one table's update
+  // over threads. BeginUpdate counts the step, deduplicates `ids` and
+  // returns u, the number of distinct rows in it; UpdateRows(begin, end)
+  // then updates distinct rows [begin, end) of that batch (0 <= begin <= end
+  // <= u) with their summed gradients. Calls for disjoint ranges may run at
+  // once on different threads: each writes only its own rows, and a row's
+  // gradient is summed in bag order whatever the ranges. Once ranges
+  // covering [0, u) have run once each, the table holds the bits
+  // BackwardUpdate(ids, grad, grad_stride) gives. `ids` and `grad` must stay
+  // valid and unchanged until the last UpdateRows; no other call on the
+  // table in between.
+  int64_t BeginUpdate(const data::SparseFeature& ids, const float* grad,
+                      int64_t grad_stride);
+  void UpdateRows(int64_t begin, int64_t end);
 
   int table_index() const { return table_index_; }
   int64_t rows() const { return rows_; }
@@ -167,13 +183,16 @@ class EmbeddingTable {
   // Floats per row of state1_ and state2_ (0 where the array is unused).
   int state_floats_[2] = {0, 0};
   int64_t step_ = 0;
+  // The batch of the last BeginUpdate (UpdateRows' input).
+  const data::SparseFeature* update_ids_ = nullptr;
+  const float* update_grad_ = nullptr;
+  int64_t update_stride_ = 0;
   // Scratch for BackwardUpdate, kept to avoid reallocating every step.
   // order_: the bag of every id occurrence, grouped by unique row and in bag
   // order within a row (the fixed accumulation order that makes updates
-  // deterministic); row_grad_: per thread, a group of dim-wide accumulators
-  // and (16-bit tables) one row of widened weights.
+  // deterministic). (UpdateRows' accumulators are per thread, in
+  // embedding_table.cc.)
   std::vector<int64_t> order_;
-  AlignedVector<float> row_grad_;
   // Open-addressing id -> unique index map used to deduplicate the batch;
   // key -1 marks a free slot, and every slot is free between calls
   // (used_slots_: the slots a call filled, freed at its end).

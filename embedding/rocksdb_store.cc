@@ -428,6 +428,13 @@ absl::Status RocksDbCachedStore::BackwardUpdate(
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> RocksDbCachedStore::BeginUpdate(
+    const data::SparseFeature& prepared, const float* grad,
+    int64_t grad_stride) {
+  RETURN_IF_ERROR(CheckPrepared(prepared));
+  return slots_->BeginUpdate(prepared, grad, grad_stride);
+}
+
 absl::Status RocksDbCachedStore::Prefetch(const data::SparseFeature& next_ids) {
   // Only an earlier read uses the staging area: the write-back of the last
   // Prepare may still run, and this read is queued behind it.

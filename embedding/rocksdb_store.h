@@ -64,6 +64,19 @@ class RocksDbCachedStore final : public EmbeddingStore {
                        int64_t out_stride) const override;
   absl::Status BackwardUpdate(const data::SparseFeature& prepared,
                               const float* grad, int64_t grad_stride) override;
+  // The slots' EmbeddingTable::BeginUpdate / UpdateRows; EndUpdate marks
+  // the batch's rows dirty. FailedPrecondition as Forward.
+  absl::StatusOr<int64_t> BeginUpdate(const data::SparseFeature& prepared,
+                                      const float* grad,
+                                      int64_t grad_stride) override;
+  absl::Status UpdateRange(int64_t begin, int64_t end) override {
+    slots_->UpdateRows(begin, end);
+    return absl::OkStatus();
+  }
+  absl::Status EndUpdate() override {
+    manager_.MarkBatchDirty();
+    return absl::OkStatus();
+  }
   // Its kernels are done on return (the background jobs are waited for by
   // the calls that need them, not here).
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -22,6 +22,7 @@
 #include "core/config_change.h"
 #include "core/random.h"
 #include "core/status.h"
+#include "embedding/store_update.h"
 #include "model/step_util.h"
 #include "optim/optimizer.h"
 
@@ -477,21 +478,19 @@ absl::StatusOr<StepResult> Model::TrainStep(const data::Batch& batch,
 absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
                                  internal::StageClock<StageTimes>* clock) {
   const int num_local = static_cast<int>(local_.size());
-  // (EmbedForward ordered them; again in case the shards were rebound.)
-  if (static_cast<int>(by_work_.size()) != num_local) OrderShardsByWork();
+  std::vector<embedding::StoreUpdate> updates(num_local);
   if (in_place_) {
     // Each shard reads its columns of the interaction gradient in place: the
     // host copy, or for stores on the device the backend's device gradient
     // (their updates queue on its stream, after the gradient).
     const float* device_dt = dense_->DeviceInteractionGradient();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < num_local; ++i) {
-      LocalShard& ls = local_[by_work_[i]];
+    for (int j = 0; j < num_local; ++j) {
+      LocalShard& ls = local_[j];
       const float* grad =
           ls.store->memory_space() == MemorySpace::kDevice ? device_dt : dt;
-      ls.status = ls.store->BackwardUpdate(
-          *ls.prepared, grad == nullptr ? nullptr : grad + TColumn(ls),
-          t_width_);
+      updates[j] = {ls.store, ls.prepared,
+                    grad == nullptr ? nullptr : grad + TColumn(ls), t_width_,
+                    absl::OkStatus()};
     }
   } else {
     // From the device interaction gradient when the exchanges run on the
@@ -511,18 +510,19 @@ absl::Status Model::UpdateShards(const data::Batch& batch, const float* dt,
           count));
     }
     clock->Mark(StageTimes::kBackwardDist);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < num_local; ++i) {
-      const int j = by_work_[i];
+    for (int j = 0; j < num_local; ++j) {
       LocalShard& ls = local_[j];
       const float* g = InExchangeSpace(ls)
                            ? grads + exchange_->GradientOffset(j)
                            : ls.host_grads.data();
-      ls.status =
-          ls.store->BackwardUpdate(*ls.prepared, g, ls.store->spec().dim);
+      updates[j] = {ls.store, ls.prepared, g, ls.store->spec().dim,
+                    absl::OkStatus()};
     }
   }
-  for (const LocalShard& ls : local_) RETURN_IF_ERROR(ls.status);
+  // A big shard's rows shared among the threads, the biggest work first
+  // (embedding/store_update.h).
+  embedding::UpdateStores(updates);
+  for (const embedding::StoreUpdate& u : updates) RETURN_IF_ERROR(u.status);
   return absl::OkStatus();
 }
 

@@ -383,11 +383,12 @@ class Model {
                             internal::StageClock<StageTimes>* clock);
   // Fills by_work_ with the indices of local_, the shards with the most
   // work first (prepared ids times dim; ties in local_ order), after the
-  // step's prepare. The parallel loops over shards hand them out in this
-  // order: a dynamic schedule in table order leaves one thread alone with a
-  // big table picked up late (DCNv2's C21 holds 100 of its 214 ids per
-  // sample), largest-first keeps the threads' shares even. The order is
-  // the batch's alone and each shard's result does not depend on it.
+  // step's prepare. The lookup's parallel loop over shards hands them out
+  // in this order: a dynamic schedule in table order leaves one thread
+  // alone with a big table picked up late (DCNv2's C21 holds 100 of its
+  // 214 ids per sample), largest-first keeps the threads' shares even. The
+  // order is the batch's alone and each shard's result does not depend on
+  // it. (The update orders its own work: embedding::UpdateStores.)
   void OrderShardsByWork();
   // Sends the next batch's ids to the shards on RocksDB and starts their
   // prefetch (TrainStep with a next batch on some rank; `next` may be null
