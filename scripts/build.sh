@@ -4,8 +4,10 @@
 #
 # With ccache installed (scripts/install-deps.sh installs it) the compiles
 # go through it, its cache in build/ccache: base_dir is the checkout, so
-# paths under it hash alike wherever it is cloned, and compiler_check is the
-# compiler's content, not its mtime. deploy/Dockerfile's compile uses the
+# paths under it hash alike wherever it is cloned, compiler_check is the
+# compiler's content, not its mtime, and sloppiness=locale leaves LANG and
+# LC_* out of the hash (the image has no LANG; they only translate the
+# compiler's messages). deploy/Dockerfile's compile uses the
 # same settings on that folder, which the build context carries
 # (.dockerignore), so the image's build of the project is mostly cache hits
 # after a host build (docs/deployment.md "Tests"). DLRM_CCACHE=0 builds
@@ -17,7 +19,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 launcher=()
 if [[ ${DLRM_CCACHE:-1} != 0 ]] && command -v ccache >/dev/null; then
   export CCACHE_DIR=$PWD/build/ccache CCACHE_BASEDIR=$PWD
-  export CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=true
+  export CCACHE_COMPILERCHECK=content CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS=locale
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
             -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
