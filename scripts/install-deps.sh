@@ -21,6 +21,8 @@ build_packages=(
   libdnnl-dev ocl-icd-opencl-dev libgloo-dev libcli11-dev libcpp-httplib-dev
   # Deflated .npz members (data/npy.cc).
   zlib1g-dev
+  # The compiler cache scripts/build.sh and deploy/Dockerfile share.
+  ccache
 )
 # Running the tests, the fuzz targets and the scripts.
 test_packages=(

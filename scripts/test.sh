@@ -3,11 +3,16 @@
 # fuzz targets for a bounded time (scripts/fuzz.sh; DLRM_FUZZ_SECONDS per
 # target, default 20; 0 skips them), with the container deployment test
 # (CTest label `docker`, deploy/tests/docker_compose_test.py) beside them.
+# The fuzz targets' own build (clang, build-fuzz/) runs beside the host
+# build at nice 19, in the cycles the host build leaves idle (its links
+# and the configure step are one process each), so it is done when the
+# fuzzers start.
 #
 # The container test builds the image, which compiles the project again
-# inside it: about 1 minute with its caches warm, up to ~13 minutes cold on
-# 2 cores alone, after a base image made with debootstrap where no registry
-# answers (about 4 minutes, mostly waiting on the mirror;
+# inside it, through ccache on the host build's cache (build/ccache,
+# scripts/build.sh), so mostly hits; cold it would take ~13 minutes on 2
+# cores alone. Before that it needs a base image, made with debootstrap
+# where no registry answers (about 4 minutes, mostly waiting on the mirror;
 # docs/deployment.md "Tests"). So it starts before the host build: its
 # daemon and base images come while the host compiles, and it waits for
 # build/.host-build-done before building the image (the daemon's
@@ -41,11 +46,24 @@ if [[ "${DLRM_DOCKER_TEST:-1}" != "0" ]]; then
   echo "test.sh: the container test runs beside the build and the tests" \
     "(build/docker_test.log)"
 fi
-# A failed build stops the container test (it then stops its daemon).
+fuzz_build_pid=""
+if [[ "${DLRM_FUZZ_SECONDS:-20}" != "0" ]]; then
+  # Its failure shows again, with the compiler's output, when fuzz.sh runs.
+  # A process group of its own (setsid), so that its compilers can be
+  # stopped with it.
+  setsid nice -n 19 ./scripts/fuzz.sh --build >build/fuzz_build.log 2>&1 &
+  fuzz_build_pid=$!
+fi
+# A failed build stops the container test (it then stops its daemon) and
+# the fuzz build.
 if ! ./scripts/build.sh; then
   if [[ -n $docker_pid ]]; then
     kill -TERM "$docker_pid" 2>/dev/null || true
     wait "$docker_pid" 2>/dev/null || true
+  fi
+  if [[ -n $fuzz_build_pid ]]; then
+    kill -TERM -- "-$fuzz_build_pid" 2>/dev/null || true
+    wait "$fuzz_build_pid" 2>/dev/null || true
   fi
   echo "test.sh: the build failed"
   exit 1
@@ -62,6 +80,10 @@ status=0
 (cd build && ctest --output-on-failure --parallel "$(nproc)" --timeout 900 \
   -LE docker) || status=$?
 echo "test.sh: ctest done at $(((SECONDS - start) / 60)) min"
+if [[ -n $fuzz_build_pid ]]; then
+  wait "$fuzz_build_pid" || true
+  echo "test.sh: fuzz build (build/fuzz_build.log): $(tail -n 1 build/fuzz_build.log)"
+fi
 if [[ $status == 0 && "${DLRM_FUZZ_SECONDS:-20}" != "0" ]]; then
   ./scripts/fuzz.sh "${DLRM_FUZZ_SECONDS:-20}" || status=$?
 fi

@@ -358,7 +358,8 @@ def build_image(daemon, work):
         deadline = time.monotonic() + BUILD_TIMEOUT
         for line in proc.stdout:
             out.write(line)
-            if line.startswith("Step "):
+            # The steps, and the compile's ccache hits (deploy/Dockerfile).
+            if line.startswith("Step ") or line.startswith("ccache: "):
                 log("  " + line.strip()[:110])
             if time.monotonic() > deadline:
                 proc.kill()
