@@ -18,10 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/random.h"
 #include "embedding/embedding_table.h"
+#include "tests/support/expect.h"
 #include "tests/support/optimizer.h"
 
 namespace dlrm::embedding {
 namespace {
+using test::BitDifferences;
 
 constexpr uint64_t kSeed = 20261202;
 
@@ -67,19 +69,6 @@ std::vector<float> RandomFloats(Rng& rng, int64_t n) {
   std::vector<float> v(std::max<int64_t>(n, 1));
   for (float& x : v) x = static_cast<float>(rng.Normal());
   return v;
-}
-
-// The number of elements of a and b (n each) whose bits differ, the first
-// few reported.
-int64_t BitDifferences(const float* a, const float* b, int64_t n,
-                       const std::string& what) {
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::memcmp(a + i, b + i, sizeof(float)) != 0 && ++differ <= 3) {
-      ADD_FAILURE() << what << " [" << i << "]: " << a[i] << " vs " << b[i];
-    }
-  }
-  return differ;
 }
 
 TEST(PoolBagsTest, EveryVersionGivesTheReferenceBits) {

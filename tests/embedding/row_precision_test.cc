@@ -23,10 +23,12 @@
 #include "embedding/embedding_table.h"
 #include "embedding/planned_bytes.h"
 #include "embedding/sharding_memory.h"
+#include "tests/support/expect.h"
 #include "tests/support/optimizer.h"
 
 namespace dlrm::embedding {
 namespace {
+using test::BitDifferences;
 
 constexpr uint64_t kSeed = 20261202;
 constexpr RowPrecision kPrecisions[] = {ROW_FP16, ROW_BF16};
@@ -170,18 +172,6 @@ std::vector<float> Widen(RowPrecision p, const uint16_t* w, int64_t n) {
   std::vector<float> out(n);
   for (int64_t i = 0; i < n; ++i) out[i] = WordToFloat(p, w[i]);
   return out;
-}
-
-template <typename T>
-int64_t BitDifferences(const T* a, const T* b, int64_t n,
-                       const std::string& what) {
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::memcmp(a + i, b + i, sizeof(T)) != 0 && ++differ <= 3) {
-      ADD_FAILURE() << what << " [" << i << "]: " << +a[i] << " vs " << +b[i];
-    }
-  }
-  return differ;
 }
 
 TEST(Pool16Test, EveryVersionGivesTheReferenceBitsOnTheWidenedRows) {

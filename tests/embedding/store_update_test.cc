@@ -27,10 +27,12 @@
 #include "embedding/embedding_store.h"
 #include "embedding/embedding_table.h"
 #include "embedding/row_database.h"
+#include "tests/support/expect.h"
 #include "tests/support/table_spec.h"
 
 namespace dlrm::embedding {
 namespace {
+using test::BitDifferences;
 
 constexpr uint64_t kSeed = 20261202;
 
@@ -90,20 +92,6 @@ const char* BatchName(Batch kind) {
       return "empty";
   }
   return "?";
-}
-
-// The number of elements of a and b (n each of T) whose bits differ, the
-// first few reported.
-template <typename T>
-int64_t BitDifferences(const T* a, const T* b, int64_t n,
-                       const std::string& what) {
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::memcmp(a + i, b + i, sizeof(T)) != 0 && ++differ <= 3) {
-      ADD_FAILURE() << what << " [" << i << "]";
-    }
-  }
-  return differ;
 }
 
 // [0, u) cut at random points (empty ranges included), in random order.

@@ -1,10 +1,12 @@
 // Expectations several test binaries share: a status's code and message,
-// two batches alike.
+// two batches alike, two arrays alike bit for bit.
 #ifndef DLRM_TESTS_SUPPORT_EXPECT_H_
 #define DLRM_TESTS_SUPPORT_EXPECT_H_
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +25,21 @@
   ASSERT_EQ((text).find(part), std::string::npos)
 
 namespace dlrm::test {
+
+// The number of elements of a and b (n each of T) whose bits differ; the
+// first three are reported as failures naming `what`, the index and both
+// values.
+template <typename T>
+int64_t BitDifferences(const T* a, const T* b, int64_t n,
+                       const std::string& what) {
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(T)) != 0 && ++differ <= 3) {
+      ADD_FAILURE() << what << " [" << i << "]: " << +a[i] << " vs " << +b[i];
+    }
+  }
+  return differ;
+}
 
 // `status`'s message contains `text`.
 inline void ExpectMentions(const absl::Status& status,
