@@ -68,26 +68,25 @@ struct Totals {
 
 void RunShape(const bench::GemmShape& s, int repeats, Totals* totals) {
   // op(A) [m x k] and op(B) [k x n] as stored for oneDNN; the AMX kernel
-  // reads A row-major [m x k] (for 'T', the transposed copy the layer
-  // writes) and packs B from its stored form.
+  // reads A row-major [m x k] (for 'T', A's values stand in for the
+  // transposed copy the layer writes) and packs B from its stored form.
   const int64_t lda = s.trans_a == 'N' ? s.k : s.m;
   const int64_t ldb = s.trans_b == 'N' ? s.n : s.k;
-  AlignedVector<dense::Bf16> a(s.m * s.k), at(s.m * s.k), b(s.k * s.n);
+  AlignedVector<dense::Bf16> a(s.m * s.k), b(s.k * s.n);
   for (int64_t i = 0; i < s.m * s.k; ++i) {
     a[i] = dense::ToBf16(0.001f * static_cast<float>(i % 97));
-    at[i] = a[i];
   }
   for (int64_t i = 0; i < s.k * s.n; ++i) {
     b[i] = dense::ToBf16(0.002f * static_cast<float>(i % 89));
   }
-  AlignedVector<float> c(s.m * s.n), bias(s.n, 0.5f);
+  AlignedVector<float> c(s.m * s.n);
   dense::AmxPackedB packed;
   auto onednn = [&] {
     dense::Bgemm(s.trans_a, s.trans_b, s.m, s.n, s.k, a.data(), lda, b.data(),
                  ldb, 0.0f, c.data(), s.n);
   };
   auto amx = [&] {
-    bench::AmxGemmAsLayers(s, at.data(), b.data(), &packed, c.data());
+    bench::AmxGemmAsLayers(s, a.data(), b.data(), &packed, c.data());
   };
   onednn();
   amx();

@@ -165,11 +165,6 @@ void Linear::Forward(const float* x, int64_t batch, float* y) const {
 void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
                          Bf16* y_bf16) const {
   if (batch <= 0) return;
-  // One oneDNN call: the GEMM with the bias and ReLU as its post-ops, into
-  // the output the caller keeps. The GEMM into fp32 and a pass for the
-  // bias, ReLU and rounding wrote y twice and read it once more (the kaggle
-  // step's MLP forwards took 1.4-1.8x as long, bench/RESULTS.md "Fused
-  // dense passes"). With both outputs, y and then its bf16 copy.
   if (AmxGemmUsable()) {
     // The hand-written AMX kernel (dense/amx_gemm.h) writes both outputs in
     // its epilogue. The weights are packed for its tiles on every call
@@ -180,6 +175,11 @@ void Linear::ForwardBf16(const Bf16* x, int64_t batch, float* y,
     AmxGemm(batch, x, in_, packed, {b_.data(), relu_, y, y_bf16, out_});
     return;
   }
+  // One oneDNN call: the GEMM with the bias and ReLU as its post-ops, into
+  // the output the caller keeps. The GEMM into fp32 and a pass for the
+  // bias, ReLU and rounding wrote y twice and read it once more (the kaggle
+  // step's MLP forwards took 1.4-1.8x as long, bench/RESULTS.md "Fused
+  // dense passes"). With both outputs, y and then its bf16 copy.
   BgemmBiasAct(batch, out_, in_, x, in_, wb_.data(), in_, b_.data(), relu_, y,
                y == nullptr ? y_bf16 : nullptr, out_);
   if (y != nullptr && y_bf16 != nullptr) ToBf16(y, batch * out_, y_bf16);
@@ -214,13 +214,14 @@ bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb,
     const int64_t end = std::min(batch, begin + kRowBlock);
     float* sum = partial + blk * out;
     if (dyb != nullptr) {
+      bool masked = false;
       if constexpr (!kWriteDy && std::is_same_v<Y, Bf16>) {
-        if (relu && amx) {
+        if (relu && amx) {  // the same bits, in AVX-512 registers
           AmxMaskRows(dy, y, begin, end, out, sum, dyb);
-        } else {
-          MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
+          masked = true;
         }
-      } else {
+      }
+      if (!masked) {
         MaskAndSum<kWriteDy, true>(dy, y, begin, end, out, relu, sum, dyb);
       }
       // The block's rows of the copy, just written, transposed.
