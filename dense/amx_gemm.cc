@@ -3,6 +3,7 @@
 #include "dense/amx_gemm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -27,6 +28,12 @@ constexpr int64_t kBlockValues = kBlockK * kBlockN;
 // The bytes of B's column panels a thread reads again for every block of
 // rows: about half of a 2 MiB L2.
 constexpr int64_t kPanelBytes = 1 << 20;
+
+// Outputs of at least this many bytes (as fp32) are written with
+// non-temporal stores: the cross network's [batch x 3456] outputs (28 MiB
+// at a batch of 2048), not the MLPs' activations, which the next layer
+// reads from cache.
+constexpr int64_t kStreamBytes = 8 << 20;
 
 // Packing below this many blocks stays on the calling thread.
 constexpr int64_t kParallelBlocks = 64;
@@ -70,6 +77,42 @@ bool HasAvx512Bw() {
   return has;
 }
 
+// A 16 x 16 transpose of 32-bit units: unit c of r[p] to unit p of row c
+// of dst (16 units, 64 bytes, at dst + c * ld_dst). r is clobbered.
+__attribute__((target("avx512f"))) void TransposeUnits16x16(__m512i* r,
+                                                            Bf16* dst,
+                                                            int64_t ld_dst) {
+  __m512i t[16];
+  // Within each 128-bit lane L: after these two steps r[4i + j] holds
+  // unit 4L + j of rows 4i .. 4i + 3.
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // Then a 4 x 4 transpose of the lanes for each j: output row 4L + j
+  // gathers lane L of r[j], r[4 + j], r[8 + j], r[12 + j].
+  for (int j = 0; j < 4; ++j) {
+    const __m512i u0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
+    const __m512i u1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);
+    const __m512i u2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+    const __m512i u3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
+    _mm512_storeu_si512(dst + (0 + j) * ld_dst,
+                        _mm512_shuffle_i32x4(u0, u2, 0x88));
+    _mm512_storeu_si512(dst + (4 + j) * ld_dst,
+                        _mm512_shuffle_i32x4(u0, u2, 0xdd));
+    _mm512_storeu_si512(dst + (8 + j) * ld_dst,
+                        _mm512_shuffle_i32x4(u1, u3, 0x88));
+    _mm512_storeu_si512(dst + (12 + j) * ld_dst,
+                        _mm512_shuffle_i32x4(u1, u3, 0xdd));
+  }
+}
+
 // A full block of B [k x n] row-major: row pair p's 16 columns interleaved,
 // element (2p + e, c) at (p * 16 + c) * 2 + e.
 __attribute__((target("avx512f,avx512bw"))) void PackFullBlock(const Bf16* b,
@@ -87,6 +130,17 @@ __attribute__((target("avx512f,avx512bw"))) void PackFullBlock(const Bf16* b,
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + ldb)));
     _mm512_storeu_si512(out + p * 32, _mm512_permutex2var_epi16(x0, idx, x1));
   }
+}
+
+// A full block of B = W^T from W [n x k] row-major: element (2p + e, c) of
+// B is W's (c, 2p + e), and a pair of W's row is one 32-bit unit, so the
+// block is the 16 x 16 transpose of the units of W's 16 rows.
+__attribute__((target("avx512f"))) void PackTransposedFullBlock(const Bf16* w,
+                                                                int64_t ldw,
+                                                                Bf16* out) {
+  __m512i r[16];
+  for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_si512(w + c * ldw);
+  TransposeUnits16x16(r, out, 2 * kBlockN);
 }
 #endif
 
@@ -138,6 +192,12 @@ void AmxPackedB::PackTransposed(const Bf16* w, int64_t k, int64_t n,
                                 int64_t ldw) {
   FillBlocks(k, n, [&](int64_t k0, int64_t n0, Bf16* out) {
     if (k0 + kBlockK <= k && n0 + kBlockN <= n) {
+#if defined(__x86_64__)
+      if (HasAvx512Bw()) {  // AVX-512F with it
+        PackTransposedFullBlock(w + n0 * ldw + k0, ldw, out);
+        return;
+      }
+#endif
       // Element (2p + e, c) of B is W's (n0 + c, k0 + 2p + e): a pair of
       // W's row is one 32-bit unit, so the block is a 16 x 16 transpose of
       // them.
@@ -170,7 +230,7 @@ __attribute__((target("avx512f,avx512bw"))) void TransposeBlock32x16(
       0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i idx = _mm512_load_si512(kInterleave);
-  __m512i r[16], t[16];
+  __m512i r[16];
   for (int p = 0; p < 16; ++p) {
     const Bf16* row = src + 2 * p * ld_src;
     const __m512i x0 = _mm512_castsi256_si512(
@@ -179,34 +239,7 @@ __attribute__((target("avx512f,avx512bw"))) void TransposeBlock32x16(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ld_src)));
     r[p] = _mm512_permutex2var_epi16(x0, idx, x1);
   }
-  // Within each 128-bit lane L: after these two steps r[4i + j] holds
-  // column 4L + j of the row pairs 4i .. 4i + 3.
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  // Then a 4 x 4 transpose of the lanes for each j: column 4L + j gathers
-  // lane L of r[j], r[4 + j], r[8 + j], r[12 + j].
-  for (int j = 0; j < 4; ++j) {
-    const __m512i u0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
-    const __m512i u1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);
-    const __m512i u2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
-    const __m512i u3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
-    _mm512_storeu_si512(dst + (0 + j) * ld_dst,
-                        _mm512_shuffle_i32x4(u0, u2, 0x88));
-    _mm512_storeu_si512(dst + (4 + j) * ld_dst,
-                        _mm512_shuffle_i32x4(u0, u2, 0xdd));
-    _mm512_storeu_si512(dst + (8 + j) * ld_dst,
-                        _mm512_shuffle_i32x4(u1, u3, 0x88));
-    _mm512_storeu_si512(dst + (12 + j) * ld_dst,
-                        _mm512_shuffle_i32x4(u1, u3, 0xdd));
-  }
+  TransposeUnits16x16(r, dst, ld_dst);
 }
 
 #endif
@@ -296,12 +329,25 @@ ABlock PrepareA(const Bf16* a, int64_t lda, int64_t m, int64_t k,
   ABlock v;
   const int64_t m0 = mb * kBlockM;
   v.rows = static_cast<int>(std::min(kBlockM, m - m0));
-  if (v.rows < kBlockM) {
+  // Tile loads whose rows are not whole 64-byte lines (A not 64-byte
+  // aligned, or its rows not a multiple of 64 bytes apart, as at K = 367)
+  // ran at half the speed, so such a block is copied to aligned rows as a
+  // short one is, unless it has one reduction block (K <= 32: the copy
+  // cost more than it saved).
+  const bool aligned = (lda * sizeof(Bf16)) % 64 == 0 &&
+                       reinterpret_cast<uintptr_t>(a) % 64 == 0;
+  if (v.rows < kBlockM || (!aligned && k_blocks >= 2)) {
     const int64_t ld = k_blocks * kBlockK;
-    s->rows.assign(static_cast<size_t>(kBlockM * ld), Bf16{0});
-    for (int r = 0; r < v.rows; ++r) {
-      std::memcpy(s->rows.data() + r * ld, a + (m0 + r) * lda,
-                  sizeof(Bf16) * k);
+    if (static_cast<int64_t>(s->rows.size()) < kBlockM * ld) {
+      s->rows.resize(kBlockM * ld);
+    }
+    for (int r = 0; r < kBlockM; ++r) {
+      Bf16* row = s->rows.data() + r * ld;
+      const int64_t copied = r < v.rows ? k : 0;
+      if (copied > 0) {
+        std::memcpy(row, a + (m0 + r) * lda, sizeof(Bf16) * copied);
+      }
+      std::fill(row + copied, row + ld, Bf16{0});
     }
     v.full = s->rows.data();
     v.ld = ld;
@@ -360,10 +406,32 @@ inline __mmask16 ColumnMask(int64_t cols) {
   return static_cast<__mmask16>((1u << cols) - 1);
 }
 
+// Stores 16 lanes at p: a non-temporal store of the whole line when
+// `stream` and every lane is written, else the masked store.
+DLRM_AMX_TARGET inline void Store(float* p, __mmask16 lanes, __m512 v,
+                                  bool stream) {
+  if (stream && lanes == 0xffff) {
+    _mm512_stream_ps(p, v);
+  } else {
+    _mm512_mask_storeu_ps(p, lanes, v);
+  }
+}
+DLRM_AMX_TARGET inline void Store(Bf16* p, __mmask16 lanes, __m256i v,
+                                  bool stream) {
+  if (stream && lanes == 0xffff) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+  } else {
+    _mm256_mask_storeu_epi16(p, lanes, v);
+  }
+}
+
 // The block's outputs from the accumulators copied to s->c (rows x 32,
-// leading dimension 32), columns [n0, n0 + cols), cols <= 32.
+// leading dimension 32), columns [n0, n0 + cols), cols <= 32; stream[0],
+// [1] and [2] say whether pre_f32, c_f32 and c_bf16 take non-temporal
+// stores.
 DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
-                              int64_t cols, const AmxEpilogue& e) {
+                              int64_t cols, const AmxEpilogue& e,
+                              const bool* stream) {
   const __mmask16 lo = ColumnMask(cols), hi = ColumnMask(cols - 16);
   const __m512 zero = _mm512_setzero_ps();
   __m512 b_lo = zero, b_hi = zero;
@@ -379,20 +447,31 @@ DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
       v_hi = _mm512_max_ps(v_hi, zero);
     }
     const int64_t at = (m0 + r) * e.ldc + n0;
+    if (e.pre_f32 != nullptr) {
+      Store(e.pre_f32 + at, lo, v_lo, stream[0]);
+      if (hi != 0) Store(e.pre_f32 + at + 16, hi, v_hi, stream[0]);
+    }
+    // A product, then a sum (not fused: the bits of the plain loop).
+    if (e.mul != nullptr) {
+      v_lo = _mm512_mul_ps(v_lo, _mm512_maskz_loadu_ps(lo, e.mul + at));
+      v_hi = _mm512_mul_ps(v_hi, _mm512_maskz_loadu_ps(hi, e.mul + at + 16));
+    }
+    if (e.add != nullptr) {
+      v_lo = _mm512_add_ps(v_lo, _mm512_maskz_loadu_ps(lo, e.add + at));
+      v_hi = _mm512_add_ps(v_hi, _mm512_maskz_loadu_ps(hi, e.add + at + 16));
+    }
     if (e.c_f32 != nullptr) {
       if (e.accumulate) {
         v_lo = _mm512_add_ps(v_lo, _mm512_maskz_loadu_ps(lo, e.c_f32 + at));
         v_hi =
             _mm512_add_ps(v_hi, _mm512_maskz_loadu_ps(hi, e.c_f32 + at + 16));
       }
-      _mm512_mask_storeu_ps(e.c_f32 + at, lo, v_lo);
-      if (hi != 0) _mm512_mask_storeu_ps(e.c_f32 + at + 16, hi, v_hi);
+      Store(e.c_f32 + at, lo, v_lo, stream[1]);
+      if (hi != 0) Store(e.c_f32 + at + 16, hi, v_hi, stream[1]);
     }
     if (e.c_bf16 != nullptr) {
-      _mm256_mask_storeu_epi16(e.c_bf16 + at, lo, RoundToBf16(v_lo));
-      if (hi != 0) {
-        _mm256_mask_storeu_epi16(e.c_bf16 + at + 16, hi, RoundToBf16(v_hi));
-      }
+      Store(e.c_bf16 + at, lo, RoundToBf16(v_lo), stream[2]);
+      if (hi != 0) Store(e.c_bf16 + at + 16, hi, RoundToBf16(v_hi), stream[2]);
     }
   }
 }
@@ -502,6 +581,18 @@ void AmxGemm(int64_t m, const Bf16* a, int64_t lda, const AmxPackedB& b,
   const int64_t panel =
       std::max<int64_t>(b.k_blocks(), 1) * 2 * kBlockValues * sizeof(Bf16);
   const int64_t chunk = std::clamp<int64_t>(kPanelBytes / panel, 1, n_pairs);
+  // Outputs of kStreamBytes or more are written around the caches
+  // (non-temporal stores of whole 64-byte lines, where the lines are
+  // aligned): a store that misses reads its line first, and these are read
+  // back from memory anyway. The cross network's forward ran 0.75x as long.
+  const bool big =
+      m * out.ldc * static_cast<int64_t>(sizeof(float)) >= kStreamBytes &&
+      !out.accumulate;
+  auto streams = [&](const void* p) {
+    return big && reinterpret_cast<uintptr_t>(p) % 64 == 0 && out.ldc % 16 == 0;
+  };
+  const bool stream[3] = {streams(out.pre_f32), streams(out.c_f32),
+                          streams(out.c_bf16)};
 #pragma omp parallel if (items > 1)
   {
     ConfigureTiles();
@@ -535,8 +626,10 @@ void AmxGemm(int64_t m, const Bf16* a, int64_t lda, const AmxPackedB& b,
       }
       const int64_t n0 = nb0 * kBlockN;
       Epilogue(s.c, view.rows, mb * kBlockM, n0,
-               std::min<int64_t>(two_n ? 2 * kBlockN : kBlockN, n - n0), out);
+               std::min<int64_t>(two_n ? 2 * kBlockN : kBlockN, n - n0), out,
+               stream);
     }
+    if (stream[0] || stream[1] || stream[2]) _mm_sfence();
     ReleaseTiles();
   }
 }

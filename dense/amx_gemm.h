@@ -56,18 +56,23 @@ class AmxPackedB {
   AlignedVector<Bf16> data_;
 };
 
-// What AmxGemm does with each output: v = act(sum + bias[j]), act ReLU
-// when `relu`, identity otherwise; written as fp32 to c_f32 (or added to
-// what c_f32 holds, when `accumulate`) and/or rounded to bf16 (ToBf16,
-// dense/bf16_round.h) into c_bf16, each with leading dimension ldc; at
-// least one non-null.
+// What AmxGemm does with each output (i, j): u = act(sum + bias[j]), act
+// ReLU when `relu`, identity otherwise; u written to pre_f32 unless null;
+// v = u * mul[i, j] + add[i, j] (a null mul or add leaves its step out: the
+// cross network's x_{l+1} = x_0 * q + x_l, or a residual); v written as
+// fp32 to c_f32 (or added to what c_f32 holds, when `accumulate`) and/or
+// rounded to bf16 (ToBf16, dense/bf16_round.h) into c_bf16. Every matrix
+// has leading dimension ldc; at least one output non-null.
 struct AmxEpilogue {
   const float* bias = nullptr;  // [n]; null adds nothing
   bool relu = false;
   float* c_f32 = nullptr;
   Bf16* c_bf16 = nullptr;
   int64_t ldc = 0;
-  bool accumulate = false;  // c_f32 += v (c_bf16 gets the sum's rounding)
+  bool accumulate = false;     // c_f32 += v (c_bf16 gets the sum's rounding)
+  float* pre_f32 = nullptr;    // u, before mul and add
+  const float* mul = nullptr;  // [m x n] factor
+  const float* add = nullptr;  // [m x n] addend
 };
 
 // C [m x n] = act(A [m x k] B + bias) with A bf16 row-major (leading

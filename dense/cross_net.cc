@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -84,25 +85,33 @@ void LayerForwardBf16(const Bf16* vb, const Bf16* wb, const float* b, int n,
     // The AMX kernel (dense/amx_gemm.h), the weights packed for its tiles
     // on every call (V and W are [r x n] and [n x r]: 1/batch of a
     // product's work) into the calling thread's buffers.
+    // The second product's epilogue is BiasProductResidual's arithmetic
+    // (q = sum + b kept, x_next = x0 * q + x_l), on each block of outputs
+    // as it leaves the tiles: q is written once and not read back.
     thread_local AmxPackedB packed_v, packed_w;
     packed_v.PackTransposed(vb, n, r, n);
     AmxGemm(batch, xl_bf16, n, packed_v, {nullptr, false, nullptr, p, r});
     packed_w.PackTransposed(wb, r, n, r);
-    AmxGemm(batch, p, r, packed_w, {nullptr, false, q, nullptr, n});
-  } else {
-    BgemmToBf16('N', 'T', batch, r, n, xl_bf16, n, vb, n, p, r);
-    Bgemm('N', 'T', batch, n, r, p, r, wb, r, 0.0f, q, n);
+    AmxEpilogue out{b, false, x_next, x_next_bf16, n};
+    out.pre_f32 = q;
+    out.mul = x0;
+    out.add = xl;
+    AmxGemm(batch, p, r, packed_w, out);
+    return;
   }
+  BgemmToBf16('N', 'T', batch, r, n, xl_bf16, n, vb, n, p, r);
+  Bgemm('N', 'T', batch, n, r, p, r, wb, r, 0.0f, q, n);
   BiasProductResidual(b, n, x0, xl, batch, q, x_next, x_next_bf16);
 }
 
 // A layer's four backward products at PRECISION_BF16 on the AMX kernel:
 // dW = h^T p and dV = dp^T x_l from transposed copies of h and dp (the
 // kernel's A operand is row-major over the reduction), dp = h W rounded
-// to bf16, and dp V added to dx (fp32).
+// to bf16, and dx = g + dp V when g is non-null (the gradient wrt x_l:
+// its direct path plus the path through V), else dp V added to dx (fp32).
 void LayerGradsAmx(int n, int r, int64_t batch, const Bf16* h, const Bf16* p,
                    const Bf16* xl, const Bf16* wb, const Bf16* vb, float* dw,
-                   float* dv, Bf16* dp, float* dx) {
+                   float* dv, Bf16* dp, const float* g, float* dx) {
   thread_local AlignedVector<Bf16> transposed;
   thread_local AmxPackedB packed;
   const int64_t ld = AmxTransposedLd(batch);
@@ -125,7 +134,9 @@ void LayerGradsAmx(int n, int r, int64_t batch, const Bf16* h, const Bf16* p,
   packed.Pack(xl, batch, n, n);
   AmxGemm(r, t, ld, packed, {nullptr, false, dv, nullptr, n});
   packed.Pack(vb, r, n, n);
-  AmxGemm(batch, dp, r, packed, {nullptr, false, dx, nullptr, n, true});
+  AmxEpilogue out{nullptr, false, dx, nullptr, n, /*accumulate=*/g == nullptr};
+  out.add = g;
+  AmxGemm(batch, dp, r, packed, out);
 }
 
 inline void Put(float* p, float v) { *p = v; }
@@ -134,8 +145,9 @@ inline void Put(Bf16* p, float v) { *p = ToBf16(v); }
 // Rows [begin, end) of one layer's elementwise backward, from g (the
 // gradient wrt x_{l+1}): h = g * x0 (W's output gradient), dx0 += g * q
 // (dx0 = g * q on the first layer visited, kFirst), and the gradient wrt
-// x_l's direct path: g copied to g_next, or added to dx0 on layer 0
-// (kLast, whose x_l is x_0). Writes h's column sums over the rows to `sum`.
+// x_l's direct path: g copied to g_next (unless null: the AMX path adds g
+// in its last product's epilogue), or added to dx0 on layer 0 (kLast, whose
+// x_l is x_0). Writes h's column sums over the rows to `sum`.
 template <bool kFirst, bool kLast, typename H>
 void BackwardRows(const float* g, const float* x0, const float* q,
                   int64_t begin, int64_t end, int n, H* h, float* dx0,
@@ -148,7 +160,6 @@ void BackwardRows(const float* g, const float* x0, const float* q,
     const float* __restrict__ qr = q + at;
     H* __restrict__ hr = h + at;
     float* __restrict__ dxr = dx0 + at;
-    float* __restrict__ gn = kLast ? nullptr : g_next + at;
     for (int c = 0; c < n; ++c) {
       const float gv = gr[c];
       const float hv = gv * x0r[c];
@@ -156,12 +167,11 @@ void BackwardRows(const float* g, const float* x0, const float* q,
       sum[c] += hv;
       float d = gv * qr[c];
       if constexpr (!kFirst) d = dxr[c] + d;
-      if constexpr (kLast) {
-        d += gv;
-      } else {
-        gn[c] = gv;
-      }
+      if constexpr (kLast) d += gv;
       dxr[c] = d;
+    }
+    if (!kLast && g_next != nullptr) {
+      std::memcpy(g_next + at, gr, sizeof(float) * n);
     }
   }
 }
@@ -289,12 +299,16 @@ void CrossNet::BackwardBf16(const float* x0, const float* dout, int64_t batch,
     const float* q = q_[l].data();
     float* g_next = l == 0 ? nullptr : buffers[(num - 1 - l) % 2];
     const bool last = l == 0;
-    BackwardPassOf(l, num, g, x0, q, batch, n, h, dx0, g_next, partial);
+    const bool amx = AmxGemmUsable();
+    // On the AMX path g reaches g_next in the last product's epilogue.
+    BackwardPassOf(l, num, g, x0, q, batch, n, h, dx0, amx ? nullptr : g_next,
+                   partial);
     SumBlocks(partial, blocks, n, layer.db.data());
     // As Backward's four products, on the bf16 copies.
-    if (AmxGemmUsable()) {
+    if (amx) {
       LayerGradsAmx(n, r, batch, h, p, xl, layer.wb.data(), layer.vb.data(),
-                    layer.dw.data(), layer.dv.data(), dp, last ? dx0 : g_next);
+                    layer.dw.data(), layer.dv.data(), dp, last ? nullptr : g,
+                    last ? dx0 : g_next);
       g = g_next;
       continue;
     }

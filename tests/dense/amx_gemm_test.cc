@@ -1,8 +1,10 @@
 // Tests for dense/amx_gemm.h, the hand-written AMX GEMM (part of
 // dense_test): its packing against B element by element, its products
 // against double loops on random shapes (tails in every dimension), its
-// epilogue's rounding against ToBf16 on ties and special values, and its
-// bits independent of the thread count and of the rows around a row.
+// epilogue's rounding against ToBf16 on ties and special values, its
+// steps after the bias (the cross network's product and residual) and its
+// non-temporal stores against scalar bits, and its bits independent of the
+// thread count and of the rows around a row.
 #include "dense/amx_gemm.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/random.h"
 #include "dense/bf16.h"
 
@@ -192,6 +195,88 @@ TEST(AmxGemmTest, BitsDependOnNeitherThreadsNorOtherRows) {
     const std::vector<float> few = run(2, first, 3);
     ASSERT_EQ(0, std::memcmp(few.data(), two.data() + first * n, 3 * n * 4))
         << first;
+  }
+}
+
+// The epilogue's steps after the bias and ReLU (u kept in pre_f32, then
+// u * mul + add) on an output large enough for non-temporal stores, from A
+// with aligned rows (read in place): bitwise the plain epilogue's u from
+// 32-row calls on a copy of A whose rows are not aligned (copied by the
+// kernel), and the scalar float arithmetic after it; columns past n are
+// left alone. Then the residual form (add only) accumulated into C.
+TEST(AmxGemmTest, EpilogueStepsMatchScalarBitsStreamedOrNot) {
+  SKIP_WITHOUT_AMX();
+  Rng rng(506);
+  const int64_t m = 2048, n = 1030, k = 96, ldc = 1040;  // 8.1 MiB as fp32
+  const int64_t lda_odd = k + 1;
+  AlignedVector<Bf16> a(m * k);
+  std::vector<Bf16> a_odd(m * lda_odd, 0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t p = 0; p < k; ++p) {
+      a[i * k + p] = a_odd[i * lda_odd + p] =
+          ToBf16(static_cast<float>(rng.Normal()));
+    }
+  }
+  const std::vector<Bf16> b = RandomBf16(&rng, k * n);
+  std::vector<float> bias(n);
+  for (float& x : bias) x = static_cast<float>(rng.Normal());
+  AlignedVector<float> mul(m * ldc), add(m * ldc);
+  for (float& x : mul) x = static_cast<float>(rng.Normal());
+  for (float& x : add) x = static_cast<float>(rng.Normal());
+  AmxPackedB packed;
+  packed.Pack(b.data(), k, n, n);
+
+  AlignedVector<float> pre(m * ldc, 7.0f), c(m * ldc, 7.0f);
+  AlignedVector<Bf16> cb(m * ldc, 0x7777);
+  AmxEpilogue out{bias.data(), true, c.data(), cb.data(), ldc};
+  out.pre_f32 = pre.data();
+  out.mul = mul.data();
+  out.add = add.data();
+  AmxGemm(m, a.data(), k, packed, out);
+
+  std::vector<float> u(m * ldc);
+  for (int64_t r0 = 0; r0 < m; r0 += 32) {
+    AmxGemm(32, a_odd.data() + r0 * lda_odd, lda_odd, packed,
+            {bias.data(), true, u.data() + r0 * ldc, nullptr, ldc});
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const int64_t at = i * ldc + j;
+      if (j >= n) {
+        ASSERT_EQ(pre[at], 7.0f);
+        ASSERT_EQ(c[at], 7.0f);
+        ASSERT_EQ(cb[at], 0x7777);
+        continue;
+      }
+      const float product = u[at] * mul[at];
+      const float want = product + add[at];
+      ASSERT_EQ(std::bit_cast<uint32_t>(pre[at]),
+                std::bit_cast<uint32_t>(u[at]))
+          << i << "," << j;
+      ASSERT_EQ(std::bit_cast<uint32_t>(c[at]), std::bit_cast<uint32_t>(want))
+          << i << "," << j;
+      ASSERT_EQ(cb[at], ToBf16(want)) << i << "," << j;
+    }
+  }
+
+  // dx = g + dp V's form: c += u + add, without a bias or ReLU.
+  const int64_t rows = 70;
+  std::vector<float> acc(rows * ldc), plain(rows * ldc);
+  for (float& x : acc) x = static_cast<float>(rng.Normal());
+  const std::vector<float> before = acc;
+  AmxEpilogue residual{nullptr, false, acc.data(), nullptr, ldc, true};
+  residual.add = add.data();
+  AmxGemm(rows, a.data(), k, packed, residual);
+  AmxGemm(rows, a.data(), k, packed,
+          {nullptr, false, plain.data(), nullptr, ldc});
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t at = i * ldc + j;
+      const float v = plain[at] + add[at];
+      ASSERT_EQ(std::bit_cast<uint32_t>(acc[at]),
+                std::bit_cast<uint32_t>(v + before[at]))
+          << i << "," << j;
+    }
   }
 }
 
