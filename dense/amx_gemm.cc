@@ -439,6 +439,7 @@ DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
     b_lo = _mm512_maskz_loadu_ps(lo, e.bias + n0);
     b_hi = _mm512_maskz_loadu_ps(hi, e.bias + n0 + 16);
   }
+  __m512 sum_lo = zero, sum_hi = zero;
   for (int r = 0; r < rows; ++r) {
     __m512 v_lo = _mm512_add_ps(_mm512_load_ps(c + r * 32), b_lo);
     __m512 v_hi = _mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), b_hi);
@@ -460,6 +461,19 @@ DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
       v_lo = _mm512_add_ps(v_lo, _mm512_maskz_loadu_ps(lo, e.add + at));
       v_hi = _mm512_add_ps(v_hi, _mm512_maskz_loadu_ps(hi, e.add + at + 16));
     }
+    if (e.mask != nullptr) {  // y > 0 on the bf16 bits: positive, not zero
+      const __m256i zero16 = _mm256_setzero_si256();
+      const __mmask16 pos_lo = _mm256_cmpgt_epi16_mask(
+          _mm256_maskz_loadu_epi16(lo, e.mask + at), zero16);
+      const __mmask16 pos_hi = _mm256_cmpgt_epi16_mask(
+          _mm256_maskz_loadu_epi16(hi, e.mask + at + 16), zero16);
+      v_lo = _mm512_maskz_mov_ps(pos_lo, v_lo);
+      v_hi = _mm512_maskz_mov_ps(pos_hi, v_hi);
+    }
+    if (e.col_sums != nullptr) {
+      sum_lo = _mm512_add_ps(sum_lo, v_lo);
+      sum_hi = _mm512_add_ps(sum_hi, v_hi);
+    }
     if (e.c_f32 != nullptr) {
       if (e.accumulate) {
         v_lo = _mm512_add_ps(v_lo, _mm512_maskz_loadu_ps(lo, e.c_f32 + at));
@@ -472,6 +486,25 @@ DLRM_AMX_TARGET void Epilogue(const float* c, int rows, int64_t m0, int64_t n0,
     if (e.c_bf16 != nullptr) {
       Store(e.c_bf16 + at, lo, RoundToBf16(v_lo), stream[2]);
       if (hi != 0) Store(e.c_bf16 + at + 16, hi, RoundToBf16(v_hi), stream[2]);
+    }
+  }
+  if (e.col_sums != nullptr) {
+    float* sums = e.col_sums + m0 / kBlockM * e.ldc + n0;
+    _mm512_mask_storeu_ps(sums, lo, sum_lo);
+    if (hi != 0) _mm512_mask_storeu_ps(sums + 16, hi, sum_hi);
+  }
+  if (e.c_bf16_t != nullptr) {  // the block just written, from L1
+    const Bf16* src = e.c_bf16 + m0 * e.ldc + n0;
+    Bf16* dst = e.c_bf16_t + n0 * e.ldt + m0;
+    if (rows == kBlockM && cols == 2 * kBlockN) {
+      TransposeBlock32x16(src, e.ldc, dst, e.ldt);
+      TransposeBlock32x16(src + 16, e.ldc, dst + 16 * e.ldt, e.ldt);
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          dst[j * e.ldt + r] = src[r * e.ldc + j];
+        }
+      }
     }
   }
 }

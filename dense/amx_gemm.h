@@ -73,6 +73,16 @@ struct AmxEpilogue {
   float* pre_f32 = nullptr;    // u, before mul and add
   const float* mul = nullptr;  // [m x n] factor
   const float* add = nullptr;  // [m x n] addend
+  // The backward's mask pass of the layer below, fused into the product
+  // of its output gradient (Linear's MaskedGrad): v = 0 where mask[i, j]
+  // (bf16, leading dimension ldc: that layer's ReLU output) is not > 0,
+  // before the outputs; c_bf16 also written transposed to c_bf16_t [n x m]
+  // (leading dimension ldt); v summed over each block of 32 rows in order
+  // into col_sums [ceil(m / 32) x ldc]. Each null leaves its step out.
+  const Bf16* mask = nullptr;
+  Bf16* c_bf16_t = nullptr;
+  int64_t ldt = 0;
+  float* col_sums = nullptr;
 };
 
 // C [m x n] = act(A [m x k] B + bias) with A bf16 row-major (leading

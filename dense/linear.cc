@@ -26,7 +26,9 @@ namespace {
 
 // The bias gradient is reduced over fixed blocks of rows, then over blocks
 // in order, so the sum does not depend on the thread count or on timing.
-constexpr int64_t kRowBlock = 64;
+// 32 rows, the AMX kernel's block of rows: the mask pass fused into its
+// epilogue (MaskedGrad) sums the same blocks, so both give the same bits.
+constexpr int64_t kRowBlock = 32;
 
 // Element-wise passes below this many floats run on one thread: an OpenMP
 // region costs more than it saves (inference on a few samples).
@@ -89,6 +91,15 @@ void MaskAndSum(float* dy, const Y* y, int64_t begin, int64_t end, int out,
         for (int c = 0; c < out; ++c) gb[c] = ToBf16(g[c]);
       }
     }
+  }
+}
+
+// db [out] = the sum of `blocks` block sums of `out` floats, in order.
+void SumBlocks(const float* partial, int64_t blocks, int out, float* db) {
+  std::copy(partial, partial + out, db);
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    const float* sum = partial + blk * out;
+    for (int c = 0; c < out; ++c) db[c] += sum[c];
   }
 }
 
@@ -233,12 +244,7 @@ bool Linear::MaskAndBiasGrad(const Y* y, float* dy, int64_t batch, Bf16* dyb,
       MaskAndSum<kWriteDy, false>(dy, y, begin, end, out, relu, sum, dyb);
     }
   }
-  float* db = db_.data();
-  std::copy(partial, partial + out, db);
-  for (int64_t blk = 1; blk < blocks; ++blk) {
-    const float* sum = partial + blk * out;
-    for (int c = 0; c < out; ++c) db[c] += sum[c];
-  }
+  SumBlocks(partial, blocks, out, db_.data());
   return true;
 }
 
@@ -257,7 +263,8 @@ Bf16* TransposedDy(int64_t out, int64_t batch) {
 }  // namespace
 
 void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16,
-                           const Bf16* dy_bf16_t, int64_t batch, float* dx) {
+                           const Bf16* dy_bf16_t, int64_t batch, float* dx,
+                           const MaskedGrad* below) {
   if (dy_bf16_t != nullptr) {
     // dW [out x in] = dy^T [out x batch] x [batch x in], x packed for the
     // tiles with the batch as the reduction.
@@ -269,11 +276,22 @@ void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16,
     Bgemm('T', 'N', out_, in_, batch, dy_bf16, out_, x, in_, 0.0f, dw_.data(),
           in_);
   }
-  if (dx == nullptr) return;
+  if (dx == nullptr && below == nullptr) return;
   if (AmxGemmUsable()) {
     thread_local AmxPackedB packed_w;
     packed_w.Pack(wb_.data(), out_, in_, in_);
-    AmxGemm(batch, dy_bf16, out_, packed_w, {nullptr, false, dx, nullptr, in_});
+    AmxEpilogue out{nullptr, false, dx, nullptr, in_};
+    if (below != nullptr) {
+      // The layer below's mask pass as the blocks leave the tiles: its
+      // output (relu'd) is x, this layer's input.
+      out.c_f32 = nullptr;
+      out.c_bf16 = below->dyb;
+      out.mask = x;
+      out.c_bf16_t = below->dyb_t;
+      out.ldt = AmxTransposedLd(batch);
+      out.col_sums = below->sums;
+    }
+    AmxGemm(batch, dy_bf16, out_, packed_w, out);
     return;
   }
   Bgemm('N', 'N', batch, in_, out_, dy_bf16, out_, wb_.data(), in_, 0.0f, dx,
@@ -281,21 +299,38 @@ void Linear::GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16,
 }
 
 void Linear::BackwardBf16(const Bf16* x, const float* y, float* dy,
-                          int64_t batch, float* dx, Bf16* dy_bf16) {
+                          int64_t batch, float* dx, Bf16* dy_bf16,
+                          const MaskedGrad* below) {
   Bf16* dy_t = TransposedDy(out_, batch);
   if (!MaskAndBiasGrad<true>(y, dy, batch, dy_bf16, dy_t)) return;
-  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx);
+  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx, below);
 }
 
 void Linear::BackwardBf16(const Bf16* x, const Bf16* y_bf16, const float* dy,
-                          int64_t batch, float* dx, Bf16* dy_bf16) {
+                          int64_t batch, float* dx, Bf16* dy_bf16,
+                          const MaskedGrad* below) {
   Bf16* dy_t = TransposedDy(out_, batch);
   // Only read: kWriteDy is false.
   if (!MaskAndBiasGrad<false>(y_bf16, const_cast<float*>(dy), batch, dy_bf16,
                               dy_t)) {
     return;
   }
-  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx);
+  GradGemmsBf16(x, dy_bf16, dy_t, batch, dx, below);
+}
+
+float* Linear::MaskedSums(int64_t batch) {
+  return Sized(partial_, (batch + kRowBlock - 1) / kRowBlock * out_);
+}
+
+void Linear::BackwardMasked(const Bf16* x, const MaskedGrad& g, int64_t batch,
+                            float* dx, const MaskedGrad* below) {
+  if (batch <= 0) {
+    std::fill(dw_.begin(), dw_.end(), 0.0f);
+    std::fill(db_.begin(), db_.end(), 0.0f);
+    return;
+  }
+  SumBlocks(g.sums, (batch + kRowBlock - 1) / kRowBlock, out_, db_.data());
+  GradGemmsBf16(x, g.dyb, g.dyb_t, batch, dx, below);
 }
 
 void Linear::Backward(const float* x, const float* y, float* dy, int64_t batch,
@@ -414,18 +449,40 @@ void Mlp::Backward(const float* x, float* dy, int64_t batch, float* dx) {
   if (bf16) {
     Sized(dy_bf16_, batch * std::max<int64_t>(WidestHidden(), out()));
   }
+  // On the AMX kernel each layer's input-gradient product also does the
+  // mask pass of the layer below (MaskedGrad), into these buffers in turns.
+  const bool fuse = bf16 && AmxGemmUsable();
+  MaskedGrad masked[2];
+  if (fuse && n > 1) {
+    const int64_t ld = AmxTransposedLd(batch);
+    for (int j = 0; j < 2; ++j) {
+      masked[j].dyb = Sized(masked_dyb_[j], batch * WidestHidden());
+      masked[j].dyb_t = Sized(masked_dyb_t_[j], WidestHidden() * ld);
+    }
+  }
   float* grad = dy;
   for (size_t i = n; i-- > 0;) {
     float* layer_dx =
         i == 0 ? dx : ((n - 1 - i) % 2 == 0 ? grad_a_.data() : grad_b_.data());
     if (bf16) {
       const Bf16* layer_in = i == 0 ? x_bf16_.data() : acts_bf16_[i - 1].data();
-      if (i + 1 == n) {
+      // Layer i - 1 (a ReLU layer: every layer but the top MLP's last) gets
+      // its masked gradient from this layer's product.
+      MaskedGrad* below = nullptr;
+      if (fuse && i > 0) {
+        below = &masked[(n - 1 - i) % 2];
+        below->sums = layers_[i - 1].MaskedSums(batch);
+        layer_dx = nullptr;
+      }
+      if (fuse && i + 1 < n) {  // the layer above did this layer's mask pass
+        layers_[i].BackwardMasked(layer_in, masked[(n - i) % 2], batch,
+                                  layer_dx, below);
+      } else if (i + 1 == n) {
         layers_[i].BackwardBf16(layer_in, acts_[i].data(), grad, batch,
-                                layer_dx, dy_bf16_.data());
+                                layer_dx, dy_bf16_.data(), below);
       } else {  // Forward kept this layer's output in bf16 only
         layers_[i].BackwardBf16(layer_in, acts_bf16_[i].data(), grad, batch,
-                                layer_dx, dy_bf16_.data());
+                                layer_dx, dy_bf16_.data(), below);
       }
     } else {
       const float* layer_in = i == 0 ? x : acts_[i - 1].data();

@@ -33,6 +33,18 @@ struct ParamRef {
   int64_t size;
 };
 
+// On the AMX kernel, what a layer's input-gradient product writes in place
+// of dx for the layer below it (a ReLU layer whose output is this layer's
+// input), so that layer's mask pass is done: the gradient masked by that
+// output in bf16 (dyb [batch x in]) and transposed (dyb_t [in x batch],
+// leading dimension AmxTransposedLd(batch)), and its sums over each block
+// of 32 rows (sums [ceil(batch / 32) x in]).
+struct MaskedGrad {
+  Bf16* dyb = nullptr;
+  Bf16* dyb_t = nullptr;
+  float* sums = nullptr;
+};
+
 // y = act(x W^T + b), act = ReLU or identity. Not thread-safe.
 class Linear {
  public:
@@ -63,12 +75,24 @@ class Linear {
   // values are also written as bf16 to dy_bf16 ([batch x out], scratch),
   // which the weight and input gradients' GEMMs read.
   void BackwardBf16(const Bf16* x, const float* y, float* dy, int64_t batch,
-                    float* dx, Bf16* dy_bf16);
+                    float* dx, Bf16* dy_bf16,
+                    const MaskedGrad* below = nullptr);
   // The same with the ReLU's mask read off the output's bf16 copy (a layer
   // whose forward kept only y_bf16), and dy only read: its masked values go
   // to dy_bf16 alone.
   void BackwardBf16(const Bf16* x, const Bf16* y_bf16, const float* dy,
-                    int64_t batch, float* dx, Bf16* dy_bf16);
+                    int64_t batch, float* dx, Bf16* dy_bf16,
+                    const MaskedGrad* below = nullptr);
+  // BackwardMasked, on the AMX kernel (AmxGemmUsable()): the backward of a
+  // layer whose mask pass the layer above wrote into `g` (its sums in
+  // MaskedSums), writing dx unless null. With `below` non-null, here and
+  // in the BackwardBf16 passes (dx null then), the input gradient's product
+  // writes the MaskedGrad of the layer below instead. The bias gradient is
+  // summed over the same blocks of 32 rows either way (the same bits).
+  void BackwardMasked(const Bf16* x, const MaskedGrad& g, int64_t batch,
+                      float* dx, const MaskedGrad* below);
+  // The buffer for the sums of this layer's MaskedGrad at `batch` rows.
+  float* MaskedSums(int64_t batch);
   // Writes the bf16 copy of the weights the bf16 passes read; call after
   // the weights change.
   void SyncBf16Weights();
@@ -95,7 +119,8 @@ class Linear {
   // The bf16 backward's weight and input gradients from dy's bf16 copy and,
   // on the AMX kernel, its transpose (null: oneDNN's GEMMs).
   void GradGemmsBf16(const Bf16* x, const Bf16* dy_bf16, const Bf16* dy_bf16_t,
-                     int64_t batch, float* dx);
+                     int64_t batch, float* dx,
+                     const MaskedGrad* below = nullptr);
 
   int in_, out_;
   bool relu_;
@@ -165,6 +190,8 @@ class Mlp {
   // the output gradient's bf16 copy (scratch of the backward).
   std::vector<AlignedVector<Bf16>> acts_bf16_;
   AlignedVector<Bf16> x_bf16_, dy_bf16_;
+  // The MaskedGrad buffers, used in turns (Backward on the AMX kernel).
+  AlignedVector<Bf16> masked_dyb_[2], masked_dyb_t_[2];
   // Infer's bf16 input and outputs (it keeps no activations).
   mutable AlignedVector<Bf16> infer_bf16_;
 };

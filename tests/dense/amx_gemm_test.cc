@@ -280,6 +280,54 @@ TEST(AmxGemmTest, EpilogueStepsMatchScalarBitsStreamedOrNot) {
   }
 }
 
+// The layer below's mask pass in the epilogue (Linear's MaskedGrad): v
+// zeroed where the bf16 mask is not > 0, rounded into c_bf16, transposed
+// into c_bf16_t and summed over each block of 32 rows in order, against
+// the plain epilogue's fp32 output and scalar loops; tails in m and n.
+TEST(AmxGemmTest, FusedMaskPassMatchesScalarBits) {
+  SKIP_WITHOUT_AMX();
+  Rng rng(507);
+  for (auto [m, n, k] : {std::tuple{70, 50, 96}, std::tuple{2048, 512, 256},
+                         std::tuple{33, 16, 40}}) {
+    SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k);
+    const Operands o = MakeOperands(&rng, m, n, k);
+    AmxPackedB packed;
+    packed.Pack(o.b.data(), k, n, o.ldb);
+    std::vector<Bf16> mask = RandomBf16(&rng, m * n);
+    mask[0] = 0x8000;  // -0: not > 0
+    std::vector<float> plain(m * n);
+    AmxGemm(m, o.a.data(), o.lda, packed,
+            {nullptr, false, plain.data(), nullptr, n});
+    const int64_t ldt = AmxTransposedLd(m), blocks = (m + 31) / 32;
+    std::vector<Bf16> cb(m * n), ct(n * ldt, 0x7777);
+    std::vector<float> sums(blocks * n);
+    AmxEpilogue out{nullptr, false, nullptr, cb.data(), n};
+    out.mask = mask.data();
+    out.c_bf16_t = ct.data();
+    out.ldt = ldt;
+    out.col_sums = sums.data();
+    AmxGemm(m, o.a.data(), o.lda, packed, out);
+    std::vector<float> want_sums(blocks * n, 0.0f);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float v =
+            static_cast<int16_t>(mask[i * n + j]) > 0 ? plain[i * n + j] : 0.0f;
+        want_sums[i / 32 * n + j] += v;
+        ASSERT_EQ(cb[i * n + j], ToBf16(v)) << i << "," << j;
+        ASSERT_EQ(ct[j * ldt + i], ToBf16(v)) << i << "," << j;
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = m; i < ldt; ++i) ASSERT_EQ(ct[j * ldt + i], 0x7777);
+    }
+    for (int64_t i = 0; i < blocks * n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(sums[i]),
+                std::bit_cast<uint32_t>(want_sums[i]))
+          << i;
+    }
+  }
+}
+
 // TransposeBf16 against element-by-element copies: shapes with and without
 // full 32 x 16 blocks, leading dimensions wider than the rows; what lies
 // past the destination's rows is left alone. Needs no AMX.
