@@ -112,10 +112,8 @@ class CudaStore final : public EmbeddingStore {
   }
   // The rows and optimizer state, in device memory.
   StoreBytes MemoryBytes() const override {
-    return {.device =
-                spec_.rows *
-                (spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim)) *
-                static_cast<int64_t>(sizeof(float))};
+    return {.device = spec_.rows * spec_.RecordFloats() *
+                      static_cast<int64_t>(sizeof(float))};
   }
   // A host copy through ReadRows (SaveHostCopy).
   absl::Status Save(RowsSink& sink) override {
