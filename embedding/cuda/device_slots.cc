@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -109,12 +108,7 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "table ", spec.table_index, ": slots must be positive, got ", slots));
   }
-  if (CudaDeviceCount() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table ", spec.table_index,
-        ": the device tier needs a CUDA device: ", CudaUnavailableReason()));
-  }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  RETURN_IF_ERROR(UseDeviceZero(spec));
   std::unique_ptr<DeviceSlots> d(new DeviceSlots(spec));
   Impl& impl = *d->impl_;
   if (stream == nullptr) {
@@ -397,14 +391,7 @@ absl::Status DeviceSlots::StoreRows(const int64_t* slots, const int64_t* rows,
 
 absl::Status DeviceSlots::SetBatch(const data::SparseFeature& slot_ids) {
   impl_->has_batch = false;
-  const int64_t bags = slot_ids.num_bags();
-  const int64_t n = static_cast<int64_t>(slot_ids.ids.size());
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (n > kMax || bags > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec_.table_index, ": ", n, " ids in ", bags,
-        " bags; the device tier takes at most 2^31 - 1 of each per batch"));
-  }
+  RETURN_IF_ERROR(CheckKernelLimits(spec_, slot_ids));
   // Queued behind the previous batch's kernels, which read the other id
   // slot (StagedSparseFeature): the host does not wait for them.
   RETURN_IF_ERROR(impl_->batch.Upload(slot_ids, impl_->stream));
