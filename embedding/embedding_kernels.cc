@@ -47,6 +47,24 @@ inline Vec8 LoadU(const float* p) {
 }
 inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// The 32 bytes of a vector register of eight floats (an __m256, say) as a
+// Vec8.
+template <typename V>
+inline Vec8 AsVec8(const V& v) {
+  static_assert(sizeof(V) == sizeof(Vec8));
+  Vec8 r;
+  std::memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
+// Eight 16-bit words widened one at a time by `to_float` (builds without
+// the vector conversion).
+inline Vec8 Widen8(const uint16_t* p, float (*to_float)(uint16_t)) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r[i] = to_float(p[i]);
+  return r;
+}
+
 // How the kernels read a weight array's elements as floats: Load1 one,
 // Load8 eight (exact conversions, so every element type pools the bits of
 // the reference on the converted rows).
@@ -60,15 +78,10 @@ struct F16Words {
   static float Load1(const uint16_t* p) { return HalfToFloat(*p); }
   static Vec8 Load8(const uint16_t* p) {
 #if defined(__F16C__)
-    const __m256 v =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    Vec8 r;
-    std::memcpy(&r, &v, sizeof(r));
-    return r;
+    return AsVec8(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #else
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r[i] = HalfToFloat(p[i]);
-    return r;
+    return Widen8(p, HalfToFloat);
 #endif
   }
 };
@@ -77,20 +90,21 @@ struct Bf16Words {
   static float Load1(const uint16_t* p) { return Bf16ToFloat(*p); }
   static Vec8 Load8(const uint16_t* p) {
 #if defined(__AVX2__)
-    const __m256i v = _mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-        16);
-    Vec8 r;
-    std::memcpy(&r, &v, sizeof(r));
-    return r;
+    return AsVec8(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                        reinterpret_cast<const __m128i*>(p))),
+                                    16));
 #else
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r[i] = Bf16ToFloat(p[i]);
-    return r;
+    return Widen8(p, Bf16ToFloat);
 #endif
   }
 };
+
+// Zeroes a portable tile's sums: kVecs vectors and rem (< 8) scalars.
+template <int kVecs>
+inline void ZeroTile(Vec8* acc, float* tail, int rem) {
+  for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
+  for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+}
 
 // Columns [col0, col0 + 8 * kVecs + rem) of bags [bag_begin, bag_end), rem
 // < 8: kVecs vector sums and rem scalar ones, each from 0 in id order.
@@ -105,8 +119,7 @@ void PoolTilePortable(const typename Words::T* __restrict weights, int64_t dim,
     const int64_t begin = offsets[s], end = offsets[s + 1];
     Vec8 acc[kVecs > 0 ? kVecs : 1];
     float tail[8];
-    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-    for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+    ZeroTile<kVecs>(acc, tail, rem);
     for (int64_t p = begin; p < end; ++p) {
       if (p + kPrefetchDistance < total) {
         PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
@@ -221,8 +234,7 @@ void SumTilePortable(const float* __restrict rows, int64_t row_stride, int col0,
   const int cols = 8 * kVecs + rem;
   Vec8 acc[kVecs > 0 ? kVecs : 1];
   float tail[8];
-  for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-  for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+  ZeroTile<kVecs>(acc, tail, rem);
   for (int64_t e = begin; e < end; ++e) {
     if (e + kPrefetchDistance < prefetch_end) {
       PrefetchSpan(rows + order[e + kPrefetchDistance] * row_stride + col0,
@@ -394,24 +406,42 @@ void SumRowsAvx512(const float* rows, int64_t row_stride, int dim,
   });
 }
 
+// The AVX-512 loader of each portable element type.
+template <typename Words>
+struct LanesOf;
+template <>
+struct LanesOf<F32Words> {
+  using type = F32Lanes;
+};
+template <>
+struct LanesOf<F16Words> {
+  using type = Words16Lanes<false>;
+};
+template <>
+struct LanesOf<Bf16Words> {
+  using type = Words16Lanes<true>;
+};
+
 #undef DLRM_AVX512_TARGET
 
 #endif  // DLRM_HAVE_AVX512_KERNELS
 
-// PoolBags16 for one word type: the narrow fixed-dim loop, else the
+// PoolBags for one element type: the narrow fixed-dim loop on every ISA
+// (8-float vectors beat the 16-lane masked tile there too), else the
 // AVX-512 tiles where `avx512`, else the portable tiles.
-template <typename Words, bool kBf16>
-void Pool16(bool avx512, const uint16_t* weights, int dim, bool mean,
-            const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
-            int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
+template <typename Words>
+void Pool(bool avx512, const typename Words::T* weights, int dim, bool mean,
+          const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+          int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
   if (PoolNarrow<Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
                         total, out, out_stride)) {
     return;
   }
 #if DLRM_HAVE_AVX512_KERNELS
   if (avx512) {
-    PoolAvx512<Words16Lanes<kBf16>>(weights, dim, mean, offsets, ids, bag_begin,
-                                    bag_end, total, out, out_stride);
+    PoolAvx512<typename LanesOf<Words>::type>(weights, dim, mean, offsets, ids,
+                                              bag_begin, bag_end, total, out,
+                                              out_stride);
     return;
   }
 #endif
@@ -447,21 +477,8 @@ Isa BestIsa() {
 void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
-  // Narrow tables take the fixed-dim loop on every ISA (8-float vectors
-  // beat the 16-lane masked tile there too).
-  if (PoolNarrow<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                           total, out, out_stride)) {
-    return;
-  }
-#if DLRM_HAVE_AVX512_KERNELS
-  if (isa == Isa::kAvx512) {
-    PoolAvx512<F32Lanes>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                         total, out, out_stride);
-    return;
-  }
-#endif
-  PoolPortable<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                         total, out, out_stride);
+  Pool<F32Words>(isa == Isa::kAvx512, weights, dim, mean, offsets, ids,
+                 bag_begin, bag_end, total, out, out_stride);
 }
 
 void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
@@ -484,11 +501,11 @@ void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
                 int64_t out_stride) {
   const bool avx512 = isa == Isa::kAvx512;
   if (precision == ROW_BF16) {
-    Pool16<Bf16Words, true>(avx512, weights, dim, mean, offsets, ids, bag_begin,
-                            bag_end, total, out, out_stride);
+    Pool<Bf16Words>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                    bag_end, total, out, out_stride);
   } else {
-    Pool16<F16Words, false>(avx512, weights, dim, mean, offsets, ids, bag_begin,
-                            bag_end, total, out, out_stride);
+    Pool<F16Words>(avx512, weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                   total, out, out_stride);
   }
 }
 
