@@ -318,8 +318,7 @@ struct LayerRate {
 // The constants every layer-wise rule's Step has (part of it): the step's
 // learning rate and weight decay.
 struct LayerConstants {
-  float learning_rate = 0;
-  float weight_decay = 0;
+  float learning_rate = 0, weight_decay = 0;
 };
 
 // A tensor's LayerRate from a step's LayerConstants: with `adapt`, the
