@@ -120,6 +120,19 @@ absl::Status CoordinatorClient::CallError(const grpc::Status& status,
                                          ": ", status.error_message()));
 }
 
+template <typename Request, typename Response>
+absl::Status CoordinatorClient::Call(
+    const char* name,
+    grpc::Status (::dlrm::Coordinator::Stub::*rpc)(grpc::ClientContext*,
+                                                   const Request&, Response*),
+    const Request& request, Response* response, double timeout_seconds) {
+  grpc::ClientContext context;
+  PrepareContext(context, timeout_seconds);
+  const grpc::Status status = (stub_.get()->*rpc)(&context, request, response);
+  if (!status.ok()) return CallError(status, name, timeout_seconds);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> CoordinatorClient::RegisterRank(
     std::string_view job_id, int64_t generation, int rank, int world_size,
     double timeout_seconds) {
@@ -129,10 +142,8 @@ absl::StatusOr<uint64_t> CoordinatorClient::RegisterRank(
   request.set_rank(rank);
   request.set_world_size(world_size);
   RegisterRankResponse response;
-  grpc::ClientContext context;
-  PrepareContext(context, timeout_seconds);
-  const grpc::Status status = stub_->RegisterRank(&context, request, &response);
-  if (!status.ok()) return CallError(status, "RegisterRank", timeout_seconds);
+  RETURN_IF_ERROR(Call("RegisterRank", &::dlrm::Coordinator::Stub::RegisterRank,
+                       request, &response, timeout_seconds));
   return response.session_id();
 }
 
@@ -145,11 +156,8 @@ absl::Status CoordinatorClient::StoreSet(uint64_t session_id,
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   StoreSetResponse response;
-  grpc::ClientContext context;
-  PrepareContext(context, timeout_seconds);
-  const grpc::Status status = stub_->StoreSet(&context, request, &response);
-  if (!status.ok()) return CallError(status, "StoreSet", timeout_seconds);
-  return absl::OkStatus();
+  return Call("StoreSet", &::dlrm::Coordinator::Stub::StoreSet, request,
+              &response, timeout_seconds);
 }
 
 absl::Status CoordinatorClient::Heartbeat(std::string_view job_id, int rank,
@@ -160,11 +168,8 @@ absl::Status CoordinatorClient::Heartbeat(std::string_view job_id, int rank,
   request.set_rank(rank);
   request.set_host(std::string(host));
   HeartbeatResponse response;
-  grpc::ClientContext context;
-  PrepareContext(context, timeout_seconds);
-  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
-  if (!status.ok()) return CallError(status, "Heartbeat", timeout_seconds);
-  return absl::OkStatus();
+  return Call("Heartbeat", &::dlrm::Coordinator::Stub::Heartbeat, request,
+              &response, timeout_seconds);
 }
 
 absl::StatusOr<std::string> CoordinatorClient::StoreGet(
@@ -173,10 +178,8 @@ absl::StatusOr<std::string> CoordinatorClient::StoreGet(
   request.set_session_id(session_id);
   request.set_key(std::string(key));
   StoreGetResponse response;
-  grpc::ClientContext context;
-  PrepareContext(context, timeout_seconds);
-  const grpc::Status status = stub_->StoreGet(&context, request, &response);
-  if (!status.ok()) return CallError(status, "StoreGet", timeout_seconds);
+  RETURN_IF_ERROR(Call("StoreGet", &::dlrm::Coordinator::Stub::StoreGet,
+                       request, &response, timeout_seconds));
   return std::move(*response.mutable_value());
 }
 
@@ -187,11 +190,8 @@ absl::Status CoordinatorClient::StoreWait(uint64_t session_id,
   request.set_session_id(session_id);
   for (const std::string& key : keys) request.add_keys(key);
   StoreWaitResponse response;
-  grpc::ClientContext context;
-  PrepareContext(context, timeout_seconds);
-  const grpc::Status status = stub_->StoreWait(&context, request, &response);
-  if (!status.ok()) return CallError(status, "StoreWait", timeout_seconds);
-  return absl::OkStatus();
+  return Call("StoreWait", &::dlrm::Coordinator::Stub::StoreWait, request,
+              &response, timeout_seconds);
 }
 
 }  // namespace dlrm::comm

@@ -85,6 +85,14 @@ class CoordinatorClient {
   // Turns a failed call into a Status that names the coordinator and `rpc`.
   absl::Status CallError(const grpc::Status& status, absl::string_view rpc,
                          double timeout_seconds) const;
+  // Calls the stub's `rpc` (named `name`) on `request` with a context from
+  // PrepareContext, filling *response; CallError of a failed call.
+  template <typename Request, typename Response>
+  absl::Status Call(const char* name,
+                    grpc::Status (::dlrm::Coordinator::Stub::*rpc)(
+                        grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response,
+                    double timeout_seconds);
   // Why the channel does not connect: the error of a call that does not
   // wait for it (connection refused, TLS handshake failure); empty when it
   // connects.

@@ -123,9 +123,7 @@ class GlooCommunicator final : public Communicator {
     RETURN_IF_ERROR(CheckUsable());
     // Every rank passes the same count, so all of them skip together.
     if (count == 0) return absl::OkStatus();
-    return Run("AllReduceSum", [&] {
-      gloo::AllreduceOptions opts(context_);
-      opts.setTimeout(op_timeout_);
+    return RunWith<gloo::AllreduceOptions>("AllReduceSum", [&](auto& opts) {
       if (type == DataType::kFloat32) {
         opts.setOutput(static_cast<float*>(data), static_cast<size_t>(count));
         opts.setReduceFunction(&SumInto<float>);
@@ -154,9 +152,7 @@ class GlooCommunicator final : public Communicator {
       send_sizes[r] = send_counts[r] * element;
       recv_sizes[r] = recv_counts[r] * element;
     }
-    return Run("AllToAllV", [&] {
-      gloo::AlltoallvOptions opts(context_);
-      opts.setTimeout(op_timeout_);
+    return RunWith<gloo::AlltoallvOptions>("AllToAllV", [&](auto& opts) {
       opts.setInput(Bytes(send), std::move(send_sizes));
       opts.setOutput(Bytes(recv), std::move(recv_sizes));
       gloo::alltoallv(opts);
@@ -170,9 +166,7 @@ class GlooCommunicator final : public Communicator {
                                              type, internal::kHost));
     RETURN_IF_ERROR(CheckUsable());
     if (count == 0) return absl::OkStatus();
-    return Run("AllGather", [&] {
-      gloo::AllgatherOptions opts(context_);
-      opts.setTimeout(op_timeout_);
+    return RunWith<gloo::AllgatherOptions>("AllGather", [&](auto& opts) {
       opts.setInput(Bytes(send), bytes);
       opts.setOutput(Bytes(recv), bytes * world_size());
       gloo::allgather(opts);
@@ -186,9 +180,7 @@ class GlooCommunicator final : public Communicator {
                                              world_size(), internal::kHost));
     RETURN_IF_ERROR(CheckUsable());
     if (count == 0) return absl::OkStatus();
-    return Run("Broadcast", [&] {
-      gloo::BroadcastOptions opts(context_);
-      opts.setTimeout(op_timeout_);
+    return RunWith<gloo::BroadcastOptions>("Broadcast", [&](auto& opts) {
       // With no input buffer, the root sends from its output buffer.
       opts.setOutput(Bytes(data), bytes);
       opts.setRoot(root);
@@ -198,11 +190,8 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Barrier() override {
     RETURN_IF_ERROR(CheckUsable());
-    return Run("Barrier", [&] {
-      gloo::BarrierOptions opts(context_);
-      opts.setTimeout(op_timeout_);
-      gloo::barrier(opts);
-    });
+    return RunWith<gloo::BarrierOptions>(
+        "Barrier", [&](auto& opts) { gloo::barrier(opts); });
   }
 
  private:
@@ -212,6 +201,17 @@ class GlooCommunicator final : public Communicator {
     if (broken_.ok()) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
         "communicator unusable after an earlier error: ", broken_.message()));
+  }
+
+  // Run of `call` on Options for this context with the op timeout, the
+  // one every collective takes.
+  template <typename Options, typename Call>
+  absl::Status RunWith(absl::string_view op, Call call) {
+    return Run(op, [&] {
+      Options opts(context_);
+      opts.setTimeout(op_timeout_);
+      call(opts);
+    });
   }
 
   absl::Status Run(absl::string_view op, const std::function<void()>& call) {

@@ -16,7 +16,7 @@ HostSlots::HostSlots(const TableSpec& spec, int64_t slots)
     : table_(EmbeddingTable::SlotArray(spec.table_index, slots, spec.dim,
                                        spec.pooling, spec.optimizer,
                                        spec.precision, spec.seed, spec.slice)),
-      record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)) {}
+      record_floats_(spec.RecordFloats()) {}
 
 absl::Status HostSlots::ReadSlots(const int64_t* slots, int64_t n,
                                   float* records) {
@@ -85,7 +85,7 @@ CachedStore::CachedStore(const TableSpec& spec, const CacheOptions& options,
                          std::unique_ptr<EmbeddingStore> backing,
                          EmbeddingTable* host_table)
     : spec_(spec),
-      record_floats_(spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim)),
+      record_floats_(spec.RecordFloats()),
       slots_(std::move(slots)),
       backing_(std::move(backing)),
       host_table_(host_table),
@@ -465,10 +465,8 @@ StoreCapabilities CachedStore::capabilities() const {
 
 StoreBytes CachedStore::MemoryBytes() const {
   StoreBytes bytes = backing_->MemoryBytes();
-  const int64_t slot_bytes =
-      slots_->slots() *
-      (spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim)) *
-      static_cast<int64_t>(sizeof(float));
+  const int64_t slot_bytes = slots_->slots() * spec_.RecordFloats() *
+                             static_cast<int64_t>(sizeof(float));
   (memory_space() == MemorySpace::kDevice ? bytes.device : bytes.host) +=
       slot_bytes;
   return bytes;

@@ -53,8 +53,7 @@ void DynamicStore::InitialRecord(int64_t id, float* record) const {
 
 absl::Status DynamicStore::ZeroKeptRow() {
   const TableSpec& s = spec();
-  std::vector<float> record(s.dim + StateFloatsPerRow(s.optimizer, s.dim),
-                            0.0f);
+  std::vector<float> record(s.RecordFloats(), 0.0f);
   optim::InitialSparseState(s.optimizer, s.dim, record.data() + s.dim);
   return inner_->WriteRows(map_.kept_row(), 1, record.data());
 }
@@ -94,7 +93,7 @@ absl::Status DynamicStore::CommitPrepared() {
   if (!staged_) return absl::OkStatus();
   staged_ = false;
   const TableSpec& s = spec();
-  const int64_t floats = s.dim + StateFloatsPerRow(s.optimizer, s.dim);
+  const int64_t floats = s.RecordFloats();
   records_.resize(plan_.admitted.size() * floats);
   for (size_t i = 0; i < plan_.admitted.size(); ++i) {
     InitialRecord(plan_.admitted[i].id, records_.data() + i * floats);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "embedding/row_precision.h"
 
@@ -46,6 +47,24 @@ inline Vec8 LoadU(const float* p) {
 }
 inline void StoreU(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// The 32 bytes of a vector register of eight floats (an __m256, say) as a
+// Vec8.
+template <typename V>
+inline Vec8 AsVec8(const V& v) {
+  static_assert(sizeof(V) == sizeof(Vec8));
+  Vec8 r;
+  std::memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
+// Eight 16-bit words widened one at a time by `to_float` (builds without
+// the vector conversion).
+inline Vec8 Widen8(const uint16_t* p, float (*to_float)(uint16_t)) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r[i] = to_float(p[i]);
+  return r;
+}
+
 // How the kernels read a weight array's elements as floats: Load1 one,
 // Load8 eight (exact conversions, so every element type pools the bits of
 // the reference on the converted rows).
@@ -59,15 +78,10 @@ struct F16Words {
   static float Load1(const uint16_t* p) { return HalfToFloat(*p); }
   static Vec8 Load8(const uint16_t* p) {
 #if defined(__F16C__)
-    const __m256 v =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    Vec8 r;
-    std::memcpy(&r, &v, sizeof(r));
-    return r;
+    return AsVec8(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #else
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r[i] = HalfToFloat(p[i]);
-    return r;
+    return Widen8(p, HalfToFloat);
 #endif
   }
 };
@@ -76,20 +90,21 @@ struct Bf16Words {
   static float Load1(const uint16_t* p) { return Bf16ToFloat(*p); }
   static Vec8 Load8(const uint16_t* p) {
 #if defined(__AVX2__)
-    const __m256i v = _mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-        16);
-    Vec8 r;
-    std::memcpy(&r, &v, sizeof(r));
-    return r;
+    return AsVec8(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                        reinterpret_cast<const __m128i*>(p))),
+                                    16));
 #else
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r[i] = Bf16ToFloat(p[i]);
-    return r;
+    return Widen8(p, Bf16ToFloat);
 #endif
   }
 };
+
+// Zeroes a portable tile's sums: kVecs vectors and rem (< 8) scalars.
+template <int kVecs>
+inline void ZeroTile(Vec8* acc, float* tail, int rem) {
+  for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
+  for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+}
 
 // Columns [col0, col0 + 8 * kVecs + rem) of bags [bag_begin, bag_end), rem
 // < 8: kVecs vector sums and rem scalar ones, each from 0 in id order.
@@ -104,8 +119,7 @@ void PoolTilePortable(const typename Words::T* __restrict weights, int64_t dim,
     const int64_t begin = offsets[s], end = offsets[s + 1];
     Vec8 acc[kVecs > 0 ? kVecs : 1];
     float tail[8];
-    for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-    for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+    ZeroTile<kVecs>(acc, tail, rem);
     for (int64_t p = begin; p < end; ++p) {
       if (p + kPrefetchDistance < total) {
         PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
@@ -160,25 +174,41 @@ void PoolFixedDim(const typename Words::T* __restrict weights,
   }
 }
 
+// Calls fn(std::integral_constant<int, k>{}) for the k in [kMin, kMax]
+// equal to n (for none when n is outside): a tile's run-time vector count
+// as the compile-time one its kernel is instantiated for.
+template <int kMin, int kMax, typename Fn>
+void WithVecs(int n, Fn fn) {
+  [&]<int... k>(std::integer_sequence<int, k...>) {
+    (void)((n == kMin + k &&
+            (fn(std::integral_constant<int, kMin + k>{}), true)) ||
+           ...);
+  }
+  (std::make_integer_sequence<int, kMax - kMin + 1>{});
+}
+
 // PoolFixedDim for dims 8, 16, 24 and 32; false for any other dim.
 template <typename Words>
 bool PoolNarrow(const typename Words::T* weights, int dim, bool mean,
                 const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                 int64_t bag_end, int64_t total, float* out,
                 int64_t out_stride) {
-  switch (dim) {
-#define DLRM_POOL_FIXED(k)                                                   \
-  case 8 * k:                                                                \
-    PoolFixedDim<Words, k>(weights, offsets, ids, bag_begin, bag_end, total, \
-                           mean, out, out_stride);                           \
-    return true;
-    DLRM_POOL_FIXED(1)
-    DLRM_POOL_FIXED(2)
-    DLRM_POOL_FIXED(3)
-    DLRM_POOL_FIXED(4)
-#undef DLRM_POOL_FIXED
-    default:
-      return false;
+  if (dim < 8 || dim > 32 || dim % 8 != 0) return false;
+  WithVecs<1, 4>(dim / 8, [&](auto vecs) {
+    PoolFixedDim<Words, vecs.value>(weights, offsets, ids, bag_begin, bag_end,
+                                    total, mean, out, out_stride);
+  });
+  return true;
+}
+
+// Calls tile(std::integral_constant<int, kVecs>, col0, rem) for each tile
+// of up to 64 columns of a `dim`-wide row: kVecs (0-8) 8-float vectors,
+// then rem (< 8) scalar columns.
+template <typename Tile>
+void ForEachPortableTile(int dim, Tile tile) {
+  for (int col0 = 0; col0 < dim; col0 += 64) {
+    const int cols = std::min(64, dim - col0);
+    WithVecs<0, 8>(cols / 8, [&](auto vecs) { tile(vecs, col0, cols % 8); });
   }
 }
 
@@ -188,28 +218,11 @@ void PoolPortable(const typename Words::T* weights, int dim, bool mean,
                   const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                   int64_t bag_end, int64_t total, float* out,
                   int64_t out_stride) {
-  for (int col0 = 0; col0 < dim; col0 += 64) {
-    const int cols = std::min(64, dim - col0);
-    const int rem = cols % 8;
-    switch (cols / 8) {
-#define DLRM_POOL_TILE(k)                                             \
-  case k:                                                             \
-    PoolTilePortable<Words, k>(weights, dim, col0, rem, offsets, ids, \
-                               bag_begin, bag_end, total, mean, out,  \
-                               out_stride);                           \
-    break;
-      DLRM_POOL_TILE(0)
-      DLRM_POOL_TILE(1)
-      DLRM_POOL_TILE(2)
-      DLRM_POOL_TILE(3)
-      DLRM_POOL_TILE(4)
-      DLRM_POOL_TILE(5)
-      DLRM_POOL_TILE(6)
-      DLRM_POOL_TILE(7)
-      DLRM_POOL_TILE(8)
-#undef DLRM_POOL_TILE
-    }
-  }
+  ForEachPortableTile(dim, [&](auto vecs, int col0, int rem) {
+    PoolTilePortable<Words, vecs.value>(weights, dim, col0, rem, offsets, ids,
+                                        bag_begin, bag_end, total, mean, out,
+                                        out_stride);
+  });
 }
 
 // SumRows' columns [col0, col0 + 8 * kVecs + rem), rem < 8: kVecs vector
@@ -221,8 +234,7 @@ void SumTilePortable(const float* __restrict rows, int64_t row_stride, int col0,
   const int cols = 8 * kVecs + rem;
   Vec8 acc[kVecs > 0 ? kVecs : 1];
   float tail[8];
-  for (int v = 0; v < kVecs; ++v) acc[v] = Vec8{};
-  for (int t = 0; t < rem; ++t) tail[t] = 0.0f;
+  ZeroTile<kVecs>(acc, tail, rem);
   for (int64_t e = begin; e < end; ++e) {
     if (e + kPrefetchDistance < prefetch_end) {
       PrefetchSpan(rows + order[e + kPrefetchDistance] * row_stride + col0,
@@ -240,35 +252,79 @@ void SumTilePortable(const float* __restrict rows, int64_t row_stride, int col0,
 void SumRowsPortable(const float* rows, int64_t row_stride, int dim,
                      const int64_t* order, int64_t begin, int64_t end,
                      int64_t prefetch_end, float* out) {
-  for (int col0 = 0; col0 < dim; col0 += 64) {
-    const int cols = std::min(64, dim - col0);
-    const int rem = cols % 8;
-    switch (cols / 8) {
-#define DLRM_SUM_TILE(k)                                               \
-  case k:                                                              \
-    SumTilePortable<k>(rows, row_stride, col0, rem, order, begin, end, \
-                       prefetch_end, out);                             \
-    break;
-      DLRM_SUM_TILE(0)
-      DLRM_SUM_TILE(1)
-      DLRM_SUM_TILE(2)
-      DLRM_SUM_TILE(3)
-      DLRM_SUM_TILE(4)
-      DLRM_SUM_TILE(5)
-      DLRM_SUM_TILE(6)
-      DLRM_SUM_TILE(7)
-      DLRM_SUM_TILE(8)
-#undef DLRM_SUM_TILE
-    }
-  }
+  ForEachPortableTile(dim, [&](auto vecs, int col0, int rem) {
+    SumTilePortable<vecs.value>(rows, row_stride, col0, rem, order, begin, end,
+                                prefetch_end, out);
+  });
 }
 
 #if DLRM_HAVE_AVX512_KERNELS
 
+// The AVX-512 kernels' instruction sets: AVX-512F, with BW and VL for the
+// masked 16-bit loads (Supported(Isa::kAvx512) checks all three).
+#define DLRM_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+// How the AVX-512 kernels read 16 elements of a row as floats: Load all
+// 16, LoadMasked the lanes of `last` (reading nothing past them). fp32 as
+// they are; 16-bit words (IEEE half when !kBf16) widened exactly
+// (vcvtph2ps; a 16-bit shift for bfloat16).
+struct F32Lanes {
+  using T = float;
+  DLRM_AVX512_TARGET __attribute__((always_inline)) static __m512 Load(
+      const float* p) {
+    return _mm512_loadu_ps(p);
+  }
+  DLRM_AVX512_TARGET __attribute__((always_inline)) static __m512 LoadMasked(
+      __mmask16 last, const float* p) {
+    return _mm512_maskz_loadu_ps(last, p);
+  }
+};
+template <bool kBf16>
+struct Words16Lanes {
+  using T = uint16_t;
+  DLRM_AVX512_TARGET __attribute__((always_inline)) static __m512 Widen(
+      __m256i words) {
+    if constexpr (kBf16) {
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+    } else {
+      return _mm512_cvtph_ps(words);
+    }
+  }
+  DLRM_AVX512_TARGET __attribute__((always_inline)) static __m512 Load(
+      const uint16_t* p) {
+    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  DLRM_AVX512_TARGET __attribute__((always_inline)) static __m512 LoadMasked(
+      __mmask16 last, const uint16_t* p) {
+    return Widen(_mm256_maskz_loadu_epi16(last, p));
+  }
+};
+
+// acc[v] += the row's 16-lane vector v for v < kVecs, the last one's lanes
+// masked by `last`.
+template <typename Lanes, int kVecs>
+DLRM_AVX512_TARGET __attribute__((always_inline)) inline void AddRow(
+    __m512* acc, const typename Lanes::T* row, __mmask16 last) {
+  for (int v = 0; v + 1 < kVecs; ++v) {
+    acc[v] = _mm512_add_ps(acc[v], Lanes::Load(row + 16 * v));
+  }
+  acc[kVecs - 1] = _mm512_add_ps(
+      acc[kVecs - 1], Lanes::LoadMasked(last, row + 16 * (kVecs - 1)));
+}
+
+// Stores acc[0, kVecs) at out, the last one's lanes masked by `last`.
+template <int kVecs>
+DLRM_AVX512_TARGET __attribute__((always_inline)) inline void StoreTile(
+    const __m512* acc, float* out, __mmask16 last) {
+  for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(out + 16 * v, acc[v]);
+  _mm512_mask_storeu_ps(out + 16 * (kVecs - 1), last, acc[kVecs - 1]);
+}
+
 // SumRows' columns [col0, col0 + 16 * (kVecs - 1) + popcount(last)): kVecs
 // 16-float sums from 0 in order, the last one's lanes masked by `last`.
 template <int kVecs>
-__attribute__((target("avx512f"))) void SumTileAvx512(
+DLRM_AVX512_TARGET void SumTileAvx512(
     const float* __restrict rows, int64_t row_stride, int col0, int cols,
     __mmask16 last, const int64_t* __restrict order, int64_t begin, int64_t end,
     int64_t prefetch_end, float* __restrict out) {
@@ -279,25 +335,18 @@ __attribute__((target("avx512f"))) void SumTileAvx512(
       PrefetchSpan(rows + order[e + kPrefetchDistance] * row_stride + col0,
                    cols);
     }
-    const float* row = rows + order[e] * row_stride + col0;
-    for (int v = 0; v + 1 < kVecs; ++v) {
-      acc[v] = _mm512_add_ps(acc[v], _mm512_loadu_ps(row + 16 * v));
-    }
-    acc[kVecs - 1] = _mm512_add_ps(
-        acc[kVecs - 1], _mm512_maskz_loadu_ps(last, row + 16 * (kVecs - 1)));
+    AddRow<F32Lanes, kVecs>(acc, rows + order[e] * row_stride + col0, last);
   }
-  float* o = out + col0;
-  for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
-  _mm512_mask_storeu_ps(o + 16 * (kVecs - 1), last, acc[kVecs - 1]);
+  StoreTile<kVecs>(acc, out + col0, last);
 }
 
 // Columns [col0, col0 + 16 * (kVecs - 1) + popcount(last)) of bags
-// [bag_begin, bag_end): kVecs 16-float sums from 0 in id order, the last
-// one's lanes masked by `last` (masked loads read nothing past the row).
-template <int kVecs>
-__attribute__((target("avx512f"))) void PoolTileAvx512(
-    const float* __restrict weights, int64_t dim, int col0, int cols,
-    __mmask16 last, const int64_t* __restrict offsets,
+// [bag_begin, bag_end) of a weight array of Lanes::T: kVecs 16-float sums
+// from 0 in id order, the last one's lanes masked by `last`.
+template <typename Lanes, int kVecs>
+DLRM_AVX512_TARGET void PoolTileAvx512(
+    const typename Lanes::T* __restrict weights, int64_t dim, int col0,
+    int cols, __mmask16 last, const int64_t* __restrict offsets,
     const int64_t* __restrict ids, int64_t bag_begin, int64_t bag_end,
     int64_t total, bool mean, float* __restrict out, int64_t out_stride) {
   for (int64_t s = bag_begin; s < bag_end; ++s) {
@@ -308,21 +357,14 @@ __attribute__((target("avx512f"))) void PoolTileAvx512(
       if (p + kPrefetchDistance < total) {
         PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
       }
-      const float* row = weights + ids[p] * dim + col0;
-      for (int v = 0; v + 1 < kVecs; ++v) {
-        acc[v] = _mm512_add_ps(acc[v], _mm512_loadu_ps(row + 16 * v));
-      }
-      acc[kVecs - 1] = _mm512_add_ps(
-          acc[kVecs - 1], _mm512_maskz_loadu_ps(last, row + 16 * (kVecs - 1)));
+      AddRow<Lanes, kVecs>(acc, weights + ids[p] * dim + col0, last);
     }
-    float* o = out + s * out_stride + col0;
     if (mean && end > begin) {
       const __m512 scale =
           _mm512_set1_ps(1.0f / static_cast<float>(end - begin));
       for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_mul_ps(acc[v], scale);
     }
-    for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
-    _mm512_mask_storeu_ps(o + 16 * (kVecs - 1), last, acc[kVecs - 1]);
+    StoreTile<kVecs>(acc, out + s * out_stride + col0, last);
   }
 }
 
@@ -336,98 +378,21 @@ void ForEachTile(int dim, Tile tile) {
     const __mmask16 last =
         cols % 16 == 0 ? __mmask16{0xffff}
                        : static_cast<__mmask16>((1u << (cols % 16)) - 1);
-    switch ((cols + 15) / 16) {
-#define DLRM_POOL_TILE(k)                                     \
-  case k:                                                     \
-    tile(std::integral_constant<int, k>{}, col0, cols, last); \
-    break;
-      DLRM_POOL_TILE(1)
-      DLRM_POOL_TILE(2)
-      DLRM_POOL_TILE(3)
-      DLRM_POOL_TILE(4)
-      DLRM_POOL_TILE(5)
-      DLRM_POOL_TILE(6)
-      DLRM_POOL_TILE(7)
-      DLRM_POOL_TILE(8)
-#undef DLRM_POOL_TILE
-    }
+    WithVecs<1, 8>((cols + 15) / 16,
+                   [&](auto vecs) { tile(vecs, col0, cols, last); });
   }
 }
 
 // Up to 128 columns per tile: eight 16-float accumulators.
-void PoolAvx512(const float* weights, int dim, bool mean,
+template <typename Lanes>
+void PoolAvx512(const typename Lanes::T* weights, int dim, bool mean,
                 const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
                 int64_t bag_end, int64_t total, float* out,
                 int64_t out_stride) {
   ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
-    PoolTileAvx512<decltype(vecs)::value>(weights, dim, col0, cols, last,
-                                          offsets, ids, bag_begin, bag_end,
-                                          total, mean, out, out_stride);
-  });
-}
-
-// PoolTileAvx512 over 16-bit words (IEEE half when !kBf16): 16 words a
-// load (masked by `last` in the row's last vector, AVX-512BW), widened to
-// floats exactly (vcvtph2ps; a 16-bit shift for bfloat16), then the same
-// additions in the same order.
-// 16 words widened to floats: IEEE half (vcvtph2ps) or bfloat16 (a shift).
-template <bool kBf16>
-__attribute__((target("avx512f,avx512bw,avx512vl"),
-               always_inline)) inline __m512
-Widen16(__m256i words) {
-  if constexpr (kBf16) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
-  } else {
-    return _mm512_cvtph_ps(words);
-  }
-}
-
-template <bool kBf16, int kVecs>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void PoolTile16Avx512(
-    const uint16_t* __restrict weights, int64_t dim, int col0, int cols,
-    __mmask16 last, const int64_t* __restrict offsets,
-    const int64_t* __restrict ids, int64_t bag_begin, int64_t bag_end,
-    int64_t total, bool mean, float* __restrict out, int64_t out_stride) {
-  for (int64_t s = bag_begin; s < bag_end; ++s) {
-    const int64_t begin = offsets[s], end = offsets[s + 1];
-    __m512 acc[kVecs];
-    for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_setzero_ps();
-    for (int64_t p = begin; p < end; ++p) {
-      if (p + kPrefetchDistance < total) {
-        PrefetchSpan(weights + ids[p + kPrefetchDistance] * dim + col0, cols);
-      }
-      const uint16_t* row = weights + ids[p] * dim + col0;
-      for (int v = 0; v + 1 < kVecs; ++v) {
-        acc[v] = _mm512_add_ps(
-            acc[v], Widen16<kBf16>(_mm256_loadu_si256(
-                        reinterpret_cast<const __m256i*>(row + 16 * v))));
-      }
-      acc[kVecs - 1] =
-          _mm512_add_ps(acc[kVecs - 1], Widen16<kBf16>(_mm256_maskz_loadu_epi16(
-                                            last, row + 16 * (kVecs - 1))));
-    }
-    float* o = out + s * out_stride + col0;
-    if (mean && end > begin) {
-      const __m512 scale =
-          _mm512_set1_ps(1.0f / static_cast<float>(end - begin));
-      for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_mul_ps(acc[v], scale);
-    }
-    for (int v = 0; v + 1 < kVecs; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
-    _mm512_mask_storeu_ps(o + 16 * (kVecs - 1), last, acc[kVecs - 1]);
-  }
-}
-
-// PoolAvx512 over 16-bit words.
-template <bool kBf16>
-void Pool16Avx512(const uint16_t* weights, int dim, bool mean,
-                  const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
-                  int64_t bag_end, int64_t total, float* out,
-                  int64_t out_stride) {
-  ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
-    PoolTile16Avx512<kBf16, decltype(vecs)::value>(
-        weights, dim, col0, cols, last, offsets, ids, bag_begin, bag_end, total,
-        mean, out, out_stride);
+    PoolTileAvx512<Lanes, vecs.value>(weights, dim, col0, cols, last, offsets,
+                                      ids, bag_begin, bag_end, total, mean, out,
+                                      out_stride);
   });
 }
 
@@ -436,27 +401,47 @@ void SumRowsAvx512(const float* rows, int64_t row_stride, int dim,
                    const int64_t* order, int64_t begin, int64_t end,
                    int64_t prefetch_end, float* out) {
   ForEachTile(dim, [&](auto vecs, int col0, int cols, __mmask16 last) {
-    SumTileAvx512<decltype(vecs)::value>(rows, row_stride, col0, cols, last,
-                                         order, begin, end, prefetch_end, out);
+    SumTileAvx512<vecs.value>(rows, row_stride, col0, cols, last, order, begin,
+                              end, prefetch_end, out);
   });
 }
 
+// The AVX-512 loader of each portable element type.
+template <typename Words>
+struct LanesOf;
+template <>
+struct LanesOf<F32Words> {
+  using type = F32Lanes;
+};
+template <>
+struct LanesOf<F16Words> {
+  using type = Words16Lanes<false>;
+};
+template <>
+struct LanesOf<Bf16Words> {
+  using type = Words16Lanes<true>;
+};
+
+#undef DLRM_AVX512_TARGET
+
 #endif  // DLRM_HAVE_AVX512_KERNELS
 
-// PoolBags16 for one word type: the narrow fixed-dim loop, else the
+// PoolBags for one element type: the narrow fixed-dim loop on every ISA
+// (8-float vectors beat the 16-lane masked tile there too), else the
 // AVX-512 tiles where `avx512`, else the portable tiles.
-template <typename Words, bool kBf16>
-void Pool16(bool avx512, const uint16_t* weights, int dim, bool mean,
-            const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
-            int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
+template <typename Words>
+void Pool(bool avx512, const typename Words::T* weights, int dim, bool mean,
+          const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
+          int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
   if (PoolNarrow<Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
                         total, out, out_stride)) {
     return;
   }
 #if DLRM_HAVE_AVX512_KERNELS
   if (avx512) {
-    Pool16Avx512<kBf16>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                        total, out, out_stride);
+    PoolAvx512<typename LanesOf<Words>::type>(weights, dim, mean, offsets, ids,
+                                              bag_begin, bag_end, total, out,
+                                              out_stride);
     return;
   }
 #endif
@@ -473,7 +458,9 @@ bool Supported(Isa isa) {
     case Isa::kAvx512:
 #if DLRM_HAVE_AVX512_KERNELS
       // GCC's check includes the OS's (XCR0) saving of the zmm registers.
-      return __builtin_cpu_supports("avx512f");
+      return __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
 #else
       return false;
 #endif
@@ -490,21 +477,8 @@ Isa BestIsa() {
 void PoolBags(Isa isa, const float* weights, int dim, bool mean,
               const int64_t* offsets, const int64_t* ids, int64_t bag_begin,
               int64_t bag_end, int64_t total, float* out, int64_t out_stride) {
-  // Narrow tables take the fixed-dim loop on every ISA (8-float vectors
-  // beat the 16-lane masked tile there too).
-  if (PoolNarrow<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                           total, out, out_stride)) {
-    return;
-  }
-#if DLRM_HAVE_AVX512_KERNELS
-  if (isa == Isa::kAvx512) {
-    PoolAvx512(weights, dim, mean, offsets, ids, bag_begin, bag_end, total, out,
-               out_stride);
-    return;
-  }
-#endif
-  PoolPortable<F32Words>(weights, dim, mean, offsets, ids, bag_begin, bag_end,
-                         total, out, out_stride);
+  Pool<F32Words>(isa == Isa::kAvx512, weights, dim, mean, offsets, ids,
+                 bag_begin, bag_end, total, out, out_stride);
 }
 
 void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
@@ -521,33 +495,17 @@ void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
   SumRowsPortable(rows, row_stride, dim, order, begin, end, prefetch_end, out);
 }
 
-bool Supported16(Isa isa) {
-  if (isa != Isa::kAvx512) return Supported(isa);
-#if DLRM_HAVE_AVX512_KERNELS
-  return Supported(isa) && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-#else
-  return false;
-#endif
-}
-
-Isa BestIsa16() {
-  static const Isa best =
-      Supported16(Isa::kAvx512) ? Isa::kAvx512 : Isa::kPortable;
-  return best;
-}
-
 void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
                 int dim, bool mean, const int64_t* offsets, const int64_t* ids,
                 int64_t bag_begin, int64_t bag_end, int64_t total, float* out,
                 int64_t out_stride) {
   const bool avx512 = isa == Isa::kAvx512;
   if (precision == ROW_BF16) {
-    Pool16<Bf16Words, true>(avx512, weights, dim, mean, offsets, ids, bag_begin,
-                            bag_end, total, out, out_stride);
+    Pool<Bf16Words>(avx512, weights, dim, mean, offsets, ids, bag_begin,
+                    bag_end, total, out, out_stride);
   } else {
-    Pool16<F16Words, false>(avx512, weights, dim, mean, offsets, ids, bag_begin,
-                            bag_end, total, out, out_stride);
+    Pool<F16Words>(avx512, weights, dim, mean, offsets, ids, bag_begin, bag_end,
+                   total, out, out_stride);
   }
 }
 

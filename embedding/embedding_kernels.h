@@ -15,11 +15,12 @@ namespace dlrm::embedding::kernels {
 // An instruction set a kernel version is written for.
 enum class Isa {
   kPortable,  // GCC vector extensions at the build's baseline (x86-64-v3).
-  kAvx512,    // AVX-512F intrinsics: 16-float registers, masked row tails.
+  kAvx512,    // AVX-512F/BW/VL intrinsics: 16-float registers, masked row
+              // tails (16-bit ones: BW).
 };
 
 // The best version this CPU and OS run (kAvx512 where CPUID reports
-// AVX-512F and the OS saves its registers).
+// AVX-512F, BW and VL and the OS saves its registers).
 Isa BestIsa();
 
 // Whether this CPU runs `isa`'s version.
@@ -47,17 +48,10 @@ void SumRows(Isa isa, const float* rows, int64_t row_stride, int dim,
              const int64_t* order, int64_t begin, int64_t end,
              int64_t prefetch_end, float* out);
 
-// Whether this CPU runs `isa`'s version of PoolBags16 (kAvx512 also needs
-// AVX-512BW and VL: masked 16-bit loads).
-bool Supported16(Isa isa);
-
-// The best PoolBags16 version this CPU runs.
-Isa BestIsa16();
-
 // PoolBags over a rows x dim array of 16-bit words of `precision`
 // (ROW_FP16: IEEE half, ROW_BF16: bfloat16): each word widened to its float
 // (exact), then pooled as PoolBags pools floats, so the result is bitwise
-// PoolBags on the widened rows. `isa` must be Supported16.
+// PoolBags on the widened rows. `isa` must be Supported.
 void PoolBags16(Isa isa, RowPrecision precision, const uint16_t* weights,
                 int dim, bool mean, const int64_t* offsets, const int64_t* ids,
                 int64_t bag_begin, int64_t bag_end, int64_t total, float* out,

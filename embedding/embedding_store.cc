@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/status.h"
 #include "embedding/row_precision.h"
 #include "optim/optimizer.h"
@@ -51,6 +52,10 @@ int StateFloatsPerRow(const OptimizerConfig& optimizer, int dim) {
   return optim::SparseStateFloatsPerRow(optimizer, dim);
 }
 
+int64_t TableSpec::RecordFloats() const {
+  return dim + StateFloatsPerRow(optimizer, dim);
+}
+
 HostStore::HostStore(const TableSpec& spec)
     : spec_(spec),
       table_(spec.table_index, spec.rows, spec.dim, spec.pooling,
@@ -74,7 +79,7 @@ int64_t TableBytes(const EmbeddingTable& table) {
 absl::Status SaveHostCopy(EmbeddingStore& store, RowsSink& sink) {
   const TableSpec& spec = store.spec();
   auto copy = std::make_unique<HostStore>(spec);
-  const int64_t floats = spec.dim + StateFloatsPerRow(spec.optimizer, spec.dim);
+  const int64_t floats = spec.RecordFloats();
   constexpr int64_t kChunkRows = 4096;
   std::vector<float> records;
   for (int64_t begin = 0; begin < spec.rows; begin += kChunkRows) {
@@ -166,8 +171,7 @@ absl::Status CheckIdsInRange(int table_index, int64_t rows,
 
 absl::Status HostStore::ReadRows(int64_t begin, int64_t count, float* out) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
-  const int64_t floats =
-      spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim);
+  const int64_t floats = spec_.RecordFloats();
   for (int64_t i = 0; i < count; ++i) {
     table_.ReadRecord(begin + i, out + i * floats);
   }
@@ -177,26 +181,40 @@ absl::Status HostStore::ReadRows(int64_t begin, int64_t count, float* out) {
 absl::Status HostStore::WriteRows(int64_t begin, int64_t count,
                                   const float* records) {
   RETURN_IF_ERROR(CheckRowRange(spec_, begin, count));
-  const int64_t floats =
-      spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim);
+  const int64_t floats = spec_.RecordFloats();
   for (int64_t i = 0; i < count; ++i) {
     table_.WriteRecord(begin + i, records + i * floats);
   }
   return absl::OkStatus();
 }
 
+namespace {
+
+// The fields RocksDbStoreOptions and CacheOptions share: InvalidArgument
+// naming `options`' field unless cache_rows is positive and eviction is
+// LRU or LFU.
+absl::Status CheckCacheRowsAndEviction(absl::string_view options,
+                                       int64_t cache_rows,
+                                       EvictionPolicy eviction) {
+  if (cache_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options, ".cache_rows must be positive, got ", cache_rows));
+  }
+  if (eviction != EvictionPolicy::kLru && eviction != EvictionPolicy::kLfu) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options, ".eviction is neither LRU nor LFU"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RocksDbStoreOptions::Validate() const {
   if (path.empty()) {
     return absl::InvalidArgumentError("RocksDbStoreOptions.path is empty");
   }
-  if (cache_rows <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RocksDbStoreOptions.cache_rows must be positive, got ", cache_rows));
-  }
-  if (eviction != EvictionPolicy::kLru && eviction != EvictionPolicy::kLfu) {
-    return absl::InvalidArgumentError(
-        "RocksDbStoreOptions.eviction is neither LRU nor LFU");
-  }
+  RETURN_IF_ERROR(
+      CheckCacheRowsAndEviction("RocksDbStoreOptions", cache_rows, eviction));
   if (block_cache_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RocksDbStoreOptions.block_cache_bytes must be >= 0, got ",
@@ -220,15 +238,7 @@ absl::Status RocksDbStoreOptions::Validate() const {
 }
 
 absl::Status CacheOptions::Validate() const {
-  if (cache_rows <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CacheOptions.cache_rows must be positive, got ", cache_rows));
-  }
-  if (eviction != EvictionPolicy::kLru && eviction != EvictionPolicy::kLfu) {
-    return absl::InvalidArgumentError(
-        "CacheOptions.eviction is neither LRU nor LFU");
-  }
-  return absl::OkStatus();
+  return CheckCacheRowsAndEviction("CacheOptions", cache_rows, eviction);
 }
 
 absl::Status StoreOptions::Validate() const {

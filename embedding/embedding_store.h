@@ -46,6 +46,10 @@ struct TableSpec {
   // Default: ROW_FP32.
   RowPrecision precision = ROW_FP32;
 
+  // Floats of one row's record (EmbeddingStore::ReadRows / WriteRows): dim
+  // weights, then StateFloatsPerRow(optimizer, dim) state floats.
+  int64_t RecordFloats() const;
+
   // InvalidArgument when rows or dim is not positive, the pooling is not sum
   // or mean, the optimizer type has no embedding-row rule (LAMB, LARS, an
   // unknown type), the slice lies outside a positive table_rows, or the

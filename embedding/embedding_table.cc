@@ -414,7 +414,7 @@ void PoolRows(const float* weights, int dim, Pooling pooling,
 void PoolRows16(const uint16_t* words, RowPrecision precision, int dim,
                 Pooling pooling, const data::SparseFeature& ids, float* out,
                 int64_t out_stride) {
-  const kernels::Isa isa = kernels::BestIsa16();
+  const kernels::Isa isa = kernels::BestIsa();
   PoolEachChunk(ids, dim, pooling,
                 [&](const int64_t* offsets, const int64_t* id, int64_t begin,
                     int64_t end, int64_t total, bool mean) {

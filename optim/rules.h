@@ -100,6 +100,16 @@ inline double OneMinusPow(float beta, int64_t step) {
   return 1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step));
 }
 
+// The start of every rule's MakeStep: a Step with the schedule's learning
+// rate at `step` (ScheduledLearningRate), its other constants at their
+// defaults.
+template <typename Step, typename Config>
+Step StepWithLearningRate(const Config& config, int64_t step) {
+  Step s;
+  s.learning_rate = ScheduledLearningRate(config, step);
+  return s;
+}
+
 // Plain SGD: w -= lr * g. No state.
 struct Sgd {
   struct Step {
@@ -114,9 +124,7 @@ struct Sgd {
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
-    Step s;
-    s.learning_rate = ScheduledLearningRate(config, step);
-    return s;
+    return StepWithLearningRate<Step>(config, step);
   }
 
   DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
@@ -153,8 +161,7 @@ struct Adagrad {
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
-    Step s;
-    s.learning_rate = ScheduledLearningRate(config, step);
+    Step s = StepWithLearningRate<Step>(config, step);
     s.eps = config.eps();
     return s;
   }
@@ -219,6 +226,19 @@ DLRM_HOST_DEVICE inline float SecondMoment(const MomentConstants& s, float g,
   return RnAdd(RnMul(s.beta2, v), RnMul(RnMul(s.one_minus_beta2, g), g));
 }
 
+// Both moments of element i stepped with gradient g, stored back into
+// m[i] and v[i]; returns them.
+struct Moments {
+  float m, v;
+};
+DLRM_HOST_DEVICE inline Moments StepMoments(const MomentConstants& s, float g,
+                                            float* m, float* v, int64_t i) {
+  const Moments next{FirstMoment(s, g, m[i]), SecondMoment(s, g, v[i])};
+  m[i] = next.m;
+  v[i] = next.v;
+  return next;
+}
+
 // Adam with bias correction; embedding rows update lazily (only rows in the
 // batch, with the table's step count). Both forms compute
 // m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2 and
@@ -246,8 +266,7 @@ struct Adam {
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
-    Step s;
-    s.learning_rate = ScheduledLearningRate(config, step);
+    Step s = StepWithLearningRate<Step>(config, step);
     SetMomentConstants(config, step, &s);
     // From the double 1 - beta^t, not the rounded bias1 / bias2.
     s.step_size =
@@ -259,10 +278,7 @@ struct Adam {
 
   DLRM_HOST_DEVICE static void DenseElement(const Step& s, float g, float* p,
                                             float* s1, float* s2, int64_t i) {
-    const float m = FirstMoment(s, g, s1[i]);
-    const float v = SecondMoment(s, g, s2[i]);
-    s1[i] = m;
-    s2[i] = v;
+    const auto [m, v] = StepMoments(s, g, s1, s2, i);
     p[i] = RnSub(p[i], RnDiv(RnMul(s.step_size, m),
                              RnAdd(RnMul(RnSqrt(v), s.inv_sqrt_bias2), s.eps)));
   }
@@ -270,10 +286,7 @@ struct Adam {
   DLRM_HOST_DEVICE static void SparseElement(const Step& s, float /*scale*/,
                                              float g, float* w, float* s1,
                                              float* s2, int64_t c) {
-    const float m = FirstMoment(s, g, s1[c]);
-    const float v = SecondMoment(s, g, s2[c]);
-    s1[c] = m;
-    s2[c] = v;
+    const auto [m, v] = StepMoments(s, g, s1, s2, c);
     w[c] = RnSub(w[c], RnDiv(RnMul(s.learning_rate, RnDiv(m, s.bias1)),
                              RnAdd(RnSqrt(RnDiv(v, s.bias2)), s.eps)));
   }
@@ -302,12 +315,17 @@ struct LayerRate {
   float learning_rate = 0;
 };
 
-// A tensor's LayerRate from a step with learning_rate and weight_decay:
-// with `adapt`, the step's weight decay and lr x `ratio` rounded once to
-// float; without (a bias), no weight decay and `ratio` (then 1).
-template <typename Step>
-DLRM_HOST_DEVICE inline LayerRate MakeLayerRate(const Step& s, bool adapt,
-                                                double ratio) {
+// The constants every layer-wise rule's Step has (part of it): the step's
+// learning rate and weight decay.
+struct LayerConstants {
+  float learning_rate = 0, weight_decay = 0;
+};
+
+// A tensor's LayerRate from a step's LayerConstants: with `adapt`, the
+// step's weight decay and lr x `ratio` rounded once to float; without (a
+// bias), no weight decay and `ratio` (then 1).
+DLRM_HOST_DEVICE inline LayerRate MakeLayerRate(const LayerConstants& s,
+                                                bool adapt, double ratio) {
   LayerRate l;
   l.weight_decay = adapt ? s.weight_decay : 0.0f;
   l.learning_rate =
@@ -322,10 +340,8 @@ DLRM_HOST_DEVICE inline LayerRate MakeLayerRate(const Step& s, bool adapt,
 // pre-normalisation by the global norm (apex's max_grad_norm): the DLRM
 // step has no gradient clipping anywhere else either.
 struct Lamb {
-  struct Step : MomentConstants {
+  struct Step : MomentConstants, LayerConstants {
     using Rule = Lamb;
-    float learning_rate = 0;
-    float weight_decay = 0;
   };
   // The tensor's rate: the step's learning rate x its trust ratio.
   using Layer = LayerRate;
@@ -337,8 +353,7 @@ struct Lamb {
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
-    Step s;
-    s.learning_rate = ScheduledLearningRate(config, step);
+    Step s = StepWithLearningRate<Step>(config, step);
     SetMomentConstants(config, step, &s);
     s.weight_decay = config.weight_decay();
     return s;
@@ -373,10 +388,7 @@ struct Lamb {
   DLRM_HOST_DEVICE static void LayerElement(const Step& s, const Layer& l,
                                             float g, float* p, float* s1,
                                             float* s2, int64_t i) {
-    const float m = FirstMoment(s, g, s1[i]);
-    const float v = SecondMoment(s, g, s2[i]);
-    s1[i] = m;
-    s2[i] = v;
+    const auto [m, v] = StepMoments(s, g, s1, s2, i);
     p[i] = RnSub(p[i],
                  RnMul(l.learning_rate, Update(s, l.weight_decay, m, v, p[i])));
   }
@@ -387,11 +399,9 @@ struct Lamb {
 // (||g|| + wd ||w||), v = mu v + lr local (g + wd w), w -= v. No epsilon in
 // the denominator: the zero-norm rule above covers what it guards against.
 struct Lars {
-  struct Step {
+  struct Step : LayerConstants {
     using Rule = Lars;
-    float learning_rate = 0;
     float momentum = 0;
-    float weight_decay = 0;
     float trust_coefficient = 0;
   };
   // The tensor's rate: the step's learning rate x its local rate.
@@ -404,8 +414,7 @@ struct Lars {
 
   template <typename Config>
   static Step MakeStep(const Config& config, int64_t step) {
-    Step s;
-    s.learning_rate = ScheduledLearningRate(config, step);
+    Step s = StepWithLearningRate<Step>(config, step);
     s.momentum = config.momentum();
     s.weight_decay = config.weight_decay();
     s.trust_coefficient = config.trust_coefficient();

@@ -241,6 +241,59 @@ cublasOperation_t CublasOp(char trans) {
   return trans == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
+// Gemm and GemmBf16: row-major C = op(A) op(B) + beta C with A and B of
+// `type`, through cublasSgemm (CUDA_R_32F) or cublasGemmEx with fp32
+// accumulation (CUDA_R_16BF). That is column-major C^T = op(B)^T op(A)^T:
+// the row-major buffers are the column-major transposes, so B goes first.
+// Errors as CheckGemmSizes (naming `name`), then cuBLAS's.
+absl::Status RowMajorGemm(BlasContext* ctx, const char* name,
+                          cudaDataType_t type, char trans_a, char trans_b,
+                          int64_t m, int64_t n, int64_t k, const void* a,
+                          int64_t lda, const void* b, int64_t ldb, float beta,
+                          float* c, int64_t ldc) {
+  RETURN_IF_ERROR(CheckGemmSizes(name, m, n, k, lda, ldb, ldc));
+  if (m == 0 || n == 0) return absl::OkStatus();
+  const cublasOperation_t op_a = CublasOp(trans_a);
+  const cublasOperation_t op_b = CublasOp(trans_b);
+  const float alpha = 1.0f;
+  if (type == CUDA_R_32F) {
+    CUBLAS_RETURN_IF_ERROR(cublasSgemm(
+        ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+        static_cast<int>(k), &alpha, static_cast<const float*>(b),
+        static_cast<int>(ldb), static_cast<const float*>(a),
+        static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+  } else {
+    CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+        static_cast<int>(k), &alpha, b, type, static_cast<int>(ldb), a, type,
+        static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  return absl::OkStatus();
+}
+
+// The gradients of an empty batch: dW [out x in] and db [out] zeroed on
+// the context's stream.
+absl::Status ZeroGrads(BlasContext* ctx, int in, int out, float* dw,
+                       float* db) {
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      dw, 0, sizeof(float) * static_cast<size_t>(in) * out, ctx->stream()));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(db, 0, sizeof(float) * out, ctx->stream()));
+  return absl::OkStatus();
+}
+
+// dy masked by ReLU where y is 0 (when `relu`) and db = its column sums,
+// through the context's scratch (MaskAndBiasGrad).
+absl::Status MaskAndBiasGrad(BlasContext* ctx, float* dy, const float* y,
+                             int64_t batch, int out, bool relu, float* db) {
+  ASSIGN_OR_RETURN(
+      float* partial,
+      ctx->Scratch(static_cast<size_t>(internal::BiasGradBlocks(batch)) * out));
+  return internal::MaskAndBiasGrad(dy, y, batch, out, relu, partial, db,
+                                   ctx->stream());
+}
+
 // y = act(x W^T + b) (no bias when b is null) in one cuBLASLt call, with
 // the context's plan for the call's key (made on first use); x and W of
 // `type` (fp32 or bf16). Returns NotFound when cuBLASLt has no algorithm
@@ -330,18 +383,8 @@ absl::Status Gemm(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
                   int64_t n, int64_t k, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc) {
-  RETURN_IF_ERROR(CheckGemmSizes("Gemm", m, n, k, lda, ldb, ldc));
-  if (m == 0 || n == 0) return absl::OkStatus();
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
-  // row-major buffers are the column-major transposes, so B goes first.
-  const cublasOperation_t op_a = CublasOp(trans_a);
-  const cublasOperation_t op_b = CublasOp(trans_b);
-  const float alpha = 1.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(
-      ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-      static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-      static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
-  return absl::OkStatus();
+  return RowMajorGemm(ctx, "Gemm", CUDA_R_32F, trans_a, trans_b, m, n, k, a,
+                      lda, b, ldb, beta, c, ldc);
 }
 
 absl::Status LinearBackward(BlasContext* ctx, const float* x, const float* y,
@@ -349,19 +392,9 @@ absl::Status LinearBackward(BlasContext* ctx, const float* x, const float* y,
                             const float* w, bool relu, float* dw, float* db,
                             float* dx) {
   RETURN_IF_ERROR(CheckDims("LinearBackward", batch, in, out));
-  if (batch == 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        dw, 0, sizeof(float) * static_cast<size_t>(in) * out, ctx->stream()));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(db, 0, sizeof(float) * out, ctx->stream()));
-    return absl::OkStatus();
-  }
+  if (batch == 0) return ZeroGrads(ctx, in, out, dw, db);
   const int n = static_cast<int>(batch);
-  ASSIGN_OR_RETURN(
-      float* partial,
-      ctx->Scratch(static_cast<size_t>(internal::BiasGradBlocks(batch)) * out));
-  RETURN_IF_ERROR(internal::MaskAndBiasGrad(dy, y, batch, out, relu, partial,
-                                            db, ctx->stream()));
+  RETURN_IF_ERROR(MaskAndBiasGrad(ctx, dy, y, batch, out, relu, db));
   const float alpha = 1.0f, beta = 0.0f;
   // dW^T [in x out] = x^T [in x batch] (dy^T)^T.
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(ctx->cublas(), CUBLAS_OP_N, CUBLAS_OP_T,
@@ -408,18 +441,8 @@ absl::Status GemmBf16(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
                       int64_t n, int64_t k, const Bf16* a, int64_t lda,
                       const Bf16* b, int64_t ldb, float beta, float* c,
                       int64_t ldc) {
-  RETURN_IF_ERROR(CheckGemmSizes("GemmBf16", m, n, k, lda, ldb, ldc));
-  if (m == 0 || n == 0) return absl::OkStatus();
-  // As Gemm: the row-major buffers are column-major transposes, B first.
-  const cublasOperation_t op_a = CublasOp(trans_a);
-  const cublasOperation_t op_b = CublasOp(trans_b);
-  const float alpha = 1.0f;
-  CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      ctx->cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-      static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a,
-      CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F,
-      static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
+  return RowMajorGemm(ctx, "GemmBf16", CUDA_R_16BF, trans_a, trans_b, m, n, k,
+                      a, lda, b, ldb, beta, c, ldc);
 }
 
 absl::Status LinearBackwardBf16(BlasContext* ctx, const Bf16* x, const float* y,
@@ -427,18 +450,8 @@ absl::Status LinearBackwardBf16(BlasContext* ctx, const Bf16* x, const float* y,
                                 const Bf16* w, bool relu, float* dw, float* db,
                                 float* dx, Bf16* dy_bf16) {
   RETURN_IF_ERROR(CheckDims("LinearBackwardBf16", batch, in, out));
-  if (batch == 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        dw, 0, sizeof(float) * static_cast<size_t>(in) * out, ctx->stream()));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(db, 0, sizeof(float) * out, ctx->stream()));
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(
-      float* partial,
-      ctx->Scratch(static_cast<size_t>(internal::BiasGradBlocks(batch)) * out));
-  RETURN_IF_ERROR(internal::MaskAndBiasGrad(dy, y, batch, out, relu, partial,
-                                            db, ctx->stream()));
+  if (batch == 0) return ZeroGrads(ctx, in, out, dw, db);
+  RETURN_IF_ERROR(MaskAndBiasGrad(ctx, dy, y, batch, out, relu, db));
   RETURN_IF_ERROR(RoundToBf16(dy, batch * out, dy_bf16, ctx->stream()));
   // dense::Linear::BackwardBf16's two products, in its row-major terms.
   RETURN_IF_ERROR(GemmBf16(ctx, 'T', 'N', out, in, batch, dy_bf16, out, x, in,

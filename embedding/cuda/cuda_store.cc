@@ -53,6 +53,29 @@ absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
   return absl::OkStatus();
 }
 
+absl::Status UseDeviceZero(const TableSpec& spec) {
+  if (CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec.table_index,
+        ": the device tier needs a CUDA device: ", CudaUnavailableReason()));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  return absl::OkStatus();
+}
+
+absl::Status CheckKernelLimits(const TableSpec& spec,
+                               const data::SparseFeature& ids) {
+  const int64_t bags = ids.num_bags();
+  const int64_t n = static_cast<int64_t>(ids.ids.size());
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (n > kMax || bags > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.table_index, ": ", n, " ids in ", bags,
+        " bags; the device tier takes at most 2^31 - 1 of each per batch"));
+  }
+  return absl::OkStatus();
+}
+
 CudaStore::CudaStore(const TableSpec& spec) : spec_(spec) {}
 
 CudaStore::~CudaStore() {
@@ -62,12 +85,7 @@ CudaStore::~CudaStore() {
 absl::StatusOr<std::unique_ptr<CudaStore>> CudaStore::Create(
     const TableSpec& spec, void* stream) {
   RETURN_IF_ERROR(spec.Validate());
-  if (CudaDeviceCount() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table ", spec.table_index,
-        ": the device tier needs a CUDA device: ", CudaUnavailableReason()));
-  }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  RETURN_IF_ERROR(UseDeviceZero(spec));
   std::unique_ptr<CudaStore> store(new CudaStore(spec));
   if (stream == nullptr) {
     ASSIGN_OR_RETURN(dlrm::cuda::CudaStream own,
@@ -138,14 +156,7 @@ absl::Status CudaStore::WriteStaged(int64_t begin, int64_t count) {
 absl::StatusOr<const data::SparseFeature*> CudaStore::Prepare(
     const data::SparseFeature& ids) {
   prepared_ = nullptr;
-  const int64_t bags = ids.num_bags();
-  const int64_t n = static_cast<int64_t>(ids.ids.size());
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (n > kMax || bags > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec_.table_index, ": ", n, " ids in ", bags,
-        " bags; the device tier takes at most 2^31 - 1 of each per batch"));
-  }
+  RETURN_IF_ERROR(CheckKernelLimits(spec_, ids));
   RETURN_IF_ERROR(CheckBagOffsets(spec_.table_index, ids));
   RETURN_IF_ERROR(CheckIdsInRange(spec_.table_index, spec_.rows, ids));
   // Queued behind the previous batch's kernels, which read the other slot:

@@ -30,6 +30,16 @@ class StagedSparseFeature;
 absl::Status CheckDevicePointer(const TableSpec& spec, const void* ptr,
                                 const char* what);
 
+// Makes CUDA device 0 current for `spec`'s device-tier store.
+// FailedPrecondition naming the table and CudaUnavailableReason() when no
+// CUDA device is usable; Internal on other CUDA errors.
+absl::Status UseDeviceZero(const TableSpec& spec);
+
+// InvalidArgument naming `spec`'s table when `ids` has more than 2^31 - 1
+// ids or bags (the device kernels' limit).
+absl::Status CheckKernelLimits(const TableSpec& spec,
+                               const data::SparseFeature& ids);
+
 // Rows in device memory, behaving as a HostStore of the same spec: the same
 // initial rows, the same records (ReadRows / WriteRows), the same step
 // counter; pooled values and updates equal the CPU's up to float rounding
@@ -112,10 +122,8 @@ class CudaStore final : public EmbeddingStore {
   }
   // The rows and optimizer state, in device memory.
   StoreBytes MemoryBytes() const override {
-    return {.device =
-                spec_.rows *
-                (spec_.dim + StateFloatsPerRow(spec_.optimizer, spec_.dim)) *
-                static_cast<int64_t>(sizeof(float))};
+    return {.device = spec_.rows * spec_.RecordFloats() *
+                      static_cast<int64_t>(sizeof(float))};
   }
   // A host copy through ReadRows (SaveHostCopy).
   absl::Status Save(RowsSink& sink) override {

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +40,17 @@ RecordArrays ArraysOf(CudaEmbeddingTable& table) {
   a.state1_floats = table.state_floats(0);
   a.state2_floats = table.state_floats(1);
   return a;
+}
+
+// A record of the slot table: dim weights, then the floats of its two
+// state arrays (state_floats(0), state_floats(1)).
+struct RecordFloats {
+  int64_t dim, state1, state2, total;
+};
+RecordFloats RecordFloatsOf(const CudaEmbeddingTable& table) {
+  const int64_t dim = table.dim(), n1 = table.state_floats(0),
+                n2 = table.state_floats(1);
+  return {dim, n1, n2, dim + n1 + n2};
 }
 
 }  // namespace
@@ -98,12 +108,7 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "table ", spec.table_index, ": slots must be positive, got ", slots));
   }
-  if (CudaDeviceCount() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table ", spec.table_index,
-        ": the device tier needs a CUDA device: ", CudaUnavailableReason()));
-  }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  RETURN_IF_ERROR(UseDeviceZero(spec));
   std::unique_ptr<DeviceSlots> d(new DeviceSlots(spec));
   Impl& impl = *d->impl_;
   if (stream == nullptr) {
@@ -127,9 +132,8 @@ absl::StatusOr<std::unique_ptr<DeviceSlots>> DeviceSlots::Create(
 int64_t DeviceSlots::slots() const { return impl_->table->rows(); }
 
 int64_t DeviceSlots::ChunkRows() const {
-  const int64_t floats =
-      spec_.dim + impl_->table->state_floats(0) + impl_->table->state_floats(1);
-  return std::max<int64_t>(1, kChunkFloats / floats);
+  return std::max<int64_t>(1,
+                           kChunkFloats / RecordFloatsOf(*impl_->table).total);
 }
 
 absl::Status DeviceSlots::WaitForChunk(int k) {
@@ -142,8 +146,7 @@ absl::Status DeviceSlots::StageIndex(int k, const int64_t* slots,
   Impl::Chunk& c = impl.chunks[k];
   // The chunk's last use is done: its buffers may be refilled or grown.
   RETURN_IF_ERROR(WaitForChunk(k));
-  const int64_t floats =
-      spec_.dim + impl.table->state_floats(0) + impl.table->state_floats(1);
+  const int64_t floats = RecordFloatsOf(*impl.table).total;
   const size_t n = static_cast<size_t>(rows);
   RETURN_IF_ERROR(c.host_packed.Reserve(n * floats));
   RETURN_IF_ERROR(c.host_index.Reserve(n));
@@ -160,14 +163,24 @@ absl::Status DeviceSlots::StageIndex(int k, const int64_t* slots,
   return c.done.Record(impl.stream);
 }
 
+absl::Status DeviceSlots::ForEachChunk(
+    const int64_t* slots, int64_t n,
+    absl::FunctionRef<absl::Status(int k, int64_t done, int64_t rows)> chunk) {
+  const int64_t chunk_rows = ChunkRows();
+  for (int64_t done = 0, j = 0; done < n; done += chunk_rows, ++j) {
+    const int k = static_cast<int>(j % 2);
+    const int64_t rows = std::min(chunk_rows, n - done);
+    RETURN_IF_ERROR(StageIndex(k, slots + done, rows));
+    RETURN_IF_ERROR(chunk(k, done, rows));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
                                     float* records) {
   Impl& impl = *impl_;
-  const int64_t dim = spec_.dim;
-  const int64_t n1 = impl.table->state_floats(0);
-  const int64_t n2 = impl.table->state_floats(1);
-  const int64_t floats = dim + n1 + n2;
-  const int64_t chunk = ChunkRows();
+  const RecordFloats f = RecordFloatsOf(*impl.table);
+  const int64_t dim = f.dim, n1 = f.state1, n2 = f.state2;
   // Unpacks chunk `k` (rows [begin, begin + rows) of the call) into
   // `records` once its copy out has passed.
   auto unpack = [&](int k, int64_t begin, int64_t rows) -> absl::Status {
@@ -176,38 +189,37 @@ absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
     const float* h1 = hw + rows * dim;
     const float* h2 = h1 + rows * n1;
     for (int64_t i = 0; i < rows; ++i) {
-      float* record = records + (begin + i) * floats;
+      float* record = records + (begin + i) * f.total;
       std::copy_n(hw + i * dim, dim, record);
       std::copy_n(h1 + i * n1, n1, record + dim);
       std::copy_n(h2 + i * n2, n2, record + dim + n1);
     }
     return absl::OkStatus();
   };
-  // Chunk j is queued, then the host unpacks chunk j - 1 while it runs.
+  // Chunk j is queued, then the host unpacks chunk j - 1 while it runs
+  // (chunk j - 2 used chunk j's buffers and was unpacked already).
   int last = -1;
   int64_t last_begin = 0, last_rows = 0;
-  for (int64_t done = 0, j = 0; done < n; done += chunk, ++j) {
-    const int k = static_cast<int>(j % 2);
-    const int64_t rows = std::min(chunk, n - done);
-    // Chunk j - 2 used these buffers and was unpacked already.
-    RETURN_IF_ERROR(StageIndex(k, slots + done, rows));
-    Impl::Chunk& c = impl.chunks[k];
-    float* w = c.packed.data();
-    float* s1 = w + rows * dim;
-    float* s2 = s1 + rows * n1;
-    RETURN_IF_ERROR(impl.table->GatherRows(c.index.data(), rows, w,
-                                           n1 > 0 ? s1 : nullptr,
-                                           n2 > 0 ? s2 : nullptr, impl.stream));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(c.host_packed.data(), w,
-                        static_cast<size_t>(rows * floats) * sizeof(float),
-                        cudaMemcpyDeviceToHost, impl.stream));
-    RETURN_IF_ERROR(c.done.Record(impl.stream));
-    if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
-    last = k;
-    last_begin = done;
-    last_rows = rows;
-  }
+  RETURN_IF_ERROR(ForEachChunk(
+      slots, n, [&](int k, int64_t done, int64_t rows) -> absl::Status {
+        Impl::Chunk& c = impl.chunks[k];
+        float* w = c.packed.data();
+        float* s1 = w + rows * dim;
+        float* s2 = s1 + rows * n1;
+        RETURN_IF_ERROR(impl.table->GatherRows(
+            c.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
+            n2 > 0 ? s2 : nullptr, impl.stream));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(c.host_packed.data(), w,
+                            static_cast<size_t>(rows * f.total) * sizeof(float),
+                            cudaMemcpyDeviceToHost, impl.stream));
+        RETURN_IF_ERROR(c.done.Record(impl.stream));
+        if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
+        last = k;
+        last_begin = done;
+        last_rows = rows;
+        return absl::OkStatus();
+      }));
   if (last >= 0) RETURN_IF_ERROR(unpack(last, last_begin, last_rows));
   return absl::OkStatus();
 }
@@ -215,41 +227,35 @@ absl::Status DeviceSlots::ReadSlots(const int64_t* slots, int64_t n,
 absl::Status DeviceSlots::WriteSlots(const int64_t* slots, int64_t n,
                                      const float* records) {
   Impl& impl = *impl_;
-  const int64_t dim = spec_.dim;
-  const int64_t n1 = impl.table->state_floats(0);
-  const int64_t n2 = impl.table->state_floats(1);
-  const int64_t floats = dim + n1 + n2;
-  const int64_t chunk = ChunkRows();
-  // The host packs chunk j while chunk j - 1's copy and scatter run; the
-  // call returns once the last is queued (`records` are in the pinned
-  // chunks by then).
-  for (int64_t done = 0, j = 0; done < n; done += chunk, ++j) {
-    const int k = static_cast<int>(j % 2);
-    const int64_t rows = std::min(chunk, n - done);
-    // Waits for chunk j - 2's copy from these buffers.
-    RETURN_IF_ERROR(StageIndex(k, slots + done, rows));
-    Impl::Chunk& c = impl.chunks[k];
-    float* hw = c.host_packed.data();
-    float* h1 = hw + rows * dim;
-    float* h2 = h1 + rows * n1;
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* record = records + (done + i) * floats;
-      std::copy_n(record, dim, hw + i * dim);
-      std::copy_n(record + dim, n1, h1 + i * n1);
-      std::copy_n(record + dim + n1, n2, h2 + i * n2);
-    }
-    float* w = c.packed.data();
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        w, hw, static_cast<size_t>(rows * floats) * sizeof(float),
-        cudaMemcpyHostToDevice, impl.stream));
-    const float* s1 = w + rows * dim;
-    const float* s2 = s1 + rows * n1;
-    RETURN_IF_ERROR(
-        impl.table->ScatterRows(c.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
-                                n2 > 0 ? s2 : nullptr, impl.stream));
-    RETURN_IF_ERROR(c.done.Record(impl.stream));
-  }
-  return absl::OkStatus();
+  const RecordFloats f = RecordFloatsOf(*impl.table);
+  const int64_t dim = f.dim, n1 = f.state1, n2 = f.state2;
+  // The host packs chunk j while chunk j - 1's copy and scatter run (its
+  // StageIndex waited for chunk j - 2's copy from these buffers); the call
+  // returns once the last is queued (`records` are in the pinned chunks by
+  // then).
+  return ForEachChunk(
+      slots, n, [&](int k, int64_t done, int64_t rows) -> absl::Status {
+        Impl::Chunk& c = impl.chunks[k];
+        float* hw = c.host_packed.data();
+        float* h1 = hw + rows * dim;
+        float* h2 = h1 + rows * n1;
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* record = records + (done + i) * f.total;
+          std::copy_n(record, dim, hw + i * dim);
+          std::copy_n(record + dim, n1, h1 + i * n1);
+          std::copy_n(record + dim + n1, n2, h2 + i * n2);
+        }
+        float* w = c.packed.data();
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            w, hw, static_cast<size_t>(rows * f.total) * sizeof(float),
+            cudaMemcpyHostToDevice, impl.stream));
+        const float* s1 = w + rows * dim;
+        const float* s2 = s1 + rows * n1;
+        RETURN_IF_ERROR(impl.table->ScatterRows(
+            c.index.data(), rows, w, n1 > 0 ? s1 : nullptr,
+            n2 > 0 ? s2 : nullptr, impl.stream));
+        return c.done.Record(impl.stream);
+      });
 }
 
 bool DeviceSlots::MapHostTable(EmbeddingTable& table) {
@@ -385,14 +391,7 @@ absl::Status DeviceSlots::StoreRows(const int64_t* slots, const int64_t* rows,
 
 absl::Status DeviceSlots::SetBatch(const data::SparseFeature& slot_ids) {
   impl_->has_batch = false;
-  const int64_t bags = slot_ids.num_bags();
-  const int64_t n = static_cast<int64_t>(slot_ids.ids.size());
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (n > kMax || bags > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", spec_.table_index, ": ", n, " ids in ", bags,
-        " bags; the device tier takes at most 2^31 - 1 of each per batch"));
-  }
+  RETURN_IF_ERROR(CheckKernelLimits(spec_, slot_ids));
   // Queued behind the previous batch's kernels, which read the other id
   // slot (StagedSparseFeature): the host does not wait for them.
   RETURN_IF_ERROR(impl_->batch.Upload(slot_ids, impl_->stream));

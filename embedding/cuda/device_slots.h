@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/batch.h"
@@ -89,6 +90,12 @@ class DeviceSlots final : public SlotStorage {
   // WaitForChunk(k), then sizes chunk k for `rows` rows and queues the
   // copy of slots[0, rows) to its device index buffer.
   absl::Status StageIndex(int k, const int64_t* slots, int64_t rows);
+  // For each staging chunk of slots[0, n) in order, chunk k = 0, 1, 0, ...
+  // holding rows [done, done + rows): StageIndex(k, slots + done, rows),
+  // then chunk(k, done, rows). The first error stops it and is returned.
+  absl::Status ForEachChunk(
+      const int64_t* slots, int64_t n,
+      absl::FunctionRef<absl::Status(int k, int64_t done, int64_t rows)> chunk);
   // FailedPrecondition unless `table` is the mapped table.
   absl::Status CheckMapped(const EmbeddingTable& table) const;
   // Queues the upload of a[0, n) then b[0, n) through the next of the two

@@ -180,7 +180,7 @@ TEST(Pool16Test, EveryVersionGivesTheReferenceBitsOnTheWidenedRows) {
   constexpr int64_t kRows = 300;
   std::vector<kernels::Isa> isas;
   for (kernels::Isa isa : {kernels::Isa::kPortable, kernels::Isa::kAvx512}) {
-    if (kernels::Supported16(isa)) isas.push_back(isa);
+    if (kernels::Supported(isa)) isas.push_back(isa);
   }
   for (RowPrecision p : kPrecisions) {
     for (int dim : {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 100, 128, 129, 257}) {
