@@ -125,16 +125,13 @@ enum class Op : uint64_t { kAllReduce = 1, kAllToAll, kAllGather, kBroadcast };
 constexpr DataType kAllTypes[] = {DataType::kUint8, DataType::kFloat32,
                                   DataType::kInt64};
 
+// The DataType values' names, in their order.
+constexpr const char* kTypeNames[] = {"uint8", "float32", "int64"};
+static_assert(std::size(kTypeNames) ==
+              static_cast<size_t>(DataType::kInt64) + 1);
+
 const char* TypeName(DataType type) {
-  switch (type) {
-    case DataType::kUint8:
-      return "uint8";
-    case DataType::kFloat32:
-      return "float32";
-    case DataType::kInt64:
-      return "int64";
-  }
-  return "?";
+  return kTypeNames[static_cast<int>(type)];
 }
 
 uint64_t Stream(Op op, DataType type, int src, int dst = 0) {
