@@ -65,21 +65,47 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(
   return grpc::SslCredentials(ssl);
 }
 
+// InvalidArgument "`name` must be positive, got `value`" unless value > 0
+// (NaN is not).
+template <typename T>
+absl::Status MustBePositive(const char* name, T value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " must be positive, got ", value));
+}
+
+// InvalidArgument "`name` must be >= 0, got `value`" unless value >= 0
+// (NaN is not).
+template <typename T>
+absl::Status MustBeNonNegative(const char* name, T value) {
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " must be >= 0, got ", value));
+}
+
+// The request naming job `id` (GetJob, CancelJob).
+JobId JobIdRequest(const std::string& id) {
+  JobId request;
+  request.set_id(id);
+  return request;
+}
+
+// A `Request` (CheckpointRequest, ExportRequest) for `path`.
+template <typename Request>
+Request PathRequest(const std::string& path) {
+  Request request;
+  request.set_path(path);
+  return request;
+}
+
 }  // namespace
 
 absl::Status ClientOptions::Validate() const {
-  if (max_message_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_message_bytes must be positive, got ", max_message_bytes));
-  }
-  if (!(connect_timeout_seconds >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "connect_timeout_seconds must be >= 0, got ", connect_timeout_seconds));
-  }
-  if (!(call_timeout_seconds >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "call_timeout_seconds must be >= 0, got ", call_timeout_seconds));
-  }
+  RETURN_IF_ERROR(MustBePositive("max_message_bytes", max_message_bytes));
+  RETURN_IF_ERROR(
+      MustBeNonNegative("connect_timeout_seconds", connect_timeout_seconds));
+  RETURN_IF_ERROR(
+      MustBeNonNegative("call_timeout_seconds", call_timeout_seconds));
   if (!tls && !(tls_ca_file.empty() && tls_cert_file.empty() &&
                 tls_key_file.empty() && tls_server_name.empty())) {
     return absl::InvalidArgumentError(
@@ -101,35 +127,16 @@ absl::Status ClientOptions::Validate() const {
 }
 
 absl::Status TrainOptions::Validate() const {
-  if (batch_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size must be positive, got ", batch_size));
-  }
-  if (max_in_flight <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_in_flight must be positive, got ", max_in_flight));
-  }
-  if (epochs <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("epochs must be positive, got ", epochs));
-  }
-  if (max_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_steps must be >= 0, got ", max_steps));
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(MustBePositive("batch_size", batch_size));
+  RETURN_IF_ERROR(MustBePositive("max_in_flight", max_in_flight));
+  RETURN_IF_ERROR(MustBePositive("epochs", epochs));
+  return MustBeNonNegative("max_steps", max_steps);
 }
 
 absl::Status WaitOptions::Validate() const {
-  if (!(poll_interval_seconds > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "poll_interval_seconds must be positive, got ", poll_interval_seconds));
-  }
-  if (!(timeout_seconds >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout_seconds must be >= 0, got ", timeout_seconds));
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(
+      MustBePositive("poll_interval_seconds", poll_interval_seconds));
+  return MustBeNonNegative("timeout_seconds", timeout_seconds);
 }
 
 bool IsTerminal(JobStatus::State state) {
@@ -344,16 +351,12 @@ absl::StatusOr<JobStatus> Client::StartJob(const JobRequest& request) {
 }
 
 absl::StatusOr<JobStatus> Client::GetJob(const std::string& id) {
-  JobId request;
-  request.set_id(id);
-  return Call(trainer_.get(), &Trainer::Stub::GetJob, request,
+  return Call(trainer_.get(), &Trainer::Stub::GetJob, JobIdRequest(id),
               /*deadline=*/true);
 }
 
 absl::StatusOr<JobStatus> Client::CancelJob(const std::string& id) {
-  JobId request;
-  request.set_id(id);
-  return Call(trainer_.get(), &Trainer::Stub::CancelJob, request,
+  return Call(trainer_.get(), &Trainer::Stub::CancelJob, JobIdRequest(id),
               /*deadline=*/true);
 }
 
@@ -395,14 +398,8 @@ absl::StatusOr<EvaluateResponse> Client::Evaluate(
 
 absl::StatusOr<EvaluateResponse> Client::EvaluateSource(
     data::BatchSource& source, int64_t batch_size, int64_t max_samples) {
-  if (batch_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size must be positive, got ", batch_size));
-  }
-  if (max_samples < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_samples must be >= 0, got ", max_samples));
-  }
+  RETURN_IF_ERROR(MustBePositive("batch_size", batch_size));
+  RETURN_IF_ERROR(MustBeNonNegative("max_samples", max_samples));
   EvaluateRequest request;
   data::Batch batch;
   int64_t samples = 0;
@@ -451,25 +448,19 @@ absl::StatusOr<std::vector<float>> Client::Predict(const data::Batch& batch) {
 
 absl::StatusOr<CheckpointResponse> Client::SaveCheckpoint(
     const std::string& path) {
-  CheckpointRequest request;
-  request.set_path(path);
-  return Call(admin_.get(), &Admin::Stub::SaveCheckpoint, request,
-              /*deadline=*/false);
+  return Call(admin_.get(), &Admin::Stub::SaveCheckpoint,
+              PathRequest<CheckpointRequest>(path), /*deadline=*/false);
 }
 
 absl::StatusOr<CheckpointResponse> Client::RestoreCheckpoint(
     const std::string& path) {
-  CheckpointRequest request;
-  request.set_path(path);
-  return Call(admin_.get(), &Admin::Stub::RestoreCheckpoint, request,
-              /*deadline=*/false);
+  return Call(admin_.get(), &Admin::Stub::RestoreCheckpoint,
+              PathRequest<CheckpointRequest>(path), /*deadline=*/false);
 }
 
 absl::StatusOr<ExportResponse> Client::ExportWeights(const std::string& path) {
-  ExportRequest request;
-  request.set_path(path);
-  return Call(admin_.get(), &Admin::Stub::ExportWeights, request,
-              /*deadline=*/false);
+  return Call(admin_.get(), &Admin::Stub::ExportWeights,
+              PathRequest<ExportRequest>(path), /*deadline=*/false);
 }
 
 absl::StatusOr<SetLearningRateResponse> Client::SetLearningRate(

@@ -198,67 +198,61 @@ absl::Status CheckWeightPrecision(const ModelConfig& c, int i) {
 absl::Status CheckDynamicTable(const ModelConfig& c, int i) {
   const TableConfig& t = c.tables(i);
   const std::string field = absl::StrCat("tables[", i, "]");
+  // InvalidArgument "tables[i].<name> (<table>) <what...>".
+  auto refused = [&](const char* name, const auto&... what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".", name, " (", t.name(), ") ", what...));
+  };
   if (!t.dynamic()) {
     const char* set = t.has_admission()     ? "admission"
                       : t.has_eviction()    ? "eviction"
                       : t.unadmitted() != 0 ? "unadmitted"
                                             : nullptr;
     if (set != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".", set, " (", t.name(),
-                       ") is set but the table is not dynamic (set dynamic: "
-                       "true to map raw ids onto its rows)"));
+      return refused(set,
+                     "is set but the table is not dynamic (set dynamic: "
+                     "true to map raw ids onto its rows)");
     }
     return absl::OkStatus();
   }
   if (t.rows() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".rows (", t.name(), ") = ", t.rows(),
-        ": a dynamic table needs rows >= 2 (its capacity; one row is kept "
-        "for ids without a row)"));
+    return refused("rows", "= ", t.rows(),
+                   ": a dynamic table needs rows >= 2 (its capacity; one row "
+                   "is kept for ids without a row)");
   }
   if (t.sharding() == SHARDING_DATA_PARALLEL) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".sharding (", t.name(), ") is ",
-        ShardingKind_Name(t.sharding()),
+    return refused(
+        "sharding", "is ", ShardingKind_Name(t.sharding()),
         ", which a dynamic table cannot take: replicas would each learn "
         "their own map; use SHARDING_TABLE_WISE, SHARDING_COLUMN_WISE, "
-        "SHARDING_ROW_WISE (by hash of the id) or SHARDING_AUTO"));
+        "SHARDING_ROW_WISE (by hash of the id) or SHARDING_AUTO");
   }
   const Admission& a = t.admission();
   if (!Admission::Kind_IsValid(a.kind())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".admission.kind (", t.name(), ") is invalid: ", a.kind()));
+    return refused("admission.kind", "is invalid: ", a.kind());
   }
   if (a.min_sightings() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".admission.min_sightings (", t.name(),
-                     ") must be >= 0, got ", a.min_sightings()));
+    return refused("admission.min_sightings", "must be >= 0, got ",
+                   a.min_sightings());
   }
   if (a.kind() == Admission::ADMIT_WITH_PROBABILITY &&
       !(a.probability() > 0 && a.probability() <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".admission.probability (", t.name(),
-                     ") must be in (0, 1], got ", a.probability()));
+    return refused("admission.probability", "must be in (0, 1], got ",
+                   a.probability());
   }
   if (a.kind() != Admission::ADMIT_WITH_PROBABILITY && a.probability() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".admission.probability (", t.name(),
-        ") is set but admission.kind is ", Admission::Kind_Name(a.kind())));
+    return refused("admission.probability", "is set but admission.kind is ",
+                   Admission::Kind_Name(a.kind()));
   }
   const Eviction& e = t.eviction();
   if (!Eviction::Kind_IsValid(e.kind())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".eviction.kind (", t.name(), ") is invalid: ", e.kind()));
+    return refused("eviction.kind", "is invalid: ", e.kind());
   }
   if (e.ttl_steps() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".eviction.ttl_steps (", t.name(),
-                     ") must be >= 0, got ", e.ttl_steps()));
+    return refused("eviction.ttl_steps", "must be >= 0, got ", e.ttl_steps());
   }
   if (!UnadmittedIds_IsValid(t.unadmitted())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".unadmitted (", t.name(), ") is invalid: ", t.unadmitted()));
+    return refused("unadmitted", "is invalid: ", t.unadmitted());
   }
   return absl::OkStatus();
 }

@@ -227,36 +227,31 @@ absl::StatusOr<DatasetSpec> ResolveDataset(const DatasetSpec& spec,
     }
     case DatasetSpec::kSynthetic: {
       const SyntheticData& s = spec.synthetic();
-      if (s.num_samples() < 0) {
+      // InvalidArgument "<field>.synthetic.<name> = <value> <why>".
+      auto refused = [&](const char* name, auto value, const char* why) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.num_samples = ", s.num_samples(),
-                         " must be >= 0"));
+            absl::StrCat(field, ".synthetic.", name, " = ", value, " ", why));
+      };
+      if (s.num_samples() < 0) {
+        return refused("num_samples", s.num_samples(), "must be >= 0");
       }
       if (s.zipf_alpha() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.zipf_alpha = ", s.zipf_alpha(),
-                         " must be >= 0"));
+        return refused("zipf_alpha", s.zipf_alpha(), "must be >= 0");
       }
       if (s.vocabulary() < 0 ||
           s.vocabulary() > data::kMaxSyntheticVocabulary) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.vocabulary = ", s.vocabulary(),
-                         " must be in [0, 2^62] (0 = no vocabulary)"));
+        return refused("vocabulary", s.vocabulary(),
+                       "must be in [0, 2^62] (0 = no vocabulary)");
       }
       if (!(s.drift() >= 0 && std::isfinite(s.drift()))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.drift = ", s.drift(),
-                         " must be finite and >= 0"));
+        return refused("drift", s.drift(), "must be finite and >= 0");
       }
       if (s.drift() > 0 && s.vocabulary() == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.drift = ", s.drift(),
-                         " needs a vocabulary (synthetic.vocabulary > 0)"));
+        return refused("drift", s.drift(),
+                       "needs a vocabulary (synthetic.vocabulary > 0)");
       }
       if (s.drift_start() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".synthetic.drift_start = ", s.drift_start(),
-                         " must be >= 0"));
+        return refused("drift_start", s.drift_start(), "must be >= 0");
       }
       SyntheticData* r = out.mutable_synthetic();
       r->set_zipf_alpha(s.zipf_alpha() > 0 ? s.zipf_alpha() : 1.05);

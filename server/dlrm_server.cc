@@ -144,10 +144,8 @@ absl::Status ServerOptions::Validate() const {
 }
 
 DataPathOptions DataPathsFrom(const ServerOptions& options) {
-  DataPathOptions o;
-  o.data_dir = options.data_dir;
-  o.allowed_dirs = options.allowed_data_dirs;
-  return o;
+  return {.data_dir = options.data_dir,
+          .allowed_dirs = options.allowed_data_dirs};
 }
 
 ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
@@ -164,10 +162,8 @@ ModelHostOptions HostOptionsFrom(const ServerOptions& options) {
 }
 
 CheckpointFollowerOptions FollowerOptionsFrom(const ServerOptions& options) {
-  CheckpointFollowerOptions o;
-  o.dir = options.follow_dir;
-  o.poll_seconds = options.follow_poll_seconds;
-  return o;
+  return {.dir = options.follow_dir,
+          .poll_seconds = options.follow_poll_seconds};
 }
 
 DlrmServer::DlrmServer(ServerOptions options) : options_(std::move(options)) {}

@@ -31,6 +31,8 @@
 #include "data/wire.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
+#include "tests/support/random.h"
+#include "tests/support/synthetic.h"
 
 namespace dlrm::data {
 namespace {
@@ -270,9 +272,7 @@ TEST(BatchTest, RejectsLabelsOtherThanZeroOrOne) {
 // Random corruptions of a good batch must give OK or InvalidArgument, never
 // a crash (run under ASan to make this test bite).
 TEST(BatchTest, NeverCrashesOnMalformedBatches) {
-  const uint64_t seed = 20261122;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(20261122);
   auto pick = [&](int64_t lo, int64_t hi) {
     return lo + static_cast<int64_t>(rng.Below(hi - lo + 1));
   };
@@ -351,9 +351,7 @@ Batch RandomBatch(Rng* rng, int64_t n) {
 
 // The column layout between ranks carries every slice bit for bit.
 TEST(BatchColumnsTest, RoundTripsRandomSlices) {
-  const uint64_t seed = 20261124;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(20261124);
   for (int trial = 0; trial < 50; ++trial) {
     const int64_t n = static_cast<int64_t>(rng.NextU64() % 20);
     const Batch b = RandomBatch(&rng, n);
@@ -665,6 +663,17 @@ std::string RandomTsv(Rng* rng, int lines) {
   return text;
 }
 
+// Two files of RandomTsv lines, `lines_a` in TempPath(name + "_a.txt") and
+// then `lines_b` in TempPath(name + "_b.txt"); their paths in that order.
+std::vector<std::string> TwoRandomTsvFiles(Rng* rng, const std::string& name,
+                                           int lines_a, int lines_b) {
+  const std::vector<std::string> files = {TempPath(name + "_a.txt"),
+                                          TempPath(name + "_b.txt")};
+  WriteFile(files[0], RandomTsv(rng, lines_a));
+  WriteFile(files[1], RandomTsv(rng, lines_b));
+  return files;
+}
+
 // 26 row counts: every reduction path (1, 2^31 + 1, 2^32) and random ones;
 // `max_rows` caps them (2^32 for a version-2 file).
 std::vector<int64_t> TableRowsForTests(Rng* rng, int64_t max_rows) {
@@ -686,15 +695,11 @@ std::vector<int64_t> TableRowsForTests(Rng* rng, int64_t max_rows) {
 }
 
 TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
-  const uint64_t seed = 424242;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
-  const std::string a = TempPath("rt_a.txt");
-  const std::string b = TempPath("rt_b.txt");
-  WriteFile(a, RandomTsv(&rng, 700));
-  WriteFile(b, RandomTsv(&rng, 333));
+  Rng rng = test::SeededRng(424242);
+  const std::vector<std::string> tsv_files =
+      TwoRandomTsvFiles(&rng, "rt", 700, 333);
   const std::string bin = TempPath("rt.bin");
-  absl::StatusOr<int64_t> count = ConvertCriteoTsvToBinary({a, b}, bin);
+  absl::StatusOr<int64_t> count = ConvertCriteoTsvToBinary(tsv_files, bin);
   ASSERT_TRUE(count.ok()) << count.status();
   EXPECT_EQ(*count, 1033);
   EXPECT_EQ(std::filesystem::file_size(bin), 32u + 1033u * 4 * (1 + 13 + 26));
@@ -705,7 +710,7 @@ TEST(CriteoBinaryTest, ConversionRoundTripsToTheTsvBatches) {
     CriteoOptions options;
     options.table_rows = rows;
     options.hash_ids = hash;
-    auto tsv = OpenCriteoTsv({a, b}, options);
+    auto tsv = OpenCriteoTsv(tsv_files, options);
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
@@ -838,8 +843,7 @@ Batch ReadWhole(BatchSource* source, int64_t batch_size) {
 // seeds: first id the row, the others HashKey(seed, row, j) scaled to rows.
 TEST(MultiHotTest, BagIsTheRowThenHashedIdsInRange) {
   const uint64_t seed = 8080;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(seed);
   const std::vector<int64_t> row_counts = {
       1, 2, 3, 40000000, 1LL << 32, 1LL << 40, (1LL << 62) + 5};
   for (int i = 0; i < 2000; ++i) {
@@ -932,9 +936,7 @@ TEST(MultiHotTest, OptionsForModelTakeTheTablesMultiHotSizes) {
 // The TSV reader with multi-hot sizes against the reference built line by
 // line, with and without hash_ids; sizes all 1 give today's one-hot batches.
 TEST(CriteoTsvTest, MultiHotBagsAreTheDerivationOfEachRow) {
-  const uint64_t seed = 5150;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(5150);
   const std::string a = TempPath("mh_a.txt");
   const std::string b = TempPath("mh_b.txt");
   const std::string text_a = RandomTsv(&rng, 300);
@@ -989,9 +991,7 @@ TEST(CriteoTsvTest, MultiHotBagsAreTheDerivationOfEachRow) {
 // A version-1 file (raw one-hot values) read with multi-hot sizes gives the
 // TSV reader's bags; with sizes all 1 the batches of the default options.
 TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
-  const uint64_t seed = 6160;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(6160);
   const std::string a = TempPath("mh_v1.txt");
   WriteFile(a, RandomTsv(&rng, 411));
   const std::string bin = TempPath("mh_v1.bin");
@@ -1022,13 +1022,9 @@ TEST(CriteoBinaryTest, VersionOneWithMultiHotSizesEqualsTheTsvReader) {
 // without deriving them (the same batches, Skip included), for the DCNv2
 // sizes and random ones, with and without hash_ids.
 TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
-  const uint64_t seed = 7170;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
-  const std::string a = TempPath("mh_v2_a.txt");
-  const std::string b = TempPath("mh_v2_b.txt");
-  WriteFile(a, RandomTsv(&rng, 250));
-  WriteFile(b, RandomTsv(&rng, 123));
+  Rng rng = test::SeededRng(7170);
+  const std::vector<std::string> tsv_files =
+      TwoRandomTsvFiles(&rng, "mh_v2", 250, 123);
   const std::string bin = TempPath("mh_v2.bin");
   for (int trial = 0; trial < 3; ++trial) {
     CriteoOptions options;
@@ -1043,7 +1039,7 @@ TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
     }
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     absl::StatusOr<int64_t> count =
-        ConvertCriteoTsvToMultiHotBinary({a, b}, bin, options);
+        ConvertCriteoTsvToMultiHotBinary(tsv_files, bin, options);
     ASSERT_TRUE(count.ok()) << count.status();
     EXPECT_EQ(*count, 373);
     int64_t ids = 0;
@@ -1052,7 +1048,7 @@ TEST(CriteoBinaryTest, VersionTwoRoundTripsTheTsvReadersBags) {
               static_cast<uintmax_t>(32 + 16 * 26 + 373 * 4 * (1 + 13 + ids)));
     EXPECT_EQ(*ReadCriteoBinaryCount(bin), 373);
 
-    auto tsv = OpenCriteoTsv({a, b}, options);
+    auto tsv = OpenCriteoTsv(tsv_files, options);
     auto binary = OpenCriteoBinary(bin, options);
     ASSERT_TRUE(tsv.ok()) << tsv.status();
     ASSERT_TRUE(binary.ok()) << binary.status();
@@ -1383,10 +1379,8 @@ TEST(SyntheticTest, InvalidMultiHotDistributionIsRefused) {
 
 TEST(SyntheticTest, IdsAreZipfSkewed) {
   const ModelConfig config = Preset("kaggle");
-  auto source = MakeSyntheticSource(config, SyntheticOptions{});
-  ASSERT_TRUE(source.ok()) << source.status();
-  Batch batch;
-  ASSERT_TRUE(*(*source)->Next(50000, &batch));
+  const Batch batch = test::SyntheticBatch(config, 50000, SyntheticOptions{});
+  ASSERT_EQ(batch.size, 50000);
   const int t = 2;  // C3: 100000 rows after the cap
   ASSERT_EQ(config.tables(t).rows(), 100000);
   std::vector<int64_t> count(100000, 0);
@@ -1457,10 +1451,8 @@ TEST(SyntheticTest, TeacherAucAndCtrOnKaggle) {
 
 TEST(SyntheticTest, TeacherAucOnTinyIsSensible) {
   const ModelConfig config = Preset("tiny");
-  auto source = MakeSyntheticSource(config, SyntheticOptions{});
-  ASSERT_TRUE(source.ok()) << source.status();
-  Batch batch;
-  ASSERT_TRUE(*(*source)->Next(20000, &batch));
+  const Batch batch = test::SyntheticBatch(config, 20000, SyntheticOptions{});
+  ASSERT_EQ(batch.size, 20000);
   std::vector<float> p(batch.size);
   Teacher(config, SyntheticOptions{}.teacher_seed)
       .Probabilities(batch, p.data());
@@ -1767,9 +1759,7 @@ std::vector<SourceKind> EverySourceKind(Rng* rng) {
 // Skip(k) then Next(m), on random k and m, gives the samples that slicing
 // the stream read whole gives.
 TEST(SkipTest, SkippingEqualsSlicingTheWholeStream) {
-  const uint64_t seed = 2718;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(2718);
   for (const SourceKind& kind : EverySourceKind(&rng)) {
     SCOPED_TRACE(kind.name);
     std::unique_ptr<BatchSource> source = kind.open();
@@ -1810,9 +1800,7 @@ TEST(SkipTest, SkippingEqualsSlicingTheWholeStream) {
 // Random ranges in random order (backwards too) through a RangeReader equal
 // the slices of the stream read whole; a range past the end is OutOfRange.
 TEST(RangeReaderTest, RangesInAnyOrderEqualSlicesOfTheWholeStream) {
-  const uint64_t seed = 31415;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  Rng rng(seed);
+  Rng rng = test::SeededRng(31415);
   for (const SourceKind& kind : EverySourceKind(&rng)) {
     SCOPED_TRACE(kind.name);
     Batch whole, batch, expected;

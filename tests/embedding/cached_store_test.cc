@@ -85,6 +85,14 @@ std::unique_ptr<CachedStore> HostCache(const TableSpec& spec,
                    direct);
 }
 
+// An LRU cache of `cache_rows` over a HostStore that it reads through calls
+// only (not directly, as a RocksDB one), prefetching in the background.
+std::unique_ptr<CachedStore> BackgroundLruCache(const TableSpec& spec,
+                                                int64_t cache_rows) {
+  return HostCache(spec, cache_rows, EvictionPolicy::kLru,
+                   /*background_prefetch=*/true, /*direct=*/false);
+}
+
 // A RocksDB database in a directory of the test's own, removed at the end.
 class TempDatabase {
  public:
@@ -152,10 +160,7 @@ TEST(SlotManagerTest, MissesTakeFreeSlotsThenHitsKeepThem) {
 
 TEST(SlotManagerTest, LruEvictsTheLeastRecentlyUsedRow) {
   SlotManager m(5, 100, 3, EvictionPolicy::kLru, "the cache", "cache_rows");
-  PlanAndCommit(m, Bag({0}));
-  PlanAndCommit(m, Bag({1}));
-  PlanAndCommit(m, Bag({2}));
-  PlanAndCommit(m, Bag({0}));
+  for (int64_t row : {0, 1, 2, 0}) PlanAndCommit(m, Bag({row}));
   const SlotPlan plan = PlanAndCommit(m, Bag({3}));
   EXPECT_EQ(plan.evictions, 1);
   EXPECT_EQ(m.SlotOf(1), -1);
@@ -166,10 +171,7 @@ TEST(SlotManagerTest, LruEvictsTheLeastRecentlyUsedRow) {
 
 TEST(SlotManagerTest, LfuEvictsTheLeastFrequentlyUsedRowTiesByRecency) {
   SlotManager m(5, 100, 3, EvictionPolicy::kLfu, "the cache", "cache_rows");
-  PlanAndCommit(m, Bag({0}));
-  PlanAndCommit(m, Bag({0}));
-  PlanAndCommit(m, Bag({1}));
-  PlanAndCommit(m, Bag({2}));
+  for (int64_t row : {0, 0, 1, 2}) PlanAndCommit(m, Bag({row}));
   // 1 and 2 were used once, 1 longer ago; 0 twice, though least recently.
   PlanAndCommit(m, Bag({3}));
   EXPECT_EQ(m.SlotOf(1), -1);
@@ -558,41 +560,45 @@ TEST(HostSlotsTest, LoadAndStoreRowsCopyWholeRecords) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Prepares `ids` on `store` and updates it and `reference` alike with a
+// gradient of 0.5 in every column of every bag.
+void StepBeside(CachedStore& store, HostStore& reference,
+                const data::SparseFeature& ids) {
+  const int dim = store.spec().dim;
+  const std::vector<float> grad(ids.num_bags() * dim, 0.5f);
+  auto p = store.Prepare(ids);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(store.BackwardUpdate(**p, grad.data(), dim).ok());
+  ASSERT_TRUE(reference.BackwardUpdate(ids, grad.data(), dim).ok());
+}
+
 // A row staged by a prefetch must not shadow a newer value: row 9 is
 // staged, loaded by a batch in between (consuming the staging), updated and
 // evicted; row 0 is resident (not staged), evicted dirty in between. The
 // next batch must see both updates; WriteRows drops a staged copy too.
 TEST(CachedStoreTest, PrefetchedRowsEvictedOrUpdatedInBetween) {
   const TableSpec spec = MakeSpec(10, 8, POOLING_SUM, OptimizerConfig::ADAM);
-  std::unique_ptr<CachedStore> store =
-      HostCache(spec, 3, EvictionPolicy::kLru, /*background_prefetch=*/true,
-                /*direct=*/false);
+  std::unique_ptr<CachedStore> store = BackgroundLruCache(spec, 3);
   ASSERT_NE(store, nullptr);
   HostStore reference(spec);
-  std::vector<float> grad(8, 0.5f);
-  auto step = [&](const data::SparseFeature& ids) {
-    auto p = store->Prepare(ids);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE(store->BackwardUpdate(**p, grad.data(), 8).ok());
-    ASSERT_TRUE(reference.BackwardUpdate(ids, grad.data(), 8).ok());
-  };
-  step(Bag({0}));
+  StepBeside(*store, reference, Bag({0}));
   ASSERT_TRUE(store->Prefetch(Bag({0, 9})).ok());
-  step(Bag({9, 1, 2}));  // Takes 9 from staging; evicts 0 (dirty).
+  StepBeside(*store, reference,
+             Bag({9, 1, 2}));  // Takes 9 from staging; evicts 0 (dirty).
   EXPECT_EQ(store->metrics().prefetch_hits, 1);
   EXPECT_FALSE(store->IsResident(0));
   EXPECT_TRUE(store->IsDirty(9));
-  step(Bag({3, 4, 5}));  // Evicts 9 (dirty), 1, 2.
+  StepBeside(*store, reference, Bag({3, 4, 5}));  // Evicts 9 (dirty), 1, 2.
   EXPECT_FALSE(store->IsResident(9));
-  step(Bag({0, 9}));
+  StepBeside(*store, reference, Bag({0, 9}));
   ASSERT_TRUE(store->Prefetch(Bag({0, 9, 6, 7})).ok());
   // Row 7 staged, then written: the batch must load the written record.
   const int floats = RecordFloats(spec);
   std::vector<float> record(floats, 0.25f);
   ASSERT_TRUE(store->WriteRows(7, 1, record.data()).ok());
   ASSERT_TRUE(reference.WriteRows(7, 1, record.data()).ok());
-  step(Bag({0, 9, 6}));
-  step(Bag({7}));
+  StepBeside(*store, reference, Bag({0, 9, 6}));
+  StepBeside(*store, reference, Bag({7}));
   EXPECT_EQ(store->metrics().prefetch_hits, 2);  // 6; not 7.
   EXPECT_TRUE(BitwiseEqual(AllRecords(*store), AllRecords(reference)));
 }
@@ -686,23 +692,14 @@ TEST(CachedStoreTest, PrefetchReadsRowsEvictedByTheBatchBefore) {
 // store (a store destroyed with a read in flight waits for it).
 TEST(CachedStoreTest, BackgroundPrefetchIsWaitedForEverywhere) {
   const TableSpec spec = MakeSpec(40, 4, POOLING_MEAN, OptimizerConfig::SGD);
-  std::unique_ptr<CachedStore> store =
-      HostCache(spec, 4, EvictionPolicy::kLru, /*background_prefetch=*/true,
-                /*direct=*/false);
+  std::unique_ptr<CachedStore> store = BackgroundLruCache(spec, 4);
   ASSERT_NE(store, nullptr);
   HostStore reference(spec);
-  std::vector<float> grad(4, 0.5f);
-  auto step = [&](const data::SparseFeature& ids) {
-    auto p = store->Prepare(ids);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE(store->BackwardUpdate(**p, grad.data(), 4).ok());
-    ASSERT_TRUE(reference.BackwardUpdate(ids, grad.data(), 4).ok());
-  };
   const int floats = RecordFloats(spec);
   std::vector<float> record(floats, 0.75f);
   for (int round = 0; round < 20; ++round) {
     const int64_t a = round % 40, b = (round * 7 + 3) % 40;
-    step(Bag({a, b}));
+    StepBeside(*store, reference, Bag({a, b}));
     ASSERT_TRUE(store->Prefetch(Bag({(a + 1) % 40, (b + 5) % 40, 39})).ok());
     switch (round % 4) {
       case 0:
@@ -763,33 +760,25 @@ TEST(CachedStoreTest, RefusedCallsAndUnchangedRows) {
 TEST(CachedStoreTest, CreateChecksItsParts) {
   const TableSpec spec = MakeSpec(50, 4, POOLING_SUM, OptimizerConfig::ADAM);
   CacheOptions options;
+  // CachedStore::Create's status with `slots` host slots over `backing`.
+  auto create = [&](int64_t slots, std::unique_ptr<EmbeddingStore> backing) {
+    return CachedStore::Create(spec, options,
+                               std::make_unique<HostSlots>(spec, slots),
+                               std::move(backing))
+        .status();
+  };
   options.cache_rows = 0;
-  EXPECT_EQ(
-      CachedStore::Create(spec, options, std::make_unique<HostSlots>(spec, 1),
-                          std::make_unique<HostStore>(spec))
-          .status()
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(1, std::make_unique<HostStore>(spec)).code(),
+            absl::StatusCode::kInvalidArgument);
   options.cache_rows = 8;
   // Slots of another count, a backing store of another shape, none.
-  EXPECT_EQ(
-      CachedStore::Create(spec, options, std::make_unique<HostSlots>(spec, 4),
-                          std::make_unique<HostStore>(spec))
-          .status()
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(4, std::make_unique<HostStore>(spec)).code(),
+            absl::StatusCode::kInvalidArgument);
   const TableSpec other = MakeSpec(50, 4, POOLING_SUM, OptimizerConfig::SGD);
-  const absl::Status st =
-      CachedStore::Create(spec, options, std::make_unique<HostSlots>(spec, 8),
-                          std::make_unique<HostStore>(other))
-          .status();
+  const absl::Status st = create(8, std::make_unique<HostStore>(other));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_HAS_SUBSTR(st.message(), "table 5") << st;
-  EXPECT_EQ(CachedStore::Create(spec, options,
-                                std::make_unique<HostSlots>(spec, 8), nullptr)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(8, nullptr).code(), absl::StatusCode::kInvalidArgument);
   // The backing store's step carries over.
   auto backing = std::make_unique<HostStore>(spec);
   backing->set_step(41);

@@ -6,7 +6,6 @@
 #include "embedding/embedding_kernels.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +19,7 @@
 #include "embedding/embedding_table.h"
 #include "tests/support/expect.h"
 #include "tests/support/optimizer.h"
+#include "tests/support/table_update.h"
 
 namespace dlrm::embedding {
 namespace {
@@ -42,35 +42,6 @@ const char* IsaName(Isa isa) {
   return isa == Isa::kAvx512 ? "avx512" : "portable";
 }
 
-// `bags` bags of 0..max_hot ids from [0, rows) (about one in six empty when
-// max_hot > 1, skewed to small ids so a bag often repeats one), and one bag
-// holding a single id three times.
-data::SparseFeature RandomBags(Rng& rng, int64_t rows, int64_t bags,
-                               int max_hot) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t s = 0; s < bags; ++s) {
-    const int64_t n = max_hot > 1 && rng.Below(6) == 0
-                          ? 0
-                          : 1 + rng.Below(static_cast<uint64_t>(max_hot));
-    for (int64_t i = 0; i < n; ++i) {
-      const double u = rng.Uniform();
-      f.ids.push_back(std::min<int64_t>(rows - 1, u * u * u * rows));
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  const int64_t id = rng.Below(static_cast<uint64_t>(rows));
-  for (int i = 0; i < 3; ++i) f.ids.push_back(id);
-  f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  return f;
-}
-
-std::vector<float> RandomFloats(Rng& rng, int64_t n) {
-  std::vector<float> v(std::max<int64_t>(n, 1));
-  for (float& x : v) x = static_cast<float>(rng.Normal());
-  return v;
-}
-
 TEST(PoolBagsTest, EveryVersionGivesTheReferenceBits) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   Rng rng(kSeed);
@@ -78,10 +49,11 @@ TEST(PoolBagsTest, EveryVersionGivesTheReferenceBits) {
   constexpr float kSentinel = -7.0f;
   for (int dim :
        {1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 129, 200, 257}) {
-    const std::vector<float> weights = RandomFloats(rng, kRows * dim);
+    const std::vector<float> weights = test::NormalFloats(rng, kRows * dim);
     for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
       for (int max_hot : {1, 40}) {
-        const data::SparseFeature ids = RandomBags(rng, kRows, 50, max_hot);
+        const data::SparseFeature ids =
+            test::SmallIdBags(rng, kRows, 50, max_hot);
         const int64_t bags = ids.num_bags();
         const int64_t stride = dim + 5;
         std::vector<float> want(bags * stride, kSentinel);
@@ -142,7 +114,7 @@ TEST(SumRowsTest, EveryVersionGivesThePlainLoopsBits) {
   for (int dim :
        {1, 3, 7, 8, 15, 16, 17, 24, 31, 32, 33, 64, 100, 128, 129, 200, 257}) {
     const int64_t stride = dim + 5;
-    const std::vector<float> rows = RandomFloats(rng, kRows * stride);
+    const std::vector<float> rows = test::NormalFloats(rng, kRows * stride);
     // Ranges of `order`: empty, one row, a row repeated, random rows with
     // repeats (skewed to small indices), and one long run.
     std::vector<int64_t> order;
@@ -194,29 +166,13 @@ void CheckUpdate(OptimizerConfig::Type type, Pooling pooling, int dim,
   Rng rng(kSeed + dim + rows);
   const OptimizerConfig opt = test::MakeOptimizer(type);
   EmbeddingTable t(3, rows, dim, pooling, opt, kSeed);
-  std::vector<float> w(t.weights(), t.weights() + rows * dim);
-  std::vector<float> s1(t.state1().begin(), t.state1().end());
-  std::vector<float> s2(t.state2().begin(), t.state2().end());
-  const int saved = omp_get_max_threads();
-  for (int step = 1; step <= 2; ++step) {
-    const data::SparseFeature ids = RandomBags(rng, rows, bags, max_hot);
-    const int64_t stride = dim + 3;
-    const std::vector<float> grad = RandomFloats(rng, ids.num_bags() * stride);
-    omp_set_num_threads(threads);
-    t.BackwardUpdate(ids, grad.data(), stride);
-    omp_set_num_threads(saved);
-    reference::DenseGradientUpdate(w.data(), s1.data(), s2.data(), rows, dim,
-                                   pooling, opt, step, ids, grad.data(),
-                                   stride);
-  }
-  EXPECT_EQ(BitDifferences(t.weights(), w.data(), w.size(), label + " weights"),
-            0);
-  EXPECT_EQ(
-      BitDifferences(t.state1().data(), s1.data(), s1.size(), label + " s1"),
-      0);
-  EXPECT_EQ(
-      BitDifferences(t.state2().data(), s2.data(), s2.size(), label + " s2"),
-      0);
+  test::ExpectTwoUpdatesMatchReference(
+      t, t.weights(), rows, dim, bags, max_hot, threads, rng, label,
+      [&](float* w, float* s1, float* s2, int step,
+          const data::SparseFeature& ids, const float* grad, int64_t stride) {
+        reference::DenseGradientUpdate(w, s1, s2, rows, dim, pooling, opt, step,
+                                       ids, grad, stride);
+      });
 }
 
 TEST(SparseUpdateTest, OddDimsAndEveryRuleGiveTheReferenceBits) {

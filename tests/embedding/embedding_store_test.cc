@@ -123,15 +123,14 @@ void TrainAndCompare(const TableSpec& spec, RocksDbCachedStore& store,
   const int dim = spec.dim;
   std::vector<float> out_ref(bags * dim), out_store(bags * dim);
   for (int i = 0; i < steps; ++i) {
-    const data::SparseFeature& ids = batches[i];
     absl::StatusOr<const data::SparseFeature*> prepared =
         test::PrepareWithPrefetch(store, batches, i, prefetch);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
-    reference.Forward(ids, out_ref.data(), dim);
+    reference.Forward(batches[i], out_ref.data(), dim);
     ASSERT_TRUE(store.Forward(**prepared, out_store.data(), dim).ok());
     ASSERT_TRUE(BitwiseEqual(out_ref, out_store)) << "forward, step " << i;
     const std::vector<float> grad = RandomGrad(rng, bags, dim);
-    reference.BackwardUpdate(ids, grad.data(), dim);
+    reference.BackwardUpdate(batches[i], grad.data(), dim);
     ASSERT_TRUE(store.BackwardUpdate(**prepared, grad.data(), dim).ok());
   }
   EXPECT_EQ(store.step(), reference.step());

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -323,6 +324,19 @@ void RuleUpdateInTest(ReferenceState* s, int dim, Pooling pooling,
   });
 }
 
+// The rows r with !skip[r] whose `dim` weights differ, in bits, between
+// `weights` and `before`.
+int64_t ChangedRowsBut(const std::vector<bool>& skip, const float* weights,
+                       const std::vector<float>& before, int dim) {
+  int64_t changed = 0;
+  for (size_t r = 0; r < skip.size(); ++r) {
+    if (skip[r]) continue;
+    changed += std::memcmp(weights + r * dim, before.data() + r * dim,
+                           dim * sizeof(float)) != 0;
+  }
+  return changed;
+}
+
 void CheckBackward(OptimizerConfig::Type type, Pooling pooling, int dim,
                    int64_t rows, const BatchShape& shape, int steps,
                    uint64_t seed) {
@@ -362,23 +376,11 @@ void CheckBackward(OptimizerConfig::Type type, Pooling pooling, int dim,
       ExpectBitwise(t.state2().data(), want->state2.data(), want->state2.size(),
                     what + " state2");
     }
-    int changed_untouched = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (touched[r]) continue;
-      changed_untouched +=
-          std::memcmp(t.weights() + r * dim, before.data() + r * dim,
-                      dim * sizeof(float)) != 0;
-    }
-    EXPECT_EQ(changed_untouched, 0) << label << " step " << step;
+    EXPECT_EQ(ChangedRowsBut(touched, t.weights(), before, dim), 0)
+        << label << " step " << step;
   }
-  int changed_never_touched = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (ever_touched[r]) continue;
-    changed_never_touched +=
-        std::memcmp(t.weights() + r * dim, initial.data() + r * dim,
-                    dim * sizeof(float)) != 0;
-  }
-  EXPECT_EQ(changed_never_touched, 0) << label;
+  EXPECT_EQ(ChangedRowsBut(ever_touched, t.weights(), initial, dim), 0)
+      << label;
 }
 
 TEST(EmbeddingTableTest, BackwardUpdateMatchesDenseReference) {
@@ -566,6 +568,25 @@ ModelConfig ShardingConfig(const std::string& tables) {
   return *c;
 }
 
+// A ShardingConfig on CUDA: host table 'a' of 1000 rows, then `tables`.
+ModelConfig CudaShardingConfig(const std::string& tables) {
+  return ShardingConfig("device: DEVICE_CUDA tables { name: 'a' rows: 1000 } " +
+                        tables);
+}
+
+// Tier planner options: a host budget of `host_budget_bytes` and RocksDB
+// at an unused path caching `cache_rows` rows (when > 0) or
+// `cache_fraction` of each table (when > 0).
+TierPlanOptions TiersOverRocksDb(int64_t host_budget_bytes, int64_t cache_rows,
+                                 double cache_fraction) {
+  TierPlanOptions options;
+  options.rocksdb.set_path("/tmp/unused");
+  if (cache_rows > 0) options.rocksdb.set_cache_rows(cache_rows);
+  if (cache_fraction > 0) options.rocksdb.set_cache_fraction(cache_fraction);
+  options.host_budget_bytes = host_budget_bytes;
+  return options;
+}
+
 int64_t BytesOn(const ShardingPlan& plan, const ModelConfig& c, int rank) {
   int64_t bytes = 0;
   for (const auto& t : plan.tables) {
@@ -614,8 +635,7 @@ void ExpectWholeTablesPlan(const ModelConfig& c, int64_t host_bytes,
 // nothing for them, never moves them, and the plan shows their bytes
 // apart. SGD, dim 8: 32 bytes a row.
 TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
-  const ModelConfig c = ShardingConfig(
-      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+  const ModelConfig c = CudaShardingConfig(
       "tables { name: 'g' rows: 4000 storage: STORAGE_DEVICE } "
       "tables { name: 'b' rows: 500 }");
   EXPECT_EQ(HostBytesOfTable(c, 0, c.rocksdb()), 32000);
@@ -625,11 +645,8 @@ TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
       {"g (4000 x 8): table-wise on rank 0; in device memory",
        "rank 0: 0.0 MiB in host memory, 0.1 MiB in device memory"});
 
-  TierPlanOptions options;
-  options.rocksdb.set_path("/tmp/unused");
-  options.rocksdb.set_cache_fraction(0.1);
   // Within budget with the device table's 128000 bytes left out.
-  options.host_budget_bytes = 48000;
+  TierPlanOptions options = TiersOverRocksDb(48000, 0, /*cache_fraction=*/0.1);
   auto same = PlanStorageTiers(c, options);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->tables(1).storage(), STORAGE_DEVICE);
@@ -647,8 +664,7 @@ TEST(ShardingTest, DeviceTablesTakeNoHostMemory) {
 // device slots: the planner counts the whole table on the host, the plan
 // its slots on the device.
 TEST(ShardingTest, CachedDeviceTablesCountTheirHostRows) {
-  const ModelConfig c = ShardingConfig(
-      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+  const ModelConfig c = CudaShardingConfig(
       "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
       "device_cache_rows: 4000 }");
   EXPECT_EQ(HostBytesOfTable(c, 1, c.rocksdb()), 1280000);
@@ -851,22 +867,14 @@ TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
   const ModelConfig c = ShardingConfig("tables { name: 'a' rows: 10 }");
   PlannerOptions po;
   po.device_budget_bytes = -1;
-  auto plan = PlanSharding(c, po);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS_SUBSTR(plan.status().message(), "device_budget_bytes")
-      << plan.status();
+  test::ExpectInvalid(PlanSharding(c, po).status(), "device_budget_bytes");
   TierPlanOptions to;
   to.device_budget_bytes = -1;
-  auto tiers = PlanStorageTiers(c, to);
-  EXPECT_EQ(tiers.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS_SUBSTR(tiers.status().message(), "device_budget_bytes")
-      << tiers.status();
+  test::ExpectInvalid(PlanStorageTiers(c, to).status(), "device_budget_bytes");
   ModelConfig bad = c;
   bad.set_device_budget_bytes(-5);
-  auto normalised = NormalizeModelConfig(bad);
-  EXPECT_EQ(normalised.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_HAS_SUBSTR(normalised.status().message(), "device_budget_bytes")
-      << normalised.status();
+  test::ExpectInvalid(NormalizeModelConfig(bad).status(),
+                      "device_budget_bytes");
 }
 
 // RocksDB under a device cache: the host holds only its row cache, RocksDB
@@ -874,8 +882,7 @@ TEST(ShardingTest, NegativeDeviceBudgetIsInvalidArgument) {
 // backing to RocksDB (the slots stay on the device) before the smaller
 // host table. SGD, dim 8: 32 bytes a row.
 TEST(ShardingTest, DeviceCacheOverRocksDbCountsItsRowCache) {
-  const ModelConfig c = ShardingConfig(
-      "device: DEVICE_CUDA tables { name: 'a' rows: 1000 } "
+  const ModelConfig c = CudaShardingConfig(
       "tables { name: 'g' rows: 40000 storage: STORAGE_DEVICE "
       "device_cache_rows: 4000 device_cache_backing: STORAGE_ROCKSDB } "
       "rocksdb { path: '/tmp/unused' cache_rows: 2000 }");
@@ -889,11 +896,8 @@ TEST(ShardingTest, DeviceCacheOverRocksDbCountsItsRowCache) {
   ModelConfig host_backed = c;
   host_backed.mutable_tables(1)->clear_device_cache_backing();
   host_backed.clear_rocksdb();
-  TierPlanOptions options;
-  options.rocksdb.set_path("/tmp/unused");
-  options.rocksdb.set_cache_rows(2000);
-  options.host_budget_bytes = 100000;
-  auto moved = PlanStorageTiers(host_backed, options);
+  auto moved = PlanStorageTiers(
+      host_backed, TiersOverRocksDb(100000, /*cache_rows=*/2000, 0));
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(moved->tables(1).storage(), STORAGE_DEVICE);
   EXPECT_EQ(moved->tables(1).device_cache_backing(), STORAGE_ROCKSDB);
@@ -909,9 +913,7 @@ TEST(ShardingTest, BalancesLookupsAndReplicatesSmallTables) {
       "tables { name: 'a' rows: 10000 } tables { name: 'b' rows: 10000 } "
       "tables { name: 'c' rows: 10000 } tables { name: 'd' rows: 10000 } "
       "tables { name: 'tiny' rows: 10 }");
-  PlannerOptions o;
-  o.world_size = 2;
-  auto plan = PlanSharding(c, o);
+  auto plan = PlanSharding(c, PlannerOptions{.world_size = 2});
   ASSERT_TRUE(plan.ok()) << plan.status();
   int per_rank[2] = {0, 0};
   for (int k = 0; k < 4; ++k) {
@@ -973,8 +975,7 @@ TEST(ShardingTest, PinsAreHonouredAndBadPinsNamed) {
       "tables { name: 'b' rows: 90 sharding: SHARDING_ROW_WISE } "
       "tables { name: 'c' rows: 80 sharding: SHARDING_TABLE_WISE "
       "shard_ranks: [1] }");
-  PlannerOptions o;
-  o.world_size = 3;
+  const PlannerOptions o{.world_size = 3};
   auto plan = PlanSharding(c, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const auto& a = plan->tables[0];
@@ -1306,6 +1307,15 @@ TEST(SparseBackwardHostLongRunTest, TinyTableSumsWithinTheRoundingBound) {
   }
 }
 
+// The (run, begin, end) of each of `p`'s chunks, in order.
+std::vector<std::array<int64_t, 3>> ChunkBounds(
+    const SparseBackwardProducts& p) {
+  std::vector<std::array<int64_t, 3>> bounds;
+  for (const SparseChunk& c : p.chunks)
+    bounds.push_back({c.run, c.begin, c.end});
+  return bounds;
+}
+
 TEST(SparseBackwardHostLongRunTest, ChunkingIsDeterministic) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   Rng rng(kSeed);
@@ -1329,12 +1339,7 @@ TEST(SparseBackwardHostLongRunTest, ChunkingIsDeterministic) {
   EXPECT_EQ(a.counts, b.counts);
   EXPECT_EQ(a.starts, b.starts);
   EXPECT_EQ(a.chunk_starts, b.chunk_starts);
-  ASSERT_EQ(a.chunks.size(), b.chunks.size());
-  for (size_t j = 0; j < a.chunks.size(); ++j) {
-    EXPECT_EQ(a.chunks[j].run, b.chunks[j].run);
-    EXPECT_EQ(a.chunks[j].begin, b.chunks[j].begin);
-    EXPECT_EQ(a.chunks[j].end, b.chunks[j].end);
-  }
+  EXPECT_EQ(ChunkBounds(a), ChunkBounds(b));
   ASSERT_EQ(a.partials.size(), b.partials.size());
   ExpectBitwise(a.partials.data(), b.partials.data(), a.partials.size(),
                 "partials");

@@ -6,7 +6,6 @@
 #include "embedding/row_precision.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -25,6 +24,7 @@
 #include "embedding/sharding_memory.h"
 #include "tests/support/expect.h"
 #include "tests/support/optimizer.h"
+#include "tests/support/table_update.h"
 
 namespace dlrm::embedding {
 namespace {
@@ -140,34 +140,6 @@ TEST(RowPrecisionTest, RoundingBitsArePureAndDependOnEveryArgument) {
   EXPECT_NE(k, RoundingRowKey(kSeed, 1, 100, 4));
 }
 
-// `bags` bags of 0..max_hot ids from [0, rows), skewed to small ids so bags
-// repeat rows, one bag of a single id three times.
-data::SparseFeature RandomBags(Rng& rng, int64_t rows, int64_t bags,
-                               int max_hot) {
-  data::SparseFeature f;
-  f.offsets.push_back(0);
-  for (int64_t s = 0; s < bags; ++s) {
-    const int64_t n = max_hot > 1 && rng.Below(6) == 0
-                          ? 0
-                          : 1 + rng.Below(static_cast<uint64_t>(max_hot));
-    for (int64_t i = 0; i < n; ++i) {
-      const double u = rng.Uniform();
-      f.ids.push_back(std::min<int64_t>(rows - 1, u * u * u * rows));
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  const int64_t id = rng.Below(static_cast<uint64_t>(rows));
-  for (int i = 0; i < 3; ++i) f.ids.push_back(id);
-  f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  return f;
-}
-
-std::vector<float> RandomFloats(Rng& rng, int64_t n) {
-  std::vector<float> v(std::max<int64_t>(n, 1));
-  for (float& x : v) x = static_cast<float>(rng.Normal());
-  return v;
-}
-
 std::vector<float> Widen(RowPrecision p, const uint16_t* w, int64_t n) {
   std::vector<float> out(n);
   for (int64_t i = 0; i < n; ++i) out[i] = WordToFloat(p, w[i]);
@@ -189,11 +161,12 @@ TEST(Pool16Test, EveryVersionGivesTheReferenceBitsOnTheWidenedRows) {
         w = FloatToWord(p, static_cast<float>(rng.Normal()));
       }
       const std::vector<float> wide = Widen(p, words.data(), words.size());
+      const int64_t stride = dim + 5;
       for (Pooling pooling : {POOLING_SUM, POOLING_MEAN}) {
         for (int max_hot : {1, 40}) {
-          const data::SparseFeature ids = RandomBags(rng, kRows, 50, max_hot);
+          const data::SparseFeature ids =
+              test::SmallIdBags(rng, kRows, 50, max_hot);
           const int64_t bags = ids.num_bags();
-          const int64_t stride = dim + 5;
           std::vector<float> want(bags * stride, -7.0f);
           reference::PoolForward(wide.data(), dim, pooling, ids, want.data(),
                                  stride);
@@ -246,29 +219,14 @@ void CheckUpdate16(RowPrecision p, OptimizerConfig::Type type, Pooling pooling,
   EmbeddingTable t(3, rows, dim, pooling, opt, kSeed,
                    TableSlice{row_begin + rows + 7, row_begin, col_begin}, p);
   ASSERT_EQ(t.weights(), nullptr);
-  std::vector<uint16_t> w(t.words(), t.words() + rows * dim);
-  std::vector<float> s1(t.state1().begin(), t.state1().end());
-  std::vector<float> s2(t.state2().begin(), t.state2().end());
-  const int saved = omp_get_max_threads();
-  for (int step = 1; step <= 2; ++step) {
-    const data::SparseFeature ids = RandomBags(rng, rows, bags, max_hot);
-    const int64_t stride = dim + 3;
-    const std::vector<float> grad = RandomFloats(rng, ids.num_bags() * stride);
-    omp_set_num_threads(threads);
-    t.BackwardUpdate(ids, grad.data(), stride);
-    omp_set_num_threads(saved);
-    reference::DenseGradientUpdate16(w.data(), p, s1.data(), s2.data(), rows,
-                                     dim, pooling, opt, step, ids, grad.data(),
-                                     stride, kSeed, 3, row_begin, col_begin);
-  }
-  EXPECT_EQ(BitDifferences(t.words(), w.data(), w.size(), label + " weights"),
-            0);
-  EXPECT_EQ(
-      BitDifferences(t.state1().data(), s1.data(), s1.size(), label + " s1"),
-      0);
-  EXPECT_EQ(
-      BitDifferences(t.state2().data(), s2.data(), s2.size(), label + " s2"),
-      0);
+  test::ExpectTwoUpdatesMatchReference(
+      t, t.words(), rows, dim, bags, max_hot, threads, rng, label,
+      [&](uint16_t* w, float* s1, float* s2, int step,
+          const data::SparseFeature& ids, const float* grad, int64_t stride) {
+        reference::DenseGradientUpdate16(w, p, s1, s2, rows, dim, pooling, opt,
+                                         step, ids, grad, stride, kSeed, 3,
+                                         row_begin, col_begin);
+      });
 }
 
 TEST(Update16Test, EveryRuleGivesTheReferenceBits) {
@@ -310,8 +268,9 @@ TEST(Update16Test, ShardsRoundAsTheWholeTable) {
       EmbeddingTable block(2, 20, 8, POOLING_SUM, opt, kSeed,
                            TableSlice{40, 10, 4}, p);
       for (int step = 0; step < 3; ++step) {
-        data::SparseFeature ids = RandomBags(rng, 20, 30, 3);
-        const std::vector<float> grad = RandomFloats(rng, ids.num_bags() * 16);
+        data::SparseFeature ids = test::SmallIdBags(rng, 20, 30, 3);
+        const std::vector<float> grad =
+            test::NormalFloats(rng, ids.num_bags() * 16);
         block.BackwardUpdate(ids, grad.data() + 4, 16);
         for (int64_t& id : ids.ids) id += 10;
         whole.BackwardUpdate(ids, grad.data(), 16);

@@ -78,20 +78,13 @@ data::SparseFeature MakeBatch(Batch kind, Rng& rng, int64_t rows,
   return {};
 }
 
+// The Batch kinds' names, in their order.
+constexpr const char* kBatchNames[] = {"multi-hot", "one-hot", "one id",
+                                       "same id", "empty"};
+static_assert(std::size(kBatchNames) == static_cast<size_t>(Batch::kEmpty) + 1);
+
 const char* BatchName(Batch kind) {
-  switch (kind) {
-    case Batch::kMultiHot:
-      return "multi-hot";
-    case Batch::kOneHot:
-      return "one-hot";
-    case Batch::kOneId:
-      return "one id";
-    case Batch::kSameId:
-      return "same id";
-    case Batch::kEmpty:
-      return "empty";
-  }
-  return "?";
+  return kBatchNames[static_cast<int>(kind)];
 }
 
 // [0, u) cut at random points (empty ranges included), in random order.
@@ -235,21 +228,13 @@ TEST(PlanRowRangesTest, BigStoresAreCutAndEveryRowIsCoveredOnce) {
 
 enum class Tier { kHost, kRocksDb, kHostSlots, kDynamicHost, kDynamicRocksDb };
 
-std::string TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kHost:
-      return "Host";
-    case Tier::kRocksDb:
-      return "RocksDb";
-    case Tier::kHostSlots:
-      return "HostSlots";
-    case Tier::kDynamicHost:
-      return "DynamicHost";
-    case Tier::kDynamicRocksDb:
-      return "DynamicRocksDb";
-  }
-  return "?";
-}
+// The Tier values' names, in their order (test names are made of them).
+constexpr const char* kTierNames[] = {"Host", "RocksDb", "HostSlots",
+                                      "DynamicHost", "DynamicRocksDb"};
+static_assert(std::size(kTierNames) ==
+              static_cast<size_t>(Tier::kDynamicRocksDb) + 1);
+
+std::string TierName(Tier tier) { return kTierNames[static_cast<int>(tier)]; }
 
 // The stores of one case: a big multi-hot table of dim 128, a one-hot one
 // of dim 16, a tiny one, one whose batch is empty, one whose ids are all

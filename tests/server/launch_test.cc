@@ -43,6 +43,7 @@
 #include "model/model.h"
 #include "model/weights_export.h"
 #include "tests/server/npy_files.h"
+#include "tests/server/server_binary.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
 #include "tests/support/process.h"
@@ -261,11 +262,11 @@ class LocalSlurm {
   fs::path dir_;
 };
 
-class LaunchTest : public testing::Test {
+class LaunchTest : public test::ServerBinaryTest {
  protected:
   void SetUp() override {
-    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
-    dir_ = test::MakeTestDir();
+    ServerBinaryTest::SetUp();
+    if (IsSkipped()) return;
     config_path_ = dir_ / "model.textproto";
     std::ofstream(config_path_) << kConfig;
     absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path_);
@@ -282,7 +283,7 @@ class LaunchTest : public testing::Test {
       }
       if (p.out_fd >= 0) close(p.out_fd);
     }
-    if (!HasFailure()) fs::remove_all(dir_);
+    ServerBinaryTest::TearDown();
   }
 
   // The model config file every rank starts from (--config).
@@ -540,7 +541,7 @@ class LaunchTest : public testing::Test {
     StopRanks();
   }
 
-  fs::path dir_, config_path_;
+  fs::path config_path_;
   ModelConfig config_;
   std::vector<Proc> ranks_;
   // Whether ranks_ holds one launcher process (mpirun, srun) for them all.
@@ -1722,14 +1723,9 @@ TEST_F(LaunchTest, LauncherRestartsTheJobFromTheLastCheckpointWhenARankDies) {
   auto job = (*client)->StartJob(request);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->id(), "job-1");
-  absl::StatusOr<JobStatus> running;
-  do {
-    running = (*client)->GetJob("job-1");
-    ASSERT_TRUE(running.ok()) << running.status();
-    ASSERT_TRUE(running->state() == JobStatus::PENDING ||
-                running->state() == JobStatus::RUNNING)
-        << running->error();
-  } while (running->steps() < 3);
+  absl::StatusOr<JobStatus> running =
+      test::WaitForJobSteps(**client, "job-1", 3);
+  ASSERT_TRUE(running.ok()) << running.status();
   ASSERT_LT(running->steps(), kJobSteps);
 
   // Rank 1 dies; rank 0's step fails with a clear error (or the launcher

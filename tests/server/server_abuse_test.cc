@@ -28,6 +28,7 @@
 #include "data/wire.h"
 #include "dlrm/service.grpc.pb.h"
 #include "tests/server/raw_call.h"
+#include "tests/server/rpc.h"
 #include "tests/support/expect.h"
 #include "tests/support/process.h"
 
@@ -221,10 +222,9 @@ TEST_F(ServerAbuseTest, OversizedMessagesAreRefusedAndChangeNothing) {
     ASSERT_LT(many.ByteSizeLong(), size_t{1} << 20);
     grpc::ClientContext context;
     PredictResponse response;
-    const grpc::Status s = predictor_->Predict(&context, many, &response);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_HAS_SUBSTR(s.error_message(), "exceeds the limit of 2048")
-        << s.error_message();
+    test::ExpectRpcError(predictor_->Predict(&context, many, &response),
+                         grpc::StatusCode::INVALID_ARGUMENT,
+                         "exceeds the limit of 2048");
   }
   ExpectPredictWorks();
   EXPECT_EQ(Checksum(), before);
@@ -502,12 +502,10 @@ TEST_F(ServerAbuseTest, StalledStreamsEndAfterTheIdleTimeout) {
 
   // Between batches: one batch trained, then silence.
   grpc::ClientContext context;
-  auto stream = trainer_->Train(&context);
-  TrainRequest request;
-  *request.mutable_batch() = WireBatch(8, 31);
-  ASSERT_TRUE(stream->Write(request));
+  std::unique_ptr<test::TrainStream> stream =
+      test::TrainedOneBatch(*trainer_, &context, WireBatch(8, 31));
+  ASSERT_NE(stream, nullptr);
   TrainResponse response;
-  ASSERT_TRUE(stream->Read(&response));
   EXPECT_FALSE(stream->Read(&response));  // returns when the server ends it
   const grpc::Status s = stream->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)

@@ -31,6 +31,7 @@
 #include "model/safetensors.h"
 #include "server/metrics.h"
 #include "server/model_host.h"
+#include "tests/server/server_binary.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
 #include "tests/support/process.h"
@@ -116,16 +117,11 @@ Newest CheckEveryCommittedCheckpointLoads(const fs::path& root) {
   return newest;
 }
 
-class ServerProcessTest : public testing::Test {
+class ServerProcessTest : public test::ServerBinaryTest {
  protected:
   void SetUp() override {
-    DLRM_SKIP_UNLESS_BUILT("dlrm_server", ServerPath());
-    dir_ = test::MakeTestDir();
+    ServerBinaryTest::SetUp();
     root_ = dir_ / "ckpt";
-  }
-
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
   }
 
   // Runs `args` to its end (test::Run, files in dir_): its exit code (-1
@@ -243,7 +239,7 @@ class ServerProcessTest : public testing::Test {
     return r;
   }
 
-  fs::path dir_, root_;
+  fs::path root_;
 };
 
 // Whether a save's temporary directory ("<name>.tmp-<pid>") is under
@@ -323,17 +319,9 @@ TEST_F(ServerProcessTest, KillNineDuringTrainingAndCheckpointsThenResume) {
     }
     // Two steps, so the step-2 checkpoint is committed (the job counts a
     // step once its checkpoint is written), then a random pause.
-    absl::StatusOr<JobStatus> running;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    do {
-      running = (*client)->GetJob(job->id());
-      ASSERT_TRUE(running.ok()) << running.status();
-      ASSERT_TRUE(running->state() == JobStatus::PENDING ||
-                  running->state() == JobStatus::RUNNING)
-          << JobStatus::State_Name(running->state()) << " " << running->error();
-    } while (running->steps() < 2 &&
-             std::chrono::steady_clock::now() < deadline);
+    absl::StatusOr<JobStatus> running =
+        test::WaitForJobSteps(**client, job->id(), 2, /*seconds=*/20);
+    ASSERT_TRUE(running.ok()) << running.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(
         std::uniform_int_distribution<int>(0, 200)(rng)));
     // Training runs (and has not failed) right up to the kill.
@@ -484,11 +472,9 @@ TEST_F(ServerProcessTest, JobResumesAfterKillNineToTheSameWeights) {
     auto next = (*client)->StartJob(Job(1000000));
     ASSERT_TRUE(next.ok()) << next.status();
     EXPECT_EQ(next->id(), "job-3");
-    absl::StatusOr<JobStatus> running;
-    do {
-      running = (*client)->GetJob("job-3");
-      ASSERT_TRUE(running.ok()) << running.status();
-    } while (running->steps() < 3);
+    absl::StatusOr<JobStatus> running =
+        test::WaitForJobSteps(**client, "job-3", 3);
+    ASSERT_TRUE(running.ok()) << running.status();
     client->reset();
     kill(server.pid, SIGTERM);
     EXPECT_EQ(server.WaitExit(20), 0);

@@ -49,6 +49,7 @@
 #include "server/dlrm_server.h"
 #include "tests/server/npy_files.h"
 #include "tests/server/raw_call.h"
+#include "tests/server/rpc.h"
 #include "tests/support/expect.h"
 #include "tests/support/files.h"
 #include "tests/support/health.h"
@@ -1136,28 +1137,33 @@ TEST_F(ServerTest, RocksDbTableCacheMetricsOverHttp) {
       MetricValue(text, "dlrm_embedding_cache_rows{table=\"t0\",rank=\"0\"}")));
 }
 
+// ServerMetrics' text (Render(3)) after one training step, `step`, whose
+// stores reported `stores`.
+std::string RenderAfterStep(int64_t step, std::vector<TableStoreStats> stores) {
+  TrainStepOutcome outcome;
+  outcome.step = step;
+  outcome.stores = std::move(stores);
+  ServerMetrics metrics;
+  metrics.RecordTrainStep(outcome);
+  return metrics.Render(3);
+}
+
 // A dynamic table's maps get the dlrm_dynamic_* series; one in host memory
 // (no cache) gets no cache series, one on RocksDB both.
 TEST(ServerMetricsTest, DynamicTablesGetTheirOwnSeries) {
-  TrainStepOutcome step;
-  step.step = 2;
   TableStoreStats host{"u", 1, 0, /*device=*/false, {}};
   host.dynamic = true;
   host.rows = 1000;
-  host.metrics.ids_admitted = 300;
-  host.metrics.ids_evicted = 20;
-  host.metrics.ids_refused = 2;
-  host.metrics.unknown_lookups = 7;
-  host.metrics.ids_occupied = 280;
+  host.metrics = {.ids_admitted = 300,
+                  .ids_evicted = 20,
+                  .ids_refused = 2,
+                  .unknown_lookups = 7,
+                  .ids_occupied = 280};
   TableStoreStats disk{"v", 0, 50, /*device=*/false, {}};
   disk.dynamic = true;
   disk.rows = 500;
-  disk.metrics.hits = 4;
-  disk.metrics.ids_occupied = 40;
-  step.stores = {host, disk};
-  ServerMetrics metrics;
-  metrics.RecordTrainStep(step);
-  const std::string text = metrics.Render(3);
+  disk.metrics = {.hits = 4, .ids_occupied = 40};
+  const std::string text = RenderAfterStep(2, {host, disk});
   const std::string u = "{table=\"u\",rank=\"1\"}";
   EXPECT_EQ(MetricValue(text, "dlrm_dynamic_capacity_rows" + u), 1000) << text;
   EXPECT_EQ(MetricValue(text, "dlrm_dynamic_occupied_rows" + u), 280);
@@ -1177,23 +1183,22 @@ TEST(ServerMetricsTest, DynamicTablesGetTheirOwnSeries) {
 // misses, evictions, write-backs and loads, and no RocksDB series (its
 // reads and writes go to the tier behind it).
 TEST(ServerMetricsTest, DeviceCacheCountersAreLabelledApart) {
-  TrainStepOutcome step;
-  step.step = 3;
-  TableStoreStats device{"g", 0, 480, /*device=*/true, {}};
-  device.metrics.hits = 70;
-  device.metrics.misses = 30;
-  device.metrics.prefetch_hits = 12;
-  device.metrics.evictions = 9;
-  device.metrics.rows_read = 30;
-  device.metrics.rows_written = 8;
-  TableStoreStats rocksdb{"r", 0, 40, /*device=*/false, {}};
-  rocksdb.metrics.hits = 5;
-  rocksdb.metrics.rows_read = 4;
-  rocksdb.metrics.rows_written = 2;
-  step.stores = {device, rocksdb};
-  ServerMetrics metrics;
-  metrics.RecordTrainStep(step);
-  const std::string text = metrics.Render(3);
+  const TableStoreStats device{"g",
+                               0,
+                               480,
+                               /*device=*/true,
+                               {.hits = 70,
+                                .misses = 30,
+                                .prefetch_hits = 12,
+                                .evictions = 9,
+                                .rows_read = 30,
+                                .rows_written = 8}};
+  const TableStoreStats rocksdb{"r",
+                                0,
+                                40,
+                                /*device=*/false,
+                                {.hits = 5, .rows_read = 4, .rows_written = 2}};
+  const std::string text = RenderAfterStep(3, {device, rocksdb});
   const std::string d = "{table=\"g\",rank=\"0\",cache=\"device\"}";
   EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_rows" + d), 480) << text;
   EXPECT_EQ(MetricValue(text, "dlrm_embedding_cache_hits_total" + d), 70);
@@ -1589,12 +1594,9 @@ TEST_F(ServerDataPathTest, ErrorMessagesEscapeControlBytes) {
 TEST_F(ServerTest, BusyTrainingNamesNoClientAddress) {
   // A stream that holds training: one batch trained, its result read.
   grpc::ClientContext holder_context;
-  auto holder = trainer_->Train(&holder_context);
-  TrainRequest request;
-  *request.mutable_batch() = TrainBatches(1, 16, 3)[0];
-  ASSERT_TRUE(holder->Write(request));
-  TrainResponse response;
-  ASSERT_TRUE(holder->Read(&response));
+  const std::unique_ptr<test::TrainStream> holder = test::TrainedOneBatch(
+      *trainer_, &holder_context, TrainBatches(1, 16, 3)[0]);
+  ASSERT_NE(holder, nullptr);
 
   const StreamOutcome second =
       RunTrainStream(trainer_.get(), TrainBatches(1, 16, 4));
