@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/presets.h"
 #include "core/status.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "optim/optimizer.h"
@@ -32,6 +33,34 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
  private:
   std::string first_;
 };
+
+// The fields of ModelConfig an interaction owns, with their interaction
+// (InteractionConfigFields).
+struct InteractionField {
+  const char* name;
+  Interaction owner;
+};
+constexpr InteractionField kInteractionFields[] = {
+    {"dcn_num_layers", INTERACTION_DCN},
+    {"dcn_low_rank_dim", INTERACTION_DCN},
+};
+
+const google::protobuf::FieldDescriptor* ConfigField(const char* name) {
+  return ModelConfig::descriptor()->FindFieldByName(name);
+}
+
+// Whether the singular field `name` of `c` differs from its default.
+bool IsSet(const ModelConfig& c, const char* name) {
+  return c.GetReflection()->HasField(c, ConfigField(name));
+}
+
+// The text of the singular field `name` of `c`.
+std::string FieldText(const ModelConfig& c, const char* name) {
+  std::string out;
+  google::protobuf::TextFormat::PrintFieldValueToString(c, ConfigField(name),
+                                                        -1, &out);
+  return out;
+}
 
 // Sizes past these are no model this server can hold, and bounding them
 // keeps every derived size (parameter counts, the interaction width) far
@@ -491,13 +520,16 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           absl::StrCat("dcn_low_rank_dim = ", c.dcn_low_rank_dim(),
                        " must be in [1, ", kMaxWidth, "]"));
     }
-  } else if (c.dcn_num_layers() != 0 || c.dcn_low_rank_dim() != 0) {
-    // A cross-network setting another interaction would ignore is a
-    // mistake in the config, not something to drop silently.
-    return absl::InvalidArgumentError(absl::StrCat(
-        c.dcn_num_layers() != 0 ? "dcn_num_layers" : "dcn_low_rank_dim",
-        " is set but interaction is ", Interaction_Name(c.interaction()),
-        ", not INTERACTION_DCN"));
+  }
+  for (const InteractionField& f : kInteractionFields) {
+    // A setting another interaction would ignore is a mistake in the
+    // config, not something to drop silently.
+    if (f.owner != c.interaction() && IsSet(c, f.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.name, " is set but interaction is ",
+                       Interaction_Name(c.interaction()), ", not ",
+                       Interaction_Name(f.owner)));
+    }
   }
   if (!ComputeDevice_IsValid(c.device())) {
     return absl::InvalidArgumentError("device is invalid");
@@ -587,6 +619,50 @@ int64_t EmbeddingParameterCount(const ModelConfig& c) {
   return n;
 }
 
+int64_t DenseParamSpec::size() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<DenseParamSpec> InteractionParamSpecs(const ModelConfig& c) {
+  std::vector<DenseParamSpec> specs;
+  if (c.interaction() == INTERACTION_DCN) {
+    // TorchRec's LowRankCrossNet shapes, so a state_dict tensor copies over
+    // as it is (dense/cross_net.h).
+    const int64_t n = InteractionOutputDim(c), r = c.dcn_low_rank_dim();
+    for (int l = 0; l < c.dcn_num_layers(); ++l) {
+      const std::string layer = absl::StrCat("interaction.crossnet.", l, ".");
+      specs.push_back({layer + "V", {r, n}});
+      specs.push_back({layer + "W", {n, r}});
+      specs.push_back({layer + "bias", {n}});
+    }
+  }
+  return specs;
+}
+
+std::vector<std::string> InteractionConfigFields() {
+  std::vector<std::string> names;
+  for (const InteractionField& f : kInteractionFields) names.push_back(f.name);
+  return names;
+}
+
+std::string DifferentInteractionField(const ModelConfig& a,
+                                      const ModelConfig& b) {
+  for (const InteractionField& f : kInteractionFields) {
+    if (FieldText(a, f.name) != FieldText(b, f.name)) return f.name;
+  }
+  return "";
+}
+
+std::string InteractionFieldsText(const ModelConfig& c) {
+  if (c.interaction() == INTERACTION_DCN) {
+    return absl::StrCat(" (", c.dcn_num_layers(), " layers, rank ",
+                        c.dcn_low_rank_dim(), ")");
+  }
+  return "";
+}
+
 int64_t DenseParameterCount(const ModelConfig& c) {
   int64_t n = 0;
   int in = c.num_dense_features();
@@ -594,12 +670,8 @@ int64_t DenseParameterCount(const ModelConfig& c) {
     n += static_cast<int64_t>(in) * w + w;
     in = w;
   }
+  for (const DenseParamSpec& p : InteractionParamSpecs(c)) n += p.size();
   in = InteractionOutputDim(c);
-  if (c.interaction() == INTERACTION_DCN) {
-    // Per cross layer: V [r x in], W [in x r], bias [in].
-    n += static_cast<int64_t>(c.dcn_num_layers()) *
-         (2 * static_cast<int64_t>(in) * c.dcn_low_rank_dim() + in);
-  }
   for (int w : c.top_mlp()) {
     n += static_cast<int64_t>(in) * w + w;
     in = w;

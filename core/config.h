@@ -35,13 +35,13 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& spec);
 absl::StatusOr<ModelConfig> NormalizeModelConfig(ModelConfig config);
 
 // Checks a normalised config: positive sizes, unique table names, bottom MLP
-// ending at the embedding dim (dot), top MLP ending at 1, the DCN fields set
-// under INTERACTION_DCN only, a known dense_precision, rocksdb.path and cache
-// sizes where a table's rows are on RocksDB (RowsOnRocksDb), the device
-// cache's fields (device_cache_rows, device_cache_backing) on
-// STORAGE_DEVICE tables only, the optimizers and their schedules
-// (optim::Validate; the tables' optimizer by optim::ValidateSparse, which
-// refuses the layer-wise LAMB and LARS).
+// ending at the embedding dim (dot), top MLP ending at 1, an interaction's
+// fields (InteractionConfigFields) set under that interaction only, a known
+// dense_precision, rocksdb.path and cache sizes where a table's rows are on
+// RocksDB (RowsOnRocksDb), the device cache's fields (device_cache_rows,
+// device_cache_backing) on STORAGE_DEVICE tables only, the optimizers and their
+// schedules (optim::Validate; the tables' optimizer by optim::ValidateSparse,
+// which refuses the layer-wise LAMB and LARS).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Puts the tables named in `tables` (or every table, for the one name
@@ -108,8 +108,41 @@ absl::Status ApplyCudaGraphsFlag(std::string_view flag, ModelConfig* config);
 // tables' dims for cat and DCN (the cross network keeps its input's width).
 int InteractionOutputDim(const ModelConfig& config);
 
+// A dense parameter: its name ("interaction.crossnet.0.V") and its shape,
+// row-major.
+struct DenseParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Floats: the product of the shape's sizes.
+  int64_t size() const;
+};
+
+// The parameters of a normalised config's interaction, in the order the
+// dense backend initialises, lists, checkpoints and exports them: none for
+// dot and cat; under DCN, layer by layer, "interaction.crossnet.<l>.V" [r x
+// N], ".W" [N x r] and ".bias" [N] (dense/cross_net.h). The one place an
+// interaction's parameters are named and shaped: DenseParameterCount, the
+// dense backend (HostDenseParams names its interaction layer's parameters
+// with them), the weights export and the TorchRec mapping read them here.
+std::vector<DenseParamSpec> InteractionParamSpecs(const ModelConfig& config);
+
+// The fields of ModelConfig an interaction owns ("dcn_num_layers",
+// "dcn_low_rank_dim"), in field order: set only under their interaction
+// (ValidateModelConfig), part of a checkpoint's architecture and immutable
+// on a resume (core/config_change.h).
+std::vector<std::string> InteractionConfigFields();
+
+// The first of InteractionConfigFields whose value differs between `a` and
+// `b`; empty when none does.
+std::string DifferentInteractionField(const ModelConfig& a,
+                                      const ModelConfig& b);
+
+// The interaction's own fields as text to follow its name: " (3 layers,
+// rank 512)" under DCN, empty for an interaction without fields.
+std::string InteractionFieldsText(const ModelConfig& config);
+
 // Total parameters: embedding rows x dims; MLP weights and biases plus the
-// DCN cross network's.
+// interaction's (InteractionParamSpecs).
 int64_t EmbeddingParameterCount(const ModelConfig& config);
 int64_t DenseParameterCount(const ModelConfig& config);
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/config.h"
 
 namespace dlrm {
 namespace {
@@ -26,8 +27,10 @@ struct FieldRuleEntry {
 constexpr FieldMutability kMutable = FieldMutability::kMutable;
 constexpr FieldMutability kImmutable = FieldMutability::kImmutable;
 
-// Every field of ModelConfig (proto/dlrm/config.proto): an entry for a
-// message covers its fields that have none of their own. Mutable is what
+// Every field of ModelConfig (proto/dlrm/config.proto) but the
+// interactions' own (InteractionConfigFields, immutable: they shape the
+// interaction's parameters): an entry for a message covers its fields that
+// have none of their own. Mutable is what
 // changes how the model trains or where its rows and dense part live;
 // immutable is what the saved weights and optimizer state mean.
 constexpr FieldRuleEntry kConfigFieldRules[] = {
@@ -74,8 +77,6 @@ constexpr FieldRuleEntry kConfigFieldRules[] = {
     // Scratch directory, cache sizes, eviction, budget: where rows live.
     {"rocksdb", kMutable},
     {"device", kMutable},
-    {"dcn_num_layers", kImmutable},
-    {"dcn_low_rank_dim", kImmutable},
     {"dense_precision", kMutable},
     {"gpu_disable_tf32", kMutable},
     {"device_budget_bytes", kMutable},
@@ -183,6 +184,9 @@ std::string ConfigDifference::ToString() const {
 }
 
 absl::StatusOr<FieldMutability> FieldRule(std::string_view path) {
+  for (const std::string& field : InteractionConfigFields()) {
+    if (path == field) return kImmutable;
+  }
   const FieldRuleEntry* best = nullptr;
   size_t best_length = 0;
   for (const FieldRuleEntry& e : kConfigFieldRules) {
@@ -236,6 +240,9 @@ absl::StatusOr<ModelConfig> ResumeConfig(
 std::vector<std::string> ConfigFieldRulePaths() {
   std::vector<std::string> out;
   for (const FieldRuleEntry& e : kConfigFieldRules) out.push_back(e.path);
+  for (std::string& field : InteractionConfigFields()) {
+    out.push_back(std::move(field));
+  }
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Which fields of a ModelConfig may change once a model has trained: on a
 // resume with another config (docs/checkpoints.md "Resuming with another
 // config") and, for the optimizers' rates, live (Admin.SetLearningRate).
-// One table (kConfigFieldRules in config_change.cc) decides per field.
+// One table (kConfigFieldRules in config_change.cc) decides per field, and
+// an interaction's own fields (InteractionConfigFields) are immutable.
 #pragma once
 
 #include <string>
@@ -61,7 +62,8 @@ absl::StatusOr<ModelConfig> ResumeConfig(
     const ModelConfig& saved, const ModelConfig& next,
     std::vector<ConfigDifference>* changes);
 
-// Every field path kConfigFieldRules lists, in its order (for the tests
+// Every field path kConfigFieldRules lists, in its order, then the
+// interactions' fields (InteractionConfigFields) (for the tests
 // that hold the table complete).
 std::vector<std::string> ConfigFieldRulePaths();
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/config.h"
 #include "core/random.h"
 #include "core/status.h"
 #include "dense/cpu_backend.h"
@@ -21,6 +22,28 @@ std::vector<int> Widths(const google::protobuf::RepeatedField<int32_t>& w) {
   return {w.begin(), w.end()};
 }
 
+// Appends `layer`'s parameters to *params, named by `specs` (the config's
+// InteractionParamSpecs); Internal unless they match in number and sizes.
+absl::Status AppendNamed(const std::vector<DenseParamSpec>& specs,
+                         std::vector<ParamRef> layer,
+                         std::vector<ParamRef>* params) {
+  if (layer.size() != specs.size()) {
+    return absl::InternalError(
+        absl::StrCat("the interaction layer has ", layer.size(),
+                     " parameters, the config's specs ", specs.size()));
+  }
+  for (size_t i = 0; i < layer.size(); ++i) {
+    if (layer[i].size != specs[i].size()) {
+      return absl::InternalError(absl::StrCat(
+          "interaction parameter ", specs[i].name, ": the layer has ",
+          layer[i].size, " floats, the config's spec ", specs[i].size()));
+    }
+    layer[i].name = specs[i].name;
+    params->push_back(std::move(layer[i]));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 HostDenseParams::HostDenseParams(const ModelConfig& config)
@@ -28,10 +51,7 @@ HostDenseParams::HostDenseParams(const ModelConfig& config)
              /*relu_last=*/true),
       top(MakeInteractionShape(config).output_width, Widths(config.top_mlp()),
           /*relu_last=*/false),
-      cross(
-          MakeInteractionShape(config).input_width,
-          config.interaction() == INTERACTION_DCN ? config.dcn_num_layers() : 0,
-          config.dcn_low_rank_dim()) {}
+      interaction(CreateInteractionLayer(config)) {}
 
 absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
     const ModelConfig& config) {
@@ -39,10 +59,11 @@ absl::StatusOr<std::unique_ptr<HostDenseParams>> HostDenseParams::Create(
   Rng rng(config.seed());
   p->bottom.Init(&rng);
   p->top.Init(&rng);
-  p->cross.Init(&rng);
+  if (p->interaction != nullptr) p->interaction->Init(&rng);
   p->params = p->bottom.Parameters(kBottomMlpPrefix);
-  for (ParamRef& ref : p->cross.Parameters(kCrossNetPrefix)) {
-    p->params.push_back(std::move(ref));
+  if (p->interaction != nullptr) {
+    RETURN_IF_ERROR(AppendNamed(InteractionParamSpecs(config),
+                                p->interaction->Parameters(), &p->params));
   }
   p->top_begin = p->params.size();
   for (ParamRef& ref : p->top.Parameters(kTopMlpPrefix)) {
@@ -68,10 +89,12 @@ std::pair<size_t, size_t> HostDenseParams::Range(GradBucket bucket) const {
 absl::Status HostDenseParams::SetPrecision(DensePrecision precision) {
   bottom.SetPrecision(precision);
   top.SetPrecision(precision);
-  cross.SetPrecision(precision);
-  // In params' order: bottom, cross, top.
+  if (interaction != nullptr) interaction->SetPrecision(precision);
+  // In params' order: bottom, interaction, top.
   std::vector<Bf16*> copies = bottom.Bf16Copies();
-  for (Bf16* c : cross.Bf16Copies()) copies.push_back(c);
+  if (interaction != nullptr) {
+    for (Bf16* c : interaction->Bf16Copies()) copies.push_back(c);
+  }
   for (Bf16* c : top.Bf16Copies()) copies.push_back(c);
   const absl::Status st = optimizer->SetBf16Copies(std::move(copies));
   if (!st.ok()) return absl::InternalError(st.message());

@@ -25,8 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/status.h"
-#include "dense/cross_net.h"
 #include "dense/interaction.h"
+#include "dense/interaction_layer.h"
 #include "dense/linear.h"
 #include "dense/optimizer.h"
 #include "dlrm/config.pb.h"
@@ -35,10 +35,11 @@ namespace dlrm::dense {
 
 // The dense parameters in the two all-reduce buckets of the overlapped
 // step. kTop: the top MLP's, final after TopBackward. kBottom: the bottom
-// MLP's and the DCN cross network's, final after BottomBackward (the cross
-// network's are final after InteractionBackward already, but that runs
-// while kTop's all-reduce may be in flight, so they wait for kBottom's).
-// kAll is both, in parameter order: bottom MLP, cross network, top MLP.
+// MLP's and the interaction layer's (DCN's cross network), final after
+// BottomBackward (the interaction's are final after InteractionBackward
+// already, but that runs while kTop's all-reduce may be in flight, so they
+// wait for kBottom's). kAll is both, in parameter order: bottom MLP,
+// interaction, top MLP.
 enum class GradBucket { kBottom, kTop, kAll };
 
 // What a backend's CUDA graphs (ModelConfig.gpu_cuda_graphs) have done
@@ -126,10 +127,10 @@ class DenseBackend {
   virtual absl::Status TopBackward(int64_t batch) = 0;
   // Returns the gradient of the interaction input, [batch x input_width] in
   // host memory (columns from dim on: the pooled vectors'; on CUDA only the
-  // host columns, as InteractionInput), valid until the next step; under
-  // DCN also fills the cross network's gradients.
+  // host columns, as InteractionInput), valid until the next step; with an
+  // interaction layer also fills its gradients.
   virtual absl::StatusOr<const float*> InteractionBackward(int64_t batch) = 0;
-  // Fills the bottom MLP's gradients (with the cross network's, the
+  // Fills the bottom MLP's gradients (with the interaction layer's, the
   // GradBucket::kBottom bucket); `x` as in BottomForward.
   virtual absl::Status BottomBackward(const float* x, int64_t batch) = 0;
   // One dense optimizer step from the gradients.
@@ -213,8 +214,9 @@ class DenseBackend {
 
   // The host view of the parameters, for checkpoints, exports and tests:
   // the MLPs; every dense parameter, named "bottom_mlp.<layer>.weight" /
-  // ".bias", then under DCN "interaction.crossnet.<layer>.V" / ".W" /
-  // ".bias" (dense/cross_net.h), then "top_mlp...."; and their optimizer
+  // ".bias", then the interaction's (InteractionParamSpecs: under DCN
+  // "interaction.crossnet.<layer>.V" / ".W" / ".bias"), then "top_mlp....";
+  // and their optimizer
   // with its state and step. On the CPU these are the live ones. On CUDA
   // they are a host copy, brought up to date when asked for after an
   // Update, and copied back to the device before the next step or
@@ -237,31 +239,35 @@ class DenseBackend {
 };
 
 // The dense parameters in host memory: both MLPs initialised from
-// config.seed() as the DLRM reference does and, under DCN, the cross
-// network as TorchRec does (dense/cross_net.h): the bottom MLP's draws, then
-// the top's, then the cross network's, from one stream, so every rank's
-// replica starts equal and the MLPs start as they would with another
-// interaction. Their named parameters and their optimizer. The CPU backend
-// trains these; the CUDA backend keeps them as its host view.
+// config.seed() as the DLRM reference does and the interaction layer, if
+// any, as its own Init says (DCN's cross network as TorchRec does,
+// dense/cross_net.h): the bottom MLP's draws, then the top's, then the
+// interaction's, from one stream, so every rank's replica starts equal and
+// the MLPs start as they would with another interaction. Their named
+// parameters and their optimizer. The CPU backend trains these; the CUDA
+// backend keeps them as its host view.
 struct HostDenseParams {
-  // `config` normalised. InvalidArgument as DenseOptimizer::Create.
+  // `config` normalised. InvalidArgument as DenseOptimizer::Create;
+  // Internal if the interaction layer's parameters are not its
+  // InteractionParamSpecs (a programming error).
   static absl::StatusOr<std::unique_ptr<HostDenseParams>> Create(
       const ModelConfig& config);
 
   Mlp bottom, top;
-  // DCN's; no layers for another interaction.
-  CrossNet cross;
-  // Borrowed from bottom, cross and top, in that order.
+  // The config's interaction layer (CreateInteractionLayer); null for an
+  // interaction without parameters.
+  std::unique_ptr<InteractionLayer> interaction;
+  // Borrowed from bottom, interaction and top, in that order.
   std::vector<ParamRef> params;
   std::unique_ptr<DenseOptimizer> optimizer;
-  // params[0, top_begin) are the bottom MLP's and the cross network's
+  // params[0, top_begin) are the bottom MLP's and the interaction's
   // (GradBucket::kBottom), the rest the top MLP's.
   size_t top_begin = 0;
 
   // [begin, end) of `bucket` in `params`.
   std::pair<size_t, size_t> Range(GradBucket bucket) const;
 
-  // Sets the MLPs' and the cross network's precision, and hands the
+  // Sets the MLPs' and the interaction layer's precision, and hands the
   // optimizer their bf16 copies (PRECISION_BF16), which its steps then
   // write as they update the weights. Internal if the copies do not match
   // the parameters (a programming error).

@@ -60,7 +60,8 @@ class CpuDenseBackend final : public DenseBackend {
     const InteractionShape& s = interaction();
     z_at_ = identity_ ? t_.data() : Sized(z_, batch * s.output_width);
     if (!identity_) {
-      dense::InteractionForward(s, t_.data(), batch, z_at_, &p_->cross);
+      dense::InteractionForward(s, t_.data(), batch, z_at_,
+                                p_->interaction.get());
     }
     return absl::OkStatus();
   }
@@ -95,7 +96,7 @@ class CpuDenseBackend final : public DenseBackend {
     dt_at_ = identity_ ? dz_.data() : Sized(dt_, batch * s.input_width);
     if (!identity_) {
       dense::InteractionBackward(s, t_.data(), dz_.data(), batch, dt_at_,
-                                 &p_->cross);
+                                 p_->interaction.get());
     }
     return dt_at_;
   }
@@ -125,7 +126,8 @@ class CpuDenseBackend final : public DenseBackend {
     CopyColumns(bottom_out, s.dim, t, s.input_width, batch, s.dim);
     float* z = identity_ ? t : Sized(z_, batch * s.output_width);
     if (!identity_) {
-      dense::InteractionInfer(s, t, batch, z, p_->cross, &infer_scratch_);
+      dense::InteractionInfer(s, t, batch, z, p_->interaction.get(),
+                              &infer_scratch_);
     }
     float* logits = Sized(infer_logits_, batch);
     p_->top.Infer(z, batch, logits, &infer_scratch_);
@@ -202,7 +204,7 @@ class CpuDenseBackend final : public DenseBackend {
   void SyncBf16Weights() {
     p_->bottom.SyncBf16Weights();
     p_->top.SyncBf16Weights();
-    p_->cross.SyncBf16Weights();
+    if (p_->interaction != nullptr) p_->interaction->SyncBf16Weights();
     stale_ = false;
   }
   // The host view was handed out since the last sync and may have been

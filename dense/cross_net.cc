@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "dense/amx_gemm.h"
-#include "dense/param_names.h"
 
 namespace dlrm::dense {
 namespace {
@@ -233,6 +232,16 @@ CrossNet::CrossNet(int width, int num_layers, int rank)
   q_.resize(layers_.size());
 }
 
+InteractionLayerFloats CrossNet::FloatsPerSample(int width, int num_layers,
+                                                 int rank) {
+  const int64_t n = width, r = rank, layers = num_layers;
+  // Training: x_l for l in [1, L), p_l and q_l per layer; the backward's h,
+  // dp and its two gradient buffers. Infer: p, q and two x_l.
+  return {(layers - 1) * n + layers * (r + n) + n + r + (layers > 1 ? n : 0) +
+              (layers > 2 ? n : 0),
+          r + 3 * n};
+}
+
 void CrossNet::Init(Rng* rng) {
   // torch.nn.init.xavier_normal_: std = sqrt(2 / (fan_in + fan_out)), and
   // fan_in + fan_out = N + r for both [r x N] and [N x r].
@@ -438,18 +447,15 @@ void CrossNet::Infer(const float* x0, int64_t batch, float* out,
   }
 }
 
-std::vector<ParamRef> CrossNet::Parameters(const std::string& prefix) {
+std::vector<ParamRef> CrossNet::Parameters() {
   std::vector<ParamRef> params;
   params.reserve(3 * layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    Layer& layer = layers_[l];
+  for (Layer& layer : layers_) {
     const int64_t matrix = static_cast<int64_t>(layer.v.size());
-    params.push_back({ParamName(prefix, l, kCrossV), layer.v.data(),
-                      layer.dv.data(), matrix});
-    params.push_back({ParamName(prefix, l, kCrossW), layer.w.data(),
-                      layer.dw.data(), matrix});
-    params.push_back({ParamName(prefix, l, kBias), layer.b.data(),
-                      layer.db.data(), static_cast<int64_t>(layer.b.size())});
+    params.push_back({"", layer.v.data(), layer.dv.data(), matrix});
+    params.push_back({"", layer.w.data(), layer.dw.data(), matrix});
+    params.push_back({"", layer.b.data(), layer.db.data(),
+                      static_cast<int64_t>(layer.b.size())});
   }
   return params;
 }

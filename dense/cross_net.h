@@ -16,7 +16,8 @@
 // - Layer l: x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l, "*" elementwise:
 //   TorchRec's linear(linear(x_l, V_kernels[l]), W_kernels[l]) + bias[l].
 // - Parameters, in TorchRec's shapes and row-major order, so a state_dict
-//   tensor copies over as it is:
+//   tensor copies over as it is (named and shaped by core/config.cc's
+//   InteractionParamSpecs):
 //     interaction.crossnet.<l>.V    [r x N]  inter_arch.crossnet.V_kernels.<l>
 //     interaction.crossnet.<l>.W    [N x r]  inter_arch.crossnet.W_kernels.<l>
 //     interaction.crossnet.<l>.bias [N]      inter_arch.crossnet.bias.<l>
@@ -34,6 +35,7 @@
 #include "core/aligned.h"
 #include "core/random.h"
 #include "dense/bf16.h"
+#include "dense/interaction_layer.h"
 #include "dense/linear.h"
 #include "dlrm/config.pb.h"
 
@@ -44,29 +46,35 @@ namespace dlrm::dense {
 // layer (V x_l, W p and, backward, their three gradients) take bf16 inputs
 // (bf16 copies of V, W, x_l, p and the gradients flowing into them) and
 // accumulate in fp32; the bias, the product with x_0, the residual, every
-// output and every gradient stay fp32. Not thread-safe.
-class CrossNet {
+// output and every gradient stay fp32. INTERACTION_DCN's InteractionLayer
+// (dense/interaction_layer.cc). Not thread-safe.
+class CrossNet final : public InteractionLayer {
  public:
-  // `width` N >= 1, `num_layers` L >= 0 (0: no parameters; the other
-  // interactions hold such an empty one), `rank` r >= 1 when L > 0.
+  // `width` N >= 1, `num_layers` L >= 0 (0: no parameters), `rank` r >= 1
+  // when L > 0.
   CrossNet(int width, int num_layers, int rank);
+
+  // The floats per sample the passes' buffers of such a network hold
+  // (InteractionLayerFloatsPerSample).
+  static InteractionLayerFloats FloatsPerSample(int width, int num_layers,
+                                                int rank);
 
   // Xavier-normal V_l then W_l, layer by layer, each row-major, from `rng`;
   // zero biases.
-  void Init(Rng* rng);
+  void Init(Rng* rng) override;
 
   // Sets the precision of the passes below; PRECISION_BF16 also writes the
   // bf16 weights (SyncBf16Weights).
-  void SetPrecision(DensePrecision precision);
+  void SetPrecision(DensePrecision precision) override;
   DensePrecision precision() const { return precision_; }
   // Under PRECISION_BF16, rewrites the bf16 copies of V and W from the fp32
   // master weights; call after they change. Does nothing at PRECISION_FP32.
-  void SyncBf16Weights();
+  void SyncBf16Weights() override;
 
   // Training forward: writes x_L [batch x N] to `out` from x0 [batch x N]
   // and keeps what Backward needs. x0 is borrowed: it must be unchanged
   // when Backward runs. `out` may not overlap x0.
-  void Forward(const float* x0, int64_t batch, float* out);
+  void Forward(const float* x0, int64_t batch, float* out) override;
 
   // After Forward(x0, batch, ...), from dout (the gradient wrt x_L, [batch x
   // N]): writes dx0 [batch x N] (overwritten; every path through x_0, the
@@ -74,20 +82,22 @@ class CrossNet {
   // not accumulate) every layer's gradients. dx0 may not overlap x0 or
   // dout. The bias gradient is summed in fixed blocks of rows, so it does
   // not depend on the thread count.
-  void Backward(const float* x0, const float* dout, int64_t batch, float* dx0);
+  void Backward(const float* x0, const float* dout, int64_t batch,
+                float* dx0) override;
 
   // Inference forward into `out`: the same arithmetic as Forward, keeping
   // none of its activations (those of a pending Backward stay valid).
   // `scratch` is resized as needed.
   void Infer(const float* x0, int64_t batch, float* out,
-             AlignedVector<float>* scratch) const;
+             AlignedVector<float>* scratch) const override;
 
-  // Parameters named "<prefix>.<layer>.V" / ".W" / ".bias", layer by layer.
-  std::vector<ParamRef> Parameters(const std::string& prefix);
+  // V, W and the bias, layer by layer (InteractionParamSpecs' order;
+  // unnamed).
+  std::vector<ParamRef> Parameters() override;
   // Their bf16 copies in the same order (DenseOptimizer::SetBf16Copies):
   // V's and W's under PRECISION_BF16, null for the biases and at
   // PRECISION_FP32.
-  std::vector<Bf16*> Bf16Copies();
+  std::vector<Bf16*> Bf16Copies() override;
 
   int width() const { return width_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }

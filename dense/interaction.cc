@@ -444,13 +444,14 @@ InteractionShape MakeInteractionShape(const ModelConfig& config) {
 
 bool InteractionIsIdentity(Interaction kind) { return kind == INTERACTION_CAT; }
 
+// The interactions without parameters are the cases below; one with
+// parameters is its InteractionLayer.
 void InteractionForward(const InteractionShape& s, const float* t,
-                        int64_t batch, float* z, CrossNet* cross) {
+                        int64_t batch, float* z, InteractionLayer* layer) {
+  if (layer != nullptr) return layer->Forward(t, batch, z);
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionForward(t, batch, s.num_vectors, s.dim, z);
-    case INTERACTION_DCN:
-      return cross->Forward(t, batch, z);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return;
@@ -459,12 +460,11 @@ void InteractionForward(const InteractionShape& s, const float* t,
 
 void InteractionBackward(const InteractionShape& s, const float* t,
                          const float* dz, int64_t batch, float* dt,
-                         CrossNet* cross) {
+                         InteractionLayer* layer) {
+  if (layer != nullptr) return layer->Backward(t, dz, batch, dt);
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt);
-    case INTERACTION_DCN:
-      return cross->Backward(t, dz, batch, dt);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return;
@@ -472,13 +472,12 @@ void InteractionBackward(const InteractionShape& s, const float* t,
 }
 
 void InteractionInfer(const InteractionShape& s, const float* t, int64_t batch,
-                      float* z, const CrossNet& cross,
+                      float* z, const InteractionLayer* layer,
                       AlignedVector<float>* scratch) {
+  if (layer != nullptr) return layer->Infer(t, batch, z, scratch);
   switch (s.kind) {
     case INTERACTION_DOT:  // keeps nothing either way
       return DotInteractionForward(t, batch, s.num_vectors, s.dim, z);
-    case INTERACTION_DCN:
-      return cross.Infer(t, batch, z, scratch);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return;

@@ -5,23 +5,21 @@
 // (2,1), (3,0), ... (the reference's strict lower triangle). Cat output is
 // the input itself, so it needs no kernel. DCN output is the low-rank cross
 // network of dense/cross_net.h over the input (the same width), the one
-// interaction with parameters.
+// interaction with parameters so far.
 //
-// Each interaction (the config's `Interaction`) is one case of the
-// dispatchers below: InteractionForward / InteractionBackward /
-// InteractionInfer here for the CPU and their twins in
-// dense/cuda/cuda_dense.h, with the case in interaction.cc and
-// dense_kernels.cu. The dense backends call only the dispatchers, so adding
-// an interaction touches its enum value (proto/dlrm/config.proto), its
-// output width and config checks (core/config.cc), and these two files
-// (plus, for one with parameters, HostDenseParams in dense/backend.cc and
-// the CUDA backend's device copy of them).
+// The dense backends call only the dispatchers below (InteractionForward /
+// InteractionBackward / InteractionInfer here for the CPU, their twins in
+// dense/cuda/cuda_dense.h). An interaction with parameters is an
+// InteractionLayer (dense/interaction_layer.h), which the dispatchers call;
+// one without is a case of theirs in interaction.cc and dense_kernels.cu,
+// so adding one touches its enum value (proto/dlrm/config.proto), its
+// output width and config checks (core/config.cc), and these two files.
 #pragma once
 
 #include <cstdint>
 
 #include "core/aligned.h"
-#include "dense/cross_net.h"
+#include "dense/interaction_layer.h"
 #include "dlrm/config.pb.h"
 
 namespace dlrm::dense {
@@ -45,23 +43,23 @@ InteractionShape MakeInteractionShape(const ModelConfig& config);
 bool InteractionIsIdentity(Interaction kind);
 
 // z [batch x output_width] from t [batch x input_width], the training
-// forward. `cross` is the model's cross network (HostDenseParams::cross),
-// which under DCN keeps what InteractionBackward needs (t must then be
-// unchanged until it runs); the other interactions leave it alone. Not
-// called for an identity interaction.
+// forward. `layer` is the model's interaction layer
+// (HostDenseParams::interaction), null for an interaction without
+// parameters; it keeps what InteractionBackward needs (t must then be
+// unchanged until it runs). Not called for an identity interaction.
 void InteractionForward(const InteractionShape& shape, const float* t,
-                        int64_t batch, float* z, CrossNet* cross);
+                        int64_t batch, float* z, InteractionLayer* layer);
 // dt [batch x input_width] (overwritten) from dz [batch x output_width] and
-// the forward's t; under DCN also writes `cross`'s gradients. Not called
+// the forward's t; with a `layer`, also writes its gradients. Not called
 // for an identity interaction.
 void InteractionBackward(const InteractionShape& shape, const float* t,
                          const float* dz, int64_t batch, float* dt,
-                         CrossNet* cross);
+                         InteractionLayer* layer);
 // The inference forward: z as InteractionForward's, keeping nothing for a
 // backward (a pending InteractionBackward stays valid); `scratch` is
 // resized as needed. Not called for an identity interaction.
 void InteractionInfer(const InteractionShape& shape, const float* t,
-                      int64_t batch, float* z, const CrossNet& cross,
+                      int64_t batch, float* z, const InteractionLayer* layer,
                       AlignedVector<float>* scratch);
 
 // Output width of the dot interaction.

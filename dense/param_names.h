@@ -1,7 +1,8 @@
 // The dense parameters' names, spelled once: the dense backend names its
-// parameters with them (Mlp::Parameters, CrossNet::Parameters), and the
-// weights export, the checkpoints and the TorchRec mapping (model/) name
-// the same tensors with them. A parameter's optimizer state is named after
+// MLPs' parameters with them (Mlp::Parameters), and the weights export, the
+// checkpoints and the TorchRec mapping (model/) name the same tensors with
+// them. An interaction's parameters are named in core/config.cc
+// (InteractionParamSpecs). A parameter's optimizer state is named after
 // it ("<name>.<array>", optim::StateArray).
 #pragma once
 
@@ -14,18 +15,13 @@
 
 namespace dlrm::dense {
 
-// The prefixes of the bottom MLP's, the DCN cross network's and the top
-// MLP's parameters.
+// The prefixes of the bottom MLP's and the top MLP's parameters.
 inline constexpr char kBottomMlpPrefix[] = "bottom_mlp";
-inline constexpr char kCrossNetPrefix[] = "interaction.crossnet";
 inline constexpr char kTopMlpPrefix[] = "top_mlp";
 
-// A layer's parameters: an MLP layer's weight [out, in] and bias [out]; a
-// cross layer's V [r, N], W [N, r] and bias [N].
+// An MLP layer's parameters: its weight [out, in] and bias [out].
 inline constexpr char kWeight[] = "weight";
 inline constexpr char kBias[] = "bias";
-inline constexpr char kCrossV[] = "V";
-inline constexpr char kCrossW[] = "W";
 
 // "<prefix>.<layer>.<what>", e.g. "bottom_mlp.0.weight".
 inline std::string ParamName(absl::string_view prefix, int64_t layer,

@@ -66,11 +66,9 @@ absl::Status CheckSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
     return mismatch("top_mlp");
   }
   if (a.interaction() != b.interaction()) return mismatch("interaction");
-  if (a.dcn_num_layers() != b.dcn_num_layers()) {
-    return mismatch("dcn_num_layers");
-  }
-  if (a.dcn_low_rank_dim() != b.dcn_low_rank_dim()) {
-    return mismatch("dcn_low_rank_dim");
+  if (const std::string field = DifferentInteractionField(a, b);
+      !field.empty()) {
+    return mismatch(field);
   }
   if (a.dense_optimizer().type() != b.dense_optimizer().type()) {
     return mismatch("dense_optimizer.type");

@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "dense/cpu_isa.h"
 #include "dense/interaction.h"
+#include "dense/interaction_layer.h"
 #include "embedding/planned_bytes.h"
 #include "optim/optimizer.h"
 
@@ -90,8 +91,9 @@ int64_t RowCacheBytes(int64_t rows, int cols, int64_t ids,
 // Floats per sample of the dense part's training buffers (the CPU
 // backend's; the CUDA one keeps the same in device memory): each MLP's
 // activations and its two gradient buffers, the interaction's input and
-// output with their gradients, and DCN's cross layers' (x_l, p_l, q_l, h,
-// dp and two gradient buffers).
+// output with their gradients, and the interaction layer's
+// (dense::InteractionLayerFloatsPerSample: DCN's x_l, p_l, q_l, h, dp and
+// two gradient buffers).
 int64_t TrainFloatsPerSample(const ModelConfig& config,
                              const dense::InteractionShape& shape) {
   auto mlp = [](int in, const google::protobuf::RepeatedField<int32_t>& w) {
@@ -106,28 +108,19 @@ int64_t TrainFloatsPerSample(const ModelConfig& config,
                    mlp(shape.output_width, config.top_mlp());
   // t, dt and the bottom MLP's gradient columns; z and dz.
   floats += 2 * shape.input_width + shape.dim + 2 * shape.output_width;
-  if (config.interaction() == INTERACTION_DCN) {
-    const int64_t n = shape.input_width, r = config.dcn_low_rank_dim();
-    const int64_t layers = config.dcn_num_layers();
-    floats += (layers - 1) * n + layers * (r + n) + n + r +
-              (layers > 1 ? n : 0) + (layers > 2 ? n : 0);
-  }
-  return floats;
+  return floats + dense::InteractionLayerFloatsPerSample(config).train;
 }
 
-// Floats per sample Predict needs besides the training buffers: the cross
-// network's and the MLPs' inference scratch, the bottom MLP's output and
-// the logits.
+// Floats per sample Predict needs besides the training buffers: the
+// interaction layer's and the MLPs' inference scratch, the bottom MLP's
+// output and the logits.
 int64_t PredictFloatsPerSample(const ModelConfig& config,
                                const dense::InteractionShape& shape) {
   int64_t widest = 0;
   for (int w : config.bottom_mlp()) widest = std::max<int64_t>(widest, w);
   for (int w : config.top_mlp()) widest = std::max<int64_t>(widest, w);
-  int64_t floats = 2 * widest + shape.dim + 1;
-  if (config.interaction() == INTERACTION_DCN) {
-    floats += config.dcn_low_rank_dim() + 3 * int64_t{shape.input_width};
-  }
-  return floats;
+  const int64_t floats = 2 * widest + shape.dim + 1;
+  return floats + dense::InteractionLayerFloatsPerSample(config).predict;
 }
 
 // Bytes of one batch of `samples` samples: dense features, labels, and per

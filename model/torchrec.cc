@@ -148,25 +148,18 @@ absl::StatusOr<std::vector<TorchRecTensor>> TorchRecTensors(
   }
   const int64_t width = InteractionOutputDim(config);
   if (config.interaction() == INTERACTION_DCN) {
-    // TorchRec's ParameterLists, each layer by layer: W, then V, then bias.
-    const int64_t r = config.dcn_low_rank_dim();
+    // Ours per layer: V, W, bias (InteractionParamSpecs); TorchRec's
+    // ParameterLists, each layer by layer: W, then V, then bias.
+    const std::vector<DenseParamSpec> ours = InteractionParamSpecs(config);
     const int layers = config.dcn_num_layers();
-    for (int l = 0; l < layers; ++l) {
-      out.push_back(
-          {absl::StrCat("inter_arch.crossnet.W_kernels.", l),
-           dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossW),
-           {width, r}});
-    }
-    for (int l = 0; l < layers; ++l) {
-      out.push_back(
-          {absl::StrCat("inter_arch.crossnet.V_kernels.", l),
-           dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossV),
-           {r, width}});
-    }
-    for (int l = 0; l < layers; ++l) {
-      out.push_back({absl::StrCat("inter_arch.crossnet.bias.", l),
-                     dense::ParamName(dense::kCrossNetPrefix, l, dense::kBias),
-                     {width}});
+    for (const auto& [list, k] :
+         {std::pair{"W_kernels", 1}, std::pair{"V_kernels", 0},
+          std::pair{"bias", 2}}) {
+      for (int l = 0; l < layers; ++l) {
+        const DenseParamSpec& p = ours[3 * l + k];
+        out.push_back({absl::StrCat("inter_arch.crossnet.", list, ".", l),
+                       p.name, p.shape});
+      }
     }
   }
   in = width;

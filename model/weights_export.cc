@@ -72,18 +72,8 @@ std::vector<TensorSpec> WeightSpecs(const ModelConfig& config) {
   add_mlp(dense::kBottomMlpPrefix, config.num_dense_features(),
           config.bottom_mlp());
   const int64_t width = InteractionOutputDim(config);
-  if (config.interaction() == INTERACTION_DCN) {
-    const int64_t rank = config.dcn_low_rank_dim();
-    for (int l = 0; l < config.dcn_num_layers(); ++l) {
-      specs.push_back(
-          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossV),
-           {rank, width}});
-      specs.push_back(
-          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kCrossW),
-           {width, rank}});
-      specs.push_back(
-          {dense::ParamName(dense::kCrossNetPrefix, l, dense::kBias), {width}});
-    }
+  for (DenseParamSpec& p : InteractionParamSpecs(config)) {
+    specs.push_back({std::move(p.name), std::move(p.shape)});
   }
   add_mlp(dense::kTopMlpPrefix, width, config.top_mlp());
   for (const TableConfig& t : config.tables()) {

@@ -35,8 +35,7 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
   if (a.num_dense_features() != b.num_dense_features() ||
       a.tables_size() != b.tables_size() ||
       a.interaction() != b.interaction() ||
-      a.dcn_num_layers() != b.dcn_num_layers() ||
-      a.dcn_low_rank_dim() != b.dcn_low_rank_dim() ||
+      !DifferentInteractionField(a, b).empty() ||
       a.bottom_mlp_size() != b.bottom_mlp_size() ||
       a.top_mlp_size() != b.top_mlp_size()) {
     return false;

@@ -51,11 +51,7 @@ absl::Status Info(Client& client, const Flags& f) {
               absl::StrJoin(c.bottom_mlp(), "-").c_str(),
               absl::StrJoin(c.top_mlp(), "-").c_str(),
               Interaction_Name(c.interaction()).c_str());
-  if (c.interaction() == INTERACTION_DCN) {
-    std::printf(" (%d layers, rank %d)", c.dcn_num_layers(),
-                c.dcn_low_rank_dim());
-  }
-  std::printf("\n");
+  std::printf("%s\n", InteractionFieldsText(c).c_str());
   std::printf("parameters: embedding %lld  dense %lld\n",
               static_cast<long long>(info.embedding_parameters()),
               static_cast<long long>(info.dense_parameters()));

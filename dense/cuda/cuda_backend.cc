@@ -1,7 +1,8 @@
 // The CUDA dense backend: device twins of the CPU backend's buffers, the
 // MLPs layer by layer (device_mlp.h: fp32, or PRECISION_BF16's bf16 layers
-// with bf16 copies of the weights), the interaction (DCN's cross network
-// through cuda_cross_net.cc), loss and optimizer kernels of
+// with bf16 copies of the weights), the interaction (its
+// DeviceInteractionLayer, DCN's cross network of cuda_cross_net.cc, or the
+// kernels of dense_kernels.cu), loss and optimizer kernels of
 // dense_kernels.cu over the parameters of device_params.h, and the host
 // view kept in step lazily (dense/backend.h); double-buffered pinned
 // staging and the CUDA graphs of the training calls' launch sequences
@@ -28,6 +29,7 @@
 #include "dense/cuda/device_mlp.h"
 #include "dense/cuda/device_params.h"
 #include "dense/cuda/step_staging.h"
+#include "dense/interaction_layer.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
 #include "optim/optimizer.h"
@@ -119,7 +121,7 @@ class CudaDenseBackend final : public DenseBackend {
     ASSIGN_OR_RETURN(z_at_, Sized(z_, batch * s.output_width));
     return Graphed(GraphCall::kInteractionForward, batch, [&] {
       return cuda::InteractionForward(blas_.get(), s, t_.data(), batch, z_at_,
-                                      cross_.get());
+                                      interaction_.get());
     });
   }
 
@@ -180,7 +182,7 @@ class CudaDenseBackend final : public DenseBackend {
       ASSIGN_OR_RETURN(dt_at_, Sized(dt_, batch * s.input_width));
       RETURN_IF_ERROR(Graphed(GraphCall::kInteractionBackward, batch, [&] {
         return cuda::InteractionBackward(blas_.get(), s, t_.data(), dz_.data(),
-                                         batch, dt_at_, cross_.get());
+                                         batch, dt_at_, interaction_.get());
       }));
     }
     ASSIGN_OR_RETURN(float* host, Sized(dt_host_, HostFloats(batch)));
@@ -250,7 +252,8 @@ class CudaDenseBackend final : public DenseBackend {
     if (!identity_) {
       ASSIGN_OR_RETURN(z, Sized(infer_z_, batch * s.output_width));
       RETURN_IF_ERROR(cuda::InteractionInfer(blas_.get(), s, t, batch, z,
-                                             *cross_, &infer_cross_));
+                                             interaction_.get(),
+                                             &infer_interaction_));
     }
     RETURN_IF_ERROR(
         MlpInfer(blas_.get(), bf16(), top_, z, batch, logits, &mlp_scratch_));
@@ -460,17 +463,16 @@ class CudaDenseBackend final : public DenseBackend {
     return bucket == GradBucket::kTop ? flat_top_ : flat_;
   }
 
-  // Allocates the device twins of the host view's layers, cross network
-  // and optimizer state.
-  absl::Status Allocate() {
+  // Allocates the device twins of the host view's layers, interaction
+  // layer and optimizer state.
+  absl::Status Allocate(const ModelConfig& config) {
     RETURN_IF_ERROR(AllocateMlp(host_->bottom, bf16(), &bottom_));
     RETURN_IF_ERROR(AllocateMlp(host_->top, bf16(), &top_));
-    const CrossNet& cross = host_->cross;
-    ASSIGN_OR_RETURN(cross_,
-                     DeviceCrossNet::Create(cross.width(), cross.num_layers(),
-                                            cross.rank(), precision_));
-    RETURN_IF_ERROR(params_.AddNetwork(
-        bottom_, *cross_, top_, optim::DenseState(optimizer_config_).size()));
+    ASSIGN_OR_RETURN(interaction_,
+                     CreateDeviceInteractionLayer(config, precision_));
+    RETURN_IF_ERROR(
+        params_.AddNetwork(bottom_, interaction_.get(), top_,
+                           optim::DenseState(optimizer_config_).size()));
     RETURN_IF_ERROR(params_.Finish(host_->params, layer_wise_));
     ASSIGN_OR_RETURN(loss_, DeviceBuffer<double>::Allocate(1));
     ASSIGN_OR_RETURN(constants_,
@@ -502,7 +504,8 @@ class CudaDenseBackend final : public DenseBackend {
     if (!bf16()) return absl::OkStatus();
     RETURN_IF_ERROR(SyncMlpBf16(bottom_, stream()));
     RETURN_IF_ERROR(SyncMlpBf16(top_, stream()));
-    return cross_->SyncBf16Weights(stream());
+    if (interaction_ == nullptr) return absl::OkStatus();
+    return interaction_->SyncBf16Weights(stream());
   }
 
   // Copies the device's weights, optimizer state and step to the host view.
@@ -567,8 +570,9 @@ class CudaDenseBackend final : public DenseBackend {
   GraphReplay<StreamGraphOps> update_graphs_;
 
   DeviceMlp bottom_, top_;
-  std::unique_ptr<DeviceCrossNet> cross_;  // no layers but under DCN
-  DeviceParams params_;                    // host_->params' order
+  // The interaction layer's twin; null without one.
+  std::unique_ptr<DeviceInteractionLayer> interaction_;
+  DeviceParams params_;  // host_->params' order
   DeviceBuffer<double> loss_;
   // The current step's optimizer constants (an optim::PackedStep), which
   // Update uploads and its kernels read.
@@ -580,7 +584,7 @@ class CudaDenseBackend final : public DenseBackend {
   float* dt_at_ = nullptr;
   // Predict's.
   DeviceBuffer<float> infer_x_, infer_t_, infer_z_, infer_bottom_,
-      infer_logits_, infer_cross_;
+      infer_logits_, infer_interaction_;
   // The MLP passes' scratch (both MLPs, training and Predict).
   MlpScratch mlp_scratch_;
   // The steps' inputs' pinned staging, double-buffered: set_ is the one
@@ -632,7 +636,7 @@ absl::StatusOr<std::unique_ptr<DenseBackend>> CudaDenseBackend::Create(
     ASSIGN_OR_RETURN(set.done, CudaEvent::Create());
     ASSIGN_OR_RETURN(set.constants_done, CudaEvent::Create());
   }
-  RETURN_IF_ERROR(b->Allocate());
+  RETURN_IF_ERROR(b->Allocate(config));
   RETURN_IF_ERROR(b->Upload());
   return std::unique_ptr<DenseBackend>(std::move(b));
 }

@@ -112,6 +112,20 @@ absl::Status DeviceCrossNet::SyncBf16Weights(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+std::vector<DeviceParamRef> DeviceCrossNet::Parameters() const {
+  std::vector<DeviceParamRef> params;
+  params.reserve(3 * layers_.size());
+  for (const Layer& l : layers_) {
+    params.push_back(
+        {l.v.data(), l.dv.data(), static_cast<int64_t>(l.v.size())});
+    params.push_back(
+        {l.w.data(), l.dw.data(), static_cast<int64_t>(l.w.size())});
+    params.push_back(
+        {l.b.data(), l.db.data(), static_cast<int64_t>(l.b.size())});
+  }
+  return params;
+}
+
 absl::Status DeviceCrossNet::ForwardBf16(BlasContext* ctx, const float* x0,
                                          int64_t batch, float* out) {
   const int n = width_, r = rank_, num = num_layers();

@@ -1,7 +1,8 @@
 // Dense layers on CUDA: Linear forward/backward through cuBLASLt (bias and
 // ReLU fused into the GEMM epilogue) with a cuBLAS fallback, in fp32 or
 // (PRECISION_BF16) with bf16 inputs and fp32 accumulation, the DLRM dot
-// interaction, DCN's cross network, BCE-with-logits and the dense
+// interaction, the device interaction layers' interface and DCN's cross
+// network, BCE-with-logits and the dense
 // optimizers. Each is the device twin of the CPU function named in its
 // comment, with the same layouts (row-major, weights [out x in]). All
 // pointers are device pointers; work is queued on the context's stream.
@@ -141,6 +142,42 @@ absl::Status GemmBf16(BlasContext* ctx, char trans_a, char trans_b, int64_t m,
 absl::Status RoundToBf16(const float* in, int64_t n, Bf16* out,
                          cudaStream_t stream);
 
+// A parameter of a device layer: its value and gradient (device memory,
+// the layer's) and its floats.
+struct DeviceParamRef {
+  float* value = nullptr;
+  float* grad = nullptr;
+  int64_t size = 0;
+};
+
+// The device twin of a dense::InteractionLayer (an interaction with
+// parameters; dense::cuda::CreateDeviceInteractionLayer makes the config's):
+// the same passes with the same contracts on ctx's stream, every pointer
+// device memory. Not thread-safe.
+class DeviceInteractionLayer {
+ public:
+  virtual ~DeviceInteractionLayer() = default;
+
+  // At PRECISION_BF16, queues on `stream` the rewrite of the bf16 weight
+  // copies from the fp32 weights; call after they change. Nothing at
+  // PRECISION_FP32. Internal on a CUDA error.
+  virtual absl::Status SyncBf16Weights(cudaStream_t stream) = 0;
+  // Its parameters in the host layer's order (InteractionParamSpecs').
+  virtual std::vector<DeviceParamRef> Parameters() const = 0;
+
+  // dense::InteractionLayer::Forward / Backward / Infer (x unchanged from
+  // Forward to Backward; Infer keeps nothing, growing `scratch`).
+  // InvalidArgument for a negative batch; Internal on CUDA/cuBLAS errors.
+  virtual absl::Status Forward(BlasContext* ctx, const float* x, int64_t batch,
+                               float* out) = 0;
+  virtual absl::Status Backward(BlasContext* ctx, const float* x,
+                                const float* dout, int64_t batch,
+                                float* dx) = 0;
+  virtual absl::Status Infer(
+      BlasContext* ctx, const float* x, int64_t batch, float* out,
+      dlrm::cuda::DeviceBuffer<float>* scratch) const = 0;
+};
+
 // dense::CrossNet on the device (DCN's low-rank cross network): per layer
 // V [r x N], W [N x r] and the bias [N] with their gradients, the last
 // training forward's activations and the backward's buffers. The two maps
@@ -148,9 +185,9 @@ absl::Status RoundToBf16(const float* in, int64_t n, Bf16* out,
 // product and residual a kernel; the bias gradient is summed in the CPU's
 // block order. At PRECISION_BF16 the products run as dense::CrossNet's
 // bf16 passes (LinearForwardBf16, LinearBackwardBf16, GemmBf16 on bf16
-// copies of V, W, x_l, p_l and the gradients flowing into them). Not
-// thread-safe.
-class DeviceCrossNet {
+// copies of V, W, x_l, p_l and the gradients flowing into them).
+// INTERACTION_DCN's DeviceInteractionLayer. Not thread-safe.
+class DeviceCrossNet final : public DeviceInteractionLayer {
  public:
   // `num_layers` layers (>= 0) of width N >= 1 and rank r >= 1,
   // parameters uninitialised (the backend uploads the host view's).
@@ -163,7 +200,9 @@ class DeviceCrossNet {
   // At PRECISION_BF16, queues on `stream` the rewrite of V's and W's bf16
   // copies from the fp32 weights; call after they change. Nothing at
   // PRECISION_FP32. Internal on a CUDA error.
-  absl::Status SyncBf16Weights(cudaStream_t stream);
+  absl::Status SyncBf16Weights(cudaStream_t stream) override;
+  // V, W and the bias, layer by layer.
+  std::vector<DeviceParamRef> Parameters() const override;
 
   int width() const { return width_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -182,12 +221,12 @@ class DeviceCrossNet {
   // Forward to Backward; Infer keeps nothing, growing `scratch`).
   // InvalidArgument for a negative batch; Internal on CUDA/cuBLAS errors.
   absl::Status Forward(BlasContext* ctx, const float* x0, int64_t batch,
-                       float* out);
+                       float* out) override;
   absl::Status Backward(BlasContext* ctx, const float* x0, const float* dout,
-                        int64_t batch, float* dx0);
+                        int64_t batch, float* dx0) override;
   absl::Status Infer(BlasContext* ctx, const float* x0, int64_t batch,
                      float* out,
-                     dlrm::cuda::DeviceBuffer<float>* scratch) const;
+                     dlrm::cuda::DeviceBuffer<float>* scratch) const override;
 
  private:
   struct Layer {
@@ -229,21 +268,21 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                                     cudaStream_t stream);
 
 // dense::InteractionForward / InteractionBackward / InteractionInfer: the
-// interaction of `shape` on ctx's stream (each interaction's case is in
-// dense_kernels.cu), with `cross` the device cross network under DCN (left
-// alone by the others). Queue nothing for an identity interaction (never
+// interaction of `shape` on ctx's stream, through `layer` (the device
+// interaction layer) when there is one, else the interaction's case in
+// dense_kernels.cu. Queue nothing for an identity interaction (never
 // called for one). InvalidArgument as that interaction's kernel; Internal
 // on CUDA/cuBLAS errors.
 absl::Status InteractionForward(BlasContext* ctx, const InteractionShape& shape,
                                 const float* t, int64_t batch, float* z,
-                                DeviceCrossNet* cross);
+                                DeviceInteractionLayer* layer);
 absl::Status InteractionBackward(BlasContext* ctx,
                                  const InteractionShape& shape, const float* t,
                                  const float* dz, int64_t batch, float* dt,
-                                 DeviceCrossNet* cross);
+                                 DeviceInteractionLayer* layer);
 absl::Status InteractionInfer(BlasContext* ctx, const InteractionShape& shape,
                               const float* t, int64_t batch, float* z,
-                              const DeviceCrossNet& cross,
+                              const DeviceInteractionLayer* layer,
                               dlrm::cuda::DeviceBuffer<float>* scratch);
 
 // dense::BceWithLogits: writes dlogits (unless null) and the mean loss to

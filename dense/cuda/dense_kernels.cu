@@ -455,15 +455,16 @@ absl::Status DotInteractionBackward(const float* t, const float* dz,
                       stream, t, dz, n, d, dt);
 }
 
+// The interactions without parameters are the cases below; one with
+// parameters is its DeviceInteractionLayer.
 absl::Status InteractionForward(BlasContext* ctx, const InteractionShape& s,
                                 const float* t, int64_t batch, float* z,
-                                DeviceCrossNet* cross) {
+                                DeviceInteractionLayer* layer) {
+  if (layer != nullptr) return layer->Forward(ctx, t, batch, z);
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionForward(t, batch, s.num_vectors, s.dim, z,
                                    ctx->stream());
-    case INTERACTION_DCN:
-      return cross->Forward(ctx, t, batch, z);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return absl::OkStatus();
@@ -472,13 +473,12 @@ absl::Status InteractionForward(BlasContext* ctx, const InteractionShape& s,
 
 absl::Status InteractionBackward(BlasContext* ctx, const InteractionShape& s,
                                  const float* t, const float* dz, int64_t batch,
-                                 float* dt, DeviceCrossNet* cross) {
+                                 float* dt, DeviceInteractionLayer* layer) {
+  if (layer != nullptr) return layer->Backward(ctx, t, dz, batch, dt);
   switch (s.kind) {
     case INTERACTION_DOT:
       return DotInteractionBackward(t, dz, batch, s.num_vectors, s.dim, dt,
                                     ctx->stream());
-    case INTERACTION_DCN:
-      return cross->Backward(ctx, t, dz, batch, dt);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return absl::OkStatus();
@@ -487,14 +487,13 @@ absl::Status InteractionBackward(BlasContext* ctx, const InteractionShape& s,
 
 absl::Status InteractionInfer(BlasContext* ctx, const InteractionShape& s,
                               const float* t, int64_t batch, float* z,
-                              const DeviceCrossNet& cross,
+                              const DeviceInteractionLayer* layer,
                               dlrm::cuda::DeviceBuffer<float>* scratch) {
+  if (layer != nullptr) return layer->Infer(ctx, t, batch, z, scratch);
   switch (s.kind) {
     case INTERACTION_DOT:  // keeps nothing either way
       return DotInteractionForward(t, batch, s.num_vectors, s.dim, z,
                                    ctx->stream());
-    case INTERACTION_DCN:
-      return cross.Infer(ctx, t, batch, z, scratch);
     case INTERACTION_CAT:  // the identity: not called
     default:               // refused by ValidateModelConfig
       return absl::OkStatus();

@@ -27,7 +27,7 @@ absl::Status DeviceParams::Add(float* value, float* grad, int64_t size,
 }
 
 absl::Status DeviceParams::AddNetwork(DeviceMlp& bottom,
-                                      const DeviceCrossNet& cross,
+                                      const DeviceInteractionLayer* interaction,
                                       DeviceMlp& top, size_t arrays) {
   auto add_mlp = [&](DeviceMlp& mlp) -> absl::Status {
     for (DeviceLayer& d : mlp.layers) {
@@ -39,12 +39,10 @@ absl::Status DeviceParams::AddNetwork(DeviceMlp& bottom,
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(add_mlp(bottom));
-  const int64_t matrix = static_cast<int64_t>(cross.width()) * cross.rank();
-  for (int l = 0; l < cross.num_layers(); ++l) {
-    RETURN_IF_ERROR(Add(cross.v(l), cross.v_grad(l), matrix, arrays));
-    RETURN_IF_ERROR(Add(cross.w(l), cross.w_grad(l), matrix, arrays));
-    RETURN_IF_ERROR(
-        Add(cross.bias(l), cross.bias_grad(l), cross.width(), arrays));
+  if (interaction != nullptr) {
+    for (const DeviceParamRef& p : interaction->Parameters()) {
+      RETURN_IF_ERROR(Add(p.value, p.grad, p.size, arrays));
+    }
   }
   return add_mlp(top);
 }

@@ -41,9 +41,11 @@ class DeviceParams {
   // (device memory, borrowed), and `arrays` state arrays of its size.
   absl::Status Add(float* value, float* grad, int64_t size, size_t arrays);
   // Adds the parameters of the network in the host view's order: the
-  // bottom MLP's (weight, bias per layer), the cross network's (V, W, bias
-  // per layer), the top MLP's; each with `arrays` state arrays.
-  absl::Status AddNetwork(DeviceMlp& bottom, const DeviceCrossNet& cross,
+  // bottom MLP's (weight, bias per layer), the interaction layer's (its
+  // Parameters; none when `interaction` is null), the top MLP's; each with
+  // `arrays` state arrays.
+  absl::Status AddNetwork(DeviceMlp& bottom,
+                          const DeviceInteractionLayer* interaction,
                           DeviceMlp& top, size_t arrays);
   // After the last Add: Internal unless there is one per `host` parameter
   // (the same order); notes which adapt layer-wise (by their names) and,

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/aligned.h"
+#include "core/config.h"
 #include "core/device.h"
 #include "core/random.h"
 #include "dense/backend.h"
@@ -28,6 +29,7 @@
 #include "dense/cpu_isa.h"
 #include "dense/cross_net.h"
 #include "dense/interaction.h"
+#include "dense/interaction_layer.h"
 #include "dense/linear.h"
 #include "dense/loss.h"
 #include "dense/optimizer.h"
@@ -618,13 +620,13 @@ CrossNet RandomCrossNet(int n, int layers, int r, Rng* rng) {
 // The gradients of every parameter of `net`, in Parameters' order.
 std::vector<float> CrossGrads(CrossNet& net) {
   std::vector<float> g;
-  for (const ParamRef& p : net.Parameters("x")) {
+  for (const ParamRef& p : net.Parameters()) {
     g.insert(g.end(), p.grad, p.grad + p.size);
   }
   return g;
 }
 
-TEST(CrossNetTest, InitIsXavierNormalAndParametersAreNamed) {
+TEST(CrossNetTest, InitIsXavierNormalAndParametersAreInSpecOrder) {
   Rng rng = SeededRng(44);
   const int n = 96, r = 32;
   CrossNet net(n, 3, r);
@@ -651,22 +653,21 @@ TEST(CrossNetTest, InitIsXavierNormalAndParametersAreNamed) {
   EXPECT_TRUE(BitwiseEqual(net.v(2), twin.v(2), n * r));
   EXPECT_TRUE(BitwiseEqual(net.w(2), twin.w(2), n * r));
 
-  std::vector<std::string> names;
+  // V, W, bias per layer (InteractionParamSpecs' order), unnamed:
+  // HostDenseParams names them.
   std::vector<int64_t> sizes;
-  for (const ParamRef& p : net.Parameters("interaction.crossnet")) {
-    names.push_back(p.name);
+  std::vector<const float*> values;
+  for (const ParamRef& p : net.Parameters()) {
+    EXPECT_EQ(p.name, "");
     sizes.push_back(p.size);
+    values.push_back(p.value);
   }
-  EXPECT_EQ(names,
-            (std::vector<std::string>{
-                "interaction.crossnet.0.V", "interaction.crossnet.0.W",
-                "interaction.crossnet.0.bias", "interaction.crossnet.1.V",
-                "interaction.crossnet.1.W", "interaction.crossnet.1.bias",
-                "interaction.crossnet.2.V", "interaction.crossnet.2.W",
-                "interaction.crossnet.2.bias"}));
   EXPECT_EQ(sizes, (std::vector<int64_t>{n * r, n * r, n, n * r, n * r, n,
                                          n * r, n * r, n}));
-  EXPECT_TRUE(CrossNet(16, 0, 0).Parameters("x").empty());
+  EXPECT_EQ(values[3], net.v(1));
+  EXPECT_EQ(values[4], net.w(1));
+  EXPECT_EQ(values[5], net.bias(1));
+  EXPECT_TRUE(CrossNet(16, 0, 0).Parameters().empty());
 }
 
 // Forward and Infer against the double reference on random inputs, for
@@ -732,7 +733,7 @@ TEST(CrossNetTest, GradientsMatchFiniteDifferencesOfTheReference) {
       expect(dx0[i], NumericalGradient(&x0[i], 1e-3f, loss),
              "x0 " + std::to_string(i));
     }
-    for (const ParamRef& p : net.Parameters("cross")) {
+    for (const ParamRef& p : net.Parameters()) {
       for (int64_t i = 0; i < p.size; ++i) {
         expect(p.grad[i], NumericalGradient(&p.value[i], 1e-3f, loss),
                p.name + "[" + std::to_string(i) + "]");
@@ -1394,7 +1395,9 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
           z.resize(n * s.output_width);
           DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
         }
-        if (kind == INTERACTION_DCN) p.cross.Forward(t.data(), n, z.data());
+        if (kind == INTERACTION_DCN) {
+          p.interaction->Forward(t.data(), n, z.data());
+        }
         const float* logits = p.top.Forward(z.data(), n);
         std::vector<float> dlogits(n);
         const double loss = BceWithLogits(logits, in.labels.data(), n, 1.0f / n,
@@ -1408,7 +1411,7 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
                                  dt.data());
         }
         if (kind == INTERACTION_DCN) {
-          p.cross.Backward(t.data(), dz.data(), n, dt.data());
+          p.interaction->Backward(t.data(), dz.data(), n, dt.data());
         }
         std::vector<float> dbottom(n * s.dim);
         for (int64_t l = 0; l < n; ++l) {
@@ -1452,7 +1455,9 @@ TEST(DenseBackendTest, CpuStepIsTheLayersComposed) {
           z.resize(n * s.output_width);
           DotInteractionForward(t.data(), n, s.num_vectors, s.dim, z.data());
         }
-        if (kind == INTERACTION_DCN) p.cross.Forward(t.data(), n, z.data());
+        if (kind == INTERACTION_DCN) {
+          p.interaction->Forward(t.data(), n, z.data());
+        }
         const float* out = p.top.Forward(z.data(), n);
         for (int64_t l = 0; l < n; ++l) {
           EXPECT_EQ(got->probs[l], Sigmoid(out[l])) << "sample " << l;
@@ -1633,6 +1638,68 @@ TEST(DenseBackendTest, CrossNetParametersJoinTheBottomBucket) {
     EXPECT_TRUE(BitwiseEqual(flat->data(), expected.data(), expected.size()));
     ASSERT_TRUE(b.UnpackGradients(bucket).ok());
   }
+}
+
+// Each interaction's parameters in the host view are its config's
+// InteractionParamSpecs, in order, by name and size, and count in
+// DenseParameterCount; the registry makes a layer (and gives floats per
+// sample) exactly for the interactions with parameters.
+TEST(InteractionLayerTest, ParametersAreTheConfigsSpecs) {
+  for (Interaction kind : {INTERACTION_DOT, INTERACTION_CAT, INTERACTION_DCN}) {
+    SCOPED_TRACE(Interaction_Name(kind));
+    const ModelConfig config = DenseBackendConfig(kind, OptimizerConfig::SGD);
+    auto p = HostDenseParams::Create(config);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const std::vector<DenseParamSpec> specs = InteractionParamSpecs(config);
+    EXPECT_EQ((*p)->interaction != nullptr, !specs.empty());
+    EXPECT_EQ(CreateInteractionLayer(config) != nullptr, !specs.empty());
+    const size_t bottom = 2 * config.bottom_mlp_size();
+    ASSERT_EQ((*p)->top_begin, bottom + specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ((*p)->params[bottom + i].name, specs[i].name);
+      EXPECT_EQ((*p)->params[bottom + i].size, specs[i].size());
+    }
+    int64_t total = 0;
+    for (const ParamRef& r : (*p)->params) total += r.size;
+    EXPECT_EQ(total, DenseParameterCount(config));
+    const InteractionLayerFloats floats =
+        InteractionLayerFloatsPerSample(config);
+    EXPECT_EQ(floats.train > 0, !specs.empty());
+    EXPECT_EQ(floats.predict > 0, !specs.empty());
+    if (kind == INTERACTION_DCN) {
+      // V [r x N], W [N x r], bias [N] with N 16, r 5.
+      ASSERT_EQ(specs.size(), 6u);
+      EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{5, 16}));
+      EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{16, 5}));
+      EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{16}));
+    }
+  }
+}
+
+// The interaction's own config fields: compared as architecture, printed
+// after its name, refused under another interaction by name.
+TEST(InteractionLayerTest, ConfigFieldsAreComparedPrintedAndOwned) {
+  const ModelConfig dcn =
+      DenseBackendConfig(INTERACTION_DCN, OptimizerConfig::SGD);
+  EXPECT_EQ(InteractionConfigFields(),
+            (std::vector<std::string>{"dcn_num_layers", "dcn_low_rank_dim"}));
+  EXPECT_EQ(DifferentInteractionField(dcn, dcn), "");
+  ModelConfig other = dcn;
+  other.set_dcn_low_rank_dim(6);
+  EXPECT_EQ(DifferentInteractionField(dcn, other), "dcn_low_rank_dim");
+  other.set_dcn_num_layers(3);
+  EXPECT_EQ(DifferentInteractionField(dcn, other), "dcn_num_layers");
+  EXPECT_EQ(InteractionFieldsText(dcn), " (2 layers, rank 5)");
+  const ModelConfig cat =
+      DenseBackendConfig(INTERACTION_CAT, OptimizerConfig::SGD);
+  EXPECT_EQ(InteractionFieldsText(cat), "");
+  ModelConfig stray = cat;
+  stray.set_dcn_low_rank_dim(8);
+  const absl::Status st = ValidateModelConfig(stray);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "dcn_low_rank_dim is set but interaction is INTERACTION_CAT, not "
+            "INTERACTION_DCN");
 }
 
 // A rank with no local samples still takes part: every call succeeds and
@@ -2131,12 +2198,11 @@ TEST(Bf16Test, CrossNetTracksTheReferenceAndItsFp32Twin) {
       continue;
     }
     EXPECT_LT(RelativeError(dx_b, dx_a), 3e-2);
-    const std::vector<ParamRef> pa = fp32.Parameters("x"),
-                                pb = bf16.Parameters("x");
+    const std::vector<ParamRef> pa = fp32.Parameters(), pb = bf16.Parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
       const std::vector<float> ga(pa[i].grad, pa[i].grad + pa[i].size);
       const std::vector<float> gb(pb[i].grad, pb[i].grad + pb[i].size);
-      EXPECT_LT(RelativeError(gb, ga), 3e-2) << pa[i].name;
+      EXPECT_LT(RelativeError(gb, ga), 3e-2) << "parameter " << i;
     }
   }
 }
