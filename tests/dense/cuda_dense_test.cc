@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -70,6 +71,12 @@ std::string Name(const LinearCase& c) {
 
 void PrintTo(const LinearCase& c, std::ostream* os) { *os << Name(c); }
 
+// A parameterised test's name: its case's Name.
+template <typename Case>
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return Name(info.param);
+}
+
 GemmOptions Options(bool tf32, bool lt) {
   GemmOptions o;
   o.allow_tf32 = tf32;
@@ -91,13 +98,33 @@ struct StreamAndBlas {
   }
 };
 
+// A Linear of `c`'s shape with random weights.
+Linear RandomLinear(const LinearCase& c, Rng& rng) {
+  Linear cpu(c.in, c.out, c.relu);
+  cpu.Init(&rng);
+  return cpu;
+}
+
 class CudaLinearTest : public CudaCaseTest<LinearCase> {};
+
+// The shapes of both Linear tests (fp32 and bf16): the Kaggle bottom MLP's
+// first layer and top MLP's last, through cuBLASLt and cuBLAS, and a small
+// one; then `more`.
+std::vector<LinearCase> LinearCases(std::initializer_list<LinearCase> more) {
+  std::vector<LinearCase> cases = {
+      LinearCase{256, 13, 512, true, Options(false, true)},
+      LinearCase{256, 13, 512, true, Options(false, false)},
+      LinearCase{300, 256, 1, false, Options(false, true)},
+      LinearCase{300, 256, 1, false, Options(false, false)},
+      LinearCase{7, 3, 5, true, Options(false, true)}};
+  cases.insert(cases.end(), more.begin(), more.end());
+  return cases;
+}
 
 TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
   const LinearCase c = GetParam();
   Rng rng(kCudaTestSeed + c.in * 31 + c.out);
-  Linear cpu(c.in, c.out, c.relu);
-  cpu.Init(&rng);
+  Linear cpu = RandomLinear(c, rng);
   const std::vector<float> x = RandomFloats(rng, c.batch * c.in);
   std::vector<float> y(c.batch * c.out);
   cpu.Forward(x.data(), c.batch, y.data());
@@ -145,36 +172,46 @@ TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaLinearTest,
-    ::testing::Values(
-        // Kaggle bottom MLP's first layer and top MLP's last.
-        LinearCase{256, 13, 512, true, Options(false, true)},
-        LinearCase{256, 13, 512, true, Options(false, false)},
-        LinearCase{300, 256, 1, false, Options(false, true)},
-        LinearCase{300, 256, 1, false, Options(false, false)},
-        LinearCase{7, 3, 5, true, Options(false, true)},
+    ::testing::ValuesIn(LinearCases({
         LinearCase{1, 367, 64, false, Options(false, true)},
         LinearCase{1000, 367, 512, true, Options(true, true)},
-        LinearCase{1000, 367, 512, true, Options(true, false)}),
-    [](const ::testing::TestParamInfo<LinearCase>& info) {
-      return Name(info.param);
-    });
+        LinearCase{1000, 367, 512, true, Options(true, false)},
+    })),
+    CaseName<LinearCase>);
 
-TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
-  DLRM_SKIP_WITHOUT_CUDA();
+// A 3 -> 4 ReLU layer's fp32 (or bf16) passes on a batch of 0 queue no
+// GEMM and zero the gradients, as dense::Linear.
+void ExpectEmptyBatchZeroesGradients(bool bf16) {
   auto ctx = BlasContext::Create(nullptr);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   auto w = ToDevice(std::vector<float>(12, 1.0f));
+  auto wb = ToDevice(std::vector<Bf16>(12, ToBf16(1.0f)));
   auto b = ToDevice(std::vector<float>(4, 1.0f));
   auto dw = Poisoned(12);
   auto db = Poisoned(4);
-  ASSERT_TRUE(LinearForward(ctx->get(), nullptr, 0, 3, 4, w.data(), b.data(),
-                            true, nullptr)
-                  .ok());
-  ASSERT_TRUE(LinearBackward(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
-                             w.data(), true, dw.data(), db.data(), nullptr)
-                  .ok());
+  if (bf16) {
+    ASSERT_TRUE(LinearForwardBf16(ctx->get(), nullptr, 0, 3, 4, wb.data(),
+                                  b.data(), true, nullptr, nullptr)
+                    .ok());
+    ASSERT_TRUE(LinearBackwardBf16(ctx->get(), nullptr, nullptr, nullptr, 0, 3,
+                                   4, wb.data(), true, dw.data(), db.data(),
+                                   nullptr, nullptr)
+                    .ok());
+  } else {
+    ASSERT_TRUE(LinearForward(ctx->get(), nullptr, 0, 3, 4, w.data(), b.data(),
+                              true, nullptr)
+                    .ok());
+    ASSERT_TRUE(LinearBackward(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
+                               w.data(), true, dw.data(), db.data(), nullptr)
+                    .ok());
+  }
   EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
   EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+}
+
+TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  ExpectEmptyBatchZeroesGradients(/*bf16=*/false);
 }
 
 // One Linear shape called again and again with its pointers offset by
@@ -341,24 +378,25 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
   EXPECT_TRUE(
       same(internal::LinearForwardKey(f(0x50000), 64, 13, 512, f(0x60010),
                                       f(0x70008), true, false, f(0x80004))));
-  // Anything that changes the plan changes the key.
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 65, 13, 512, f(0x20010),
-                                      f(0x30008), true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30008), false, false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(
-      f(0x10000), 64, 13, 512, f(0x20010), nullptr, true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30008), true, true, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10004), 64, 13, 512, f(0x20010),
-                                      f(0x30008), true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30010), true, false, f(0x40004))));
+  // Anything that changes the plan changes the key: the batch, the ReLU,
+  // the bias (0: none), TF32, x's alignment, the bias's alignment.
+  struct KeyArgs {
+    uintptr_t x;
+    int64_t batch;
+    uintptr_t bias;
+    bool relu, tf32;
+  };
+  const KeyArgs changed[] = {
+      {0x10000, 65, 0x30008, true, false}, {0x10000, 64, 0x30008, false, false},
+      {0x10000, 64, 0, true, false},       {0x10000, 64, 0x30008, true, true},
+      {0x10004, 64, 0x30008, true, false}, {0x10000, 64, 0x30010, true, false}};
+  for (size_t i = 0; i < std::size(changed); ++i) {
+    const KeyArgs& a = changed[i];
+    EXPECT_FALSE(same(internal::LinearForwardKey(
+        f(a.x), a.batch, 13, 512, f(0x20010), a.bias == 0 ? nullptr : f(a.bias),
+        a.relu, a.tf32, f(0x40004))))
+        << "change " << i;
+  }
   EXPECT_EQ(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
                                        nullptr, false, false, f(0x40004))
                 .align_bias,
@@ -382,6 +420,35 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
 // tensor cores may truncate in their fp32 accumulation (up to 2^-23).
 double Bf16SumBound(int64_t k, double abs_sum) {
   return (0x1p-24 + 0x1p-23) * static_cast<double>(k) * abs_sum;
+}
+
+// `got` and `want`: the product C = A B of a `rows` x `k` and a `k` x
+// `cols` matrix of bf16 values (elements a(m, j) and b(j, n)), each summed
+// in fp32 in its own order. Each got[m * cols + n] must be within
+// Bf16SumBound(k, sum_j |a b|) plus `want_rel` |want| of want[m * cols +
+// n]; `failures` counts the misses (over several calls), the first 5 named
+// `what` and their place.
+template <typename A, typename B>
+void ExpectWithinBf16SumBound(int64_t rows, int64_t cols, int64_t k, const A& a,
+                              const B& b, std::span<const float> got,
+                              std::span<const float> want, double want_rel,
+                              const std::string& what, int* failures) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = 0; n < cols; ++n) {
+      double abs = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        abs += std::fabs(static_cast<double>(a(m, j)) * b(j, n));
+      }
+      const size_t at = m * cols + n;
+      const double bound =
+          Bf16SumBound(k, abs) + want_rel * std::fabs(want[at]);
+      if (!(std::fabs(double{got[at]} - want[at]) <= bound) &&
+          (*failures)++ < 5) {
+        ADD_FAILURE() << what << " " << m << "," << n << ": " << got[at]
+                      << " vs " << want[at] << ", bound " << bound;
+      }
+    }
+  }
 }
 
 std::vector<Bf16> ToHostBf16(const dlrm::cuda::DeviceBuffer<Bf16>& buf,
@@ -433,8 +500,7 @@ class CudaBf16LinearTest : public CudaCaseTest<LinearCase> {};
 TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
   const LinearCase c = GetParam();
   Rng rng(kCudaTestSeed + c.in * 37 + c.out);
-  Linear cpu(c.in, c.out, c.relu);
-  cpu.Init(&rng);
+  Linear cpu = RandomLinear(c, rng);
   cpu.SyncBf16Weights();
   const std::vector<float> x = RandomFloats(rng, c.batch * c.in);
   const std::vector<Bf16> xb = RoundedOnHost(x);
@@ -471,22 +537,17 @@ TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
   ASSERT_TRUE(blas->stream.Synchronize().ok());
   const std::vector<float> y_gpu = ToHost(y_d, y.size());
   EXPECT_EQ(ToHostBf16(yb_d, yb.size()), RoundedOnHost(y_gpu));
+  // The bf16 operands as matrices: x [batch x in], W^T [in x out], dy
+  // [batch x out] and its transpose, W [out x in].
+  const auto x_at = [&](int64_t r, int64_t i) {
+    return FromBf16(xb[r * c.in + i]);
+  };
+  const auto wt_at = [&](int64_t i, int64_t o) {
+    return FromBf16(wb[o * c.in + i]);
+  };
   int failures = 0;
-  for (int64_t r = 0; r < c.batch; ++r) {
-    for (int o = 0; o < c.out; ++o) {
-      double abs = 0;
-      for (int i = 0; i < c.in; ++i) {
-        abs += std::fabs(static_cast<double>(FromBf16(xb[r * c.in + i])) *
-                         FromBf16(wb[o * c.in + i]));
-      }
-      const size_t at = r * c.out + o;
-      const double bound = Bf16SumBound(c.in, abs) + 0x1p-23 * std::fabs(y[at]);
-      if (!(std::fabs(double{y_gpu[at]} - y[at]) <= bound) && failures++ < 5) {
-        ADD_FAILURE() << "y " << r << "," << o << ": " << y_gpu[at] << " vs "
-                      << y[at] << ", bound " << bound;
-      }
-    }
-  }
+  ExpectWithinBf16SumBound(c.batch, c.out, c.in, x_at, wt_at, y_gpu, y,
+                           /*want_rel=*/0x1p-23, "y", &failures);
 
   // Backward from the CPU's y, so both apply the same ReLU mask.
   const std::vector<float> dy = RandomFloats(rng, c.batch * c.out);
@@ -513,73 +574,36 @@ TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
                      std::span<const float>(cpu.bias_grad(), c.out), "db");
   const std::vector<float> dw_gpu = ToHost(dw_d, w.size());
   const std::vector<float> dx_gpu = ToHost(dx_d, dx.size());
-  for (int o = 0; o < c.out; ++o) {
-    for (int i = 0; i < c.in; ++i) {
-      double abs = 0;
-      for (int64_t r = 0; r < c.batch; ++r) {
-        abs += std::fabs(static_cast<double>(FromBf16(dyb[r * c.out + o])) *
-                         FromBf16(xb[r * c.in + i]));
-      }
-      const size_t at = o * c.in + i;
-      const double got = dw_gpu[at], want = cpu.weight_grad()[at];
-      if (!(std::fabs(got - want) <= Bf16SumBound(c.batch, abs)) &&
-          failures++ < 5) {
-        ADD_FAILURE() << "dW " << o << "," << i << ": " << got << " vs "
-                      << want;
-      }
-    }
-  }
-  for (int64_t r = 0; r < c.batch; ++r) {
-    for (int i = 0; i < c.in; ++i) {
-      double abs = 0;
-      for (int o = 0; o < c.out; ++o) {
-        abs += std::fabs(static_cast<double>(FromBf16(dyb[r * c.out + o])) *
-                         FromBf16(wb[o * c.in + i]));
-      }
-      const size_t at = r * c.in + i;
-      if (!(std::fabs(double{dx_gpu[at]} - dx[at]) <=
-            Bf16SumBound(c.out, abs)) &&
-          failures++ < 5) {
-        ADD_FAILURE() << "dx " << r << "," << i << ": " << dx_gpu[at] << " vs "
-                      << dx[at];
-      }
-    }
-  }
+  const auto dyt_at = [&](int64_t o, int64_t r) {
+    return FromBf16(dyb[r * c.out + o]);
+  };
+  const auto dy_at = [&](int64_t r, int64_t o) {
+    return FromBf16(dyb[r * c.out + o]);
+  };
+  const auto w_at = [&](int64_t o, int64_t i) {
+    return FromBf16(wb[o * c.in + i]);
+  };
+  // dW = dy^T x, dx = dy W.
+  ExpectWithinBf16SumBound(c.out, c.in, c.batch, dyt_at, x_at, dw_gpu,
+                           std::span<const float>(cpu.weight_grad(), w.size()),
+                           /*want_rel=*/0, "dW", &failures);
+  ExpectWithinBf16SumBound(c.batch, c.in, c.out, dy_at, w_at, dx_gpu, dx,
+                           /*want_rel=*/0, "dx", &failures);
   EXPECT_EQ(failures, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaBf16LinearTest,
-    ::testing::Values(LinearCase{256, 13, 512, true, Options(false, true)},
-                      LinearCase{256, 13, 512, true, Options(false, false)},
-                      LinearCase{300, 256, 1, false, Options(false, true)},
-                      LinearCase{300, 256, 1, false, Options(false, false)},
-                      LinearCase{7, 3, 5, true, Options(false, true)},
-                      LinearCase{131, 70, 300, false, Options(false, false)},
-                      // TF32 asked for: the bf16 layers ignore it.
-                      LinearCase{1000, 367, 512, true, Options(true, true)}),
-    [](const ::testing::TestParamInfo<LinearCase>& info) {
-      return Name(info.param);
-    });
+    ::testing::ValuesIn(LinearCases({
+        LinearCase{131, 70, 300, false, Options(false, false)},
+        // TF32 asked for: the bf16 layers ignore it.
+        LinearCase{1000, 367, 512, true, Options(true, true)},
+    })),
+    CaseName<LinearCase>);
 
-// A batch of 0 queues no GEMM and zeroes the gradients, as dense::Linear.
 TEST(CudaBf16LinearTest, EmptyBatchZeroesGradients) {
   DLRM_SKIP_WITHOUT_CUDA();
-  auto ctx = BlasContext::Create(nullptr);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  auto wb = ToDevice(std::vector<Bf16>(12, ToBf16(1.0f)));
-  auto b = ToDevice(std::vector<float>(4, 1.0f));
-  auto dw = Poisoned(12);
-  auto db = Poisoned(4);
-  ASSERT_TRUE(LinearForwardBf16(ctx->get(), nullptr, 0, 3, 4, wb.data(),
-                                b.data(), true, nullptr, nullptr)
-                  .ok());
-  ASSERT_TRUE(LinearBackwardBf16(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
-                                 wb.data(), true, dw.data(), db.data(), nullptr,
-                                 nullptr)
-                  .ok());
-  EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
-  EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+  ExpectEmptyBatchZeroesGradients(/*bf16=*/true);
 }
 
 struct InteractionCase {
@@ -627,9 +651,7 @@ INSTANTIATE_TEST_SUITE_P(
                       InteractionCase{33, 27, 128},  // MLPerf DLRM v1
                       InteractionCase{5, 1, 8}, InteractionCase{3, 2, 3},
                       InteractionCase{17, 9, 7}, InteractionCase{0, 27, 16}),
-    [](const ::testing::TestParamInfo<InteractionCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<InteractionCase>);
 
 struct CrossCase {
   int64_t batch;
@@ -843,9 +865,7 @@ INSTANTIATE_TEST_SUITE_P(
                       CrossCase{130, 40, 2, 64},    // rank above the width
                       CrossCase{7, 16, 1, 4}, CrossCase{65, 12, 4, 3},
                       CrossCase{0, 16, 3, 4}),
-    [](const ::testing::TestParamInfo<CrossCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<CrossCase>);
 
 TEST(CudaLossTest, BceMatchesCpu) {
   DLRM_SKIP_WITHOUT_CUDA();
@@ -893,6 +913,22 @@ absl::Status WriteConstants(const OptimizerConfig& config, int64_t step,
   return device.CopyFromHost(std::span<const double>(host));
 }
 
+// `type` at `rate` with `eps`, betas 0.9 and 0.999, and a warm-up of 3
+// steps from half the rate: the kernels read each step's rate from the
+// constants.
+OptimizerConfig WarmUpConfig(OptimizerConfig::Type type, float rate,
+                             float eps) {
+  OptimizerConfig config;
+  config.set_type(type);
+  config.set_learning_rate(rate);
+  config.set_eps(eps);
+  config.set_beta1(0.9f);
+  config.set_beta2(0.999f);
+  config.mutable_schedule()->set_warmup_steps(3);
+  config.mutable_schedule()->set_warmup_start_factor(0.5f);
+  return config;
+}
+
 TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
   DLRM_SKIP_WITHOUT_CUDA();
   SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
@@ -900,16 +936,9 @@ TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
                     OptimizerConfig::ADAM}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
-    OptimizerConfig config;
-    config.set_type(type);
-    config.set_learning_rate(type == OptimizerConfig::SGD ? 0.1f : 0.01f);
-    config.set_eps(1e-8f);
-    config.set_beta1(0.9f);
-    config.set_beta2(0.999f);
+    OptimizerConfig config = WarmUpConfig(
+        type, type == OptimizerConfig::SGD ? 0.1f : 0.01f, /*eps=*/1e-8f);
     config.set_initial_accumulator(0.1f);
-    // A warm-up: the kernel reads each step's rate from the constants.
-    config.mutable_schedule()->set_warmup_steps(3);
-    config.mutable_schedule()->set_warmup_start_factor(0.5f);
     const int64_t n = 70001;  // Not a multiple of the block.
     std::vector<float> param = RandomFloats(rng, n);
     std::vector<float> grad(n);
@@ -976,19 +1005,13 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
   for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
-    OptimizerConfig config;
-    config.set_type(type);
-    config.set_learning_rate(type == OptimizerConfig::LAMB ? 0.01f : 0.5f);
-    config.set_eps(1e-6f);
-    config.set_beta1(0.9f);
-    config.set_beta2(0.999f);
+    OptimizerConfig config = WarmUpConfig(
+        type, type == OptimizerConfig::LAMB ? 0.01f : 0.5f, /*eps=*/1e-6f);
     config.set_weight_decay(0.01f);
     if (type == OptimizerConfig::LARS) {
       config.set_momentum(0.9f);
       config.set_trust_coefficient(0.001f);
     }
-    config.mutable_schedule()->set_warmup_steps(3);
-    config.mutable_schedule()->set_warmup_start_factor(0.5f);
     ASSERT_TRUE(optim::Validate(config, "dense_optimizer").ok());
 
     std::vector<std::vector<float>> params, grads;
@@ -1235,56 +1258,35 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
   // null or misaligned constants pointer (never dereferenced here).
   alignas(8) static const double fake_constants[kConstantDoubles] = {};
   const auto* misaligned = reinterpret_cast<const char*>(fake_constants) + 2;
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::SGD, fake_constants, nullptr,
-                                 nullptr, nullptr, nullptr, -1, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAGRAD, misaligned, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
-                                   nullptr, nullptr, nullptr, 0, nullptr)
-                  .ok());
+  // Null parameter, gradient and state pointers and no stream throughout.
+  const auto update = [](OptimizerConfig::Type type, const void* constants,
+                         int64_t n) {
+    return DenseOptimizerUpdate(type, constants, nullptr, nullptr, nullptr,
+                                nullptr, n, nullptr);
+  };
+  const auto layer_update = [](OptimizerConfig::Type type,
+                               const void* constants, int64_t n,
+                               dlrm::cuda::DeviceBuffer<double>* scratch) {
+    return LayerOptimizerUpdate(type, constants, true, nullptr, nullptr,
+                                nullptr, nullptr, n, scratch, nullptr);
+  };
+  constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(update(OptimizerConfig::SGD, fake_constants, -1).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::LAMB, fake_constants, 4).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::ADAM, nullptr, 4).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::ADAGRAD, misaligned, 4).code(), kInvalid);
+  EXPECT_TRUE(update(OptimizerConfig::ADAM, nullptr, 0).ok());
   dlrm::cuda::DeviceBuffer<double> scratch;
+  const auto lamb = OptimizerConfig::LAMB, lars = OptimizerConfig::LARS;
+  EXPECT_EQ(layer_update(lamb, fake_constants, -1, &scratch).code(), kInvalid);
+  EXPECT_EQ(layer_update(lars, fake_constants, 10, nullptr).code(), kInvalid);
   EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, -1, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LARS, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, nullptr, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::ADAM, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LAMB, misaligned, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+      layer_update(OptimizerConfig::ADAM, fake_constants, 10, &scratch).code(),
+      kInvalid);
+  EXPECT_EQ(layer_update(lars, nullptr, 10, &scratch).code(), kInvalid);
+  EXPECT_EQ(layer_update(lamb, misaligned, 10, &scratch).code(), kInvalid);
   // A parameter of no elements queues nothing.
-  EXPECT_TRUE(LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true,
-                                   nullptr, nullptr, nullptr, nullptr, 0,
-                                   &scratch, nullptr)
-                  .ok());
+  EXPECT_TRUE(layer_update(lars, nullptr, 0, &scratch).ok());
   // Partial sums of w^2 and of the norm term per 4096-element chunk, and
   // the tensor's constants.
   EXPECT_EQ(LayerScratchDoubles(0), 1);
@@ -1498,9 +1500,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BackendCase{INTERACTION_DOT, OptimizerConfig::SGD},
                       BackendCase{INTERACTION_CAT, OptimizerConfig::SGD},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::SGD}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<BackendCase>);
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, CudaBackendTest,
@@ -1516,9 +1516,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{INTERACTION_DOT, OptimizerConfig::LARS},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::LAMB},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::LARS}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<BackendCase>);
 
 }  // namespace
 }  // namespace dlrm::dense::cuda
