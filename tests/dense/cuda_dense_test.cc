@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +43,18 @@ namespace {
 // The CUDA tests' helpers (tests/support/cuda_test_util.h).
 using namespace ::dlrm::testing;  // NOLINT(build/namespaces)
 
+// The parameterised tests' fixture: skipped without a CUDA device (in
+// SetUp, before the body), every failure traced with the seed.
+template <typename Case>
+class CudaCaseTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { DLRM_SKIP_WITHOUT_CUDA(); }
+
+ private:
+  ::testing::ScopedTrace seed_trace_{
+      __FILE__, __LINE__, ::testing::Message() << "seed " << kCudaTestSeed};
+};
+
 struct LinearCase {
   int64_t batch;
   int in, out;
@@ -56,6 +71,12 @@ std::string Name(const LinearCase& c) {
 
 void PrintTo(const LinearCase& c, std::ostream* os) { *os << Name(c); }
 
+// A parameterised test's name: its case's Name.
+template <typename Case>
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return Name(info.param);
+}
+
 GemmOptions Options(bool tf32, bool lt) {
   GemmOptions o;
   o.allow_tf32 = tf32;
@@ -63,30 +84,60 @@ GemmOptions Options(bool tf32, bool lt) {
   return o;
 }
 
-class CudaLinearTest : public ::testing::TestWithParam<LinearCase> {};
+// A stream and a cuBLAS context on it (the stream outlives the context).
+struct StreamAndBlas {
+  dlrm::cuda::CudaStream stream;
+  std::unique_ptr<BlasContext> ctx;
 
-TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
-  DLRM_SKIP_WITHOUT_CUDA();
-  const LinearCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
-  Rng rng(kCudaTestSeed + c.in * 31 + c.out);
+  static absl::StatusOr<StreamAndBlas> Create(const GemmOptions& options = {}) {
+    ASSIGN_OR_RETURN(dlrm::cuda::CudaStream stream,
+                     dlrm::cuda::CudaStream::Create());
+    ASSIGN_OR_RETURN(std::unique_ptr<BlasContext> ctx,
+                     BlasContext::Create(stream.get(), options));
+    return StreamAndBlas{std::move(stream), std::move(ctx)};
+  }
+};
+
+// A Linear of `c`'s shape with random weights.
+Linear RandomLinear(const LinearCase& c, Rng& rng) {
   Linear cpu(c.in, c.out, c.relu);
   cpu.Init(&rng);
+  return cpu;
+}
+
+class CudaLinearTest : public CudaCaseTest<LinearCase> {};
+
+// The shapes of both Linear tests (fp32 and bf16): the Kaggle bottom MLP's
+// first layer and top MLP's last, through cuBLASLt and cuBLAS, and a small
+// one; then `more`.
+std::vector<LinearCase> LinearCases(std::initializer_list<LinearCase> more) {
+  std::vector<LinearCase> cases = {
+      LinearCase{256, 13, 512, true, Options(false, true)},
+      LinearCase{256, 13, 512, true, Options(false, false)},
+      LinearCase{300, 256, 1, false, Options(false, true)},
+      LinearCase{300, 256, 1, false, Options(false, false)},
+      LinearCase{7, 3, 5, true, Options(false, true)}};
+  cases.insert(cases.end(), more.begin(), more.end());
+  return cases;
+}
+
+TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
+  const LinearCase c = GetParam();
+  Rng rng(kCudaTestSeed + c.in * 31 + c.out);
+  Linear cpu = RandomLinear(c, rng);
   const std::vector<float> x = RandomFloats(rng, c.batch * c.in);
   std::vector<float> y(c.batch * c.out);
   cpu.Forward(x.data(), c.batch, y.data());
 
-  auto stream = dlrm::cuda::CudaStream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  auto ctx = BlasContext::Create(stream->get(), c.options);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto blas = StreamAndBlas::Create(c.options);
+  ASSERT_TRUE(blas.ok()) << blas.status();
   const std::vector<float> w(cpu.weight(), cpu.weight() + c.in * c.out);
   const std::vector<float> b(cpu.bias(), cpu.bias() + c.out);
   auto w_d = ToDevice(w);
   auto b_d = ToDevice(b);
   auto x_d = ToDevice(x);
   auto y_d = Poisoned(c.batch * c.out);
-  ASSERT_TRUE(LinearForward(ctx->get(), x_d.data(), c.batch, c.in, c.out,
+  ASSERT_TRUE(LinearForward(blas->ctx.get(), x_d.data(), c.batch, c.in, c.out,
                             w_d.data(), b_d.data(), c.relu, y_d.data())
                   .ok());
   const std::vector<float> y_gpu = ToHost(y_d, y.size());
@@ -105,7 +156,7 @@ TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
   auto dw_d = Poisoned(c.in * c.out);
   auto db_d = Poisoned(c.out);
   auto dx_d = Poisoned(c.batch * c.in);
-  ASSERT_TRUE(LinearBackward(ctx->get(), x_d.data(), y_cpu_d.data(),
+  ASSERT_TRUE(LinearBackward(blas->ctx.get(), x_d.data(), y_cpu_d.data(),
                              dy_d.data(), c.batch, c.in, c.out, w_d.data(),
                              c.relu, dw_d.data(), db_d.data(), dx_d.data())
                   .ok());
@@ -121,36 +172,46 @@ TEST_P(CudaLinearTest, ForwardAndBackwardMatchCpuLinear) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaLinearTest,
-    ::testing::Values(
-        // Kaggle bottom MLP's first layer and top MLP's last.
-        LinearCase{256, 13, 512, true, Options(false, true)},
-        LinearCase{256, 13, 512, true, Options(false, false)},
-        LinearCase{300, 256, 1, false, Options(false, true)},
-        LinearCase{300, 256, 1, false, Options(false, false)},
-        LinearCase{7, 3, 5, true, Options(false, true)},
+    ::testing::ValuesIn(LinearCases({
         LinearCase{1, 367, 64, false, Options(false, true)},
         LinearCase{1000, 367, 512, true, Options(true, true)},
-        LinearCase{1000, 367, 512, true, Options(true, false)}),
-    [](const ::testing::TestParamInfo<LinearCase>& info) {
-      return Name(info.param);
-    });
+        LinearCase{1000, 367, 512, true, Options(true, false)},
+    })),
+    CaseName<LinearCase>);
 
-TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
-  DLRM_SKIP_WITHOUT_CUDA();
+// A 3 -> 4 ReLU layer's fp32 (or bf16) passes on a batch of 0 queue no
+// GEMM and zero the gradients, as dense::Linear.
+void ExpectEmptyBatchZeroesGradients(bool bf16) {
   auto ctx = BlasContext::Create(nullptr);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   auto w = ToDevice(std::vector<float>(12, 1.0f));
+  auto wb = ToDevice(std::vector<Bf16>(12, ToBf16(1.0f)));
   auto b = ToDevice(std::vector<float>(4, 1.0f));
   auto dw = Poisoned(12);
   auto db = Poisoned(4);
-  ASSERT_TRUE(LinearForward(ctx->get(), nullptr, 0, 3, 4, w.data(), b.data(),
-                            true, nullptr)
-                  .ok());
-  ASSERT_TRUE(LinearBackward(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
-                             w.data(), true, dw.data(), db.data(), nullptr)
-                  .ok());
+  if (bf16) {
+    ASSERT_TRUE(LinearForwardBf16(ctx->get(), nullptr, 0, 3, 4, wb.data(),
+                                  b.data(), true, nullptr, nullptr)
+                    .ok());
+    ASSERT_TRUE(LinearBackwardBf16(ctx->get(), nullptr, nullptr, nullptr, 0, 3,
+                                   4, wb.data(), true, dw.data(), db.data(),
+                                   nullptr, nullptr)
+                    .ok());
+  } else {
+    ASSERT_TRUE(LinearForward(ctx->get(), nullptr, 0, 3, 4, w.data(), b.data(),
+                              true, nullptr)
+                    .ok());
+    ASSERT_TRUE(LinearBackward(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
+                               w.data(), true, dw.data(), db.data(), nullptr)
+                    .ok());
+  }
   EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
   EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+}
+
+TEST(CudaLinearEdgeTest, EmptyBatchZeroesGradients) {
+  DLRM_SKIP_WITHOUT_CUDA();
+  ExpectEmptyBatchZeroesGradients(/*bf16=*/false);
 }
 
 // One Linear shape called again and again with its pointers offset by
@@ -317,24 +378,25 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
   EXPECT_TRUE(
       same(internal::LinearForwardKey(f(0x50000), 64, 13, 512, f(0x60010),
                                       f(0x70008), true, false, f(0x80004))));
-  // Anything that changes the plan changes the key.
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 65, 13, 512, f(0x20010),
-                                      f(0x30008), true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30008), false, false, f(0x40004))));
-  EXPECT_FALSE(same(internal::LinearForwardKey(
-      f(0x10000), 64, 13, 512, f(0x20010), nullptr, true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30008), true, true, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10004), 64, 13, 512, f(0x20010),
-                                      f(0x30008), true, false, f(0x40004))));
-  EXPECT_FALSE(
-      same(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
-                                      f(0x30010), true, false, f(0x40004))));
+  // Anything that changes the plan changes the key: the batch, the ReLU,
+  // the bias (0: none), TF32, x's alignment, the bias's alignment.
+  struct KeyArgs {
+    uintptr_t x;
+    int64_t batch;
+    uintptr_t bias;
+    bool relu, tf32;
+  };
+  const KeyArgs changed[] = {
+      {0x10000, 65, 0x30008, true, false}, {0x10000, 64, 0x30008, false, false},
+      {0x10000, 64, 0, true, false},       {0x10000, 64, 0x30008, true, true},
+      {0x10004, 64, 0x30008, true, false}, {0x10000, 64, 0x30010, true, false}};
+  for (size_t i = 0; i < std::size(changed); ++i) {
+    const KeyArgs& a = changed[i];
+    EXPECT_FALSE(same(internal::LinearForwardKey(
+        f(a.x), a.batch, 13, 512, f(0x20010), a.bias == 0 ? nullptr : f(a.bias),
+        a.relu, a.tf32, f(0x40004))))
+        << "change " << i;
+  }
   EXPECT_EQ(internal::LinearForwardKey(f(0x10000), 64, 13, 512, f(0x20010),
                                        nullptr, false, false, f(0x40004))
                 .align_bias,
@@ -358,6 +420,35 @@ TEST(CudaLinearPlanTest, KeyTakesShapeAndPointerAlignments) {
 // tensor cores may truncate in their fp32 accumulation (up to 2^-23).
 double Bf16SumBound(int64_t k, double abs_sum) {
   return (0x1p-24 + 0x1p-23) * static_cast<double>(k) * abs_sum;
+}
+
+// `got` and `want`: the product C = A B of a `rows` x `k` and a `k` x
+// `cols` matrix of bf16 values (elements a(m, j) and b(j, n)), each summed
+// in fp32 in its own order. Each got[m * cols + n] must be within
+// Bf16SumBound(k, sum_j |a b|) plus `want_rel` |want| of want[m * cols +
+// n]; `failures` counts the misses (over several calls), the first 5 named
+// `what` and their place.
+template <typename A, typename B>
+void ExpectWithinBf16SumBound(int64_t rows, int64_t cols, int64_t k, const A& a,
+                              const B& b, std::span<const float> got,
+                              std::span<const float> want, double want_rel,
+                              const std::string& what, int* failures) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = 0; n < cols; ++n) {
+      double abs = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        abs += std::fabs(static_cast<double>(a(m, j)) * b(j, n));
+      }
+      const size_t at = m * cols + n;
+      const double bound =
+          Bf16SumBound(k, abs) + want_rel * std::fabs(want[at]);
+      if (!(std::fabs(double{got[at]} - want[at]) <= bound) &&
+          (*failures)++ < 5) {
+        ADD_FAILURE() << what << " " << m << "," << n << ": " << got[at]
+                      << " vs " << want[at] << ", bound " << bound;
+      }
+    }
+  }
 }
 
 std::vector<Bf16> ToHostBf16(const dlrm::cuda::DeviceBuffer<Bf16>& buf,
@@ -396,7 +487,7 @@ TEST(CudaBf16Test, RoundingKernelMatchesTheHostBitwise) {
   EXPECT_EQ(failures, 0);
 }
 
-class CudaBf16LinearTest : public ::testing::TestWithParam<LinearCase> {};
+class CudaBf16LinearTest : public CudaCaseTest<LinearCase> {};
 
 // LinearForwardBf16 / LinearBackwardBf16 against dense::Linear's bf16
 // passes on the same inputs. The bf16 operands are the same bits (the
@@ -407,12 +498,9 @@ class CudaBf16LinearTest : public ::testing::TestWithParam<LinearCase> {};
 // y_gpu rounded, the masked dy, its bf16 copy and the bias gradient (the
 // CPU's block order) equal the CPU's.
 TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const LinearCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   Rng rng(kCudaTestSeed + c.in * 37 + c.out);
-  Linear cpu(c.in, c.out, c.relu);
-  cpu.Init(&rng);
+  Linear cpu = RandomLinear(c, rng);
   cpu.SyncBf16Weights();
   const std::vector<float> x = RandomFloats(rng, c.batch * c.in);
   const std::vector<Bf16> xb = RoundedOnHost(x);
@@ -422,51 +510,44 @@ TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
   std::vector<Bf16> yb(c.batch * c.out);
   cpu.ForwardBf16(xb.data(), c.batch, y.data(), yb.data());
 
-  auto stream = dlrm::cuda::CudaStream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  auto ctx = BlasContext::Create(stream->get(), c.options);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto blas = StreamAndBlas::Create(c.options);
+  ASSERT_TRUE(blas.ok()) << blas.status();
   // The operands rounded on the device, as the backend does.
   auto w_d = ToDevice(w);
   auto x_d = ToDevice(x);
   auto wb_d = ToDevice(std::vector<Bf16>(wb.size() + 1, 0x7777));
   auto xb_d = ToDevice(std::vector<Bf16>(xb.size() + 1, 0x7777));
   ASSERT_TRUE(RoundToBf16(w_d.data(), static_cast<int64_t>(w.size()),
-                          wb_d.data(), stream->get())
+                          wb_d.data(), blas->stream.get())
                   .ok());
   ASSERT_TRUE(RoundToBf16(x_d.data(), static_cast<int64_t>(x.size()),
-                          xb_d.data(), stream->get())
+                          xb_d.data(), blas->stream.get())
                   .ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(blas->stream.Synchronize().ok());
   ASSERT_EQ(ToHostBf16(wb_d, wb.size()), wb);
   ASSERT_EQ(ToHostBf16(xb_d, xb.size()), xb);
   const std::vector<float> b(cpu.bias(), cpu.bias() + c.out);
   auto b_d = ToDevice(b);
   auto y_d = Poisoned(y.size());
   auto yb_d = ToDevice(std::vector<Bf16>(yb.size() + 1, 0x7777));
-  ASSERT_TRUE(LinearForwardBf16(ctx->get(), xb_d.data(), c.batch, c.in, c.out,
-                                wb_d.data(), b_d.data(), c.relu, y_d.data(),
-                                yb_d.data())
+  ASSERT_TRUE(LinearForwardBf16(blas->ctx.get(), xb_d.data(), c.batch, c.in,
+                                c.out, wb_d.data(), b_d.data(), c.relu,
+                                y_d.data(), yb_d.data())
                   .ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(blas->stream.Synchronize().ok());
   const std::vector<float> y_gpu = ToHost(y_d, y.size());
   EXPECT_EQ(ToHostBf16(yb_d, yb.size()), RoundedOnHost(y_gpu));
+  // The bf16 operands as matrices: x [batch x in], W^T [in x out], dy
+  // [batch x out] and its transpose, W [out x in].
+  const auto x_at = [&](int64_t r, int64_t i) {
+    return FromBf16(xb[r * c.in + i]);
+  };
+  const auto wt_at = [&](int64_t i, int64_t o) {
+    return FromBf16(wb[o * c.in + i]);
+  };
   int failures = 0;
-  for (int64_t r = 0; r < c.batch; ++r) {
-    for (int o = 0; o < c.out; ++o) {
-      double abs = 0;
-      for (int i = 0; i < c.in; ++i) {
-        abs += std::fabs(static_cast<double>(FromBf16(xb[r * c.in + i])) *
-                         FromBf16(wb[o * c.in + i]));
-      }
-      const size_t at = r * c.out + o;
-      const double bound = Bf16SumBound(c.in, abs) + 0x1p-23 * std::fabs(y[at]);
-      if (!(std::fabs(double{y_gpu[at]} - y[at]) <= bound) && failures++ < 5) {
-        ADD_FAILURE() << "y " << r << "," << o << ": " << y_gpu[at] << " vs "
-                      << y[at] << ", bound " << bound;
-      }
-    }
-  }
+  ExpectWithinBf16SumBound(c.batch, c.out, c.in, x_at, wt_at, y_gpu, y,
+                           /*want_rel=*/0x1p-23, "y", &failures);
 
   // Backward from the CPU's y, so both apply the same ReLU mask.
   const std::vector<float> dy = RandomFloats(rng, c.batch * c.out);
@@ -481,85 +562,48 @@ TEST_P(CudaBf16LinearTest, ForwardAndBackwardMatchCpuBf16Linear) {
   auto dw_d = Poisoned(w.size());
   auto db_d = Poisoned(c.out);
   auto dx_d = Poisoned(dx.size());
-  ASSERT_TRUE(LinearBackwardBf16(ctx->get(), xb_d.data(), y_cpu_d.data(),
+  ASSERT_TRUE(LinearBackwardBf16(blas->ctx.get(), xb_d.data(), y_cpu_d.data(),
                                  dy_d.data(), c.batch, c.in, c.out, wb_d.data(),
                                  c.relu, dw_d.data(), db_d.data(), dx_d.data(),
                                  dyb_d.data())
                   .ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(blas->stream.Synchronize().ok());
   ExpectBitwiseEqual(ToHost(dy_d, dy.size()), dy_cpu, "masked dy");
   EXPECT_EQ(ToHostBf16(dyb_d, dyb.size()), dyb);
   ExpectBitwiseEqual(ToHost(db_d, c.out),
                      std::span<const float>(cpu.bias_grad(), c.out), "db");
   const std::vector<float> dw_gpu = ToHost(dw_d, w.size());
   const std::vector<float> dx_gpu = ToHost(dx_d, dx.size());
-  for (int o = 0; o < c.out; ++o) {
-    for (int i = 0; i < c.in; ++i) {
-      double abs = 0;
-      for (int64_t r = 0; r < c.batch; ++r) {
-        abs += std::fabs(static_cast<double>(FromBf16(dyb[r * c.out + o])) *
-                         FromBf16(xb[r * c.in + i]));
-      }
-      const size_t at = o * c.in + i;
-      const double got = dw_gpu[at], want = cpu.weight_grad()[at];
-      if (!(std::fabs(got - want) <= Bf16SumBound(c.batch, abs)) &&
-          failures++ < 5) {
-        ADD_FAILURE() << "dW " << o << "," << i << ": " << got << " vs "
-                      << want;
-      }
-    }
-  }
-  for (int64_t r = 0; r < c.batch; ++r) {
-    for (int i = 0; i < c.in; ++i) {
-      double abs = 0;
-      for (int o = 0; o < c.out; ++o) {
-        abs += std::fabs(static_cast<double>(FromBf16(dyb[r * c.out + o])) *
-                         FromBf16(wb[o * c.in + i]));
-      }
-      const size_t at = r * c.in + i;
-      if (!(std::fabs(double{dx_gpu[at]} - dx[at]) <=
-            Bf16SumBound(c.out, abs)) &&
-          failures++ < 5) {
-        ADD_FAILURE() << "dx " << r << "," << i << ": " << dx_gpu[at] << " vs "
-                      << dx[at];
-      }
-    }
-  }
+  const auto dyt_at = [&](int64_t o, int64_t r) {
+    return FromBf16(dyb[r * c.out + o]);
+  };
+  const auto dy_at = [&](int64_t r, int64_t o) {
+    return FromBf16(dyb[r * c.out + o]);
+  };
+  const auto w_at = [&](int64_t o, int64_t i) {
+    return FromBf16(wb[o * c.in + i]);
+  };
+  // dW = dy^T x, dx = dy W.
+  ExpectWithinBf16SumBound(c.out, c.in, c.batch, dyt_at, x_at, dw_gpu,
+                           std::span<const float>(cpu.weight_grad(), w.size()),
+                           /*want_rel=*/0, "dW", &failures);
+  ExpectWithinBf16SumBound(c.batch, c.in, c.out, dy_at, w_at, dx_gpu, dx,
+                           /*want_rel=*/0, "dx", &failures);
   EXPECT_EQ(failures, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaBf16LinearTest,
-    ::testing::Values(LinearCase{256, 13, 512, true, Options(false, true)},
-                      LinearCase{256, 13, 512, true, Options(false, false)},
-                      LinearCase{300, 256, 1, false, Options(false, true)},
-                      LinearCase{300, 256, 1, false, Options(false, false)},
-                      LinearCase{7, 3, 5, true, Options(false, true)},
-                      LinearCase{131, 70, 300, false, Options(false, false)},
-                      // TF32 asked for: the bf16 layers ignore it.
-                      LinearCase{1000, 367, 512, true, Options(true, true)}),
-    [](const ::testing::TestParamInfo<LinearCase>& info) {
-      return Name(info.param);
-    });
+    ::testing::ValuesIn(LinearCases({
+        LinearCase{131, 70, 300, false, Options(false, false)},
+        // TF32 asked for: the bf16 layers ignore it.
+        LinearCase{1000, 367, 512, true, Options(true, true)},
+    })),
+    CaseName<LinearCase>);
 
-// A batch of 0 queues no GEMM and zeroes the gradients, as dense::Linear.
 TEST(CudaBf16LinearTest, EmptyBatchZeroesGradients) {
   DLRM_SKIP_WITHOUT_CUDA();
-  auto ctx = BlasContext::Create(nullptr);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  auto wb = ToDevice(std::vector<Bf16>(12, ToBf16(1.0f)));
-  auto b = ToDevice(std::vector<float>(4, 1.0f));
-  auto dw = Poisoned(12);
-  auto db = Poisoned(4);
-  ASSERT_TRUE(LinearForwardBf16(ctx->get(), nullptr, 0, 3, 4, wb.data(),
-                                b.data(), true, nullptr, nullptr)
-                  .ok());
-  ASSERT_TRUE(LinearBackwardBf16(ctx->get(), nullptr, nullptr, nullptr, 0, 3, 4,
-                                 wb.data(), true, dw.data(), db.data(), nullptr,
-                                 nullptr)
-                  .ok());
-  EXPECT_EQ(ToHost(dw, 12), std::vector<float>(12, 0.0f));
-  EXPECT_EQ(ToHost(db, 4), std::vector<float>(4, 0.0f));
+  ExpectEmptyBatchZeroesGradients(/*bf16=*/true);
 }
 
 struct InteractionCase {
@@ -572,12 +616,10 @@ std::string Name(const InteractionCase& c) {
 }
 void PrintTo(const InteractionCase& c, std::ostream* os) { *os << Name(c); }
 
-class CudaInteractionTest : public ::testing::TestWithParam<InteractionCase> {};
+class CudaInteractionTest : public CudaCaseTest<InteractionCase> {};
 
 TEST_P(CudaInteractionTest, ForwardAndBackwardMatchReference) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const InteractionCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   Rng rng(kCudaTestSeed + c.n * 100 + c.d);
   const int zdim = DotInteractionDim(c.n, c.d);
   const std::vector<float> t = RandomFloats(rng, c.batch * c.n * c.d);
@@ -609,9 +651,7 @@ INSTANTIATE_TEST_SUITE_P(
                       InteractionCase{33, 27, 128},  // MLPerf DLRM v1
                       InteractionCase{5, 1, 8}, InteractionCase{3, 2, 3},
                       InteractionCase{17, 9, 7}, InteractionCase{0, 27, 16}),
-    [](const ::testing::TestParamInfo<InteractionCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<InteractionCase>);
 
 struct CrossCase {
   int64_t batch;
@@ -623,7 +663,104 @@ std::string Name(const CrossCase& c) {
 }
 void PrintTo(const CrossCase& c, std::ostream* os) { *os << Name(c); }
 
-class CudaCrossNetTest : public ::testing::TestWithParam<CrossCase> {};
+class CudaCrossNetTest : public CudaCaseTest<CrossCase> {};
+
+// A CPU cross network of `c`'s shape with random parameters, biases
+// included (Init leaves them zero, which would hide a bias bug).
+CrossNet RandomCrossNet(const CrossCase& c, Rng& rng) {
+  CrossNet cpu(c.n, c.layers, c.r);
+  cpu.Init(&rng);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::vector<float> b = RandomFloats(rng, c.n);
+    std::copy(b.begin(), b.end(), cpu.bias(l));
+  }
+  return cpu;
+}
+
+// A cross network's passes on one batch: the training forward's x_L, the
+// inference forward's (the device's only) and the backward's dx0.
+struct CrossPasses {
+  std::vector<float> out, infer, dx0;
+};
+
+// `cpu`'s training forward and backward on `x0` and `dout`.
+CrossPasses RunOnCpu(CrossNet& cpu, const std::vector<float>& x0,
+                     const std::vector<float>& dout, int64_t batch) {
+  CrossPasses p;
+  p.out.resize(x0.size());
+  p.dx0.resize(x0.size());
+  cpu.Forward(x0.data(), batch, p.out.data());
+  cpu.Backward(x0.data(), dout.data(), batch, p.dx0.data());
+  return p;
+}
+
+// Copies `cpu`'s parameters into `gpu`, of the same shape `c`.
+void CopyParameters(const CrossNet& cpu, const CrossCase& c,
+                    DeviceCrossNet& gpu) {
+  const size_t matrix = static_cast<size_t>(c.n) * c.r;
+  for (int l = 0; l < c.layers; ++l) {
+    ASSERT_TRUE(gpu.v(l) != nullptr);
+    ASSERT_EQ(cudaMemcpy(gpu.v(l), cpu.v(l), sizeof(float) * matrix,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gpu.w(l), cpu.w(l), sizeof(float) * matrix,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gpu.bias(l), cpu.bias(l), sizeof(float) * c.n,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+}
+
+// `gpu`'s training forward, inference forward and backward on `x0` and
+// `dout`, on `blas`'s stream, waited for; the outputs into `passes`.
+void RunOnDevice(const StreamAndBlas& blas, DeviceCrossNet& gpu,
+                 const std::vector<float>& x0, const std::vector<float>& dout,
+                 int64_t batch, CrossPasses* passes) {
+  auto x0_d = ToDevice(x0);
+  auto dout_d = ToDevice(dout);
+  auto out_d = Poisoned(x0.size());
+  auto infer_d = Poisoned(x0.size());
+  auto dx0_d = Poisoned(x0.size());
+  dlrm::cuda::DeviceBuffer<float> scratch;
+  BlasContext* ctx = blas.ctx.get();
+  ASSERT_TRUE(gpu.Forward(ctx, x0_d.data(), batch, out_d.data()).ok());
+  ASSERT_TRUE(
+      gpu.Infer(ctx, x0_d.data(), batch, infer_d.data(), &scratch).ok());
+  ASSERT_TRUE(
+      gpu.Backward(ctx, x0_d.data(), dout_d.data(), batch, dx0_d.data()).ok());
+  ASSERT_TRUE(blas.stream.Synchronize().ok());
+  passes->out = ToHost(out_d, x0.size());
+  passes->infer = ToHost(infer_d, x0.size());
+  passes->dx0 = ToHost(dx0_d, x0.size());
+}
+
+// `n` floats of device memory at `device`, copied to the host.
+std::vector<float> DeviceFloats(const float* device, size_t n) {
+  std::vector<float> host(n);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, sizeof(float) * n,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+// Every layer's dV, dW and db of `gpu` against `cpu`'s through `expect`
+// (got, want, what).
+void ExpectLayerGradients(
+    const CrossNet& cpu, const DeviceCrossNet& gpu, const CrossCase& c,
+    const std::function<void(std::span<const float>, std::span<const float>,
+                             const std::string&)>& expect) {
+  const size_t matrix = static_cast<size_t>(c.n) * c.r;
+  for (int l = 0; l < c.layers; ++l) {
+    SCOPED_TRACE(::testing::Message() << "layer " << l);
+    expect(DeviceFloats(gpu.v_grad(l), matrix),
+           std::span<const float>(cpu.v_grad(l), matrix), "dV");
+    expect(DeviceFloats(gpu.w_grad(l), matrix),
+           std::span<const float>(cpu.w_grad(l), matrix), "dW");
+    expect(DeviceFloats(gpu.bias_grad(l), c.n),
+           std::span<const float>(cpu.bias_grad(l), c.n), "db");
+  }
+}
 
 // DeviceCrossNet against dense::CrossNet (the CPU reference) with the same
 // parameters: the training forward, the inference forward, the backward's
@@ -631,83 +768,28 @@ class CudaCrossNetTest : public ::testing::TestWithParam<CrossCase> {};
 // 1e-4 of the scale (the bias gradient is summed in the CPU's order, but
 // from inputs that already differ in the last bits).
 TEST_P(CudaCrossNetTest, MatchesCpuCrossNet) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const CrossCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   Rng rng(kCudaTestSeed + c.n * 7 + c.r);
-  CrossNet cpu(c.n, c.layers, c.r);
-  cpu.Init(&rng);
-  for (int l = 0; l < c.layers; ++l) {
-    const std::vector<float> b = RandomFloats(rng, c.n);
-    std::copy(b.begin(), b.end(), cpu.bias(l));
-  }
+  CrossNet cpu = RandomCrossNet(c, rng);
   const std::vector<float> x0 = RandomFloats(rng, c.batch * c.n);
   const std::vector<float> dout = RandomFloats(rng, c.batch * c.n);
-  std::vector<float> out(c.batch * c.n), dx0(c.batch * c.n);
-  cpu.Forward(x0.data(), c.batch, out.data());
-  cpu.Backward(x0.data(), dout.data(), c.batch, dx0.data());
+  const CrossPasses want = RunOnCpu(cpu, x0, dout, c.batch);
 
-  auto stream = dlrm::cuda::CudaStream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  auto ctx = BlasContext::Create(stream->get());
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto blas = StreamAndBlas::Create();
+  ASSERT_TRUE(blas.ok()) << blas.status();
   auto gpu = DeviceCrossNet::Create(c.n, c.layers, c.r);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  const size_t matrix = static_cast<size_t>(c.n) * c.r;
-  for (int l = 0; l < c.layers; ++l) {
-    ASSERT_TRUE((*gpu)->v(l) != nullptr);
-    ASSERT_EQ(cudaMemcpy((*gpu)->v(l), cpu.v(l), sizeof(float) * matrix,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy((*gpu)->w(l), cpu.w(l), sizeof(float) * matrix,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy((*gpu)->bias(l), cpu.bias(l), sizeof(float) * c.n,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  auto x0_d = ToDevice(x0);
-  auto dout_d = ToDevice(dout);
-  auto out_d = Poisoned(out.size());
-  auto infer_d = Poisoned(out.size());
-  auto dx0_d = Poisoned(dx0.size());
-  dlrm::cuda::DeviceBuffer<float> scratch;
-  ASSERT_TRUE(
-      (*gpu)->Forward(ctx->get(), x0_d.data(), c.batch, out_d.data()).ok());
-  ASSERT_TRUE(
-      (*gpu)
-          ->Infer(ctx->get(), x0_d.data(), c.batch, infer_d.data(), &scratch)
-          .ok());
-  ASSERT_TRUE((*gpu)
-                  ->Backward(ctx->get(), x0_d.data(), dout_d.data(), c.batch,
-                             dx0_d.data())
-                  .ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
-  ExpectCloseToScale(ToHost(out_d, out.size()), out, 1e-4, "x_L");
+  ASSERT_NO_FATAL_FAILURE(CopyParameters(cpu, c, **gpu));
+  CrossPasses got;
+  ASSERT_NO_FATAL_FAILURE(RunOnDevice(*blas, **gpu, x0, dout, c.batch, &got));
+  ExpectCloseToScale(got.out, want.out, 1e-4, "x_L");
   // The same kernels and GEMM shapes as the training forward.
-  ExpectCloseToScale(ToHost(infer_d, out.size()), ToHost(out_d, out.size()),
-                     1e-6, "inference x_L");
-  ExpectCloseToScale(ToHost(dx0_d, dx0.size()), dx0, 1e-4, "dx0");
-  auto grad = [&](float* device, size_t n) {
-    std::vector<float> host(n);
-    EXPECT_EQ(cudaMemcpy(host.data(), device, sizeof(float) * n,
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    return host;
-  };
-  for (int l = 0; l < c.layers; ++l) {
-    SCOPED_TRACE(::testing::Message() << "layer " << l);
-    ExpectCloseToScale(
-        grad((*gpu)->v_grad(l), matrix),
-        std::vector<float>(cpu.v_grad(l), cpu.v_grad(l) + matrix), 1e-4, "dV");
-    ExpectCloseToScale(
-        grad((*gpu)->w_grad(l), matrix),
-        std::vector<float>(cpu.w_grad(l), cpu.w_grad(l) + matrix), 1e-4, "dW");
-    ExpectCloseToScale(
-        grad((*gpu)->bias_grad(l), c.n),
-        std::vector<float>(cpu.bias_grad(l), cpu.bias_grad(l) + c.n), 1e-4,
-        "db");
-  }
+  ExpectCloseToScale(got.infer, got.out, 1e-6, "inference x_L");
+  ExpectCloseToScale(got.dx0, want.dx0, 1e-4, "dx0");
+  ExpectLayerGradients(
+      cpu, **gpu, c,
+      [](std::span<const float> g, std::span<const float> w,
+         const std::string& what) { ExpectCloseToScale(g, w, 1e-4, what); });
 }
 
 // ||a - b|| / ||b|| (0 for empty vectors).
@@ -754,83 +836,27 @@ void ExpectBf16Close(std::span<const float> got, std::span<const float> want,
 // within kBf16ScaleTolerance / kBf16NormTolerance. Inference runs the
 // training forward's arithmetic: the same bits.
 TEST_P(CudaCrossNetTest, Bf16MatchesCpuBf16CrossNet) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const CrossCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   Rng rng(kCudaTestSeed + c.n * 11 + c.r);
-  CrossNet cpu(c.n, c.layers, c.r);
-  cpu.Init(&rng);
-  for (int l = 0; l < c.layers; ++l) {
-    const std::vector<float> b = RandomFloats(rng, c.n);
-    std::copy(b.begin(), b.end(), cpu.bias(l));
-  }
+  CrossNet cpu = RandomCrossNet(c, rng);
   cpu.SetPrecision(PRECISION_BF16);
   const std::vector<float> x0 = RandomFloats(rng, c.batch * c.n);
   const std::vector<float> dout = RandomFloats(rng, c.batch * c.n);
-  std::vector<float> out(c.batch * c.n), dx0(c.batch * c.n);
-  cpu.Forward(x0.data(), c.batch, out.data());
-  cpu.Backward(x0.data(), dout.data(), c.batch, dx0.data());
+  const CrossPasses want = RunOnCpu(cpu, x0, dout, c.batch);
 
-  auto stream = dlrm::cuda::CudaStream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  auto ctx = BlasContext::Create(stream->get());
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto blas = StreamAndBlas::Create();
+  ASSERT_TRUE(blas.ok()) << blas.status();
   auto gpu = DeviceCrossNet::Create(c.n, c.layers, c.r, PRECISION_BF16);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->precision(), PRECISION_BF16);
-  const size_t matrix = static_cast<size_t>(c.n) * c.r;
-  for (int l = 0; l < c.layers; ++l) {
-    ASSERT_EQ(cudaMemcpy((*gpu)->v(l), cpu.v(l), sizeof(float) * matrix,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy((*gpu)->w(l), cpu.w(l), sizeof(float) * matrix,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy((*gpu)->bias(l), cpu.bias(l), sizeof(float) * c.n,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  ASSERT_TRUE((*gpu)->SyncBf16Weights(stream->get()).ok());
-  auto x0_d = ToDevice(x0);
-  auto dout_d = ToDevice(dout);
-  auto out_d = Poisoned(out.size());
-  auto infer_d = Poisoned(out.size());
-  auto dx0_d = Poisoned(dx0.size());
-  dlrm::cuda::DeviceBuffer<float> scratch;
-  ASSERT_TRUE(
-      (*gpu)->Forward(ctx->get(), x0_d.data(), c.batch, out_d.data()).ok());
-  ASSERT_TRUE(
-      (*gpu)
-          ->Infer(ctx->get(), x0_d.data(), c.batch, infer_d.data(), &scratch)
-          .ok());
-  ASSERT_TRUE((*gpu)
-                  ->Backward(ctx->get(), x0_d.data(), dout_d.data(), c.batch,
-                             dx0_d.data())
-                  .ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
-  const std::vector<float> out_gpu = ToHost(out_d, out.size());
-  ExpectBf16Close(out_gpu, out, "x_L");
-  ExpectBitwiseEqual(ToHost(infer_d, out.size()), out_gpu, "inference x_L");
-  ExpectBf16Close(ToHost(dx0_d, dx0.size()), dx0, "dx0");
-  auto grad = [&](float* device, size_t n) {
-    std::vector<float> host(n);
-    EXPECT_EQ(cudaMemcpy(host.data(), device, sizeof(float) * n,
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    return host;
-  };
-  for (int l = 0; l < c.layers; ++l) {
-    SCOPED_TRACE(::testing::Message() << "layer " << l);
-    ExpectBf16Close(grad((*gpu)->v_grad(l), matrix),
-                    std::vector<float>(cpu.v_grad(l), cpu.v_grad(l) + matrix),
-                    "dV");
-    ExpectBf16Close(grad((*gpu)->w_grad(l), matrix),
-                    std::vector<float>(cpu.w_grad(l), cpu.w_grad(l) + matrix),
-                    "dW");
-    ExpectBf16Close(
-        grad((*gpu)->bias_grad(l), c.n),
-        std::vector<float>(cpu.bias_grad(l), cpu.bias_grad(l) + c.n), "db");
-  }
+  ASSERT_NO_FATAL_FAILURE(CopyParameters(cpu, c, **gpu));
+  ASSERT_TRUE((*gpu)->SyncBf16Weights(blas->stream.get()).ok());
+  CrossPasses got;
+  ASSERT_NO_FATAL_FAILURE(RunOnDevice(*blas, **gpu, x0, dout, c.batch, &got));
+  ExpectBf16Close(got.out, want.out, "x_L");
+  ExpectBitwiseEqual(got.infer, got.out, "inference x_L");
+  ExpectBf16Close(got.dx0, want.dx0, "dx0");
+  ExpectLayerGradients(cpu, **gpu, c, ExpectBf16Close);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -839,9 +865,7 @@ INSTANTIATE_TEST_SUITE_P(
                       CrossCase{130, 40, 2, 64},    // rank above the width
                       CrossCase{7, 16, 1, 4}, CrossCase{65, 12, 4, 3},
                       CrossCase{0, 16, 3, 4}),
-    [](const ::testing::TestParamInfo<CrossCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<CrossCase>);
 
 TEST(CudaLossTest, BceMatchesCpu) {
   DLRM_SKIP_WITHOUT_CUDA();
@@ -889,6 +913,22 @@ absl::Status WriteConstants(const OptimizerConfig& config, int64_t step,
   return device.CopyFromHost(std::span<const double>(host));
 }
 
+// `type` at `rate` with `eps`, betas 0.9 and 0.999, and a warm-up of 3
+// steps from half the rate: the kernels read each step's rate from the
+// constants.
+OptimizerConfig WarmUpConfig(OptimizerConfig::Type type, float rate,
+                             float eps) {
+  OptimizerConfig config;
+  config.set_type(type);
+  config.set_learning_rate(rate);
+  config.set_eps(eps);
+  config.set_beta1(0.9f);
+  config.set_beta2(0.999f);
+  config.mutable_schedule()->set_warmup_steps(3);
+  config.mutable_schedule()->set_warmup_start_factor(0.5f);
+  return config;
+}
+
 TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
   DLRM_SKIP_WITHOUT_CUDA();
   SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
@@ -896,16 +936,9 @@ TEST(CudaDenseOptimizerTest, MatchesCpuDenseOptimizer) {
                     OptimizerConfig::ADAM}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
-    OptimizerConfig config;
-    config.set_type(type);
-    config.set_learning_rate(type == OptimizerConfig::SGD ? 0.1f : 0.01f);
-    config.set_eps(1e-8f);
-    config.set_beta1(0.9f);
-    config.set_beta2(0.999f);
+    OptimizerConfig config = WarmUpConfig(
+        type, type == OptimizerConfig::SGD ? 0.1f : 0.01f, /*eps=*/1e-8f);
     config.set_initial_accumulator(0.1f);
-    // A warm-up: the kernel reads each step's rate from the constants.
-    config.mutable_schedule()->set_warmup_steps(3);
-    config.mutable_schedule()->set_warmup_start_factor(0.5f);
     const int64_t n = 70001;  // Not a multiple of the block.
     std::vector<float> param = RandomFloats(rng, n);
     std::vector<float> grad(n);
@@ -972,19 +1005,13 @@ TEST(CudaDenseOptimizerTest, LayerWiseMatchCpuDenseOptimizer) {
   for (auto type : {OptimizerConfig::LAMB, OptimizerConfig::LARS}) {
     SCOPED_TRACE(OptimizerConfig::Type_Name(type));
     Rng rng(kCudaTestSeed + type);
-    OptimizerConfig config;
-    config.set_type(type);
-    config.set_learning_rate(type == OptimizerConfig::LAMB ? 0.01f : 0.5f);
-    config.set_eps(1e-6f);
-    config.set_beta1(0.9f);
-    config.set_beta2(0.999f);
+    OptimizerConfig config = WarmUpConfig(
+        type, type == OptimizerConfig::LAMB ? 0.01f : 0.5f, /*eps=*/1e-6f);
     config.set_weight_decay(0.01f);
     if (type == OptimizerConfig::LARS) {
       config.set_momentum(0.9f);
       config.set_trust_coefficient(0.001f);
     }
-    config.mutable_schedule()->set_warmup_steps(3);
-    config.mutable_schedule()->set_warmup_start_factor(0.5f);
     ASSERT_TRUE(optim::Validate(config, "dense_optimizer").ok());
 
     std::vector<std::vector<float>> params, grads;
@@ -1231,56 +1258,35 @@ TEST(CudaDenseArgsTest, BadShapesAreInvalidArgument) {
   // null or misaligned constants pointer (never dereferenced here).
   alignas(8) static const double fake_constants[kConstantDoubles] = {};
   const auto* misaligned = reinterpret_cast<const char*>(fake_constants) + 2;
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::SGD, fake_constants, nullptr,
-                                 nullptr, nullptr, nullptr, -1, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DenseOptimizerUpdate(OptimizerConfig::ADAGRAD, misaligned, nullptr,
-                                 nullptr, nullptr, nullptr, 4, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(DenseOptimizerUpdate(OptimizerConfig::ADAM, nullptr, nullptr,
-                                   nullptr, nullptr, nullptr, 0, nullptr)
-                  .ok());
+  // Null parameter, gradient and state pointers and no stream throughout.
+  const auto update = [](OptimizerConfig::Type type, const void* constants,
+                         int64_t n) {
+    return DenseOptimizerUpdate(type, constants, nullptr, nullptr, nullptr,
+                                nullptr, n, nullptr);
+  };
+  const auto layer_update = [](OptimizerConfig::Type type,
+                               const void* constants, int64_t n,
+                               dlrm::cuda::DeviceBuffer<double>* scratch) {
+    return LayerOptimizerUpdate(type, constants, true, nullptr, nullptr,
+                                nullptr, nullptr, n, scratch, nullptr);
+  };
+  constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(update(OptimizerConfig::SGD, fake_constants, -1).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::LAMB, fake_constants, 4).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::ADAM, nullptr, 4).code(), kInvalid);
+  EXPECT_EQ(update(OptimizerConfig::ADAGRAD, misaligned, 4).code(), kInvalid);
+  EXPECT_TRUE(update(OptimizerConfig::ADAM, nullptr, 0).ok());
   dlrm::cuda::DeviceBuffer<double> scratch;
+  const auto lamb = OptimizerConfig::LAMB, lars = OptimizerConfig::LARS;
+  EXPECT_EQ(layer_update(lamb, fake_constants, -1, &scratch).code(), kInvalid);
+  EXPECT_EQ(layer_update(lars, fake_constants, 10, nullptr).code(), kInvalid);
   EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LAMB, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, -1, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LARS, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, nullptr, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::ADAM, fake_constants, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LayerOptimizerUpdate(OptimizerConfig::LAMB, misaligned, true, nullptr,
-                           nullptr, nullptr, nullptr, 10, &scratch, nullptr)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+      layer_update(OptimizerConfig::ADAM, fake_constants, 10, &scratch).code(),
+      kInvalid);
+  EXPECT_EQ(layer_update(lars, nullptr, 10, &scratch).code(), kInvalid);
+  EXPECT_EQ(layer_update(lamb, misaligned, 10, &scratch).code(), kInvalid);
   // A parameter of no elements queues nothing.
-  EXPECT_TRUE(LayerOptimizerUpdate(OptimizerConfig::LARS, nullptr, true,
-                                   nullptr, nullptr, nullptr, nullptr, 0,
-                                   &scratch, nullptr)
-                  .ok());
+  EXPECT_TRUE(layer_update(lars, nullptr, 0, &scratch).ok());
   // Partial sums of w^2 and of the norm term per 4096-element chunk, and
   // the tensor's constants.
   EXPECT_EQ(LayerScratchDoubles(0), 1);
@@ -1324,7 +1330,50 @@ std::string Name(const BackendCase& c) {
 }
 void PrintTo(const BackendCase& c, std::ostream* os) { *os << Name(c); }
 
-class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {};
+class CudaBackendTest : public CudaCaseTest<BackendCase> {};
+
+// Steps `cpu` and `gpu` on the same random inputs of 64, 0, 131 and 7
+// samples: each loss (with samples) within `loss_rel` of the CPU's, the
+// rest of each pair of results through `expect` (got, want).
+void ExpectStepsAlike(
+    DenseBackend& cpu, DenseBackend& gpu, const ModelConfig& config, Rng& rng,
+    double loss_rel,
+    const std::function<void(const dlrm::testing::DenseStepResult&,
+                             const dlrm::testing::DenseStepResult&)>& expect) {
+  for (const int64_t batch : {64, 0, 131, 7}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    const dlrm::testing::DenseStepInputs in =
+        dlrm::testing::RandomDenseStep(config, batch, rng);
+    auto want = dlrm::testing::RunDenseStep(cpu, in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = dlrm::testing::RunDenseStep(gpu, in);
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (batch > 0) {
+      EXPECT_NEAR(got->loss, want->loss, loss_rel * want->loss);
+    }
+    expect(*got, *want);
+  }
+}
+
+// Writes `cpu`'s parameter values into `gpu`'s host view (as a restore
+// does), then predicts 50 random samples on both: `want` and `got`.
+void PredictAfterHostWrite(DenseBackend& cpu, DenseBackend& gpu,
+                           const ModelConfig& config, Rng& rng,
+                           std::vector<float>* want, std::vector<float>* got) {
+  const std::vector<ParamRef>& from = cpu.params();
+  const std::vector<ParamRef>& to = gpu.params();
+  for (size_t i = 0; i < from.size(); ++i) {
+    std::copy(from[i].value, from[i].value + from[i].size, to[i].value);
+  }
+  const dlrm::testing::DenseStepInputs in =
+      dlrm::testing::RandomDenseStep(config, 50, rng);
+  want->resize(50);
+  got->resize(50);
+  ASSERT_TRUE(dlrm::testing::FillInteractionInput(cpu, in).ok());
+  ASSERT_TRUE(cpu.Predict(in.x.data(), 50, want->data()).ok());
+  ASSERT_TRUE(dlrm::testing::FillInteractionInput(gpu, in).ok());
+  ASSERT_TRUE(gpu.Predict(in.x.data(), 50, got->data()).ok());
+}
 
 // The CUDA backend against the CPU one (the reference), from the same
 // initial weights on the same random inputs, step after step: forward
@@ -1333,9 +1382,7 @@ class CudaBackendTest : public ::testing::TestWithParam<BackendCase> {};
 // a batch of 0 in between. Float GEMMs (TF32 off) in another order: a
 // tolerance.
 TEST_P(CudaBackendTest, MatchesCpuBackend) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const BackendCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   ModelConfig config =
       dlrm::testing::DenseBackendConfig(c.interaction, c.optimizer);
   auto cpu = CreateDenseBackend(config);
@@ -1347,38 +1394,22 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->device(), DEVICE_CUDA);
   Rng rng(kCudaTestSeed);
-  for (const int64_t batch : {64, 0, 131, 7}) {
-    SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    const dlrm::testing::DenseStepInputs in =
-        dlrm::testing::RandomDenseStep(config, batch, rng);
-    auto want = dlrm::testing::RunDenseStep(**cpu, in);
-    ASSERT_TRUE(want.ok()) << want.status();
-    auto got = dlrm::testing::RunDenseStep(**gpu, in);
-    ASSERT_TRUE(got.ok()) << got.status();
-    if (batch > 0) {
-      EXPECT_NEAR(got->loss, want->loss, 1e-5 * want->loss);
-    }
-    ExpectCloseToScale(got->dt, want->dt, 1e-4, "dt");
-    ExpectCloseToScale(got->grads, want->grads, 1e-4, "gradients");
-    ExpectCloseToScale(got->params, want->params, 1e-4, "parameters");
-    ExpectCloseToScale(got->state, want->state, 1e-4, "optimizer state");
-    ExpectCloseToScale(got->probs, want->probs, 1e-4, "predictions");
-    EXPECT_EQ((*gpu)->optimizer().step(), (*cpu)->optimizer().step());
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepsAlike(
+      **cpu, **gpu, config, rng, /*loss_rel=*/1e-5,
+      [&](const dlrm::testing::DenseStepResult& got,
+          const dlrm::testing::DenseStepResult& want) {
+        ExpectCloseToScale(got.dt, want.dt, 1e-4, "dt");
+        ExpectCloseToScale(got.grads, want.grads, 1e-4, "gradients");
+        ExpectCloseToScale(got.params, want.params, 1e-4, "parameters");
+        ExpectCloseToScale(got.state, want.state, 1e-4, "optimizer state");
+        ExpectCloseToScale(got.probs, want.probs, 1e-4, "predictions");
+        EXPECT_EQ((*gpu)->optimizer().step(), (*cpu)->optimizer().step());
+      }));
   // A write to the host view (a restore) reaches the device: with the CPU
   // backend's weights and state copied in, the two predict alike again.
-  const std::vector<ParamRef>& from = (*cpu)->params();
-  const std::vector<ParamRef>& to = (*gpu)->params();
-  for (size_t i = 0; i < from.size(); ++i) {
-    std::copy(from[i].value, from[i].value + from[i].size, to[i].value);
-  }
-  const dlrm::testing::DenseStepInputs in =
-      dlrm::testing::RandomDenseStep(config, 50, rng);
-  std::vector<float> want(50), got(50);
-  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**cpu, in).ok());
-  ASSERT_TRUE((*cpu)->Predict(in.x.data(), 50, want.data()).ok());
-  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**gpu, in).ok());
-  ASSERT_TRUE((*gpu)->Predict(in.x.data(), 50, got.data()).ok());
+  std::vector<float> want, got;
+  ASSERT_NO_FATAL_FAILURE(
+      PredictAfterHostWrite(**cpu, **gpu, config, rng, &want, &got));
   ExpectCloseToScale(got, want, 1e-5, "predictions after a host write");
 }
 
@@ -1389,7 +1420,6 @@ TEST_P(CudaBackendTest, MatchesCpuBackend) {
 // buffers, summing in another order), keeps them while the source trains on,
 // and takes the next copy; a CPU destination is refused.
 TEST_P(CudaBackendTest, CopyParamsToSnapshotsOnTheDevice) {
-  DLRM_SKIP_WITHOUT_CUDA();
   const BackendCase c = GetParam();
   for (DensePrecision precision : {PRECISION_FP32, PRECISION_BF16}) {
     SCOPED_TRACE(DensePrecision_Name(precision));
@@ -1416,7 +1446,7 @@ TEST_P(CudaBackendTest, CopyParamsToSnapshotsOnTheDevice) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-class CudaBf16BackendTest : public ::testing::TestWithParam<BackendCase> {};
+class CudaBf16BackendTest : public CudaCaseTest<BackendCase> {};
 
 // The CUDA backend at PRECISION_BF16 against the CPU backend at
 // PRECISION_BF16 (the reference) from the same initial weights on the same
@@ -1430,13 +1460,11 @@ class CudaBf16BackendTest : public ::testing::TestWithParam<BackendCase> {};
 // (no bf16 instructions); the layer tests above compare against
 // dense::Linear's bf16 passes on any CPU.
 TEST_P(CudaBf16BackendTest, MatchesCpuBf16Backend) {
-  DLRM_SKIP_WITHOUT_CUDA();
   if (!CpuHasBf16()) {
     GTEST_SKIP() << "this CPU has no bf16 instructions: its backend runs "
                     "PRECISION_BF16 as fp32";
   }
   const BackendCase c = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << kCudaTestSeed);
   ModelConfig config =
       dlrm::testing::DenseBackendConfig(c.interaction, c.optimizer);
   config.set_dense_precision(PRECISION_BF16);
@@ -1449,37 +1477,21 @@ TEST_P(CudaBf16BackendTest, MatchesCpuBf16Backend) {
   EXPECT_EQ((*gpu)->device(), DEVICE_CUDA);
   EXPECT_EQ((*gpu)->precision(), PRECISION_BF16);
   Rng rng(kCudaTestSeed + 1);
-  for (const int64_t batch : {64, 0, 131, 7}) {
-    SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    const dlrm::testing::DenseStepInputs in =
-        dlrm::testing::RandomDenseStep(config, batch, rng);
-    auto want = dlrm::testing::RunDenseStep(**cpu, in);
-    ASSERT_TRUE(want.ok()) << want.status();
-    auto got = dlrm::testing::RunDenseStep(**gpu, in);
-    ASSERT_TRUE(got.ok()) << got.status();
-    if (batch > 0) {
-      EXPECT_NEAR(got->loss, want->loss, 1e-3 * want->loss);
-    }
-    ExpectBf16Close(got->dt, want->dt, "dt");
-    ExpectBf16Close(got->grads, want->grads, "gradients");
-    ExpectBf16Close(got->params, want->params, "parameters");
-    ExpectBf16Close(got->state, want->state, "optimizer state");
-    ExpectBf16Close(got->probs, want->probs, "predictions");
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepsAlike(
+      **cpu, **gpu, config, rng, /*loss_rel=*/1e-3,
+      [](const dlrm::testing::DenseStepResult& got,
+         const dlrm::testing::DenseStepResult& want) {
+        ExpectBf16Close(got.dt, want.dt, "dt");
+        ExpectBf16Close(got.grads, want.grads, "gradients");
+        ExpectBf16Close(got.params, want.params, "parameters");
+        ExpectBf16Close(got.state, want.state, "optimizer state");
+        ExpectBf16Close(got.probs, want.probs, "predictions");
+      }));
   // A write to the host view (a restore) reaches the device's bf16 weights:
   // with the CPU backend's weights copied in, the two predict alike again.
-  const std::vector<ParamRef>& from = (*cpu)->params();
-  const std::vector<ParamRef>& to = (*gpu)->params();
-  for (size_t i = 0; i < from.size(); ++i) {
-    std::copy(from[i].value, from[i].value + from[i].size, to[i].value);
-  }
-  const dlrm::testing::DenseStepInputs in =
-      dlrm::testing::RandomDenseStep(config, 50, rng);
-  std::vector<float> want(50), got(50);
-  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**cpu, in).ok());
-  ASSERT_TRUE((*cpu)->Predict(in.x.data(), 50, want.data()).ok());
-  ASSERT_TRUE(dlrm::testing::FillInteractionInput(**gpu, in).ok());
-  ASSERT_TRUE((*gpu)->Predict(in.x.data(), 50, got.data()).ok());
+  std::vector<float> want, got;
+  ASSERT_NO_FATAL_FAILURE(
+      PredictAfterHostWrite(**cpu, **gpu, config, rng, &want, &got));
   ExpectBf16Close(got, want, "predictions after a host write");
 }
 
@@ -1488,9 +1500,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BackendCase{INTERACTION_DOT, OptimizerConfig::SGD},
                       BackendCase{INTERACTION_CAT, OptimizerConfig::SGD},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::SGD}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<BackendCase>);
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, CudaBackendTest,
@@ -1506,9 +1516,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BackendCase{INTERACTION_DOT, OptimizerConfig::LARS},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::LAMB},
                       BackendCase{INTERACTION_DCN, OptimizerConfig::LARS}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) {
-      return Name(info.param);
-    });
+    CaseName<BackendCase>);
 
 }  // namespace
 }  // namespace dlrm::dense::cuda
