@@ -36,8 +36,8 @@ int64_t Blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
 // One layer's forward on `batch` rows of width n: p = x_l V^T, q = p W^T +
 // b, x_next = x0 * q + x_l. Training and inference both run it, so they
-// compute the same bits.
-// The elementwise part of a layer's forward: q += b, x_next = x0 * q + x_l,
+// compute the same bits. Its elementwise part after the GEMMs (the AMX
+// kernel does the same in its epilogue): q += b, x_next = x0 * q + x_l,
 // and x_next's bf16 copy into x_next_bf16 unless null.
 void BiasProductResidual(const float* b, int n, const float* x0,
                          const float* xl, int64_t batch, float* q,

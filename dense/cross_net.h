@@ -1,8 +1,10 @@
 // The low-rank cross network of DCNv2 (INTERACTION_DCN) on the CPU: its
 // parameters, gradients and activations, the forward, backward and
 // inference passes on oneDNN's sgemm (dense/linear.h) or, under
-// PRECISION_BF16, its bf16 matmul (dense/bf16.h), and a plain-loop
-// reference in double.
+// PRECISION_BF16, the project's AMX kernel (dense/amx_gemm.h, its epilogue
+// doing each layer's elementwise steps) where the tiles run and oneDNN's
+// bf16 matmul (dense/bf16.h) elsewhere, and a plain-loop reference in
+// double.
 //
 // What it matches, checked against TorchRec's LowRankCrossNet
 // (torchrec/modules/crossnet.py) and InteractionDCNArch / DLRM_DCN
