@@ -624,8 +624,9 @@ void AmxGemm(int64_t m, const Bf16* a, int64_t lda, const AmxPackedB& b,
   auto streams = [&](const void* p) {
     return big && reinterpret_cast<uintptr_t>(p) % 64 == 0 && out.ldc % 16 == 0;
   };
+  // (Not c_bf16 when the epilogue reads it back for the transpose.)
   const bool stream[3] = {streams(out.pre_f32), streams(out.c_f32),
-                          streams(out.c_bf16)};
+                          out.c_bf16_t == nullptr && streams(out.c_bf16)};
 #pragma omp parallel if (items > 1)
   {
     ConfigureTiles();

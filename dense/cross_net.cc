@@ -205,15 +205,6 @@ void BackwardPassOf(int l, int num, const float* g, const float* x0,
   }
 }
 
-// db = the sum of `blocks` block sums of n floats, in order.
-void SumBlocks(const float* partial, int64_t blocks, int n, float* db) {
-  std::copy(partial, partial + n, db);
-  for (int64_t blk = 1; blk < blocks; ++blk) {
-    const float* sum = partial + blk * n;
-    for (int c = 0; c < n; ++c) db[c] += sum[c];
-  }
-}
-
 }  // namespace
 
 CrossNet::CrossNet(int width, int num_layers, int rank)

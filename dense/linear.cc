@@ -94,15 +94,6 @@ void MaskAndSum(float* dy, const Y* y, int64_t begin, int64_t end, int out,
   }
 }
 
-// db [out] = the sum of `blocks` block sums of `out` floats, in order.
-void SumBlocks(const float* partial, int64_t blocks, int out, float* db) {
-  std::copy(partial, partial + out, db);
-  for (int64_t blk = 1; blk < blocks; ++blk) {
-    const float* sum = partial + blk * out;
-    for (int c = 0; c < out; ++c) db[c] += sum[c];
-  }
-}
-
 // Grows `v` to at least `n` elements (never shrinks) and returns its data.
 template <typename T>
 T* Sized(AlignedVector<T>& v, int64_t n) {
@@ -111,6 +102,14 @@ T* Sized(AlignedVector<T>& v, int64_t n) {
 }
 
 }  // namespace
+
+void SumBlocks(const float* partial, int64_t blocks, int n, float* sum) {
+  std::copy(partial, partial + n, sum);
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    const float* block = partial + blk * n;
+    for (int c = 0; c < n; ++c) sum[c] += block[c];
+  }
+}
 
 // oneDNN's sgemm is JIT-built for the running CPU (AVX-512 where present)
 // and threads with OpenMP, the same pool as the rest of the step; measured
@@ -442,16 +441,19 @@ void Mlp::Infer(const float* x, int64_t batch, float* out,
 void Mlp::Backward(const float* x, float* dy, int64_t batch, float* dx) {
   const size_t n = layers_.size();
   if (n == 0) return;
-  const size_t need = static_cast<size_t>(batch) * WidestHidden();
-  if (grad_a_.size() < need) grad_a_.resize(need);
-  if (grad_b_.size() < need) grad_b_.resize(need);
   const bool bf16 = precision_ == PRECISION_BF16;
+  // On the AMX kernel each layer's input-gradient product also does the
+  // mask pass of the layer below (MaskedGrad), into these buffers in turns,
+  // in place of the fp32 gradients' ping-pong buffers.
+  const bool fuse = bf16 && AmxGemmUsable();
+  if (!fuse) {
+    const size_t need = static_cast<size_t>(batch) * WidestHidden();
+    if (grad_a_.size() < need) grad_a_.resize(need);
+    if (grad_b_.size() < need) grad_b_.resize(need);
+  }
   if (bf16) {
     Sized(dy_bf16_, batch * std::max<int64_t>(WidestHidden(), out()));
   }
-  // On the AMX kernel each layer's input-gradient product also does the
-  // mask pass of the layer below (MaskedGrad), into these buffers in turns.
-  const bool fuse = bf16 && AmxGemmUsable();
   MaskedGrad masked[2];
   if (fuse && n > 1) {
     const int64_t ld = AmxTransposedLd(batch);

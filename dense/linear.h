@@ -33,6 +33,11 @@ struct ParamRef {
   int64_t size;
 };
 
+// sum [n] = the sum of `blocks` consecutive blocks of n floats at
+// `partial`, in order: the bias gradients' reduction over fixed blocks of
+// rows, whose bits do not depend on the thread count.
+void SumBlocks(const float* partial, int64_t blocks, int n, float* sum);
+
 // On the AMX kernel, what a layer's input-gradient product writes in place
 // of dx for the layer below it (a ReLU layer whose output is this layer's
 // input), so that layer's mask pass is done: the gradient masked by that
